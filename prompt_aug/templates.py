@@ -1,0 +1,180 @@
+"""The reasoning-template bank: load, validate and render templates.
+
+Templates are data (``templates.yaml`` beside this file, or a user's own YAML file of the same
+shape). A template renders through the tokenizer's own chat template, then its assistant prefill
+is appended, so the bank works with any chat model.
+
+>>> bank = load_templates()
+>>> len(bank), bank["open-r1-teacher"].prefill
+(13, '<think>\\n')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_TEMPLATES_FILE = Path(__file__).with_name("templates.yaml")
+DEFAULT_EVAL_TEMPLATE = "qwen-math"
+QUESTION_SLOT = "{question}"
+ANSWER_RULES = ("boxed", "tag")
+_FIELDS = {"name", "system", "user", "prefill", "answer", "markers"}
+
+# Every template loaded in this process, by name, so that rewards can read a row's `template`
+# column (a name) back into its format rules. Filled by `load_templates`.
+_KNOWN: dict[str, Template] = {}
+
+
+class TemplateError(ValueError):
+    """A template is malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """One reasoning format.
+
+    Attributes:
+        name: Unique id; stored in the ``template`` column of augmented rows.
+        system: System-turn text ("" for no system turn).
+        user: User-turn text with exactly one ``{question}`` slot.
+        prefill: Text the assistant turn starts with ("" for none).
+        answer: ``"boxed"`` (last ``\\boxed{}``) or ``"tag"`` (last ``\\boxed{}`` inside ``<answer>``).
+        markers: Format markers, each expected exactly once in a completion.
+    """
+
+    name: str
+    system: str
+    user: str
+    prefill: str = ""
+    answer: str = "boxed"
+    markers: tuple[str, ...] = field(default_factory=tuple)
+
+    def messages(self, question: str) -> list[dict[str, str]]:
+        """The chat messages for ``question`` (without the prefill)."""
+        turns = [{"role": "system", "content": self.system}] if self.system else []
+        turns.append({"role": "user", "content": self.user.replace(QUESTION_SLOT, question)})
+        return turns
+
+    def render(self, question: str, tokenizer: Any) -> str:
+        """The full prompt text: the tokenizer's chat template with a generation prompt, then the prefill."""
+        text = tokenizer.apply_chat_template(self.messages(question), tokenize=False, add_generation_prompt=True)
+        # Tokenizers that add a BOS token on their own (Llama, Gemma) would otherwise get it twice,
+        # once from the chat template and once when TRL tokenizes this text.
+        bos = getattr(tokenizer, "bos_token", None)
+        if bos and text.startswith(bos) and tokenizer("").input_ids[:1] == [tokenizer.bos_token_id]:
+            text = text[len(bos) :]
+        return text + self.prefill
+
+
+def _parse_entry(entry: Any, index: int, source: str) -> Template:
+    if not isinstance(entry, dict) or "name" not in entry:
+        raise TemplateError(f"{source}: entry #{index} must be a mapping with a `name`, got {entry!r}")
+    name = str(entry["name"])
+    unknown = set(entry) - _FIELDS
+    if unknown:
+        raise TemplateError(f"template {name!r} ({source}): unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
+    if "user" not in entry:
+        raise TemplateError(f"template {name!r} ({source}): missing `user` (text with a {QUESTION_SLOT} slot)")
+    user = str(entry["user"])
+    if user.count(QUESTION_SLOT) != 1:
+        raise TemplateError(
+            f"template {name!r} ({source}): `user` must contain {QUESTION_SLOT} exactly once, "
+            f"found {user.count(QUESTION_SLOT)}"
+        )
+    answer = entry.get("answer", "boxed")
+    if answer not in ANSWER_RULES:
+        raise TemplateError(f"template {name!r} ({source}): `answer` must be one of {ANSWER_RULES}, got {answer!r}")
+    markers = entry.get("markers") or []
+    if not isinstance(markers, list) or not all(isinstance(m, str) and m for m in markers):
+        raise TemplateError(f"template {name!r} ({source}): `markers` must be a list of non-empty strings")
+    return Template(
+        name=name,
+        system=str(entry.get("system") or ""),
+        user=user,
+        prefill=str(entry.get("prefill") or ""),
+        answer=answer,
+        markers=tuple(markers),
+    )
+
+
+def load_templates(path: str | Path | None = None, tokenizer: Any = None) -> dict[str, Template]:
+    """Load a template bank, keyed by name, in file order.
+
+    Args:
+        path: A YAML list of templates; ``None`` loads the 13 built-in ones.
+        tokenizer: If given, every template must render with it (a failure names the template).
+
+    Raises:
+        TemplateError: On duplicate names, a missing or repeated ``{question}``, a bad field, or a
+            failed render. The message names the template.
+    """
+    source = Path(path) if path is not None else DEFAULT_TEMPLATES_FILE
+    if not source.is_file():
+        raise FileNotFoundError(f"templates file not found: {source}")
+    entries = yaml.safe_load(source.read_text())
+    if not isinstance(entries, list) or not entries:
+        raise TemplateError(f"{source}: expected a non-empty YAML list of templates")
+    bank: dict[str, Template] = {}
+    for index, entry in enumerate(entries):
+        template = _parse_entry(entry, index, str(source))
+        if template.name in bank:
+            raise TemplateError(f"template {template.name!r} ({source}): duplicate name")
+        bank[template.name] = template
+    if tokenizer is not None:
+        check_renders(bank.values(), tokenizer)
+    _KNOWN.update(bank)
+    return bank
+
+
+def check_renders(templates: Any, tokenizer: Any) -> None:
+    """Render each template with a probe question; raise `TemplateError` naming the first that fails."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise TemplateError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; templates render through "
+            "`apply_chat_template`. Set `tokenizer.chat_template` (e.g. ChatML) or use a chat-capable tokenizer."
+        )
+    for template in templates:
+        try:
+            text = template.render("What is 1 + 1?", tokenizer)
+        except Exception as err:  # the tokenizer's Jinja template can raise anything
+            raise TemplateError(f"template {template.name!r} failed to render with the tokenizer: {err}") from err
+        if "What is 1 + 1?" not in text:
+            raise TemplateError(f"template {template.name!r}: the rendered prompt lost the question")
+
+
+def get_template(name: str) -> Template:
+    """A template by name, from the built-in bank or any bank loaded in this process."""
+    if not _KNOWN:
+        load_templates()
+    try:
+        return _KNOWN[name]
+    except KeyError:
+        raise KeyError(f"unknown template {name!r}; known: {sorted(_KNOWN)}") from None
+
+
+def select_templates(
+    bank: dict[str, Template], names: list[str] | None = None, weights: list[float] | None = None
+) -> tuple[list[Template], list[float]]:
+    """Pick a subset of ``bank`` (all by default) with sampling weights (uniform by default).
+
+    >>> chosen, w = select_templates(load_templates(), ["qwen-math", "abel"], [3, 1])
+    >>> [t.name for t in chosen], w
+    (['qwen-math', 'abel'], [0.75, 0.25])
+    """
+    names = list(bank) if not names else list(names)
+    missing = [n for n in names if n not in bank]
+    if missing:
+        raise TemplateError(f"unknown template(s) {missing}; the bank has {list(bank)}")
+    if len(set(names)) != len(names):
+        raise TemplateError(f"templates listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+    if weights is None:
+        weights = [1.0] * len(names)
+    if len(weights) != len(names):
+        raise TemplateError(f"template_weights has {len(weights)} values for {len(names)} templates {names}")
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise TemplateError(f"template_weights must be non-negative with a positive sum, got {weights}")
+    total = float(sum(weights))
+    return [bank[n] for n in names], [w / total for w in weights]

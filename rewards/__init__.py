@@ -1,0 +1,24 @@
+"""Format-aware rewards for prompt-augmented GRPO: pure functions of text.
+
+>>> from rewards import grade
+>>> grade("... so the answer is \\\\boxed{12}.", "12").correct
+True
+"""
+
+from .extract import extract_lenient, extract_strict, normalize
+from .grade import Grade, format_score, grade
+from .registry import REGISTRY, correctness_reward, format_reward, get_reward_funcs, strict_correctness_reward
+
+__all__ = [
+    "REGISTRY",
+    "Grade",
+    "correctness_reward",
+    "extract_lenient",
+    "extract_strict",
+    "format_reward",
+    "format_score",
+    "get_reward_funcs",
+    "grade",
+    "normalize",
+    "strict_correctness_reward",
+]

@@ -1,0 +1,145 @@
+"""Answer extraction and normalisation: pure functions of text.
+
+Two rules read an answer out of a completion:
+
+* **lenient** (the paper's training rule): cut at the first stop string, then take the Minerva
+  form ``final answer is $X$. I hope``, else the last ``\\boxed{}``, else the text after the last
+  "the answer is" / "final answer is", else the last number.
+* **strict** (the evaluation rule): the last ``\\boxed{}`` (or ``\\fbox{}``); for tag templates it
+  must sit inside the ``<answer>...</answer>`` block. No boxed answer means no answer.
+"""
+
+from __future__ import annotations
+
+import re
+
+STOP_STRINGS = ("</answer>", "<|im_end|>", "<|endoftext|>", "</s>", "[END]")
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_MINERVA = re.compile(r"final answer is \$(.+?)\$\. I hope", re.DOTALL)
+_ANSWER_IS = re.compile(r"(?:[Tt]he answer is|[Ff]inal answer is)")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...] = STOP_STRINGS) -> str:
+    """Everything before the first stop string.
+
+    >>> cut_at_stop("x \\\\boxed{1}</answer> \\\\boxed{2}")
+    'x \\\\boxed{1}'
+    """
+    cut = len(text)
+    for stop in stops:
+        index = text.find(stop)
+        if index != -1:
+            cut = min(cut, index)
+    return text[:cut]
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (brace-matched), or ``None``.
+
+    >>> last_boxed(r"\\boxed{1} then \\boxed{\\frac{1}{2}}")
+    '\\\\frac{1}{2}'
+    >>> last_boxed(r"\\boxed 7.") is None, last_boxed("no box") is None
+    (False, True)
+    """
+    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+    if start == -1:
+        return None
+    command = next(cmd for cmd in _BOX_COMMANDS if text.startswith(cmd, start))
+    rest = text[start + len(command) :]
+    if rest.startswith(" ") and not rest.lstrip().startswith("{"):
+        # `\boxed 7` form: the argument is the next word
+        word = rest.strip().split()
+        return word[0].rstrip(".$") if word else None
+    rest = rest.lstrip()
+    if not rest.startswith("{"):
+        return None
+    depth = 0
+    for index, char in enumerate(rest):
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return rest[1:index]
+    return None  # unbalanced: the box never closes
+
+
+def _strip_text_wrappers(answer: str) -> str:
+    # Units after a number (`5\text{ cm}`, `3 \mbox{inches}`) go; other \text{X} keep X.
+    answer = re.sub(r"(\d)\s*\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z ]*\}(?:\^\{?\d\}?)?\s*$", r"\1", answer)
+    return re.sub(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", r"\1", answer)
+
+
+def normalize(answer: str) -> str:
+    """Canonical text for an extracted answer: no ``$``, ``\\text{}`` wrappers, units, degree signs,
+    ``\\left``/``\\right``, trailing period; ``\\dfrac``/``\\tfrac`` become ``\\frac``.
+
+    >>> normalize(r"$\\dfrac{1}{2}$.")
+    '\\\\frac{1}{2}'
+    >>> normalize(r"12\\text{ cm}"), normalize(r"x = 5"), normalize(r"90^\\circ")
+    ('12', '5', '90')
+    """
+    answer = answer.strip().replace("\n", " ")
+    answer = answer.replace("\\$", "").replace("$", "")
+    answer = answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    answer = answer.replace("\\left", "").replace("\\right", "")
+    answer = answer.replace("\\!", "").replace("\\,", "").replace("\\;", "")
+    answer = re.sub(r"\^\s*\{?\\circ\}?", "", answer).replace("°", "")
+    answer = _strip_text_wrappers(answer)
+    answer = answer.strip()
+    # A single-variable assignment: the value is the answer.
+    match = re.fullmatch(r"[A-Za-z]\s*=\s*([^=]+)", answer)
+    if match:
+        answer = match.group(1).strip()
+    while answer.endswith((".", " ")):
+        answer = answer[:-1]
+    return answer.strip()
+
+
+def extract_lenient(completion: str) -> str | None:
+    """The paper's lenient training-time extraction (see module docstring), normalised.
+
+    >>> extract_lenient("so the final answer is $42$. I hope it is correct.")
+    '42'
+    >>> extract_lenient("The answer is 7.<|im_end|>The answer is 8.")
+    '7'
+    >>> extract_lenient("we get 3 apples and 1,250 pears")
+    '1250'
+    """
+    text = cut_at_stop(completion)
+    found = _MINERVA.findall(text)
+    if found:
+        answer = found[-1]
+    elif (boxed := last_boxed(text)) is not None:
+        answer = boxed
+    elif matches := list(_ANSWER_IS.finditer(text)):
+        answer = text[matches[-1].end() :].lstrip(" :").split("\n")[0]
+    else:
+        numbers = _NUMBER.findall(text)
+        if not numbers:
+            return None
+        answer = numbers[-1].replace(",", "")
+    answer = normalize(answer)
+    return answer or None
+
+
+def extract_strict(completion: str, answer_rule: str = "boxed") -> str | None:
+    """The strict extraction: the last boxed answer; for ``answer_rule="tag"``, inside ``<answer>``.
+
+    >>> extract_strict(r"<answer> \\boxed{3} </answer>", "tag")
+    '3'
+    >>> extract_strict(r"\\boxed{3} <answer> 3 </answer>", "tag") is None
+    True
+    """
+    text = cut_at_stop(completion, tuple(s for s in STOP_STRINGS if s != "</answer>"))
+    if answer_rule == "tag":
+        blocks = _ANSWER_BLOCK.findall(text)
+        if not blocks:
+            return None
+        text = blocks[-1]
+    boxed = last_boxed(text)
+    if boxed is None:
+        return None
+    return normalize(boxed) or None

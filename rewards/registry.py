@@ -1,0 +1,96 @@
+"""TRL reward functions, registered by name so a recipe can list them (``reward_funcs: [...]``).
+
+Each function takes TRL's reward-function arguments: the ``completions`` of a generation round and
+the dataset columns as lists, here ``answer`` (the gold) and ``template`` (the template name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .grade import format_score, grade
+
+
+def _text(completion: Any) -> str:
+    # TRL passes strings for text prompts and [{"role": "assistant", "content": ...}] for chat prompts.
+    if isinstance(completion, list):
+        return completion[-1]["content"] if completion else ""
+    return completion
+
+
+def _templates(template: list[str] | None, n: int) -> list[str | None]:
+    return list(template) if template is not None else [None] * n
+
+
+def correctness_reward(
+    completions: list[Any],
+    answer: list[str],
+    template: list[str] | None = None,
+    log_metric: Callable[[str, float], None] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """1.0 if the completion's answer equals the gold, else 0.0 (the paper's lenient rule).
+
+    A gold that cannot be parsed gives ``None`` (TRL leaves the completion out) and is counted in the
+    ``rewards/unparseable_gold`` metric.
+
+    >>> correctness_reward(["... \\\\boxed{4}", "... \\\\boxed{5}"], answer=["4", "4"])
+    [1.0, 0.0]
+    """
+    return _correctness(completions, answer, template, log_metric, strict=False)
+
+
+def strict_correctness_reward(
+    completions: list[Any],
+    answer: list[str],
+    template: list[str] | None = None,
+    log_metric: Callable[[str, float], None] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """Like `correctness_reward`, but the answer must be boxed (inside ``<answer>`` for tag templates).
+
+    >>> strict_correctness_reward(["The answer is 4."], answer=["4"])
+    [0.0]
+    """
+    return _correctness(completions, answer, template, log_metric, strict=True)
+
+
+def _correctness(completions, answer, template, log_metric, *, strict: bool) -> list[float | None]:
+    rewards: list[float | None] = []
+    unparseable = 0
+    for completion, gold, name in zip(completions, answer, _templates(template, len(completions)), strict=True):
+        verdict = grade(_text(completion), gold, name, strict=strict)
+        if not verdict.gold_ok:
+            unparseable += 1
+            rewards.append(None)
+        else:
+            rewards.append(float(verdict.correct))
+    if log_metric is not None:
+        log_metric("rewards/unparseable_gold", float(unparseable))
+    return rewards
+
+
+def format_reward(completions: list[Any], template: list[str] | None = None, **kwargs: Any) -> list[float]:
+    """The template's format score in [0, 1]: 1 for free-form templates, else a share per marker seen once.
+
+    >>> format_reward(["<think>\\nx\\n</think>\\n<answer>\\n1\\n</answer>", "no tags"], template=["open-r1"] * 2)
+    [1.0, 0.0]
+    """
+    names = _templates(template, len(completions))
+    return [format_score(_text(c), name) for c, name in zip(completions, names, strict=True)]
+
+
+REGISTRY: dict[str, Callable[..., list[float | None]]] = {
+    "correctness": correctness_reward,
+    "strict_correctness": strict_correctness_reward,
+    "format": format_reward,
+}
+
+
+def get_reward_funcs(names: list[str]) -> list[Callable[..., list[float | None]]]:
+    """The registered reward functions for ``names``; an unknown name raises and lists the known ones."""
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown reward_funcs {unknown}; registered: {sorted(REGISTRY)}")
+    return [REGISTRY[n] for n in names]
