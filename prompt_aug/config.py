@@ -1,0 +1,124 @@
+"""Our recipe keys, beside TRL's `GRPOConfig` and `ModelConfig`, and the batch arithmetic of a recipe.
+
+A recipe is one flat YAML file of keys from the three dataclasses; `TrlParser` rejects any other key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PromptAugArguments:
+    """Data, template and reward keys of a recipe (the rest are TRL's `GRPOConfig` / `ModelConfig`)."""
+
+    dataset_name: str = field(
+        default="synthetic",
+        metadata={"help": "`synthetic`, a Hub id (e.g. hkust-nlp/SimpleRL-Zoo-Data) or a local path."},
+    )
+    dataset_config: str | None = field(
+        default=None, metadata={"help": "Hub subset or local sub-folder, e.g. simplelr_qwen_level3to5."}
+    )
+    dataset_split: str = field(default="train", metadata={"help": "Split to train on."})
+    question_column: str | None = field(default=None, metadata={"help": "Question column (guessed if unset)."})
+    answer_column: str | None = field(default=None, metadata={"help": "Gold-answer column (guessed if unset)."})
+    dataset_levels: list[str] | None = field(
+        default=None, metadata={"help": "Keep only these `level` values (MATH), e.g. ['Level 3', 'Level 4']."}
+    )
+    dataset_num_rows: int | None = field(
+        default=None, metadata={"help": "Row count of the dataset; used only by --dry_run for rounds per epoch."}
+    )
+    num_synthetic: int = field(default=256, metadata={"help": "Rows of the `synthetic` dataset."})
+    max_prompt_length: int | None = field(
+        default=1024, metadata={"help": "Drop questions whose prompt under the longest template exceeds this."}
+    )
+    templates: list[str] | None = field(
+        default=None, metadata={"help": "Template names to draw from (default: the whole bank)."}
+    )
+    template_weights: list[float] | None = field(
+        default=None, metadata={"help": "Sampling weights, one per entry of `templates` (default: uniform)."}
+    )
+    templates_file: str | None = field(
+        default=None, metadata={"help": "A YAML file of templates replacing the built-in bank."}
+    )
+    eval_template: str = field(default="qwen-math", metadata={"help": "The fixed template in eval mode."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["correctness", "format"],
+        metadata={"help": "Reward names from rewards.REGISTRY. The paper: correctness + format."},
+    )
+    stop_tokens: list[str] = field(
+        default_factory=lambda: ["<|im_end|>", "<|endoftext|>"],
+        metadata={"help": "Tokens that end a completion (those missing from the vocabulary are skipped)."},
+    )
+    dry_run: bool = field(
+        default=False, metadata={"help": "Print the batch arithmetic and exit; loads neither model nor data."}
+    )
+    num_processes: int | None = field(
+        default=None, metadata={"help": "Processes for --dry_run (default: WORLD_SIZE, else 1)."}
+    )
+
+
+@dataclass
+class BatchArithmetic:
+    """How a recipe's batch keys combine into generation rounds and optimizer steps."""
+
+    processes: int
+    questions_per_round: int
+    completions_per_round: int
+    completions_per_optimizer_step: int
+    optimizer_steps_per_round: float
+    rounds_per_epoch: int | None
+    total_rounds: int | None
+
+    def table(self) -> str:
+        rows = [
+            ("processes", self.processes),
+            ("questions per round", self.questions_per_round),
+            ("completions per round", self.completions_per_round),
+            ("completions per optimizer step", self.completions_per_optimizer_step),
+            ("optimizer steps per round", _fmt(self.optimizer_steps_per_round)),
+            ("rounds per epoch", self.rounds_per_epoch if self.rounds_per_epoch is not None else "? (set dataset_num_rows)"),
+            ("total rounds", self.total_rounds if self.total_rounds is not None else "?"),
+        ]
+        return "\n".join(f"{name:<32}{value}" for name, value in rows)
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def batch_arithmetic(script_args: PromptAugArguments, training_args, num_processes: int | None = None) -> BatchArithmetic:
+    """The effective batch arithmetic of a parsed recipe (no model, no data).
+
+    Mirrors TRL 1.16: a round generates ``generation_batch_size`` completions (``per_device_train_batch_size
+    × processes × steps_per_generation`` unless set), its questions are ``/ num_generations``, and the
+    `RepeatSampler` drops the last incomplete round of an epoch.
+    """
+    processes = num_processes or script_args.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
+    per_step = training_args.per_device_train_batch_size * processes
+    steps_per_generation = training_args.steps_per_generation or training_args.gradient_accumulation_steps
+    # GRPOConfig fills generation_batch_size from its own process count; recompute for `processes`.
+    completions = per_step * steps_per_generation
+    questions = completions // training_args.num_generations
+    optimizer_steps = steps_per_generation * training_args.num_iterations / training_args.gradient_accumulation_steps
+    rows = script_args.dataset_num_rows
+    if rows is None and script_args.dataset_name == "synthetic":
+        rows = script_args.num_synthetic
+    rounds_per_epoch = rows // questions if rows is not None and questions else None
+    total = None
+    if rounds_per_epoch is not None:
+        if training_args.max_steps and training_args.max_steps > 0:
+            total = math.ceil(training_args.max_steps / optimizer_steps)
+        else:
+            total = int(rounds_per_epoch * training_args.num_train_epochs)
+    return BatchArithmetic(
+        processes=processes,
+        questions_per_round=questions,
+        completions_per_round=completions,
+        completions_per_optimizer_step=per_step * training_args.gradient_accumulation_steps,
+        optimizer_steps_per_round=optimizer_steps,
+        rounds_per_epoch=rounds_per_epoch,
+        total_rounds=total,
+    )

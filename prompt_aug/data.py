@@ -1,0 +1,296 @@
+"""Training data: load math questions with gold answers into the rows the trainer sees.
+
+Every loader returns a `datasets.Dataset` with the columns ``question``, ``answer`` (the gold, as a
+string) and ``uid`` (stable across runs and processes). These names are the contract between data,
+collator and rewards. Supported sources:
+
+* ``synthetic``: generated questions (the smoke recipe; no network).
+* SimpleRL-Zoo in verl layout (the paper's set), from the Hub (``hkust-nlp/SimpleRL-Zoo-Data`` with
+  ``dataset_config: simplelr_qwen_level3to5``) or a local folder of its parquet files. The question
+  is the user turn of ``prompt``; the gold is ``reward_model.ground_truth``.
+* MATH (``DigitalLearningGmbH/MATH-lighteval``): gold read from the boxed answer of ``solution``,
+  optionally filtered by ``level``.
+* Anything else through a column mapping (``question_column``, ``answer_column``).
+
+Preview what a recipe will train on::
+
+    python -m prompt_aug.data --dataset ../shared/data/simplerl_level3to5 [--config RECIPE.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from rewards.extract import last_boxed
+
+from .smoke import SYNTHETIC_DATASET_NAME, synthetic_problems
+
+SIMPLERL_HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
+SIMPLERL_CONFIG = "simplelr_qwen_level3to5"
+MATH_HUB_ID = "DigitalLearningGmbH/MATH-lighteval"
+_QUESTION_GUESSES = ("question", "problem", "query", "input")
+_ANSWER_GUESSES = ("answer", "ground_truth", "final_answer", "target", "solution")
+
+
+class DataError(ValueError):
+    """The dataset does not have what we need; the message names the column and lists those present."""
+
+
+@dataclass
+class DataReport:
+    """What loading did: rows kept, and rows dropped with the reason."""
+
+    source: str
+    read: int
+    rows: int
+    dropped: Counter
+
+    def __str__(self) -> str:
+        lines = [f"dataset {self.source}: {self.read} rows read, {self.rows} kept"]
+        lines += [f"  dropped {n}: {why}" for why, n in self.dropped.items() if n]
+        return "\n".join(lines)
+
+
+def _load_raw(name: str, config: str | None, split: str) -> datasets.Dataset:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise DataError(f"split {split!r} not in {path}; splits: {list(loaded)}")
+                loaded = loaded[split]
+            return loaded
+        folder = path / config if config and (path / config).is_dir() else path
+        files = sorted(p for p in folder.iterdir() if p.suffix in (".parquet", ".jsonl", ".json", ".csv"))
+        chosen = [p for p in files if re.search(rf"(^|[._-]){re.escape(split)}([._-]|$)", p.stem)] or (
+            files if len(files) == 1 else []
+        )
+        if not chosen:
+            raise DataError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}")
+        return _load_files(chosen)
+    if path.is_file():
+        return _load_files([path])
+    if name == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
+        return datasets.load_dataset(name, data_dir=config or SIMPLERL_CONFIG, split=split)
+    return datasets.load_dataset(name, config, split=split)
+
+
+def _load_files(files: list[Path]) -> datasets.Dataset:
+    kind = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}[files[0].suffix]
+    return datasets.load_dataset(kind, data_files=[str(p) for p in files], split="train")
+
+
+def _user_turn(messages: Any) -> str:
+    users = [m["content"] for m in messages if m.get("role") == "user"]
+    return users[-1].strip() if users else ""
+
+
+def _require(ds: datasets.Dataset, column: str, what: str) -> None:
+    if column not in ds.column_names:
+        raise DataError(f"{what} column {column!r} not found; the dataset has columns {ds.column_names}")
+
+
+def _stable_uids(questions: list[str], ids: list[str] | None) -> list[str]:
+    if ids is not None and len(set(ids)) == len(ids):
+        return [str(i) for i in ids]
+    seen: Counter = Counter()
+    uids = []
+    for question in questions:
+        digest = hashlib.sha1(question.encode()).hexdigest()[:16]
+        uids.append(f"{digest}-{seen[digest]}")
+        seen[digest] += 1
+    return uids
+
+
+def to_rows(
+    ds: datasets.Dataset,
+    question_column: str | None = None,
+    answer_column: str | None = None,
+    levels: list[str] | None = None,
+) -> tuple[datasets.Dataset, Counter]:
+    """Map a raw dataset onto ``question``/``answer``/``uid``; return it with drop counts by reason."""
+    dropped: Counter = Counter()
+    cols = ds.column_names
+    ids = None
+    if levels:
+        _require(ds, "level", "level")
+        before = len(ds)
+        ds = ds.filter(lambda r: str(r["level"]) in levels or f"Level {r['level']}" in levels)
+        dropped[f"level not in {levels}"] = before - len(ds)
+    if question_column is None and answer_column is None and "reward_model" in cols and "prompt" in cols:
+        questions = [_user_turn(m) for m in ds["prompt"]]
+        answers = [(rm or {}).get("ground_truth") for rm in ds["reward_model"]]
+        if "extra_info" in cols:
+            ids = [(info or {}).get("index") for info in ds["extra_info"]]
+            ids = ids if all(i is not None for i in ids) else None
+    else:
+        q_col = question_column or next((c for c in _QUESTION_GUESSES if c in cols), None)
+        a_col = answer_column or next((c for c in _ANSWER_GUESSES if c in cols), None)
+        if q_col is None:
+            raise DataError(f"no question column (tried {list(_QUESTION_GUESSES)}); set `question_column`. Columns: {cols}")
+        if a_col is None:
+            raise DataError(f"no answer column (tried {list(_ANSWER_GUESSES)}); set `answer_column`. Columns: {cols}")
+        _require(ds, q_col, "question")
+        _require(ds, a_col, "answer")
+        questions = [str(q).strip() for q in ds[q_col]]
+        answers = list(ds[a_col])
+        if a_col == "solution":  # MATH: the gold is the boxed answer of the worked solution
+            answers = [last_boxed(s or "") for s in answers]
+        if "uid" in cols:
+            ids = list(ds["uid"])
+    answers = [None if a is None else (str(a).strip() if not isinstance(a, list) else [str(x) for x in a]) for a in answers]
+    keep = [i for i, (q, a) in enumerate(zip(questions, answers)) if q and a not in (None, "", [])]
+    dropped["empty question or gold answer"] += len(questions) - len(keep)
+    uids = _stable_uids(questions, ids)
+    rows = datasets.Dataset.from_dict(
+        {
+            "question": [questions[i] for i in keep],
+            "answer": [answers[i] if isinstance(answers[i], str) else answers[i][0] for i in keep],
+            "uid": [uids[i] for i in keep],
+        }
+    )
+    return rows, dropped
+
+
+def filter_long_prompts(
+    rows: datasets.Dataset, templates: list[Any], tokenizer: Any, max_prompt_length: int | None
+) -> tuple[datasets.Dataset, int]:
+    """Drop rows whose prompt, rendered with the longest template, exceeds ``max_prompt_length`` tokens.
+
+    TRL has no prompt-length limit, so this is where over-long prompts are removed.
+    """
+    if not max_prompt_length or len(rows) == 0:
+        return rows, 0
+    probe = rows[0]["question"]
+    longest = max(templates, key=lambda t: len(tokenizer(t.render(probe, tokenizer)).input_ids))
+    lengths = [
+        len(ids)
+        for ids in tokenizer([longest.render(q, tokenizer) for q in rows["question"]]).input_ids
+    ]
+    keep = [i for i, n in enumerate(lengths) if n <= max_prompt_length]
+    return rows.select(keep), len(rows) - len(keep)
+
+
+def load_math_dataset(
+    name: str,
+    config: str | None = None,
+    split: str = "train",
+    question_column: str | None = None,
+    answer_column: str | None = None,
+    levels: list[str] | None = None,
+    num_synthetic: int = 256,
+    seed: int = 0,
+) -> tuple[datasets.Dataset, DataReport]:
+    """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows."""
+    if name == SYNTHETIC_DATASET_NAME:
+        rows = datasets.Dataset.from_list(synthetic_problems(num_synthetic, seed=seed))
+        return rows, DataReport(name, len(rows), len(rows), Counter())
+    if name == MATH_HUB_ID and answer_column is None:
+        answer_column = "solution"
+    raw = _load_raw(name, config, split)
+    rows, dropped = to_rows(raw, question_column, answer_column, levels)
+    return rows, DataReport(name, len(raw), len(rows), dropped)
+
+
+# ---------------------------------------------------------------------------------------------
+# Preview: what a user checks before spending GPU hours.
+
+_ANSWER_FORMS = (
+    ("integer", re.compile(r"^-?\d+$")),
+    ("decimal", re.compile(r"^-?\d*\.\d+$")),
+    ("fraction", re.compile(r"^-?\\[dt]?frac\{-?\d+\}\{\d+\}$|^-?\d+/\d+$")),
+    ("tuple or interval", re.compile(r"^[\(\[].*,.*[\)\]]$")),
+    ("text", re.compile(r"^\\text\{[^{}]*\}$|^[A-Za-z ]+$")),
+)
+
+
+def answer_form(answer: str) -> str:
+    """A coarse class of a gold answer, for the preview histogram.
+
+    >>> [answer_form(a) for a in ["12", "\\\\frac{1}{2}", "(1, 2)", "\\\\text{Monday}", "2\\\\sqrt{3}"]]
+    ['integer', 'fraction', 'tuple or interval', 'text', 'expression']
+    """
+    text = answer.strip().strip("$")
+    for form, pattern in _ANSWER_FORMS:
+        if pattern.match(text):
+            return form
+    return "expression"
+
+
+def preview(args: argparse.Namespace) -> str:
+    """The preview report as text (see `main`)."""
+    from transformers import AutoTokenizer
+
+    from .templates import load_templates, select_templates
+
+    recipe: dict[str, Any] = {}
+    if args.config:
+        import yaml
+
+        recipe = yaml.safe_load(Path(args.config).read_text()) or {}
+    rows, report = load_math_dataset(
+        args.dataset,
+        config=args.dataset_config or recipe.get("dataset_config"),
+        split=args.split or recipe.get("dataset_split", "train"),
+        question_column=recipe.get("question_column"),
+        answer_column=recipe.get("answer_column"),
+        levels=recipe.get("dataset_levels"),
+    )
+    tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
+    lines = []
+    tokenizer = None
+    if tokenizer_name:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
+        except (OSError, ValueError) as err:
+            lines.append(f"(could not load tokenizer {tokenizer_name!r}: {str(err).splitlines()[0]})")
+    if tokenizer is None:
+        from .smoke import build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer()
+        lines.append("(rendering with the built-in ChatML tokenizer; pass --tokenizer or --config for your model's)")
+    bank = load_templates(recipe.get("templates_file"), tokenizer=tokenizer)
+    templates, _ = select_templates(bank, recipe.get("templates"), recipe.get("template_weights"))
+    max_len = args.max_prompt_length or recipe.get("max_prompt_length")
+    rows, n_long = filter_long_prompts(rows, templates, tokenizer, max_len)
+    report.dropped[f"prompt longer than {max_len} tokens (longest template)"] += n_long
+    report.rows = len(rows)
+    lines.append(str(report))
+    golds = sum(1 for a in rows["answer"] if a)
+    lines.append(f"rows with a gold answer: {golds}")
+    forms = Counter(answer_form(a) for a in rows["answer"])
+    lines.append("answer forms:")
+    width = max(forms.values(), default=1)
+    for form, n in forms.most_common():
+        lines.append(f"  {form:<18} {n:>6}  {'#' * max(1, round(40 * n / width))}")
+    if len(rows):
+        question = rows[0]["question"]
+        for template in templates:
+            lines.append(f"\n----- template {template.name} -----")
+            lines.append(template.render(question, tokenizer))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m prompt_aug.data --dataset PATH_OR_ID [--config RECIPE.yaml]``: preview a dataset."""
+    parser = argparse.ArgumentParser(prog="python -m prompt_aug.data", description=main.__doc__)
+    parser.add_argument("--dataset", required=True, help="`synthetic`, a Hub id, or a local path")
+    parser.add_argument("--config", help="a recipe YAML: templates, columns, prompt limit and tokenizer come from it")
+    parser.add_argument("--dataset_config", help="Hub subset / local sub-folder (e.g. simplelr_qwen_level3to5)")
+    parser.add_argument("--split", help="split to load (default: train)")
+    parser.add_argument("--tokenizer", help="tokenizer to render prompts with (default: the recipe's model)")
+    parser.add_argument("--max_prompt_length", type=int, help="drop prompts longer than this many tokens")
+    print(preview(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

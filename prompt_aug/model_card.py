@@ -1,0 +1,129 @@
+"""The model card (``README.md`` in the output folder) written at the end of training and pushed to the Hub."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .templates import Template
+
+# The evaluation entry point writes its markdown table here, under the trained model's folder.
+EVAL_TABLE_PATH = Path("eval") / "results.md"
+_CARD_METRICS = ("reward", "entropy", "completions/mean_length", "completions/clipped_ratio")
+
+
+@dataclass
+class ModelCardInfo:
+    """What the card says beyond what the trainer knows."""
+
+    base_model: str
+    recipe: str
+    templates: list[Template]
+    weights: list[float]
+    dataset: str
+    num_rows: int
+    eval_template: str = "qwen-math"
+    tags: list[str] = field(default_factory=lambda: ["trl", "grpo", "prompt-augmentation", "math"])
+
+
+def final_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
+    """The last logged value of each training metric (per-template ones included).
+
+    >>> final_metrics([{"reward": 0.1, "step": 1}, {"reward": 0.5, "templates/abel/accuracy": 1.0, "step": 2}])
+    {'reward': 0.5, 'templates/abel/accuracy': 1.0}
+    """
+    latest: dict[str, float] = {}
+    for entry in log_history:
+        for key, value in entry.items():
+            if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                latest[key] = value
+    return latest
+
+
+def render_model_card(
+    info: ModelCardInfo,
+    output_dir: str | Path,
+    global_step: int,
+    log_history: list[dict[str, Any]],
+    hub_model_id: str | None = None,
+) -> str:
+    """The card's markdown: base model, recipe, templates, data, steps, final metrics, eval table, usage."""
+    output_dir = Path(output_dir)
+    metrics = final_metrics(log_history)
+    name = hub_model_id or output_dir.name
+    template = next((t for t in info.templates if t.name == info.eval_template), info.templates[0])
+    lines = [
+        "---",
+        f"base_model: {info.base_model}",
+        "library_name: transformers",
+        "tags:",
+        *[f"- {tag}" for tag in info.tags],
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"`{info.base_model}` fine-tuned with GRPO and prompt augmentation (Lu, Huang, Balestriero 2026,",
+        "arXiv 2602.03190): each training question was rewritten under a reasoning template drawn at",
+        "random from the bank below, with one template per GRPO group. Trained with prompt-aug-grpo",
+        "on TRL.",
+        "",
+        "## Training",
+        "",
+        f"- Dataset: {info.dataset}, {info.num_rows} questions after filtering",
+        f"- Optimizer steps: {global_step}",
+        "",
+        "### Final training metrics",
+        "",
+        "| metric | value |",
+        "|---|---|",
+    ]
+    shown = [k for k in _CARD_METRICS if k in metrics] + sorted(k for k in metrics if k.endswith("/accuracy"))
+    lines += [f"| {key} | {metrics[key]:.4g} |" for key in shown] or ["| (none logged) | |"]
+    eval_table = output_dir / EVAL_TABLE_PATH
+    lines += ["", "## Evaluation", ""]
+    if eval_table.is_file():
+        lines += [eval_table.read_text().strip()]
+    else:
+        lines += ["No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."]
+    lines += [
+        "",
+        "## Template bank",
+        "",
+        "| template | weight | prefill | format markers |",
+        "|---|---|---|---|",
+    ]
+    for t, w in zip(info.templates, info.weights):
+        markers = ", ".join(f"`{json.dumps(m)[1:-1]}`" for m in t.markers) or "(free form)"
+        prefill = f"`{json.dumps(t.prefill)[1:-1]}`" if t.prefill else ""
+        lines.append(f"| {t.name} | {w:.3f} | {prefill} | {markers} |")
+    lines += [
+        "",
+        "## How to prompt",
+        "",
+        f"Evaluation uses the `{template.name}` template: the system turn below, the question as the user turn.",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f'tok = AutoTokenizer.from_pretrained("{name}")',
+        f'model = AutoModelForCausalLM.from_pretrained("{name}")',
+        "messages = [",
+        f"    {{'role': 'system', 'content': {template.system!r}}},",
+        "    {'role': 'user', 'content': 'What is the remainder when 2024 is divided by 7?'},",
+        "]",
+        "text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)"
+        + (f" + {template.prefill!r}" if template.prefill else ""),
+        "out = model.generate(**tok(text, return_tensors='pt'), max_new_tokens=1024)",
+        "print(tok.decode(out[0], skip_special_tokens=True))",
+        "```",
+        "",
+        "## Recipe",
+        "",
+        "```yaml",
+        info.recipe.strip(),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
