@@ -25,7 +25,7 @@ from .config import PromptAugArguments, batch_arithmetic
 from .data import filter_long_prompts, load_math_dataset
 from .model_card import ModelCardInfo
 from .smoke import TINY_MODEL_NAME, build_tiny_model
-from .templates import get_template, load_templates, select_templates
+from .templates import check_renders, get_template, load_templates, select_templates
 from .trainer import PromptAugGRPOTrainer
 
 logger = logging.getLogger("prompt_aug")
@@ -70,6 +70,11 @@ def main(argv: list[str] | None = None) -> None:
         print(batch_arithmetic(script_args, training_args).table())
         return
 
+    # Fail on a bad reward or template name now, before anything heavy loads.
+    reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    bank = load_templates(script_args.templates_file)
+    templates, weights = select_templates(bank, script_args.templates, script_args.template_weights)
+
     # Model and tokenizer.
     model_path = resolve_model_path(model_args, training_args)
     tokenizer = AutoTokenizer.from_pretrained(
@@ -79,9 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
-    # Templates.
-    bank = load_templates(script_args.templates_file, tokenizer=tokenizer)
-    templates, weights = select_templates(bank, script_args.templates, script_args.template_weights)
+    # Templates: each must render with this tokenizer's chat template.
+    check_renders(templates, tokenizer)
     collator = PromptAugmentationCollator(
         templates, tokenizer, weights, seed=training_args.seed, eval_template=get_template(script_args.eval_template)
     )
@@ -122,9 +126,6 @@ def main(argv: list[str] | None = None) -> None:
             "stop_token_ids": model.generation_config.eos_token_id,
             **(training_args.generation_kwargs or {}),
         }
-
-    # Rewards.
-    reward_funcs = get_reward_funcs(script_args.reward_funcs)
 
     # Trainer.
     recipe_text = _recipe_text(argv)

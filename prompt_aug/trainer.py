@@ -39,7 +39,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     Logs, beside TRL's ``entropy``, ``reward`` and ``completions/*``: ``templates/<name>/accuracy``,
     ``/format``, ``/mean_length``, ``/truncated_ratio`` and ``/count`` per template. With
-    ``log_completions``, the completion records carry ``template`` and ``uid``.
+    ``log_completions``, the completion records carry ``template``, ``uid`` and the ``process`` that
+    generated each completion.
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         inputs = self.prompt_collator(inputs, epoch=epoch, training=training)
         self._log_completion_extra("template", [row["template"] for row in inputs])
         self._log_completion_extra("uid", [row["uid"] for row in inputs])
+        self._log_completion_extra("process", [self.accelerator.process_index] * len(inputs))
         output = super()._generate_and_score_completions(inputs)
         self._log_template_metrics(inputs, output, "train" if training else "eval")
         return output

@@ -1,0 +1,116 @@
+"""The augmenting collator: one template per GRPO group, on every process, every epoch, after resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from prompt_aug.collator import PromptAugmentationCollator
+from prompt_aug.smoke import synthetic_problems
+from prompt_aug.templates import load_templates
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bank():
+    return load_templates()
+
+
+def _round(rows, num_generations):
+    # What TRL's RepeatSampler hands over: each row repeated num_generations times, consecutively.
+    return [dict(row) for row in rows for _ in range(num_generations)]
+
+
+def test_one_template_per_row_within_a_round(bank, tokenizer):
+    collator = PromptAugmentationCollator(list(bank.values()), tokenizer, seed=3)
+    out = collator(_round(synthetic_problems(64), 8), epoch=0)
+    by_uid: dict[str, set] = {}
+    for row in out:
+        by_uid.setdefault(row["uid"], set()).add((row["template"], row["prompt"]))
+        assert row["prompt"].endswith(bank[row["template"]].prefill)
+        assert row["question"] in row["prompt"]
+    assert all(len(v) == 1 for v in by_uid.values())
+    assert len({row["template"] for row in out}) > 5  # and the round mixes templates
+
+
+def test_a_new_epoch_redraws(bank, tokenizer):
+    collator = PromptAugmentationCollator(list(bank.values()), tokenizer, seed=3)
+    rows = synthetic_problems(200)
+    first = [r["template"] for r in collator(rows, epoch=0)]
+    second = [r["template"] for r in collator(rows, epoch=1)]
+    changed = sum(a != b for a, b in zip(first, second))
+    # With 13 uniform templates about 12/13 of the rows change; allow wide slack.
+    assert changed > 150
+
+
+def test_draws_are_near_uniform(bank, tokenizer):
+    collator = PromptAugmentationCollator(list(bank.values()), tokenizer, seed=0)
+    counts = Counter(collator.draw(f"row-{i}").name for i in range(13_000))
+    assert set(counts) == set(bank)
+    # Expected 1000 each; binomial sd ~30, so 150 is a 5-sigma bound.
+    assert all(abs(n - 1000) < 150 for n in counts.values()), counts
+
+
+def test_weighted_draws_follow_the_weights(bank, tokenizer):
+    templates = [bank["qwen-math"], bank["open-r1"]]
+    collator = PromptAugmentationCollator(templates, tokenizer, weights=[3, 1], seed=0)
+    counts = Counter(collator.draw(f"row-{i}").name for i in range(8000))
+    assert abs(counts["qwen-math"] / 8000 - 0.75) < 0.03
+
+
+def test_draws_do_not_depend_on_the_process(bank, tokenizer):
+    # A fresh interpreter with another hash salt stands in for another rank or a resumed run.
+    here = [PromptAugmentationCollator(list(bank.values()), tokenizer, seed=7).draw(f"u{i}", 2).name for i in range(50)]
+    code = (
+        "import json; from prompt_aug.templates import load_templates;"
+        "from prompt_aug.collator import PromptAugmentationCollator;"
+        "c = PromptAugmentationCollator(list(load_templates().values()), None, seed=7);"
+        "print(json.dumps([c.draw(f'u{i}', 2).name for i in range(50)]))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    there = json.loads(subprocess.check_output([sys.executable, "-c", code], env=env, cwd=REPO, text=True))
+    assert here == there
+
+
+def test_eval_mode_uses_the_fixed_template(bank, tokenizer):
+    collator = PromptAugmentationCollator(list(bank.values()), tokenizer, seed=0)
+    out = collator(synthetic_problems(30), epoch=0, training=False)
+    assert {r["template"] for r in out} == {"qwen-math"}
+
+
+def test_missing_columns_are_named(bank, tokenizer):
+    collator = PromptAugmentationCollator(list(bank.values()), tokenizer)
+    with pytest.raises(KeyError, match="uid"):
+        collator([{"question": "1+1?", "answer": "2"}])
+
+
+@pytest.mark.slow
+def test_two_process_run_keeps_groups_on_one_template_across_ranks(tmp_path):
+    # 3 rows per process-batch of 6 completions with 4 rollouts per question: the middle question's
+    # group is split between rank 0 and rank 1 in every round.
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+        "-m", "prompt_aug.train", "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"),
+        "--output_dir", str(out), "--log_completions", "true", "--max_steps", "4",
+        "--per_device_train_batch_size", "3", "--steps_per_generation", "2", "--num_generations", "4",
+        "--save_strategy", "no",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = pd.concat(pd.read_parquet(p) for p in sorted((out / "completions").glob("*.parquet")))
+    groups = records.groupby(["step", "uid"])
+    assert (groups["template"].nunique() == 1).all()
+    assert (groups.size() == 4).all()
+    assert (groups["process"].nunique() == 2).any(), "no group straddled the two ranks"
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert any(k.startswith("templates/") for entry in history for k in entry)

@@ -1,0 +1,137 @@
+"""What the rewards return for each format: right and wrong, lenient and strict, format scores."""
+
+from __future__ import annotations
+
+import pytest
+
+from rewards import REGISTRY, correctness_reward, format_reward, grade
+from prompt_aug.templates import load_templates
+
+BOXED = "We add them: 3 + 4 = 7. So the result is \\boxed{7}."
+
+# One well-formed completion per template (prefills are not part of the completion).
+WELL_FORMED = {
+    "abel": BOXED,
+    "simplerl": BOXED,
+    "qwen-math": BOXED,
+    "formal": "By the definition of addition, 3 + 4 = 7. Hence \\boxed{7}.",
+    "lm_eval_prompt1": ". 3 + 4 = 7.\nThe final answer is: \\boxed{7}",
+    "lm_eval_prompt4": "3 + 4 = 7.\nThe final answer is: \\boxed{7}",
+    "lm_eval_prompt8": ": 3 + 4 = 7, so \\boxed{7}.",
+    "open-r1": "<think>\n3 + 4 = 7\n</think>\n<answer>\n\\boxed{7}\n</answer>",
+    "open-r1-teacher": "3 + 4 = 7\n</think>\n<answer>\n\\boxed{7}\n</answer>",
+    "deepseek-r1": "<think> 3 + 4 = 7 </think> <answer> \\boxed{7} </answer>",
+    "deepseek-r1-teacher": " 3 + 4 = 7 </think> <answer> \\boxed{7} </answer>",
+    "reflective": "<solution>\n3 + 4 = 7\n</solution>\n<check>\nLet's verify step by step: 7 - 4 = 3.\n</check>\n\\boxed{7}",
+    "reflective-teacher": "3 + 4 = 7\n</solution>\n<check>\nLet's verify step by step: 7 - 4 = 3.\n</check>\n\\boxed{7}",
+}
+
+
+def test_every_template_has_a_case():
+    assert set(WELL_FORMED) == set(load_templates())
+
+
+@pytest.mark.parametrize("template", list(WELL_FORMED))
+def test_well_formed_right_answer_scores_full_in_both_modes(template):
+    for strict in (False, True):
+        verdict = grade(WELL_FORMED[template], "7", template, strict=strict)
+        assert verdict.correct and verdict.extracted == "7", (template, strict)
+        assert verdict.format_score == 1.0
+
+
+@pytest.mark.parametrize("template", list(WELL_FORMED))
+def test_wrong_answer_in_the_right_format(template):
+    verdict = grade(WELL_FORMED[template].replace("\\boxed{7}", "\\boxed{8}"), "7", template)
+    assert not verdict.correct and verdict.extracted == "8"
+    assert verdict.format_score == 1.0
+
+
+def test_tag_format_partial_credit():
+    # Missing the answer block: only the two think markers count (2 of 4).
+    assert grade("<think>\nhm\n</think>\n\\boxed{7}", "7", "open-r1").format_score == 0.5
+    # A marker that appears twice earns nothing.
+    twice = "<think>\na\n</think>\n<think>\nb\n</think>\n<answer>\n\\boxed{7}\n</answer>"
+    assert grade(twice, "7", "open-r1").format_score == 0.5
+    # Teacher variants do not require the prefilled opening tag (3 markers, 1/3 each).
+    assert grade("x\n</think>\nno answer block", "7", "open-r1-teacher").format_score == pytest.approx(1 / 3)
+
+
+def test_prefilled_think_repeated_by_the_model_is_not_penalised_twice():
+    # open-r1-teacher's prefill is "<think>\n"; the model writing another "<think>\n" does not touch its markers.
+    completion = "<think>\n3 + 4 = 7\n</think>\n<answer>\n\\boxed{7}\n</answer>"
+    verdict = grade(completion, "7", "open-r1-teacher", strict=True)
+    assert verdict.correct and verdict.format_score == 1.0
+
+
+def test_final_answer_line_format():
+    assert grade("so 7. The final answer is: \\boxed{7}", "7", "lm_eval_prompt4").format_score == 1.0
+    assert grade("so \\boxed{7}", "7", "lm_eval_prompt4").format_score == 0.0
+    both = "The final answer is: 6. Wait. The final answer is: \\boxed{7}"
+    assert grade(both, "7", "lm_eval_prompt4").format_score == 0.0
+
+
+def test_two_boxed_answers_the_last_one_counts():
+    assert grade("first \\boxed{7} then \\boxed{9}", "9", "qwen-math").correct
+    assert not grade("first \\boxed{7} then \\boxed{9}", "7", "qwen-math").correct
+    assert not grade("first \\boxed{7} then \\boxed{9}", "7", "qwen-math", strict=True).correct
+
+
+def test_answer_outside_the_tags():
+    completion = "<think>\nso \\boxed{7}\n</think>\n<answer>\nseven\n</answer>"
+    assert not grade(completion, "7", "open-r1", strict=True).correct  # strict: must be boxed inside <answer>
+    assert grade(completion, "7", "open-r1").correct  # lenient: the last box before </answer>
+    after = "<think>\nhm\n</think>\n<answer>\n8\n</answer> \\boxed{7}"
+    assert not grade(after, "7", "open-r1").correct  # lenient cuts at </answer>
+    assert not grade(after, "7", "open-r1", strict=True).correct
+
+
+def test_lenient_fallbacks_that_strict_rejects():
+    cases = [
+        ("Therefore, the final answer is $\\frac{1}{2}$. I hope it is correct.", "\\frac{1}{2}"),
+        ("Adding up, the answer is 12 apples.", "12"),  # text after "the answer is", unit dropped
+        ("We get 5, then 6, and finally 42", "42"),  # last number
+    ]
+    for completion, gold in cases:
+        assert grade(completion, gold, "qwen-math").correct, completion
+        assert not grade(completion, gold, "qwen-math", strict=True).correct, completion
+
+
+def test_lenient_normalisation():
+    assert grade("\\boxed{\\dfrac{3}{4}}", "\\frac{3}{4}").correct
+    assert grade("\\boxed{12\\text{ cm}}", "12").correct
+    assert grade("\\boxed{x = 5}", "5").correct
+    assert grade("\\boxed{0.5}", "\\frac{1}{2}").correct
+    assert not grade("\\boxed{0.51}", "\\frac{1}{2}").correct
+
+
+def test_stop_strings_cut_the_completion():
+    assert not grade("\\boxed{3}<|im_end|> junk \\boxed{4}", "4").correct
+    assert grade("\\boxed{3}<|im_end|> junk \\boxed{4}", "3").correct
+
+
+def test_list_golds_any_match():
+    assert grade("\\boxed{9.6}", ["9.6", "9.60"]).correct
+    assert not grade("\\boxed{9}", ["9.6", "9.60"]).correct
+
+
+def test_registry_functions_read_answer_and_template_columns():
+    completions = [WELL_FORMED["open-r1"], "no tags, \\boxed{7}", "<think>\nx\n</think>\n<answer>\n\\boxed{5}\n</answer>"]
+    templates = ["open-r1", "open-r1", "open-r1"]
+    assert REGISTRY["correctness"](completions, answer=["7"] * 3, template=templates) == [1.0, 1.0, 0.0]
+    assert REGISTRY["strict_correctness"](completions, answer=["7"] * 3, template=templates) == [1.0, 0.0, 0.0]
+    assert format_reward(completions, template=templates) == [1.0, 0.0, 1.0]
+    # Chat-style completions, as TRL passes them for conversational prompts.
+    chat = [[{"role": "assistant", "content": BOXED}]]
+    assert correctness_reward(chat, answer=["7"], template=["qwen-math"]) == [1.0]
+
+
+def test_unparseable_gold_gives_none_and_is_counted():
+    logged = {}
+    rewards = correctness_reward(
+        ["\\boxed{7}", "\\boxed{7}"], answer=["", "7"], template=["qwen-math"] * 2,
+        log_metric=lambda name, value: logged.__setitem__(name, value),
+    )  # fmt: skip
+    assert rewards == [None, 1.0]
+    assert logged["rewards/unparseable_gold"] == 1.0
+    verdict = grade("\\boxed{7}", "")
+    assert verdict.gold_ok is False and verdict.correct is False

@@ -1,0 +1,97 @@
+"""The template bank: 13 formats stored as data, rendered through the tokenizer's chat template."""
+
+from __future__ import annotations
+
+import pytest
+
+from prompt_aug.templates import TemplateError, load_templates, select_templates
+
+EXPECTED = {
+    # name: (prefill, markers) as specified for the paper's bank
+    "abel": ("Let's think step by step.\n", ()),
+    "simplerl": ("", ()),
+    "qwen-math": ("", ()),
+    "open-r1": ("", ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")),
+    "open-r1-teacher": ("<think>\n", ("\n</think>\n", "\n<answer>\n", "\n</answer>")),
+    "deepseek-r1": ("", ("<think>", "</think>", "<answer>", "</answer>")),
+    "deepseek-r1-teacher": ("<think>", ("</think>", "<answer>", "</answer>")),
+    "formal": ("", ()),
+    "lm_eval_prompt1": ("Let's think step by step", ("The final answer is:",)),
+    "lm_eval_prompt4": ("", ("The final answer is:",)),
+    "lm_eval_prompt8": ("Let's think step by step", ()),
+    "reflective": ("", ("<solution>\n", "\n</solution>\n", "\n<check>\nLet's verify step by step", "\n</check>")),
+    "reflective-teacher": ("<solution>\n", ("\n</solution>\n", "\n<check>\nLet's verify step by step", "\n</check>")),
+}
+
+
+def test_bank_has_the_13_formats_with_their_prefills_and_markers():
+    bank = load_templates()
+    assert list(bank) == list(EXPECTED)
+    for name, (prefill, markers) in EXPECTED.items():
+        assert bank[name].prefill == prefill, name
+        assert bank[name].markers == markers, name
+    tag_templates = {n for n in bank if n.startswith(("open-r1", "deepseek-r1"))}
+    assert {n for n, t in bank.items() if t.answer == "tag"} == tag_templates
+
+
+def test_qwen_math_keeps_the_official_system_prompt():
+    qwen = load_templates()["qwen-math"]
+    assert qwen.system == "Please reason step by step, and put your final answer within \\boxed{}."
+    assert qwen.user == "{question}"
+
+
+def test_every_template_renders_and_the_prefill_ends_the_prompt(tokenizer):
+    bank = load_templates(tokenizer=tokenizer)
+    question = "What is $\\frac{1}{2} + \\frac{1}{3}$? {not a slot}"
+    for template in bank.values():
+        text = template.render(question, tokenizer)
+        assert question in text, template.name
+        assert text.endswith("<|im_start|>assistant\n" + template.prefill), template.name
+        if template.system:
+            assert template.system in text
+
+
+def _write(tmp_path, body: str):
+    path = tmp_path / "bank.yaml"
+    path.write_text(body)
+    return path
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("- {name: a, user: 'no slot'}\n", "'a'"),
+        ("- {name: b, user: '{question} and {question}'}\n", "'b'"),
+        ("- {name: c, user: '{question}'}\n- {name: c, user: 'Q: {question}'}\n", "'c'"),
+        ("- {name: d, user: '{question}', answer: xml}\n", "'d'"),
+        ("- {name: e, user: '{question}', colour: red}\n", "'e'"),
+    ],
+)
+def test_broken_templates_fail_naming_the_template(tmp_path, body, message):
+    with pytest.raises(TemplateError, match=message):
+        load_templates(_write(tmp_path, body))
+
+
+def test_a_template_the_tokenizer_cannot_render_is_named(tmp_path, tokenizer):
+    from transformers import AutoTokenizer
+
+    strict = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    strict.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    path = _write(tmp_path, "- {name: plain, user: '{question}'}\n- {name: chatty, system: hi, user: '{question}'}\n")
+    with pytest.raises(TemplateError, match="'chatty'"):
+        load_templates(path, tokenizer=strict)
+
+
+def test_custom_bank_file_and_subset_with_weights(tmp_path, tokenizer):
+    path = _write(tmp_path, "- {name: mine, user: 'Solve: {question}', prefill: 'Answer:', markers: ['Answer:']}\n")
+    bank = load_templates(path, tokenizer=tokenizer)
+    assert bank["mine"].render("2+2", tokenizer).endswith("Solve: 2+2<|im_end|>\n<|im_start|>assistant\nAnswer:")
+    chosen, weights = select_templates(load_templates(), ["qwen-math", "open-r1"], [1, 3])
+    assert [t.name for t in chosen] == ["qwen-math", "open-r1"] and weights == [0.25, 0.75]
+    with pytest.raises(TemplateError, match="nope"):
+        select_templates(load_templates(), ["qwen-math", "nope"])
+    with pytest.raises(TemplateError, match="2 templates"):
+        select_templates(load_templates(), ["qwen-math", "abel"], [1.0])

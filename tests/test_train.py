@@ -1,0 +1,88 @@
+"""End to end: the smoke recipe trains on CPU and logs what a user watches."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from prompt_aug import train
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    train.main(["--config", SMOKE, "--output_dir", str(out)])
+    return out
+
+
+def test_smoke_run_writes_checkpoint_state_and_records(smoke_run):
+    assert (smoke_run / "checkpoint-4" / "trainer_state.json").is_file()
+    assert (smoke_run / "model.safetensors").is_file()
+    assert sorted(p.name for p in (smoke_run / "completions").glob("*.parquet"))
+    assert (smoke_run / "README.md").read_text().count("tiny-random-qwen2") >= 1
+
+
+def test_log_history_has_entropy_finite_loss_and_per_template_metrics(smoke_run):
+    history = json.loads((smoke_run / "trainer_state.json").read_text())["log_history"]
+    steps = [h for h in history if "loss" in h]
+    assert len(steps) == 4 and all(math.isfinite(float(h["loss"])) for h in steps)
+    assert all("entropy" in h for h in steps)
+    keys = {k for h in history for k in h}
+    names = {k.split("/")[1] for k in keys if k.startswith("templates/")}
+    assert names, "no per-template metrics logged"
+    for name in names:
+        for metric in ("accuracy", "format", "mean_length", "truncated_ratio", "count"):
+            assert f"templates/{name}/{metric}" in keys, (name, metric)
+
+
+def test_per_template_metrics_match_the_completion_records(smoke_run):
+    history = {h["step"]: h for h in json.loads((smoke_run / "trainer_state.json").read_text())["log_history"]}
+    # steps_per_generation=2: rounds are generated at steps 1 and 3, each logged at its own step.
+    for step in (1, 3):
+        records = pd.read_parquet(smoke_run / "completions" / f"completions_{step:05d}.parquet")
+        assert len(records) == 16
+        for name, group in records.groupby("template"):
+            logged = history[step]
+            assert logged[f"templates/{name}/count"] == len(group)
+            assert logged[f"templates/{name}/format"] == pytest.approx(group["format_reward"].mean())
+            assert logged[f"templates/{name}/accuracy"] == pytest.approx(group["correctness_reward"].mean())
+            assert 1 <= logged[f"templates/{name}/mean_length"] <= 32
+        assert sum(v for k, v in history[step].items() if k.endswith("/count")) == 16
+
+
+def test_completion_records_have_one_template_per_step_and_uid(smoke_run):
+    records = pd.concat(pd.read_parquet(p) for p in sorted((smoke_run / "completions").glob("*.parquet")))
+    assert {"template", "uid", "step", "prompt", "completion"} <= set(records.columns)
+    groups = records.groupby(["step", "uid"])
+    assert (groups["template"].nunique() == 1).all()
+    assert (groups.size() == 4).all()  # num_generations rollouts per question
+    for _, row in records.head(20).iterrows():
+        assert row["prompt"].endswith("<|im_start|>assistant\n" + _prefill(row["template"]))
+
+
+def _prefill(name: str) -> str:
+    from prompt_aug.templates import get_template
+
+    return get_template(name).prefill
+
+
+def test_unknown_recipe_key_fails_before_loading_and_names_the_key(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(Path(SMOKE).read_text() + "\ntemplate_wieghts: [1, 2]\n")
+    with pytest.raises(ValueError, match="template_wieghts"):
+        train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "never")])
+    assert not (tmp_path / "never").exists()
+
+
+def test_unknown_reward_and_template_are_named(tmp_path):
+    with pytest.raises(ValueError, match="correctnes"):
+        train.main(["--config", SMOKE, "--output_dir", str(tmp_path / "a"), "--reward_funcs", "correctnes"])
+    with pytest.raises(ValueError, match="qwen-maths"):
+        train.main(["--config", SMOKE, "--output_dir", str(tmp_path / "b"), "--templates", "qwen-maths"])
