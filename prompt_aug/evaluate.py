@@ -1,0 +1,855 @@
+"""Evaluate a model on the paper's five math benchmarks: ``python -m prompt_aug.evaluate --model M``.
+
+Also the ``prompt-aug-eval`` script. The suite is ``lkevinzc/math-eval`` (AIME24, AMC, MATH500,
+Minerva, OlympiadBench), or a local ``save_to_disk`` copy with ``--data_dir``. Every completion is
+graded by the training grader in strict mode (the paper's rule: the last ``\\boxed{}``, inside
+``<answer>`` for tag templates). Reads top to bottom: benchmarks → backends → generate and grade
+(resumable) → summarize → tables → command line → the training callback.
+
+Writes into ``--output`` (default ``<model>/eval`` for a local model, where the model card finds
+``results.md``):
+
+* ``completions.jsonl``: one record per generated answer (prompt, completion, extracted answer,
+  verdict, finish reason, benchmark, template, run, index, sample). A rerun skips what is there.
+* ``results.json``: accuracy per benchmark, template and run, with macro and micro averages.
+* ``results.md``: the paper-layout table; with several templates, the robustness table too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import math
+import statistics
+import time
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from transformers import TrainerCallback
+
+from rewards import grade
+
+from .templates import DEFAULT_EVAL_TEMPLATE, Template, load_templates
+
+logger = logging.getLogger("prompt_aug.evaluate")
+
+HUB_SUITE = "lkevinzc/math-eval"
+# Our benchmark name -> (split of the suite, column header in the tables).
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "aime24": ("aime", "AIME24"),
+    "amc": ("amc", "AMC"),
+    "math500": ("math", "MATH500"),
+    "minerva": ("minerva", "Minerva"),
+    "olympiadbench": ("olympiad_bench", "Olympiad"),
+}
+QUESTION_FIELD, ANSWER_FIELD = "problem", "answer"
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+RECORDS_FILE, RESULTS_FILE, TABLE_FILE, SETTINGS_FILE = (
+    "completions.jsonl",
+    "results.json",
+    "results.md",
+    "settings.json",
+)
+
+
+class EvalError(ValueError):
+    """Bad evaluation input (benchmark, data folder, template, settings); the message says which."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Benchmarks
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmark question. ``gold`` lists the acceptable answers (any match counts)."""
+
+    benchmark: str
+    index: int
+    question: str
+    gold: list[str]
+
+
+def normalize_gold(answer: Any) -> list[str]:
+    """The gold answer(s) as strings; whole floats (AMC stores ``142.0``) lose their ``.0``.
+
+    >>> normalize_gold(142.0), normalize_gold(["9.6\\n"]), normalize_gold("\\\\frac{1}{2}")
+    (['142'], ['9.6'], ['\\\\frac{1}{2}'])
+    """
+    values = answer if isinstance(answer, (list, tuple)) else [answer]
+    golds = []
+    for value in values:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        golds.append(str(value).strip())
+    return [g for g in golds if g]
+
+
+def parse_benchmarks(spec: str | list[str]) -> list[str]:
+    """Benchmark names from ``"aime24,amc"`` (or a list), checked against `BENCHMARKS`."""
+    names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else [str(s).strip() for s in spec]
+    names = list(dict.fromkeys(n for n in names if n))
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown or not names:
+        raise EvalError(f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)}")
+    return names
+
+
+_SUITES: dict[str, Any] = {}
+
+
+def _load_split(split: str, data_dir: str | Path | None) -> Any:
+    import datasets
+
+    if data_dir is None:
+        try:
+            return datasets.load_dataset(HUB_SUITE, split=split)
+        except ValueError as err:  # an unknown split
+            raise EvalError(f"{HUB_SUITE} has no split {split!r}: {err}") from err
+    key = str(Path(data_dir).resolve())
+    if key not in _SUITES:
+        if not Path(data_dir).is_dir():
+            raise EvalError(f"--data_dir {data_dir}: no such folder")
+        _SUITES[key] = datasets.load_from_disk(str(data_dir))
+    suite = _SUITES[key]
+    if not isinstance(suite, datasets.DatasetDict):
+        raise EvalError(f"--data_dir {data_dir} holds a single Dataset; expected a DatasetDict with splits")
+    if split not in suite:
+        raise EvalError(f"--data_dir {data_dir} has no split {split!r}; it has {sorted(suite)}")
+    return suite[split]
+
+
+def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Problem]:
+    """The questions of benchmark ``name`` (first ``limit`` only, if given), from the Hub or ``data_dir``."""
+    split = BENCHMARKS[parse_benchmarks(name)[0]][0]
+    ds = _load_split(split, data_dir)
+    missing = [f for f in (QUESTION_FIELD, ANSWER_FIELD) if f not in ds.column_names]
+    if missing:
+        raise EvalError(
+            f"benchmark {name} (split {split!r}) lacks field(s) {missing}; it has {ds.column_names}"
+        )
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    return [
+        Problem(name, i, str(row[QUESTION_FIELD]), normalize_gold(row[ANSWER_FIELD]))
+        for i, row in enumerate(ds)
+    ]
+
+
+def parse_templates(spec: str, templates_file: str | Path | None = None) -> list[Template]:
+    """``"qwen-math"``, ``"abel,open-r1"`` or ``"all"`` (the whole bank, in file order)."""
+    bank = load_templates(templates_file)
+    if spec.strip() == "all":
+        return list(bank.values())
+    names = list(dict.fromkeys(s.strip() for s in spec.split(",") if s.strip()))
+    unknown = [n for n in names if n not in bank]
+    if unknown or not names:
+        raise EvalError(f"unknown template(s) {unknown or spec!r}; known: {', '.join(bank)} (or `all`)")
+    return [bank[n] for n in names]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Backends
+
+Generation = tuple[str, str]  # (completion text, finish reason: "stop" or "length")
+
+
+class Backend(Protocol):
+    name: str
+    default_batch_size: int
+
+    def generate(
+        self,
+        prompts: list[str],
+        seeds: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        n: int,
+    ) -> list[list[Generation]]:
+        """``n`` generations per prompt, in prompt order."""
+        ...
+
+
+def stop_token_ids(tokenizer: Any, extra: Any = None) -> list[int]:
+    """The tokenizer's EOS, ``<|im_end|>`` and ``<|endoftext|>`` when in the vocabulary, and ``extra`` ids."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    vocab = tokenizer.get_vocab()
+    ids += [vocab[t] for t in STOP_TOKENS if t in vocab]
+    ids += [extra] if isinstance(extra, int) else list(extra or [])
+    return list(dict.fromkeys(ids))
+
+
+class HFBackend:
+    """transformers ``generate``: batched, left-padded, greedy unless ``temperature > 0``.
+
+    Works on a loaded model too (the training callback passes the live one); the model's training
+    mode is restored afterwards.
+    """
+
+    name = "hf"
+    default_batch_size = 16
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.stop_ids = stop_token_ids(tokenizer, model.generation_config.eos_token_id)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    @classmethod
+    def load(cls, model: str, dtype: str = "auto") -> HFBackend:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        loaded = AutoModelForCausalLM.from_pretrained(
+            model, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
+        )
+        return cls(loaded.to(device), load_tokenizer(model))
+
+    def generate(
+        self,
+        prompts: list[str],
+        seeds: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        n: int,
+    ) -> list[list[Generation]]:
+        import torch
+
+        sample = temperature > 0
+        options: dict[str, Any] = {"do_sample": sample, "num_return_sequences": n}
+        if sample:
+            options.update(temperature=temperature, top_p=top_p, top_k=0)
+            torch.manual_seed(seeds[0])  # one seed per batch: a batch samples jointly
+        inputs = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left").to(
+            self.model.device
+        )
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self.model.generate(
+                    **inputs,
+                    max_new_tokens=max_tokens,
+                    eos_token_id=self.stop_ids,
+                    pad_token_id=self.pad_id,
+                    use_cache=True,
+                    **options,
+                )
+        finally:
+            self.model.train(training)
+        generated = out[:, inputs["input_ids"].shape[1] :].tolist()
+        stops = set(self.stop_ids)
+        results: list[list[Generation]] = []
+        for i in range(len(prompts)):
+            samples = []
+            for tokens in generated[i * n : (i + 1) * n]:
+                end = next((k for k, t in enumerate(tokens) if t in stops), None)
+                reason = "length" if end is None else "stop"
+                text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
+                samples.append((text, reason))
+            results.append(samples)
+        return results
+
+
+class VLLMBackend:
+    """vLLM offline inference; a prompt's token budget is cut to fit ``max_model_len``."""
+
+    name = "vllm"
+    default_batch_size = 1024
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        tensor_parallel_size: int = 1,
+        max_model_len: int = 4096,
+        gpu_memory_utilization: float = 0.9,
+        seed: int = 0,
+        dtype: str = "auto",
+    ) -> None:
+        from vllm import LLM  # lazy: vLLM is optional and GPU-only
+
+        self.llm = LLM(
+            model=model,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            dtype=dtype,
+            enable_prefix_caching=True,
+        )
+        self.tokenizer = load_tokenizer(model)
+        self.stop_ids = stop_token_ids(self.tokenizer)
+        self.max_model_len = max_model_len
+
+    def generate(
+        self,
+        prompts: list[str],
+        seeds: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        n: int,
+    ) -> list[list[Generation]]:
+        from vllm import SamplingParams
+
+        lengths = [len(ids) for ids in self.tokenizer(prompts)["input_ids"]]
+        too_long = [i for i, k in enumerate(lengths) if k >= self.max_model_len]
+        if too_long:
+            raise EvalError(f"{len(too_long)} prompt(s) reach --max_model_len {self.max_model_len} tokens")
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p if temperature > 0 else 1.0,
+                max_tokens=min(max_tokens, self.max_model_len - length),
+                stop_token_ids=self.stop_ids,
+                seed=seed if temperature > 0 else None,
+                skip_special_tokens=True,
+            )
+            for length, seed in zip(lengths, seeds)
+        ]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [[(o.text, o.finish_reason or "length") for o in out.outputs] for out in outputs]
+
+
+def load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def default_backend() -> str:
+    """``vllm`` when it is installed and a GPU is visible, else ``hf``."""
+    import torch
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "hf"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Generate and grade
+
+
+def score_completion(completion: str, gold: list[str], template: Template | str) -> dict[str, Any]:
+    """The strict verdict on one completion: ``{"extracted", "correct", "format_score"}``.
+
+    >>> score_completion("so \\\\boxed{12}.", ["12"], "qwen-math")["correct"]
+    True
+    >>> score_completion("so the answer is 12.", ["12"], "qwen-math")["correct"]
+    False
+    """
+    verdict = grade(completion, gold, template, strict=True)
+    return {
+        "extracted": verdict.extracted,
+        "correct": bool(verdict.correct),
+        "format_score": verdict.format_score,
+    }
+
+
+RecordKey = tuple[str, str, int, int]  # (benchmark, template, run, index)
+
+
+def _key(record: dict[str, Any]) -> RecordKey:
+    return (record["benchmark"], record["template"], int(record["run"]), int(record["index"]))
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records in a JSONL file; a torn last line (an interrupted write) is cut off the file."""
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        path.write_text(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def generate_and_grade(
+    backend: Backend,
+    tokenizer: Any,
+    problems: list[Problem],
+    templates: list[Template],
+    records_path: Path,
+    *,
+    runs: int = 1,
+    max_tokens: int = 3000,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    n: int = 1,
+    seed: int = 0,
+    batch_size: int | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Generate and grade every (problem, template, run) not yet in ``records_path``; return all of them.
+
+    Records are appended after each batch, so an interrupted evaluation resumes where it stopped.
+    """
+    from tqdm.auto import tqdm
+
+    existing = read_records(records_path)
+    counts: dict[RecordKey, int] = defaultdict(int)
+    for record in existing:
+        counts[_key(record)] += 1
+    todo = [
+        (problem, template, run)
+        for run in range(runs)
+        for template in templates
+        for problem in problems
+        if counts[(problem.benchmark, template.name, run, problem.index)] < n
+    ]
+    total = runs * len(templates) * len(problems)
+    if total - len(todo):
+        logger.info("resuming: %d of %d questions already in %s", total - len(todo), total, records_path)
+    prompts = [template.render(problem.question, tokenizer) for problem, template, _ in todo]
+    order = list(range(len(todo)))
+    if backend.name == "hf":  # similar lengths batch together; the longest first, so memory errors come early
+        order.sort(key=lambda i: (todo[i][2], -len(prompts[i])))
+    batch_size = batch_size or backend.default_batch_size
+
+    new: list[dict[str, Any]] = []
+    records_path.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(todo), unit="q", desc="evaluating", disable=not progress or not todo)
+    with records_path.open("a") as sink:
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            seeds = [
+                seed
+                + zlib.crc32(
+                    f"{todo[i][2]}/{todo[i][1].name}/{todo[i][0].benchmark}/{todo[i][0].index}".encode()
+                )
+                for i in batch
+            ]
+            outputs = backend.generate(
+                [prompts[i] for i in batch],
+                seeds,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                n=n,
+            )
+            for i, samples in zip(batch, outputs):
+                problem, template, run = todo[i]
+                for sample, (completion, reason) in enumerate(samples):
+                    record = {
+                        "benchmark": problem.benchmark,
+                        "template": template.name,
+                        "run": run,
+                        "index": problem.index,
+                        "sample": sample,
+                        "prompt": prompts[i],
+                        "completion": completion,
+                        "gold": problem.gold,
+                        **score_completion(completion, problem.gold, template),
+                        "finish_reason": reason,
+                    }
+                    sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    new.append(record)
+            sink.flush()
+            bar.update(len(batch))
+            bar.set_postfix(acc=f"{sum(r['correct'] for r in new) / max(len(new), 1):.3f}", refresh=False)
+    bar.close()
+
+    # The requested records only; a question regenerated after a torn write keeps its latest samples.
+    wanted = {(p.benchmark, t.name, r, p.index) for p in problems for t in templates for r in range(runs)}
+    latest = {(*_key(r), int(r.get("sample", 0))): r for r in existing + new}
+    return [r for (*key, sample), r in latest.items() if tuple(key) in wanted and sample < n]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Summaries and tables
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def summarize(records: list[dict[str, Any]], benchmarks: list[str], templates: list[str]) -> dict[str, Any]:
+    """Accuracy per template × benchmark (and per run), macro and micro per template, spread across templates.
+
+    Returns ``{"results": {template: {"benchmarks": {benchmark: {...}}, "macro", "micro", ...}}}``, plus
+    ``"spread"`` and ``"std"`` (per benchmark, macro and micro) when there are several templates.
+
+    Accuracy is over every graded answer (all runs and samples); macro is the mean of the benchmark
+    accuracies, micro is correct answers over all answers.
+    """
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        groups[(record["template"], record["benchmark"])].append(record)
+    per_template: dict[str, Any] = {}
+    for template in templates:
+        by_benchmark: dict[str, Any] = {}
+        correct_all = total_all = 0
+        for benchmark in benchmarks:
+            rows = groups[(template, benchmark)]
+            correct = sum(bool(r["correct"]) for r in rows)
+            by_run: dict[int, list[bool]] = defaultdict(list)
+            for r in rows:
+                by_run[int(r["run"])].append(bool(r["correct"]))
+            runs = [
+                {"run": run, "accuracy": _mean([float(c) for c in v]), "correct": sum(v), "n": len(v)}
+                for run, v in sorted(by_run.items())
+            ]
+            entry: dict[str, Any] = {
+                "accuracy": correct / len(rows) if rows else float("nan"),
+                "correct": correct,
+                "n": len(rows),
+                "questions": len({int(r["index"]) for r in rows}),
+                "runs": runs,
+            }
+            if len(runs) > 1:
+                entry["std_over_runs"] = statistics.pstdev([r["accuracy"] for r in runs])
+            samples: dict[tuple[int, int], list[bool]] = defaultdict(list)
+            for r in rows:
+                samples[(int(r["run"]), int(r["index"]))].append(bool(r["correct"]))
+            n = max((len(v) for v in samples.values()), default=1)
+            if n > 1:
+                entry[f"pass@{n}"] = _mean([float(any(v)) for v in samples.values()])
+            by_benchmark[benchmark] = entry
+            correct_all += correct
+            total_all += len(rows)
+        per_template[template] = {
+            "benchmarks": by_benchmark,
+            "macro": _mean([e["accuracy"] for e in by_benchmark.values()]),
+            "micro": correct_all / total_all if total_all else float("nan"),
+            "correct": correct_all,
+            "n": total_all,
+        }
+    summary: dict[str, Any] = {"results": per_template}
+    if len(templates) > 1:
+        columns = {b: [per_template[t]["benchmarks"][b]["accuracy"] for t in templates] for b in benchmarks}
+        columns["macro"] = [per_template[t]["macro"] for t in templates]
+        columns["micro"] = [per_template[t]["micro"] for t in templates]
+        summary["spread"] = {k: max(v) - min(v) for k, v in columns.items()}
+        summary["std"] = {k: statistics.pstdev(v) for k, v in columns.items()}
+    return summary
+
+
+def _pct(value: float) -> str:
+    return "–" if math.isnan(value) else f"{100 * value:.1f}"
+
+
+def render_tables(
+    summary: dict[str, Any], benchmarks: list[str], model_name: str, settings: dict[str, Any]
+) -> str:
+    """``results.md``: the paper-layout table, then the robustness table when several templates ran."""
+    per_template = summary["results"]
+    templates = list(per_template)
+    main = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in per_template else templates[0]
+    heads = [BENCHMARKS[b][1] for b in benchmarks]
+    decoding = (
+        "greedy"
+        if settings["temperature"] == 0
+        else f"temperature {settings['temperature']}, top-p {settings['top_p']}"
+    )
+    runs = settings["runs"]
+    lines = [
+        f"Accuracy (%), strict grading (last `\\boxed{{}}`), template `{main}`, {decoding}, "
+        f"at most {settings['max_tokens']} new tokens, mean of {runs} run{'s' if runs != 1 else ''}"
+        + (f" × {settings['n']} samples" if settings["n"] > 1 else "")
+        + ". Macro: mean of the benchmarks; micro: over all questions.",
+        "",
+        "| Model | " + " | ".join(heads) + " | **Macro** | **Micro** |",
+        "|---|" + "---:|" * (len(heads) + 2),
+    ]
+    row = per_template[main]
+    cells = [_pct(row["benchmarks"][b]["accuracy"]) for b in benchmarks]
+    lines.append(
+        f"| {model_name} | " + " | ".join(cells) + f" | **{_pct(row['macro'])}** | **{_pct(row['micro'])}** |"
+    )
+    if len(templates) > 1:
+        lines += [
+            "",
+            (
+                f"Robustness across {len(templates)} templates: accuracy (%) per evaluation template; "
+                "spread is max − min, std the population standard deviation across templates."
+            ),
+            "",
+            "| Template | " + " | ".join(heads) + " | **Macro** | **Micro** |",
+            "|---|" + "---:|" * (len(heads) + 2),
+        ]
+        for name in templates:
+            t = per_template[name]
+            cells = [_pct(t["benchmarks"][b]["accuracy"]) for b in benchmarks]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {_pct(t['macro'])} | {_pct(t['micro'])} |")
+        for label, key in (("**spread (max − min)**", "spread"), ("**std**", "std")):
+            values = summary[key]
+            cells = [_pct(values[b]) for b in [*benchmarks, "macro", "micro"]]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="prompt-aug-eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="Local model folder or Hub id.")
+    parser.add_argument(
+        "--benchmarks", default=",".join(BENCHMARKS), help=f"Comma list of {', '.join(BENCHMARKS)}."
+    )
+    parser.add_argument(
+        "--template", default=DEFAULT_EVAL_TEMPLATE, help="A template, a comma list, or `all`."
+    )
+    parser.add_argument(
+        "--templates_file", default=None, help="A YAML template bank replacing the built-in one."
+    )
+    parser.add_argument("--runs", type=int, default=1, help="Runs to average (the paper: 5).")
+    parser.add_argument(
+        "--n", type=int, default=1, help="Samples per question and run (pass@n; needs sampling)."
+    )
+    parser.add_argument("--max_tokens", type=int, default=3000, help="New tokens per completion.")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy.")
+    parser.add_argument("--top_p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--backend", choices=["vllm", "hf"], default=None, help="Default: vllm if usable, else hf."
+    )
+    parser.add_argument("--batch_size", type=int, default=None, help="Prompts per generate call (hf: 16).")
+    parser.add_argument("--dtype", default="auto", help="Model dtype: auto, bfloat16, float16, float32.")
+    parser.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM.")
+    parser.add_argument("--max_model_len", type=int, default=4096, help="vLLM context (Qwen2.5-Math: 4096).")
+    parser.add_argument("--gpu_memory_utilization", type=float, default=0.9, help="vLLM.")
+    parser.add_argument("--data_dir", default=None, help=f"A local save_to_disk copy of {HUB_SUITE}.")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="Only the first N questions of each benchmark."
+    )
+    parser.add_argument(
+        "--output", default=None, help="Default: <model>/eval (local model) or eval/<model name>."
+    )
+    parser.add_argument("--overwrite", action="store_true", help="Discard earlier completions in --output.")
+    parser.add_argument("--no_progress", action="store_true", help="No progress bar.")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.n < 1:
+        parser.error("--runs and --n must be at least 1")
+    if args.n > 1 and args.temperature == 0:
+        parser.error("--n > 1 needs sampling: set --temperature > 0")
+    return args
+
+
+def default_output(model: str) -> Path:
+    """``<model>/eval`` for a local model folder, else ``eval/<last part of the Hub id>``."""
+    return Path(model) / "eval" if Path(model).is_dir() else Path("eval") / model.rstrip("/").split("/")[-1]
+
+
+def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> None:
+    """Completions already in ``output`` must come from the same model and decoding settings."""
+    path, records = output / SETTINGS_FILE, output / RECORDS_FILE
+    if overwrite:
+        records.unlink(missing_ok=True)
+    elif path.is_file() and records.is_file():
+        before = json.loads(path.read_text())
+        changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
+        if changed:
+            raise EvalError(
+                f"{output} holds completions made with other settings ({changed}, as (before, now)); "
+                "pass another --output or --overwrite"
+            )
+    output.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything `main` does; returns the content of ``results.json``."""
+    started = time.perf_counter()
+    benchmarks = parse_benchmarks(args.benchmarks)
+    templates = parse_templates(args.template, args.templates_file)
+    problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit)]
+    output = Path(args.output) if args.output else default_output(args.model)
+    model_name = Path(args.model).name if Path(args.model).is_dir() else args.model
+    sampling = args.temperature > 0
+    settings = {
+        "model": model_name,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p if sampling else 1.0,
+        "n": args.n,
+        "seed": args.seed if sampling else None,
+        "templates_file": args.templates_file,
+    }
+    _check_settings(output, settings, args.overwrite)
+
+    backend_name = args.backend or default_backend()
+    if backend_name == "vllm":
+        backend: Backend = VLLMBackend(
+            args.model,
+            tensor_parallel_size=args.tensor_parallel_size,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            seed=args.seed,
+            dtype=args.dtype,
+        )
+        tokenizer = backend.tokenizer
+    else:
+        backend = HFBackend.load(args.model, args.dtype)
+        tokenizer = backend.tokenizer
+    logger.info(
+        "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s",
+        args.model,
+        backend_name,
+        len(problems),
+        len(templates),
+        args.runs,
+        output,
+    )
+
+    before = len(read_records(output / RECORDS_FILE))
+    records = generate_and_grade(
+        backend,
+        tokenizer,
+        problems,
+        templates,
+        output / RECORDS_FILE,
+        runs=args.runs,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        n=args.n,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
+    names = [t.name for t in templates]
+    summary = summarize(records, benchmarks, names)
+    table = render_tables(summary, benchmarks, model_name, {**settings, "runs": args.runs})
+    results = {
+        "model": args.model,
+        "backend": backend_name,
+        "benchmarks": benchmarks,
+        "templates": names,
+        "runs": args.runs,
+        "limit": args.limit,
+        "settings": settings,
+        **summary,
+        "new_completions": len(read_records(output / RECORDS_FILE)) - before,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    (output / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+    (output / TABLE_FILE).write_text(table)
+    print(table)
+    print(f"wrote {output / RESULTS_FILE}, {output / TABLE_FILE}, {output / RECORDS_FILE}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        run_evaluation(parse_args(argv))
+    except EvalError as err:
+        raise SystemExit(f"prompt-aug-eval: error: {err}") from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# During training
+
+
+class EvalCallback(TrainerCallback):
+    """Evaluates the live model every ``every_n_steps`` steps (hf backend, greedy, strict grading).
+
+    Logs ``eval/<benchmark>/accuracy``, ``eval/macro`` and ``eval/micro`` with the trainer's next log
+    line (it asks for one on evaluation steps), so they land in ``state.log_history``. Call
+    `attach` (not ``add_callback``) so that the reporting callbacks (wandb, ...) see them too.
+    Runs on the main process only; not for sharded models (FSDP, ZeRO-3).
+
+    Args:
+        benchmarks: Benchmark names (or a comma list), e.g. ``"math500"``.
+        every_n_steps: Evaluation interval in optimizer steps; 0 turns it off.
+        data_dir: A local suite folder; ``None`` loads from the Hub.
+        template: The evaluation template's name.
+        max_tokens: New tokens per completion.
+        limit: Only the first ``limit`` questions of each benchmark.
+        batch_size: Prompts per ``generate`` call.
+    """
+
+    def __init__(
+        self,
+        benchmarks: str | list[str] = "math500",
+        every_n_steps: int = 100,
+        data_dir: str | Path | None = None,
+        template: str = DEFAULT_EVAL_TEMPLATE,
+        max_tokens: int = 1024,
+        limit: int | None = None,
+        batch_size: int = 16,
+    ) -> None:
+        self.benchmarks = parse_benchmarks(benchmarks)
+        self.every_n_steps, self.data_dir, self.limit = every_n_steps, data_dir, limit
+        self.template = parse_templates(template)[0]
+        self.max_tokens, self.batch_size = max_tokens, batch_size
+        self._problems: list[Problem] | None = None
+        self._pending: dict[str, float] = {}
+
+    def attach(self, trainer: Any) -> EvalCallback:
+        """Add this callback ahead of the trainer's loggers; returns ``self``."""
+        trainer.callback_handler.callbacks.insert(0, self)
+        return self
+
+    def evaluate_model(self, model: Any, tokenizer: Any) -> dict[str, float]:
+        """Greedy strict accuracy of ``model`` on the chosen benchmarks, as ``eval/*`` metrics."""
+        if self._problems is None:
+            self._problems = [
+                p for b in self.benchmarks for p in load_benchmark(b, self.data_dir, self.limit)
+            ]
+        backend = HFBackend(model, tokenizer)
+        records = []
+        for start in range(0, len(self._problems), self.batch_size):
+            batch = self._problems[start : start + self.batch_size]
+            prompts = [self.template.render(p.question, tokenizer) for p in batch]
+            outputs = backend.generate(
+                prompts, [0] * len(batch), max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, n=1
+            )
+            for problem, [(completion, _)] in zip(batch, outputs):
+                verdict = score_completion(completion, problem.gold, self.template)
+                records.append(
+                    {
+                        "benchmark": problem.benchmark,
+                        "template": self.template.name,
+                        "run": 0,
+                        "index": problem.index,
+                        "correct": verdict["correct"],
+                    }
+                )
+        summary = summarize(records, self.benchmarks, [self.template.name])["results"][self.template.name]
+        metrics = {f"eval/{b}/accuracy": e["accuracy"] for b, e in summary["benchmarks"].items()}
+        metrics.update({"eval/macro": summary["macro"], "eval/micro": summary["micro"]})
+        return metrics
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if (
+            self.every_n_steps <= 0
+            or state.global_step % self.every_n_steps
+            or not state.is_world_process_zero
+        ):
+            return control
+        tokenizer = kwargs.get("processing_class") or kwargs.get("tokenizer")
+        self._pending = self.evaluate_model(kwargs["model"], tokenizer)
+        logger.info("step %d: %s", state.global_step, {k: round(v, 4) for k, v in self._pending.items()})
+        control.should_log = True
+        return control
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
+        if self._pending:
+            if logs is not None:
+                logs.update(self._pending)
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1].update(self._pending)
+            self._pending = {}
+        return control
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Evaluation: tiny benchmark fixtures, the tiny random model, the hf backend, end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prompt_aug.evaluate import (
+    EvalCallback,
+    main,
+    normalize_gold,
+    read_records,
+    render_tables,
+    score_completion,
+    summarize,
+)
+
+AIME = [
+    {"problem": "Compute $12 + 30$.", "answer": "42"},
+    {"problem": "What is $7 \\times 6$?", "answer": "42"},
+    {"problem": "Evaluate $2^{5}$.", "answer": "32"},
+]
+AMC = [  # AMC stores answers as floats
+    {"problem": "What is $\\frac{1}{2} + \\frac{1}{2}$?", "answer": 1.0},
+    {"problem": "Compute $100 - 58$.", "answer": 42.0},
+]
+MINERVA = [  # list-valued answers: any match counts
+    {"problem": "Solve for $x$: $2x + 1 = 7$.", "answer": ["3", "3.0"]},
+    {"problem": "What is the remainder when $10$ is divided by $4$?", "answer": ["2"]},
+]
+
+
+@pytest.fixture(scope="module")
+def suite_dir(tmp_path_factory) -> Path:
+    from datasets import Dataset, DatasetDict
+
+    path = tmp_path_factory.mktemp("suite") / "evaluation_suite"
+    DatasetDict(
+        {
+            "aime": Dataset.from_list(AIME),
+            "amc": Dataset.from_list(AMC),
+            "minerva": Dataset.from_list(MINERVA),
+        }
+    ).save_to_disk(str(path))
+    return path
+
+
+def _eval(model: Path, suite: Path, out: Path, *extra: str) -> dict:
+    main(
+        [
+            "--model",
+            str(model),
+            "--data_dir",
+            str(suite),
+            "--backend",
+            "hf",
+            "--max_tokens",
+            "16",
+            "--output",
+            str(out),
+            "--no_progress",
+            *extra,
+        ]
+    )
+    return json.loads((out / "results.json").read_text())
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_end_to_end_results_records_table_and_resume(tiny_model_dir, suite_dir, tmp_path):
+    out = tmp_path / "eval"
+    results = _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc,minerva")
+
+    records = _lines(out / "completions.jsonl")
+    assert len(records) == len(AIME) + len(AMC) + len(MINERVA)
+    fields = {
+        "prompt",
+        "completion",
+        "extracted",
+        "correct",
+        "finish_reason",
+        "benchmark",
+        "template",
+        "run",
+        "index",
+    }
+    for record in records:
+        assert fields <= set(record)
+        assert record["template"] == "qwen-math" and record["run"] == 0
+        assert record["finish_reason"] in ("stop", "length")
+        assert "Please reason step by step" in record["prompt"]
+    golds = {(r["benchmark"], r["index"]): r["gold"] for r in records}
+    assert golds[("amc", 1)] == ["42"] and golds[("minerva", 0)] == ["3", "3.0"]
+
+    row = results["results"]["qwen-math"]
+    assert set(row["benchmarks"]) == {"aime24", "amc", "minerva"}
+    assert row["benchmarks"]["aime24"]["n"] == 3 and row["benchmarks"]["aime24"]["runs"][0]["n"] == 3
+    table = (out / "results.md").read_text()
+    assert "| Model | AIME24 | AMC | Minerva | **Macro** | **Micro** |" in table
+    assert f"| {tiny_model_dir.name} |" in table
+
+    # Mark some answers right by hand (the random model gets none), then rerun: nothing is generated
+    # again, and the summary is recomputed from the records.
+    for record in records:
+        record["correct"] = (record["benchmark"], record["index"]) in {("aime24", 0), ("amc", 0), ("amc", 1)}
+    (out / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    again = _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc,minerva")
+    assert again["new_completions"] == 0
+    assert len(_lines(out / "completions.jsonl")) == len(records)
+
+    accuracy = {}
+    for benchmark in ("aime24", "amc", "minerva"):
+        mine = [r["correct"] for r in records if r["benchmark"] == benchmark]
+        accuracy[benchmark] = sum(mine) / len(mine)
+    assert accuracy == {"aime24": 1 / 3, "amc": 1.0, "minerva": 0.0}
+    row = again["results"]["qwen-math"]
+    for benchmark, value in accuracy.items():
+        assert row["benchmarks"][benchmark]["accuracy"] == pytest.approx(value)
+    assert row["macro"] == pytest.approx(sum(accuracy.values()) / 3)
+    assert row["micro"] == pytest.approx(3 / 7)
+    assert "**44.4** | **42.9** |" in (out / "results.md").read_text()
+
+
+def test_template_all_writes_robustness_table(tiny_model_dir, suite_dir, tmp_path):
+    out = tmp_path / "eval"
+    results = _eval(
+        tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc", "--template", "all", "--limit", "1"
+    )
+    assert len(results["templates"]) == 13
+    assert len(_lines(out / "completions.jsonl")) == 13 * 2
+    assert set(results["spread"]) == set(results["std"]) == {"aime24", "amc", "macro", "micro"}
+    table = (out / "results.md").read_text()
+    robustness = table.split("Robustness across 13 templates")[1]
+    rows = [line for line in robustness.splitlines() if line.startswith("| ")][1:]  # skip the header
+    assert [r.split(" | ")[0][2:] for r in rows[:13]] == results["templates"]
+    assert rows[13].startswith("| **spread (max − min)** |") and rows[14].startswith("| **std** |")
+    assert "template `qwen-math`" in table  # the main table uses the paper's evaluation template
+
+
+def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, suite_dir, tmp_path):
+    with pytest.raises(SystemExit, match=r"unknown benchmark\(s\) \['gsm8k'\].*aime24, amc, math500"):
+        main(["--model", str(tiny_model_dir), "--benchmarks", "aime24,gsm8k", "--data_dir", str(suite_dir)])
+    with pytest.raises(SystemExit, match=r"no split 'math'"):
+        _eval(tiny_model_dir, suite_dir, tmp_path / "a", "--benchmarks", "math500")
+    with pytest.raises(SystemExit, match=r"unknown template"):
+        _eval(tiny_model_dir, suite_dir, tmp_path / "a", "--template", "no-such-template")
+    _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--limit", "1")
+    with pytest.raises(SystemExit, match=r"other settings.*max_tokens"):
+        _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--max_tokens", "8")
+
+
+def test_grading_is_strict_and_accepts_any_listed_gold():
+    assert score_completion("So the sum is \\boxed{42}.", ["42"], "qwen-math")["correct"]
+    assert not score_completion("So the sum is 42.", ["42"], "qwen-math")["correct"]  # no box: wrong
+    assert score_completion("\\boxed{0.5}", normalize_gold(["1/3", "\\frac{1}{2}"]), "qwen-math")["correct"]
+    assert score_completion("\\boxed{142}", normalize_gold(142.0), "qwen-math")["correct"]
+    assert score_completion("\\boxed{1} then \\boxed{7}", ["7"], "qwen-math")["extracted"] == "7"
+    tagged = "<think>\nx\n</think>\n<answer>\n\\boxed{7}\n</answer>"
+    assert score_completion(tagged, ["7"], "open-r1")["correct"]
+    outside = "<think>\n\\boxed{7}\n</think>\n<answer>\n7\n</answer>"
+    assert not score_completion(outside, ["7"], "open-r1")["correct"]
+
+
+def test_summary_macro_micro_and_spread():
+    records = [
+        {"template": t, "benchmark": b, "run": r, "index": i, "correct": c}
+        for t, b, r, i, c in [
+            ("a", "aime24", 0, 0, True),
+            ("a", "aime24", 1, 0, False),
+            ("a", "amc", 0, 0, True),
+            ("a", "amc", 0, 1, True),
+            ("a", "amc", 1, 0, True),
+            ("a", "amc", 1, 1, True),
+            ("b", "aime24", 0, 0, False),
+            ("b", "aime24", 1, 0, False),
+            ("b", "amc", 0, 0, True),
+            ("b", "amc", 0, 1, False),
+            ("b", "amc", 1, 0, True),
+            ("b", "amc", 1, 1, False),
+        ]
+    ]
+    summary = summarize(records, ["aime24", "amc"], ["a", "b"])
+    a = summary["results"]["a"]
+    assert [r["accuracy"] for r in a["benchmarks"]["aime24"]["runs"]] == [1.0, 0.0]
+    assert a["benchmarks"]["aime24"]["std_over_runs"] == pytest.approx(0.5)
+    assert (a["macro"], a["micro"]) == (pytest.approx(0.75), pytest.approx(5 / 6))
+    assert summary["spread"]["macro"] == pytest.approx(0.75 - 0.25)
+    assert summary["std"]["amc"] == pytest.approx(0.25)
+    settings = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 10, "n": 1, "runs": 2}
+    table = render_tables(summary, ["aime24", "amc"], "m", settings)
+    assert "| m | 50.0 | 100.0 | **75.0** | **83.3** |" in table
+    assert "| **spread (max − min)** | 50.0 | 50.0 | 50.0 | 50.0 |" in table
+
+
+def test_torn_last_line_is_dropped(tmp_path):
+    path = tmp_path / "completions.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
+    assert read_records(path) == [{"a": 1}, {"a": 2}]
+    assert path.read_text().endswith("}\n")
+
+
+def test_callback_logs_eval_metrics(tiny_model_dir, tokenizer, suite_dir):
+    from transformers import AutoModelForCausalLM, TrainerControl, TrainerState
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.train()
+    callback = EvalCallback("aime24,amc", every_n_steps=2, data_dir=suite_dir, max_tokens=4)
+    state, control = TrainerState(), TrainerControl()
+    state.global_step = 1
+    callback.on_step_end(None, state, control, model=model, processing_class=tokenizer)
+    assert not control.should_log  # not an evaluation step
+
+    state.global_step = 2
+    callback.on_step_end(None, state, control, model=model, processing_class=tokenizer)
+    assert control.should_log and model.training  # training mode restored
+    state.log_history.append({"loss": 0.0, "step": 2})
+    logs = {"loss": 0.0}
+    callback.on_log(None, state, control, logs=logs)
+    keys = {"eval/aime24/accuracy", "eval/amc/accuracy", "eval/macro", "eval/micro"}
+    assert keys <= set(logs) and keys <= set(state.log_history[-1])
+    assert 0.0 <= logs["eval/macro"] <= 1.0
