@@ -91,13 +91,17 @@ def normalize_gold(answer: Any) -> list[str]:
 
 
 def parse_benchmarks(spec: str | list[str]) -> list[str]:
-    """Benchmark names from ``"aime24,amc"`` (or a list), checked against `BENCHMARKS`."""
+    """Benchmark names from ``"amc,aime24"`` (or a list), checked against `BENCHMARKS`, in its order.
+
+    >>> parse_benchmarks("math500, aime24")
+    ['aime24', 'math500']
+    """
     names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else [str(s).strip() for s in spec]
-    names = list(dict.fromkeys(n for n in names if n))
+    names = [n for n in names if n]
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown or not names:
         raise EvalError(f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)}")
-    return names
+    return [b for b in BENCHMARKS if b in names]  # the paper's column order
 
 
 _SUITES: dict[str, Any] = {}

@@ -223,3 +223,44 @@ def test_callback_logs_eval_metrics(tiny_model_dir, tokenizer, suite_dir):
     keys = {"eval/aime24/accuracy", "eval/amc/accuracy", "eval/macro", "eval/micro"}
     assert keys <= set(logs) and keys <= set(state.log_history[-1])
     assert 0.0 <= logs["eval/macro"] <= 1.0
+
+
+def test_vllm_backend_builds_requests_with_a_stand_in_vllm(tiny_model_dir, monkeypatch):
+    """vLLM cannot run here; a stand-in module checks the requests our backend builds."""
+    import sys
+    import types
+
+    from prompt_aug.evaluate import EvalError, VLLMBackend
+
+    seen: dict = {}
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen["engine"] = kwargs
+
+        def generate(self, prompts, params, use_tqdm=True):
+            seen["params"] = params
+            done = types.SimpleNamespace(text="\\boxed{1}", finish_reason="stop")
+            return [types.SimpleNamespace(outputs=[done] * p.n) for p in params]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    backend = VLLMBackend(str(tiny_model_dir), max_model_len=64, seed=3)
+    assert seen["engine"]["max_model_len"] == 64 and seen["engine"]["seed"] == 3
+    out = backend.generate(
+        ["short", "a bit longer prompt"], [1, 2], max_tokens=100, temperature=0.0, top_p=0.9, n=1
+    )
+    assert out == [[("\\boxed{1}", "stop")], [("\\boxed{1}", "stop")]]
+    first, second = seen["params"]
+    assert first.temperature == 0.0 and first.top_p == 1.0 and first.seed is None
+    assert first.max_tokens < 64 and second.max_tokens < first.max_tokens  # cut to fit the context
+    assert set(backend.stop_ids) >= {
+        backend.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")
+    }
+    backend.generate(["x"], [5], max_tokens=10, temperature=0.7, top_p=0.9, n=4)
+    assert (seen["params"][0].seed, seen["params"][0].n, seen["params"][0].max_tokens) == (5, 4, 10)
+    with pytest.raises(EvalError, match="max_model_len"):
+        backend.generate(["word " * 200], [0], max_tokens=10, temperature=0.0, top_p=1.0, n=1)
