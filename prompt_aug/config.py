@@ -53,11 +53,33 @@ class PromptAugArguments:
         metadata={"help": "Tokens that end a completion (those missing from the vocabulary are skipped)."},
     )
     dry_run: bool = field(
-        default=False, metadata={"help": "Print the batch arithmetic and exit; loads neither model nor data."}
+        default=False, metadata={"help": "Print the batch arithmetic and exit; loads neither model nor data. Pass it on the command "
+            "line: it then parses with use_cpu on, so bf16 recipes parse on a machine without a GPU."}
     )
     num_processes: int | None = field(
         default=None, metadata={"help": "Processes for --dry_run (default: WORLD_SIZE, else 1)."}
     )
+
+
+# A dry run only prints arithmetic, so it parses as if on CPU: `TrainingArguments` rejects `bf16: true` at parse
+# time on a machine without a bf16 GPU unless `use_cpu` is set. The real run never gets this override.
+DRY_RUN_OVERRIDES = ("--use_cpu", "true")
+_TRUE = ("", "1", "true", "yes", "y", "t", "on")
+
+
+def wants_dry_run(argv: list[str]) -> bool:
+    """Whether the command line asks for ``--dry_run`` (``--dry_run``, ``--dry_run true`` or ``--dry_run=true``).
+
+    >>> wants_dry_run(["--config", "r.yaml", "--dry_run"]), wants_dry_run(["--dry_run", "false"])
+    (True, False)
+    """
+    for i, arg in enumerate(argv):
+        if arg.startswith("--dry_run="):
+            return arg.split("=", 1)[1].lower() in _TRUE
+        if arg == "--dry_run":
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            return following.startswith("--") or following.lower() in _TRUE
+    return False
 
 
 @dataclass

@@ -21,7 +21,7 @@ from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 from rewards import get_reward_funcs
 
 from .collator import PromptAugmentationCollator
-from .config import PromptAugArguments, batch_arithmetic
+from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import filter_long_prompts, load_math_dataset
 from .model_card import ModelCardInfo
 from .smoke import TINY_MODEL_NAME, build_tiny_model
@@ -34,7 +34,10 @@ logger = logging.getLogger("prompt_aug")
 def parse_args(argv: list[str] | None = None) -> tuple[PromptAugArguments, GRPOConfig, ModelConfig]:
     """Parse a recipe and command-line overrides. An unknown key fails here, naming the key."""
     parser = TrlParser((PromptAugArguments, GRPOConfig, ModelConfig))
-    return parser.parse_args_and_config(argv)
+    args = list(argv) if argv is not None else sys.argv[1:]
+    if wants_dry_run(args):  # bf16 recipes must parse on a CPU-only machine; see config.DRY_RUN_OVERRIDES
+        args += DRY_RUN_OVERRIDES
+    return parser.parse_args_and_config(args)
 
 
 def resolve_model_path(model_args: ModelConfig, training_args: GRPOConfig) -> str:
