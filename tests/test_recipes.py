@@ -1,0 +1,246 @@
+"""Recipes: every shipped YAML parses (dry run, CPU), and its header's batch arithmetic is what it computes.
+
+Header convention, one line per process count a recipe documents::
+
+    # dry-run (8 processes): questions 128, completions 1024, optimizer steps 4, completions/step 256, rounds/epoch 66, total rounds 3960
+
+The numbers must equal `prompt_aug.config.batch_arithmetic` for that process count.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from prompt_aug import train
+from prompt_aug.config import batch_arithmetic, wants_dry_run
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = sorted(REPO.glob("recipes/**/*.yaml"))
+PAPER = REPO / "recipes/qwen2.5-math-1.5b"
+DRY_RUN_LINE = re.compile(
+    r"^# dry-run \((?P<processes>\d+) process(?:es)?\): questions (?P<questions>\d+), completions (?P<completions>\d+), "
+    r"optimizer steps (?P<steps>[\d.]+), completions/step (?P<per_step>\d+), rounds/epoch (?P<rounds>\d+), "
+    r"total rounds (?P<total>\d+)\s*$"
+)
+
+
+def _ids(paths):
+    return [str(p.relative_to(REPO / "recipes")) for p in paths]
+
+
+def _header(path: Path) -> list[str]:
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return lines
+
+
+def _dry_run_lines(path: Path) -> list[dict[str, str]]:
+    return [m.groupdict() for line in _header(path) if (m := DRY_RUN_LINE.match(line))]
+
+
+def _parse(path: Path, processes: int, *extra: str):
+    return train.parse_args(["--config", str(path), "--dry_run", "--num_processes", str(processes), *extra])
+
+
+def test_recipes_are_found():
+    names = {p.name for p in RECIPES}
+    assert {"tiny_cpu.yaml", "prompt_aug.yaml", "dapo_single_template.yaml", "grpo_single_template.yaml",
+            "prompt_aug_lora_1gpu.yaml"} <= names
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=_ids(RECIPES))
+def test_dry_run_parses_and_prints_the_table(recipe, capsys):
+    processes = int(_dry_run_lines(recipe)[0]["processes"]) if _dry_run_lines(recipe) else 1
+    train.main(["--config", str(recipe), "--dry_run", "--num_processes", str(processes)])
+    out = capsys.readouterr().out
+    for row in ("processes", "questions per round", "completions per round", "optimizer steps per round",
+                "rounds per epoch", "total rounds"):
+        assert row in out, row
+    assert "?" not in out, "a shipped recipe should know its row count (dataset_num_rows)"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=_ids(RECIPES))
+def test_header_comment_block_and_its_numbers_match_the_arithmetic(recipe):
+    header = _header(recipe)
+    assert header, f"{recipe} must start with a comment block"
+    text = "\n".join(header)
+    for needed in ("Reproduces:", "Hardware:", "Batch arithmetic"):
+        assert needed in text, f"{recipe.name}: header lacks {needed!r}"
+    if recipe.parent == PAPER:
+        assert re.search(r"wall-clock", text, re.I), f"{recipe.name}: header must state the expected wall-clock"
+    claims = _dry_run_lines(recipe)
+    assert claims, f"{recipe.name}: header needs a machine-readable '# dry-run (N processes): ...' line"
+    for claim in claims:
+        processes = int(claim["processes"])
+        script_args, training_args, _ = _parse(recipe, processes)
+        got = batch_arithmetic(script_args, training_args)
+        assert got.processes == processes
+        assert got.questions_per_round == int(claim["questions"]), claim
+        assert got.completions_per_round == int(claim["completions"]), claim
+        assert got.optimizer_steps_per_round == float(claim["steps"]), claim
+        assert got.completions_per_optimizer_step == int(claim["per_step"]), claim
+        assert got.rounds_per_epoch == int(claim["rounds"]), claim
+        assert got.total_rounds == int(claim["total"]), claim
+
+
+def test_paper_recipe_on_8_processes_is_128_questions_1024_completions_4_steps():
+    script_args, training_args, _ = _parse(PAPER / "prompt_aug.yaml", 8)
+    got = batch_arithmetic(script_args, training_args)
+    assert (got.questions_per_round, got.completions_per_round, got.optimizer_steps_per_round) == (128, 1024, 4)
+    assert got.completions_per_optimizer_step == 256
+    assert (got.rounds_per_epoch, got.total_rounds) == (66, 3960)
+    # Checkpoint every 20 rounds.
+    assert training_args.save_steps == 20 * got.optimizer_steps_per_round
+
+
+def test_paper_recipe_values():
+    r = yaml.safe_load((PAPER / "prompt_aug.yaml").read_text())
+    expected = {
+        "model_name_or_path": "Qwen/Qwen2.5-Math-1.5B",
+        "dataset_name": "hkust-nlp/SimpleRL-Zoo-Data",
+        "dataset_config": "simplelr_qwen_level3to5",
+        "dataset_num_rows": 8523,
+        "templates": None,  # the whole bank
+        "template_weights": None,  # uniform
+        "reward_funcs": ["correctness", "format"],
+        "stop_tokens": ["<|im_end|>", "<|endoftext|>"],
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 4,
+        "steps_per_generation": 16,
+        "num_generations": 8,
+        "num_iterations": 1,
+        "num_train_epochs": 60,
+        "learning_rate": 1e-6,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.01,
+        "max_grad_norm": 1.0,
+        "bf16": True,
+        "beta": 0.0,
+        "entropy_coef": 0.0,
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "loss_type": "dapo",
+        "scale_rewards": "group",
+        "mask_truncated_completions": False,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_prompt_length": 1024,
+        "max_completion_length": 3072,
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_max_model_length": 4096,
+        "save_steps": 80,
+        "report_to": "wandb",
+        "log_completions": True,
+        "gradient_checkpointing": True,
+    }
+    assert {k: r.get(k) for k in expected} == expected
+    assert "generation_batch_size" not in r, "use steps_per_generation so the round follows the process count"
+    assert r["max_prompt_length"] + r["max_completion_length"] == r["vllm_max_model_length"]
+
+
+def _keys(name: str) -> dict:
+    return yaml.safe_load((PAPER / name).read_text())
+
+
+def _diff(a: dict, b: dict) -> dict:
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def test_single_template_variants_differ_from_the_paper_run_only_where_they_should():
+    paper, dapo, grpo = _keys("prompt_aug.yaml"), _keys("dapo_single_template.yaml"), _keys("grpo_single_template.yaml")
+    naming = {"output_dir", "run_name"}
+    assert set(_diff(paper, dapo)) - naming == {"templates"}
+    assert dapo["templates"] == ["qwen-math"]
+    assert _diff(dapo, grpo).keys() - naming == {"beta", "epsilon_high"}
+    assert grpo["beta"] == 0.001 and "epsilon_high" not in grpo and grpo["epsilon"] == 0.2
+
+
+def test_grpo_baseline_parses_to_symmetric_clip_and_k3_kl():
+    _, training_args, _ = _parse(PAPER / "grpo_single_template.yaml", 8)
+    assert training_args.epsilon_high is None  # TRL then clips at 1 + epsilon on both sides
+    assert training_args.beta == 0.001 and training_args.loss_type == "dapo"
+    import inspect
+
+    from trl import GRPOTrainer
+
+    source = inspect.getsource(GRPOTrainer)
+    # The k3 estimator of KL(pi || ref), as the recipe header says.
+    assert "torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1" in source
+
+
+def test_lora_recipe_is_one_gpu_32_questions_256_completions_4_steps_of_64():
+    script_args, training_args, model_args = _parse(PAPER / "prompt_aug_lora_1gpu.yaml", 1)
+    got = batch_arithmetic(script_args, training_args)
+    assert (got.questions_per_round, got.completions_per_round) == (32, 256)
+    assert (got.optimizer_steps_per_round, got.completions_per_optimizer_step) == (4, 64)
+    assert model_args.use_peft and model_args.lora_target_modules in ("all-linear", ["all-linear"])
+    assert training_args.use_vllm and training_args.vllm_mode == "colocate"
+    from trl import get_peft_config
+
+    assert get_peft_config(model_args) is not None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only parse failure the dry run avoids")
+def test_bf16_recipe_fails_to_parse_on_cpu_without_dry_run_and_dry_run_keeps_bf16():
+    with pytest.raises(ValueError, match="bf16"):
+        train.parse_args(["--config", str(PAPER / "prompt_aug.yaml")])
+    _, training_args, _ = _parse(PAPER / "prompt_aug.yaml", 8)
+    assert training_args.bf16 and training_args.use_vllm  # the recipe's values are untouched
+    assert training_args.use_cpu  # only the dry run adds this
+
+
+def test_wants_dry_run_forms():
+    assert wants_dry_run(["--config", "r.yaml", "--dry_run"])
+    assert wants_dry_run(["--dry_run", "--num_processes", "8"])
+    assert wants_dry_run(["--dry_run", "true"]) and wants_dry_run(["--dry_run=True"])
+    assert not wants_dry_run(["--dry_run", "false"]) and not wants_dry_run(["--dry_run=no"])
+    assert not wants_dry_run(["--config", "r.yaml"])
+
+
+def test_unknown_recipe_key_is_an_error_naming_the_key(tmp_path):
+    recipe = tmp_path / "typo.yaml"
+    recipe.write_text((PAPER / "prompt_aug.yaml").read_text() + "\nlora_rnak: 16\n")
+    with pytest.raises(ValueError, match="lora_rnak"):
+        train.main(["--config", str(recipe), "--dry_run", "--num_processes", "8"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Accelerate configs
+
+ACCELERATE_CONFIGS = sorted((REPO / "accelerate_configs").glob("*.yaml"))
+DISTRIBUTED = {"single_gpu.yaml": ("NO", 1), "ddp.yaml": ("MULTI_GPU", 8), "zero2.yaml": ("DEEPSPEED", 8),
+               "zero3.yaml": ("DEEPSPEED", 8), "fsdp.yaml": ("FSDP", 8), "zero2_vllm_server.yaml": ("DEEPSPEED", 7)}
+
+
+def test_accelerate_configs_are_all_there():
+    assert set(DISTRIBUTED) == {p.name for p in ACCELERATE_CONFIGS}
+
+
+@pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=[p.name for p in ACCELERATE_CONFIGS])
+def test_accelerate_config_loads_with_the_keys_accelerate_needs(path):
+    raw = yaml.safe_load(path.read_text())
+    for key in ("compute_environment", "distributed_type", "num_processes", "num_machines", "machine_rank",
+                "mixed_precision", "main_training_function", "use_cpu"):
+        assert key in raw, f"{path.name} lacks {key}"
+    distributed, processes = DISTRIBUTED[path.name]
+    assert (raw["distributed_type"], raw["num_processes"], raw["mixed_precision"]) == (distributed, processes, "bf16")
+    assert raw["compute_environment"] == "LOCAL_MACHINE" and raw["use_cpu"] is False
+    # accelerate's own loader accepts it (it rejects unknown keys and bad enum values).
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(path))
+    assert config.distributed_type.value == distributed and config.num_processes == processes
+    if distributed == "DEEPSPEED":
+        assert raw["deepspeed_config"]["zero_stage"] == (3 if "zero3" in path.name else 2)
+    if distributed == "FSDP":
+        assert raw["fsdp_config"]["fsdp_version"] == 2
