@@ -148,8 +148,10 @@ def to_rows(
         if "uid" in cols:
             ids = list(ds["uid"])
     answers = [None if a is None else (str(a).strip() if not isinstance(a, list) else [str(x) for x in a]) for a in answers]
-    keep = [i for i, (q, a) in enumerate(zip(questions, answers)) if q and a not in (None, "", [])]
-    dropped["empty question or gold answer"] += len(questions) - len(keep)
+    no_gold = [a in (None, "", []) for a in answers]
+    dropped["empty gold answer"] += sum(no_gold)
+    dropped["empty question"] += sum(1 for q, bad in zip(questions, no_gold) if not q and not bad)
+    keep = [i for i, (q, bad) in enumerate(zip(questions, no_gold)) if q and not bad]
     uids = _stable_uids(questions, ids)
     rows = datasets.Dataset.from_dict(
         {
@@ -261,12 +263,13 @@ def preview(args: argparse.Namespace) -> str:
     bank = load_templates(recipe.get("templates_file"), tokenizer=tokenizer)
     templates, _ = select_templates(bank, recipe.get("templates"), recipe.get("template_weights"))
     max_len = args.max_prompt_length or recipe.get("max_prompt_length")
+    n_gold = len(rows)
     rows, n_long = filter_long_prompts(rows, templates, tokenizer, max_len)
     report.dropped[f"prompt longer than {max_len} tokens (longest template)"] += n_long
     report.rows = len(rows)
     lines.append(str(report))
-    golds = sum(1 for a in rows["answer"] if a)
-    lines.append(f"rows with a gold answer: {golds}")
+    no_gold = report.dropped.get("empty gold answer", 0)
+    lines.append(f"golds: {n_gold} rows with a gold answer, {no_gold} without one (dropped)")
     forms = Counter(answer_form(a) for a in rows["answer"])
     lines.append("answer forms:")
     width = max(forms.values(), default=1)

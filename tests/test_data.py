@@ -1,0 +1,179 @@
+"""Data loaders and the preview CLI, on small files written here (no Hub, no shared data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from prompt_aug import data
+from prompt_aug.data import DataError, filter_long_prompts, load_math_dataset, to_rows
+from prompt_aug.templates import load_templates, select_templates
+
+SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+VERL_ROWS = [  # (question, gold, extra_info.index)
+    ("What is $1+1$?", "2", "id-a"),
+    ("Compute $\\frac{1}{2}+\\frac{1}{3}$.", "\\frac{5}{6}", "id-b"),
+    ("Find all $x$ with $x^2=4$.", "-2, 2", "id-c"),
+    ("Which choice is right? (A) 0 (B) 1", "", "id-d"),  # empty ground truth, as in 2 rows of the real file
+    ("What day comes after Sunday?", "\\text{Monday}", "id-e"),
+]
+
+
+def _verl_frame(rows) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "data_source": ["test"] * len(rows),
+            "prompt": [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q + " "}] for q, _, _ in rows],
+            "ability": ["math"] * len(rows),
+            "reward_model": [{"ground_truth": gold, "style": "rule"} for _, gold, _ in rows],
+            "extra_info": [{"index": index, "original_source": "test"} for _, _, index in rows],
+        }
+    )
+
+
+@pytest.fixture
+def verl_dir(tmp_path) -> Path:
+    """A SimpleRL-style folder: <name>.train.parquet and <name>.test.parquet in verl layout."""
+    folder = tmp_path / "simplerl"
+    folder.mkdir()
+    _verl_frame(VERL_ROWS).to_parquet(folder / "SimpleRL-simplelr_qwen_level3to5.train.parquet")
+    _verl_frame(VERL_ROWS[:1]).to_parquet(folder / "SimpleRL-simplelr_qwen_level3to5.test.parquet")
+    return folder
+
+
+def test_verl_layout_uid_question_and_gold(verl_dir):
+    rows, report = load_math_dataset(str(verl_dir))
+    assert report.read == 5 and report.rows == 4 == len(rows)
+    assert report.dropped["empty gold answer"] == 1 and not report.dropped["empty question"]
+    assert "dropped 1: empty gold answer" in str(report)
+    assert rows["uid"] == ["id-a", "id-b", "id-c", "id-e"]  # extra_info.index
+    assert rows["question"][0] == "What is $1+1$?"  # the user turn, stripped; not the system turn
+    assert rows["answer"] == ["2", "\\frac{5}{6}", "-2, 2", "\\text{Monday}"]  # reward_model.ground_truth
+    test_rows, _ = load_math_dataset(str(verl_dir), split="test")
+    assert len(test_rows) == 1
+
+
+def test_verl_layout_in_a_config_subfolder(tmp_path, verl_dir):
+    root = tmp_path / "SimpleRL-Zoo-Data"
+    root.mkdir()
+    verl_dir.rename(root / "simplelr_qwen_level3to5")
+    rows, _ = load_math_dataset(str(root), config="simplelr_qwen_level3to5")
+    assert len(rows) == 4
+
+
+def test_verl_layout_without_unique_index_gets_stable_hash_uids(tmp_path):
+    frame = _verl_frame([("Q one?", "1", "same"), ("Q two?", "2", "same")])
+    frame.to_parquet(tmp_path / "d.train.parquet")
+    first, _ = load_math_dataset(str(tmp_path))
+    again, _ = load_math_dataset(str(tmp_path))
+    assert first["uid"] == again["uid"] and len(set(first["uid"])) == 2 and "same" not in first["uid"]
+
+
+def test_math_layout_with_level_filter_reads_the_boxed_answer(tmp_path):
+    frame = pd.DataFrame(
+        {
+            "problem": ["Add 2 and 3.", "Halve 1.", "Hard one.", "Easy one."],
+            "level": ["Level 3", "Level 5", "Level 4", "Level 1"],
+            "type": ["Algebra"] * 4,
+            "solution": [
+                "We get $2+3=\\boxed{5}$.",
+                "So it is $\\boxed{\\frac{1}{2}}$.",
+                "Thus \\boxed{(1, 2)}.",
+                "Clearly \\boxed{0}.",
+            ],
+        }
+    )
+    path = tmp_path / "math.parquet"
+    frame.to_parquet(path)
+    rows, report = load_math_dataset(str(path), levels=["Level 3", "Level 5"])
+    assert rows["question"] == ["Add 2 and 3.", "Halve 1."]
+    assert rows["answer"] == ["5", "\\frac{1}{2}"]
+    assert report.dropped["level not in ['Level 3', 'Level 5']"] == 2
+    all_rows, _ = load_math_dataset(str(path))
+    assert all_rows["answer"] == ["5", "\\frac{1}{2}", "(1, 2)", "0"]
+
+
+def test_level_filter_needs_a_level_column(tmp_path):
+    path = tmp_path / "d.jsonl"
+    pd.DataFrame({"question": ["q"], "answer": ["1"]}).to_json(path, orient="records", lines=True)
+    with pytest.raises(DataError, match="'level'.*columns"):
+        load_math_dataset(str(path), levels=["Level 3"])
+
+
+def test_column_mapping(tmp_path):
+    path = tmp_path / "custom.csv"
+    pd.DataFrame({"statement": ["What is 6 x 7?", "What is 6 x 7?"], "final": [42, 42], "src": ["a", "b"]}).to_csv(
+        path, index=False
+    )
+    rows, report = load_math_dataset(str(path), question_column="statement", answer_column="final")
+    assert rows["question"] == ["What is 6 x 7?"] * 2 and rows["answer"] == ["42", "42"]
+    assert len(set(rows["uid"])) == 2  # duplicates get distinct, stable uids
+    assert report.rows == 2
+
+
+def test_missing_column_names_it_and_lists_the_present_ones(tmp_path):
+    path = tmp_path / "custom.csv"
+    pd.DataFrame({"statement": ["q"], "final": [1]}).to_csv(path, index=False)
+    with pytest.raises(DataError) as err:
+        load_math_dataset(str(path), question_column="problem_text", answer_column="final")
+    message = str(err.value)
+    assert "'problem_text'" in message and "statement" in message and "final" in message
+    with pytest.raises(DataError, match=r"question_column.*\['statement', 'final'\]"):
+        load_math_dataset(str(path))  # nothing to guess from
+
+
+def test_long_prompts_are_dropped_and_counted(tokenizer):
+    import datasets
+
+    rows = datasets.Dataset.from_dict(
+        {
+            "question": ["What is $2+2$?", "Compute " + " + ".join(["1"] * 400) + ".", "Evaluate $3^2$."],
+            "answer": ["4", "400", "9"],
+            "uid": ["a", "b", "c"],
+        }
+    )
+    templates, _ = select_templates(load_templates(tokenizer=tokenizer))
+    longest = max(len(tokenizer(t.render(rows["question"][0], tokenizer)).input_ids) for t in templates)
+    kept, dropped = filter_long_prompts(rows, templates, tokenizer, max_prompt_length=longest + 20)
+    assert dropped == 1 and kept["uid"] == ["a", "c"]
+    assert filter_long_prompts(rows, templates, tokenizer, None) == (rows, 0)
+
+
+def test_to_rows_counts_empty_questions_separately():
+    import datasets
+
+    raw = datasets.Dataset.from_dict({"question": ["", "q2", "q3"], "answer": ["1", "", "3"]})
+    rows, dropped = to_rows(raw)
+    assert rows["question"] == ["q3"]
+    assert dropped["empty question"] == 1 and dropped["empty gold answer"] == 1
+
+
+def test_preview_cli_prints_rows_golds_answer_forms_and_one_prompt_per_template(verl_dir, capsys):
+    data.main(["--dataset", str(verl_dir)])
+    out = capsys.readouterr().out
+    assert "5 rows read, 4 kept" in out
+    assert "dropped 1: empty gold answer" in out
+    assert "golds: 4 rows with a gold answer, 1 without one (dropped)" in out
+    assert "answer forms:" in out
+    for form, count in (("integer", 1), ("fraction", 1), ("expression", 1), ("text", 1)):
+        assert any(line.split()[:-2] == form.split() and line.split()[-2] == str(count) for line in out.splitlines()
+                   if line.startswith("  ")), (form, out)
+    names = list(load_templates())
+    assert len(names) == 13
+    for name in names:
+        assert out.count(f"----- template {name} -----") == 1, name
+    assert out.count("What is $1+1$?") == 13  # the first question, rendered under every template
+
+
+def test_preview_cli_with_a_recipe_uses_its_templates_and_prompt_limit(tmp_path, capsys):
+    long_question = ("Compute " + " + ".join(["1"] * 300) + ".", "300", "id-long")
+    _verl_frame([*VERL_ROWS, long_question]).to_parquet(tmp_path / "d.train.parquet")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("templates: [qwen-math, abel]\nmax_prompt_length: 200\n")
+    data.main(["--dataset", str(tmp_path), "--config", str(recipe)])
+    out = capsys.readouterr().out
+    assert "6 rows read, 4 kept" in out
+    assert "dropped 1: prompt longer than 200 tokens (longest template)" in out
+    assert out.count("----- template") == 2 and "----- template abel -----" in out
