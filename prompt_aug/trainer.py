@@ -67,6 +67,16 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self._log_template_metrics(inputs, output, "train" if training else "eval")
         return output
 
+    # Why: TRL does not restore its micro-step counter `_step` on resume. From a checkpoint saved in the
+    # middle of a generation round (save_steps not a multiple of the optimizer steps per round), it
+    # restarted at 0 and replayed the interrupted round in full, shifting every later round by the
+    # steps already taken. The Trainer skips global_step x accumulation batches, so restore the counter
+    # to match before the first round after the resume is generated.
+    def _prepare_inputs(self, generation_batch: Any) -> Any:
+        if self.model.training and self._buffered_inputs is None:
+            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+        return super()._prepare_inputs(generation_batch)
+
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         self._round_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
