@@ -1,7 +1,12 @@
-"""The model card (``README.md`` in the output folder) written at the end of training and pushed to the Hub."""
+"""The model card (``README.md`` in the output folder) written at the end of training and pushed to the Hub.
+
+After ``prompt-aug-eval --model OUT`` has written ``OUT/eval/results.md``, refresh the card's evaluation
+section with ``python -m prompt_aug.model_card OUT``.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,12 +86,7 @@ def render_model_card(
     ]
     shown = [k for k in _CARD_METRICS if k in metrics] + sorted(k for k in metrics if k.endswith("/accuracy"))
     lines += [f"| {key} | {metrics[key]:.4g} |" for key in shown] or ["| (none logged) | |"]
-    eval_table = output_dir / EVAL_TABLE_PATH
-    lines += ["", "## Evaluation", ""]
-    if eval_table.is_file():
-        lines += [eval_table.read_text().strip()]
-    else:
-        lines += ["No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."]
+    lines += ["", *_evaluation_section(output_dir)]
     lines += [
         "",
         "## Template bank",
@@ -127,3 +127,44 @@ def render_model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _evaluation_section(output_dir: Path) -> list[str]:
+    eval_table = Path(output_dir) / EVAL_TABLE_PATH
+    lines = ["## Evaluation", ""]
+    if eval_table.is_file():
+        lines += [eval_table.read_text().strip()]
+    else:
+        lines += ["No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."]
+    return lines
+
+
+def refresh_evaluation(output_dir: str | Path) -> Path:
+    """Rewrite the ``## Evaluation`` section of ``output_dir/README.md`` from ``output_dir/eval/results.md``.
+
+    Everything else in the card (recipe, metrics, template bank) is kept as written at the end of training.
+    """
+    output_dir = Path(output_dir)
+    card_path = output_dir / "README.md"
+    if not card_path.is_file():
+        raise FileNotFoundError(f"no model card {card_path}: train first (the card is written at the end)")
+    if not (output_dir / EVAL_TABLE_PATH).is_file():
+        raise FileNotFoundError(f"no {output_dir / EVAL_TABLE_PATH}: run prompt-aug-eval --model {output_dir}")
+    lines = card_path.read_text().split("\n")
+    start = lines.index("## Evaluation")
+    # The section the renderer writes next ends it (an eval table may carry headings of its own).
+    end = lines.index("## Template bank") if "## Template bank" in lines[start:] else len(lines)
+    card_path.write_text("\n".join(lines[:start] + _evaluation_section(output_dir) + [""] + lines[end:]))
+    return card_path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m prompt_aug.model_card OUT``: put OUT/eval/results.md into the card OUT/README.md."""
+    parser = argparse.ArgumentParser(prog="python -m prompt_aug.model_card", description=main.__doc__)
+    parser.add_argument("output_dir", help="a training output folder (README.md and eval/results.md)")
+    path = refresh_evaluation(parser.parse_args(argv).output_dir)
+    print(f"updated {path}")
+
+
+if __name__ == "__main__":
+    main()

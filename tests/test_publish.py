@@ -195,3 +195,22 @@ def test_push_to_hub_uploads_model_and_card(tmp_path):
     assert "README.md" in files and "model.safetensors" in files
     card = Path(hf_hub_download(repo, "README.md", force_download=True, cache_dir=tmp_path / "hf")).read_text()
     assert "prompt augmentation" in card and "- Optimizer steps: 2" in card
+
+
+def test_refresh_puts_eval_results_into_an_existing_card(tmp_path, capsys):
+    from prompt_aug import model_card
+
+    templates, weights = select_templates(load_templates(), ["qwen-math"])
+    info = ModelCardInfo(base_model="base", recipe="seed: 1\n", templates=templates, weights=weights,
+                         dataset="synthetic", num_rows=3)
+    history = [{"reward": 0.25, "step": 4}]
+    (tmp_path / "README.md").write_text(render_model_card(info, tmp_path, 4, history))
+    with pytest.raises(FileNotFoundError, match="prompt-aug-eval"):
+        model_card.refresh_evaluation(tmp_path)
+    (tmp_path / EVAL_TABLE_PATH).parent.mkdir(parents=True)
+    for table in ("| Model | MATH500 |\n|---|---:|\n| base | 50.0 |\n", "| Model | MATH500 |\n|---|---:|\n| base | 61.0 |\n"):
+        (tmp_path / EVAL_TABLE_PATH).write_text(table)
+        model_card.main([str(tmp_path)])  # twice: the second run replaces the first table
+        assert (tmp_path / "README.md").read_text() == render_model_card(info, tmp_path, 4, history)
+    assert "61.0" in (tmp_path / "README.md").read_text() and "50.0" not in (tmp_path / "README.md").read_text()
+    assert "updated" in capsys.readouterr().out
