@@ -171,7 +171,7 @@ def test_push_to_hub_reaches_the_hub_client_before_training(tmp_path, monkeypatc
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the client's own switch: nothing leaves
     out = tmp_path / "out"
-    with pytest.raises(OfflineModeIsEnabled):
+    with pytest.raises(OfflineModeIsEnabled, match="repos/create"):
         train.main(["--config", str(SMOKE), "--output_dir", str(out), "--max_steps", "1",
                     "--push_to_hub", "true", "--hub_model_id", "prompt-aug-tests/never-created"])
     assert not list(out.glob("checkpoint-*")) and not (out / "model.safetensors").exists()
