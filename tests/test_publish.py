@@ -52,7 +52,7 @@ def wandb_run(tmp_path_factory):
     out = tmp / "out"
     cmd = [sys.executable, "-m", "prompt_aug.train", "--config", str(SMOKE), "--output_dir", str(out),
            "--report_to", "wandb"]
-    proc = subprocess.run(cmd, cwd=REPO, env=_run_env(tmp), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, check=False, cwd=REPO, env=_run_env(tmp), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs = sorted((tmp / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, f"expected one offline W&B run under {tmp / 'wandb'}, found {runs}"
@@ -111,8 +111,8 @@ def _wandb_records(run_dir: Path) -> list[dict]:
     wandb_cli = shutil.which("wandb", path=str(Path(sys.executable).parent)) or shutil.which("wandb")
     if wandb_cli is None:
         pytest.skip("the wandb command-line tool is not installed")
-    proc = subprocess.run([wandb_cli, "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([wandb_cli, "leet", "inspect", "--json", str(run_dir)], check=False, capture_output=True,
+                          text=True, timeout=120)
     if proc.returncode != 0 and "No such command" in proc.stderr:
         summary = run_dir / "files" / "wandb-summary.json"  # older W&B clients write it for offline runs
         if summary.is_file():
@@ -188,7 +188,7 @@ def test_push_to_hub_uploads_model_and_card(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "prompt_aug.train", "--config", str(SMOKE), "--output_dir", str(out),
            "--max_steps", "2", "--push_to_hub", "true", "--hub_model_id", repo, "--hub_private_repo", "true"]
-    proc = subprocess.run(cmd, cwd=REPO, env=_run_env(tmp_path, HF_HUB_OFFLINE="0"), capture_output=True,
+    proc = subprocess.run(cmd, check=False, cwd=REPO, env=_run_env(tmp_path, HF_HUB_OFFLINE="0"), capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     files = HfApi().list_repo_files(repo)

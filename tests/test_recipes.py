@@ -75,7 +75,7 @@ def test_header_comment_block_and_its_numbers_match_the_arithmetic(recipe):
     for needed in ("Reproduces:", "Hardware:", "Batch arithmetic"):
         assert needed in text, f"{recipe.name}: header lacks {needed!r}"
     if recipe.parent == PAPER:
-        assert re.search(r"wall-clock", text, re.I), f"{recipe.name}: header must state the expected wall-clock"
+        assert re.search(r"wall-clock", text, re.IGNORECASE), f"{recipe.name}: header must state the expected wall-clock"
     claims = _dry_run_lines(recipe)
     assert claims, f"{recipe.name}: header needs a machine-readable '# dry-run (N processes): ...' line"
     for claim in claims:
