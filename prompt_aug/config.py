@@ -52,9 +52,21 @@ class PromptAugArguments:
         default_factory=lambda: ["<|im_end|>", "<|endoftext|>"],
         metadata={"help": "Tokens that end a completion (those missing from the vocabulary are skipped)."},
     )
+    eval_benchmarks: list[str] | None = field(
+        default=None, metadata={"help": "Benchmarks evaluated during training, e.g. [math500] (off if unset)."}
+    )
+    eval_every_steps: int = field(default=0, metadata={"help": "Evaluate every N optimizer steps (0: off)."})
+    eval_data_dir: str | None = field(
+        default=None, metadata={"help": "Local evaluation suite folder (default: the Hub's lkevinzc/math-eval)."}
+    )
+    eval_limit: int | None = field(default=None, metadata={"help": "First N questions per benchmark only."})
+    eval_max_tokens: int = field(default=1024, metadata={"help": "New tokens per evaluation completion."})
     dry_run: bool = field(
-        default=False, metadata={"help": "Print the batch arithmetic and exit; loads neither model nor data. Pass it on the command "
-            "line: it then parses with use_cpu on, so bf16 recipes parse on a machine without a GPU."}
+        default=False,
+        metadata={
+            "help": "Print the batch arithmetic and exit; loads neither model nor data. Pass it on the command "
+            "line: it then parses with use_cpu on, so bf16 recipes parse on a machine without a GPU."
+        },
     )
     num_processes: int | None = field(
         default=None, metadata={"help": "Processes for --dry_run (default: WORLD_SIZE, else 1)."}

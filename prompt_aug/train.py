@@ -23,6 +23,7 @@ from rewards import get_reward_funcs
 from .collator import PromptAugmentationCollator
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import filter_long_prompts, load_math_dataset
+from .evaluate import EvalCallback
 from .model_card import ModelCardInfo
 from .smoke import TINY_MODEL_NAME, build_tiny_model
 from .templates import check_renders, get_template, load_templates, select_templates
@@ -151,6 +152,16 @@ def main(argv: list[str] | None = None) -> None:
             eval_template=script_args.eval_template,
         ),
     )
+
+    if script_args.eval_every_steps and script_args.eval_benchmarks:
+        EvalCallback(
+            script_args.eval_benchmarks,
+            script_args.eval_every_steps,
+            data_dir=script_args.eval_data_dir,
+            template=script_args.eval_template,
+            max_tokens=script_args.eval_max_tokens,
+            limit=script_args.eval_limit,
+        ).attach(trainer)  # first in the callback list, so W&B sees the eval/* keys
 
     # Train.
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rewards import REGISTRY, correctness_reward, format_reward, grade
 from prompt_aug.templates import load_templates
+from rewards import REGISTRY, correctness_reward, format_reward, grade
 
 BOXED = "We add them: 3 + 4 = 7. So the result is \\boxed{7}."
 

@@ -86,3 +86,22 @@ def test_unknown_reward_and_template_are_named(tmp_path):
         train.main(["--config", SMOKE, "--output_dir", str(tmp_path / "a"), "--reward_funcs", "correctnes"])
     with pytest.raises(ValueError, match="qwen-maths"):
         train.main(["--config", SMOKE, "--output_dir", str(tmp_path / "b"), "--templates", "qwen-maths"])
+
+
+def test_recipe_keys_turn_on_evaluation_during_training(tmp_path):
+    import datasets
+
+    suite = tmp_path / "suite"
+    datasets.DatasetDict(
+        {"math": datasets.Dataset.from_dict({"problem": ["What is $2+2$?", "What is $3+3$?"], "answer": ["4", "6"]})}
+    ).save_to_disk(str(suite))
+    out = tmp_path / "run"
+    train.main([
+        "--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
+        "--eval_benchmarks", "math500", "--eval_every_steps", "2", "--eval_data_dir", str(suite),
+        "--eval_max_tokens", "8",
+    ])  # fmt: skip
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    evaluated = [h for h in history if "eval/math500/accuracy" in h]
+    assert [h["step"] for h in evaluated] == [2]
+    assert {"eval/macro", "eval/micro"} <= set(evaluated[0])
