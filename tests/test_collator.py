@@ -105,7 +105,7 @@ def test_two_process_run_keeps_groups_on_one_template_across_ranks(tmp_path):
         "--save_strategy", "no",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     records = pd.concat(pd.read_parquet(p) for p in sorted((out / "completions").glob("*.parquet")))
     groups = records.groupby(["step", "uid"])
