@@ -1,12 +1,14 @@
 """`PromptAugGRPOTrainer`: TRL's `GRPOTrainer` with prompt augmentation and per-template metrics.
 
-Two thin overrides, each for one reason:
+Four thin overrides, each for one reason:
 
 * ``_generate_and_score_completions``: TRL 1.16 hard-codes an identity data collator, so a
   generation round is augmented where it starts. The rows arrive already repeated
   ``num_generations`` times by TRL's `RepeatSampler`; our collator draws from (seed, epoch, uid), so
   every rollout of a group gets the same template on every rank. After TRL scores the round, the
   per-template metrics are added to TRL's own.
+* ``_prepare_inputs``: TRL does not restore its micro-step counter on resume, so a run resumed from a
+  mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
 * ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
   so the per-template metrics are read off the same numbers TRL trains on (no regrading).
 * ``create_model_card``: TRL writes its own card at every checkpoint and at push time, which would
