@@ -93,9 +93,7 @@ def normalize(answer: str) -> str:
     match = re.fullmatch(r"[A-Za-z]\s*=\s*([^=]+)", answer)
     if match:
         answer = match.group(1).strip()
-    while answer.endswith((".", " ")):
-        answer = answer[:-1]
-    return answer.strip()
+    return answer.rstrip(". ").strip()
 
 
 def extract_lenient(completion: str) -> str | None:
