@@ -3,47 +3,221 @@
 ``parse_gold`` turns a gold answer into math-verify's parsed form once per distinct gold (cached);
 ``is_equivalent`` compares an extracted answer against it. Both answer and gold are wrapped in
 ``\\boxed{}`` and compared with float rounding 6 in strict mode, the paper's setting.
+
+These functions run math-verify in the calling process with no hard limit. Training and evaluation
+call them inside the worker processes of `rewards.pool` (through `check`), which enforce the time
+and memory limits; use `rewards.grade.grade` / `grade_batch` rather than calling them directly.
+
+Gold answers are normalised once by `normalize_gold` (the answer side is normalised by
+`rewards.extract.normalize` at extraction time), so the in-process fast path
+(`rewards.fastpath`) and math-verify see the same two strings.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
+import re
 import threading
 from typing import Any
 
 from math_verify import LatexExtractionConfig, parse, verify
 
-_EXTRACTION = [LatexExtractionConfig(boxed_match_priority=0)]
-_TIMEOUT_S = 5
+from .extract import normalize
 
-# math-verify logs the whole input on failures; keep that out of training logs.
-for _name in ("math_verify", "math_verify.parser", "math_verify.grader", "math_verify.utils"):
-    logging.getLogger(_name).setLevel(logging.CRITICAL)
+_EXTRACTION = [LatexExtractionConfig(boxed_match_priority=0)]
+# math-verify's own timeouts use signal.alarm (main thread only, whole seconds). The grading workers
+# enforce their own limits and switch these off (`use_signal_timeouts(False)`).
+_SIGNAL_TIMEOUT_S: int | None = 5
+MAX_LOG_CHARS = 200
+MAX_INTEGER_BITS = 1 << 20  # about 315,000 decimal digits: larger values are refused, not evaluated
+
+
+class _Truncate(logging.Filter):
+    """Caps a record's message at ``MAX_LOG_CHARS`` (math-verify logs whole inputs on a timeout) and
+    drops its "Timeout is disabled" notice (our workers enforce their own limits).
+
+    >>> record = logging.LogRecord("math_verify.parser", logging.WARNING, "", 0, "Timeout during parsing: %s",
+    ...                            ("x" * 10_000,), None)
+    >>> _Truncate().filter(record), len(record.getMessage()) < 300
+    (True, True)
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Timeout is disabled"):
+            return False
+        if len(message) > MAX_LOG_CHARS:
+            record.msg = f"{message[:MAX_LOG_CHARS]}... [{len(message) - MAX_LOG_CHARS} more characters]"
+            record.args = ()
+        return True
+
+
+for _name in ("math_verify", "math_verify.parser", "math_verify.grader", "math_verify.utils",
+              "latex2sympy2_extended", "latex2sympy2_extended.math_normalization"):
+    _logger = logging.getLogger(_name)
+    _logger.setLevel(logging.WARNING)  # no per-input debug records ("Error parsing: <whole input>")
+    if not any(isinstance(f, _Truncate) for f in _logger.filters):
+        _logger.addFilter(_Truncate())
+
+
+def use_signal_timeouts(enabled: bool) -> None:
+    """Turn math-verify's own ``signal.alarm`` timeouts (5 s, main thread only) on or off."""
+    global _SIGNAL_TIMEOUT_S
+    _SIGNAL_TIMEOUT_S = 5 if enabled else None
 
 
 def _timeout() -> int | None:
     # math-verify's timeouts use signal.alarm, which only works in the main thread.
-    return _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    return _SIGNAL_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+# -- gold normalisation -----------------------------------------------------------------------------
+
+_GOLD_TEXT_ANSWER = re.compile(r"\\text\{\s*\(?([A-E])\)?\s*\}")
+
+
+def normalize_gold(gold: Any) -> str:
+    """Canonical text for a gold answer: `rewards.extract.normalize` plus gold-only fixes.
+
+    Floats from a dataset (AMC) lose a trailing ``.0``; surrounding ``$`` and newlines go.
+
+    >>> normalize_gold(18.0), normalize_gold(" $\\\\frac{9}{32}$\\n"), normalize_gold("90^\\\\circ")
+    ('18', '\\\\frac{9}{32}', '90')
+    """
+    if isinstance(gold, float) and gold.is_integer():
+        return str(int(gold))
+    return normalize(str(gold))
+
+
+# -- parsing and comparing --------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=65536)
-def parse_gold(gold: str) -> tuple[Any, ...] | None:
-    """Parsed gold answer, or ``None`` if math-verify cannot read it.
+def parse_text(text: str) -> tuple[Any, ...] | None:
+    """math-verify's parse of ``\\boxed{text}`` (cached per distinct text), or ``None`` if it reads nothing.
 
-    >>> parse_gold("\\\\frac{1}{2}") is not None, parse_gold("") is None
-    (True, True)
+    >>> parse_text("\\\\frac{1}{2}") is not None, parse_text("") is None, parse_text("}{") is None
+    (True, True, True)
     """
-    text = str(gold).strip()
+    text = text.strip()
     if not text:
         return None
     parsed = parse(f"\\boxed{{{text}}}", extraction_config=_EXTRACTION, parsing_timeout=_timeout())
     return tuple(parsed) if parsed else None
 
 
+def parse_gold(gold: Any) -> tuple[Any, ...] | None:
+    """Parsed gold answer (after `normalize_gold`), or ``None`` if math-verify cannot read it.
+
+    >>> parse_gold("\\\\frac{1}{2}") is not None, parse_gold("") is None
+    (True, True)
+    """
+    return parse_text(normalize_gold(gold))
+
+
 def is_equivalent(answer: str, gold_parsed: tuple[Any, ...]) -> bool:
-    """Whether the extracted ``answer`` equals the parsed gold (math-verify, rounding 6, strict)."""
-    parsed = parse(f"\\boxed{{{answer}}}", extraction_config=_EXTRACTION, parsing_timeout=_timeout())
+    """Whether the extracted ``answer`` equals the parsed gold (math-verify, rounding 6, strict).
+
+    >>> is_equivalent("0.5", parse_gold("\\\\frac{1}{2}")), is_equivalent("2", parse_gold("3"))
+    (True, False)
+    """
+    parsed = parse_text(answer)
     if not parsed:
         return False
-    return bool(verify(list(gold_parsed), parsed, float_rounding=6, strict=True, timeout_seconds=_timeout()))
+    return bool(verify(list(gold_parsed), list(parsed), float_rounding=6, strict=True, timeout_seconds=_timeout()))
+
+
+# -- the worker-side check --------------------------------------------------------------------------
+
+
+def log2_bound(expr: Any) -> float:
+    """An upper bound on ``log2 |value|`` of a SymPy expression's numbers (``inf`` if astronomical).
+
+    Symbols count as 1 (only numbers get computed). Used to refuse answers like ``10^{10^{10}}`` or
+    ``(10^{100})!`` before SymPy tries to compute them (Python's big-integer arithmetic cannot be
+    interrupted).
+
+    >>> import sympy
+    >>> tower = sympy.Pow(10, sympy.Pow(10, 10, evaluate=False), evaluate=False)  # 10^(10^10)
+    >>> log2_bound(sympy.Integer(1024)), round(log2_bound(tower) / 1e9, 1)
+    (10.0, 33.2)
+    """
+    import sympy
+
+    if isinstance(expr, sympy.Rational):  # integers included
+        return _log2_int(max(abs(expr.p), expr.q))
+    if isinstance(expr, sympy.Float):
+        try:
+            return math.log2(abs(float(expr)) + 2)
+        except OverflowError:
+            return math.inf
+    if isinstance(expr, (sympy.Pow, sympy.exp)):
+        base, exponent = (expr.base, expr.exp) if isinstance(expr, sympy.Pow) else (sympy.E, expr.args[0])
+        exponent_bits = log2_bound(exponent)
+        if exponent_bits > 62:
+            return math.inf
+        return log2_bound(base) * 2.0**exponent_bits
+    if isinstance(expr, (sympy.factorial, sympy.gamma)):
+        n_bits = log2_bound(expr.args[0])
+        return math.inf if n_bits > 62 else 2.0**n_bits * max(n_bits, 1.0)
+    if isinstance(expr, sympy.Product):
+        limits = [log2_bound(bound) for limit in expr.limits for bound in limit[1:]]
+        term = log2_bound(expr.function)
+        return math.inf if max(limits, default=0) > 40 else term * 2.0 ** max(limits, default=0)
+    args = getattr(expr, "args", ())
+    if not args:  # a constant (pi, e, i) is below 4; a symbol or a string counts as 1
+        return 2.0 if isinstance(expr, sympy.NumberSymbol) or expr is sympy.I else 0.0
+    bounds = [log2_bound(a) for a in args]
+    if isinstance(expr, sympy.Mul):
+        return sum(bounds)
+    return max(bounds) + math.log2(len(bounds) + 1)
+
+
+def _log2_int(n: int) -> float:
+    return math.log2(n) if 2 <= n < 2**1000 else float(n.bit_length()) if n >= 2 else 0.0
+
+
+def too_large(parsed: tuple[Any, ...]) -> bool:
+    """Whether any parsed expression holds a number over ``MAX_INTEGER_BITS`` bits.
+
+    >>> too_large(parse_text("2^{2^{2^{2^{2}}}}")), too_large(parse_text("2^{1000} + 1"))
+    (False, False)
+    >>> too_large(parse_text("10^{10^{10}}")), too_large(parse_text("9^{9^{9^{9}}}"))
+    (True, True)
+    """
+    try:
+        return any(log2_bound(p) > MAX_INTEGER_BITS for p in parsed if not isinstance(p, str))
+    except (RecursionError, TypeError, ValueError, AttributeError):
+        return True
+
+
+def check(task: tuple[str, tuple[str, ...]]) -> tuple[bool, tuple[bool, ...], bool]:
+    """Worker-side comparison of a normalised answer with normalised golds.
+
+    Returns ``(correct, parseable, refused)``: whether the answer equals any parseable gold, which
+    golds math-verify could parse, and whether the answer was refused as too large to evaluate.
+    An empty answer only parses the golds.
+
+    >>> check(("\\\\frac{1}{2}", ("0.5", "7")))
+    (True, (True, True), False)
+    >>> check(("10^{10^{10}}", ("5",)))
+    (False, (True,), True)
+    """
+    answer, golds = task
+    parsed_golds = [parse_text(g) for g in golds]
+    parseable = tuple(p is not None for p in parsed_golds)
+    if not answer or not any(parseable):
+        return False, parseable, False
+    parsed_answer = parse_text(answer)
+    if not parsed_answer:
+        return False, parseable, False
+    if too_large(parsed_answer):
+        return False, parseable, True
+    correct = any(
+        verify(list(g), list(parsed_answer), float_rounding=6, strict=True, timeout_seconds=_timeout())
+        for g in parsed_golds
+        if g is not None
+    )
+    return bool(correct), parseable, False
