@@ -1,12 +1,23 @@
-"""Grading one completion: correctness and format score, following its template's rules."""
+"""Grading completions: correctness and format score, following each template's rules.
+
+`grade_batch` grades a whole batch: answers are extracted here, easy pairs are settled by the
+in-process fast path (`rewards.fastpath`), and only the rest go, deduplicated and in one round trip,
+to the worker processes of `rewards.pool`, where math-verify runs under hard time and memory limits.
+`grade` is the one-completion form of the same path, with the same guarantees: it returns within
+the time limit whatever the completion holds.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import pool
 from .extract import extract_lenient, extract_strict
-from .verify import is_equivalent, parse_gold
+from .fastpath import answer_too_costly, as_number, fast_verdict
+from .verify import check, normalize_gold
 
 
 @dataclass(frozen=True)
@@ -19,12 +30,19 @@ class Grade:
         extracted: The normalised answer read from the completion, or ``None``.
         gold_ok: ``False`` when the gold itself cannot be parsed (then ``correct`` is ``False`` and a
             reward function should return ``None`` rather than a score).
+        timed_out: Grading hit the time limit, or the answer was refused up front as one that could
+            not be evaluated within it (far longer or deeper than any gold, or a number with over a
+            million bits); ``correct`` is then ``False``.
+        error: Grading crashed (an exception in math-verify, the memory cap, a killed worker);
+            ``correct`` is then ``False``.
     """
 
     correct: bool
     format_score: float
     extracted: str | None
     gold_ok: bool = True
+    timed_out: bool = False
+    error: bool = False
 
 
 def _resolve(template: Any) -> Any:
@@ -62,23 +80,190 @@ def grade(completion: str, gold: str | list[str], template: Any = None, *, stric
 
     Lenient mode (default) is the paper's training rule; strict mode requires the template's format
     (a boxed answer, inside ``<answer>`` for tag templates). With no template, the last boxed answer is
-    read.
+    read. Returns within the pool's time limit on any input (see `grade_batch`).
 
     >>> grade("so \\\\boxed{\\\\dfrac{1}{2}}", "\\\\frac12").correct
     True
     >>> g = grade("<think>\\nx\\n</think>\\n<answer>\\n7\\n</answer>", "7", "open-r1", strict=True)
     >>> g.correct, g.format_score
     (False, 1.0)
+    >>> grade("\\\\boxed{10^{10^{10}}}", "5").timed_out
+    True
     """
-    template = _resolve(template)
-    if strict:
-        extracted = extract_strict(completion, template.answer if template is not None else "boxed")
-    else:
-        extracted = extract_lenient(completion)
-    score = format_score(completion, template)
-    golds = [parse_gold(str(g)) for g in (gold if isinstance(gold, (list, tuple)) else [gold])]
-    golds = [g for g in golds if g is not None]
-    if not golds:
-        return Grade(correct=False, format_score=score, extracted=extracted, gold_ok=False)
-    correct = extracted is not None and any(is_equivalent(extracted, g) for g in golds)
-    return Grade(correct=correct, format_score=score, extracted=extracted)
+    return grade_batch([completion], [gold], [template], strict=strict)[0]
+
+
+# -- the batch path ---------------------------------------------------------------------------------
+
+IN_PROCESS_MAX_CHARS = 50_000  # longer completions are extracted in a worker, under the time limit
+# Extraction regexes that scan from each of these to the end of the text: quadratic when repeated.
+_SCAN_OPENERS = ("final answer is $", "<answer>")
+_MAX_OPENERS = 8
+_REMOTE = "rewards.grade:remote_task"
+_PARSEABLE: dict[str, bool] = {}  # normalised gold -> math-verify reads it (learned from the workers)
+_MAX_KNOWN_GOLDS = 1 << 17
+
+
+@functools.lru_cache(maxsize=65536)
+def _gold_texts(gold: Any) -> tuple[str, ...]:
+    """The normalised, non-empty texts of a gold (a list means any of them), computed once per gold."""
+    golds = gold if isinstance(gold, tuple) else (gold,)
+    return tuple(t for t in (normalize_gold(g) for g in golds) if t)
+
+
+def _gold_key(gold: Any) -> Any:
+    if isinstance(gold, (list, tuple)):
+        return tuple(g if isinstance(g, (str, int, float)) else str(g) for g in gold)
+    return gold if isinstance(gold, (str, int, float)) else str(gold)
+
+
+def _parseable(text: str) -> bool | None:
+    """Whether math-verify parses this normalised gold: known for plain numbers, learned otherwise."""
+    known = _PARSEABLE.get(text)
+    if known is None and as_number(text) is not None:
+        return True  # math-verify reads every plain number the fast path reads
+    return known
+
+
+def _learn(golds: tuple[str, ...], parseable: tuple[bool, ...]) -> None:
+    if len(_PARSEABLE) > _MAX_KNOWN_GOLDS:
+        _PARSEABLE.clear()
+    _PARSEABLE.update(zip(golds, parseable))
+
+
+def _extract(text: str, strict: bool, answer_rule: str) -> str | None:
+    return extract_strict(text, answer_rule) if strict else extract_lenient(text)
+
+
+def _in_process_ok(text: str) -> bool:
+    """Whether extraction is cheap enough to run here (it is linear but for repeated scan openers)."""
+    return len(text) <= IN_PROCESS_MAX_CHARS and all(text.count(o) <= _MAX_OPENERS for o in _SCAN_OPENERS)
+
+
+@dataclass(frozen=True)
+class _Settled:
+    correct: bool
+    gold_ok: bool
+    refused: bool = False
+
+
+def _settle(answer: str | None, golds: tuple[str, ...]) -> _Settled | None:
+    """Decide in-process what can be decided without math-verify; ``None`` means ask a worker."""
+    known = [_parseable(g) for g in golds]
+    refused = answer is not None and answer_too_costly(answer, golds)
+    if answer is None or refused:
+        if any(k is True for k in known):
+            return _Settled(False, True, refused)
+        if all(k is False for k in known):
+            return _Settled(False, False, refused)
+        return None  # only the golds need parsing
+    verdicts = [fast_verdict(answer, g) for g in golds]
+    if any(v is True and k is True for v, k in zip(verdicts, known)):
+        return _Settled(True, True)
+    if all(v is False for v in verdicts):
+        return _Settled(False, True)  # the fast path only says False for two plain numbers
+    return None
+
+
+def remote_task(task: tuple[Any, ...]) -> tuple[bool, tuple[bool, ...], bool, str | None]:
+    """What a worker runs for one completion: ``(correct, parseable golds, refused, extracted)``.
+
+    ``("check", answer, golds)`` compares an answer extracted by the caller (an empty answer only
+    parses the golds); ``("full", completion, golds, strict, answer_rule)`` also extracts it.
+
+    >>> remote_task(("full", "so \\\\boxed{0.5}", ("\\\\frac{1}{2}",), False, "boxed"))
+    (True, (True,), False, '0.5')
+    """
+    if task[0] == "check":
+        _, answer, golds = task
+        return (*check((answer, golds)), None)
+    _, completion, golds, strict, answer_rule = task
+    answer = _extract(completion, strict, answer_rule)
+    if answer is None or answer_too_costly(answer, golds):
+        _, parseable, _ = check(("", golds))
+        return False, parseable, answer is not None, answer
+    return (*check((answer, golds)), answer)
+
+
+def worker_init() -> None:
+    """Run once in the pool's server before it forks workers: limits are the pool's, so math-verify's
+    signal timeouts go off; warnings are silenced; a few forms are parsed so that the parser is warm;
+    the heap is frozen so that forked workers share it."""
+    import gc
+    import warnings
+
+    from .verify import use_signal_timeouts
+
+    use_signal_timeouts(False)
+    warnings.filterwarnings("ignore")  # SymPy's warnings about a model's odd input help nobody
+    for answer, gold in (("0.5", "\\frac{1}{2}"), ("(1, 2]", "(1,2]"), ("x^2+1", "1+x^2"), ("\\sqrt{8}", "2\\sqrt{2}")):
+        check((answer, (gold,)))
+    gc.collect()
+    gc.freeze()
+
+
+def grade_batch(
+    completions: Sequence[str],
+    golds: Sequence[Any],
+    templates: Sequence[Any] | None = None,
+    *,
+    strict: bool = False,
+) -> list[Grade]:
+    """Grade many completions at once; the same verdicts as `grade` on each, with one pool round trip.
+
+    Each gold may be a string, a number or a list of acceptable answers; each template a name, a
+    `Template` or ``None``. Never raises because of a completion: a completion whose grading overruns
+    the pool's time limit gets ``timed_out=True``, one whose grading crashes ``error=True``; both
+    score ``correct=False``.
+
+    >>> [g.correct for g in grade_batch(["\\\\boxed{4}", "\\\\boxed{5}", "\\\\boxed{0.25}"], ["4", "4", "\\\\frac14"])]
+    [True, False, True]
+    """
+    n = len(completions)
+    if len(golds) != n or (templates is not None and len(templates) != n):
+        raise ValueError(f"grade_batch: {n} completions, {len(golds)} golds, {len(templates or [])} templates")
+    templates = list(templates) if templates is not None else [None] * n
+    grades: list[Grade | None] = [None] * n
+    remote: dict[tuple[Any, ...], list[int]] = {}  # identical tasks are sent once
+    scores: list[float] = []
+    answers: list[str | None] = []
+    for i, (completion, gold, template) in enumerate(zip(completions, golds, templates)):
+        completion = completion if isinstance(completion, str) else str(completion)
+        template = _resolve(template)
+        rule = template.answer if (strict and template is not None) else "boxed"
+        scores.append(format_score(completion, template))
+        gold_texts = _gold_texts(_gold_key(gold))
+        if not _in_process_ok(completion):
+            answers.append(None)
+            if gold_texts:
+                remote.setdefault(("full", completion, gold_texts, strict, rule), []).append(i)
+                continue
+        else:
+            answers.append(_extract(completion, strict, rule))
+        if not gold_texts:
+            grades[i] = Grade(correct=False, format_score=scores[i], extracted=answers[i], gold_ok=False)
+            continue
+        settled = _settle(answers[i], gold_texts)
+        if settled is not None:
+            grades[i] = Grade(settled.correct, scores[i], answers[i], settled.gold_ok, timed_out=settled.refused)
+            continue
+        refused = answers[i] is not None and answer_too_costly(answers[i], gold_texts)
+        remote.setdefault(("check", "" if refused else answers[i] or "", gold_texts), []).append(i)
+    if remote:
+        tasks = list(remote)
+        for task, outcome in zip(tasks, pool.get_pool().map(_REMOTE, tasks)):
+            for i in remote[task]:
+                grades[i] = _from_outcome(task, outcome, scores[i], answers[i])
+    return grades  # type: ignore[return-value]
+
+
+def _from_outcome(task: tuple[Any, ...], outcome: pool.Outcome, score: float, answer: str | None) -> Grade:
+    status, value = outcome
+    golds = task[2]
+    if status == pool.OK:
+        correct, parseable, refused, extracted = value
+        _learn(golds, parseable)
+        refused = refused or (task[0] == "check" and not task[1] and answer is not None)
+        return Grade(correct, score, extracted if task[0] == "full" else answer, any(parseable), timed_out=refused)
+    gold_ok = any(_parseable(g) is not False for g in golds)
+    return Grade(False, score, answer, gold_ok, timed_out=status == pool.TIMEOUT, error=status == pool.ERROR)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .grade import format_score, grade
+from .grade import format_score, grade_batch
 
 
 def _text(completion: Any) -> str:
@@ -33,7 +33,8 @@ def correctness_reward(
     """1.0 if the completion's answer equals the gold, else 0.0 (the paper's lenient rule).
 
     A gold that cannot be parsed gives ``None`` (TRL leaves the completion out) and is counted in the
-    ``rewards/unparseable_gold`` metric.
+    ``rewards/unparseable_gold`` metric. A completion whose grading times out or crashes scores 0 and
+    is counted in ``rewards/timeouts`` or ``rewards/errors`` (counts per call).
 
     >>> correctness_reward(["... \\\\boxed{4}", "... \\\\boxed{5}"], answer=["4", "4"])
     [1.0, 0.0]
@@ -57,17 +58,14 @@ def strict_correctness_reward(
 
 
 def _correctness(completions, answer, template, log_metric, *, strict: bool) -> list[float | None]:
-    rewards: list[float | None] = []
-    unparseable = 0
-    for completion, gold, name in zip(completions, answer, _templates(template, len(completions)), strict=True):
-        verdict = grade(_text(completion), gold, name, strict=strict)
-        if not verdict.gold_ok:
-            unparseable += 1
-            rewards.append(None)
-        else:
-            rewards.append(float(verdict.correct))
+    # The whole batch goes to `grade_batch` at once: fast path here, math-verify in the worker pool.
+    names = _templates(template, len(completions))
+    grades = grade_batch([_text(c) for c in completions], list(answer), names, strict=strict)
+    rewards: list[float | None] = [float(g.correct) if g.gold_ok else None for g in grades]
     if log_metric is not None:
-        log_metric("rewards/unparseable_gold", float(unparseable))
+        log_metric("rewards/unparseable_gold", float(sum(not g.gold_ok for g in grades)))
+        log_metric("rewards/timeouts", float(sum(g.timed_out for g in grades)))
+        log_metric("rewards/errors", float(sum(g.error for g in grades)))
     return rewards
 
 

@@ -1,0 +1,342 @@
+"""Grading that never hangs, is fast, and tells the truth (issue #3).
+
+Runs offline on CPU in well under a minute; needs no data beyond what is written here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
+
+import pytest
+
+from rewards import correctness_reward, grade, normalize, strict_correctness_reward
+from rewards import pool as grader_pool
+from rewards.fastpath import as_number, fast_verdict
+from rewards.grade import Grade, grade_batch
+from rewards.verify import is_equivalent, normalize_gold, parse_text
+
+LIMIT_S = grader_pool.get_pool().config.time_limit_s
+# "Returns within the limit": one task's limit, plus one retry, plus scheduling slack on a busy CI box.
+BOUND_S = 2 * LIMIT_S + 3.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_pool():
+    """Start the pool once (server start-up is not part of any per-input bound)."""
+    assert grade("\\boxed{\\sqrt{4}}", "2").correct
+    yield
+
+
+class Metrics:
+    """Collects what a reward function logs through TRL's ``log_metric``."""
+
+    def __init__(self):
+        self.values: dict[str, float] = {}
+
+    def __call__(self, name: str, value: float) -> None:
+        self.values[name] = value
+
+
+# -- hard limits -------------------------------------------------------------------------------------
+
+# name -> (completion, must be counted as a timeout or an error)
+PATHOLOGICAL = {
+    "tower 10^10^10": ("\\boxed{10^{10^{10}}}", True),
+    "tower 9^9^9^9": ("The answer is $\\boxed{9^{9^{9^{9}}}}$.", True),
+    "tower of 2s": ("\\boxed{" + "2^{" * 8 + "2" + "}" * 8 + "}", True),
+    "factorial of a googol": ("\\boxed{(10^{100})!}", True),
+    "huge product": ("\\boxed{\\prod_{k=1}^{10^{9}} k}", True),
+    "huge sum": ("\\boxed{\\sum_{n=1}^{10^{6}} n^n}", True),
+    "binomial": ("\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}", True),
+    "sum of 5000 ones": ("\\boxed{" + "+".join(["1"] * 5000) + "}", True),
+    "40 nested parentheses": ("\\boxed{" + "(" * 40 + "1" + ")" * 40 + "}", True),
+    "20 nested fractions": ("\\boxed{" + "\\frac{" * 20 + "1}{2}" * 20 + "}", True),
+    "a megabyte boxed": ("\\boxed{" + "9" * 1_000_000 + "}", True),
+    "a megabyte of prose": ("lorem ipsum dolor " * 60_000, False),
+    "quadratic extraction": ("final answer is $1 " * 60_000, True),
+    "unclosed boxes": ("\\boxed{" * 200_000, False),
+}
+
+
+@pytest.mark.parametrize("name", list(PATHOLOGICAL))
+def test_pathological_input_returns_within_limit_and_scores_zero(name):
+    completion, counted = PATHOLOGICAL[name]
+    start = time.monotonic()
+    verdict = grade(completion, "5")
+    elapsed = time.monotonic() - start
+    assert elapsed < BOUND_S, f"{name}: {elapsed:.1f} s"
+    assert verdict.correct is False
+    if counted:
+        assert verdict.timed_out or verdict.error, verdict
+
+
+def test_reward_counts_timeouts_and_errors_per_call():
+    completions = [c for c, counted in PATHOLOGICAL.values()] + ["\\boxed{5}", "\\boxed{\\sqrt{25}}", "\\boxed{6}"]
+    metrics = Metrics()
+    start = time.monotonic()
+    rewards = correctness_reward(completions, answer=["5"] * len(completions), log_metric=metrics)
+    assert time.monotonic() - start < len(PATHOLOGICAL) * BOUND_S
+    assert rewards == [0.0] * len(PATHOLOGICAL) + [1.0, 1.0, 0.0]
+    counted = sum(c for _, c in PATHOLOGICAL.values())
+    assert metrics.values["rewards/timeouts"] + metrics.values["rewards/errors"] == counted
+    assert metrics.values["rewards/unparseable_gold"] == 0
+
+
+def test_pool_kills_a_task_blocked_outside_python_and_replaces_its_worker():
+    # `time.sleep` burns no CPU, so only the hard wall-clock limit can stop it.
+    pool = grader_pool.GraderPool(grader_pool.PoolConfig(workers=1, time_limit_s=1.0, preload="math", initializer=""))
+    try:
+        before = pool.worker_pids()
+        start = time.monotonic()
+        assert pool.map("time:sleep", [60, 0]) == [("timeout", None), ("ok", None)]
+        assert time.monotonic() - start < 1.0 + 3.0
+        after = pool.worker_pids()
+        assert len(after) == 1 and after != before
+        assert not _alive(before[0])
+    finally:
+        pool.close()
+
+
+def test_pool_memory_cap_reports_an_error_and_recovers():
+    pool = grader_pool.GraderPool(grader_pool.PoolConfig(workers=1, memory_mb=512, preload="math", initializer=""))
+    try:
+        outcomes = pool.map("builtins:bytearray", [2 * 1024**3, 16])
+        assert outcomes[0] == ("error", "MemoryError")
+        assert outcomes[1] == ("ok", bytearray(16))
+    finally:
+        pool.close()
+
+
+def test_grading_from_worker_threads():
+    results: dict[int, list[Grade]] = {}
+
+    def work(k: int) -> None:
+        results[k] = grade_batch(
+            [f"\\boxed{{\\sqrt{{{k * k}}}}}", "\\boxed{10^{10^{10}}}", f"so \\boxed{{{k}}}"], [str(k)] * 3
+        )
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (3, 4, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(results) == [3, 4, 5]
+    for grades in results.values():
+        assert [g.correct for g in grades] == [True, False, True]
+        assert grades[1].timed_out
+
+
+def test_worker_killed_mid_batch_is_replaced_and_batch_completes():
+    slow = [f"\\boxed{{\\sum_{{{v}=1}}^{{10^{{6}}}} {v}^{v}}}" for v in "nmk"]  # each runs to the CPU limit
+    normal = [f"\\boxed{{\\sqrt{{{k * k}}}}}" for k in range(1, 31)]  # each needs math-verify
+    completions = slow + normal
+    golds = ["5"] * len(slow) + [str(k) for k in range(1, 31)]
+    victims = grader_pool.get_pool().worker_pids()
+    out: list[list[Grade]] = []
+    runner = threading.Thread(target=lambda: out.append(grade_batch(completions, golds)))
+    runner.start()
+    time.sleep(0.3)
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    runner.join(timeout=120)
+    assert out, "the batch did not complete"
+    grades = out[0]
+    assert all(g.correct for g in grades[len(slow) :])
+    assert not any(g.correct for g in grades[: len(slow)])
+    assert not set(victims) & set(grader_pool.get_pool().worker_pids())
+
+
+def test_forked_child_gets_its_own_pool():
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 0 if grade("\\boxed{\\sqrt{9}}", "3").correct else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert grade("\\boxed{\\sqrt{16}}", "4").correct  # the parent's pool is untouched
+
+
+def test_interpreter_exit_stops_the_pool_without_zombies_or_hang():
+    code = (
+        "from rewards import grade; from rewards.pool import get_pool; "
+        "assert grade('\\\\boxed{\\\\sqrt{4}}', '2').correct; "
+        "p = get_pool(); print(p._process.pid, *p.worker_pids())"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) >= 2
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as alive: nobody reaped it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "X"
+    except FileNotFoundError:
+        return False
+
+
+# -- the fast path agrees with math-verify -----------------------------------------------------------
+
+# (answer, gold, mathematically equal?). Expected verdicts are mathematics, not the code's output.
+TABLE = [
+    # integers, negatives, leading zeros (AIME), thousands separators
+    ("5", "5", True), ("-3", "-3", True), ("3", "-3", False), ("-7", "7", False), ("0", "-0", True),
+    ("025", "25", True), ("25", "025", True), ("007", "7", True), ("00", "0", True), ("+5", "5", True),
+    ("1,000", "1000", True), ("1000", "1,000", True), ("1,000,000", "1000000", True), ("123,456", "123456", True),
+    ("-1,000", "-1000", True), ("1,000.5", "1000.5", True), ("999", "1,000", False),
+    ("12345678901234567890", "12345678901234567891", False), ("12345678901234567890", "12345678901234567890", True),
+    # decimals vs fractions, \frac vs /, \dfrac
+    ("0.5", "\\frac{1}{2}", True), ("\\frac{1}{2}", "0.5", True), (".5", "1/2", True), ("0.25", "\\frac14", True),
+    ("0.75", "3/4", True), ("0.3", "\\frac{1}{3}", False), ("0.333", "\\frac13", False), ("1.0", "1", True),
+    ("6", "6.0", True), ("2.50", "2.5", True), ("-0.5", "-\\frac12", True), ("0.1", "0.2", False),
+    ("3.14159", "3.14159", True), ("1/2", "\\frac{1}{2}", True), ("2/4", "\\frac{1}{2}", True),
+    ("\\frac{3}{4}", "3/4", True), ("\\dfrac{3}{4}", "\\frac34", True), ("\\tfrac{2}{6}", "\\frac{1}{3}", True),
+    ("\\frac{-1}{2}", "-\\frac{1}{2}", True), ("\\frac{1}{-2}", "-0.5", True), ("\\frac{2}{3}", "\\frac{3}{2}", False),
+    ("\\frac{10}{4}", "2.5", True), ("\\frac{7}{8}", "0.875", True), ("\\frac{7}{8}", "0.87", False),
+    # percent, degrees, assignments, text
+    ("50\\%", "50\\%", True), ("0.5", "50\\%", True), ("40\\%", "50\\%", False), ("5\\%", "0.05", True),
+    ("90^\\circ", "90", True), ("90", "90^{\\circ}", True), ("45^\\circ", "90^\\circ", False),
+    ("x=5", "5", True), ("5", "x=5", True), ("x = 5", "x=5", True), ("x=4", "5", False),
+    ("12\\text{ cm}", "12", True), ("\\text{Monday}", "\\text{Monday}", True),
+    # intervals, tuples, sets, matrices
+    ("(1,2)", "(1, 2)", True), ("[1,2)", "[1,2)", True), ("[1,2]", "[1,2)", False),
+    ("(-\\infty, 3) \\cup (3, \\infty)", "(-\\infty,3)\\cup(3,\\infty)", True), ("\\infty", "\\infty", True),
+    ("-\\infty", "\\infty", False), ("(1,2,3)", "(1, 2, 3)", True), ("(1,2,3)", "(1,3,2)", False),
+    ("(3, 4)", "(4, 3)", False), ("\\{1,2\\}", "\\{2,1\\}", True),
+    ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
+    ("\\begin{pmatrix}2\\\\1\\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", False),
+    # radicals, pi, powers, polynomials
+    ("\\sqrt{8}", "2\\sqrt{2}", True), ("2\\sqrt{2}", "\\sqrt{8}", True), ("\\sqrt{8}", "\\sqrt{2}", False),
+    ("\\sqrt{4}", "2", True), ("3\\sqrt{3}", "\\sqrt{27}", True), ("2\\pi", "\\pi+\\pi", True),
+    ("\\frac{\\pi}{2}", "\\frac12\\pi", True), ("\\pi/4", "\\frac{\\pi}{4}", True), ("\\pi", "3.14", False),
+    ("\\frac{\\pi}{8}", "\\frac{\\pi}{8}", True), ("10^{3}", "1000", True), ("1.5\\times10^{3}", "1500", True),
+    ("x^2+2x+1", "(x+1)^2", True), ("x^2+1", "(x+1)^2", False),
+]
+
+
+def _math_verify(answer: str, gold: str) -> bool:
+    """The slow path, in-process (these inputs are tame): math-verify on the same normalised strings."""
+    parsed = parse_text(gold)
+    assert parsed is not None, gold
+    return is_equivalent(answer, parsed)
+
+
+@pytest.mark.parametrize(("answer", "gold", "equal"), TABLE)
+def test_fast_path_agrees_with_math_verify_and_mathematics(answer, gold, equal):
+    a, g = normalize(answer), normalize_gold(gold)
+    assert _math_verify(a, g) is equal
+    fast = fast_verdict(a, g)
+    assert fast in (None, equal)
+    assert grade(f"so \\boxed{{{answer}}}", gold).correct is equal
+
+
+def test_fast_path_answers_the_common_cases():
+    # Without this, a fast path that always says "don't know" would pass the agreement test.
+    plain = [(a, g) for a, g, _ in TABLE if as_number(normalize(a)) and as_number(normalize_gold(g))]
+    assert len(plain) >= 30
+    for answer, gold in plain:
+        if fast_verdict(normalize(answer), normalize_gold(gold)) is None:
+            assert "." in answer + gold  # only decimals close to each other are left to math-verify
+
+
+def _forms(value: Fraction) -> list[str]:
+    """Ways to write ``value`` that the fast path reads."""
+    forms = [f"\\frac{{{value.numerator}}}{{{value.denominator}}}", f"{value.numerator}/{value.denominator}"]
+    if value.denominator == 1:
+        forms += [str(value.numerator), f"0{value.numerator}" if value >= 0 else f"-0{-value.numerator}"]
+        if abs(value) >= 1000:
+            forms.append(f"{value.numerator:,}")
+    if 10**6 % value.denominator == 0:
+        forms.append(f"{Decimal(value.numerator) / Decimal(value.denominator)}")
+    return forms
+
+
+def _rounds_equal(x: Fraction, y: Fraction) -> bool:
+    """math-verify's convention with a decimal involved: equal after rounding to 6 places."""
+    q = Decimal("0.000001")
+    rx = (Decimal(x.numerator) / Decimal(x.denominator)).quantize(q, rounding=ROUND_HALF_UP)
+    ry = (Decimal(y.numerator) / Decimal(y.denominator)).quantize(q, rounding=ROUND_HALF_UP)
+    return rx == ry
+
+
+def test_fast_path_agrees_with_math_verify_on_generated_numbers():
+    values = [Fraction(n, d) for n in (-12, -3, 0, 1, 2, 5, 7, 25, 1250, 123456) for d in (1, 2, 4, 5, 8)]
+    values += [Fraction(1, 3), Fraction(333333, 1000000), Fraction(3333333, 10000000)]
+    answered = 0
+    for i, x in enumerate(values):
+        for y in values[i % 7 :: 7]:
+            for a in _forms(x)[:3]:
+                for g in _forms(y)[-2:]:
+                    fast = fast_verdict(a, g)
+                    if fast is None:
+                        continue
+                    answered += 1
+                    assert fast is _math_verify(a, g), (a, g)
+                    assert fast is (x == y or ("." in a + g and _rounds_equal(x, y))), (a, g)
+    assert answered > 200
+
+
+def test_batch_equals_one_by_one():
+    completions = ["\\boxed{025}", "\\boxed{\\sqrt{4}}", "no answer", "\\boxed{(1,2)}", "The answer is 7.", "\\boxed{5}"]
+    golds = ["25", "2", "3", "(1, 2)", ["7", "seven"], "6"]
+    assert grade_batch(completions, golds) == [grade(c, g) for c, g in zip(completions, golds)]
+
+
+def test_strict_mode_needs_the_template_format():
+    tagged = "<think>\nwork\n</think>\n<answer>\n\\boxed{7}\n</answer>"
+    untagged = "<think>\nwork\n</think>\n\\boxed{7}"
+    assert strict_correctness_reward([tagged, untagged], answer=["7", "7"], template=["open-r1"] * 2) == [1.0, 0.0]
+    assert correctness_reward([tagged, untagged], answer=["7", "7"], template=["open-r1"] * 2) == [1.0, 1.0]
+
+
+# -- gold handling -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gold", ["}{", "", "   "])
+def test_unparseable_gold_gives_none_and_is_counted(gold):
+    metrics = Metrics()
+    rewards = correctness_reward(["\\boxed{1}", "\\boxed{2}", "no answer"], answer=[gold, "2", gold], log_metric=metrics)
+    assert rewards == [None, 1.0, None]
+    assert metrics.values["rewards/unparseable_gold"] == 2
+    assert grade("\\boxed{}{}", gold).gold_ok is False
+
+
+def test_gold_is_normalised_once_per_question():
+    from rewards.grade import _gold_texts
+
+    before = _gold_texts.cache_info().misses
+    grade_batch([f"\\boxed{{{k}}}" for k in range(16)], ["\\dfrac{7}{3}"] * 16)
+    assert _gold_texts.cache_info().misses - before <= 1
+
+
+def test_numeric_golds_from_datasets():
+    assert grade("\\boxed{18}", 18.0).correct  # AMC stores floats
+    assert grade("\\boxed{25}", "025").correct  # AIME keeps leading zeros
+    assert grade("\\boxed{\\frac{9}{32}}", ["$\\frac{9}{32}$"]).correct  # OlympiadBench lists with $...$
+
+
+# -- log hygiene -------------------------------------------------------------------------------------
+
+
+def test_math_verify_logs_are_truncated(caplog):
+    huge = "x" * 100_000
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("math_verify.parser").warning(f"Timeout during parsing: {huge}")
+        logging.getLogger("math_verify.grader").warning("Timeout is disabled as timeout_seconds is None")
+    assert len(caplog.records) == 1
+    assert len(caplog.records[0].getMessage()) < 400
