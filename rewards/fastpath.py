@@ -11,11 +11,17 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
   ``\\frac{p}{q}``, ``p/q``) are compared exactly, as math-verify compares SymPy rationals;
 * when a decimal is involved, equal values with at most 6 decimals are equal, and values more than
   ``1e-5`` apart are different (math-verify rounds to 6 places); anything in between is left to
-  math-verify. Magnitudes are capped so that float precision never matters.
+  math-verify. Magnitudes are capped so that float precision never matters;
+* two closed-form constants (``9\\pi``, ``\\frac{2\\sqrt{2}}{3}``, ``2^{10}``: numbers, ``\\frac``,
+  ``\\sqrt``, ``\\pi``, powers, ``+ - \\cdot \\times``) whose values differ clearly are different.
+  The evaluator refuses anything math-verify might read differently (``/``, ``2 3``, ``(2)(3)``,
+  ``2^10``, ``2^3^2``, letters), and is never used to say "equal".
 
-The guards (`answer_too_costly`) refuse answers that are far longer or more deeply nested than any
-gold: math-verify's parser is super-linear in nesting depth (12 nested parentheses already cost about
-a second), and no real answer needs it.
+The guards refuse answers without evaluating them. `answer_too_costly`: far longer or more deeply
+nested than any gold (math-verify's parser is super-linear in nesting depth: 12 nested parentheses
+already cost about a second). `reads_as_prose`: many more free letters than the gold (math-verify
+reads ``I could not finish the computation`` as a product of 29 symbols, and SymPy took 6.6 s to
+compare that with ``\\cot x``); such an answer is wrong, not a timeout.
 """
 
 from __future__ import annotations
@@ -76,14 +82,14 @@ def fast_verdict(answer: str, gold: str) -> bool | None:
     (True, True, False)
     >>> fast_verdict("0.3333333", "\\\\frac{1}{3}") is None  # math-verify rounds: leave it to it
     True
-    >>> fast_verdict("\\\\sqrt{8}", "2\\\\sqrt{2}") is None
-    True
+    >>> fast_verdict("\\\\sqrt{8}", "2\\\\sqrt{2}") is None, fast_verdict("9\\\\pi", "9")
+    (True, False)
     """
     if answer == gold and answer:
         return True
     a, g = as_number(answer), as_number(gold)
     if a is None or g is None:
-        return None
+        return _clearly_different(answer, gold)
     (a_value, a_decimal), (g_value, g_decimal) = a, g
     if not (a_decimal or g_decimal):
         return a_value == g_value  # exact rationals: math-verify compares them exactly too
@@ -93,6 +99,202 @@ def fast_verdict(answer: str, gold: str) -> bool | None:
         places = max(_decimal_places(answer), _decimal_places(gold))
         return True if places <= DECIMAL_PLACES else None
     return False if abs(a_value - g_value) > DECIMAL_GAP else None
+
+
+EVAL_MAGNITUDE = 1e12  # beyond this, values are left to math-verify (floats lose exactness)
+_TOKEN = re.compile(r"\s*(\d+\.\d+|\.\d+|\d+|\\frac|\\sqrt|\\pi|\\cdot|\\times|[-+*^(){}\[\]])")
+_IMPLICIT_RIGHT = ("\\pi", "\\sqrt")  # `2\sqrt{3}`, `3\pi`, `\frac{1}{2}\pi`: the only implicit products read
+
+
+class _Refuse(Exception):
+    """The evaluator will not vouch for how math-verify reads this text."""
+
+
+def constant_value(text: str) -> float | None:
+    """The value of a closed-form constant, or ``None`` if the text is anything else or ambiguous.
+
+    >>> round(constant_value("\\\\frac{2\\\\sqrt{2}}{3}"), 6), constant_value("-3^2"), constant_value("2^{10}")
+    (0.942809, -9.0, 1024.0)
+    >>> [constant_value(t) for t in ("2^10", "1/2", "2 3", "(2)(3)", "2^3^2", "x+1", "50\\\\%")]
+    [None, None, None, None, None, None, None]
+    """
+    tokens = []
+    position = 0
+    text = text.strip()
+    while position < len(text):
+        match = _TOKEN.match(text, position)
+        if match is None:
+            return None
+        tokens.append(match.group(1))
+        position = match.end()
+    try:
+        value, rest = _sum(tokens, 0)
+        if rest != len(tokens):
+            return None
+    except (_Refuse, IndexError, ZeroDivisionError, OverflowError, ValueError):
+        return None
+    return value
+
+
+def _check(value: float) -> float:
+    if not abs(value) < EVAL_MAGNITUDE:  # also catches nan
+        raise _Refuse
+    return value
+
+
+def _sum(tokens: list[str], i: int) -> tuple[float, int]:
+    value, i = _product(tokens, i)
+    while i < len(tokens) and tokens[i] in "+-":
+        right, j = _product(tokens, i + 1)
+        value = _check(value + right if tokens[i] == "+" else value - right)
+        i = j
+    return value, i
+
+
+def _product(tokens: list[str], i: int) -> tuple[float, int]:
+    value, i = _signed(tokens, i)
+    while i < len(tokens):
+        if tokens[i] in ("*", "\\cdot", "\\times"):
+            right, i = _signed(tokens, i + 1)
+        elif tokens[i] in _IMPLICIT_RIGHT:
+            right, i = _power(tokens, i)
+        else:
+            break
+        value = _check(value * right)
+    return value, i
+
+
+def _signed(tokens: list[str], i: int) -> tuple[float, int]:
+    if tokens[i] in "+-":
+        value, j = _signed(tokens, i + 1)
+        return (-value if tokens[i] == "-" else value), j
+    return _power(tokens, i)
+
+
+def _power(tokens: list[str], i: int) -> tuple[float, int]:
+    base, i = _atom(tokens, i)
+    if i < len(tokens) and tokens[i] == "^":
+        if tokens[i + 1] == "{":
+            exponent, i = _group(tokens, i + 1, "{", "}")
+        elif len(tokens[i + 1]) == 1 and tokens[i + 1].isdigit():  # `2^3`; `2^10` is ambiguous
+            exponent, i = float(tokens[i + 1]), i + 2
+        else:
+            raise _Refuse
+        if abs(exponent) > 64 or (i < len(tokens) and tokens[i] == "^"):
+            raise _Refuse
+        base = _check(base**exponent)
+        if isinstance(base, complex):
+            raise _Refuse
+    if i < len(tokens) and (tokens[i][0].isdigit() or tokens[i] in ("(", "{", ".")):
+        raise _Refuse  # `2 3`, `(2)(3)`: math-verify reads these in surprising ways
+    return base, i
+
+
+def _atom(tokens: list[str], i: int) -> tuple[float, int]:
+    token = tokens[i]
+    if token[0].isdigit() or token[0] == ".":
+        return _check(float(token)), i + 1
+    if token == "\\pi":
+        return 3.141592653589793, i + 1
+    if token == "\\frac":
+        if tokens[i + 1] != "{":
+            raise _Refuse
+        numerator, i = _group(tokens, i + 1, "{", "}")
+        if tokens[i] != "{":
+            raise _Refuse
+        denominator, i = _group(tokens, i, "{", "}")
+        return _check(numerator / denominator), i
+    if token == "\\sqrt":
+        index = 2.0
+        if tokens[i + 1] == "[":
+            index, i = _group(tokens, i + 1, "[", "]")
+            if index not in (2.0, 3.0):
+                raise _Refuse
+        else:
+            i += 1
+        if tokens[i] != "{":
+            raise _Refuse
+        radicand, i = _group(tokens, i, "{", "}")
+        if radicand < 0:
+            raise _Refuse
+        return radicand ** (1 / index), i
+    if token in ("(", "{"):
+        return _group(tokens, i, token, ")" if token == "(" else "}")
+    raise _Refuse
+
+
+def _group(tokens: list[str], i: int, opening: str, closing: str) -> tuple[float, int]:
+    if tokens[i] != opening:
+        raise _Refuse
+    value, i = _sum(tokens, i + 1)
+    if tokens[i] != closing:
+        raise _Refuse
+    return value, i + 1
+
+
+def _value(text: str) -> float | None:
+    number = as_number(text)
+    return float(number[0]) if number is not None else constant_value(text)
+
+
+_BRACKETS = (("\\{", "\\}"), ("(", ")"), ("[", "]"), ("(", "]"), ("[", ")"))
+_THOUSANDS_LIKE = re.compile(r"\d,\d{3}(?!\d)")  # `1,000` inside a list: a number or two elements?
+
+
+def _split_top_level(text: str) -> list[str] | None:
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    return parts + [text[start:]] if depth == 0 else None
+
+
+def constant_values(text: str) -> list[float] | None:
+    """The values of a closed-form constant (one) or of a tuple, interval or set of them (several).
+
+    >>> constant_values("(1, \\\\frac{1}{2}]"), constant_values("\\\\{3, 4\\\\}"), constant_values("5, 15")
+    ([1.0, 0.5], [3.0, 4.0], [5.0, 15.0])
+    >>> constant_values("(1,000, 2)") is None, constant_values("(1, x)") is None
+    (True, True)
+    """
+    value = _value(text)
+    if value is not None:
+        return [value]
+    inner = text.strip()
+    if _THOUSANDS_LIKE.search(inner):
+        return None
+    for opening, closing in _BRACKETS:
+        if inner.startswith(opening) and inner.endswith(closing):
+            inner = inner[len(opening) : -len(closing)]
+            break
+    parts = _split_top_level(inner)
+    if parts is None or len(parts) < 2:
+        return None
+    values = [_value(part) for part in parts]
+    return None if any(v is None for v in values) else values  # type: ignore[return-value]
+
+
+def _close(x: float, y: float) -> bool:
+    gap = abs(x - y)
+    return gap <= 1e-5 or gap <= 1e-6 * max(abs(x), abs(y))
+
+
+def _clearly_different(answer: str, gold: str) -> bool | None:
+    """``False`` when both are constants (or tuples, intervals, sets of constants) and some value of
+    one is far from every value of the other: different as numbers, tuples, intervals and sets alike."""
+    a, g = constant_values(answer), constant_values(gold)
+    if a is None or g is None:
+        return None
+    if any(not any(_close(x, y) for y in g) for x in a) or any(not any(_close(x, y) for x in a) for y in g):
+        return False
+    return None
 
 
 def _decimal_places(text: str) -> int:
@@ -113,6 +315,37 @@ def nesting_depth(text: str) -> int:
         elif char in ")]}":
             depth = max(0, depth - 1)
     return deepest
+
+
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+_LETTER = re.compile(r"[A-Za-z]")
+MAX_FREE_LETTERS = 12
+
+
+def free_letters(text: str) -> int:
+    """Letters outside LaTeX command names: what math-verify turns into symbols.
+
+    >>> free_letters("\\\\frac{\\\\pi}{2} + x"), free_letters("I could not finish the computation")
+    (1, 29)
+    """
+    return len(_LETTER.findall(_COMMAND.sub("", text)))
+
+
+def reads_as_prose(answer: str, golds: tuple[str, ...] = ()) -> bool:
+    """Whether ``answer`` has more than ``MAX_FREE_LETTERS`` free letters and more than twice as many
+    as every gold: words, not mathematics. Such answers are wrong without evaluation.
+
+    >>> reads_as_prose("I could not finish the computation", ("\\\\cot x",)), reads_as_prose("x^2 + 2xy + y^2")
+    (True, False)
+    >>> reads_as_prose("\\\\text{Tuesday and Wednesday}", ("\\\\text{Monday and Wednesday}",))
+    False
+    """
+    letters = free_letters(_TEXT_WRAPPER.sub(r"\1", answer))
+    most = max((free_letters(_TEXT_WRAPPER.sub(r"\1", g)) for g in golds), default=0)
+    return letters > max(MAX_FREE_LETTERS, 2 * most)
+
+
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 
 
 def answer_too_costly(answer: str, golds: tuple[str, ...] = ()) -> bool:

@@ -132,12 +132,13 @@ def is_equivalent(answer: str, gold_parsed: tuple[Any, ...]) -> bool:
 # -- the worker-side check --------------------------------------------------------------------------
 
 
-def log2_bound(expr: Any) -> float:
+def log2_bound(expr: Any, symbols: dict[Any, float] | None = None) -> float:
     """An upper bound on ``log2 |value|`` of a SymPy expression's numbers (``inf`` if astronomical).
 
-    Symbols count as 1 (only numbers get computed). Used to refuse answers like ``10^{10^{10}}`` or
-    ``(10^{100})!`` before SymPy tries to compute them (Python's big-integer arithmetic cannot be
-    interrupted).
+    A free symbol counts as 1 (only numbers get computed); a bound variable of a sum or product as
+    its largest limit. Used to refuse answers like ``10^{10^{10}}``, ``(10^{100})!`` or
+    ``\\sum_{n=1}^{10^6} n^n`` before SymPy tries to compute them (Python's big-integer arithmetic
+    cannot be interrupted).
 
     >>> import sympy
     >>> tower = sympy.Pow(10, sympy.Pow(10, 10, evaluate=False), evaluate=False)  # 10^(10^10)
@@ -146,6 +147,7 @@ def log2_bound(expr: Any) -> float:
     """
     import sympy
 
+    symbols = symbols or {}
     if isinstance(expr, sympy.Rational):  # integers included
         return _log2_int(max(abs(expr.p), expr.q))
     if isinstance(expr, sympy.Float):
@@ -155,21 +157,30 @@ def log2_bound(expr: Any) -> float:
             return math.inf
     if isinstance(expr, (sympy.Pow, sympy.exp)):
         base, exponent = (expr.base, expr.exp) if isinstance(expr, sympy.Pow) else (sympy.E, expr.args[0])
-        exponent_bits = log2_bound(exponent)
+        exponent_bits = log2_bound(exponent, symbols)
         if exponent_bits > 62:
             return math.inf
-        return log2_bound(base) * 2.0**exponent_bits
-    if isinstance(expr, (sympy.factorial, sympy.gamma)):
-        n_bits = log2_bound(expr.args[0])
+        return log2_bound(base, symbols) * 2.0**exponent_bits
+    if isinstance(expr, (sympy.factorial, sympy.gamma, sympy.binomial, sympy.factorial2)):
+        n_bits = log2_bound(expr.args[0], symbols)  # n! < n^n, C(n, k) < 2^n
         return math.inf if n_bits > 62 else 2.0**n_bits * max(n_bits, 1.0)
-    if isinstance(expr, sympy.Product):
-        limits = [log2_bound(bound) for limit in expr.limits for bound in limit[1:]]
-        term = log2_bound(expr.function)
-        return math.inf if max(limits, default=0) > 40 else term * 2.0 ** max(limits, default=0)
+    if isinstance(expr, (sympy.Sum, sympy.Product)):
+        inner = dict(symbols)
+        for variable, *limits in expr.limits:
+            inner[variable] = max((log2_bound(b, symbols) for b in limits), default=0.0)
+        count_bits = max(inner[v] for v, *_ in expr.limits)
+        term = log2_bound(expr.function, inner)
+        if isinstance(expr, sympy.Sum):
+            return term + count_bits
+        return math.inf if count_bits > 62 else term * 2.0**count_bits
+    if isinstance(expr, sympy.MatrixBase):
+        return max((log2_bound(e, symbols) for e in expr), default=0.0)
     args = getattr(expr, "args", ())
-    if not args:  # a constant (pi, e, i) is below 4; a symbol or a string counts as 1
-        return 2.0 if isinstance(expr, sympy.NumberSymbol) or expr is sympy.I else 0.0
-    bounds = [log2_bound(a) for a in args]
+    if not args:  # a constant (pi, e, i) is below 4; a free symbol or a string counts as 1
+        if isinstance(expr, sympy.NumberSymbol) or expr is sympy.I:
+            return 2.0
+        return symbols.get(expr, 0.0) if isinstance(expr, sympy.Symbol) else 0.0
+    bounds = [log2_bound(a, symbols) for a in args]
     if isinstance(expr, sympy.Mul):
         return sum(bounds)
     return max(bounds) + math.log2(len(bounds) + 1)
@@ -184,8 +195,14 @@ def too_large(parsed: tuple[Any, ...]) -> bool:
 
     >>> too_large(parse_text("2^{2^{2^{2^{2}}}}")), too_large(parse_text("2^{1000} + 1"))
     (False, False)
+    >>> too_large(parse_text("\\\\begin{pmatrix}1\\\\\\\\2\\\\end{pmatrix}"))
+    False
     >>> too_large(parse_text("10^{10^{10}}")), too_large(parse_text("9^{9^{9^{9}}}"))
     (True, True)
+    >>> too_large(parse_text("\\\\sum_{n=1}^{10^{6}} n^n")), too_large(parse_text("\\\\sum_{n=1}^{10^{12}} n"))
+    (True, False)
+    >>> too_large(parse_text("\\\\binom{10^{9}}{5 \\\\cdot 10^{8}}")), too_large(parse_text("\\\\binom{10}{3}"))
+    (True, False)
     """
     try:
         return any(log2_bound(p) > MAX_INTEGER_BITS for p in parsed if not isinstance(p, str))
