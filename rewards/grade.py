@@ -16,7 +16,7 @@ from typing import Any
 
 from . import pool
 from .extract import extract_lenient, extract_strict
-from .fastpath import answer_too_costly, as_number, fast_verdict
+from .fastpath import answer_too_costly, as_number, fast_verdict, reads_as_prose
 from .verify import check, normalize_gold
 
 
@@ -147,21 +147,33 @@ class _Settled:
     refused: bool = False
 
 
+def _screen(answer: str | None, golds: tuple[str, ...]) -> str:
+    """``"none"`` (no answer), ``"costly"`` (refused: counted as a timeout), ``"prose"`` (wrong without
+    evaluation) or ``"ok"`` (to be compared)."""
+    if answer is None:
+        return "none"
+    if answer in golds:
+        return "ok"
+    if answer_too_costly(answer, golds):
+        return "costly"
+    return "prose" if reads_as_prose(answer, golds) else "ok"
+
+
 def _settle(answer: str | None, golds: tuple[str, ...]) -> _Settled | None:
     """Decide in-process what can be decided without math-verify; ``None`` means ask a worker."""
     known = [_parseable(g) for g in golds]
-    refused = answer is not None and answer_too_costly(answer, golds)
-    if answer is None or refused:
+    screen = _screen(answer, golds)
+    if screen != "ok":
         if any(k is True for k in known):
-            return _Settled(False, True, refused)
+            return _Settled(False, True, screen == "costly")
         if all(k is False for k in known):
-            return _Settled(False, False, refused)
+            return _Settled(False, False, screen == "costly")
         return None  # only the golds need parsing
     verdicts = [fast_verdict(answer, g) for g in golds]
     if any(v is True and k is True for v, k in zip(verdicts, known)):
         return _Settled(True, True)
     if all(v is False for v in verdicts):
-        return _Settled(False, True)  # the fast path only says False for two plain numbers
+        return _Settled(False, True)  # the fast path says False only for two numbers: both parseable
     return None
 
 
@@ -179,9 +191,10 @@ def remote_task(task: tuple[Any, ...]) -> tuple[bool, tuple[bool, ...], bool, st
         return (*check((answer, golds)), None)
     _, completion, golds, strict, answer_rule = task
     answer = _extract(completion, strict, answer_rule)
-    if answer is None or answer_too_costly(answer, golds):
+    screen = _screen(answer, golds)
+    if screen != "ok":
         _, parseable, _ = check(("", golds))
-        return False, parseable, answer is not None, answer
+        return False, parseable, screen == "costly", answer
     return (*check((answer, golds)), answer)
 
 
@@ -227,6 +240,8 @@ def grade_batch(
     remote: dict[tuple[Any, ...], list[int]] = {}  # identical tasks are sent once
     scores: list[float] = []
     answers: list[str | None] = []
+    refused = [False] * n  # refused here as too costly: counted as timeouts
+    equal = [False] * n  # identical to a gold not yet known to be parseable
     for i, (completion, gold, template) in enumerate(zip(completions, golds, templates)):
         completion = completion if isinstance(completion, str) else str(completion)
         template = _resolve(template)
@@ -247,23 +262,32 @@ def grade_batch(
         if settled is not None:
             grades[i] = Grade(settled.correct, scores[i], answers[i], settled.gold_ok, timed_out=settled.refused)
             continue
-        refused = answers[i] is not None and answer_too_costly(answers[i], gold_texts)
-        remote.setdefault(("check", "" if refused else answers[i] or "", gold_texts), []).append(i)
+        screen = _screen(answers[i], gold_texts)
+        refused[i] = screen == "costly"
+        # An answer identical to a gold needs only the gold's parseability: an empty answer asks for that.
+        equal[i] = screen == "ok" and answers[i] in gold_texts
+        ask = answers[i] if screen == "ok" and not equal[i] else ""
+        remote.setdefault(("check", ask, gold_texts), []).append(i)
     if remote:
-        tasks = list(remote)
+        # Grouped by gold, so that one worker parses each gold (chunks are consecutive tasks).
+        tasks = sorted(remote, key=lambda task: task[2])
         for task, outcome in zip(tasks, pool.get_pool().map(_REMOTE, tasks)):
             for i in remote[task]:
-                grades[i] = _from_outcome(task, outcome, scores[i], answers[i])
+                grades[i] = _from_outcome(task, outcome, scores[i], answers[i], refused[i], equal[i])
     return grades  # type: ignore[return-value]
 
 
-def _from_outcome(task: tuple[Any, ...], outcome: pool.Outcome, score: float, answer: str | None) -> Grade:
+def _from_outcome(
+    task: tuple[Any, ...], outcome: pool.Outcome, score: float, answer: str | None, refused: bool, equal: bool
+) -> Grade:
     status, value = outcome
     golds = task[2]
     if status == pool.OK:
-        correct, parseable, refused, extracted = value
+        correct, parseable, refused_there, extracted = value
         _learn(golds, parseable)
-        refused = refused or (task[0] == "check" and not task[1] and answer is not None)
-        return Grade(correct, score, extracted if task[0] == "full" else answer, any(parseable), timed_out=refused)
+        answer = extracted if task[0] == "full" else answer
+        if equal:  # math-verify reads identical texts identically: equal iff that gold parses
+            correct = any(p and g == answer for g, p in zip(golds, parseable))
+        return Grade(correct, score, answer, any(parseable), timed_out=refused or refused_there)
     gold_ok = any(_parseable(g) is not False for g in golds)
     return Grade(False, score, answer, gold_ok, timed_out=status == pool.TIMEOUT, error=status == pool.ERROR)

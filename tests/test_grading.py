@@ -6,7 +6,9 @@ Runs offline on CPU in well under a minute; needs no data beyond what is written
 from __future__ import annotations
 
 import logging
+import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -56,6 +58,7 @@ PATHOLOGICAL = {
     "huge product": ("\\boxed{\\prod_{k=1}^{10^{9}} k}", True),
     "huge sum": ("\\boxed{\\sum_{n=1}^{10^{6}} n^n}", True),
     "binomial": ("\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}", True),
+    "slow integral": ("\\boxed{\\int_0^1 e^{x^{x^x}} dx}", True),
     "sum of 5000 ones": ("\\boxed{" + "+".join(["1"] * 5000) + "}", True),
     "40 nested parentheses": ("\\boxed{" + "(" * 40 + "1" + ")" * 40 + "}", True),
     "20 nested fractions": ("\\boxed{" + "\\frac{" * 20 + "1}{2}" * 20 + "}", True),
@@ -135,7 +138,7 @@ def test_grading_from_worker_threads():
 
 
 def test_worker_killed_mid_batch_is_replaced_and_batch_completes():
-    slow = [f"\\boxed{{\\sum_{{{v}=1}}^{{10^{{6}}}} {v}^{v}}}" for v in "nmk"]  # each runs to the CPU limit
+    slow = [f"\\boxed{{\\int_0^{{{k}}} e^{{x^{{x^x}}}} dx}}" for k in (1, 2, 3)]  # each runs to the CPU limit
     normal = [f"\\boxed{{\\sqrt{{{k * k}}}}}" for k in range(1, 31)]  # each needs math-verify
     completions = slow + normal
     golds = ["5"] * len(slow) + [str(k) for k in range(1, 31)]
@@ -226,6 +229,13 @@ TABLE = [
     ("\\frac{\\pi}{2}", "\\frac12\\pi", True), ("\\pi/4", "\\frac{\\pi}{4}", True), ("\\pi", "3.14", False),
     ("\\frac{\\pi}{8}", "\\frac{\\pi}{8}", True), ("10^{3}", "1000", True), ("1.5\\times10^{3}", "1500", True),
     ("x^2+2x+1", "(x+1)^2", True), ("x^2+1", "(x+1)^2", False),
+    # closed-form constants and tuples of them (the fast path's "clearly different")
+    ("9\\pi", "9", False), ("1236", "\\frac{2\\sqrt{2}}{3}", False), ("2^{10}", "1000", False),
+    ("2^{10}", "1024", True), ("-3^2", "-9", True), ("-3^2", "9", False), ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", True),
+    ("3\\pi", "\\frac{6\\pi}{2}", True), ("\\sqrt[3]{8}", "2", True), ("4\\sqrt{3}", "4\\sqrt{2}", False),
+    ("(1,2,3)", "(1,2,4)", False), ("(3, 1)", "(5, 2)", False), ("5", "5, 15", False), ("\\{1,2\\}", "\\{1,3\\}", False),
+    ("[1,3)", "(1,2)", False), ("(0, -\\frac{47}{17})", "(0, -\\frac{47}{16})", False), ("(2, 1)", "(2, 1)", True),
+    ("\\left( \\frac{1}{2}, 3 \\right)", "(0.5, 3)", True),
 ]
 
 
@@ -289,6 +299,34 @@ def test_fast_path_agrees_with_math_verify_on_generated_numbers():
                     assert fast is _math_verify(a, g), (a, g)
                     assert fast is (x == y or ("." in a + g and _rounds_equal(x, y))), (a, g)
     assert answered > 200
+
+
+def _constants(rng) -> list[tuple[str, float]]:
+    """Random closed-form constants, with their values computed here, independently of both graders."""
+    k, n, p, q = rng.randint(1, 9), rng.choice([2, 3, 5, 6, 7]), rng.randint(1, 12), rng.randint(2, 9)
+    return [
+        (str(k), k), (f"\\frac{{{p}}}{{{q}}}", p / q), (f"\\sqrt{{{n}}}", n**0.5), (f"{k}\\sqrt{{{n}}}", k * n**0.5),
+        (f"{k}\\pi", k * math.pi), (f"\\frac{{{k}\\sqrt{{{n}}}}}{{{q}}}", k * n**0.5 / q), (f"2^{{{k}}}", 2.0**k),
+        (f"-\\frac{{\\pi}}{{{q}}}", -math.pi / q), (f"{p} - \\sqrt{{{n}}}", p - n**0.5),
+    ]
+
+
+def test_fast_path_never_contradicts_math_verify_on_generated_constants():
+    rng = random.Random(0)
+    pool_ = [c for _ in range(12) for c in _constants(rng)]
+    answered = 0
+    for _ in range(250):
+        (a, va), (g, vg) = rng.choice(pool_), rng.choice(pool_)
+        if rng.random() < 0.3:  # tuples of two
+            (a2, va2), (g2, vg2) = rng.choice(pool_), rng.choice(pool_)
+            a, g, va, vg = f"({a}, {a2})", f"({g}, {g2})", (va, va2), (vg, vg2)
+        fast = fast_verdict(a, g)
+        if fast is None or a == g:  # identical texts are equal by the string rule
+            continue
+        answered += 1
+        assert fast is False and va != vg, (a, g)  # the evaluator only ever says "different"
+        assert _math_verify(a, g) is False, (a, g)
+    assert answered > 150
 
 
 def test_batch_equals_one_by_one():
