@@ -102,134 +102,155 @@ def fast_verdict(answer: str, gold: str) -> bool | None:
 
 
 EVAL_MAGNITUDE = 1e12  # beyond this, values are left to math-verify (floats lose exactness)
-_TOKEN = re.compile(r"\s*(\d+\.\d+|\.\d+|\d+|\\frac|\\sqrt|\\pi|\\cdot|\\times|[-+*^(){}\[\]])")
-_IMPLICIT_RIGHT = ("\\pi", "\\sqrt")  # `2\sqrt{3}`, `3\pi`, `\frac{1}{2}\pi`: the only implicit products read
+_TOKEN = re.compile(r"\s*(\d+\.\d+|\.\d+|\d+|\\frac|\\sqrt|\\pi|\\cdot|\\times|[-+*^(){}\[\]]|[a-z])")
+# Letters read as variables: lowercase, but not e, i, o (Euler's number, the imaginary unit, big-O).
+VARIABLES = frozenset("abcdfghjklmnpqrstuvwxyz")
 
 
 class _Refuse(Exception):
     """The evaluator will not vouch for how math-verify reads this text."""
 
 
-def constant_value(text: str) -> float | None:
-    """The value of a closed-form constant, or ``None`` if the text is anything else or ambiguous.
-
-    >>> round(constant_value("\\\\frac{2\\\\sqrt{2}}{3}"), 6), constant_value("-3^2"), constant_value("2^{10}")
-    (0.942809, -9.0, 1024.0)
-    >>> [constant_value(t) for t in ("2^10", "1/2", "2 3", "(2)(3)", "2^3^2", "x+1", "50\\\\%")]
-    [None, None, None, None, None, None, None]
-    """
-    tokens = []
-    position = 0
-    text = text.strip()
+def _tokens(text: str) -> list[str] | None:
+    tokens, position, text = [], 0, text.strip()
     while position < len(text):
         match = _TOKEN.match(text, position)
         if match is None:
             return None
         tokens.append(match.group(1))
         position = match.end()
-    try:
-        value, rest = _sum(tokens, 0)
-        if rest != len(tokens):
-            return None
-    except (_Refuse, IndexError, ZeroDivisionError, OverflowError, ValueError):
+    return tokens
+
+
+def evaluate(text: str, variables: dict[str, float] | None = None) -> float | None:
+    """The value of a closed-form expression, or ``None`` if it is anything else or ambiguous.
+
+    Reads numbers, ``\\frac{}{}``, ``\\sqrt{}``, ``\\sqrt[3]{}``, ``\\pi``, ``+ - * \\cdot \\times``,
+    ``^{...}`` or ``^d``, brackets, and the implicit products ``2\\sqrt{3}``, ``3\\pi``, ``2x``, ``xy``;
+    letters only when ``variables`` gives their values. Refuses what math-verify may read another way.
+
+    >>> round(evaluate("\\\\frac{2\\\\sqrt{2}}{3}"), 6), evaluate("-3^2"), evaluate("2^{10}")
+    (0.942809, -9.0, 1024.0)
+    >>> evaluate("2x^2+3x", {"x": 2.0}), evaluate("x + 1") is None
+    (14.0, True)
+    >>> [evaluate(t, {"x": 1.0}) for t in ("2^10", "1/2", "2 3", "(2)(3)", "2^3^2", "x2", "2\\\\frac{1}{2}", "50\\\\%")]
+    [None, None, None, None, None, None, None, None]
+    """
+    tokens = _tokens(text)
+    if not tokens:
         return None
-    return value
+    reader = _Reader(tokens, variables or {})
+    try:
+        value = reader.sum()
+    except (_Refuse, IndexError, ZeroDivisionError, OverflowError, ValueError, TypeError):
+        return None
+    return value if reader.i == len(tokens) else None
+
+
+def constant_value(text: str) -> float | None:
+    """`evaluate` without variables: the value of a closed-form constant, or ``None``.
+
+    >>> constant_value("3\\\\pi") == 3 * 3.141592653589793, constant_value("x+1") is None
+    (True, True)
+    """
+    return evaluate(text)
 
 
 def _check(value: float) -> float:
-    if not abs(value) < EVAL_MAGNITUDE:  # also catches nan
+    if isinstance(value, complex) or not abs(value) < EVAL_MAGNITUDE:  # also catches nan
         raise _Refuse
     return value
 
 
-def _sum(tokens: list[str], i: int) -> tuple[float, int]:
-    value, i = _product(tokens, i)
-    while i < len(tokens) and tokens[i] in "+-":
-        right, j = _product(tokens, i + 1)
-        value = _check(value + right if tokens[i] == "+" else value - right)
-        i = j
-    return value, i
+class _Reader:
+    """Recursive descent over tokens: sum > product > signed > power > atom."""
 
+    def __init__(self, tokens: list[str], variables: dict[str, float]):
+        self.tokens, self.variables, self.i = tokens, variables, 0
 
-def _product(tokens: list[str], i: int) -> tuple[float, int]:
-    value, i = _signed(tokens, i)
-    while i < len(tokens):
-        if tokens[i] in ("*", "\\cdot", "\\times"):
-            right, i = _signed(tokens, i + 1)
-        elif tokens[i] in _IMPLICIT_RIGHT:
-            right, i = _power(tokens, i)
-        else:
-            break
-        value = _check(value * right)
-    return value, i
+    def peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
 
-
-def _signed(tokens: list[str], i: int) -> tuple[float, int]:
-    if tokens[i] in "+-":
-        value, j = _signed(tokens, i + 1)
-        return (-value if tokens[i] == "-" else value), j
-    return _power(tokens, i)
-
-
-def _power(tokens: list[str], i: int) -> tuple[float, int]:
-    base, i = _atom(tokens, i)
-    if i < len(tokens) and tokens[i] == "^":
-        if tokens[i + 1] == "{":
-            exponent, i = _group(tokens, i + 1, "{", "}")
-        elif len(tokens[i + 1]) == 1 and tokens[i + 1].isdigit():  # `2^3`; `2^10` is ambiguous
-            exponent, i = float(tokens[i + 1]), i + 2
-        else:
+    def take(self, expected: str | None = None) -> str:
+        token = self.tokens[self.i]
+        if expected is not None and token != expected:
             raise _Refuse
-        if abs(exponent) > 64 or (i < len(tokens) and tokens[i] == "^"):
-            raise _Refuse
-        base = _check(base**exponent)
-        if isinstance(base, complex):
-            raise _Refuse
-    if i < len(tokens) and (tokens[i][0].isdigit() or tokens[i] in ("(", "{", ".")):
-        raise _Refuse  # `2 3`, `(2)(3)`: math-verify reads these in surprising ways
-    return base, i
+        self.i += 1
+        return token
 
+    def sum(self) -> float:
+        value = self.product()
+        while self.peek() in ("+", "-"):
+            sign = self.take()
+            right = self.product()
+            value = _check(value + right if sign == "+" else value - right)
+        return value
 
-def _atom(tokens: list[str], i: int) -> tuple[float, int]:
-    token = tokens[i]
-    if token[0].isdigit() or token[0] == ".":
-        return _check(float(token)), i + 1
-    if token == "\\pi":
-        return 3.141592653589793, i + 1
-    if token == "\\frac":
-        if tokens[i + 1] != "{":
-            raise _Refuse
-        numerator, i = _group(tokens, i + 1, "{", "}")
-        if tokens[i] != "{":
-            raise _Refuse
-        denominator, i = _group(tokens, i, "{", "}")
-        return _check(numerator / denominator), i
-    if token == "\\sqrt":
-        index = 2.0
-        if tokens[i + 1] == "[":
-            index, i = _group(tokens, i + 1, "[", "]")
-            if index not in (2.0, 3.0):
+    def product(self) -> float:
+        value = self.signed()
+        while True:
+            token = self.peek()
+            if token in ("*", "\\cdot", "\\times"):
+                self.take()
+                right = self.signed()
+            elif token in ("\\pi", "\\sqrt") or (token is not None and token in VARIABLES):
+                right = self.power()  # `2\sqrt{3}`, `3\pi`, `2x`, `xy`: the only implicit products read
+            else:
+                return value
+            value = _check(value * right)
+
+    def signed(self) -> float:
+        if self.peek() in ("+", "-"):
+            sign = self.take()
+            value = self.signed()
+            return -value if sign == "-" else value
+        return self.power()
+
+    def power(self) -> float:
+        base = self.atom()
+        if self.peek() == "^":
+            self.take()
+            if self.peek() == "{":
+                exponent = self.group("{", "}")
+            elif len(self.peek() or "") == 1 and self.peek().isdigit():  # `2^3`; `2^10` is ambiguous
+                exponent = float(self.take())
+            else:
                 raise _Refuse
-        else:
-            i += 1
-        if tokens[i] != "{":
-            raise _Refuse
-        radicand, i = _group(tokens, i, "{", "}")
-        if radicand < 0:
-            raise _Refuse
-        return radicand ** (1 / index), i
-    if token in ("(", "{"):
-        return _group(tokens, i, token, ")" if token == "(" else "}")
-    raise _Refuse
+            if abs(exponent) > 64 or self.peek() == "^":
+                raise _Refuse
+            base = _check(base**exponent)
+        after = self.peek()
+        if after is not None and (after[0].isdigit() or after in ("(", "{", ".")):
+            raise _Refuse  # `2 3`, `(2)(3)`, `x2`, `2\frac{1}{2}`... math-verify reads these in surprising ways
+        return base
 
+    def atom(self) -> float:
+        token = self.take()
+        if token[0].isdigit() or token[0] == ".":
+            return _check(float(token))
+        if token == "\\pi":
+            return 3.141592653589793
+        if token in VARIABLES and token in self.variables:
+            return self.variables[token]
+        if token == "\\frac":
+            numerator = self.group("{", "}")
+            return _check(numerator / self.group("{", "}"))
+        if token == "\\sqrt":
+            index = self.group("[", "]") if self.peek() == "[" else 2.0
+            radicand = self.group("{", "}")
+            if index not in (2.0, 3.0) or radicand < 0:
+                raise _Refuse
+            return radicand ** (1 / index)
+        if token in ("(", "{"):
+            self.i -= 1
+            return self.group(token, ")" if token == "(" else "}")
+        raise _Refuse
 
-def _group(tokens: list[str], i: int, opening: str, closing: str) -> tuple[float, int]:
-    if tokens[i] != opening:
-        raise _Refuse
-    value, i = _sum(tokens, i + 1)
-    if tokens[i] != closing:
-        raise _Refuse
-    return value, i + 1
+    def group(self, opening: str, closing: str) -> float:
+        self.take(opening)
+        value = self.sum()
+        self.take(closing)
+        return value
 
 
 def _value(text: str) -> float | None:
@@ -291,9 +312,33 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
     one is far from every value of the other: different as numbers, tuples, intervals and sets alike."""
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
-        return None
+        return _different_functions(answer, gold)
     if any(not any(_close(x, y) for y in g) for x in a) or any(not any(_close(x, y) for x in a) for y in g):
         return False
+    return None
+
+
+_POINTS = (1.3731, 2.2117)  # where expressions in variables are compared; nothing special about them
+
+
+def _different_functions(answer: str, gold: str) -> bool | None:
+    """``False`` when both are expressions in lowercase variables whose values clearly differ at some
+    point: then their difference is not identically zero, and math-verify (strict) says different.
+
+    >>> _different_functions("2x^2+4x", "2x^2+3x"), _different_functions("x y + 1", "yx+1")
+    (False, None)
+    """
+    tokens = (_tokens(answer) or []) + (_tokens(gold) or [])
+    letters = {t for t in tokens if t.isalpha()}
+    if not letters or not letters <= VARIABLES:
+        return None
+    for k, base in enumerate(_POINTS):
+        point = {c: base + 0.173 * (ord(c) - 97) + 0.05 * k for c in letters}
+        a, g = evaluate(answer, point), evaluate(gold, point)
+        if a is None or g is None:
+            return None
+        if not _close(a, g):
+            return False
     return None
 
 

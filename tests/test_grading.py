@@ -236,6 +236,10 @@ TABLE = [
     ("(1,2,3)", "(1,2,4)", False), ("(3, 1)", "(5, 2)", False), ("5", "5, 15", False), ("\\{1,2\\}", "\\{1,3\\}", False),
     ("[1,3)", "(1,2)", False), ("(0, -\\frac{47}{17})", "(0, -\\frac{47}{16})", False), ("(2, 1)", "(2, 1)", True),
     ("\\left( \\frac{1}{2}, 3 \\right)", "(0.5, 3)", True),
+    # expressions in variables (the fast path compares their values at two points)
+    ("2x^2+4x", "2x^2+3x", False), ("x+1", "y+1", False), ("1", "2x^2+3x", False), ("(x+1)^2", "x^2+2x+1", True),
+    ("\\frac{x}{2}", "0.5x", True), ("3p^3 - 6p^2 - 3p + 10", "3p^3 - 6p^2 - 3p + 11", False),
+    ("\\frac{1}{(a + b)^3}", "\\frac{1}{(a+b)^2}", False), ("2\\sqrt{x}", "\\sqrt{4x}", True),
 ]
 
 
@@ -327,6 +331,29 @@ def test_fast_path_never_contradicts_math_verify_on_generated_constants():
         assert fast is False and va != vg, (a, g)  # the evaluator only ever says "different"
         assert _math_verify(a, g) is False, (a, g)
     assert answered > 150
+
+
+def _polynomial(rng) -> tuple[str, tuple[int, ...]]:
+    """A random polynomial in x with its coefficients (the mathematics, known here)."""
+    coefficients = tuple(rng.randint(-4, 4) for _ in range(3))
+    text = f"{coefficients[0]}x^2 + {coefficients[1]}x + {coefficients[2]}".replace("+ -", "- ")
+    return text, coefficients
+
+
+def test_fast_path_never_contradicts_math_verify_on_generated_polynomials():
+    rng = random.Random(1)
+    answered = 0
+    for _ in range(120):
+        (a, ca), (g, cg) = _polynomial(rng), _polynomial(rng)
+        if rng.random() < 0.3:
+            cg, g = ca, f"{ca[2]} + {ca[1]}x + {ca[0]}x^2".replace("+ -", "- ")  # the same polynomial, reordered
+        fast = fast_verdict(a, g)
+        if fast is None:
+            continue
+        answered += 1
+        assert fast is False and ca != cg, (a, g)
+        assert _math_verify(a, g) is False, (a, g)
+    assert answered > 60
 
 
 def test_batch_equals_one_by_one():
