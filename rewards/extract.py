@@ -66,34 +66,69 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: the box never closes
 
 
+_UNIT = re.compile(r"(\d)\s*\\(?:text|mbox|mathrm)\{\s*(?![ap]\.?\s*m\.?\s*\})[A-Za-z][A-Za-z. ]*\}(?:\^\{?\d\}?)?\s*$")
+_TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
+_THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})(?=\d{3}(?!\d))")  # `29,\!322` and `1{,}000` are thousands
+_PHANTOM = re.compile(r"\\phantom\s*(?:\{[^{}]*\}|\\[A-Za-z]+|[^\s{}])")
+_ARG = r"(\{[^{}]*\}|\\[A-Za-z]+|[0-9A-Za-z])"
+_FRAC_SHORTHAND = re.compile(r"\\frac\s*" + _ARG + r"\s*" + _ARG)
+_SQRT_SHORTHAND = re.compile(r"\\sqrt\s*(?=[^\s{\[])(\\[A-Za-z]+|[0-9A-Za-z])")
+_ASSIGNMENT = re.compile(r"[A-Za-z](?:_\{[^{}=]*\}|_[A-Za-z0-9])?\s*=\s*([^=]+)")
+_BASE_NUMERAL = re.compile(r"(-?[0-9A-Fa-f]+)_\{?(\d{1,2})\}?")
+
+
 def _strip_text_wrappers(answer: str) -> str:
-    # Units after a number (`5\text{ cm}`, `3 \mbox{inches}`) go; other \text{X} keep X.
-    answer = re.sub(r"(\d)\s*\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z ]*\}(?:\^\{?\d\}?)?\s*$", r"\1", answer)
-    return re.sub(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}", r"\1", answer)
+    # Units after a number (`5\text{ cm}`, `34\text{ sq. units}`) go, but not times (`9\text{ a.m.}`);
+    # other \text{X} keep X.
+    return _TEXT.sub(r"\1", _UNIT.sub(r"\1", answer))
+
+
+def _braced(argument: str) -> str:
+    return argument if argument.startswith("{") else "{" + argument + "}"
 
 
 def normalize(answer: str) -> str:
     """Canonical text for an extracted answer: no ``$``, ``\\text{}`` wrappers, units, degree signs,
-    ``\\left``/``\\right``, trailing period; ``\\dfrac``/``\\tfrac`` become ``\\frac``.
+    ``\\left``/``\\right``, ``\\phantom``, thousands marks, ``\\approx`` and what follows it, trailing
+    period or comma; ``\\dfrac``/``\\tfrac`` become ``\\frac``; shorthand ``\\frac12``, ``\\sqrt2`` get braces;
+    ``x = 5`` and ``a_1 = 5`` become ``5``; a numeral in a base is written ``N_{b}``.
 
     >>> normalize(r"$\\dfrac{1}{2}$.")
     '\\\\frac{1}{2}'
     >>> normalize(r"12\\text{ cm}"), normalize(r"x = 5"), normalize(r"90^\\circ")
     ('12', '5', '90')
+    >>> normalize(r"\\frac \\pi4 + \\sqrt2"), normalize(r"\\frac{1}{29,\\!322}"), normalize(r"m_{\\max} = n^2")
+    ('\\\\frac{\\\\pi}{4} + \\\\sqrt{2}', '\\\\frac{1}{29322}', 'n^2')
+    >>> normalize(r"34\\text{ sq. units}"), normalize(r"9\\text{ a.m.}"), normalize(r"\\text{(E)},"), normalize("-37_8")
+    ('34', '9 a.m', '(E)', '-37_{8}')
+    >>> normalize(r"\\$\\dfrac23 \\approx \\$0.67")
+    '\\\\frac{2}{3}'
     """
     answer = answer.strip().replace("\n", " ")
     answer = answer.replace("\\$", "").replace("$", "")
     answer = answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     answer = answer.replace("\\left", "").replace("\\right", "")
+    answer = _THOUSANDS_MARK.sub(r"\1", answer)
     answer = answer.replace("\\!", "").replace("\\,", "").replace("\\;", "")
+    answer = _PHANTOM.sub("", answer)
     answer = re.sub(r"\^\s*\{?\\circ\}?", "", answer).replace("°", "")
     answer = _strip_text_wrappers(answer)
+    answer = _FRAC_SHORTHAND.sub(lambda m: "\\frac" + _braced(m.group(1)) + _braced(m.group(2)), answer)
+    answer = _SQRT_SHORTHAND.sub(lambda m: "\\sqrt{" + m.group(1) + "}", answer)
     answer = answer.strip()
-    # A single-variable assignment: the value is the answer.
-    match = re.fullmatch(r"[A-Za-z]\s*=\s*([^=]+)", answer)
+    if answer.startswith("\\approx"):
+        answer = answer[len("\\approx") :].strip()
+    elif "\\approx" in answer:  # `\frac{2}{3} \approx 0.67`: the exact value is the answer
+        answer = answer[: answer.index("\\approx")].strip()
+    # A single-variable assignment (possibly subscripted): the value is the answer.
+    match = _ASSIGNMENT.fullmatch(answer)
     if match:
         answer = match.group(1).strip()
-    return answer.rstrip(". ").strip()
+    answer = answer.rstrip(". ,").strip()
+    match = _BASE_NUMERAL.fullmatch(answer)
+    if match:
+        answer = f"{match.group(1)}_{{{match.group(2)}}}"
+    return answer
 
 
 def extract_lenient(completion: str) -> str | None:

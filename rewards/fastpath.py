@@ -346,6 +346,44 @@ def _decimal_places(text: str) -> int:
     return len(text) - text.index(".") - 1 if "." in text else 0
 
 
+_BASE_NUMERAL = re.compile(r"(-?[0-9A-Fa-f]+)_\{(\d{1,2})\}")  # as `normalize` writes it: `20412_{5}`
+_BARE_NUMERAL = re.compile(r"-?[0-9A-Fa-f]+")
+
+
+def base_numeral(text: str) -> tuple[str, int] | None:
+    """``(digits, base)`` of a numeral written in a base (``20412_{5}``), or ``None``.
+
+    >>> base_numeral("20412_{5}"), base_numeral("20412")
+    (('20412', 5), None)
+    """
+    match = _BASE_NUMERAL.fullmatch(text)
+    return (match.group(1), int(match.group(2))) if match else None
+
+
+def base_verdict(answer: str, gold: str) -> bool | None:
+    """Numerals in a base, where math-verify is wrong: it drops the subscript, so it accepts
+    ``20412_6`` for ``20412_5``. Two based numerals are equal iff their values are; a based numeral
+    and a bare one iff the digits are (the bare one is read in the question's base). Else ``None``.
+
+    >>> base_verdict("20412_{6}", "20412_{5}"), base_verdict("20412", "20412_{5}"), base_verdict("10_{2}", "2_{10}")
+    (False, True, True)
+    >>> base_verdict("1357", "20412_{5}"), base_verdict("7", "8") is None
+    (False, True)
+    """
+    a, g = base_numeral(answer), base_numeral(gold)
+    if a is None and g is None:
+        return None
+    if a is not None and g is not None:
+        try:
+            return int(a[0], a[1]) == int(g[0], g[1])
+        except ValueError:  # a digit not valid in its base
+            return a == g
+    based, other = (a, gold) if a is not None else (g, answer)
+    if not _BARE_NUMERAL.fullmatch(other):
+        return None
+    return based[0].lower() == other.lower()
+
+
 def nesting_depth(text: str) -> int:
     """The deepest nesting of ``(``, ``[`` and ``{`` in ``text``.
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import pool
 from .extract import extract_lenient, extract_strict
-from .fastpath import answer_too_costly, as_number, fast_verdict, reads_as_prose
+from .fastpath import answer_too_costly, as_number, base_numeral, base_verdict, fast_verdict, reads_as_prose
 from .verify import check, normalize_gold
 
 
@@ -120,8 +120,8 @@ def _gold_key(gold: Any) -> Any:
 def _parseable(text: str) -> bool | None:
     """Whether math-verify parses this normalised gold: known for plain numbers, learned otherwise."""
     known = _PARSEABLE.get(text)
-    if known is None and as_number(text) is not None:
-        return True  # math-verify reads every plain number the fast path reads
+    if known is None and (as_number(text) is not None or base_numeral(text) is not None):
+        return True  # math-verify reads every plain number the fast path reads (a based one as its digits)
     return known
 
 
@@ -159,6 +159,12 @@ def _screen(answer: str | None, golds: tuple[str, ...]) -> str:
     return "prose" if reads_as_prose(answer, golds) else "ok"
 
 
+def _verdict(answer: str, gold: str) -> bool | None:
+    """The in-process verdict: numerals in a base first (math-verify ignores the base), then the fast path."""
+    verdict = base_verdict(answer, gold)
+    return verdict if verdict is not None else fast_verdict(answer, gold)
+
+
 def _settle(answer: str | None, golds: tuple[str, ...]) -> _Settled | None:
     """Decide in-process what can be decided without math-verify; ``None`` means ask a worker."""
     known = [_parseable(g) for g in golds]
@@ -169,7 +175,7 @@ def _settle(answer: str | None, golds: tuple[str, ...]) -> _Settled | None:
         if all(k is False for k in known):
             return _Settled(False, False, screen == "costly")
         return None  # only the golds need parsing
-    verdicts = [fast_verdict(answer, g) for g in golds]
+    verdicts = [_verdict(answer, g) for g in golds]
     if any(v is True and k is True for v, k in zip(verdicts, known)):
         return _Settled(True, True)
     if all(v is False for v in verdicts):
@@ -195,6 +201,10 @@ def remote_task(task: tuple[Any, ...]) -> tuple[bool, tuple[bool, ...], bool, st
     if screen != "ok":
         _, parseable, _ = check(("", golds))
         return False, parseable, screen == "costly", answer
+    settled = _settle(answer, golds)
+    if settled is not None:
+        _, parseable, _ = check(("", golds))
+        return settled.correct, parseable, False, answer
     return (*check((answer, golds)), answer)
 
 

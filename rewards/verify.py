@@ -20,6 +20,7 @@ import logging
 import math
 import re
 import threading
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 from math_verify import LatexExtractionConfig, parse, verify
@@ -115,6 +116,19 @@ def parse_gold(gold: Any) -> tuple[Any, ...] | None:
     (True, True)
     """
     return parse_text(normalize_gold(gold))
+
+
+def gold_status(text: str) -> str:
+    """How math-verify reads a normalised gold: ``"parsed"`` (a SymPy object), ``"text-only"`` (only
+    the string fallback: compared as text) or ``"unparseable"`` (nothing: the reward is ``None``).
+
+    >>> gold_status("\\\\frac{1}{2}"), gold_status("}{")
+    ('parsed', 'unparseable')
+    """
+    parsed = parse_text(text)
+    if not parsed:
+        return "unparseable"
+    return "text-only" if all(isinstance(p, str) for p in parsed) else "parsed"
 
 
 def is_equivalent(answer: str, gold_parsed: tuple[Any, ...]) -> bool:
@@ -213,9 +227,10 @@ def too_large(parsed: tuple[Any, ...]) -> bool:
 def check(task: tuple[str, tuple[str, ...]]) -> tuple[bool, tuple[bool, ...], bool]:
     """Worker-side comparison of a normalised answer with normalised golds.
 
-    Returns ``(correct, parseable, refused)``: whether the answer equals any parseable gold, which
-    golds math-verify could parse, and whether the answer was refused as too large to evaluate.
-    An empty answer only parses the golds.
+    Returns ``(correct, parseable, refused)``: whether the answer equals any parseable gold (by
+    math-verify, less its rounding artefacts on tiny numbers: `tiny_mismatch`), which golds
+    math-verify could parse, and whether the answer was refused as too large to evaluate. An empty
+    answer only parses the golds.
 
     >>> check(("\\\\frac{1}{2}", ("0.5", "7")))
     (True, (True, True), False)
@@ -234,7 +249,51 @@ def check(task: tuple[str, tuple[str, ...]]) -> tuple[bool, tuple[bool, ...], bo
         return False, parseable, True
     correct = any(
         verify(list(g), list(parsed_answer), float_rounding=6, strict=True, timeout_seconds=_timeout())
+        and not tiny_mismatch(g, parsed_answer)
         for g in parsed_golds
         if g is not None
     )
     return bool(correct), parseable, False
+
+
+TINY = 1e-3  # below this, rounding to 6 decimal places keeps fewer than 4 significant digits
+
+
+def _decimal_value(parsed: tuple[Any, ...]) -> Decimal | None:
+    """The real value of a parsed constant, to 30 significant digits (no float underflow)."""
+    import sympy
+
+    expr = parsed[0]
+    if not isinstance(expr, sympy.Expr) or not expr.is_number:
+        return None
+    value = sympy.N(expr, 30)
+    if not value.is_real:
+        return None
+    return Decimal(str(value))
+
+
+def tiny_mismatch(gold: tuple[Any, ...], answer: tuple[Any, ...]) -> bool:
+    """Whether a match math-verify reported is only an artefact of its rounding to 6 decimal places,
+    which is absolute: it takes ``10.224 \\times 10^{-19}`` for ``8.224 \\times 10^{-19}`` and ``0`` for
+    ``\\frac{1}{2004!}`` (Minerva's physics answers are like that). Below ``TINY`` we apply the same
+    rule scale-free: both values, scaled so that the gold lies in [1, 10), must round to the same 6
+    decimal places, as ``8.224`` and ``8.22`` must at ordinary scale (and do not).
+
+    >>> tiny_mismatch(parse_text("8.224 \\\\times 10^{-19}"), parse_text("10.224 \\\\times 10^{-19}"))
+    True
+    >>> tiny_mismatch(parse_text("1.325 \\\\times 10^{-27}"), parse_text("0.1325 \\\\times 10^{-26}"))
+    False
+    >>> tiny_mismatch(parse_text("\\\\frac{1}{2004!}"), parse_text("0")), tiny_mismatch(parse_text("\\\\frac{1}{3}"), parse_text("0.333333"))
+    (True, False)
+    """
+    try:
+        g, a = _decimal_value(gold), _decimal_value(answer)
+    except (TypeError, ValueError, OverflowError, ArithmeticError, AttributeError):
+        return False
+    if g is None or a is None or max(abs(g), abs(a)) >= Decimal(TINY):
+        return False
+    if g == 0:
+        return a != 0
+    places = Decimal(1).scaleb(-6)
+    scale = -g.adjusted()
+    return g.scaleb(scale).quantize(places, ROUND_HALF_EVEN) != a.scaleb(scale).quantize(places, ROUND_HALF_EVEN)

@@ -395,6 +395,26 @@ def test_numeric_golds_from_datasets():
     assert grade("\\boxed{\\frac{9}{32}}", ["$\\frac{9}{32}$"]).correct  # OlympiadBench lists with $...$
 
 
+@pytest.mark.parametrize(
+    ("answer", "gold", "equal"),
+    [
+        # numerals in a base: math-verify drops the subscript; values decide
+        ("20412_5", "20412_5", True), ("20412_{5}", "20412_5", True), ("20412", "20412_5", True),
+        ("20412_6", "20412_5", False), ("1357", "20412_5", False), ("-37_7", "-37_8", False), ("10_2", "2_{10}", True),
+        # tiny numbers: rounding to 6 decimal places would make them all equal
+        ("10.224 \\times 10^{-19}", "8.224 \\times 10^{-19}", False), ("0.8224 \\times 10^{-18}", "8.224 \\times 10^{-19}", True),
+        ("8.22 \\times 10^{-19}", "8.224 \\times 10^{-19}", False),  # as 8.22 vs 8.224 at ordinary scale
+        ("0", "\\frac{1}{2004!}", False), ("\\frac{2}{2^{98}}", "\\frac{1}{2^{98}}", False),
+        # gold forms fixed by normalisation
+        ("34", "34\\text{ sq. units}", True), ("\\frac{\\pi}{4} + 2 - \\sqrt{2}", "\\frac \\pi4 + 2 - \\sqrt2", True),
+        ("\\frac{1}{29322216}", "\\dfrac{1}{29,\\!322,\\!216}", True), ("n^{2}-n-1", "$m_{\\max }=n^{2}-n-1$", True),
+        ("\\frac{2}{3}", "\\$\\dfrac23 \\approx \\$0.67", True), ("8.24", "\\approx 8.24 \\text{ mph}", True),
+    ],
+)
+def test_grading_fixes_found_by_the_gold_audit(answer, gold, equal):
+    assert grade(f"\\boxed{{{answer}}}", gold).correct is equal
+
+
 # -- log hygiene -------------------------------------------------------------------------------------
 
 
