@@ -112,6 +112,9 @@ def _gold_texts(gold: Any) -> tuple[str, ...]:
 
 
 def _gold_key(gold: Any) -> Any:
+    """A hashable key for a gold: a string, number or tuple (a numpy array from parquet becomes one)."""
+    if hasattr(gold, "tolist") and not isinstance(gold, (str, bytes)):
+        gold = gold.tolist()
     if isinstance(gold, (list, tuple)):
         return tuple(g if isinstance(g, (str, int, float)) else str(g) for g in gold)
     return gold if isinstance(gold, (str, int, float)) else str(gold)

@@ -393,6 +393,9 @@ def test_numeric_golds_from_datasets():
     assert grade("\\boxed{18}", 18.0).correct  # AMC stores floats
     assert grade("\\boxed{25}", "025").correct  # AIME keeps leading zeros
     assert grade("\\boxed{\\frac{9}{32}}", ["$\\frac{9}{32}$"]).correct  # OlympiadBench lists with $...$
+    import numpy as np
+
+    assert grade_batch(["\\boxed{7}"], [np.array(["seven", "7"])])[0].correct  # a list column read from parquet
 
 
 @pytest.mark.parametrize(
