@@ -5,7 +5,8 @@ olympiad_bench from the evaluation suite; a list gold counts each element):
 
 1. **parse**: how our gold parser reads it (`rewards.verify.gold_status` after `normalize_gold`):
    parsed to a SymPy object, text-only (math-verify's string fallback: only an identical answer
-   matches), or unparseable (the reward would be ``None``); counted by the gold's form;
+   matches), or unparseable (the reward would be ``None``); counted by the gold's form; and whether
+   the in-process claim `rewards.fastpath.surely_parseable` is ever contradicted;
 2. **self**: a completion boxing the gold (as written in the dataset) must grade correct;
 3. **cross**: a completion boxing another question's gold (``--others`` random ones per gold, with a
    different normalised text) must grade wrong; exceptions are listed, split into "same value"
@@ -34,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rewards import pool as grader_pool
-from rewards.fastpath import constant_values
+from rewards.fastpath import constant_values, surely_parseable
 from rewards.grade import grade_batch
 from rewards.verify import normalize_gold
 
@@ -130,6 +131,9 @@ def audit(rows: list[tuple[str, int, Any]], others: int, seed: int) -> dict[str,
     distinct = sorted(set(normalised))
     statuses = dict(zip(distinct, [o[1] if o[0] == "ok" else o[0] for o in grader_pool.get_pool().map(
         "rewards.verify:gold_status", distinct)]))
+    # our in-process claim "math-verify surely reads this" must never meet an unparseable gold
+    surely = [norm for norm in distinct if surely_parseable(norm)]
+    contradicted = [norm for norm in surely if statuses[norm] == "unparseable"]
     by_form: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     failures = []
     for (source, i, text), norm in zip(elements, normalised):
@@ -167,6 +171,7 @@ def audit(rows: list[tuple[str, int, Any]], others: int, seed: int) -> dict[str,
     miss_seconds = time.perf_counter() - start
     miss_accepted = [(i, miss) for (i, miss), g in zip(misses, graded) if g.correct]
     return {
+        "surely": len(surely), "contradicted": contradicted, "distinct": len(distinct),
         "misses": len(misses), "miss_accepted": miss_accepted, "miss_seconds": miss_seconds,
         "elements": elements, "normalised": normalised, "by_form": by_form, "failures": failures,
         "self_failures": self_failures, "self_seconds": self_seconds, "pairs": len(pairs),
@@ -189,6 +194,8 @@ def report(result: dict[str, Any], show: int) -> None:
         totals.update(counts)
         print(f"| {form} | {sum(counts.values())} | {counts['parsed']} | {counts['text-only']} | {counts['unparseable']} |")
     print(f"| **all** | {sum(totals.values())} | {totals['parsed']} | {totals['text-only']} | {totals['unparseable']} |")
+    print(f"\nknown parseable in-process (fastpath.surely_parseable): {result['surely']}/{result['distinct']} distinct golds; "
+          f"contradicted by math-verify: {len(result['contradicted'])} {result['contradicted'][:show]}")
     print("\nnot parsed to a SymPy object:")
     for source, i, text, norm, status in result["failures"][:show]:
         print(f"  {status:11s} {source}[{i}] {text!r} -> {norm!r}")

@@ -342,6 +342,22 @@ def _different_functions(answer: str, gold: str) -> bool | None:
     return None
 
 
+def surely_parseable(text: str) -> bool:
+    """Whether math-verify certainly reads this (normalised, gold) text: a number, a numeral in a base,
+    or an expression, tuple, interval or set that our evaluator reads. math-verify's parse returns
+    its string fallback whenever its normalisation leaves text, and that normalisation keeps numbers,
+    letters and these commands; so such a gold never needs a worker to say it is parseable.
+
+    >>> surely_parseable("( -1, \\\\frac{35}{12} )"), surely_parseable("2x^2+3x"), surely_parseable("\\\\text{odd}")
+    (True, True, False)
+    """
+    if as_number(text) is not None or base_numeral(text) is not None or constant_values(text) is not None:
+        return True
+    tokens = _tokens(text) or []
+    letters = {t for t in tokens if t.isalpha()}
+    return bool(letters) and letters <= VARIABLES and evaluate(text, dict.fromkeys(letters, 1.5)) is not None
+
+
 def _decimal_places(text: str) -> int:
     return len(text) - text.index(".") - 1 if "." in text else 0
 

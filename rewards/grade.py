@@ -16,7 +16,7 @@ from typing import Any
 
 from . import pool
 from .extract import extract_lenient, extract_strict
-from .fastpath import answer_too_costly, as_number, base_numeral, base_verdict, fast_verdict, reads_as_prose
+from .fastpath import answer_too_costly, base_verdict, fast_verdict, reads_as_prose, surely_parseable
 from .verify import check, normalize_gold
 
 
@@ -121,10 +121,11 @@ def _gold_key(gold: Any) -> Any:
 
 
 def _parseable(text: str) -> bool | None:
-    """Whether math-verify parses this normalised gold: known for plain numbers, learned otherwise."""
+    """Whether math-verify parses this normalised gold: known for what our evaluator reads
+    (`rewards.fastpath.surely_parseable`), learned from the workers otherwise, else ``None``."""
     known = _PARSEABLE.get(text)
-    if known is None and (as_number(text) is not None or base_numeral(text) is not None):
-        return True  # math-verify reads every plain number the fast path reads (a based one as its digits)
+    if known is None and surely_parseable(text):
+        _PARSEABLE[text] = known = True
     return known
 
 

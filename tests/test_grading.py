@@ -21,7 +21,7 @@ import pytest
 
 from rewards import correctness_reward, grade, normalize, strict_correctness_reward
 from rewards import pool as grader_pool
-from rewards.fastpath import as_number, fast_verdict
+from rewards.fastpath import as_number, fast_verdict, surely_parseable
 from rewards.grade import Grade, grade_batch
 from rewards.verify import is_equivalent, normalize_gold, parse_text
 
@@ -257,6 +257,15 @@ def test_fast_path_agrees_with_math_verify_and_mathematics(answer, gold, equal):
     fast = fast_verdict(a, g)
     assert fast in (None, equal)
     assert grade(f"so \\boxed{{{answer}}}", gold).correct is equal
+
+
+def test_golds_known_parseable_in_process_are_parseable():
+    texts = {normalize_gold(g) for _, g, _ in TABLE} | {normalize(a) for a, _, _ in TABLE}
+    known = [t for t in texts if surely_parseable(t)]
+    assert len(known) > 60
+    for text in known:
+        assert parse_text(text) is not None, text
+    assert not surely_parseable("\\text{odd}") and not surely_parseable("}{")
 
 
 def test_fast_path_answers_the_common_cases():
