@@ -26,6 +26,8 @@ compare that with ``\\cot x``); such an answer is wrong, not a timeout.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from fractions import Fraction
 
@@ -302,6 +304,54 @@ def constant_values(text: str) -> list[float] | None:
     return None if any(v is None for v in values) else values  # type: ignore[return-value]
 
 
+_INFINITIES = {"\\infty": math.inf, "+\\infty": math.inf, "-\\infty": -math.inf}
+_CUP = re.compile(r"\\cup")
+
+
+def _endpoint(text: str) -> float | None:
+    text = text.strip()
+    return _INFINITIES[text] if text in _INFINITIES else _value(text)
+
+
+def interval_boundaries(text: str) -> list[float] | None:
+    """The boundary points of a union of intervals with constant endpoints (``\\cup``-separated),
+    after merging overlapping pieces; ``None`` if the text is anything else or a piece is empty.
+    Two such unions with different boundaries are different sets.
+
+    >>> interval_boundaries("(-\\\\infty, -2) \\\\cup (0, 1) \\\\cup [1, 4)"), interval_boundaries("(0, 2) \\\\cup (1, 3)")
+    ([-inf, -2.0, 0.0, 4.0], [0.0, 3.0])
+    >>> interval_boundaries("(0, 1) \\\\cup (1, 2)"), interval_boundaries("(2, 1)") is None
+    ([0.0, 1.0, 1.0, 2.0], True)
+    """
+    pieces = []
+    for part in _CUP.split(text):
+        part = part.strip()
+        if len(part) < 5 or part[0] not in "([" or part[-1] not in ")]":
+            return None
+        inner = _split_top_level(part[1:-1])
+        if inner is None or len(inner) != 2:
+            return None
+        low, high = _endpoint(inner[0]), _endpoint(inner[1])
+        if low is None or high is None or not low < high:
+            return None
+        if (low == -math.inf and part[0] == "[") or (high == math.inf and part[-1] == "]"):
+            return None
+        pieces.append((low, high, part[0] == "[", part[-1] == "]"))
+    ends = sorted(v for piece in pieces for v in piece[:2] if abs(v) != math.inf)
+    if any(0 < b - a <= 1e-5 for a, b in itertools.pairwise(ends)):
+        return None  # endpoints too close to tell apart: leave it to math-verify
+    pieces.sort()
+    merged = [list(pieces[0])]
+    for low, high, low_closed, high_closed in pieces[1:]:
+        last = merged[-1]
+        if low < last[1] or (low == last[1] and (last[3] or low_closed)):
+            if high > last[1] or (high == last[1] and high_closed):
+                last[1], last[3] = high, high_closed
+        else:
+            merged.append([low, high, low_closed, high_closed])
+    return [v for piece in merged for v in piece[:2]]
+
+
 def _close(x: float, y: float) -> bool:
     gap = abs(x - y)
     return gap <= 1e-5 or gap <= 1e-6 * max(abs(x), abs(y))
@@ -310,10 +360,25 @@ def _close(x: float, y: float) -> bool:
 def _clearly_different(answer: str, gold: str) -> bool | None:
     """``False`` when both are constants (or tuples, intervals, sets of constants) and some value of
     one is far from every value of the other: different as numbers, tuples, intervals and sets alike."""
+    if "\\cup" in answer or "\\cup" in gold:
+        return _different_unions(answer, gold)
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
         return _different_functions(answer, gold)
     if any(not any(_close(x, y) for y in g) for x in a) or any(not any(_close(x, y) for x in a) for y in g):
+        return False
+    return None
+
+
+def _different_unions(answer: str, gold: str) -> bool | None:
+    """``False`` when one side is a union of intervals and the other a union or interval with other
+    boundary points, or a single number (a point is not a union of intervals); else ``None``."""
+    a, g = interval_boundaries(answer), interval_boundaries(gold)
+    if a is not None and g is not None:
+        if len(a) != len(g) or not all(x == y or _close(x, y) for x, y in zip(a, g)):
+            return False
+        return None
+    if (a is not None and _value(gold) is not None) or (g is not None and _value(answer) is not None):
         return False
     return None
 
@@ -344,7 +409,7 @@ def _different_functions(answer: str, gold: str) -> bool | None:
 
 def surely_parseable(text: str) -> bool:
     """Whether math-verify certainly reads this (normalised, gold) text: a number, a numeral in a base,
-    or an expression, tuple, interval or set that our evaluator reads. math-verify's parse returns
+    or an expression, tuple, interval, union of intervals or set that our evaluator reads. math-verify's parse returns
     its string fallback whenever its normalisation leaves text, and that normalisation keeps numbers,
     letters and these commands; so such a gold never needs a worker to say it is parseable.
 
@@ -352,6 +417,8 @@ def surely_parseable(text: str) -> bool:
     (True, True, False)
     """
     if as_number(text) is not None or base_numeral(text) is not None or constant_values(text) is not None:
+        return True
+    if interval_boundaries(text) is not None:
         return True
     tokens = _tokens(text) or []
     letters = {t for t in tokens if t.isalpha()}

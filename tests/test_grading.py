@@ -240,6 +240,9 @@ TABLE = [
     ("2x^2+4x", "2x^2+3x", False), ("x+1", "y+1", False), ("1", "2x^2+3x", False), ("(x+1)^2", "x^2+2x+1", True),
     ("\\frac{x}{2}", "0.5x", True), ("3p^3 - 6p^2 - 3p + 10", "3p^3 - 6p^2 - 3p + 11", False),
     ("\\frac{1}{(a + b)^3}", "\\frac{1}{(a+b)^2}", False), ("2\\sqrt{x}", "\\sqrt{4x}", True),
+    # unions of intervals (the fast path compares boundary points)
+    ("(-\\infty, -3) \\cup (0, 1)", "(-\\infty, -2) \\cup (0, 1)", False), ("(0, 2) \\cup (1, 3)", "(0, 3)", True),
+    ("(0, 1) \\cup (1, 2)", "(0, 2)", False), ("[0, 1) \\cup [1, 2)", "[0, 2)", True), ("4", "(-\\infty,2) \\cup (2,4)", False),
 ]
 
 
@@ -363,6 +366,39 @@ def test_fast_path_never_contradicts_math_verify_on_generated_polynomials():
         assert fast is False and ca != cg, (a, g)
         assert _math_verify(a, g) is False, (a, g)
     assert answered > 60
+
+
+def _union(rng) -> tuple[str, object]:
+    """A random union of intervals as text, with the set itself built by SymPy (the mathematics)."""
+    import sympy
+
+    points = sorted(rng.sample(range(-6, 7), 2 * rng.randint(1, 3)))
+    texts, parts = [], []
+    for k in range(0, len(points), 2):
+        low, high = points[k], points[k + 1]
+        closed_low, closed_high = rng.random() < 0.5, rng.random() < 0.5
+        if k == 0 and rng.random() < 0.3:
+            low, closed_low = None, False
+        start = "-\\infty" if low is None else str(low)
+        texts.append(("[" if closed_low else "(") + f"{start}, {high}" + ("]" if closed_high else ")"))
+        parts.append(sympy.Interval(-sympy.oo if low is None else low, high, not closed_low, not closed_high))
+    return " \\cup ".join(texts), sympy.Union(*parts)
+
+
+def test_fast_path_never_contradicts_math_verify_on_generated_unions():
+    rng = random.Random(2)
+    answered = 0
+    for _ in range(80):
+        (a, set_a), (g, set_g) = _union(rng), _union(rng)
+        if rng.random() < 0.2:
+            a, set_a = g, set_g
+        fast = fast_verdict(a, g)
+        if fast is None or a == g:
+            continue
+        answered += 1
+        assert fast is False and set_a != set_g, (a, g)
+        assert _math_verify(a, g) is False, (a, g)
+    assert answered > 40
 
 
 def test_batch_equals_one_by_one():
