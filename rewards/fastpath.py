@@ -15,7 +15,15 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
 * two closed-form constants (``9\\pi``, ``\\frac{2\\sqrt{2}}{3}``, ``2^{10}``: numbers, ``\\frac``,
   ``\\sqrt``, ``\\pi``, powers, ``+ - \\cdot \\times``) whose values differ clearly are different.
   The evaluator refuses anything math-verify might read differently (``/``, ``2 3``, ``(2)(3)``,
-  ``2^10``, ``2^3^2``, letters), and is never used to say "equal".
+  ``2^10``, ``2^3^2``, ``e``, ``i``), and is never used to say "equal";
+* tuples, intervals and sets of such constants are different when some value of one is far from
+  every value of the other; unions of intervals when their boundary points differ;
+* expressions in lowercase variables (``2x^2+3x``) are different when their values clearly differ at
+  one of two fixed points: their difference is then not identically zero.
+
+`base_verdict` is not part of the fast path but a correction of math-verify, which drops base
+subscripts (it takes ``20412_6`` for ``20412_5``). `surely_parseable` tells which golds math-verify
+certainly reads, so that no worker is needed to learn it.
 
 The guards refuse answers without evaluating them. `answer_too_costly`: far longer or more deeply
 nested than any gold (math-verify's parser is super-linear in nesting depth: 12 nested parentheses
