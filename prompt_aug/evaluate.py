@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from transformers import TrainerCallback
 
-from rewards import grade
+from rewards.grade import grade_batch
 
 from .templates import DEFAULT_EVAL_TEMPLATE, Template, load_templates
 
@@ -347,20 +347,16 @@ def default_backend() -> str:
 # Generate and grade
 
 
-def score_completion(completion: str, gold: list[str], template: Template | str) -> dict[str, Any]:
-    """The strict verdict on one completion: ``{"extracted", "correct", "format_score"}``.
+def score_completions(completions: list[str], golds: list[list[str]], templates: list[Template | str]) -> list[dict[str, Any]]:
+    """Strict verdicts, one ``{"extracted", "correct", "format_score"}`` per completion, graded as one batch.
 
-    >>> score_completion("so \\\\boxed{12}.", ["12"], "qwen-math")["correct"]
-    True
-    >>> score_completion("so the answer is 12.", ["12"], "qwen-math")["correct"]
-    False
+    >>> [v["correct"] for v in score_completions(["so \\\\boxed{12}.", "so the answer is 12."], [["12"]] * 2, ["qwen-math"] * 2)]
+    [True, False]
     """
-    verdict = grade(completion, gold, template, strict=True)
-    return {
-        "extracted": verdict.extracted,
-        "correct": bool(verdict.correct),
-        "format_score": verdict.format_score,
-    }
+    verdicts = grade_batch(completions, golds, templates, strict=True)
+    return [
+        {"extracted": v.extracted, "correct": bool(v.correct), "format_score": v.format_score} for v in verdicts
+    ]
 
 
 RecordKey = tuple[str, str, int, int]  # (benchmark, template, run, index)
@@ -444,23 +440,29 @@ def generate_and_grade(
                 top_p=top_p,
                 n=n,
             )
-            for i, samples in zip(batch, outputs):
+            flat = [(i, sample, completion, reason) for i, samples in zip(batch, outputs)
+                    for sample, (completion, reason) in enumerate(samples)]  # fmt: skip
+            verdicts = score_completions(
+                [completion for _, _, completion, _ in flat],
+                [todo[i][0].gold for i, _, _, _ in flat],
+                [todo[i][1] for i, _, _, _ in flat],
+            )
+            for (i, sample, completion, reason), verdict in zip(flat, verdicts):
                 problem, template, run = todo[i]
-                for sample, (completion, reason) in enumerate(samples):
-                    record = {
-                        "benchmark": problem.benchmark,
-                        "template": template.name,
-                        "run": run,
-                        "index": problem.index,
-                        "sample": sample,
-                        "prompt": prompts[i],
-                        "completion": completion,
-                        "gold": problem.gold,
-                        **score_completion(completion, problem.gold, template),
-                        "finish_reason": reason,
-                    }
-                    sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    new.append(record)
+                record = {
+                    "benchmark": problem.benchmark,
+                    "template": template.name,
+                    "run": run,
+                    "index": problem.index,
+                    "sample": sample,
+                    "prompt": prompts[i],
+                    "completion": completion,
+                    "gold": problem.gold,
+                    **verdict,
+                    "finish_reason": reason,
+                }
+                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                new.append(record)
             sink.flush()
             bar.update(len(batch))
             bar.set_postfix(acc=f"{sum(r['correct'] for r in new) / max(len(new), 1):.3f}", refresh=False)
@@ -814,8 +816,9 @@ class EvalCallback(TrainerCallback):
             outputs = backend.generate(
                 prompts, [0] * len(batch), max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, n=1
             )
-            for problem, [(completion, _)] in zip(batch, outputs):
-                verdict = score_completion(completion, problem.gold, self.template)
+            completions = [samples[0][0] for samples in outputs]
+            verdicts = score_completions(completions, [p.gold for p in batch], [self.template] * len(batch))
+            for problem, verdict in zip(batch, verdicts):
                 records.append(
                     {
                         "benchmark": problem.benchmark,

@@ -6,7 +6,7 @@ True
 """
 
 from .extract import extract_lenient, extract_strict, normalize
-from .grade import Grade, format_score, grade
+from .grade import Grade, format_score, grade, grade_batch
 from .registry import REGISTRY, correctness_reward, format_reward, get_reward_funcs, strict_correctness_reward
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "format_score",
     "get_reward_funcs",
     "grade",
+    "grade_batch",
     "normalize",
     "strict_correctness_reward",
 ]

@@ -13,7 +13,7 @@ from prompt_aug.evaluate import (
     normalize_gold,
     read_records,
     render_tables,
-    score_completion,
+    score_completions,
     summarize,
 )
 
@@ -151,6 +151,10 @@ def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, su
     _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--limit", "1")
     with pytest.raises(SystemExit, match=r"other settings.*max_tokens"):
         _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--max_tokens", "8")
+
+
+def score_completion(completion, gold, template):
+    return score_completions([completion], [gold], [template])[0]
 
 
 def test_grading_is_strict_and_accepts_any_listed_gold():
