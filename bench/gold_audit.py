@@ -39,6 +39,9 @@ from rewards.fastpath import constant_values, surely_parseable
 from rewards.grade import grade_batch
 from rewards.verify import normalize_gold
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grading import near_miss  # the same wrong-answer generator as the grading benchmark
+
 DEFAULT_DATA = REPO.parent / "shared" / "data"
 TRAIN_FILE = Path("simplerl_level3to5") / "SimpleRL-simplelr_qwen_level3to5.train.parquet"
 BENCHMARKS = ("aime", "amc", "math", "minerva", "olympiad_bench")
@@ -110,16 +113,6 @@ def _same_value(a: str, b: str) -> bool:
     if va is None or vb is None or len(va) != len(vb):
         return False
     return all(abs(x - y) <= 1e-6 * max(1.0, abs(x)) for x, y in zip(sorted(va), sorted(vb)))
-
-
-def near_miss(text: str, rng: random.Random) -> str | None:
-    """``text`` with one of its integers changed (``20412_5`` -> ``20412_6``), or ``None``."""
-    numbers = list(re.finditer(r"\d+", text))
-    if not numbers:
-        return None
-    match = rng.choice(numbers)
-    value = int(match.group()) + rng.choice([1, 2] if match.group() == "0" else [-1, 1, 2])
-    return text[: match.start()] + str(value) + text[match.end() :]
 
 
 def audit(rows: list[tuple[str, int, Any]], others: int, seed: int) -> dict[str, Any]:
