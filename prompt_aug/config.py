@@ -9,6 +9,9 @@ import math
 import os
 from dataclasses import dataclass, field
 
+# Tokens that end a completion, in training (the `stop_tokens` recipe key) and in evaluation.
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
 
 @dataclass
 class PromptAugArguments:
@@ -49,7 +52,7 @@ class PromptAugArguments:
         metadata={"help": "Reward names from rewards.REGISTRY. The paper: correctness + format."},
     )
     stop_tokens: list[str] = field(
-        default_factory=lambda: ["<|im_end|>", "<|endoftext|>"],
+        default_factory=lambda: list(STOP_TOKENS),
         metadata={"help": "Tokens that end a completion (those missing from the vocabulary are skipped)."},
     )
     eval_benchmarks: list[str] | None = field(

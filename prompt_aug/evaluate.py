@@ -34,6 +34,7 @@ from transformers import TrainerCallback
 
 from rewards.grade import grade_batch
 
+from .config import STOP_TOKENS
 from .templates import DEFAULT_EVAL_TEMPLATE, Template, load_templates
 
 logger = logging.getLogger("prompt_aug.evaluate")
@@ -48,7 +49,6 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "olympiadbench": ("olympiad_bench", "Olympiad"),
 }
 QUESTION_FIELD, ANSWER_FIELD = "problem", "answer"
-STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 RECORDS_FILE, RESULTS_FILE, TABLE_FILE, SETTINGS_FILE = (
     "completions.jsonl",
     "results.json",
@@ -181,11 +181,11 @@ class Backend(Protocol):
         ...
 
 
-def stop_token_ids(tokenizer: Any, extra: Any = None) -> list[int]:
-    """The tokenizer's EOS, ``<|im_end|>`` and ``<|endoftext|>`` when in the vocabulary, and ``extra`` ids."""
+def stop_token_ids(tokenizer: Any, extra: Any = None, tokens: Any = STOP_TOKENS) -> list[int]:
+    """The tokenizer's EOS, the ids of ``tokens`` that are in the vocabulary, and ``extra`` ids."""
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     vocab = tokenizer.get_vocab()
-    ids += [vocab[t] for t in STOP_TOKENS if t in vocab]
+    ids += [vocab[t] for t in tokens if t in vocab]
     ids += [extra] if isinstance(extra, int) else list(extra or [])
     return list(dict.fromkeys(ids))
 

@@ -23,7 +23,7 @@ from rewards import get_reward_funcs
 from .collator import PromptAugmentationCollator
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import filter_long_prompts, load_math_dataset
-from .evaluate import EvalCallback
+from .evaluate import EvalCallback, stop_token_ids
 from .model_card import ModelCardInfo
 from .smoke import TINY_MODEL_NAME, build_tiny_model
 from .templates import check_renders, get_template, load_templates, select_templates
@@ -121,10 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         use_cache=not training_args.gradient_checkpointing,
     )
     # Stop at every listed stop token (Qwen2.5-Math's base config stops only at <|endoftext|>).
-    stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in script_args.stop_tokens if t in tokenizer.get_vocab()]
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
-    model.generation_config.eos_token_id = list(dict.fromkeys(eos + stop_ids))
+    model.generation_config.eos_token_id = stop_token_ids(
+        tokenizer, model.generation_config.eos_token_id, script_args.stop_tokens
+    )
     if training_args.use_vllm:
         training_args.generation_kwargs = {
             "stop_token_ids": model.generation_config.eos_token_id,
