@@ -23,7 +23,14 @@ from trl import GRPOConfig, GRPOTrainer
 from prompt_aug.collator import PromptAugmentationCollator, row_uid
 from prompt_aug.templates import TemplateError, load_templates
 from prompt_aug.trainer import PromptAugGRPOTrainer
-from rewards import BUILTIN_FORMATS, FormatRules, correctness_reward, format_reward, grade, strict_correctness_reward
+from rewards import (
+    BUILTIN_FORMATS,
+    FormatRules,
+    correctness_reward,
+    format_reward,
+    grade,
+    strict_correctness_reward,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = ["What is 2 + 3?", "Compute 7 - 4.", "What is 6 times 7?", "Evaluate 2^5.", "What is 10 / 4?", "Solve x + 1 = 3."]
@@ -49,12 +56,16 @@ def distinct_characters_chat(completions, **kwargs):
     return [float(len(set(c[0]["content"]))) for c in completions]
 
 
+def length_reward(completions, **kwargs):
+    return [len(c) / 10 for c in completions]
+
+
 def config(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(tmp_path), learning_rate=0.1, per_device_train_batch_size=3, num_generations=3,
-        max_completion_length=8, report_to="none", max_steps=2, save_strategy="no", logging_steps=1,
-        use_cpu=True, bf16=False,  # TRL tests run on GPUs; here on CPU
-    )  # fmt: skip
+    values = {
+        "output_dir": str(tmp_path), "learning_rate": 0.1, "per_device_train_batch_size": 3, "num_generations": 3,
+        "max_completion_length": 8, "report_to": "none", "max_steps": 2, "save_strategy": "no", "logging_steps": 1,
+        "use_cpu": True, "bf16": False,  # TRL's tests run where bf16 is available; here on CPU
+    }  # fmt: skip
     return GRPOConfig(**{**values, **overrides})
 
 
@@ -206,14 +217,17 @@ def test_recipe_key_turns_augmentation_off(tmp_path):
     assert "uid" not in records.columns
     qwen = load_templates()["qwen-math"]
     first = records["prompt"].iloc[0]  # TRL logs the conversational prompt as messages
-    assert [m["content"] for m in first][0] == qwen.system
+    assert first[0] == {"role": "system", "content": qwen.system}
 
 
 # -- 4. one contract between collator and rewards --------------------------------------------------
 
 
 def test_rewards_import_nothing_from_prompt_aug():
-    code = "import sys, rewards, rewards.registry, rewards.grade; print(sorted(m for m in sys.modules if m.startswith('prompt_aug')))"
+    code = (
+        "import sys, rewards.registry; from rewards import grade; grade('\\\\boxed{1}', '1', 'open-r1');"
+        "print(sorted(m for m in sys.modules if m.startswith('prompt_aug')))"
+    )
     assert subprocess.check_output([sys.executable, "-c", code], cwd=REPO, text=True).strip() == "[]"
     for path in (REPO / "rewards").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -271,8 +285,8 @@ def test_eval_dataset_uses_the_evaluation_template(tiny_model_dir, tmp_path):
 def test_several_reward_functions_and_two_iterations(tiny_model_dir, tmp_path):
     args = config(tmp_path, num_iterations=2, max_steps=4, reward_weights=[1.0, 0.5, 1.0])
     trainer = PromptAugGRPOTrainer(
-        model=str(tiny_model_dir), reward_funcs=[distinct_characters, format_reward, lambda completions, **kw: [len(c) / 10 for c in completions]],
-        args=args, train_dataset=standard_prompt_only(),
+        model=str(tiny_model_dir), reward_funcs=[distinct_characters, format_reward, length_reward], args=args,
+        train_dataset=standard_prompt_only(),
     )  # fmt: skip
     train_and_assert_weights_moved(trainer)
     keys = {k for entry in trainer.state.log_history for k in entry}
