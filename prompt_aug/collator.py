@@ -17,7 +17,9 @@ from typing import Any
 
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
-REQUIRED_COLUMNS = ("question", "uid")
+# Columns the collator writes: the template's name and its format rules, which the reward functions
+# read (see `rewards.formats`). A row that already has one of them is refused rather than overwritten.
+FORMAT_COLUMNS = ("template", "answer_rule", "format_markers")
 
 
 def stable_uniform(seed: int, epoch: int, uid: str) -> float:
@@ -30,8 +32,46 @@ def stable_uniform(seed: int, epoch: int, uid: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+def row_question(row: dict[str, Any]) -> str:
+    """The question of a row: its ``question`` column, else its ``prompt`` (text, or the last user turn).
+
+    >>> row_question({"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]})
+    '2+2?'
+    """
+    if "question" in row:
+        return str(row["question"])
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        for message in reversed(prompt):
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content")
+                if isinstance(content, list):  # content blocks: keep the text parts
+                    content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
+                return str(content)
+        raise ValueError(f"the row's `prompt` has no user turn to augment: {prompt!r}")
+    raise KeyError(f"row has neither a `question` nor a `prompt` column; it has {sorted(row)}")
+
+
+def row_uid(row: dict[str, Any], question: str) -> str:
+    """The row's ``uid`` column, else a stable id derived from the question text.
+
+    >>> row_uid({}, "2+2?") == row_uid({}, "2+2?") != row_uid({}, "2+3?")
+    True
+    """
+    if "uid" in row:
+        return str(row["uid"])
+    return "q-" + hashlib.blake2b(question.encode(), digest_size=8).hexdigest()
+
+
+def format_columns(template: Template) -> dict[str, Any]:
+    """The columns that carry ``template``'s format rules to the reward functions."""
+    return {"template": template.name, "answer_rule": template.answer, "format_markers": list(template.markers)}
+
+
 class PromptAugmentationCollator:
-    """Rewrites rows' ``prompt`` under a template drawn per (seed, epoch, uid) and sets ``template``.
+    """Rewrites rows' ``prompt`` under a template drawn per (seed, epoch, uid) and adds its format rules.
 
     Args:
         templates: The templates to draw from.
@@ -39,8 +79,12 @@ class PromptAugmentationCollator:
         weights: Sampling weights (normalised or not); uniform if ``None``.
         seed: The draw seed (use the training seed).
         eval_template: The one template used in eval mode (``training=False``).
+        chat_template_kwargs: Extra arguments for ``apply_chat_template`` (TRL's ``args.chat_template_kwargs``).
 
-    Rows must carry ``question`` and ``uid``; other columns pass through unchanged.
+    A row gives its question through ``question``, else through ``prompt`` (text, or messages: the last
+    user turn), and its id through ``uid``, else one derived from the question. Each output row has
+    ``prompt`` (the rendered text, prefill included), ``question``, ``uid`` and the `FORMAT_COLUMNS`;
+    other columns pass through unchanged.
     """
 
     def __init__(
@@ -50,6 +94,7 @@ class PromptAugmentationCollator:
         weights: list[float] | None = None,
         seed: int = 0,
         eval_template: Template | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if not templates:
             raise ValueError("PromptAugmentationCollator needs at least one template")
@@ -65,6 +110,7 @@ class PromptAugmentationCollator:
             by_name = {t.name: t for t in templates}
             eval_template = by_name.get(DEFAULT_EVAL_TEMPLATE, templates[0])
         self.eval_template = eval_template
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
 
     def draw(self, uid: str, epoch: int = 0) -> Template:
         """The template for row ``uid`` in ``epoch``."""
@@ -72,13 +118,23 @@ class PromptAugmentationCollator:
         index = min(bisect.bisect_right(self._cumulative, u), len(self.templates) - 1)
         return self.templates[index]
 
+    def template_for(self, uid: str, epoch: int = 0, training: bool = True) -> Template:
+        """The template of row ``uid``: drawn in training, the evaluation template otherwise."""
+        return self.draw(uid, epoch) if training else self.eval_template
+
     def __call__(self, rows: list[dict[str, Any]], epoch: int = 0, training: bool = True) -> list[dict[str, Any]]:
-        """Return new rows with ``prompt`` (rendered text) and ``template`` (its name) set."""
+        """Return new rows rendered under their templates (see the class docstring for the columns)."""
         out = []
         for row in rows:
-            missing = [c for c in REQUIRED_COLUMNS if c not in row]
-            if missing:
-                raise KeyError(f"row is missing column(s) {missing}; it has {sorted(row)}")
-            template = self.draw(row["uid"], epoch) if training else self.eval_template
-            out.append({**row, "prompt": template.render(row["question"], self.tokenizer), "template": template.name})
+            taken = [c for c in FORMAT_COLUMNS if c in row]
+            if taken:
+                raise ValueError(
+                    f"dataset column(s) {taken} would be overwritten by prompt augmentation, which writes "
+                    f"{list(FORMAT_COLUMNS)}; rename them or turn augmentation off"
+                )
+            question = row_question(row)
+            uid = row_uid(row, question)
+            template = self.template_for(uid, epoch, training)
+            prompt = template.render(question, self.tokenizer, **self.chat_template_kwargs)
+            out.append({**row, "prompt": prompt, "question": question, "uid": uid, **format_columns(template)})
         return out

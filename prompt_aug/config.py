@@ -46,7 +46,10 @@ class PromptAugArguments:
     templates_file: str | None = field(
         default=None, metadata={"help": "A YAML file of templates replacing the built-in bank."}
     )
-    eval_template: str = field(default="qwen-math", metadata={"help": "The fixed template in eval mode."})
+    eval_template: str = field(
+        default="qwen-math",
+        metadata={"help": "The fixed template in eval mode: from `templates_file` if it has it, else built-in."},
+    )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["correctness", "format"],
         metadata={"help": "Reward names from rewards.REGISTRY. The paper: correctness + format."},
@@ -64,6 +67,14 @@ class PromptAugArguments:
     )
     eval_limit: int | None = field(default=None, metadata={"help": "First N questions per benchmark only."})
     eval_max_tokens: int = field(default=1024, metadata={"help": "New tokens per evaluation completion."})
+    # -- drop-in GRPOTrainer (issue 11) --
+    prompt_augmentation: bool = field(
+        default=True,
+        metadata={
+            "help": "false: no augmentation; every question is asked under `eval_template` through TRL's own "
+            "chat handling (its messages as a conversational prompt), as plain GRPO would."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={

@@ -17,15 +17,12 @@ from typing import Any
 
 import yaml
 
+from rewards.formats import ANSWER_RULES
+
 DEFAULT_TEMPLATES_FILE = Path(__file__).with_name("templates.yaml")
 DEFAULT_EVAL_TEMPLATE = "qwen-math"
 QUESTION_SLOT = "{question}"
-ANSWER_RULES = ("boxed", "tag")
 _FIELDS = {"name", "system", "user", "prefill", "answer", "markers"}
-
-# Every template loaded in this process, by name, so that rewards can read a row's `template`
-# column (a name) back into its format rules. Filled by `load_templates`.
-_KNOWN: dict[str, Template] = {}
 
 
 class TemplateError(ValueError):
@@ -58,9 +55,14 @@ class Template:
         turns.append({"role": "user", "content": self.user.replace(QUESTION_SLOT, question)})
         return turns
 
-    def render(self, question: str, tokenizer: Any) -> str:
-        """The full prompt text: the tokenizer's chat template with a generation prompt, then the prefill."""
-        text = tokenizer.apply_chat_template(self.messages(question), tokenize=False, add_generation_prompt=True)
+    def render(self, question: str, tokenizer: Any, **chat_template_kwargs: Any) -> str:
+        """The full prompt text: the tokenizer's chat template with a generation prompt, then the prefill.
+
+        ``chat_template_kwargs`` go to ``apply_chat_template`` (e.g. ``enable_thinking=False``).
+        """
+        text = tokenizer.apply_chat_template(
+            self.messages(question), tokenize=False, add_generation_prompt=True, **chat_template_kwargs
+        )
         # Tokenizers that add a BOS token on their own (Llama, Gemma) would otherwise get it twice,
         # once from the chat template and once when TRL tokenizes this text.
         bos = getattr(tokenizer, "bos_token", None)
@@ -125,7 +127,6 @@ def load_templates(path: str | Path | None = None, tokenizer: Any = None) -> dic
         bank[template.name] = template
     if tokenizer is not None:
         check_renders(bank.values(), tokenizer)
-    _KNOWN.update(bank)
     return bank
 
 
@@ -145,14 +146,16 @@ def check_renders(templates: Any, tokenizer: Any) -> None:
             raise TemplateError(f"template {template.name!r}: the rendered prompt lost the question")
 
 
-def get_template(name: str) -> Template:
-    """A template by name, from the built-in bank or any bank loaded in this process."""
-    if not _KNOWN:
-        load_templates()
-    try:
-        return _KNOWN[name]
-    except KeyError:
-        raise KeyError(f"unknown template {name!r}; known: {sorted(_KNOWN)}") from None
+def get_template(name: str, path: str | Path | None = None) -> Template:
+    """The template ``name`` of the bank at ``path`` (the built-in bank by default); read from the file.
+
+    >>> get_template("open-r1-teacher").prefill
+    '<think>\\n'
+    """
+    bank = load_templates(path)
+    if name not in bank:
+        raise TemplateError(f"unknown template {name!r} in {path or DEFAULT_TEMPLATES_FILE}; it has {list(bank)}")
+    return bank[name]
 
 
 def select_templates(

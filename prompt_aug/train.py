@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import PartialState
@@ -20,13 +21,13 @@ from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 
 from rewards import get_reward_funcs
 
-from .collator import PromptAugmentationCollator
+from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import filter_long_prompts, load_math_dataset
 from .evaluate import EvalCallback, stop_token_ids
 from .model_card import ModelCardInfo
 from .smoke import TINY_MODEL_NAME, build_tiny_model
-from .templates import check_renders, get_template, load_templates, select_templates
+from .templates import Template, TemplateError, check_renders, load_templates, select_templates
 from .trainer import PromptAugGRPOTrainer
 
 logger = logging.getLogger("prompt_aug")
@@ -65,6 +66,30 @@ def resolve_resume(value: str | None, output_dir: str) -> str | bool | None:
     return value
 
 
+def resolve_eval_template(script_args: PromptAugArguments, bank: dict[str, Template]) -> Template:
+    """The ``eval_template``: from the bank in use, else from the built-in bank (the paper evaluates with
+    ``qwen-math`` whatever the training bank)."""
+    name = script_args.eval_template
+    builtin = load_templates() if script_args.templates_file else bank
+    template = bank.get(name) or builtin.get(name)
+    if template is None:
+        where = f"{script_args.templates_file} or the built-in bank" if script_args.templates_file else "the bank"
+        raise TemplateError(f"eval_template {name!r} is not in {where}; choose one of {list(bank)}")
+    return template
+
+
+def plain_prompts(dataset: Any, template: Template) -> Any:
+    """Without augmentation: each question as ``template``'s messages, a TRL conversational ``prompt``,
+    with the template's format rules in the row so that the rewards grade by them."""
+    if template.prefill:
+        raise TemplateError(
+            f"prompt_augmentation is false, so questions are asked under eval_template {template.name!r} through "
+            f"TRL's chat handling, which cannot prefill {template.prefill!r}; choose an eval_template without a prefill"
+        )
+    columns = format_columns(template)
+    return dataset.map(lambda row: {"prompt": template.messages(row["question"]), **columns})
+
+
 def main(argv: list[str] | None = None) -> None:
     script_args, training_args, model_args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -77,7 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     # Fail on a bad reward or template name now, before anything heavy loads.
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
     bank = load_templates(script_args.templates_file)
-    templates, weights = select_templates(bank, script_args.templates, script_args.template_weights)
+    eval_template = resolve_eval_template(script_args, bank)
+    if script_args.prompt_augmentation:
+        templates, weights = select_templates(bank, script_args.templates, script_args.template_weights)
+    else:
+        templates, weights = [eval_template], [1.0]
 
     # Model and tokenizer.
     model_path = resolve_model_path(model_args, training_args)
@@ -90,9 +119,12 @@ def main(argv: list[str] | None = None) -> None:
 
     # Templates: each must render with this tokenizer's chat template.
     check_renders(templates, tokenizer)
-    collator = PromptAugmentationCollator(
-        templates, tokenizer, weights, seed=training_args.seed, eval_template=get_template(script_args.eval_template)
-    )
+    collator = None
+    if script_args.prompt_augmentation:
+        collator = PromptAugmentationCollator(
+            templates, tokenizer, weights, seed=training_args.seed, eval_template=eval_template,
+            chat_template_kwargs=training_args.chat_template_kwargs,
+        )  # fmt: skip
 
     # Data.
     with PartialState().main_process_first():
@@ -107,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
             seed=training_args.seed,
         )
         dataset, n_long = filter_long_prompts(dataset, templates, tokenizer, script_args.max_prompt_length)
+        if not script_args.prompt_augmentation:
+            dataset = plain_prompts(dataset, eval_template)
     report.rows = len(dataset)
     report.dropped[f"prompt longer than {script_args.max_prompt_length} tokens"] += n_long
     logger.info("%s", report)
@@ -140,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
         prompt_collator=collator,
+        prompt_augmentation=script_args.prompt_augmentation,
         model_card=ModelCardInfo(
             base_model=model_args.model_name_or_path,
             recipe=recipe_text,

@@ -1,6 +1,8 @@
 """`PromptAugGRPOTrainer`: TRL's `GRPOTrainer` with prompt augmentation and per-template metrics.
 
-Four thin overrides, each for one reason:
+A drop-in for `GRPOTrainer`: it takes TRL's arguments alone (the built-in template bank, the
+processing class's chat template and ``args.seed`` by default), and with ``prompt_augmentation=False``
+it is `GRPOTrainer`. Four thin overrides, each for one reason:
 
 * ``_generate_and_score_completions``: TRL 1.16 hard-codes an identity data collator, so a
   generation round is augmented where it starts. The rows arrive already repeated
@@ -10,7 +12,9 @@ Four thin overrides, each for one reason:
 * ``_prepare_inputs``: TRL does not restore its micro-step counter on resume, so a run resumed from a
   mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
 * ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
-  so the per-template metrics are read off the same numbers TRL trains on (no regrading).
+  so the per-template metrics are read off the same numbers TRL trains on (no regrading); and hands
+  reward functions the conversational prompts and completions of a conversational dataset, whose
+  prompts had to be rendered to text for the prefill.
 * ``create_model_card``: TRL writes its own card at every checkpoint and at push time, which would
   overwrite ours; ours carries the recipe, the template bank and the evaluation table.
 """
@@ -24,48 +28,99 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
+from trl.data_utils import is_conversational
 
 from rewards.registry import correctness_reward, format_reward, strict_correctness_reward
 
 from .collator import PromptAugmentationCollator
 from .model_card import ModelCardInfo, render_model_card
+from .templates import TemplateError, check_renders, load_templates
 
 
 class PromptAugGRPOTrainer(GRPOTrainer):
-    """`GRPOTrainer` whose rows (``question``, ``answer``, ``uid``) are rewritten under a drawn template.
+    """`GRPOTrainer` whose prompts are rewritten under a template drawn per question and generation round.
+
+    Constructed like `GRPOTrainer` (``model, reward_funcs, args, train_dataset, eval_dataset,
+    processing_class, ...`` are passed to it unchanged, and its errors are its own). A row gives its
+    question through a ``question`` column, else through TRL's ``prompt`` column (text, or messages:
+    the last user turn); its id through ``uid``, else one derived from the question.
 
     Args:
-        prompt_collator: Draws the template of each row and renders its prompt.
+        prompt_collator: Draws the template of each row and renders its prompt. Default: the built-in
+            bank, uniform weights, the processing class's chat template (with ``args.chat_template_kwargs``)
+            and ``args.seed``; the evaluation template is ``qwen-math``.
+        prompt_augmentation: ``False`` turns augmentation off: the trainer is then `GRPOTrainer` and adds
+            nothing to the rows (``prompt_collator`` must then be ``None``).
         model_card: What our model card says; without it, TRL's card is written.
-        *args, **kwargs: Passed to `trl.GRPOTrainer` unchanged.
+
+    What reward functions receive with augmentation on (TRL's keyword arguments, plus these columns):
+
+    * ``completions``: the generated text (without the template's prefill). For a conversational
+      dataset, TRL's conversational form ``[{"role": "assistant", "content": text}]``.
+    * ``prompts``: for a text dataset, the rendered prompt text (chat template and prefill included);
+      for a conversational dataset, the messages the question was asked in (the template's system turn,
+      if any, and its user turn), without the prefill.
+    * ``template`` (name), ``answer_rule`` (``"boxed"`` or ``"tag"``) and ``format_markers`` (list):
+      the format rules of the row's template, which the rewards in `rewards` read; and ``question``,
+      ``uid`` and every other dataset column, one value per completion.
 
     Logs, beside TRL's ``entropy``, ``reward`` and ``completions/*``: ``templates/<name>/accuracy``,
     ``/format``, ``/mean_length``, ``/truncated_ratio`` and ``/count`` per template. With
     ``log_completions``, the completion records carry ``template``, ``uid`` and the ``process`` that
-    generated each completion.
+    generated each completion (the logged prompt is the rendered text).
     """
 
     def __init__(
         self,
         *args: Any,
-        prompt_collator: PromptAugmentationCollator,
+        prompt_collator: PromptAugmentationCollator | None = None,
+        prompt_augmentation: bool = True,
         model_card: ModelCardInfo | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if prompt_collator is not None and not prompt_augmentation:
+            raise ValueError("PromptAugGRPOTrainer: a prompt_collator was given with prompt_augmentation=False")
+        if prompt_augmentation and prompt_collator is None:
+            prompt_collator = self._default_collator()
         self.prompt_collator = prompt_collator
         self.model_card_info = model_card
         self._round_rewards: torch.Tensor | None = None
+        self._chat_prompts: list[list[dict[str, Any]]] | None = None
+
+    def _default_collator(self) -> PromptAugmentationCollator:
+        templates = list(load_templates().values())
+        try:
+            check_renders(templates, self._tokenizer)
+        except TemplateError as err:
+            raise TemplateError(
+                f"{err}\nPromptAugGRPOTrainer renders the built-in templates through the processing class's chat "
+                "template; pass prompt_augmentation=False to train on the dataset's prompts as GRPOTrainer does."
+            ) from err
+        return PromptAugmentationCollator(
+            templates, self._tokenizer, seed=self.args.seed, chat_template_kwargs=self.chat_template_kwargs
+        )
 
     # Why: the seam where a generation round starts (TRL has no collator hook for GRPO).
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.prompt_collator is None:
+            return super()._generate_and_score_completions(inputs)
         training = self.model.training
         epoch = int(self.state.epoch or 0)  # whole epochs done: a new epoch redraws, a resume redraws the same
+        conversational = is_conversational(inputs[0])
         inputs = self.prompt_collator(inputs, epoch=epoch, training=training)
+        if conversational:  # the rendered text goes to generation; reward functions get messages back
+            self._chat_prompts = [
+                self.prompt_collator.template_for(row["uid"], epoch, training).messages(row["question"])
+                for row in inputs
+            ]
         self._log_completion_extra("template", [row["template"] for row in inputs])
         self._log_completion_extra("uid", [row["uid"] for row in inputs])
         self._log_completion_extra("process", [self.accelerator.process_index] * len(inputs))
-        output = super()._generate_and_score_completions(inputs)
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._chat_prompts = None
         self._log_template_metrics(inputs, output, "train" if training else "eval")
         return output
 
@@ -79,8 +134,12 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             self._step = self.state.global_step * self.args.gradient_accumulation_steps
         return super()._prepare_inputs(generation_batch)
 
-    # Why: TRL gathers the per-function rewards of the round here but does not hand them back.
+    # Why: TRL gathers the per-function rewards of the round here but does not hand them back; and a
+    # conversational dataset's reward functions expect messages, not the text we generated from.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if self._chat_prompts is not None:
+            prompts = self._chat_prompts
+            completions = [[{"role": "assistant", "content": text}] for text in completions]
         self._round_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         return self._round_rewards
 

@@ -6,11 +6,14 @@ True
 """
 
 from .extract import extract_lenient, extract_strict, normalize
+from .formats import BUILTIN_FORMATS, FormatRules
 from .grade import Grade, format_score, grade, grade_batch
 from .registry import REGISTRY, correctness_reward, format_reward, get_reward_funcs, strict_correctness_reward
 
 __all__ = [
+    "BUILTIN_FORMATS",
     "REGISTRY",
+    "FormatRules",
     "Grade",
     "correctness_reward",
     "extract_lenient",

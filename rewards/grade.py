@@ -17,6 +17,7 @@ from typing import Any
 from . import pool
 from .extract import extract_lenient, extract_strict
 from .fastpath import answer_too_costly, base_verdict, fast_verdict, reads_as_prose, surely_parseable
+from .formats import resolve_rules
 from .verify import check, normalize_gold
 
 
@@ -46,11 +47,7 @@ class Grade:
 
 
 def _resolve(template: Any) -> Any:
-    if template is None or not isinstance(template, str):
-        return template
-    from prompt_aug.templates import get_template  # the bank lives with the templates
-
-    return get_template(template)
+    return resolve_rules(template)  # a built-in name, or rules that travelled with the row
 
 
 def format_score(completion: str, template: Any = None) -> float:
@@ -74,7 +71,8 @@ def format_score(completion: str, template: Any = None) -> float:
 
 
 def grade(completion: str, gold: str | list[str], template: Any = None, *, strict: bool = False) -> Grade:
-    """Grade ``completion`` against ``gold`` under ``template`` (a name, a `Template`, or ``None``).
+    """Grade ``completion`` against ``gold`` under ``template``: a built-in template's name, the rules of
+    any template (a `rewards.formats.FormatRules` or a template object), or ``None``.
 
     ``gold`` may be a list of acceptable answers (Minerva, OlympiadBench): any match counts.
 

@@ -1,7 +1,10 @@
 """TRL reward functions, registered by name so a recipe can list them (``reward_funcs: [...]``).
 
 Each function takes TRL's reward-function arguments: the ``completions`` of a generation round and
-the dataset columns as lists, here ``answer`` (the gold) and ``template`` (the template name).
+the dataset columns as lists: ``answer`` (the gold) and the format rules of each row's template.
+Prompt augmentation writes those rules into every row (``answer_rule``, ``format_markers``, beside
+the ``template`` name); without them, a ``template`` column of built-in names is read through
+`rewards.formats.BUILTIN_FORMATS`, and with no template at all the last ``\\boxed{}`` is graded.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .formats import row_rules
 from .grade import format_score, grade_batch
 
 
@@ -19,14 +23,12 @@ def _text(completion: Any) -> str:
     return completion
 
 
-def _templates(template: list[str] | None, n: int) -> list[str | None]:
-    return list(template) if template is not None else [None] * n
-
-
 def correctness_reward(
     completions: list[Any],
     answer: list[str],
     template: list[str] | None = None,
+    answer_rule: list[str] | None = None,
+    format_markers: list[list[str]] | None = None,
     log_metric: Callable[[str, float], None] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
@@ -39,13 +41,16 @@ def correctness_reward(
     >>> correctness_reward(["... \\\\boxed{4}", "... \\\\boxed{5}"], answer=["4", "4"])
     [1.0, 0.0]
     """
-    return _correctness(completions, answer, template, log_metric, strict=False)
+    rules = row_rules(len(completions), template, answer_rule, format_markers)
+    return _correctness(completions, answer, rules, log_metric, strict=False)
 
 
 def strict_correctness_reward(
     completions: list[Any],
     answer: list[str],
     template: list[str] | None = None,
+    answer_rule: list[str] | None = None,
+    format_markers: list[list[str]] | None = None,
     log_metric: Callable[[str, float], None] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
@@ -54,13 +59,13 @@ def strict_correctness_reward(
     >>> strict_correctness_reward(["The answer is 4."], answer=["4"])
     [0.0]
     """
-    return _correctness(completions, answer, template, log_metric, strict=True)
+    rules = row_rules(len(completions), template, answer_rule, format_markers)
+    return _correctness(completions, answer, rules, log_metric, strict=True)
 
 
-def _correctness(completions, answer, template, log_metric, *, strict: bool) -> list[float | None]:
+def _correctness(completions, answer, rules, log_metric, *, strict: bool) -> list[float | None]:
     # The whole batch goes to `grade_batch` at once: fast path here, math-verify in the worker pool.
-    names = _templates(template, len(completions))
-    grades = grade_batch([_text(c) for c in completions], list(answer), names, strict=strict)
+    grades = grade_batch([_text(c) for c in completions], list(answer), rules, strict=strict)
     rewards: list[float | None] = [float(g.correct) if g.gold_ok else None for g in grades]
     if log_metric is not None:
         log_metric("rewards/unparseable_gold", float(sum(not g.gold_ok for g in grades)))
@@ -69,14 +74,22 @@ def _correctness(completions, answer, template, log_metric, *, strict: bool) -> 
     return rewards
 
 
-def format_reward(completions: list[Any], template: list[str] | None = None, **kwargs: Any) -> list[float]:
+def format_reward(
+    completions: list[Any],
+    template: list[str] | None = None,
+    answer_rule: list[str] | None = None,
+    format_markers: list[list[str]] | None = None,
+    **kwargs: Any,
+) -> list[float]:
     """The template's format score in [0, 1]: 1 for free-form templates, else a share per marker seen once.
 
     >>> format_reward(["<think>\\nx\\n</think>\\n<answer>\\n1\\n</answer>", "no tags"], template=["open-r1"] * 2)
     [1.0, 0.0]
+    >>> format_reward(["Answer: 3", "3"], template=["mine"] * 2, format_markers=[["Answer:"]] * 2)
+    [1.0, 0.0]
     """
-    names = _templates(template, len(completions))
-    return [format_score(_text(c), name) for c, name in zip(completions, names, strict=True)]
+    rules = row_rules(len(completions), template, answer_rule, format_markers)
+    return [format_score(_text(c), r) for c, r in zip(completions, rules, strict=True)]
 
 
 REGISTRY: dict[str, Callable[..., list[float | None]]] = {

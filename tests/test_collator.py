@@ -86,10 +86,19 @@ def test_eval_mode_uses_the_fixed_template(bank, tokenizer):
     assert {r["template"] for r in out} == {"qwen-math"}
 
 
-def test_missing_columns_are_named(bank, tokenizer):
+def test_a_row_without_question_or_prompt_is_named(bank, tokenizer):
     collator = PromptAugmentationCollator(list(bank.values()), tokenizer)
-    with pytest.raises(KeyError, match="uid"):
-        collator([{"question": "1+1?", "answer": "2"}])
+    with pytest.raises(KeyError, match="neither a `question` nor a `prompt`.*'answer', 'problem'"):
+        collator([{"problem": "1+1?", "answer": "2"}])
+
+
+def test_format_rules_travel_in_the_row_and_are_never_overwritten(bank, tokenizer):
+    collator = PromptAugmentationCollator(list(bank.values()), tokenizer, seed=1)
+    for row in collator(synthetic_problems(40)):
+        template = bank[row["template"]]
+        assert (row["answer_rule"], row["format_markers"]) == (template.answer, list(template.markers))
+    with pytest.raises(ValueError, match=r"\['template'\]"):
+        collator([{"question": "1+1?", "uid": "a", "template": "mine"}])
 
 
 @pytest.mark.slow

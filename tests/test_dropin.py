@@ -1,0 +1,294 @@
+"""`PromptAugGRPOTrainer` as a drop-in for TRL's `GRPOTrainer`, and the one contract between the
+collator and the rewards (issue 11).
+
+The training scenarios build the trainer the way TRL's own tests build `GRPOTrainer`: a model path
+(here a tiny model built in code instead of a Hub id), reward functions, a `GRPOConfig`, a
+prompt-only dataset, and nothing of ours. Each trains for a few steps on CPU (a few seconds each).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from prompt_aug.collator import PromptAugmentationCollator, row_uid
+from prompt_aug.templates import TemplateError, load_templates
+from prompt_aug.trainer import PromptAugGRPOTrainer
+from rewards import (
+    BUILTIN_FORMATS,
+    FormatRules,
+    correctness_reward,
+    format_reward,
+    grade,
+    strict_correctness_reward,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+QUESTIONS = ["What is 2 + 3?", "Compute 7 - 4.", "What is 6 times 7?", "Evaluate 2^5.", "What is 10 / 4?", "Solve x + 1 = 3."]
+FORMAT_COLUMNS = {"template", "answer_rule", "format_markers"}
+
+
+def standard_prompt_only() -> Dataset:
+    return Dataset.from_dict({"prompt": QUESTIONS})
+
+
+def conversational_prompt_only() -> Dataset:
+    prompts = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}] for q in QUESTIONS]
+    return Dataset.from_dict({"prompt": prompts})
+
+
+def distinct_characters(completions, **kwargs):
+    """A reward with spread on a random model: how many distinct characters a text completion uses."""
+    return [float(len(set(c))) for c in completions]
+
+
+def distinct_characters_chat(completions, **kwargs):
+    """The same reward written for TRL's conversational format."""
+    return [float(len(set(c[0]["content"]))) for c in completions]
+
+
+def length_reward(completions, **kwargs):
+    return [len(c) / 10 for c in completions]
+
+
+def config(tmp_path, **overrides) -> GRPOConfig:
+    values = {
+        "output_dir": str(tmp_path), "learning_rate": 0.1, "per_device_train_batch_size": 3, "num_generations": 3,
+        "max_completion_length": 8, "report_to": "none", "max_steps": 2, "save_strategy": "no", "logging_steps": 1,
+        "use_cpu": True, "bf16": False,  # TRL's tests run where bf16 is available; here on CPU
+    }  # fmt: skip
+    return GRPOConfig(**{**values, **overrides})
+
+
+def train_and_assert_weights_moved(trainer) -> None:
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.log_history[-1]["train_loss"] is not None
+    moved = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
+    assert moved, "no parameter changed"
+
+
+# -- 1. constructed with TRL's arguments alone ------------------------------------------------------
+
+
+def test_trl_arguments_alone_train_with_the_builtin_bank_and_args_seed(tiny_model_dir, tmp_path):
+    args = config(tmp_path, seed=11)
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args, train_dataset=standard_prompt_only()
+    )
+    collator = trainer.prompt_collator
+    assert [t.name for t in collator.templates] == list(load_templates())
+    assert collator.seed == 11 and collator.tokenizer is trainer.processing_class
+    train_and_assert_weights_moved(trainer)
+    assert any(k.startswith("templates/") for entry in trainer.state.log_history for k in entry)
+
+
+def test_a_processing_class_without_chat_template_says_how_to_turn_augmentation_off(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    plain = AutoTokenizer.from_pretrained(tiny_model_dir)
+    plain.chat_template = None
+    with pytest.raises(TemplateError, match="prompt_augmentation=False"):
+        PromptAugGRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs=distinct_characters, args=config(tmp_path),
+            train_dataset=standard_prompt_only(), processing_class=plain,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"args_overrides": {"reward_weights": [1.0, 2.0]}}, "Number of reward weights"),
+        ({"train_dataset": None}, "`train_dataset` is required"),
+    ],
+)
+def test_trl_value_errors_surface_as_trl_errors(tiny_model_dir, tmp_path, kwargs, message):
+    args = config(tmp_path, **kwargs.get("args_overrides", {}))
+    dataset = kwargs.get("train_dataset", standard_prompt_only())
+    for cls in (GRPOTrainer, PromptAugGRPOTrainer):
+        with pytest.raises(ValueError, match=message):
+            cls(model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args, train_dataset=dataset)
+
+
+# -- 2. TRL-standard datasets; conversational data stays conversational for the user's code ---------
+
+
+def test_standard_prompt_gives_the_question_and_a_stable_uid(tokenizer):
+    collator = PromptAugmentationCollator(list(load_templates().values()), tokenizer, seed=0)
+    rows = collator([{"prompt": q} for q in QUESTIONS], epoch=0)
+    assert [r["question"] for r in rows] == QUESTIONS
+    assert all(q in r["prompt"] for q, r in zip(QUESTIONS, rows))
+    # The derived uid depends on the question only: the same in a fresh interpreter with another hash salt.
+    code = f"from prompt_aug.collator import row_uid; print(row_uid({{}}, {QUESTIONS[0]!r}))"
+    there = subprocess.check_output([sys.executable, "-c", code], cwd=REPO, text=True, env={**os.environ, "PYTHONHASHSEED": "99"})
+    assert rows[0]["uid"] == there.strip() == row_uid({}, QUESTIONS[0])
+    assert len({r["uid"] for r in rows}) == len(QUESTIONS)
+
+
+def test_conversational_dataset_stays_conversational_for_reward_functions(tiny_model_dir, tmp_path):
+    seen = {}
+
+    def chat_reward(prompts, completions, **kwargs):
+        seen.setdefault("prompts", prompts)
+        seen.setdefault("completions", completions)
+        seen.setdefault("kwargs", kwargs)
+        return distinct_characters_chat(completions)
+
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=chat_reward, args=config(tmp_path, log_completions=True),
+        train_dataset=conversational_prompt_only(),
+    )  # fmt: skip
+    train_and_assert_weights_moved(trainer)
+    bank = load_templates()
+    for prompt, completion, name, question in zip(
+        seen["prompts"], seen["completions"], seen["kwargs"]["template"], seen["kwargs"]["question"]
+    ):
+        # The messages the question was asked in: the template's turns around the dataset's last user turn
+        # (the template replaces the dataset's system turn).
+        assert question in QUESTIONS
+        assert prompt == bank[name].messages(question)
+        assert isinstance(completion, list) and completion[0]["role"] == "assistant"
+        assert isinstance(completion[0]["content"], str)
+    assert FORMAT_COLUMNS <= set(seen["kwargs"])
+    # Generation itself ran from the rendered text, prefill included.
+    logged = list(trainer._logs["prompt"])
+    assert logged and all(isinstance(p, str) and p.endswith(bank[n].prefill) for p, n in
+                          zip(logged, trainer._logs["extra"]["template"]))  # fmt: skip
+
+
+# -- 3. augmentation off ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make_dataset", [standard_prompt_only, conversational_prompt_only])
+def test_augmentation_off_hands_reward_functions_what_grpotrainer_does(tiny_model_dir, tmp_path, make_dataset):
+    received = {}
+
+    def recorder(key):
+        def reward(prompts, completions, **kwargs):
+            received.setdefault(key, (prompts, sorted(kwargs)))
+            return [0.0] * len(completions)
+
+        return reward
+
+    for key, cls, extra in (("trl", GRPOTrainer, {}), ("ours", PromptAugGRPOTrainer, {"prompt_augmentation": False})):
+        trainer = cls(
+            model=str(tiny_model_dir), reward_funcs=recorder(key), args=config(tmp_path / key, max_steps=1, seed=3),
+            train_dataset=make_dataset(), **extra,
+        )  # fmt: skip
+        trainer.train()
+    assert received["ours"] == received["trl"]
+    assert not FORMAT_COLUMNS & set(received["ours"][1])
+    assert not any(k.startswith("templates/") for entry in trainer.state.log_history for k in entry)
+
+
+def test_a_collator_with_augmentation_off_is_refused(tiny_model_dir, tmp_path, tokenizer):
+    collator = PromptAugmentationCollator(list(load_templates().values()), tokenizer)
+    with pytest.raises(ValueError, match="prompt_augmentation=False"):
+        PromptAugGRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs=distinct_characters, args=config(tmp_path),
+            train_dataset=standard_prompt_only(), prompt_collator=collator, prompt_augmentation=False,
+        )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_recipe_key_turns_augmentation_off(tmp_path):
+    # ~25 s: the smoke recipe for 2 steps.
+    import pandas as pd
+
+    from prompt_aug import train
+
+    out = tmp_path / "run"
+    train.main([
+        "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--output_dir", str(out), "--max_steps", "2",
+        "--save_strategy", "no", "--prompt_augmentation", "false",
+    ])  # fmt: skip
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert not any(k.startswith("templates/") for entry in history for k in entry)
+    records = pd.concat(pd.read_parquet(p) for p in sorted((out / "completions").glob("*.parquet")))
+    assert "uid" not in records.columns
+    qwen = load_templates()["qwen-math"]
+    first = records["prompt"].iloc[0]  # TRL logs the conversational prompt as messages
+    assert first[0] == {"role": "system", "content": qwen.system}
+
+
+# -- 4. one contract between collator and rewards --------------------------------------------------
+
+
+def test_rewards_import_nothing_from_prompt_aug():
+    code = (
+        "import sys, rewards.registry; from rewards import grade; grade('\\\\boxed{1}', '1', 'open-r1');"
+        "print(sorted(m for m in sys.modules if m.startswith('prompt_aug')))"
+    )
+    assert subprocess.check_output([sys.executable, "-c", code], cwd=REPO, text=True).strip() == "[]"
+    for path in (REPO / "rewards").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.split(".")[0] == "prompt_aug" for n in names), path
+
+
+def test_builtin_format_table_equals_the_template_bank():
+    bank = load_templates()
+    assert {n: FormatRules(t.answer, t.markers) for n, t in bank.items()} == BUILTIN_FORMATS
+
+
+CLASHING_BANK = "- {name: open-r1, user: 'Q: {question}', answer: boxed, markers: ['Answer:']}\n"
+
+
+def test_a_custom_bank_with_builtin_names_does_not_change_how_builtin_names_grade(tmp_path, tokenizer):
+    tagged = "<think>\nx\n</think>\n<answer>\n\\boxed{7}\n</answer>"
+    before = grade(tagged, "7", "open-r1", strict=True)
+    (tmp_path / "bank.yaml").write_text(CLASHING_BANK)
+    custom = load_templates(tmp_path / "bank.yaml")
+    assert grade(tagged, "7", "open-r1", strict=True) == before
+    assert before.format_score == 1.0 and before.correct
+
+    # Rows drawn from the custom bank carry its rules, and the rewards grade by them.
+    rows = PromptAugmentationCollator(list(custom.values()), tokenizer)([{"question": "3+4?", "uid": "a", "answer": "7"}])
+    columns = {k: [rows[0][k]] for k in ("template", "answer_rule", "format_markers")}
+    assert format_reward([tagged], **columns) == [0.0]  # the custom marker "Answer:" is missing
+    assert format_reward(["Answer: \\boxed{7}"], **columns) == [1.0]
+    assert strict_correctness_reward(["no tags, \\boxed{7}"], answer=["7"], **columns) == [1.0]
+    assert strict_correctness_reward(["no tags, \\boxed{7}"], answer=["7"], template=["open-r1"]) == [0.0]
+
+
+def test_an_unknown_template_name_without_rules_says_what_to_pass():
+    with pytest.raises(KeyError, match="answer_rule"):
+        correctness_reward(["\\boxed{7}"], answer=["7"], template=["my-own"])
+
+
+# -- 5. TRL-style scenarios ------------------------------------------------------------------------
+
+
+def test_eval_dataset_uses_the_evaluation_template(tiny_model_dir, tmp_path):
+    args = config(tmp_path, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=3)
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args,
+        train_dataset=standard_prompt_only(), eval_dataset=standard_prompt_only(),
+    )  # fmt: skip
+    train_and_assert_weights_moved(trainer)
+    evaluated = [h for h in trainer.state.log_history if "eval_loss" in h or "eval_reward" in h]
+    assert evaluated, trainer.state.log_history
+    assert {k for k in evaluated[0] if k.startswith("eval_templates/")} >= {"eval_templates/qwen-math/count"}
+    assert not [k for k in evaluated[0] if k.startswith("eval_templates/") and "qwen-math" not in k]
+
+
+def test_several_reward_functions_and_two_iterations(tiny_model_dir, tmp_path):
+    args = config(tmp_path, num_iterations=2, max_steps=4, reward_weights=[1.0, 0.5, 1.0])
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=[distinct_characters, format_reward, length_reward], args=args,
+        train_dataset=standard_prompt_only(),
+    )  # fmt: skip
+    train_and_assert_weights_moved(trainer)
+    keys = {k for entry in trainer.state.log_history for k in entry}
+    assert {"rewards/distinct_characters/mean", "rewards/format_reward/mean"} <= keys
+    assert any(k.startswith("templates/") and k.endswith("/format") for k in keys)
