@@ -64,6 +64,15 @@ class PromptAugArguments:
     )
     eval_limit: int | None = field(default=None, metadata={"help": "First N questions per benchmark only."})
     eval_max_tokens: int = field(default=1024, metadata={"help": "New tokens per evaluation completion."})
+    # Fidelity (the paper run): bound the W&B completions table; the parquet records keep every row.
+    wandb_completions_rows: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rows of the W&B `completions` table per log step, with log_completions and report_to wandb: "
+            "unset uploads every completion (TRL), 0 none, N a random sample of N. The parquet records under "
+            "output_dir/completions/ keep every row either way."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={

@@ -1,6 +1,6 @@
 """`PromptAugGRPOTrainer`: TRL's `GRPOTrainer` with prompt augmentation and per-template metrics.
 
-Four thin overrides, each for one reason:
+Six thin overrides, each for one reason:
 
 * ``_generate_and_score_completions``: TRL 1.16 hard-codes an identity data collator, so a
   generation round is augmented where it starts. The rows arrive already repeated
@@ -11,6 +11,10 @@ Four thin overrides, each for one reason:
   mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
 * ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
   so the per-template metrics are read off the same numbers TRL trains on (no regrading).
+* ``_get_train_sampler``: TRL's `RepeatSampler` replays epoch 0's order after a resume into a later
+  epoch; ours reshuffles each epoch from (seed, epoch) (see `prompt_aug.sampler`).
+* ``log``: every log entry gets ``round``, the generation round (the paper's step; see
+  `prompt_aug.records`), and the W&B completions table is bounded to ``wandb_completions_rows`` rows.
 * ``create_model_card``: TRL writes its own card at every checkpoint and at push time, which would
   overwrite ours; ours carries the recipe, the template bank and the evaluation table.
 """
@@ -29,6 +33,8 @@ from rewards.registry import correctness_reward, format_reward, strict_correctne
 
 from .collator import PromptAugmentationCollator
 from .model_card import ModelCardInfo, render_model_card
+from .records import generation_round, upload_sampled_table, without_wandb_table
+from .sampler import EpochRepeatSampler
 
 
 class PromptAugGRPOTrainer(GRPOTrainer):
@@ -42,8 +48,13 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     Logs, beside TRL's ``entropy``, ``reward`` and ``completions/*``: ``templates/<name>/accuracy``,
     ``/format``, ``/mean_length``, ``/truncated_ratio`` and ``/count`` per template. With
     ``log_completions``, the completion records carry ``template``, ``uid`` and the ``process`` that
-    generated each completion.
+    generated each completion, and every log entry carries ``round``.
+
+    Set ``wandb_completions_rows`` (attribute) to bound the W&B completions table: ``None`` uploads every
+    row (TRL), 0 none, N a sample of N rows per log step; the parquet records keep every row.
     """
+
+    wandb_completions_rows: int | None = None
 
     def __init__(
         self,
@@ -65,6 +76,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self._log_completion_extra("template", [row["template"] for row in inputs])
         self._log_completion_extra("uid", [row["uid"] for row in inputs])
         self._log_completion_extra("process", [self.accelerator.process_index] * len(inputs))
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        self._log_completion_extra("round", [self._step // generate_every + 1] * len(inputs))
         output = super()._generate_and_score_completions(inputs)
         self._log_template_metrics(inputs, output, "train" if training else "eval")
         return output
@@ -78,6 +91,34 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         if self.model.training and self._buffered_inputs is None:
             self._step = self.state.global_step * self.args.gradient_accumulation_steps
         return super()._prepare_inputs(generation_batch)
+
+    # Why: TRL's RepeatSampler seeds once and has no set_epoch, so a resume into epoch e > 0 replays epoch 0.
+    def _get_train_sampler(self, dataset: Any = None) -> EpochRepeatSampler:
+        trl_sampler = super()._get_train_sampler(dataset)
+        return EpochRepeatSampler(
+            trl_sampler.data_source,
+            mini_repeat_count=trl_sampler.mini_repeat_count,
+            batch_size=trl_sampler.batch_size,
+            repeat_count=trl_sampler.repeat_count,
+            shuffle=trl_sampler.shuffle,
+            seed=self.args.seed,
+            epoch=lambda: int(self.state.epoch or 0),  # whole epochs done when the epoch's iteration starts
+        )
+
+    # Why: TRL logs optimizer steps (the paper counts rounds) and uploads every completion to W&B each round.
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs["round"] = generation_round(
+            self.state.global_step,
+            self.args.gradient_accumulation_steps,
+            self.args.steps_per_generation,
+            self.num_iterations,
+        )
+        with without_wandb_table(self.args, self.wandb_completions_rows):
+            super().log(logs, start_time)
+        if self.log_completions and self.accelerator.is_main_process and "wandb" in (self.args.report_to or []):
+            upload_sampled_table(
+                self.args.output_dir, self.state.global_step, self.wandb_completions_rows, self.args.seed
+            )
 
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
