@@ -586,13 +586,15 @@ def protocol_line(settings: dict[str, Any]) -> str:
         f"Protocol: backend {settings.get('backend')}, dtype {settings.get('dtype')}, "
         f"template `{settings.get('template')}`, temperature {settings.get('temperature')}, "
         f"max_tokens {settings.get('max_tokens')}, n {settings.get('n')}, runs {settings.get('runs')}, "
-        + ("every question" if limit is None else f"**--limit {limit}: only the first {limit} questions per benchmark**")
+        + ("every question" if limit is None else f"**--limit {limit}: only the first {limit} questions "
+           "per benchmark**")
         + "."
     )
     differences = protocol_differences(settings)
     if not differences:
         return ran + " This is the paper's protocol (mean of 5 greedy vLLM runs in bfloat16)."
-    return ran + " **Not the paper's protocol**: " + "; ".join(differences) + ". Do not compare with the paper's table."
+    differs = "; ".join(differences)
+    return f"{ran} **Not the paper's protocol**: {differs}. Do not compare with the paper's table."
 
 
 def render_tables(
@@ -786,7 +788,8 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     )
     names = [t.name for t in templates]
     summary = summarize(records, benchmarks, names)
-    main_template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in [t.name for t in templates] else templates[0].name
+    names = [t.name for t in templates]
+    main_template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in names else names[0]
     protocol = {**settings, "runs": args.runs, "limit": args.limit, "template": main_template}
     table = render_tables(summary, benchmarks, model_name, protocol)
     results = {
@@ -909,7 +912,8 @@ class EvalCallback(TrainerCallback):
         metrics.update({"eval/macro": summary["macro"], "eval/micro": summary["micro"]})
         metrics["eval/questions"] = float(len(records))
         logger.info(
-            "process %d of %d evaluated %d of %d questions", process_index, num_processes, len(mine), len(records)
+            "process %d of %d evaluated %d of %d questions",
+            process_index, num_processes, len(mine), len(records),
         )
         return metrics
 

@@ -57,7 +57,7 @@ class EpochRepeatSampler(RepeatSampler):
         epoch: Callable[[], int] = lambda: 0,
     ) -> None:
         if seed is None:
-            raise ValueError("EpochRepeatSampler needs a seed: the order of epoch e is derived from (seed, e)")
+            raise ValueError("EpochRepeatSampler needs a seed: epoch e's order is derived from (seed, e)")
         super().__init__(data_source, mini_repeat_count, batch_size, repeat_count, shuffle, seed)
         self.epoch = epoch
 

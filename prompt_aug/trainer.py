@@ -116,10 +116,11 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         with without_wandb_table(self.args, self.wandb_completions_rows):
             super().log(logs, start_time)
         step = self.state.global_step
-        if self.log_completions and self.accelerator.is_main_process and "wandb" in (self.args.report_to or []):
-            if step != getattr(self, "_table_step", None):  # the end-of-training log repeats the last step
-                upload_sampled_table(self.args.output_dir, step, self.wandb_completions_rows, self.args.seed)
-                self._table_step = step
+        to_wandb = "wandb" in (self.args.report_to or [])
+        uploads = self.log_completions and self.accelerator.is_main_process and to_wandb
+        if uploads and step != getattr(self, "_table_step", None):  # the final log repeats the last step
+            upload_sampled_table(self.args.output_dir, step, self.wandb_completions_rows, self.args.seed)
+            self._table_step = step
 
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

@@ -278,7 +278,8 @@ def test_dtype_defaults_to_bfloat16_and_results_state_the_protocol(tiny_model_di
     results = _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "amc")
     table = (out / "results.md").read_text()
     protocol = next(line for line in table.splitlines() if line.startswith("Protocol:"))
-    for part in ("backend hf", "dtype bfloat16", "template `qwen-math`", "max_tokens 16", "runs 1", "every question"):
+    parts = ("backend hf", "dtype bfloat16", "template `qwen-math`", "max_tokens 16", "runs 1")
+    for part in (*parts, "every question"):
         assert part in protocol, part
     # A 1-run hf table must say it is not the paper's protocol, and why.
     assert "**Not the paper's protocol**" in protocol and "runs 1 (paper: 5)" in protocol
@@ -298,7 +299,8 @@ def test_a_limited_run_says_so_in_the_table(tiny_model_dir, suite_dir, tmp_path)
 def test_the_paper_protocol_is_recognised_and_any_departure_named():
     from prompt_aug.evaluate import PAPER_PROTOCOL, protocol_line
 
-    assert protocol_line(dict(PAPER_PROTOCOL)).endswith("This is the paper's protocol (mean of 5 greedy vLLM runs in bfloat16).")
+    paper = protocol_line(dict(PAPER_PROTOCOL))
+    assert paper.endswith("This is the paper's protocol (mean of 5 greedy vLLM runs in bfloat16).")
     line = protocol_line({**PAPER_PROTOCOL, "dtype": "auto"})
     assert "**Not the paper's protocol**: dtype auto (paper: bfloat16)." in line
 
@@ -333,9 +335,10 @@ def test_two_processes_share_the_evaluation_during_training(suite_dir, tmp_path)
     out = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
-        "-m", "prompt_aug.train", "--config", str(repo / "recipes/smoke/tiny_cpu.yaml"), "--output_dir", str(out),
-        "--max_steps", "2", "--save_strategy", "no", "--max_completion_length", "8", "--eval_benchmarks",
-        "aime24", "amc", "minerva", "--eval_every_steps", "2", "--eval_data_dir", str(suite_dir), "--eval_max_tokens", "4",
+        "-m", "prompt_aug.train", "--config", str(repo / "recipes/smoke/tiny_cpu.yaml"),
+        "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--max_completion_length", "8",
+        "--eval_benchmarks", "aime24", "amc", "minerva", "--eval_every_steps", "2",
+        "--eval_data_dir", str(suite_dir), "--eval_max_tokens", "4",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, check=False, cwd=repo, env=env, capture_output=True, text=True, timeout=600)

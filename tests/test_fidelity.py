@@ -30,7 +30,7 @@ LORA_OWN = {"dtype", "questions_per_round", "completions_per_optimizer_step", "g
 
 
 def fidelity_tables(text: str) -> dict[str, list[dict[str, str]]]:
-    """``{heading: rows}`` for every table under "## Fidelity to the paper's run"; a row maps column -> cell."""
+    """``{heading: rows}`` of the tables under "## Fidelity to the paper's run" (a row: column -> cell)."""
     section = text.split("## Fidelity to the paper's run", 1)[1].split("\n## ", 1)[0]
     tables: dict[str, list[dict[str, str]]] = {}
     heading = None
@@ -58,11 +58,15 @@ def expected_values(rows: list[dict[str, str]], column: str) -> dict[str, object
 
 
 TABLES = fidelity_tables(DOC.read_text())
-MAIN = next(rows for heading, rows in TABLES.items() if heading.endswith("`recipes/qwen2.5-math-1.5b/prompt_aug.yaml`"))
 
 
-def _table(recipe: str) -> list[dict[str, str]]:
-    return next(rows for heading, rows in TABLES.items() if heading.endswith(f"`recipes/qwen2.5-math-1.5b/{recipe}`"))
+def _table(recipe: str, tables: dict[str, list[dict[str, str]]] = TABLES) -> list[dict[str, str]]:
+    """The rows of the table whose heading names ``recipes/qwen2.5-math-1.5b/<recipe>``."""
+    suffix = f"`recipes/qwen2.5-math-1.5b/{recipe}`"
+    return next(rows for heading, rows in tables.items() if heading.endswith(suffix))
+
+
+MAIN = _table("prompt_aug.yaml")
 
 
 def _parsed(recipe: Path, processes: int) -> dict[str, object]:
@@ -117,7 +121,7 @@ def test_issue_settings_are_written_in_every_paper_recipe_not_left_to_defaults()
         raw = yaml.safe_load(recipe.read_text())
         assert raw["vllm_importance_sampling_correction"] is False, recipe.name
         assert raw["delta"] == 3.0 and raw["save_total_limit"] >= 1, recipe.name
-        assert raw["wandb_completions_rows"] is not None, f"{recipe.name}: the W&B table must be off or sampled"
+        assert raw["wandb_completions_rows"] is not None, f"{recipe.name}: W&B table must be off or sampled"
     grpo = yaml.safe_load((PAPER / "grpo_single_template.yaml").read_text())
     assert grpo["use_bias_correction_kl"] is False and grpo["num_train_epochs"] == 20
 
@@ -144,6 +148,6 @@ def test_paper_recipe_headers_state_the_round_to_step_mapping():
 def test_a_drifted_table_is_caught(tmp_path):
     # Guards the parser: a changed value in the page must fail the comparison.
     drifted = DOC.read_text().replace("`delta: 3.0`", "`delta: 2.0`")
-    rows = next(r for h, r in fidelity_tables(drifted).items() if h.endswith("`recipes/qwen2.5-math-1.5b/prompt_aug.yaml`"))
+    rows = _table("prompt_aug.yaml", fidelity_tables(drifted))
     with pytest.raises(AssertionError, match="delta"):
         _check(PAPER / "prompt_aug.yaml", expected_values(rows, "Our keys"))

@@ -1,4 +1,4 @@
-"""The per-epoch sampler: TRL's order in epoch 0, a fresh shuffle per epoch, a pure function of (seed, epoch)."""
+"""The per-epoch sampler: TRL's order in epoch 0, then a fresh shuffle per epoch from (seed, epoch) alone."""
 
 from __future__ import annotations
 
