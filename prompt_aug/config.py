@@ -75,6 +75,15 @@ class PromptAugArguments:
             "chat handling (its messages as a conversational prompt), as plain GRPO would."
         },
     )
+    # Fidelity (the paper run): bound the W&B completions table; the parquet records keep every row.
+    wandb_completions_rows: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rows of the W&B `completions` table per log step, with log_completions and report_to wandb: "
+            "unset uploads every completion (TRL), 0 none, N a random sample of N. The parquet records under "
+            "output_dir/completions/ keep every row either way."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={

@@ -57,6 +57,21 @@ RECORDS_FILE, RESULTS_FILE, TABLE_FILE, SETTINGS_FILE = (
 )
 
 
+# The paper's evaluation (its evaluate_model.py, run 5 times): vLLM in bfloat16, greedy, the qwen-math
+# template, at most 3,000 new tokens, one sample per question, every question, the mean of 5 runs.
+PAPER_PROTOCOL: dict[str, Any] = {
+    "backend": "vllm",
+    "dtype": "bfloat16",
+    "template": DEFAULT_EVAL_TEMPLATE,
+    "temperature": 0.0,
+    "max_tokens": 3000,
+    "n": 1,
+    "runs": 5,
+    "limit": None,
+    "templates_file": None,
+}
+
+
 class EvalError(ValueError):
     """Bad evaluation input (benchmark, data folder, template, settings); the message says which."""
 
@@ -547,6 +562,41 @@ def _pct(value: float) -> str:
     return "–" if math.isnan(value) else f"{100 * value:.1f}"
 
 
+def protocol_differences(settings: dict[str, Any]) -> list[str]:
+    """How an evaluation's settings depart from `PAPER_PROTOCOL`, one ``"key X (paper: Y)"`` per setting.
+
+    >>> protocol_differences({**PAPER_PROTOCOL})
+    []
+    >>> protocol_differences({**PAPER_PROTOCOL, "runs": 1, "limit": 50})
+    ['runs 1 (paper: 5)', 'limit 50 (paper: every question)']
+    """
+    out = []
+    for key, paper in PAPER_PROTOCOL.items():
+        value = settings.get(key)
+        if value != paper:
+            shown = "every question" if key == "limit" and paper is None else paper
+            out.append(f"{key} {value} (paper: {shown})")
+    return out
+
+
+def protocol_line(settings: dict[str, Any]) -> str:
+    """The protocol sentence of ``results.md``: what ran, and whether it is the paper's protocol."""
+    limit = settings.get("limit")
+    ran = (
+        f"Protocol: backend {settings.get('backend')}, dtype {settings.get('dtype')}, "
+        f"template `{settings.get('template')}`, temperature {settings.get('temperature')}, "
+        f"max_tokens {settings.get('max_tokens')}, n {settings.get('n')}, runs {settings.get('runs')}, "
+        + ("every question" if limit is None else f"**--limit {limit}: only the first {limit} questions "
+           "per benchmark**")
+        + "."
+    )
+    differences = protocol_differences(settings)
+    if not differences:
+        return ran + " This is the paper's protocol (mean of 5 greedy vLLM runs in bfloat16)."
+    differs = "; ".join(differences)
+    return f"{ran} **Not the paper's protocol**: {differs}. Do not compare with the paper's table."
+
+
 def render_tables(
     summary: dict[str, Any], benchmarks: list[str], model_name: str, settings: dict[str, Any]
 ) -> str:
@@ -561,19 +611,23 @@ def render_tables(
         else f"temperature {settings['temperature']}, top-p {settings['top_p']}"
     )
     runs = settings["runs"]
+    limit = settings.get("limit")
     lines = [
         f"Accuracy (%), strict grading (last `\\boxed{{}}`), template `{main}`, {decoding}, "
         f"at most {settings['max_tokens']} new tokens, mean of {runs} run{'s' if runs != 1 else ''}"
         + (f" × {settings['n']} samples" if settings["n"] > 1 else "")
         + ". Macro: mean of the benchmarks; micro: over all questions.",
         "",
+        protocol_line({**settings, "template": main}),
+        "",
         "| Model | " + " | ".join(heads) + " | **Macro** | **Micro** |",
         "|---|" + "---:|" * (len(heads) + 2),
     ]
     row = per_template[main]
     cells = [_pct(row["benchmarks"][b]["accuracy"]) for b in benchmarks]
+    label = model_name if limit is None else f"{model_name} (first {limit} questions per benchmark)"
     lines.append(
-        f"| {model_name} | " + " | ".join(cells) + f" | **{_pct(row['macro'])}** | **{_pct(row['micro'])}** |"
+        f"| {label} | " + " | ".join(cells) + f" | **{_pct(row['macro'])}** | **{_pct(row['micro'])}** |"
     )
     if len(templates) > 1:
         lines += [
@@ -625,7 +679,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--backend", choices=["vllm", "hf"], default=None, help="Default: vllm if usable, else hf."
     )
     parser.add_argument("--batch_size", type=int, default=None, help="Prompts per generate call (hf: 16).")
-    parser.add_argument("--dtype", default="auto", help="Model dtype: auto, bfloat16, float16, float32.")
+    parser.add_argument(
+        "--dtype", default="bfloat16", help="Model dtype: bfloat16 (the paper), auto, float16, float32."
+    )
     parser.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM.")
     parser.add_argument("--max_model_len", type=int, default=4096, help="vLLM context (Qwen2.5-Math: 4096).")
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.9, help="vLLM.")
@@ -677,8 +733,11 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     output = Path(args.output) if args.output else default_output(args.model)
     model_name = Path(args.model).name if Path(args.model).is_dir() else args.model
     sampling = args.temperature > 0
+    backend_name = args.backend or default_backend()
     settings = {
         "model": model_name,
+        "backend": backend_name,
+        "dtype": args.dtype,
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "top_p": args.top_p if sampling else 1.0,
@@ -688,7 +747,6 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     }
     _check_settings(output, settings, args.overwrite)
 
-    backend_name = args.backend or default_backend()
     if backend_name == "vllm":
         backend: Backend = VLLMBackend(
             args.model,
@@ -730,7 +788,10 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     )
     names = [t.name for t in templates]
     summary = summarize(records, benchmarks, names)
-    table = render_tables(summary, benchmarks, model_name, {**settings, "runs": args.runs})
+    names = [t.name for t in templates]
+    main_template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in names else names[0]
+    protocol = {**settings, "runs": args.runs, "limit": args.limit, "template": main_template}
+    table = render_tables(summary, benchmarks, model_name, protocol)
     results = {
         "model": args.model,
         "backend": backend_name,
@@ -739,6 +800,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "runs": args.runs,
         "limit": args.limit,
         "settings": settings,
+        "paper_protocol": not protocol_differences(protocol),
         **summary,
         "new_completions": len(read_records(output / RECORDS_FILE)) - before,
         "seconds": round(time.perf_counter() - started, 2),
@@ -765,10 +827,16 @@ def main(argv: list[str] | None = None) -> None:
 class EvalCallback(TrainerCallback):
     """Evaluates the live model every ``every_n_steps`` steps (hf backend, greedy, strict grading).
 
-    Logs ``eval/<benchmark>/accuracy``, ``eval/macro`` and ``eval/micro`` with the trainer's next log
+    Logs ``eval/<benchmark>/accuracy``, ``eval/macro``, ``eval/micro`` and ``eval/questions`` (answers
+    graded, all processes together) with the trainer's next log
     line (it asks for one on evaluation steps), so they land in ``state.log_history``. Call
     `attach` (not ``add_callback``) so that the reporting callbacks (wandb, ...) see them too.
-    Runs on the main process only; not for sharded models (FSDP, ZeRO-3).
+
+    Every process evaluates its own share of the questions (every world_size-th one) with its whole copy
+    of the model, then the verdicts are gathered: no process idles at a collective while another
+    generates, so an evaluation cannot outlast ``ddp_timeout`` on the other ranks, and it takes
+    1/world_size of the time. Models sharded across processes (DeepSpeed ZeRO-3, FSDP) cannot generate
+    that way; training refuses to start with them (see `check_unsharded`).
 
     Args:
         benchmarks: Benchmark names (or a comma list), e.g. ``"math500"``.
@@ -802,16 +870,23 @@ class EvalCallback(TrainerCallback):
         trainer.callback_handler.callbacks.insert(0, self)
         return self
 
-    def evaluate_model(self, model: Any, tokenizer: Any) -> dict[str, float]:
-        """Greedy strict accuracy of ``model`` on the chosen benchmarks, as ``eval/*`` metrics."""
+    def evaluate_model(
+        self, model: Any, tokenizer: Any, process_index: int = 0, num_processes: int = 1
+    ) -> dict[str, float]:
+        """Greedy strict accuracy of ``model`` on the chosen benchmarks, as ``eval/*`` metrics.
+
+        With ``num_processes > 1`` every process must call it: each generates for its share of the
+        questions, and the verdicts of all processes are gathered before the accuracy is computed.
+        """
         if self._problems is None:
             self._problems = [
                 p for b in self.benchmarks for p in load_benchmark(b, self.data_dir, self.limit)
             ]
+        mine = self._problems[process_index::num_processes]
         backend = HFBackend(model, tokenizer)
         records = []
-        for start in range(0, len(self._problems), self.batch_size):
-            batch = self._problems[start : start + self.batch_size]
+        for start in range(0, len(mine), self.batch_size):
+            batch = mine[start : start + self.batch_size]
             prompts = [self.template.render(p.question, tokenizer) for p in batch]
             outputs = backend.generate(
                 prompts, [0] * len(batch), max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, n=1
@@ -828,20 +903,32 @@ class EvalCallback(TrainerCallback):
                         "correct": verdict["correct"],
                     }
                 )
+        if num_processes > 1:
+            from accelerate.utils import gather_object
+
+            records = gather_object(records)
         summary = summarize(records, self.benchmarks, [self.template.name])["results"][self.template.name]
         metrics = {f"eval/{b}/accuracy": e["accuracy"] for b, e in summary["benchmarks"].items()}
         metrics.update({"eval/macro": summary["macro"], "eval/micro": summary["micro"]})
+        metrics["eval/questions"] = float(len(records))
+        logger.info(
+            "process %d of %d evaluated %d of %d questions",
+            process_index, num_processes, len(mine), len(records),
+        )
         return metrics
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.every_n_steps > 0:
+            check_unsharded()
+        return control
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if (
-            self.every_n_steps <= 0
-            or state.global_step % self.every_n_steps
-            or not state.is_world_process_zero
-        ):
+        if self.every_n_steps <= 0 or state.global_step % self.every_n_steps:
             return control
         tokenizer = kwargs.get("processing_class") or kwargs.get("tokenizer")
-        self._pending = self.evaluate_model(kwargs["model"], tokenizer)
+        self._pending = self.evaluate_model(
+            kwargs["model"], tokenizer, getattr(args, "process_index", 0), getattr(args, "world_size", 1)
+        )
         logger.info("step %d: %s", state.global_step, {k: round(v, 4) for k, v in self._pending.items()})
         control.should_log = True
         return control
@@ -856,6 +943,33 @@ class EvalCallback(TrainerCallback):
                 state.log_history[-1].update(self._pending)
             self._pending = {}
         return control
+
+
+def sharding_error(distributed_type: str, zero3: bool) -> str | None:
+    """Why evaluation during training cannot run under this setup, or ``None`` when it can.
+
+    >>> sharding_error("MULTI_GPU", False) is None, "ZeRO-3" in sharding_error("DEEPSPEED", True)
+    (True, True)
+    """
+    if distributed_type == "FSDP" or (distributed_type == "DEEPSPEED" and zero3):
+        kind = "FSDP" if distributed_type == "FSDP" else "DeepSpeed ZeRO-3"
+        return (
+            f"eval_every_steps / eval_benchmarks: evaluation during training generates with each process's "
+            f"whole model, which {kind} shards across processes. Set eval_every_steps 0 and evaluate the "
+            "saved checkpoints with prompt-aug-eval (docs/reproduce.md), or train with "
+            "accelerate_configs/zero2.yaml or ddp.yaml."
+        )
+    return None
+
+
+def check_unsharded() -> None:
+    """Raise `EvalError` when the running setup shards the model (FSDP, DeepSpeed ZeRO-3)."""
+    from accelerate import PartialState
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    error = sharding_error(PartialState().distributed_type.value, is_deepspeed_zero3_enabled())
+    if error:
+        raise EvalError(error)
 
 
 if __name__ == "__main__":

@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
         ),
     )
 
+    trainer.wandb_completions_rows = script_args.wandb_completions_rows
+
     if script_args.eval_every_steps and script_args.eval_benchmarks:
         EvalCallback(
             script_args.eval_benchmarks,

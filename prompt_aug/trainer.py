@@ -2,7 +2,7 @@
 
 A drop-in for `GRPOTrainer`: it takes TRL's arguments alone (the built-in template bank, the
 processing class's chat template and ``args.seed`` by default), and with ``prompt_augmentation=False``
-it is `GRPOTrainer`. Four thin overrides, each for one reason:
+it is `GRPOTrainer`. Thin overrides, each for one reason:
 
 * ``_generate_and_score_completions``: TRL 1.16 hard-codes an identity data collator, so a
   generation round is augmented where it starts. The rows arrive already repeated
@@ -15,6 +15,10 @@ it is `GRPOTrainer`. Four thin overrides, each for one reason:
   so the per-template metrics are read off the same numbers TRL trains on (no regrading); and hands
   reward functions the conversational prompts and completions of a conversational dataset, whose
   prompts had to be rendered to text for the prefill.
+* ``_get_train_sampler``: TRL's `RepeatSampler` replays epoch 0's order after a resume into a later
+  epoch; ours reshuffles each epoch from (seed, epoch) (see `prompt_aug.sampler`).
+* ``log``: every log entry gets ``round``, the generation round (the paper's step; see
+  `prompt_aug.records`), and the W&B completions table is bounded to ``wandb_completions_rows`` rows.
 * ``create_model_card``: TRL writes its own card at every checkpoint and at push time, which would
   overwrite ours; ours carries the recipe, the template bank and the evaluation table.
 """
@@ -34,6 +38,8 @@ from rewards.registry import correctness_reward, format_reward, strict_correctne
 
 from .collator import PromptAugmentationCollator
 from .model_card import ModelCardInfo, render_model_card
+from .records import generation_round, upload_sampled_table, without_wandb_table
+from .sampler import EpochRepeatSampler
 from .templates import TemplateError, check_renders, load_templates
 
 
@@ -67,8 +73,14 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     Logs, beside TRL's ``entropy``, ``reward`` and ``completions/*``: ``templates/<name>/accuracy``,
     ``/format``, ``/mean_length``, ``/truncated_ratio`` and ``/count`` per template. With
     ``log_completions``, the completion records carry ``template``, ``uid`` and the ``process`` that
-    generated each completion (the logged prompt is the rendered text).
+    generated each completion (the logged prompt is the rendered text), and every log entry carries
+    ``round``.
+
+    Set ``wandb_completions_rows`` (attribute) to bound the W&B completions table: ``None`` uploads every
+    row (TRL), 0 none, N a sample of N rows per log step; the parquet records keep every row.
     """
+
+    wandb_completions_rows: int | None = None
 
     def __init__(
         self,
@@ -117,6 +129,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self._log_completion_extra("template", [row["template"] for row in inputs])
         self._log_completion_extra("uid", [row["uid"] for row in inputs])
         self._log_completion_extra("process", [self.accelerator.process_index] * len(inputs))
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        self._log_completion_extra("round", [self._step // generate_every + 1] * len(inputs))
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
@@ -133,6 +147,36 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         if self.model.training and self._buffered_inputs is None:
             self._step = self.state.global_step * self.args.gradient_accumulation_steps
         return super()._prepare_inputs(generation_batch)
+
+    # Why: TRL's RepeatSampler seeds once and has no set_epoch, so a resume into epoch e > 0 replays epoch 0.
+    def _get_train_sampler(self, dataset: Any = None) -> EpochRepeatSampler:
+        trl_sampler = super()._get_train_sampler(dataset)
+        return EpochRepeatSampler(
+            trl_sampler.data_source,
+            mini_repeat_count=trl_sampler.mini_repeat_count,
+            batch_size=trl_sampler.batch_size,
+            repeat_count=trl_sampler.repeat_count,
+            shuffle=trl_sampler.shuffle,
+            seed=self.args.seed,
+            epoch=lambda: int(self.state.epoch or 0),  # whole epochs done when the epoch's iteration starts
+        )
+
+    # Why: TRL logs optimizer steps (the paper counts rounds) and uploads every completion to W&B each round.
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs["round"] = generation_round(
+            self.state.global_step,
+            self.args.gradient_accumulation_steps,
+            self.args.steps_per_generation,
+            self.num_iterations,
+        )
+        with without_wandb_table(self.args, self.wandb_completions_rows):
+            super().log(logs, start_time)
+        step = self.state.global_step
+        to_wandb = "wandb" in (self.args.report_to or [])
+        uploads = self.log_completions and self.accelerator.is_main_process and to_wandb
+        if uploads and step != getattr(self, "_table_step", None):  # the final log repeats the last step
+            upload_sampled_table(self.args.output_dir, step, self.wandb_completions_rows, self.args.seed)
+            self._table_step = step
 
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back; and a
     # conversational dataset's reward functions expect messages, not the text we generated from.

@@ -268,3 +268,83 @@ def test_vllm_backend_builds_requests_with_a_stand_in_vllm(tiny_model_dir, monke
     assert (seen["params"][0].seed, seen["params"][0].n, seen["params"][0].max_tokens) == (5, 4, 10)
     with pytest.raises(EvalError, match="max_model_len"):
         backend.generate(["word " * 200], [0], max_tokens=10, temperature=0.0, top_p=1.0, n=1)
+
+
+def test_dtype_defaults_to_bfloat16_and_results_state_the_protocol(tiny_model_dir, suite_dir, tmp_path):
+    from prompt_aug.evaluate import parse_args
+
+    assert parse_args(["--model", "m"]).dtype == "bfloat16"
+    out = tmp_path / "eval"
+    results = _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "amc")
+    table = (out / "results.md").read_text()
+    protocol = next(line for line in table.splitlines() if line.startswith("Protocol:"))
+    parts = ("backend hf", "dtype bfloat16", "template `qwen-math`", "max_tokens 16", "runs 1")
+    for part in (*parts, "every question"):
+        assert part in protocol, part
+    # A 1-run hf table must say it is not the paper's protocol, and why.
+    assert "**Not the paper's protocol**" in protocol and "runs 1 (paper: 5)" in protocol
+    assert "backend hf (paper: vllm)" in protocol and results["paper_protocol"] is False
+    assert results["settings"]["dtype"] == "bfloat16" and results["settings"]["backend"] == "hf"
+
+
+def test_a_limited_run_says_so_in_the_table(tiny_model_dir, suite_dir, tmp_path):
+    out = tmp_path / "eval"
+    _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc", "--limit", "1")
+    table = (out / "results.md").read_text()
+    assert f"| {tiny_model_dir.name} (first 1 questions per benchmark) |" in table
+    assert "**--limit 1: only the first 1 questions per benchmark**" in table
+    assert "limit 1 (paper: every question)" in table
+
+
+def test_the_paper_protocol_is_recognised_and_any_departure_named():
+    from prompt_aug.evaluate import PAPER_PROTOCOL, protocol_line
+
+    paper = protocol_line(dict(PAPER_PROTOCOL))
+    assert paper.endswith("This is the paper's protocol (mean of 5 greedy vLLM runs in bfloat16).")
+    line = protocol_line({**PAPER_PROTOCOL, "dtype": "auto"})
+    assert "**Not the paper's protocol**: dtype auto (paper: bfloat16)." in line
+
+
+def test_training_evaluation_refuses_sharded_models_naming_the_keys():
+    from prompt_aug.evaluate import sharding_error
+
+    for setup in (("FSDP", False), ("DEEPSPEED", True)):
+        message = sharding_error(*setup)
+        assert message and "eval_every_steps" in message and "prompt-aug-eval" in message
+    assert sharding_error("DEEPSPEED", False) is None and sharding_error("MULTI_GPU", False) is None
+
+
+def test_callback_evaluates_a_share_of_the_questions_per_process(tiny_model_dir, tokenizer, suite_dir):
+    # Outside a distributed run the gather is the identity, so each call sees only its own share.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    callback = EvalCallback("aime24,amc,minerva", every_n_steps=1, data_dir=suite_dir, max_tokens=2)
+    shares = [callback.evaluate_model(model, tokenizer, rank, 2)["eval/questions"] for rank in (0, 1)]
+    assert shares == [4.0, 3.0]  # 7 questions, every other one
+    assert callback.evaluate_model(model, tokenizer)["eval/questions"] == 7.0
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_evaluation_during_training(suite_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+        "-m", "prompt_aug.train", "--config", str(repo / "recipes/smoke/tiny_cpu.yaml"),
+        "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--max_completion_length", "8",
+        "--eval_benchmarks", "aime24", "amc", "minerva", "--eval_every_steps", "2",
+        "--eval_data_dir", str(suite_dir), "--eval_max_tokens", "4",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, check=False, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "process 0 of 2 evaluated 4 of 7 questions" in result.stderr
+    assert "process 1 of 2 evaluated 3 of 7 questions" in result.stderr
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    evaluated = [h for h in history if "eval/macro" in h]
+    assert [h["step"] for h in evaluated] == [2] and evaluated[0]["eval/questions"] == 7.0

@@ -139,6 +139,10 @@ def test_paper_recipe_values():
         "vllm_mode": "colocate",
         "vllm_max_model_length": 4096,
         "save_steps": 80,
+        "save_total_limit": 3,
+        "delta": 3.0,
+        "vllm_importance_sampling_correction": False,
+        "wandb_completions_rows": 16,
         "report_to": "wandb",
         "log_completions": True,
         "gradient_checkpointing": True,
@@ -161,8 +165,9 @@ def test_single_template_variants_differ_from_the_paper_run_only_where_they_shou
     naming = {"output_dir", "run_name"}
     assert set(_diff(paper, dapo)) - naming == {"templates"}
     assert dapo["templates"] == ["qwen-math"]
-    assert _diff(dapo, grpo).keys() - naming == {"beta", "epsilon_high"}
+    assert _diff(dapo, grpo).keys() - naming == {"beta", "epsilon_high", "use_bias_correction_kl", "num_train_epochs"}
     assert grpo["beta"] == 0.001 and "epsilon_high" not in grpo and grpo["epsilon"] == 0.2
+    assert grpo["num_train_epochs"] == 20 and grpo["use_bias_correction_kl"] is False
 
 
 def test_grpo_baseline_parses_to_symmetric_clip_and_k3_kl():

@@ -105,3 +105,26 @@ def test_recipe_keys_turn_on_evaluation_during_training(tmp_path):
     evaluated = [h for h in history if "eval/math500/accuracy" in h]
     assert [h["step"] for h in evaluated] == [2]
     assert {"eval/macro", "eval/micro"} <= set(evaluated[0])
+
+
+@pytest.mark.slow
+def test_wandb_gets_a_sampled_completions_table_and_parquet_keeps_every_row(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    import wandb
+
+    out = tmp_path / "run"
+    try:
+        train.main([
+            "--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
+            "--max_completion_length", "8", "--report_to", "wandb", "--wandb_completions_rows", "3",
+        ])  # fmt: skip
+    finally:
+        wandb.finish()  # the Trainer leaves the run open; later tests must not log into it
+    tables = sorted(tmp_path.glob("wandb/offline-run-*/files/media/table/completions_*.table.json"))
+    rows = [len(json.loads(t.read_text())["data"]) for t in tables]
+    assert rows == [3, 3], rows  # one 3-row sample per logged round-step, not TRL's 16 rows
+    columns = json.loads(tables[0].read_text())["columns"]
+    assert {"template", "uid", "round", "completion"} <= set(columns)
+    for step in (1, 2):
+        assert len(pd.read_parquet(out / "completions" / f"completions_{step:05d}.parquet")) == 16

@@ -1,0 +1,87 @@
+"""What a training run logs beside TRL's keys: the generation round, and a bounded W&B completions table.
+
+**Round.** The paper (verl) counts one step per generation round: a batch of questions, all their
+rollouts, and every optimizer step trained on them. TRL, checkpoint names and ``state.global_step``
+count optimizer steps. With the paper recipes a round is 4 optimizer steps, so paper step N is our
+``checkpoint-4N``. Every log entry carries ``round``: the 1-based number of the round whose
+completions the latest optimizer step trained on, i.e. the count of rounds generated so far::
+
+    round = ceil(global_step × gradient_accumulation_steps / (steps_per_generation × num_iterations))
+
+(0 before the first optimizer step). ``num_iterations`` passes over one round do not start a new round.
+
+**W&B table.** With ``log_completions``, TRL 1.16 writes every completion of the round to
+``output_dir/completions/completions_<step>.parquet`` and uploads the same rows as a W&B table at each
+log step (1,024 completions of up to 3,072 tokens per round in the paper recipes). TRL's only knob is
+``log_unique_prompts`` (one row per prompt). `wandb_completions_rows` bounds the upload while the parquet
+records stay complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def generation_round(
+    global_step: int, gradient_accumulation_steps: int, steps_per_generation: int, num_iterations: int = 1
+) -> int:
+    """The 1-based generation round that optimizer step ``global_step`` belongs to (0 before any step).
+
+    >>> [generation_round(s, 4, 16) for s in (0, 1, 4, 5, 8, 10880)]  # the paper recipes: 4 steps per round
+    [0, 1, 1, 2, 2, 2720]
+    >>> [generation_round(s, 1, 2, num_iterations=2) for s in (1, 2, 4, 5)]  # two passes over each round
+    [1, 1, 1, 2]
+    """
+    micro_steps = global_step * gradient_accumulation_steps
+    return math.ceil(micro_steps / (steps_per_generation * num_iterations))
+
+
+@contextlib.contextmanager
+def without_wandb_table(args: Any, rows: int | None) -> Iterator[None]:
+    """Inside the block, TRL does not upload its completions table to W&B (unless ``rows`` is ``None``).
+
+    TRL uploads the table when ``"wandb" in args.report_to``, checked inside ``GRPOTrainer.log`` after the
+    scalar metrics have gone to the W&B callback (which does not read ``report_to`` again); the parquet
+    records do not depend on it. So ``report_to`` loses ``wandb`` for the duration of the block only.
+    """
+    report_to = args.report_to
+    if rows is None or not report_to or "wandb" not in report_to:
+        yield
+        return
+    args.report_to = [r for r in report_to if r != "wandb"]
+    try:
+        yield
+    finally:
+        args.report_to = report_to
+
+
+def sample_records(path: Path, rows: int, seed: int) -> Any:
+    """Up to ``rows`` rows of a completions parquet file, drawn reproducibly (pandas DataFrame)."""
+    import pandas as pd
+
+    frame = pd.read_parquet(path)
+    if len(frame) <= rows:
+        return frame
+    return frame.sample(n=rows, random_state=seed).sort_index()
+
+
+def upload_sampled_table(output_dir: str, global_step: int, rows: int | None, seed: int) -> int:
+    """Upload a sample of this step's completion records to the active W&B run as ``completions``.
+
+    Returns the number of rows uploaded (0 when ``rows`` is 0 or ``None``, no W&B run is active, or this
+    step wrote no records).
+    """
+    if not rows:
+        return 0
+    import wandb
+
+    path = Path(output_dir) / "completions" / f"completions_{global_step:05d}.parquet"
+    if wandb.run is None or not path.is_file():
+        return 0
+    frame = sample_records(path, rows, seed + global_step)
+    wandb.log({"completions": wandb.Table(dataframe=frame)})
+    return len(frame)
