@@ -20,6 +20,7 @@ from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 
 from rewards import get_reward_funcs
 
+from .collapse import OptimizerResetCallback, check_stabiliser_keys, guard_from_args
 from .collator import PromptAugmentationCollator
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import filter_long_prompts, load_math_dataset
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
 
     # Fail on a bad reward or template name now, before anything heavy loads.
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    check_stabiliser_keys(script_args, training_args)
+    steps_per_round = batch_arithmetic(script_args, training_args).optimizer_steps_per_round
+    guard = guard_from_args(script_args, steps_per_round)  # None unless the recipe sets a collapse_* threshold
     bank = load_templates(script_args.templates_file)
     templates, weights = select_templates(bank, script_args.templates, script_args.template_weights)
 
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
             num_rows=len(dataset),
             eval_template=script_args.eval_template,
         ),
+        skip_minibatch_ratio_above=script_args.skip_minibatch_ratio_above,
     )
 
     if script_args.eval_every_steps and script_args.eval_benchmarks:
@@ -161,6 +166,10 @@ def main(argv: list[str] | None = None) -> None:
             max_tokens=script_args.eval_max_tokens,
             limit=script_args.eval_limit,
         ).attach(trainer)  # first in the callback list, so W&B sees the eval/* keys
+    if guard is not None:
+        guard.attach(trainer)  # after the eval callback (it watches eval/macro), before the loggers
+    if script_args.reset_optimizer_on_ref_sync:
+        trainer.add_callback(OptimizerResetCallback())  # ProRL: TRL resets the reference, this the optimizer
 
     # Train.
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
