@@ -70,6 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     script_args, training_args, model_args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
+    # Collapse guard and stabiliser keys: checked in a dry run too.
+    check_stabiliser_keys(script_args, training_args)
+    steps_per_round = batch_arithmetic(script_args, training_args).optimizer_steps_per_round
+    guard = guard_from_args(script_args, steps_per_round)  # None unless the recipe sets a collapse_* threshold
+
     # Dry run: arithmetic only.
     if script_args.dry_run:
         print(batch_arithmetic(script_args, training_args).table())
@@ -77,9 +82,6 @@ def main(argv: list[str] | None = None) -> None:
 
     # Fail on a bad reward or template name now, before anything heavy loads.
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
-    check_stabiliser_keys(script_args, training_args)
-    steps_per_round = batch_arithmetic(script_args, training_args).optimizer_steps_per_round
-    guard = guard_from_args(script_args, steps_per_round)  # None unless the recipe sets a collapse_* threshold
     bank = load_templates(script_args.templates_file)
     templates, weights = select_templates(bank, script_args.templates, script_args.template_weights)
 
