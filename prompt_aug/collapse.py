@@ -142,7 +142,7 @@ class _Watch:
         self.stat = float(run)
         word = "below the floor" if spec.kind == "below" else "above the ceiling"
         detail = (
-            f"{spec.name} ({key}) {word} {spec.threshold:g} for {spec.window} rounds in a row "
+            f"{spec.name} ({key}) {word} {spec.threshold:g} for {spec.window} round{'s' * (spec.window > 1)} in a row "
             f"(rounds {first}-{last}: {', '.join(f'{m:.4g}' for m in means)})"
         )
         return self._settle(run >= spec.window, step, detail)

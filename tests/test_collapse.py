@@ -231,6 +231,25 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     assert not any(k.startswith("collapse/fired/") for e in history if e["step"] == 4 for k in e)
 
 
+@pytest.mark.slow
+def test_guard_sees_evaluation_during_training(tmp_path):
+    import datasets
+
+    suite = tmp_path / "suite"
+    datasets.DatasetDict(
+        {"math": datasets.Dataset.from_dict({"problem": ["What is $2+2$?"], "answer": ["4"]})}
+    ).save_to_disk(str(suite))
+    out = tmp_path / "run"
+    train.main([
+        "--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
+        "--eval_benchmarks", "math500", "--eval_every_steps", "1", "--eval_data_dir", str(suite),
+        "--eval_max_tokens", "4", "--collapse_eval_drop", "0.0", "--collapse_eval_evaluations", "1",
+    ])  # fmt: skip
+    evaluated = [e for e in _history(out) if "eval/macro" in e]
+    assert [e["step"] for e in evaluated] == [1, 2]
+    assert all("collapse/eval" in e for e in evaluated)  # the guard runs after the evaluation callback
+
+
 # ---------------------------------------------------------------------------------------------------------
 # ProRL's optimizer reset and RLinf's mini-batch skip, on real training with a reward that has spread
 
