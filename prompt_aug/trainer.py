@@ -166,7 +166,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             return loss
         logps, entropies = self._loss_forward
         self._loss_forward = None
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:  # as TRL: tool-output tokens are not the policy's
+            mask = mask * inputs["tool_mask"]
         mode = "train" if self.model.training else "eval"
         if "template_index" in inputs:
             sums = grouped_token_sums(entropies, mask, inputs["template_index"], len(self._template_index))
