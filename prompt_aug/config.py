@@ -84,6 +84,54 @@ class PromptAugArguments:
             "output_dir/completions/ keep every row either way."
         },
     )
+    # --- Collapse guard and stabilisers (issue 13; prompt_aug/collapse.py). A guard signal is on when its
+    # threshold is set (all unset: no guard). Windows count generation rounds; actions: log | checkpoint | stop.
+    collapse_entropy_floor: float | None = field(
+        default=None, metadata={"help": "Fire when `entropy` stays below this for collapse_entropy_rounds rounds."}
+    )
+    collapse_entropy_rounds: int = field(default=20, metadata={"help": "Rounds in a row below the floor."})
+    collapse_entropy_action: str = field(default="checkpoint", metadata={"help": "log | checkpoint | stop."})
+    collapse_accuracy_drop: float | None = field(
+        default=None,
+        metadata={"help": "Fire when the mean accuracy of the last collapse_accuracy_rounds rounds falls more than "
+                  "this below its best such mean."},
+    )
+    collapse_accuracy_rounds: int = field(default=20, metadata={"help": "Rounds averaged for the accuracy signal."})
+    collapse_accuracy_metric: str | None = field(
+        default=None,
+        metadata={"help": "Log key of the accuracy signal (default: the correctness reward's mean, else `reward`)."},
+    )
+    collapse_accuracy_action: str = field(default="checkpoint", metadata={"help": "log | checkpoint | stop."})
+    collapse_truncation_ceiling: float | None = field(
+        default=None,
+        metadata={"help": "Fire when completions/clipped_ratio stays above this for collapse_truncation_rounds."},
+    )
+    collapse_truncation_rounds: int = field(default=10, metadata={"help": "Rounds in a row above the ceiling."})
+    collapse_truncation_action: str = field(default="checkpoint", metadata={"help": "log | checkpoint | stop."})
+    collapse_repetition_ceiling: float | None = field(
+        default=None,
+        metadata={"help": "Fire when the share of completions ending in an n-gram loop stays above this for "
+                  "collapse_repetition_rounds rounds."},
+    )
+    collapse_repetition_rounds: int = field(default=10, metadata={"help": "Rounds in a row above the ceiling."})
+    collapse_repetition_action: str = field(default="checkpoint", metadata={"help": "log | checkpoint | stop."})
+    collapse_eval_drop: float | None = field(
+        default=None,
+        metadata={"help": "Fire when eval/macro, averaged over collapse_eval_evaluations evaluations, falls more "
+                  "than this below its best (needs eval_benchmarks and eval_every_steps)."},
+    )
+    collapse_eval_evaluations: int = field(default=3, metadata={"help": "Evaluations averaged for the eval signal."})
+    collapse_eval_action: str = field(default="checkpoint", metadata={"help": "log | checkpoint | stop."})
+    reset_optimizer_on_ref_sync: bool = field(
+        default=False,
+        metadata={"help": "ProRL: zero the optimizer state at each reference sync (needs sync_ref_model: true)."},
+    )
+    skip_minibatch_ratio_above: float | None = field(
+        default=None,
+        metadata={"help": "RLinf: skip the optimizer update of a mini-batch whose mean max(r, 1/r) over its tokens "
+                  "(r the policy ratio) is at least this; counted in stability/skipped_minibatches. Not under "
+                  "DeepSpeed."},
+    )
     dry_run: bool = field(
         default=False,
         metadata={

@@ -3,7 +3,9 @@
 Also the ``prompt-aug-plot`` script. Each RUN_DIR is a training output folder; its
 ``trainer_state.json`` (or that of its last ``checkpoint-*``) gives the logged metrics, and
 ``eval/results.json`` (written by ``prompt-aug-eval``) the final evaluation. Several runs are overlaid,
-one colour per run, named by their folders. Panels without data in any run are left out.
+one colour per run, named by their folders. Panels without data in any run are left out. Where the
+collapse guard fired (``collapse/fired/<signal>`` in the log), every panel has a dotted line, labelled
+with the signal on the first panel.
 """
 
 from __future__ import annotations
@@ -171,6 +173,7 @@ def plot_runs(
                 _fraction_axis(ax)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
+    _mark_collapse(list(zip(axes.flat, [spec for _, spec in panels])), runs, colors)
 
     # Title, then the run legend, then the panels; sizes in inches turned into figure fractions.
     title_h, legend_h = (0.4 if title else 0.0), 0.3 * math.ceil(len(runs) / 4)
@@ -191,6 +194,35 @@ def plot_runs(
     fig.savefig(output, dpi=120)
     plt.close(fig)
     return output
+
+
+def collapse_events(history: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """(step, signal) for every log line where the collapse guard fired (``collapse/fired/<signal>``).
+
+    >>> collapse_events([{"step": 3, "entropy": 0.1}, {"step": 9, "collapse/fired/entropy": 1.0}])
+    [(9, 'entropy')]
+    """
+    prefix = "collapse/fired/"
+    return [
+        (int(e["step"]), key[len(prefix) :])
+        for e in history
+        for key in sorted(e)
+        if key.startswith(prefix) and e[key]
+    ]
+
+
+def _mark_collapse(panels: list[tuple[Any, Any]], runs: list[Run], colors: dict[str, Any]) -> None:
+    """A dotted vertical line in the run's colour at each firing, on each panel (a per-template panel: its
+    own run only); the signal names are written on the first panel."""
+    for index, (ax, spec) in enumerate(panels):
+        for run in runs:
+            if isinstance(spec, Run) and spec is not run:
+                continue
+            for step, signal in collapse_events(run.history):
+                ax.axvline(step, color=colors[run.name], linestyle=":", linewidth=1.5, alpha=0.9)
+                if index == 0:
+                    ax.annotate(f"{signal}", (step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                                ha="right", va="top", fontsize=7, color=colors[run.name])
 
 
 def _fraction_axis(ax: Any) -> None:

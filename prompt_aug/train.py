@@ -21,6 +21,7 @@ from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 
 from rewards import get_reward_funcs
 
+from .collapse import OptimizerResetCallback, check_stabiliser_keys, guard_from_args
 from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import filter_long_prompts, load_math_dataset
@@ -93,6 +94,11 @@ def plain_prompts(dataset: Any, template: Template) -> Any:
 def main(argv: list[str] | None = None) -> None:
     script_args, training_args, model_args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    # Collapse guard and stabiliser keys: checked in a dry run too.
+    check_stabiliser_keys(script_args, training_args)
+    steps_per_round = batch_arithmetic(script_args, training_args).optimizer_steps_per_round
+    guard = guard_from_args(script_args, steps_per_round)  # None unless the recipe sets a collapse_* threshold
 
     # Dry run: arithmetic only.
     if script_args.dry_run:
@@ -185,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
             num_rows=len(dataset),
             eval_template=script_args.eval_template,
         ),
+        skip_minibatch_ratio_above=script_args.skip_minibatch_ratio_above,
     )
 
     trainer.wandb_completions_rows = script_args.wandb_completions_rows
@@ -198,6 +205,10 @@ def main(argv: list[str] | None = None) -> None:
             max_tokens=script_args.eval_max_tokens,
             limit=script_args.eval_limit,
         ).attach(trainer)  # first in the callback list, so W&B sees the eval/* keys
+    if guard is not None:
+        guard.attach(trainer)  # after the eval callback (it watches eval/macro), before the loggers
+    if script_args.reset_optimizer_on_ref_sync:
+        trainer.add_callback(OptimizerResetCallback())  # ProRL: TRL resets the reference, this the optimizer
 
     # Train.
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)

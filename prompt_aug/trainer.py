@@ -21,6 +21,12 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
   `prompt_aug.records`), and the W&B completions table is bounded to ``wandb_completions_rows`` rows.
 * ``create_model_card``: TRL writes its own card at every checkpoint and at push time, which would
   overwrite ours; ours carries the recipe, the template bank and the evaluation table.
+* ``_get_per_token_logps_and_entropies`` and ``compute_loss`` (collapse watch, issue 13): keep the loss
+  forward pass's per-token entropies and log-probabilities, for ``templates/<name>/entropy`` and for the
+  importance ratio of each mini-batch.
+* ``training_step`` (RLinf's stabiliser): drops the gradient of a mini-batch whose importance ratio is too
+  large before the optimizer steps (``skip_minibatch_ratio_above``), counted in
+  ``stability/skipped_minibatches``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from trl.data_utils import is_conversational
 
 from rewards.registry import correctness_reward, format_reward, strict_correctness_reward
 
+from .collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
 from .collator import PromptAugmentationCollator
 from .model_card import ModelCardInfo, render_model_card
 from .records import generation_round, upload_sampled_table, without_wandb_table
@@ -58,6 +65,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         prompt_augmentation: ``False`` turns augmentation off: the trainer is then `GRPOTrainer` and adds
             nothing to the rows (``prompt_collator`` must then be ``None``).
         model_card: What our model card says; without it, TRL's card is written.
+        skip_minibatch_ratio_above: RLinf's stabiliser: skip the optimizer update of a mini-batch whose mean
+            max(r, 1/r) over its completion tokens (r = pi / pi_old) is at least this (``None``: never).
 
     What reward functions receive with augmentation on (TRL's keyword arguments, plus these columns):
 
@@ -71,7 +80,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
       ``uid`` and every other dataset column, one value per completion.
 
     Logs, beside TRL's ``entropy``, ``reward`` and ``completions/*``: ``templates/<name>/accuracy``,
-    ``/format``, ``/mean_length``, ``/truncated_ratio`` and ``/count`` per template. With
+    ``/format``, ``/mean_length``, ``/truncated_ratio``, ``/count``, ``/entropy`` and ``/repetition`` per
+    template, and ``completions/repetition_ratio`` (completions ending in an n-gram loop). With
     ``log_completions``, the completion records carry ``template``, ``uid`` and the ``process`` that
     generated each completion (the logged prompt is the rendered text), and every log entry carries
     ``round``.
@@ -88,6 +98,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         prompt_collator: PromptAugmentationCollator | None = None,
         prompt_augmentation: bool = True,
         model_card: ModelCardInfo | None = None,
+        skip_minibatch_ratio_above: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -99,6 +110,18 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self.model_card_info = model_card
         self._round_rewards: torch.Tensor | None = None
         self._chat_prompts: list[list[dict[str, Any]]] | None = None
+        # Collapse watch and RLinf's mini-batch skip (issue 13).
+        if skip_minibatch_ratio_above is not None and self.is_deepspeed_enabled:
+            raise ValueError("skip_minibatch_ratio_above is not supported under DeepSpeed (its optimizer steps "
+                             "inside backward, before a mini-batch can be judged); use DDP or FSDP, or unset it")
+        self.skip_minibatch_ratio_above = skip_minibatch_ratio_above
+        names = []
+        if prompt_collator is not None:
+            names = [t.name for t in prompt_collator.templates] + [prompt_collator.eval_template.name]
+        self._template_index = {name: i for i, name in enumerate(dict.fromkeys(names))}
+        self._loss_forward: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._ratio_window: torch.Tensor | None = None
+        self._skipped_minibatches: int | None = None
 
     def _default_collator(self) -> PromptAugmentationCollator:
         templates = list(load_templates().values())
@@ -136,6 +159,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         finally:
             self._chat_prompts = None
         self._log_template_metrics(inputs, output, "train" if training else "eval")
+        # Travels with each row through TRL's shuffle and split, for the per-template entropy in compute_loss.
+        index = [self._template_index.get(row["template"], -1) for row in inputs]
+        output["template_index"] = torch.tensor(index, device=self.accelerator.device)
         return output
 
     # Why: TRL does not restore its micro-step counter `_step` on resume. From a checkpoint saved in the
@@ -223,6 +249,67 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             metrics[f"{prefix}/mean_length"].append(lengths[rows_t].mean().item())
             metrics[f"{prefix}/truncated_ratio"].append(truncated[rows_t].mean().item())
             metrics[f"{prefix}/count"].append(float(len(rows)))
+
+        # Collapse watch (issue 13): completions that end in an n-gram loop, overall and per template.
+        looping = self.accelerator.gather(loop_flags(ids, mask.sum(dim=1))).cpu()
+        metrics["completions/repetition_ratio"].append(looping.mean().item())
+        for name, rows in by_template.items():
+            metrics[f"templates/{name}/repetition"].append(looping[torch.tensor(rows)].mean().item())
+
+    # Why: TRL computes per-token entropies only in the loss forward pass and logs one mean; keep that call's
+    # outputs (it is the only call with compute_entropy=True) for the per-template entropy and the ratio.
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
+        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if entropies is not None:
+            self._loss_forward = (logps.detach(), entropies.detach())
+        return logps, entropies, aux_loss
+
+    # Why: the per-template entropy and each mini-batch's importance ratio need the loss forward's tensors.
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self._loss_forward is None:
+            return loss
+        logps, entropies = self._loss_forward
+        self._loss_forward = None
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:  # as TRL: tool-output tokens are not the policy's
+            mask = mask * inputs["tool_mask"]
+        mode = "train" if self.model.training else "eval"
+        if "template_index" in inputs:
+            sums = grouped_token_sums(entropies, mask, inputs["template_index"], len(self._template_index))
+            sums = self.accelerator.reduce(sums, reduction="sum").cpu()
+            for name, i in self._template_index.items():
+                if sums[1, i] > 0:
+                    self._metrics[mode][f"templates/{name}/entropy"].append((sums[0, i] / sums[1, i]).item())
+        if mode == "train" and self.skip_minibatch_ratio_above is not None:
+            old = inputs.get("old_per_token_logps")
+            window = ratio_deviation_sums(logps, logps if old is None else old, mask)
+            self._ratio_window = window if self._ratio_window is None else self._ratio_window + window
+        return loss
+
+    # Why: RLinf discards a mini-batch whose importance ratio explodes. Its gradient is complete once the last
+    # micro-batch's backward has run (here, where DDP also all-reduces it) and the Trainer steps the optimizer
+    # right after: dropping the gradients here makes torch's optimizers skip every parameter (no update, no
+    # weight decay, no moment change), the scheduler and the round go on. DeepSpeed steps inside backward,
+    # so it is refused in __init__.
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.skip_minibatch_ratio_above is None or not self.accelerator.sync_gradients:
+            return loss
+        window = self._ratio_window if self._ratio_window is not None else torch.zeros(2, device=loss.device)
+        self._ratio_window = None
+        total, count = self.accelerator.reduce(window.to(loss.device), reduction="sum").tolist()
+        ratio = total / count if count else 1.0
+        if self._skipped_minibatches is None:  # carry the count over a resume
+            logged = [e["stability/skipped_minibatches"] for e in self.state.log_history
+                      if "stability/skipped_minibatches" in e]
+            self._skipped_minibatches = int(logged[-1]) if logged else 0
+        if ratio >= self.skip_minibatch_ratio_above:
+            model.zero_grad(set_to_none=True)
+            self._skipped_minibatches += 1
+        self._metrics["train"]["stability/minibatch_ratio"].append(ratio)
+        self._metrics["train"]["stability/skipped_minibatches"] = [float(self._skipped_minibatches)]
+        return loss
 
     # Why: TRL's card would replace ours at each checkpoint and inside `push_to_hub`.
     def create_model_card(self, model_name: str | None = None, *args: Any, **kwargs: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .formats import row_rules
 from .grade import format_score, grade_batch
+from .mapped import mapped_correctness
 
 
 def _text(completion: Any) -> str:
@@ -96,6 +97,8 @@ REGISTRY: dict[str, Callable[..., list[float | None]]] = {
     "correctness": correctness_reward,
     "strict_correctness": strict_correctness_reward,
     "format": format_reward,
+    # RLinf's reward: +5 correct, -5 wrong (lenient grading); `mapped_correctness` builds other values.
+    "correctness_pm5": mapped_correctness(correctness_reward, 5.0, -5.0, name="correctness_pm5_reward"),
 }
 
 

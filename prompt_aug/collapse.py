@@ -1,0 +1,442 @@
+"""Collapse, watched and handled: the collapse guard, ProRL's optimizer reset and RLinf's mini-batch skip.
+
+Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
+
+* `CollapseGuard`, a `TrainerCallback` that reads the trainer's log lines and watches five signals, each
+  with a threshold, a window and an action (``log``, ``checkpoint`` or ``stop``):
+
+  ========== ========================================= ===============================================
+  signal     log key read                              fires when
+  ========== ========================================= ===============================================
+  entropy    ``entropy``                               below the floor for ``window`` rounds in a row
+  accuracy   ``rewards/correctness_reward/mean`` (or   its mean over the last ``window`` rounds falls
+             strict, else ``reward``; or a chosen key) more than the threshold below its best such mean
+  truncation ``completions/clipped_ratio``             above the ceiling for ``window`` rounds in a row
+  repetition ``completions/repetition_ratio``          above the ceiling for ``window`` rounds in a row
+  eval       ``eval/macro``                            like accuracy, over the last ``window`` evaluations
+  ========== ========================================= ===============================================
+
+  A window counts generation rounds (the ``round`` key of a log line, else the step divided by the
+  optimizer steps per round); several log lines of one round are averaged. Each signal fires once when
+  its condition starts to hold and again only after it has stopped holding. It logs ``collapse/<signal>``
+  (rounds in a row past the threshold, or the fall from the best mean) on every log line, and
+  ``collapse/fired/<signal>`` = 1 on the line where it fired. ``checkpoint`` saves a full checkpoint
+  named ``collapse-<signal>-round<N>`` in ``output_dir``: the Trainer's rotation (``save_total_limit``)
+  only deletes ``checkpoint-*`` folders, so it is kept. ``stop`` saves it too and ends the run cleanly,
+  with a message naming the signal, the values and the checkpoint. Resuming replays the restored log
+  history, so smoothed bests and counts carry over.
+* `OptimizerResetCallback`: ProRL resets the reference policy *and* reinitialises the optimizer; TRL does
+  the first (``sync_ref_model``), this zeroes the optimizer state at each of those syncs.
+* Small tensor helpers the trainer uses for per-template entropy and repetition and for RLinf's skip of a
+  mini-batch whose importance ratio is too large (`PromptAugGRPOTrainer.training_step`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import broadcast_object_list
+from transformers import TrainerCallback
+
+from rewards.repetition import ends_in_loop
+
+logger = logging.getLogger("prompt_aug.collapse")
+
+SIGNALS = ("entropy", "accuracy", "truncation", "repetition", "eval")
+ACTIONS = ("log", "checkpoint", "stop")
+KINDS = ("below", "above", "drop")
+ACCURACY_KEYS = ("rewards/correctness_reward/mean", "rewards/strict_correctness_reward/mean", "reward")
+REPETITION_KEY = "completions/repetition_ratio"
+CHECKPOINT_PREFIX = "collapse"
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    """One watched signal.
+
+    Args:
+        name: The signal's name, used in metric keys and checkpoint names.
+        keys: Log keys to read; the first one a log line has is used.
+        kind: ``below`` / ``above``: the value is past ``threshold`` for ``window`` rounds in a row;
+            ``drop``: the mean of the last ``window`` rounds is more than ``threshold`` below its best.
+        threshold: The floor, ceiling or allowed fall.
+        window: Rounds (evaluations for ``eval``) the condition is judged over.
+        action: ``log``, ``checkpoint`` or ``stop``.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    kind: str
+    threshold: float
+    window: int
+    action: str = "log"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"signal {self.name}: kind {self.kind!r} is not one of {KINDS}")
+        if self.action not in ACTIONS:
+            raise ValueError(f"signal {self.name}: action {self.action!r} is not one of {ACTIONS}")
+        if self.window < 1:
+            raise ValueError(f"signal {self.name}: window must be at least 1, got {self.window}")
+
+
+@dataclass(frozen=True)
+class Firing:
+    """A signal that fired: where, on which values, and what the guard does about it."""
+
+    signal: str
+    round: int
+    step: int
+    action: str
+    detail: str
+
+
+class _Watch:
+    """The running state of one signal: the per-round means of its window and whether it is firing."""
+
+    def __init__(self, spec: SignalSpec) -> None:
+        self.spec = spec
+        self.rounds: deque[list[float]] = deque(maxlen=spec.window)  # [round, sum, count]
+        self.best = -math.inf  # best window mean over completed rounds (kind "drop")
+        self.active = False
+        self.stat = 0.0
+
+    def add(self, round_: int, value: float, step: int, key: str) -> Firing | None:
+        spec = self.spec
+        if self.rounds and round_ <= self.rounds[-1][0]:
+            self.rounds[-1][1] += value
+            self.rounds[-1][2] += 1
+        else:
+            if spec.kind == "drop" and len(self.rounds) == spec.window:
+                self.best = max(self.best, self._window_mean())
+            self.rounds.append([round_, value, 1])
+        means = [total / count for _, total, count in self.rounds]
+        first, last = int(self.rounds[0][0]), int(self.rounds[-1][0])
+
+        if spec.kind == "drop":
+            if len(self.rounds) < spec.window:
+                return self._settle(False, step, "")
+            current = self._window_mean()
+            best = max(self.best, current)
+            self.stat = best - current
+            unit = "evaluations" if spec.name == "eval" else "rounds"
+            detail = (
+                f"{spec.name} ({key}) averaged {current:.4g} over {unit} {first}-{last}, {self.stat:.4g} below "
+                f"its best {best:.4g}, more than the allowed {spec.threshold:g}"
+            )
+            return self._settle(self.stat > spec.threshold, step, detail)
+
+        past = (lambda v: v < spec.threshold) if spec.kind == "below" else (lambda v: v > spec.threshold)
+        run = 0
+        for mean in reversed(means):
+            if not past(mean):
+                break
+            run += 1
+        self.stat = float(run)
+        word = "below the floor" if spec.kind == "below" else "above the ceiling"
+        detail = (
+            f"{spec.name} ({key}) {word} {spec.threshold:g} for {spec.window} round{'s' * (spec.window > 1)} in a row "
+            f"(rounds {first}-{last}: {', '.join(f'{m:.4g}' for m in means)})"
+        )
+        return self._settle(run >= spec.window, step, detail)
+
+    def _window_mean(self) -> float:
+        return sum(total / count for _, total, count in self.rounds) / len(self.rounds)
+
+    def _settle(self, holds: bool, step: int, detail: str) -> Firing | None:
+        fired = holds and not self.active
+        self.active = holds
+        if not fired:
+            return None
+        return Firing(self.spec.name, int(self.rounds[-1][0]), step, self.spec.action, detail)
+
+
+class CollapseGuard(TrainerCallback):
+    """Watches entropy, accuracy, truncation, self-repetition and evaluation accuracy for collapse.
+
+    Args:
+        specs: The signals to watch (see `SignalSpec` and `guard_from_args`).
+        steps_per_round: Optimizer steps per generation round, to count rounds from the step when a log
+            line has no ``round`` key.
+
+    Use `attach` to add it to a trainer (after `EvalCallback.attach`, so it sees the ``eval/*`` keys).
+    `observe` is the whole decision, usable on its own on a stream of log lines. After training,
+    ``fired`` lists every firing, ``checkpoints`` the folders saved and ``stop_message`` why it stopped.
+    """
+
+    def __init__(self, specs: list[SignalSpec], steps_per_round: float = 1.0) -> None:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"CollapseGuard: a signal is listed twice in {names}")
+        if steps_per_round <= 0:
+            raise ValueError(f"CollapseGuard: steps_per_round must be positive, got {steps_per_round}")
+        self.specs = list(specs)
+        self.steps_per_round = steps_per_round
+        self.fired: list[Firing] = []
+        self.checkpoints: list[Path] = []
+        self.stop_message: str | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._watches = {spec.name: _Watch(spec) for spec in self.specs}
+        self._pending: list[Firing] = []
+        self._regular_save_due = False
+
+    def attach(self, trainer: Any) -> CollapseGuard:
+        """Add the guard ahead of the trainer's loggers (W&B sees ``collapse/*``) but after any evaluation
+        callback placed there (the guard sees ``eval/*``); returns ``self``."""
+        from .evaluate import EvalCallback
+
+        callbacks = trainer.callback_handler.callbacks
+        after = [i for i, cb in enumerate(callbacks) if isinstance(cb, EvalCallback)]
+        callbacks.insert(after[-1] + 1 if after else 0, self)
+        return self
+
+    def round_of(self, entry: dict[str, Any], step: int | None = None) -> int:
+        """The generation round a log line belongs to: its ``round`` key, else its step over steps per round."""
+        if isinstance(entry.get("round"), (int, float)):
+            return int(entry["round"])
+        step = int(entry.get("step", step or 0))
+        return max(1, math.ceil(step / self.steps_per_round - 1e-9))
+
+    def observe(self, entry: dict[str, Any], step: int | None = None) -> tuple[dict[str, float], list[Firing]]:
+        """Feed one log line; returns the ``collapse/*`` metrics for it and the signals that fired on it."""
+        step = int(entry.get("step", step or 0))
+        round_ = self.round_of(entry, step)
+        metrics: dict[str, float] = {}
+        firings: list[Firing] = []
+        for name, watch in self._watches.items():
+            key = next((k for k in watch.spec.keys if _is_number(entry.get(k))), None)
+            if key is None:
+                continue
+            firing = watch.add(round_, float(entry[key]), step, key)
+            metrics[f"collapse/{name}"] = watch.stat
+            if firing is not None:
+                metrics[f"collapse/fired/{name}"] = 1.0
+                firings.append(firing)
+        return metrics, firings
+
+    # -- TrainerCallback events ------------------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # A resumed run restores log_history: replay it so windows, bests and firing states carry over.
+        self._reset()
+        for entry in state.log_history:
+            self.observe(entry)
+        return control
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        metrics: dict[str, float] = {}
+        firings: list[Firing] = []
+        if state.is_world_process_zero and logs is not None:  # evaluation metrics exist on the main process only
+            metrics, firings = self.observe(logs, step=state.global_step)
+        shared = [firings]
+        broadcast_object_list(shared)  # every process must save (and stop) together
+        firings = shared[0]
+        if metrics and logs is not None:
+            logs.update(metrics)
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1].update(metrics)
+        for firing in firings:
+            if state.is_world_process_zero:
+                logger.warning("collapse guard: step %d (round %d): %s -> %s", firing.step, firing.round,
+                               firing.detail, firing.action)
+        self.fired += firings
+        acting = [f for f in firings if f.action != "log"]
+        if acting:
+            self._pending = acting
+            self._regular_save_due = bool(control.should_save)
+            control.should_save = True
+            if any(f.action == "stop" for f in acting):
+                control.should_training_stop = True
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if not self._pending:
+            return control
+        firings, self._pending = self._pending, []
+        source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        target = _free_path(
+            Path(args.output_dir) / f"{CHECKPOINT_PREFIX}-{'_'.join(f.signal for f in firings)}-round{firings[0].round}"
+        )
+        if args.should_save:
+            if not source.is_dir():
+                logger.error("collapse guard: expected the checkpoint %s, found nothing to keep", source)
+                return control
+            if self._regular_save_due:  # a scheduled checkpoint: keep it and copy
+                shutil.copytree(source, target)
+            else:
+                source.rename(target)
+            logger.warning("collapse guard: saved %s", target)
+        self.checkpoints.append(target)
+        stops = [f for f in firings if f.action == "stop"]
+        if stops:
+            self.stop_message = (
+                f"collapse guard stopped training at step {state.global_step} (round {stops[0].round}): "
+                + "; ".join(f.detail for f in stops)
+                + f". Checkpoint: {target} (resume with --resume_from_checkpoint {target})"
+            )
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.stop_message and state.is_world_process_zero:
+            logger.warning("%s", self.stop_message)
+        return control
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _free_path(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... if it exists: a collapse checkpoint is never overwritten."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard | None:
+    """The guard a recipe asks for (a signal is on when its threshold key is set), or ``None``.
+
+    ``script_args`` is a parsed `PromptAugArguments`; a bad action or window names its recipe key.
+    """
+    a = script_args
+    accuracy_keys = (a.collapse_accuracy_metric,) if a.collapse_accuracy_metric else ACCURACY_KEYS
+    table = [
+        ("entropy", ("entropy",), "below", "collapse_entropy_floor", "collapse_entropy_rounds"),
+        ("accuracy", accuracy_keys, "drop", "collapse_accuracy_drop", "collapse_accuracy_rounds"),
+        ("truncation", ("completions/clipped_ratio",), "above", "collapse_truncation_ceiling",
+         "collapse_truncation_rounds"),
+        ("repetition", (REPETITION_KEY,), "above", "collapse_repetition_ceiling", "collapse_repetition_rounds"),
+        ("eval", ("eval/macro",), "drop", "collapse_eval_drop", "collapse_eval_evaluations"),
+    ]  # fmt: skip
+    specs = []
+    for name, keys, kind, threshold_key, window_key in table:
+        threshold = getattr(a, threshold_key)
+        if threshold is None:
+            continue
+        action_key = f"collapse_{name}_action"
+        action, window = getattr(a, action_key), getattr(a, window_key)
+        if action not in ACTIONS:
+            raise ValueError(f"{action_key}: {action!r} is not one of {', '.join(ACTIONS)}")
+        if window < 1:
+            raise ValueError(f"{window_key}: must be at least 1, got {window}")
+        if kind == "drop" and threshold < 0:
+            raise ValueError(f"{threshold_key}: an allowed fall must be >= 0, got {threshold}")
+        specs.append(SignalSpec(name, keys, kind, float(threshold), int(window), action))
+    if a.collapse_eval_drop is not None and not (a.eval_benchmarks and a.eval_every_steps):
+        raise ValueError("collapse_eval_drop is set but evaluation during training is off: set eval_benchmarks "
+                         "and eval_every_steps, or unset collapse_eval_drop")
+    return CollapseGuard(specs, steps_per_round) if specs else None
+
+
+# -- ProRL: the optimizer reset at each reference sync ---------------------------------------------------
+
+
+def zero_optimizer_state(optimizer: Any) -> int:
+    """Zero every tensor of ``optimizer``'s state in place (AdamW: moments and step count); returns how many.
+
+    Follows wrappers through their ``.optimizer`` attribute (accelerate's, DeepSpeed's). Zeroed in place
+    rather than cleared, so an optimizer or a checkpoint writer that expects the entries still finds them;
+    for Adam(W) a zeroed state is exactly a fresh one (the next step counts as step 1).
+    """
+    zeroed, seen, obj = 0, set(), optimizer
+    while obj is not None and id(obj) not in seen:
+        seen.add(id(obj))
+        state = getattr(obj, "state", None)
+        if isinstance(state, dict) and id(state) not in seen:
+            seen.add(id(state))
+            for per_param in state.values():
+                if not isinstance(per_param, dict):
+                    continue
+                for key, value in per_param.items():
+                    if torch.is_tensor(value):
+                        value.zero_()
+                        zeroed += 1
+                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                        per_param[key] = type(value)(0)
+                        zeroed += 1
+        obj = getattr(obj, "optimizer", None)
+    return zeroed
+
+
+class OptimizerResetCallback(TrainerCallback):
+    """Zeroes the optimizer state whenever TRL syncs the reference model (``sync_ref_model``), as ProRL does.
+
+    TRL's `SyncRefModelCallback` copies the policy into the reference at the end of every step that is a
+    multiple of ``ref_model_sync_steps``; this runs on the same steps.
+    """
+
+    def __init__(self) -> None:
+        self.reset_steps: list[int] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> Any:
+        if not args.sync_ref_model or optimizer is None or state.global_step % args.ref_model_sync_steps:
+            return control
+        zeroed = zero_optimizer_state(optimizer)
+        self.reset_steps.append(state.global_step)
+        if state.is_world_process_zero:
+            logger.info("step %d: reference model synced, optimizer state zeroed (%d tensors)", state.global_step,
+                        zeroed)
+        return control
+
+
+def check_stabiliser_keys(script_args: Any, training_args: Any) -> None:
+    """Fail early, naming the key, when a stabiliser key cannot work with the rest of the recipe."""
+    if script_args.reset_optimizer_on_ref_sync and not training_args.sync_ref_model:
+        raise ValueError("reset_optimizer_on_ref_sync: true needs sync_ref_model: true (TRL then syncs the "
+                         "reference every ref_model_sync_steps steps; it also needs beta > 0)")
+    threshold = script_args.skip_minibatch_ratio_above
+    if threshold is not None and threshold < 1.0:
+        raise ValueError(f"skip_minibatch_ratio_above: {threshold} is below 1, the smallest value the mean of "
+                         "max(r, 1/r) can take; use 1.0 to skip every mini-batch, or leave it unset")
+
+
+# -- Tensor helpers for the trainer -------------------------------------------------------------------
+
+
+def loop_flags(completion_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """1.0 for each completion (a row of ``completion_ids``, its first ``lengths`` tokens) that ends in an
+    n-gram loop (`rewards.repetition.ends_in_loop`), else 0.0."""
+    rows, sizes = completion_ids.tolist(), lengths.tolist()
+    flags = [float(ends_in_loop(row[: int(n)])) for row, n in zip(rows, sizes, strict=True)]
+    return torch.tensor(flags, device=completion_ids.device)
+
+
+def grouped_token_sums(values: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """A (2, ``num_groups``) tensor: per group of rows, the sum of ``values`` over masked tokens and the count.
+
+    >>> v, m = torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [1, 0]])
+    >>> grouped_token_sums(v, m, torch.tensor([1, 1]), 2).tolist()
+    [[0.0, 9.0], [0.0, 3.0]]
+    """
+    mask = mask.to(values.dtype)
+    sums, counts = (values * mask).sum(dim=1).float(), mask.sum(dim=1).float()
+    out = torch.zeros(2, num_groups, device=values.device)
+    valid = groups >= 0
+    out[0].index_add_(0, groups[valid], sums[valid])
+    out[1].index_add_(0, groups[valid], counts[valid])
+    return out
+
+
+def ratio_deviation_sums(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[sum, count]`` over masked tokens of max(r, 1/r), r = exp(logps - old_logps) the policy ratio.
+
+    The mean (sum / count) is 1 when the mini-batch is exactly on-policy and grows as the policy drifts,
+    in either direction.
+
+    >>> ratio_deviation_sums(torch.log(torch.tensor([[2.0, 0.5, 9.0]])), torch.zeros(1, 3), torch.tensor([[1, 1, 0]]))
+    tensor([4., 2.])
+    """
+    deviation = torch.exp((logps - old_logps).abs().clamp(max=20.0)).nan_to_num(nan=1.0)
+    mask = mask.to(deviation.dtype)
+    return torch.stack([(deviation * mask).sum(), mask.sum()]).float()

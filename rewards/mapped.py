@@ -1,0 +1,33 @@
+"""Correctness mapped to chosen values, e.g. RLinf's +5 for a correct answer and -5 for a wrong one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+RewardFunc = Callable[..., list[float | None]]
+
+
+def mapped_correctness(
+    base: RewardFunc, correct: float = 5.0, incorrect: float = -5.0, name: str | None = None
+) -> RewardFunc:
+    """A reward function that calls ``base`` (a 1/0 correctness reward) and maps 1 to ``correct``, 0 to
+    ``incorrect``; ``None`` (a gold that cannot be parsed) stays ``None``. Every argument TRL passes
+    (completions, dataset columns, ``log_metric``, ...) goes to ``base`` untouched.
+
+    ``name`` becomes the function's ``__name__``, which TRL uses in ``rewards/<name>/mean``.
+
+    >>> def exact(completions, answer, **kwargs):
+    ...     return [None if a == "?" else float(c == a) for c, a in zip(completions, answer)]
+    >>> rlinf = mapped_correctness(exact, 5.0, -5.0, name="exact_pm5")
+    >>> rlinf(["4", "5", "6"], answer=["4", "4", "?"]), rlinf.__name__
+    ([5.0, -5.0, None], 'exact_pm5')
+    """
+
+    def reward(*args: Any, **kwargs: Any) -> list[float | None]:
+        scores = base(*args, **kwargs)
+        return [None if s is None else (correct if s >= 0.5 else incorrect) for s in scores]
+
+    reward.__name__ = reward.__qualname__ = name or f"{base.__name__}_mapped"
+    reward.__doc__ = f"`{base.__name__}` with correct -> {correct:g}, incorrect -> {incorrect:g}, None kept."
+    return reward

@@ -1,0 +1,441 @@
+"""Collapse, watched and handled: the guard's decisions, its checkpoints and clean stop, ProRL's optimizer
+reset, RLinf's mini-batch skip and ±5 reward, the ProRL recipe, the plot marks and the README table.
+
+The end-to-end runs use the smoke recipe (tiny random model, CPU). A near-greedy temperature (0.05) makes
+that model "collapse" for real: its entropy falls to ~0.005 nats and every completion loops on a newline,
+which trips the smoke recipe's own guard. The smoke reward (correctness + format) gives this model no spread
+within a group, so the tests that need weights to move use `_spread_reward` instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from prompt_aug import train
+from prompt_aug.collapse import (
+    ACCURACY_KEYS,
+    REPETITION_KEY,
+    CollapseGuard,
+    SignalSpec,
+    guard_from_args,
+    zero_optimizer_state,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
+PAPER = REPO / "recipes/qwen2.5-math-1.5b"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The guard's decisions on synthetic metric streams (one log line per round unless said otherwise)
+
+
+def _guard(*specs: SignalSpec, steps_per_round: float = 1.0) -> CollapseGuard:
+    return CollapseGuard(list(specs), steps_per_round=steps_per_round)
+
+
+def _feed(guard: CollapseGuard, stream: list[dict]) -> dict[int, list[str]]:
+    """Step -> signals fired on that log line; also checks each fired line carries collapse/fired/<signal>."""
+    fired = {}
+    for entry in stream:
+        metrics, firings = guard.observe(entry)
+        if firings:
+            fired[entry["step"]] = [f.signal for f in firings]
+            assert all(metrics[f"collapse/fired/{f.signal}"] == 1.0 for f in firings)
+        else:
+            assert not any(k.startswith("collapse/fired/") for k in metrics)
+    return fired
+
+
+ENTROPY = SignalSpec("entropy", ("entropy",), "below", 0.05, 3, "stop")
+ACCURACY = SignalSpec("accuracy", ACCURACY_KEYS, "drop", 0.15, 3, "checkpoint")
+TRUNCATION = SignalSpec("truncation", ("completions/clipped_ratio",), "above", 0.5, 2, "checkpoint")
+REPETITION = SignalSpec("repetition", (REPETITION_KEY,), "above", 0.2, 4, "log")
+EVAL = SignalSpec("eval", ("eval/macro",), "drop", 0.05, 2, "checkpoint")
+
+
+def test_entropy_fires_on_the_third_round_below_the_floor_once_and_again_after_recovering():
+    values = [1.0] * 10 + [0.01] * 6 + [0.5] + [0.01] * 3
+    fired = _feed(_guard(ENTROPY), [{"step": i + 1, "entropy": v} for i, v in enumerate(values)])
+    # Rounds 11-16 are below: fires at round 13, not again while low; recovers at 17, below from 18: fires at 20.
+    assert fired == {13: ["entropy"], 20: ["entropy"]}
+
+
+def test_accuracy_fires_when_the_3_round_mean_falls_more_than_0_15_below_its_best():
+    values = [0.3, 0.4, 0.5, 0.5, 0.5, 0.5, 0.2, 0.2, 0.2]
+    key = "rewards/correctness_reward/mean"
+    fired = _feed(_guard(ACCURACY), [{"step": i + 1, key: v, "reward": 9.0} for i, v in enumerate(values)])
+    # Round 7: mean(0.5, 0.5, 0.2) = 0.4, 0.1 below the best 0.5 (allowed); round 8: 0.3, 0.2 below: fires.
+    assert fired == {8: ["accuracy"]}
+
+
+def test_accuracy_falls_back_to_total_reward_when_no_correctness_reward_is_logged():
+    values = [1.0, 1.2, 1.2, 1.2, 0.2, 0.2, 0.2]
+    fired = _feed(_guard(ACCURACY), [{"step": i + 1, "reward": v} for i, v in enumerate(values)])
+    assert fired == {5: ["accuracy"]}  # mean(1.2, 1.2, 0.2) = 0.867 is 0.333 below the best 1.2
+
+
+def test_truncation_and_repetition_fire_after_their_windows_above_the_ceiling():
+    trunc = [0.1, 0.6, 0.1, 0.6, 0.7, 0.8]
+    rep = [0.0, 0.3, 0.3, 0.3, 0.1, 0.3, 0.3, 0.3, 0.3]
+    stream = [
+        {"step": i + 1, **({"completions/clipped_ratio": trunc[i]} if i < len(trunc) else {}), REPETITION_KEY: r}
+        for i, r in enumerate(rep)
+    ]
+    fired = _feed(_guard(TRUNCATION, REPETITION), stream)
+    # Truncation: one round above at 2 is not enough, 4-5 is; repetition: 2-4 is 3 rounds, 6-9 is 4.
+    assert fired == {5: ["truncation"], 9: ["repetition"]}
+
+
+def test_eval_fires_on_the_evaluation_whose_2_eval_mean_falls_more_than_0_05():
+    evals = [0.30, 0.32, 0.34, 0.36, 0.25, 0.20]
+    stream = []
+    for step in range(1, 31):
+        entry = {"step": step, "entropy": 0.5}
+        if step % 5 == 0:
+            entry["eval/macro"] = evals[step // 5 - 1]
+        stream.append(entry)
+    # Means of 2: .31 .33 .35 .305 (0.045 below .35: allowed) .225 (0.125 below): the 6th evaluation, step 30.
+    assert _feed(_guard(EVAL), stream) == {30: ["eval"]}
+
+
+def test_windows_count_rounds_not_log_lines():
+    # 2 optimizer steps per round, a log line per step: rounds are steps (1,2), (3,4), (5,6), ...
+    guard = _guard(ENTROPY, steps_per_round=2)
+    stream = [{"step": s, "entropy": 1.0 if s <= 2 else 0.01} for s in range(1, 11)]
+    assert _feed(guard, stream) == {7: ["entropy"]}  # rounds 2, 3, 4 below: the first line of round 4
+    # A `round` key (logged by the trainer) wins over the step.
+    guard = _guard(ENTROPY, steps_per_round=2)
+    stream = [{"step": s, "round": s, "entropy": 1.0 if s <= 2 else 0.01} for s in range(1, 11)]
+    assert _feed(guard, stream) == {5: ["entropy"]}
+
+
+def test_a_noisy_but_healthy_run_trips_nothing():
+    rng = random.Random(0)
+    guard = _guard(
+        SignalSpec("entropy", ("entropy",), "below", 0.1, 5, "stop"),
+        SignalSpec("accuracy", ACCURACY_KEYS, "drop", 0.1, 10, "stop"),
+        SignalSpec("truncation", ("completions/clipped_ratio",), "above", 0.3, 5, "stop"),
+        SignalSpec("repetition", (REPETITION_KEY,), "above", 0.2, 5, "stop"),
+        SignalSpec("eval", ("eval/macro",), "drop", 0.08, 3, "stop"),
+        steps_per_round=4,
+    )
+    stream = []
+    for step in range(1, 1201):  # 300 rounds of 4 steps
+        entry = {"step": step, "entropy": 0.5 - step / 6000 + rng.gauss(0, 0.08)}  # 0.5 -> 0.3, noisy
+        if step % 4 == 1:
+            entry["rewards/correctness_reward/mean"] = 0.3 + step / 6000 + rng.gauss(0, 0.05)
+            entry["completions/clipped_ratio"] = max(0.0, 0.08 + rng.gauss(0, 0.05))
+            entry[REPETITION_KEY] = max(0.0, 0.03 + rng.gauss(0, 0.03))
+        if step % 100 == 0:
+            entry["eval/macro"] = 0.35 + step / 12000 + rng.gauss(0, 0.02)
+        stream.append(entry)
+    assert _feed(guard, stream) == {}
+    # The same run with a real collapse appended does trip the entropy floor and the accuracy fall.
+    tail = [{"step": s, "entropy": 0.02, "rewards/correctness_reward/mean": 0.1} for s in range(1201, 1261, 4)]
+    fired = _feed(guard, tail)
+    assert {s for signals in fired.values() for s in signals} == {"entropy", "accuracy"}
+
+
+def test_replaying_a_history_continues_where_the_interrupted_guard_was():
+    stream = [{"step": i + 1, "entropy": v} for i, v in enumerate([1.0] * 4 + [0.01] * 6)]
+    whole = _feed(_guard(ENTROPY), stream)
+    resumed = _guard(ENTROPY)
+
+    class State:  # what the Trainer hands to on_train_begin on resume: the restored log history
+        log_history = stream[:5]
+
+    resumed.on_train_begin(None, State(), None)
+    assert _feed(resumed, stream[5:]) == whole == {7: ["entropy"]}
+
+
+def test_bad_guard_keys_name_the_key():
+    def parse(*extra):
+        return train.parse_args(["--config", SMOKE, "--dry_run", *extra])[0]
+
+    with pytest.raises(ValueError, match="collapse_entropy_action"):
+        guard_from_args(parse("--collapse_entropy_action", "halt"), 2)
+    with pytest.raises(ValueError, match="collapse_truncation_rounds"):
+        guard_from_args(parse("--collapse_truncation_ceiling", "0.5", "--collapse_truncation_rounds", "0"), 2)
+    with pytest.raises(ValueError, match="collapse_eval_drop"):
+        guard_from_args(parse("--collapse_eval_drop", "0.05"), 2)
+    with pytest.raises(ValueError, match="reset_optimizer_on_ref_sync"):
+        train.main(["--config", SMOKE, "--dry_run", "--reset_optimizer_on_ref_sync", "true"])
+    with pytest.raises(ValueError, match="skip_minibatch_ratio_above"):
+        train.main(["--config", SMOKE, "--dry_run", "--skip_minibatch_ratio_above", "0.5"])
+
+
+def test_guard_is_off_unless_a_threshold_is_set():
+    script_args = train.parse_args(["--config", str(PAPER / "prompt_aug.yaml"), "--dry_run"])[0]
+    assert guard_from_args(script_args, 4) is None
+    smoke = guard_from_args(train.parse_args(["--config", SMOKE, "--dry_run"])[0], 2)
+    assert {s.name for s in smoke.specs} == {"entropy", "accuracy", "repetition"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# End to end: a collapsing CPU run trips the guard, keeps named checkpoints through rotation, stops cleanly
+
+
+def _history(run: Path) -> list[dict]:
+    return json.loads((run / "trainer_state.json").read_text())["log_history"]
+
+
+@pytest.mark.slow
+def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    flags = [
+        "--temperature", "0.05",  # near-greedy: entropy ~0.005, every completion loops on "\n"
+        "--collapse_repetition_rounds", "1", "--collapse_repetition_action", "checkpoint",
+        "--save_steps", "3", "--save_total_limit", "1",
+    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "prompt_aug.train", "--config", SMOKE, "--output_dir", str(out), "--max_steps", "8"]
+    result = subprocess.run(cmd + flags, check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    # Repetition fired at round 1 (step 1): checkpoint; entropy below 1.0 for 2 rounds at round 2 (step 3): stop.
+    message = re.search(r"collapse guard stopped training at step 3 \(round 2\): entropy .*", result.stderr)
+    assert message, result.stderr[-3000:]
+    assert "below the floor 1 for 2 rounds" in message.group(0)
+    assert str(out / "collapse-entropy-round2") in message.group(0)
+    history = _history(out)
+    assert max(e["step"] for e in history) == 3
+    fired = {(e["step"], k) for e in history for k in e if k.startswith("collapse/fired/")}
+    assert fired == {(1, "collapse/fired/repetition"), (3, "collapse/fired/entropy")}
+
+    # Both named checkpoints are full checkpoints; the one from step 1 survived the rotation at step 3
+    # (save_total_limit 1 keeps one checkpoint-* folder: the scheduled checkpoint-3).
+    for name, step in (("collapse-repetition-round1", 1), ("collapse-entropy-round2", 3)):
+        folder = out / name
+        assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == step
+        assert (folder / "optimizer.pt").is_file() and (folder / "model.safetensors").is_file()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
+
+    # Resume from the named checkpoint with the same flags: the replayed history keeps the guard's state
+    # (entropy already 2 rounds below, already fired), so it neither re-stops nor forgets.
+    train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "4", *flags,
+                "--resume_from_checkpoint", str(out / "collapse-entropy-round2")])  # fmt: skip
+    history = _history(out)
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+    step4 = [e for e in history if e["step"] == 4 and "collapse/entropy" in e]
+    assert step4 and step4[0]["collapse/entropy"] == 2.0
+    assert not any(k.startswith("collapse/fired/") for e in history if e["step"] == 4 for k in e)
+
+
+@pytest.mark.slow
+def test_guard_sees_evaluation_during_training(tmp_path):
+    import datasets
+
+    suite = tmp_path / "suite"
+    datasets.DatasetDict(
+        {"math": datasets.Dataset.from_dict({"problem": ["What is $2+2$?"], "answer": ["4"]})}
+    ).save_to_disk(str(suite))
+    out = tmp_path / "run"
+    train.main([
+        "--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
+        "--eval_benchmarks", "math500", "--eval_every_steps", "1", "--eval_data_dir", str(suite),
+        "--eval_max_tokens", "4", "--collapse_eval_drop", "0.0", "--collapse_eval_evaluations", "1",
+    ])  # fmt: skip
+    evaluated = [e for e in _history(out) if "eval/macro" in e]
+    assert [e["step"] for e in evaluated] == [1, 2]
+    assert all("collapse/eval" in e for e in evaluated)  # the guard runs after the evaluation callback
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ProRL's optimizer reset and RLinf's mini-batch skip, on real training with a reward that has spread
+
+
+def _spread_reward(completions, **kwargs):
+    """Test-only reward with spread within a group: the completion's length in characters / 100."""
+    return [len(c if isinstance(c, str) else c[-1]["content"]) / 100 for c in completions]
+
+
+@pytest.fixture
+def spread(monkeypatch):
+    from rewards import registry
+
+    monkeypatch.setitem(registry.REGISTRY, "spread", _spread_reward)
+    return ["--reward_funcs", "spread"]
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _adam_state(checkpoint: Path) -> tuple[float, float]:
+    """(step count, sum of |exp_avg|) over the optimizer state saved in a checkpoint."""
+    state = torch.load(checkpoint / "optimizer.pt", weights_only=False)["state"]
+    steps = {float(s["step"]) for s in state.values()}
+    assert len(steps) == 1
+    return steps.pop(), sum(float(s["exp_avg"].abs().sum()) for s in state.values())
+
+
+def test_zero_optimizer_state_zeroes_adamw_through_a_wrapper():
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([param], lr=0.1)
+    param.grad = torch.ones(3)
+    opt.step()
+
+    class Wrapper:  # accelerate and DeepSpeed expose the wrapped optimizer as `.optimizer`
+        optimizer = opt
+
+    assert zero_optimizer_state(Wrapper()) == 3  # step, exp_avg, exp_avg_sq
+    state = opt.state[param]
+    assert float(state["step"]) == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+
+
+@pytest.mark.slow
+def test_reference_sync_zeroes_the_optimizer_state_at_the_sync_step_and_only_then(tmp_path, spread):
+    out = tmp_path / "run"
+    train.main([
+        "--config", SMOKE, "--output_dir", str(out), "--max_steps", "3", "--save_steps", "1", *spread,
+        "--beta", "0.01", "--sync_ref_model", "true", "--ref_model_sync_steps", "2",
+        "--reset_optimizer_on_ref_sync", "true",
+    ])  # fmt: skip
+    step1, moment1 = _adam_state(out / "checkpoint-1")
+    step2, moment2 = _adam_state(out / "checkpoint-2")
+    step3, moment3 = _adam_state(out / "checkpoint-3")
+    assert (step1, step2, step3) == (1.0, 0.0, 1.0)  # without the reset: 1, 2, 3
+    assert moment1 > 0 and moment2 == 0 and moment3 > 0
+    assert not any("collapse/fired/" in k for e in _history(out) for k in e)  # a healthy run: no firing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threshold", ["1.0", None])
+def test_minibatch_skip_at_ratio_1_keeps_every_weight_and_without_it_they_move(tmp_path, spread, threshold):
+    out = tmp_path / "run"
+    extra = ["--skip_minibatch_ratio_above", threshold] if threshold else []
+    train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
+                *spread, *extra])  # fmt: skip
+    before, after = _weights(out / "tiny-random-qwen2"), _weights(out)
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    history = _history(out)
+    assert all(e["frac_reward_zero_std"] < 1 for e in history if "frac_reward_zero_std" in e)  # spread in groups
+    if threshold:
+        assert changed == []
+        assert [e["stability/skipped_minibatches"] for e in history if "loss" in e] == [1.0, 2.0]
+        assert all(e["stability/minibatch_ratio"] >= 1.0 for e in history if "loss" in e)
+    else:
+        assert len(changed) > len(before) // 2
+        assert not any(k.startswith("stability/") for e in history for k in e)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-template entropy and repetition
+
+
+@pytest.mark.slow
+def test_per_template_entropy_and_repetition_are_logged_and_agree_with_the_totals(tmp_path):
+    out = tmp_path / "run"
+    train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
+                "--temperature", "0.05"])  # fmt: skip
+    first = next(e for e in _history(out) if e["step"] == 1)
+    names = [k.split("/")[1] for k in first if k.startswith("templates/") and k.endswith("/count")]
+    assert names
+    for name in names:
+        assert 0 <= first[f"templates/{name}/entropy"] < 0.1  # near-greedy sampling
+        assert first[f"templates/{name}/repetition"] == 1.0  # every completion loops on "\n"
+    counts = {n: first[f"templates/{n}/count"] for n in names}
+    overall = sum(first[f"templates/{n}/repetition"] * c for n, c in counts.items()) / sum(counts.values())
+    assert first[REPETITION_KEY] == pytest.approx(overall)
+    low, high = min(first[f"templates/{n}/entropy"] for n in names), max(first[f"templates/{n}/entropy"] for n in names)
+    assert low - 1e-6 <= first["entropy"] <= high + 1e-6  # the total is a token-weighted mean of the parts
+
+
+# ---------------------------------------------------------------------------------------------------------
+# RLinf's reward, the ProRL recipe, the plot, the README table
+
+
+def test_correctness_pm5_maps_correct_wrong_and_unparseable_and_passes_every_argument_through():
+    from rewards import get_reward_funcs
+
+    (reward,) = get_reward_funcs(["correctness_pm5"])
+    seen = {}
+    scores = reward(
+        ["so \\boxed{4}", "so \\boxed{5}", "so \\boxed{4}"],
+        answer=["4", "4", ""],  # an empty gold cannot be parsed
+        template=["abel"] * 3,
+        log_metric=lambda name, value: seen.__setitem__(name, value),
+        some_new_column=[1, 2, 3],
+    )
+    assert scores == [5.0, -5.0, None]
+    assert seen["rewards/unparseable_gold"] == 1.0  # log_metric reached the wrapped correctness reward
+    assert reward.__name__ == "correctness_pm5_reward"
+
+
+PRORL_KEYS = {
+    "beta": 1e-4, "epsilon": 0.2, "epsilon_high": 0.4, "temperature": 1.2, "num_generations": 16,
+    "sync_ref_model": True, "ref_model_mixup_alpha": 1.0, "ref_model_sync_steps": 400,
+    "reset_optimizer_on_ref_sync": True, "num_train_epochs": 30,
+}  # fmt: skip
+# The paper recipe's fidelity settings (issue 8), which the ProRL recipe keeps.
+MIRRORED = {
+    "vllm_importance_sampling_correction": False, "delta": 3.0, "save_total_limit": 3, "wandb_completions_rows": 16,
+}  # fmt: skip
+
+
+def test_prorl_recipe_is_the_paper_run_plus_prorl_stabilisers_only():
+    paper = yaml.safe_load((PAPER / "prompt_aug.yaml").read_text())
+    prorl = yaml.safe_load((PAPER / "prompt_aug_prorl.yaml").read_text())
+    assert {k: prorl.get(k) for k in PRORL_KEYS} == PRORL_KEYS
+    assert {k: prorl.get(k) for k in MIRRORED} == MIRRORED
+    differ = {k for k in set(paper) | set(prorl) if paper.get(k) != prorl.get(k)}
+    # epsilon 0.2 is the paper's lower clip too; everything else is the paper's run, key for key.
+    assert differ - set(MIRRORED) == set(PRORL_KEYS) - {"epsilon"} | {"output_dir", "run_name"}
+    assert not any(k.startswith("collapse_") for k in prorl)  # the guard stays off: thresholds unmeasured
+
+
+def test_prorl_recipe_dry_run_keeps_1024_completions_per_round_and_sets_up_the_reset(capsys):
+    recipe = str(PAPER / "prompt_aug_prorl.yaml")
+    train.main(["--config", recipe, "--dry_run", "--num_processes", "8"])
+    assert re.search(r"completions per round\s+1024", capsys.readouterr().out)
+    script_args, training_args, _ = train.parse_args(["--config", recipe, "--dry_run"])
+    assert training_args.sync_ref_model and training_args.beta == 1e-4 and training_args.epsilon_high == 0.4
+    assert script_args.reset_optimizer_on_ref_sync
+
+
+def test_plot_marks_where_the_guard_fired(tmp_path):
+    from prompt_aug.plot import collapse_events, plot_runs
+
+    history = [{"step": s, "entropy": 0.5 - 0.01 * s, "reward": 0.5} for s in range(1, 21)]
+    history[11]["collapse/fired/entropy"] = 1.0
+    history[15].update({"collapse/fired/accuracy": 1.0, "collapse/fired/repetition": 1.0})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "trainer_state.json").write_text(json.dumps({"global_step": 20, "log_history": history}))
+    assert collapse_events(history) == [(12, "entropy"), (16, "accuracy"), (16, "repetition")]
+    out = plot_runs([tmp_path / "run"], tmp_path / "curves.png")
+    assert out.stat().st_size > 10_000
+
+
+def test_readme_stabiliser_table_names_real_keys_with_their_defaults():
+    from trl import GRPOConfig
+
+    from prompt_aug.config import PromptAugArguments
+
+    text = (REPO / "README.md").read_text()
+    section = text.split("### Stabilisers from the seed systems", 1)[1].split("\n#", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    systems = {row.split("|")[1].strip() for row in rows}
+    assert {"Perplexity", "ProRL", "RLinf", "DAPO"} <= systems
+    fields = [*PromptAugArguments.__dataclass_fields__.values(), *GRPOConfig.__dataclass_fields__.values()]
+    defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                for f in fields}
+    checked = 0
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        for key, default in zip(re.findall(r"`(\w+)`", cells[2]), cells[3].split(",")):
+            assert key in defaults, f"README names an unknown key {key}"
+            assert str(defaults[key]).lower() == default.strip().strip("`").lower(), (key, default)
+            checked += 1
+    assert checked >= 10
