@@ -64,6 +64,14 @@ class PromptAugArguments:
     )
     eval_limit: int | None = field(default=None, metadata={"help": "First N questions per benchmark only."})
     eval_max_tokens: int = field(default=1024, metadata={"help": "New tokens per evaluation completion."})
+    # --- Run-folder safety (newcomer) ---
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Train into an output_dir that already holds a run: first delete its checkpoints, model, "
+            "logs and completions (without it such a folder is refused unless you resume)."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={
