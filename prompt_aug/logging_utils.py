@@ -79,34 +79,33 @@ def round_of(logs: dict[str, Any], step: int, args: Any) -> int:
 
 
 def compact_line(logs: dict[str, Any], step: int, max_steps: int, args: Any) -> str:
-    """One line for a log entry: round and step, the watched metrics, time per step; eval and summary entries
-    get their own short form.
+    """One line for a log entry: round and step, the watched metrics, time per step, evaluation if any.
 
     >>> from types import SimpleNamespace as NS
     >>> args = NS(steps_per_generation=2, gradient_accumulation_steps=1, num_iterations=1)
     >>> compact_line({"reward": 1.25, "entropy": 0.41, "step_time": 1.93, "loss": 0.1}, 3, 8, args)
     'round 2 | step 3/8 | reward 1.250 | entropy 0.410 | 1.9 s/step'
-    >>> compact_line({"eval/macro": 0.41, "eval/micro": 0.45, "eval/math500/accuracy": 0.5}, 4, 8, args)
-    'step 4/8 | eval macro 0.410 | micro 0.450'
+    >>> compact_line({"loss": 0.0, "eval/macro": 0.41, "eval/micro": 0.45, "eval/math500/accuracy": 0.5}, 4, 8, args)
+    'round 2 | step 4/8 | eval macro 0.410 micro 0.450'
     """
     where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"
     if "train_runtime" in logs:
         loss = f", mean loss {logs['train_loss']:.4g}" if isinstance(logs.get("train_loss"), float) else ""
         return f"done: {where} in {logs['train_runtime']:.1f} s{loss}"
-    if "eval/macro" in logs:
-        return f"{where} | eval macro {logs['eval/macro']:.3f} | micro {logs.get('eval/micro', float('nan')):.3f}"
     cells = []
     for label, keys, fmt in _STEP_FIELDS:
         key = next((k for k in keys if isinstance(logs.get(k), (int, float))), None)
         if key is not None:
             cells.append(f"{label} {fmt.format(logs[key])}")
-    if not cells:  # something else (a callback's own keys): a few of them, not all
-        shown = [(k, v) for k, v in logs.items() if isinstance(v, (int, float)) and not k.startswith("templates/")]
-        cells = [f"{k} {v:.4g}" for k, v in shown[:8]]
-        return " | ".join([where, *cells])
     if isinstance(logs.get("step_time"), (int, float)):
         cells.append(f"{logs['step_time']:.1f} s/step")
-    return " | ".join([f"round {round_of(logs, step, args)}", where, *cells])
+    if isinstance(logs.get("eval/macro"), (int, float)):
+        cells.append(f"eval macro {logs['eval/macro']:.3f} micro {logs.get('eval/micro', float('nan')):.3f}")
+    if cells or "loss" in logs:
+        return " | ".join([f"round {round_of(logs, step, args)}", where, *cells])
+    # Something else (another callback's keys): a few of them, not all.
+    shown = [(k, v) for k, v in logs.items() if isinstance(v, (int, float)) and not k.startswith("templates/")]
+    return " | ".join([where, *(f"{k} {v:.4g}" for k, v in shown[:8])])
 
 
 class CompactProgressCallback(ProgressCallback):
