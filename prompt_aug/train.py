@@ -3,7 +3,10 @@
 Also ``accelerate launch --config_file accelerate_configs/ddp.yaml -m prompt_aug.train --config ...``,
 ``torchrun --nproc_per_node N -m prompt_aug.train --config ...`` or the ``prompt-aug-train`` script.
 
-Reads top to bottom: parse → data → model → rewards → trainer → train → save → card → push.
+Reads top to bottom: parse → data → model → rewards → trainer → train → save → card → push. Before anything
+heavy loads, `cli` and `sources` check the recipe, the output folder (a folder holding a run needs
+``--resume_from_checkpoint`` or ``--overwrite_output_dir true``) and where the model and data come from;
+such errors end the command with one line.
 """
 
 from __future__ import annotations
