@@ -96,10 +96,10 @@ def test_a_missing_local_model_fails_at_once_with_no_such_folder(tmp_path, capsy
     assert f"model_name_or_path: no such folder '{path}'" in message
 
 
-def test_a_missing_local_dataset_fails_at_once_naming_the_key(tmp_path, capsys):
-    message = _error(["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), "--dataset_name", "./nodata"],
-                     capsys)
-    assert "dataset_name: no such folder './nodata'" in message
+@pytest.mark.parametrize("key", ["dataset_name", "eval_data_dir"])
+def test_a_missing_local_dataset_fails_at_once_naming_the_key(tmp_path, capsys, key):
+    message = _error(["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), f"--{key}", "./nodata"], capsys)
+    assert f"{key}: no such folder './nodata'" in message
 
 
 @pytest.fixture
@@ -138,6 +138,7 @@ def _state(run: Path) -> dict:
     return json.loads((run / "trainer_state.json").read_text())
 
 
+@pytest.mark.slow
 def test_training_into_a_folder_that_holds_a_run_is_refused_and_names_both_ways_out(two_step_run, capsys):
     before = {p: p.stat().st_mtime_ns for p in two_step_run.rglob("*") if p.is_file()}
     message = _error(["--config", str(SMOKE), "--output_dir", str(two_step_run), "--max_steps", "1"], capsys)
@@ -146,6 +147,7 @@ def test_training_into_a_folder_that_holds_a_run_is_refused_and_names_both_ways_
     assert {p: p.stat().st_mtime_ns for p in two_step_run.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_the_whole_earlier_run(two_step_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(two_step_run, run)
@@ -160,6 +162,7 @@ def test_overwrite_replaces_the_whole_earlier_run(two_step_run, tmp_path):
     assert train.resolve_resume("true", str(run)) == str(run / "checkpoint-1")
 
 
+@pytest.mark.slow
 def test_resume_says_which_checkpoint_it_loaded(two_step_run, tmp_path, caplog):
     run = tmp_path / "run"
     shutil.copytree(two_step_run, run)
@@ -170,6 +173,7 @@ def test_resume_says_which_checkpoint_it_loaded(two_step_run, tmp_path, caplog):
     assert _state(run)["global_step"] == 3
 
 
+@pytest.mark.slow
 def test_resume_and_overwrite_together_are_refused(two_step_run, capsys):
     message = _error(["--config", str(SMOKE), "--output_dir", str(two_step_run), "--resume_from_checkpoint",
                       "true", "--overwrite_output_dir", "true"], capsys)
