@@ -125,12 +125,23 @@ class CompactPrinterCallback(TrainerCallback):
 
 
 class JsonlLogCallback(TrainerCallback):
-    """Append every log entry, all keys, to ``OUTPUT_DIR/logs.jsonl`` on the main process."""
+    """Append every log entry, all keys, to ``OUTPUT_DIR/logs.jsonl`` on the main process.
+
+    A resumed run first drops the entries an interrupted run logged after its checkpoint, so each step
+    appears once, as the resumed run logged it.
+    """
+
+    def __init__(self) -> None:
+        self._started = False
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if state.is_world_process_zero and logs:
             path = Path(args.output_dir) / LOG_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
+            if not self._started and path.is_file():
+                kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] < state.global_step]
+                path.write_text("".join(line + "\n" for line in kept))
+            self._started = True
             with path.open("a") as handle:
                 handle.write(json.dumps({"step": state.global_step, **logs}, default=float) + "\n")
 

@@ -166,11 +166,15 @@ def test_overwrite_replaces_the_whole_earlier_run(two_step_run, tmp_path):
 def test_resume_says_which_checkpoint_it_loaded(two_step_run, tmp_path, caplog):
     run = tmp_path / "run"
     shutil.copytree(two_step_run, run)
+    with (run / "logs.jsonl").open("a") as log:  # an interrupted run logged step 3 after checkpoint-2
+        log.write(json.dumps({"step": 3, "stale": True}) + "\n")
     with caplog.at_level("INFO", logger="prompt_aug"):
         train.main(["--config", str(SMOKE), "--output_dir", str(run), "--max_steps", "3",
                     "--resume_from_checkpoint", "true"])
     assert f"resuming from {run / 'checkpoint-2'} (step 2)" in caplog.text
     assert _state(run)["global_step"] == 3
+    entries = [json.loads(line) for line in (run / "logs.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in entries] == [1, 2, 2, 3, 3] and not any("stale" in e for e in entries)
 
 
 @pytest.mark.slow
