@@ -39,7 +39,7 @@ class RecipeParser(TrlParser):
         self._cli_keys: set[str] = set()
 
     def error(self, message: str) -> None:  # argparse calls this for a bad value; it would print the usage
-        found = re.match(r"argument --([\w-]+)(?:/--[\w-]+)*: (.*)", message, re.S)
+        found = re.match(r"argument --([\w-]+)(?:/--[\w-]+)*: (.*)", message, re.DOTALL)
         key, problem = (found.group(1).replace("-", "_"), found.group(2)) if found else (None, message)
         where = "command line" if key in self._cli_keys or not self._config_path else self._config_path
         raise UsageError(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
@@ -50,7 +50,12 @@ class RecipeParser(TrlParser):
 
     def flag_names(self) -> set[str]:
         """Every ``--flag`` the command line accepts, without the dashes (``no_*`` switches included)."""
-        return {s[2:].replace("-", "_") for action in self._actions for s in action.option_strings if s[:2] == "--"}
+        return {
+            s[2:].replace("-", "_")
+            for action in self._actions
+            for s in action.option_strings
+            if s[:2] == "--"
+        }
 
 
 def _closest(key: str, known: set[str]) -> str:
@@ -73,7 +78,9 @@ def _read_config(path: str) -> dict[str, Any]:
 
 def _batch_message(message: str, where: str, set_keys: set[str]) -> str | None:
     """TRL's divisibility error, rephrased with the keys the user can change."""
-    found = re.search(r"generation_batch_size \((\d+)\) must be divisible by num_generations \((\d+)\)", message)
+    found = re.search(
+        r"generation_batch_size \((\d+)\) must be divisible by num_generations \((\d+)\)", message
+    )
     if not found:
         return None
     completions, generations = found.groups()
@@ -118,7 +125,9 @@ def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
             raise
         where = config_path or "command line"
         message = str(err)
-        raise UsageError(_batch_message(message, where, set(config) | cli_keys) or f"{where}: {message}") from None
+        raise UsageError(
+            _batch_message(message, where, set(config) | cli_keys) or f"{where}: {message}"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +167,9 @@ def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> l
     """
     found = run_artifacts(output_dir)
     if resume and overwrite:
-        raise UsageError("--resume_from_checkpoint and --overwrite_output_dir true exclude each other; pick one")
+        raise UsageError(
+            "--resume_from_checkpoint and --overwrite_output_dir true exclude each other; pick one"
+        )
     if not found or resume:
         return []
     if not overwrite:

@@ -104,14 +104,18 @@ def compact_line(logs: dict[str, Any], step: int, max_steps: int, args: Any) -> 
     if cells or "loss" in logs:
         return " | ".join([f"round {round_of(logs, step, args)}", where, *cells])
     # Something else (another callback's keys): a few of them, not all.
-    shown = [(k, v) for k, v in logs.items() if isinstance(v, (int, float)) and not k.startswith("templates/")]
+    shown = [
+        (k, v) for k, v in logs.items() if isinstance(v, (int, float)) and not k.startswith("templates/")
+    ]
     return " | ".join([where, *(f"{k} {v:.4g}" for k, v in shown[:8])])
 
 
 class CompactProgressCallback(ProgressCallback):
     """transformers' progress bar, printing `compact_line` instead of the whole log dict."""
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         if state.is_world_process_zero and self.training_bar is not None and logs:
             self.training_bar.write(compact_line(logs, state.global_step, state.max_steps, args))
 
@@ -119,7 +123,9 @@ class CompactProgressCallback(ProgressCallback):
 class CompactPrinterCallback(TrainerCallback):
     """With ``disable_tqdm``: print `compact_line` instead of the whole log dict."""
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         if state.is_world_process_zero and logs:
             print(compact_line(logs, state.global_step, state.max_steps, args), flush=True)
 
@@ -134,12 +140,18 @@ class JsonlLogCallback(TrainerCallback):
     def __init__(self) -> None:
         self._started = False
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         if state.is_world_process_zero and logs:
             path = Path(args.output_dir) / LOG_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
             if not self._started and path.is_file():
-                kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] < state.global_step]
+                kept = [
+                    line
+                    for line in path.read_text().splitlines()
+                    if json.loads(line)["step"] < state.global_step
+                ]
                 path.write_text("".join(line + "\n" for line in kept))
             self._started = True
             with path.open("a") as handle:

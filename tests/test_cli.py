@@ -91,14 +91,17 @@ def test_invalid_recipe_and_templates_yaml_name_the_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("path", ["/no/such/model", "./no-such-model", "../no-such/model", "outputs-x/a/b"])
 def test_a_missing_local_model_fails_at_once_with_no_such_folder(tmp_path, capsys, path):
-    message = _error(["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), "--model_name_or_path", path],
-                     capsys)
+    message = _error(
+        ["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), "--model_name_or_path", path], capsys
+    )
     assert f"model_name_or_path: no such folder '{path}'" in message
 
 
 @pytest.mark.parametrize("key", ["dataset_name", "eval_data_dir"])
 def test_a_missing_local_dataset_fails_at_once_naming_the_key(tmp_path, capsys, key):
-    message = _error(["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), f"--{key}", "./nodata"], capsys)
+    message = _error(
+        ["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), f"--{key}", "./nodata"], capsys
+    )
     assert f"{key}: no such folder './nodata'" in message
 
 
@@ -115,8 +118,9 @@ def unreachable_hub(monkeypatch):
 @pytest.mark.parametrize("key", ["model_name_or_path", "dataset_name"])
 def test_an_unreachable_hub_fails_fast_and_suggests_offline_mode(tmp_path, capsys, unreachable_hub, key):
     started = time.monotonic()
-    message = _error(["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), f"--{key}", "someone/missing"],
-                     capsys)
+    message = _error(
+        ["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), f"--{key}", "someone/missing"], capsys
+    )
     assert f"{key}: cannot reach the Hugging Face Hub (http://127.0.0.1:9)" in message
     assert "HF_HUB_OFFLINE=1" in message and "local folder" in message
     assert time.monotonic() - started < 30  # not the clients' minute of retries
@@ -153,8 +157,20 @@ def test_overwrite_replaces_the_whole_earlier_run(two_step_run, tmp_path):
     shutil.copytree(two_step_run, run)
     shutil.copytree(run / "checkpoint-2", run / "checkpoint-12")  # a longer earlier run's late checkpoint
     (run / "completions" / "completions_00011.parquet").write_bytes(b"old")
-    train.main(["--config", str(SMOKE), "--output_dir", str(run), "--max_steps", "1", "--save_steps", "1",
-                "--overwrite_output_dir", "true"])
+    train.main(
+        [
+            "--config",
+            str(SMOKE),
+            "--output_dir",
+            str(run),
+            "--max_steps",
+            "1",
+            "--save_steps",
+            "1",
+            "--overwrite_output_dir",
+            "true",
+        ]
+    )
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
     assert sorted(p.name for p in (run / "completions").iterdir()) == ["completions_00001.parquet"]
     assert _state(run)["global_step"] == 1 and len(_state(run)["log_history"]) == 2  # 1 step + the summary
@@ -169,8 +185,18 @@ def test_resume_says_which_checkpoint_it_loaded(two_step_run, tmp_path, caplog):
     with (run / "logs.jsonl").open("a") as log:  # an interrupted run logged step 3 after checkpoint-2
         log.write(json.dumps({"step": 3, "stale": True}) + "\n")
     with caplog.at_level("INFO", logger="prompt_aug"):
-        train.main(["--config", str(SMOKE), "--output_dir", str(run), "--max_steps", "3",
-                    "--resume_from_checkpoint", "true"])
+        train.main(
+            [
+                "--config",
+                str(SMOKE),
+                "--output_dir",
+                str(run),
+                "--max_steps",
+                "3",
+                "--resume_from_checkpoint",
+                "true",
+            ]
+        )
     assert f"resuming from {run / 'checkpoint-2'} (step 2)" in caplog.text
     assert _state(run)["global_step"] == 3
     entries = [json.loads(line) for line in (run / "logs.jsonl").read_text().splitlines()]
@@ -179,8 +205,19 @@ def test_resume_says_which_checkpoint_it_loaded(two_step_run, tmp_path, caplog):
 
 @pytest.mark.slow
 def test_resume_and_overwrite_together_are_refused(two_step_run, capsys):
-    message = _error(["--config", str(SMOKE), "--output_dir", str(two_step_run), "--resume_from_checkpoint",
-                      "true", "--overwrite_output_dir", "true"], capsys)
+    message = _error(
+        [
+            "--config",
+            str(SMOKE),
+            "--output_dir",
+            str(two_step_run),
+            "--resume_from_checkpoint",
+            "true",
+            "--overwrite_output_dir",
+            "true",
+        ],
+        capsys,
+    )
     assert "pick one" in message
 
 
@@ -191,10 +228,25 @@ def test_resume_and_overwrite_together_are_refused(two_step_run, capsys):
 @pytest.mark.slow
 def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_ctrl_c(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "prompt_aug.train", "--config", str(SMOKE), "--output_dir", str(out),
-           "--max_steps", "400", "--save_steps", "1"]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "prompt_aug.train",
+        "--config",
+        str(SMOKE),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "400",
+        "--save_steps",
+        "1",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not (out / "checkpoint-5").is_dir() and proc.poll() is None and time.monotonic() < deadline:
@@ -209,7 +261,11 @@ def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_c
     # One compact line per logged step, not the dict of every metric.
     assert "round 1 | step 1/400 | reward " in console and "round 2 | step 3/400 | reward " in console
     assert "'completions/mean_length'" not in console and "templates/" not in console
-    for name in ("gradient_checkpointing_enable", "gradient_checkpointing_disable", "is_gradient_checkpointing"):
+    for name in (
+        "gradient_checkpointing_enable",
+        "gradient_checkpointing_disable",
+        "is_gradient_checkpointing",
+    ):
         assert console.count(f"FutureWarning: `{name}` is deprecated") == 1, name
     # The full metrics are in the log file.
     first = json.loads((out / "logs.jsonl").read_text().splitlines()[0])
@@ -227,9 +283,11 @@ def test_readme_examples_use_the_folders_the_recipes_write():
 
     written = {yaml.safe_load(p.read_text())["output_dir"] for p in (REPO / "recipes").rglob("*.yaml")}
     readme = (REPO / "README.md").read_text()
-    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.S))
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.DOTALL))
     chosen = set(re.findall(r"--output_dir (outputs/\S+)", blocks))  # folders an example names itself
     used = set(re.findall(r"(?<![\w/-])(outputs/[\w./-]+)", blocks)) - chosen
     assert used, "no outputs/ path in the README's examples"
     for path in used:
-        assert any(path == w or path.startswith(w + "/") for w in written), f"README uses {path}; recipes write {written}"
+        assert any(path == w or path.startswith(w + "/") for w in written), (
+            f"README uses {path}; recipes write {written}"
+        )
