@@ -131,10 +131,14 @@ def test_an_unreachable_hub_fails_fast_and_suggests_offline_mode(tmp_path, capsy
 # The run folder
 
 
+def _train(out: Path, *extra: str) -> None:
+    train.main(["--config", str(SMOKE), "--output_dir", str(out), *extra])
+
+
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "run"
-    train.main(["--config", str(SMOKE), "--output_dir", str(out), "--max_steps", "2"])
+    _train(out, "--max_steps", "2")
     return out
 
 
@@ -157,20 +161,7 @@ def test_overwrite_replaces_the_whole_earlier_run(two_step_run, tmp_path):
     shutil.copytree(two_step_run, run)
     shutil.copytree(run / "checkpoint-2", run / "checkpoint-12")  # a longer earlier run's late checkpoint
     (run / "completions" / "completions_00011.parquet").write_bytes(b"old")
-    train.main(
-        [
-            "--config",
-            str(SMOKE),
-            "--output_dir",
-            str(run),
-            "--max_steps",
-            "1",
-            "--save_steps",
-            "1",
-            "--overwrite_output_dir",
-            "true",
-        ]
-    )
+    _train(run, "--max_steps", "1", "--save_steps", "1", "--overwrite_output_dir", "true")
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
     assert sorted(p.name for p in (run / "completions").iterdir()) == ["completions_00001.parquet"]
     assert _state(run)["global_step"] == 1 and len(_state(run)["log_history"]) == 2  # 1 step + the summary
@@ -185,18 +176,7 @@ def test_resume_says_which_checkpoint_it_loaded(two_step_run, tmp_path, caplog):
     with (run / "logs.jsonl").open("a") as log:  # an interrupted run logged step 3 after checkpoint-2
         log.write(json.dumps({"step": 3, "stale": True}) + "\n")
     with caplog.at_level("INFO", logger="prompt_aug"):
-        train.main(
-            [
-                "--config",
-                str(SMOKE),
-                "--output_dir",
-                str(run),
-                "--max_steps",
-                "3",
-                "--resume_from_checkpoint",
-                "true",
-            ]
-        )
+        _train(run, "--max_steps", "3", "--resume_from_checkpoint", "true")
     assert f"resuming from {run / 'checkpoint-2'} (step 2)" in caplog.text
     assert _state(run)["global_step"] == 3
     entries = [json.loads(line) for line in (run / "logs.jsonl").read_text().splitlines()]
