@@ -132,6 +132,14 @@ class PromptAugArguments:
                   "(r the policy ratio) is at least this; counted in stability/skipped_minibatches. Not under "
                   "DeepSpeed."},
     )
+    # --- Run-folder safety (newcomer) ---
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Train into an output_dir that already holds a run: first delete its checkpoints, model, "
+            "logs and completions (without it such a folder is refused unless you resume)."
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={

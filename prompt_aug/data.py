@@ -31,7 +31,9 @@ import datasets
 
 from rewards.extract import last_boxed
 
-from .smoke import SYNTHETIC_DATASET_NAME, synthetic_problems
+from .smoke import SYNTHETIC_DATASET_NAME, TINY_MODEL_NAME, build_tiny_tokenizer, synthetic_problems
+from .sources import looks_local
+from .templates import TemplateError
 
 SIMPLERL_HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
 SIMPLERL_CONFIG = "simplelr_qwen_level3to5"
@@ -79,6 +81,8 @@ def _load_raw(name: str, config: str | None, split: str) -> datasets.Dataset:
         return _load_files(chosen)
     if path.is_file():
         return _load_files([path])
+    if looks_local(name):  # not a Hub id: do not let the Hub client retry for half a minute
+        raise DataError(f"dataset {name!r}: no such folder or file ({path.resolve()}); fix the path or give a Hub id")
     if name == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
         return datasets.load_dataset(name, data_dir=config or SIMPLERL_CONFIG, split=split)
     return datasets.load_dataset(name, config, split=split)
@@ -250,19 +254,22 @@ def preview(args: argparse.Namespace) -> str:
     tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
     lines = []
     tokenizer = None
-    if tokenizer_name:
+    max_len = args.max_prompt_length or recipe.get("max_prompt_length")
+    if tokenizer_name == TINY_MODEL_NAME:  # the smoke recipe's model: its tokenizer is the built-in one
+        tokenizer = build_tiny_tokenizer()
+    elif tokenizer_name:
         try:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
         except (OSError, ValueError) as err:
             lines.append(f"(could not load tokenizer {tokenizer_name!r}: {str(err).splitlines()[0]})")
     if tokenizer is None:
-        from .smoke import build_tiny_tokenizer
-
         tokenizer = build_tiny_tokenizer()
         lines.append("(rendering with the built-in ChatML tokenizer; pass --tokenizer or --config for your model's)")
+        if max_len:  # its token counts are not the model's: a limit applied with it would invent drops
+            lines.append(f"(prompt length limit {max_len} not applied: it needs the model's tokenizer)")
+            max_len = None
     bank = load_templates(recipe.get("templates_file"), tokenizer=tokenizer)
     templates, _ = select_templates(bank, recipe.get("templates"), recipe.get("template_weights"))
-    max_len = args.max_prompt_length or recipe.get("max_prompt_length")
     n_gold = len(rows)
     rows, n_long = filter_long_prompts(rows, templates, tokenizer, max_len)
     report.dropped[f"prompt longer than {max_len} tokens (longest template)"] += n_long
@@ -292,7 +299,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", help="split to load (default: train)")
     parser.add_argument("--tokenizer", help="tokenizer to render prompts with (default: the recipe's model)")
     parser.add_argument("--max_prompt_length", type=int, help="drop prompts longer than this many tokens")
-    print(preview(parser.parse_args(argv)))
+    try:
+        print(preview(parser.parse_args(argv)))
+    except (DataError, TemplateError) as err:
+        raise SystemExit(f"prompt-aug-data: error: {err}") from None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The model card (``README.md`` in the output folder) written at the end of training and pushed to the Hub.
 
-After ``prompt-aug-eval --model OUT`` has written ``OUT/eval/results.md``, refresh the card's evaluation
-section with ``python -m prompt_aug.model_card OUT``.
+After ``prompt-aug-eval --model OUT`` has written ``OUT/eval/results.md`` (and, for the robustness run,
+``OUT/eval-templates/results.md``), refresh the card's evaluation section with
+``python -m prompt_aug.model_card OUT``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from .templates import Template
 
 # The evaluation entry point writes its markdown table here, under the trained model's folder.
 EVAL_TABLE_PATH = Path("eval") / "results.md"
+# ... and here for the robustness run over all templates (README: ``--template all --output OUT/eval-templates``).
+ROBUSTNESS_TABLE_PATH = Path("eval-templates") / "results.md"
 _CARD_METRICS = ("reward", "entropy", "completions/mean_length", "completions/clipped_ratio")
 
 
@@ -33,18 +36,29 @@ class ModelCardInfo:
     tags: list[str] = field(default_factory=lambda: ["trl", "grpo", "prompt-augmentation", "math"])
 
 
+def latest_metrics(log_history: list[dict[str, Any]]) -> dict[str, tuple[float, int | None]]:
+    """The last logged value of each training metric, with the step it was logged at.
+
+    A template not drawn in the last rounds keeps an older value, so its step can be well before the end.
+
+    >>> latest_metrics([{"reward": 0.1, "templates/abel/accuracy": 1.0, "step": 1}, {"reward": 0.5, "step": 2}])
+    {'reward': (0.5, 2), 'templates/abel/accuracy': (1.0, 1)}
+    """
+    latest: dict[str, tuple[float, int | None]] = {}
+    for entry in log_history:
+        for key, value in entry.items():
+            if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                latest[key] = (value, entry.get("step"))
+    return latest
+
+
 def final_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     """The last logged value of each training metric (per-template ones included).
 
     >>> final_metrics([{"reward": 0.1, "step": 1}, {"reward": 0.5, "templates/abel/accuracy": 1.0, "step": 2}])
     {'reward': 0.5, 'templates/abel/accuracy': 1.0}
     """
-    latest: dict[str, float] = {}
-    for entry in log_history:
-        for key, value in entry.items():
-            if key not in ("step", "epoch") and isinstance(value, (int, float)):
-                latest[key] = value
-    return latest
+    return {key: value for key, (value, _) in latest_metrics(log_history).items()}
 
 
 def render_model_card(
@@ -56,8 +70,9 @@ def render_model_card(
 ) -> str:
     """The card's markdown: base model, recipe, templates, data, steps, final metrics, eval table, usage."""
     output_dir = Path(output_dir)
-    metrics = final_metrics(log_history)
+    metrics = latest_metrics(log_history)
     name = hub_model_id or output_dir.name
+    load_from = hub_model_id or str(output_dir)  # where `from_pretrained` finds it: the Hub, or this folder
     template = next((t for t in info.templates if t.name == info.eval_template), info.templates[0])
     lines = [
         "---",
@@ -81,11 +96,13 @@ def render_model_card(
         "",
         "### Final training metrics",
         "",
-        "| metric | value |",
-        "|---|---|",
+        "Last logged value of each metric; a template not drawn in the last rounds shows an earlier step.",
+        "",
+        "| metric | value | step |",
+        "|---|---|---|",
     ]
     shown = [k for k in _CARD_METRICS if k in metrics] + sorted(k for k in metrics if k.endswith("/accuracy"))
-    lines += [f"| {key} | {metrics[key]:.4g} |" for key in shown] or ["| (none logged) | |"]
+    lines += [f"| {key} | {metrics[key][0]:.4g} | {metrics[key][1]} |" for key in shown] or ["| (none logged) | | |"]
     lines += ["", *_evaluation_section(output_dir)]
     lines += [
         "",
@@ -107,8 +124,8 @@ def render_model_card(
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
-        f'tok = AutoTokenizer.from_pretrained("{name}")',
-        f'model = AutoModelForCausalLM.from_pretrained("{name}")',
+        f'tok = AutoTokenizer.from_pretrained("{load_from}")',
+        f'model = AutoModelForCausalLM.from_pretrained("{load_from}")',
         "messages = [",
         f"    {{'role': 'system', 'content': {template.system!r}}},",
         "    {'role': 'user', 'content': 'What is the remainder when 2024 is divided by 7?'},",
@@ -131,16 +148,20 @@ def render_model_card(
 
 def _evaluation_section(output_dir: Path) -> list[str]:
     eval_table = Path(output_dir) / EVAL_TABLE_PATH
+    robustness = Path(output_dir) / ROBUSTNESS_TABLE_PATH
     lines = ["## Evaluation", ""]
     if eval_table.is_file():
         lines += [eval_table.read_text().strip()]
     else:
         lines += ["No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."]
+    if robustness.is_file():
+        lines += ["", "### Robustness across templates", "", robustness.read_text().strip()]
     return lines
 
 
 def refresh_evaluation(output_dir: str | Path) -> Path:
-    """Rewrite the ``## Evaluation`` section of ``output_dir/README.md`` from ``output_dir/eval/results.md``.
+    """Rewrite the ``## Evaluation`` section of ``output_dir/README.md`` from ``output_dir/eval/results.md`` and
+    ``output_dir/eval-templates/results.md`` (the robustness table), whichever exist.
 
     Everything else in the card (recipe, metrics, template bank) is kept as written at the end of training.
     """
@@ -148,7 +169,7 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
     card_path = output_dir / "README.md"
     if not card_path.is_file():
         raise FileNotFoundError(f"no model card {card_path}: train first (the card is written at the end)")
-    if not (output_dir / EVAL_TABLE_PATH).is_file():
+    if not any((output_dir / p).is_file() for p in (EVAL_TABLE_PATH, ROBUSTNESS_TABLE_PATH)):
         raise FileNotFoundError(f"no {output_dir / EVAL_TABLE_PATH}: run prompt-aug-eval --model {output_dir}")
     lines = card_path.read_text().split("\n")
     start = lines.index("## Evaluation")
@@ -159,7 +180,8 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m prompt_aug.model_card OUT``: put OUT/eval/results.md into the card OUT/README.md."""
+    """``python -m prompt_aug.model_card OUT``: put OUT/eval/results.md and OUT/eval-templates/results.md into
+    the card OUT/README.md."""
     parser = argparse.ArgumentParser(prog="python -m prompt_aug.model_card", description=main.__doc__)
     parser.add_argument("output_dir", help="a training output folder (README.md and eval/results.md)")
     path = refresh_evaluation(parser.parse_args(argv).output_dir)

@@ -3,17 +3,23 @@
 Also the ``prompt-aug-plot`` script. Each RUN_DIR is a training output folder; its
 ``trainer_state.json`` (or that of its last ``checkpoint-*``) gives the logged metrics, and
 ``eval/results.json`` (written by ``prompt-aug-eval``) the final evaluation. Several runs are overlaid,
-one colour per run, named by their folders. Panels without data in any run are left out. Where the
-collapse guard fired (``collapse/fired/<signal>`` in the log), every panel has a dotted line, labelled
-with the signal on the first panel.
+one colour per run, named by their folders. Panels without data in any run are left out.
+
+Per-template panels give each template the same colour in every panel and every picture (bank order, then a
+hash of the name), leave a gap where a round did not draw the template, and share one legend below the
+panels. ``--x round`` counts generation rounds (the logged ``round`` key) instead of optimizer steps.
+Where the collapse guard fired (``collapse/fired/<signal>`` in the log), every panel has a dotted
+line, labelled with the signal on the first panel.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,7 @@ matplotlib.use("Agg")  # headless: no display needed
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
-from .templates import DEFAULT_EVAL_TEMPLATE
+from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
 # (panel title, y label, metric keys: the first key a run has is drawn, whether the values are fractions)
 CURVES: list[tuple[str, str, list[str], bool]] = [
@@ -91,23 +97,67 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     )
 
 
-def series(history: list[dict[str, Any]], key: str, smooth: int = 1) -> tuple[list[int], list[float]]:
-    """The (steps, values) of ``key`` where logged; ``smooth > 1`` takes a trailing mean over that many points.
+def _has_template_metrics(entry: dict[str, Any]) -> bool:
+    return any(_TEMPLATE_ACCURACY.match(k) for k in entry)
+
+
+def round_axis(history: list[dict[str, Any]]) -> dict[int, float]:
+    """Step → generation round, from the logged ``round`` key (an entry without one takes the last seen)."""
+    rounds, current = {}, None
+    for entry in sorted(history, key=lambda e: e["step"]):
+        if isinstance(entry.get("round"), (int, float)):
+            current = float(entry["round"])
+        if current is not None:
+            rounds[int(entry["step"])] = current
+    return rounds
+
+
+def series(
+    history: list[dict[str, Any]], key: str, smooth: int = 1, gaps: bool = False, x: str = "step"
+) -> tuple[list[float], list[float]]:
+    """The (x, values) of ``key`` where logged; ``smooth > 1`` takes a trailing mean over that many points.
+
+    ``gaps``: a round that logged other templates' metrics but not this one gives a NaN, so the line breaks
+    there instead of joining the rounds around it. ``x="round"`` puts points at their generation round.
 
     >>> series([{"step": 1, "a": 1.0}, {"step": 2}, {"step": 3, "a": 3.0}], "a", smooth=2)
     ([1, 3], [1.0, 2.0])
+    >>> h = [{"step": 1, "round": 1, "templates/a/accuracy": 0.5}, {"step": 3, "round": 2, "templates/b/accuracy": 1.0},
+    ...      {"step": 5, "round": 3, "templates/a/accuracy": 0.7}]
+    >>> series(h, "templates/a/accuracy", gaps=True, x="round")
+    ([1.0, 2.0, 3.0], [0.5, nan, 0.7])
     """
-    points = [
-        (int(e["step"]), float(e[key]))
-        for e in history
-        if isinstance(e.get(key), (int, float)) and not math.isnan(e[key])
-    ]
-    steps = [s for s, _ in points]
+    rounds = round_axis(history) if x == "round" else {}
+    points = []
+    for e in history:
+        value = e.get(key)
+        if isinstance(value, (int, float)) and not math.isnan(value):
+            points.append((int(e["step"]), float(value)))
+        elif gaps and _has_template_metrics(e):
+            points.append((int(e["step"]), math.nan))
+    xs = [rounds.get(s, math.nan) for s, _ in points] if x == "round" else [s for s, _ in points]
     values = [v for _, v in points]
-    if smooth > 1:
-        windows = [values[max(0, i - smooth + 1) : i + 1] for i in range(len(values))]
-        values = [sum(w) / len(w) for w in windows]
-    return steps, values
+    if smooth > 1:  # the mean over the window's logged values; a gap stays a gap
+        windows = [[w for w in values[max(0, i - smooth + 1) : i + 1] if not math.isnan(w)] for i in range(len(values))]
+        values = [sum(w) / len(w) if w and not math.isnan(v) else math.nan for w, v in zip(windows, values)]
+    return xs, values
+
+
+def template_color(name: str) -> Any:
+    """The colour of a template, the same in every panel and picture: built-in templates by bank order, others
+    by a hash of the name."""
+    bank = _builtin_names()
+    index = bank.index(name) if name in bank else len(bank) + zlib.crc32(name.encode()) % (20 - len(bank))
+    return plt.get_cmap("tab20")(_TAB20_ORDER[index % 20])
+
+
+# tab20's ten strong colours first, then their light twins: the first templates look most distinct.
+_TAB20_ORDER = [*range(0, 20, 2), *range(1, 20, 2)]
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_names() -> list[str]:
+    return list(load_templates())
 
 
 def _final_eval(run: Run) -> tuple[str, float, float] | None:
@@ -126,11 +176,15 @@ def _unique_names(run_dirs: list[str | Path]) -> list[str]:
     ]
 
 
-def plot_runs(
-    run_dirs: list[str | Path], output: str | Path, smooth: int = 1, title: str | None = None
-) -> Path:
-    """Draw the training curves of ``run_dirs`` into the image ``output`` (PNG, PDF, SVG by suffix)."""
+def build_figure(
+    run_dirs: list[str | Path], smooth: int = 1, title: str | None = None, x: str = "step"
+) -> Any:
+    """The matplotlib figure of the training curves of ``run_dirs`` (see `plot_runs`)."""
     runs = [load_run(d, n) for d, n in zip(run_dirs, _unique_names(run_dirs))]
+    if x == "round":
+        missing = [str(r.path) for r in runs if not round_axis(r.history)]
+        if missing:
+            raise PlotError(f"{missing}: no `round` key in the logged history; plot these runs with --x step")
     colors = {run.name: plt.get_cmap("tab10")(i % 10) for i, run in enumerate(runs)}
 
     panels: list[tuple[str, Any]] = []
@@ -138,7 +192,8 @@ def plot_runs(
         drawn = {run.name: next((k for k in keys if series(run.history, k)[0]), None) for run in runs}
         if any(drawn.values()):
             panels.append((panel_title, (ylabel, drawn, fraction)))
-    if any(series(r.history, "eval/macro")[0] or _final_eval(r) for r in runs):
+    has_eval = any(series(r.history, "eval/macro")[0] or _final_eval(r) for r in runs)
+    if has_eval:
         panels.append(("Evaluation (strict, greedy)", None))
     panels += [(f"Per-template training accuracy: {r.name}", r) for r in runs if r.template_keys]
     if not panels:
@@ -148,35 +203,38 @@ def plot_runs(
     nrows = math.ceil(len(panels) / ncols)
     height = 3.7 * nrows
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, height), squeeze=False)
-    last_step = max([r.final_step for r in runs] + [e["step"] for r in runs for e in r.history])
+    last = max(_final_x(r, x) for r in runs)
     for ax, (panel_title, spec) in zip(axes.flat, panels):
         ax.set_title(panel_title, fontsize=10)
-        ax.set_xlabel("step")
+        ax.set_xlabel("generation round" if x == "round" else "optimizer step")
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.ticklabel_format(axis="y", useOffset=False)
-        ax.set_xlim(0, max(last_step, 1) * 1.03)
+        ax.set_xlim(0, max(last, 1) * 1.03)
         if isinstance(spec, Run):
-            _draw_templates(ax, spec, smooth)
+            _draw_templates(ax, spec, smooth, x)
             _fraction_axis(ax)
         elif spec is None:
-            _draw_eval(ax, runs, colors)
+            _draw_eval(ax, runs, colors, x)
             _fraction_axis(ax)
         else:
             ylabel, drawn, fraction = spec
             ax.set_ylabel(ylabel)
             for run in runs:
                 if drawn[run.name]:
-                    steps, values = series(run.history, drawn[run.name], smooth)
-                    ax.plot(steps, values, color=colors[run.name], marker="." if len(steps) < 30 else None)
+                    xs, values = series(run.history, drawn[run.name], smooth, x=x)
+                    ax.plot(xs, values, color=colors[run.name], marker="." if len(xs) < 30 else None)
             if fraction:
                 _fraction_axis(ax)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    _mark_collapse(list(zip(axes.flat, [spec for _, spec in panels])), runs, colors)
+    _mark_collapse(list(zip(axes.flat, [spec for _, spec in panels])), runs, colors, x)
 
-    # Title, then the run legend, then the panels; sizes in inches turned into figure fractions.
+    # Legends live outside the panels: runs above them, templates and eval markers below.
+    # Sizes in inches turned into figure fractions.
+    below = _below_legend(runs, has_eval)
     title_h, legend_h = (0.4 if title else 0.0), 0.3 * math.ceil(len(runs) / 4)
+    below_h = 0.25 * math.ceil(len(below) / 6) + (0.1 if below else 0.0)
     if title:
         fig.suptitle(title, y=1 - 0.08 / height, va="top")
     handles = [plt.Line2D([], [], color=colors[r.name], label=r.name) for r in runs]
@@ -188,12 +246,50 @@ def plot_runs(
         frameon=False,
         fontsize=9,
     )
-    fig.tight_layout(rect=(0, 0, 1, 1 - (title_h + legend_h) / height))
+    if below:
+        fig.legend(handles=below, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(below), 6),
+                   frameon=False, fontsize=8)
+    fig.tight_layout(rect=(0, below_h / height, 1, 1 - (title_h + legend_h) / height))
+    return fig
+
+
+def plot_runs(
+    run_dirs: list[str | Path], output: str | Path, smooth: int = 1, title: str | None = None, x: str = "step"
+) -> Path:
+    """Draw the training curves of ``run_dirs`` into the image ``output`` (PNG, PDF, SVG by suffix).
+
+    ``x`` is ``"step"`` (optimizer steps) or ``"round"`` (generation rounds, from the logged ``round`` key).
+    """
+    fig = build_figure(run_dirs, smooth, title, x)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
     plt.close(fig)
     return output
+
+
+def _final_x(run: Run, x: str) -> float:
+    steps = [run.final_step] + [e["step"] for e in run.history]
+    if x == "round":
+        return max(round_axis(run.history).values(), default=0.0)
+    return max(steps)
+
+
+def _below_legend(runs: list[Run], has_eval: bool) -> list[Any]:
+    """Legend entries shared by the panels: each template drawn (its one colour), then the eval markers."""
+    names = sorted(
+        {_TEMPLATE_ACCURACY.match(k).group(1) for r in runs for k in r.template_keys},
+        key=lambda n: (_builtin_names().index(n) if n in _builtin_names() else len(_builtin_names()), n),
+    )
+    handles = [plt.Line2D([], [], color=template_color(n), marker=".", label=n) for n in names]
+    if has_eval:
+        handles += [
+            plt.Line2D([], [], color="gray", linestyle="-", label="eval macro (during training)"),
+            plt.Line2D([], [], color="gray", linestyle="--", label="eval micro (during training)"),
+            plt.Line2D([], [], color="gray", marker="*", linestyle="", markersize=10, label="final macro"),
+            plt.Line2D([], [], color="gray", marker="P", linestyle="", label="final micro"),
+        ]
+    return handles
 
 
 def collapse_events(history: list[dict[str, Any]]) -> list[tuple[int, str]]:
@@ -211,17 +307,20 @@ def collapse_events(history: list[dict[str, Any]]) -> list[tuple[int, str]]:
     ]
 
 
-def _mark_collapse(panels: list[tuple[Any, Any]], runs: list[Run], colors: dict[str, Any]) -> None:
+def _mark_collapse(panels: list[tuple[Any, Any]], runs: list[Run], colors: dict[str, Any], x: str = "step") -> None:
     """A dotted vertical line in the run's colour at each firing, on each panel (a per-template panel: its
-    own run only); the signal names are written on the first panel."""
+    own run only), at its step or, with ``x="round"``, its round; the signal names are written on the first
+    panel."""
     for index, (ax, spec) in enumerate(panels):
         for run in runs:
             if isinstance(spec, Run) and spec is not run:
                 continue
+            rounds = round_axis(run.history) if x == "round" else {}
             for step, signal in collapse_events(run.history):
-                ax.axvline(step, color=colors[run.name], linestyle=":", linewidth=1.5, alpha=0.9)
+                where = rounds.get(step, step) if x == "round" else step
+                ax.axvline(where, color=colors[run.name], linestyle=":", linewidth=1.5, alpha=0.9)
                 if index == 0:
-                    ax.annotate(f"{signal}", (step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                    ax.annotate(f"{signal}", (where, 1.0), xycoords=("data", "axes fraction"), rotation=90,
                                 ha="right", va="top", fontsize=7, color=colors[run.name])
 
 
@@ -231,43 +330,49 @@ def _fraction_axis(ax: Any) -> None:
     ax.set_ylim(-0.02, min(max(top * 1.05, 0.1), 1.02))
 
 
-def _draw_eval(ax: Any, runs: list[Run], colors: dict[str, Any]) -> None:
-    """Macro (solid) and micro (dashed) accuracy logged during training; final evaluation as stars."""
+def _eval_sources(runs: list[Run]) -> str:
+    """Where the eval panel's points come from, in a line or two."""
+    during = sorted({k.split("/")[1] for r in runs for e in r.history for k in e
+                     if k.startswith("eval/") and k.endswith("/accuracy")})
+    parts = []
+    if during:
+        parts.append(f"lines: logged during training ({', '.join(during)}; recipe eval_benchmarks)")
+    finals = [(r, (r.eval_results or {})) for r in runs if _final_eval(r)]
+    if finals:
+        results = finals[0][1]
+        template = _final_eval(finals[0][0])[0]
+        detail = [f"template {template}"]
+        if results.get("runs"):
+            detail.append(f"{results['runs']} run{'s' if results['runs'] != 1 else ''}")
+        if results.get("limit"):
+            detail.append(f"first {results['limit']} per benchmark")
+        parts.append(f"markers: RUN/eval/results.json from prompt-aug-eval ({', '.join(detail)})")
+    return "\n".join(parts)
+
+
+def _draw_eval(ax: Any, runs: list[Run], colors: dict[str, Any], x: str) -> None:
+    """Macro (solid) and micro (dashed) accuracy logged during training; final evaluation as markers."""
     ax.set_ylabel("accuracy")
     for run in runs:
         for key, style in (("eval/macro", "-"), ("eval/micro", "--")):
-            steps, values = series(run.history, key)
-            if steps:
-                ax.plot(steps, values, style, color=colors[run.name], marker=".")
+            xs, values = series(run.history, key, x=x)
+            if xs:
+                ax.plot(xs, values, style, color=colors[run.name], marker=".")
         final = _final_eval(run)
         if final:
-            ax.plot([run.final_step], [final[1]], "*", color=colors[run.name], markersize=12)
-            ax.plot([run.final_step], [final[2]], "P", color=colors[run.name], markersize=8)
-    legend = [
-        plt.Line2D([], [], color="gray", linestyle="-", label="macro (during training)"),
-        plt.Line2D([], [], color="gray", linestyle="--", label="micro (during training)"),
-        plt.Line2D([], [], color="gray", marker="*", linestyle="", markersize=10, label="final macro"),
-        plt.Line2D([], [], color="gray", marker="P", linestyle="", label="final micro"),
-    ]
-    ax.legend(handles=legend, fontsize=7)
+            at = _final_x(run, x)
+            ax.plot([at], [final[1]], "*", color=colors[run.name], markersize=12)
+            ax.plot([at], [final[2]], "P", color=colors[run.name], markersize=8)
+    ax.text(0.0, -0.3, _eval_sources(runs), transform=ax.transAxes, fontsize=7, va="top", color="dimgray")
 
 
-def _draw_templates(ax: Any, run: Run, smooth: int) -> None:
-    """One line per template: the fraction of its rollouts graded correct."""
+def _draw_templates(ax: Any, run: Run, smooth: int, x: str) -> None:
+    """One line per template: the fraction of its rollouts graded correct, broken where it was not drawn."""
     ax.set_ylabel("correctness reward")
-    cmap = plt.get_cmap("tab20")
-    for i, key in enumerate(run.template_keys):
-        steps, values = series(run.history, key, smooth)
+    for key in run.template_keys:
+        xs, values = series(run.history, key, smooth, gaps=True, x=x)
         name = _TEMPLATE_ACCURACY.match(key).group(1)
-        ax.plot(
-            steps,
-            values,
-            color=cmap(i % 20),
-            label=name,
-            linewidth=1,
-            marker="." if len(steps) < 30 else None,
-        )
-    ax.legend(fontsize=6, ncol=2, loc="best")
+        ax.plot(xs, values, color=template_color(name), label=name, linewidth=1, marker=".", markersize=3)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -276,9 +381,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-o", "--output", default="curves.png", help="Image file (PNG, PDF or SVG).")
     parser.add_argument("--smooth", type=int, default=1, help="Trailing mean over this many logged points.")
     parser.add_argument("--title", default=None)
+    parser.add_argument(
+        "--x", choices=("step", "round"), default="step",
+        help="x axis: optimizer steps, or generation rounds (the paper's 'steps'; needs the logged `round` key).",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        path = plot_runs(args.runs, args.output, smooth=args.smooth, title=args.title)
+        path = plot_runs(args.runs, args.output, smooth=args.smooth, title=args.title, x=args.x)
     except PlotError as err:
         raise SystemExit(f"prompt-aug-plot: error: {err}") from None
     print(f"wrote {path}")

@@ -116,7 +116,11 @@ def load_templates(path: str | Path | None = None, tokenizer: Any = None) -> dic
     source = Path(path) if path is not None else DEFAULT_TEMPLATES_FILE
     if not source.is_file():
         raise FileNotFoundError(f"templates file not found: {source}")
-    entries = yaml.safe_load(source.read_text())
+    try:
+        with source.open() as handle:  # a stream, so YAML's error names the file
+            entries = yaml.safe_load(handle)
+    except yaml.YAMLError as err:
+        raise TemplateError(f"{source}: not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(entries, list) or not entries:
         raise TemplateError(f"{source}: expected a non-empty YAML list of templates")
     bank: dict[str, Template] = {}

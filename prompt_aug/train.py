@@ -3,11 +3,15 @@
 Also ``accelerate launch --config_file accelerate_configs/ddp.yaml -m prompt_aug.train --config ...``,
 ``torchrun --nproc_per_node N -m prompt_aug.train --config ...`` or the ``prompt-aug-train`` script.
 
-Reads top to bottom: parse → data → model → rewards → trainer → train → save → card → push.
+Reads top to bottom: parse → data → model → rewards → trainer → train → save → card → push. Before anything
+heavy loads, `cli` and `sources` check the recipe, the output folder (a folder holding a run needs
+``--resume_from_checkpoint`` or ``--overwrite_output_dir true``) and where the model and data come from;
+such errors end the command with one line.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -17,17 +21,20 @@ import torch
 from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
-from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
+from trl import GRPOConfig, ModelConfig, get_peft_config
 
 from rewards import get_reward_funcs
 
+from .cli import USER_ERRORS, RecipeParser, check_output_dir, clear_run, parse_recipe
 from .collapse import OptimizerResetCallback, check_stabiliser_keys, guard_from_args
 from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import filter_long_prompts, load_math_dataset
 from .evaluate import EvalCallback, stop_token_ids
+from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo
-from .smoke import TINY_MODEL_NAME, build_tiny_model
+from .smoke import SYNTHETIC_DATASET_NAME, TINY_MODEL_NAME, build_tiny_model
+from .sources import check_source
 from .templates import Template, TemplateError, check_renders, load_templates, select_templates
 from .trainer import PromptAugGRPOTrainer
 
@@ -35,12 +42,12 @@ logger = logging.getLogger("prompt_aug")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[PromptAugArguments, GRPOConfig, ModelConfig]:
-    """Parse a recipe and command-line overrides. An unknown key fails here, naming the key."""
-    parser = TrlParser((PromptAugArguments, GRPOConfig, ModelConfig))
+    """Parse a recipe and command-line overrides; a bad key or value fails here in one line (`cli.UsageError`)."""
+    parser = RecipeParser((PromptAugArguments, GRPOConfig, ModelConfig))
     args = list(argv) if argv is not None else sys.argv[1:]
     if wants_dry_run(args):  # bf16 recipes must parse on a CPU-only machine; see config.DRY_RUN_OVERRIDES
         args += DRY_RUN_OVERRIDES
-    return parser.parse_args_and_config(args)
+    return parse_recipe(parser, args)
 
 
 def resolve_model_path(model_args: ModelConfig, training_args: GRPOConfig) -> str:
@@ -92,6 +99,16 @@ def plain_prompts(dataset: Any, template: Template) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Train with a recipe. Bad input (a recipe key, a path, a used output folder) exits with one line."""
+    try:
+        train(argv)
+    except USER_ERRORS as err:
+        raise SystemExit(f"prompt-aug-train: error: {err}") from None
+
+
+def train(argv: list[str] | None = None) -> None:
+    """Everything `main` does, with errors raised as exceptions."""
+    quiet_repeated_warnings()
     script_args, training_args, model_args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
@@ -104,6 +121,21 @@ def main(argv: list[str] | None = None) -> None:
     if script_args.dry_run:
         print(batch_arithmetic(script_args, training_args).table())
         return
+
+    # Fail now on a missing local path, an unreachable Hub or an output folder that holds another run.
+    state = PartialState()
+    logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
+    check_source("model_name_or_path", model_args.model_name_or_path, builtin=(TINY_MODEL_NAME,))
+    check_source("dataset_name", script_args.dataset_name, builtin=(SYNTHETIC_DATASET_NAME,))
+    if script_args.eval_data_dir:
+        check_source("eval_data_dir", script_args.eval_data_dir)
+    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
+    stale = check_output_dir(training_args.output_dir, resume is not None, script_args.overwrite_output_dir)
+    state.wait_for_everyone()  # every rank has looked before the main process deletes
+    if stale and state.is_main_process:
+        logger.info("overwrite_output_dir: deleting the earlier run in %s", training_args.output_dir)
+        clear_run(stale)
+    state.wait_for_everyone()
 
     # Fail on a bad reward or template name now, before anything heavy loads.
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
@@ -149,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             dataset = plain_prompts(dataset, eval_template)
     report.rows = len(dataset)
     report.dropped[f"prompt longer than {script_args.max_prompt_length} tokens"] += n_long
-    logger.info("%s", report)
+    logger.info("%s", report)  # main process only (logger level above)
     logger.info("batch arithmetic:\n%s", batch_arithmetic(script_args, training_args).table())
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -210,9 +242,17 @@ def main(argv: list[str] | None = None) -> None:
     if script_args.reset_optimizer_on_ref_sync:
         trainer.add_callback(OptimizerResetCallback())  # ProRL: TRL resets the reference, this the optimizer
 
+    use_compact_log(trainer)
+
     # Train.
-    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    result = trainer.train(resume_from_checkpoint=resume)
+    if resume:
+        logger.info("resuming from %s (step %d)", resume, _checkpoint_step(resume))
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        if state.is_main_process:
+            print(_interrupted_message(trainer, argv), file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -223,6 +263,38 @@ def main(argv: list[str] | None = None) -> None:
     if training_args.push_to_hub:
         # Every rank calls it, as accelerate expects; only the main process uploads.
         trainer.push_to_hub(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")
+
+
+def _checkpoint_step(checkpoint: str) -> int:
+    state = Path(checkpoint) / "trainer_state.json"
+    if state.is_file():
+        return int(json.loads(state.read_text()).get("global_step", 0))
+    digits = Path(checkpoint).name.split("-")[-1]
+    return int(digits) if digits.isdigit() else 0
+
+
+def _interrupted_message(trainer: PromptAugGRPOTrainer, argv: list[str] | None) -> str:
+    """Where training stopped and the command that continues it."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    kept, skip = [], False
+    for arg in args:  # drop the flags that the resume command replaces
+        if skip:
+            skip = False
+        elif arg.split("=")[0] in ("--resume_from_checkpoint", "--overwrite_output_dir"):
+            skip = "=" not in arg
+        else:
+            kept.append(arg)
+    output_dir = trainer.args.output_dir
+    last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+    lines = [f"Interrupted at step {trainer.state.global_step}/{trainer.state.max_steps}."]
+    if last is None:
+        lines.append(f"No checkpoint was saved in {output_dir} yet; start over with --overwrite_output_dir true.")
+    else:
+        lines += [
+            f"Last checkpoint: {last}. Resume with the same launch command plus --resume_from_checkpoint true:",
+            "  python -m prompt_aug.train " + " ".join([*kept, "--resume_from_checkpoint", "true"]),
+        ]
+    return "\n".join(lines)
 
 
 def _recipe_text(argv: list[str] | None) -> str:

@@ -319,7 +319,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             return None
         card = render_model_card(
             self.model_card_info, self.args.output_dir, self.state.global_step, self.state.log_history,
-            self.args.hub_model_id,
+            getattr(self, "hub_model_id", None) or self.args.hub_model_id,  # the full id once pushed
         )
         Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(self.args.output_dir) / "README.md").write_text(card)

@@ -116,6 +116,7 @@ def test_two_process_run_keeps_groups_on_one_template_across_ranks(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert (result.stdout + result.stderr).count("questions per round") == 1  # rank 0 only prints the arithmetic
     records = pd.concat(pd.read_parquet(p) for p in sorted((out / "completions").glob("*.parquet")))
     groups = records.groupby(["step", "uid"])
     assert (groups["template"].nunique() == 1).all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -167,13 +168,39 @@ def test_preview_cli_prints_rows_golds_answer_forms_and_one_prompt_per_template(
     assert out.count("What is $1+1$?") == 13  # the first question, rendered under every template
 
 
-def test_preview_cli_with_a_recipe_uses_its_templates_and_prompt_limit(tmp_path, capsys):
+def _preview_with_a_long_question(tmp_path, capsys, recipe_text: str) -> str:
+    """The preview of the verl rows plus one 600-token question, under the recipe ``recipe_text``."""
     long_question = ("Compute " + " + ".join(["1"] * 300) + ".", "300", "id-long")
     _verl_frame([*VERL_ROWS, long_question]).to_parquet(tmp_path / "d.train.parquet")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("templates: [qwen-math, abel]\nmax_prompt_length: 200\n")
+    recipe.write_text(recipe_text)
     data.main(["--dataset", str(tmp_path), "--config", str(recipe)])
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_preview_cli_with_a_recipe_uses_its_templates_and_prompt_limit(tmp_path, capsys):
+    out = _preview_with_a_long_question(
+        tmp_path, capsys, "model_name_or_path: tiny-random-qwen2\ntemplates: [qwen-math, abel]\nmax_prompt_length: 200\n"
+    )
     assert "6 rows read, 4 kept" in out
     assert "dropped 1: prompt longer than 200 tokens (longest template)" in out
     assert out.count("----- template") == 2 and "----- template abel -----" in out
+
+
+def test_preview_without_the_recipes_tokenizer_skips_the_length_limit_and_says_so(tmp_path, capsys):
+    # Offline, the recipe's Hub tokenizer cannot load; the built-in one counts tokens differently, so a
+    # limit applied with it would report drops that training would not make.
+    out = _preview_with_a_long_question(
+        tmp_path, capsys, "model_name_or_path: Qwen/Qwen2.5-Math-1.5B\ntemplates: [qwen-math]\nmax_prompt_length: 200\n"
+    )
+    assert "could not load tokenizer 'Qwen/Qwen2.5-Math-1.5B'" in out
+    assert "prompt length limit 200 not applied" in out
+    assert "6 rows read, 5 kept" in out and "prompt longer than" not in out
+
+
+@pytest.mark.parametrize("name", ["./no-such-data", "../no/such", "/no/such/data"])
+def test_a_missing_local_dataset_fails_at_once_naming_the_path(name):
+    with pytest.raises(DataError, match="no such folder"):
+        load_math_dataset(name)
+    with pytest.raises(SystemExit, match=f"prompt-aug-data: error: dataset '{re.escape(name)}': no such folder"):
+        data.main(["--dataset", name])

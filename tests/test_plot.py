@@ -95,3 +95,103 @@ def test_folder_without_trainer_state_is_a_clear_error(tmp_path):
         main([str(tmp_path / "empty"), "-o", str(tmp_path / "x.png")])
     with pytest.raises(SystemExit, match=r"no such folder"):
         main([str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")])
+
+
+# ---------------------------------------------------------------------------------------------
+# Template colours, gaps, legends, eval sources, rounds (issue 11 point 12, issue 8 item 10)
+
+
+def _write_rounds(folder: Path, drawn: dict[int, list[str]], with_round: bool = True, eval_at: int | None = None) -> None:
+    """A run of 2 optimizer steps per round; ``drawn`` maps a round to the templates it drew."""
+    history = []
+    for rnd, names in sorted(drawn.items()):
+        for step in (2 * rnd - 1, 2 * rnd):
+            entry = {"step": step, "entropy": 0.5, "reward": 0.4}
+            if with_round:
+                entry["round"] = rnd
+            if step % 2:  # the round's metrics are logged at its first step
+                entry.update({f"templates/{n}/accuracy": 0.1 * rnd + 0.01 * i for i, n in enumerate(names)})
+            if step == eval_at:
+                entry.update({"eval/math500/accuracy": 0.5, "eval/macro": 0.4, "eval/micro": 0.45})
+            history.append(entry)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 2 * max(drawn), "log_history": history}))
+
+
+def _template_lines(fig, run_name: str) -> dict:
+    (ax,) = [a for a in fig.axes if a.get_title() == f"Per-template training accuracy: {run_name}"]
+    return {line.get_label(): line for line in ax.get_lines()}
+
+
+def test_a_template_keeps_one_colour_in_every_panel_and_every_picture(tmp_path):
+    from prompt_aug.plot import build_figure
+
+    _write_rounds(tmp_path / "a", {1: ["abel", "qwen-math", "open-r1"], 2: ["abel", "qwen-math", "open-r1"]})
+    _write_rounds(tmp_path / "b", {1: ["open-r1", "reflective"], 2: ["open-r1", "reflective"]})
+    both = build_figure([tmp_path / "a", tmp_path / "b"])
+    alone = build_figure([tmp_path / "b"])
+    a, b, b_alone = _template_lines(both, "a"), _template_lines(both, "b"), _template_lines(alone, "b")
+    assert a["open-r1"].get_color() == b["open-r1"].get_color() == b_alone["open-r1"].get_color()
+    assert b["reflective"].get_color() == b_alone["reflective"].get_color()
+    colours = [a[n].get_color() for n in ("abel", "qwen-math", "open-r1")] + [b["reflective"].get_color()]
+    assert len({tuple(c) for c in colours}) == 4
+
+
+def test_a_template_absent_from_a_round_leaves_a_gap(tmp_path):
+    import math
+
+    from prompt_aug.plot import build_figure
+
+    _write_rounds(tmp_path / "r", {1: ["abel", "qwen-math"], 2: ["qwen-math"], 3: ["abel", "qwen-math"]})
+    lines = _template_lines(build_figure([tmp_path / "r"]), "r")
+    xs, ys = list(lines["abel"].get_xdata()), list(lines["abel"].get_ydata())
+    assert xs == [1, 3, 5] and not math.isnan(ys[0]) and math.isnan(ys[1]) and not math.isnan(ys[2])
+    assert not any(math.isnan(y) for y in lines["qwen-math"].get_ydata())
+
+
+def test_legends_do_not_cover_any_panel(tmp_path):
+    from prompt_aug.plot import build_figure
+
+    _write_state(tmp_path / "a", 20)  # 3 templates and eval points
+    (tmp_path / "a" / "eval").mkdir()
+    (tmp_path / "a" / "eval" / "results.json").write_text(json.dumps({"results": {"qwen-math": {"macro": 0.4, "micro": 0.5}}}))
+    fig = build_figure([tmp_path / "a", tmp_path / "a"])
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends
+    panels = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_visible()]
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        assert not any(box.overlaps(panel) for panel in panels), legend.get_texts()[0].get_text()
+
+
+def test_the_eval_panel_says_where_its_points_come_from(tmp_path):
+    from prompt_aug.plot import build_figure
+
+    _write_rounds(tmp_path / "r", {1: ["abel"], 2: ["abel"]}, eval_at=2)
+    (tmp_path / "r" / "eval").mkdir()
+    (tmp_path / "r" / "eval" / "results.json").write_text(
+        json.dumps({"runs": 5, "limit": 50, "results": {"qwen-math": {"macro": 0.4, "micro": 0.5}}})
+    )
+    (ax,) = [a for a in build_figure([tmp_path / "r"]).axes if a.get_title().startswith("Evaluation")]
+    text = " ".join(t.get_text() for t in ax.texts)
+    assert "logged during training (math500" in text
+    assert "eval/results.json from prompt-aug-eval (template qwen-math, 5 runs, first 50 per benchmark)" in text
+
+
+def test_x_axis_in_generation_rounds(tmp_path):
+    from prompt_aug.plot import PlotError, build_figure
+
+    _write_rounds(tmp_path / "r", {1: ["abel"], 2: ["abel"], 3: ["abel"]}, eval_at=4)
+    fig = build_figure([tmp_path / "r"], x="round")
+    assert {ax.get_xlabel() for ax in fig.axes if ax.get_visible()} == {"generation round"}
+    assert list(_template_lines(fig, "r")["abel"].get_xdata()) == [1, 2, 3]
+    (ev,) = [a for a in fig.axes if a.get_title().startswith("Evaluation")]
+    assert list(ev.get_lines()[0].get_xdata()) == [2]  # eval at step 4 = round 2
+    out = tmp_path / "rounds.png"
+    main([str(tmp_path / "r"), "-o", str(out), "--x", "round"])
+    assert out.is_file()
+    _write_rounds(tmp_path / "old", {1: ["abel"]}, with_round=False)
+    with pytest.raises(PlotError, match=r"no `round` key.*--x step"):
+        build_figure([tmp_path / "old"], x="round")

@@ -79,9 +79,9 @@ def test_card_has_base_model_recipe_templates_steps_and_final_metrics(wandb_run)
     metrics = final_metrics(_log_history(out))
     assert metrics and any(k.endswith("/accuracy") for k in metrics)
     for key in ("reward", "entropy"):
-        assert f"| {key} | {metrics[key]:.4g} |" in card
+        assert f"| {key} | {metrics[key]:.4g} | " in card
     for key in (k for k in metrics if k.startswith("templates/") and k.endswith("/accuracy")):
-        assert f"| {key} | {metrics[key]:.4g} |" in card
+        assert f"| {key} | {metrics[key]:.4g} | " in card
     assert "No evaluation results yet" in card
 
 
@@ -99,8 +99,47 @@ def test_card_includes_eval_results_when_present(tmp_path):
     assert table in card and "No evaluation results yet" not in card
     assert "# someone/prompt-aug-1.5b" in card and "- Optimizer steps: 80" in card
     assert "| qwen-math | 0.750 |" in card and "| abel | 0.250 |" in card
-    assert "| templates/abel/accuracy | 0.5 |" in card
+    assert "| templates/abel/accuracy | 0.5 | 80 |" in card
     assert "```yaml\nlearning_rate: 1.0e-6\n```" in card
+
+
+def _card_info() -> ModelCardInfo:
+    templates, weights = select_templates(load_templates(), ["qwen-math", "abel"])
+    return ModelCardInfo(base_model="base", recipe="seed: 1\n", templates=templates, weights=weights,
+                         dataset="synthetic", num_rows=3)
+
+
+def test_card_snippet_loads_from_the_hub_id_or_the_folder_path(tmp_path):
+    out = tmp_path / "outputs" / "qwen2.5-math-1.5b" / "prompt_aug"
+    history = [{"reward": 0.4, "step": 8}]
+    local = render_model_card(_card_info(), out, 8, history)
+    assert f'AutoModelForCausalLM.from_pretrained("{out}")' in local
+    assert f'AutoTokenizer.from_pretrained("{out}")' in local
+    pushed = render_model_card(_card_info(), out, 8, history, hub_model_id="someone/prompt-aug-1.5b")
+    assert 'AutoModelForCausalLM.from_pretrained("someone/prompt-aug-1.5b")' in pushed
+
+
+def test_card_rows_say_which_step_each_metric_is_from(tmp_path):
+    # abel was last drawn at step 3; the card must not present it as the step-8 value.
+    history = [
+        {"step": 3, "reward": 0.2, "templates/abel/accuracy": 0.25, "templates/qwen-math/accuracy": 0.5},
+        {"step": 8, "reward": 0.4, "templates/qwen-math/accuracy": 0.75},
+    ]
+    card = render_model_card(_card_info(), tmp_path, 8, history)
+    assert "| metric | value | step |" in card
+    assert "| templates/abel/accuracy | 0.25 | 3 |" in card
+    assert "| templates/qwen-math/accuracy | 0.75 | 8 |" in card and "| reward | 0.4 | 8 |" in card
+
+
+def test_card_includes_the_robustness_table_when_eval_templates_exists(tmp_path):
+    from prompt_aug.model_card import ROBUSTNESS_TABLE_PATH
+
+    robustness = "| Template | MATH500 |\n|---|---:|\n| abel | 60.0 |\n| **spread (max − min)** | 4.0 |"
+    (tmp_path / ROBUSTNESS_TABLE_PATH).parent.mkdir(parents=True)
+    (tmp_path / ROBUSTNESS_TABLE_PATH).write_text(robustness + "\n")
+    card = render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.1, "step": 4}])
+    assert "### Robustness across templates\n\n" + robustness in card
+    assert card.index("## Evaluation") < card.index(robustness) < card.index("## Template bank")
 
 
 # ---------------------------------------------------------------------------------------------

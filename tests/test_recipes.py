@@ -215,7 +215,7 @@ def test_wants_dry_run_forms():
 def test_unknown_recipe_key_is_an_error_naming_the_key(tmp_path):
     recipe = tmp_path / "typo.yaml"
     recipe.write_text((PAPER / "prompt_aug.yaml").read_text() + "\nlora_rnak: 16\n")
-    with pytest.raises(ValueError, match="lora_rnak"):
+    with pytest.raises(SystemExit, match=r"typo.yaml: unknown key .lora_rnak.; did you mean .lora_r.\?"):
         train.main(["--config", str(recipe), "--dry_run", "--num_processes", "8"])
 
 

@@ -1,0 +1,167 @@
+"""What the training console shows: one short line per logged step, and each repeated warning once.
+
+TRL logs about 60 keys per step (more with per-template metrics); transformers' progress bar prints them all
+as one dict. `use_compact_log` swaps its printing callback for one that prints::
+
+    round 3 | step 6/8 | reward 1.250 | accuracy 0.312 | format 0.938 | entropy 0.412 | length 312 | truncated 0.062 | 1.9 s/step
+
+The full metrics still reach ``trainer_state.json``, W&B and ``OUTPUT_DIR/logs.jsonl`` (one JSON object per
+logged step, written as training goes, so it survives a crash between checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+
+LOG_FILE = "logs.jsonl"
+
+# (label, keys: the first present is shown, format)
+_STEP_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("reward", ("reward",), "{:.3f}"),
+    ("accuracy", ("rewards/correctness_reward/mean", "rewards/strict_correctness_reward/mean"), "{:.3f}"),
+    ("format", ("rewards/format_reward/mean",), "{:.3f}"),
+    ("entropy", ("entropy",), "{:.3f}"),
+    ("length", ("completions/mean_length",), "{:.0f}"),
+    ("truncated", ("completions/clipped_ratio",), "{:.3f}"),
+)
+
+
+_SHOWN_ONCE: set[str] = set()
+
+
+def quiet_repeated_warnings() -> None:
+    """Show transformers' ``gradient_checkpointing`` deprecation warnings once per process, not every round.
+
+    TRL 1.16 calls the deprecated names around each generation round. Python keeps a warning to one showing
+    per code location only until any library touches the warning filters (which happens every round), and the
+    ``once`` filter action is kept in the same registry, so the filters cannot fix it: the showing is
+    deduplicated by text instead.
+    """
+    show = warnings.showwarning
+    if getattr(show, "shows_once", False):
+        return
+
+    def show_once(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        text = str(message)
+        if issubclass(category, FutureWarning) and "gradient_checkpointing" in text:
+            if text in _SHOWN_ONCE:
+                return
+            _SHOWN_ONCE.add(text)
+        show(message, category, *args, **kwargs)
+
+    show_once.shows_once = True  # type: ignore[attr-defined]
+    warnings.showwarning = show_once
+
+
+def optimizer_steps_per_round(args: Any) -> float:
+    """Optimizer steps trained on one generation round (TRL: steps_per_generation × num_iterations / accumulation)."""
+    per_generation = getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps
+    return per_generation * getattr(args, "num_iterations", 1) / args.gradient_accumulation_steps
+
+
+def round_of(logs: dict[str, Any], step: int, args: Any) -> int:
+    """The generation round of a log entry: its ``round`` key when logged, else derived from the step.
+
+    >>> from types import SimpleNamespace as NS
+    >>> args = NS(steps_per_generation=2, gradient_accumulation_steps=1, num_iterations=1)
+    >>> [round_of({}, s, args) for s in (1, 2, 3)], round_of({"round": 7}, 3, args)
+    ([1, 1, 2], 7)
+    """
+    if isinstance(logs.get("round"), (int, float)):
+        return int(logs["round"])
+    return max(1, math.ceil(step / optimizer_steps_per_round(args) - 1e-9))
+
+
+def compact_line(logs: dict[str, Any], step: int, max_steps: int, args: Any) -> str:
+    """One line for a log entry: round and step, the watched metrics, time per step, evaluation if any.
+
+    >>> from types import SimpleNamespace as NS
+    >>> args = NS(steps_per_generation=2, gradient_accumulation_steps=1, num_iterations=1)
+    >>> compact_line({"reward": 1.25, "entropy": 0.41, "step_time": 1.93, "loss": 0.1}, 3, 8, args)
+    'round 2 | step 3/8 | reward 1.250 | entropy 0.410 | 1.9 s/step'
+    >>> compact_line({"loss": 0.0, "eval/macro": 0.41, "eval/micro": 0.45, "eval/math500/accuracy": 0.5}, 4, 8, args)
+    'round 2 | step 4/8 | eval macro 0.410 micro 0.450'
+    """
+    where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"
+    if "train_runtime" in logs:
+        loss = f", mean loss {logs['train_loss']:.4g}" if isinstance(logs.get("train_loss"), float) else ""
+        return f"done: {where} in {logs['train_runtime']:.1f} s{loss}"
+    cells = []
+    for label, keys, fmt in _STEP_FIELDS:
+        key = next((k for k in keys if isinstance(logs.get(k), (int, float))), None)
+        if key is not None:
+            cells.append(f"{label} {fmt.format(logs[key])}")
+    if isinstance(logs.get("step_time"), (int, float)):
+        cells.append(f"{logs['step_time']:.1f} s/step")
+    if isinstance(logs.get("eval/macro"), (int, float)):
+        cells.append(f"eval macro {logs['eval/macro']:.3f} micro {logs.get('eval/micro', float('nan')):.3f}")
+    if cells or "loss" in logs:
+        return " | ".join([f"round {round_of(logs, step, args)}", where, *cells])
+    # Something else (another callback's keys): a few of them, not all.
+    shown = [
+        (k, v) for k, v in logs.items() if isinstance(v, (int, float)) and not k.startswith("templates/")
+    ]
+    return " | ".join([where, *(f"{k} {v:.4g}" for k, v in shown[:8])])
+
+
+class CompactProgressCallback(ProgressCallback):
+    """transformers' progress bar, printing `compact_line` instead of the whole log dict."""
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if state.is_world_process_zero and self.training_bar is not None and logs:
+            self.training_bar.write(compact_line(logs, state.global_step, state.max_steps, args))
+
+
+class CompactPrinterCallback(TrainerCallback):
+    """With ``disable_tqdm``: print `compact_line` instead of the whole log dict."""
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if state.is_world_process_zero and logs:
+            print(compact_line(logs, state.global_step, state.max_steps, args), flush=True)
+
+
+class JsonlLogCallback(TrainerCallback):
+    """Append every log entry, all keys, to ``OUTPUT_DIR/logs.jsonl`` on the main process.
+
+    A resumed run first drops the entries an interrupted run logged after its checkpoint, so each step
+    appears once, as the resumed run logged it.
+    """
+
+    def __init__(self) -> None:
+        self._started = False
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if state.is_world_process_zero and logs:
+            path = Path(args.output_dir) / LOG_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not self._started and path.is_file():
+                kept = [
+                    line
+                    for line in path.read_text().splitlines()
+                    if json.loads(line)["step"] < state.global_step
+                ]
+                path.write_text("".join(line + "\n" for line in kept))
+            self._started = True
+            with path.open("a") as handle:
+                handle.write(json.dumps({"step": state.global_step, **logs}, default=float) + "\n")
+
+
+def use_compact_log(trainer: Any) -> None:
+    """Replace the trainer's dict-printing callback with the compact one and add the ``logs.jsonl`` writer."""
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(CompactProgressCallback)
+    if trainer.pop_callback(PrinterCallback) is not None:
+        trainer.add_callback(CompactPrinterCallback)
+    trainer.add_callback(JsonlLogCallback)

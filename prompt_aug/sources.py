@@ -1,0 +1,92 @@
+"""Where a model or dataset comes from: a local folder or the Hugging Face Hub, decided before anything loads.
+
+Offline, the Hub clients retry for about a minute and then blame the connection, and an absolute path that
+does not exist is rejected as a malformed repo id. Two checks avoid both:
+
+* `require_local`: a value that is clearly meant as a path (absolute, ``./``, ``../``, ``~``, more than one
+  ``/``, or a first component that is a folder here) must exist, else "no such folder" naming the key.
+* `require_hub`: for a Hub id, one short request to the Hub endpoint; unreachable means a short error that
+  suggests ``HF_HUB_OFFLINE=1`` (use the local cache) or a local path. Skipped when offline mode is on.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+_TRUE = ("1", "ON", "YES", "TRUE")
+
+
+class SourceError(ValueError):
+    """A model or dataset cannot be found; the message names the key and says what to do."""
+
+
+def looks_local(value: str) -> bool:
+    """Whether ``value`` is meant as a local path rather than a Hub id (``name`` or ``owner/name``).
+
+    >>> [looks_local(v) for v in ["Qwen/Qwen2.5-Math-1.5B", "gpt2", "/data/m", "./m", "../m", "a/b/c", "~/m"]]
+    [False, False, True, True, True, True, True]
+    """
+    if value in (".", "..") or value.startswith(("/", "./", "../", "~", ".\\", "..\\")) or "\\" in value:
+        return True
+    if value.count("/") >= 2:
+        return True
+    return "/" in value and Path(value.split("/")[0]).is_dir()
+
+
+def require_local(key: str, value: str) -> bool:
+    """Raise `SourceError` if ``value`` looks like a local path that does not exist; return whether it is local."""
+    if not looks_local(value):
+        return Path(value).exists()
+    if not Path(value).expanduser().exists():
+        raise SourceError(
+            f"{key}: no such folder {value!r} (resolved to {Path(value).expanduser().resolve()}); "
+            "fix the path, or give a Hub id (owner/name)"
+        )
+    return True
+
+
+def hub_offline() -> bool:
+    """Whether the Hub client is in offline mode (``HF_HUB_OFFLINE``)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
+
+
+def hub_endpoint() -> str:
+    """The Hub endpoint the clients use (``HF_ENDPOINT``, else huggingface.co)."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+
+
+@functools.lru_cache(maxsize=4)
+def _reachable(endpoint: str, timeout: float) -> bool:
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout)
+    except urllib.error.HTTPError:
+        return True  # the server answered
+    except (urllib.error.URLError, OSError):
+        return False
+    return True
+
+
+def require_hub(key: str, repo_id: str, timeout: float = 5.0) -> None:
+    """Raise `SourceError` at once when ``repo_id`` must come from the Hub and the Hub cannot be reached."""
+    if hub_offline() or _reachable(hub_endpoint(), timeout):
+        return
+    raise SourceError(
+        f"{key}: cannot reach the Hugging Face Hub ({hub_endpoint()}) to fetch {repo_id!r}. Offline? Set "
+        f"HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache, or set {key} to a local folder."
+    )
+
+
+def check_source(key: str, value: str | None, builtin: tuple[str, ...] = ()) -> None:
+    """Check a model or dataset value before loading: a missing local path or an unreachable Hub fails at once."""
+    if not value or value in builtin:
+        return
+    if not require_local(key, value):
+        require_hub(key, value)

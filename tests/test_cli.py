@@ -1,0 +1,273 @@
+"""A newcomer's command line: short errors that say what to do, and a run folder that is never mixed.
+
+Recipe errors, missing paths and an unreachable Hub are checked without training; the run-folder tests train
+the smoke recipe for 2 steps (a few seconds); the console test runs training in a subprocess and stops it
+with Ctrl-C (SIGINT), as a user would (about 20 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prompt_aug import train
+from prompt_aug.templates import TemplateError, load_templates
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "recipes/smoke/tiny_cpu.yaml"
+
+
+def _recipe(tmp_path: Path, old: str = "", new: str = "", extra: str = "") -> Path:
+    text = SMOKE.read_text()
+    if old:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text + extra)
+    return path
+
+
+def _error(argv: list[str], capsys) -> str:
+    """The one-line error `prompt-aug-train` exits with; nothing else may be printed (no usage text)."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    message = str(exit_info.value.code)
+    assert message.startswith("prompt-aug-train: error: ") and "\n" not in message, message
+    captured = capsys.readouterr()
+    assert "usage:" not in captured.err + captured.out
+    return message
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipe errors
+
+
+def test_misspelled_key_names_the_key_the_file_and_the_closest_key(tmp_path, capsys):
+    recipe = _recipe(tmp_path, extra="\ntemplate_wieghts: [1, 2]\n")
+    message = _error(["--config", str(recipe), "--output_dir", str(tmp_path / "out")], capsys)
+    assert f"{recipe}: unknown key 'template_wieghts'; did you mean 'template_weights'?" in message
+    message = _error(["--config", str(SMOKE), "--lerning_rate", "1e-5"], capsys)
+    assert "command line: unknown option --lerning_rate; did you mean 'learning_rate'?" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_value_of_the_wrong_type_names_key_value_and_file(tmp_path, capsys):
+    recipe = _recipe(tmp_path, "num_generations: 4", 'num_generations: "eight"')
+    message = _error(["--config", str(recipe)], capsys)
+    assert f"{recipe}: num_generations: invalid int value: 'eight'" in message
+    message = _error(["--config", str(SMOKE), "--num_generations", "eight"], capsys)
+    assert "command line: num_generations: invalid int value: 'eight'" in message
+
+
+def test_groups_that_do_not_fill_the_batch_name_the_keys_to_change(tmp_path, capsys):
+    recipe = _recipe(tmp_path, "num_generations: 4", "num_generations: 3")
+    message = _error(["--config", str(recipe)], capsys)
+    assert str(recipe) in message and "num_generations (3)" in message and "= 16" in message
+    for key in ("per_device_train_batch_size", "steps_per_generation"):
+        assert key in message
+    assert "generation_batch_size" not in message.split("=")[0]  # a key this recipe never set is not blamed
+
+
+def test_invalid_recipe_and_templates_yaml_name_the_file(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- name: x\n  user: {question}\n   system: [\n")
+    message = _error(["--config", str(bad)], capsys)
+    assert f"{bad}: not valid YAML" in message and f'in "{bad}", line' in message
+    with pytest.raises(TemplateError, match=f"{bad}: not valid YAML.*line 3"):
+        load_templates(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths and the Hub
+
+
+@pytest.mark.parametrize("path", ["/no/such/model", "./no-such-model", "../no-such/model", "outputs-x/a/b"])
+def test_a_missing_local_model_fails_at_once_with_no_such_folder(tmp_path, capsys, path):
+    message = _error(
+        ["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), "--model_name_or_path", path], capsys
+    )
+    assert f"model_name_or_path: no such folder '{path}'" in message
+
+
+@pytest.mark.parametrize("key", ["dataset_name", "eval_data_dir"])
+def test_a_missing_local_dataset_fails_at_once_naming_the_key(tmp_path, capsys, key):
+    message = _error(
+        ["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), f"--{key}", "./nodata"], capsys
+    )
+    assert f"{key}: no such folder './nodata'" in message
+
+
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    """Hub clients online, but the endpoint is a closed local port: connections are refused at once."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+
+
+@pytest.mark.parametrize("key", ["model_name_or_path", "dataset_name"])
+def test_an_unreachable_hub_fails_fast_and_suggests_offline_mode(tmp_path, capsys, unreachable_hub, key):
+    started = time.monotonic()
+    message = _error(
+        ["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), f"--{key}", "someone/missing"], capsys
+    )
+    assert f"{key}: cannot reach the Hugging Face Hub (http://127.0.0.1:9)" in message
+    assert "HF_HUB_OFFLINE=1" in message and "local folder" in message
+    assert time.monotonic() - started < 30  # not the clients' minute of retries
+    assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The run folder
+
+
+def _train(out: Path, *extra: str) -> None:
+    train.main(["--config", str(SMOKE), "--output_dir", str(out), *extra])
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "run"
+    _train(out, "--max_steps", "2")
+    return out
+
+
+def _state(run: Path) -> dict:
+    return json.loads((run / "trainer_state.json").read_text())
+
+
+@pytest.mark.slow
+def test_training_into_a_folder_that_holds_a_run_is_refused_and_names_both_ways_out(two_step_run, capsys):
+    before = {p: p.stat().st_mtime_ns for p in two_step_run.rglob("*") if p.is_file()}
+    message = _error(["--config", str(SMOKE), "--output_dir", str(two_step_run), "--max_steps", "1"], capsys)
+    assert "already holds a run" in message and "checkpoint-2" in message
+    assert "--resume_from_checkpoint true" in message and "--overwrite_output_dir true" in message
+    assert {p: p.stat().st_mtime_ns for p in two_step_run.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_the_whole_earlier_run(two_step_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(two_step_run, run)
+    shutil.copytree(run / "checkpoint-2", run / "checkpoint-12")  # a longer earlier run's late checkpoint
+    (run / "completions" / "completions_00011.parquet").write_bytes(b"old")
+    _train(run, "--max_steps", "1", "--save_steps", "1", "--overwrite_output_dir", "true")
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert sorted(p.name for p in (run / "completions").iterdir()) == ["completions_00001.parquet"]
+    assert _state(run)["global_step"] == 1 and len(_state(run)["log_history"]) == 2  # 1 step + the summary
+    assert [json.loads(line)["step"] for line in (run / "logs.jsonl").read_text().splitlines()] == [1, 1]
+    assert train.resolve_resume("true", str(run)) == str(run / "checkpoint-1")
+
+
+@pytest.mark.slow
+def test_resume_says_which_checkpoint_it_loaded(two_step_run, tmp_path, caplog):
+    run = tmp_path / "run"
+    shutil.copytree(two_step_run, run)
+    with (run / "logs.jsonl").open("a") as log:  # an interrupted run logged step 3 after checkpoint-2
+        log.write(json.dumps({"step": 3, "stale": True}) + "\n")
+    with caplog.at_level("INFO", logger="prompt_aug"):
+        _train(run, "--max_steps", "3", "--resume_from_checkpoint", "true")
+    assert f"resuming from {run / 'checkpoint-2'} (step 2)" in caplog.text
+    assert _state(run)["global_step"] == 3
+    entries = [json.loads(line) for line in (run / "logs.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in entries] == [1, 2, 2, 3, 3] and not any("stale" in e for e in entries)
+
+
+@pytest.mark.slow
+def test_resume_and_overwrite_together_are_refused(two_step_run, capsys):
+    message = _error(
+        [
+            "--config",
+            str(SMOKE),
+            "--output_dir",
+            str(two_step_run),
+            "--resume_from_checkpoint",
+            "true",
+            "--overwrite_output_dir",
+            "true",
+        ],
+        capsys,
+    )
+    assert "pick one" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# The console, as a user sees it
+
+
+@pytest.mark.slow
+def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_ctrl_c(tmp_path):
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "prompt_aug.train",
+        "--config",
+        str(SMOKE),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "400",
+        "--save_steps",
+        "1",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoint-5").is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # 3 generation rounds: the warnings had 3 chances to repeat
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    console = stdout + stderr
+    assert proc.returncode == 130, console[-3000:]
+    assert "Traceback" not in console
+    assert "Interrupted at step" in stderr and "Last checkpoint: " in stderr
+    assert f"--output_dir {out} --max_steps 400 --save_steps 1 --resume_from_checkpoint true" in stderr
+    # One compact line per logged step, not the dict of every metric.
+    assert "round 1 | step 1/400 | reward " in console and "round 2 | step 3/400 | reward " in console
+    assert "'completions/mean_length'" not in console and "templates/" not in console
+    for name in (
+        "gradient_checkpointing_enable",
+        "gradient_checkpointing_disable",
+        "is_gradient_checkpointing",
+    ):
+        assert console.count(f"FutureWarning: `{name}` is deprecated") == 1, name
+    # The full metrics are in the log file.
+    first = json.loads((out / "logs.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 1 and any(k.startswith("templates/") for k in first) and "entropy" in first
+
+
+# ---------------------------------------------------------------------------------------------
+# README
+
+
+def test_readme_examples_use_the_folders_the_recipes_write():
+    import re
+
+    import yaml
+
+    written = {yaml.safe_load(p.read_text())["output_dir"] for p in (REPO / "recipes").rglob("*.yaml")}
+    readme = (REPO / "README.md").read_text()
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.DOTALL))
+    chosen = set(re.findall(r"--output_dir (outputs/\S+)", blocks))  # folders an example names itself
+    used = set(re.findall(r"(?<![\w/-])(outputs/[\w./-]+)", blocks)) - chosen
+    assert used, "no outputs/ path in the README's examples"
+    for path in used:
+        assert any(path == w or path.startswith(w + "/") for w in written), (
+            f"README uses {path}; recipes write {written}"
+        )
