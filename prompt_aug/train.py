@@ -23,6 +23,7 @@ from rewards import get_reward_funcs
 from .collator import PromptAugmentationCollator
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import filter_long_prompts, load_math_dataset
+from .dynamic_sampling import from_args as dynamic_sampler_from_args
 from .evaluate import EvalCallback, stop_token_ids
 from .model_card import ModelCardInfo
 from .smoke import TINY_MODEL_NAME, build_tiny_model
@@ -68,6 +69,8 @@ def resolve_resume(value: str | None, output_dir: str) -> str | bool | None:
 def main(argv: list[str] | None = None) -> None:
     script_args, training_args, model_args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    dynamic_sampler = dynamic_sampler_from_args(script_args)  # checks the dynamic_sampling keys, dry run included
 
     # Dry run: arithmetic only.
     if script_args.dry_run:
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
         prompt_collator=collator,
+        dynamic_sampling=dynamic_sampler,
         model_card=ModelCardInfo(
             base_model=model_args.model_name_or_path,
             recipe=recipe_text,

@@ -1,18 +1,22 @@
 """`PromptAugGRPOTrainer`: TRL's `GRPOTrainer` with prompt augmentation and per-template metrics.
 
-Four thin overrides, each for one reason:
+Five thin overrides, each for one reason:
 
 * ``_generate_and_score_completions``: TRL 1.16 hard-codes an identity data collator, so a
   generation round is augmented where it starts. The rows arrive already repeated
   ``num_generations`` times by TRL's `RepeatSampler`; our collator draws from (seed, epoch, uid), so
   every rollout of a group gets the same template on every rank. After TRL scores the round, the
-  per-template metrics are added to TRL's own.
+  per-template metrics are added to TRL's own. With dynamic sampling on, the round is handed to
+  `prompt_aug.dynamic_sampling` instead.
 * ``_prepare_inputs``: TRL does not restore its micro-step counter on resume, so a run resumed from a
   mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
 * ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
   so the per-template metrics are read off the same numbers TRL trains on (no regrading).
 * ``create_model_card``: TRL writes its own card at every checkpoint and at push time, which would
   overwrite ours; ours carries the recipe, the template bank and the evaluation table.
+* ``_generate``: with dynamic sampling (`prompt_aug.dynamic_sampling`), TRL scores a round built from groups
+  already generated and scored; the stored completions are replayed instead of generated again (and
+  ``_calculate_rewards`` replays their stored rewards).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from trl import GRPOTrainer
 from rewards.registry import correctness_reward, format_reward, strict_correctness_reward
 
 from .collator import PromptAugmentationCollator
+from .dynamic_sampling import DynamicSampler
 from .model_card import ModelCardInfo, render_model_card
 
 
@@ -37,6 +42,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     Args:
         prompt_collator: Draws the template of each row and renders its prompt.
         model_card: What our model card says; without it, TRL's card is written.
+        dynamic_sampling: Train each round only on groups whose rewards differ; off if ``None``.
         *args, **kwargs: Passed to `trl.GRPOTrainer` unchanged.
 
     Logs, beside TRL's ``entropy``, ``reward`` and ``completions/*``: ``templates/<name>/accuracy``,
@@ -50,18 +56,25 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         *args: Any,
         prompt_collator: PromptAugmentationCollator,
         model_card: ModelCardInfo | None = None,
+        dynamic_sampling: DynamicSampler | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.prompt_collator = prompt_collator
         self.model_card_info = model_card
         self._round_rewards: torch.Tensor | None = None
+        self.dynamic_sampling = dynamic_sampling
+        if dynamic_sampling is not None:
+            dynamic_sampling.check(self)
 
     # Why: the seam where a generation round starts (TRL has no collator hook for GRPO).
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         training = self.model.training
         epoch = int(self.state.epoch or 0)  # whole epochs done: a new epoch redraws, a resume redraws the same
         inputs = self.prompt_collator(inputs, epoch=epoch, training=training)
+        if training and self.dynamic_sampling is not None:
+            augment = lambda rows: self.prompt_collator(rows, epoch=epoch, training=True)  # noqa: E731
+            return self.dynamic_sampling.run_round(self, inputs, augment, super()._generate_and_score_completions)
         self._log_completion_extra("template", [row["template"] for row in inputs])
         self._log_completion_extra("uid", [row["uid"] for row in inputs])
         self._log_completion_extra("process", [self.accelerator.process_index] * len(inputs))
@@ -81,8 +94,16 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        self._round_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        replayed = self.dynamic_sampling.replayed_rewards() if self.dynamic_sampling is not None else None
+        if replayed is None:
+            replayed = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._round_rewards = replayed
         return self._round_rewards
+
+    # Why: a dynamic-sampling round hands TRL completions that were already generated (see module docstring).
+    def _generate(self, prompts: list):
+        replayed = self.dynamic_sampling.replayed_generation(prompts) if self.dynamic_sampling is not None else None
+        return replayed if replayed is not None else super()._generate(prompts)
 
     def _reward_column(self, *funcs: Any) -> int | None:
         for index, func in enumerate(self.reward_funcs):
@@ -101,8 +122,19 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         lengths = self.accelerator.gather(lengths.float()).cpu()
         truncated = self.accelerator.gather((~ended).float()).cpu()
         names = gather_object([row["template"] for row in inputs])
-
         rewards = self._round_rewards.cpu() if self._round_rewards is not None else None
+        self._append_template_metrics(names, rewards, lengths, truncated, mode)
+
+    def _append_template_metrics(
+        self,
+        names: list[str],
+        rewards: torch.Tensor | None,
+        lengths: torch.Tensor,
+        truncated: torch.Tensor,
+        mode: str,
+        kept: torch.Tensor | None = None,
+    ) -> None:
+        """Per-template metrics of gathered rows; ``kept`` (bool per row) adds ``templates/<name>/kept``."""
         columns = {
             "accuracy": self._reward_column(correctness_reward, strict_correctness_reward),
             "format": self._reward_column(format_reward),
@@ -120,6 +152,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             metrics[f"{prefix}/mean_length"].append(lengths[rows_t].mean().item())
             metrics[f"{prefix}/truncated_ratio"].append(truncated[rows_t].mean().item())
             metrics[f"{prefix}/count"].append(float(len(rows)))
+            if kept is not None:
+                metrics[f"{prefix}/kept"].append(float(kept[rows_t].sum()))
 
     # Why: TRL's card would replace ours at each checkpoint and inside `push_to_hub`.
     def create_model_card(self, model_name: str | None = None, *args: Any, **kwargs: Any) -> None:
