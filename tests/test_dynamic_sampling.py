@@ -289,3 +289,24 @@ def test_two_processes_agree_and_keep_straddling_groups_whole(tmp_path):
         groups = records.groupby("uid").first()
         assert history[step][METRICS + "groups_generated"] == len(groups)
         assert history[step][METRICS + "groups_kept"] == (groups["group_status"] == "kept").sum() == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# The recipe
+
+
+def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
+    import yaml
+
+    paper_dir = REPO / "recipes/qwen2.5-math-1.5b"
+    paper = yaml.safe_load((paper_dir / "prompt_aug.yaml").read_text())
+    dynamic = yaml.safe_load((paper_dir / "prompt_aug_dynamic.yaml").read_text())
+    differ = {k for k in set(paper) | set(dynamic) if paper.get(k) != dynamic.get(k)}
+    # Naming, the dynamic-sampling block, and the fidelity values the paper recipes are being given.
+    assert differ - {"output_dir", "run_name", "vllm_importance_sampling_correction", "delta", "save_total_limit"} == {
+        "dynamic_sampling", "dynamic_sampling_signal", "dynamic_sampling_max_passes", "dynamic_sampling_std_tol",
+    }  # fmt: skip
+    assert (dynamic["vllm_importance_sampling_correction"], dynamic["delta"], dynamic["save_total_limit"]) == (False, 3.0, 10)
+    script_args, _, _ = train.parse_args(["--config", str(paper_dir / "prompt_aug_dynamic.yaml"), "--dry_run"])
+    sampler = from_args(script_args)
+    assert sampler.signal_index == script_args.reward_funcs.index("correctness") and sampler.max_passes == 4
