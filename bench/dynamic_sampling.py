@@ -46,7 +46,7 @@ def run(config: str, rounds: int, dynamic: bool, max_passes: int, out: Path) -> 
     from rewards.registry import REGISTRY
 
     REGISTRY["difficulty"] = difficulty_reward
-    args, training_args, _ = train.parse_args(["--config", config])
+    _, training_args, _ = train.parse_args(["--config", config])
     steps_per_round = training_args.steps_per_generation * training_args.num_iterations
     steps_per_round //= training_args.gradient_accumulation_steps
     train.main([
@@ -60,7 +60,8 @@ def run(config: str, rounds: int, dynamic: bool, max_passes: int, out: Path) -> 
     runtime = next(h["train_runtime"] for h in history if "train_runtime" in h)
     result = {
         "seconds_per_round": runtime / rounds,
-        "trained_groups_with_spread": 1 - sum(h["frac_reward_zero_std"] for h in round_logs) / len(round_logs),
+        "trained_groups_with_spread": 1
+        - sum(h["frac_reward_zero_std"] for h in round_logs) / len(round_logs),
     }
     if dynamic:
         for key in ("generation_passes", "kept_share", "cap_hit"):
@@ -69,7 +70,9 @@ def run(config: str, rounds: int, dynamic: bool, max_passes: int, out: Path) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default=str(REPO / "recipes/smoke/tiny_cpu.yaml"))
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--max_passes", type=int, default=4)
@@ -78,15 +81,25 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for dynamic in (False, True):
-            rows.append((dynamic, run(args.config, args.rounds, dynamic, args.max_passes, Path(tmp) / str(dynamic))))
-    print(f"\n{Path(args.config).name}, {args.rounds} rounds each, dynamic_sampling_max_passes {args.max_passes}\n")
-    print("| dynamic_sampling | s / round | trained groups with spread | passes / round | kept / generated | cap hit |")
+            rows.append(
+                (dynamic, run(args.config, args.rounds, dynamic, args.max_passes, Path(tmp) / str(dynamic)))
+            )
+    print(
+        f"\n{Path(args.config).name}, {args.rounds} rounds each, dynamic_sampling_max_passes {args.max_passes}\n"
+    )
+    print(
+        "| dynamic_sampling | s / round | trained groups with spread | passes / round | kept / generated | cap hit |"
+    )
     print("|---|---|---|---|---|---|")
     for dynamic, r in rows:
         extra = (
-            f"{r['generation_passes']:.2f} | {r['kept_share']:.2f} | {r['cap_hit']:.2f}" if dynamic else "1 | - | -"
+            f"{r['generation_passes']:.2f} | {r['kept_share']:.2f} | {r['cap_hit']:.2f}"
+            if dynamic
+            else "1 | - | -"
         )
-        print(f"| {'on' if dynamic else 'off'} | {r['seconds_per_round']:.2f} | {r['trained_groups_with_spread']:.2f} | {extra} |")
+        print(
+            f"| {'on' if dynamic else 'off'} | {r['seconds_per_round']:.2f} | {r['trained_groups_with_spread']:.2f} | {extra} |"
+        )
 
 
 if __name__ == "__main__":

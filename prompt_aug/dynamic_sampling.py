@@ -153,7 +153,9 @@ class _Pass:
     templates: list[str]  # gathered
     lengths: torch.Tensor  # gathered
     truncated: torch.Tensor  # gathered
-    extras: dict[str, list] = field(default_factory=dict)  # completion-record columns logged for this process's rows
+    extras: dict[str, list] = field(
+        default_factory=dict
+    )  # completion-record columns logged for this process's rows
 
 
 @dataclass
@@ -195,11 +197,19 @@ class DynamicSampler:
             if value
         ]
         if unsupported:
-            raise ValueError(f"dynamic_sampling cannot be combined with {unsupported}; set dynamic_sampling: false")
-        if not hasattr(trainer.train_dataset, "__getitem__") or isinstance(trainer.train_dataset, torch.utils.data.IterableDataset):
-            raise ValueError("dynamic_sampling draws extra questions by index: it needs a map-style train_dataset")
+            raise ValueError(
+                f"dynamic_sampling cannot be combined with {unsupported}; set dynamic_sampling: false"
+            )
+        if not hasattr(trainer.train_dataset, "__getitem__") or isinstance(
+            trainer.train_dataset, torch.utils.data.IterableDataset
+        ):
+            raise ValueError(
+                "dynamic_sampling draws extra questions by index: it needs a map-style train_dataset"
+            )
         if self.signal_index is not None and not 0 <= self.signal_index < len(trainer.reward_funcs):
-            raise ValueError(f"dynamic sampling signal column {self.signal_index} but {len(trainer.reward_funcs)} reward functions")
+            raise ValueError(
+                f"dynamic sampling signal column {self.signal_index} but {len(trainer.reward_funcs)} reward functions"
+            )
 
     # -- the trainer's replay hooks ---------------------------------------------------------------------------
 
@@ -208,7 +218,9 @@ class DynamicSampler:
         if self._replay is None:
             return None
         if prompts != self._replay.prompts:
-            raise RuntimeError("dynamic sampling: TRL asked to generate for other prompts than the round it replays")
+            raise RuntimeError(
+                "dynamic sampling: TRL asked to generate for other prompts than the round it replays"
+            )
         return self._replay.generation
 
     def replayed_rewards(self) -> torch.Tensor | None:
@@ -279,7 +291,9 @@ class DynamicSampler:
         total[torch.isnan(rewards).all(dim=1)] = torch.nan  # as TRL: a row no function scored has no reward
         return total
 
-    def _extra_rows(self, trainer: Any, round_index: int, k: int, seen: set[str], per_process: int) -> list[dict]:
+    def _extra_rows(
+        self, trainer: Any, round_index: int, k: int, seen: set[str], per_process: int
+    ) -> list[dict]:
         dataset = trainer.train_dataset
         if self._uids is None:
             self._uids = [str(u) for u in dataset["uid"]]
@@ -299,12 +313,16 @@ class DynamicSampler:
         generation = trainer._generate(prompts)
         _, completion_ids, _, completions, _, extra_fields, images, _ = generation
         if extra_fields or images is not None:
-            raise ValueError("dynamic_sampling cannot replay rollout extra fields or images; set dynamic_sampling: false")
+            raise ValueError(
+                "dynamic_sampling cannot replay rollout extra fields or images; set dynamic_sampling: false"
+            )
         rewards = trainer._calculate_rewards(rows, prompts, completions, completion_ids)
         extras = {k: list(v) for k, v in trainer._pending_extra_logs.items()}  # what reward functions logged
         trainer._pending_extra_logs.clear()
         eos = set(trainer.eos_token_ids)
-        lengths = torch.tensor([len(ids) or trainer.max_completion_length for ids in completion_ids], device=acc.device)
+        lengths = torch.tensor(
+            [len(ids) or trainer.max_completion_length for ids in completion_ids], device=acc.device
+        )
         truncated = torch.tensor([not ids or ids[-1] not in eos for ids in completion_ids], device=acc.device)
         names = gather_object([(str(row["uid"]), row["template"]) for row in rows])
         return _Pass(
@@ -378,7 +396,9 @@ class DynamicSampler:
         rewards = torch.cat([passes[k].rewards[g * num_gen : (g + 1) * num_gen] for k, g in plan.trained])
         final_rows = [it["row"] for it in items]
         replay = _Replay([row["prompt"] for row in final_rows], generation, rewards.to(acc.device))
-        dropped = sorted(((pos, item) for kind, pos, item in everything if kind == "record"), key=lambda x: x[0])
+        dropped = sorted(
+            ((pos, item) for kind, pos, item in everything if kind == "record"), key=lambda x: x[0]
+        )
         for (k, position), record in dropped:
             record["rewards"] = passes[k].rewards[position]
         return final_rows, replay, [record for _, record in dropped]
@@ -429,7 +449,11 @@ class DynamicSampler:
         # Per-template metrics over everything generated, plus how many of each template's completions trained.
         num_gen = trainer.num_generations
         kept = torch.tensor(
-            [plan.status[(k, q // num_gen)] in (KEPT, FILLED) for k, p in enumerate(passes) for q in range(len(p.uids))]
+            [
+                plan.status[(k, q // num_gen)] in (KEPT, FILLED)
+                for k, p in enumerate(passes)
+                for q in range(len(p.uids))
+            ]
         )
         trainer._append_template_metrics(
             [name for p in passes for name in p.templates],
@@ -455,4 +479,6 @@ def from_args(script_args: Any) -> DynamicSampler | None:
             f"{script_args.reward_funcs}; fix the key in the recipe or on the command line"
         )
     index = None if signal == SIGNAL_TOTAL else script_args.reward_funcs.index(signal)
-    return DynamicSampler(index, script_args.dynamic_sampling_max_passes, script_args.dynamic_sampling_std_tol)
+    return DynamicSampler(
+        index, script_args.dynamic_sampling_max_passes, script_args.dynamic_sampling_std_tol
+    )

@@ -22,6 +22,7 @@ Five thin overrides, each for one reason:
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         epoch = int(self.state.epoch or 0)  # whole epochs done: a new epoch redraws, a resume redraws the same
         inputs = self.prompt_collator(inputs, epoch=epoch, training=training)
         if training and self.dynamic_sampling is not None:
-            augment = lambda rows: self.prompt_collator(rows, epoch=epoch, training=True)  # noqa: E731
+            augment = partial(self.prompt_collator, epoch=epoch, training=True)
             return self.dynamic_sampling.run_round(self, inputs, augment, super()._generate_and_score_completions)
         self._log_completion_extra("template", [row["template"] for row in inputs])
         self._log_completion_extra("uid", [row["uid"] for row in inputs])

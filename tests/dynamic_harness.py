@@ -43,7 +43,10 @@ def flat_half_reward(completions: list[Any], uid: list[str], **kwargs: Any) -> l
 
 def text_hash_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     """A number in [0, 1) hashed from the completion text: every group has spread."""
-    return [int.from_bytes(hashlib.blake2b(str(c).encode(), digest_size=8).digest(), "big") / 2**64 for c in completions]
+    return [
+        int.from_bytes(hashlib.blake2b(str(c).encode(), digest_size=8).digest(), "big") / 2**64
+        for c in completions
+    ]
 
 
 def register() -> None:

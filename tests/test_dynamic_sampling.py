@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -32,7 +31,7 @@ from prompt_aug.dynamic_sampling import (
 from prompt_aug.trainer import PromptAugGRPOTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dynamic_harness  # noqa: E402
+import dynamic_harness
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
@@ -51,7 +50,9 @@ def test_spread_uses_a_tolerance_not_exact_zero():
     assert group_spread(noisy, 4, 1e-4) == [False]
     assert group_spread(torch.tensor([0.0, 0.0, 0.0, 1.0]), 4, 1e-4) == [True]
     # NaN (a reward function returned None) is ignored; a group of NaN has no spread.
-    assert group_spread(torch.tensor([float("nan"), 1.0, 0.0, 1.0, float("nan")] + [float("nan")] * 3), 4, 1e-4) == [
+    assert group_spread(
+        torch.tensor([float("nan"), 1.0, 0.0, 1.0, float("nan")] + [float("nan")] * 3), 4, 1e-4
+    ) == [
         True,
         False,
     ]
@@ -69,7 +70,9 @@ def test_plan_keeps_the_first_spread_groups_and_fills_a_shortfall_in_generation_
     full = plan_round([[True, False, True], [True, True, False]], [[], []], 3)
     assert full.trained == [(0, 0), (0, 2), (1, 0)]
     assert full.status[(1, 1)] == "surplus" and "filled" not in full.status.values()
-    short = plan_round([[False, True, False], [False, False, False]], [["all_right", "", "all_wrong"], ["all_wrong"] * 3], 3)
+    short = plan_round(
+        [[False, True, False], [False, False, False]], [["all_right", "", "all_wrong"], ["all_wrong"] * 3], 3
+    )
     assert short.trained == [(0, 1), (0, 0), (0, 2)]
     assert short.counts() == Counter({"kept": 1, "filled": 2, "all_wrong": 3})
 
@@ -78,7 +81,11 @@ def test_extra_questions_depend_on_seed_round_and_pass_only():
     uids = [f"q{i}" for i in range(100)]
     a = extra_question_indices(42, 7, 1, uids, 10, set())
     assert a == extra_question_indices(42, 7, 1, uids, 10, set())
-    assert a != extra_question_indices(42, 7, 2, uids, 10, set()) != extra_question_indices(42, 8, 1, uids, 10, set())
+    assert (
+        a
+        != extra_question_indices(42, 7, 2, uids, 10, set())
+        != extra_question_indices(42, 8, 1, uids, 10, set())
+    )
     assert a != extra_question_indices(43, 7, 1, uids, 10, set())
     seen = {uids[i] for i in a}
     assert not seen & {uids[i] for i in extra_question_indices(42, 7, 1, uids, 10, seen)}
@@ -87,12 +94,16 @@ def test_extra_questions_depend_on_seed_round_and_pass_only():
 
 
 def test_bad_keys_are_named():
-    args, _, _ = train.parse_args(["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc"])
+    args, _, _ = train.parse_args(
+        ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc"]
+    )
     with pytest.raises(ValueError, match="dynamic_sampling_signal: 'acc'"):
         from_args(args)
     with pytest.raises(ValueError, match="dynamic_sampling_max_passes"):
         DynamicSampler(max_passes=0)
-    args, _, _ = train.parse_args(["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "format"])
+    args, _, _ = train.parse_args(
+        ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "format"]
+    )
     assert from_args(args).signal_index == 1
     args, _, _ = train.parse_args(["--config", SMOKE])
     assert from_args(args) is None
@@ -112,7 +123,13 @@ def _run(out: Path, *extra: str, spy: list | None = None) -> Path:
             original = PromptAugGRPOTrainer.compute_loss
 
             def recording_compute_loss(self, model, inputs, *args, **kwargs):
-                spy.append((self.state.global_step, inputs["completion_ids"].clone(), inputs["completion_mask"].clone()))
+                spy.append(
+                    (
+                        self.state.global_step,
+                        inputs["completion_ids"].clone(),
+                        inputs["completion_mask"].clone(),
+                    )
+                )
                 return original(self, model, inputs, *args, **kwargs)
 
             mp.setattr(PromptAugGRPOTrainer, "compute_loss", recording_compute_loss)
@@ -200,7 +217,14 @@ def test_some_round_needed_a_second_pass_and_its_questions_are_new(dynamic_run):
 @pytest.mark.slow
 def test_resume_at_a_round_boundary_reproduces_the_uninterrupted_run(dynamic_run, tmp_path):
     # Resume from the checkpoint after the first round (mid-epoch) into a fresh folder.
-    resumed = _run(tmp_path / "B", *DYNAMIC, "--max_steps", "6", "--resume_from_checkpoint", str(dynamic_run / "checkpoint-2"))
+    resumed = _run(
+        tmp_path / "B",
+        *DYNAMIC,
+        "--max_steps",
+        "6",
+        "--resume_from_checkpoint",
+        str(dynamic_run / "checkpoint-2"),
+    )
     columns = ["step", "uid", "template", "kept", "group_status", "generation_pass", "completion"]
     for step in (3, 4, 5, 6):
         pd.testing.assert_frame_equal(_records(resumed, step)[columns], _records(dynamic_run, step)[columns])
@@ -211,15 +235,29 @@ def test_resume_at_a_round_boundary_reproduces_the_uninterrupted_run(dynamic_run
 def test_trained_rows_are_the_kept_records_with_several_iterations(tmp_path):
     # steps_per_generation 2 x num_iterations 2: 4 optimizer steps per round, 2 rounds.
     spy: list = []
-    run = _run(tmp_path / "it", *DYNAMIC, "--num_iterations", "2", "--max_steps", "8", "--save_strategy", "no", spy=spy)
+    run = _run(
+        tmp_path / "it",
+        *DYNAMIC,
+        "--num_iterations",
+        "2",
+        "--max_steps",
+        "8",
+        "--save_strategy",
+        "no",
+        spy=spy,
+    )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(run / "tiny-random-qwen2")
     for round_index, first_step in enumerate((1, 5)):
         trained = Counter()
         for global_step, ids, mask in spy:
-            if global_step // 4 == round_index and global_step % 4 < 2:  # the first of the two passes over the round
-                trained.update(tokenizer.batch_decode([i[m.bool()] for i, m in zip(ids, mask)], skip_special_tokens=True))
+            if (
+                global_step // 4 == round_index and global_step % 4 < 2
+            ):  # the first of the two passes over the round
+                trained.update(
+                    tokenizer.batch_decode([i[m.bool()] for i, m in zip(ids, mask)], skip_special_tokens=True)
+                )
         records = _records(run, first_step)
         assert trained == Counter(records.loc[records["kept"], "completion"])
         assert records["kept"].sum() == 16 and (~records["kept"]).any()
@@ -230,7 +268,16 @@ def test_trained_rows_are_the_kept_records_with_several_iterations(tmp_path):
 
 @pytest.mark.slow
 def test_at_the_cap_zero_spread_groups_fill_the_round(tmp_path):
-    run = _run(tmp_path / "cap", *DYNAMIC, "--dynamic_sampling_max_passes", "1", "--max_steps", "2", "--save_strategy", "no")
+    run = _run(
+        tmp_path / "cap",
+        *DYNAMIC,
+        "--dynamic_sampling_max_passes",
+        "1",
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+    )
     records, logged = _records(run, 1), _history(run)[1]
     assert logged[METRICS + "cap_hit"] == 1 and logged[METRICS + "generation_passes"] == 1
     filled = records[records["group_status"] == "filled"]
@@ -244,7 +291,9 @@ def test_flag_off_trains_exactly_as_with_no_group_dropped(tmp_path):
     # Every group has spread under `text_hash`, so dynamic sampling keeps pass 0 whole: the replayed round must
     # train exactly as the flag-off path, which is the trainer without dynamic sampling.
     off = _run(tmp_path / "off", "--reward_funcs", "text_hash", "--save_strategy", "no")
-    on = _run(tmp_path / "on", "--reward_funcs", "text_hash", "--dynamic_sampling", "true", "--save_strategy", "no")
+    on = _run(
+        tmp_path / "on", "--reward_funcs", "text_hash", "--dynamic_sampling", "true", "--save_strategy", "no"
+    )
     for step in (1, 3):
         a, b = _records(off, step), _records(on, step)
         assert b["kept"].all() and (b["generation_pass"] == 0).all()
@@ -285,7 +334,9 @@ def test_two_processes_agree_and_keep_straddling_groups_whole(tmp_path):
         assert (records.groupby(["generation_pass", "uid"])["process"].nunique() == 2).any()
         for _, group in kept.groupby("uid"):  # advantages normalised over the whole group, across ranks
             r = group["flat_half_reward"]
-            assert group["advantage"].to_numpy() == pytest.approx(((r - r.mean()) / (r.std() + 1e-4)).to_numpy(), abs=1e-4)
+            assert group["advantage"].to_numpy() == pytest.approx(
+                ((r - r.mean()) / (r.std() + 1e-4)).to_numpy(), abs=1e-4
+            )
         groups = records.groupby("uid").first()
         assert history[step][METRICS + "groups_generated"] == len(groups)
         assert history[step][METRICS + "groups_kept"] == (groups["group_status"] == "kept").sum() == 3
@@ -306,7 +357,13 @@ def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
     assert differ - {"output_dir", "run_name", "vllm_importance_sampling_correction", "delta", "save_total_limit"} == {
         "dynamic_sampling", "dynamic_sampling_signal", "dynamic_sampling_max_passes", "dynamic_sampling_std_tol",
     }  # fmt: skip
-    assert (dynamic["vllm_importance_sampling_correction"], dynamic["delta"], dynamic["save_total_limit"]) == (False, 3.0, 10)
-    script_args, _, _ = train.parse_args(["--config", str(paper_dir / "prompt_aug_dynamic.yaml"), "--dry_run"])
+    assert (
+        dynamic["vllm_importance_sampling_correction"],
+        dynamic["delta"],
+        dynamic["save_total_limit"],
+    ) == (False, 3.0, 10)
+    script_args, _, _ = train.parse_args(
+        ["--config", str(paper_dir / "prompt_aug_dynamic.yaml"), "--dry_run"]
+    )
     sampler = from_args(script_args)
     assert sampler.signal_index == script_args.reward_funcs.index("correctness") and sampler.max_passes == 4
