@@ -153,9 +153,8 @@ class _Pass:
     templates: list[str]  # gathered
     lengths: torch.Tensor  # gathered
     truncated: torch.Tensor  # gathered
-    extras: dict[str, list] = field(
-        default_factory=dict
-    )  # completion-record columns logged for this process's rows
+    # Completion-record columns logged (by reward functions) for this process's rows.
+    extras: dict[str, list] = field(default_factory=dict)
 
 
 @dataclass
