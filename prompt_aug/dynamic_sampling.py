@@ -23,6 +23,14 @@ from passes:
 Every decision is taken from gathered tensors, identically on every process; groups stay whole (a group
 straddling two processes is moved as a unit); each process gets back as many rows as it generated.
 Unsupported: tools, environments, ``rollout_func``, images, iterable datasets (a clear error at start).
+
+Logged per round: ``dynamic_sampling/groups_generated``, ``groups_kept`` (trained, with spread),
+``groups_filled`` (trained, zero spread, cap hit), ``groups_surplus`` (spread, beyond the round),
+``dropped_all_right`` / ``dropped_all_wrong`` (every rollout scored 1 / 0 on correctness, or on the signal
+without a correctness reward), ``dropped_no_spread`` (other flat groups), ``generation_passes``, ``cap_hit``
+and ``kept_share``; per-template metrics over everything generated plus ``templates/<name>/kept``. The
+completion records hold every generated completion (trained rows first, in training order) with ``kept``,
+``group_status`` and ``generation_pass``; rows not trained have a NaN ``advantage``.
 """
 
 from __future__ import annotations

@@ -49,7 +49,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     Logs, beside TRL's ``entropy``, ``reward`` and ``completions/*``: ``templates/<name>/accuracy``,
     ``/format``, ``/mean_length``, ``/truncated_ratio`` and ``/count`` per template. With
     ``log_completions``, the completion records carry ``template``, ``uid`` and the ``process`` that
-    generated each completion.
+    generated each completion. With dynamic sampling, also ``dynamic_sampling/*`` and
+    ``templates/<name>/kept``, and records of every generated completion with ``kept``, ``group_status``
+    and ``generation_pass`` (see `prompt_aug.dynamic_sampling`).
     """
 
     def __init__(
