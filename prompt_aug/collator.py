@@ -118,6 +118,13 @@ class PromptAugmentationCollator:
         index = min(bisect.bisect_right(self._cumulative, u), len(self.templates) - 1)
         return self.templates[index]
 
+    def template_named(self, name: str) -> Template:
+        """The template called ``name`` among those drawn from and the evaluation template."""
+        for template in (*self.templates, self.eval_template):
+            if template.name == name:
+                return template
+        raise KeyError(f"template {name!r} is not in this collator's bank {[t.name for t in self.templates]}")
+
     def template_for(self, uid: str, epoch: int = 0, training: bool = True) -> Template:
         """The template of row ``uid``: drawn in training, the evaluation template otherwise."""
         return self.draw(uid, epoch) if training else self.eval_template

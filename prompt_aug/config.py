@@ -140,6 +140,22 @@ class PromptAugArguments:
             "logs and completions (without it such a folder is refused unless you resume)."
         },
     )
+    # Dynamic sampling (DAPO): train each round only on groups whose rewards differ (prompt_aug/dynamic_sampling.py)
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={"help": "Replace zero-spread groups by groups of newly drawn questions (off: the paper's run)."},
+    )
+    dynamic_sampling_signal: str = field(
+        default="total",
+        metadata={"help": "What must differ within a group: `total` (weighted reward) or one reward_funcs name."},
+    )
+    dynamic_sampling_max_passes: int = field(
+        default=4,
+        metadata={"help": "Most generation passes per round; at the cap, zero-spread groups fill the round."},
+    )
+    dynamic_sampling_std_tol: float = field(
+        default=1e-4, metadata={"help": "A group has spread when its signal's std exceeds this (not exactly 0)."}
+    )
     dry_run: bool = field(
         default=False,
         metadata={

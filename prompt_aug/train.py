@@ -30,6 +30,7 @@ from .collapse import OptimizerResetCallback, check_stabiliser_keys, guard_from_
 from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import filter_long_prompts, load_math_dataset
+from .dynamic_sampling import from_args as dynamic_sampler_from_args
 from .evaluate import EvalCallback, stop_token_ids
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo
@@ -112,10 +113,11 @@ def train(argv: list[str] | None = None) -> None:
     script_args, training_args, model_args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    # Collapse guard and stabiliser keys: checked in a dry run too.
+    # Collapse guard, stabiliser and dynamic-sampling keys: checked in a dry run too.
     check_stabiliser_keys(script_args, training_args)
     steps_per_round = batch_arithmetic(script_args, training_args).optimizer_steps_per_round
     guard = guard_from_args(script_args, steps_per_round)  # None unless the recipe sets a collapse_* threshold
+    dynamic_sampler = dynamic_sampler_from_args(script_args)  # None unless dynamic_sampling: true
 
     # Dry run: arithmetic only.
     if script_args.dry_run:
@@ -213,6 +215,7 @@ def train(argv: list[str] | None = None) -> None:
         peft_config=get_peft_config(model_args),
         prompt_collator=collator,
         prompt_augmentation=script_args.prompt_augmentation,
+        dynamic_sampling=dynamic_sampler,
         model_card=ModelCardInfo(
             base_model=model_args.model_name_or_path,
             recipe=recipe_text,

@@ -8,7 +8,8 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
   generation round is augmented where it starts. The rows arrive already repeated
   ``num_generations`` times by TRL's `RepeatSampler`; our collator draws from (seed, epoch, uid), so
   every rollout of a group gets the same template on every rank. After TRL scores the round, the
-  per-template metrics are added to TRL's own.
+  per-template metrics are added to TRL's own. With dynamic sampling on, the round is handed to
+  `prompt_aug.dynamic_sampling` instead.
 * ``_prepare_inputs``: TRL does not restore its micro-step counter on resume, so a run resumed from a
   mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
 * ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
@@ -27,11 +28,15 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
 * ``training_step`` (RLinf's stabiliser): drops the gradient of a mini-batch whose importance ratio is too
   large before the optimizer steps (``skip_minibatch_ratio_above``), counted in
   ``stability/skipped_minibatches``.
+* ``_generate``: with dynamic sampling (`prompt_aug.dynamic_sampling`), TRL scores a round built from groups
+  already generated and scored; the stored completions are replayed instead of generated again (and
+  ``_calculate_rewards`` replays their stored rewards).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +49,7 @@ from rewards.registry import correctness_reward, format_reward, strict_correctne
 
 from .collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
 from .collator import PromptAugmentationCollator
+from .dynamic_sampling import DynamicSampler
 from .model_card import ModelCardInfo, render_model_card
 from .records import generation_round, upload_sampled_table, without_wandb_table
 from .sampler import EpochRepeatSampler
@@ -67,6 +73,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         model_card: What our model card says; without it, TRL's card is written.
         skip_minibatch_ratio_above: RLinf's stabiliser: skip the optimizer update of a mini-batch whose mean
             max(r, 1/r) over its completion tokens (r = pi / pi_old) is at least this (``None``: never).
+        dynamic_sampling: Train each round only on groups whose rewards differ (`prompt_aug.dynamic_sampling`);
+            off if ``None``. Needs prompt augmentation.
 
     What reward functions receive with augmentation on (TRL's keyword arguments, plus these columns):
 
@@ -84,7 +92,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     template, and ``completions/repetition_ratio`` (completions ending in an n-gram loop). With
     ``log_completions``, the completion records carry ``template``, ``uid`` and the ``process`` that
     generated each completion (the logged prompt is the rendered text), and every log entry carries
-    ``round``.
+    ``round``. With dynamic sampling, also ``dynamic_sampling/*`` and ``templates/<name>/kept``, and
+    records of every generated completion with ``kept``, ``group_status`` and ``generation_pass`` (see
+    `prompt_aug.dynamic_sampling`).
 
     Set ``wandb_completions_rows`` (attribute) to bound the W&B completions table: ``None`` uploads every
     row (TRL), 0 none, N a sample of N rows per log step; the parquet records keep every row.
@@ -99,6 +109,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         prompt_augmentation: bool = True,
         model_card: ModelCardInfo | None = None,
         skip_minibatch_ratio_above: float | None = None,
+        dynamic_sampling: DynamicSampler | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -109,7 +120,6 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self.prompt_collator = prompt_collator
         self.model_card_info = model_card
         self._round_rewards: torch.Tensor | None = None
-        self._chat_prompts: list[list[dict[str, Any]]] | None = None
         # Collapse watch and RLinf's mini-batch skip (issue 13).
         if skip_minibatch_ratio_above is not None and self.is_deepspeed_enabled:
             raise ValueError("skip_minibatch_ratio_above is not supported under DeepSpeed (its optimizer steps "
@@ -122,6 +132,14 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self._loss_forward: tuple[torch.Tensor, torch.Tensor] | None = None
         self._ratio_window: torch.Tensor | None = None
         self._skipped_minibatches: int | None = None
+        self._conversational = False  # this round's dataset is conversational (see _calculate_rewards)
+        # DAPO's dynamic sampling (issue 12).
+        if dynamic_sampling is not None and prompt_collator is None:
+            raise ValueError("dynamic_sampling needs prompt augmentation; set prompt_augmentation to true or drop "
+                             "dynamic_sampling")
+        self.dynamic_sampling = dynamic_sampling
+        if dynamic_sampling is not None:
+            dynamic_sampling.check(self)
 
     def _default_collator(self) -> PromptAugmentationCollator:
         templates = list(load_templates().values())
@@ -142,25 +160,32 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             return super()._generate_and_score_completions(inputs)
         training = self.model.training
         epoch = int(self.state.epoch or 0)  # whole epochs done: a new epoch redraws, a resume redraws the same
-        conversational = is_conversational(inputs[0])
+        # The rendered text goes to generation; a conversational dataset's reward functions get messages back.
+        self._conversational = is_conversational(inputs[0])
         inputs = self.prompt_collator(inputs, epoch=epoch, training=training)
-        if conversational:  # the rendered text goes to generation; reward functions get messages back
-            self._chat_prompts = [
-                self.prompt_collator.template_for(row["uid"], epoch, training).messages(row["question"])
-                for row in inputs
-            ]
-        self._log_completion_extra("template", [row["template"] for row in inputs])
-        self._log_completion_extra("uid", [row["uid"] for row in inputs])
-        self._log_completion_extra("process", [self.accelerator.process_index] * len(inputs))
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        self._log_completion_extra("round", [self._step // generate_every + 1] * len(inputs))
         try:
-            output = super()._generate_and_score_completions(inputs)
+            if training and self.dynamic_sampling is not None:
+                augment = partial(self.prompt_collator, epoch=epoch, training=True)
+                return self.dynamic_sampling.run_round(self, inputs, augment, self._score_rows)
+            self._log_completion_extra("template", [row["template"] for row in inputs])
+            self._log_completion_extra("uid", [row["uid"] for row in inputs])
+            self._log_completion_extra("process", [self.accelerator.process_index] * len(inputs))
+            self._log_completion_extra("round", [self._round_number()] * len(inputs))
+            output = self._score_rows(inputs)
         finally:
-            self._chat_prompts = None
+            self._conversational = False
         self._log_template_metrics(inputs, output, "train" if training else "eval")
-        # Travels with each row through TRL's shuffle and split, for the per-template entropy in compute_loss.
-        index = [self._template_index.get(row["template"], -1) for row in inputs]
+        return output
+
+    def _round_number(self) -> int:
+        """The generation round being generated now, 1-based (the paper's step)."""
+        return self._step // (self.args.steps_per_generation * self.num_iterations) + 1
+
+    def _score_rows(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """TRL's generation and scoring of augmented ``rows``, plus each row's template index, which travels
+        with the row through TRL's shuffle and split to the per-template entropy in `compute_loss`."""
+        output = super()._generate_and_score_completions(rows)
+        index = [self._template_index.get(row["template"], -1) for row in rows]
         output["template_index"] = torch.tensor(index, device=self.accelerator.device)
         return output
 
@@ -207,11 +232,19 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back; and a
     # conversational dataset's reward functions expect messages, not the text we generated from.
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        if self._chat_prompts is not None:
-            prompts = self._chat_prompts
-            completions = [[{"role": "assistant", "content": text}] for text in completions]
-        self._round_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        replayed = self.dynamic_sampling.replayed_rewards() if self.dynamic_sampling is not None else None
+        if replayed is None:
+            if self._conversational:
+                prompts = [self.prompt_collator.template_named(row["template"]).messages(row["question"]) for row in inputs]
+                completions = [[{"role": "assistant", "content": text}] for text in completions]
+            replayed = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._round_rewards = replayed
         return self._round_rewards
+
+    # Why: a dynamic-sampling round hands TRL completions that were already generated (see module docstring).
+    def _generate(self, prompts: list):
+        replayed = self.dynamic_sampling.replayed_generation(prompts) if self.dynamic_sampling is not None else None
+        return replayed if replayed is not None else super()._generate(prompts)
 
     def _reward_column(self, *funcs: Any) -> int | None:
         for index, func in enumerate(self.reward_funcs):
@@ -230,8 +263,26 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         lengths = self.accelerator.gather(lengths.float()).cpu()
         truncated = self.accelerator.gather((~ended).float()).cpu()
         names = gather_object([row["template"] for row in inputs])
-
         rewards = self._round_rewards.cpu() if self._round_rewards is not None else None
+        self._append_template_metrics(names, rewards, lengths, truncated, mode)
+        # Collapse watch (issue 13): completions that end in an n-gram loop, overall and per template.
+        looping = self.accelerator.gather(loop_flags(ids, mask.sum(dim=1))).cpu()
+        metrics = self._metrics[mode]
+        metrics["completions/repetition_ratio"].append(looping.mean().item())
+        for name in sorted(set(names)):
+            rows = torch.tensor([i for i, n in enumerate(names) if n == name])
+            metrics[f"templates/{name}/repetition"].append(looping[rows].mean().item())
+
+    def _append_template_metrics(
+        self,
+        names: list[str],
+        rewards: torch.Tensor | None,
+        lengths: torch.Tensor,
+        truncated: torch.Tensor,
+        mode: str,
+        kept: torch.Tensor | None = None,
+    ) -> None:
+        """Per-template metrics of gathered rows; ``kept`` (bool per row) adds ``templates/<name>/kept``."""
         columns = {
             "accuracy": self._reward_column(correctness_reward, strict_correctness_reward),
             "format": self._reward_column(format_reward),
@@ -249,12 +300,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             metrics[f"{prefix}/mean_length"].append(lengths[rows_t].mean().item())
             metrics[f"{prefix}/truncated_ratio"].append(truncated[rows_t].mean().item())
             metrics[f"{prefix}/count"].append(float(len(rows)))
-
-        # Collapse watch (issue 13): completions that end in an n-gram loop, overall and per template.
-        looping = self.accelerator.gather(loop_flags(ids, mask.sum(dim=1))).cpu()
-        metrics["completions/repetition_ratio"].append(looping.mean().item())
-        for name, rows in by_template.items():
-            metrics[f"templates/{name}/repetition"].append(looping[torch.tensor(rows)].mean().item())
+            if kept is not None:
+                metrics[f"{prefix}/kept"].append(float(kept[rows_t].sum()))
 
     # Why: TRL computes per-token entropies only in the loss forward pass and logs one mean; keep that call's
     # outputs (it is the only call with compute_entropy=True) for the per-template entropy and the ratio.

@@ -1,0 +1,114 @@
+"""Wall time per round and share of trained groups with a reward spread, with and without dynamic sampling.
+
+The tiny random model of the smoke recipe never answers a question, so the real correctness reward gives
+every group zero spread. This script trains the smoke recipe (`recipes/smoke/tiny_cpu.yaml`, or another recipe
+given with ``--config``) with a stand-in for question difficulty, the ``difficulty`` reward below: binary, like
+correctness, with a success rate fixed per question by the number at the end of its uid (``q``):
+
+* ``q % 4 == 0``: always 1 (an easy question: all-right groups);
+* ``q % 4 == 1``: always 0 (a hard question: all-wrong groups);
+* otherwise 1 for about half the completions (a hash of the completion text), so a group of 4 is flat 1 in 8.
+
+Without dynamic sampling about 9/16 of the groups are flat; with it the trained groups have spread (unless the
+cap is hit), at the price of extra generation passes. Runs are sequential, in one process, and report the wall time of
+`trainer.train()` per round and the process CPU time of the whole run (model load and save included) per
+round; on a shared machine the CPU time is the steadier of the two:
+
+    python bench/dynamic_sampling.py                   # 8 rounds each way, max_passes 4
+    python bench/dynamic_sampling.py --rounds 16 --max_passes 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def difficulty_reward(completions: list[Any], uid: list[str], **kwargs: Any) -> list[float]:
+    """1/0 per completion with a per-question success rate of 1, 0 or about 1/2 (see the module docstring)."""
+    out = []
+    for completion, u in zip(completions, uid, strict=True):
+        kind = int(str(u).rsplit("-", 1)[-1]) % 4
+        if kind in (0, 1):
+            out.append(float(kind == 0))
+        else:
+            out.append(float(hashlib.blake2b(str(completion).encode(), digest_size=1).digest()[0] < 128))
+    return out
+
+
+def run(config: str, rounds: int, dynamic: bool, max_passes: int, out: Path) -> dict[str, float]:
+    from prompt_aug import train
+    from rewards.registry import REGISTRY
+
+    REGISTRY["difficulty"] = difficulty_reward
+    _, training_args, _ = train.parse_args(["--config", config])
+    steps_per_round = training_args.steps_per_generation * training_args.num_iterations
+    steps_per_round //= training_args.gradient_accumulation_steps
+    cpu_start = time.process_time()
+    train.main([
+        "--config", config, "--output_dir", str(out), "--reward_funcs", "difficulty",
+        "--max_steps", str(rounds * steps_per_round), "--save_strategy", "no", "--log_completions", "false",
+        "--logging_steps", "1", "--dynamic_sampling", str(dynamic).lower(),
+        "--dynamic_sampling_max_passes", str(max_passes),
+    ])  # fmt: skip
+    cpu = time.process_time() - cpu_start
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    round_logs = [h for h in history if "frac_reward_zero_std" in h]
+    runtime = next(h["train_runtime"] for h in history if "train_runtime" in h)
+    result = {
+        "seconds_per_round": runtime / rounds,
+        "cpu_seconds_per_round": cpu / rounds,
+        "trained_groups_with_spread": 1
+        - sum(h["frac_reward_zero_std"] for h in round_logs) / len(round_logs),
+    }
+    if dynamic:
+        for key in ("generation_passes", "kept_share", "cap_hit"):
+            result[key] = sum(h[f"dynamic_sampling/{key}"] for h in round_logs) / len(round_logs)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", default=str(REPO / "recipes/smoke/tiny_cpu.yaml"))
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--max_passes", type=int, default=4)
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for dynamic in (False, True):
+            rows.append(
+                (dynamic, run(args.config, args.rounds, dynamic, args.max_passes, Path(tmp) / str(dynamic)))
+            )
+    print(
+        f"\n{Path(args.config).name}, {args.rounds} rounds each, dynamic_sampling_max_passes {args.max_passes}\n"
+    )
+    print(
+        "| dynamic_sampling | wall s / round | CPU s / round | trained groups with spread | passes / round "
+        "| kept / generated | cap hit |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for dynamic, r in rows:
+        extra = (
+            f"{r['generation_passes']:.2f} | {r['kept_share']:.2f} | {r['cap_hit']:.2f}"
+            if dynamic
+            else "1 | - | -"
+        )
+        print(
+            f"| {'on' if dynamic else 'off'} | {r['seconds_per_round']:.2f} | {r['cpu_seconds_per_round']:.2f} "
+            f"| {r['trained_groups_with_spread']:.2f} | {extra} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,492 @@
+"""DAPO dynamic sampling on TRL's `GRPOTrainer`: every trained group has a reward spread.
+
+A GRPO group whose rollouts all get the same reward has zero advantage: it teaches nothing and, under a
+token-mean loss, shrinks the step of the other groups. With dynamic sampling a generation round is built
+from passes:
+
+1. Pass 0 generates and scores the round TRL's sampler handed over, as usual.
+2. Each group's signal (the total reward, or one named reward function) is checked for spread: its std,
+   NaNs ignored, must exceed ``std_tol`` (not 0: float noise would let constant groups through).
+3. While the round has fewer spread groups than it holds, another pass generates as many new questions as
+   the round has, drawn from the training set by a hash of (seed, round, pass), never from the sampler,
+   so a resumed run draws the same ones. Each new row goes through the same augmenting collator as the
+   sampler's rows (one template per group).
+4. The round is the first spread groups in generation order. If the cap of ``max_passes`` is hit first,
+   the remaining places are filled with zero-spread groups, in generation order. They have zero advantage
+   (with ``beta: 0`` they add no policy gradient), so the round keeps TRL's shapes (per-process slices,
+   gradient accumulation, the token count of the loss) without repeating a kept group, which would
+   double its weight.
+5. TRL's own scoring then runs on exactly those rows: the trainer's ``_generate`` and ``_calculate_rewards``
+   replay the stored completions and rewards, so the old/reference log-probs, the advantages (group or batch
+   scaling), the loss token count and TRL's metrics are computed as for an ordinary round.
+
+Every decision is taken from gathered tensors, identically on every process; groups stay whole (a group
+straddling two processes is moved as a unit); each process gets back as many rows as it generated.
+Unsupported: tools, environments, ``rollout_func``, images, iterable datasets (a clear error at start).
+
+Logged per round: ``dynamic_sampling/groups_generated``, ``groups_kept`` (trained, with spread),
+``groups_filled`` (trained, zero spread, cap hit), ``groups_surplus`` (spread, beyond the round),
+``dropped_all_right`` / ``dropped_all_wrong`` (every rollout scored 1 / 0 on correctness, or on the signal
+without a correctness reward), ``dropped_no_spread`` (other flat groups), ``generation_passes``, ``cap_hit``
+and ``kept_share``; per-template metrics over everything generated plus ``templates/<name>/kept``. The
+completion records hold every generated completion (trained rows first, in training order) with ``kept``,
+``group_status`` and ``generation_pass``; rows not trained have a NaN ``advantage``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl.trainer.utils import nanstd
+
+from rewards.registry import correctness_reward, strict_correctness_reward
+
+from .collator import stable_uniform
+
+SIGNAL_TOTAL = "total"
+KEPT, FILLED, SURPLUS = "kept", "filled", "surplus"
+ALL_RIGHT, ALL_WRONG, OTHER = "all_right", "all_wrong", "no_spread"
+METRIC = "dynamic_sampling/"
+
+
+def group_spread(signal: torch.Tensor, num_generations: int, std_tol: float) -> list[bool]:
+    """Whether each consecutive group of ``num_generations`` values has a std above ``std_tol`` (NaNs ignored).
+
+    >>> group_spread(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.3, 0.3 + 1e-9]), 2, 1e-4)
+    [False, True, False]
+    """
+    std = nanstd(signal.float().view(-1, num_generations), dim=1)
+    return [bool(s > std_tol) for s in torch.nan_to_num(std, nan=0.0)]
+
+
+def group_outcome(correct: torch.Tensor | None, num_generations: int, std_tol: float) -> list[str]:
+    """``all_right`` / ``all_wrong`` when every rollout of a group scored 1 / 0, else ``no_spread``.
+
+    The round passes the correctness reward's column when the recipe has one, else the spread signal.
+
+    >>> group_outcome(torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0]), 2, 1e-4)
+    ['all_right', 'all_wrong', 'no_spread']
+    """
+    if correct is None:
+        return []
+    out = []
+    for group in correct.float().view(-1, num_generations):
+        if bool(torch.all((group - 1.0).abs() <= std_tol)):
+            out.append(ALL_RIGHT)
+        elif bool(torch.all(group.abs() <= std_tol)):
+            out.append(ALL_WRONG)
+        else:
+            out.append(OTHER)
+    return out
+
+
+def extra_question_indices(
+    seed: int, round_index: int, pass_index: int, uids: list[str], count: int, exclude: set[str]
+) -> list[int]:
+    """``count`` dataset indices for an extra pass, a function of (seed, round, pass) only.
+
+    Questions whose uid is in ``exclude`` (already in the round) are skipped while others remain.
+
+    >>> uids = [f"q{i}" for i in range(10)]
+    >>> a = extra_question_indices(0, 3, 1, uids, 4, {"q0"})
+    >>> a == extra_question_indices(0, 3, 1, uids, 4, {"q0"}), len(set(a)), 0 in a
+    (True, 4, False)
+    """
+    rng = random.Random(int(stable_uniform(seed, round_index, f"dynamic-sampling-pass-{pass_index}") * 2**53))
+    order = rng.sample(range(len(uids)), len(uids))
+    fresh = [i for i in order if uids[i] not in exclude]
+    picked = fresh[:count]
+    if len(picked) < count:  # a training set smaller than the round: repeat questions rather than stall
+        picked += [order[j % len(order)] for j in range(count - len(picked))]
+    return picked
+
+
+@dataclass
+class RoundPlan:
+    """Which (pass, group) pairs a round trains, in order, and the status of every generated group."""
+
+    trained: list[tuple[int, int]]
+    status: dict[tuple[int, int], str]
+
+    def counts(self) -> dict[str, int]:
+        counts = defaultdict(int)
+        for status in self.status.values():
+            counts[status] += 1
+        return counts
+
+
+def plan_round(spread: list[list[bool]], outcome: list[list[str]], groups_needed: int) -> RoundPlan:
+    """Keep the first ``groups_needed`` spread groups in generation order; fill any shortfall with zero-spread ones.
+
+    ``spread[k][g]`` / ``outcome[k][g]`` describe group ``g`` of pass ``k`` (``outcome`` may hold empty lists).
+
+    >>> plan = plan_round([[True, False], [False, True]], [[], []], 2)
+    >>> plan.trained, plan.status[(1, 0)]
+    ([(0, 0), (1, 1)], 'no_spread')
+    >>> plan_round([[False, True]], [["all_wrong", "no_spread"]], 2).trained
+    [(0, 1), (0, 0)]
+    """
+    status: dict[tuple[int, int], str] = {}
+    kept, flat = [], []
+    for k, groups in enumerate(spread):
+        for g, has_spread in enumerate(groups):
+            key = (k, g)
+            if has_spread and len(kept) < groups_needed:
+                kept.append(key)
+                status[key] = KEPT
+            elif has_spread:
+                status[key] = SURPLUS
+            else:
+                flat.append(key)
+                status[key] = outcome[k][g] if outcome[k] else OTHER
+    fillers = flat[: groups_needed - len(kept)]
+    for key in fillers:
+        status[key] = FILLED
+    return RoundPlan(trained=kept + fillers, status=status)
+
+
+@dataclass
+class _Pass:
+    rows: list[dict[str, Any]]  # this process's rows
+    generation: tuple  # TRL's `_generate` output for them
+    rewards: torch.Tensor  # gathered (all processes' rows, reward functions), on CPU
+    uids: list[str]  # gathered
+    templates: list[str]  # gathered
+    lengths: torch.Tensor  # gathered
+    truncated: torch.Tensor  # gathered
+    # Completion-record columns logged (by reward functions) for this process's rows.
+    extras: dict[str, list] = field(default_factory=dict)
+
+
+@dataclass
+class _Replay:
+    prompts: list[Any]
+    generation: tuple
+    rewards: torch.Tensor
+
+
+class DynamicSampler:
+    """Builds each training round from groups whose rewards differ (see the module docstring).
+
+    Args:
+        signal_index: Column of the reward function that decides spread; ``None`` for the weighted total.
+        max_passes: Most generation passes per round (pass 0 included).
+        std_tol: A group's signal must have a std above this to count as spread.
+    """
+
+    def __init__(self, signal_index: int | None = None, max_passes: int = 4, std_tol: float = 1e-4) -> None:
+        if max_passes < 1:
+            raise ValueError(f"dynamic_sampling_max_passes must be at least 1, got {max_passes}")
+        if not std_tol >= 0:
+            raise ValueError(f"dynamic_sampling_std_tol must be >= 0, got {std_tol}")
+        self.signal_index = signal_index
+        self.max_passes = max_passes
+        self.std_tol = std_tol
+        self._replay: _Replay | None = None
+        self._uids: list[str] | None = None
+
+    def check(self, trainer: Any) -> None:
+        """Fail at start on what a round cannot replay."""
+        unsupported = [
+            name
+            for name, value in (
+                ("rollout_func", trainer.rollout_func),
+                ("tools", trainer.tools),
+                ("environment_factory", trainer.environment_factories),
+            )
+            if value
+        ]
+        if unsupported:
+            raise ValueError(
+                f"dynamic_sampling cannot be combined with {unsupported}; set dynamic_sampling: false"
+            )
+        if not hasattr(trainer.train_dataset, "__getitem__") or isinstance(
+            trainer.train_dataset, torch.utils.data.IterableDataset
+        ):
+            raise ValueError(
+                "dynamic_sampling draws extra questions by index: it needs a map-style train_dataset"
+            )
+        if self.signal_index is not None and not 0 <= self.signal_index < len(trainer.reward_funcs):
+            raise ValueError(
+                f"dynamic sampling signal column {self.signal_index} but {len(trainer.reward_funcs)} reward functions"
+            )
+
+    # -- the trainer's replay hooks ---------------------------------------------------------------------------
+
+    def replayed_generation(self, prompts: list[Any]) -> tuple | None:
+        """The stored `_generate` output for the round being scored, or ``None`` outside of it."""
+        if self._replay is None:
+            return None
+        if prompts != self._replay.prompts:
+            raise RuntimeError(
+                "dynamic sampling: TRL asked to generate for other prompts than the round it replays"
+            )
+        return self._replay.generation
+
+    def replayed_rewards(self) -> torch.Tensor | None:
+        """The stored gathered rewards of the round being scored, or ``None`` outside of it."""
+        return None if self._replay is None else self._replay.rewards
+
+    # -- one round ----------------------------------------------------------------------------------------------
+
+    def run_round(
+        self,
+        trainer: Any,
+        rows: list[dict[str, Any]],
+        augment: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+        score: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """Generate passes until the round is full of spread groups (or the cap), then ``score`` the round.
+
+        ``rows`` are this process's augmented rows from TRL's sampler; ``augment`` renders new rows;
+        ``score`` is TRL's `_generate_and_score_completions`. Returns its output for the trained rows.
+        """
+        acc = trainer.accelerator
+        num_gen, per_process, processes = trainer.num_generations, len(rows), acc.num_processes
+        groups_needed = per_process * processes // num_gen
+        round_index = trainer._step // (trainer.args.steps_per_generation * trainer.num_iterations)
+
+        # Columns logged for the sampler's rows before this point belong to pass 0.
+        early = {k: list(v) for k, v in trainer._pending_extra_logs.items()}
+        trainer._pending_extra_logs.clear()
+        passes: list[_Pass] = []
+        spread: list[list[bool]] = []
+        outcome: list[list[str]] = []
+        correct_column = trainer._reward_column(correctness_reward, strict_correctness_reward)
+        seen: set[str] = set()
+        for k in range(self.max_passes):
+            if k > 0:
+                rows = augment(self._extra_rows(trainer, round_index, k, seen, per_process))
+            step = self._generate_pass(trainer, rows)
+            if k == 0:
+                step.extras = {**early, **step.extras}
+            passes.append(step)
+            seen.update(step.uids)
+            signal = self._signal(trainer, step.rewards)
+            spread.append(group_spread(signal, num_gen, self.std_tol))
+            correct = step.rewards[:, correct_column] if correct_column is not None else signal
+            outcome.append(group_outcome(correct, num_gen, self.std_tol))
+            if sum(sum(s) for s in spread) >= groups_needed:
+                break
+        plan = plan_round(spread, outcome, groups_needed)
+
+        final_rows, replay, dropped = self._assemble(trainer, passes, plan)
+        self._reset_completion_logs(trainer)
+        for column in sorted({c for row in final_rows for c in row["_extras"]}):
+            trainer._log_completion_extra(column, [row["_extras"].get(column) for row in final_rows])
+        final_rows = [{k: v for k, v in row.items() if k != "_extras"} for row in final_rows]
+        self._replay = replay
+        try:
+            output = score(final_rows)
+        finally:
+            self._replay = None
+        self._log_dropped_records(trainer, dropped)
+        self._log_metrics(trainer, passes, plan, groups_needed)
+        return output
+
+    def _signal(self, trainer: Any, rewards: torch.Tensor) -> torch.Tensor:
+        if self.signal_index is not None:
+            return rewards[:, self.signal_index]
+        total = (rewards * trainer.reward_weights.cpu().unsqueeze(0)).nansum(dim=1)
+        total[torch.isnan(rewards).all(dim=1)] = torch.nan  # as TRL: a row no function scored has no reward
+        return total
+
+    def _extra_rows(
+        self, trainer: Any, round_index: int, k: int, seen: set[str], per_process: int
+    ) -> list[dict]:
+        dataset = trainer.train_dataset
+        if self._uids is None:
+            self._uids = [str(u) for u in dataset["uid"]]
+        num_gen, process = trainer.num_generations, trainer.accelerator.process_index
+        questions = per_process * trainer.accelerator.num_processes // num_gen
+        indices = extra_question_indices(trainer.args.seed, round_index, k, self._uids, questions, seen)
+        # Global rows are each question repeated num_generations times (as TRL's RepeatSampler lays them out);
+        # this process takes its contiguous slice.
+        first = process * per_process
+        positions = range(first, first + per_process)
+        fetched = {q: dataset[indices[q]] for q in {p // num_gen for p in positions}}
+        return [dict(fetched[p // num_gen]) for p in positions]
+
+    def _generate_pass(self, trainer: Any, rows: list[dict[str, Any]]) -> _Pass:
+        acc = trainer.accelerator
+        prompts = [row["prompt"] for row in rows]
+        generation = trainer._generate(prompts)
+        _, completion_ids, _, completions, _, extra_fields, images, _ = generation
+        if extra_fields or images is not None:
+            raise ValueError(
+                "dynamic_sampling cannot replay rollout extra fields or images; set dynamic_sampling: false"
+            )
+        rewards = trainer._calculate_rewards(rows, prompts, completions, completion_ids)
+        extras = {k: list(v) for k, v in trainer._pending_extra_logs.items()}  # what reward functions logged
+        trainer._pending_extra_logs.clear()
+        eos = set(trainer.eos_token_ids)
+        lengths = torch.tensor(
+            [len(ids) or trainer.max_completion_length for ids in completion_ids], device=acc.device
+        )
+        truncated = torch.tensor([not ids or ids[-1] not in eos for ids in completion_ids], device=acc.device)
+        names = gather_object([(str(row["uid"]), row["template"]) for row in rows])
+        return _Pass(
+            rows=rows,
+            generation=generation,
+            rewards=rewards.cpu(),
+            uids=[uid for uid, _ in names],
+            templates=[template for _, template in names],
+            lengths=acc.gather(lengths.float()).cpu(),
+            truncated=acc.gather(truncated.float()).cpu(),
+            extras=extras,
+        )
+
+    def _assemble(self, trainer: Any, passes: list[_Pass], plan: RoundPlan):
+        """Move the trained rows to the processes that train them; collect the dropped rows' records."""
+        acc = trainer.accelerator
+        num_gen, process = trainer.num_generations, acc.process_index
+        per_process = len(passes[0].rows)
+        final_position = {}  # (pass, global row) -> position in the round
+        for slot, (k, g) in enumerate(plan.trained):
+            for j in range(num_gen):
+                final_position[(k, g * num_gen + j)] = slot * num_gen + j
+        want_records = bool(trainer.log_completions)
+        outgoing = []
+        for k, step in enumerate(passes):
+            prompt_ids, completion_ids, tool_mask, completions, logprobs, *_ = step.generation
+            for i, row in enumerate(step.rows):
+                position = process * per_process + i
+                status = plan.status[(k, position // num_gen)]
+                extras = {
+                    **{c: v[i] for c, v in step.extras.items() if len(v) == len(step.rows)},
+                    "template": row["template"],
+                    "uid": row["uid"],
+                    "process": process,
+                    "round": trainer._round_number(),
+                    "kept": status in (KEPT, FILLED),
+                    "group_status": status,
+                    "generation_pass": k,
+                }
+                if (k, position) in final_position:
+                    item = {
+                        "row": {**row, "_extras": extras},
+                        "prompt_ids": prompt_ids[i],
+                        "completion_ids": completion_ids[i],
+                        "tool_mask": None if tool_mask is None else tool_mask[i],
+                        "completion": completions[i],
+                        "logprobs": None if logprobs is None else logprobs[i],
+                    }
+                    outgoing.append(("train", final_position[(k, position)], item))
+                elif want_records:
+                    record = {"prompt": row["prompt"], "completion": completions[i], "extras": extras}
+                    outgoing.append(("record", (k, position), record))
+        everything = gather_object(outgoing)
+
+        mine = sorted(
+            (pos, item)
+            for kind, pos, item in everything
+            if kind == "train" and process * per_process <= pos < (process + 1) * per_process
+        )
+        items = [item for _, item in mine]
+        has_mask, has_logprobs = items[0]["tool_mask"] is not None, items[0]["logprobs"] is not None
+        generation = (
+            [it["prompt_ids"] for it in items],
+            [it["completion_ids"] for it in items],
+            [it["tool_mask"] for it in items] if has_mask else None,
+            [it["completion"] for it in items],
+            [it["logprobs"] for it in items] if has_logprobs else None,
+            {},
+            None,
+            [],
+        )
+        rewards = torch.cat([passes[k].rewards[g * num_gen : (g + 1) * num_gen] for k, g in plan.trained])
+        final_rows = [it["row"] for it in items]
+        replay = _Replay([row["prompt"] for row in final_rows], generation, rewards.to(acc.device))
+        dropped = sorted(
+            ((pos, item) for kind, pos, item in everything if kind == "record"), key=lambda x: x[0]
+        )
+        for (k, position), record in dropped:
+            record["rewards"] = passes[k].rewards[position]
+        return final_rows, replay, [record for _, record in dropped]
+
+    def _reset_completion_logs(self, trainer: Any) -> None:
+        # TRL keeps the last `generation_batch_size` completions; a round here logs up to `max_passes` times that,
+        # so each round starts from empty buffers sized for everything it may generate.
+        size = trainer.args.generation_batch_size * self.max_passes
+        logs = trainer._logs
+        for key in ("images", "prompt", "completion", "advantages"):
+            logs[key] = deque(maxlen=size)
+        logs["rewards"] = defaultdict(lambda: deque(maxlen=size))
+        logs["extra"] = defaultdict(lambda: deque(maxlen=size))
+
+    def _log_dropped_records(self, trainer: Any, dropped: list[dict[str, Any]]) -> None:
+        """Append the untrained rows to TRL's completion records (advantage NaN: they are not trained)."""
+        logs = trainer._logs
+        trained = len(logs["prompt"])
+        for column in {c for record in dropped for c in record["extras"]} - set(logs["extra"]):
+            logs["extra"][column].extend([None] * trained)
+        for record in dropped:
+            logs["prompt"].append(record["prompt"])
+            logs["completion"].append(record["completion"])
+            for i, name in enumerate(trainer.reward_func_names):
+                logs["rewards"][name].append(float(record["rewards"][i]))
+            logs["advantages"].append(math.nan)
+            for column, values in logs["extra"].items():
+                values.append(record["extras"].get(column))
+
+    def _log_metrics(self, trainer: Any, passes: list[_Pass], plan: RoundPlan, groups_needed: int) -> None:
+        counts = plan.counts()
+        generated = len(plan.status)
+        metrics = trainer._metrics["train"]
+        values = {
+            "groups_generated": generated,
+            "groups_kept": counts[KEPT],
+            "groups_filled": counts[FILLED],
+            "groups_surplus": counts[SURPLUS],
+            "dropped_all_right": counts[ALL_RIGHT],
+            "dropped_all_wrong": counts[ALL_WRONG],
+            "dropped_no_spread": counts[OTHER],
+            "generation_passes": len(passes),
+            "cap_hit": float(counts[KEPT] < groups_needed),
+            "kept_share": counts[KEPT] / generated,
+        }
+        for name, value in values.items():
+            metrics[METRIC + name].append(float(value))
+        # Per-template metrics over everything generated, plus how many of each template's completions trained.
+        num_gen = trainer.num_generations
+        kept = torch.tensor(
+            [
+                plan.status[(k, q // num_gen)] in (KEPT, FILLED)
+                for k, p in enumerate(passes)
+                for q in range(len(p.uids))
+            ]
+        )
+        trainer._append_template_metrics(
+            [name for p in passes for name in p.templates],
+            torch.cat([p.rewards for p in passes]),
+            torch.cat([p.lengths for p in passes]),
+            torch.cat([p.truncated for p in passes]),
+            "train",
+            kept=kept,
+        )
+
+
+def from_args(script_args: Any) -> DynamicSampler | None:
+    """The sampler a recipe asks for (``dynamic_sampling*`` keys), or ``None`` when it is off.
+
+    Raises a ValueError naming the key when the signal is not ``total`` nor one of the recipe's ``reward_funcs``.
+    """
+    if not script_args.dynamic_sampling:
+        return None
+    signal = script_args.dynamic_sampling_signal
+    if signal != SIGNAL_TOTAL and signal not in script_args.reward_funcs:
+        raise ValueError(
+            f"dynamic_sampling_signal: {signal!r} is neither 'total' nor one of the recipe's reward_funcs "
+            f"{script_args.reward_funcs}; fix the key in the recipe or on the command line"
+        )
+    index = None if signal == SIGNAL_TOTAL else script_args.reward_funcs.index(signal)
+    return DynamicSampler(
+        index, script_args.dynamic_sampling_max_passes, script_args.dynamic_sampling_std_tol
+    )

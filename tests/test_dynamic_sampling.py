@@ -1,0 +1,365 @@
+"""Dynamic sampling: a round trains only groups whose rewards differ, on one or two processes, after resume.
+
+The runs train the smoke recipe with the rewards of `tests/dynamic_harness.py`, which make half of all
+questions zero-spread (a quarter all-right, a quarter all-wrong) whatever the tiny model writes.
+The end-to-end tests, measured on the shared 2-core development box under heavy load: 10-40 s each and
+about 90 s for the 3-round fixture (all over 20 s but one); about 4 min for the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from prompt_aug import train
+from prompt_aug.dynamic_sampling import (
+    DynamicSampler,
+    extra_question_indices,
+    from_args,
+    group_outcome,
+    group_spread,
+    plan_round,
+)
+from prompt_aug.trainer import PromptAugGRPOTrainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dynamic_harness
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
+NUM_GEN = 4
+METRICS = "dynamic_sampling/"
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces
+
+
+def test_spread_uses_a_tolerance_not_exact_zero():
+    # A group whose rewards differ only by float noise (0.1 + 0.2 vs 0.3) has no spread.
+    noisy = torch.tensor([0.1 + 0.2, 0.3, 0.3, 0.3], dtype=torch.float64)
+    assert float(noisy.std()) > 0
+    assert group_spread(noisy, 4, 1e-4) == [False]
+    assert group_spread(torch.tensor([0.0, 0.0, 0.0, 1.0]), 4, 1e-4) == [True]
+    # NaN (a reward function returned None) is ignored; a group of NaN has no spread.
+    assert group_spread(
+        torch.tensor([float("nan"), 1.0, 0.0, 1.0, float("nan")] + [float("nan")] * 3), 4, 1e-4
+    ) == [
+        True,
+        False,
+    ]
+
+
+def test_outcome_names_all_right_and_all_wrong():
+    assert group_outcome(torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0, 0.0, 0.0, 0.0]), 4, 1e-4) == [
+        "all_right",
+        "all_wrong",
+        "no_spread",
+    ]
+
+
+def test_plan_keeps_the_first_spread_groups_and_fills_a_shortfall_in_generation_order():
+    full = plan_round([[True, False, True], [True, True, False]], [[], []], 3)
+    assert full.trained == [(0, 0), (0, 2), (1, 0)]
+    assert full.status[(1, 1)] == "surplus" and "filled" not in full.status.values()
+    short = plan_round(
+        [[False, True, False], [False, False, False]], [["all_right", "", "all_wrong"], ["all_wrong"] * 3], 3
+    )
+    assert short.trained == [(0, 1), (0, 0), (0, 2)]
+    assert short.counts() == Counter({"kept": 1, "filled": 2, "all_wrong": 3})
+
+
+def test_extra_questions_depend_on_seed_round_and_pass_only():
+    uids = [f"q{i}" for i in range(100)]
+    a = extra_question_indices(42, 7, 1, uids, 10, set())
+    assert a == extra_question_indices(42, 7, 1, uids, 10, set())
+    assert (
+        a
+        != extra_question_indices(42, 7, 2, uids, 10, set())
+        != extra_question_indices(42, 8, 1, uids, 10, set())
+    )
+    assert a != extra_question_indices(43, 7, 1, uids, 10, set())
+    seen = {uids[i] for i in a}
+    assert not seen & {uids[i] for i in extra_question_indices(42, 7, 1, uids, 10, seen)}
+    # A training set smaller than the request repeats questions instead of failing.
+    assert len(extra_question_indices(0, 0, 1, uids[:3], 8, set(uids[:3]))) == 8
+
+
+def test_bad_keys_are_named():
+    args, _, _ = train.parse_args(
+        ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc"]
+    )
+    with pytest.raises(ValueError, match="dynamic_sampling_signal: 'acc'"):
+        from_args(args)
+    with pytest.raises(ValueError, match="dynamic_sampling_max_passes"):
+        DynamicSampler(max_passes=0)
+    args, _, _ = train.parse_args(
+        ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "format"]
+    )
+    assert from_args(args).signal_index == 1
+    args, _, _ = train.parse_args(["--config", SMOKE])
+    assert from_args(args) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end, one process
+
+
+def _run(out: Path, *extra: str, spy: list | None = None) -> Path:
+    with pytest.MonkeyPatch.context() as mp:
+        from rewards.registry import REGISTRY
+
+        mp.setitem(REGISTRY, "flat_half", dynamic_harness.flat_half_reward)
+        mp.setitem(REGISTRY, "text_hash", dynamic_harness.text_hash_reward)
+        if spy is not None:
+            original = PromptAugGRPOTrainer.compute_loss
+
+            def recording_compute_loss(self, model, inputs, *args, **kwargs):
+                spy.append(
+                    (
+                        self.state.global_step,
+                        inputs["completion_ids"].clone(),
+                        inputs["completion_mask"].clone(),
+                    )
+                )
+                return original(self, model, inputs, *args, **kwargs)
+
+            mp.setattr(PromptAugGRPOTrainer, "compute_loss", recording_compute_loss)
+        train.main(["--config", SMOKE, "--output_dir", str(out), *extra])
+    return out
+
+
+def _records(run: Path, step: int) -> pd.DataFrame:
+    return pd.read_parquet(run / "completions" / f"completions_{step:05d}.parquet")
+
+
+def _history(run: Path) -> dict[int, dict]:
+    history = json.loads((run / "trainer_state.json").read_text())["log_history"]
+    return {h["step"]: h for h in history if "loss" in h}
+
+
+DYNAMIC = ("--reward_funcs", "flat_half", "--dynamic_sampling", "true")
+
+
+@pytest.fixture(scope="module")
+def dynamic_run(tmp_path_factory):
+    # 3 rounds of 4 questions (2 optimizer steps each); checkpoints at steps 2, 4, 6.
+    return _run(tmp_path_factory.mktemp("dyn") / "A", *DYNAMIC, "--max_steps", "6")
+
+
+ROUND_STEPS = (1, 3, 5)  # the step at which each round of `dynamic_run` is generated and logged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ROUND_STEPS)
+def test_only_spread_groups_are_kept_and_the_known_flat_ones_dropped(dynamic_run, step):
+    records = _records(dynamic_run, step)
+    kept = records[records["kept"]]
+    assert len(kept) == 16  # the round is full: 4 groups of 4
+    for uid, group in records.groupby("uid"):
+        assert len(group) == NUM_GEN and group["template"].nunique() == 1 and group["kept"].nunique() == 1
+        kind = dynamic_harness.question_number(uid) % 4
+        status = group["group_status"].iloc[0]
+        spread = group["flat_half_reward"].std() > 1e-4
+        assert spread == (kind not in (dynamic_harness.ALL_RIGHT, dynamic_harness.ALL_WRONG))
+        if kind == dynamic_harness.ALL_RIGHT:
+            assert status == "all_right"
+        elif kind == dynamic_harness.ALL_WRONG:
+            assert status == "all_wrong"
+        else:
+            assert status in ("kept", "surplus")
+    # Trained rows carry TRL's group-normalised advantage; dropped rows none.
+    assert kept["advantage"].notna().all() and records.loc[~records["kept"], "advantage"].isna().all()
+    for _, group in kept.groupby("uid"):
+        r = group["flat_half_reward"]
+        expected = (r - r.mean()) / (r.std() + 1e-4)
+        assert group["advantage"].to_numpy() == pytest.approx(expected.to_numpy(), abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ROUND_STEPS)
+def test_metrics_match_the_records(dynamic_run, step):
+    records, logged = _records(dynamic_run, step), _history(dynamic_run)[step]
+    groups = records.groupby("uid").first()
+    status = Counter(groups["group_status"])
+    assert logged[METRICS + "groups_generated"] == len(groups)
+    assert logged[METRICS + "groups_kept"] == status["kept"] == 4
+    assert logged[METRICS + "dropped_all_right"] == status["all_right"]
+    assert logged[METRICS + "dropped_all_wrong"] == status["all_wrong"]
+    assert logged[METRICS + "groups_surplus"] == status["surplus"]
+    assert logged[METRICS + "groups_filled"] == 0 and logged[METRICS + "cap_hit"] == 0
+    assert logged[METRICS + "generation_passes"] == records["generation_pass"].max() + 1
+    assert logged[METRICS + "kept_share"] == pytest.approx(4 / len(groups))
+    for name, rows in records.groupby("template"):
+        assert logged[f"templates/{name}/count"] == len(rows)
+        assert logged[f"templates/{name}/kept"] == rows["kept"].sum()
+    # TRL's reward metrics are over the trained rows: none of them is zero-spread.
+    assert logged["frac_reward_zero_std"] == 0
+
+
+@pytest.mark.slow
+def test_some_round_needed_a_second_pass_and_its_questions_are_new(dynamic_run):
+    passes = [_records(dynamic_run, s)["generation_pass"].max() + 1 for s in ROUND_STEPS]
+    assert max(passes) >= 2, passes  # with half the questions flat, a 4-question round rarely fills at once
+    for step in ROUND_STEPS:
+        records = _records(dynamic_run, step)
+        assert records.groupby("uid")["generation_pass"].nunique().max() == 1  # no question twice in a round
+
+
+@pytest.mark.slow
+def test_resume_at_a_round_boundary_reproduces_the_uninterrupted_run(dynamic_run, tmp_path):
+    # Resume from the checkpoint after the first round (mid-epoch) into a fresh folder.
+    resumed = _run(
+        tmp_path / "B",
+        *DYNAMIC,
+        "--max_steps",
+        "6",
+        "--resume_from_checkpoint",
+        str(dynamic_run / "checkpoint-2"),
+    )
+    columns = ["step", "uid", "template", "kept", "group_status", "generation_pass", "completion"]
+    for step in (3, 4, 5, 6):
+        pd.testing.assert_frame_equal(_records(resumed, step)[columns], _records(dynamic_run, step)[columns])
+    assert (resumed / "checkpoint-6").is_dir()
+
+
+@pytest.mark.slow
+def test_trained_rows_are_the_kept_records_with_several_iterations(tmp_path):
+    # steps_per_generation 2 x num_iterations 2: one round, trained twice over 4 optimizer steps.
+    spy: list = []
+    extra = ("--num_iterations", "2", "--max_steps", "4", "--save_strategy", "no")
+    run = _run(tmp_path / "it", *DYNAMIC, *extra, spy=spy)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(run / "tiny-random-qwen2")
+    records = _records(run, 1)
+    kept = Counter(records.loc[records["kept"], "completion"])
+    assert sum(kept.values()) == 16 and (~records["kept"]).any()
+    for iteration in (
+        0,
+        1,
+    ):  # global steps 0-1, then 2-3: each pass over the round trains exactly the kept rows
+        trained = Counter()
+        for global_step, ids, mask in spy:
+            if global_step // 2 == iteration:
+                texts = tokenizer.batch_decode(
+                    [i[m.bool()] for i, m in zip(ids, mask)], skip_special_tokens=True
+                )
+                trained.update(texts)
+        assert trained == kept
+    initial = load_file(str(run / "tiny-random-qwen2" / "model.safetensors"))
+    final = load_file(str(run / "model.safetensors"))
+    assert any(not torch.equal(initial[k], final[k]) for k in initial), "no weight changed"
+
+
+@pytest.mark.slow
+def test_at_the_cap_zero_spread_groups_fill_the_round(tmp_path):
+    run = _run(
+        tmp_path / "cap",
+        *DYNAMIC,
+        "--dynamic_sampling_max_passes",
+        "1",
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "no",
+    )
+    records, logged = _records(run, 1), _history(run)[1]
+    assert logged[METRICS + "cap_hit"] == 1 and logged[METRICS + "generation_passes"] == 1
+    filled = records[records["group_status"] == "filled"]
+    assert logged[METRICS + "groups_filled"] == filled["uid"].nunique() > 0
+    assert records["kept"].all() and len(records) == 16
+    assert (filled["advantage"].abs() < 1e-6).all()  # zero spread, zero advantage
+
+
+@pytest.mark.slow
+def test_flag_off_trains_exactly_as_with_no_group_dropped(tmp_path):
+    # Every group has spread under `text_hash`, so dynamic sampling keeps pass 0 whole: the replayed round must
+    # train exactly as the flag-off path, which is the trainer without dynamic sampling.
+    off = _run(tmp_path / "off", "--reward_funcs", "text_hash", "--save_strategy", "no")
+    on = _run(
+        tmp_path / "on", "--reward_funcs", "text_hash", "--dynamic_sampling", "true", "--save_strategy", "no"
+    )
+    for step in (1, 3):
+        a, b = _records(off, step), _records(on, step)
+        assert b["kept"].all() and (b["generation_pass"] == 0).all()
+        assert {"kept", "group_status", "generation_pass"}.isdisjoint(a.columns)
+        pd.testing.assert_frame_equal(a, b[a.columns])
+    assert not any(k.startswith(METRICS) for h in _history(off).values() for k in h)
+    before, after = load_file(str(off / "model.safetensors")), load_file(str(on / "model.safetensors"))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ---------------------------------------------------------------------------------------------
+# Two processes
+
+
+@pytest.mark.slow
+def test_two_processes_agree_and_keep_straddling_groups_whole(tmp_path):
+    # 6 rows per process and 4 rollouts per question: in every pass and in the trained round, the second
+    # group of 4 has 2 rows on rank 0 and 2 on rank 1.
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
+        str(REPO / "tests/dynamic_harness.py"), "--config", SMOKE, "--output_dir", str(out),
+        *DYNAMIC, "--max_steps", "4", "--per_device_train_batch_size", "3", "--steps_per_generation", "2",
+        "--num_generations", "4", "--save_strategy", "no",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    history = _history(out)
+    for step in (1, 3):
+        records = _records(out, step)
+        kept = records[records["kept"]].reset_index(drop=True)
+        assert len(kept) == 12 and kept.groupby("uid").size().eq(NUM_GEN).all()
+        assert (kept.groupby("uid")["flat_half_reward"].std() > 1e-4).all()
+        # Kept rows are logged in training order: rows 0-5 train on rank 0, 6-11 on rank 1.
+        trained_on = kept.index // 6
+        assert (kept.assign(rank=trained_on).groupby("uid")["rank"].nunique() == 2).any()
+        assert (records.groupby(["generation_pass", "uid"])["process"].nunique() == 2).any()
+        for _, group in kept.groupby("uid"):  # advantages normalised over the whole group, across ranks
+            r = group["flat_half_reward"]
+            assert group["advantage"].to_numpy() == pytest.approx(
+                ((r - r.mean()) / (r.std() + 1e-4)).to_numpy(), abs=1e-4
+            )
+        groups = records.groupby("uid").first()
+        assert history[step][METRICS + "groups_generated"] == len(groups)
+        assert history[step][METRICS + "groups_kept"] == (groups["group_status"] == "kept").sum() == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# The recipe
+
+
+def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
+    import yaml
+
+    paper_dir = REPO / "recipes/qwen2.5-math-1.5b"
+    paper = yaml.safe_load((paper_dir / "prompt_aug.yaml").read_text())
+    dynamic = yaml.safe_load((paper_dir / "prompt_aug_dynamic.yaml").read_text())
+    differ = {k for k in set(paper) | set(dynamic) if paper.get(k) != dynamic.get(k)}
+    # Only naming and the dynamic-sampling block differ: the fidelity values (issue 8) are the paper recipe's.
+    assert differ - {"output_dir", "run_name"} == {
+        "dynamic_sampling", "dynamic_sampling_signal", "dynamic_sampling_max_passes", "dynamic_sampling_std_tol",
+    }  # fmt: skip
+    assert (
+        dynamic["vllm_importance_sampling_correction"],
+        dynamic["delta"],
+        dynamic["save_total_limit"],
+        dynamic["wandb_completions_rows"],
+    ) == (False, 3.0, 3, 16)
+    script_args, _, _ = train.parse_args(
+        ["--config", str(paper_dir / "prompt_aug_dynamic.yaml"), "--dry_run"]
+    )
+    sampler = from_args(script_args)
+    assert sampler.signal_index == script_args.reward_funcs.index("correctness") and sampler.max_passes == 4
