@@ -87,8 +87,12 @@ def describe_engine(trainer: Any) -> dict[str, Any]:
     if hasattr(wrapped, "zero_optimization_stage"):  # a DeepSpeedEngine
         info["zero_stage"] = wrapped.zero_optimization_stage()
         info["optimizer_class"] = type(wrapped.optimizer).__name__
-        # ZeRO-3 keeps a shard of each parameter per rank (ds_numel is the full size).
-        info["zero3_partitioned"] = sum(hasattr(p, "ds_numel") and p.numel() < p.ds_numel for p in params)
+        # ZeRO-3 partitions each parameter: ds_tensor holds this rank's shard, ds_numel the full size.
+        shards = [p for p in params if hasattr(p, "ds_tensor")]
+        info["zero3_params"] = len(shards)
+        info["zero3_shard_numel"] = sum(p.ds_tensor.numel() for p in shards)
+        info["zero3_full_numel"] = sum(p.ds_numel for p in shards)
+        info["zero3_status"] = sorted({str(p.ds_status) for p in shards})
     if info["dtensor_params"]:
         info["dtensor_placements"] = sorted({str(p.placements) for p in params if isinstance(p, DTensor)})
         info["fsdp_version"] = accelerator.state.fsdp_plugin.fsdp_version
