@@ -1,6 +1,6 @@
 """`PromptAugGRPOTrainer`: TRL's `GRPOTrainer` with prompt augmentation and per-template metrics.
 
-Four thin overrides, each for one reason:
+Five thin overrides, each for one reason:
 
 * ``_generate_and_score_completions``: TRL 1.16 hard-codes an identity data collator, so a
   generation round is augmented where it starts. The rows arrive already repeated
@@ -11,6 +11,8 @@ Four thin overrides, each for one reason:
   mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
 * ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
   so the per-template metrics are read off the same numbers TRL trains on (no regrading).
+* ``_load_optimizer_and_scheduler``: on CPU with several processes, transformers loads the optimizer
+  state onto ``cpu:0``, which ``torch.load`` rejects; it is loaded onto ``cpu`` so such a run resumes.
 * ``create_model_card``: TRL writes its own card at every checkpoint and at push time, which would
   overwrite ours; ours carries the recipe, the template bank and the evaluation table.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import torch
 from accelerate.utils import gather_object
@@ -120,6 +123,23 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             metrics[f"{prefix}/mean_length"].append(lengths[rows_t].mean().item())
             metrics[f"{prefix}/truncated_ratio"].append(truncated[rows_t].mean().item())
             metrics[f"{prefix}/count"].append(float(len(rows)))
+
+    # Why: with several processes on CPU, accelerate's device is `cpu:0`, and transformers loads the
+    # optimizer state with that as map_location, which torch.load rejects ("don't know how to restore data
+    # location ... cpu:0"): a multi-process CPU run (DDP) could not resume. Load it onto plain "cpu" there.
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        device = self.args.device
+        if checkpoint is None or device.type != "cpu" or device.index is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        load = torch.load
+
+        def load_on_cpu(*args: Any, **kwargs: Any) -> Any:
+            if str(kwargs.get("map_location", "")).startswith("cpu"):
+                kwargs["map_location"] = "cpu"
+            return load(*args, **kwargs)
+
+        with patch.object(torch, "load", load_on_cpu):
+            return super()._load_optimizer_and_scheduler(checkpoint)
 
     # Why: TRL's card would replace ours at each checkpoint and inside `push_to_hub`.
     def create_model_card(self, model_name: str | None = None, *args: Any, **kwargs: Any) -> None:
