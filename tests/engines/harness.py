@@ -84,6 +84,13 @@ def describe_engine(trainer: Any) -> dict[str, Any]:
         "dtensor_params": sum(isinstance(p, DTensor) for p in params),
         "params": len(params),
     }
+    if getattr(trainer, "use_vllm", False) and trainer.vllm_mode == "colocate":
+        llm = trainer.vllm_generation.llm
+        info["vllm"] = {
+            "class": f"{type(llm).__module__}.{type(llm).__name__}",
+            "device_type": llm.llm_engine.vllm_config.device_config.device_type,
+            "max_model_len": llm.llm_engine.model_config.max_model_len,
+        }
     if hasattr(wrapped, "zero_optimization_stage"):  # a DeepSpeedEngine
         info["zero_stage"] = wrapped.zero_optimization_stage()
         info["optimizer_class"] = type(wrapped.optimizer).__name__
