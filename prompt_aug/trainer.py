@@ -20,6 +20,8 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
   epoch; ours reshuffles each epoch from (seed, epoch) (see `prompt_aug.sampler`).
 * ``log``: every log entry gets ``round``, the generation round (the paper's step; see
   `prompt_aug.records`), and the W&B completions table is bounded to ``wandb_completions_rows`` rows.
+* ``_load_optimizer_and_scheduler``: on CPU with several processes, transformers loads the optimizer
+  state onto ``cpu:0``, which ``torch.load`` rejects; it is loaded onto ``cpu`` so such a run resumes.
 * ``create_model_card``: TRL writes its own card at every checkpoint and at push time, which would
   overwrite ours; ours carries the recipe, the template bank and the evaluation table.
 * ``_get_per_token_logps_and_entropies`` and ``compute_loss`` (collapse watch, issue 13): keep the loss
@@ -39,6 +41,7 @@ from collections import defaultdict
 from functools import partial
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import torch
 from accelerate.utils import gather_object
@@ -357,6 +360,23 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self._metrics["train"]["stability/minibatch_ratio"].append(ratio)
         self._metrics["train"]["stability/skipped_minibatches"] = [float(self._skipped_minibatches)]
         return loss
+
+    # Why: with several processes on CPU, accelerate's device is `cpu:0`, and transformers loads the
+    # optimizer state with that as map_location, which torch.load rejects ("don't know how to restore data
+    # location ... cpu:0"): a multi-process CPU run (DDP) could not resume. Load it onto plain "cpu" there.
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        device = self.args.device
+        if checkpoint is None or device.type != "cpu" or device.index is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        load = torch.load
+
+        def load_on_cpu(*args: Any, **kwargs: Any) -> Any:
+            if str(kwargs.get("map_location", "")).startswith("cpu"):
+                kwargs["map_location"] = "cpu"
+            return load(*args, **kwargs)
+
+        with patch.object(torch, "load", load_on_cpu):
+            return super()._load_optimizer_and_scheduler(checkpoint)
 
     # Why: TRL's card would replace ours at each checkpoint and inside `push_to_hub`.
     def create_model_card(self, model_name: str | None = None, *args: Any, **kwargs: Any) -> None:

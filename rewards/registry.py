@@ -103,8 +103,24 @@ REGISTRY: dict[str, Callable[..., list[float | None]]] = {
 
 
 def get_reward_funcs(names: list[str]) -> list[Callable[..., list[float | None]]]:
-    """The registered reward functions for ``names``; an unknown name raises and lists the known ones."""
-    unknown = [n for n in names if n not in REGISTRY]
+    """The reward functions for ``names``: registered names, or ``package.module:function`` import paths
+    (a reward of your own). An unknown name raises and lists the known ones."""
+    unknown = [n for n in names if n not in REGISTRY and ":" not in n]
     if unknown:
-        raise ValueError(f"unknown reward_funcs {unknown}; registered: {sorted(REGISTRY)}")
-    return [REGISTRY[n] for n in names]
+        raise ValueError(
+            f"unknown reward_funcs {unknown}; registered: {sorted(REGISTRY)}, or name one as package.module:function"
+        )
+    return [REGISTRY[n] if n in REGISTRY else _import_reward(n) for n in names]
+
+
+def _import_reward(path: str) -> Callable[..., list[float | None]]:
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    try:
+        func = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"reward_funcs entry {path!r} cannot be imported ({err}); is {module_name} on the path?") from err
+    if not callable(func):
+        raise ValueError(f"reward_funcs entry {path!r} is not a function")
+    return func

@@ -230,7 +230,7 @@ def test_callback_logs_eval_metrics(tiny_model_dir, tokenizer, suite_dir):
 
 
 def test_vllm_backend_builds_requests_with_a_stand_in_vllm(tiny_model_dir, monkeypatch):
-    """vLLM cannot run here; a stand-in module checks the requests our backend builds."""
+    """A stand-in module checks the requests our backend builds (the real engine: tests/engines)."""
     import sys
     import types
 
@@ -245,6 +245,8 @@ def test_vllm_backend_builds_requests_with_a_stand_in_vllm(tiny_model_dir, monke
     class LLM:
         def __init__(self, **kwargs):
             seen["engine"] = kwargs
+            config = types.SimpleNamespace(max_model_len=kwargs["max_model_len"])
+            self.llm_engine = types.SimpleNamespace(model_config=config)
 
         def generate(self, prompts, params, use_tqdm=True):
             seen["params"] = params
@@ -348,3 +350,12 @@ def test_two_processes_share_the_evaluation_during_training(suite_dir, tmp_path)
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     evaluated = [h for h in history if "eval/macro" in h]
     assert [h["step"] for h in evaluated] == [2] and evaluated[0]["eval/questions"] == 7.0
+
+
+def test_vllm_context_follows_the_models_config(tiny_model_dir):
+    from prompt_aug.evaluate import model_context_length, vllm_max_model_len
+
+    context = model_context_length(str(tiny_model_dir))
+    assert context == 2048  # the smoke model's max_position_embeddings
+    assert vllm_max_model_len(None, 100, 3000, context) == 2048  # was a constant 4096: vLLM refused it
+    assert vllm_max_model_len(None, 100, 500, context) == 600

