@@ -68,7 +68,23 @@ def last_boxed(text: str) -> str | None:
 
 _UNIT = re.compile(r"(\d)\s*\\(?:text|mbox|mathrm)\{\s*(?![ap]\.?\s*m\.?\s*\})[A-Za-z][A-Za-z. ]*\}(?:\^\{?\d\}?)?\s*$")
 _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
-_THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})(?=\d{3}(?!\d))")  # `29,\!322` and `1{,}000` are thousands
+# `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
+_THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})\s*(?=\d{3}(?!\d))")
+# `x > 1,000`: after a relation, `1,000` is one number (math-verify reads `x > 1, 000` as a set).
+_RELATION_THOUSANDS = re.compile(r"((?:[<>=]|\\[gl]eq?|\\[gl]t|\\neq?)\s*-?)(\d{1,3}(?:,\d{3})+)(?![\d,])")
+# Relation commands, written as math-verify writes them back (`\geq` -> `>=`): the same relation is
+# then the same text, even where math-verify reads it only as text (`x \neq \pm 1`).
+_RELATION_COMMAND = re.compile(r"\\(geqslant|leqslant|geq|leq|neq|ge|le|ne|gt|lt)(?![A-Za-z])")
+_RELATION_TEXT = {"geqslant": ">=", "leqslant": "<=", "geq": ">=", "leq": "<=", "ge": ">=", "le": "<=",
+                  "neq": "!=", "ne": "!=", "gt": ">", "lt": "<"}
+# A sentence that introduces the answer inside the box: `\text{The vector is } M`, `\text{all } x \geq 3`.
+_LEADING_SENTENCE = re.compile(r"^\\(?:text|textbf|mbox|mathrm)\{\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])")
+# Words (and `\\mathbf{v} =`) before a matrix or vector: the matrix is the answer.
+_MATRIX_START = re.compile(r"\\begin\{[pbBvV]?matrix\}")
+_MATRIX_PREAMBLE = re.compile(r"[A-Za-z ,.:]*(?:(?:\\mathbf|\\vec|\\boldsymbol)?\s*\{?\s*[A-Za-z]\s*\}?\s*=)?\s*")
+# `x \approx 2.24`, `so x \approx 2.24`: a variable on the left, so the value is on the right.
+_VARIABLE_BEFORE_APPROX = re.compile(r"(?:.*\s)?[A-Za-z](?:_\{[^{}]*\}|_[A-Za-z0-9])?\s*")
+_COMMAND_NAME = re.compile(r"\\[A-Za-z]+")
 _PHANTOM = re.compile(r"\\phantom\s*(?:\{[^{}]*\}|\\[A-Za-z]+|[^\s{}])")
 _ARG = r"(\{[^{}]*\}|\\[A-Za-z]+|[0-9A-Za-z])"
 _FRAC_SHORTHAND = re.compile(r"\\frac\s*" + _ARG + r"\s*" + _ARG)
@@ -81,6 +97,10 @@ def _strip_text_wrappers(answer: str) -> str:
     # Units after a number (`5\text{ cm}`, `34\text{ sq. units}`) go, but not times (`9\text{ a.m.}`);
     # other \text{X} keep X.
     return _TEXT.sub(r"\1", _UNIT.sub(r"\1", answer))
+
+
+def _free_letters(text: str) -> bool:
+    return any(c.isalpha() for c in _COMMAND_NAME.sub("", text))
 
 
 def _braced(argument: str) -> str:
@@ -112,17 +132,27 @@ def normalize(answer: str) -> str:
     answer = answer.replace("\\!", "").replace("\\,", "").replace("\\;", "")
     answer = _PHANTOM.sub("", answer)
     answer = re.sub(r"\^\s*\{?\\circ\}?", "", answer).replace("°", "")
+    answer = _LEADING_SENTENCE.sub("", answer.strip())
     answer = _strip_text_wrappers(answer)
     answer = _FRAC_SHORTHAND.sub(lambda m: "\\frac" + _braced(m.group(1)) + _braced(m.group(2)), answer)
     answer = _SQRT_SHORTHAND.sub(lambda m: "\\sqrt{" + m.group(1) + "}", answer)
-    answer = answer.strip()
+    answer = _RELATION_COMMAND.sub(lambda m: " " + _RELATION_TEXT[m.group(1)] + " ", answer)
+    answer = _RELATION_THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), answer)
+    answer = re.sub(r"\s+", " ", answer).strip() if "  " in answer else answer.strip()
+    matrix = _MATRIX_START.search(answer)
+    if matrix and matrix.start() > 0 and _MATRIX_PREAMBLE.fullmatch(answer[: matrix.start()]):
+        answer = answer[matrix.start() :]
     if answer.startswith("\\approx"):
         answer = answer[len("\\approx") :].strip()
-    elif "\\approx" in answer:  # `\frac{2}{3} \approx 0.67`: the exact value is the answer
-        answer = answer[: answer.index("\\approx")].strip()
-    # A single-variable assignment (possibly subscripted): the value is the answer.
+    elif "\\approx" in answer:
+        left, _, right = answer.partition("\\approx")
+        # `x \approx 2.24`: the value; `\frac{2}{3} \approx 0.67`: the exact value is the answer.
+        answer = right.strip() if _VARIABLE_BEFORE_APPROX.fullmatch(left) and right.strip() else left.strip()
+    # A single-variable assignment (possibly subscripted): the value is the answer. But an equation
+    # whose right side has variables (`y = 2x + 3`) stays an equation: it is a line, which another
+    # form of it (`2x - y + 3 = 0`) equals; math-verify compares it with a bare `2x + 3` by its right side.
     match = _ASSIGNMENT.fullmatch(answer)
-    if match:
+    if match and ("_" in answer.split("=")[0] or not _free_letters(match.group(1))):
         answer = match.group(1).strip()
     answer = answer.rstrip(". ,").strip()
     match = _BASE_NUMERAL.fullmatch(answer)

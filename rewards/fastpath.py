@@ -475,6 +475,27 @@ def base_verdict(answer: str, gold: str) -> bool | None:
     return based[0].lower() == other.lower()
 
 
+_COMMA_DECIMAL = re.compile(r"-?\d+,(?:\d{1,2}|\d{4,})")  # `3,14`, `0,5`: not a thousands mark
+
+
+def decimal_comma_verdict(answer: str, gold: str) -> bool | None:
+    """``True`` for a number written with a decimal comma against the same number written with a
+    point: ``3,14`` for ``3.14`` (math-verify reads ``3,14`` as the set {3, 14}, which no single
+    number equals), and the reverse when the answer has exactly the gold's digits (``0.5`` for
+    ``0,5``: such a gold may also be a list, ``2,6``, so only the same digits count). Else ``None``.
+
+    >>> decimal_comma_verdict("3,14", "3.14"), decimal_comma_verdict("0,50", "0.5"), decimal_comma_verdict("0.5", "0,5")
+    (True, True, True)
+    >>> decimal_comma_verdict("3,15", "3.14"), decimal_comma_verdict("1,000", "1.0"), decimal_comma_verdict("0.50", "0,5")
+    (None, None, None)
+    """
+    if _COMMA_DECIMAL.fullmatch(answer) and "." in gold and _DECIMAL.fullmatch(gold):
+        return True if fast_verdict(answer.replace(",", "."), gold) else None
+    if _COMMA_DECIMAL.fullmatch(gold) and answer == gold.replace(",", "."):
+        return True
+    return None
+
+
 def nesting_depth(text: str) -> int:
     """The deepest nesting of ``(``, ``[`` and ``{`` in ``text``.
 

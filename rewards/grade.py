@@ -16,7 +16,14 @@ from typing import Any
 
 from . import pool
 from .extract import extract_lenient, extract_strict
-from .fastpath import answer_too_costly, base_verdict, fast_verdict, reads_as_prose, surely_parseable
+from .fastpath import (
+    answer_too_costly,
+    base_verdict,
+    decimal_comma_verdict,
+    fast_verdict,
+    reads_as_prose,
+    surely_parseable,
+)
 from .verify import check, normalize_gold
 
 
@@ -116,8 +123,8 @@ def _gold_key(gold: Any) -> Any:
     if hasattr(gold, "tolist") and not isinstance(gold, (str, bytes)):
         gold = gold.tolist()
     if isinstance(gold, (list, tuple)):
-        return tuple(g if isinstance(g, (str, int, float)) else str(g) for g in gold)
-    return gold if isinstance(gold, (str, int, float)) else str(gold)
+        return tuple(g if g is None or isinstance(g, (str, int, float)) else str(g) for g in gold)
+    return gold if gold is None or isinstance(gold, (str, int, float)) else str(gold)  # None: no gold
 
 
 def _parseable(text: str) -> bool | None:
@@ -164,9 +171,13 @@ def _screen(answer: str | None, golds: tuple[str, ...]) -> str:
 
 
 def _verdict(answer: str, gold: str) -> bool | None:
-    """The in-process verdict: numerals in a base first (math-verify ignores the base), then the fast path."""
-    verdict = base_verdict(answer, gold)
-    return verdict if verdict is not None else fast_verdict(answer, gold)
+    """The in-process verdict: numerals in a base first (math-verify ignores the base), a decimal comma
+    (math-verify reads ``3,14`` as a set), then the fast path."""
+    for rule in (base_verdict, decimal_comma_verdict, fast_verdict):
+        verdict = rule(answer, gold)
+        if verdict is not None:
+            return verdict
+    return None
 
 
 def _settle(answer: str | None, golds: tuple[str, ...]) -> _Settled | None:
