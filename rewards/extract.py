@@ -206,3 +206,49 @@ def extract_strict(completion: str, answer_rule: str = "boxed") -> str | None:
     if boxed is None:
         return None
     return normalize(boxed) or None
+
+
+MAX_JOINED_BOXES = 8
+
+
+def final_boxes(completion: str, strict: bool = False, answer_rule: str = "boxed") -> list[str]:
+    """The normalised contents of the boxes in the paragraph of the last box, in order: the reading of
+    ``\\boxed{1} and \\boxed{2}`` as one answer (an option of `rewards.grade.grade`, off by default:
+    the paper reads the last box only). Where the rule reads no box, or the paragraph holds more than
+    ``MAX_JOINED_BOXES`` boxes, the list is empty.
+
+    >>> final_boxes("First \\\\boxed{9}.\\n\\nThe roots are \\\\boxed{1} and \\\\boxed{-2}.")
+    ['1', '-2']
+    >>> final_boxes("<answer> \\\\boxed{3} </answer> \\\\boxed{4}", strict=True, answer_rule="tag")
+    ['3']
+    """
+    if strict:
+        text = cut_at_stop(completion, tuple(s for s in STOP_STRINGS if s != "</answer>"))
+        if answer_rule == "tag":
+            blocks = _ANSWER_BLOCK.findall(text)
+            text = blocks[-1] if blocks else ""
+    else:
+        text = cut_at_stop(completion)
+        if _MINERVA.search(text):
+            return []  # the lenient rule reads the Minerva sentence, not a box
+    last = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+    if last == -1:
+        return []
+    text = text[text.rfind("\n\n", 0, last) + 1 :]
+    if sum(text.count(cmd) for cmd in _BOX_COMMANDS) > MAX_JOINED_BOXES:
+        return []
+    starts = sorted(i for cmd in _BOX_COMMANDS for i in _occurrences(text, cmd))
+    contents = []
+    for start, end in zip(starts, starts[1:] + [len(text)]):
+        boxed = last_boxed(text[start:end])  # the text from one box to the next holds that box alone
+        if boxed is not None and (answer := normalize(boxed)):
+            contents.append(answer)
+    return contents
+
+
+def _occurrences(text: str, needle: str) -> list[int]:
+    found, index = [], text.find(needle)
+    while index != -1:
+        found.append(index)
+        index = text.find(needle, index + 1)
+    return found

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import pool
-from .extract import extract_lenient, extract_strict
+from .extract import extract_lenient, extract_strict, final_boxes
 from .fastpath import (
     answer_too_costly,
     base_verdict,
@@ -80,7 +80,9 @@ def format_score(completion: str, template: Any = None) -> float:
     return sum(completion.count(marker) == 1 for marker in markers) / len(markers)
 
 
-def grade(completion: str, gold: str | list[str], template: Any = None, *, strict: bool = False) -> Grade:
+def grade(
+    completion: str, gold: str | list[str], template: Any = None, *, strict: bool = False, join_boxes: bool = False
+) -> Grade:
     """Grade ``completion`` against ``gold`` under ``template`` (a name, a `Template`, or ``None``).
 
     ``gold`` may be a list of acceptable answers (Minerva, OlympiadBench): any match counts.
@@ -88,6 +90,10 @@ def grade(completion: str, gold: str | list[str], template: Any = None, *, stric
     Lenient mode (default) is the paper's training rule; strict mode requires the template's format
     (a boxed answer, inside ``<answer>`` for tag templates). With no template, the last boxed answer is
     read. Returns within the pool's time limit on any input (see `grade_batch`).
+
+    ``join_boxes=True`` (off by default: the paper reads the last box only) reads several boxes in
+    the last box's paragraph as one answer when the gold is a set, tuple or list: ``\\boxed{1}`` and
+    ``\\boxed{2}`` for ``\\{1, 2\\}``.
 
     >>> grade("so \\\\boxed{\\\\dfrac{1}{2}}", "\\\\frac12").correct
     True
@@ -97,7 +103,7 @@ def grade(completion: str, gold: str | list[str], template: Any = None, *, stric
     >>> grade("\\\\boxed{10^{10^{10}}}", "5").timed_out
     True
     """
-    return grade_batch([completion], [gold], [template], strict=strict)[0]
+    return grade_batch([completion], [gold], [template], strict=strict, join_boxes=join_boxes)[0]
 
 
 # -- the batch path ---------------------------------------------------------------------------------
@@ -142,8 +148,36 @@ def _learn(golds: tuple[str, ...], parseable: tuple[bool, ...]) -> None:
     _PARSEABLE.update(zip(golds, parseable))
 
 
-def _extract(text: str, strict: bool, answer_rule: str) -> str | None:
+def _extract(text: str, strict: bool, answer_rule: str, golds: tuple[str, ...] = (), join_boxes: bool = False) -> str | None:
+    if join_boxes:
+        joined = joined_boxes(final_boxes(text, strict, answer_rule), golds)
+        if joined is not None:
+            return joined
     return extract_strict(text, answer_rule) if strict else extract_lenient(text)
+
+
+def joined_boxes(boxes: list[str], golds: tuple[str, ...]) -> str | None:
+    """Several boxed answers written as one, in the shape of the first gold that is a set
+    (``\\{...\\}``), a tuple (``(...)``) or a bare list; ``None`` for fewer than two boxes or no such gold.
+
+    >>> joined_boxes(["1", "-2"], ("\\\\{-2, 1\\\\}",)), joined_boxes(["3", "4"], ("(3, 4)",)), joined_boxes(["1", "2"], ("1, 2",))
+    ('\\\\{1, -2\\\\}', '(3, 4)', '1, 2')
+    >>> joined_boxes(["1", "2"], ("2",)) is None, joined_boxes(["1"], ("1, 2",)) is None
+    (True, True)
+    """
+    if len(boxes) < 2:
+        return None
+    body = ", ".join(boxes)
+    for gold in golds:
+        if "," not in gold:
+            continue
+        if gold.startswith("\\{") and gold.endswith("\\}"):
+            return f"\\{{{body}\\}}"
+        if gold.startswith("(") and gold.endswith(")"):
+            return f"({body})"
+        if gold[0] not in "([" and gold[-1] not in ")]":
+            return body
+    return None
 
 
 def _in_process_ok(text: str) -> bool:
@@ -202,16 +236,16 @@ def remote_task(task: tuple[Any, ...]) -> tuple[bool, tuple[bool, ...], bool, st
     """What a worker runs for one completion: ``(correct, parseable golds, refused, extracted)``.
 
     ``("check", answer, golds)`` compares an answer extracted by the caller (an empty answer only
-    parses the golds); ``("full", completion, golds, strict, answer_rule)`` also extracts it.
+    parses the golds); ``("full", completion, golds, strict, answer_rule, join_boxes)`` also extracts it.
 
-    >>> remote_task(("full", "so \\\\boxed{0.5}", ("\\\\frac{1}{2}",), False, "boxed"))
+    >>> remote_task(("full", "so \\\\boxed{0.5}", ("\\\\frac{1}{2}",), False, "boxed", False))
     (True, (True,), False, '0.5')
     """
     if task[0] == "check":
         _, answer, golds = task
         return (*check((answer, golds)), None)
-    _, completion, golds, strict, answer_rule = task
-    answer = _extract(completion, strict, answer_rule)
+    _, completion, golds, strict, answer_rule, join_boxes = task
+    answer = _extract(completion, strict, answer_rule, golds, join_boxes)
     screen = _screen(answer, golds)
     if screen != "ok":
         _, parseable, _ = check(("", golds))
@@ -246,6 +280,7 @@ def grade_batch(
     templates: Sequence[Any] | None = None,
     *,
     strict: bool = False,
+    join_boxes: bool = False,
 ) -> list[Grade]:
     """Grade many completions at once; the same verdicts as `grade` on each, with one pool round trip.
 
@@ -276,10 +311,10 @@ def grade_batch(
         if not _in_process_ok(completion):
             answers.append(None)
             if gold_texts:
-                remote.setdefault(("full", completion, gold_texts, strict, rule), []).append(i)
+                remote.setdefault(("full", completion, gold_texts, strict, rule, join_boxes), []).append(i)
                 continue
         else:
-            answers.append(_extract(completion, strict, rule))
+            answers.append(_extract(completion, strict, rule, gold_texts, join_boxes))
         if not gold_texts:
             grades[i] = Grade(correct=False, format_score=scores[i], extracted=answers[i], gold_ok=False)
             continue
