@@ -144,6 +144,25 @@ def build_batch(golds: list[str], n: int, rng: random.Random, templates: list[An
     return completions, answers, names
 
 
+def other_gold(gold: str, others: list[str], rng: random.Random) -> str:
+    """Another question's gold, with a different text: usually an answer of another shape."""
+    other = rng.choice(others)
+    while other.strip() == gold.strip():
+        other = rng.choice(others)
+    return other
+
+
+def build_mixed_batch(golds: list[str], n: int, rng: random.Random, templates: list[Any]) -> tuple[list[str], list[str], list[str]]:
+    """Like `build_batch`, but half of the completions answer with another question's gold (so usually
+    another shape: an expression against a number, a tuple against a fraction); the other half are
+    drawn as in the realistic batch."""
+    completions, answers, names = build_batch(golds, n, rng, templates)
+    for i in range(n):
+        if rng.random() < 0.5:
+            completions[i] = render(templates[(i // GROUP) % len(templates)], _reasoning(rng), other_gold(answers[i], golds, rng))
+    return completions, answers, names
+
+
 PATHOLOGICAL = {
     "tower 10^{10^{10}}": "\\boxed{10^{10^{10}}}",
     "tower 9^{9^{9^{9}}}": "so the answer is \\boxed{9^{9^{9^{9}}}}.",

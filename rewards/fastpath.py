@@ -83,6 +83,21 @@ def as_number(text: str) -> tuple[Fraction, bool] | None:
     return sign * Fraction(numerator, denominator), False
 
 
+_INTEGER_SUM = re.compile(r"[+-]?\d+(?:\s*[+-]\s*\d+)+")
+
+
+def integer_sum(text: str) -> tuple[Fraction, bool] | None:
+    """The exact value of a sum or difference of plain integers (``0-136``), as `as_number` gives it.
+
+    >>> integer_sum("0-136"), integer_sum("2 + 3 - 1"), integer_sum("2 3") is None, integer_sum("1,000+1") is None
+    ((Fraction(-136, 1), False), (Fraction(4, 1), False), True, True)
+    """
+    text = text.strip()
+    if len(text) > 2 * MAX_DIGITS or not _INTEGER_SUM.fullmatch(text):
+        return None
+    return Fraction(sum(int(term.replace(" ", "")) for term in re.findall(r"[+-]?\s*\d+", text))), False
+
+
 def fast_verdict(answer: str, gold: str) -> bool | None:
     """Whether normalised ``answer`` equals normalised ``gold``, where that is easy; else ``None``.
 
@@ -97,7 +112,7 @@ def fast_verdict(answer: str, gold: str) -> bool | None:
     """
     if answer == gold and answer:
         return True
-    a, g = as_number(answer), as_number(gold)
+    a, g = as_number(answer) or integer_sum(answer), as_number(gold) or integer_sum(gold)
     if a is None or g is None:
         return _clearly_different(answer, gold)
     (a_value, a_decimal), (g_value, g_decimal) = a, g
@@ -372,7 +387,12 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
         return _different_unions(answer, gold)
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
-        return _different_functions(answer, gold)
+        for rule in (_different_functions, _constants_against_function, _different_complex,
+                     _equation_against_constant, _choice_against_number):
+            verdict = rule(answer, gold)
+            if verdict is not None:
+                return verdict
+        return None
     if any(not any(_close(x, y) for y in g) for x in a) or any(not any(_close(x, y) for x in a) for y in g):
         return False
     return None
@@ -415,6 +435,117 @@ def _different_functions(answer: str, gold: str) -> bool | None:
     return None
 
 
+def _non_constant(text: str) -> bool:
+    """Whether ``text`` is an expression in lowercase variables whose value clearly changes between
+    two points: it is then no constant, and no tuple, interval or set of constants."""
+    letters = {t for t in _tokens(text) or [] if t.isalpha()}
+    if not letters or not letters <= VARIABLES:
+        return False
+    values = [evaluate(text, {c: base + 0.173 * (ord(c) - 97) for c in letters}) for base in _POINTS]
+    return None not in values and not _close(*values)  # type: ignore[arg-type]
+
+
+def _constants_against_function(answer: str, gold: str) -> bool | None:
+    r"""``False`` for a constant, or a tuple, interval or set of constants, against an expression that
+    is not constant (``5x-3`` against ``(-1, \frac{35}{12})``): math-verify compares a single
+    expression with a set as the set of it, and a non-constant expression equals no constant.
+
+    >>> _constants_against_function("5x-3", "( -1, \\frac{35}{12} )"), _constants_against_function("\\frac{8t}{3}", "[2,5)")
+    (False, False)
+    >>> _constants_against_function("x - x + 1", "1"), _constants_against_function("x + 1", "(1, y)")
+    (None, None)
+    """
+    for one, other in ((answer, gold), (gold, answer)):
+        if constant_values(other) is not None and _non_constant(one):
+            return False
+    return None
+
+
+_TRAILING_I = re.compile(r"(?:^|(?<=[\d\s}+\-]))i$")
+
+
+def complex_value(text: str) -> tuple[float, float] | None:
+    r"""``(real, imaginary)`` of ``A + Bi``, ``A - Bi`` or ``Bi`` with constant ``A`` and ``B``
+    (``\frac{1}{5} + \frac{3}{5}i``, ``-128 - 128 \sqrt{3} i``, ``292i``), or ``None``.
+
+    >>> complex_value("-3 + 6i"), complex_value("\\frac{1}{5} - \\frac{3}{5}i"), complex_value("i"), complex_value("-i")
+    ((-3.0, 6.0), (0.2, -0.6), (0.0, 1.0), (0.0, -1.0))
+    >>> complex_value("3\\pi") is None, complex_value("x + i") is None, complex_value("7") is None
+    (True, True, True)
+    """
+    text = text.strip()
+    if not _TRAILING_I.search(text):
+        return None
+    body, depth, split = text[:-1].rstrip(), 0, -1
+    for index, char in enumerate(body):
+        depth += char in "({[" and 1 or (-1 if char in ")}]" else 0)
+        if char in "+-" and depth == 0 and index > 0 and body[:index].strip():
+            split = index
+    real_text, imag_text = (body[:split], body[split:]) if split != -1 else ("0", body)
+    imag_text = imag_text.replace(" ", "")
+    coefficient = {"": 1.0, "+": 1.0, "-": -1.0}.get(imag_text)
+    if coefficient is None:
+        sign = -1.0 if imag_text.startswith("-") else 1.0
+        magnitude = _value(imag_text.lstrip("+-"))
+        coefficient = None if magnitude is None else sign * magnitude
+    real = _value(real_text)
+    return None if real is None or coefficient is None else (real, coefficient)
+
+
+def _different_complex(answer: str, gold: str) -> bool | None:
+    """``False`` for ``A + Bi`` against a real constant (``B`` not 0) or against ``C + Di`` with other
+    parts. Sound whether ``i`` is read as the imaginary unit or as a variable: either way, two such
+    forms are equal only if both parts are.
+
+    >>> _different_complex("1", "-3 + 6i"), _different_complex("-5 + 6i", "-3 + 6i"), _different_complex("6i", "0 + 6i")
+    (False, False, None)
+    """
+    a, g = complex_value(answer), complex_value(gold)
+    if a is None and g is None:
+        return None
+    if a is None:
+        a = (value, 0.0) if (value := _value(answer)) is not None else None
+    if g is None:
+        g = (value, 0.0) if (value := _value(gold)) is not None else None
+    if a is None or g is None:
+        return None
+    return None if _close(a[0], g[0]) and _close(a[1], g[1]) else False
+
+
+_RELATION_SIGNS = re.compile(r"[<>!]|\\(?:[gl]eq?|[gl]t|neq?|approx|sim|equiv)(?![A-Za-z])")
+
+
+def _equation_against_constant(answer: str, gold: str) -> bool | None:
+    r"""``False`` for an equation against a gold that is no relation, when the equation's right side
+    clearly differs from the gold: math-verify compares such a gold with the right side of the last
+    ``=`` (``y = -\frac{5}{2}x - \frac{29}{4}`` against ``-\frac{9}{2}``).
+
+    >>> _equation_against_constant("2x - y + 2z - 18 = 0", "181"), _equation_against_constant("y = 2x", "4")
+    (False, False)
+    >>> _equation_against_constant("y = 2x", "2x"), _equation_against_constant("x < 2", "5")
+    (None, None)
+    """
+    if "=" not in answer or "=" in gold or _RELATION_SIGNS.search(answer) or _RELATION_SIGNS.search(gold):
+        return None
+    right = answer.rsplit("=", 1)[1].strip()
+    return False if right and fast_verdict(right, gold) is False else None
+
+
+_CHOICE = re.compile(r"\(?([A-DF-HJ-Z])\)?")  # a multiple-choice letter (not E or I: constants to some)
+
+
+def _choice_against_number(answer: str, gold: str) -> bool | None:
+    """``False`` for a multiple-choice letter (``(A)``) against a number, either way round.
+
+    >>> _choice_against_number("(A)", "39"), _choice_against_number("7", "C"), _choice_against_number("(E)", "3")
+    (False, False, None)
+    """
+    for one, other in ((answer, gold), (gold, answer)):
+        if _CHOICE.fullmatch(one) and as_number(other) is not None:
+            return False
+    return None
+
+
 def surely_parseable(text: str) -> bool:
     """Whether math-verify certainly reads this (normalised, gold) text: a number, a numeral in a base,
     or an expression, tuple, interval, union of intervals or set that our evaluator reads. math-verify's parse returns
@@ -426,7 +557,7 @@ def surely_parseable(text: str) -> bool:
     """
     if as_number(text) is not None or base_numeral(text) is not None or constant_values(text) is not None:
         return True
-    if interval_boundaries(text) is not None:
+    if interval_boundaries(text) is not None or complex_value(text) is not None:
         return True
     tokens = _tokens(text) or []
     letters = {t for t in tokens if t.isalpha()}
@@ -458,8 +589,8 @@ def base_verdict(answer: str, gold: str) -> bool | None:
 
     >>> base_verdict("20412_{6}", "20412_{5}"), base_verdict("20412", "20412_{5}"), base_verdict("10_{2}", "2_{10}")
     (False, True, True)
-    >>> base_verdict("1357", "20412_{5}"), base_verdict("7", "8") is None
-    (False, True)
+    >>> base_verdict("1357", "20412_{5}"), base_verdict("7", "8") is None, base_verdict("1200_{7}", "0.20")
+    (False, True, False)
     """
     a, g = base_numeral(answer), base_numeral(gold)
     if a is None and g is None:
@@ -471,6 +602,10 @@ def base_verdict(answer: str, gold: str) -> bool | None:
             return a == g
     based, other = (a, gold) if a is not None else (g, answer)
     if not _BARE_NUMERAL.fullmatch(other):
+        # math-verify reads a numeral in a base with decimal digits as those digits (`1200_{7}` is
+        # 1200); where even that reading clearly differs from the other side, they are different.
+        if based[0].lstrip("-").isdigit() and fast_verdict(based[0], other) is False:
+            return False
         return None
     return based[0].lower() == other.lower()
 
