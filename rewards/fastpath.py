@@ -388,7 +388,7 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
         for rule in (_different_functions, _constants_against_function, _different_complex,
-                     _equation_against_constant, _choice_against_number):
+                     _equation_against_constant, _different_assignments, _choice_against_number):
             verdict = rule(answer, gold)
             if verdict is not None:
                 return verdict
@@ -529,6 +529,29 @@ def _equation_against_constant(answer: str, gold: str) -> bool | None:
         return None
     right = answer.rsplit("=", 1)[1].strip()
     return False if right and fast_verdict(right, gold) is False else None
+
+
+_ASSIGNED = re.compile(r"\s*([a-z])\s*=([^=]+)")
+
+
+def _different_assignments(answer: str, gold: str) -> bool | None:
+    r"""``False`` for two equations ``v = f`` and ``v = g`` giving the same variable (not in ``f`` or
+    ``g``) as functions that clearly differ: their graphs differ, so math-verify (which compares the
+    two equations, then their solutions) says different. ``y = 2x + 4`` against ``y = 2x + 3``; but
+    ``x = rac{y - 3}{2}`` against ``y = 2x + 3`` is the same line, left to math-verify.
+
+    >>> _different_assignments("y = 2x + 4", "y = 2x + 3"), _different_assignments("x = \frac{y - 3}{2}", "y = 2x + 3")
+    (False, None)
+    >>> _different_assignments("y = 2y + 1", "y = 3"), _different_assignments("y = x^2", "y = x \\cdot x")
+    (None, None)
+    """
+    a, g = _ASSIGNED.fullmatch(answer), _ASSIGNED.fullmatch(gold)
+    if a is None or g is None or a.group(1) != g.group(1):
+        return None
+    variable, f, h = a.group(1), a.group(2), g.group(2)
+    if any(variable in {t for t in _tokens(side) or [] if t.isalpha()} for side in (f, h)):
+        return None
+    return _different_functions(f, h)
 
 
 _CHOICE = re.compile(r"\(?([A-DF-HJ-Z])\)?")  # a multiple-choice letter (not E or I: constants to some)

@@ -578,6 +578,7 @@ NEW_RULES = {
     "equation by its right side": [("2x - y + 2z - 18 = 0", "181"), ("y = -\\frac{5}{2} x - \\frac{29}{4}", "-\\frac{9}{2}"),
                                    ("y = 2x", "4")],
     "choice letter vs number": [("(A)", "39"), ("(B)", "9"), ("7", "C")],
+    "assignments of the same variable": [("y = 2x + 4", "y = 2x + 3"), ("y = x^2 - 1", "y = -3x + 30"), ("k = n + 2", "k = n + 1")],
     "integer sums": [("0-14", "-13"), ("2 + 3", "6")],
     "numeral in a base vs another shape": [("1200_{7}", "0.20"), ("10200_{3}", "(-\\infty,2) \\cup (2,4)"), ("861_{12}", "4\\sqrt{3}")],
 }
@@ -594,6 +595,7 @@ def test_new_fast_path_rules_say_different_only_where_math_verify_does(rule, ans
 @pytest.mark.parametrize(("answer", "gold"), [
     ("x - x + 1", "1"), ("x + 1", "(1, y)"), ("6i", "0 + 6i"), ("-3 + 6i", "-3 + 6i"), ("y = 2x", "2x"),
     ("x < 2", "5"), ("(E)", "3"), ("0-14", "-14"), ("1200_{7}", "1200"),
+    ("x = \\frac{y - 3}{2}", "y = 2x + 3"), ("y = 2y + 1", "y = 3"),
 ])
 def test_new_fast_path_rules_leave_or_accept_the_equal_ones(answer, gold):
     from rewards.grade import _verdict
