@@ -111,7 +111,10 @@ def normalize(answer: str) -> str:
     """Canonical text for an extracted answer: no ``$``, ``\\text{}`` wrappers, units, degree signs,
     ``\\left``/``\\right``, ``\\phantom``, thousands marks, ``\\approx`` and what follows it, trailing
     period or comma; ``\\dfrac``/``\\tfrac`` become ``\\frac``; shorthand ``\\frac12``, ``\\sqrt2`` get braces;
-    ``x = 5`` and ``a_1 = 5`` become ``5``; a numeral in a base is written ``N_{b}``.
+    ``x = 5`` and ``a_1 = 5`` become ``5`` (but ``y = 2x + 3`` stays an equation); a numeral in a base
+    is written ``N_{b}``; relation commands are written as math-verify writes them (``\\geq`` -> ``>=``,
+    ``\\neq`` -> ``!=``); a sentence opening the box (``\\text{The vector is }``) and words before a
+    matrix go; ``x \\approx 2.24`` (a variable on the left) becomes ``2.24``.
 
     >>> normalize(r"$\\dfrac{1}{2}$.")
     '\\\\frac{1}{2}'
@@ -123,6 +126,8 @@ def normalize(answer: str) -> str:
     ('34', '9 a.m', '(E)', '-37_{8}')
     >>> normalize(r"\\$\\dfrac23 \\approx \\$0.67")
     '\\\\frac{2}{3}'
+    >>> normalize(r"y = 2x + 3"), normalize(r"x \\geq 3"), normalize(r"12,\\! 345"), normalize(r"\\text{so } x \\approx 2.24")
+    ('y = 2x + 3', 'x >= 3', '12345', '2.24')
     """
     answer = answer.strip().replace("\n", " ")
     answer = answer.replace("\\$", "").replace("$", "")

@@ -20,6 +20,20 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
   every value of the other; unions of intervals when their boundary points differ;
 * expressions in lowercase variables (``2x^2+3x``) are different when their values clearly differ at
   one of two fixed points: their difference is then not identically zero.
+* a constant, or a tuple, interval or set of constants, is different from an expression in variables
+  whose value clearly changes between the two points (it is not constant);
+* ``A + Bi`` is different from a real constant (``B`` not 0) and from ``C + Di`` with other parts,
+  whether math-verify reads ``i`` as the imaginary unit or as a variable;
+* an equation is compared with a gold that is no relation by its right side (as math-verify does);
+  two assignments of the same variable, ``y = f`` and ``y = g``, are different when ``f`` and ``g``
+  clearly differ as functions (different graphs);
+* a multiple-choice letter (``(A)``, not E or I) is different from a number;
+* sums of plain integers (``0-14``) are exact numbers;
+* a decimal comma (``3,14``) equals the same number with a point (`decimal_comma_verdict`), where
+  math-verify reads a set of two numbers; a numeral in a base with decimal digits is, where no
+  bare numeral is on the other side, compared by its digits only to say "different".
+
+Each rule has a test that math-verify agrees wherever it answers (tests/test_grading.py).
 
 `base_verdict` is not part of the fast path but a correction of math-verify, which drops base
 subscripts (it takes ``20412_6`` for ``20412_5``). `surely_parseable` tells which golds math-verify
