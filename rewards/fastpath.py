@@ -27,7 +27,14 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
 * an equation is compared with a gold that is no relation by its right side (as math-verify does);
   two assignments of the same variable, ``y = f`` and ``y = g``, are different when ``f`` and ``g``
   clearly differ as functions (different graphs);
-* a multiple-choice letter (``(A)``, not E or I) is different from a number;
+* a gold equation against a constant: an assignment (``AB=...``, letters on the left) by its right
+  side, any other equation (``2x + z - 5 = 0``) as different;
+* matrices of constants of other shapes or with an entry clearly different are different, and a
+  matrix of two or more entries differs from a constant;
+* a percent (read by math-verify as ``X`` and as ``X/100``) or a mixed number (``3 \\frac{3}{8}``: read
+  as a sum or a product) is different from a constant far from every reading;
+* an interval (``[3, \\infty)``) is different from a constant;
+* a multiple-choice letter (``(A)``, not E or I) is different from a number or an expression;
 * sums of plain integers (``0-14``) are exact numbers;
 * a decimal comma (``3,14``) equals the same number with a point (`decimal_comma_verdict`), where
   math-verify reads a set of two numbers; a numeral in a base with decimal digits is, where no
@@ -402,7 +409,8 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
         for rule in (_different_functions, _constants_against_function, _different_complex,
-                     _equation_against_constant, _different_assignments, _choice_against_number):
+                     _equation_against_constant, _gold_equation_against_value, _different_assignments,
+                     _choice_against_number, _different_matrices, _several_readings, _interval_against_value):
             verdict = rule(answer, gold)
             if verdict is not None:
                 return verdict
@@ -578,7 +586,122 @@ def _choice_against_number(answer: str, gold: str) -> bool | None:
     (False, False, None)
     """
     for one, other in ((answer, gold), (gold, answer)):
-        if _CHOICE.fullmatch(one) and as_number(other) is not None:
+        if _CHOICE.fullmatch(one) and (_value(other) is not None or _non_constant(other) or _readings(other)):
+            return False
+    return None
+
+
+_GOLD_EQUATION = re.compile(r"([^=<>!]+)=([^=<>!]+)")
+
+
+def _gold_equation_against_value(answer: str, gold: str) -> bool | None:
+    r"""``False`` for a gold equation against a constant answer: math-verify compares an assignment
+    (``AB=12+12\sqrt{3}``: letters on the left) by its right side, and finds any other equation
+    (``2x + z - 5 = 0``) equal to no number.
+
+    >>> _gold_equation_against_value("2", "AB=12+12\\sqrt{3}"), _gold_equation_against_value("13", "2x + z - 5 = 0")
+    (False, False)
+    >>> _gold_equation_against_value("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"), _gold_equation_against_value("x", "2x = 2")
+    (None, None)
+    """
+    match = _GOLD_EQUATION.fullmatch(gold)
+    if match is None or _value(answer) is None:
+        return None
+    left, right = match.group(1).strip(), match.group(2).strip()
+    if left.isalpha():
+        return False if fast_verdict(answer, right) is False else None
+    return False if any(c.isdigit() or c in "+-^" for c in left) else None
+
+
+_MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}")
+
+
+def matrix_values(text: str) -> list[list[float]] | None:
+    r"""The rows of a matrix of constants (``\begin{pmatrix} 1 & -1 \\ 1 & 1 \end{pmatrix}``), or ``None``.
+
+    >>> matrix_values("\\begin{pmatrix} 1 & -1 \\\\ 1 & \\frac{1}{2} \\end{pmatrix}"), matrix_values("\\begin{pmatrix} x \\end{pmatrix}")
+    ([[1.0, -1.0], [1.0, 0.5]], None)
+    """
+    match = _MATRIX.fullmatch(text.strip())
+    if match is None:
+        return None
+    rows = [[_value(entry) for entry in row.split("&")] for row in match.group(2).split("\\\\") if row.strip()]
+    if not rows or any(v is None for row in rows for v in row) or len({len(row) for row in rows}) != 1:
+        return None
+    return rows  # type: ignore[return-value]
+
+
+def _different_matrices(answer: str, gold: str) -> bool | None:
+    r"""``False`` for matrices of constants of other shapes or with an entry clearly different, and
+    for a matrix of two or more entries against a constant.
+
+    >>> one = "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"
+    >>> _different_matrices(one.replace("-1", "-0"), one), _different_matrices("108", one), _different_matrices(one, one)
+    (False, False, None)
+    """
+    a, g = matrix_values(answer), matrix_values(gold)
+    if a is not None and g is not None:
+        if len(a) != len(g) or len(a[0]) != len(g[0]):
+            return False
+        return False if any(not _close(x, y) for ra, rg in zip(a, g) for x, y in zip(ra, rg)) else None
+    for matrix, other in ((a, gold), (g, answer)):
+        if matrix is not None and len(matrix) * len(matrix[0]) >= 2 and _value(other) is not None:
+            return False
+    return None
+
+
+_PERCENT = re.compile(r"(.+?)\s*\\%")
+_MIXED_NUMBER = re.compile(r"(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}")
+
+
+def _readings(text: str) -> list[float] | None:
+    r"""The values math-verify may give a percent or a mixed number: ``20\%`` is 20 and 0.2 (it takes
+    ``20\%`` for ``20``); ``3 rac{3}{8}`` is 3 + 3/8 or 3 * 3/8. ``None`` for anything else.
+
+    >>> _readings("20\\%"), _readings("3 \\frac{3}{8}"), _readings("3") is None
+    ([20.0, 0.2], [3.375, 1.125], True)
+    """
+    text = text.strip()
+    if (match := _PERCENT.fullmatch(text)) and (value := _value(match.group(1))) is not None:
+        return [value, value / 100]
+    if match := _MIXED_NUMBER.fullmatch(text):
+        sign = -1.0 if match.group(1) else 1.0
+        whole, fraction = int(match.group(2)), int(match.group(3)) / int(match.group(4)) if int(match.group(4)) else None
+        if fraction is None:
+            return None
+        return [sign * (whole + fraction), sign * whole * fraction] + ([sign * whole + fraction] if sign < 0 else [])
+    return None
+
+
+def _several_readings(answer: str, gold: str) -> bool | None:
+    r"""``False`` for a percent or mixed number against a constant (or another of them) far from
+    every reading of it.
+
+    >>> _several_readings("1023", "20\\%"), _several_readings("20", "20\\%"), _several_readings("0.2", "20\\%")
+    (False, None, None)
+    >>> _several_readings("3 \\frac{3}{8}", "15"), _several_readings("-15\\frac{3}{5}", "8")
+    (False, False)
+    """
+    a, g = _readings(answer), _readings(gold)
+    if a is None and g is None:
+        return None
+    a = a if a is not None else ([v] if (v := _value(answer)) is not None else None)
+    g = g if g is not None else ([v] if (v := _value(gold)) is not None else None)
+    if a is None or g is None:
+        return None
+    return None if any(_close(x, y) for x in a for y in g) else False
+
+
+def _interval_against_value(answer: str, gold: str) -> bool | None:
+    r"""``False`` for an interval (``[3,\infty)``, ``[-36,104]``) against a constant: a point is no interval.
+
+    >>> _interval_against_value("[3,\\infty)", "32"), _interval_against_value("5", "[-36,104]"), _interval_against_value("5", "(1, 2)")
+    (False, False, None)
+    """
+    for one, other in ((answer, gold), (gold, answer)):
+        if interval_boundaries(one) is not None and _value(other) is not None:
+            if one.strip()[0] == "(" and one.strip()[-1] == ")" and "\\infty" not in one:
+                return None  # `(1, 2)` may be a point of the plane: left to the tuple rules
             return False
     return None
 
@@ -594,11 +717,21 @@ def surely_parseable(text: str) -> bool:
     """
     if as_number(text) is not None or base_numeral(text) is not None or constant_values(text) is not None:
         return True
-    if interval_boundaries(text) is not None or complex_value(text) is not None:
+    if interval_boundaries(text) is not None or complex_value(text) is not None or matrix_values(text) is not None:
+        return True
+    if _CHOICE.fullmatch(text):
+        return True
+    if (equation := _GOLD_EQUATION.fullmatch(text)) and all(_evaluable(side) for side in equation.groups()):
         return True
     tokens = _tokens(text) or []
     letters = {t for t in tokens if t.isalpha()}
     return bool(letters) and letters <= VARIABLES and evaluate(text, dict.fromkeys(letters, 1.5)) is not None
+
+
+def _evaluable(text: str) -> bool:
+    """Whether our evaluator reads ``text`` as a constant or an expression in lowercase variables."""
+    letters = {t for t in _tokens(text) or [] if t.isalpha()}
+    return letters <= VARIABLES and evaluate(text, dict.fromkeys(letters, 1.5)) is not None
 
 
 def _decimal_places(text: str) -> int:

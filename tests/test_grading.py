@@ -580,6 +580,14 @@ NEW_RULES = {
     "choice letter vs number": [("(A)", "39"), ("(B)", "9"), ("7", "C")],
     "assignments of the same variable": [("y = 2x + 4", "y = 2x + 3"), ("y = x^2 - 1", "y = -3x + 30"), ("k = n + 2", "k = n + 1")],
     "integer sums": [("0-14", "-13"), ("2 + 3", "6")],
+    "gold equation against a constant": [("13", "2x + z - 5 = 0"), ("2", "AB=12+12\\sqrt{3}"), ("\\frac{24}{35}", "2x + z - 5 = 0")],
+    "matrices": [("108", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"),
+                 ("\\begin{pmatrix} 1 & -0 \\\\ 1 & 1 \\end{pmatrix}", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"),
+                 ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 \\end{pmatrix}")],
+    "percents and mixed numbers": [("1023", "20\\%"), ("21\\%", "20\\%"), ("65\\%", "35"), ("3 \\frac{3}{8}", "15"),
+                                   ("-15\\frac{3}{5}", "8"), ("129\\frac{1}{3}", "-338016")],
+    "interval against a number": [("[3,\\infty)", "32"), ("[-36,104]", "2 - 2 \\sqrt{2}")],
+    "choice letter against an expression": [("(D)", "225\\sqrt{11}"), ("2x^2 - 12x + 20", "(D)"), ("3 \\frac{3}{8}", "(D)")],
     "numeral in a base vs another shape": [("1200_{7}", "0.20"), ("10200_{3}", "(-\\infty,2) \\cup (2,4)"), ("861_{12}", "4\\sqrt{3}")],
 }
 
@@ -596,6 +604,8 @@ def test_new_fast_path_rules_say_different_only_where_math_verify_does(rule, ans
     ("x - x + 1", "1"), ("x + 1", "(1, y)"), ("6i", "0 + 6i"), ("-3 + 6i", "-3 + 6i"), ("y = 2x", "2x"),
     ("x < 2", "5"), ("(E)", "3"), ("0-14", "-14"), ("1200_{7}", "1200"),
     ("x = \\frac{y - 3}{2}", "y = 2x + 3"), ("y = 2y + 1", "y = 3"),
+    ("20", "20\\%"), ("0.2", "20\\%"), ("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"), ("\\frac{100}{3}", "33 \\frac{1}{3}"),
 ])
 def test_new_fast_path_rules_leave_or_accept_the_equal_ones(answer, gold):
     from rewards.grade import _verdict
@@ -603,6 +613,11 @@ def test_new_fast_path_rules_leave_or_accept_the_equal_ones(answer, gold):
     assert _verdict(answer, gold) is not False
     if _verdict(answer, gold) is True:
         assert _math_verify(answer, gold) or answer.endswith("_{7}")  # a base numeral: read in the gold's base
+
+
+def test_golds_newly_known_parseable_are_parseable():
+    for text in ("(D)", "2x + z - 5 = 0", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}", "-3 + 6i"):
+        assert surely_parseable(text) and parse_text(text) is not None, text
 
 
 def test_integer_sums_are_equal_as_math_verify_reads_them():
