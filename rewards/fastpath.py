@@ -34,6 +34,8 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
 * a percent (read by math-verify as ``X`` and as ``X/100``) or a mixed number (``3 \\frac{3}{8}``: read
   as a sum or a product) is different from a constant far from every reading;
 * an interval (``[3, \\infty)``) is different from a constant;
+* an inequality is different from a constant; unions of intervals, one with a degenerate piece
+  (``(4, 4)``), are different when what they cover differs by more than finitely many points;
 * a multiple-choice letter (``(A)``, not E or I) is different from a number or an expression;
 * sums of plain integers (``0-14``) are exact numbers;
 * a decimal comma (``3,14``) equals the same number with a point (`decimal_comma_verdict`), where
@@ -396,6 +398,76 @@ def interval_boundaries(text: str) -> list[float] | None:
     return [v for piece in merged for v in piece[:2]]
 
 
+def open_cover(text: str) -> tuple[list[float], bool] | None:
+    r"""The boundary points of what a union of intervals covers up to finitely many points, and whether
+    a piece was degenerate (``(4, 4)``, ``(2, 1)``: empty, a point, or a pair of points, however it is
+    read); pieces that touch are merged. ``None`` if a piece is anything else.
+
+    >>> open_cover("(-\\infty, -2) \\cup (2, 1) \\cup (2, 4)"), open_cover("(0, 1) \\cup [1, 2)")
+    (([-inf, -2.0, 2.0, 4.0], True), ([0.0, 2.0], False))
+    """
+    pieces, degenerate = [], False
+    for part in _CUP.split(text):
+        part = part.strip()
+        if len(part) < 5 or part[0] not in "([" or part[-1] not in ")]":
+            return None
+        inner = _split_top_level(part[1:-1])
+        if inner is None or len(inner) != 2:
+            return None
+        low, high = _endpoint(inner[0]), _endpoint(inner[1])
+        if low is None or high is None:
+            return None
+        if low < high:
+            pieces.append((low, high))
+        elif abs(low) != math.inf and abs(high) != math.inf:
+            degenerate = True
+        else:
+            return None
+    ends = sorted(v for piece in pieces for v in piece if abs(v) != math.inf)
+    if not pieces or any(0 < b - a <= 1e-5 for a, b in itertools.pairwise(ends)):
+        return None
+    pieces.sort()
+    merged = [list(pieces[0])]
+    for low, high in pieces[1:]:
+        if low <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    return [v for piece in merged for v in piece], degenerate
+
+
+def _different_covers(answer: str, gold: str) -> bool | None:
+    r"""``False`` for unions of intervals, one with a degenerate piece (``(4, 4)``), whose covers
+    differ by more than finitely many points: ``(-\infty,2) \cup (4,4)`` against ``(-\infty,2) \cup (2,4)``
+    (no reading of ``(4, 4)`` covers ``(2, 4)``).
+
+    >>> _different_covers("(-\\infty,2) \\cup (4,4)", "(-\\infty,2) \\cup (2,4)"), _different_covers("(0,1) \\cup (1,1) \\cup (1,2)", "(0,2)")
+    (False, None)
+    """
+    a, g = open_cover(answer), open_cover(gold)
+    if a is None or g is None or not (a[1] or g[1]):
+        return None
+    if len(a[0]) != len(g[0]) or not all(x == y or _close(x, y) for x, y in zip(a[0], g[0])):
+        return False
+    return None
+
+
+_INEQUALITY = re.compile(r"<=?|>=?")
+
+
+def _inequality_against_value(answer: str, gold: str) -> bool | None:
+    r"""``False`` for an inequality (``-80 <= g(x) <= 82``) against a constant: math-verify finds a
+    relation equal to no number.
+
+    >>> _inequality_against_value("-80 <= g(x) <= 82", "80"), _inequality_against_value("5", "x > 3"), _inequality_against_value("x > 3", "(3, \\infty)")
+    (False, False, None)
+    """
+    for one, other in ((answer, gold), (gold, answer)):
+        if _INEQUALITY.search(one) and "=" not in one.replace("<=", "").replace(">=", "") and _value(other) is not None:
+            return False
+    return None
+
+
 def _close(x: float, y: float) -> bool:
     gap = abs(x - y)
     return gap <= 1e-5 or gap <= 1e-6 * max(abs(x), abs(y))
@@ -405,12 +477,14 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
     """``False`` when both are constants (or tuples, intervals, sets of constants) and some value of
     one is far from every value of the other: different as numbers, tuples, intervals and sets alike."""
     if "\\cup" in answer or "\\cup" in gold:
-        return _different_unions(answer, gold)
+        verdict = _different_unions(answer, gold)
+        return verdict if verdict is not None else _different_covers(answer, gold)
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
         for rule in (_different_functions, _constants_against_function, _different_complex,
                      _equation_against_constant, _gold_equation_against_value, _different_assignments,
-                     _choice_against_number, _different_matrices, _several_readings, _interval_against_value):
+                     _choice_against_number, _different_matrices, _several_readings, _interval_against_value,
+                     _inequality_against_value):
             verdict = rule(answer, gold)
             if verdict is not None:
                 return verdict
@@ -478,7 +552,7 @@ def _constants_against_function(answer: str, gold: str) -> bool | None:
     (None, None)
     """
     for one, other in ((answer, gold), (gold, answer)):
-        if constant_values(other) is not None and _non_constant(one):
+        if (constant_values(other) is not None or complex_value(other) is not None) and _non_constant(one):
             return False
     return None
 
