@@ -27,13 +27,14 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
 * an equation is compared with a gold that is no relation by its right side (as math-verify does);
   two assignments of the same variable, ``y = f`` and ``y = g``, are different when ``f`` and ``g``
   clearly differ as functions (different graphs);
-* a gold equation against a constant: an assignment (``AB=...``, letters on the left) by its right
-  side, any other equation (``2x + z - 5 = 0``) as different;
+* a gold equation against a constant or an expression: an assignment (``AB=...``, letters on the
+  left) by its right side, any other equation (``2x + z - 5 = 0``) as different;
 * matrices of constants of other shapes or with an entry clearly different are different, and a
   matrix of two or more entries differs from a constant;
 * a percent (read by math-verify as ``X`` and as ``X/100``) or a mixed number (``3 \\frac{3}{8}``: read
   as a sum or a product) is different from a constant far from every reading;
 * an interval (``[3, \\infty)``) is different from a constant;
+* a bare list or set of constants (finitely many points) is different from a union of intervals;
 * an inequality is different from a constant; unions of intervals, one with a degenerate piece
   (``(4, 4)``), are different when what they cover differs by more than finitely many points;
 * a multiple-choice letter (``(A)``, not E or I) is different from a number or an expression;
@@ -286,7 +287,7 @@ class _Reader:
         if token == "\\sqrt":
             index = self.group("[", "]") if self.peek() == "[" else 2.0
             radicand = self.group("{", "}")
-            if index not in (2.0, 3.0) or radicand < 0:
+            if index != int(index) or not 2 <= index <= 9 or radicand < 0:
                 raise _Refuse
             return radicand ** (1 / index)
         if token in ("(", "{"):
@@ -502,9 +503,21 @@ def _different_unions(answer: str, gold: str) -> bool | None:
         if len(a) != len(g) or not all(x == y or _close(x, y) for x, y in zip(a, g)):
             return False
         return None
-    if (a is not None and _value(gold) is not None) or (g is not None and _value(answer) is not None):
+    if (a is not None and _points(gold) is not None) or (g is not None and _points(answer) is not None):
         return False
     return None
+
+
+def _points(text: str) -> list[float] | None:
+    """The values of a constant, a bare list of constants (``0, 3, -1, 4``) or a set of them
+    (``\\{1, 2\\}``): finitely many points, never a union of intervals. Not a bracketed pair, which
+    may be read as an interval."""
+    if (value := _value(text)) is not None:
+        return [value]
+    stripped = text.strip()
+    if stripped[:1] in "([" or stripped.startswith("\\left"):
+        return None
+    return constant_values(text)
 
 
 _POINTS = (1.3731, 2.2117)  # where expressions in variables are compared; nothing special about them
@@ -669,17 +682,17 @@ _GOLD_EQUATION = re.compile(r"([^=<>!]+)=([^=<>!]+)")
 
 
 def _gold_equation_against_value(answer: str, gold: str) -> bool | None:
-    r"""``False`` for a gold equation against a constant answer: math-verify compares an assignment
-    (``AB=12+12\sqrt{3}``: letters on the left) by its right side, and finds any other equation
-    (``2x + z - 5 = 0``) equal to no number.
+    r"""``False`` for a gold equation against an answer that is a constant or an expression: math-verify
+    compares an assignment (``AB=12+12\sqrt{3}``: letters on the left) by its right side, and finds
+    any other equation (``2x + z - 5 = 0``) equal to no number or expression.
 
     >>> _gold_equation_against_value("2", "AB=12+12\\sqrt{3}"), _gold_equation_against_value("13", "2x + z - 5 = 0")
     (False, False)
     >>> _gold_equation_against_value("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"), _gold_equation_against_value("x", "2x = 2")
-    (None, None)
+    (None, False)
     """
     match = _GOLD_EQUATION.fullmatch(gold)
-    if match is None or _value(answer) is None:
+    if match is None or not (_value(answer) is not None or _evaluable(answer)) or _RELATION_SIGNS.search(answer) or "=" in answer:
         return None
     left, right = match.group(1).strip(), match.group(2).strip()
     if left.isalpha():

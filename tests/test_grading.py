@@ -591,6 +591,9 @@ NEW_RULES = {
     "unions with a degenerate piece": [("(-\\infty,2) \\cup (4,4)", "(-\\infty,2) \\cup (2,4)"),
                                        ("(-\\infty, -2) \\cup (2, 1) \\cup (2, 4)", "(-\\infty, -2) \\cup (0, 1) \\cup (2, 4)")],
     "complex constant against a function": [("\\frac{2}{25} - \\frac{14}{25}i", "-8x^2+13x+20")],
+    "points against a union": [("0, 3, -1, 4", "(-\\infty, -4) \\cup (-4, \\infty)"), ("\\{1, 2\\}", "(0, 1) \\cup (2, 3)"),
+                               ("\\sqrt[4]{8}", "(-\\infty, -4) \\cup (-4, \\infty)")],
+    "gold equation against an expression": [("xy", "2x + z - 5 = 0"), ("x^2", "y = x^3"), ("x", "2x = 2")],
     "choice letter against an expression": [("(D)", "225\\sqrt{11}"), ("2x^2 - 12x + 20", "(D)"), ("3 \\frac{3}{8}", "(D)")],
     "numeral in a base vs another shape": [("1200_{7}", "0.20"), ("10200_{3}", "(-\\infty,2) \\cup (2,4)"), ("861_{12}", "4\\sqrt{3}")],
 }
@@ -608,7 +611,7 @@ def test_new_fast_path_rules_say_different_only_where_math_verify_does(rule, ans
     ("x - x + 1", "1"), ("x + 1", "(1, y)"), ("6i", "0 + 6i"), ("-3 + 6i", "-3 + 6i"), ("y = 2x", "2x"),
     ("(E)", "3"), ("0-14", "-14"), ("1200_{7}", "1200"),
     ("x = \\frac{y - 3}{2}", "y = 2x + 3"), ("y = 2y + 1", "y = 3"),
-    ("(0,1) \\cup (1,1) \\cup (1,2)", "(0,2)"), ("x > 3", "(3, \\infty)"),
+    ("(0,1) \\cup (1,1) \\cup (1,2)", "(0,2)"), ("(0, 2)", "(0, 1) \\cup [1, 2)"), ("x^3", "y = x^3"), ("x > 3", "(3, \\infty)"),
     ("20", "20\\%"), ("0.2", "20\\%"), ("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"),
     ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"), ("\\frac{100}{3}", "33 \\frac{1}{3}"),
 ])
