@@ -360,6 +360,24 @@ def _endpoint(text: str) -> float | None:
     return _INFINITIES[text] if text in _INFINITIES else _value(text)
 
 
+def _interval_pieces(text: str) -> list[tuple[float, float, bool, bool]] | None:
+    """``(low, high, low closed, high closed)`` of each ``\\cup``-separated piece with constant
+    endpoints, in order, or ``None`` if a piece is anything else."""
+    pieces = []
+    for part in _CUP.split(text):
+        part = part.strip()
+        if len(part) < 5 or part[0] not in "([" or part[-1] not in ")]":
+            return None
+        inner = _split_top_level(part[1:-1])
+        if inner is None or len(inner) != 2:
+            return None
+        low, high = _endpoint(inner[0]), _endpoint(inner[1])
+        if low is None or high is None:
+            return None
+        pieces.append((low, high, part[0] == "[", part[-1] == "]"))
+    return pieces
+
+
 def interval_boundaries(text: str) -> list[float] | None:
     """The boundary points of a union of intervals with constant endpoints (``\\cup``-separated),
     after merging overlapping pieces; ``None`` if the text is anything else or a piece is empty.
@@ -370,20 +388,12 @@ def interval_boundaries(text: str) -> list[float] | None:
     >>> interval_boundaries("(0, 1) \\\\cup (1, 2)"), interval_boundaries("(2, 1)") is None
     ([0.0, 1.0, 1.0, 2.0], True)
     """
-    pieces = []
-    for part in _CUP.split(text):
-        part = part.strip()
-        if len(part) < 5 or part[0] not in "([" or part[-1] not in ")]":
+    pieces = _interval_pieces(text)
+    if pieces is None:
+        return None
+    for low, high, low_closed, high_closed in pieces:
+        if not low < high or (low == -math.inf and low_closed) or (high == math.inf and high_closed):
             return None
-        inner = _split_top_level(part[1:-1])
-        if inner is None or len(inner) != 2:
-            return None
-        low, high = _endpoint(inner[0]), _endpoint(inner[1])
-        if low is None or high is None or not low < high:
-            return None
-        if (low == -math.inf and part[0] == "[") or (high == math.inf and part[-1] == "]"):
-            return None
-        pieces.append((low, high, part[0] == "[", part[-1] == "]"))
     ends = sorted(v for piece in pieces for v in piece[:2] if abs(v) != math.inf)
     if any(0 < b - a <= 1e-5 for a, b in itertools.pairwise(ends)):
         return None  # endpoints too close to tell apart: leave it to math-verify
@@ -407,17 +417,11 @@ def open_cover(text: str) -> tuple[list[float], bool] | None:
     >>> open_cover("(-\\infty, -2) \\cup (2, 1) \\cup (2, 4)"), open_cover("(0, 1) \\cup [1, 2)")
     (([-inf, -2.0, 2.0, 4.0], True), ([0.0, 2.0], False))
     """
+    parsed = _interval_pieces(text)
+    if parsed is None:
+        return None
     pieces, degenerate = [], False
-    for part in _CUP.split(text):
-        part = part.strip()
-        if len(part) < 5 or part[0] not in "([" or part[-1] not in ")]":
-            return None
-        inner = _split_top_level(part[1:-1])
-        if inner is None or len(inner) != 2:
-            return None
-        low, high = _endpoint(inner[0]), _endpoint(inner[1])
-        if low is None or high is None:
-            return None
+    for low, high, _, _ in parsed:
         if low < high:
             pieces.append((low, high))
         elif abs(low) != math.inf and abs(high) != math.inf:
