@@ -9,7 +9,10 @@ Both graders get the same inputs, built from the ground truths of the SimpleRL l
     (three in four a near miss of the gold's shape: one of its integers changed; one in four another
     question's gold) and 5% cut off before any final answer;
 (b) the same batch with 16 pathological completions mixed in: towers of exponents (4), huge sums,
-    products and integrals (4), deep nesting (4), megabytes of text (4).
+    products and integrals (4), deep nesting (4), megabytes of text (4);
+(c) a mixed-shape batch: 1,024 completions built as (a), then each one, with probability 1/2,
+    rewritten to answer with another question's gold (so usually an answer of another shape: an
+    expression against a number, a tuple against a fraction).
 
 Ours is timed cold (a fresh pool: includes starting it) and warm (a fresh pool warmed up on a batch
 of other questions; nothing about these questions cached). TRL gets each raw gold boxed (its parser
@@ -29,6 +32,7 @@ import argparse
 import logging
 import math
 import multiprocessing as mp
+import os
 import queue as queue_module
 import random
 import re
@@ -49,7 +53,7 @@ from rewards.grade import grade_batch
 
 grade_module = importlib.import_module("rewards.grade")  # `rewards.grade` the attribute is the function
 
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "simplerl_level3to5"
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "simplerl_level3to5"  # from a clone in /work: ../shared/data
 TRAIN_FILE = "SimpleRL-simplelr_qwen_level3to5.train.parquet"
 GROUP = 8
 
@@ -141,6 +145,25 @@ def build_batch(golds: list[str], n: int, rng: random.Random, templates: list[An
             completions.append(render(template, _reasoning(rng), answer))
             answers.append(gold)
             names.append(template.name)
+    return completions, answers, names
+
+
+def other_gold(gold: str, others: list[str], rng: random.Random) -> str:
+    """Another question's gold, with a different text: usually an answer of another shape."""
+    other = rng.choice(others)
+    while other.strip() == gold.strip():
+        other = rng.choice(others)
+    return other
+
+
+def build_mixed_batch(golds: list[str], n: int, rng: random.Random, templates: list[Any]) -> tuple[list[str], list[str], list[str]]:
+    """Like `build_batch`, but half of the completions answer with another question's gold (so usually
+    another shape: an expression against a number, a tuple against a fraction); the other half are
+    drawn as in the realistic batch."""
+    completions, answers, names = build_batch(golds, n, rng, templates)
+    for i in range(n):
+        if rng.random() < 0.5:
+            completions[i] = render(templates[(i // GROUP) % len(templates)], _reasoning(rng), other_gold(answers[i], golds, rng))
     return completions, answers, names
 
 
@@ -267,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     warmup = build_batch(golds, args.n, random.Random(args.seed + 1), templates)
     batch = build_batch(golds, args.n, rng, templates)
     patho = with_pathological(batch, rng)
+    mixed = build_mixed_batch(golds, args.n, random.Random(args.seed + 2), templates)
     config = grader_pool.get_pool().config
     print(f"pool: {config.workers} workers, {config.time_limit_s} s hard limit per completion, {config.memory_mb} MiB cap")
     print(f"(a) {len(batch[0])} completions over {len(set(batch[1]))} golds and {len(templates)} templates; "
@@ -280,12 +304,17 @@ def main(argv: list[str] | None = None) -> None:
     ours_warm, ours_grades = _median([_warm_run(warmup, batch) for _ in range(args.repeats)])
     clear_gold_caches()
     settled, remote_tasks = settled_in_process(batch)  # with nothing learned from workers yet
+    ours_mixed, mixed_grades = _median([_warm_run(warmup, mixed) for _ in range(args.repeats)])
+    clear_gold_caches()
+    settled_mixed, remote_mixed = settled_in_process(mixed)
     ours_patho, patho_grades = _median([_warm_run(warmup, patho) for _ in range(args.repeats)])
     timeouts = sum(g.timed_out for g in patho_grades)
     errors = sum(g.error for g in patho_grades)
 
     print("timing TRL on (a) ...", flush=True)
     trl_a, trl_rewards = _median([time_trl(warmup, batch, args.trl_cap_s) for _ in range(args.repeats)])
+    print("timing TRL on (c) ...", flush=True)
+    trl_c, trl_mixed = _median([time_trl(warmup, mixed, args.trl_cap_s) for _ in range(args.repeats)])
     print("timing TRL on (b) ...", flush=True)
     trl_b, _ = time_trl(warmup, patho, args.trl_cap_s)
     # each pathological completion alone: ours on a warm pool, TRL in a fresh child (capped)
@@ -311,6 +340,8 @@ def main(argv: list[str] | None = None) -> None:
         ("(a) realistic, TRL accuracy_reward", trl_a, n_a),
         ("(b) + 16 pathological, ours, warm pool", ours_patho, n_b),
         ("(b) + 16 pathological, TRL accuracy_reward", trl_b, n_b),
+        ("(c) mixed shapes, ours, warm pool", ours_mixed, len(mixed[0])),
+        ("(c) mixed shapes, TRL accuracy_reward", trl_c, len(mixed[0])),
     ]
     print()
     print("| run | wall time (s) | completions / s |")
@@ -324,6 +355,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     if trl_a:
         print(f"(a) speed-up, warm: {trl_a / ours_warm:.1f}x; cold: {trl_a / ours_cold:.1f}x")
+    if trl_c:
+        print(f"(c) speed-up, warm: {trl_c / ours_mixed:.1f}x")
     trl_b_value = trl_b if trl_b is not None else extrapolated
     if trl_b_value:
         print(f"(b) speed-up: {trl_b_value / ours_patho:.1f}x{'' if trl_b is not None else ' (vs the estimate)'}")
@@ -333,6 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     if trl_rewards:
         disagree = sum(float(g.correct) != r for g, r in zip(ours_grades, trl_rewards))
         print(f"(a) verdicts differing between ours and TRL: {disagree}")
+    print(f"(c) settled in-process: {settled_mixed}/{len(mixed[0])}; the other {len(mixed[0]) - settled_mixed} went to the "
+          f"pool as {remote_mixed} distinct tasks")
+    if trl_mixed:
+        print(f"(c) graded correct: ours {sum(g.correct for g in mixed_grades)}, TRL {sum(r == 1.0 for r in trl_mixed)}; "
+              f"verdicts differing: {sum(float(g.correct) != r for g, r in zip(mixed_grades, trl_mixed))}")
+    print(f"load average during the run (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     bad = set(PATHOLOGICAL.values())
     bad_grades = [g for g, text in zip(patho_grades, patho[0]) if text in bad]
     print()

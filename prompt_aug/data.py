@@ -1,7 +1,8 @@
 """Training data: load math questions with gold answers into the rows the trainer sees.
 
 Every loader returns a `datasets.Dataset` with the columns ``question``, ``answer`` (the gold, as a
-string) and ``uid`` (stable across runs and processes). These names are the contract between data,
+string; a list of acceptable golds, any of which counts, when the source's answer column holds lists)
+and ``uid`` (stable across runs and processes). These names are the contract between data,
 collator and rewards. Supported sources:
 
 * ``synthetic``: generated questions (the smoke recipe; no network).
@@ -115,6 +116,15 @@ def _stable_uids(questions: list[str], ids: list[str] | None) -> list[str]:
     return uids
 
 
+def _gold(answer: Any) -> str | list[str] | None:
+    """A gold as text, or a list of acceptable golds (empty ones dropped); ``None`` when missing."""
+    if answer is None:
+        return None
+    if isinstance(answer, (list, tuple)):
+        return [text for text in (str(a).strip() for a in answer if a is not None) if text]
+    return str(answer).strip()
+
+
 def to_rows(
     ds: datasets.Dataset,
     question_column: str | None = None,
@@ -151,7 +161,7 @@ def to_rows(
             answers = [last_boxed(s or "") for s in answers]
         if "uid" in cols:
             ids = list(ds["uid"])
-    answers = [None if a is None else (str(a).strip() if not isinstance(a, list) else [str(x) for x in a]) for a in answers]
+    answers = [_gold(a) for a in answers]
     no_gold = [a in (None, "", []) for a in answers]
     dropped["empty gold answer"] += sum(no_gold)
     dropped["empty question"] += sum(1 for q, bad in zip(questions, no_gold) if not q and not bad)
@@ -160,7 +170,13 @@ def to_rows(
     rows = datasets.Dataset.from_dict(
         {
             "question": [questions[i] for i in keep],
-            "answer": [answers[i] if isinstance(answers[i], str) else answers[i][0] for i in keep],
+            # A list-valued answer column keeps every gold (any of them counts, as in evaluation); then
+            # the whole column is lists, a single gold being a list of one.
+            "answer": (
+                [answers[i] if isinstance(answers[i], list) else [answers[i]] for i in keep]
+                if any(isinstance(answers[i], list) for i in keep)
+                else [answers[i] for i in keep]
+            ),
             "uid": [uids[i] for i in keep],
         }
     )
@@ -225,6 +241,8 @@ def answer_form(answer: str) -> str:
     >>> [answer_form(a) for a in ["12", "\\\\frac{1}{2}", "(1, 2)", "\\\\text{Monday}", "2\\\\sqrt{3}"]]
     ['integer', 'fraction', 'tuple or interval', 'text', 'expression']
     """
+    if isinstance(answer, list):  # several acceptable golds: the first one's form
+        answer = answer[0] if answer else ""
     text = answer.strip().strip("$")
     for form, pattern in _ANSWER_FORMS:
         if pattern.match(text):

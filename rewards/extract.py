@@ -68,7 +68,23 @@ def last_boxed(text: str) -> str | None:
 
 _UNIT = re.compile(r"(\d)\s*\\(?:text|mbox|mathrm)\{\s*(?![ap]\.?\s*m\.?\s*\})[A-Za-z][A-Za-z. ]*\}(?:\^\{?\d\}?)?\s*$")
 _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
-_THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})(?=\d{3}(?!\d))")  # `29,\!322` and `1{,}000` are thousands
+# `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
+_THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})\s*(?=\d{3}(?!\d))")
+# `x > 1,000`: after a relation, `1,000` is one number (math-verify reads `x > 1, 000` as a set).
+_RELATION_THOUSANDS = re.compile(r"((?:[<>=]|\\[gl]eq?|\\[gl]t|\\neq?)\s*-?)(\d{1,3}(?:,\d{3})+)(?![\d,])")
+# Relation commands, written as math-verify writes them back (`\geq` -> `>=`): the same relation is
+# then the same text, even where math-verify reads it only as text (`x \neq \pm 1`).
+_RELATION_COMMAND = re.compile(r"\\(geqslant|leqslant|geq|leq|neq|ge|le|ne|gt|lt)(?![A-Za-z])")
+_RELATION_TEXT = {"geqslant": ">=", "leqslant": "<=", "geq": ">=", "leq": "<=", "ge": ">=", "le": "<=",
+                  "neq": "!=", "ne": "!=", "gt": ">", "lt": "<"}
+# A sentence that introduces the answer inside the box: `\text{The vector is } M`, `\text{all } x \geq 3`.
+_LEADING_SENTENCE = re.compile(r"^\\(?:text|textbf|mbox|mathrm)\{\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])")
+# Words (and `\\mathbf{v} =`) before a matrix or vector: the matrix is the answer.
+_MATRIX_START = re.compile(r"\\begin\{[pbBvV]?matrix\}")
+_MATRIX_PREAMBLE = re.compile(r"[A-Za-z ,.:]*(?:(?:\\mathbf|\\vec|\\boldsymbol)?\s*\{?\s*[A-Za-z]\s*\}?\s*=)?\s*")
+# `x \approx 2.24`, `so x \approx 2.24`: a variable on the left, so the value is on the right.
+_VARIABLE_BEFORE_APPROX = re.compile(r"(?:.*\s)?[A-Za-z](?:_\{[^{}]*\}|_[A-Za-z0-9])?\s*")
+_COMMAND_NAME = re.compile(r"\\[A-Za-z]+")
 _PHANTOM = re.compile(r"\\phantom\s*(?:\{[^{}]*\}|\\[A-Za-z]+|[^\s{}])")
 _ARG = r"(\{[^{}]*\}|\\[A-Za-z]+|[0-9A-Za-z])"
 _FRAC_SHORTHAND = re.compile(r"\\frac\s*" + _ARG + r"\s*" + _ARG)
@@ -83,6 +99,10 @@ def _strip_text_wrappers(answer: str) -> str:
     return _TEXT.sub(r"\1", _UNIT.sub(r"\1", answer))
 
 
+def _free_letters(text: str) -> bool:
+    return any(c.isalpha() for c in _COMMAND_NAME.sub("", text))
+
+
 def _braced(argument: str) -> str:
     return argument if argument.startswith("{") else "{" + argument + "}"
 
@@ -91,7 +111,10 @@ def normalize(answer: str) -> str:
     """Canonical text for an extracted answer: no ``$``, ``\\text{}`` wrappers, units, degree signs,
     ``\\left``/``\\right``, ``\\phantom``, thousands marks, ``\\approx`` and what follows it, trailing
     period or comma; ``\\dfrac``/``\\tfrac`` become ``\\frac``; shorthand ``\\frac12``, ``\\sqrt2`` get braces;
-    ``x = 5`` and ``a_1 = 5`` become ``5``; a numeral in a base is written ``N_{b}``.
+    ``x = 5`` and ``a_1 = 5`` become ``5`` (but ``y = 2x + 3`` stays an equation); a numeral in a base
+    is written ``N_{b}``; relation commands are written as math-verify writes them (``\\geq`` -> ``>=``,
+    ``\\neq`` -> ``!=``); a sentence opening the box (``\\text{The vector is }``) and words before a
+    matrix go; ``x \\approx 2.24`` (a variable on the left) becomes ``2.24``.
 
     >>> normalize(r"$\\dfrac{1}{2}$.")
     '\\\\frac{1}{2}'
@@ -103,6 +126,8 @@ def normalize(answer: str) -> str:
     ('34', '9 a.m', '(E)', '-37_{8}')
     >>> normalize(r"\\$\\dfrac23 \\approx \\$0.67")
     '\\\\frac{2}{3}'
+    >>> normalize(r"y = 2x + 3"), normalize(r"x \\geq 3"), normalize(r"12,\\! 345"), normalize(r"\\text{so } x \\approx 2.24")
+    ('y = 2x + 3', 'x >= 3', '12345', '2.24')
     """
     answer = answer.strip().replace("\n", " ")
     answer = answer.replace("\\$", "").replace("$", "")
@@ -112,17 +137,27 @@ def normalize(answer: str) -> str:
     answer = answer.replace("\\!", "").replace("\\,", "").replace("\\;", "")
     answer = _PHANTOM.sub("", answer)
     answer = re.sub(r"\^\s*\{?\\circ\}?", "", answer).replace("°", "")
+    answer = _LEADING_SENTENCE.sub("", answer.strip())
     answer = _strip_text_wrappers(answer)
     answer = _FRAC_SHORTHAND.sub(lambda m: "\\frac" + _braced(m.group(1)) + _braced(m.group(2)), answer)
     answer = _SQRT_SHORTHAND.sub(lambda m: "\\sqrt{" + m.group(1) + "}", answer)
-    answer = answer.strip()
+    answer = _RELATION_COMMAND.sub(lambda m: " " + _RELATION_TEXT[m.group(1)] + " ", answer)
+    answer = _RELATION_THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), answer)
+    answer = re.sub(r"\s+", " ", answer).strip() if "  " in answer else answer.strip()
+    matrix = _MATRIX_START.search(answer)
+    if matrix and matrix.start() > 0 and _MATRIX_PREAMBLE.fullmatch(answer[: matrix.start()]):
+        answer = answer[matrix.start() :]
     if answer.startswith("\\approx"):
         answer = answer[len("\\approx") :].strip()
-    elif "\\approx" in answer:  # `\frac{2}{3} \approx 0.67`: the exact value is the answer
-        answer = answer[: answer.index("\\approx")].strip()
-    # A single-variable assignment (possibly subscripted): the value is the answer.
+    elif "\\approx" in answer:
+        left, _, right = answer.partition("\\approx")
+        # `x \approx 2.24`: the value; `\frac{2}{3} \approx 0.67`: the exact value is the answer.
+        answer = right.strip() if _VARIABLE_BEFORE_APPROX.fullmatch(left) and right.strip() else left.strip()
+    # A single-variable assignment (possibly subscripted): the value is the answer. But an equation
+    # whose right side has variables (`y = 2x + 3`) stays an equation: it is a line, which another
+    # form of it (`2x - y + 3 = 0`) equals; math-verify compares it with a bare `2x + 3` by its right side.
     match = _ASSIGNMENT.fullmatch(answer)
-    if match:
+    if match and ("_" in answer.split("=")[0] or not _free_letters(match.group(1))):
         answer = match.group(1).strip()
     answer = answer.rstrip(". ,").strip()
     match = _BASE_NUMERAL.fullmatch(answer)
@@ -176,3 +211,49 @@ def extract_strict(completion: str, answer_rule: str = "boxed") -> str | None:
     if boxed is None:
         return None
     return normalize(boxed) or None
+
+
+MAX_JOINED_BOXES = 8
+
+
+def final_boxes(completion: str, strict: bool = False, answer_rule: str = "boxed") -> list[str]:
+    """The normalised contents of the boxes in the paragraph of the last box, in order: the reading of
+    ``\\boxed{1} and \\boxed{2}`` as one answer (an option of `rewards.grade.grade`, off by default:
+    the paper reads the last box only). Where the rule reads no box, or the paragraph holds more than
+    ``MAX_JOINED_BOXES`` boxes, the list is empty.
+
+    >>> final_boxes("First \\\\boxed{9}.\\n\\nThe roots are \\\\boxed{1} and \\\\boxed{-2}.")
+    ['1', '-2']
+    >>> final_boxes("<answer> \\\\boxed{3} </answer> \\\\boxed{4}", strict=True, answer_rule="tag")
+    ['3']
+    """
+    if strict:
+        text = cut_at_stop(completion, tuple(s for s in STOP_STRINGS if s != "</answer>"))
+        if answer_rule == "tag":
+            blocks = _ANSWER_BLOCK.findall(text)
+            text = blocks[-1] if blocks else ""
+    else:
+        text = cut_at_stop(completion)
+        if _MINERVA.search(text):
+            return []  # the lenient rule reads the Minerva sentence, not a box
+    last = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+    if last == -1:
+        return []
+    text = text[text.rfind("\n\n", 0, last) + 1 :]
+    if sum(text.count(cmd) for cmd in _BOX_COMMANDS) > MAX_JOINED_BOXES:
+        return []
+    starts = sorted(i for cmd in _BOX_COMMANDS for i in _occurrences(text, cmd))
+    contents = []
+    for start, end in zip(starts, starts[1:] + [len(text)]):
+        boxed = last_boxed(text[start:end])  # the text from one box to the next holds that box alone
+        if boxed is not None and (answer := normalize(boxed)):
+            contents.append(answer)
+    return contents
+
+
+def _occurrences(text: str, needle: str) -> list[int]:
+    found, index = [], text.find(needle)
+    while index != -1:
+        found.append(index)
+        index = text.find(needle, index + 1)
+    return found

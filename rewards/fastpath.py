@@ -20,6 +20,30 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
   every value of the other; unions of intervals when their boundary points differ;
 * expressions in lowercase variables (``2x^2+3x``) are different when their values clearly differ at
   one of two fixed points: their difference is then not identically zero.
+* a constant, or a tuple, interval or set of constants, is different from an expression in variables
+  whose value clearly changes between the two points (it is not constant);
+* ``A + Bi`` is different from a real constant (``B`` not 0) and from ``C + Di`` with other parts,
+  whether math-verify reads ``i`` as the imaginary unit or as a variable;
+* an equation is compared with a gold that is no relation by its right side (as math-verify does);
+  two assignments of the same variable, ``y = f`` and ``y = g``, are different when ``f`` and ``g``
+  clearly differ as functions (different graphs);
+* a gold equation against a constant or an expression: an assignment (``AB=...``, letters on the
+  left) by its right side, any other equation (``2x + z - 5 = 0``) as different;
+* matrices of constants of other shapes or with an entry clearly different are different, and a
+  matrix of two or more entries differs from a constant;
+* a percent (read by math-verify as ``X`` and as ``X/100``) or a mixed number (``3 \\frac{3}{8}``: read
+  as a sum or a product) is different from a constant far from every reading;
+* an interval (``[3, \\infty)``) is different from a constant;
+* a bare list or set of constants (finitely many points) is different from a union of intervals;
+* an inequality is different from a constant; unions of intervals, one with a degenerate piece
+  (``(4, 4)``), are different when what they cover differs by more than finitely many points;
+* a multiple-choice letter (``(A)``, not E or I) is different from a number or an expression;
+* sums of plain integers (``0-14``) are exact numbers;
+* a decimal comma (``3,14``) equals the same number with a point (`decimal_comma_verdict`), where
+  math-verify reads a set of two numbers; a numeral in a base with decimal digits is, where no
+  bare numeral is on the other side, compared by its digits only to say "different".
+
+Each rule has a test that math-verify agrees wherever it answers (tests/test_grading.py).
 
 `base_verdict` is not part of the fast path but a correction of math-verify, which drops base
 subscripts (it takes ``20412_6`` for ``20412_5``). `surely_parseable` tells which golds math-verify
@@ -83,6 +107,21 @@ def as_number(text: str) -> tuple[Fraction, bool] | None:
     return sign * Fraction(numerator, denominator), False
 
 
+_INTEGER_SUM = re.compile(r"[+-]?\d+(?:\s*[+-]\s*\d+)+")
+
+
+def integer_sum(text: str) -> tuple[Fraction, bool] | None:
+    """The exact value of a sum or difference of plain integers (``0-136``), as `as_number` gives it.
+
+    >>> integer_sum("0-136"), integer_sum("2 + 3 - 1"), integer_sum("2 3") is None, integer_sum("1,000+1") is None
+    ((Fraction(-136, 1), False), (Fraction(4, 1), False), True, True)
+    """
+    text = text.strip()
+    if len(text) > 2 * MAX_DIGITS or not _INTEGER_SUM.fullmatch(text):
+        return None
+    return Fraction(sum(int(term.replace(" ", "")) for term in re.findall(r"[+-]?\s*\d+", text))), False
+
+
 def fast_verdict(answer: str, gold: str) -> bool | None:
     """Whether normalised ``answer`` equals normalised ``gold``, where that is easy; else ``None``.
 
@@ -97,7 +136,7 @@ def fast_verdict(answer: str, gold: str) -> bool | None:
     """
     if answer == gold and answer:
         return True
-    a, g = as_number(answer), as_number(gold)
+    a, g = as_number(answer) or integer_sum(answer), as_number(gold) or integer_sum(gold)
     if a is None or g is None:
         return _clearly_different(answer, gold)
     (a_value, a_decimal), (g_value, g_decimal) = a, g
@@ -248,7 +287,7 @@ class _Reader:
         if token == "\\sqrt":
             index = self.group("[", "]") if self.peek() == "[" else 2.0
             radicand = self.group("{", "}")
-            if index not in (2.0, 3.0) or radicand < 0:
+            if index != int(index) or not 2 <= index <= 9 or radicand < 0:
                 raise _Refuse
             return radicand ** (1 / index)
         if token in ("(", "{"):
@@ -321,6 +360,24 @@ def _endpoint(text: str) -> float | None:
     return _INFINITIES[text] if text in _INFINITIES else _value(text)
 
 
+def _interval_pieces(text: str) -> list[tuple[float, float, bool, bool]] | None:
+    """``(low, high, low closed, high closed)`` of each ``\\cup``-separated piece with constant
+    endpoints, in order, or ``None`` if a piece is anything else."""
+    pieces = []
+    for part in _CUP.split(text):
+        part = part.strip()
+        if len(part) < 5 or part[0] not in "([" or part[-1] not in ")]":
+            return None
+        inner = _split_top_level(part[1:-1])
+        if inner is None or len(inner) != 2:
+            return None
+        low, high = _endpoint(inner[0]), _endpoint(inner[1])
+        if low is None or high is None:
+            return None
+        pieces.append((low, high, part[0] == "[", part[-1] == "]"))
+    return pieces
+
+
 def interval_boundaries(text: str) -> list[float] | None:
     """The boundary points of a union of intervals with constant endpoints (``\\cup``-separated),
     after merging overlapping pieces; ``None`` if the text is anything else or a piece is empty.
@@ -331,20 +388,12 @@ def interval_boundaries(text: str) -> list[float] | None:
     >>> interval_boundaries("(0, 1) \\\\cup (1, 2)"), interval_boundaries("(2, 1)") is None
     ([0.0, 1.0, 1.0, 2.0], True)
     """
-    pieces = []
-    for part in _CUP.split(text):
-        part = part.strip()
-        if len(part) < 5 or part[0] not in "([" or part[-1] not in ")]":
+    pieces = _interval_pieces(text)
+    if pieces is None:
+        return None
+    for low, high, low_closed, high_closed in pieces:
+        if not low < high or (low == -math.inf and low_closed) or (high == math.inf and high_closed):
             return None
-        inner = _split_top_level(part[1:-1])
-        if inner is None or len(inner) != 2:
-            return None
-        low, high = _endpoint(inner[0]), _endpoint(inner[1])
-        if low is None or high is None or not low < high:
-            return None
-        if (low == -math.inf and part[0] == "[") or (high == math.inf and part[-1] == "]"):
-            return None
-        pieces.append((low, high, part[0] == "[", part[-1] == "]"))
     ends = sorted(v for piece in pieces for v in piece[:2] if abs(v) != math.inf)
     if any(0 < b - a <= 1e-5 for a, b in itertools.pairwise(ends)):
         return None  # endpoints too close to tell apart: leave it to math-verify
@@ -360,6 +409,70 @@ def interval_boundaries(text: str) -> list[float] | None:
     return [v for piece in merged for v in piece[:2]]
 
 
+def open_cover(text: str) -> tuple[list[float], bool] | None:
+    r"""The boundary points of what a union of intervals covers up to finitely many points, and whether
+    a piece was degenerate (``(4, 4)``, ``(2, 1)``: empty, a point, or a pair of points, however it is
+    read); pieces that touch are merged. ``None`` if a piece is anything else.
+
+    >>> open_cover("(-\\infty, -2) \\cup (2, 1) \\cup (2, 4)"), open_cover("(0, 1) \\cup [1, 2)")
+    (([-inf, -2.0, 2.0, 4.0], True), ([0.0, 2.0], False))
+    """
+    parsed = _interval_pieces(text)
+    if parsed is None:
+        return None
+    pieces, degenerate = [], False
+    for low, high, _, _ in parsed:
+        if low < high:
+            pieces.append((low, high))
+        elif abs(low) != math.inf and abs(high) != math.inf:
+            degenerate = True
+        else:
+            return None
+    ends = sorted(v for piece in pieces for v in piece if abs(v) != math.inf)
+    if not pieces or any(0 < b - a <= 1e-5 for a, b in itertools.pairwise(ends)):
+        return None
+    pieces.sort()
+    merged = [list(pieces[0])]
+    for low, high in pieces[1:]:
+        if low <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    return [v for piece in merged for v in piece], degenerate
+
+
+def _different_covers(answer: str, gold: str) -> bool | None:
+    r"""``False`` for unions of intervals, one with a degenerate piece (``(4, 4)``), whose covers
+    differ by more than finitely many points: ``(-\infty,2) \cup (4,4)`` against ``(-\infty,2) \cup (2,4)``
+    (no reading of ``(4, 4)`` covers ``(2, 4)``).
+
+    >>> _different_covers("(-\\infty,2) \\cup (4,4)", "(-\\infty,2) \\cup (2,4)"), _different_covers("(0,1) \\cup (1,1) \\cup (1,2)", "(0,2)")
+    (False, None)
+    """
+    a, g = open_cover(answer), open_cover(gold)
+    if a is None or g is None or not (a[1] or g[1]):
+        return None
+    if len(a[0]) != len(g[0]) or not all(x == y or _close(x, y) for x, y in zip(a[0], g[0])):
+        return False
+    return None
+
+
+_INEQUALITY = re.compile(r"<=?|>=?")
+
+
+def _inequality_against_value(answer: str, gold: str) -> bool | None:
+    r"""``False`` for an inequality (``-80 <= g(x) <= 82``) against a constant: math-verify finds a
+    relation equal to no number.
+
+    >>> _inequality_against_value("-80 <= g(x) <= 82", "80"), _inequality_against_value("5", "x > 3"), _inequality_against_value("x > 3", "(3, \\infty)")
+    (False, False, None)
+    """
+    for one, other in ((answer, gold), (gold, answer)):
+        if _INEQUALITY.search(one) and "=" not in one.replace("<=", "").replace(">=", "") and _value(other) is not None:
+            return False
+    return None
+
+
 def _close(x: float, y: float) -> bool:
     gap = abs(x - y)
     return gap <= 1e-5 or gap <= 1e-6 * max(abs(x), abs(y))
@@ -369,10 +482,18 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
     """``False`` when both are constants (or tuples, intervals, sets of constants) and some value of
     one is far from every value of the other: different as numbers, tuples, intervals and sets alike."""
     if "\\cup" in answer or "\\cup" in gold:
-        return _different_unions(answer, gold)
+        verdict = _different_unions(answer, gold)
+        return verdict if verdict is not None else _different_covers(answer, gold)
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
-        return _different_functions(answer, gold)
+        for rule in (_different_functions, _constants_against_function, _different_complex,
+                     _equation_against_constant, _gold_equation_against_value, _different_assignments,
+                     _choice_against_number, _different_matrices, _several_readings, _interval_against_value,
+                     _inequality_against_value):
+            verdict = rule(answer, gold)
+            if verdict is not None:
+                return verdict
+        return None
     if any(not any(_close(x, y) for y in g) for x in a) or any(not any(_close(x, y) for x in a) for y in g):
         return False
     return None
@@ -386,9 +507,21 @@ def _different_unions(answer: str, gold: str) -> bool | None:
         if len(a) != len(g) or not all(x == y or _close(x, y) for x, y in zip(a, g)):
             return False
         return None
-    if (a is not None and _value(gold) is not None) or (g is not None and _value(answer) is not None):
+    if (a is not None and _points(gold) is not None) or (g is not None and _points(answer) is not None):
         return False
     return None
+
+
+def _points(text: str) -> list[float] | None:
+    """The values of a constant, a bare list of constants (``0, 3, -1, 4``) or a set of them
+    (``\\{1, 2\\}``): finitely many points, never a union of intervals. Not a bracketed pair, which
+    may be read as an interval."""
+    if (value := _value(text)) is not None:
+        return [value]
+    stripped = text.strip()
+    if stripped[:1] in "([" or stripped.startswith("\\left"):
+        return None
+    return constant_values(text)
 
 
 _POINTS = (1.3731, 2.2117)  # where expressions in variables are compared; nothing special about them
@@ -415,6 +548,255 @@ def _different_functions(answer: str, gold: str) -> bool | None:
     return None
 
 
+def _non_constant(text: str) -> bool:
+    """Whether ``text`` is an expression in lowercase variables whose value clearly changes between
+    two points: it is then no constant, and no tuple, interval or set of constants."""
+    letters = {t for t in _tokens(text) or [] if t.isalpha()}
+    if not letters or not letters <= VARIABLES:
+        return False
+    values = [evaluate(text, {c: base + 0.173 * (ord(c) - 97) for c in letters}) for base in _POINTS]
+    return None not in values and not _close(*values)  # type: ignore[arg-type]
+
+
+def _constants_against_function(answer: str, gold: str) -> bool | None:
+    r"""``False`` for a constant, or a tuple, interval or set of constants, against an expression that
+    is not constant (``5x-3`` against ``(-1, \frac{35}{12})``): math-verify compares a single
+    expression with a set as the set of it, and a non-constant expression equals no constant.
+
+    >>> _constants_against_function("5x-3", "( -1, \\frac{35}{12} )"), _constants_against_function("\\frac{8t}{3}", "[2,5)")
+    (False, False)
+    >>> _constants_against_function("x - x + 1", "1"), _constants_against_function("x + 1", "(1, y)")
+    (None, None)
+    """
+    for one, other in ((answer, gold), (gold, answer)):
+        if (constant_values(other) is not None or complex_value(other) is not None) and _non_constant(one):
+            return False
+    return None
+
+
+_TRAILING_I = re.compile(r"(?:^|(?<=[\d\s}+\-]))i$")
+
+
+def complex_value(text: str) -> tuple[float, float] | None:
+    r"""``(real, imaginary)`` of ``A + Bi``, ``A - Bi`` or ``Bi`` with constant ``A`` and ``B``
+    (``\frac{1}{5} + \frac{3}{5}i``, ``-128 - 128 \sqrt{3} i``, ``292i``), or ``None``.
+
+    >>> complex_value("-3 + 6i"), complex_value("\\frac{1}{5} - \\frac{3}{5}i"), complex_value("i"), complex_value("-i")
+    ((-3.0, 6.0), (0.2, -0.6), (0.0, 1.0), (0.0, -1.0))
+    >>> complex_value("3\\pi") is None, complex_value("x + i") is None, complex_value("7") is None
+    (True, True, True)
+    """
+    text = text.strip()
+    if not _TRAILING_I.search(text):
+        return None
+    body, depth, split = text[:-1].rstrip(), 0, -1
+    for index, char in enumerate(body):
+        depth += char in "({[" and 1 or (-1 if char in ")}]" else 0)
+        if char in "+-" and depth == 0 and index > 0 and body[:index].strip():
+            split = index
+    real_text, imag_text = (body[:split], body[split:]) if split != -1 else ("0", body)
+    imag_text = imag_text.replace(" ", "")
+    coefficient = {"": 1.0, "+": 1.0, "-": -1.0}.get(imag_text)
+    if coefficient is None:
+        sign = -1.0 if imag_text.startswith("-") else 1.0
+        magnitude = _value(imag_text.lstrip("+-"))
+        coefficient = None if magnitude is None else sign * magnitude
+    real = _value(real_text)
+    return None if real is None or coefficient is None else (real, coefficient)
+
+
+def _different_complex(answer: str, gold: str) -> bool | None:
+    """``False`` for ``A + Bi`` against a real constant (``B`` not 0) or against ``C + Di`` with other
+    parts. Sound whether ``i`` is read as the imaginary unit or as a variable: either way, two such
+    forms are equal only if both parts are.
+
+    >>> _different_complex("1", "-3 + 6i"), _different_complex("-5 + 6i", "-3 + 6i"), _different_complex("6i", "0 + 6i")
+    (False, False, None)
+    """
+    a, g = complex_value(answer), complex_value(gold)
+    if a is None and g is None:
+        return None
+    if a is None:
+        a = (value, 0.0) if (value := _value(answer)) is not None else None
+    if g is None:
+        g = (value, 0.0) if (value := _value(gold)) is not None else None
+    if a is None or g is None:
+        return None
+    return None if _close(a[0], g[0]) and _close(a[1], g[1]) else False
+
+
+_RELATION_SIGNS = re.compile(r"[<>!]|\\(?:[gl]eq?|[gl]t|neq?|approx|sim|equiv)(?![A-Za-z])")
+
+
+def _equation_against_constant(answer: str, gold: str) -> bool | None:
+    r"""``False`` for an equation against a gold that is no relation, when the equation's right side
+    clearly differs from the gold: math-verify compares such a gold with the right side of the last
+    ``=`` (``y = -\frac{5}{2}x - \frac{29}{4}`` against ``-\frac{9}{2}``).
+
+    >>> _equation_against_constant("2x - y + 2z - 18 = 0", "181"), _equation_against_constant("y = 2x", "4")
+    (False, False)
+    >>> _equation_against_constant("y = 2x", "2x"), _equation_against_constant("x < 2", "5")
+    (None, None)
+    """
+    if "=" not in answer or "=" in gold or _RELATION_SIGNS.search(answer) or _RELATION_SIGNS.search(gold):
+        return None
+    right = answer.rsplit("=", 1)[1].strip()
+    return False if right and fast_verdict(right, gold) is False else None
+
+
+_ASSIGNED = re.compile(r"\s*([a-z])\s*=([^=]+)")
+
+
+def _different_assignments(answer: str, gold: str) -> bool | None:
+    r"""``False`` for two equations ``v = f`` and ``v = g`` giving the same variable (not in ``f`` or
+    ``g``) as functions that clearly differ: their graphs differ, so math-verify (which compares the
+    two equations, then their solutions) says different. ``y = 2x + 4`` against ``y = 2x + 3``; but
+    ``x = rac{y - 3}{2}`` against ``y = 2x + 3`` is the same line, left to math-verify.
+
+    >>> _different_assignments("y = 2x + 4", "y = 2x + 3"), _different_assignments("x = \frac{y - 3}{2}", "y = 2x + 3")
+    (False, None)
+    >>> _different_assignments("y = 2y + 1", "y = 3"), _different_assignments("y = x^2", "y = x \\cdot x")
+    (None, None)
+    """
+    a, g = _ASSIGNED.fullmatch(answer), _ASSIGNED.fullmatch(gold)
+    if a is None or g is None or a.group(1) != g.group(1):
+        return None
+    variable, f, h = a.group(1), a.group(2), g.group(2)
+    if any(variable in {t for t in _tokens(side) or [] if t.isalpha()} for side in (f, h)):
+        return None
+    return _different_functions(f, h)
+
+
+_CHOICE = re.compile(r"\(?([A-DF-HJ-Z])\)?")  # a multiple-choice letter (not E or I: constants to some)
+
+
+def _choice_against_number(answer: str, gold: str) -> bool | None:
+    """``False`` for a multiple-choice letter (``(A)``) against a number, either way round.
+
+    >>> _choice_against_number("(A)", "39"), _choice_against_number("7", "C"), _choice_against_number("(E)", "3")
+    (False, False, None)
+    """
+    for one, other in ((answer, gold), (gold, answer)):
+        if _CHOICE.fullmatch(one) and (_value(other) is not None or _non_constant(other) or _readings(other)):
+            return False
+    return None
+
+
+_GOLD_EQUATION = re.compile(r"([^=<>!]+)=([^=<>!]+)")
+
+
+def _gold_equation_against_value(answer: str, gold: str) -> bool | None:
+    r"""``False`` for a gold equation against an answer that is a constant or an expression: math-verify
+    compares an assignment (``AB=12+12\sqrt{3}``: letters on the left) by its right side, and finds
+    any other equation (``2x + z - 5 = 0``) equal to no number or expression.
+
+    >>> _gold_equation_against_value("2", "AB=12+12\\sqrt{3}"), _gold_equation_against_value("13", "2x + z - 5 = 0")
+    (False, False)
+    >>> _gold_equation_against_value("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"), _gold_equation_against_value("x", "2x = 2")
+    (None, False)
+    """
+    match = _GOLD_EQUATION.fullmatch(gold)
+    if match is None or not (_value(answer) is not None or _evaluable(answer)) or _RELATION_SIGNS.search(answer) or "=" in answer:
+        return None
+    left, right = match.group(1).strip(), match.group(2).strip()
+    if left.isalpha():
+        return False if fast_verdict(answer, right) is False else None
+    return False if any(c.isdigit() or c in "+-^" for c in left) else None
+
+
+_MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}")
+
+
+def matrix_values(text: str) -> list[list[float]] | None:
+    r"""The rows of a matrix of constants (``\begin{pmatrix} 1 & -1 \\ 1 & 1 \end{pmatrix}``), or ``None``.
+
+    >>> matrix_values("\\begin{pmatrix} 1 & -1 \\\\ 1 & \\frac{1}{2} \\end{pmatrix}"), matrix_values("\\begin{pmatrix} x \\end{pmatrix}")
+    ([[1.0, -1.0], [1.0, 0.5]], None)
+    """
+    match = _MATRIX.fullmatch(text.strip())
+    if match is None:
+        return None
+    rows = [[_value(entry) for entry in row.split("&")] for row in match.group(2).split("\\\\") if row.strip()]
+    if not rows or any(v is None for row in rows for v in row) or len({len(row) for row in rows}) != 1:
+        return None
+    return rows  # type: ignore[return-value]
+
+
+def _different_matrices(answer: str, gold: str) -> bool | None:
+    r"""``False`` for matrices of constants of other shapes or with an entry clearly different, and
+    for a matrix of two or more entries against a constant.
+
+    >>> one = "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"
+    >>> _different_matrices(one.replace("-1", "-0"), one), _different_matrices("108", one), _different_matrices(one, one)
+    (False, False, None)
+    """
+    a, g = matrix_values(answer), matrix_values(gold)
+    if a is not None and g is not None:
+        if len(a) != len(g) or len(a[0]) != len(g[0]):
+            return False
+        return False if any(not _close(x, y) for ra, rg in zip(a, g) for x, y in zip(ra, rg)) else None
+    for matrix, other in ((a, gold), (g, answer)):
+        if matrix is not None and len(matrix) * len(matrix[0]) >= 2 and _value(other) is not None:
+            return False
+    return None
+
+
+_PERCENT = re.compile(r"(.+?)\s*\\%")
+_MIXED_NUMBER = re.compile(r"(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}")
+
+
+def _readings(text: str) -> list[float] | None:
+    r"""The values math-verify may give a percent or a mixed number: ``20\%`` is 20 and 0.2 (it takes
+    ``20\%`` for ``20``); ``3 rac{3}{8}`` is 3 + 3/8 or 3 * 3/8. ``None`` for anything else.
+
+    >>> _readings("20\\%"), _readings("3 \\frac{3}{8}"), _readings("3") is None
+    ([20.0, 0.2], [3.375, 1.125], True)
+    """
+    text = text.strip()
+    if (match := _PERCENT.fullmatch(text)) and (value := _value(match.group(1))) is not None:
+        return [value, value / 100]
+    if match := _MIXED_NUMBER.fullmatch(text):
+        sign = -1.0 if match.group(1) else 1.0
+        whole, fraction = int(match.group(2)), int(match.group(3)) / int(match.group(4)) if int(match.group(4)) else None
+        if fraction is None:
+            return None
+        return [sign * (whole + fraction), sign * whole * fraction] + ([sign * whole + fraction] if sign < 0 else [])
+    return None
+
+
+def _several_readings(answer: str, gold: str) -> bool | None:
+    r"""``False`` for a percent or mixed number against a constant (or another of them) far from
+    every reading of it.
+
+    >>> _several_readings("1023", "20\\%"), _several_readings("20", "20\\%"), _several_readings("0.2", "20\\%")
+    (False, None, None)
+    >>> _several_readings("3 \\frac{3}{8}", "15"), _several_readings("-15\\frac{3}{5}", "8")
+    (False, False)
+    """
+    a, g = _readings(answer), _readings(gold)
+    if a is None and g is None:
+        return None
+    a = a if a is not None else ([v] if (v := _value(answer)) is not None else None)
+    g = g if g is not None else ([v] if (v := _value(gold)) is not None else None)
+    if a is None or g is None:
+        return None
+    return None if any(_close(x, y) for x in a for y in g) else False
+
+
+def _interval_against_value(answer: str, gold: str) -> bool | None:
+    r"""``False`` for an interval (``[3,\infty)``, ``[-36,104]``) against a constant: a point is no interval.
+
+    >>> _interval_against_value("[3,\\infty)", "32"), _interval_against_value("5", "[-36,104]"), _interval_against_value("5", "(1, 2)")
+    (False, False, None)
+    """
+    for one, other in ((answer, gold), (gold, answer)):
+        if interval_boundaries(one) is not None and _value(other) is not None:
+            if one.strip()[0] == "(" and one.strip()[-1] == ")" and "\\infty" not in one:
+                return None  # `(1, 2)` may be a point of the plane: left to the tuple rules
+            return False
+    return None
+
+
 def surely_parseable(text: str) -> bool:
     """Whether math-verify certainly reads this (normalised, gold) text: a number, a numeral in a base,
     or an expression, tuple, interval, union of intervals or set that our evaluator reads. math-verify's parse returns
@@ -426,11 +808,21 @@ def surely_parseable(text: str) -> bool:
     """
     if as_number(text) is not None or base_numeral(text) is not None or constant_values(text) is not None:
         return True
-    if interval_boundaries(text) is not None:
+    if interval_boundaries(text) is not None or complex_value(text) is not None or matrix_values(text) is not None:
+        return True
+    if _CHOICE.fullmatch(text):
+        return True
+    if (equation := _GOLD_EQUATION.fullmatch(text)) and all(_evaluable(side) for side in equation.groups()):
         return True
     tokens = _tokens(text) or []
     letters = {t for t in tokens if t.isalpha()}
     return bool(letters) and letters <= VARIABLES and evaluate(text, dict.fromkeys(letters, 1.5)) is not None
+
+
+def _evaluable(text: str) -> bool:
+    """Whether our evaluator reads ``text`` as a constant or an expression in lowercase variables."""
+    letters = {t for t in _tokens(text) or [] if t.isalpha()}
+    return letters <= VARIABLES and evaluate(text, dict.fromkeys(letters, 1.5)) is not None
 
 
 def _decimal_places(text: str) -> int:
@@ -458,8 +850,8 @@ def base_verdict(answer: str, gold: str) -> bool | None:
 
     >>> base_verdict("20412_{6}", "20412_{5}"), base_verdict("20412", "20412_{5}"), base_verdict("10_{2}", "2_{10}")
     (False, True, True)
-    >>> base_verdict("1357", "20412_{5}"), base_verdict("7", "8") is None
-    (False, True)
+    >>> base_verdict("1357", "20412_{5}"), base_verdict("7", "8") is None, base_verdict("1200_{7}", "0.20")
+    (False, True, False)
     """
     a, g = base_numeral(answer), base_numeral(gold)
     if a is None and g is None:
@@ -471,8 +863,33 @@ def base_verdict(answer: str, gold: str) -> bool | None:
             return a == g
     based, other = (a, gold) if a is not None else (g, answer)
     if not _BARE_NUMERAL.fullmatch(other):
+        # math-verify reads a numeral in a base with decimal digits as those digits (`1200_{7}` is
+        # 1200); where even that reading clearly differs from the other side, they are different.
+        if based[0].lstrip("-").isdigit() and fast_verdict(based[0], other) is False:
+            return False
         return None
     return based[0].lower() == other.lower()
+
+
+_COMMA_DECIMAL = re.compile(r"-?\d+,(?:\d{1,2}|\d{4,})")  # `3,14`, `0,5`: not a thousands mark
+
+
+def decimal_comma_verdict(answer: str, gold: str) -> bool | None:
+    """``True`` for a number written with a decimal comma against the same number written with a
+    point: ``3,14`` for ``3.14`` (math-verify reads ``3,14`` as the set {3, 14}, which no single
+    number equals), and the reverse when the answer has exactly the gold's digits (``0.5`` for
+    ``0,5``: such a gold may also be a list, ``2,6``, so only the same digits count). Else ``None``.
+
+    >>> decimal_comma_verdict("3,14", "3.14"), decimal_comma_verdict("0,50", "0.5"), decimal_comma_verdict("0.5", "0,5")
+    (True, True, True)
+    >>> decimal_comma_verdict("3,15", "3.14"), decimal_comma_verdict("1,000", "1.0"), decimal_comma_verdict("0.50", "0,5")
+    (None, None, None)
+    """
+    if _COMMA_DECIMAL.fullmatch(answer) and "." in gold and _DECIMAL.fullmatch(gold):
+        return True if fast_verdict(answer.replace(",", "."), gold) else None
+    if _COMMA_DECIMAL.fullmatch(gold) and answer == gold.replace(",", "."):
+        return True
+    return None
 
 
 def nesting_depth(text: str) -> int:

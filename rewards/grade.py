@@ -15,8 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import pool
-from .extract import extract_lenient, extract_strict
-from .fastpath import answer_too_costly, base_verdict, fast_verdict, reads_as_prose, surely_parseable
+from .extract import extract_lenient, extract_strict, final_boxes
+from .fastpath import (
+    answer_too_costly,
+    base_verdict,
+    decimal_comma_verdict,
+    fast_verdict,
+    reads_as_prose,
+    surely_parseable,
+)
 from .formats import resolve_rules
 from .verify import check, normalize_gold
 
@@ -70,7 +77,9 @@ def format_score(completion: str, template: Any = None) -> float:
     return sum(completion.count(marker) == 1 for marker in markers) / len(markers)
 
 
-def grade(completion: str, gold: str | list[str], template: Any = None, *, strict: bool = False) -> Grade:
+def grade(
+    completion: str, gold: str | list[str], template: Any = None, *, strict: bool = False, join_boxes: bool = False
+) -> Grade:
     """Grade ``completion`` against ``gold`` under ``template``: a built-in template's name, the rules of
     any template (a `rewards.formats.FormatRules` or a template object), or ``None``.
 
@@ -80,6 +89,10 @@ def grade(completion: str, gold: str | list[str], template: Any = None, *, stric
     (a boxed answer, inside ``<answer>`` for tag templates). With no template, the last boxed answer is
     read. Returns within the pool's time limit on any input (see `grade_batch`).
 
+    ``join_boxes=True`` (off by default: the paper reads the last box only) reads several boxes in
+    the last box's paragraph as one answer when the gold is a set, tuple or list: ``\\boxed{1}`` and
+    ``\\boxed{2}`` for ``\\{1, 2\\}``.
+
     >>> grade("so \\\\boxed{\\\\dfrac{1}{2}}", "\\\\frac12").correct
     True
     >>> g = grade("<think>\\nx\\n</think>\\n<answer>\\n7\\n</answer>", "7", "open-r1", strict=True)
@@ -88,7 +101,7 @@ def grade(completion: str, gold: str | list[str], template: Any = None, *, stric
     >>> grade("\\\\boxed{10^{10^{10}}}", "5").timed_out
     True
     """
-    return grade_batch([completion], [gold], [template], strict=strict)[0]
+    return grade_batch([completion], [gold], [template], strict=strict, join_boxes=join_boxes)[0]
 
 
 # -- the batch path ---------------------------------------------------------------------------------
@@ -114,8 +127,8 @@ def _gold_key(gold: Any) -> Any:
     if hasattr(gold, "tolist") and not isinstance(gold, (str, bytes)):
         gold = gold.tolist()
     if isinstance(gold, (list, tuple)):
-        return tuple(g if isinstance(g, (str, int, float)) else str(g) for g in gold)
-    return gold if isinstance(gold, (str, int, float)) else str(gold)
+        return tuple(g if g is None or isinstance(g, (str, int, float)) else str(g) for g in gold)
+    return gold if gold is None or isinstance(gold, (str, int, float)) else str(gold)  # None: no gold
 
 
 def _parseable(text: str) -> bool | None:
@@ -133,8 +146,36 @@ def _learn(golds: tuple[str, ...], parseable: tuple[bool, ...]) -> None:
     _PARSEABLE.update(zip(golds, parseable))
 
 
-def _extract(text: str, strict: bool, answer_rule: str) -> str | None:
+def _extract(text: str, strict: bool, answer_rule: str, golds: tuple[str, ...] = (), join_boxes: bool = False) -> str | None:
+    if join_boxes:
+        joined = joined_boxes(final_boxes(text, strict, answer_rule), golds)
+        if joined is not None:
+            return joined
     return extract_strict(text, answer_rule) if strict else extract_lenient(text)
+
+
+def joined_boxes(boxes: list[str], golds: tuple[str, ...]) -> str | None:
+    """Several boxed answers written as one, in the shape of the first gold that is a set
+    (``\\{...\\}``), a tuple (``(...)``) or a bare list; ``None`` for fewer than two boxes or no such gold.
+
+    >>> joined_boxes(["1", "-2"], ("\\\\{-2, 1\\\\}",)), joined_boxes(["3", "4"], ("(3, 4)",)), joined_boxes(["1", "2"], ("1, 2",))
+    ('\\\\{1, -2\\\\}', '(3, 4)', '1, 2')
+    >>> joined_boxes(["1", "2"], ("2",)) is None, joined_boxes(["1"], ("1, 2",)) is None
+    (True, True)
+    """
+    if len(boxes) < 2:
+        return None
+    body = ", ".join(boxes)
+    for gold in golds:
+        if "," not in gold:
+            continue
+        if gold.startswith("\\{") and gold.endswith("\\}"):
+            return f"\\{{{body}\\}}"
+        if gold.startswith("(") and gold.endswith(")"):
+            return f"({body})"
+        if gold[0] not in "([" and gold[-1] not in ")]":
+            return body
+    return None
 
 
 def _in_process_ok(text: str) -> bool:
@@ -162,9 +203,13 @@ def _screen(answer: str | None, golds: tuple[str, ...]) -> str:
 
 
 def _verdict(answer: str, gold: str) -> bool | None:
-    """The in-process verdict: numerals in a base first (math-verify ignores the base), then the fast path."""
-    verdict = base_verdict(answer, gold)
-    return verdict if verdict is not None else fast_verdict(answer, gold)
+    """The in-process verdict: numerals in a base first (math-verify ignores the base), a decimal comma
+    (math-verify reads ``3,14`` as a set), then the fast path."""
+    for rule in (base_verdict, decimal_comma_verdict, fast_verdict):
+        verdict = rule(answer, gold)
+        if verdict is not None:
+            return verdict
+    return None
 
 
 def _settle(answer: str | None, golds: tuple[str, ...]) -> _Settled | None:
@@ -189,16 +234,16 @@ def remote_task(task: tuple[Any, ...]) -> tuple[bool, tuple[bool, ...], bool, st
     """What a worker runs for one completion: ``(correct, parseable golds, refused, extracted)``.
 
     ``("check", answer, golds)`` compares an answer extracted by the caller (an empty answer only
-    parses the golds); ``("full", completion, golds, strict, answer_rule)`` also extracts it.
+    parses the golds); ``("full", completion, golds, strict, answer_rule, join_boxes)`` also extracts it.
 
-    >>> remote_task(("full", "so \\\\boxed{0.5}", ("\\\\frac{1}{2}",), False, "boxed"))
+    >>> remote_task(("full", "so \\\\boxed{0.5}", ("\\\\frac{1}{2}",), False, "boxed", False))
     (True, (True,), False, '0.5')
     """
     if task[0] == "check":
         _, answer, golds = task
         return (*check((answer, golds)), None)
-    _, completion, golds, strict, answer_rule = task
-    answer = _extract(completion, strict, answer_rule)
+    _, completion, golds, strict, answer_rule, join_boxes = task
+    answer = _extract(completion, strict, answer_rule, golds, join_boxes)
     screen = _screen(answer, golds)
     if screen != "ok":
         _, parseable, _ = check(("", golds))
@@ -208,6 +253,19 @@ def remote_task(task: tuple[Any, ...]) -> tuple[bool, tuple[bool, ...], bool, st
         _, parseable, _ = check(("", golds))
         return settled.correct, parseable, False, answer
     return (*check((answer, golds)), answer)
+
+
+# Pairs of the shapes models write, compared once in the server before it forks: the first comparison
+# of each shape pays SymPy's lazy imports and caches (0.1-0.6 s each), which forked workers then share.
+_WARM_UP = (
+    ("0.5", "\\frac{1}{2}"), ("(1, 2]", "(1,2]"), ("x^2+1", "1+x^2"), ("\\sqrt{8}", "2\\sqrt{2}"),
+    ("(-\\infty, 0) \\cup (3, 1) \\cup (5, 7)", "(-\\infty, 0) \\cup (1, 3)"), ("1 + 2i", "3 - 4i"),
+    ("\\frac{1}{3} - \\frac{2}{3}i", "x^2 - 4x + 1"), ("\\cot 20", "7"), ("\\cos \\phi = \\phi", "5"),
+    ("-1 <= f(t) <= 1", "2"), ("(3) (y+1) (y-1)", "12"), ("101_{2}", "(0, 1) \\cup (2, 3)"),
+    ("x + 2y = 6", "y = 3 - \\frac{x}{2}"), ("x >= 3", "x > 3"), ("\\{1, 2\\}", "(1, 2)"),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}"),
+    ("5^t - 3^t", "16"), ("\\log_2 8", "3"), ("\\sin 30", "\\frac{1}{2}"), ("50\\%", "0.5"), ("\\text{B}", "B"),
+)
 
 
 def worker_init() -> None:
@@ -221,7 +279,7 @@ def worker_init() -> None:
 
     use_signal_timeouts(False)
     warnings.filterwarnings("ignore")  # SymPy's warnings about a model's odd input help nobody
-    for answer, gold in (("0.5", "\\frac{1}{2}"), ("(1, 2]", "(1,2]"), ("x^2+1", "1+x^2"), ("\\sqrt{8}", "2\\sqrt{2}")):
+    for answer, gold in _WARM_UP:
         check((answer, (gold,)))
     gc.collect()
     gc.freeze()
@@ -233,6 +291,7 @@ def grade_batch(
     templates: Sequence[Any] | None = None,
     *,
     strict: bool = False,
+    join_boxes: bool = False,
 ) -> list[Grade]:
     """Grade many completions at once; the same verdicts as `grade` on each, with one pool round trip.
 
@@ -263,10 +322,10 @@ def grade_batch(
         if not _in_process_ok(completion):
             answers.append(None)
             if gold_texts:
-                remote.setdefault(("full", completion, gold_texts, strict, rule), []).append(i)
+                remote.setdefault(("full", completion, gold_texts, strict, rule, join_boxes), []).append(i)
                 continue
         else:
-            answers.append(_extract(completion, strict, rule))
+            answers.append(_extract(completion, strict, rule, gold_texts, join_boxes))
         if not gold_texts:
             grades[i] = Grade(correct=False, format_score=scores[i], extracted=answers[i], gold_ok=False)
             continue

@@ -82,14 +82,40 @@ _GOLD_TEXT_ANSWER = re.compile(r"\\text\{\s*\(?([A-E])\)?\s*\}")
 def normalize_gold(gold: Any) -> str:
     """Canonical text for a gold answer: `rewards.extract.normalize` plus gold-only fixes.
 
-    Floats from a dataset (AMC) lose a trailing ``.0``; surrounding ``$`` and newlines go.
+    Floats from a dataset (AMC) lose a trailing ``.0``; surrounding ``$`` and newlines go. A missing
+    gold (``None``, NaN) and a malformed one (unbalanced braces: ``\\frac{``) give ``""``, which
+    grades as an unparseable gold (``gold_ok=False``), never as the text ``"None"``.
 
     >>> normalize_gold(18.0), normalize_gold(" $\\\\frac{9}{32}$\\n"), normalize_gold("90^\\\\circ")
     ('18', '\\\\frac{9}{32}', '90')
+    >>> normalize_gold(None), normalize_gold(float("nan")), normalize_gold("\\\\frac{")
+    ('', '', '')
     """
+    if gold is None or (isinstance(gold, float) and math.isnan(gold)):
+        return ""
     if isinstance(gold, float) and gold.is_integer():
         return str(int(gold))
-    return normalize(str(gold))
+    text = normalize(str(gold))
+    return text if braces_balanced(text) else ""
+
+
+def braces_balanced(text: str) -> bool:
+    """Whether every ``{`` of ``text`` is closed, in order (escaped ``\\{``, ``\\}`` are not braces).
+
+    >>> braces_balanced("\\\\frac{1}{2}"), braces_balanced("\\\\frac{"), braces_balanced("}{"), braces_balanced("\\\\{1\\\\} \\\\cup \\\\{")
+    (True, False, False, True)
+    """
+    depth = 0
+    for index, char in enumerate(text):
+        if index and text[index - 1] == "\\":
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
 
 
 # -- parsing and comparing --------------------------------------------------------------------------

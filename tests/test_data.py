@@ -204,3 +204,32 @@ def test_a_missing_local_dataset_fails_at_once_naming_the_path(name):
         load_math_dataset(name)
     with pytest.raises(SystemExit, match=f"prompt-aug-data: error: dataset '{re.escape(name)}': no such folder"):
         data.main(["--dataset", name])
+
+
+def test_list_valued_answer_column_keeps_every_gold_any_of():
+    import datasets
+
+    from rewards import correctness_reward
+
+    raw = datasets.Dataset.from_dict(
+        {"question": ["q1", "q2", "q3"], "answer": [["\\frac{1}{2}", "0.5"], ["7"], ["", " "]]}
+    )
+    rows, dropped = to_rows(raw)
+    assert rows["answer"] == [["\\frac{1}{2}", "0.5"], ["7"]]
+    assert dropped["empty gold answer"] == 1
+    # Training grades any of them, as evaluation does: the second gold of row 1 counts too.
+    rewards = correctness_reward(["\\boxed{0.5}", "\\boxed{7}"], answer=rows["answer"])
+    assert rewards == [1.0, 1.0]
+    assert correctness_reward(["\\boxed{x}"], answer=[["a", "x"]]) == [1.0]
+
+
+def test_mixed_single_and_list_golds_become_one_list_column():
+    rows, _ = to_rows(datasets_from({"question": ["q1", "q2"], "answer": ["3", "4"]}))
+    assert rows["answer"] == ["3", "4"]  # a plain column stays plain
+    assert data.answer_form(["\\frac{1}{2}", "0.5"]) == "fraction"
+
+
+def datasets_from(columns):
+    import datasets
+
+    return datasets.Dataset.from_dict(columns)

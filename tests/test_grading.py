@@ -473,3 +473,175 @@ def test_math_verify_logs_are_truncated(caplog):
         logging.getLogger("math_verify.grader").warning("Timeout is disabled as timeout_seconds is None")
     assert len(caplog.records) == 1
     assert len(caplog.records[0].getMessage()) < 400
+
+
+# -- issue 14: no false negative where math-verify's reading agrees ------------------------------------
+
+# (gold, boxed answer, right?) for each kind of answer the grader used to get wrong; the wrong ones are
+# the same forms with a changed value, so that a rule that accepts everything fails.
+KINDS = {
+    "thousands mark and a space": [
+        ("12345", "12,\\! 345", True), ("1234567", "1,\\! 234,\\! 567", True), ("12,\\! 345", "12345", True),
+        ("12346", "12,\\! 345", False),
+    ],
+    "decimal comma": [
+        ("3.14", "3,14", True), ("0.5", "0,5", True), ("0,5", "0.5", True), ("2.75", "2,75", True),
+        ("3.14", "3,15", False), ("2, 6", "2.6", False), ("1000", "1,000", True),
+    ],
+    "relation commands": [
+        ("x \\neq \\pm 1", "x != \\pm 1", True), ("x \\gt 1000", "x > 1,000", True),
+        ("x \\geq 3", "\\text{all } x \\geq 3", True), ("x \\ne \\pm 1", "x \\neq \\pm 1", True),
+        ("x \\neq \\pm 1", "x != \\pm 2", False), ("x > 5", "x \\gt 4", False), ("x \\gt 1000", "x > 1,001", False),
+    ],
+    "equation in another form": [
+        ("y = 2x + 3", "2x - y + 3 = 0", True), ("y = -\\frac{1}{2}x + 3", "x + 2y = 6", True),
+        ("x + 2y = 6", "y = -\\frac{1}{2}x + 3", True), ("y = 2x + 3", "y - 2x = 3", True),
+        ("y = 2x + 3", "2x + 3", True), ("y = 2x + 3", "2x - y + 4 = 0", False), ("y = 2x + 3", "x + 2y = 6", False),
+    ],
+    "matrix after a sentence": [
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\text{The vector is } \\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
+        ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\text{The matrix is } \\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", True),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\text{so } \\mathbf{v} = \\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\text{The vector is } \\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}", False),
+    ],
+    "approx with a variable on its left": [
+        ("2.24", "\\text{so } x \\approx 2.24", True), ("2.24", "x \\approx 2.24", True),
+        ("3.5", "\\text{The answer is } t \\approx 3.5", True), ("2.24", "x \\approx 2.25", False),
+        ("\\frac{2}{3}", "\\frac{2}{3} \\approx 0.67", True),
+    ],
+}
+KIND_CASES = [(kind, *case) for kind, cases in KINDS.items() for case in cases]
+
+
+@pytest.mark.parametrize(("kind", "gold", "answer", "right"), KIND_CASES)
+def test_answer_forms_math_verify_reads_right(kind, gold, answer, right):
+    verdict = grade(f"So the answer is \\boxed{{{answer}}}.", gold)
+    assert verdict.gold_ok and verdict.correct is right, (kind, verdict)
+
+
+@pytest.mark.parametrize(("gold", "answer", "wrong"), [
+    # intervals in decimals against exact bounds: already right before issue 14, kept right
+    ("[\\frac{1}{4}, \\frac{3}{2})", "[0.25, 1.5)", "[0.25, 1.6)"),
+    ("(-\\infty, \\frac{1}{2}) \\cup (2, \\infty)", "(-\\infty, 0.5) \\cup (2, \\infty)", "(-\\infty, 0.6) \\cup (2, \\infty)"),
+    ("(-\\frac{3}{2}, \\frac{9}{4}]", "(-1.5, 2.25]", "(-1.5, 2.26]"), ("(2, \\frac{10}{3})", "(2, 3.333333)", "(2, 3.33)"),
+])
+def test_intervals_in_decimals(gold, answer, wrong):
+    assert grade(f"\\boxed{{{answer}}}", gold).correct
+    assert not grade(f"\\boxed{{{wrong}}}", gold).correct
+
+
+def test_where_the_new_readings_agree_with_math_verify():
+    # Each right answer above is one math-verify itself accepts on our normalised texts (no rule of ours
+    # decides it alone), except the decimal comma, which math-verify reads as a set of two numbers.
+    for kind, gold, answer, right in KIND_CASES:
+        if right and kind != "decimal comma":
+            assert _math_verify(normalize(answer), normalize_gold(gold)), (kind, gold, answer)
+
+
+SEVERAL_BOXES = "The solutions are \\boxed{1} and \\boxed{-2}."
+
+
+@pytest.mark.parametrize("gold", ["\\{1, -2\\}", "-2, 1", "(1, -2)"])
+def test_several_boxes_form_the_gold_set_only_when_asked(gold):
+    assert not grade(SEVERAL_BOXES, gold).correct  # the paper's rule: the last box
+    assert not grade(SEVERAL_BOXES, gold, strict=True).correct
+    assert grade(SEVERAL_BOXES, gold, join_boxes=True).correct
+    assert grade(SEVERAL_BOXES, gold, join_boxes=True, strict=True).correct
+    assert not grade("The solutions are \\boxed{1} and \\boxed{-3}.", gold, join_boxes=True).correct
+
+
+def test_several_boxes_option_keeps_the_last_box_for_a_single_gold():
+    assert grade(SEVERAL_BOXES, "-2", join_boxes=True).correct
+    assert not grade(SEVERAL_BOXES, "1", join_boxes=True).correct
+    # boxes of an earlier paragraph are not part of the answer
+    earlier = "Try \\boxed{5}.\n\nThe solutions are \\boxed{1} and \\boxed{-2}."
+    assert not grade(earlier, "5, 1, -2", join_boxes=True).correct
+
+
+def test_evaluation_keeps_the_last_box_rule():
+    import inspect
+
+    from prompt_aug import evaluate
+
+    assert "join_boxes" not in inspect.getsource(evaluate)
+    assert inspect.signature(grade).parameters["join_boxes"].default is False
+
+
+# -- issue 14: each new fast-path rule is sound (math-verify agrees wherever it answers) ----------------
+
+# (answer, gold): pairs each new rule settles as different; math-verify must say different too.
+NEW_RULES = {
+    "non-constant expression vs constants": [("5x-3", "( -1, \\frac{35}{12} )"), ("\\frac{8t}{3}", "[2,5)"),
+                                              ("\\frac{1}{b}", "(-\\frac{3}{10}, -\\frac{10}{3})"), ("x^2", "\\{1, 4\\}")],
+    "complex numbers": [("1", "-3 + 6i"), ("-5 + 6i", "-3 + 6i"), ("\\frac{1}{5} + \\frac{3}{4}i", "\\frac{1}{5} + \\frac{3}{5}i"),
+                        ("292i", "408.04"), ("6-3i", "80"), ("-128 - 128 \\sqrt{3} i", "2")],
+    "equation by its right side": [("2x - y + 2z - 18 = 0", "181"), ("y = -\\frac{5}{2} x - \\frac{29}{4}", "-\\frac{9}{2}"),
+                                   ("y = 2x", "4")],
+    "choice letter vs number": [("(A)", "39"), ("(B)", "9"), ("7", "C")],
+    "assignments of the same variable": [("y = 2x + 4", "y = 2x + 3"), ("y = x^2 - 1", "y = -3x + 30"), ("k = n + 2", "k = n + 1")],
+    "integer sums": [("0-14", "-13"), ("2 + 3", "6")],
+    "gold equation against a constant": [("13", "2x + z - 5 = 0"), ("2", "AB=12+12\\sqrt{3}"), ("\\frac{24}{35}", "2x + z - 5 = 0")],
+    "matrices": [("108", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"),
+                 ("\\begin{pmatrix} 1 & -0 \\\\ 1 & 1 \\end{pmatrix}", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"),
+                 ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 \\end{pmatrix}")],
+    "percents and mixed numbers": [("1023", "20\\%"), ("21\\%", "20\\%"), ("65\\%", "35"), ("3 \\frac{3}{8}", "15"),
+                                   ("-15\\frac{3}{5}", "8"), ("129\\frac{1}{3}", "-338016")],
+    "interval against a number": [("[3,\\infty)", "32"), ("[-36,104]", "2 - 2 \\sqrt{2}")],
+    "inequality against a number": [("-80 <= g(x) <= 82", "80"), ("5", "x > 3"), ("x >= 2", "2")],
+    "unions with a degenerate piece": [("(-\\infty,2) \\cup (4,4)", "(-\\infty,2) \\cup (2,4)"),
+                                       ("(-\\infty, -2) \\cup (2, 1) \\cup (2, 4)", "(-\\infty, -2) \\cup (0, 1) \\cup (2, 4)")],
+    "complex constant against a function": [("\\frac{2}{25} - \\frac{14}{25}i", "-8x^2+13x+20")],
+    "points against a union": [("0, 3, -1, 4", "(-\\infty, -4) \\cup (-4, \\infty)"), ("\\{1, 2\\}", "(0, 1) \\cup (2, 3)"),
+                               ("\\sqrt[4]{8}", "(-\\infty, -4) \\cup (-4, \\infty)")],
+    "gold equation against an expression": [("xy", "2x + z - 5 = 0"), ("x^2", "y = x^3"), ("x", "2x = 2")],
+    "choice letter against an expression": [("(D)", "225\\sqrt{11}"), ("2x^2 - 12x + 20", "(D)"), ("3 \\frac{3}{8}", "(D)")],
+    "numeral in a base vs another shape": [("1200_{7}", "0.20"), ("10200_{3}", "(-\\infty,2) \\cup (2,4)"), ("861_{12}", "4\\sqrt{3}")],
+}
+
+
+@pytest.mark.parametrize(("rule", "answer", "gold"), [(r, a, g) for r, cases in NEW_RULES.items() for a, g in cases])
+def test_new_fast_path_rules_say_different_only_where_math_verify_does(rule, answer, gold):
+    from rewards.grade import _verdict
+
+    assert _verdict(answer, gold) is False, rule
+    assert _math_verify(answer, gold) is False, rule
+
+
+@pytest.mark.parametrize(("answer", "gold"), [
+    ("x - x + 1", "1"), ("x + 1", "(1, y)"), ("6i", "0 + 6i"), ("-3 + 6i", "-3 + 6i"), ("y = 2x", "2x"),
+    ("(E)", "3"), ("0-14", "-14"), ("1200_{7}", "1200"),
+    ("x = \\frac{y - 3}{2}", "y = 2x + 3"), ("y = 2y + 1", "y = 3"),
+    ("(0,1) \\cup (1,1) \\cup (1,2)", "(0,2)"), ("(0, 2)", "(0, 1) \\cup [1, 2)"), ("x^3", "y = x^3"), ("x > 3", "(3, \\infty)"),
+    ("20", "20\\%"), ("0.2", "20\\%"), ("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"), ("\\frac{100}{3}", "33 \\frac{1}{3}"),
+])
+def test_new_fast_path_rules_leave_or_accept_the_equal_ones(answer, gold):
+    from rewards.grade import _verdict
+
+    assert _verdict(answer, gold) is not False
+    if _verdict(answer, gold) is True:
+        assert _math_verify(answer, gold) or answer.endswith("_{7}")  # a base numeral: read in the gold's base
+
+
+def test_golds_newly_known_parseable_are_parseable():
+    for text in ("(D)", "2x + z - 5 = 0", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}", "-3 + 6i"):
+        assert surely_parseable(text) and parse_text(text) is not None, text
+
+
+def test_integer_sums_are_equal_as_math_verify_reads_them():
+    assert fast_verdict("0-14", "-14") is True and _math_verify("0-14", "-14")
+
+
+# -- issue 11 point 14: the gold side of the API -----------------------------------------------------
+
+
+@pytest.mark.parametrize("gold", [None, float("nan"), "\\frac{", "x^{2", ["\\frac{", None]])
+def test_missing_or_malformed_gold_is_not_ok(gold):
+    for completion in ("\\boxed{None}", "\\boxed{\\frac{}", "\\boxed{1}", "no answer"):
+        verdict = grade(completion, gold)
+        assert verdict.gold_ok is False and verdict.correct is False, (gold, completion)
+
+
+def test_a_list_gold_with_one_malformed_element_uses_the_others():
+    assert grade("\\boxed{1}", ["\\frac{", "1"]).correct
+    assert correctness_reward(["\\boxed{None}", "\\boxed{2}"], answer=[None, "2"]) == [None, 1.0]
