@@ -64,6 +64,24 @@ class PromptAugArguments:
     )
     eval_limit: int | None = field(default=None, metadata={"help": "First N questions per benchmark only."})
     eval_max_tokens: int = field(default=1024, metadata={"help": "New tokens per evaluation completion."})
+    # Learning demo (issue 10): a supervised warm start before GRPO, and a before/after table.
+    warmstart_steps: int = field(
+        default=0, metadata={"help": "Supervised steps on the training questions before GRPO (0: none)."}
+    )
+    warmstart_batch_size: int = field(default=32, metadata={"help": "Examples per warm-start step."})
+    warmstart_learning_rate: float = field(
+        default=1e-2, metadata={"help": "Warm-start AdamW learning rate (cosine decay to 0)."}
+    )
+    warmstart_wellformed: float = field(
+        default=0.5, metadata={"help": "Share of warm-start targets written in their template's layout."}
+    )
+    heldout_questions: int = field(
+        default=0, metadata={"help": "Questions kept out of warm start and GRPO, scored by before_after."}
+    )
+    before_after: bool = field(
+        default=False,
+        metadata={"help": "Score every template before and after GRPO; print and write before_after.md."},
+    )
     dry_run: bool = field(
         default=False,
         metadata={

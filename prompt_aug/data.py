@@ -5,6 +5,7 @@ string) and ``uid`` (stable across runs and processes). These names are the cont
 collator and rewards. Supported sources:
 
 * ``synthetic``: generated questions (the smoke recipe; no network).
+* ``synthetic-addition``: the 55 one-digit sums of the learning demo (no network).
 * SimpleRL-Zoo in verl layout (the paper's set), from the Hub (``hkust-nlp/SimpleRL-Zoo-Data`` with
   ``dataset_config: simplelr_qwen_level3to5``) or a local folder of its parquet files. The question
   is the user turn of ``prompt``; the gold is ``reward_model.ground_truth``.
@@ -31,7 +32,7 @@ import datasets
 
 from rewards.extract import last_boxed
 
-from .smoke import SYNTHETIC_DATASET_NAME, synthetic_problems
+from .smoke import ADDITION_DATASET_NAME, SYNTHETIC_DATASET_NAME, addition_problems, synthetic_problems
 
 SIMPLERL_HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
 SIMPLERL_CONFIG = "simplelr_qwen_level3to5"
@@ -195,6 +196,9 @@ def load_math_dataset(
     """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows."""
     if name == SYNTHETIC_DATASET_NAME:
         rows = datasets.Dataset.from_list(synthetic_problems(num_synthetic, seed=seed))
+        return rows, DataReport(name, len(rows), len(rows), Counter())
+    if name == ADDITION_DATASET_NAME:
+        rows = datasets.Dataset.from_list(addition_problems())
         return rows, DataReport(name, len(rows), len(rows), Counter())
     if name == MATH_HUB_ID and answer_column is None:
         answer_column = "solution"

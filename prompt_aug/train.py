@@ -28,6 +28,7 @@ from .model_card import ModelCardInfo
 from .smoke import TINY_MODEL_NAME, build_tiny_model
 from .templates import check_renders, get_template, load_templates, select_templates
 from .trainer import PromptAugGRPOTrainer
+from .warmstart import prepare as prepare_learning_demo
 
 logger = logging.getLogger("prompt_aug")
 
@@ -130,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
             **(training_args.generation_kwargs or {}),
         }
 
+    # Learning demo: held-out questions set aside, supervised warm start, "before" scores (off by default).
+    dataset, before_after = prepare_learning_demo(model, tokenizer, dataset, templates, script_args, training_args)
+
     # Trainer.
     recipe_text = _recipe_text(argv)
     trainer = PromptAugGRPOTrainer(
@@ -168,6 +172,11 @@ def main(argv: list[str] | None = None) -> None:
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
+    if before_after is not None:
+        before_after.measure("after", trainer.model, tokenizer)
+        if trainer.is_world_process_zero():
+            print(before_after.table())
+            logger.info("wrote %s", before_after.write(training_args.output_dir))
 
     # Save, card, push.
     trainer.save_model(training_args.output_dir)
