@@ -261,6 +261,8 @@ def prepare(
     Returns the training dataset and the `BeforeAfter` to finish after training (``None`` when
     ``before_after`` is off). Does nothing when neither ``warmstart_steps`` nor ``before_after`` is set.
     """
+    if not (script_args.warmstart_steps > 0 or script_args.before_after or script_args.heldout_questions):
+        return dataset, None
     dataset, heldout = split_heldout(dataset, script_args.heldout_questions, training_args.seed)
     rows = dataset.to_list()
     if script_args.warmstart_steps > 0:
