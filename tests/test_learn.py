@@ -13,8 +13,8 @@ make a failing run pass:
 The correctness part does not hold yet (docs/benchmarks.md, "Learning demo"): it is marked xfail,
 with its threshold unchanged, until the recipe learns correctness.
 
-Slow: four runs of the recipe (two seeds, recipe and control); about 8 minutes per seed on the shared
-2-core box with two seeds in parallel, fewer on idle cores (see docs/benchmarks.md).
+Slow: four runs of the recipe (two seeds, recipe and control); 11 minutes per seed on the shared
+2-core box with the two seeds side by side, 20-25 minutes serially there (see docs/benchmarks.md).
 """
 
 from __future__ import annotations
