@@ -156,6 +156,24 @@ class PromptAugArguments:
     dynamic_sampling_std_tol: float = field(
         default=1e-4, metadata={"help": "A group has spread when its signal's std exceeds this (not exactly 0)."}
     )
+    # Learning demo (issue 10): a supervised warm start before GRPO, and a before/after table.
+    warmstart_steps: int = field(
+        default=0, metadata={"help": "Supervised steps on the training questions before GRPO (0: none)."}
+    )
+    warmstart_batch_size: int = field(default=32, metadata={"help": "Examples per warm-start step."})
+    warmstart_learning_rate: float = field(
+        default=1e-2, metadata={"help": "Warm-start AdamW learning rate (cosine decay to 0)."}
+    )
+    warmstart_wellformed: float = field(
+        default=0.5, metadata={"help": "Share of warm-start targets written in their template's layout."}
+    )
+    heldout_questions: int = field(
+        default=0, metadata={"help": "Questions kept out of warm start and GRPO, scored by before_after."}
+    )
+    before_after: bool = field(
+        default=False,
+        metadata={"help": "Score every template before and after GRPO; print and write before_after.md."},
+    )
     dry_run: bool = field(
         default=False,
         metadata={

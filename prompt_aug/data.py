@@ -6,6 +6,7 @@ and ``uid`` (stable across runs and processes). These names are the contract bet
 collator and rewards. Supported sources:
 
 * ``synthetic``: generated questions (the smoke recipe; no network).
+* ``synthetic-addition``: the 55 one-digit sums of the learning demo (no network).
 * SimpleRL-Zoo in verl layout (the paper's set), from the Hub (``hkust-nlp/SimpleRL-Zoo-Data`` with
   ``dataset_config: simplelr_qwen_level3to5``) or a local folder of its parquet files. The question
   is the user turn of ``prompt``; the gold is ``reward_model.ground_truth``.
@@ -32,7 +33,14 @@ import datasets
 
 from rewards.extract import last_boxed
 
-from .smoke import SYNTHETIC_DATASET_NAME, TINY_MODEL_NAME, build_tiny_tokenizer, synthetic_problems
+from .smoke import (
+    ADDITION_DATASET_NAME,
+    SYNTHETIC_DATASET_NAME,
+    TINY_MODEL_NAME,
+    addition_problems,
+    build_tiny_tokenizer,
+    synthetic_problems,
+)
 from .sources import looks_local
 from .templates import TemplateError
 
@@ -215,6 +223,9 @@ def load_math_dataset(
     """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows."""
     if name == SYNTHETIC_DATASET_NAME:
         rows = datasets.Dataset.from_list(synthetic_problems(num_synthetic, seed=seed))
+        return rows, DataReport(name, len(rows), len(rows), Counter())
+    if name == ADDITION_DATASET_NAME:
+        rows = datasets.Dataset.from_list(addition_problems())
         return rows, DataReport(name, len(rows), len(rows), Counter())
     if name == MATH_HUB_ID and answer_column is None:
         answer_column = "solution"

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import logging
 import math
+import re
 import statistics
 import time
 import zlib
@@ -106,17 +107,66 @@ def normalize_gold(answer: Any) -> list[str]:
 
 
 def parse_benchmarks(spec: str | list[str]) -> list[str]:
-    """Benchmark names from ``"amc,aime24"`` (or a list), checked against `BENCHMARKS`, in its order.
+    """Benchmark names from ``"amc,aime24"`` (or a list): the suite's in its order, then question sets.
+
+    A question set of one's own is a local file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``), a
+    ``save_to_disk`` folder or a Hub dataset id, with a question column (``question`` or ``problem``)
+    and an ``answer`` column; see `load_benchmark`.
 
     >>> parse_benchmarks("math500, aime24")
     ['aime24', 'math500']
+    >>> parse_benchmarks("my_questions.jsonl,amc")
+    ['amc', 'my_questions.jsonl']
     """
     names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else [str(s).strip() for s in spec]
-    names = [n for n in names if n]
-    unknown = [n for n in names if n not in BENCHMARKS]
+    names = list(dict.fromkeys(n for n in names if n))
+    unknown = [n for n in names if n not in BENCHMARKS and not is_question_set(n)]
     if unknown or not names:
-        raise EvalError(f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)}")
-    return [b for b in BENCHMARKS if b in names]  # the paper's column order
+        raise EvalError(
+            f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)}, or a question set "
+            f"(a {'/'.join(QUESTION_SET_FILES)} file, a save_to_disk folder or a Hub dataset id)"
+        )
+    return [b for b in BENCHMARKS if b in names] + [n for n in names if n not in BENCHMARKS]
+
+
+QUESTION_SET_FILES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+_QUESTION_COLUMNS = ("question", QUESTION_FIELD)
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def is_question_set(name: str) -> bool:
+    """Whether ``name`` names a question set of one's own (a data file, a folder, a Hub id), not a suite benchmark.
+
+    >>> is_question_set("sums.jsonl"), is_question_set("my-org/my-questions"), is_question_set("math500")
+    (True, True, False)
+    """
+    if name in BENCHMARKS:
+        return False
+    path = Path(name).expanduser()
+    return path.suffix in QUESTION_SET_FILES or path.exists() or bool(_HUB_ID.match(name))
+
+
+def benchmark_title(name: str) -> str:
+    """The column header of a benchmark: the suite's title, or a question set's file or dataset name."""
+    if name in BENCHMARKS:
+        return BENCHMARKS[name][1]
+    return Path(name).stem if Path(name).suffix in QUESTION_SET_FILES else name.rstrip("/").split("/")[-1]
+
+
+def _load_question_set(name: str) -> Any:
+    import datasets
+
+    path = Path(name).expanduser()
+    if path.suffix in QUESTION_SET_FILES:
+        if not path.is_file():
+            raise EvalError(f"question set {name}: no such file")
+        return datasets.load_dataset(QUESTION_SET_FILES[path.suffix], data_files=str(path), split="train")
+    loaded = datasets.load_from_disk(str(path)) if path.is_dir() else datasets.load_dataset(name)
+    if isinstance(loaded, datasets.DatasetDict):
+        if "test" not in loaded and len(loaded) != 1:
+            raise EvalError(f"question set {name} has splits {sorted(loaded)}; expected a `test` split or only one")
+        loaded = loaded["test"] if "test" in loaded else next(iter(loaded.values()))
+    return loaded
 
 
 _SUITES: dict[str, Any] = {}
@@ -144,18 +194,25 @@ def _load_split(split: str, data_dir: str | Path | None) -> Any:
 
 
 def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Problem]:
-    """The questions of benchmark ``name`` (first ``limit`` only, if given), from the Hub or ``data_dir``."""
-    split = BENCHMARKS[parse_benchmarks(name)[0]][0]
-    ds = _load_split(split, data_dir)
-    missing = [f for f in (QUESTION_FIELD, ANSWER_FIELD) if f not in ds.column_names]
+    """The questions of benchmark ``name`` (first ``limit`` only, if given).
+
+    A suite benchmark comes from the Hub or ``data_dir``; a question set (see `parse_benchmarks`) from
+    its file, folder or Hub id, with its ``question`` (or ``problem``) and ``answer`` columns.
+    """
+    name = parse_benchmarks(name)[0]
+    if name in BENCHMARKS:
+        split = BENCHMARKS[name][0]
+        ds, where, questions = _load_split(split, data_dir), f"benchmark {name} (split {split!r})", QUESTION_FIELD
+    else:
+        ds, where = _load_question_set(name), f"question set {name}"
+        questions = next((c for c in _QUESTION_COLUMNS if c in ds.column_names), _QUESTION_COLUMNS[0])
+    missing = [f for f in (questions, ANSWER_FIELD) if f not in ds.column_names]
     if missing:
-        raise EvalError(
-            f"benchmark {name} (split {split!r}) lacks field(s) {missing}; it has {ds.column_names}"
-        )
+        raise EvalError(f"{where} lacks column(s) {missing}; it has {ds.column_names}")
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     return [
-        Problem(name, i, str(row[QUESTION_FIELD]), normalize_gold(row[ANSWER_FIELD]))
+        Problem(name, i, str(row[questions]), normalize_gold(row[ANSWER_FIELD]))
         for i, row in enumerate(ds)
     ]
 
@@ -638,7 +695,7 @@ def render_tables(
     per_template = summary["results"]
     templates = list(per_template)
     main = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in per_template else templates[0]
-    heads = [BENCHMARKS[b][1] for b in benchmarks]
+    heads = [benchmark_title(b) for b in benchmarks]
     decoding = (
         "greedy"
         if settings["temperature"] == 0
@@ -693,7 +750,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="prompt-aug-eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="Local model folder or Hub id.")
     parser.add_argument(
-        "--benchmarks", default=",".join(BENCHMARKS), help=f"Comma list of {', '.join(BENCHMARKS)}."
+        "--benchmarks",
+        default=",".join(BENCHMARKS),
+        help=f"Comma list of {', '.join(BENCHMARKS)}, or question sets: a .jsonl/.json/.parquet/.csv file, a "
+        "save_to_disk folder or a Hub dataset id, with question (or problem) and answer columns.",
     )
     parser.add_argument(
         "--template", default=DEFAULT_EVAL_TEMPLATE, help="A template, a comma list, or `all`."

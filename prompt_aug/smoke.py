@@ -13,6 +13,7 @@ from pathlib import Path
 
 TINY_MODEL_NAME = "tiny-random-qwen2"
 SYNTHETIC_DATASET_NAME = "synthetic"
+ADDITION_DATASET_NAME = "synthetic-addition"
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -67,10 +68,35 @@ def synthetic_problems(n: int = 256, seed: int = 0) -> list[dict[str, str]]:
     return rows
 
 
+def addition_problems(max_sum: int = 9) -> list[dict[str, str]]:
+    """Every "Compute $a + b$." with digits ``a``, ``b`` and ``a + b <= max_sum`` (55 rows for 9).
+
+    The task of the learning demo (``recipes/smoke/learn_cpu.yaml``): small enough for the tiny model.
+
+    >>> rows = addition_problems()
+    >>> len(rows), rows[7]
+    (55, {'question': 'Compute $0 + 7$.', 'answer': '7', 'uid': 'addition-0-7'})
+    """
+    return [
+        {"question": f"Compute ${a} + {b}$.", "answer": str(a + b), "uid": f"addition-{a}-{b}"}
+        for a in range(10)
+        for b in range(10)
+        if a + b <= max_sum
+    ]
+
+
 def build_tiny_tokenizer(extra_text: list[str] | None = None):
-    """A byte-level BPE tokenizer (ChatML chat template, ``<|im_end|>`` as EOS), trained in code."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A small byte-level BPE `Qwen2Tokenizer` (ChatML chat template, ``<|im_end|>`` as EOS), trained in code.
+
+    It uses Qwen2's own normalizer and pre-tokenizer (digits split one by one), so the copy that
+    `AutoTokenizer` reloads from a Qwen2 model folder (always as `Qwen2Tokenizer`) encodes exactly as
+    this one does.
+    """
+    import json
+
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     from .templates import load_templates
 
@@ -79,36 +105,50 @@ def build_tiny_tokenizer(extra_text: list[str] | None = None):
         corpus += [template.system, template.user, template.prefill, *template.markers]
     corpus += extra_text or []
     corpus += ["Let's think step by step. The final answer is \\boxed{42}. So x = 5, 3/4, 0.25."]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     trainer = trainers.BpeTrainer(
         vocab_size=800,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
+    bpe.train_from_iterator(corpus, trainer=trainer)
+    trained = json.loads(bpe.to_str())["model"]
+    return Qwen2Tokenizer(
+        vocab=trained["vocab"],
+        merges=[tuple(m) for m in trained["merges"]],
+        unk_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
+        extra_special_tokens=["<|im_start|>"],
         chat_template=CHATML_TEMPLATE,
         padding_side="left",
     )
 
 
 def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
-    """Build (once) and save a tiny random Qwen2 model and its tokenizer under ``path``; return ``path``.
+    """Build and save a tiny random Qwen2 model and its tokenizer under ``path``; return ``path``.
 
-    A later call finds the saved files and returns at once.
+    The folder is a cache keyed by what built it: ``build.json`` records a fingerprint of the seed,
+    the model config and the tokenizer. A later call with the same fingerprint returns at once; a
+    folder built with another seed, shape or tokenizer (or by an older version without
+    ``build.json``) is rebuilt in place.
     """
+    import hashlib
+    import json
+    import logging
+
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     path = Path(path)
-    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
-        return path
     tokenizer = build_tiny_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -123,6 +163,18 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    built_from = {
+        "seed": seed,
+        "config": config.to_dict(),
+        "tokenizer": tokenizer.backend_tokenizer.to_str(),
+        "chat_template": tokenizer.chat_template,
+    }
+    fingerprint = hashlib.sha256(json.dumps(built_from, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    record = path / "build.json"
+    if record.is_file() and json.loads(record.read_text()).get("fingerprint") == fingerprint:
+        return path
+    if (path / "config.json").is_file():
+        logging.getLogger("prompt_aug").info("rebuilding %s: it was built from other settings", path)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
@@ -132,4 +184,5 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    record.write_text(json.dumps({"fingerprint": fingerprint, "seed": seed}, indent=2) + "\n")
     return path

@@ -38,6 +38,7 @@ from .smoke import SYNTHETIC_DATASET_NAME, TINY_MODEL_NAME, build_tiny_model
 from .sources import check_source
 from .templates import Template, TemplateError, check_renders, load_templates, select_templates
 from .trainer import PromptAugGRPOTrainer
+from .warmstart import prepare as prepare_learning_demo
 
 logger = logging.getLogger("prompt_aug")
 
@@ -204,6 +205,9 @@ def train(argv: list[str] | None = None) -> None:
             **(training_args.generation_kwargs or {}),
         }
 
+    # Learning demo: held-out questions set aside, supervised warm start, "before" scores (off by default).
+    dataset, before_after = prepare_learning_demo(model, tokenizer, dataset, templates, script_args, training_args)
+
     # Trainer.
     recipe_text = _recipe_text(argv)
     trainer = PromptAugGRPOTrainer(
@@ -259,6 +263,11 @@ def train(argv: list[str] | None = None) -> None:
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
+    if before_after is not None:
+        before_after.measure("after", trainer.model, tokenizer)
+        if trainer.is_world_process_zero():
+            print(before_after.table())
+            logger.info("wrote %s", before_after.write(training_args.output_dir))
 
     # Save, card, push.
     trainer.save_model(training_args.output_dir)

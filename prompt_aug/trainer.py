@@ -92,7 +92,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     Logs, beside TRL's ``entropy``, ``reward`` and ``completions/*``: ``templates/<name>/accuracy``,
     ``/format``, ``/mean_length``, ``/truncated_ratio``, ``/count``, ``/entropy`` and ``/repetition`` per
-    template, and ``completions/repetition_ratio`` (completions ending in an n-gram loop). With
+    template, ``templates/<name>/<reward function name>`` for every reward function (named as in TRL's
+    ``rewards/<reward function name>/mean``, e.g. ``correctness_reward``), and ``completions/repetition_ratio``
+    (completions ending in an n-gram loop). With
     ``log_completions``, the completion records carry ``template``, ``uid`` and the ``process`` that
     generated each completion (the logged prompt is the rendered text), and every log entry carries
     ``round``. With dynamic sampling, also ``dynamic_sampling/*`` and ``templates/<name>/kept``, and
@@ -300,6 +302,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             for metric, column in columns.items():
                 if column is not None and rewards is not None:
                     metrics[f"{prefix}/{metric}"].append(torch.nanmean(rewards[rows_t, column]).item())
+            for column, reward_name in enumerate(self.reward_func_names if rewards is not None else []):
+                metrics[f"{prefix}/{reward_name}"].append(torch.nanmean(rewards[rows_t, column]).item())
             metrics[f"{prefix}/mean_length"].append(lengths[rows_t].mean().item())
             metrics[f"{prefix}/truncated_ratio"].append(truncated[rows_t].mean().item())
             metrics[f"{prefix}/count"].append(float(len(rows)))

@@ -1,5 +1,7 @@
 """TRL reward functions, registered by name so a recipe can list them (``reward_funcs: [...]``).
 
+A recipe may also name any function by import path, ``package.module:function`` (see `get_reward_funcs`).
+
 Each function takes TRL's reward-function arguments: the ``completions`` of a generation round and
 the dataset columns as lists: ``answer`` (the gold) and the format rules of each row's template.
 Prompt augmentation writes those rules into every row (``answer_rule``, ``format_markers``, beside
@@ -9,6 +11,7 @@ the ``template`` name); without them, a ``template`` column of built-in names is
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -103,24 +106,29 @@ REGISTRY: dict[str, Callable[..., list[float | None]]] = {
 
 
 def get_reward_funcs(names: list[str]) -> list[Callable[..., list[float | None]]]:
-    """The reward functions for ``names``: registered names, or ``package.module:function`` import paths
-    (a reward of your own). An unknown name raises and lists the known ones."""
+    """The reward functions for ``names``: registered names, or import paths ``package.module:function``.
+
+    An unknown name raises and lists the registered ones; a bad import path raises and says why.
+
+    >>> [f.__name__ for f in get_reward_funcs(["format", "rewards.controls:shuffled_format_reward"])]
+    ['format_reward', 'shuffled_format_reward']
+    """
     unknown = [n for n in names if n not in REGISTRY and ":" not in n]
     if unknown:
         raise ValueError(
-            f"unknown reward_funcs {unknown}; registered: {sorted(REGISTRY)}, or name one as package.module:function"
+            f"unknown reward_funcs {unknown}; registered: {sorted(REGISTRY)}, or give an import path "
+            "package.module:function"
         )
     return [REGISTRY[n] if n in REGISTRY else _import_reward(n) for n in names]
 
 
 def _import_reward(path: str) -> Callable[..., list[float | None]]:
-    import importlib
-
+    """The function named by ``package.module:function``."""
     module_name, _, attr = path.partition(":")
     try:
         func = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"reward_funcs entry {path!r} cannot be imported ({err}); is {module_name} on the path?") from err
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function") from None
     if not callable(func):
-        raise ValueError(f"reward_funcs entry {path!r} is not a function")
+        raise ValueError(f"reward_funcs: {path!r} is a {type(func).__name__}, not a function")  # noqa: TRY004 (a bad recipe value, like the other reward_funcs errors)
     return func

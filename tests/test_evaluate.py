@@ -9,10 +9,15 @@ import pytest
 
 from prompt_aug.evaluate import (
     EvalCallback,
+    EvalError,
+    load_benchmark,
     main,
     normalize_gold,
+    parse_args,
+    parse_benchmarks,
     read_records,
     render_tables,
+    run_evaluation,
     score_completions,
     summarize,
 )
@@ -359,3 +364,45 @@ def test_vllm_context_follows_the_models_config(tiny_model_dir):
     assert context == 2048  # the smoke model's max_position_embeddings
     assert vllm_max_model_len(None, 100, 3000, context) == 2048  # was a constant 4096: vLLM refused it
     assert vllm_max_model_len(None, 100, 500, context) == 600
+
+
+def test_a_question_set_of_ones_own_from_jsonl_parquet_csv(tiny_model_dir, tmp_path):
+    import pandas as pd
+
+    rows = [{"question": "Compute $2 + 3$.", "answer": 5}, {"question": "Compute $1 + 1$.", "answer": "2"}]
+    pd.DataFrame(rows).to_json(tmp_path / "sums.jsonl", orient="records", lines=True)
+    pd.DataFrame(rows).astype(str).to_parquet(tmp_path / "sums.parquet")
+    pd.DataFrame(rows).rename(columns={"question": "problem"}).to_csv(tmp_path / "sums.csv", index=False)
+    for name in ("sums.jsonl", "sums.parquet", "sums.csv"):
+        problems = load_benchmark(str(tmp_path / name))
+        assert [(p.question, p.gold) for p in problems] == [("Compute $2 + 3$.", ["5"]), ("Compute $1 + 1$.", ["2"])]
+
+    out = tmp_path / "eval"
+    results = run_evaluation(
+        parse_args(["--model", str(tiny_model_dir), "--benchmarks", str(tmp_path / "sums.jsonl"), "--backend", "hf",
+                    "--max_tokens", "4", "--output", str(out), "--no_progress"])
+    )  # fmt: skip
+    assert results["benchmarks"] == [str(tmp_path / "sums.jsonl")]
+    assert "| Model | sums | **Macro** | **Micro** |" in (out / "results.md").read_text()
+    assert len(read_records(out / "completions.jsonl")) == 2
+
+
+def test_question_set_errors_name_the_file_and_column(tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"q": "Compute $2 + 3$.", "answer": "5"}\n')
+    with pytest.raises(EvalError, match=r"lacks column\(s\) \['question'\].*'q'"):
+        load_benchmark(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(EvalError, match="missing.jsonl: no such file"):
+        load_benchmark(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(EvalError, match="unknown benchmark"):
+        parse_benchmarks("math5000")
+
+
+def test_callback_evaluates_a_question_set(tiny_model_dir, tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path / "sums.jsonl"
+    path.write_text('{"question": "Compute $2 + 3$.", "answer": "5"}\n')
+    metrics = EvalCallback(str(path), every_n_steps=1, max_tokens=4).evaluate_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer
+    )
+    assert set(metrics) == {f"eval/{path}/accuracy", "eval/macro", "eval/micro", "eval/questions"}

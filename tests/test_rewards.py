@@ -135,3 +135,32 @@ def test_unparseable_gold_gives_none_and_is_counted():
     assert logged["rewards/unparseable_gold"] == 1.0
     verdict = grade("\\boxed{7}", "")
     assert verdict.gold_ok is False and verdict.correct is False
+
+
+def test_a_recipe_can_name_a_reward_function_by_import_path():
+    from rewards.controls import shuffled_correctness_reward
+    from rewards.registry import get_reward_funcs
+
+    funcs = get_reward_funcs(["correctness", "rewards.controls:shuffled_correctness_reward"])
+    assert funcs == [correctness_reward, shuffled_correctness_reward]
+    with pytest.raises(ValueError, match="rewards.controls:no_such_reward"):
+        get_reward_funcs(["rewards.controls:no_such_reward"])
+    with pytest.raises(ValueError, match="no_such_package.rewards:f"):
+        get_reward_funcs(["no_such_package.rewards:f"])
+    with pytest.raises(ValueError, match="correctnes"):
+        get_reward_funcs(["correctnes"])
+
+
+def test_shuffled_control_keeps_the_round_values_but_not_their_owners():
+    from rewards.controls import shuffled_correctness_reward, shuffled_format_reward
+
+    completions = [f"so \\boxed{{{i % 3}}}" for i in range(64)]
+    answers = ["0"] * 64
+    true = correctness_reward(completions, answer=answers)
+    control = shuffled_correctness_reward(completions, answer=answers)
+    assert sorted(control) == sorted(true)  # same values, so the logged mean is the true mean
+    assert control != true
+    assert control == shuffled_correctness_reward(completions, answer=answers)  # deterministic
+    tagged = ["<think>\nx\n</think>\n<answer>\n\\boxed{1}\n</answer>"] * 8 + ["\\boxed{1}"] * 24
+    fmt = shuffled_format_reward(tagged, template=["open-r1"] * 32)
+    assert sorted(fmt) == sorted(format_reward(tagged, template=["open-r1"] * 32)) and fmt[:8] != [1.0] * 8

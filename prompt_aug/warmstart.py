@@ -1,0 +1,292 @@
+"""The learning demo's pieces: a supervised warm start before GRPO, and a before/after table.
+
+A random tiny model never answers right, so GRPO sees no reward spread and nothing trains. The
+warm start (``warmstart_steps`` > 0) teaches it the task's shape in a few hundred supervised steps:
+each example is a question rendered under a template drawn from the bank, with a short correct
+answer (``a + b = s.`` then ``\\boxed{s}``) laid out in that template's format only part of the time
+(``warmstart_wellformed``). GRPO then has something to improve: the format score and correctness.
+
+With ``before_after: true``, every template is scored on the trained questions and on
+``heldout_questions`` questions kept out of both stages, before GRPO and after it; the table is
+printed and written to ``before_after.md`` / ``before_after.json`` in ``output_dir``.
+
+Used by `prompt_aug.train` (recipe ``recipes/smoke/learn_cpu.yaml``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rewards.grade import grade_batch
+
+from .evaluate import HFBackend
+from .templates import Template
+
+logger = logging.getLogger("prompt_aug")
+
+_INLINE_MATH = re.compile(r"\$([^$]+)\$")
+
+
+def target_text(template: Template, question: str, answer: str, wellformed: bool) -> str:
+    """A short correct completion of ``question`` under ``template`` (after its prefill).
+
+    The reasoning is the question's first ``$...$`` expression and its value; the answer is boxed.
+    Well-formed, the two go around the template's markers: the reasoning before the first closing
+    marker (one containing ``</``), the answer before the last one; with no closing marker, the
+    markers sit between them. Otherwise the markers are left out.
+
+    >>> from prompt_aug.templates import get_template
+    >>> target_text(get_template("open-r1"), "Compute $2 + 3$.", "5", True)
+    '<think>\\n2 + 3 = 5.\\n</think>\\n\\n<answer>\\n\\\\boxed{5}\\n</answer>'
+    >>> target_text(get_template("lm_eval_prompt1"), "Compute $2 + 3$.", "5", True)
+    '2 + 3 = 5. The final answer is: \\\\boxed{5}'
+    >>> target_text(get_template("open-r1"), "Compute $2 + 3$.", "5", False)
+    '2 + 3 = 5. \\\\boxed{5}'
+    """
+    found = _INLINE_MATH.search(question)
+    reasoning = f"{found.group(1).strip()} = {answer}." if found else f"The answer is {answer}."
+    boxed = f"\\boxed{{{answer}}}"
+    markers = list(template.markers)
+    if not wellformed or not markers:
+        return f"{reasoning} {boxed}"
+    closing = [i for i, m in enumerate(markers) if "</" in m]
+    if not closing:
+        return f"{reasoning} {' '.join(markers)} {boxed}"
+    text = ""
+    for i, marker in enumerate(markers):
+        if i == closing[0]:
+            text += reasoning
+        if i == closing[-1]:
+            text += boxed
+        text += marker
+    return text
+
+
+def split_heldout(dataset: Any, n: int, seed: int) -> tuple[Any, Any | None]:
+    """``(trained, heldout)``: ``n`` rows drawn with ``seed`` set aside (``None`` when ``n`` is 0)."""
+    if n <= 0:
+        return dataset, None
+    if n >= len(dataset):
+        raise ValueError(f"heldout_questions={n} leaves no training questions (the dataset has {len(dataset)})")
+    held = sorted(random.Random(seed).sample(range(len(dataset)), n))
+    kept = [i for i in range(len(dataset)) if i not in set(held)]
+    return dataset.select(kept), dataset.select(held)
+
+
+def warm_start(
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    templates: list[Template],
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    wellformed: float,
+    seed: int,
+) -> list[float]:
+    """Supervised steps on ``rows`` (``question``, ``answer``) under random templates; returns the losses.
+
+    AdamW with cosine decay to 0; the loss is on the completion tokens (and the closing EOS) only.
+    """
+    from transformers import get_cosine_schedule_with_warmup
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+
+    # Every prompt is tokenized once (rendering through the chat template is the slow part).
+    prompts = [
+        tokenizer([t.render(row["question"], tokenizer) for t in templates]).input_ids for row in rows
+    ]
+    completions: dict[tuple[int, int, bool], list[int]] = {}
+
+    def example(i: int, j: int, good: bool) -> tuple[list[int], list[int]]:
+        if (i, j, good) not in completions:
+            text = target_text(templates[j], rows[i]["question"], rows[i]["answer"], good)
+            completions[(i, j, good)] = tokenizer(text).input_ids + [eos]
+        return prompts[i][j], completions[(i, j, good)]
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    schedule = get_cosine_schedule_with_warmup(optimizer, 0, steps)
+    device = next(model.parameters()).device
+    model.train()
+    losses = []
+    for _ in range(steps):
+        batch = [
+            example(rng.randrange(len(rows)), rng.randrange(len(templates)), rng.random() < wellformed)
+            for _ in range(batch_size)
+        ]
+        width = max(len(p) + len(c) for p, c in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (p, c) in enumerate(batch):
+            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+            labels[i, len(p) : len(p) + len(c)] = torch.tensor(c)
+            mask[i, : len(p) + len(c)] = 1
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device), use_cache=False)
+        out.loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(out.loss.item())
+    return losses
+
+
+def score(
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    templates: list[Template],
+    *,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    batch_size: int = 128,
+) -> dict[str, dict[str, float]]:
+    """Per template: mean correctness (the training rule) and format score of one sampled answer per row."""
+    backend = HFBackend(model, tokenizer)
+    pairs = [(row, template) for template in templates for row in rows]
+    completions: list[str] = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        outputs = backend.generate(
+            [t.render(r["question"], tokenizer) for r, t in chunk],
+            [seed + start],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=1.0,
+            n=1,
+        )
+        completions += [samples[0][0] for samples in outputs]
+    grades = grade_batch(completions, [r["answer"] for r, _ in pairs], [t for _, t in pairs])
+    result: dict[str, dict[str, float]] = {}
+    for template in templates:
+        mine = [g for g, (_, t) in zip(grades, pairs) if t is template]
+        result[template.name] = {
+            "correctness": sum(bool(g.correct) for g in mine) / len(mine),
+            "format": sum(g.format_score for g in mine) / len(mine),
+        }
+    return result
+
+
+@dataclass
+class BeforeAfter:
+    """Scores of every template on the trained and held-out questions, before and after GRPO."""
+
+    templates: list[Template]
+    sets: dict[str, list[dict[str, Any]]]
+    max_tokens: int
+    temperature: float
+    seed: int
+    scores: dict[str, dict[str, dict[str, dict[str, float]]]] = field(default_factory=dict)
+
+    def measure(self, when: str, model: Any, tokenizer: Any) -> None:
+        """Score the model now and file it under ``when`` (``"before"`` or ``"after"``).
+
+        The global random state is restored afterwards, so scoring does not change the training run.
+        """
+        with torch.random.fork_rng(devices=[]):
+            self.scores[when] = self._score_all(model, tokenizer)
+
+    def _score_all(self, model: Any, tokenizer: Any) -> dict[str, dict[str, dict[str, float]]]:
+        return {
+            name: score(
+                model, tokenizer, rows, self.templates,
+                max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
+            )
+            for name, rows in self.sets.items()
+        }  # fmt: skip
+
+    def summary(self, when: str, question_set: str, metric: str, markers_only: bool = False) -> float:
+        """Mean of ``metric`` over templates (those with format markers only, if asked)."""
+        names = [t.name for t in self.templates if t.markers or not markers_only]
+        values = [self.scores[when][question_set][n][metric] for n in names]
+        return sum(values) / len(values) if values else float("nan")
+
+    def table(self) -> str:
+        """Markdown: one row per template, then the means; cells are ``before → after``."""
+        heads = [(s, m) for s in self.sets for m in ("correctness", "format")]
+        lines = [
+            f"Before → after GRPO: mean correctness (training rule) and format score of one answer per question "
+            f"sampled at temperature {self.temperature:g}, at most {self.max_tokens} tokens; "
+            + ", ".join(f"{s}: {len(rows)} questions" for s, rows in self.sets.items())
+            + ".",
+            "",
+            "| template | " + " | ".join(f"{s} {m}" for s, m in heads) + " |",
+            "|---|" + "---:|" * len(heads),
+        ]
+
+        def cell(before: float, after: float) -> str:
+            return f"{before:.2f} → {after:.2f}"
+
+        for t in self.templates:
+            cells = [cell(*(self.scores[w][s][t.name][m] for w in ("before", "after"))) for s, m in heads]
+            lines.append(f"| {t.name} | " + " | ".join(cells) + " |")
+        for label, markers_only in (("**all templates**", False), ("**marker templates**", True)):
+            cells = [cell(*(self.summary(w, s, m, markers_only) for w in ("before", "after"))) for s, m in heads]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+    def write(self, output_dir: str | Path) -> Path:
+        """Write ``before_after.md`` and ``before_after.json`` into ``output_dir``; return the ``.md`` path."""
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        summary = {
+            f"{w}/{s}/{m}{'/marker_templates' if mk else ''}": self.summary(w, s, m, mk)
+            for w in self.scores for s in self.sets for m in ("correctness", "format") for mk in (False, True)
+        }  # fmt: skip
+        (out / "before_after.json").write_text(
+            json.dumps({"summary": summary, "scores": self.scores, "questions": self.sets}, indent=2) + "\n"
+        )
+        (out / "before_after.md").write_text(self.table())
+        return out / "before_after.md"
+
+
+def prepare(
+    model: Any, tokenizer: Any, dataset: Any, templates: list[Template], script_args: Any, training_args: Any
+) -> tuple[Any, BeforeAfter | None]:
+    """Before GRPO: set the held-out questions aside, warm-start the model, score it.
+
+    Returns the training dataset and the `BeforeAfter` to finish after training (``None`` when
+    ``before_after`` is off). Does nothing when neither ``warmstart_steps`` nor ``before_after`` is set.
+    """
+    if not (script_args.warmstart_steps > 0 or script_args.before_after or script_args.heldout_questions):
+        return dataset, None
+    dataset, heldout = split_heldout(dataset, script_args.heldout_questions, training_args.seed)
+    rows = dataset.to_list()
+    if script_args.warmstart_steps > 0:
+        losses = warm_start(
+            model,
+            tokenizer,
+            rows,
+            templates,
+            steps=script_args.warmstart_steps,
+            batch_size=script_args.warmstart_batch_size,
+            learning_rate=script_args.warmstart_learning_rate,
+            wellformed=script_args.warmstart_wellformed,
+            seed=training_args.seed,
+        )
+        logger.info(
+            "warm start: %d steps, loss %.3f → %.3f", len(losses), losses[0], sum(losses[-10:]) / len(losses[-10:])
+        )
+    if not script_args.before_after:
+        return dataset, None
+    sets = {"trained": rows}
+    if heldout is not None:
+        sets["held-out"] = heldout.to_list()
+    check = BeforeAfter(
+        templates, sets, training_args.max_completion_length, training_args.temperature, training_args.seed
+    )
+    check.measure("before", model, tokenizer)
+    return dataset, check

@@ -1,0 +1,57 @@
+"""Control rewards: the real rewards, shuffled among the completions of a generation round.
+
+A shuffled reward keeps the round's reward values (so its logged mean is the true mean) but pairs
+them with the wrong completions, so the policy gradient carries no information about which
+completion was good. A recipe names them by import path::
+
+    reward_funcs: [rewards.controls:shuffled_correctness_reward, rewards.controls:shuffled_format_reward]
+
+Training that still improves under them is improving for some other reason than the reward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from typing import Any
+
+from .registry import _text, correctness_reward, format_reward
+
+
+def shuffled(rewards: list[Any], completions: list[Any], salt: str) -> list[Any]:
+    """``rewards`` permuted by a shuffle seeded from the completions' text and ``salt`` (deterministic).
+
+    >>> sorted(shuffled([0.0, 1.0, 2.0], ["a", "b", "c"], "x"))
+    [0.0, 1.0, 2.0]
+    >>> shuffled([0.0, 1.0, 2.0], ["a", "b", "c"], "x") == shuffled([0.0, 1.0, 2.0], ["a", "b", "c"], "x")
+    True
+    """
+    digest = hashlib.blake2b(salt.encode(), digest_size=8)
+    for completion in completions:
+        digest.update(_text(completion).encode() + b"\x00")
+    out = list(rewards)
+    random.Random(digest.hexdigest()).shuffle(out)
+    return out
+
+
+def _shuffle(func: Callable[..., list[Any]], completions: list[Any], kwargs: dict[str, Any]) -> list[Any]:
+    return shuffled(func(completions, **kwargs), completions, func.__name__)
+
+
+def shuffled_correctness_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """`correctness_reward` of the round, shuffled among its completions (a control).
+
+    >>> sorted(shuffled_correctness_reward(["\\\\boxed{4}", "\\\\boxed{5}", "\\\\boxed{6}"], answer=["4"] * 3))
+    [0.0, 0.0, 1.0]
+    """
+    return _shuffle(correctness_reward, completions, kwargs)
+
+
+def shuffled_format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """`format_reward` of the round, shuffled among its completions (a control).
+
+    >>> sorted(shuffled_format_reward(["<think>\\nx\\n</think>\\n<answer>\\n1\\n</answer>", "none"], template=["open-r1"] * 2))
+    [0.0, 1.0]
+    """
+    return _shuffle(format_reward, completions, kwargs)

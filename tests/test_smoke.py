@@ -1,0 +1,79 @@
+"""The built-in tiny model and its tokenizer, as `prompt_aug.train` loads them from the output folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+from prompt_aug import train
+from prompt_aug.smoke import addition_problems, build_tiny_model, build_tiny_tokenizer, synthetic_problems
+
+REPO = Path(__file__).resolve().parents[1]
+TEXTS = [
+    "Compute $12 + 345$.",
+    "<|im_start|>user\nWhat is $\\frac{3}{4} + \\frac{1}{2}$?<|im_end|>\n<|im_start|>assistant\n",
+    "<think>\n7 + 2 = 9.\n</think>\n<answer>\n\\boxed{9}\n</answer><|im_end|>",
+    "Let's verify step by step: 1024 - 17 = 1007, x = -5, café",
+]
+
+
+def test_reloaded_tokenizer_encodes_exactly_as_the_built_one(tiny_model_dir):
+    built = build_tiny_tokenizer()
+    reloaded = AutoTokenizer.from_pretrained(tiny_model_dir)  # what prompt_aug.train does
+    for text in TEXTS + [r["question"] for r in synthetic_problems(50)] + [r["question"] for r in addition_problems()]:
+        assert reloaded(text).input_ids == built(text).input_ids, text
+        assert reloaded.decode(built(text).input_ids) == text
+    assert (reloaded.eos_token, reloaded.pad_token) == (built.eos_token, built.pad_token) == ("<|im_end|>", "<|endoftext|>")
+    messages = [{"role": "user", "content": "Compute $3 + 4$."}]
+    assert reloaded.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == built.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+
+
+def _embedding(folder: Path) -> torch.Tensor:
+    return load_file(str(folder / "model.safetensors"))["model.embed_tokens.weight"]
+
+
+def test_tiny_model_cache_is_keyed_by_seed(tmp_path):
+    args = ["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--output_dir", str(tmp_path)]
+    _, training_args, model_args = train.parse_args(args + ["--seed", "0"])
+    first = Path(train.resolve_model_path(model_args, training_args))
+    seed0 = _embedding(first)
+    assert Path(train.resolve_model_path(model_args, training_args)) == first  # same settings: reused
+    assert torch.equal(_embedding(first), seed0)
+
+    _, training_args, model_args = train.parse_args(args + ["--seed", "1"])
+    second = Path(train.resolve_model_path(model_args, training_args))
+    assert not torch.equal(_embedding(second), seed0), "a rerun with another seed reused the seed-0 model"
+    assert json.loads((second / "build.json").read_text())["seed"] == 1
+
+
+def test_tiny_model_built_with_another_shape_is_rebuilt(tmp_path):
+    folder = tmp_path / "tiny-random-qwen2"
+    tokenizer = build_tiny_tokenizer()
+    # A folder as an older build left it: another attention shape, no build record.
+    Qwen2ForCausalLM(
+        Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    ).save_pretrained(folder)  # fmt: skip
+    tokenizer.save_pretrained(folder)
+    build_tiny_model(folder, seed=0)
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (2, 1)
+
+
+def test_tiny_model_shape_is_the_one_vllm_accepts(tiny_model_dir):
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    assert (config.hidden_size, config.num_hidden_layers) == (64, 2)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (2, 1)
+
+
+def test_smoke_recipe_turns_gradient_checkpointing_off():
+    _, training_args, _ = train.parse_args(["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml")])
+    assert training_args.gradient_checkpointing is False
+    _, training_args, _ = train.parse_args(["--config", str(REPO / "recipes/smoke/learn_cpu.yaml")])
+    assert training_args.gradient_checkpointing is False

@@ -1,0 +1,58 @@
+"""The learning demo's warm start and before/after table (the fast parts; tests/test_learn.py trains)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from prompt_aug.smoke import addition_problems
+from prompt_aug.templates import load_templates
+from prompt_aug.warmstart import BeforeAfter, split_heldout, target_text, warm_start
+from rewards.grade import grade
+
+TEMPLATES = list(load_templates().values())
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=[t.name for t in TEMPLATES])
+def test_well_formed_target_is_right_and_full_format_and_the_other_is_right_without_markers(template):
+    good = grade(target_text(template, "Compute $4 + 5$.", "9", True), "9", template, strict=True)
+    assert good.correct and good.format_score == 1.0
+    bad = grade(target_text(template, "Compute $4 + 5$.", "9", False), "9", template)
+    assert bad.correct and bad.format_score == (1.0 if not template.markers else 0.0)
+
+
+def test_heldout_questions_are_kept_apart_and_drawn_by_seed():
+    import datasets
+
+    rows = datasets.Dataset.from_list(addition_problems())
+    trained, held = split_heldout(rows, 10, seed=0)
+    assert len(trained) == 45 and len(held) == 10
+    assert not set(trained["uid"]) & set(held["uid"])
+    assert held["uid"] == split_heldout(rows, 10, seed=0)[1]["uid"] != split_heldout(rows, 10, seed=1)[1]["uid"]
+    with pytest.raises(ValueError, match="heldout_questions=55"):
+        split_heldout(rows, 55, seed=0)
+
+
+def test_warm_start_changes_the_weights_and_lowers_the_loss(tiny_model_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    before = model.model.embed_tokens.weight.detach().clone()
+    losses = warm_start(model, tokenizer, addition_problems(), TEMPLATES, steps=30, batch_size=8,
+                        learning_rate=1e-2, wellformed=0.5, seed=0)  # fmt: skip
+    assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+    assert not torch.equal(model.model.embed_tokens.weight, before)
+
+
+def test_before_after_table_has_every_template_and_both_question_sets(tiny_model_dir, tokenizer, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rows = addition_problems()
+    check = BeforeAfter(TEMPLATES[:4], {"trained": rows[:3], "held-out": rows[3:5]}, max_tokens=4, temperature=1.0, seed=0)
+    state = torch.random.get_rng_state()
+    check.measure("before", model, tokenizer)
+    assert torch.equal(torch.random.get_rng_state(), state)  # scoring leaves training's random stream alone
+    check.measure("after", model, tokenizer)
+    table = check.write(tmp_path).read_text()
+    for t in TEMPLATES[:4]:
+        assert f"| {t.name} |" in table
+    assert "trained correctness | trained format | held-out correctness | held-out format" in table
+    assert (tmp_path / "before_after.json").is_file()
