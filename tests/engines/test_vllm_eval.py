@@ -3,7 +3,7 @@
 The model is the smoke model with its weights redrawn larger (so greedy text varies) and the
 ``<|endoftext|>`` embedding scaled up (so it is often the greedy choice, at varied positions). Its
 generation config lists only ``<|im_end|>``: a stop at ``<|endoftext|>`` comes from our stop list.
-Runs: vLLM greedy (float32) in two processes, the second with ``--runs 2``, and hf greedy once; a
+Runs: vLLM greedy (float32) in two processes, the second with ``--runs 2``, and hf greedy (float32) once; a
 vLLM engine start takes 40-100 s on 2 busy cores.
 """
 
@@ -60,7 +60,7 @@ def evals(engines_tmp, tiny_model_dir):
     logs = {}
     for name, backend in (("vllm_a", ["--backend", "vllm", "--dtype", "float32"]),
                           ("vllm_b", ["--backend", "vllm", "--dtype", "float32", "--runs", "2"]),
-                          ("hf", ["--backend", "hf"])):  # fmt: skip
+                          ("hf", ["--backend", "hf", "--dtype", "float32"])):  # fmt: skip
         cmd = [sys.executable, "-m", "prompt_aug.evaluate", "--model", str(model), "--data_dir", str(suite),
                *COMMON, *backend, "--output", str(root / name), "--no_progress"]  # fmt: skip
         logs[name] = run(cmd, root / f"{name}.log", timeout=600)
@@ -143,4 +143,8 @@ def test_vllm_results_have_the_hf_format(evals):
     ]
     v_table = (evals["root"] / "vllm_a" / "results.md").read_text().splitlines()
     h_table = (evals["root"] / "hf" / "results.md").read_text().splitlines()
-    assert len(v_table) == len(h_table) and v_table[:4] == h_table[:4]
+    # The protocol line names each run's backend; everything else in the table's head is the same.
+    v_protocol, h_protocol = (next(line for line in t if line.startswith("Protocol:")) for t in (v_table, h_table))
+    assert "backend vllm, dtype float32" in v_protocol and "backend hf, dtype float32" in h_protocol
+    assert len(v_table) == len(h_table)
+    assert [line for line in v_table[:4] if line != v_protocol] == [line for line in h_table[:4] if line != h_protocol]
