@@ -1011,17 +1011,18 @@ class EvalCallback(TrainerCallback):
                         "correct": verdict["correct"],
                     }
                 )
+        shares = [len(mine)]
         if num_processes > 1:
             from accelerate.utils import gather_object
 
             records = gather_object(records)
+            shares = gather_object(shares)
         summary = summarize(records, self.benchmarks, [self.template.name])["results"][self.template.name]
         metrics = {f"eval/{b}/accuracy": e["accuracy"] for b, e in summary["benchmarks"].items()}
         metrics.update({"eval/macro": summary["macro"], "eval/micro": summary["micro"]})
         metrics["eval/questions"] = float(len(records))
-        logger.info(
-            "process %d of %d evaluated %d of %d questions",
-            process_index, num_processes, len(mine), len(records),
+        logger.info(  # main process only under `prompt-aug-train`, so the shares are gathered
+            "evaluated %d questions on %d processes (%s)", len(records), num_processes, " + ".join(map(str, shares))
         )
         return metrics
 

@@ -14,6 +14,7 @@ from pathlib import Path
 TINY_MODEL_NAME = "tiny-random-qwen2"
 SYNTHETIC_DATASET_NAME = "synthetic"
 ADDITION_DATASET_NAME = "synthetic-addition"
+BUILTIN_DATASETS = (SYNTHETIC_DATASET_NAME, ADDITION_DATASET_NAME)  # generated in code, never fetched
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"

@@ -34,7 +34,7 @@ from .dynamic_sampling import from_args as dynamic_sampler_from_args
 from .evaluate import EvalCallback, stop_token_ids
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo
-from .smoke import SYNTHETIC_DATASET_NAME, TINY_MODEL_NAME, build_tiny_model
+from .smoke import BUILTIN_DATASETS, TINY_MODEL_NAME, build_tiny_model
 from .sources import check_source
 from .templates import Template, TemplateError, check_renders, load_templates, select_templates
 from .trainer import PromptAugGRPOTrainer
@@ -129,7 +129,7 @@ def train(argv: list[str] | None = None) -> None:
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     check_source("model_name_or_path", model_args.model_name_or_path, builtin=(TINY_MODEL_NAME,))
-    check_source("dataset_name", script_args.dataset_name, builtin=(SYNTHETIC_DATASET_NAME,))
+    check_source("dataset_name", script_args.dataset_name, builtin=BUILTIN_DATASETS)
     if script_args.eval_data_dir:
         check_source("eval_data_dir", script_args.eval_data_dir)
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
