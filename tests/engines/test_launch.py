@@ -116,6 +116,6 @@ def test_weights_changed_in_both_launches(launched):
     assert set(initial) <= set(final)
     for name in initial:
         assert initial[name].shape == final[name].shape == middle[name].shape, name
-    moved = lambda a, b: max((a[n].float() - b[n].float()).abs().max().item() for n in initial)  # noqa: E731
+    moved = lambda a, b: max((a[n].float() - b[n].float()).abs().max().item() for n in initial)
     assert moved(initial, middle) > 1e-4  # launch 1 trained
     assert moved(middle, final) > 1e-4  # the resumed launch trained on from the checkpoint

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from engine_tools import require, run
 
 QUESTIONS = {

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 
 import pytest
 from engine_tools import REPO, engine_env, require
@@ -80,7 +79,7 @@ def test_server_generates_for_our_prompts_through_trls_client(server, tiny_model
     rows = collator([{"question": f"What is ${i} + {i}$?", "uid": f"q{i}"} for i in range(3)])
     prompt_ids = [tokenizer(row["prompt"])["input_ids"] for row in rows]
     stops = stop_token_ids(tokenizer)
-    kwargs = dict(n=4, max_tokens=16, temperature=1.0, generation_kwargs={"stop_token_ids": stops, "seed": 7})
+    kwargs = {"n": 4, "max_tokens": 16, "temperature": 1.0, "generation_kwargs": {"stop_token_ids": stops, "seed": 7}}
     out = client.generate(prompts=prompt_ids, **kwargs)
 
     assert out["prompt_ids"] == prompt_ids  # the server saw exactly our prompt tokens
