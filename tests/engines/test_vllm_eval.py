@@ -114,10 +114,12 @@ def test_stop_tokens_are_honoured_as_in_the_hf_backend(evals):
     assert {r["finish_reason"] for r in vllm} == {"stop", "length"}
     for r in vllm:
         assert "<|endoftext|>" not in r["completion"] and "<|im_end|>" not in r["completion"]
-    # Both backends run the model in float32: they stop at the same places. The text may differ where
-    # two logits nearly tie (kernel numerics), so allow 2 of the 14 completions to differ.
+    # Both backends run the model in float32: they stop at the same places with the same tokens. The text
+    # differs in one way only: a completion that ends inside a UTF-8 character (the byte-level tokenizer's
+    # byte tokens) ends in U+FFFD from the hf backend's decode, while vLLM's incremental detokenizer holds
+    # the incomplete bytes back.
     assert [r["finish_reason"] for r in vllm] == [r["finish_reason"] for r in hf]
-    assert sum(v["completion"] == h["completion"] for v, h in zip(vllm, hf)) >= len(vllm) - 2
+    assert [r["completion"] for r in vllm] == [r["completion"].rstrip("\ufffd") for r in hf]
 
 
 def _shape(value):
