@@ -36,6 +36,7 @@ from transformers import TrainerCallback
 from rewards.grade import grade_batch
 
 from .config import STOP_TOKENS
+from .sources import SourceError, check_source
 from .templates import DEFAULT_EVAL_TEMPLATE, Template, load_templates
 
 logger = logging.getLogger("prompt_aug.evaluate")
@@ -828,6 +829,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     benchmarks = parse_benchmarks(args.benchmarks)
     templates = parse_templates(args.template, args.templates_file)
+    check_source("--model", args.model)  # a missing folder or an unreachable Hub fails before any load
     problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit)]
     output = Path(args.output) if args.output else default_output(args.model)
     model_name = Path(args.model).name if Path(args.model).is_dir() else args.model
@@ -924,7 +926,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         run_evaluation(parse_args(argv))
-    except EvalError as err:
+    except (EvalError, SourceError) as err:
         raise SystemExit(f"prompt-aug-eval: error: {err}") from None
 
 

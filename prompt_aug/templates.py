@@ -174,9 +174,9 @@ def select_templates(
     names = list(bank) if not names else list(names)
     missing = [n for n in names if n not in bank]
     if missing:
-        raise TemplateError(f"unknown template(s) {missing}; the bank has {list(bank)}")
+        raise TemplateError(f"templates: unknown template(s) {missing}; the bank has {list(bank)}")
     if len(set(names)) != len(names):
-        raise TemplateError(f"templates listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+        raise TemplateError(f"templates: listed twice: {sorted({n for n in names if names.count(n) > 1})}")
     if weights is None:
         weights = [1.0] * len(names)
     if len(weights) != len(names):

@@ -25,7 +25,7 @@ from trl import GRPOConfig, ModelConfig, get_peft_config
 
 from rewards import get_reward_funcs
 
-from .cli import USER_ERRORS, RecipeParser, check_output_dir, clear_run, parse_recipe
+from .cli import USER_ERRORS, RecipeParser, UsageError, check_output_dir, clear_run, parse_recipe
 from .collapse import OptimizerResetCallback, check_stabiliser_keys, guard_from_args
 from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
@@ -141,13 +141,19 @@ def train(argv: list[str] | None = None) -> None:
     state.wait_for_everyone()
 
     # Fail on a bad reward or template name now, before anything heavy loads.
-    reward_funcs = get_reward_funcs(script_args.reward_funcs)
-    bank = load_templates(script_args.templates_file)
-    eval_template = resolve_eval_template(script_args, bank)
-    if script_args.prompt_augmentation:
-        templates, weights = select_templates(bank, script_args.templates, script_args.template_weights)
-    else:
-        templates, weights = [eval_template], [1.0]
+    try:
+        reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    except ValueError as err:  # the message names reward_funcs and lists what is registered
+        raise UsageError(str(err)) from None
+    try:
+        bank = load_templates(script_args.templates_file)
+        eval_template = resolve_eval_template(script_args, bank)
+        if script_args.prompt_augmentation:
+            templates, weights = select_templates(bank, script_args.templates, script_args.template_weights)
+        else:
+            templates, weights = [eval_template], [1.0]
+    except TemplateError as err:
+        raise UsageError(str(err)) from None
 
     # Model and tokenizer.
     model_path = resolve_model_path(model_args, training_args)

@@ -77,6 +77,20 @@ def test_groups_that_do_not_fill_the_batch_name_the_keys_to_change(tmp_path, cap
     assert "generation_batch_size" not in message.split("=")[0]  # a key this recipe never set is not blamed
 
 
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (["--templates", "abel", "no-such"], "templates: unknown template(s) ['no-such']; the bank has ['abel'"),
+        (["--reward_funcs", "correctnes"], "unknown reward_funcs ['correctnes']; registered: ['correctness'"),
+        (["--reward_funcs", "no_such_module:f"], "reward_funcs: cannot load 'no_such_module:f'"),
+    ],
+)
+def test_a_bad_template_or_reward_name_is_one_line_before_anything_loads(tmp_path, capsys, option, expected):
+    message = _error(["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), *option], capsys)
+    assert expected in message
+    assert not (tmp_path / "o").exists()
+
+
 def test_invalid_recipe_and_templates_yaml_name_the_file(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("- name: x\n  user: {question}\n   system: [\n")

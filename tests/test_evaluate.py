@@ -153,6 +153,8 @@ def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, su
         _eval(tiny_model_dir, suite_dir, tmp_path / "a", "--benchmarks", "math500")
     with pytest.raises(SystemExit, match=r"unknown template"):
         _eval(tiny_model_dir, suite_dir, tmp_path / "a", "--template", "no-such-template")
+    with pytest.raises(SystemExit, match=r"^prompt-aug-eval: error: --model: no such folder './no-such-model'"):
+        _eval("./no-such-model", suite_dir, tmp_path / "a")
     _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--limit", "1")
     with pytest.raises(SystemExit, match=r"other settings.*max_tokens"):
         _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--max_tokens", "8")
