@@ -16,6 +16,7 @@ round; on a shared machine the CPU time is the steadier of the two:
 
     python bench/dynamic_sampling.py                   # 8 rounds each way, max_passes 4
     python bench/dynamic_sampling.py --rounds 16 --max_passes 2
+    python bench/dynamic_sampling.py --config recipes/smoke/learn_cpu.yaml --rounds 40 --recipe_rewards --signal correctness
 """
 
 from __future__ import annotations
@@ -44,20 +45,25 @@ def difficulty_reward(completions: list[Any], uid: list[str], **kwargs: Any) -> 
     return out
 
 
-def run(config: str, rounds: int, dynamic: bool, max_passes: int, out: Path) -> dict[str, float]:
-    from prompt_aug import train
-    from rewards.registry import REGISTRY
+# The stand-in reward by import path: this file's folder is on sys.path when it runs as a script.
+DIFFICULTY = "dynamic_sampling:difficulty_reward"
 
-    REGISTRY["difficulty"] = difficulty_reward
+
+def run(
+    config: str, rounds: int, dynamic: bool, max_passes: int, out: Path, recipe_rewards: bool, signal: str
+) -> dict[str, float]:
+    from prompt_aug import train
+
     _, training_args, _ = train.parse_args(["--config", config])
     steps_per_round = training_args.steps_per_generation * training_args.num_iterations
     steps_per_round //= training_args.gradient_accumulation_steps
+    rewards = [] if recipe_rewards else ["--reward_funcs", DIFFICULTY]
     cpu_start = time.process_time()
     train.main([
-        "--config", config, "--output_dir", str(out), "--reward_funcs", "difficulty",
+        "--config", config, "--output_dir", str(out), *rewards,
         "--max_steps", str(rounds * steps_per_round), "--save_strategy", "no", "--log_completions", "false",
         "--logging_steps", "1", "--dynamic_sampling", str(dynamic).lower(),
-        "--dynamic_sampling_max_passes", str(max_passes),
+        "--dynamic_sampling_max_passes", str(max_passes), "--dynamic_sampling_signal", signal,
     ])  # fmt: skip
     cpu = time.process_time() - cpu_start
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
@@ -82,16 +88,23 @@ def main() -> None:
     parser.add_argument("--config", default=str(REPO / "recipes/smoke/tiny_cpu.yaml"))
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--max_passes", type=int, default=4)
+    parser.add_argument(
+        "--recipe_rewards", action="store_true",
+        help="train on the recipe's own rewards instead of the stand-in (for a model that learns, e.g. learn_cpu.yaml)",
+    )  # fmt: skip
+    parser.add_argument("--signal", default="total", help="dynamic_sampling_signal (e.g. correctness)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for dynamic in (False, True):
             rows.append(
-                (dynamic, run(args.config, args.rounds, dynamic, args.max_passes, Path(tmp) / str(dynamic)))
+                (dynamic, run(args.config, args.rounds, dynamic, args.max_passes, Path(tmp) / str(dynamic),
+                                  args.recipe_rewards, args.signal))
             )
     print(
-        f"\n{Path(args.config).name}, {args.rounds} rounds each, dynamic_sampling_max_passes {args.max_passes}\n"
+        f"\n{Path(args.config).name}, {args.rounds} rounds each, dynamic_sampling_max_passes {args.max_passes}, "
+        f"rewards: {'the recipe' if args.recipe_rewards else 'difficulty stand-in'}, signal {args.signal}\n"
     )
     print(
         "| dynamic_sampling | wall s / round | CPU s / round | trained groups with spread | passes / round "
