@@ -115,10 +115,13 @@ def train(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     # Collapse guard, stabiliser and dynamic-sampling keys: checked in a dry run too.
-    check_stabiliser_keys(script_args, training_args)
-    steps_per_round = batch_arithmetic(script_args, training_args).optimizer_steps_per_round
-    guard = guard_from_args(script_args, steps_per_round)  # None unless the recipe sets a collapse_* threshold
-    dynamic_sampler = dynamic_sampler_from_args(script_args)  # None unless dynamic_sampling: true
+    try:
+        check_stabiliser_keys(script_args, training_args)
+        steps_per_round = batch_arithmetic(script_args, training_args).optimizer_steps_per_round
+        guard = guard_from_args(script_args, steps_per_round)  # None unless a collapse_* threshold is set
+        dynamic_sampler = dynamic_sampler_from_args(script_args)  # None unless dynamic_sampling: true
+    except ValueError as err:  # each message names its key and what to change
+        raise UsageError(str(err)) from None
 
     # Dry run: arithmetic only.
     if script_args.dry_run:

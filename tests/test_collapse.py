@@ -169,10 +169,13 @@ def test_bad_guard_keys_name_the_key():
         guard_from_args(parse("--collapse_truncation_ceiling", "0.5", "--collapse_truncation_rounds", "0"), 2)
     with pytest.raises(ValueError, match="collapse_eval_drop"):
         guard_from_args(parse("--collapse_eval_drop", "0.05"), 2)
-    with pytest.raises(ValueError, match="reset_optimizer_on_ref_sync"):
+    # From the command line: one line, no traceback (prompt-aug-train exits with it).
+    with pytest.raises(SystemExit, match="^prompt-aug-train: error: .*reset_optimizer_on_ref_sync"):
         train.main(["--config", SMOKE, "--dry_run", "--reset_optimizer_on_ref_sync", "true"])
-    with pytest.raises(ValueError, match="skip_minibatch_ratio_above"):
+    with pytest.raises(SystemExit, match="^prompt-aug-train: error: .*skip_minibatch_ratio_above"):
         train.main(["--config", SMOKE, "--dry_run", "--skip_minibatch_ratio_above", "0.5"])
+    with pytest.raises(SystemExit, match="^prompt-aug-train: error: .*collapse_entropy_action"):
+        train.main(["--config", SMOKE, "--dry_run", "--collapse_entropy_action", "halt"])
 
 
 def test_guard_is_off_unless_a_threshold_is_set():
