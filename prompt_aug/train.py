@@ -69,10 +69,13 @@ def resolve_resume(value: str | None, output_dir: str) -> str | bool | None:
     if str(value).lower() == "true":
         last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
         if last is None:
-            raise FileNotFoundError(f"resume_from_checkpoint=true but no checkpoint-* folder in {output_dir}")
+            raise UsageError(
+                f"resume_from_checkpoint: true, but there is no checkpoint-* folder in {output_dir}; "
+                "check --output_dir, or start without --resume_from_checkpoint"
+            )
         return last
     if not Path(value).is_dir():
-        raise FileNotFoundError(f"resume_from_checkpoint: no such checkpoint folder {value}")
+        raise UsageError(f"resume_from_checkpoint: no such checkpoint folder {value}")
     return value
 
 
