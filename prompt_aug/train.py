@@ -29,7 +29,7 @@ from .cli import USER_ERRORS, RecipeParser, UsageError, check_output_dir, clear_
 from .collapse import OptimizerResetCallback, check_stabiliser_keys, guard_from_args
 from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
-from .data import filter_long_prompts, load_math_dataset
+from .data import DataError, filter_long_prompts, load_math_dataset
 from .dynamic_sampling import from_args as dynamic_sampler_from_args
 from .evaluate import EvalCallback, stop_token_ids
 from .logging_utils import quiet_repeated_warnings, use_compact_log
@@ -181,16 +181,19 @@ def train(argv: list[str] | None = None) -> None:
 
     # Data.
     with PartialState().main_process_first():
-        dataset, report = load_math_dataset(
-            script_args.dataset_name,
-            config=script_args.dataset_config,
-            split=script_args.dataset_split,
-            question_column=script_args.question_column,
-            answer_column=script_args.answer_column,
-            levels=script_args.dataset_levels,
-            num_synthetic=script_args.num_synthetic,
-            seed=training_args.seed,
-        )
+        try:
+            dataset, report = load_math_dataset(
+                script_args.dataset_name,
+                config=script_args.dataset_config,
+                split=script_args.dataset_split,
+                question_column=script_args.question_column,
+                answer_column=script_args.answer_column,
+                levels=script_args.dataset_levels,
+                num_synthetic=script_args.num_synthetic,
+                seed=training_args.seed,
+            )
+        except DataError as err:  # a missing column: the message lists the columns there are
+            raise UsageError(f"dataset_name {script_args.dataset_name}: {err}") from None
         dataset, n_long = filter_long_prompts(dataset, templates, tokenizer, script_args.max_prompt_length)
         if not script_args.prompt_augmentation:
             dataset = plain_prompts(dataset, eval_template)

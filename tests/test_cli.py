@@ -91,6 +91,17 @@ def test_a_bad_template_or_reward_name_is_one_line_before_anything_loads(tmp_pat
     assert not (tmp_path / "o").exists()
 
 
+def test_a_dataset_without_the_named_column_is_one_line_listing_the_columns(tmp_path, capsys):
+    import pandas as pd
+
+    data = tmp_path / "data"
+    data.mkdir()
+    pd.DataFrame({"problem": ["What is $1+1$?"], "answer": ["2"]}).to_parquet(data / "train.parquet")
+    argv = ["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), "--dataset_name", str(data)]
+    message = _error([*argv, "--question_column", "question_text"], capsys)
+    assert f"dataset_name {data}: " in message and "question_text" in message and "'problem'" in message
+
+
 def test_invalid_recipe_and_templates_yaml_name_the_file(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("- name: x\n  user: {question}\n   system: [\n")
