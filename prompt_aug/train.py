@@ -109,6 +109,20 @@ def main(argv: list[str] | None = None) -> None:
         train(argv)
     except USER_ERRORS as err:
         raise SystemExit(f"prompt-aug-train: error: {err}") from None
+    close_process_group()
+
+
+def close_process_group() -> None:
+    """After a run that ended normally, leave the process group on every rank before Python exits.
+
+    Without it, gloo's worker threads are still alive while the interpreter shuts down, and a rank can
+    abort at exit ("terminate called without an active exception", pytorch/pytorch#190489): the run
+    finished, but the launcher reports a failure. Only on success: after an error the other ranks may be
+    inside a collective, and leaving then could hang them.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        PartialState().wait_for_everyone()
+        torch.distributed.destroy_process_group()
 
 
 def train(argv: list[str] | None = None) -> None:

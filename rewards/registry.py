@@ -67,9 +67,30 @@ def strict_correctness_reward(
     return _correctness(completions, answer, rules, log_metric, strict=True)
 
 
-def _correctness(completions, answer, rules, log_metric, *, strict: bool) -> list[float | None]:
+def joined_boxes_correctness_reward(
+    completions: list[Any],
+    answer: list[str],
+    template: list[str] | None = None,
+    answer_rule: list[str] | None = None,
+    format_markers: list[list[str]] | None = None,
+    log_metric: Callable[[str, float], None] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """Like `correctness_reward`, but several boxes in the last box's paragraph may together form the
+    gold's set or tuple (beyond the paper's rule, which reads the last box only; opt in by naming it).
+
+    >>> joined_boxes_correctness_reward(["The solutions are \\\\boxed{1} and \\\\boxed{-2}."], answer=["-2, 1"])
+    [1.0]
+    >>> correctness_reward(["The solutions are \\\\boxed{1} and \\\\boxed{-2}."], answer=["-2, 1"])
+    [0.0]
+    """
+    rules = row_rules(len(completions), template, answer_rule, format_markers)
+    return _correctness(completions, answer, rules, log_metric, strict=False, join_boxes=True)
+
+
+def _correctness(completions, answer, rules, log_metric, *, strict: bool, join_boxes: bool = False) -> list[float | None]:
     # The whole batch goes to `grade_batch` at once: fast path here, math-verify in the worker pool.
-    grades = grade_batch([_text(c) for c in completions], list(answer), rules, strict=strict)
+    grades = grade_batch([_text(c) for c in completions], list(answer), rules, strict=strict, join_boxes=join_boxes)
     rewards: list[float | None] = [float(g.correct) if g.gold_ok else None for g in grades]
     if log_metric is not None:
         log_metric("rewards/unparseable_gold", float(sum(not g.gold_ok for g in grades)))
@@ -100,6 +121,8 @@ REGISTRY: dict[str, Callable[..., list[float | None]]] = {
     "correctness": correctness_reward,
     "strict_correctness": strict_correctness_reward,
     "format": format_reward,
+    # Several boxes read as one set or tuple answer (off the paper's rule: opt in by naming it).
+    "correctness_joined_boxes": joined_boxes_correctness_reward,
     # RLinf's reward: +5 correct, -5 wrong (lenient grading); `mapped_correctness` builds other values.
     "correctness_pm5": mapped_correctness(correctness_reward, 5.0, -5.0, name="correctness_pm5_reward"),
 }

@@ -550,6 +550,15 @@ def test_several_boxes_form_the_gold_set_only_when_asked(gold):
     assert not grade("The solutions are \\boxed{1} and \\boxed{-3}.", gold, join_boxes=True).correct
 
 
+def test_a_recipe_opts_into_the_set_reading_by_naming_its_reward():
+    from rewards import get_reward_funcs
+
+    plain, joined = get_reward_funcs(["correctness", "correctness_joined_boxes"])
+    golds = ["\\{1, -2\\}", "-2"]
+    assert plain([SEVERAL_BOXES] * 2, answer=golds) == [0.0, 1.0]
+    assert joined([SEVERAL_BOXES] * 2, answer=golds) == [1.0, 1.0]
+
+
 def test_several_boxes_option_keeps_the_last_box_for_a_single_gold():
     assert grade(SEVERAL_BOXES, "-2", join_boxes=True).correct
     assert not grade(SEVERAL_BOXES, "1", join_boxes=True).correct
