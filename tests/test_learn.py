@@ -13,8 +13,7 @@ make a failing run pass:
 The correctness part does not hold yet (docs/benchmarks.md, "Learning demo"): it is marked xfail,
 with its threshold unchanged, until the recipe learns correctness.
 
-Slow: four runs of the recipe (two seeds, recipe and control); 11 minutes per seed on the shared
-2-core box with the two seeds side by side, 20-25 minutes serially there (see docs/benchmarks.md).
+Slow: four runs of the recipe (two seeds, recipe and control), about 2 minutes each on 2 cores.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def test_heldout_format_rises_and_not_under_the_shuffled_control(seed, tmp_path_
     assert "templates/open-r1/shuffled_correctness_reward" in control["keys"]
 
 
-@pytest.mark.xfail(reason="issue 10: correctness does not rise yet with the tiny model's Qwen2 tokenizer (docs/benchmarks.md)")
+@pytest.mark.xfail(reason="issue 10: GRPO does not raise the warm-started tiny model's correctness yet (docs/benchmarks.md, Learning demo)")
 @pytest.mark.parametrize("seed", [0, 1])
 def test_logged_correctness_rises_and_not_under_the_shuffled_control(seed, tmp_path_factory):
     learned, control = _run(tmp_path_factory, seed, "recipe"), _run(tmp_path_factory, seed, "control")
