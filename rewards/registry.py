@@ -68,13 +68,7 @@ def strict_correctness_reward(
 
 
 def joined_boxes_correctness_reward(
-    completions: list[Any],
-    answer: list[str],
-    template: list[str] | None = None,
-    answer_rule: list[str] | None = None,
-    format_markers: list[list[str]] | None = None,
-    log_metric: Callable[[str, float], None] | None = None,
-    **kwargs: Any,
+    completions: list[Any], answer: list[str], log_metric: Callable[[str, float], None] | None = None, **columns: Any
 ) -> list[float | None]:
     """Like `correctness_reward`, but several boxes in the last box's paragraph may together form the
     gold's set or tuple (beyond the paper's rule, which reads the last box only; opt in by naming it).
@@ -84,7 +78,7 @@ def joined_boxes_correctness_reward(
     >>> correctness_reward(["The solutions are \\\\boxed{1} and \\\\boxed{-2}."], answer=["-2, 1"])
     [0.0]
     """
-    rules = row_rules(len(completions), template, answer_rule, format_markers)
+    rules = row_rules(len(completions), *(columns.get(k) for k in ("template", "answer_rule", "format_markers")))
     return _correctness(completions, answer, rules, log_metric, strict=False, join_boxes=True)
 
 
