@@ -68,7 +68,10 @@ def strict_correctness_reward(
 
 
 def joined_boxes_correctness_reward(
-    completions: list[Any], answer: list[str], log_metric: Callable[[str, float], None] | None = None, **columns: Any
+    completions: list[Any],
+    answer: list[str],
+    log_metric: Callable[[str, float], None] | None = None,
+    **columns: Any,
 ) -> list[float | None]:
     """Like `correctness_reward`, but several boxes in the last box's paragraph may together form the
     gold's set or tuple (beyond the paper's rule, which reads the last box only; opt in by naming it).
@@ -78,13 +81,18 @@ def joined_boxes_correctness_reward(
     >>> correctness_reward(["The solutions are \\\\boxed{1} and \\\\boxed{-2}."], answer=["-2, 1"])
     [0.0]
     """
-    rules = row_rules(len(completions), *(columns.get(k) for k in ("template", "answer_rule", "format_markers")))
+    rules = row_rules(
+        len(completions), *(columns.get(k) for k in ("template", "answer_rule", "format_markers"))
+    )
     return _correctness(completions, answer, rules, log_metric, strict=False, join_boxes=True)
 
 
-def _correctness(completions, answer, rules, log_metric, *, strict: bool, join_boxes: bool = False) -> list[float | None]:
+def _correctness(
+    completions, answer, rules, log_metric, *, strict: bool, join_boxes: bool = False
+) -> list[float | None]:
     # The whole batch goes to `grade_batch` at once: fast path here, math-verify in the worker pool.
-    grades = grade_batch([_text(c) for c in completions], list(answer), rules, strict=strict, join_boxes=join_boxes)
+    texts = [_text(c) for c in completions]
+    grades = grade_batch(texts, list(answer), rules, strict=strict, join_boxes=join_boxes)
     rewards: list[float | None] = [float(g.correct) if g.gold_ok else None for g in grades]
     if log_metric is not None:
         log_metric("rewards/unparseable_gold", float(sum(not g.gold_ok for g in grades)))
