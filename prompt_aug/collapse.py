@@ -45,6 +45,7 @@ import torch
 from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 
+from rewards.registry import CORRECTNESS_KEYS
 from rewards.repetition import ends_in_loop
 
 logger = logging.getLogger("prompt_aug.collapse")
@@ -52,7 +53,7 @@ logger = logging.getLogger("prompt_aug.collapse")
 SIGNALS = ("entropy", "accuracy", "truncation", "repetition", "eval")
 ACTIONS = ("log", "checkpoint", "stop")
 KINDS = ("below", "above", "drop")
-ACCURACY_KEYS = ("rewards/correctness_reward/mean", "rewards/strict_correctness_reward/mean", "reward")
+ACCURACY_KEYS = (*CORRECTNESS_KEYS, "reward")
 REPETITION_KEY = "completions/repetition_ratio"
 CHECKPOINT_PREFIX = "collapse"
 

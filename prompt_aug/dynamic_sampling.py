@@ -46,7 +46,7 @@ import torch
 from accelerate.utils import gather_object
 from trl.trainer.utils import nanstd
 
-from rewards.registry import correctness_reward, strict_correctness_reward
+from rewards.registry import CORRECTNESS_REWARDS
 
 from .collator import stable_uniform
 
@@ -259,7 +259,7 @@ class DynamicSampler:
         passes: list[_Pass] = []
         spread: list[list[bool]] = []
         outcome: list[list[str]] = []
-        correct_column = trainer._reward_column(correctness_reward, strict_correctness_reward)
+        correct_column = trainer._reward_column(*CORRECTNESS_REWARDS)
         seen: set[str] = set()
         for k in range(self.max_passes):
             if k > 0:

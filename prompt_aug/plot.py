@@ -30,6 +30,8 @@ matplotlib.use("Agg")  # headless: no display needed
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from rewards.registry import CORRECTNESS_KEYS
+
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
 # (panel title, y label, metric keys: the first key a run has is drawn, whether the values are fractions)
@@ -38,7 +40,7 @@ CURVES: list[tuple[str, str, list[str], bool]] = [
     (
         "Training accuracy",
         "correctness reward",
-        ["rewards/correctness_reward/mean", "rewards/strict_correctness_reward/mean"],
+        list(CORRECTNESS_KEYS),
         True,
     ),
     ("Total reward", "reward", ["reward"], False),

@@ -118,10 +118,10 @@ def close_process_group() -> None:
     Without it, gloo's worker threads are still alive while the interpreter shuts down, and a rank can
     abort at exit ("terminate called without an active exception", pytorch/pytorch#190489): the run
     finished, but the launcher reports a failure. Only on success: after an error the other ranks may be
-    inside a collective, and leaving then could hang them.
+    inside a collective, and leaving then could hang them. No barrier first: with ``push_to_hub`` the
+    other ranks finish while the main process is still uploading, which needs no collective.
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        PartialState().wait_for_everyone()
         torch.distributed.destroy_process_group()
 
 

@@ -48,7 +48,7 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
-from rewards.registry import correctness_reward, format_reward, strict_correctness_reward
+from rewards.registry import CORRECTNESS_REWARDS, format_reward
 
 from .collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
 from .collator import PromptAugmentationCollator
@@ -289,7 +289,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     ) -> None:
         """Per-template metrics of gathered rows; ``kept`` (bool per row) adds ``templates/<name>/kept``."""
         columns = {
-            "accuracy": self._reward_column(correctness_reward, strict_correctness_reward),
+            "accuracy": self._reward_column(*CORRECTNESS_REWARDS),
             "format": self._reward_column(format_reward),
         }
         by_template: dict[str, list[int]] = defaultdict(list)

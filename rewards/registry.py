@@ -119,6 +119,15 @@ def format_reward(
     return [format_score(_text(c), r) for c, r in zip(completions, rules, strict=True)]
 
 
+# The 0/1 correctness rewards: the trainer's per-template accuracy, the console log, the plot, the collapse
+# guard's accuracy signal and dynamic sampling's all-right/all-wrong split read whichever of these a run uses.
+CORRECTNESS_REWARDS: tuple[Callable[..., list[float | None]], ...] = (
+    correctness_reward,
+    strict_correctness_reward,
+    joined_boxes_correctness_reward,
+)
+CORRECTNESS_KEYS: tuple[str, ...] = tuple(f"rewards/{f.__name__}/mean" for f in CORRECTNESS_REWARDS)
+
 REGISTRY: dict[str, Callable[..., list[float | None]]] = {
     "correctness": correctness_reward,
     "strict_correctness": strict_correctness_reward,

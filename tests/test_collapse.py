@@ -446,3 +446,19 @@ def test_readme_stabiliser_table_names_real_keys_with_their_defaults():
             assert str(defaults[key]).lower() == default.strip().strip("`").lower(), (key, default)
             checked += 1
     assert checked >= 10
+
+
+def test_every_registered_correctness_reward_is_read_as_accuracy():
+    # A recipe that swaps `correctness` for another 0/1 correctness reward keeps its accuracy signal and
+    # its accuracy column in the console line.
+    from types import SimpleNamespace
+
+    from prompt_aug.collapse import ACCURACY_KEYS
+    from prompt_aug.logging_utils import compact_line
+    from rewards import REGISTRY
+
+    args = SimpleNamespace(steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1)
+    for name in ("correctness", "strict_correctness", "correctness_joined_boxes"):
+        key = f"rewards/{REGISTRY[name].__name__}/mean"
+        assert ACCURACY_KEYS.index(key) < ACCURACY_KEYS.index("reward"), name
+        assert "accuracy 0.500" in compact_line({key: 0.5, "reward": 1.25}, 1, 2, args), name
