@@ -10,7 +10,8 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   ========== ========================================= ===============================================
   entropy    ``entropy``                               below the floor for ``window`` rounds in a row
   accuracy   ``rewards/correctness_reward/mean`` (or   its mean over the last ``window`` rounds falls
-             strict, else ``reward``; or a chosen key) more than the threshold below its best such mean
+             another of ``CORRECTNESS_KEYS``, else     more than the threshold below its best such mean
+             ``reward``; or a chosen key)
   truncation ``completions/clipped_ratio``             above the ceiling for ``window`` rounds in a row
   repetition ``completions/repetition_ratio``          above the ceiling for ``window`` rounds in a row
   eval       ``eval/macro``                            like accuracy, over the last ``window`` evaluations
