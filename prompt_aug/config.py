@@ -167,6 +167,10 @@ class PromptAugArguments:
     warmstart_wellformed: float = field(
         default=0.5, metadata={"help": "Share of warm-start targets written in their template's layout."}
     )
+    warmstart_answer_correct: float = field(
+        default=1.0,
+        metadata={"help": "Share of warm-start targets whose boxed answer is right (the rest box another answer)."},
+    )
     heldout_questions: int = field(
         default=0, metadata={"help": "Questions kept out of warm start and GRPO, scored by before_after."}
     )

@@ -36,7 +36,7 @@ from rewards.extract import last_boxed
 from .smoke import (
     ADDITION_DATASET_NAME,
     SYNTHETIC_DATASET_NAME,
-    TINY_MODEL_NAME,
+    TINY_MODELS,
     addition_problems,
     build_tiny_tokenizer,
     synthetic_problems,
@@ -284,7 +284,7 @@ def preview(args: argparse.Namespace) -> str:
     lines = []
     tokenizer = None
     max_len = args.max_prompt_length or recipe.get("max_prompt_length")
-    if tokenizer_name == TINY_MODEL_NAME:  # the smoke recipe's model: its tokenizer is the built-in one
+    if tokenizer_name in TINY_MODELS:  # a built-in model: its tokenizer is the built-in one
         tokenizer = build_tiny_tokenizer()
     elif tokenizer_name:
         try:

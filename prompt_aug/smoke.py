@@ -12,6 +12,12 @@ from fractions import Fraction
 from pathlib import Path
 
 TINY_MODEL_NAME = "tiny-random-qwen2"
+# The random Qwen2 models built in code, by name: (hidden size, attention heads, KV heads). All have 2 layers,
+# heads of size 32 (vLLM's CPU attention takes 32, 64, ..., not 16), tied embeddings and the tokenizer below.
+TINY_MODELS = {
+    TINY_MODEL_NAME: (64, 2, 1),  # 0.11 M parameters: the smoke recipe, the tests and the engine tier
+    "small-random-qwen2": (128, 4, 4),  # 0.41 M: the learning demo (hidden 64 rarely learns its task's working)
+}
 SYNTHETIC_DATASET_NAME = "synthetic"
 ADDITION_DATASET_NAME = "synthetic-addition"
 BUILTIN_DATASETS = (SYNTHETIC_DATASET_NAME, ADDITION_DATASET_NAME)  # generated in code, never fetched
@@ -134,13 +140,13 @@ def build_tiny_tokenizer(extra_text: list[str] | None = None):
     )
 
 
-def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
-    """Build and save a tiny random Qwen2 model and its tokenizer under ``path``; return ``path``.
+def build_tiny_model(path: str | Path, seed: int = 0, name: str = TINY_MODEL_NAME) -> Path:
+    """Build and save the random Qwen2 model ``name`` (a key of `TINY_MODELS`) and its tokenizer under ``path``.
 
-    The folder is a cache keyed by what built it: ``build.json`` records a fingerprint of the seed,
-    the model config and the tokenizer. A later call with the same fingerprint returns at once; a
-    folder built with another seed, shape or tokenizer (or by an older version without
-    ``build.json``) is rebuilt in place.
+    Returns ``path``. The folder is a cache keyed by what built it: ``build.json`` records a
+    fingerprint of the seed, the model config and the tokenizer. A later call with the same
+    fingerprint returns at once; a folder built with another seed, shape or tokenizer (or by an
+    older version without ``build.json``) is rebuilt in place.
     """
     import hashlib
     import json
@@ -149,15 +155,18 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    if name not in TINY_MODELS:
+        raise ValueError(f"no built-in model {name!r}; the built-in ones are {', '.join(TINY_MODELS)}")
+    hidden, heads, kv_heads = TINY_MODELS[name]
     path = Path(path)
     tokenizer = build_tiny_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=2,
-        num_attention_heads=2,  # head size 32: vLLM's CPU attention takes 32, 64, ... (not 16)
-        num_key_value_heads=1,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=None,

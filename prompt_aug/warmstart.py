@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,13 @@ logger = logging.getLogger("prompt_aug")
 _INLINE_MATH = re.compile(r"\$([^$]+)\$")
 
 
-def target_text(template: Template, question: str, answer: str, wellformed: bool) -> str:
-    """A short correct completion of ``question`` under ``template`` (after its prefill).
+def target_text(
+    template: Template, question: str, answer: str, wellformed: bool, boxed: str | None = None
+) -> str:
+    """A short completion of ``question`` under ``template`` (after its prefill).
 
-    The reasoning is the question's first ``$...$`` expression and its value; the answer is boxed.
+    The reasoning is the question's first ``$...$`` expression and its value ``answer``; the boxed
+    answer is ``boxed`` (default: ``answer``, a correct completion).
     Well-formed, the two go around the template's markers: the reasoning before the first closing
     marker (one containing ``</``), the answer before the last one; with no closing marker, the
     markers sit between them. Otherwise the markers are left out.
@@ -50,10 +54,12 @@ def target_text(template: Template, question: str, answer: str, wellformed: bool
     '2 + 3 = 5. The final answer is: \\\\boxed{5}'
     >>> target_text(get_template("open-r1"), "Compute $2 + 3$.", "5", False)
     '2 + 3 = 5. \\\\boxed{5}'
+    >>> target_text(get_template("abel"), "Compute $2 + 3$.", "5", True, boxed="7")
+    '2 + 3 = 5. \\\\boxed{7}'
     """
     found = _INLINE_MATH.search(question)
     reasoning = f"{found.group(1).strip()} = {answer}." if found else f"The answer is {answer}."
-    boxed = f"\\boxed{{{answer}}}"
+    boxed = f"\\boxed{{{answer if boxed is None else boxed}}}"
     markers = list(template.markers)
     if not wellformed or not markers:
         return f"{reasoning} {boxed}"
@@ -81,6 +87,32 @@ def split_heldout(dataset: Any, n: int, seed: int) -> tuple[Any, Any | None]:
     return dataset.select(kept), dataset.select(held)
 
 
+def draw_targets(
+    rows: list[dict[str, Any]], templates: list[Template], *, wellformed: float, answer_correct: float, seed: int
+) -> Iterator[tuple[int, int, str]]:
+    """Endless warm-start examples ``(row index, template index, target text)``, drawn with ``seed``.
+
+    Each draws a row and a template uniformly; the target is in the template's layout with probability
+    ``wellformed``, and boxes the row's answer with probability ``answer_correct``, else another answer
+    of ``rows`` (the working stays right: the model can learn to box what it worked out).
+
+    >>> import itertools
+    >>> from prompt_aug.templates import get_template
+    >>> rows = [{"question": "Compute $2 + 3$.", "answer": "5"}, {"question": "Compute $1 + 1$.", "answer": "2"}]
+    >>> draws = draw_targets(rows, [get_template("abel")], wellformed=1.0, answer_correct=0.0, seed=0)
+    >>> sorted({text for _, _, text in itertools.islice(draws, 20)})  # every box holds the other answer
+    ['1 + 1 = 2. \\\\boxed{5}', '2 + 3 = 5. \\\\boxed{2}']
+    """
+    rng = random.Random(seed)
+    answers = sorted({str(row["answer"]) for row in rows})
+    while True:
+        i, j = rng.randrange(len(rows)), rng.randrange(len(templates))
+        good, right = rng.random() < wellformed, rng.random() < answer_correct
+        gold = str(rows[i]["answer"])
+        boxed = gold if right or len(answers) < 2 else rng.choice([a for a in answers if a != gold])
+        yield i, j, target_text(templates[j], rows[i]["question"], gold, good, boxed=boxed)
+
+
 def warm_start(
     model: Any,
     tokenizer: Any,
@@ -92,14 +124,14 @@ def warm_start(
     learning_rate: float,
     wellformed: float,
     seed: int,
+    answer_correct: float = 1.0,
 ) -> list[float]:
     """Supervised steps on ``rows`` (``question``, ``answer``) under random templates; returns the losses.
 
-    AdamW with cosine decay to 0; the loss is on the completion tokens (and the closing EOS) only.
+    The targets come from `draw_targets` (``wellformed``, ``answer_correct``). AdamW with cosine decay to 0; the loss is on the completion tokens (and the closing EOS) only.
     """
     from transformers import get_cosine_schedule_with_warmup
 
-    rng = random.Random(seed)
     torch.manual_seed(seed)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
@@ -108,13 +140,14 @@ def warm_start(
     prompts = [
         tokenizer([t.render(row["question"], tokenizer) for t in templates]).input_ids for row in rows
     ]
-    completions: dict[tuple[int, int, bool], list[int]] = {}
+    targets = draw_targets(rows, templates, wellformed=wellformed, answer_correct=answer_correct, seed=seed)
+    completions: dict[str, list[int]] = {}
 
-    def example(i: int, j: int, good: bool) -> tuple[list[int], list[int]]:
-        if (i, j, good) not in completions:
-            text = target_text(templates[j], rows[i]["question"], rows[i]["answer"], good)
-            completions[(i, j, good)] = tokenizer(text).input_ids + [eos]
-        return prompts[i][j], completions[(i, j, good)]
+    def example() -> tuple[list[int], list[int]]:
+        i, j, text = next(targets)
+        if text not in completions:
+            completions[text] = tokenizer(text).input_ids + [eos]
+        return prompts[i][j], completions[text]
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
     schedule = get_cosine_schedule_with_warmup(optimizer, 0, steps)
@@ -122,10 +155,7 @@ def warm_start(
     model.train()
     losses = []
     for _ in range(steps):
-        batch = [
-            example(rng.randrange(len(rows)), rng.randrange(len(templates)), rng.random() < wellformed)
-            for _ in range(batch_size)
-        ]
+        batch = [example() for _ in range(batch_size)]
         width = max(len(p) + len(c) for p, c in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
@@ -275,6 +305,7 @@ def prepare(
             batch_size=script_args.warmstart_batch_size,
             learning_rate=script_args.warmstart_learning_rate,
             wellformed=script_args.warmstart_wellformed,
+            answer_correct=script_args.warmstart_answer_correct,
             seed=training_args.seed,
         )
         logger.info(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -77,3 +78,15 @@ def test_smoke_recipe_turns_gradient_checkpointing_off():
     assert training_args.gradient_checkpointing is False
     _, training_args, _ = train.parse_args(["--config", str(REPO / "recipes/smoke/learn_cpu.yaml")])
     assert training_args.gradient_checkpointing is False
+
+
+def test_the_learning_recipe_builds_its_own_model_shape_beside_the_smoke_one(tmp_path):
+    args = ["--config", str(REPO / "recipes/smoke/learn_cpu.yaml"), "--output_dir", str(tmp_path)]
+    _, training_args, model_args = train.parse_args(args)
+    folder = Path(train.resolve_model_path(model_args, training_args))
+    assert folder == tmp_path / "small-random-qwen2"
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (128, 4, 4)
+    assert config.hidden_size // config.num_attention_heads == 32  # a head size vLLM's CPU attention takes
+    with pytest.raises(ValueError, match="no built-in model 'huge-random-qwen2'; the built-in ones are"):
+        build_tiny_model(tmp_path / "x", name="huge-random-qwen2")

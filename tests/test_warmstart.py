@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from prompt_aug.smoke import addition_problems
 from prompt_aug.templates import load_templates
-from prompt_aug.warmstart import BeforeAfter, split_heldout, target_text, warm_start
+from prompt_aug.warmstart import BeforeAfter, draw_targets, split_heldout, target_text, warm_start
 from rewards.grade import grade
 
 TEMPLATES = list(load_templates().values())
@@ -20,6 +20,24 @@ def test_well_formed_target_is_right_and_full_format_and_the_other_is_right_with
     assert good.correct and good.format_score == 1.0
     bad = grade(target_text(template, "Compute $4 + 5$.", "9", False), "9", template)
     assert bad.correct and bad.format_score == (1.0 if not template.markers else 0.0)
+
+
+def test_warm_start_targets_box_the_right_answer_at_the_asked_share_and_always_work_it_right():
+    import itertools
+    import re
+
+    rows = addition_problems()
+    draws = list(itertools.islice(draw_targets(rows, TEMPLATES, wellformed=0.5, answer_correct=0.3, seed=0), 2000))
+    right = well = 0
+    for i, j, text in draws:
+        a, b = (int(d) for d in re.search(r"(\d) \+ (\d) = ", text).groups())
+        assert f"{a} + {b} = {a + b}." in text and rows[i]["question"] == f"Compute ${a} + {b}$."
+        graded = grade(text, rows[i]["answer"], TEMPLATES[j])
+        right += graded.correct
+        well += bool(TEMPLATES[j].markers) and graded.format_score == 1.0
+    marker_draws = sum(bool(TEMPLATES[j].markers) for _, j, _ in draws)
+    assert 0.25 < right / len(draws) < 0.35  # 0.3 asked; the other boxes never hold the gold
+    assert 0.45 < well / marker_draws < 0.55
 
 
 def test_heldout_questions_are_kept_apart_and_drawn_by_seed():
@@ -37,9 +55,9 @@ def test_heldout_questions_are_kept_apart_and_drawn_by_seed():
 def test_warm_start_changes_the_weights_and_lowers_the_loss(tiny_model_dir, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     before = model.model.embed_tokens.weight.detach().clone()
-    losses = warm_start(model, tokenizer, addition_problems(), TEMPLATES, steps=30, batch_size=8,
+    losses = warm_start(model, tokenizer, addition_problems(), TEMPLATES, steps=60, batch_size=8,
                         learning_rate=1e-2, wellformed=0.5, seed=0)  # fmt: skip
-    assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+    assert len(losses) == 60 and sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
     assert not torch.equal(model.model.embed_tokens.weight, before)
 
 
