@@ -128,7 +128,8 @@ def warm_start(
 ) -> list[float]:
     """Supervised steps on ``rows`` (``question``, ``answer``) under random templates; returns the losses.
 
-    The targets come from `draw_targets` (``wellformed``, ``answer_correct``). AdamW with cosine decay to 0; the loss is on the completion tokens (and the closing EOS) only.
+    The targets come from `draw_targets` (``wellformed``, ``answer_correct``). AdamW with cosine decay
+    to 0; the loss is on the completion tokens (and the closing EOS) only.
     """
     from transformers import get_cosine_schedule_with_warmup
 
