@@ -10,7 +10,7 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   ========== ========================================= ===============================================
   entropy    ``entropy``                               below the floor for ``window`` rounds in a row
   accuracy   ``rewards/correctness_reward/mean`` (or   its mean over the last ``window`` rounds falls
-             another of ``CORRECTNESS_KEYS``, else     more than the threshold below its best such mean
+             another of ``ACCURACY_MEAN_KEYS``, else   more than the threshold below its best such mean
              ``reward``; or a chosen key)
   truncation ``completions/clipped_ratio``             above the ceiling for ``window`` rounds in a row
   repetition ``completions/repetition_ratio``          above the ceiling for ``window`` rounds in a row
@@ -46,7 +46,7 @@ import torch
 from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 
-from rewards.registry import CORRECTNESS_KEYS
+from rewards.controls import ACCURACY_MEAN_KEYS
 from rewards.repetition import ends_in_loop
 
 logger = logging.getLogger("prompt_aug.collapse")
@@ -54,7 +54,7 @@ logger = logging.getLogger("prompt_aug.collapse")
 SIGNALS = ("entropy", "accuracy", "truncation", "repetition", "eval")
 ACTIONS = ("log", "checkpoint", "stop")
 KINDS = ("below", "above", "drop")
-ACCURACY_KEYS = (*CORRECTNESS_KEYS, "reward")
+ACCURACY_KEYS = (*ACCURACY_MEAN_KEYS, "reward")
 REPETITION_KEY = "completions/repetition_ratio"
 CHECKPOINT_PREFIX = "collapse"
 

@@ -19,15 +19,15 @@ from typing import Any
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-from rewards.registry import CORRECTNESS_KEYS
+from rewards.controls import ACCURACY_MEAN_KEYS, FORMAT_MEAN_KEYS
 
 LOG_FILE = "logs.jsonl"
 
 # (label, keys: the first present is shown, format)
 _STEP_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("reward", ("reward",), "{:.3f}"),
-    ("accuracy", CORRECTNESS_KEYS, "{:.3f}"),
-    ("format", ("rewards/format_reward/mean",), "{:.3f}"),
+    ("accuracy", ACCURACY_MEAN_KEYS, "{:.3f}"),
+    ("format", FORMAT_MEAN_KEYS, "{:.3f}"),
     ("entropy", ("entropy",), "{:.3f}"),
     ("length", ("completions/mean_length",), "{:.0f}"),
     ("truncated", ("completions/clipped_ratio",), "{:.3f}"),

@@ -30,7 +30,7 @@ matplotlib.use("Agg")  # headless: no display needed
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
-from rewards.registry import CORRECTNESS_KEYS
+from rewards.controls import ACCURACY_MEAN_KEYS
 
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
@@ -40,7 +40,7 @@ CURVES: list[tuple[str, str, list[str], bool]] = [
     (
         "Training accuracy",
         "correctness reward",
-        list(CORRECTNESS_KEYS),
+        list(ACCURACY_MEAN_KEYS),
         True,
     ),
     ("Total reward", "reward", ["reward"], False),

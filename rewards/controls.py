@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from .registry import _text, correctness_reward, format_reward
+from .registry import CORRECTNESS_KEYS, _text, correctness_reward, format_reward
 
 
 def shuffled(rewards: list[Any], completions: list[Any], salt: str) -> list[Any]:
@@ -55,3 +55,13 @@ def shuffled_format_reward(completions: list[Any], **kwargs: Any) -> list[float]
     [0.0, 1.0]
     """
     return _shuffle(format_reward, completions, kwargs)
+
+
+# Log keys whose round mean is the run's accuracy, or its format score: the real rewards', then the
+# controls' (a shuffle keeps the round's values, so its mean is the true one). The console line, the plot
+# and the collapse guard read the first a run logs. Only round means may read a control's key: per
+# completion or per template its values belong to other completions.
+ACCURACY_MEAN_KEYS: tuple[str, ...] = (*CORRECTNESS_KEYS, f"rewards/{shuffled_correctness_reward.__name__}/mean")
+FORMAT_MEAN_KEYS: tuple[str, ...] = tuple(
+    f"rewards/{f.__name__}/mean" for f in (format_reward, shuffled_format_reward)
+)

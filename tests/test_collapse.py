@@ -462,3 +462,21 @@ def test_every_registered_correctness_reward_is_read_as_accuracy():
         key = f"rewards/{REGISTRY[name].__name__}/mean"
         assert ACCURACY_KEYS.index(key) < ACCURACY_KEYS.index("reward"), name
         assert "accuracy 0.500" in compact_line({key: 0.5, "reward": 1.25}, 1, 2, args), name
+
+
+def test_the_shuffled_controls_round_means_are_read_as_accuracy_and_format():
+    # The control's logged means are the round's true accuracy and format score (a shuffle keeps the
+    # values), so the console line shows them and the guard watches its accuracy, not the total reward.
+    from types import SimpleNamespace
+
+    from prompt_aug.logging_utils import compact_line
+
+    args = SimpleNamespace(steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1)
+    logs = {"rewards/shuffled_correctness_reward/mean": 0.25, "rewards/shuffled_format_reward/mean": 0.75}
+    logs["reward"] = 1.0
+    line = compact_line(logs, 1, 2, args)
+    assert "accuracy 0.250" in line and "format 0.750" in line, line
+    values = [0.3, 0.4, 0.5, 0.5, 0.5, 0.5, 0.2, 0.2, 0.2]
+    key = "rewards/shuffled_correctness_reward/mean"
+    fired = _feed(_guard(ACCURACY), [{"step": i + 1, key: v, "reward": 9.0} for i, v in enumerate(values)])
+    assert fired == {8: ["accuracy"]}  # the flat total reward alone would never fire

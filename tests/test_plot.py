@@ -195,3 +195,20 @@ def test_x_axis_in_generation_rounds(tmp_path):
     _write_rounds(tmp_path / "old", {1: ["abel"]}, with_round=False)
     with pytest.raises(PlotError, match=r"no `round` key.*--x step"):
         build_figure([tmp_path / "old"], x="round")
+
+
+def test_the_shuffled_control_is_drawn_in_the_accuracy_panel_beside_the_run(tmp_path):
+    # The control logs no correctness_reward, only its shuffle, whose round mean is the true accuracy.
+    from prompt_aug.plot import build_figure
+
+    run, control = tmp_path / "learn", tmp_path / "learn-control"
+    _write_state(run, 10, with_eval=False)
+    key = "rewards/shuffled_correctness_reward/mean"
+    history = [{"step": s, "reward": 1.0, key: 0.5 - 0.03 * s} for s in range(1, 11)]
+    control.mkdir()
+    (control / "trainer_state.json").write_text(json.dumps({"global_step": 10, "log_history": history}))
+    fig = build_figure([run, control])
+    (panel,) = [ax for ax in fig.axes if ax.get_title() == "Training accuracy"]
+    drawn = [list(line.get_ydata()) for line in panel.get_lines()]
+    assert [0.5 - 0.03 * s for s in range(1, 11)] in drawn
+    assert [0.3 + 0.04 * s for s in range(1, 11)] in drawn
