@@ -52,14 +52,17 @@ class PromptAugArguments:
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["correctness", "format"],
-        metadata={"help": "Reward names from rewards.REGISTRY. The paper: correctness + format."},
+        metadata={"help": "Reward names from rewards.REGISTRY, or functions by import path (package.module:function). "
+                  "The paper: correctness + format."},
     )
     stop_tokens: list[str] = field(
         default_factory=lambda: list(STOP_TOKENS),
         metadata={"help": "Tokens that end a completion (those missing from the vocabulary are skipped)."},
     )
     eval_benchmarks: list[str] | None = field(
-        default=None, metadata={"help": "Benchmarks evaluated during training, e.g. [math500] (off if unset)."}
+        default=None,
+        metadata={"help": "Benchmarks evaluated during training, e.g. [math500], or question sets of one's own (a "
+                  ".jsonl/.json/.parquet/.csv file, a save_to_disk folder or a Hub id; off if unset)."},
     )
     eval_every_steps: int = field(default=0, metadata={"help": "Evaluate every N optimizer steps (0: off)."})
     eval_data_dir: str | None = field(

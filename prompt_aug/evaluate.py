@@ -27,6 +27,7 @@ import statistics
 import time
 import zlib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,7 +37,7 @@ from transformers import TrainerCallback
 from rewards.grade import grade_batch
 
 from .config import STOP_TOKENS
-from .sources import SourceError, check_source
+from .sources import SourceError, check_source, hub_offline
 from .templates import DEFAULT_EVAL_TEMPLATE, Template, load_templates
 
 logger = logging.getLogger("prompt_aug.evaluate")
@@ -154,6 +155,35 @@ def benchmark_title(name: str) -> str:
     return Path(name).stem if Path(name).suffix in QUESTION_SET_FILES else name.rstrip("/").split("/")[-1]
 
 
+def metric_name(name: str) -> str:
+    """Benchmark ``name`` as it appears in ``eval/<name>/accuracy``: the suite's name, or a question set's
+    file stem or dataset name (no folders, so the key is the same on every machine and W&B nests nothing).
+
+    >>> metric_name("math500"), metric_name("/data/runs/sums.jsonl"), metric_name("my-org/my-questions")
+    ('math500', 'sums', 'my-questions')
+    """
+    return name if name in BENCHMARKS else benchmark_title(name)
+
+
+def _from_hub(what: str, load: Callable[[], Any], local: str) -> Any:
+    """``load()``; any failure (offline, a missing or private repo) is one `EvalError` naming ``what``.
+
+    ``local`` says how to give a local copy instead.
+    """
+    try:
+        return load()
+    except EvalError:
+        raise
+    except Exception as err:
+        cause = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+        hint = (
+            "HF_HUB_OFFLINE is set and the Hugging Face cache has no copy"
+            if hub_offline()
+            else "check the id and the connection, or set HF_HUB_OFFLINE=1 to use a copy in the Hugging Face cache"
+        )
+        raise EvalError(f"{what}: could not load it from the Hugging Face Hub ({cause}); {hint}; or {local}") from err
+
+
 def _load_question_set(name: str) -> Any:
     import datasets
 
@@ -162,7 +192,10 @@ def _load_question_set(name: str) -> Any:
         if not path.is_file():
             raise EvalError(f"question set {name}: no such file")
         return datasets.load_dataset(QUESTION_SET_FILES[path.suffix], data_files=str(path), split="train")
-    loaded = datasets.load_from_disk(str(path)) if path.is_dir() else datasets.load_dataset(name)
+    if path.is_dir():
+        loaded = datasets.load_from_disk(str(path))
+    else:
+        loaded = _from_hub(f"question set {name}", lambda: datasets.load_dataset(name), "give a file or folder")
     if isinstance(loaded, datasets.DatasetDict):
         if "test" not in loaded and len(loaded) != 1:
             raise EvalError(f"question set {name} has splits {sorted(loaded)}; expected a `test` split or only one")
@@ -178,9 +211,15 @@ def _load_split(split: str, data_dir: str | Path | None) -> Any:
 
     if data_dir is None:
         try:
-            return datasets.load_dataset(HUB_SUITE, split=split)
-        except ValueError as err:  # an unknown split
-            raise EvalError(f"{HUB_SUITE} has no split {split!r}: {err}") from err
+            return _from_hub(
+                f"suite {HUB_SUITE}",
+                lambda: datasets.load_dataset(HUB_SUITE, split=split),
+                "give a local copy of the suite (--data_dir, eval_data_dir)",
+            )
+        except EvalError as err:
+            if isinstance(err.__cause__, ValueError):  # an unknown split
+                raise EvalError(f"{HUB_SUITE} has no split {split!r}: {err.__cause__}") from err.__cause__
+            raise
     key = str(Path(data_dir).resolve())
     if key not in _SUITES:
         if not Path(data_dir).is_dir():
@@ -937,9 +976,9 @@ def main(argv: list[str] | None = None) -> None:
 class EvalCallback(TrainerCallback):
     """Evaluates the live model every ``every_n_steps`` steps (hf backend, greedy, strict grading).
 
-    Logs ``eval/<benchmark>/accuracy``, ``eval/macro``, ``eval/micro`` and ``eval/questions`` (answers
-    graded, all processes together) with the trainer's next log
-    line (it asks for one on evaluation steps), so they land in ``state.log_history``. Call
+    Logs ``eval/<benchmark>/accuracy`` (see `metric_name`), ``eval/macro``, ``eval/micro`` and
+    ``eval/questions`` (answers graded, all processes together) with the trainer's next log line (it asks
+    for one on evaluation steps), so they land in ``state.log_history``. Call
     `attach` (not ``add_callback``) so that the reporting callbacks (wandb, ...) see them too.
 
     Every process evaluates its own share of the questions (every world_size-th one) with its whole copy
@@ -969,6 +1008,10 @@ class EvalCallback(TrainerCallback):
         batch_size: int = 16,
     ) -> None:
         self.benchmarks = parse_benchmarks(benchmarks)
+        names = [metric_name(b) for b in self.benchmarks]
+        clashes = sorted({b for b, n in zip(self.benchmarks, names) if names.count(n) > 1})
+        if clashes:
+            raise EvalError(f"benchmarks {clashes} would log under one name; rename a file to tell them apart")
         self.every_n_steps, self.data_dir, self.limit = every_n_steps, data_dir, limit
         self.template = parse_templates(template)[0]
         self.max_tokens, self.batch_size = max_tokens, batch_size
@@ -980,6 +1023,13 @@ class EvalCallback(TrainerCallback):
         trainer.callback_handler.callbacks.insert(0, self)
         return self
 
+    def problems(self) -> list[Problem]:
+        """The questions of every chosen benchmark, loaded on first use."""
+        if self._problems is None:
+            loaded = (load_benchmark(b, self.data_dir, self.limit) for b in self.benchmarks)
+            self._problems = [p for problems in loaded for p in problems]
+        return self._problems
+
     def evaluate_model(
         self, model: Any, tokenizer: Any, process_index: int = 0, num_processes: int = 1
     ) -> dict[str, float]:
@@ -988,11 +1038,7 @@ class EvalCallback(TrainerCallback):
         With ``num_processes > 1`` every process must call it: each generates for its share of the
         questions, and the verdicts of all processes are gathered before the accuracy is computed.
         """
-        if self._problems is None:
-            self._problems = [
-                p for b in self.benchmarks for p in load_benchmark(b, self.data_dir, self.limit)
-            ]
-        mine = self._problems[process_index::num_processes]
+        mine = self.problems()[process_index::num_processes]
         backend = HFBackend(model, tokenizer)
         records = []
         for start in range(0, len(mine), self.batch_size):
@@ -1020,7 +1066,7 @@ class EvalCallback(TrainerCallback):
             records = gather_object(records)
             shares = gather_object(shares)
         summary = summarize(records, self.benchmarks, [self.template.name])["results"][self.template.name]
-        metrics = {f"eval/{b}/accuracy": e["accuracy"] for b, e in summary["benchmarks"].items()}
+        metrics = {f"eval/{metric_name(b)}/accuracy": e["accuracy"] for b, e in summary["benchmarks"].items()}
         metrics.update({"eval/macro": summary["macro"], "eval/micro": summary["micro"]})
         metrics["eval/questions"] = float(len(records))
         logger.info(  # main process only under `prompt-aug-train`, so the shares are gathered
@@ -1031,6 +1077,7 @@ class EvalCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.every_n_steps > 0:
             check_unsharded()
+            self.problems()  # a missing file or column fails now, not at the first evaluation
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -31,7 +31,7 @@ from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
 from .data import DataError, filter_long_prompts, load_math_dataset
 from .dynamic_sampling import from_args as dynamic_sampler_from_args
-from .evaluate import EvalCallback, stop_token_ids
+from .evaluate import EvalCallback, EvalError, stop_token_ids
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo
 from .smoke import BUILTIN_DATASETS, TINY_MODELS, build_tiny_model
@@ -153,6 +153,20 @@ def train(argv: list[str] | None = None) -> None:
     check_source("dataset_name", script_args.dataset_name, builtin=BUILTIN_DATASETS)
     if script_args.eval_data_dir:
         check_source("eval_data_dir", script_args.eval_data_dir)
+    evaluator = None
+    if script_args.eval_every_steps and script_args.eval_benchmarks:
+        try:
+            evaluator = EvalCallback(
+                script_args.eval_benchmarks,
+                script_args.eval_every_steps,
+                data_dir=script_args.eval_data_dir,
+                template=script_args.eval_template,
+                max_tokens=script_args.eval_max_tokens,
+                limit=script_args.eval_limit,
+            )
+            evaluator.problems()  # a missing file, column or Hub set fails now, not hours into training
+        except EvalError as err:
+            raise UsageError(f"eval_benchmarks: {err}") from None
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     stale = check_output_dir(training_args.output_dir, resume is not None, script_args.overwrite_output_dir)
     state.wait_for_everyone()  # every rank has looked before the main process deletes
@@ -265,15 +279,8 @@ def train(argv: list[str] | None = None) -> None:
 
     trainer.wandb_completions_rows = script_args.wandb_completions_rows
 
-    if script_args.eval_every_steps and script_args.eval_benchmarks:
-        EvalCallback(
-            script_args.eval_benchmarks,
-            script_args.eval_every_steps,
-            data_dir=script_args.eval_data_dir,
-            template=script_args.eval_template,
-            max_tokens=script_args.eval_max_tokens,
-            limit=script_args.eval_limit,
-        ).attach(trainer)  # first in the callback list, so W&B sees the eval/* keys
+    if evaluator is not None:
+        evaluator.attach(trainer)  # first in the callback list, so W&B sees the eval/* keys
     if guard is not None:
         guard.attach(trainer)  # after the eval callback (it watches eval/macro), before the loggers
     if script_args.reset_optimizer_on_ref_sync:

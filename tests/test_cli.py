@@ -131,6 +131,25 @@ def test_a_missing_local_dataset_fails_at_once_naming_the_key(tmp_path, capsys, 
     assert f"{key}: no such folder './nodata'" in message
 
 
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("{tmp}/missing.jsonl", "question set {tmp}/missing.jsonl: no such file"),
+        ("someone/missing-questions", "question set someone/missing-questions: could not load it from the Hugging Face Hub ("),
+    ],
+)
+def test_an_evaluation_set_that_cannot_load_fails_before_the_model_is_built(tmp_path, capsys, name, expected):
+    # Offline (HF_HUB_OFFLINE=1, tests/conftest.py), the Hub set fails at once; both used to fail at the
+    # first evaluation, after training had run that long.
+    name, expected = name.format(tmp=tmp_path), expected.format(tmp=tmp_path)
+    out = tmp_path / "o"
+    message = _error(
+        ["--config", str(SMOKE), "--output_dir", str(out), "--eval_benchmarks", name, "--eval_every_steps", "1"], capsys
+    )
+    assert message.startswith("prompt-aug-train: error: eval_benchmarks: " + expected), message
+    assert not (out / "tiny-random-qwen2").exists()
+
+
 @pytest.fixture
 def unreachable_hub(monkeypatch):
     """Hub clients online, but the endpoint is a closed local port: connections are refused at once."""

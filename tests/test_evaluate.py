@@ -367,14 +367,16 @@ def test_vllm_context_follows_the_models_config(tiny_model_dir):
     assert vllm_max_model_len(None, 100, 500, context) == 600
 
 
-def test_a_question_set_of_ones_own_from_jsonl_parquet_csv(tiny_model_dir, tmp_path):
+def test_a_question_set_of_ones_own_from_jsonl_parquet_csv_or_a_saved_folder(tiny_model_dir, tmp_path):
+    import datasets
     import pandas as pd
 
     rows = [{"question": "Compute $2 + 3$.", "answer": 5}, {"question": "Compute $1 + 1$.", "answer": "2"}]
     pd.DataFrame(rows).to_json(tmp_path / "sums.jsonl", orient="records", lines=True)
     pd.DataFrame(rows).astype(str).to_parquet(tmp_path / "sums.parquet")
     pd.DataFrame(rows).rename(columns={"question": "problem"}).to_csv(tmp_path / "sums.csv", index=False)
-    for name in ("sums.jsonl", "sums.parquet", "sums.csv"):
+    datasets.Dataset.from_pandas(pd.DataFrame(rows).astype(str)).save_to_disk(str(tmp_path / "sums-folder"))
+    for name in ("sums.jsonl", "sums.parquet", "sums.csv", "sums-folder"):
         problems = load_benchmark(str(tmp_path / name))
         assert [(p.question, p.gold) for p in problems] == [("Compute $2 + 3$.", ["5"]), ("Compute $1 + 1$.", ["2"])]
 
@@ -406,4 +408,9 @@ def test_callback_evaluates_a_question_set(tiny_model_dir, tokenizer, tmp_path):
     metrics = EvalCallback(str(path), every_n_steps=1, max_tokens=4).evaluate_model(
         AutoModelForCausalLM.from_pretrained(tiny_model_dir), tokenizer
     )
-    assert set(metrics) == {f"eval/{path}/accuracy", "eval/macro", "eval/micro", "eval/questions"}
+    # The key holds the file's stem, not its path: the same on every machine, and nothing for W&B to nest.
+    assert set(metrics) == {"eval/sums/accuracy", "eval/macro", "eval/micro", "eval/questions"}
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "sums.jsonl").write_text(path.read_text())
+    with pytest.raises(EvalError, match=r"would log under one name; rename a file"):
+        EvalCallback([str(path), str(tmp_path / "other" / "sums.jsonl")])
