@@ -59,6 +59,17 @@ def test_per_template_metrics_match_the_completion_records(smoke_run):
         assert sum(v for k, v in history[step].items() if k.endswith("/count")) == 16
 
 
+def test_per_template_metrics_follow_a_reward_named_by_import_path(tmp_path):
+    out = tmp_path / "run"
+    rewards = ["correctness", "rewards.controls:shuffled_format_reward"]
+    train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--reward_funcs", *rewards])
+    history = {h["step"]: h for h in json.loads((out / "trainer_state.json").read_text())["log_history"]}
+    records = pd.read_parquet(out / "completions" / "completions_00001.parquet")
+    for name, group in records.groupby("template"):
+        logged = history[1][f"templates/{name}/shuffled_format_reward"]
+        assert logged == pytest.approx(group["shuffled_format_reward"].mean())
+
+
 def test_completion_records_have_one_template_per_step_and_uid(smoke_run):
     records = pd.concat(pd.read_parquet(p) for p in sorted((smoke_run / "completions").glob("*.parquet")))
     assert {"template", "uid", "step", "prompt", "completion"} <= set(records.columns)
