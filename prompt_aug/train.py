@@ -153,20 +153,6 @@ def train(argv: list[str] | None = None) -> None:
     check_source("dataset_name", script_args.dataset_name, builtin=BUILTIN_DATASETS)
     if script_args.eval_data_dir:
         check_source("eval_data_dir", script_args.eval_data_dir)
-    evaluator = None
-    if script_args.eval_every_steps and script_args.eval_benchmarks:
-        try:
-            evaluator = EvalCallback(
-                script_args.eval_benchmarks,
-                script_args.eval_every_steps,
-                data_dir=script_args.eval_data_dir,
-                template=script_args.eval_template,
-                max_tokens=script_args.eval_max_tokens,
-                limit=script_args.eval_limit,
-            )
-            evaluator.problems()  # a missing file, column or Hub set fails now, not hours into training
-        except EvalError as err:
-            raise UsageError(f"eval_benchmarks: {err}") from None
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
     stale = check_output_dir(training_args.output_dir, resume is not None, script_args.overwrite_output_dir)
     state.wait_for_everyone()  # every rank has looked before the main process deletes
@@ -175,7 +161,7 @@ def train(argv: list[str] | None = None) -> None:
         clear_run(stale)
     state.wait_for_everyone()
 
-    # Fail on a bad reward or template name now, before anything heavy loads.
+    # Fail on a bad reward or template name, or an evaluation set that does not load, before the model loads.
     try:
         reward_funcs = get_reward_funcs(script_args.reward_funcs)
     except ValueError as err:  # the message names reward_funcs and lists what is registered
@@ -189,6 +175,20 @@ def train(argv: list[str] | None = None) -> None:
             templates, weights = [eval_template], [1.0]
     except TemplateError as err:
         raise UsageError(str(err)) from None
+    evaluator = None
+    if script_args.eval_every_steps and script_args.eval_benchmarks:
+        try:
+            evaluator = EvalCallback(
+                script_args.eval_benchmarks,
+                script_args.eval_every_steps,
+                data_dir=script_args.eval_data_dir,
+                template=script_args.eval_template,
+                max_tokens=script_args.eval_max_tokens,
+                limit=script_args.eval_limit,
+            )
+            evaluator.problems()  # a missing file, column or Hub set fails now, not hours into training
+        except EvalError as err:  # each message names the benchmark, question set or template
+            raise UsageError(str(err)) from None
 
     # Model and tokenizer.
     model_path = resolve_model_path(model_args, training_args)

@@ -146,7 +146,7 @@ def test_an_evaluation_set_that_cannot_load_fails_before_the_model_is_built(tmp_
     message = _error(
         ["--config", str(SMOKE), "--output_dir", str(out), "--eval_benchmarks", name, "--eval_every_steps", "1"], capsys
     )
-    assert message.startswith("prompt-aug-train: error: eval_benchmarks: " + expected), message
+    assert message.startswith("prompt-aug-train: error: " + expected), message
     assert not (out / "tiny-random-qwen2").exists()
 
 
