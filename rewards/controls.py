@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from .registry import CORRECTNESS_KEYS, _text, correctness_reward, format_reward
+from .registry import CORRECTNESS_KEYS, _text, correctness_reward, format_reward, mean_key
 
 
 def shuffled(rewards: list[Any], completions: list[Any], salt: str) -> list[Any]:
@@ -61,7 +61,5 @@ def shuffled_format_reward(completions: list[Any], **kwargs: Any) -> list[float]
 # controls' (a shuffle keeps the round's values, so its mean is the true one). The console line, the plot
 # and the collapse guard read the first a run logs. Only round means may read a control's key: per
 # completion or per template its values belong to other completions.
-ACCURACY_MEAN_KEYS: tuple[str, ...] = (*CORRECTNESS_KEYS, f"rewards/{shuffled_correctness_reward.__name__}/mean")
-FORMAT_MEAN_KEYS: tuple[str, ...] = tuple(
-    f"rewards/{f.__name__}/mean" for f in (format_reward, shuffled_format_reward)
-)
+ACCURACY_MEAN_KEYS: tuple[str, ...] = (*CORRECTNESS_KEYS, mean_key(shuffled_correctness_reward))
+FORMAT_MEAN_KEYS: tuple[str, ...] = (mean_key(format_reward), mean_key(shuffled_format_reward))

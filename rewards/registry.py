@@ -126,7 +126,16 @@ CORRECTNESS_REWARDS: tuple[Callable[..., list[float | None]], ...] = (
     strict_correctness_reward,
     joined_boxes_correctness_reward,
 )
-CORRECTNESS_KEYS: tuple[str, ...] = tuple(f"rewards/{f.__name__}/mean" for f in CORRECTNESS_REWARDS)
+def mean_key(func: Callable[..., Any]) -> str:
+    """The key under which TRL logs the round mean of reward ``func``.
+
+    >>> mean_key(correctness_reward)
+    'rewards/correctness_reward/mean'
+    """
+    return f"rewards/{func.__name__}/mean"
+
+
+CORRECTNESS_KEYS: tuple[str, ...] = tuple(mean_key(f) for f in CORRECTNESS_REWARDS)
 
 REGISTRY: dict[str, Callable[..., list[float | None]]] = {
     "correctness": correctness_reward,
