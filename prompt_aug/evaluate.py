@@ -210,16 +210,14 @@ def _load_split(split: str, data_dir: str | Path | None) -> Any:
     import datasets
 
     if data_dir is None:
-        try:
-            return _from_hub(
-                f"suite {HUB_SUITE}",
-                lambda: datasets.load_dataset(HUB_SUITE, split=split),
-                "give a local copy of the suite (--data_dir, eval_data_dir)",
-            )
-        except EvalError as err:
-            if isinstance(err.__cause__, ValueError):  # an unknown split
-                raise EvalError(f"{HUB_SUITE} has no split {split!r}: {err.__cause__}") from err.__cause__
-            raise
+
+        def load() -> Any:
+            try:
+                return datasets.load_dataset(HUB_SUITE, split=split)
+            except ValueError as err:  # an unknown split
+                raise EvalError(f"{HUB_SUITE} has no split {split!r}: {err}") from err
+
+        return _from_hub(f"suite {HUB_SUITE}", load, "give a local copy of the suite (--data_dir, eval_data_dir)")
     key = str(Path(data_dir).resolve())
     if key not in _SUITES:
         if not Path(data_dir).is_dir():
