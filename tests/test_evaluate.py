@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -309,7 +310,10 @@ def test_the_paper_protocol_is_recognised_and_any_departure_named():
     from prompt_aug.evaluate import PAPER_PROTOCOL, protocol_line
 
     paper = protocol_line(dict(PAPER_PROTOCOL))
-    assert paper.endswith("This is the paper's protocol (mean of 5 greedy vLLM runs in bfloat16).")
+    assert paper.endswith(
+        "This is the paper's protocol (mean of 5 greedy vLLM runs in bfloat16, stopping at EOS only)."
+    )
+    assert "stop turn (paper: eos)" in protocol_line({**PAPER_PROTOCOL, "stop": "turn"})
     line = protocol_line({**PAPER_PROTOCOL, "dtype": "auto"})
     assert "**Not the paper's protocol**: dtype auto (paper: bfloat16)." in line
 
@@ -414,3 +418,76 @@ def test_callback_evaluates_a_question_set(tiny_model_dir, tokenizer, tmp_path):
     (tmp_path / "other" / "sums.jsonl").write_text(path.read_text())
     with pytest.raises(EvalError, match=r"would log under one name; rename a file"):
         EvalCallback([str(path), str(tmp_path / "other" / "sums.jsonl")])
+
+
+def _turn_then_eos_model(path: Path) -> Path:
+    """A 1-layer Qwen2 whose next token depends only on the current one, wired so that greedy decoding after
+    the chat prompt writes ``7``, ends its turn with ``<|im_end|>``, goes on with ``\\boxed{9}`` and then
+    stops at ``<|endoftext|>``, the model's only EOS (as for the base Qwen2.5-Math-1.5B)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from prompt_aug.smoke import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.eos_token = "<|endoftext|>"
+    ids = tokenizer.convert_tokens_to_ids
+    chain = ["Ċ", "7", "<|im_end|>", *tokenizer.tokenize("\\boxed{9}"), "<|endoftext|>"]
+    assert len(set(chain)) == len(chain)  # each token has one successor
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=ids("<|endoftext|>"), pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:  # the block adds nothing: the last hidden state is the embedding
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.zero_()
+        model.lm_head.weight.zero_()
+        for i, (token, successor) in enumerate(itertools.pairwise(chain)):
+            model.model.embed_tokens.weight[ids(token), i] = 1.0
+            model.lm_head.weight[ids(successor), i] = 100.0
+    model.generation_config = GenerationConfig(
+        eos_token_id=[ids("<|endoftext|>")], pad_token_id=tokenizer.pad_token_id
+    )
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_stop_eos_grades_what_the_model_writes_after_ending_its_turn_as_the_papers_evaluator(tmp_path):
+    model = _turn_then_eos_model(tmp_path / "turn-then-eos")
+    questions = tmp_path / "nine.jsonl"
+    questions.write_text(json.dumps({"question": "What is $4 + 5$?", "answer": "9"}) + "\n")
+
+    def run(*extra: str) -> tuple[dict, dict, str]:
+        out = tmp_path / ("eval" + "".join(extra))
+        results = _eval(model, tmp_path, out, "--benchmarks", str(questions), "--dtype", "float32", *extra)
+        (record,) = _lines(out / "completions.jsonl")
+        return results, record, (out / "results.md").read_text()
+
+    # Ours (the default): the completion ends at <|im_end|>; "7" has no box, so strict grading finds none.
+    results, record, table = run()
+    assert (record["completion"], record["finish_reason"], record["correct"]) == ("7", "stop", False)
+    assert results["settings"]["stop"] == "turn" and "stop turn (paper: eos)" in table
+    # The paper's rule: generation runs on to <|endoftext|>; the box written after the turn's end is graded.
+    results, record, table = run("--stop", "eos")
+    assert (record["completion"], record["finish_reason"]) == ("7\\boxed{9}", "stop")
+    assert record["extracted"] == "9" and record["correct"] is True
+    assert results["settings"]["stop"] == "eos" and "stop eos" in table and "(paper: eos)" not in table
+
+
+def test_help_names_the_papers_stop_rule_and_a_folder_keeps_its_stop_rule(
+    tiny_model_dir, suite_dir, tmp_path, capsys
+):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--stop {turn,eos}" in text and "eos: the paper's stop rule" in text
+    assert parse_args(["--model", "m"]).stop == "turn"
+    out = tmp_path / "eval"
+    _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "amc")
+    with pytest.raises(SystemExit, match="other settings.*stop"):
+        _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "amc", "--stop", "eos")
