@@ -57,7 +57,14 @@ class PromptAugArguments:
     )
     stop_tokens: list[str] = field(
         default_factory=lambda: list(STOP_TOKENS),
-        metadata={"help": "Tokens that end a completion (those missing from the vocabulary are skipped)."},
+        metadata={"help": "Tokens that end a completion, beside the model's EOS (those missing from the vocabulary "
+                  "are skipped). The paper's run: [<|endoftext|>], the EOS of Qwen2.5-Math-1.5B only."},
+    )
+    reward_cut_tokens: list[str] = field(
+        default_factory=lambda: list(STOP_TOKENS),
+        metadata={"help": "The rewards grade each completion's text up to the first of these tokens; generation "
+                  "may run past them (stop_tokens) and the whole completion is trained. The paper's run: "
+                  "[<|im_end|>], as verl's reward cut the text there."},
     )
     eval_benchmarks: list[str] | None = field(
         default=None,

@@ -239,7 +239,8 @@ def train(argv: list[str] | None = None) -> None:
         dtype=model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
         use_cache=not training_args.gradient_checkpointing,
     )
-    # Stop at every listed stop token (Qwen2.5-Math's base config stops only at <|endoftext|>).
+    # Stop at every listed stop token and the model's EOS (Qwen2.5-Math's base config stops only at
+    # <|endoftext|>); the rewards see the text up to the first of reward_cut_tokens (the trainer cuts it).
     model.generation_config.eos_token_id = stop_token_ids(
         tokenizer, model.generation_config.eos_token_id, script_args.stop_tokens
     )
@@ -275,6 +276,7 @@ def train(argv: list[str] | None = None) -> None:
             eval_template=script_args.eval_template,
         ),
         skip_minibatch_ratio_above=script_args.skip_minibatch_ratio_above,
+        reward_cut_tokens=script_args.reward_cut_tokens,
     )
 
     trainer.wandb_completions_rows = script_args.wandb_completions_rows

@@ -13,9 +13,11 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
 * ``_prepare_inputs``: TRL does not restore its micro-step counter on resume, so a run resumed from a
   mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
 * ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
-  so the per-template metrics are read off the same numbers TRL trains on (no regrading); and hands
+  so the per-template metrics are read off the same numbers TRL trains on (no regrading); hands
   reward functions the conversational prompts and completions of a conversational dataset, whose
-  prompts had to be rendered to text for the prefill.
+  prompts had to be rendered to text for the prefill; and, with ``reward_cut_tokens``, the text of each
+  completion up to the first of those tokens (TRL decodes without special tokens, so a completion that
+  ran past ``<|im_end|>`` would otherwise be graded on everything after it too).
 * ``_get_train_sampler``: TRL's `RepeatSampler` replays epoch 0's order after a resume into a later
   epoch; ours reshuffles each epoch from (seed, epoch) (see `prompt_aug.sampler`).
 * ``log``: every log entry gets ``round``, the generation round (the paper's step; see
@@ -78,11 +80,17 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             max(r, 1/r) over its completion tokens (r = pi / pi_old) is at least this (``None``: never).
         dynamic_sampling: Train each round only on groups whose rewards differ (`prompt_aug.dynamic_sampling`);
             off if ``None``. Needs prompt augmentation.
+        reward_cut_tokens: Reward functions see each completion's text only up to the first of these tokens
+            (those missing from the vocabulary are skipped); generation may run past them, and the trained
+            tokens, ``completion_ids`` and the completion records keep the whole completion. The paper's run
+            (verl) stops generating only at EOS and grades the text up to the first ``<|im_end|>``: stop
+            tokens ``["<|endoftext|>"]`` with ``reward_cut_tokens=["<|im_end|>"]``. ``None``: no cut (TRL).
 
     What reward functions receive with augmentation on (TRL's keyword arguments, plus these columns):
 
-    * ``completions``: the generated text (without the template's prefill). For a conversational
-      dataset, TRL's conversational form ``[{"role": "assistant", "content": text}]``.
+    * ``completions``: the generated text (without the template's prefill), cut before the first of
+      ``reward_cut_tokens`` if it has one. For a conversational dataset, TRL's conversational form
+      ``[{"role": "assistant", "content": text}]``.
     * ``prompts``: for a text dataset, the rendered prompt text (chat template and prefill included);
       for a conversational dataset, the messages the question was asked in (the template's system turn,
       if any, and its user turn), without the prefill.
@@ -115,9 +123,12 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         model_card: ModelCardInfo | None = None,
         skip_minibatch_ratio_above: float | None = None,
         dynamic_sampling: DynamicSampler | None = None,
+        reward_cut_tokens: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        vocab = self._tokenizer.get_vocab()
+        self.reward_cut_ids = {vocab[t] for t in reward_cut_tokens or () if t in vocab}
         if prompt_collator is not None and not prompt_augmentation:
             raise ValueError("PromptAugGRPOTrainer: a prompt_collator was given with prompt_augmentation=False")
         if prompt_augmentation and prompt_collator is None:
@@ -239,12 +250,30 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         replayed = self.dynamic_sampling.replayed_rewards() if self.dynamic_sampling is not None else None
         if replayed is None:
+            completions = self._cut_for_rewards(completions, completion_ids_list)
             if self._conversational:
                 prompts = [self.prompt_collator.template_named(row["template"]).messages(row["question"]) for row in inputs]
                 completions = [[{"role": "assistant", "content": text}] for text in completions]
             replayed = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._round_rewards = replayed
         return self._round_rewards
+
+    def _cut_for_rewards(self, completions: list[Any], completion_ids_list: list[list[int]]) -> list[Any]:
+        """Each completion's text up to the first of ``reward_cut_ids`` (decoded as TRL decodes: without
+        special tokens); completions without one are unchanged."""
+        if not self.reward_cut_ids:
+            return completions
+        out = []
+        for completion, ids in zip(completions, completion_ids_list, strict=True):
+            end = next((k for k, token in enumerate(ids) if token in self.reward_cut_ids), None)
+            if end is not None:
+                text = self._tokenizer.decode(list(ids[:end]), skip_special_tokens=True)
+                if isinstance(completion, list):  # TRL's conversational form: the assistant message is last
+                    completion = [*completion[:-1], {**completion[-1], "content": text}]
+                else:
+                    completion = text
+            out.append(completion)
+        return out
 
     # Why: a dynamic-sampling round hands TRL completions that were already generated (see module docstring).
     def _generate(self, prompts: list):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
 import pytest
+from chain_model import build_turn_then_eos_model
 
 from prompt_aug.evaluate import (
     EvalCallback,
@@ -420,45 +420,8 @@ def test_callback_evaluates_a_question_set(tiny_model_dir, tokenizer, tmp_path):
         EvalCallback([str(path), str(tmp_path / "other" / "sums.jsonl")])
 
 
-def _turn_then_eos_model(path: Path) -> Path:
-    """A 1-layer Qwen2 whose next token depends only on the current one, wired so that greedy decoding after
-    the chat prompt writes ``7``, ends its turn with ``<|im_end|>``, goes on with ``\\boxed{9}`` and then
-    stops at ``<|endoftext|>``, the model's only EOS (as for the base Qwen2.5-Math-1.5B)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from prompt_aug.smoke import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.eos_token = "<|endoftext|>"
-    ids = tokenizer.convert_tokens_to_ids
-    chain = ["Ċ", "7", "<|im_end|>", *tokenizer.tokenize("\\boxed{9}"), "<|endoftext|>"]
-    assert len(set(chain)) == len(chain)  # each token has one successor
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=ids("<|endoftext|>"), pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    model = Qwen2ForCausalLM(config)
-    with torch.no_grad():
-        for layer in model.model.layers:  # the block adds nothing: the last hidden state is the embedding
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.embed_tokens.weight.zero_()
-        model.lm_head.weight.zero_()
-        for i, (token, successor) in enumerate(itertools.pairwise(chain)):
-            model.model.embed_tokens.weight[ids(token), i] = 1.0
-            model.lm_head.weight[ids(successor), i] = 100.0
-    model.generation_config = GenerationConfig(
-        eos_token_id=[ids("<|endoftext|>")], pad_token_id=tokenizer.pad_token_id
-    )
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def test_stop_eos_grades_what_the_model_writes_after_ending_its_turn_as_the_papers_evaluator(tmp_path):
-    model = _turn_then_eos_model(tmp_path / "turn-then-eos")
+    model = build_turn_then_eos_model(tmp_path / "turn-then-eos")
     questions = tmp_path / "nine.jsonl"
     questions.write_text(json.dumps({"question": "What is $4 + 5$?", "answer": "9"}) + "\n")
 

@@ -21,6 +21,7 @@ from prompt_aug.config import batch_arithmetic
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs/reproduce.md"
 PAPER = REPO / "recipes/qwen2.5-math-1.5b"
+UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
 ITEM = re.compile(r"`([A-Za-z_][\w-]*|--[\w-]+): ([^`]*)`")
 ARITHMETIC = {"questions_per_round", "completions_per_round", "completions_per_optimizer_step",
               "optimizer_steps_per_round", "rounds_per_epoch", "total_rounds"}  # fmt: skip
@@ -39,7 +40,8 @@ def fidelity_tables(text: str) -> dict[str, list[dict[str, str]]]:
         if line.startswith("### "):
             heading, header = line[4:].strip(), None
         elif line.startswith("|") and heading is not None:
-            cells = [c.strip() for c in line.strip()[1:-1].split("|")]
+            # A cell writes a literal pipe as `\|` (Markdown); split on the other pipes only.
+            cells = [c.strip().replace("\\|", "|") for c in UNESCAPED_PIPE.split(line.strip()[1:-1])]
             if header is None:
                 header = cells
             elif not set(line) <= set("|-: "):
@@ -94,7 +96,8 @@ def test_the_tables_are_there_and_cover_the_settings_the_issue_lists():
     settings = {row["Setting"] for row in MAIN}
     for needed in ("Training data", "Prompt length", "Completion length", "Questions per round", "Mini-batch",
                    "Optimizer", "Clip", "Dual clip", "Loss aggregation", "Advantage", "KL", "Entropy bonus",
-                   "Rollout sampling", "Epochs", "Save cadence", "Rollout vs trainer mismatch"):  # fmt: skip
+                   "Rollout sampling", "Stop rule", "Epochs", "Save cadence",
+                   "Rollout vs trainer mismatch"):  # fmt: skip
         assert needed in settings, needed
     assert len(expected_values(MAIN, "Our keys")) >= 40
     evaluation = next(rows for heading, rows in TABLES.items() if heading.startswith("Evaluation"))
@@ -122,6 +125,9 @@ def test_issue_settings_are_written_in_every_paper_recipe_not_left_to_defaults()
         assert raw["vllm_importance_sampling_correction"] is False, recipe.name
         assert raw["delta"] == 3.0 and raw["save_total_limit"] >= 1, recipe.name
         assert raw["wandb_completions_rows"] is not None, f"{recipe.name}: W&B table must be off or sampled"
+        # The paper's stop rule (its vLLM rollouts stop at EOS only; its reward cuts at <|im_end|>), written out.
+        assert raw["stop_tokens"] == ["<|endoftext|>"], recipe.name
+        assert raw["reward_cut_tokens"] == ["<|im_end|>"], recipe.name
     grpo = yaml.safe_load((PAPER / "grpo_single_template.yaml").read_text())
     assert grpo["use_bias_correction_kl"] is False and grpo["num_train_epochs"] == 20
 

@@ -111,7 +111,8 @@ def test_paper_recipe_values():
         "templates": None,  # the whole bank
         "template_weights": None,  # uniform
         "reward_funcs": ["correctness", "format"],
-        "stop_tokens": ["<|im_end|>", "<|endoftext|>"],
+        "stop_tokens": ["<|endoftext|>"],  # the paper's stop rule: EOS only (docs/reproduce.md, "Stop rule")
+        "reward_cut_tokens": ["<|im_end|>"],
         "per_device_train_batch_size": 8,
         "gradient_accumulation_steps": 4,
         "steps_per_generation": 16,
