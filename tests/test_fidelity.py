@@ -28,6 +28,9 @@ ARITHMETIC = {"questions_per_round", "completions_per_round", "completions_per_o
 # The LoRA recipe is not a paper run: these rows are its own (model, batch, learning rate, length).
 LORA_OWN = {"dtype", "questions_per_round", "completions_per_optimizer_step", "gradient_accumulation_steps",
             "steps_per_generation", "learning_rate", "num_train_epochs"}  # fmt: skip
+# The short full fine-tuning run on one GPU: half the paper's round, 2 of the paper's optimizer steps per round.
+FULL_1GPU_OWN = {"questions_per_round", "per_device_train_batch_size", "steps_per_generation",
+                 "gradient_accumulation_steps", "optimizer_steps_per_round", "save_steps"}  # fmt: skip
 
 
 def fidelity_tables(text: str) -> dict[str, list[dict[str, str]]]:
@@ -119,6 +122,11 @@ def test_lora_recipe_keeps_the_loss_rollout_and_fidelity_rows():
     _check(PAPER / "prompt_aug_lora_1gpu.yaml", expected, processes=1)
 
 
+def test_full_1gpu_recipe_keeps_every_row_but_the_batch():
+    expected = {k: v for k, v in expected_values(MAIN, "Our keys").items() if k not in FULL_1GPU_OWN}
+    _check(PAPER / "prompt_aug_1gpu_full.yaml", expected, processes=1)
+
+
 def test_issue_settings_are_written_in_every_paper_recipe_not_left_to_defaults():
     for recipe in sorted(PAPER.glob("*.yaml")):
         raw = yaml.safe_load(recipe.read_text())
@@ -147,7 +155,7 @@ def test_paper_recipe_headers_state_the_round_to_step_mapping():
     for recipe in sorted(PAPER.glob("*.yaml")):
         header = "\n".join(line for line in recipe.read_text().splitlines() if line.startswith("#"))
         assert "Rounds and steps" in header and "`round`" in header, recipe.name
-        if "lora" not in recipe.name:
+        if "1gpu" not in recipe.name:  # the one-GPU recipes have rounds of their own size
             assert "paper step N = our checkpoint-4N" in header, recipe.name
 
 
