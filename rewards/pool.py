@@ -181,7 +181,9 @@ class GraderPool:
             f"_serve({request_read}, {reply_write}, {cfg.workers}, {cfg.time_limit_s!r}, {cfg.memory_mb}, "
             f"{cfg.preload!r}, {cfg.initializer!r})"
         )
-        env = dict(os.environ)
+        # Grading is single-threaded Python (SymPy); a BLAS or OpenMP pool in the workers would only contend
+        # with the trainer's torch threads for the same cores.
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
         paths = [os.path.abspath(p or os.curdir) for p in sys.path]
         env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         try:

@@ -8,6 +8,15 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# One torch thread per process, here and in every subprocess a test starts (they inherit the environment).
+# On 2 cores a second busy process makes 2-thread kernels wait on each other: HF generation ran up to 10x
+# slower than with 1 thread (docs/benchmarks.md, "Torch threads"). Set OMP_NUM_THREADS to override.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import torch  # noqa: E402  (after the environment above, so its thread pool reads it)
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
