@@ -49,6 +49,7 @@ from trl.trainer.utils import nanstd
 from rewards.registry import CORRECTNESS_REWARDS
 
 from .collator import stable_uniform
+from .records import rounds_generated
 
 SIGNAL_TOTAL = "total"
 KEPT, FILLED, SURPLUS = "kept", "filled", "surplus"
@@ -251,7 +252,7 @@ class DynamicSampler:
         acc = trainer.accelerator
         num_gen, per_process, processes = trainer.num_generations, len(rows), acc.num_processes
         groups_needed = per_process * processes // num_gen
-        round_index = trainer._step // (trainer.args.steps_per_generation * trainer.num_iterations)
+        round_index = rounds_generated(trainer._step, trainer.args)
 
         # Columns logged for the sampler's rows before this point belong to pass 0.
         early = {k: list(v) for k, v in trainer._pending_extra_logs.items()}

@@ -12,7 +12,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from prompt_aug.smoke import build_tiny_model
+    from prompt_aug.demo.smoke import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-random-qwen2")
 
