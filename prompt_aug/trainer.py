@@ -50,6 +50,7 @@ from trl.data_utils import is_conversational
 
 from rewards.registry import CORRECTNESS_REWARDS, format_reward
 
+from . import trl_seam
 from .collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
 from .collator import PromptAugmentationCollator
 from .config import PromptAugGRPOConfig
@@ -203,7 +204,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     def _round_number(self) -> int:
         """The generation round being generated now, 1-based (the paper's step)."""
-        return rounds_generated(self._step, self.args) + 1
+        return rounds_generated(trl_seam.micro_step(self), self.args) + 1
 
     def _score_rows(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of augmented ``rows``, plus each row's template index, which travels
@@ -220,7 +221,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     # to match before the first round after the resume is generated.
     def _prepare_inputs(self, generation_batch: Any) -> Any:
         if self.model.training and self._buffered_inputs is None:
-            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+            trl_seam.set_micro_step(self, self.state.global_step * self.args.gradient_accumulation_steps)
         return super()._prepare_inputs(generation_batch)
 
     # Why: TRL's RepeatSampler seeds once and has no set_epoch, so a resume into epoch e > 0 replays epoch 0.
