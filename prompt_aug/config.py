@@ -264,8 +264,8 @@ PromptAugArguments = PromptAugGRPOConfig
 def check_config(args: Any) -> None:
     """Fail on a key that cannot work with the rest of the recipe (`ValueError`, one line naming the key):
     the stabilisers, the collapse guard's actions, windows and thresholds, and the dynamic-sampling signal."""
-    from .collapse import check_stabiliser_keys, guard_from_args
-    from .dynamic_sampling import from_args as dynamic_sampler_from_args
+    from .extensions.collapse import check_stabiliser_keys, guard_from_args
+    from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 
     check_stabiliser_keys(args, args)
     guard_from_args(args, 1.0)

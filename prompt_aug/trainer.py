@@ -9,7 +9,7 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
   ``num_generations`` times by TRL's `RepeatSampler`; our collator draws from (seed, epoch, uid), so
   every rollout of a group gets the same template on every rank. After TRL scores the round, the
   per-template metrics are added to TRL's own. With dynamic sampling on, the round is handed to
-  `prompt_aug.dynamic_sampling` instead.
+  `prompt_aug.extensions.dynamic_sampling` instead.
 * ``_prepare_inputs``: TRL does not restore its micro-step counter on resume, so a run resumed from a
   mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
 * ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
@@ -30,7 +30,7 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
 * ``training_step`` (RLinf's stabiliser): drops the gradient of a mini-batch whose importance ratio is too
   large before the optimizer steps (``skip_minibatch_ratio_above``), counted in
   ``stability/skipped_minibatches``.
-* ``_generate``: with dynamic sampling (`prompt_aug.dynamic_sampling`), TRL scores a round built from groups
+* ``_generate``: with dynamic sampling (`prompt_aug.extensions.dynamic_sampling`), TRL scores a round built from groups
   already generated and scored; the stored completions are replayed instead of generated again (and
   ``_calculate_rewards`` replays their stored rewards).
 """
@@ -51,11 +51,11 @@ from trl.data_utils import is_conversational
 from rewards.registry import CORRECTNESS_REWARDS, format_reward
 
 from . import trl_seam
-from .collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
+from .extensions.collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
 from .collator import PromptAugmentationCollator
 from .config import PromptAugGRPOConfig
-from .dynamic_sampling import DynamicSampler
-from .dynamic_sampling import from_args as dynamic_sampler_from_args
+from .extensions.dynamic_sampling import DynamicSampler
+from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 from .model_card import ModelCardInfo, render_model_card
 from .records import generation_round, rounds_generated, upload_sampled_table, without_wandb_table
 from .sampler import EpochRepeatSampler
@@ -109,7 +109,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     generated each completion (the logged prompt is the rendered text), and every log entry carries
     ``round``. With dynamic sampling, also ``dynamic_sampling/*`` and ``templates/<name>/kept``, and
     records of every generated completion with ``kept``, ``group_status`` and ``generation_pass`` (see
-    `prompt_aug.dynamic_sampling`).
+    `prompt_aug.extensions.dynamic_sampling`).
 
     ``wandb_completions_rows`` (from ``args``) bounds the W&B completions table: ``None`` uploads every row
     (TRL), 0 none, N a sample of N rows per log step; the parquet records keep every row.

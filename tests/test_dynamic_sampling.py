@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from prompt_aug import train
-from prompt_aug.dynamic_sampling import (
+from prompt_aug.extensions.dynamic_sampling import (
     DynamicSampler,
     extra_question_indices,
     from_args,

@@ -49,7 +49,7 @@ from transformers import TrainerCallback
 from rewards.controls import ACCURACY_MEAN_KEYS
 from rewards.repetition import ends_in_loop
 
-from .records import generation_round
+from ..records import generation_round
 
 logger = logging.getLogger("prompt_aug.collapse")
 

@@ -48,10 +48,10 @@ from trl.trainer.utils import nanstd
 
 from rewards.registry import CORRECTNESS_REWARDS
 
-from . import trl_seam as seam
-from .collator import stable_uniform
-from .records import rounds_generated
-from .trl_seam import Generation, SamplingTrainer
+from .. import trl_seam as seam
+from ..collator import stable_uniform
+from ..records import rounds_generated
+from ..trl_seam import Generation, SamplingTrainer
 
 SIGNAL_TOTAL = "total"
 KEPT, FILLED, SURPLUS = "kept", "filled", "surplus"
