@@ -29,12 +29,12 @@ from rewards import get_reward_funcs
 
 from . import demo
 from .cli import USER_ERRORS, RecipeParser, UsageError, check_output_dir, clear_run, parse_recipe
-from .extensions.collapse import OptimizerResetCallback, guard_from_args
 from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugGRPOConfig, batch_arithmetic, wants_dry_run
 from .data import DataError, filter_long_prompts, load_math_dataset
 from .demo import DemoArguments
 from .evaluate import EvalCallback, EvalError, stop_token_ids
+from .extensions.collapse import OptimizerResetCallback, guard_from_args
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo
 from .sources import check_source

@@ -51,9 +51,9 @@ from trl.data_utils import is_conversational
 from rewards.registry import CORRECTNESS_REWARDS, format_reward
 
 from . import trl_seam
-from .extensions.collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
 from .collator import PromptAugmentationCollator
 from .config import PromptAugGRPOConfig
+from .extensions.collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
 from .extensions.dynamic_sampling import DynamicSampler
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 from .model_card import ModelCardInfo, render_model_card
