@@ -53,10 +53,10 @@ def run(
     config: str, rounds: int, dynamic: bool, max_passes: int, out: Path, recipe_rewards: bool, signal: str
 ) -> dict[str, float]:
     from prompt_aug import train
+    from prompt_aug.records import optimizer_steps_per_round
 
-    _, training_args, _ = train.parse_args(["--config", config])
-    steps_per_round = training_args.steps_per_generation * training_args.num_iterations
-    steps_per_round //= training_args.gradient_accumulation_steps
+    training_args, _, _ = train.parse_args(["--config", config])
+    steps_per_round = int(optimizer_steps_per_round(training_args))
     rewards = [] if recipe_rewards else ["--reward_funcs", DIFFICULTY]
     cpu_start = time.process_time()
     train.main([

@@ -33,14 +33,7 @@ import datasets
 
 from rewards.extract import last_boxed
 
-from .smoke import (
-    ADDITION_DATASET_NAME,
-    SYNTHETIC_DATASET_NAME,
-    TINY_MODELS,
-    addition_problems,
-    build_tiny_tokenizer,
-    synthetic_problems,
-)
+from . import demo
 from .sources import looks_local
 from .templates import TemplateError
 
@@ -221,11 +214,8 @@ def load_math_dataset(
     seed: int = 0,
 ) -> tuple[datasets.Dataset, DataReport]:
     """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows."""
-    if name == SYNTHETIC_DATASET_NAME:
-        rows = datasets.Dataset.from_list(synthetic_problems(num_synthetic, seed=seed))
-        return rows, DataReport(name, len(rows), len(rows), Counter())
-    if name == ADDITION_DATASET_NAME:
-        rows = datasets.Dataset.from_list(addition_problems())
+    if name in demo.BUILTIN_DATASETS:
+        rows = datasets.Dataset.from_list(demo.builtin_rows(name, num_synthetic, seed))
         return rows, DataReport(name, len(rows), len(rows), Counter())
     if name == MATH_HUB_ID and answer_column is None:
         answer_column = "solution"
@@ -284,15 +274,15 @@ def preview(args: argparse.Namespace) -> str:
     lines = []
     tokenizer = None
     max_len = args.max_prompt_length or recipe.get("max_prompt_length")
-    if tokenizer_name in TINY_MODELS:  # a built-in model: its tokenizer is the built-in one
-        tokenizer = build_tiny_tokenizer()
+    if tokenizer_name in demo.TINY_MODEL_NAMES:  # a built-in model: its tokenizer is the built-in one
+        tokenizer = demo.builtin_tokenizer()
     elif tokenizer_name:
         try:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
         except (OSError, ValueError) as err:
             lines.append(f"(could not load tokenizer {tokenizer_name!r}: {str(err).splitlines()[0]})")
     if tokenizer is None:
-        tokenizer = build_tiny_tokenizer()
+        tokenizer = demo.builtin_tokenizer()
         lines.append("(rendering with the built-in ChatML tokenizer; pass --tokenizer or --config for your model's)")
         if max_len:  # its token counts are not the model's: a limit applied with it would invent drops
             lines.append(f"(prompt length limit {max_len} not applied: it needs the model's tokenizer)")

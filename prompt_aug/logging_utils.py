@@ -12,7 +12,6 @@ logged step, written as training goes, so it survives a crash between checkpoint
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from typing import Any
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from rewards.controls import ACCURACY_MEAN_KEYS, FORMAT_MEAN_KEYS
+
+from .records import generation_round
 
 LOG_FILE = "logs.jsonl"
 
@@ -61,12 +62,6 @@ def quiet_repeated_warnings() -> None:
     warnings.showwarning = show_once
 
 
-def optimizer_steps_per_round(args: Any) -> float:
-    """Optimizer steps trained on one generation round (TRL: steps_per_generation × num_iterations / accumulation)."""
-    per_generation = getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps
-    return per_generation * getattr(args, "num_iterations", 1) / args.gradient_accumulation_steps
-
-
 def round_of(logs: dict[str, Any], step: int, args: Any) -> int:
     """The generation round of a log entry: its ``round`` key when logged, else derived from the step.
 
@@ -77,7 +72,7 @@ def round_of(logs: dict[str, Any], step: int, args: Any) -> int:
     """
     if isinstance(logs.get("round"), (int, float)):
         return int(logs["round"])
-    return max(1, math.ceil(step / optimizer_steps_per_round(args) - 1e-9))
+    return max(1, generation_round(step, args))
 
 
 def compact_line(logs: dict[str, Any], step: int, max_steps: int, args: Any) -> str:

@@ -8,7 +8,8 @@ completions the latest optimizer step trained on, i.e. the count of rounds gener
 
     round = ceil(global_step × gradient_accumulation_steps / (steps_per_generation × num_iterations))
 
-(0 before the first optimizer step). ``num_iterations`` passes over one round do not start a new round.
+(0 before the first optimizer step); `generation_round` and its helpers here are the only place this is
+computed. ``num_iterations`` passes over one round do not start a new round.
 
 **W&B table.** With ``log_completions``, TRL 1.16 writes every completion of the round to
 ``output_dir/completions/completions_<step>.parquet`` and uploads the same rows as a W&B table at each
@@ -26,18 +27,48 @@ from pathlib import Path
 from typing import Any
 
 
-def generation_round(
-    global_step: int, gradient_accumulation_steps: int, steps_per_generation: int, num_iterations: int = 1
-) -> int:
+def micro_steps_per_round(args: Any) -> int:
+    """Micro-batches trained on one generation round, the one fact every round count derives from.
+
+    TRL 1.16 generates a round for ``steps_per_generation`` micro-batches (unset: ``gradient_accumulation_steps``)
+    and trains ``num_iterations`` passes over it. ``args`` is a `GRPOConfig` or anything with those fields.
+    """
+    per_generation = getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps
+    return per_generation * (getattr(args, "num_iterations", None) or 1)
+
+
+def optimizer_steps_per_round(args: Any) -> float:
+    """Optimizer steps trained on one generation round (``gradient_accumulation_steps`` micro-batches each).
+
+    >>> from types import SimpleNamespace as NS
+    >>> optimizer_steps_per_round(NS(gradient_accumulation_steps=4, steps_per_generation=16, num_iterations=1))
+    4.0
+    """
+    return micro_steps_per_round(args) / args.gradient_accumulation_steps
+
+
+def generation_round(global_step: int, steps_per_round: float | Any) -> int:
     """The 1-based generation round that optimizer step ``global_step`` belongs to (0 before any step).
 
-    >>> [generation_round(s, 4, 16) for s in (0, 1, 4, 5, 8, 10880)]  # the paper recipes: 4 steps per round
+    ``steps_per_round`` is the optimizer steps per round, or a `GRPOConfig` to read it from.
+
+    >>> from types import SimpleNamespace as NS
+    >>> paper = NS(gradient_accumulation_steps=4, steps_per_generation=16, num_iterations=1)
+    >>> [generation_round(s, paper) for s in (0, 1, 4, 5, 8, 10880)]  # the paper recipes: 4 steps per round
     [0, 1, 1, 2, 2, 2720]
-    >>> [generation_round(s, 1, 2, num_iterations=2) for s in (1, 2, 4, 5)]  # two passes over each round
+    >>> two_passes = NS(gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=2)
+    >>> [generation_round(s, two_passes) for s in (1, 2, 4, 5)]  # two passes over each round
     [1, 1, 1, 2]
     """
-    micro_steps = global_step * gradient_accumulation_steps
-    return math.ceil(micro_steps / (steps_per_generation * num_iterations))
+    if not isinstance(steps_per_round, (int, float)):
+        steps_per_round = optimizer_steps_per_round(steps_per_round)
+    return math.ceil(global_step / steps_per_round - 1e-9)
+
+
+def rounds_generated(micro_step: int, args: Any) -> int:
+    """Generation rounds started before micro-step ``micro_step`` (TRL's ``_step``): a round is generated when
+    ``micro_step`` is a multiple of `micro_steps_per_round`, so the round generated then is this plus 1."""
+    return micro_step // micro_steps_per_round(args)
 
 
 @contextlib.contextmanager

@@ -185,3 +185,35 @@ def select_templates(
         raise TemplateError(f"template_weights must be non-negative with a positive sum, got {weights}")
     total = float(sum(weights))
     return [bank[n] for n in names], [w / total for w in weights]
+
+
+def resolve_eval_template(args: Any, bank: dict[str, Template]) -> Template:
+    """The ``eval_template`` of ``args``: from the bank in use, else from the built-in bank (the paper evaluates
+    with ``qwen-math`` whatever the training bank).
+
+    Raises:
+        TemplateError: the name is in neither bank; the message names the key and lists the bank.
+    """
+    name = args.eval_template
+    builtin = load_templates() if args.templates_file else bank
+    template = bank.get(name) or builtin.get(name)
+    if template is None:
+        where = f"{args.templates_file} or the built-in bank" if args.templates_file else "the bank"
+        raise TemplateError(f"eval_template {name!r} is not in {where}; choose one of {list(bank)}")
+    return template
+
+
+def templates_for(args: Any) -> tuple[list[Template], list[float], Template]:
+    """The templates drawn in training, their weights and the evaluation template, from the keys
+    ``templates_file``, ``templates``, ``template_weights``, ``eval_template`` and ``prompt_augmentation``
+    (off: the evaluation template alone).
+
+    Raises:
+        TemplateError: a bad file, name or weight; the message names the key.
+    """
+    bank = load_templates(args.templates_file)
+    eval_template = resolve_eval_template(args, bank)
+    if not args.prompt_augmentation:
+        return [eval_template], [1.0], eval_template
+    templates, weights = select_templates(bank, args.templates, args.template_weights)
+    return templates, weights, eval_template

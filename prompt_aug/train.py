@@ -3,10 +3,12 @@
 Also ``accelerate launch --config_file accelerate_configs/ddp.yaml -m prompt_aug.train --config ...``,
 ``torchrun --nproc_per_node N -m prompt_aug.train --config ...`` or the ``prompt-aug-train`` script.
 
-Reads top to bottom: parse → data → model → rewards → trainer → train → save → card → push. Before anything
-heavy loads, `cli` and `sources` check the recipe, the output folder (a folder holding a run needs
-``--resume_from_checkpoint`` or ``--overwrite_output_dir true``) and where the model and data come from;
-such errors end the command with one line.
+`train` reads top to bottom: parse → checks → rewards and templates → data → model → trainer → train → save →
+card → push. Before anything heavy loads, `cli` and `sources` check the recipe, the output folder (a folder
+holding a run needs ``--resume_from_checkpoint`` or ``--overwrite_output_dir true``) and where the model and
+data come from, and the reward, template and evaluation keys are resolved; such errors end the command with
+one line. The learning demo (built-in models and datasets, warm start, before/after table) is reached only
+through `prompt_aug.demo`'s hook, so a run on a real model and dataset imports no demo module.
 """
 
 from __future__ import annotations
@@ -21,46 +23,46 @@ import torch
 from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
-from trl import GRPOConfig, ModelConfig, get_peft_config
+from trl import ModelConfig, get_peft_config
 
 from rewards import get_reward_funcs
 
+from . import demo
 from .cli import USER_ERRORS, RecipeParser, UsageError, check_output_dir, clear_run, parse_recipe
-from .collapse import OptimizerResetCallback, check_stabiliser_keys, guard_from_args
 from .collator import PromptAugmentationCollator, format_columns
-from .config import DRY_RUN_OVERRIDES, PromptAugArguments, batch_arithmetic, wants_dry_run
+from .config import DRY_RUN_OVERRIDES, PromptAugGRPOConfig, batch_arithmetic, wants_dry_run
 from .data import DataError, filter_long_prompts, load_math_dataset
-from .dynamic_sampling import from_args as dynamic_sampler_from_args
+from .demo import DemoArguments
 from .evaluate import EvalCallback, EvalError, stop_token_ids
+from .extensions.collapse import OptimizerResetCallback, guard_from_args
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo
-from .smoke import BUILTIN_DATASETS, TINY_MODELS, build_tiny_model
 from .sources import check_source
-from .templates import Template, TemplateError, check_renders, load_templates, select_templates
+from .templates import Template, TemplateError, check_renders, resolve_eval_template, templates_for
 from .trainer import PromptAugGRPOTrainer
-from .warmstart import prepare as prepare_learning_demo
+
+__all__ = ["main", "parse_args", "resolve_eval_template", "resolve_model_path", "resolve_resume", "train"]
 
 logger = logging.getLogger("prompt_aug")
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[PromptAugArguments, GRPOConfig, ModelConfig]:
-    """Parse a recipe and command-line overrides; a bad key or value fails here in one line (`cli.UsageError`)."""
-    parser = RecipeParser((PromptAugArguments, GRPOConfig, ModelConfig))
+def parse_args(argv: list[str] | None = None) -> tuple[PromptAugGRPOConfig, ModelConfig, DemoArguments]:
+    """Parse a recipe and command-line overrides into the config, TRL's `ModelConfig` and the demo's keys;
+    a bad key or value fails here in one line (`cli.UsageError`)."""
+    parser = RecipeParser((PromptAugGRPOConfig, ModelConfig, DemoArguments))
     args = list(argv) if argv is not None else sys.argv[1:]
     if wants_dry_run(args):  # bf16 recipes must parse on a CPU-only machine; see config.DRY_RUN_OVERRIDES
         args += DRY_RUN_OVERRIDES
     return parse_recipe(parser, args)
 
 
-def resolve_model_path(model_args: ModelConfig, training_args: GRPOConfig) -> str:
+def resolve_model_path(model_args: ModelConfig, args: PromptAugGRPOConfig) -> str:
     """The model to load; a built-in random model is built once, on the main process, in the output folder."""
     name = model_args.model_name_or_path
-    if name not in TINY_MODELS:
+    if name not in demo.TINY_MODEL_NAMES:
         return name
-    path = Path(training_args.output_dir) / name
     with PartialState().main_process_first():
-        build_tiny_model(path, seed=training_args.seed, name=name)
-    return str(path)
+        return demo.build_model(name, args.output_dir, args.seed)
 
 
 def resolve_resume(value: str | None, output_dir: str) -> str | bool | None:
@@ -78,18 +80,6 @@ def resolve_resume(value: str | None, output_dir: str) -> str | bool | None:
     if not Path(value).is_dir():
         raise UsageError(f"resume_from_checkpoint: no such checkpoint folder {value}")
     return value
-
-
-def resolve_eval_template(script_args: PromptAugArguments, bank: dict[str, Template]) -> Template:
-    """The ``eval_template``: from the bank in use, else from the built-in bank (the paper evaluates with
-    ``qwen-math`` whatever the training bank)."""
-    name = script_args.eval_template
-    builtin = load_templates() if script_args.templates_file else bank
-    template = bank.get(name) or builtin.get(name)
-    if template is None:
-        where = f"{script_args.templates_file} or the built-in bank" if script_args.templates_file else "the bank"
-        raise TemplateError(f"eval_template {name!r} is not in {where}; choose one of {list(bank)}")
-    return template
 
 
 def plain_prompts(dataset: Any, template: Template) -> Any:
@@ -129,165 +119,59 @@ def close_process_group() -> None:
 def train(argv: list[str] | None = None) -> None:
     """Everything `main` does, with errors raised as exceptions."""
     quiet_repeated_warnings()
-    script_args, training_args, model_args = parse_args(argv)
+    args, model_args, demo_args = parse_args(argv)  # __post_init__ has checked our keys
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-
-    # Collapse guard, stabiliser and dynamic-sampling keys: checked in a dry run too.
-    try:
-        check_stabiliser_keys(script_args, training_args)
-        steps_per_round = batch_arithmetic(script_args, training_args).optimizer_steps_per_round
-        guard = guard_from_args(script_args, steps_per_round)  # None unless a collapse_* threshold is set
-        dynamic_sampler = dynamic_sampler_from_args(script_args)  # None unless dynamic_sampling: true
-    except ValueError as err:  # each message names its key and what to change
-        raise UsageError(str(err)) from None
-
-    # Dry run: arithmetic only.
-    if script_args.dry_run:
-        print(batch_arithmetic(script_args, training_args).table())
+    if args.dry_run:  # arithmetic only
+        print(batch_arithmetic(args).table())
         return
-
-    # Fail now on a missing local path, an unreachable Hub or an output folder that holds another run.
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
-    check_source("model_name_or_path", model_args.model_name_or_path, builtin=tuple(TINY_MODELS))
-    check_source("dataset_name", script_args.dataset_name, builtin=BUILTIN_DATASETS)
-    if script_args.eval_data_dir:
-        check_source("eval_data_dir", script_args.eval_data_dir)
-    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir)
-    stale = check_output_dir(training_args.output_dir, resume is not None, script_args.overwrite_output_dir)
-    state.wait_for_everyone()  # every rank has looked before the main process deletes
-    if stale and state.is_main_process:
-        logger.info("overwrite_output_dir: deleting the earlier run in %s", training_args.output_dir)
-        clear_run(stale)
-    state.wait_for_everyone()
+    resume = prepare_output_dir(args, model_args, state)
 
-    # Fail on a bad reward or template name, or an evaluation set that does not load, before the model loads.
+    # Rewards, templates and evaluation sets: a bad name or set fails now, before the model loads.
     try:
-        reward_funcs = get_reward_funcs(script_args.reward_funcs)
+        reward_funcs = get_reward_funcs(args.reward_funcs)
     except ValueError as err:  # the message names reward_funcs and lists what is registered
         raise UsageError(str(err)) from None
     try:
-        bank = load_templates(script_args.templates_file)
-        eval_template = resolve_eval_template(script_args, bank)
-        if script_args.prompt_augmentation:
-            templates, weights = select_templates(bank, script_args.templates, script_args.template_weights)
-        else:
-            templates, weights = [eval_template], [1.0]
+        templates, weights, eval_template = templates_for(args)
     except TemplateError as err:
         raise UsageError(str(err)) from None
-    evaluator = None
-    if script_args.eval_every_steps and script_args.eval_benchmarks:
-        try:
-            evaluator = EvalCallback(
-                script_args.eval_benchmarks,
-                script_args.eval_every_steps,
-                data_dir=script_args.eval_data_dir,
-                template=script_args.eval_template,
-                max_tokens=script_args.eval_max_tokens,
-                limit=script_args.eval_limit,
-            )
-            evaluator.problems()  # a missing file, column or Hub set fails now, not hours into training
-        except EvalError as err:  # each message names the benchmark, question set or template
-            raise UsageError(str(err)) from None
+    evaluator = load_evaluator(args)
 
-    # Model and tokenizer.
-    model_path = resolve_model_path(model_args, training_args)
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
-    )
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-
-    # Templates: each must render with this tokenizer's chat template.
-    check_renders(templates, tokenizer)
+    # Tokenizer, prompt collator, data, model.
+    model_path = resolve_model_path(model_args, args)
+    tokenizer = load_tokenizer(model_path, model_args, args)
+    check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
     collator = None
-    if script_args.prompt_augmentation:
+    if args.prompt_augmentation:
         collator = PromptAugmentationCollator(
-            templates, tokenizer, weights, seed=training_args.seed, eval_template=eval_template,
-            chat_template_kwargs=training_args.chat_template_kwargs,
+            templates, tokenizer, weights, seed=args.seed, eval_template=eval_template,
+            chat_template_kwargs=args.chat_template_kwargs,
         )  # fmt: skip
-
-    # Data.
-    with PartialState().main_process_first():
-        try:
-            dataset, report = load_math_dataset(
-                script_args.dataset_name,
-                config=script_args.dataset_config,
-                split=script_args.dataset_split,
-                question_column=script_args.question_column,
-                answer_column=script_args.answer_column,
-                levels=script_args.dataset_levels,
-                num_synthetic=script_args.num_synthetic,
-                seed=training_args.seed,
-            )
-        except DataError as err:  # a missing column: the message lists the columns there are
-            raise UsageError(f"dataset_name {script_args.dataset_name}: {err}") from None
-        dataset, n_long = filter_long_prompts(dataset, templates, tokenizer, script_args.max_prompt_length)
-        if not script_args.prompt_augmentation:
-            dataset = plain_prompts(dataset, eval_template)
-    report.rows = len(dataset)
-    report.dropped[f"prompt longer than {script_args.max_prompt_length} tokens"] += n_long
-    logger.info("%s", report)  # main process only (logger level above)
-    logger.info("batch arithmetic:\n%s", batch_arithmetic(script_args, training_args).table())
-
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path,
-        revision=model_args.model_revision,
-        trust_remote_code=training_args.trust_remote_code,
-        attn_implementation=model_args.attn_implementation,
-        dtype=model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
-        use_cache=not training_args.gradient_checkpointing,
-    )
-    # Stop at every listed stop token and the model's EOS (Qwen2.5-Math's base config stops only at
-    # <|endoftext|>); the rewards see the text up to the first of reward_cut_tokens (the trainer cuts it).
-    model.generation_config.eos_token_id = stop_token_ids(
-        tokenizer, model.generation_config.eos_token_id, script_args.stop_tokens
-    )
-    if training_args.use_vllm:
-        training_args.generation_kwargs = {
-            "stop_token_ids": model.generation_config.eos_token_id,
-            **(training_args.generation_kwargs or {}),
-        }
-
+    dataset = load_train_dataset(args, templates, eval_template, tokenizer)
+    model = load_model(model_path, model_args, args, tokenizer)
     # Learning demo: held-out questions set aside, supervised warm start, "before" scores (off by default).
-    dataset, before_after = prepare_learning_demo(model, tokenizer, dataset, templates, script_args, training_args)
+    dataset, before_after = demo.before_grpo(demo_args, model, tokenizer, dataset, templates, args)
 
-    # Trainer.
-    recipe_text = _recipe_text(argv)
+    # Trainer, with its callbacks: evaluation first (W&B sees eval/*), then the guard (it watches eval/macro).
     trainer = PromptAugGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
-        args=training_args,
+        args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
         prompt_collator=collator,
-        prompt_augmentation=script_args.prompt_augmentation,
-        dynamic_sampling=dynamic_sampler,
-        model_card=ModelCardInfo(
-            base_model=model_args.model_name_or_path,
-            recipe=recipe_text,
-            templates=templates,
-            weights=weights,
-            dataset=script_args.dataset_name
-            + (f" ({script_args.dataset_config})" if script_args.dataset_config else ""),
-            num_rows=len(dataset),
-            eval_template=script_args.eval_template,
-        ),
-        skip_minibatch_ratio_above=script_args.skip_minibatch_ratio_above,
-        reward_cut_tokens=script_args.reward_cut_tokens,
+        model_card=model_card_info(args, model_args, argv, templates, weights, len(dataset)),
     )
-
-    trainer.wandb_completions_rows = script_args.wandb_completions_rows
-
     if evaluator is not None:
-        evaluator.attach(trainer)  # first in the callback list, so W&B sees the eval/* keys
+        evaluator.attach(trainer)
+    guard = guard_from_args(args, batch_arithmetic(args).optimizer_steps_per_round)  # None: no threshold set
     if guard is not None:
-        guard.attach(trainer)  # after the eval callback (it watches eval/macro), before the loggers
-    if script_args.reset_optimizer_on_ref_sync:
+        guard.attach(trainer)
+    if args.reset_optimizer_on_ref_sync:
         trainer.add_callback(OptimizerResetCallback())  # ProRL: TRL resets the reference, this the optimizer
-
     use_compact_log(trainer)
 
     # Train.
@@ -306,14 +190,136 @@ def train(argv: list[str] | None = None) -> None:
         before_after.measure("after", trainer.model, tokenizer)
         if trainer.is_world_process_zero():
             print(before_after.table())
-            logger.info("wrote %s", before_after.write(training_args.output_dir))
+            logger.info("wrote %s", before_after.write(args.output_dir))
 
     # Save, card, push.
-    trainer.save_model(training_args.output_dir)
+    trainer.save_model(args.output_dir)
     trainer.create_model_card()
-    if training_args.push_to_hub:
+    if args.push_to_hub:
         # Every rank calls it, as accelerate expects; only the main process uploads.
         trainer.push_to_hub(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")
+
+
+# -- The steps of `train` ---------------------------------------------------------------------------------
+
+
+def prepare_output_dir(args: PromptAugGRPOConfig, model_args: ModelConfig, state: PartialState) -> str | None:
+    """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
+    the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
+    check_source("model_name_or_path", model_args.model_name_or_path, builtin=demo.TINY_MODEL_NAMES)
+    check_source("dataset_name", args.dataset_name, builtin=demo.BUILTIN_DATASETS)
+    if args.eval_data_dir:
+        check_source("eval_data_dir", args.eval_data_dir)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)
+    stale = check_output_dir(args.output_dir, resume is not None, args.overwrite_output_dir)
+    state.wait_for_everyone()  # every rank has looked before the main process deletes
+    if stale and state.is_main_process:
+        logger.info("overwrite_output_dir: deleting the earlier run in %s", args.output_dir)
+        clear_run(stale)
+    state.wait_for_everyone()
+    return resume
+
+
+def load_evaluator(args: PromptAugGRPOConfig) -> EvalCallback | None:
+    """The evaluation callback of ``eval_benchmarks`` / ``eval_every_steps`` (``None`` when off), its
+    question sets loaded now: a missing file, column or Hub set fails here, not hours into training."""
+    if not (args.eval_every_steps and args.eval_benchmarks):
+        return None
+    try:
+        evaluator = EvalCallback(
+            args.eval_benchmarks,
+            args.eval_every_steps,
+            data_dir=args.eval_data_dir,
+            template=args.eval_template,
+            max_tokens=args.eval_max_tokens,
+            limit=args.eval_limit,
+        )
+        evaluator.problems()
+    except EvalError as err:  # each message names the benchmark, question set or template
+        raise UsageError(str(err)) from None
+    return evaluator
+
+
+def load_tokenizer(model_path: str, model_args: ModelConfig, args: PromptAugGRPOConfig) -> Any:
+    """The model's tokenizer, padding on the left (pad token: EOS when it has none)."""
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_path, revision=model_args.model_revision, trust_remote_code=args.trust_remote_code
+    )
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_train_dataset(
+    args: PromptAugGRPOConfig, templates: list[Template], eval_template: Template, tokenizer: Any
+) -> Any:
+    """The training questions: loaded (main process first), too-long prompts dropped, and without augmentation
+    asked under ``eval_template`` as TRL conversational prompts. Logs what was kept and dropped."""
+    with PartialState().main_process_first():
+        try:
+            dataset, report = load_math_dataset(
+                args.dataset_name,
+                config=args.dataset_config,
+                split=args.dataset_split,
+                question_column=args.question_column,
+                answer_column=args.answer_column,
+                levels=args.dataset_levels,
+                num_synthetic=args.num_synthetic,
+                seed=args.seed,
+            )
+        except DataError as err:  # a missing column: the message lists the columns there are
+            raise UsageError(f"dataset_name {args.dataset_name}: {err}") from None
+        dataset, n_long = filter_long_prompts(dataset, templates, tokenizer, args.max_prompt_length)
+        if not args.prompt_augmentation:
+            dataset = plain_prompts(dataset, eval_template)
+    report.rows = len(dataset)
+    report.dropped[f"prompt longer than {args.max_prompt_length} tokens"] += n_long
+    logger.info("%s", report)  # main process only (logger level above)
+    logger.info("batch arithmetic:\n%s", batch_arithmetic(args).table())
+    return dataset
+
+
+def load_model(model_path: str, model_args: ModelConfig, args: PromptAugGRPOConfig, tokenizer: Any) -> Any:
+    """The policy, stopping at every token of ``stop_tokens`` (Qwen2.5-Math's base config stops only at
+    ``<|endoftext|>``), also under vLLM (``generation_kwargs``' ``stop_token_ids``)."""
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path,
+        revision=model_args.model_revision,
+        trust_remote_code=args.trust_remote_code,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
+        use_cache=not args.gradient_checkpointing,
+    )
+    model.generation_config.eos_token_id = stop_token_ids(
+        tokenizer, model.generation_config.eos_token_id, args.stop_tokens
+    )
+    if args.use_vllm:
+        args.generation_kwargs = {
+            "stop_token_ids": model.generation_config.eos_token_id,
+            **(args.generation_kwargs or {}),
+        }
+    return model
+
+
+def model_card_info(
+    args: PromptAugGRPOConfig,
+    model_args: ModelConfig,
+    argv: list[str] | None,
+    templates: list[Template],
+    weights: list[float],
+    num_rows: int,
+) -> ModelCardInfo:
+    """What the model card says about this run: base model, recipe, template bank, dataset."""
+    return ModelCardInfo(
+        base_model=model_args.model_name_or_path,
+        recipe=_recipe_text(argv),
+        templates=templates,
+        weights=weights,
+        dataset=args.dataset_name + (f" ({args.dataset_config})" if args.dataset_config else ""),
+        num_rows=num_rows,
+        eval_template=args.eval_template,
+    )
 
 
 def _checkpoint_step(checkpoint: str) -> int:

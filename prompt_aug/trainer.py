@@ -9,7 +9,7 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
   ``num_generations`` times by TRL's `RepeatSampler`; our collator draws from (seed, epoch, uid), so
   every rollout of a group gets the same template on every rank. After TRL scores the round, the
   per-template metrics are added to TRL's own. With dynamic sampling on, the round is handed to
-  `prompt_aug.dynamic_sampling` instead.
+  `prompt_aug.extensions.dynamic_sampling` instead.
 * ``_prepare_inputs``: TRL does not restore its micro-step counter on resume, so a run resumed from a
   mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
 * ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
@@ -32,7 +32,7 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
 * ``training_step`` (RLinf's stabiliser): drops the gradient of a mini-batch whose importance ratio is too
   large before the optimizer steps (``skip_minibatch_ratio_above``), counted in
   ``stability/skipped_minibatches``.
-* ``_generate``: with dynamic sampling (`prompt_aug.dynamic_sampling`), TRL scores a round built from groups
+* ``_generate``: with dynamic sampling (`prompt_aug.extensions.dynamic_sampling`), TRL scores a round built from groups
   already generated and scored; the stored completions are replayed instead of generated again (and
   ``_calculate_rewards`` replays their stored rewards).
 """
@@ -52,13 +52,16 @@ from trl.data_utils import is_conversational
 
 from rewards.registry import CORRECTNESS_REWARDS, format_reward
 
-from .collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
+from . import trl_seam
 from .collator import PromptAugmentationCollator
-from .dynamic_sampling import DynamicSampler
+from .config import PromptAugGRPOConfig
+from .extensions.collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
+from .extensions.dynamic_sampling import DynamicSampler
+from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 from .model_card import ModelCardInfo, render_model_card
-from .records import generation_round, upload_sampled_table, without_wandb_table
+from .records import generation_round, rounds_generated, upload_sampled_table, without_wandb_table
 from .sampler import EpochRepeatSampler
-from .templates import TemplateError, check_renders, load_templates
+from .templates import TemplateError, check_renders, load_templates, templates_for
 
 
 class PromptAugGRPOTrainer(GRPOTrainer):
@@ -69,22 +72,30 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     question through a ``question`` column, else through TRL's ``prompt`` column (text, or messages:
     the last user turn); its id through ``uid``, else one derived from the question.
 
+    Its settings come from ``args``: a `PromptAugGRPOConfig` (``prompt_augmentation``, the template keys,
+    ``skip_minibatch_ratio_above``, ``dynamic_sampling*``, ``wandb_completions_rows``), or a plain `GRPOConfig`,
+    which means their defaults (augmentation on, the built-in bank, no stabiliser, no dynamic sampling). The
+    keyword arguments below, when given, take precedence over ``args``.
+
     Args:
-        prompt_collator: Draws the template of each row and renders its prompt. Default: the built-in
-            bank, uniform weights, the processing class's chat template (with ``args.chat_template_kwargs``)
-            and ``args.seed``; the evaluation template is ``qwen-math``.
+        prompt_collator: Draws the template of each row and renders its prompt. Default: the bank of
+            ``args`` (the built-in one with a plain `GRPOConfig`), its weights, the processing class's chat
+            template (with ``args.chat_template_kwargs``) and ``args.seed``; the evaluation template is
+            ``args.eval_template`` (``qwen-math``).
         prompt_augmentation: ``False`` turns augmentation off: the trainer is then `GRPOTrainer` and adds
-            nothing to the rows (``prompt_collator`` must then be ``None``).
+            nothing to the rows (``prompt_collator`` must then be ``None``). Default: ``args``, else on.
         model_card: What our model card says; without it, TRL's card is written.
         skip_minibatch_ratio_above: RLinf's stabiliser: skip the optimizer update of a mini-batch whose mean
             max(r, 1/r) over its completion tokens (r = pi / pi_old) is at least this (``None``: never).
-        dynamic_sampling: Train each round only on groups whose rewards differ (`prompt_aug.dynamic_sampling`);
-            off if ``None``. Needs prompt augmentation.
+        dynamic_sampling: Train each round only on groups whose rewards differ
+            (`prompt_aug.extensions.dynamic_sampling`); default: built from ``args``' ``dynamic_sampling*`` keys,
+            off with a plain `GRPOConfig`. Needs prompt augmentation.
         reward_cut_tokens: Reward functions see each completion's text only up to the first of these tokens
             (those missing from the vocabulary are skipped); generation may run past them, and the trained
             tokens, ``completion_ids`` and the completion records keep the whole completion. The paper's run
             (verl) stops generating only at EOS and grades the text up to the first ``<|im_end|>``: stop
-            tokens ``["<|endoftext|>"]`` with ``reward_cut_tokens=["<|im_end|>"]``. ``None``: no cut (TRL).
+            tokens ``["<|endoftext|>"]`` with ``reward_cut_tokens=["<|im_end|>"]``. Default: ``args``'
+            ``reward_cut_tokens``; with a plain `GRPOConfig`, no cut (TRL).
 
     What reward functions receive with augmentation on (TRL's keyword arguments, plus these columns):
 
@@ -107,19 +118,17 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     generated each completion (the logged prompt is the rendered text), and every log entry carries
     ``round``. With dynamic sampling, also ``dynamic_sampling/*`` and ``templates/<name>/kept``, and
     records of every generated completion with ``kept``, ``group_status`` and ``generation_pass`` (see
-    `prompt_aug.dynamic_sampling`).
+    `prompt_aug.extensions.dynamic_sampling`).
 
-    Set ``wandb_completions_rows`` (attribute) to bound the W&B completions table: ``None`` uploads every
-    row (TRL), 0 none, N a sample of N rows per log step; the parquet records keep every row.
+    ``wandb_completions_rows`` (from ``args``) bounds the W&B completions table: ``None`` uploads every row
+    (TRL), 0 none, N a sample of N rows per log step; the parquet records keep every row.
     """
-
-    wandb_completions_rows: int | None = None
 
     def __init__(
         self,
         *args: Any,
         prompt_collator: PromptAugmentationCollator | None = None,
-        prompt_augmentation: bool = True,
+        prompt_augmentation: bool | None = None,
         model_card: ModelCardInfo | None = None,
         skip_minibatch_ratio_above: float | None = None,
         dynamic_sampling: DynamicSampler | None = None,
@@ -127,6 +136,16 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        config = self.args if isinstance(self.args, PromptAugGRPOConfig) else None
+        if prompt_augmentation is None:
+            prompt_augmentation = config.prompt_augmentation if config is not None else True
+        if skip_minibatch_ratio_above is None and config is not None:
+            skip_minibatch_ratio_above = config.skip_minibatch_ratio_above
+        if dynamic_sampling is None and config is not None:
+            dynamic_sampling = dynamic_sampler_from_args(config)
+        if reward_cut_tokens is None and config is not None:
+            reward_cut_tokens = config.reward_cut_tokens
+        self.wandb_completions_rows = config.wandb_completions_rows if config is not None else None
         vocab = self._tokenizer.get_vocab()
         self.reward_cut_ids = {vocab[t] for t in reward_cut_tokens or () if t in vocab}
         if prompt_collator is not None and not prompt_augmentation:
@@ -158,7 +177,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             dynamic_sampling.check(self)
 
     def _default_collator(self) -> PromptAugmentationCollator:
-        templates = list(load_templates().values())
+        if isinstance(self.args, PromptAugGRPOConfig):
+            templates, weights, eval_template = templates_for(self.args)
+        else:
+            templates, weights, eval_template = list(load_templates().values()), None, None
         try:
             check_renders(templates, self._tokenizer)
         except TemplateError as err:
@@ -167,8 +189,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
                 "template; pass prompt_augmentation=False to train on the dataset's prompts as GRPOTrainer does."
             ) from err
         return PromptAugmentationCollator(
-            templates, self._tokenizer, seed=self.args.seed, chat_template_kwargs=self.chat_template_kwargs
-        )
+            templates, self._tokenizer, weights, seed=self.args.seed, eval_template=eval_template,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )  # fmt: skip
 
     # Why: the seam where a generation round starts (TRL has no collator hook for GRPO).
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -195,7 +218,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     def _round_number(self) -> int:
         """The generation round being generated now, 1-based (the paper's step)."""
-        return self._step // (self.args.steps_per_generation * self.num_iterations) + 1
+        return rounds_generated(trl_seam.micro_step(self), self.args) + 1
 
     def _score_rows(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of augmented ``rows``, plus each row's template index, which travels
@@ -212,7 +235,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     # to match before the first round after the resume is generated.
     def _prepare_inputs(self, generation_batch: Any) -> Any:
         if self.model.training and self._buffered_inputs is None:
-            self._step = self.state.global_step * self.args.gradient_accumulation_steps
+            trl_seam.set_micro_step(self, self.state.global_step * self.args.gradient_accumulation_steps)
         return super()._prepare_inputs(generation_batch)
 
     # Why: TRL's RepeatSampler seeds once and has no set_epoch, so a resume into epoch e > 0 replays epoch 0.
@@ -230,12 +253,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     # Why: TRL logs optimizer steps (the paper counts rounds) and uploads every completion to W&B each round.
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs["round"] = generation_round(
-            self.state.global_step,
-            self.args.gradient_accumulation_steps,
-            self.args.steps_per_generation,
-            self.num_iterations,
-        )
+        logs["round"] = generation_round(self.state.global_step, self.args)
         with without_wandb_table(self.args, self.wandb_completions_rows):
             super().log(logs, start_time)
         step = self.state.global_step

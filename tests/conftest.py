@@ -21,7 +21,7 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from prompt_aug.smoke import build_tiny_model
+    from prompt_aug.demo.smoke import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-random-qwen2")
 

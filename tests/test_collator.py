@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from prompt_aug.collator import PromptAugmentationCollator
-from prompt_aug.smoke import synthetic_problems
+from prompt_aug.demo.smoke import synthetic_problems
 from prompt_aug.templates import load_templates
 
 REPO = Path(__file__).resolve().parents[1]

@@ -61,12 +61,15 @@ def length_reward(completions, **kwargs):
 
 
 def config(tmp_path, **overrides) -> GRPOConfig:
-    values = {
+    return GRPOConfig(**{**config_values(tmp_path), **overrides})
+
+
+def config_values(tmp_path) -> dict:
+    return {
         "output_dir": str(tmp_path), "learning_rate": 0.1, "per_device_train_batch_size": 3, "num_generations": 3,
         "max_completion_length": 8, "report_to": "none", "max_steps": 2, "save_strategy": "no", "logging_steps": 1,
         "use_cpu": True, "bf16": False,  # TRL's tests run where bf16 is available; here on CPU
     }  # fmt: skip
-    return GRPOConfig(**{**values, **overrides})
 
 
 def train_and_assert_weights_moved(trainer) -> None:
@@ -90,6 +93,32 @@ def test_trl_arguments_alone_train_with_the_builtin_bank_and_args_seed(tiny_mode
     assert collator.seed == 11 and collator.tokenizer is trainer.processing_class
     train_and_assert_weights_moved(trainer)
     assert any(k.startswith("templates/") for entry in trainer.state.log_history for k in entry)
+
+
+def test_a_prompt_aug_config_sets_the_trainer_and_is_a_grpo_config(tiny_model_dir, tmp_path):
+    from prompt_aug import PromptAugGRPOConfig
+    from prompt_aug import PromptAugGRPOTrainer as Exported
+
+    values = config_values(tmp_path)
+    args = PromptAugGRPOConfig(
+        **{**values, "seed": 5}, templates=["abel", "formal"], template_weights=[3.0, 1.0],
+        eval_template="formal", skip_minibatch_ratio_above=2.0, wandb_completions_rows=4,
+        dynamic_sampling=True, dynamic_sampling_max_passes=2,
+    )  # fmt: skip
+    assert isinstance(args, GRPOConfig) and Exported is PromptAugGRPOTrainer
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args, train_dataset=standard_prompt_only()
+    )
+    collator = trainer.prompt_collator
+    assert [t.name for t in collator.templates] == ["abel", "formal"] and collator._cumulative == [0.75, 1.0]
+    assert collator.eval_template.name == "formal" and collator.seed == 5
+    assert trainer.skip_minibatch_ratio_above == 2.0 and trainer.wandb_completions_rows == 4
+    assert trainer.dynamic_sampling is not None and trainer.dynamic_sampling.max_passes == 2
+    off = PromptAugGRPOConfig(**values, prompt_augmentation=False)
+    plain = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=off, train_dataset=standard_prompt_only()
+    )
+    assert plain.prompt_collator is None and plain.dynamic_sampling is None
 
 
 def test_a_processing_class_without_chat_template_says_how_to_turn_augmentation_off(tiny_model_dir, tmp_path):

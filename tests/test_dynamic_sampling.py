@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from prompt_aug import train
-from prompt_aug.dynamic_sampling import (
+from prompt_aug.extensions.dynamic_sampling import (
     DynamicSampler,
     extra_question_indices,
     from_args,
@@ -95,13 +95,12 @@ def test_extra_questions_depend_on_seed_round_and_pass_only():
 
 
 def test_bad_keys_are_named():
-    args, _, _ = train.parse_args(
-        ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc"]
-    )
     with pytest.raises(ValueError, match="dynamic_sampling_signal: 'acc'"):
-        from_args(args)
+        train.parse_args(["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc"])
     with pytest.raises(ValueError, match="dynamic_sampling_max_passes"):
         DynamicSampler(max_passes=0)
+    with pytest.raises(ValueError, match="dynamic_sampling_max_passes must be at least 1"):
+        train.parse_args(["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_max_passes", "0"])
     args, _, _ = train.parse_args(
         ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "format"]
     )

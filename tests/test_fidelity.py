@@ -75,15 +75,15 @@ MAIN = _table("prompt_aug.yaml")
 
 
 def _parsed(recipe: Path, processes: int) -> dict[str, object]:
-    script_args, training_args, model_args = train.parse_args(
+    args, model_args, demo_args = train.parse_args(
         ["--config", str(recipe), "--dry_run", "--num_processes", str(processes)]
     )
-    arithmetic = batch_arithmetic(script_args, training_args)
+    arithmetic = batch_arithmetic(args)
     values: dict[str, object] = {}
-    for obj in (model_args, training_args, script_args):
+    for obj in (model_args, args, demo_args):
         values.update(vars(obj))
     values.update({k: getattr(arithmetic, k) for k in ARITHMETIC})
-    values["optim"] = str(training_args.optim.value)
+    values["optim"] = str(args.optim.value)
     return values
 
 

@@ -80,8 +80,8 @@ def test_header_comment_block_and_its_numbers_match_the_arithmetic(recipe):
     assert claims, f"{recipe.name}: header needs a machine-readable '# dry-run (N processes): ...' line"
     for claim in claims:
         processes = int(claim["processes"])
-        script_args, training_args, _ = _parse(recipe, processes)
-        got = batch_arithmetic(script_args, training_args)
+        args, _, _ = _parse(recipe, processes)
+        got = batch_arithmetic(args)
         assert got.processes == processes
         assert got.questions_per_round == int(claim["questions"]), claim
         assert got.completions_per_round == int(claim["completions"]), claim
@@ -92,13 +92,13 @@ def test_header_comment_block_and_its_numbers_match_the_arithmetic(recipe):
 
 
 def test_paper_recipe_on_8_processes_is_128_questions_1024_completions_4_steps():
-    script_args, training_args, _ = _parse(PAPER / "prompt_aug.yaml", 8)
-    got = batch_arithmetic(script_args, training_args)
+    args, _, _ = _parse(PAPER / "prompt_aug.yaml", 8)
+    got = batch_arithmetic(args)
     assert (got.questions_per_round, got.completions_per_round, got.optimizer_steps_per_round) == (128, 1024, 4)
     assert got.completions_per_optimizer_step == 256
     assert (got.rounds_per_epoch, got.total_rounds) == (66, 3960)
     # Checkpoint every 20 rounds.
-    assert training_args.save_steps == 20 * got.optimizer_steps_per_round
+    assert args.save_steps == 20 * got.optimizer_steps_per_round
 
 
 def test_paper_recipe_values():
@@ -172,9 +172,9 @@ def test_single_template_variants_differ_from_the_paper_run_only_where_they_shou
 
 
 def test_grpo_baseline_parses_to_symmetric_clip_and_k3_kl():
-    _, training_args, _ = _parse(PAPER / "grpo_single_template.yaml", 8)
-    assert training_args.epsilon_high is None  # TRL then clips at 1 + epsilon on both sides
-    assert training_args.beta == 0.001 and training_args.loss_type == "dapo"
+    args, _, _ = _parse(PAPER / "grpo_single_template.yaml", 8)
+    assert args.epsilon_high is None  # TRL then clips at 1 + epsilon on both sides
+    assert args.beta == 0.001 and args.loss_type == "dapo"
     import inspect
 
     from trl import GRPOTrainer
@@ -185,12 +185,12 @@ def test_grpo_baseline_parses_to_symmetric_clip_and_k3_kl():
 
 
 def test_lora_recipe_is_one_gpu_32_questions_256_completions_4_steps_of_64():
-    script_args, training_args, model_args = _parse(PAPER / "prompt_aug_lora_1gpu.yaml", 1)
-    got = batch_arithmetic(script_args, training_args)
+    args, model_args, _ = _parse(PAPER / "prompt_aug_lora_1gpu.yaml", 1)
+    got = batch_arithmetic(args)
     assert (got.questions_per_round, got.completions_per_round) == (32, 256)
     assert (got.optimizer_steps_per_round, got.completions_per_optimizer_step) == (4, 64)
     assert model_args.use_peft and model_args.lora_target_modules in ("all-linear", ["all-linear"])
-    assert training_args.use_vllm and training_args.vllm_mode == "colocate"
+    assert args.use_vllm and args.vllm_mode == "colocate"
     from trl import get_peft_config
 
     assert get_peft_config(model_args) is not None
@@ -219,9 +219,9 @@ def test_8_gpu_short_run_override_gives_300_paper_rounds(recipe):
 def test_bf16_recipe_fails_to_parse_on_cpu_without_dry_run_and_dry_run_keeps_bf16():
     with pytest.raises(ValueError, match="bf16"):
         train.parse_args(["--config", str(PAPER / "prompt_aug.yaml")])
-    _, training_args, _ = _parse(PAPER / "prompt_aug.yaml", 8)
-    assert training_args.bf16 and training_args.use_vllm  # the recipe's values are untouched
-    assert training_args.use_cpu  # only the dry run adds this
+    args, _, _ = _parse(PAPER / "prompt_aug.yaml", 8)
+    assert args.bf16 and args.use_vllm  # the recipe's values are untouched
+    assert args.use_cpu  # only the dry run adds this
 
 
 def test_wants_dry_run_forms():

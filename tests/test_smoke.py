@@ -11,7 +11,12 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from prompt_aug import train
-from prompt_aug.smoke import addition_problems, build_tiny_model, build_tiny_tokenizer, synthetic_problems
+from prompt_aug.demo.smoke import (
+    addition_problems,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    synthetic_problems,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -41,13 +46,13 @@ def _embedding(folder: Path) -> torch.Tensor:
 
 def test_tiny_model_cache_is_keyed_by_seed(tmp_path):
     args = ["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--output_dir", str(tmp_path)]
-    _, training_args, model_args = train.parse_args(args + ["--seed", "0"])
+    training_args, model_args, _ = train.parse_args(args + ["--seed", "0"])
     first = Path(train.resolve_model_path(model_args, training_args))
     seed0 = _embedding(first)
     assert Path(train.resolve_model_path(model_args, training_args)) == first  # same settings: reused
     assert torch.equal(_embedding(first), seed0)
 
-    _, training_args, model_args = train.parse_args(args + ["--seed", "1"])
+    training_args, model_args, _ = train.parse_args(args + ["--seed", "1"])
     second = Path(train.resolve_model_path(model_args, training_args))
     assert not torch.equal(_embedding(second), seed0), "a rerun with another seed reused the seed-0 model"
     assert json.loads((second / "build.json").read_text())["seed"] == 1
@@ -74,15 +79,15 @@ def test_tiny_model_shape_is_the_one_vllm_accepts(tiny_model_dir):
 
 
 def test_smoke_recipe_turns_gradient_checkpointing_off():
-    _, training_args, _ = train.parse_args(["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml")])
+    training_args, _, _ = train.parse_args(["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml")])
     assert training_args.gradient_checkpointing is False
-    _, training_args, _ = train.parse_args(["--config", str(REPO / "recipes/smoke/learn_cpu.yaml")])
+    training_args, _, _ = train.parse_args(["--config", str(REPO / "recipes/smoke/learn_cpu.yaml")])
     assert training_args.gradient_checkpointing is False
 
 
 def test_the_learning_recipe_builds_its_own_model_shape_beside_the_smoke_one(tmp_path):
     args = ["--config", str(REPO / "recipes/smoke/learn_cpu.yaml"), "--output_dir", str(tmp_path)]
-    _, training_args, model_args = train.parse_args(args)
+    training_args, model_args, _ = train.parse_args(args)
     folder = Path(train.resolve_model_path(model_args, training_args))
     assert folder == tmp_path / "small-random-qwen2"
     config = AutoConfig.from_pretrained(folder)

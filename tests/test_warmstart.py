@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from prompt_aug.smoke import addition_problems
+from prompt_aug.demo.smoke import addition_problems
+from prompt_aug.demo.warmstart import BeforeAfter, draw_targets, split_heldout, target_text, warm_start
 from prompt_aug.templates import load_templates
-from prompt_aug.warmstart import BeforeAfter, draw_targets, split_heldout, target_text, warm_start
 from rewards.grade import grade
 
 TEMPLATES = list(load_templates().values())

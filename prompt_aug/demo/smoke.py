@@ -105,7 +105,7 @@ def build_tiny_tokenizer(extra_text: list[str] | None = None):
     from transformers import Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    from .templates import load_templates
+    from ..templates import load_templates
 
     corpus = [r["question"] + " " + r["answer"] for r in synthetic_problems(500)]
     for template in load_templates().values():

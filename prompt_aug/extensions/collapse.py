@@ -49,6 +49,8 @@ from transformers import TrainerCallback
 from rewards.controls import ACCURACY_MEAN_KEYS
 from rewards.repetition import ends_in_loop
 
+from ..records import generation_round
+
 logger = logging.getLogger("prompt_aug.collapse")
 
 SIGNALS = ("entropy", "accuracy", "truncation", "repetition", "eval")
@@ -194,7 +196,7 @@ class CollapseGuard(TrainerCallback):
     def attach(self, trainer: Any) -> CollapseGuard:
         """Add the guard ahead of the trainer's loggers (W&B sees ``collapse/*``) but after any evaluation
         callback placed there (the guard sees ``eval/*``); returns ``self``."""
-        from .evaluate import EvalCallback
+        from ..evaluate import EvalCallback
 
         callbacks = trainer.callback_handler.callbacks
         after = [i for i, cb in enumerate(callbacks) if isinstance(cb, EvalCallback)]
@@ -206,7 +208,7 @@ class CollapseGuard(TrainerCallback):
         if isinstance(entry.get("round"), (int, float)):
             return int(entry["round"])
         step = int(entry.get("step", step or 0))
-        return max(1, math.ceil(step / self.steps_per_round - 1e-9))
+        return max(1, generation_round(step, self.steps_per_round))
 
     def observe(self, entry: dict[str, Any], step: int | None = None) -> tuple[dict[str, float], list[Firing]]:
         """Feed one log line; returns the ``collapse/*`` metrics for it and the signals that fired on it."""

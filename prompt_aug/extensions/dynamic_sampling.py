@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +48,10 @@ from trl.trainer.utils import nanstd
 
 from rewards.registry import CORRECTNESS_REWARDS
 
-from .collator import stable_uniform
+from .. import trl_seam as seam
+from ..collator import stable_uniform
+from ..records import rounds_generated
+from ..trl_seam import Generation, SamplingTrainer
 
 SIGNAL_TOTAL = "total"
 KEPT, FILLED, SURPLUS = "kept", "filled", "surplus"
@@ -155,7 +158,7 @@ def plan_round(spread: list[list[bool]], outcome: list[list[str]], groups_needed
 @dataclass
 class _Pass:
     rows: list[dict[str, Any]]  # this process's rows
-    generation: tuple  # TRL's `_generate` output for them
+    generation: Generation  # TRL's `_generate` output for them
     rewards: torch.Tensor  # gathered (all processes' rows, reward functions), on CPU
     uids: list[str]  # gathered
     templates: list[str]  # gathered
@@ -168,7 +171,7 @@ class _Pass:
 @dataclass
 class _Replay:
     prompts: list[Any]
-    generation: tuple
+    generation: Generation
     rewards: torch.Tensor
 
 
@@ -192,7 +195,7 @@ class DynamicSampler:
         self._replay: _Replay | None = None
         self._uids: list[str] | None = None
 
-    def check(self, trainer: Any) -> None:
+    def check(self, trainer: SamplingTrainer) -> None:
         """Fail at start on what a round cannot replay."""
         unsupported = [
             name
@@ -220,7 +223,7 @@ class DynamicSampler:
 
     # -- the trainer's replay hooks ---------------------------------------------------------------------------
 
-    def replayed_generation(self, prompts: list[Any]) -> tuple | None:
+    def replayed_generation(self, prompts: list[Any]) -> Generation | None:
         """The stored `_generate` output for the round being scored, or ``None`` outside of it."""
         if self._replay is None:
             return None
@@ -238,7 +241,7 @@ class DynamicSampler:
 
     def run_round(
         self,
-        trainer: Any,
+        trainer: SamplingTrainer,
         rows: list[dict[str, Any]],
         augment: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
         score: Callable[[list[dict[str, Any]]], dict[str, Any]],
@@ -251,11 +254,10 @@ class DynamicSampler:
         acc = trainer.accelerator
         num_gen, per_process, processes = trainer.num_generations, len(rows), acc.num_processes
         groups_needed = per_process * processes // num_gen
-        round_index = trainer._step // (trainer.args.steps_per_generation * trainer.num_iterations)
+        round_index = rounds_generated(seam.micro_step(trainer), trainer.args)
 
         # Columns logged for the sampler's rows before this point belong to pass 0.
-        early = {k: list(v) for k, v in trainer._pending_extra_logs.items()}
-        trainer._pending_extra_logs.clear()
+        early = seam.take_pending_columns(trainer)
         passes: list[_Pass] = []
         spread: list[list[bool]] = []
         outcome: list[list[str]] = []
@@ -280,7 +282,7 @@ class DynamicSampler:
         final_rows, replay, dropped = self._assemble(trainer, passes, plan)
         self._reset_completion_logs(trainer)
         for column in sorted({c for row in final_rows for c in row["_extras"]}):
-            trainer._log_completion_extra(column, [row["_extras"].get(column) for row in final_rows])
+            seam.log_completion_column(trainer, column, [row["_extras"].get(column) for row in final_rows])
         final_rows = [{k: v for k, v in row.items() if k != "_extras"} for row in final_rows]
         self._replay = replay
         try:
@@ -291,7 +293,7 @@ class DynamicSampler:
         self._log_metrics(trainer, passes, plan, groups_needed)
         return output
 
-    def _signal(self, trainer: Any, rewards: torch.Tensor) -> torch.Tensor:
+    def _signal(self, trainer: SamplingTrainer, rewards: torch.Tensor) -> torch.Tensor:
         if self.signal_index is not None:
             return rewards[:, self.signal_index]
         total = (rewards * trainer.reward_weights.cpu().unsqueeze(0)).nansum(dim=1)
@@ -299,7 +301,7 @@ class DynamicSampler:
         return total
 
     def _extra_rows(
-        self, trainer: Any, round_index: int, k: int, seen: set[str], per_process: int
+        self, trainer: SamplingTrainer, round_index: int, k: int, seen: set[str], per_process: int
     ) -> list[dict]:
         dataset = trainer.train_dataset
         if self._uids is None:
@@ -314,18 +316,17 @@ class DynamicSampler:
         fetched = {q: dataset[indices[q]] for q in {p // num_gen for p in positions}}
         return [dict(fetched[p // num_gen]) for p in positions]
 
-    def _generate_pass(self, trainer: Any, rows: list[dict[str, Any]]) -> _Pass:
+    def _generate_pass(self, trainer: SamplingTrainer, rows: list[dict[str, Any]]) -> _Pass:
         acc = trainer.accelerator
         prompts = [row["prompt"] for row in rows]
-        generation = trainer._generate(prompts)
-        _, completion_ids, _, completions, _, extra_fields, images, _ = generation
-        if extra_fields or images is not None:
+        generation = seam.generate(trainer, prompts)
+        completion_ids, completions = generation.completion_ids, generation.completions
+        if generation.extra_fields or generation.images is not None:
             raise ValueError(
                 "dynamic_sampling cannot replay rollout extra fields or images; set dynamic_sampling: false"
             )
-        rewards = trainer._calculate_rewards(rows, prompts, completions, completion_ids)
-        extras = {k: list(v) for k, v in trainer._pending_extra_logs.items()}  # what reward functions logged
-        trainer._pending_extra_logs.clear()
+        rewards = seam.calculate_rewards(trainer, rows, prompts, completions, completion_ids)
+        extras = seam.take_pending_columns(trainer)  # what reward functions logged
         eos = set(trainer.eos_token_ids)
         lengths = torch.tensor(
             [len(ids) or trainer.max_completion_length for ids in completion_ids], device=acc.device
@@ -343,7 +344,7 @@ class DynamicSampler:
             extras=extras,
         )
 
-    def _assemble(self, trainer: Any, passes: list[_Pass], plan: RoundPlan):
+    def _assemble(self, trainer: SamplingTrainer, passes: list[_Pass], plan: RoundPlan):
         """Move the trained rows to the processes that train them; collect the dropped rows' records."""
         acc = trainer.accelerator
         num_gen, process = trainer.num_generations, acc.process_index
@@ -355,7 +356,7 @@ class DynamicSampler:
         want_records = bool(trainer.log_completions)
         outgoing = []
         for k, step in enumerate(passes):
-            prompt_ids, completion_ids, tool_mask, completions, logprobs, *_ = step.generation
+            prompt_ids, completion_ids, tool_mask, completions, logprobs = step.generation[:5]
             for i, row in enumerate(step.rows):
                 position = process * per_process + i
                 status = plan.status[(k, position // num_gen)]
@@ -391,15 +392,15 @@ class DynamicSampler:
         )
         items = [item for _, item in mine]
         has_mask, has_logprobs = items[0]["tool_mask"] is not None, items[0]["logprobs"] is not None
-        generation = (
-            [it["prompt_ids"] for it in items],
-            [it["completion_ids"] for it in items],
-            [it["tool_mask"] for it in items] if has_mask else None,
-            [it["completion"] for it in items],
-            [it["logprobs"] for it in items] if has_logprobs else None,
-            {},
-            None,
-            [],
+        generation = seam.Generation(
+            prompt_ids=[it["prompt_ids"] for it in items],
+            completion_ids=[it["completion_ids"] for it in items],
+            tool_mask=[it["tool_mask"] for it in items] if has_mask else None,
+            completions=[it["completion"] for it in items],
+            logprobs=[it["logprobs"] for it in items] if has_logprobs else None,
+            extra_fields={},
+            images=None,
+            tool_images=[],
         )
         rewards = torch.cat([passes[k].rewards[g * num_gen : (g + 1) * num_gen] for k, g in plan.trained])
         final_rows = [it["row"] for it in items]
@@ -411,19 +412,14 @@ class DynamicSampler:
             record["rewards"] = passes[k].rewards[position]
         return final_rows, replay, [record for _, record in dropped]
 
-    def _reset_completion_logs(self, trainer: Any) -> None:
+    def _reset_completion_logs(self, trainer: SamplingTrainer) -> None:
         # TRL keeps the last `generation_batch_size` completions; a round here logs up to `max_passes` times that,
         # so each round starts from empty buffers sized for everything it may generate.
-        size = trainer.args.generation_batch_size * self.max_passes
-        logs = trainer._logs
-        for key in ("images", "prompt", "completion", "advantages"):
-            logs[key] = deque(maxlen=size)
-        logs["rewards"] = defaultdict(lambda: deque(maxlen=size))
-        logs["extra"] = defaultdict(lambda: deque(maxlen=size))
+        seam.reset_completion_logs(trainer, trainer.args.generation_batch_size * self.max_passes)
 
-    def _log_dropped_records(self, trainer: Any, dropped: list[dict[str, Any]]) -> None:
+    def _log_dropped_records(self, trainer: SamplingTrainer, dropped: list[dict[str, Any]]) -> None:
         """Append the untrained rows to TRL's completion records (advantage NaN: they are not trained)."""
-        logs = trainer._logs
+        logs = seam.completion_logs(trainer)
         trained = len(logs["prompt"])
         for column in {c for record in dropped for c in record["extras"]} - set(logs["extra"]):
             logs["extra"][column].extend([None] * trained)
@@ -436,10 +432,10 @@ class DynamicSampler:
             for column, values in logs["extra"].items():
                 values.append(record["extras"].get(column))
 
-    def _log_metrics(self, trainer: Any, passes: list[_Pass], plan: RoundPlan, groups_needed: int) -> None:
+    def _log_metrics(self, trainer: SamplingTrainer, passes: list[_Pass], plan: RoundPlan, groups_needed: int) -> None:
         counts = plan.counts()
         generated = len(plan.status)
-        metrics = trainer._metrics["train"]
+        metrics = seam.metrics(trainer, "train")
         values = {
             "groups_generated": generated,
             "groups_kept": counts[KEPT],

@@ -28,8 +28,8 @@ import torch
 
 from rewards.grade import grade_batch
 
-from .evaluate import HFBackend
-from .templates import Template
+from ..evaluate import HFBackend
+from ..templates import Template
 
 logger = logging.getLogger("prompt_aug")
 

@@ -1,0 +1,94 @@
+"""The learning demo and the offline stand-ins: keys, and the one hook the training path calls.
+
+What lives here is for the demo and the tests, not for training a real model: the random Qwen2 models and
+the generated questions built in code (`prompt_aug.demo.smoke`), and the supervised warm start with its
+before/after table (`prompt_aug.demo.warmstart`). The training path reaches them only through the functions
+below, which import those modules when the recipe asks for them (a built-in model or dataset name, or a
+`DemoArguments` key), so a run on a real model and dataset imports no demo module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Names the recipe keys `model_name_or_path` / `dataset_name` may take for what is built in code (kept in sync
+# with `prompt_aug.demo.smoke`, which a test checks); written out so that checking a name imports nothing.
+TINY_MODEL_NAMES = ("tiny-random-qwen2", "small-random-qwen2")
+BUILTIN_DATASETS = ("synthetic", "synthetic-addition")
+
+
+@dataclass
+class DemoArguments:
+    """Recipe keys of the learning demo (``recipes/smoke/learn_cpu.yaml``): a supervised warm start before
+    GRPO and a before/after table. All off by default."""
+
+    warmstart_steps: int = field(
+        default=0, metadata={"help": "Supervised steps on the training questions before GRPO (0: none)."}
+    )
+    warmstart_batch_size: int = field(default=32, metadata={"help": "Examples per warm-start step."})
+    warmstart_learning_rate: float = field(
+        default=1e-2, metadata={"help": "Warm-start AdamW learning rate (cosine decay to 0)."}
+    )
+    warmstart_wellformed: float = field(
+        default=0.5, metadata={"help": "Share of warm-start targets written in their template's layout."}
+    )
+    warmstart_answer_correct: float = field(
+        default=1.0,
+        metadata={
+            "help": "Share of warm-start targets whose boxed answer is right (the rest box another answer)."
+        },
+    )
+    heldout_questions: int = field(
+        default=0, metadata={"help": "Questions kept out of warm start and GRPO, scored by before_after."}
+    )
+    before_after: bool = field(
+        default=False,
+        metadata={"help": "Score every template before and after GRPO; print and write before_after.md."},
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the recipe asks for any part of the demo's before-GRPO stage."""
+        return self.warmstart_steps > 0 or self.before_after or self.heldout_questions > 0
+
+
+def build_model(name: str, output_dir: str, seed: int) -> str:
+    """Build the random model ``name`` (one of `TINY_MODEL_NAMES`) in ``output_dir``; returns its path."""
+    from pathlib import Path
+
+    from .smoke import build_tiny_model
+
+    path = Path(output_dir) / name
+    build_tiny_model(path, seed=seed, name=name)
+    return str(path)
+
+
+def builtin_rows(name: str, num_synthetic: int, seed: int) -> list[dict[str, str]]:
+    """The rows of the built-in dataset ``name`` (one of `BUILTIN_DATASETS`)."""
+    from .smoke import ADDITION_DATASET_NAME, addition_problems, synthetic_problems
+
+    return (
+        addition_problems() if name == ADDITION_DATASET_NAME else synthetic_problems(num_synthetic, seed=seed)
+    )
+
+
+def builtin_tokenizer() -> Any:
+    """The small ChatML tokenizer of the built-in models."""
+    from .smoke import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+def before_grpo(
+    demo: DemoArguments, model: Any, tokenizer: Any, dataset: Any, templates: list, args: Any
+) -> tuple[Any, Any]:
+    """The demo's stage before GRPO (held-out split, warm start, "before" scores) when ``demo`` asks for it.
+
+    Returns the training dataset and the `BeforeAfter` to finish after training (``None`` when off).
+    """
+    if not demo.enabled:
+        return dataset, None
+    from .warmstart import prepare
+
+    return prepare(model, tokenizer, dataset, templates, demo, args)

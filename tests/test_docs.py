@@ -1,0 +1,110 @@
+"""What the README and docs/ say about the code, checked against the code: the layout table, the
+architecture's rules, and the stabiliser table's keys and defaults."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from trl import GRPOConfig
+
+from prompt_aug import demo
+from prompt_aug.config import PromptAugGRPOConfig
+from prompt_aug.demo import smoke
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def _layout_paths() -> set[str]:
+    """Every file the README's layout table names: ``a/b.py, c.py`` means ``a/b.py`` and ``a/c.py``."""
+    section = README.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    paths = set()
+    for row in section.splitlines():
+        if not row.startswith("| `"):
+            continue
+        folder = ""
+        for name in re.findall(r"`([^`]+)`", row.split("|")[1]):
+            if "/" in name and not name.endswith("/"):
+                folder = name.rsplit("/", 1)[0] + "/"
+                paths.add(name)
+            elif not name.endswith("/"):
+                paths.add(folder + name)
+    return paths
+
+
+def test_the_layout_table_lists_every_module():
+    modules = {
+        p.relative_to(REPO).as_posix() for d in ("prompt_aug", "rewards") for p in (REPO / d).rglob("*.py")
+    }
+    listed = _layout_paths()
+    assert modules - listed == set(), f"modules missing from the README's layout table: {modules - listed}"
+    assert {p for p in listed if p.endswith(".py")} - modules == set(), (
+        "the layout table names a missing file"
+    )
+
+
+def test_the_architecture_doc_has_its_layer_table():
+    text = (REPO / "docs/architecture.md").read_text()
+    assert "| layer | modules | may import |" in text
+    for folder in ("prompt_aug/demo/", "prompt_aug/extensions/", "rewards/", "trl_seam.py"):
+        assert folder in text, folder
+
+
+def test_rewards_import_nothing_of_prompt_aug():
+    for path in (REPO / "rewards").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [m for m in imported if m.startswith("prompt_aug")], path
+
+
+def test_the_training_path_imports_no_demo_module_unless_the_recipe_asks(tmp_path):
+    # A non-demo run imports the training entry point and resolves a real model and dataset by name; a demo
+    # recipe (built-in model or dataset, DemoArguments keys) loads demo modules through the hook only.
+    code = """
+import json, sys
+from prompt_aug import train
+args, model_args, demo_args = train.parse_args(
+    ["--config", "recipes/qwen2.5-math-1.5b/prompt_aug.yaml", "--dry_run", "--output_dir", sys.argv[1]])
+assert train.resolve_model_path(model_args, args) == model_args.model_name_or_path
+assert not demo_args.enabled
+train.demo.before_grpo(demo_args, None, None, "rows", [], args)
+train.main(["--config", "recipes/qwen2.5-math-1.5b/prompt_aug.yaml", "--dry_run", "--output_dir", sys.argv[1]])
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("prompt_aug"))))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    loaded = json.loads(out.strip().splitlines()[-1])
+    assert "prompt_aug.train" in loaded and "prompt_aug.trainer" in loaded
+    assert [m for m in loaded if m.startswith("prompt_aug.demo.")] == [], loaded
+
+
+def test_the_demo_hook_names_match_what_the_demo_builds():
+    assert set(demo.TINY_MODEL_NAMES) == set(smoke.TINY_MODELS)
+    assert set(demo.BUILTIN_DATASETS) == set(smoke.BUILTIN_DATASETS)
+
+
+def test_readme_stabiliser_table_names_real_keys_with_their_defaults():
+    section = README.split("### Stabilisers from the seed systems", 1)[1].split("\n#", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    systems = {row.split("|")[1].strip() for row in rows}
+    assert {"Perplexity", "ProRL", "RLinf", "DAPO"} <= systems
+    fields = [*PromptAugGRPOConfig.__dataclass_fields__.values(), *GRPOConfig.__dataclass_fields__.values()]
+    defaults = {
+        f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory() for f in fields
+    }
+    checked = 0
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        for key, default in zip(re.findall(r"`(\w+)`", cells[2]), cells[3].split(",")):
+            assert key in defaults, f"README names an unknown key {key}"
+            assert str(defaults[key]).lower() == default.strip().strip("`").lower(), (key, default)
+            checked += 1
+    assert checked >= 10
