@@ -197,20 +197,20 @@ def test_lora_recipe_is_one_gpu_32_questions_256_completions_4_steps_of_64():
 
 
 def test_full_1gpu_recipe_is_64_questions_2_paper_steps_of_256_for_300_rounds():
-    script_args, training_args, model_args = _parse(PAPER / "prompt_aug_1gpu_full.yaml", 1)
-    got = batch_arithmetic(script_args, training_args)
+    args, model_args, _ = _parse(PAPER / "prompt_aug_1gpu_full.yaml", 1)
+    got = batch_arithmetic(args)
     assert (got.questions_per_round, got.completions_per_round) == (64, 512)
     assert (got.optimizer_steps_per_round, got.completions_per_optimizer_step) == (2, 256)
     assert (got.rounds_per_epoch, got.total_rounds) == (133, 300)
-    assert not model_args.use_peft and training_args.learning_rate == 1e-6  # full fine-tuning at the paper's lr
-    assert training_args.save_steps == 40  # every 20 rounds, as the paper saved
+    assert not model_args.use_peft and args.learning_rate == 1e-6  # full fine-tuning at the paper's lr
+    assert args.save_steps == 40  # every 20 rounds, as the paper saved
 
 
 @pytest.mark.parametrize("recipe", ["prompt_aug.yaml", "dapo_single_template.yaml"])
 def test_8_gpu_short_run_override_gives_300_paper_rounds(recipe):
     # docs/reproduce.md, "Quick runs": the paper recipe and its single-template ablation for 300 rounds.
-    script_args, training_args, _ = _parse(PAPER / recipe, 8, "--max_steps", "1200")
-    got = batch_arithmetic(script_args, training_args)
+    args, _, _ = _parse(PAPER / recipe, 8, "--max_steps", "1200")
+    got = batch_arithmetic(args)
     assert (got.questions_per_round, got.completions_per_round, got.optimizer_steps_per_round) == (128, 1024, 4)
     assert got.total_rounds == 300
 
