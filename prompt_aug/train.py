@@ -34,6 +34,8 @@ from .dynamic_sampling import from_args as dynamic_sampler_from_args
 from .evaluate import EvalCallback, EvalError, stop_token_ids
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo
+from .models import LOCAL_MODELS
+from .models import resolve as resolve_local_model
 from .smoke import BUILTIN_DATASETS, TINY_MODELS, build_tiny_model
 from .sources import check_source
 from .templates import Template, TemplateError, check_renders, load_templates, select_templates
@@ -53,10 +55,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[PromptAugArguments, GRPOC
 
 
 def resolve_model_path(model_args: ModelConfig, training_args: GRPOConfig) -> str:
-    """The model to load; a built-in random model is built once, on the main process, in the output folder."""
+    """The model to load; a built-in random model is built once, on the main process, in the output folder;
+    a known local model's name (`prompt_aug.models.LOCAL_MODELS`) becomes its fetched folder."""
     name = model_args.model_name_or_path
     if name not in TINY_MODELS:
-        return name
+        return resolve_local_model(name)
     path = Path(training_args.output_dir) / name
     with PartialState().main_process_first():
         build_tiny_model(path, seed=training_args.seed, name=name)
@@ -149,7 +152,8 @@ def train(argv: list[str] | None = None) -> None:
     # Fail now on a missing local path, an unreachable Hub or an output folder that holds another run.
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
-    check_source("model_name_or_path", model_args.model_name_or_path, builtin=tuple(TINY_MODELS))
+    resolve_local_model(model_args.model_name_or_path)  # a known local model not fetched yet: its fetch command
+    check_source("model_name_or_path", model_args.model_name_or_path, builtin=(*TINY_MODELS, *LOCAL_MODELS))
     check_source("dataset_name", script_args.dataset_name, builtin=BUILTIN_DATASETS)
     if script_args.eval_data_dir:
         check_source("eval_data_dir", script_args.eval_data_dir)
