@@ -13,6 +13,7 @@ through `prompt_aug.demo`'s hook, so a run on a real model and dataset imports n
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
@@ -107,16 +108,29 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def close_process_group() -> None:
-    """After a run that ended normally, leave the process group on every rank before Python exits.
+    """After a run that ended normally, leave the process group on every rank and join gloo's worker threads
+    before Python exits.
 
-    Without it, gloo's worker threads are still alive while the interpreter shuts down, and a rank can
-    abort at exit ("terminate called without an active exception", pytorch/pytorch#190489): the run
-    finished, but the launcher reports a failure. Only on success: after an error the other ranks may be
-    inside a collective, and leaving then could hang them. No barrier first: with ``push_to_hub`` the
-    other ranks finish while the main process is still uploading, which needs no collective.
+    A gloo worker thread can still hold the last reference to a collective's tensor (the collapse guard
+    broadcasts a few milliseconds before the end of training) after Python has dropped its own. Releasing it
+    takes the GIL; if Python has begun finalizing by then, the thread is ended with ``pthread_exit`` inside
+    a ``noexcept`` destructor and the rank aborts ("terminate called without an active exception").
+    ``destroy_process_group`` alone does not stop gloo's threads: the group lives on in the DDP wrapper
+    until interpreter teardown. So: keep our own handles on the groups, leave them, collect the trainer's
+    reference cycles (DDP wrapper, reducer), then drop the handles last. Their destructor releases the GIL
+    while it waits for gloo's workers, so a worker that still has a tensor to release can finish.
+
+    Only on success: after an error the other ranks may be inside a collective, and leaving then could hang
+    them. No barrier first: with ``push_to_hub`` the other ranks finish while the main process is still
+    uploading, which needs no collective.
     """
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    handles = list(dist.distributed_c10d._world.pg_map)
+    dist.destroy_process_group()
+    gc.collect()  # the DDP reducer must not be the last holder: it would join gloo's workers holding the GIL
+    del handles
 
 
 def train(argv: list[str] | None = None) -> None:
