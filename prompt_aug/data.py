@@ -35,10 +35,12 @@ from rewards.extract import last_boxed
 
 from .smoke import (
     ADDITION_DATASET_NAME,
+    DIGIT_SUMS_DATASET_NAME,
     SYNTHETIC_DATASET_NAME,
     TINY_MODELS,
     addition_problems,
     build_tiny_tokenizer,
+    digit_sum_problems,
     synthetic_problems,
 )
 from .sources import looks_local
@@ -224,8 +226,9 @@ def load_math_dataset(
     if name == SYNTHETIC_DATASET_NAME:
         rows = datasets.Dataset.from_list(synthetic_problems(num_synthetic, seed=seed))
         return rows, DataReport(name, len(rows), len(rows), Counter())
-    if name == ADDITION_DATASET_NAME:
-        rows = datasets.Dataset.from_list(addition_problems())
+    if name in (ADDITION_DATASET_NAME, DIGIT_SUMS_DATASET_NAME):
+        problems = addition_problems() if name == ADDITION_DATASET_NAME else digit_sum_problems()
+        rows = datasets.Dataset.from_list(problems)
         return rows, DataReport(name, len(rows), len(rows), Counter())
     if name == MATH_HUB_ID and answer_column is None:
         answer_column = "solution"
