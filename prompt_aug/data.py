@@ -7,6 +7,7 @@ collator and rewards. Supported sources:
 
 * ``synthetic``: generated questions (the smoke recipe; no network).
 * ``synthetic-addition``: the 55 one-digit sums of the learning demo (no network).
+* ``synthetic-digit-sums``: the 45 questions "What is a + b?", 1 <= a <= b <= 9, of the real-model recipe.
 * SimpleRL-Zoo in verl layout (the paper's set), from the Hub (``hkust-nlp/SimpleRL-Zoo-Data`` with
   ``dataset_config: simplelr_qwen_level3to5``) or a local folder of its parquet files. The question
   is the user turn of ``prompt``; the gold is ``reward_model.ground_truth``.
