@@ -69,4 +69,5 @@ def test_greedy_vllm_and_hf_agree_on_the_real_model(evals):
             f"parted after {shared} tokens: {v['completion']!r} / {h['completion']!r}"
         )
         same += v["completion"] == h["completion"]
+    print(f"greedy vllm vs hf on {NAME}: {same} of {len(vllm)} completions identical")
     assert same >= len(vllm) // 2, f"only {same} of {len(vllm)} greedy completions identical"
