@@ -68,7 +68,7 @@ def main() -> None:
     model = args.model
     if model is None:
         sys.path.insert(0, str(REPO))
-        from prompt_aug.smoke import build_tiny_model
+        from prompt_aug.demo.smoke import build_tiny_model
 
         model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "small-random-qwen2", name="small-random-qwen2"))
     print(f"model {model}, batch {args.batch}, {args.new_tokens} new tokens, prompt {args.prompt_len} tokens")

@@ -17,7 +17,7 @@ def build_turn_then_eos_model(path: Path) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from prompt_aug.smoke import build_tiny_tokenizer
+    from prompt_aug.demo.smoke import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.eos_token = "<|endoftext|>"

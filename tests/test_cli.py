@@ -176,7 +176,7 @@ def test_an_unreachable_hub_fails_fast_and_suggests_offline_mode(tmp_path, capsy
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("name", ["synthetic", "synthetic-addition"])
+@pytest.mark.parametrize("name", ["synthetic", "synthetic-addition", "synthetic-digit-sums"])
 def test_built_in_datasets_are_generated_not_fetched(tmp_path, capsys, unreachable_hub, name):
     run = tmp_path / "o"
     (run / "checkpoint-1").mkdir(parents=True)  # stops the run at the output-folder check, after the sources

@@ -165,13 +165,13 @@ def test_grpo_steps_on_real_text_change_the_weights(model_dir, tmp_path, monkeyp
 
 
 def test_short_evaluation_with_the_hf_backend(model_dir, tmp_path):
-    data = _sums(tmp_path / "few.jsonl", [(2, 3), (4, 4), (10, 5), (7, 6)])
+    data = _sums(tmp_path / "few.jsonl", [(2, 3), (10, 5)])
     out = tmp_path / "eval"
     evaluate.main(["--model", NAME, "--benchmarks", str(data), "--backend", "hf", "--max_tokens", "32",
                    "--template", "qwen-math,deepseek-r1", "--output", str(out), "--no_progress"])  # fmt: skip
     results = json.loads((out / "results.json").read_text())
     assert results["model"] == str(model_dir) and results["settings"]["model"] == NAME
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
-    assert len(records) == 8
+    assert len(records) == 4
     assert all(r["completion"].strip() and "<|im_end|>" not in r["completion"] for r in records)
     assert {r["template"] for r in records} == {"qwen-math", "deepseek-r1"}

@@ -15,7 +15,7 @@ from typing import Any
 # Names the recipe keys `model_name_or_path` / `dataset_name` may take for what is built in code (kept in sync
 # with `prompt_aug.demo.smoke`, which a test checks); written out so that checking a name imports nothing.
 TINY_MODEL_NAMES = ("tiny-random-qwen2", "small-random-qwen2")
-BUILTIN_DATASETS = ("synthetic", "synthetic-addition")
+BUILTIN_DATASETS = ("synthetic", "synthetic-addition", "synthetic-digit-sums")
 
 
 @dataclass
@@ -66,11 +66,14 @@ def build_model(name: str, output_dir: str, seed: int) -> str:
 
 def builtin_rows(name: str, num_synthetic: int, seed: int) -> list[dict[str, str]]:
     """The rows of the built-in dataset ``name`` (one of `BUILTIN_DATASETS`)."""
-    from .smoke import ADDITION_DATASET_NAME, addition_problems, synthetic_problems
+    from .smoke import ADDITION_DATASET_NAME, DIGIT_SUMS_DATASET_NAME, addition_problems, digit_sum_problems
+    from .smoke import synthetic_problems
 
-    return (
-        addition_problems() if name == ADDITION_DATASET_NAME else synthetic_problems(num_synthetic, seed=seed)
-    )
+    if name == ADDITION_DATASET_NAME:
+        return addition_problems()
+    if name == DIGIT_SUMS_DATASET_NAME:
+        return digit_sum_problems()
+    return synthetic_problems(num_synthetic, seed=seed)
 
 
 def builtin_tokenizer() -> Any:

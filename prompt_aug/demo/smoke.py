@@ -20,7 +20,8 @@ TINY_MODELS = {
 }
 SYNTHETIC_DATASET_NAME = "synthetic"
 ADDITION_DATASET_NAME = "synthetic-addition"
-BUILTIN_DATASETS = (SYNTHETIC_DATASET_NAME, ADDITION_DATASET_NAME)  # generated in code, never fetched
+DIGIT_SUMS_DATASET_NAME = "synthetic-digit-sums"  # the real-model recipe (recipes/smollm2-135m)
+BUILTIN_DATASETS = (SYNTHETIC_DATASET_NAME, ADDITION_DATASET_NAME, DIGIT_SUMS_DATASET_NAME)  # never fetched
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -89,6 +90,23 @@ def addition_problems(max_sum: int = 9) -> list[dict[str, str]]:
         for a in range(10)
         for b in range(10)
         if a + b <= max_sum
+    ]
+
+
+def digit_sum_problems() -> list[dict[str, str]]:
+    """Every "What is a + b?" with digits ``1 <= a <= b <= 9`` (45 rows), in plain words as a user asks.
+
+    The task of ``recipes/smollm2-135m/prompt_aug_cpu.yaml``: SmolLM2-135M-Instruct answers about one in
+    five right when sampled at temperature 0.7 (the recipe's header has the measurement).
+
+    >>> rows = digit_sum_problems()
+    >>> len(rows), rows[0], rows[-1]["answer"]
+    (45, {'question': 'What is 1 + 1?', 'answer': '2', 'uid': 'digit-sum-1-1'}, '18')
+    """
+    return [
+        {"question": f"What is {a} + {b}?", "answer": str(a + b), "uid": f"digit-sum-{a}-{b}"}
+        for a in range(1, 10)
+        for b in range(a, 10)
     ]
 
 

