@@ -22,8 +22,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from prompt_aug.models import resolve
 from prompt_aug.demo.smoke import digit_sum_problems
+from prompt_aug.models import resolve
 from prompt_aug.templates import load_templates
 from rewards import grade_batch
 

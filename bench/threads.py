@@ -47,7 +47,7 @@ def cell(model: str, threads: int, busy: bool, batch: int, new: int, prompt_len:
     try:
         done = subprocess.run(
             [sys.executable, "-c", _CELL, model, str(batch), str(new), str(prompt_len)],
-            env=env, capture_output=True, text=True, timeout=1800,
+            check=False, env=env, capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
     finally:
         if neighbour is not None:

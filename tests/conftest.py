@@ -14,7 +14,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import torch  # noqa: E402  (after the environment above, so its thread pool reads it)
+import torch  # after the environment above, so that its thread pool reads it
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

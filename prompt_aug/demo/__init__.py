@@ -66,8 +66,13 @@ def build_model(name: str, output_dir: str, seed: int) -> str:
 
 def builtin_rows(name: str, num_synthetic: int, seed: int) -> list[dict[str, str]]:
     """The rows of the built-in dataset ``name`` (one of `BUILTIN_DATASETS`)."""
-    from .smoke import ADDITION_DATASET_NAME, DIGIT_SUMS_DATASET_NAME, addition_problems, digit_sum_problems
-    from .smoke import synthetic_problems
+    from .smoke import (
+        ADDITION_DATASET_NAME,
+        DIGIT_SUMS_DATASET_NAME,
+        addition_problems,
+        digit_sum_problems,
+        synthetic_problems,
+    )
 
     if name == ADDITION_DATASET_NAME:
         return addition_problems()
