@@ -64,6 +64,16 @@ def test_rewards_import_nothing_of_prompt_aug():
         assert not [m for m in imported if m.startswith("prompt_aug")], path
 
 
+
+def test_evaluation_modules_import_only_the_ones_below_them():
+    order = ["benchmarks", "backends", "runner", "report", "cli", "callback"]  # docs/architecture.md
+    folder = REPO / "prompt_aug/evaluation"
+    assert {p.stem for p in folder.glob("*.py")} - {"__init__"} == set(order)
+    for rank, name in enumerate(order):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        local = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1]
+        assert not [m for m in local if m not in order[:rank]], (name, local)
+
 def test_the_training_path_imports_no_demo_module_unless_the_recipe_asks(tmp_path):
     # A non-demo run imports the training entry point and resolves a real model and dataset by name; a demo
     # recipe (built-in model or dataset, DemoArguments keys) loads demo modules through the hook only.

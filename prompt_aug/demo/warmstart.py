@@ -28,7 +28,7 @@ import torch
 
 from rewards.grade import grade_batch
 
-from ..evaluate import HFBackend
+from ..evaluation.backends import HFBackend
 from ..templates import Template
 
 logger = logging.getLogger("prompt_aug")
