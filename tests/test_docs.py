@@ -74,6 +74,19 @@ def test_evaluation_modules_import_only_the_ones_below_them():
         local = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1]
         assert not [m for m in local if m not in order[:rank]], (name, local)
 
+
+def test_the_grading_machinery_imports_no_reward_function():
+    # rewards/grading/ sits beneath the reward functions: of the package above it, only the format rules.
+    for path in (REPO / "rewards/grading").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        above = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 2]
+        above += [
+            n.module.split(".")[1]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").startswith("rewards.")
+        ]
+        assert set(above) <= {"formats", "grading"}, (path.name, above)
+
 def test_the_training_path_imports_no_demo_module_unless_the_recipe_asks(tmp_path):
     # A non-demo run imports the training entry point and resolves a real model and dataset by name; a demo
     # recipe (built-in model or dataset, DemoArguments keys) loads demo modules through the hook only.

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rewards.grade import grade_batch
+from rewards.grading.grade import grade_batch
 
 from ..evaluation.backends import HFBackend
 from ..templates import Template

@@ -10,7 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rewards.grade import grade_batch
+from rewards.grading.grade import grade_batch
 
 from ..templates import Template
 from .backends import Backend
