@@ -1,5 +1,6 @@
 """What the README and docs/ say about the code, checked against the code: the layout table, the
-architecture's rules, and the stabiliser table's keys and defaults."""
+architecture's rules, the stabiliser table's keys and defaults, and the folders the README's examples use.
+(docs/reproduce.md's fidelity tables have their own file, test_fidelity.py.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from trl import GRPOConfig
 
 from prompt_aug import demo
@@ -131,3 +133,15 @@ def test_readme_stabiliser_table_names_real_keys_with_their_defaults():
             assert str(defaults[key]).lower() == default.strip().strip("`").lower(), (key, default)
             checked += 1
     assert checked >= 10
+
+
+def test_readme_examples_use_the_folders_the_recipes_write():
+    written = {yaml.safe_load(p.read_text())["output_dir"] for p in (REPO / "recipes").rglob("*.yaml")}
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.DOTALL))
+    chosen = set(re.findall(r"--output_dir (outputs/\S+)", blocks))  # folders an example names itself
+    used = set(re.findall(r"(?<![\w/-])(outputs/[\w./-]+)", blocks)) - chosen
+    assert used, "no outputs/ path in the README's examples"
+    for path in used:
+        assert any(path == w or path.startswith(w + "/") for w in written), (
+            f"README uses {path}; recipes write {written}"
+        )
