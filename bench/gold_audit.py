@@ -3,10 +3,10 @@
 For each gold (the SimpleRL level 3-5 train parquet, and aime / amc / math / minerva /
 olympiad_bench from the evaluation suite; a list gold counts each element):
 
-1. **parse**: how our gold parser reads it (`rewards.verify.gold_status` after `normalize_gold`):
+1. **parse**: how our gold parser reads it (`rewards.grading.verify.gold_status` after `normalize_gold`):
    parsed to a SymPy object, text-only (math-verify's string fallback: only an identical answer
    matches), or unparseable (the reward would be ``None``); counted by the gold's form; and whether
-   the in-process claim `rewards.fastpath.surely_parseable` is ever contradicted;
+   the in-process claim `rewards.grading.fastpath.surely_parseable` is ever contradicted;
 2. **self**: a completion boxing the gold (as written in the dataset) must grade correct;
 3. **cross**: a completion boxing another question's gold (``--others`` random ones per gold, with a
    different normalised text) must grade wrong; exceptions are listed, split into "same value"
@@ -14,7 +14,7 @@ olympiad_bench from the evaluation suite; a list gold counts each element):
 4. **near miss**: a completion boxing the gold with one of its integers changed must grade wrong
    (this finds graders that ignore part of an answer, e.g. a base subscript).
 
-Everything is graded through `rewards.grade.grade_batch`, so through the worker pool and its limits.
+Everything is graded through `rewards.grading.grade.grade_batch`, so through the worker pool and its limits.
 
     python bench/gold_audit.py                         # data from ../shared/data
     python bench/gold_audit.py /path/to/data --others 3 --show 40
@@ -34,10 +34,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rewards import pool as grader_pool
-from rewards.fastpath import constant_values, surely_parseable
-from rewards.grade import grade_batch
-from rewards.verify import normalize_gold
+from rewards.grading import pool as grader_pool
+from rewards.grading.fastpath import constant_values, surely_parseable
+from rewards.grading.grade import grade_batch
+from rewards.grading.verify import normalize_gold
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grading import near_miss  # the same wrong-answer generator as the grading benchmark
@@ -123,7 +123,7 @@ def audit(rows: list[tuple[str, int, Any]], others: int, seed: int) -> dict[str,
     # 1. parse: every distinct normalised gold, in the workers
     distinct = sorted(set(normalised))
     statuses = dict(zip(distinct, [o[1] if o[0] == "ok" else o[0] for o in grader_pool.get_pool().map(
-        "rewards.verify:gold_status", distinct)]))
+        "rewards.grading.verify:gold_status", distinct)]))
     # our in-process claim "math-verify surely reads this" must never meet an unparseable gold
     surely = [norm for norm in distinct if surely_parseable(norm)]
     contradicted = [norm for norm in surely if statuses[norm] == "unparseable"]

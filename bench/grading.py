@@ -1,4 +1,4 @@
-"""Grading throughput and robustness: ours (`rewards.grade.grade_batch`) vs `trl.rewards.accuracy_reward`.
+"""Grading throughput and robustness: ours (`rewards.grading.grade.grade_batch`) vs TRL's `accuracy_reward`.
 
 Both graders get the same inputs, built from the ground truths of the SimpleRL level 3-5 train set:
 
@@ -44,14 +44,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import importlib
-
 from prompt_aug.templates import load_templates
-from rewards import pool as grader_pool
-from rewards.extract import extract_lenient
-from rewards.grade import grade_batch
-
-grade_module = importlib.import_module("rewards.grade")  # `rewards.grade` the attribute is the function
+from rewards.grading import grade as grade_module
+from rewards.grading import pool as grader_pool
+from rewards.grading.extract import extract_lenient
+from rewards.grading.grade import grade_batch
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "simplerl_level3to5"  # from a clone in /work: ../shared/data
 TRAIN_FILE = "SimpleRL-simplelr_qwen_level3to5.train.parquet"

@@ -31,7 +31,7 @@ from typing import Any
 
 import datasets
 
-from rewards.extract import last_boxed
+from rewards.grading.extract import last_boxed
 
 from . import demo
 from .sources import looks_local

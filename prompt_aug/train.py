@@ -34,7 +34,9 @@ from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugGRPOConfig, batch_arithmetic, wants_dry_run
 from .data import DataError, filter_long_prompts, load_math_dataset
 from .demo import DemoArguments
-from .evaluate import EvalCallback, EvalError, stop_token_ids
+from .evaluation.backends import stop_token_ids
+from .evaluation.benchmarks import EvalError
+from .evaluation.callback import EvalCallback
 from .extensions.collapse import OptimizerResetCallback, guard_from_args
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo

@@ -5,9 +5,9 @@
 True
 """
 
-from .extract import extract_lenient, extract_strict, normalize
 from .formats import BUILTIN_FORMATS, FormatRules
-from .grade import Grade, format_score, grade, grade_batch
+from .grading.extract import extract_lenient, extract_strict, normalize
+from .grading.grade import Grade, format_score, grade, grade_batch
 from .registry import REGISTRY, correctness_reward, format_reward, get_reward_funcs, strict_correctness_reward
 
 __all__ = [

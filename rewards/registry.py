@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .formats import row_rules
-from .grade import format_score, grade_batch
+from .grading.grade import format_score, grade_batch
 from .mapped import mapped_correctness
 
 

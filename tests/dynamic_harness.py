@@ -1,7 +1,9 @@
 """Train the smoke recipe with test rewards whose spread is known per question (used by test_dynamic_sampling).
 
-``python tests/dynamic_harness.py --config recipes/smoke/tiny_cpu.yaml ...`` (also under torchrun) registers the
-rewards below, then runs `prompt_aug.train.main` with the given arguments.
+``python tests/dynamic_harness.py --config recipes/smoke/tiny_cpu.yaml ...`` (also under torchrun) runs
+`prompt_aug.train.main` with the given arguments. A run names the rewards below by import path, like any
+reward of one's own (``--reward_funcs dynamic_harness:flat_half_reward``; this folder is on ``sys.path``
+both in the tests and when this file runs), so the global ``rewards.REGISTRY`` is never changed.
 
 The rewards key each question on the number at the end of its uid (``synthetic-42-00017`` -> 17):
 
@@ -49,16 +51,12 @@ def text_hash_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     ]
 
 
-def register() -> None:
-    from rewards.registry import REGISTRY
-
-    REGISTRY["flat_half"] = flat_half_reward
-    REGISTRY["text_hash"] = text_hash_reward
+# How a run names them (``--reward_funcs``).
+FLAT_HALF, TEXT_HASH = "dynamic_harness:flat_half_reward", "dynamic_harness:text_hash_reward"
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    register()
     from prompt_aug import train
 
     train.main(sys.argv[1:])

@@ -334,24 +334,3 @@ def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_c
     # The full metrics are in the log file.
     first = json.loads((out / "logs.jsonl").read_text().splitlines()[0])
     assert first["step"] == 1 and any(k.startswith("templates/") for k in first) and "entropy" in first
-
-
-# ---------------------------------------------------------------------------------------------
-# README
-
-
-def test_readme_examples_use_the_folders_the_recipes_write():
-    import re
-
-    import yaml
-
-    written = {yaml.safe_load(p.read_text())["output_dir"] for p in (REPO / "recipes").rglob("*.yaml")}
-    readme = (REPO / "README.md").read_text()
-    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", readme, re.DOTALL))
-    chosen = set(re.findall(r"--output_dir (outputs/\S+)", blocks))  # folders an example names itself
-    used = set(re.findall(r"(?<![\w/-])(outputs/[\w./-]+)", blocks)) - chosen
-    assert used, "no outputs/ path in the README's examples"
-    for path in used:
-        assert any(path == w or path.startswith(w + "/") for w in written), (
-            f"README uses {path}; recipes write {written}"
-        )

@@ -1,5 +1,6 @@
 """Collapse, watched and handled: the guard's decisions, its checkpoints and clean stop, ProRL's optimizer
-reset, RLinf's mini-batch skip and ±5 reward, the ProRL recipe, the plot marks and the README table.
+reset, RLinf's mini-batch skip and ±5 reward, the ProRL recipe and the plot marks (the README table is
+checked in test_docs.py).
 
 The end-to-end runs use the smoke recipe (tiny random model, CPU). A near-greedy temperature (0.05) makes
 that model "collapse" for real: its entropy falls to ~0.005 nats and every completion loops on a newline,
@@ -372,7 +373,7 @@ def test_per_template_entropy_and_repetition_are_logged_and_agree_with_the_total
 
 
 # ---------------------------------------------------------------------------------------------------------
-# RLinf's reward, the ProRL recipe, the plot, the README table
+# RLinf's reward, the ProRL recipe, the plot
 
 
 def test_correctness_pm5_maps_correct_wrong_and_unparseable_and_passes_every_argument_through():
@@ -424,7 +425,9 @@ def test_prorl_recipe_dry_run_keeps_1024_completions_per_round_and_sets_up_the_r
 
 
 def test_plot_marks_where_the_guard_fired(tmp_path):
-    from prompt_aug.plot import collapse_events, plot_runs
+    import matplotlib.pyplot as plt
+
+    from prompt_aug.plot import build_figure, collapse_events, plot_runs
 
     history = [{"step": s, "entropy": 0.5 - 0.01 * s, "reward": 0.5} for s in range(1, 21)]
     history[11]["collapse/fired/entropy"] = 1.0
@@ -432,8 +435,25 @@ def test_plot_marks_where_the_guard_fired(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "trainer_state.json").write_text(json.dumps({"global_step": 20, "log_history": history}))
     assert collapse_events(history) == [(12, "entropy"), (16, "accuracy"), (16, "repetition")]
+    fig = build_figure([tmp_path / "run"])
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+    assert set(panels) == {"Entropy", "Total reward"}
+    for title, key in (("Entropy", "entropy"), ("Total reward", "reward")):
+        ax = panels[title]
+        curves = [line for line in ax.get_lines() if line.get_linestyle() != ":"]
+        assert len(curves) == 1 and list(curves[0].get_xdata()) == list(range(1, 21))
+        assert list(curves[0].get_ydata()) == pytest.approx([e[key] for e in history])
+        # One dotted vertical line per firing, at its step: one at 12, two at 16.
+        marks = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+        assert sorted(line.get_xdata()[0] for line in marks) == [12, 16, 16]
+        assert all(line.get_xdata()[0] == line.get_xdata()[1] for line in marks)
+    # The signal names are written once, on the first panel.
+    labels = [(text.get_text(), text.xy[0]) for ax in fig.axes for text in ax.texts]
+    assert sorted(labels) == [("accuracy", 16), ("entropy", 12), ("repetition", 16)]
+    assert panels["Entropy"].texts and not panels["Total reward"].texts
+    plt.close(fig)
     out = plot_runs([tmp_path / "run"], tmp_path / "curves.png")
-    assert out.stat().st_size > 10_000
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_every_registered_correctness_reward_is_read_as_accuracy():

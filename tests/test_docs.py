@@ -1,5 +1,6 @@
 """What the README and docs/ say about the code, checked against the code: the layout table, the
-architecture's rules, and the stabiliser table's keys and defaults."""
+architecture's rules, the stabiliser table's keys and defaults, and the folders the README's examples use.
+(docs/reproduce.md's fidelity tables have their own file, test_fidelity.py.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from trl import GRPOConfig
 
 from prompt_aug import demo
@@ -64,6 +66,29 @@ def test_rewards_import_nothing_of_prompt_aug():
         assert not [m for m in imported if m.startswith("prompt_aug")], path
 
 
+
+def test_evaluation_modules_import_only_the_ones_below_them():
+    order = ["benchmarks", "backends", "runner", "report", "cli", "callback"]  # docs/architecture.md
+    folder = REPO / "prompt_aug/evaluation"
+    assert {p.stem for p in folder.glob("*.py")} - {"__init__"} == set(order)
+    for rank, name in enumerate(order):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        local = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1]
+        assert not [m for m in local if m not in order[:rank]], (name, local)
+
+
+def test_the_grading_machinery_imports_no_reward_function():
+    # rewards/grading/ sits beneath the reward functions: of the package above it, only the format rules.
+    for path in (REPO / "rewards/grading").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        above = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 2]
+        above += [
+            n.module.split(".")[1]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").startswith("rewards.")
+        ]
+        assert set(above) <= {"formats", "grading"}, (path.name, above)
+
 def test_the_training_path_imports_no_demo_module_unless_the_recipe_asks(tmp_path):
     # A non-demo run imports the training entry point and resolves a real model and dataset by name; a demo
     # recipe (built-in model or dataset, DemoArguments keys) loads demo modules through the hook only.
@@ -108,3 +133,15 @@ def test_readme_stabiliser_table_names_real_keys_with_their_defaults():
             assert str(defaults[key]).lower() == default.strip().strip("`").lower(), (key, default)
             checked += 1
     assert checked >= 10
+
+
+def test_readme_examples_use_the_folders_the_recipes_write():
+    written = {yaml.safe_load(p.read_text())["output_dir"] for p in (REPO / "recipes").rglob("*.yaml")}
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.DOTALL))
+    chosen = set(re.findall(r"--output_dir (outputs/\S+)", blocks))  # folders an example names itself
+    used = set(re.findall(r"(?<![\w/-])(outputs/[\w./-]+)", blocks)) - chosen
+    assert used, "no outputs/ path in the README's examples"
+    for path in used:
+        assert any(path == w or path.startswith(w + "/") for w in written), (
+            f"README uses {path}; recipes write {written}"
+        )

@@ -115,10 +115,6 @@ def test_bad_keys_are_named():
 
 def _run(out: Path, *extra: str, spy: list | None = None) -> Path:
     with pytest.MonkeyPatch.context() as mp:
-        from rewards.registry import REGISTRY
-
-        mp.setitem(REGISTRY, "flat_half", dynamic_harness.flat_half_reward)
-        mp.setitem(REGISTRY, "text_hash", dynamic_harness.text_hash_reward)
         if spy is not None:
             original = PromptAugGRPOTrainer.compute_loss
 
@@ -146,7 +142,7 @@ def _history(run: Path) -> dict[int, dict]:
     return {h["step"]: h for h in history if "loss" in h}
 
 
-DYNAMIC = ("--reward_funcs", "flat_half", "--dynamic_sampling", "true")
+DYNAMIC = ("--reward_funcs", dynamic_harness.FLAT_HALF, "--dynamic_sampling", "true")
 
 
 @pytest.fixture(scope="module")
@@ -284,9 +280,9 @@ def test_at_the_cap_zero_spread_groups_fill_the_round(tmp_path):
 def test_flag_off_trains_exactly_as_with_no_group_dropped(tmp_path):
     # Every group has spread under `text_hash`, so dynamic sampling keeps pass 0 whole: the replayed round must
     # train exactly as the flag-off path, which is the trainer without dynamic sampling.
-    off = _run(tmp_path / "off", "--reward_funcs", "text_hash", "--save_strategy", "no")
+    off = _run(tmp_path / "off", "--reward_funcs", dynamic_harness.TEXT_HASH, "--save_strategy", "no")
     on = _run(
-        tmp_path / "on", "--reward_funcs", "text_hash", "--dynamic_sampling", "true", "--save_strategy", "no"
+        tmp_path / "on", "--reward_funcs", dynamic_harness.TEXT_HASH, "--dynamic_sampling", "true", "--save_strategy", "no"
     )
     for step in (1, 3):
         a, b = _records(off, step), _records(on, step)

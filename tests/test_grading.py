@@ -20,10 +20,10 @@ from fractions import Fraction
 import pytest
 
 from rewards import correctness_reward, grade, normalize, strict_correctness_reward
-from rewards import pool as grader_pool
-from rewards.fastpath import as_number, fast_verdict, surely_parseable
-from rewards.grade import Grade, grade_batch
-from rewards.verify import is_equivalent, normalize_gold, parse_text
+from rewards.grading import pool as grader_pool
+from rewards.grading.fastpath import as_number, fast_verdict, surely_parseable
+from rewards.grading.grade import Grade, grade_batch
+from rewards.grading.verify import is_equivalent, normalize_gold, parse_text
 
 LIMIT_S = grader_pool.get_pool().config.time_limit_s
 # "Returns within the limit": one task's limit, plus one retry, plus scheduling slack on a busy CI box.
@@ -171,7 +171,7 @@ def test_forked_child_gets_its_own_pool():
 
 def test_interpreter_exit_stops_the_pool_without_zombies_or_hang():
     code = (
-        "from rewards import grade; from rewards.pool import get_pool; "
+        "from rewards import grade; from rewards.grading.pool import get_pool; "
         "assert grade('\\\\boxed{\\\\sqrt{4}}', '2').correct; "
         "p = get_pool(); print(p._process.pid, *p.worker_pids())"
     )
@@ -431,7 +431,7 @@ def test_unparseable_gold_gives_none_and_is_counted(gold):
 
 
 def test_gold_is_normalised_once_per_question():
-    from rewards.grade import _gold_texts
+    from rewards.grading.grade import _gold_texts
 
     before = _gold_texts.cache_info().misses
     grade_batch([f"\\boxed{{{k}}}" for k in range(16)], ["\\dfrac{7}{3}"] * 16)
@@ -618,7 +618,7 @@ NEW_RULES = {
 
 @pytest.mark.parametrize(("rule", "answer", "gold"), [(r, a, g) for r, cases in NEW_RULES.items() for a, g in cases])
 def test_new_fast_path_rules_say_different_only_where_math_verify_does(rule, answer, gold):
-    from rewards.grade import _verdict
+    from rewards.grading.grade import _verdict
 
     assert _verdict(answer, gold) is False, rule
     assert _math_verify(answer, gold) is False, rule
@@ -633,7 +633,7 @@ def test_new_fast_path_rules_say_different_only_where_math_verify_does(rule, ans
     ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"), ("\\frac{100}{3}", "33 \\frac{1}{3}"),
 ])
 def test_new_fast_path_rules_leave_or_accept_the_equal_ones(answer, gold):
-    from rewards.grade import _verdict
+    from rewards.grading.grade import _verdict
 
     assert _verdict(answer, gold) is not False
     if _verdict(answer, gold) is True:

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from prompt_aug.demo.smoke import addition_problems
 from prompt_aug.demo.warmstart import BeforeAfter, draw_targets, split_heldout, target_text, warm_start
 from prompt_aug.templates import load_templates
-from rewards.grade import grade
+from rewards.grading.grade import grade
 
 TEMPLATES = list(load_templates().values())
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from rewards.grade import grade_batch
+from rewards.grading.grade import grade_batch
 
-from ..evaluate import HFBackend
+from ..evaluation.backends import HFBackend
 from ..templates import Template
 
 logger = logging.getLogger("prompt_aug")

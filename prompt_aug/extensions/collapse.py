@@ -196,7 +196,7 @@ class CollapseGuard(TrainerCallback):
     def attach(self, trainer: Any) -> CollapseGuard:
         """Add the guard ahead of the trainer's loggers (W&B sees ``collapse/*``) but after any evaluation
         callback placed there (the guard sees ``eval/*``); returns ``self``."""
-        from ..evaluate import EvalCallback
+        from ..evaluation.callback import EvalCallback
 
         callbacks = trainer.callback_handler.callbacks
         after = [i for i, cb in enumerate(callbacks) if isinstance(cb, EvalCallback)]

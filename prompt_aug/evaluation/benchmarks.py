@@ -1,0 +1,212 @@
+"""The benchmarks: the suite's five (``lkevinzc/math-eval``, or a local ``save_to_disk`` copy) and question
+sets of one's own, loaded as `Problem` rows; the evaluation templates by name; `EvalError`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..sources import hub_offline
+from ..templates import Template, load_templates
+
+HUB_SUITE = "lkevinzc/math-eval"
+# Our benchmark name -> (split of the suite, column header in the tables).
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "aime24": ("aime", "AIME24"),
+    "amc": ("amc", "AMC"),
+    "math500": ("math", "MATH500"),
+    "minerva": ("minerva", "Minerva"),
+    "olympiadbench": ("olympiad_bench", "Olympiad"),
+}
+QUESTION_FIELD, ANSWER_FIELD = "problem", "answer"
+
+
+class EvalError(ValueError):
+    """Bad evaluation input (benchmark, data folder, template, settings); the message says which."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmark question. ``gold`` lists the acceptable answers (any match counts)."""
+
+    benchmark: str
+    index: int
+    question: str
+    gold: list[str]
+
+
+def normalize_gold(answer: Any) -> list[str]:
+    """The gold answer(s) as strings; whole floats (AMC stores ``142.0``) lose their ``.0``.
+
+    >>> normalize_gold(142.0), normalize_gold(["9.6\\n"]), normalize_gold("\\\\frac{1}{2}")
+    (['142'], ['9.6'], ['\\\\frac{1}{2}'])
+    """
+    values = answer if isinstance(answer, (list, tuple)) else [answer]
+    golds = []
+    for value in values:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        golds.append(str(value).strip())
+    return [g for g in golds if g]
+
+
+def parse_benchmarks(spec: str | list[str]) -> list[str]:
+    """Benchmark names from ``"amc,aime24"`` (or a list): the suite's in its order, then question sets.
+
+    A question set of one's own is a local file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``), a
+    ``save_to_disk`` folder or a Hub dataset id, with a question column (``question`` or ``problem``)
+    and an ``answer`` column; see `load_benchmark`.
+
+    >>> parse_benchmarks("math500, aime24")
+    ['aime24', 'math500']
+    >>> parse_benchmarks("my_questions.jsonl,amc")
+    ['amc', 'my_questions.jsonl']
+    """
+    names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else [str(s).strip() for s in spec]
+    names = list(dict.fromkeys(n for n in names if n))
+    unknown = [n for n in names if n not in BENCHMARKS and not is_question_set(n)]
+    if unknown or not names:
+        raise EvalError(
+            f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)}, or a question set "
+            f"(a {'/'.join(QUESTION_SET_FILES)} file, a save_to_disk folder or a Hub dataset id)"
+        )
+    return [b for b in BENCHMARKS if b in names] + [n for n in names if n not in BENCHMARKS]
+
+
+QUESTION_SET_FILES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+_QUESTION_COLUMNS = ("question", QUESTION_FIELD)
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def is_question_set(name: str) -> bool:
+    """Whether ``name`` names a question set of one's own (a data file, a folder, a Hub id), not a suite benchmark.
+
+    >>> is_question_set("sums.jsonl"), is_question_set("my-org/my-questions"), is_question_set("math500")
+    (True, True, False)
+    """
+    if name in BENCHMARKS:
+        return False
+    path = Path(name).expanduser()
+    return path.suffix in QUESTION_SET_FILES or path.exists() or bool(_HUB_ID.match(name))
+
+
+def benchmark_title(name: str) -> str:
+    """The column header of a benchmark: the suite's title, or a question set's file or dataset name."""
+    if name in BENCHMARKS:
+        return BENCHMARKS[name][1]
+    return Path(name).stem if Path(name).suffix in QUESTION_SET_FILES else name.rstrip("/").split("/")[-1]
+
+
+def metric_name(name: str) -> str:
+    """Benchmark ``name`` as it appears in ``eval/<name>/accuracy``: the suite's name, or a question set's
+    file stem or dataset name (no folders, so the key is the same on every machine and W&B nests nothing).
+
+    >>> metric_name("math500"), metric_name("/data/runs/sums.jsonl"), metric_name("my-org/my-questions")
+    ('math500', 'sums', 'my-questions')
+    """
+    return name if name in BENCHMARKS else benchmark_title(name)
+
+
+def _from_hub(what: str, load: Callable[[], Any], local: str) -> Any:
+    """``load()``; any failure (offline, a missing or private repo) is one `EvalError` naming ``what``.
+
+    ``local`` says how to give a local copy instead.
+    """
+    try:
+        return load()
+    except EvalError:
+        raise
+    except Exception as err:
+        cause = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+        hint = (
+            "HF_HUB_OFFLINE is set and the Hugging Face cache has no copy"
+            if hub_offline()
+            else "check the id and the connection, or set HF_HUB_OFFLINE=1 to use a copy in the Hugging Face cache"
+        )
+        raise EvalError(f"{what}: could not load it from the Hugging Face Hub ({cause}); {hint}; or {local}") from err
+
+
+def _load_question_set(name: str) -> Any:
+    import datasets
+
+    path = Path(name).expanduser()
+    if path.suffix in QUESTION_SET_FILES:
+        if not path.is_file():
+            raise EvalError(f"question set {name}: no such file")
+        return datasets.load_dataset(QUESTION_SET_FILES[path.suffix], data_files=str(path), split="train")
+    if path.is_dir():
+        loaded = datasets.load_from_disk(str(path))
+    else:
+        loaded = _from_hub(f"question set {name}", lambda: datasets.load_dataset(name), "give a file or folder")
+    if isinstance(loaded, datasets.DatasetDict):
+        if "test" not in loaded and len(loaded) != 1:
+            raise EvalError(f"question set {name} has splits {sorted(loaded)}; expected a `test` split or only one")
+        loaded = loaded["test"] if "test" in loaded else next(iter(loaded.values()))
+    return loaded
+
+
+_SUITES: dict[str, Any] = {}
+
+
+def _load_split(split: str, data_dir: str | Path | None) -> Any:
+    import datasets
+
+    if data_dir is None:
+
+        def load() -> Any:
+            try:
+                return datasets.load_dataset(HUB_SUITE, split=split)
+            except ValueError as err:  # an unknown split
+                raise EvalError(f"{HUB_SUITE} has no split {split!r}: {err}") from err
+
+        return _from_hub(f"suite {HUB_SUITE}", load, "give a local copy of the suite (--data_dir, eval_data_dir)")
+    key = str(Path(data_dir).resolve())
+    if key not in _SUITES:
+        if not Path(data_dir).is_dir():
+            raise EvalError(f"--data_dir {data_dir}: no such folder")
+        _SUITES[key] = datasets.load_from_disk(str(data_dir))
+    suite = _SUITES[key]
+    if not isinstance(suite, datasets.DatasetDict):
+        raise EvalError(f"--data_dir {data_dir} holds a single Dataset; expected a DatasetDict with splits")
+    if split not in suite:
+        raise EvalError(f"--data_dir {data_dir} has no split {split!r}; it has {sorted(suite)}")
+    return suite[split]
+
+
+def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Problem]:
+    """The questions of benchmark ``name`` (first ``limit`` only, if given).
+
+    A suite benchmark comes from the Hub or ``data_dir``; a question set (see `parse_benchmarks`) from
+    its file, folder or Hub id, with its ``question`` (or ``problem``) and ``answer`` columns.
+    """
+    name = parse_benchmarks(name)[0]
+    if name in BENCHMARKS:
+        split = BENCHMARKS[name][0]
+        ds, where, questions = _load_split(split, data_dir), f"benchmark {name} (split {split!r})", QUESTION_FIELD
+    else:
+        ds, where = _load_question_set(name), f"question set {name}"
+        questions = next((c for c in _QUESTION_COLUMNS if c in ds.column_names), _QUESTION_COLUMNS[0])
+    missing = [f for f in (questions, ANSWER_FIELD) if f not in ds.column_names]
+    if missing:
+        raise EvalError(f"{where} lacks column(s) {missing}; it has {ds.column_names}")
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    return [
+        Problem(name, i, str(row[questions]), normalize_gold(row[ANSWER_FIELD]))
+        for i, row in enumerate(ds)
+    ]
+
+
+def parse_templates(spec: str, templates_file: str | Path | None = None) -> list[Template]:
+    """``"qwen-math"``, ``"abel,open-r1"`` or ``"all"`` (the whole bank, in file order)."""
+    bank = load_templates(templates_file)
+    if spec.strip() == "all":
+        return list(bank.values())
+    names = list(dict.fromkeys(s.strip() for s in spec.split(",") if s.strip()))
+    unknown = [n for n in names if n not in bank]
+    if unknown or not names:
+        raise EvalError(f"unknown template(s) {unknown or spec!r}; known: {', '.join(bank)} (or `all`)")
+    return [bank[n] for n in names]

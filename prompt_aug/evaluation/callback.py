@@ -1,0 +1,176 @@
+"""Evaluation during training: `EvalCallback` (greedy, strict, hf backend, a share of the questions per
+process) and the check that the model is not sharded across processes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ..templates import DEFAULT_EVAL_TEMPLATE
+from .backends import HFBackend
+from .benchmarks import EvalError, Problem, load_benchmark, metric_name, parse_benchmarks, parse_templates
+from .report import summarize
+from .runner import score_completions
+
+# One logger for all of evaluation, under the name it had before the split.
+logger = logging.getLogger("prompt_aug.evaluate")
+
+
+class EvalCallback(TrainerCallback):
+    """Evaluates the live model every ``every_n_steps`` steps (hf backend, greedy, strict grading).
+
+    Logs ``eval/<benchmark>/accuracy`` (see `metric_name`), ``eval/macro``, ``eval/micro`` and
+    ``eval/questions`` (answers graded, all processes together) with the trainer's next log line (it asks
+    for one on evaluation steps), so they land in ``state.log_history``. Call
+    `attach` (not ``add_callback``) so that the reporting callbacks (wandb, ...) see them too.
+
+    Every process evaluates its own share of the questions (every world_size-th one) with its whole copy
+    of the model, then the verdicts are gathered: no process idles at a collective while another
+    generates, so an evaluation cannot outlast ``ddp_timeout`` on the other ranks, and it takes
+    1/world_size of the time. Models sharded across processes (DeepSpeed ZeRO-3, FSDP) cannot generate
+    that way; training refuses to start with them (see `check_unsharded`).
+
+    Args:
+        benchmarks: Benchmark names (or a comma list), e.g. ``"math500"``.
+        every_n_steps: Evaluation interval in optimizer steps; 0 turns it off.
+        data_dir: A local suite folder; ``None`` loads from the Hub.
+        template: The evaluation template's name.
+        max_tokens: New tokens per completion.
+        limit: Only the first ``limit`` questions of each benchmark.
+        batch_size: Prompts per ``generate`` call.
+    """
+
+    def __init__(
+        self,
+        benchmarks: str | list[str] = "math500",
+        every_n_steps: int = 100,
+        data_dir: str | Path | None = None,
+        template: str = DEFAULT_EVAL_TEMPLATE,
+        max_tokens: int = 1024,
+        limit: int | None = None,
+        batch_size: int = 16,
+    ) -> None:
+        self.benchmarks = parse_benchmarks(benchmarks)
+        names = [metric_name(b) for b in self.benchmarks]
+        clashes = sorted({b for b, n in zip(self.benchmarks, names) if names.count(n) > 1})
+        if clashes:
+            raise EvalError(f"benchmarks {clashes} would log under one name; rename a file to tell them apart")
+        self.every_n_steps, self.data_dir, self.limit = every_n_steps, data_dir, limit
+        self.template = parse_templates(template)[0]
+        self.max_tokens, self.batch_size = max_tokens, batch_size
+        self._problems: list[Problem] | None = None
+        self._pending: dict[str, float] = {}
+
+    def attach(self, trainer: Any) -> EvalCallback:
+        """Add this callback ahead of the trainer's loggers; returns ``self``."""
+        trainer.callback_handler.callbacks.insert(0, self)
+        return self
+
+    def problems(self) -> list[Problem]:
+        """The questions of every chosen benchmark, loaded on first use."""
+        if self._problems is None:
+            loaded = (load_benchmark(b, self.data_dir, self.limit) for b in self.benchmarks)
+            self._problems = [p for problems in loaded for p in problems]
+        return self._problems
+
+    def evaluate_model(
+        self, model: Any, tokenizer: Any, process_index: int = 0, num_processes: int = 1
+    ) -> dict[str, float]:
+        """Greedy strict accuracy of ``model`` on the chosen benchmarks, as ``eval/*`` metrics.
+
+        With ``num_processes > 1`` every process must call it: each generates for its share of the
+        questions, and the verdicts of all processes are gathered before the accuracy is computed.
+        """
+        mine = self.problems()[process_index::num_processes]
+        backend = HFBackend(model, tokenizer)
+        records = []
+        for start in range(0, len(mine), self.batch_size):
+            batch = mine[start : start + self.batch_size]
+            prompts = [self.template.render(p.question, tokenizer) for p in batch]
+            outputs = backend.generate(
+                prompts, [0] * len(batch), max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, n=1
+            )
+            completions = [samples[0][0] for samples in outputs]
+            verdicts = score_completions(completions, [p.gold for p in batch], [self.template] * len(batch))
+            for problem, verdict in zip(batch, verdicts):
+                records.append(
+                    {
+                        "benchmark": problem.benchmark,
+                        "template": self.template.name,
+                        "run": 0,
+                        "index": problem.index,
+                        "correct": verdict["correct"],
+                    }
+                )
+        shares = [len(mine)]
+        if num_processes > 1:
+            from accelerate.utils import gather_object
+
+            records = gather_object(records)
+            shares = gather_object(shares)
+        summary = summarize(records, self.benchmarks, [self.template.name])["results"][self.template.name]
+        metrics = {f"eval/{metric_name(b)}/accuracy": e["accuracy"] for b, e in summary["benchmarks"].items()}
+        metrics.update({"eval/macro": summary["macro"], "eval/micro": summary["micro"]})
+        metrics["eval/questions"] = float(len(records))
+        logger.info(  # main process only under `prompt-aug-train`, so the shares are gathered
+            "evaluated %d questions on %d processes (%s)", len(records), num_processes, " + ".join(map(str, shares))
+        )
+        return metrics
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.every_n_steps > 0:
+            check_unsharded()
+            self.problems()  # a missing file or column fails now, not at the first evaluation
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.every_n_steps <= 0 or state.global_step % self.every_n_steps:
+            return control
+        tokenizer = kwargs.get("processing_class") or kwargs.get("tokenizer")
+        self._pending = self.evaluate_model(
+            kwargs["model"], tokenizer, getattr(args, "process_index", 0), getattr(args, "world_size", 1)
+        )
+        logger.info("step %d: %s", state.global_step, {k: round(v, 4) for k, v in self._pending.items()})
+        control.should_log = True
+        return control
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
+        if self._pending:
+            if logs is not None:
+                logs.update(self._pending)
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1].update(self._pending)
+            self._pending = {}
+        return control
+
+
+def sharding_error(distributed_type: str, zero3: bool) -> str | None:
+    """Why evaluation during training cannot run under this setup, or ``None`` when it can.
+
+    >>> sharding_error("MULTI_GPU", False) is None, "ZeRO-3" in sharding_error("DEEPSPEED", True)
+    (True, True)
+    """
+    if distributed_type == "FSDP" or (distributed_type == "DEEPSPEED" and zero3):
+        kind = "FSDP" if distributed_type == "FSDP" else "DeepSpeed ZeRO-3"
+        return (
+            f"eval_every_steps / eval_benchmarks: evaluation during training generates with each process's "
+            f"whole model, which {kind} shards across processes. Set eval_every_steps 0 and evaluate the "
+            "saved checkpoints with prompt-aug-eval (docs/reproduce.md), or train with "
+            "accelerate_configs/zero2.yaml or ddp.yaml."
+        )
+    return None
+
+
+def check_unsharded() -> None:
+    """Raise `EvalError` when the running setup shards the model (FSDP, DeepSpeed ZeRO-3)."""
+    from accelerate import PartialState
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    error = sharding_error(PartialState().distributed_type.value, is_deepspeed_zero3_enabled())
+    if error:
+        raise EvalError(error)

@@ -1,0 +1,252 @@
+"""Evaluate a model on the paper's five math benchmarks: ``python -m prompt_aug.evaluate --model M``.
+
+Also the ``prompt-aug-eval`` script. The suite is ``lkevinzc/math-eval`` (AIME24, AMC, MATH500,
+Minerva, OlympiadBench), or a local ``save_to_disk`` copy with ``--data_dir``. Every completion is
+graded by the training grader in strict mode (the paper's rule: the last ``\\boxed{}``, inside
+``<answer>`` for tag templates). This module is the command line; it loads the questions
+(`benchmarks`), generates and grades them (`backends`, `runner`, resumable) and writes the tables (`report`).
+
+Writes into ``--output`` (default ``<model>/eval`` for a local model, where the model card finds
+``results.md``):
+
+* ``completions.jsonl``: one record per generated answer (prompt, completion, extracted answer,
+  verdict, finish reason, benchmark, template, run, index, sample). A rerun skips what is there.
+* ``results.json``: accuracy per benchmark, template and run, with macro and micro averages.
+* ``results.md``: the paper-layout table; with several templates, the robustness table too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ..models import resolve as resolve_local_model
+from ..sources import SourceError, check_source
+from ..templates import DEFAULT_EVAL_TEMPLATE
+from .backends import (
+    STOP_RULES,
+    Backend,
+    HFBackend,
+    VLLMBackend,
+    default_backend,
+    load_tokenizer,
+    model_context_length,
+    vllm_max_model_len,
+)
+from .benchmarks import BENCHMARKS, HUB_SUITE, EvalError, load_benchmark, parse_benchmarks, parse_templates
+from .report import protocol_differences, render_tables, summarize
+from .runner import generate_and_grade, read_records
+
+# One logger for all of evaluation, under the name it had before the split.
+logger = logging.getLogger("prompt_aug.evaluate")
+
+RECORDS_FILE, RESULTS_FILE, TABLE_FILE, SETTINGS_FILE = (
+    "completions.jsonl",
+    "results.json",
+    "results.md",
+    "settings.json",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="prompt-aug-eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="Local model folder or Hub id.")
+    parser.add_argument(
+        "--benchmarks",
+        default=",".join(BENCHMARKS),
+        help=f"Comma list of {', '.join(BENCHMARKS)}, or question sets: a .jsonl/.json/.parquet/.csv file, a "
+        "save_to_disk folder or a Hub dataset id, with question (or problem) and answer columns.",
+    )
+    parser.add_argument(
+        "--template", default=DEFAULT_EVAL_TEMPLATE, help="A template, a comma list, or `all`."
+    )
+    parser.add_argument(
+        "--templates_file", default=None, help="A YAML template bank replacing the built-in one."
+    )
+    parser.add_argument("--runs", type=int, default=1, help="Runs to average (the paper: 5).")
+    parser.add_argument(
+        "--n", type=int, default=1, help="Samples per question and run (pass@n; needs sampling)."
+    )
+    parser.add_argument("--max_tokens", type=int, default=3000, help="New tokens per completion.")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy.")
+    parser.add_argument("--top_p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--stop",
+        choices=STOP_RULES,
+        default="turn",
+        help="When a completion ends. turn (default): at <|im_end|> or <|endoftext|> or the model's EOS, so "
+        "nothing written after the end of the turn is graded. eos: the paper's stop rule, as its evaluator "
+        "(vLLM with no stop list) did: only at the model's EOS (<|endoftext|> for Qwen2.5-Math-1.5B), so "
+        "text after <|im_end|> is generated and graded. Pass --stop eos to compare with the paper.",
+    )
+    parser.add_argument(
+        "--backend", choices=["vllm", "hf"], default=None, help="Default: vllm if usable, else hf."
+    )
+    parser.add_argument("--batch_size", type=int, default=None, help="Prompts per generate call (hf: 16).")
+    parser.add_argument(
+        "--dtype", default="bfloat16", help="Model dtype: bfloat16 (the paper), auto, float16, float32."
+    )
+    parser.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM.")
+    parser.add_argument(
+        "--max_model_len",
+        type=int,
+        default=None,
+        help="vLLM context. Default: the model's context, capped at the longest prompt + --max_tokens.",
+    )
+    parser.add_argument("--gpu_memory_utilization", type=float, default=0.9, help="vLLM.")
+    parser.add_argument("--data_dir", default=None, help=f"A local save_to_disk copy of {HUB_SUITE}.")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="Only the first N questions of each benchmark."
+    )
+    parser.add_argument(
+        "--output", default=None, help="Default: <model>/eval (local model) or eval/<model name>."
+    )
+    parser.add_argument("--overwrite", action="store_true", help="Discard earlier completions in --output.")
+    parser.add_argument("--no_progress", action="store_true", help="No progress bar.")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.n < 1:
+        parser.error("--runs and --n must be at least 1")
+    if args.n > 1 and args.temperature == 0:
+        parser.error("--n > 1 needs sampling: set --temperature > 0")
+    return args
+
+
+def default_output(model: str) -> Path:
+    """``<model>/eval`` for a local model folder, else ``eval/<last part of the Hub id>``."""
+    return Path(model) / "eval" if Path(model).is_dir() else Path("eval") / model.rstrip("/").split("/")[-1]
+
+
+# Settings that folders written before the `--stop` flag lack: they were made with the `turn` rule.
+SETTINGS_BEFORE_STOP_FLAG = {"stop": "turn"}
+
+
+def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> None:
+    """Completions already in ``output`` must come from the same model and decoding settings."""
+    path, records = output / SETTINGS_FILE, output / RECORDS_FILE
+    if overwrite:
+        records.unlink(missing_ok=True)
+    elif path.is_file() and records.is_file():
+        before = {**SETTINGS_BEFORE_STOP_FLAG, **json.loads(path.read_text())}
+        changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
+        if changed:
+            raise EvalError(
+                f"{output} holds completions made with other settings ({changed}, as (before, now)); "
+                "pass another --output or --overwrite"
+            )
+    output.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything `main` does; returns the content of ``results.json``."""
+    started = time.perf_counter()
+    benchmarks = parse_benchmarks(args.benchmarks)
+    templates = parse_templates(args.template, args.templates_file)
+    # A known local model's name (prompt_aug.models) is its fetched folder, but results go to eval/<name>.
+    output = Path(args.output) if args.output else default_output(args.model)
+    model_name = Path(args.model).name if Path(args.model).is_dir() else args.model
+    args.model = resolve_local_model(args.model, key="--model")
+    check_source("--model", args.model)  # a missing folder or an unreachable Hub fails before any load
+    problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit)]
+    sampling = args.temperature > 0
+    backend_name = args.backend or default_backend()
+    settings = {
+        "model": model_name,
+        "backend": backend_name,
+        "dtype": args.dtype,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p if sampling else 1.0,
+        "n": args.n,
+        "seed": args.seed if sampling else None,
+        "templates_file": args.templates_file,
+        "stop": args.stop,
+    }
+    _check_settings(output, settings, args.overwrite)
+
+    if backend_name == "vllm":
+        tokenizer = load_tokenizer(args.model)
+        prompts = [t.render(p.question, tokenizer) for t in templates for p in problems]
+        longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
+        context = model_context_length(args.model)
+        max_model_len = vllm_max_model_len(args.max_model_len, longest, args.max_tokens, context)
+        logger.info(
+            "vLLM max_model_len %s (model context %s; longest prompt %d + --max_tokens %d)",
+            max_model_len, context, longest, args.max_tokens,
+        )  # fmt: skip
+        backend: Backend = VLLMBackend(
+            args.model,
+            tensor_parallel_size=args.tensor_parallel_size,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            seed=args.seed,
+            dtype=args.dtype,
+            stop=args.stop,
+        )
+        tokenizer = backend.tokenizer
+    else:
+        backend = HFBackend.load(args.model, args.dtype, args.stop)
+        tokenizer = backend.tokenizer
+    logger.info(
+        "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s",
+        args.model,
+        backend_name,
+        len(problems),
+        len(templates),
+        args.runs,
+        output,
+    )
+
+    before = len(read_records(output / RECORDS_FILE))
+    records = generate_and_grade(
+        backend,
+        tokenizer,
+        problems,
+        templates,
+        output / RECORDS_FILE,
+        runs=args.runs,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        n=args.n,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
+    names = [t.name for t in templates]
+    summary = summarize(records, benchmarks, names)
+    names = [t.name for t in templates]
+    main_template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in names else names[0]
+    protocol = {**settings, "runs": args.runs, "limit": args.limit, "template": main_template}
+    table = render_tables(summary, benchmarks, model_name, protocol)
+    results = {
+        "model": args.model,
+        "backend": backend_name,
+        "benchmarks": benchmarks,
+        "templates": names,
+        "runs": args.runs,
+        "limit": args.limit,
+        "settings": settings,
+        "paper_protocol": not protocol_differences(protocol),
+        **summary,
+        "new_completions": len(read_records(output / RECORDS_FILE)) - before,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    (output / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+    (output / TABLE_FILE).write_text(table)
+    print(table)
+    print(f"wrote {output / RESULTS_FILE}, {output / TABLE_FILE}, {output / RECORDS_FILE}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        run_evaluation(parse_args(argv))
+    except (EvalError, SourceError) as err:
+        raise SystemExit(f"prompt-aug-eval: error: {err}") from None
