@@ -135,6 +135,12 @@ class PromptAugArguments:
                   "(r the policy ratio) is at least this; counted in stability/skipped_minibatches. Not under "
                   "DeepSpeed."},
     )
+    trim_padding: bool = field(
+        default=True,
+        metadata={"help": "Train without most of TRL's padding: rows ordered by length within each optimizer "
+                  "step, each micro-batch and old-log-prob chunk cut to its own longest prompt and "
+                  "completion; the update is unchanged (prompt_aug/padding.py). false: TRL's padded passes."},
+    )
     # --- Run-folder safety (newcomer) ---
     overwrite_output_dir: bool = field(
         default=False,

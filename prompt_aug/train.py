@@ -275,6 +275,7 @@ def train(argv: list[str] | None = None) -> None:
             eval_template=script_args.eval_template,
         ),
         skip_minibatch_ratio_above=script_args.skip_minibatch_ratio_above,
+        trim_padding=script_args.trim_padding,
     )
 
     trainer.wandb_completions_rows = script_args.wandb_completions_rows

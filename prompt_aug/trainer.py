@@ -30,6 +30,14 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
 * ``training_step`` (RLinf's stabiliser): drops the gradient of a mini-batch whose importance ratio is too
   large before the optimizer steps (``skip_minibatch_ratio_above``), counted in
   ``stability/skipped_minibatches``.
+* ``_prepare_inputs`` and ``_get_per_token_logps_and_entropies`` (padding-free passes, issue 20): TRL runs
+  every micro-batch, and the old-log-prob and reference passes, at the width of the round's longest prompt
+  plus longest completion. With ``trim_padding`` (default), rows are ordered by length within each optimizer
+  step before being cut into micro-batches, and each micro-batch (and each chunk of the no-grad passes) is
+  trimmed to its own longest prompt and completion (`prompt_aug.padding`); the update is the same to float
+  rounding.
+  With ``loss_type`` bnpo, the entropy bonus, ``top_entropy_quantile`` < 1 or a MoE aux loss (normalised per
+  micro-batch), rows keep TRL's order and are only trimmed. A round with images is left as TRL builds it.
 * ``_generate``: with dynamic sampling (`prompt_aug.dynamic_sampling`), TRL scores a round built from groups
   already generated and scored; the stored completions are replayed instead of generated again (and
   ``_calculate_rewards`` replays their stored rewards).
@@ -54,6 +62,7 @@ from .collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
 from .collator import PromptAugmentationCollator
 from .dynamic_sampling import DynamicSampler
 from .model_card import ModelCardInfo, render_model_card
+from .padding import can_trim, optimizer_step_segments, regroup, trim, trimmed_logps
 from .records import generation_round, upload_sampled_table, without_wandb_table
 from .sampler import EpochRepeatSampler
 from .templates import TemplateError, check_renders, load_templates
@@ -78,6 +87,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             max(r, 1/r) over its completion tokens (r = pi / pi_old) is at least this (``None``: never).
         dynamic_sampling: Train each round only on groups whose rewards differ (`prompt_aug.dynamic_sampling`);
             off if ``None``. Needs prompt augmentation.
+        trim_padding: Train without most of TRL's padding (`prompt_aug.padding`): rows ordered by length
+            within each optimizer step, each micro-batch and old-log-prob chunk cut to its own longest prompt
+            and completion. The update is unchanged (to float rounding). ``False``: TRL's padded passes.
 
     What reward functions receive with augmentation on (TRL's keyword arguments, plus these columns):
 
@@ -115,6 +127,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         model_card: ModelCardInfo | None = None,
         skip_minibatch_ratio_above: float | None = None,
         dynamic_sampling: DynamicSampler | None = None,
+        trim_padding: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -145,6 +158,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self.dynamic_sampling = dynamic_sampling
         if dynamic_sampling is not None:
             dynamic_sampling.check(self)
+        # Padding-free passes (issue 20). Tokens the model was run on, and the real ones among them.
+        self.trim_padding = trim_padding
+        self.padding_stats = {"real": 0, "processed": 0}
+        self._entropy_window: torch.Tensor | None = None
 
     def _default_collator(self) -> PromptAugmentationCollator:
         templates = list(load_templates().values())
@@ -199,10 +216,45 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     # restarted at 0 and replayed the interrupted round in full, shifting every later round by the
     # steps already taken. The Trainer skips global_step x accumulation batches, so restore the counter
     # to match before the first round after the resume is generated.
+    #
+    # Why (trim_padding): TRL cuts the shuffled round into micro-batches that all keep the round's widths. The
+    # buffered micro-batches of a new round are regrouped by length within each optimizer step and trimmed.
     def _prepare_inputs(self, generation_batch: Any) -> Any:
-        if self.model.training and self._buffered_inputs is None:
+        training = self.model.training
+        if training and self._buffered_inputs is None:
             self._step = self.state.global_step * self.args.gradient_accumulation_steps
-        return super()._prepare_inputs(generation_batch)
+        spg = self.args.steps_per_generation
+        generate_every = spg * self.num_iterations
+        new_round = training and (self._buffered_inputs is None or self._step % generate_every == 0)
+        inputs = super()._prepare_inputs(generation_batch)
+        if not self.trim_padding:
+            return inputs
+        if not training:
+            return trim(inputs) if can_trim(inputs) else inputs
+        if new_round and can_trim(self._buffered_inputs[0]):
+            ga = self.args.gradient_accumulation_steps
+            segments = optimizer_step_segments(self._step, spg, self.num_iterations, ga)
+            exact = self._length_grouping_is_exact()
+            self._buffered_inputs = regroup(self._buffered_inputs, segments, sort=exact)
+            inputs = self._buffered_inputs[self._step % spg]
+        return inputs
+
+    def _length_grouping_is_exact(self) -> bool:
+        """Whether moving rows between micro-batches of one optimizer step leaves the update unchanged.
+
+        True when the loss weighs each row independently of its micro-batch (not bnpo, whose normaliser is the
+        micro-batch's token count; nor the entropy bonus, the entropy quantile mask or a MoE aux loss, all
+        computed per micro-batch), and this optimizer step accumulates the full
+        ``gradient_accumulation_steps`` (not an epoch's short last one).
+        """
+        per_micro_batch = (
+            self.loss_type == "bnpo"
+            or getattr(self, "_entropy_bonus_enabled", False)
+            or self.top_entropy_quantile < 1.0
+            or self.aux_loss_enabled
+        )
+        full_step = self.current_gradient_accumulation_steps == self.args.gradient_accumulation_steps
+        return not per_micro_batch and full_step
 
     # Why: TRL's RepeatSampler seeds once and has no set_epoch, so a resume into epoch e > 0 replays epoch 0.
     def _get_train_sampler(self, dataset: Any = None) -> EpochRepeatSampler:
@@ -312,11 +364,35 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     # Why: TRL computes per-token entropies only in the loss forward pass and logs one mean; keep that call's
     # outputs (it is the only call with compute_entropy=True) for the per-template entropy and the ratio.
-    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
-        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    # Why (trim_padding): the old-log-prob and reference passes run the whole round in chunks at its full
+    # width; with trimming, rows are sorted by length and each chunk cut to its own widths (`trimmed_logps`).
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **kwargs: Any,
+    ):  # fmt: skip
+        plain = not compute_entropy and not compute_aux_loss and all(v is None for v in kwargs.values())
+        if self.trim_padding and plain:
+            parent = super()
+
+            def score(ids: torch.Tensor, mask: torch.Tensor, keep: int) -> torch.Tensor:
+                self._count_tokens(mask)
+                logps, _, _ = parent._get_per_token_logps_and_entropies(model, ids, mask, keep, ids.size(0))
+                return logps
+
+            chunk = batch_size or input_ids.size(0)
+            return trimmed_logps(score, input_ids, attention_mask, logits_to_keep, chunk), None, None
+        self._count_tokens(attention_mask)
+        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+            **kwargs,
+        )
         if entropies is not None:
             self._loss_forward = (logps.detach(), entropies.detach())
         return logps, entropies, aux_loss
+
+    def _count_tokens(self, attention_mask: torch.Tensor) -> None:
+        self.padding_stats["real"] += int(attention_mask.sum())
+        self.padding_stats["processed"] += attention_mask.numel()
 
     # Why: the per-template entropy and each mini-batch's importance ratio need the loss forward's tensors.
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -330,11 +406,17 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             mask = mask * inputs["tool_mask"]
         mode = "train" if self.model.training else "eval"
         if "template_index" in inputs:
+            # Summed over the optimizer step's micro-batches (token-weighted), so the value does not depend on
+            # how its rows were grouped into micro-batches (trim_padding regroups them).
             sums = grouped_token_sums(entropies, mask, inputs["template_index"], len(self._template_index))
-            sums = self.accelerator.reduce(sums, reduction="sum").cpu()
-            for name, i in self._template_index.items():
-                if sums[1, i] > 0:
-                    self._metrics[mode][f"templates/{name}/entropy"].append((sums[0, i] / sums[1, i]).item())
+            self._entropy_window = sums if self._entropy_window is None else self._entropy_window + sums
+            if mode == "eval" or self.accelerator.sync_gradients:
+                sums = self.accelerator.reduce(self._entropy_window, reduction="sum").cpu()
+                self._entropy_window = None
+                for name, i in self._template_index.items():
+                    if sums[1, i] > 0:
+                        entropy = (sums[0, i] / sums[1, i]).item()
+                        self._metrics[mode][f"templates/{name}/entropy"].append(entropy)
         if mode == "train" and self.skip_minibatch_ratio_above is not None:
             old = inputs.get("old_per_token_logps")
             window = ratio_deviation_sums(logps, logps if old is None else old, mask)
