@@ -2,15 +2,16 @@
 
 TRL 1.16 pads every row of a generation round to the round's longest prompt (on the left) and longest
 completion (on the right), and runs the old-log-prob pass and every training micro-batch at that width.
-Two things remove most of that padding without changing the update:
+Three things remove most of that padding without changing the update:
 
 * `regroup`: within the micro-batches that accumulate into one optimizer step, rows are ordered by length
   before they are cut into micro-batches of the same size. No row moves to another optimizer step.
 * `trim`: a micro-batch is cut to its own longest prompt and completion. Dropped columns are padding in
   every row, which the attention mask and the loss mask already ignore; the kept tokens keep their
   relative positions (RoPE is relative), so a row's log-probabilities agree to float rounding.
-
-`trimmed_logps` does the same for a no-grad log-prob pass over a whole round (chunked like TRL's).
+* `chunked_forward`: a forward pass (a micro-batch's, or the no-grad old-log-prob pass over a round) is run
+  as chunks of rows of similar length (`plan_chunks`), each trimmed; the per-token outputs are put back at
+  full width. Each row's values do not depend on the rows it runs with, so this is exact for every loss.
 
 Pure torch, no TRL: `prompt_aug.trainer` and `bench/gpu_round.py` (which runs where TRL is not installed)
 share it.
@@ -139,35 +140,74 @@ def regroup(
     return out
 
 
-def trimmed_logps(
-    score: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+def plan_chunks(lengths: torch.Tensor, prompt: torch.Tensor, max_tokens: int, overhead: int = 0) -> list[int]:
+    """Row counts of consecutive chunks of rows that run the fewest tokens, padding included.
+
+    ``lengths`` are the rows' completion lengths and ``prompt`` their prompt lengths, both in the order the
+    rows will be cut (longest first). A chunk of rows i..j-1 runs (j - i) x (its longest prompt + its longest
+    completion) tokens, plus ``overhead`` (what one more forward call costs, in tokens); no chunk may run more
+    than ``max_tokens`` (a chunk of one row always may).
+    """
+    c, p = lengths.tolist(), prompt.tolist()
+    rows = len(c)
+    best = [0.0] + [float("inf")] * rows
+    cut = [0] * (rows + 1)
+    for j in range(1, rows + 1):
+        top_p = top_c = 0
+        for i in range(j - 1, -1, -1):  # the chunk i..j-1, grown to the left
+            top_p, top_c = max(top_p, p[i]), max(top_c, c[i])
+            tokens = (j - i) * (top_p + top_c)
+            if tokens > max_tokens and i < j - 1:
+                break
+            value = best[i] + tokens + overhead
+            if value < best[j]:
+                best[j], cut[j] = value, i
+    sizes, j = [], rows
+    while j > 0:
+        sizes.append(j - cut[j])
+        j = cut[j]
+    return sizes[::-1]
+
+
+def chunked_forward(
+    score: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor | None, ...]],
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     logits_to_keep: int,
-    batch_size: int,
-) -> torch.Tensor:
-    """Per-token log-probs of the last ``logits_to_keep`` columns, computed in length-sorted trimmed chunks.
+    max_tokens: int,
+    overhead: int = 0,
+) -> tuple[torch.Tensor | None, ...]:
+    """Per-token outputs of the last ``logits_to_keep`` columns, run in trimmed chunks of similar length.
 
-    ``score(ids, mask, keep)`` returns the (rows, keep) log-probs of a chunk; ``input_ids`` is
-    ``cat(prompt, completion)`` with left-padded prompts and right-padded completions. Rows are sorted by
-    length, cut into chunks of ``batch_size``, each chunk trimmed, and the results put back in the original
-    row order at full width (0 beyond a chunk's width, where every row of it is padding).
+    ``score(ids, mask, keep)`` runs the model on a chunk and returns (rows, keep) tensors (log-probs,
+    entropies; ``None`` for one not computed), 0 where the mask is 0 as TRL's fused head gives them.
+    ``input_ids`` is ``cat(prompt, completion)``, prompts left-padded and completions right-padded. Rows
+    are sorted by length and cut by `plan_chunks` (at most ``max_tokens`` per chunk, ``overhead`` tokens
+    per call); each chunk is trimmed to its own widths, and the results are put back in the original row
+    order at full width (0 beyond a chunk's width, where its rows are padding). Each row's values are
+    those of the padded call, to float rounding; gradients flow back through them.
     """
     prompt_width = input_ids.size(1) - logits_to_keep
     prompt_mask, completion_mask = attention_mask[:, :prompt_width], attention_mask[:, prompt_width:]
-    order = torch.sort(row_lengths(prompt_mask, completion_mask), descending=True, stable=True).indices
-    out: torch.Tensor | None = None
-    for start in range(0, input_ids.size(0), batch_size):
-        rows = order[start : start + batch_size]
-        keep_prompt = int(prompt_mask[rows].sum(dim=1).max().item())
-        keep_completion = min(logits_to_keep, max(1, int(completion_mask[rows].sum(dim=1).max().item())))
+    prompt_lengths, completion_lengths = prompt_mask.sum(dim=1), completion_mask.sum(dim=1)
+    order = torch.sort(prompt_lengths + completion_lengths, descending=True, stable=True).indices
+    sizes = plan_chunks(completion_lengths[order].cpu(), prompt_lengths[order].cpu(), max_tokens, overhead)
+    outs: list[torch.Tensor | None] | None = None
+    start = 0
+    for size in sizes:
+        rows = order[start : start + size]
+        start += size
+        keep_prompt = int(prompt_lengths[rows].max())
+        keep_completion = min(logits_to_keep, max(1, int(completion_lengths[rows].max())))
         cols = slice(prompt_width - keep_prompt, prompt_width + keep_completion)
-        logps = score(input_ids[rows, cols], attention_mask[rows, cols], keep_completion)
-        if out is None:
-            out = logps.new_zeros(input_ids.size(0), logits_to_keep)
-        out[rows, :keep_completion] = logps
-    assert out is not None, "trimmed_logps needs at least one row"
-    return out
+        results = score(input_ids[rows, cols], attention_mask[rows, cols], keep_completion)
+        if outs is None:
+            outs = [None if r is None else r.new_zeros(input_ids.size(0), logits_to_keep) for r in results]
+        for out, result in zip(outs, results, strict=True):
+            if out is not None:
+                out[rows, :keep_completion] = result
+    assert outs is not None, "chunked_forward needs at least one row"
+    return tuple(outs)
 
 
 def real_token_share(batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float:

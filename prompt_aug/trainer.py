@@ -33,11 +33,11 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
 * ``_prepare_inputs`` and ``_get_per_token_logps_and_entropies`` (padding-free passes, issue 20): TRL runs
   every micro-batch, and the old-log-prob and reference passes, at the width of the round's longest prompt
   plus longest completion. With ``trim_padding`` (default), rows are ordered by length within each optimizer
-  step before being cut into micro-batches, and each micro-batch (and each chunk of the no-grad passes) is
-  trimmed to its own longest prompt and completion (`prompt_aug.padding`); the update is the same to float
-  rounding.
+  step before being cut into micro-batches, each micro-batch is trimmed to its own longest prompt and
+  completion, and every forward pass (a micro-batch's, the no-grad passes over a round) runs in chunks of
+  rows of similar length, each trimmed (`prompt_aug.padding`); the update is the same to float rounding.
   With ``loss_type`` bnpo, the entropy bonus, ``top_entropy_quantile`` < 1 or a MoE aux loss (normalised per
-  micro-batch), rows keep TRL's order and are only trimmed. A round with images is left as TRL builds it.
+  micro-batch), rows keep TRL's micro-batches. A round with images is left as TRL builds it.
 * ``_generate``: with dynamic sampling (`prompt_aug.dynamic_sampling`), TRL scores a round built from groups
   already generated and scored; the stored completions are replayed instead of generated again (and
   ``_calculate_rewards`` replays their stored rewards).
@@ -62,7 +62,7 @@ from .collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
 from .collator import PromptAugmentationCollator
 from .dynamic_sampling import DynamicSampler
 from .model_card import ModelCardInfo, render_model_card
-from .padding import can_trim, optimizer_step_segments, regroup, trim, trimmed_logps
+from .padding import can_trim, chunked_forward, optimizer_step_segments, regroup, trim
 from .records import generation_round, upload_sampled_table, without_wandb_table
 from .sampler import EpochRepeatSampler
 from .templates import TemplateError, check_renders, load_templates
@@ -118,6 +118,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     """
 
     wandb_completions_rows: int | None = None
+    # With trim_padding: what one more forward call costs, in tokens, when a pass is cut into chunks of rows
+    # of similar length (a chunk is split off only where it saves more padded tokens than this).
+    chunk_overhead_tokens: int = 128
 
     def __init__(
         self,
@@ -364,28 +367,35 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     # Why: TRL computes per-token entropies only in the loss forward pass and logs one mean; keep that call's
     # outputs (it is the only call with compute_entropy=True) for the per-template entropy and the ratio.
-    # Why (trim_padding): the old-log-prob and reference passes run the whole round in chunks at its full
-    # width; with trimming, rows are sorted by length and each chunk cut to its own widths (`trimmed_logps`).
+    # Why (trim_padding): TRL runs a micro-batch, and the old-log-prob and reference passes over the round,
+    # at the full width of the batch it is given. With trimming, rows are sorted by length and run in chunks
+    # of similar length, each cut to its own widths (`chunked_forward`); a MoE aux loss keeps TRL's call.
     def _get_per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
         compute_aux_loss=False, **kwargs: Any,
     ):  # fmt: skip
-        plain = not compute_entropy and not compute_aux_loss and all(v is None for v in kwargs.values())
-        if self.trim_padding and plain:
+        if self.trim_padding and not compute_aux_loss and all(v is None for v in kwargs.values()):
             parent = super()
 
-            def score(ids: torch.Tensor, mask: torch.Tensor, keep: int) -> torch.Tensor:
+            def score(ids: torch.Tensor, mask: torch.Tensor, keep: int) -> tuple[torch.Tensor, Any]:
                 self._count_tokens(mask)
-                logps, _, _ = parent._get_per_token_logps_and_entropies(model, ids, mask, keep, ids.size(0))
-                return logps
+                logps, entropies, _ = parent._get_per_token_logps_and_entropies(
+                    model, ids, mask, keep, ids.size(0), compute_entropy
+                )
+                return logps, entropies
 
-            chunk = batch_size or input_ids.size(0)
-            return trimmed_logps(score, input_ids, attention_mask, logits_to_keep, chunk), None, None
-        self._count_tokens(attention_mask)
-        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-            **kwargs,
-        )
+            # No chunk runs more tokens than one of TRL's chunks at this call's width.
+            max_tokens = (batch_size or input_ids.size(0)) * input_ids.size(1)
+            logps, entropies = chunked_forward(
+                score, input_ids, attention_mask, logits_to_keep, max_tokens, self.chunk_overhead_tokens
+            )
+            aux_loss = None
+        else:
+            self._count_tokens(attention_mask)
+            logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, **kwargs,
+            )
         if entropies is not None:
             self._loss_forward = (logps.detach(), entropies.detach())
         return logps, entropies, aux_loss

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from prompt_aug.dynamic_sampling import DynamicSampler
-from prompt_aug.padding import optimizer_step_segments, regroup, trim, trimmed_logps
+from prompt_aug.padding import chunked_forward, optimizer_step_segments, plan_chunks, regroup, trim
 from prompt_aug.trainer import PromptAugGRPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,16 @@ def test_regroup_sorts_within_a_segment_only_and_keeps_sizes():
     assert [b["completion_mask"].sum(1).tolist() for b in unsorted] == [[1, 6], [5, 2], [7, 3], [4, 0]]
 
 
-def test_trimmed_logps_match_the_padded_pass_row_for_row(tiny_model_dir):
+def test_plan_chunks_trades_padding_against_calls_within_the_token_cap():
+    completions, prompts = torch.tensor([10, 9, 2, 1]), torch.tensor([1, 1, 1, 1])
+    assert plan_chunks(completions, prompts, max_tokens=100) == [1, 1, 1, 1]  # each row at its own width
+    # 5 tokens a call: 10,9 | 2,1 runs 2*11 + 2*3 + 10 = 38, the least (one chunk: 44 + 5; four: 26 + 20).
+    assert plan_chunks(completions, prompts, max_tokens=100, overhead=5) == [2, 2]
+    # At most 20 tokens a chunk: 10,9 (22 tokens) may not run together.
+    assert plan_chunks(completions, prompts, max_tokens=20, overhead=5) == [1, 1, 2]
+
+
+def test_chunked_forward_matches_the_padded_pass_row_for_row(tiny_model_dir):
     torch.manual_seed(0)
     model = _float64_model(tiny_model_dir)
     batch = _batch([2, 6, 4, 1, 3], [7, 1, 3, 0, 5])
@@ -104,16 +113,18 @@ def test_trimmed_logps_match_the_padded_pass_row_for_row(tiny_model_dir):
         seen.append(tuple(chunk_ids.shape))
         logits = model(input_ids=chunk_ids, attention_mask=chunk_mask).logits[:, -keep - 1 : -1]
         logps = logits.log_softmax(-1).gather(-1, chunk_ids[:, -keep:, None]).squeeze(-1)
-        return logps * chunk_mask[:, -keep:]
+        return logps * chunk_mask[:, -keep:], None
 
-    with torch.no_grad():
-        padded = score(ids, mask, 7)
-        trimmed = trimmed_logps(score, ids, mask, 7, batch_size=2)
-    assert seen[1:] == [(2, 3 + 7), (2, 6 + 3), (1, 1 + 1)]  # sorted by length: rows 0,4 | 1,2 | 3
     real = batch["completion_mask"].bool()
-    # Not bit-equal: trimming shifts a row's positions, and RoPE's cos/sin are computed in float32 (~1e-7).
-    torch.testing.assert_close(trimmed[real], padded[real], rtol=0, atol=1e-7)
-    assert (trimmed[~real] == 0).all()
+    with torch.no_grad():
+        padded, _ = score(ids, mask, 7)
+        for overhead, chunks in ((0, [(1, 9), (1, 8), (1, 7), (1, 7), (1, 2)]), (1000, [(5, 13)])):
+            seen.clear()
+            logps, entropies = chunked_forward(score, ids, mask, 7, max_tokens=5 * 13, overhead=overhead)
+            assert seen == chunks and entropies is None  # rows by length: 0 (9 tokens), 4, 1, 2, 3
+            # Not bit-equal: trimming shifts a row's positions, and RoPE's cos/sin are computed in float32.
+            torch.testing.assert_close(logps[real], padded[real], rtol=0, atol=1e-7)
+            assert (logps[~real] == 0).all()
 
 
 # -- the trainer, on and off ---------------------------------------------------------------------------------
@@ -131,7 +142,10 @@ class _Recording(PromptAugGRPOTrainer):
     """Ends each sampled completion at its first token id divisible by 5 (so completions have many lengths:
     a random model otherwise runs them all to the cap), and keeps each round's completion ids, to check both
     runs trained on the same samples. The cut is idempotent, so completions replayed by dynamic sampling
-    are not cut again."""
+    are not cut again. Every forward pass is cut into as many chunks as saves padding (no per-call cost), so
+    the chunked loss forward, and its backward, are exercised."""
+
+    chunk_overhead_tokens = 0
 
     def _generate(self, prompts):
         prompt_ids, completion_ids, *rest = super()._generate(prompts)
