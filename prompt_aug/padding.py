@@ -215,3 +215,11 @@ def real_token_share(batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> fl
     real = sum(int(p.sum() + c.sum()) for p, c in batches)
     processed = sum(p.numel() + c.numel() for p, c in batches)
     return real / processed if processed else 1.0
+
+
+def long_tailed_lengths(rows: int, cap: int, generator: torch.Generator) -> list[int]:
+    """Completion lengths like a paper round's, for benchmarks: one row in 16 (at random) at ``cap``, the
+    rest exponential with mean ``cap / 5`` (clipped to 1 .. cap - 1), so the mean is about ``cap / 4``."""
+    lengths = (torch.empty(rows).exponential_(generator=generator) * cap / 5).long().clamp(1, cap - 1)
+    lengths[torch.randperm(rows, generator=generator)[: max(1, rows // 16)]] = cap
+    return lengths.tolist()
