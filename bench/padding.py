@@ -148,9 +148,11 @@ def main() -> None:
     ):
         raise SystemExit("bench/padding.py: the two runs trained on different rounds")
     lengths = (padded["round"] != 0).sum(1).float()
+    prompts = (padded["prompts"] != 0).sum(1).float()
     print(
         f"model: {params / 1e6:.1f} M parameters (hidden {args.hidden}, {args.layers} layers); round: "
-        f"{padded['rows']} rows, completions mean {lengths.mean():.0f} of cap {args.cap} "
+        f"{padded['rows']} rows, prompts {prompts.min():.0f}-{prompts.max():.0f} tokens, "
+        f"completions mean {lengths.mean():.0f} of cap {args.cap} "
         f"({int((lengths == args.cap).sum())} at the cap); torch threads {torch.get_num_threads()}"
     )
     print(f"{'':10} {'real-token share':>17} {'tokens run':>11} {'old log-probs s':>16} {'optimizer steps s':>18} "

@@ -176,6 +176,7 @@ def chunked_forward(
     logits_to_keep: int,
     max_tokens: int,
     overhead: int = 0,
+    rows_per_chunk: int | None = None,
 ) -> tuple[torch.Tensor | None, ...]:
     """Per-token outputs of the last ``logits_to_keep`` columns, run in trimmed chunks of similar length.
 
@@ -185,13 +186,21 @@ def chunked_forward(
     are sorted by length and cut by `plan_chunks` (at most ``max_tokens`` per chunk, ``overhead`` tokens
     per call); each chunk is trimmed to its own widths, and the results are put back in the original row
     order at full width (0 beyond a chunk's width, where its rows are padding). Each row's values are
-    those of the padded call, to float rounding; gradients flow back through them.
+    those of the padded call, to float rounding; gradients flow back through them. With ``rows_per_chunk``,
+    the sorted rows are cut into chunks of that many rows instead, so the number of calls is fixed by the
+    row count (several processes must make the same number of calls when a model's forward communicates).
     """
     prompt_width = input_ids.size(1) - logits_to_keep
     prompt_mask, completion_mask = attention_mask[:, :prompt_width], attention_mask[:, prompt_width:]
     prompt_lengths, completion_lengths = prompt_mask.sum(dim=1), completion_mask.sum(dim=1)
     order = torch.sort(prompt_lengths + completion_lengths, descending=True, stable=True).indices
-    sizes = plan_chunks(completion_lengths[order].cpu(), prompt_lengths[order].cpu(), max_tokens, overhead)
+    if rows_per_chunk is not None:
+        rows_total = input_ids.size(0)
+        sizes = [min(rows_per_chunk, rows_total - s) for s in range(0, rows_total, rows_per_chunk)]
+    else:
+        sizes = plan_chunks(
+            completion_lengths[order].cpu(), prompt_lengths[order].cpu(), max_tokens, overhead
+        )
     outs: list[torch.Tensor | None] | None = None
     start = 0
     for size in sizes:

@@ -35,7 +35,8 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
   plus longest completion. With ``trim_padding`` (default), rows are ordered by length within each optimizer
   step before being cut into micro-batches, each micro-batch is trimmed to its own longest prompt and
   completion, and every forward pass (a micro-batch's, the no-grad passes over a round) runs in chunks of
-  rows of similar length, each trimmed (`prompt_aug.padding`); the update is the same to float rounding.
+  rows of similar length, each trimmed (`prompt_aug.padding`; with several processes, in TRL's number of
+  calls: sorted, fixed-size chunks); the update is the same to float rounding.
   With ``loss_type`` bnpo, the entropy bonus, ``top_entropy_quantile`` < 1 or a MoE aux loss (normalised per
   micro-batch), rows keep TRL's micro-batches. A round with images is left as TRL builds it.
 * ``_generate``: with dynamic sampling (`prompt_aug.dynamic_sampling`), TRL scores a round built from groups
@@ -236,7 +237,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             return trim(inputs) if can_trim(inputs) else inputs
         if new_round and can_trim(self._buffered_inputs[0]):
             ga = self.args.gradient_accumulation_steps
-            segments = optimizer_step_segments(self._step, spg, self.num_iterations, ga)
+            # The round's first micro-step (a resume regenerates a round in its middle; TRL then takes
+            # micro-batch `_step % spg`, as if the round had started there).
+            first = self._step - self._step % generate_every
+            segments = optimizer_step_segments(first, spg, self.num_iterations, ga)
             exact = self._length_grouping_is_exact()
             self._buffered_inputs = regroup(self._buffered_inputs, segments, sort=exact)
             inputs = self._buffered_inputs[self._step % spg]
@@ -384,11 +388,15 @@ class PromptAugGRPOTrainer(GRPOTrainer):
                 )
                 return logps, entropies
 
-            # No chunk runs more tokens than one of TRL's chunks at this call's width.
-            max_tokens = (batch_size or input_ids.size(0)) * input_ids.size(1)
+            # No chunk runs more tokens than one of TRL's chunks at this call's width. With several processes,
+            # the calls stay TRL's (one per micro-batch, one per `batch_size` rows of a round, now sorted and
+            # trimmed): DDP, FSDP and ZeRO-3 communicate in every forward, so every rank must make as many.
+            rows = batch_size or input_ids.size(0)
+            fixed = rows if self.accelerator.num_processes > 1 else None
             logps, entropies = chunked_forward(
-                score, input_ids, attention_mask, logits_to_keep, max_tokens, self.chunk_overhead_tokens
-            )
+                score, input_ids, attention_mask, logits_to_keep, rows * input_ids.size(1),
+                self.chunk_overhead_tokens, rows_per_chunk=fixed,
+            )  # fmt: skip
             aux_loss = None
         else:
             self._count_tokens(attention_mask)
