@@ -230,6 +230,16 @@ class PromptAugGRPOConfig(GRPOConfig):
         },
     )
 
+    # > Efficiency
+    trim_padding: bool = field(
+        default=True,
+        metadata={
+            "help": "Train without most of TRL's padding: rows ordered by length within each optimizer step, "
+            "each micro-batch and forward pass cut to its own longest prompt and completion; the update is "
+            "unchanged (prompt_aug/padding.py). false: TRL's padded passes."
+        },
+    )
+
     # > Logging
     wandb_completions_rows: int | None = field(
         default=None,

@@ -32,6 +32,15 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
 * ``training_step`` (RLinf's stabiliser): drops the gradient of a mini-batch whose importance ratio is too
   large before the optimizer steps (``skip_minibatch_ratio_above``), counted in
   ``stability/skipped_minibatches``.
+* ``_prepare_inputs`` and ``_get_per_token_logps_and_entropies`` (padding-free passes, issue 20): TRL runs
+  every micro-batch, and the old-log-prob and reference passes, at the width of the round's longest prompt
+  plus longest completion. With ``trim_padding`` (default), rows are ordered by length within each optimizer
+  step before being cut into micro-batches, each micro-batch is trimmed to its own longest prompt and
+  completion, and every forward pass (a micro-batch's, the no-grad passes over a round) runs in chunks of
+  rows of similar length, each trimmed (`prompt_aug.padding`; with several processes, in TRL's number of
+  calls: sorted, fixed-size chunks); the update is the same to float rounding.
+  With ``loss_type`` bnpo, the entropy bonus, ``top_entropy_quantile`` < 1 or a MoE aux loss (normalised per
+  micro-batch), rows keep TRL's micro-batches. A round with images is left as TRL builds it.
 * ``_generate``: with dynamic sampling (`prompt_aug.extensions.dynamic_sampling`), TRL scores a round built from groups
   already generated and scored; the stored completions are replayed instead of generated again (and
   ``_calculate_rewards`` replays their stored rewards).
@@ -59,6 +68,7 @@ from .extensions.collapse import grouped_token_sums, loop_flags, ratio_deviation
 from .extensions.dynamic_sampling import DynamicSampler
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 from .model_card import ModelCardInfo, render_model_card
+from .padding import can_trim, chunked_forward, optimizer_step_segments, regroup, trim
 from .records import generation_round, rounds_generated, upload_sampled_table, without_wandb_table
 from .sampler import EpochRepeatSampler
 from .templates import TemplateError, check_renders, load_templates, templates_for
@@ -96,6 +106,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             (verl) stops generating only at EOS and grades the text up to the first ``<|im_end|>``: stop
             tokens ``["<|endoftext|>"]`` with ``reward_cut_tokens=["<|im_end|>"]``. Default: ``args``'
             ``reward_cut_tokens``; with a plain `GRPOConfig`, no cut (TRL).
+        trim_padding: Train without most of TRL's padding (`prompt_aug.padding`): rows ordered by length
+            within each optimizer step, each micro-batch and forward pass cut to its own longest prompt and
+            completion. The update is unchanged (to float rounding). ``False``: TRL's padded passes. Default:
+            ``args``' ``trim_padding``; with a plain `GRPOConfig`, on.
 
     What reward functions receive with augmentation on (TRL's keyword arguments, plus these columns):
 
@@ -124,6 +138,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     (TRL), 0 none, N a sample of N rows per log step; the parquet records keep every row.
     """
 
+    # With trim_padding: what one more forward call costs, in tokens, when a pass is cut into chunks of rows
+    # of similar length (a chunk is split off only where it saves more padded tokens than this).
+    chunk_overhead_tokens: int = 128
+
     def __init__(
         self,
         *args: Any,
@@ -133,6 +151,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         skip_minibatch_ratio_above: float | None = None,
         dynamic_sampling: DynamicSampler | None = None,
         reward_cut_tokens: list[str] | None = None,
+        trim_padding: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -145,6 +164,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             dynamic_sampling = dynamic_sampler_from_args(config)
         if reward_cut_tokens is None and config is not None:
             reward_cut_tokens = config.reward_cut_tokens
+        if trim_padding is None:
+            trim_padding = config.trim_padding if config is not None else True
         self.wandb_completions_rows = config.wandb_completions_rows if config is not None else None
         vocab = self._tokenizer.get_vocab()
         self.reward_cut_ids = {vocab[t] for t in reward_cut_tokens or () if t in vocab}
@@ -175,6 +196,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self.dynamic_sampling = dynamic_sampling
         if dynamic_sampling is not None:
             dynamic_sampling.check(self)
+        # Padding-free passes (issue 20). Tokens the model was run on, and the real ones among them.
+        self.trim_padding = trim_padding
+        self.padding_stats = {"real": 0, "processed": 0}
+        self._entropy_window: torch.Tensor | None = None
 
     def _default_collator(self) -> PromptAugmentationCollator:
         if isinstance(self.args, PromptAugGRPOConfig):
@@ -233,10 +258,48 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     # restarted at 0 and replayed the interrupted round in full, shifting every later round by the
     # steps already taken. The Trainer skips global_step x accumulation batches, so restore the counter
     # to match before the first round after the resume is generated.
+    #
+    # Why (trim_padding): TRL cuts the shuffled round into micro-batches that all keep the round's widths. The
+    # buffered micro-batches of a new round are regrouped by length within each optimizer step and trimmed.
     def _prepare_inputs(self, generation_batch: Any) -> Any:
-        if self.model.training and self._buffered_inputs is None:
+        training = self.model.training
+        if training and self._buffered_inputs is None:
             trl_seam.set_micro_step(self, self.state.global_step * self.args.gradient_accumulation_steps)
-        return super()._prepare_inputs(generation_batch)
+        spg = self.args.steps_per_generation
+        generate_every = spg * self.num_iterations
+        new_round = training and (self._buffered_inputs is None or self._step % generate_every == 0)
+        inputs = super()._prepare_inputs(generation_batch)
+        if not self.trim_padding:
+            return inputs
+        if not training:
+            return trim(inputs) if can_trim(inputs) else inputs
+        if new_round and can_trim(self._buffered_inputs[0]):
+            ga = self.args.gradient_accumulation_steps
+            # The round's first micro-step (a resume regenerates a round in its middle; TRL then takes
+            # micro-batch `_step % spg`, as if the round had started there).
+            first = self._step - self._step % generate_every
+            segments = optimizer_step_segments(first, spg, self.num_iterations, ga)
+            exact = self._length_grouping_is_exact()
+            self._buffered_inputs = regroup(self._buffered_inputs, segments, sort=exact)
+            inputs = self._buffered_inputs[self._step % spg]
+        return inputs
+
+    def _length_grouping_is_exact(self) -> bool:
+        """Whether moving rows between micro-batches of one optimizer step leaves the update unchanged.
+
+        True when the loss weighs each row independently of its micro-batch (not bnpo, whose normaliser is the
+        micro-batch's token count; nor the entropy bonus, the entropy quantile mask or a MoE aux loss, all
+        computed per micro-batch), and this optimizer step accumulates the full
+        ``gradient_accumulation_steps`` (not an epoch's short last one).
+        """
+        per_micro_batch = (
+            self.loss_type == "bnpo"
+            or getattr(self, "_entropy_bonus_enabled", False)
+            or self.top_entropy_quantile < 1.0
+            or self.aux_loss_enabled
+        )
+        full_step = self.current_gradient_accumulation_steps == self.args.gradient_accumulation_steps
+        return not per_micro_batch and full_step
 
     # Why: TRL's RepeatSampler seeds once and has no set_epoch, so a resume into epoch e > 0 replays epoch 0.
     def _get_train_sampler(self, dataset: Any = None) -> EpochRepeatSampler:
@@ -359,11 +422,46 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     # Why: TRL computes per-token entropies only in the loss forward pass and logs one mean; keep that call's
     # outputs (it is the only call with compute_entropy=True) for the per-template entropy and the ratio.
-    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
-        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    # Why (trim_padding): TRL runs a micro-batch, and the old-log-prob and reference passes over the round,
+    # at the full width of the batch it is given. With trimming, rows are sorted by length and run in chunks
+    # of similar length, each cut to its own widths (`chunked_forward`); a MoE aux loss keeps TRL's call.
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **kwargs: Any,
+    ):  # fmt: skip
+        if self.trim_padding and not compute_aux_loss and all(v is None for v in kwargs.values()):
+            parent = super()
+
+            def score(ids: torch.Tensor, mask: torch.Tensor, keep: int) -> tuple[torch.Tensor, Any]:
+                self._count_tokens(mask)
+                logps, entropies, _ = parent._get_per_token_logps_and_entropies(
+                    model, ids, mask, keep, ids.size(0), compute_entropy
+                )
+                return logps, entropies
+
+            # No chunk runs more tokens than one of TRL's chunks at this call's width. With several processes,
+            # the calls stay TRL's (one per micro-batch, one per `batch_size` rows of a round, now sorted and
+            # trimmed): DDP, FSDP and ZeRO-3 communicate in every forward, so every rank must make as many.
+            rows = batch_size or input_ids.size(0)
+            fixed = rows if self.accelerator.num_processes > 1 else None
+            logps, entropies = chunked_forward(
+                score, input_ids, attention_mask, logits_to_keep, rows * input_ids.size(1),
+                self.chunk_overhead_tokens, rows_per_chunk=fixed,
+            )  # fmt: skip
+            aux_loss = None
+        else:
+            self._count_tokens(attention_mask)
+            logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, **kwargs,
+            )
         if entropies is not None:
             self._loss_forward = (logps.detach(), entropies.detach())
         return logps, entropies, aux_loss
+
+    def _count_tokens(self, attention_mask: torch.Tensor) -> None:
+        self.padding_stats["real"] += int(attention_mask.sum())
+        self.padding_stats["processed"] += attention_mask.numel()
 
     # Why: the per-template entropy and each mini-batch's importance ratio need the loss forward's tensors.
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -377,11 +475,17 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             mask = mask * inputs["tool_mask"]
         mode = "train" if self.model.training else "eval"
         if "template_index" in inputs:
+            # Summed over the optimizer step's micro-batches (token-weighted), so the value does not depend on
+            # how its rows were grouped into micro-batches (trim_padding regroups them).
             sums = grouped_token_sums(entropies, mask, inputs["template_index"], len(self._template_index))
-            sums = self.accelerator.reduce(sums, reduction="sum").cpu()
-            for name, i in self._template_index.items():
-                if sums[1, i] > 0:
-                    self._metrics[mode][f"templates/{name}/entropy"].append((sums[0, i] / sums[1, i]).item())
+            self._entropy_window = sums if self._entropy_window is None else self._entropy_window + sums
+            if mode == "eval" or self.accelerator.sync_gradients:
+                sums = self.accelerator.reduce(self._entropy_window, reduction="sum").cpu()
+                self._entropy_window = None
+                for name, i in self._template_index.items():
+                    if sums[1, i] > 0:
+                        entropy = (sums[0, i] / sums[1, i]).item()
+                        self._metrics[mode][f"templates/{name}/entropy"].append(entropy)
         if mode == "train" and self.skip_minibatch_ratio_above is not None:
             old = inputs.get("old_per_token_logps")
             window = ratio_deviation_sums(logps, logps if old is None else old, mask)

@@ -1,22 +1,20 @@
 """It learns: the learning demo (recipes/smoke/learn_cpu.yaml) against the shuffled-reward control.
 
-Each run is the recipe as a user launches it (warm start, then GRPO, then the before/after table).
-The thresholds are the ones issue 10 fixed before any run of this test, and are not to be tuned to
-make a failing run pass:
+Each run is the recipe as a user launches it (warm start, then GRPO, then the before/after table). What
+README.md promises, and what is asserted here for seeds 0, 1 and 2:
 
 * training log: the mean of ``rewards/correctness_reward/mean`` over the last 10 logged steps exceeds
   that over the first 10 by at least 0.1;
+* before/after table: trained-question correctness after GRPO exceeds that before by the same 0.1 (so the
+  rise is learnt, not a rebound from an early dip);
 * held-out questions (never trained on): the format score on the templates with format markers rises
-  by at least 0.3 from before GRPO to after;
-* the control (both rewards shuffled inside each round) rises by neither.
+  by at least 0.3;
+* the control (both rewards shuffled inside each round; seed 0) rises by none of them.
 
-The correctness test was marked xfail while the recipe's hidden-64 model did not learn correctness;
-it passes, with the same threshold, since the recipe uses the hidden-128 model and a warm start that
-boxes the right answer half the time (docs/benchmarks.md, "Learning demo"). To be sure the rise is
-learnt and not a rebound from an early dip, the before/after table must agree: trained-question
-correctness after GRPO exceeds that before by the same 0.1.
-
-Slow: four runs of the recipe (two seeds, recipe and control), about 2 minutes each on 2 cores.
+The thresholds are the ones issue 10 fixed before any run, never tuned to a run. Sampling amplifies float
+noise, so another CPU type follows another trajectory from the same seed; the recipe runs 200 GRPO steps
+(100 before) so that the claim holds with a margin under such perturbations (bench/learn_robustness.py,
+docs/benchmarks.md "Learning demo on any machine"). Slow: four runs, about 3 minutes each on 2 cores.
 """
 
 from __future__ import annotations
@@ -57,25 +55,23 @@ def _run(tmp_path_factory, seed: int, kind: str) -> dict:
     return _RUNS[(seed, kind)]
 
 
-def _report(learned: dict, control: dict) -> dict:
-    return {n: {k: round(v, 3) for k, v in r.items() if k != "keys"} for n, r in (("recipe", learned), ("control", control))}
+def _report(run: dict) -> dict:
+    return {k: round(v, 3) for k, v in run.items() if k != "keys"}
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_heldout_format_rises_and_not_under_the_shuffled_control(seed, tmp_path_factory):
-    learned, control = _run(tmp_path_factory, seed, "recipe"), _run(tmp_path_factory, seed, "control")
-    assert learned["heldout_format_rise"] >= FORMAT_RISE, _report(learned, control)
-    assert control["heldout_format_rise"] < FORMAT_RISE, _report(learned, control)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_recipe_raises_correctness_and_heldout_format(seed, tmp_path_factory):
+    learned = _run(tmp_path_factory, seed, "recipe")
+    assert learned["log_correctness_rise"] >= CORRECTNESS_RISE, _report(learned)
+    assert learned["table_correctness_rise"] >= CORRECTNESS_RISE, _report(learned)
+    assert learned["heldout_format_rise"] >= FORMAT_RISE, _report(learned)
     # Per-template metrics follow whatever reward functions the recipe names.
     assert "templates/open-r1/correctness_reward" in learned["keys"]
+
+
+def test_shuffled_control_raises_nothing(tmp_path_factory):
+    control = _run(tmp_path_factory, 0, "control")
+    assert control["log_correctness_rise"] < CORRECTNESS_RISE, _report(control)
+    assert control["table_correctness_rise"] < CORRECTNESS_RISE, _report(control)
+    assert control["heldout_format_rise"] < FORMAT_RISE, _report(control)
     assert "templates/open-r1/shuffled_correctness_reward" in control["keys"]
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_logged_correctness_rises_and_not_under_the_shuffled_control(seed, tmp_path_factory):
-    learned, control = _run(tmp_path_factory, seed, "recipe"), _run(tmp_path_factory, seed, "control")
-    assert control["log_correctness_rise"] < CORRECTNESS_RISE, _report(learned, control)
-    assert learned["log_correctness_rise"] >= CORRECTNESS_RISE, _report(learned, control)
-    # The same model sampled before and after GRPO agrees (the log alone can rise by rebounding from a dip).
-    assert learned["table_correctness_rise"] >= CORRECTNESS_RISE, _report(learned, control)
-    assert control["table_correctness_rise"] < CORRECTNESS_RISE, _report(learned, control)

@@ -1,0 +1,301 @@
+"""Padding-free training passes (issue 20): with ``trim_padding`` on and off, from the same state and the same
+generated round, each optimizer step's loss and the parameters after it agree to float rounding.
+
+The in-process runs use a float64 copy of the tiny model whose end-of-text embedding is scaled up, so that
+completions end at many different lengths (a random model otherwise runs every completion to the cap, and
+only the prompt side would be trimmed). Each run trains exactly the optimizer steps of one generation round,
+so both runs sample from the same weights; the test checks the rounds' completions are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig
+
+from prompt_aug.dynamic_sampling import DynamicSampler
+from prompt_aug.padding import chunked_forward, optimizer_step_segments, plan_chunks, regroup, trim
+from prompt_aug.trainer import PromptAugGRPOTrainer
+
+REPO = Path(__file__).resolve().parents[1]
+QUESTIONS = [f"What is {a} + {b}?" for a in range(1, 5) for b in range(1, 4)]
+
+
+# -- the pure helpers ----------------------------------------------------------------------------------------
+
+
+def _batch(
+    prompt_lengths: list[int], completion_lengths: list[int], width_p: int = 6, width_c: int = 7
+) -> dict:
+    rows = len(prompt_lengths)
+    prompt_mask = torch.zeros(rows, width_p, dtype=torch.long)
+    completion_mask = torch.zeros(rows, width_c, dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
+        prompt_mask[i, width_p - p :] = 1
+        completion_mask[i, :c] = 1
+    return {
+        "prompt_ids": torch.arange(rows * width_p).view(rows, width_p),
+        "prompt_mask": prompt_mask,
+        "completion_ids": torch.arange(rows * width_c).view(rows, width_c),
+        "completion_mask": completion_mask,
+        "old_per_token_logps": torch.randn(rows, width_c),
+        "importance_sampling_ratio": torch.ones(rows, 1),
+        "advantages": torch.arange(rows, dtype=torch.float),
+        "num_items_in_batch": torch.tensor(float(sum(completion_lengths))),
+    }
+
+
+def test_trim_cuts_each_side_to_the_longest_row_and_keeps_every_real_token():
+    batch = _batch([2, 4, 1], [3, 5, 0])
+    out = trim(batch)
+    assert out["prompt_ids"].shape == (3, 4) and out["completion_ids"].shape == (3, 5)
+    assert torch.equal(out["prompt_ids"], batch["prompt_ids"][:, 2:])
+    assert torch.equal(out["old_per_token_logps"], batch["old_per_token_logps"][:, :5])
+    assert out["importance_sampling_ratio"].shape == (3, 1)  # a sequence-level value is not a column
+    assert out["prompt_mask"].sum() == batch["prompt_mask"].sum()
+    assert out["completion_mask"].sum() == batch["completion_mask"].sum()
+    assert out["num_items_in_batch"] is batch["num_items_in_batch"]
+    # A micro-batch whose completions are all masked keeps one column (logits_to_keep stays positive).
+    assert trim(_batch([1, 1], [0, 0]))["completion_ids"].shape == (2, 1)
+
+
+def test_segments_are_the_micro_batches_of_one_optimizer_step_in_every_pass():
+    assert optimizer_step_segments(0, 4, 1, 2) == [[0, 1], [2, 3]]  # steps_per_generation > accumulation
+    assert optimizer_step_segments(0, 4, 1, 4) == [[0, 1, 2, 3]]
+    assert optimizer_step_segments(0, 2, 1, 4) == [[0, 1]]  # the round is half of one optimizer step
+    assert optimizer_step_segments(0, 4, 2, 2) == [[0, 1], [2, 3]]  # num_iterations replays the same cut
+    # 3 micro-batches per round, 2 per optimizer step: the second round starts mid-step (micro-step 3).
+    assert optimizer_step_segments(0, 3, 1, 2) == [[0, 1], [2]]
+    assert optimizer_step_segments(3, 3, 1, 2) == [[0], [1, 2]]
+    # Two passes over 3 micro-batches, 2 per step: steps hold 0,1 | 2,0 | 1,2, so no pair always shares one.
+    assert optimizer_step_segments(0, 3, 2, 2) == [[0], [1], [2]]
+
+
+def test_regroup_sorts_within_a_segment_only_and_keeps_sizes():
+    batches = [_batch([1, 1], [1, 6]), _batch([1, 1], [5, 2]), _batch([1, 1], [7, 3]), _batch([1, 1], [4, 0])]
+    out = regroup(batches, [[0, 1], [2, 3]])
+    assert [len(b["advantages"]) for b in out] == [2, 2, 2, 2]
+    assert [b["completion_mask"].sum(1).tolist() for b in out] == [[6, 5], [2, 1], [7, 4], [3, 0]]
+    assert [b["completion_ids"].size(1) for b in out] == [6, 2, 7, 3]
+    # Rows carry their advantages with them, and stay in their segment.
+    assert sorted(out[0]["advantages"].tolist() + out[1]["advantages"].tolist()) == [0.0, 0.0, 1.0, 1.0]
+    unsorted = regroup(batches, [[0, 1], [2, 3]], sort=False)
+    assert [b["completion_mask"].sum(1).tolist() for b in unsorted] == [[1, 6], [5, 2], [7, 3], [4, 0]]
+
+
+def test_plan_chunks_trades_padding_against_calls_within_the_token_cap():
+    completions, prompts = torch.tensor([10, 9, 2, 1]), torch.tensor([1, 1, 1, 1])
+    assert plan_chunks(completions, prompts, max_tokens=100) == [1, 1, 1, 1]  # each row at its own width
+    # 5 tokens a call: 10,9 | 2,1 runs 2*11 + 2*3 + 10 = 38, the least (one chunk: 44 + 5; four: 26 + 20).
+    assert plan_chunks(completions, prompts, max_tokens=100, overhead=5) == [2, 2]
+    # At most 20 tokens a chunk: 10,9 (22 tokens) may not run together.
+    assert plan_chunks(completions, prompts, max_tokens=20, overhead=5) == [1, 1, 2]
+
+
+def test_chunked_forward_matches_the_padded_pass_row_for_row(tiny_model_dir):
+    torch.manual_seed(0)
+    model = _float64_model(tiny_model_dir)
+    batch = _batch([2, 6, 4, 1, 3], [7, 1, 3, 0, 5])
+    ids = torch.randint(5, 100, (5, 13))
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    seen = []
+
+    def score(chunk_ids, chunk_mask, keep):
+        seen.append(tuple(chunk_ids.shape))
+        logits = model(input_ids=chunk_ids, attention_mask=chunk_mask).logits[:, -keep - 1 : -1]
+        logps = logits.log_softmax(-1).gather(-1, chunk_ids[:, -keep:, None]).squeeze(-1)
+        return logps * chunk_mask[:, -keep:], None
+
+    real = batch["completion_mask"].bool()
+    with torch.no_grad():
+        padded, _ = score(ids, mask, 7)
+        for overhead, chunks in ((0, [(1, 9), (1, 8), (1, 7), (1, 7), (1, 2)]), (1000, [(5, 13)])):
+            seen.clear()
+            logps, entropies = chunked_forward(score, ids, mask, 7, max_tokens=5 * 13, overhead=overhead)
+            assert seen == chunks and entropies is None  # rows by length: 0 (9 tokens), 4, 1, 2, 3
+            # Not bit-equal: trimming shifts a row's positions, and RoPE's cos/sin are computed in float32.
+            torch.testing.assert_close(logps[real], padded[real], rtol=0, atol=1e-7)
+            assert (logps[~real] == 0).all()
+
+
+# -- the trainer, on and off ---------------------------------------------------------------------------------
+
+
+def _float64_model(path: Path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+
+
+def _reward(completions, **kwargs):
+    return [float(len(set(c))) + 0.1 * len(c) for c in completions]
+
+
+class _Recording(PromptAugGRPOTrainer):
+    """Ends each sampled completion at its first token id divisible by 5 (so completions have many lengths:
+    a random model otherwise runs them all to the cap), and keeps each round's completion ids, to check both
+    runs trained on the same samples. The cut is idempotent, so completions replayed by dynamic sampling
+    are not cut again. Every forward pass is cut into as many chunks as saves padding (no per-call cost), so
+    the chunked loss forward, and its backward, are exercised."""
+
+    chunk_overhead_tokens = 0
+
+    def _generate(self, prompts):
+        prompt_ids, completion_ids, *rest = super()._generate(prompts)
+        eos = self.processing_class.eos_token_id
+        cut = []
+        for ids in completion_ids:
+            stop = next((i for i, t in enumerate(ids[:-1]) if t % 5 == 0), None)
+            cut.append(list(ids) if stop is None else [*ids[:stop], eos])
+        rest[1] = self.processing_class.batch_decode(cut, skip_special_tokens=True)  # the completions' text
+        return (prompt_ids, cut, *rest)
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            self.rounds.append(output["completion_ids"].clone())
+        return output
+
+
+def _run(path: Path, out: Path, trim_padding: bool, dynamic: bool = False, **overrides) -> dict:
+    values = {
+        "output_dir": str(out), "learning_rate": 0.05, "per_device_train_batch_size": 4, "num_generations": 4,
+        "max_completion_length": 12, "report_to": "none", "save_strategy": "no", "logging_steps": 1,
+        "use_cpu": True, "bf16": False, "seed": 3, "loss_type": "dapo", "beta": 0.0, "optim": "sgd",
+        "gradient_accumulation_steps": 2, "steps_per_generation": 2, "num_iterations": 1,
+    }  # fmt: skip
+    values.update(overrides)
+    # One generation round: both runs then sample from the same weights.
+    values["max_steps"] = (
+        values["steps_per_generation"] * values["num_iterations"] // values["gradient_accumulation_steps"]
+    )
+    args = GRPOConfig(**values)
+    trainer = _Recording(
+        model=_float64_model(path),
+        reward_funcs=_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": QUESTIONS}),
+        processing_class=AutoTokenizer.from_pretrained(path),
+        dynamic_sampling=DynamicSampler(max_passes=2) if dynamic else None,
+        trim_padding=trim_padding,
+    )
+    trainer.rounds = []
+    trainer.train()
+    return {
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        "params": {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+        "rounds": trainer.rounds,
+        "stats": dict(trainer.padding_stats),
+        "entropy": [
+            {k: v for k, v in h.items() if k.endswith("/entropy")}
+            for h in trainer.state.log_history
+            if "loss" in h
+        ],
+    }
+
+
+def _assert_same_update(path: Path, tmp_path: Path, dynamic: bool = False, **overrides) -> None:
+    on = _run(path, tmp_path / "on", True, dynamic, **overrides)
+    off = _run(path, tmp_path / "off", False, dynamic, **overrides)
+    assert len(on["rounds"]) == len(off["rounds"]) == 1
+    assert torch.equal(on["rounds"][0], off["rounds"][0]), "the two runs sampled different completions"
+    lengths = (on["rounds"][0] != 0).sum(1)
+    assert lengths.unique().numel() >= 3, lengths  # not vacuous: the round holds short and long completions
+    assert len(on["losses"]) == len(off["losses"]) >= 1
+    # The Trainer accumulates the logged loss in float32.
+    torch.testing.assert_close(torch.tensor(on["losses"]), torch.tensor(off["losses"]), rtol=1e-6, atol=1e-7)
+    # Compared as updates, relative to their size: ~1e-6 from float rounding (TRL's fused log-prob head and
+    # RoPE's cos/sin work in float32, and trimming shifts positions), ~1e-1 for a row weighted differently.
+    start = dict(_float64_model(path).named_parameters())
+    for name, value in off["params"].items():
+        update = (value - start[name]).norm()
+        assert (on["params"][name] - value).norm() <= 1e-4 * update, name
+    for a, b in zip(on["entropy"], off["entropy"], strict=True):
+        assert a.keys() == b.keys()
+        torch.testing.assert_close(
+            torch.tensor(list(a.values())), torch.tensor(list(b.values())), rtol=1e-6, atol=0
+        )
+    share_on = on["stats"]["real"] / on["stats"]["processed"]
+    share_off = off["stats"]["real"] / off["stats"]["processed"]
+    assert share_on > share_off, (share_on, share_off, lengths.tolist())
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "bnpo"])
+def test_each_loss_type_gets_the_same_update(tiny_model_dir, tmp_path, loss_type):
+    # bnpo divides by each micro-batch's token count: its rows keep TRL's micro-batches and are only trimmed.
+    _assert_same_update(tiny_model_dir, tmp_path, loss_type=loss_type, steps_per_generation=4)
+
+
+def test_several_iterations_and_more_micro_batches_per_round_than_per_step(tiny_model_dir, tmp_path):
+    # 4 micro-batches per round, 2 per optimizer step, each round trained twice: 4 optimizer steps, and the
+    # old-log-prob pass runs (trimmed) because the round spans several optimizer steps.
+    _assert_same_update(tiny_model_dir, tmp_path, num_iterations=2, steps_per_generation=4)
+
+
+def test_dynamic_sampling_gets_the_same_update(tiny_model_dir, tmp_path):
+    _assert_same_update(tiny_model_dir, tmp_path, dynamic=True, steps_per_generation=4)
+
+
+def test_two_processes_get_the_same_update(tmp_path):
+    """Two ranks (gloo) train one round through the recipe path with the key on and off (float32, SGD; the
+    random model runs every completion to the cap there, so only prompts are trimmed)."""
+    results = {}
+    for flag in ("true", "false"):
+        out = tmp_path / flag
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+            "-m", "prompt_aug.train", "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"),
+            "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "2",
+            "--gradient_accumulation_steps", "2", "--steps_per_generation", "4", "--num_generations", "4",
+            "--save_strategy", "no", "--optim", "sgd", "--learning_rate", "0.5", "--trim_padding", flag,
+            "--log_completions", "true",
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        result = subprocess.run(
+            cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        results[flag] = ([h["loss"] for h in history if "loss" in h], load_file(out / "model.safetensors"))
+    (loss_on, params_on), (loss_off, params_off) = results["true"], results["false"]
+    assert len(loss_on) == 2
+    torch.testing.assert_close(torch.tensor(loss_on), torch.tensor(loss_off), rtol=1e-4, atol=1e-6)
+    for name, value in params_off.items():
+        torch.testing.assert_close(params_on[name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
+    """bench/gpu_round.py at its tiny shape, with trl, datasets and math_verify made unimportable (the GPU
+    machine has none of them): both variants train, on the same losses."""
+    code = (
+        "import runpy, sys\n"
+        "for name in ('trl', 'datasets', 'math_verify'):\n"
+        "    sys.modules[name] = None\n"
+        "sys.argv = ['gpu_round.py', '--tiny']\n"
+        "runpy.run_path('bench/gpu_round.py', run_name='__main__')\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    losses = {line.split()[0]: line.split(": ")[1] for line in lines if "loss per optimizer step" in line}
+    padded = torch.tensor([float(x) for x in losses["padded"].split(", ")])
+    trimmed = torch.tensor([float(x) for x in losses["trimmed"].split(", ")])
+    assert len(padded) == 4
+    torch.testing.assert_close(trimmed, padded, rtol=1e-4, atol=1e-6)
+    assert lines[-1].startswith("trimmed/padded training-side time: ")
