@@ -99,8 +99,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for dynamic in (False, True):
             rows.append(
-                (dynamic, run(args.config, args.rounds, dynamic, args.max_passes, Path(tmp) / str(dynamic),
-                                  args.recipe_rewards, args.signal))
+                (
+                    dynamic,
+                    run(
+                        args.config,
+                        args.rounds,
+                        dynamic,
+                        args.max_passes,
+                        Path(tmp) / str(dynamic),
+                        args.recipe_rewards,
+                        args.signal,
+                    ),
+                )
             )
     print(
         f"\n{Path(args.config).name}, {args.rounds} rounds each, dynamic_sampling_max_passes {args.max_passes}, "

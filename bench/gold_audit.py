@@ -122,8 +122,15 @@ def audit(rows: list[tuple[str, int, Any]], others: int, seed: int) -> dict[str,
 
     # 1. parse: every distinct normalised gold, in the workers
     distinct = sorted(set(normalised))
-    statuses = dict(zip(distinct, [o[1] if o[0] == "ok" else o[0] for o in grader_pool.get_pool().map(
-        "rewards.grading.verify:gold_status", distinct)]))
+    statuses = dict(
+        zip(
+            distinct,
+            [
+                o[1] if o[0] == "ok" else o[0]
+                for o in grader_pool.get_pool().map("rewards.grading.verify:gold_status", distinct)
+            ],
+        )
+    )
     # our in-process claim "math-verify surely reads this" must never meet an unparseable gold
     surely = [norm for norm in distinct if surely_parseable(norm)]
     contradicted = [norm for norm in surely if statuses[norm] == "unparseable"]
@@ -164,11 +171,22 @@ def audit(rows: list[tuple[str, int, Any]], others: int, seed: int) -> dict[str,
     miss_seconds = time.perf_counter() - start
     miss_accepted = [(i, miss) for (i, miss), g in zip(misses, graded) if g.correct]
     return {
-        "surely": len(surely), "contradicted": contradicted, "distinct": len(distinct),
-        "misses": len(misses), "miss_accepted": miss_accepted, "miss_seconds": miss_seconds,
-        "elements": elements, "normalised": normalised, "by_form": by_form, "failures": failures,
-        "self_failures": self_failures, "self_seconds": self_seconds, "pairs": len(pairs),
-        "cross_seconds": cross_seconds, "same": same, "wrong": wrong,
+        "surely": len(surely),
+        "contradicted": contradicted,
+        "distinct": len(distinct),
+        "misses": len(misses),
+        "miss_accepted": miss_accepted,
+        "miss_seconds": miss_seconds,
+        "elements": elements,
+        "normalised": normalised,
+        "by_form": by_form,
+        "failures": failures,
+        "self_failures": self_failures,
+        "self_seconds": self_seconds,
+        "pairs": len(pairs),
+        "cross_seconds": cross_seconds,
+        "same": same,
+        "wrong": wrong,
         "timeouts": sum(g.timed_out for g in list(grades) + list(cross)),
         "errors": sum(g.error for g in list(grades) + list(cross)),
     }
@@ -185,28 +203,44 @@ def report(result: dict[str, Any], show: int) -> None:
         if not counts:
             continue
         totals.update(counts)
-        print(f"| {form} | {sum(counts.values())} | {counts['parsed']} | {counts['text-only']} | {counts['unparseable']} |")
-    print(f"| **all** | {sum(totals.values())} | {totals['parsed']} | {totals['text-only']} | {totals['unparseable']} |")
-    print(f"\nknown parseable in-process (fastpath.surely_parseable): {result['surely']}/{result['distinct']} distinct golds; "
-          f"contradicted by math-verify: {len(result['contradicted'])} {result['contradicted'][:show]}")
+        print(
+            f"| {form} | {sum(counts.values())} | {counts['parsed']} | {counts['text-only']} | {counts['unparseable']} |"
+        )
+    print(
+        f"| **all** | {sum(totals.values())} | {totals['parsed']} | {totals['text-only']} | {totals['unparseable']} |"
+    )
+    print(
+        f"\nknown parseable in-process (fastpath.surely_parseable): {result['surely']}/{result['distinct']} distinct golds; "
+        f"contradicted by math-verify: {len(result['contradicted'])} {result['contradicted'][:show]}"
+    )
     print("\nnot parsed to a SymPy object:")
     for source, i, text, norm, status in result["failures"][:show]:
         print(f"  {status:11s} {source}[{i}] {text!r} -> {norm!r}")
-    print(f"\nself check (boxing the gold grades correct): {len(elements) - len(result['self_failures'])}/{len(elements)} "
-          f"in {result['self_seconds']:.1f} s")
+    print(
+        f"\nself check (boxing the gold grades correct): {len(elements) - len(result['self_failures'])}/{len(elements)} "
+        f"in {result['self_seconds']:.1f} s"
+    )
     for (source, i, text), grade in result["self_failures"][:show]:
-        print(f"  FAIL {source}[{i}] {text!r}: extracted {grade.extracted!r}, gold_ok={grade.gold_ok}, "
-              f"timed_out={grade.timed_out}, error={grade.error}")
-    print(f"\ncross check (boxing another question's gold grades wrong): {result['pairs'] - len(result['same']) - len(result['wrong'])}"
-          f"/{result['pairs']} wrong, in {result['cross_seconds']:.1f} s")
+        print(
+            f"  FAIL {source}[{i}] {text!r}: extracted {grade.extracted!r}, gold_ok={grade.gold_ok}, "
+            f"timed_out={grade.timed_out}, error={grade.error}"
+        )
+    print(
+        f"\ncross check (boxing another question's gold grades wrong): {result['pairs'] - len(result['same']) - len(result['wrong'])}"
+        f"/{result['pairs']} wrong, in {result['cross_seconds']:.1f} s"
+    )
     print(f"  accepted, same value (right): {len(result['same'])}")
     for i, o in result["same"][:show]:
         print(f"    gold {normalised[i]!r} <- answer {normalised[o]!r}")
     print(f"  accepted, different (false positives): {len(result['wrong'])}")
     for i, o in result["wrong"][:show]:
-        print(f"    gold {normalised[i]!r} <- answer {normalised[o]!r}   ({elements[i][0]}[{elements[i][1]}])")
-    print(f"\nnear misses (one integer of the gold changed) graded wrong: {result['misses'] - len(result['miss_accepted'])}"
-          f"/{result['misses']}, in {result['miss_seconds']:.1f} s; accepted:")
+        print(
+            f"    gold {normalised[i]!r} <- answer {normalised[o]!r}   ({elements[i][0]}[{elements[i][1]}])"
+        )
+    print(
+        f"\nnear misses (one integer of the gold changed) graded wrong: {result['misses'] - len(result['miss_accepted'])}"
+        f"/{result['misses']}, in {result['miss_seconds']:.1f} s; accepted:"
+    )
     for i, miss in result["miss_accepted"][:show]:
         print(f"    gold {elements[i][2]!r} <- answer {miss!r}   ({elements[i][0]}[{elements[i][1]}])")
     print(f"\ntimeouts {result['timeouts']}, errors {result['errors']}")
@@ -214,7 +248,12 @@ def report(result: dict[str, Any], show: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="folder holding simplerl_level3to5/ and evaluation_suite/")
+    parser.add_argument(
+        "data",
+        nargs="?",
+        default=str(DEFAULT_DATA),
+        help="folder holding simplerl_level3to5/ and evaluation_suite/",
+    )
     parser.add_argument("--others", type=int, default=3, help="other questions' golds tried per gold")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=30, help="examples listed per category")

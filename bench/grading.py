@@ -86,8 +86,10 @@ def render(template: Any, reasoning: str, answer: str | None) -> str:
         return f"{head}{reasoning} </think> <answer> {boxed} </answer>"
     if name.startswith("reflective"):
         head = "" if template.prefill else "<solution>\n"
-        return (f"{head}{reasoning}\n</solution>\n<check>\nLet's verify step by step: substituting back, "
-                f"both conditions hold.\n</check>\nTherefore the answer is {boxed}.")
+        return (
+            f"{head}{reasoning}\n</solution>\n<check>\nLet's verify step by step: substituting back, "
+            f"both conditions hold.\n</check>\nTherefore the answer is {boxed}."
+        )
     if name.startswith(("lm_eval_prompt1", "lm_eval_prompt4")):
         return f"{reasoning}\nThe final answer is: {boxed}"
     return f"{reasoning}\nSo the answer is {boxed}."
@@ -97,7 +99,9 @@ def equivalent_form(gold: str, rng: random.Random) -> str:
     """The gold written another way that a careful grader should accept."""
     text = gold.strip()
     if text.lstrip("-").isdigit():
-        return rng.choice([f"{text}.0", f"x = {text}", f"{int(text):,}" if abs(int(text)) >= 1000 else f"0{text}"])
+        return rng.choice(
+            [f"{text}.0", f"x = {text}", f"{int(text):,}" if abs(int(text)) >= 1000 else f"0{text}"]
+        )
     if text.startswith("\\frac"):
         return text.replace("\\frac", "\\dfrac", 1)
     return f"${text}$"
@@ -123,7 +127,9 @@ def wrong_form(gold: str, others: list[str], rng: random.Random) -> str:
     return other
 
 
-def build_batch(golds: list[str], n: int, rng: random.Random, templates: list[Any]) -> tuple[list[str], list[str], list[str]]:
+def build_batch(
+    golds: list[str], n: int, rng: random.Random, templates: list[Any]
+) -> tuple[list[str], list[str], list[str]]:
     """``n`` completions (``n / 8`` questions x 8), their golds and template names."""
     completions, answers, names = [], [], []
     for q in range(n // GROUP):
@@ -153,14 +159,18 @@ def other_gold(gold: str, others: list[str], rng: random.Random) -> str:
     return other
 
 
-def build_mixed_batch(golds: list[str], n: int, rng: random.Random, templates: list[Any]) -> tuple[list[str], list[str], list[str]]:
+def build_mixed_batch(
+    golds: list[str], n: int, rng: random.Random, templates: list[Any]
+) -> tuple[list[str], list[str], list[str]]:
     """Like `build_batch`, but half of the completions answer with another question's gold (so usually
     another shape: an expression against a number, a tuple against a fraction); the other half are
     drawn as in the realistic batch."""
     completions, answers, names = build_batch(golds, n, rng, templates)
     for i in range(n):
         if rng.random() < 0.5:
-            completions[i] = render(templates[(i // GROUP) % len(templates)], _reasoning(rng), other_gold(answers[i], golds, rng))
+            completions[i] = render(
+                templates[(i // GROUP) % len(templates)], _reasoning(rng), other_gold(answers[i], golds, rng)
+            )
     return completions, answers, names
 
 
@@ -270,12 +280,18 @@ def settled_in_process(batch) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", nargs="?", default=str(DEFAULT_DATA), help="folder with the SimpleRL level 3-5 parquet")
+    parser.add_argument(
+        "data", nargs="?", default=str(DEFAULT_DATA), help="folder with the SimpleRL level 3-5 parquet"
+    )
     parser.add_argument("--n", type=int, default=1024, help="completions in the realistic batch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl-cap-s", type=float, default=300.0, help="wall-time cap for one TRL run")
-    parser.add_argument("--item-cap-s", type=float, default=30.0, help="cap per pathological completion alone")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per warm measurement (median reported)")
+    parser.add_argument(
+        "--item-cap-s", type=float, default=30.0, help="cap per pathological completion alone"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per warm measurement (median reported)"
+    )
     args = parser.parse_args(argv)
 
     import pandas as pd
@@ -289,9 +305,13 @@ def main(argv: list[str] | None = None) -> None:
     patho = with_pathological(batch, rng)
     mixed = build_mixed_batch(golds, args.n, random.Random(args.seed + 2), templates)
     config = grader_pool.get_pool().config
-    print(f"pool: {config.workers} workers, {config.time_limit_s} s hard limit per completion, {config.memory_mb} MiB cap")
-    print(f"(a) {len(batch[0])} completions over {len(set(batch[1]))} golds and {len(templates)} templates; "
-          f"(b) the same plus {len(PATHOLOGICAL)} pathological ({sum(map(len, PATHOLOGICAL.values())) / 1e6:.1f} MB)")
+    print(
+        f"pool: {config.workers} workers, {config.time_limit_s} s hard limit per completion, {config.memory_mb} MiB cap"
+    )
+    print(
+        f"(a) {len(batch[0])} completions over {len(set(batch[1]))} golds and {len(templates)} templates; "
+        f"(b) the same plus {len(PATHOLOGICAL)} pathological ({sum(map(len, PATHOLOGICAL.values())) / 1e6:.1f} MB)"
+    )
 
     # ours, cold: a fresh pool and empty caches
     grader_pool.configure()
@@ -345,7 +365,9 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|")
     for name, seconds, n in rows:
         if seconds is None:
-            estimate = f" (capped at {args.trl_cap_s:.0f} s; estimate {extrapolated:.0f} s)" if extrapolated else ""
+            estimate = (
+                f" (capped at {args.trl_cap_s:.0f} s; estimate {extrapolated:.0f} s)" if extrapolated else ""
+            )
             print(f"| {name} | > {args.trl_cap_s:.0f}{estimate} | - |")
         else:
             print(f"| {name} | {seconds:.2f} | {n / seconds:,.0f} |")
@@ -356,31 +378,48 @@ def main(argv: list[str] | None = None) -> None:
         print(f"(c) speed-up, warm: {trl_c / ours_mixed:.1f}x")
     trl_b_value = trl_b if trl_b is not None else extrapolated
     if trl_b_value:
-        print(f"(b) speed-up: {trl_b_value / ours_patho:.1f}x{'' if trl_b is not None else ' (vs the estimate)'}")
-    print(f"(a) settled in-process (fast path, guards): {settled}/{n_a}; the other {n_a - settled} went to the "
-          f"pool as {remote_tasks} distinct tasks")
-    print(f"(a) graded correct: ours {ours_correct}/{n_a}, TRL {sum(r == 1.0 for r in trl_rewards or [])}/{n_a}")
+        print(
+            f"(b) speed-up: {trl_b_value / ours_patho:.1f}x{'' if trl_b is not None else ' (vs the estimate)'}"
+        )
+    print(
+        f"(a) settled in-process (fast path, guards): {settled}/{n_a}; the other {n_a - settled} went to the "
+        f"pool as {remote_tasks} distinct tasks"
+    )
+    print(
+        f"(a) graded correct: ours {ours_correct}/{n_a}, TRL {sum(r == 1.0 for r in trl_rewards or [])}/{n_a}"
+    )
     if trl_rewards:
         disagree = sum(float(g.correct) != r for g, r in zip(ours_grades, trl_rewards))
         print(f"(a) verdicts differing between ours and TRL: {disagree}")
-    print(f"(c) settled in-process: {settled_mixed}/{len(mixed[0])}; the other {len(mixed[0]) - settled_mixed} went to the "
-          f"pool as {remote_mixed} distinct tasks")
+    print(
+        f"(c) settled in-process: {settled_mixed}/{len(mixed[0])}; the other {len(mixed[0]) - settled_mixed} went to the "
+        f"pool as {remote_mixed} distinct tasks"
+    )
     if trl_mixed:
-        print(f"(c) graded correct: ours {sum(g.correct for g in mixed_grades)}, TRL {sum(r == 1.0 for r in trl_mixed)}; "
-              f"verdicts differing: {sum(float(g.correct) != r for g, r in zip(mixed_grades, trl_mixed))}")
+        print(
+            f"(c) graded correct: ours {sum(g.correct for g in mixed_grades)}, TRL {sum(r == 1.0 for r in trl_mixed)}; "
+            f"verdicts differing: {sum(float(g.correct) != r for g, r in zip(mixed_grades, trl_mixed))}"
+        )
     print(f"load average during the run (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     bad = set(PATHOLOGICAL.values())
     bad_grades = [g for g, text in zip(patho_grades, patho[0]) if text in bad]
     print()
-    print("| pathological completion | chars | ours alone (s) | ours: score, flag | TRL alone (s) | TRL score |")
+    print(
+        "| pathological completion | chars | ours alone (s) | ours: score, flag | TRL alone (s) | TRL score |"
+    )
     print("|---|---:|---:|---|---:|---|")
     for name, chars, ours_seconds, verdict, trl_seconds, trl_reward in alone:
         flag = "timeout" if verdict.timed_out else "error" if verdict.error else "-"
         trl_time = f"> {args.item_cap_s:.0f} (capped)" if trl_seconds is None else f"{trl_seconds:.2f}"
         trl_score = "-" if trl_reward is None else trl_reward[0]
-        print(f"| {name} | {chars:,} | {ours_seconds:.2f} | {float(verdict.correct)}, {flag} | {trl_time} | {trl_score} |")
-    print(f"(b) pathological completions scoring 0: {sum(not g.correct for g in bad_grades)}/{len(bad_grades)}; "
-          f"counted as timeouts {timeouts}, errors {errors}")
+        print(
+            f"| {name} | {chars:,} | {ours_seconds:.2f} | {float(verdict.correct)}, {flag} | {trl_time} | {trl_score} |"
+        )
+    print(
+        f"(b) pathological completions scoring 0: {sum(not g.correct for g in bad_grades)}/{len(bad_grades)}; "
+        f"counted as timeouts {timeouts}, errors {errors}"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes/smoke/learn_cpu.yaml"
-CONTROL = ["--reward_funcs", "rewards.controls:shuffled_correctness_reward", "rewards.controls:shuffled_format_reward"]
+CONTROL = [
+    "--reward_funcs",
+    "rewards.controls:shuffled_correctness_reward",
+    "rewards.controls:shuffled_format_reward",
+]
 LOG_RISE, TABLE_RISE, FORMAT_RISE = 0.1, 0.1, 0.3
 
 
@@ -47,7 +51,9 @@ def perturbed_model(folder: Path, seed: int, noise_seed: int, std: float) -> Pat
     weights = folder / "model.safetensors"
     tensors = load_file(weights)
     generator = torch.Generator().manual_seed(noise_seed)
-    noisy = {k: v + std * torch.randn(v.shape, generator=generator, dtype=v.dtype) for k, v in tensors.items()}
+    noisy = {
+        k: v + std * torch.randn(v.shape, generator=generator, dtype=v.dtype) for k, v in tensors.items()
+    }
     save_file(noisy, weights, metadata={"format": "pt"})
     (folder / "build.json").unlink(missing_ok=True)  # no longer the built-in model: never reuse it as such
     return folder
@@ -55,7 +61,9 @@ def perturbed_model(folder: Path, seed: int, noise_seed: int, std: float) -> Pat
 
 def summary(out: Path) -> dict[str, float]:
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    key = next(k for k in history[0] if k.startswith("rewards/") and "correctness" in k and k.endswith("/mean"))
+    key = next(
+        k for k in history[0] if k.startswith("rewards/") and "correctness" in k and k.endswith("/mean")
+    )
     values = [h[key] for h in history if key in h]
     table = json.loads((out / "before_after.json").read_text())["summary"]
     fmt = "held-out/format/marker_templates"
@@ -75,7 +83,16 @@ def run(seed: int, perturb: str, control: bool, root: Path, std: float) -> tuple
     name = f"seed{seed}-{perturb.replace(':', '')}" + ("-control" if control else "")
     out = root / name
     threads = "1"
-    args = ["--config", str(RECIPE), "--output_dir", str(out), "--seed", str(seed), "--overwrite_output_dir", "true"]
+    args = [
+        "--config",
+        str(RECIPE),
+        "--output_dir",
+        str(out),
+        "--seed",
+        str(seed),
+        "--overwrite_output_dir",
+        "true",
+    ]
     if perturb.startswith("noise:"):
         model = perturbed_model(root / "models" / name, seed, int(perturb.split(":")[1]), std)
         args += ["--model_name_or_path", str(model)]
@@ -96,7 +113,9 @@ def run(seed: int, perturb: str, control: bool, root: Path, std: float) -> tuple
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--perturb", nargs="+", default=["none", "noise:1", "noise:2"])
     parser.add_argument("--noise", type=float, default=1e-6, help="std of the weight noise (default 1e-6)")
@@ -110,7 +129,9 @@ def main() -> None:
         jobs += [(s, "none", True) for s in args.seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda j: run(*j, args.out.resolve(), args.noise), jobs))
-    header = "| seed | perturbation | run | log first 10 -> last 10 | log rise | table trained | held-out fmt |"
+    header = (
+        "| seed | perturbation | run | log first 10 -> last 10 | log rise | table trained | held-out fmt |"
+    )
     print(header + "\n|" + "---|" * 7)
     for seed, perturb, control, r in results:
         kind = "control" if control else "recipe"
@@ -121,7 +142,9 @@ def main() -> None:
             f"| {seed} | {perturb} | {kind} | {r['first10']:.3f} -> {r['last10']:.3f} | {r['log_rise']:+.3f} | "
             f"{r['table_before']:.2f} -> {r['table_after']:.2f} | {r['fmt_before']:.2f} -> {r['fmt_after']:.2f} |"
         )
-    print("\n| perturbation | runs | mean log rise | mean table rise | held-out fmt rise (recipe: least; control: most) | claim |\n|---|---|---|---|---|---|")
+    print(
+        "\n| perturbation | runs | mean log rise | mean table rise | held-out fmt rise (recipe: least; control: most) | claim |\n|---|---|---|---|---|---|"
+    )
     for perturb in args.perturb:
         for control in (False, True):
             done = [r for _, p, c, r in results if p == perturb and c == control and not isinstance(r, str)]
@@ -134,7 +157,9 @@ def main() -> None:
             rises = (log >= LOG_RISE, table >= TABLE_RISE, fmt >= FORMAT_RISE)
             holds = not any(rises) if control else all(rises)
             kind = "control" if control else "recipe"
-            print(f"| {perturb} | {len(done)} {kind} | {log:+.3f} | {table:+.3f} | {fmt:+.2f} | {'holds' if holds else 'FAILS'} |")
+            print(
+                f"| {perturb} | {len(done)} {kind} | {log:+.3f} | {table:+.3f} | {fmt:+.2f} | {'holds' if holds else 'FAILS'} |"
+            )
     (args.out / "results.json").write_text(json.dumps([list(r) for r in results], indent=1))
 
 

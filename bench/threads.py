@@ -59,8 +59,12 @@ def cell(model: str, threads: int, busy: bool, batch: int, new: int, prompt_len:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="a local model folder (default: the learning demo's model, built here)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", help="a local model folder (default: the learning demo's model, built here)"
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new_tokens", type=int, default=48)
     parser.add_argument("--prompt_len", type=int, default=64)
@@ -70,7 +74,9 @@ def main() -> None:
         sys.path.insert(0, str(REPO))
         from prompt_aug.demo.smoke import build_tiny_model
 
-        model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "small-random-qwen2", name="small-random-qwen2"))
+        model = str(
+            build_tiny_model(Path(tempfile.mkdtemp()) / "small-random-qwen2", name="small-random-qwen2")
+        )
     print(f"model {model}, batch {args.batch}, {args.new_tokens} new tokens, prompt {args.prompt_len} tokens")
     print("| torch threads | other core | generate (tokens/s) | fwd+bwd (s) |\n|---|---|---|---|")
     for busy in (False, True):

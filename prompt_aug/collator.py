@@ -67,7 +67,11 @@ def row_uid(row: dict[str, Any], question: str) -> str:
 
 def format_columns(template: Template) -> dict[str, Any]:
     """The columns that carry ``template``'s format rules to the reward functions."""
-    return {"template": template.name, "answer_rule": template.answer, "format_markers": list(template.markers)}
+    return {
+        "template": template.name,
+        "answer_rule": template.answer,
+        "format_markers": list(template.markers),
+    }
 
 
 class PromptAugmentationCollator:
@@ -129,7 +133,9 @@ class PromptAugmentationCollator:
         """The template of row ``uid``: drawn in training, the evaluation template otherwise."""
         return self.draw(uid, epoch) if training else self.eval_template
 
-    def __call__(self, rows: list[dict[str, Any]], epoch: int = 0, training: bool = True) -> list[dict[str, Any]]:
+    def __call__(
+        self, rows: list[dict[str, Any]], epoch: int = 0, training: bool = True
+    ) -> list[dict[str, Any]]:
         """Return new rows rendered under their templates (see the class docstring for the columns)."""
         out = []
         for row in rows:
@@ -143,5 +149,7 @@ class PromptAugmentationCollator:
             uid = row_uid(row, question)
             template = self.template_for(uid, epoch, training)
             prompt = template.render(question, self.tokenizer, **self.chat_template_kwargs)
-            out.append({**row, "prompt": prompt, "question": question, "uid": uid, **format_columns(template)})
+            out.append(
+                {**row, "prompt": prompt, "question": question, "uid": uid, **format_columns(template)}
+            )
         return out

@@ -82,7 +82,9 @@ class PromptAugGRPOConfig(GRPOConfig):
     )
     eval_template: str = field(
         default="qwen-math",
-        metadata={"help": "The fixed template in eval mode: from `templates_file` if it has it, else built-in."},
+        metadata={
+            "help": "The fixed template in eval mode: from `templates_file` if it has it, else built-in."
+        },
     )
 
     # > Data
@@ -97,7 +99,9 @@ class PromptAugGRPOConfig(GRPOConfig):
     question_column: str | None = field(
         default=None, metadata={"help": "Question column (guessed if unset)."}
     )
-    answer_column: str | None = field(default=None, metadata={"help": "Gold-answer column (guessed if unset)."})
+    answer_column: str | None = field(
+        default=None, metadata={"help": "Gold-answer column (guessed if unset)."}
+    )
     dataset_levels: list[str] | None = field(
         default=None,
         metadata={"help": "Keep only these `level` values (MATH), e.g. ['Level 3', 'Level 4']."},
@@ -122,14 +126,18 @@ class PromptAugGRPOConfig(GRPOConfig):
     )
     stop_tokens: list[str] = field(
         default_factory=lambda: list(STOP_TOKENS),
-        metadata={"help": "Tokens that end a completion, beside the model's EOS (those missing from the vocabulary "
-                  "are skipped). The paper's run: [<|endoftext|>], the EOS of Qwen2.5-Math-1.5B only."},
+        metadata={
+            "help": "Tokens that end a completion, beside the model's EOS (those missing from the vocabulary "
+            "are skipped). The paper's run: [<|endoftext|>], the EOS of Qwen2.5-Math-1.5B only."
+        },
     )
     reward_cut_tokens: list[str] = field(
         default_factory=lambda: list(STOP_TOKENS),
-        metadata={"help": "The rewards grade each completion's text up to the first of these tokens; generation "
-                  "may run past them (stop_tokens) and the whole completion is trained. The paper's run: "
-                  "[<|im_end|>], as verl's reward cut the text there."},
+        metadata={
+            "help": "The rewards grade each completion's text up to the first of these tokens; generation "
+            "may run past them (stop_tokens) and the whole completion is trained. The paper's run: "
+            "[<|im_end|>], as verl's reward cut the text there."
+        },
     )
 
     # > Evaluation during training
@@ -151,11 +159,15 @@ class PromptAugGRPOConfig(GRPOConfig):
     # > Dynamic sampling (DAPO): train each round only on groups whose rewards differ
     dynamic_sampling: bool = field(
         default=False,
-        metadata={"help": "Replace zero-spread groups by groups of newly drawn questions (off: the paper's run)."},
+        metadata={
+            "help": "Replace zero-spread groups by groups of newly drawn questions (off: the paper's run)."
+        },
     )
     dynamic_sampling_signal: str = field(
         default="total",
-        metadata={"help": "What must differ within a group: `total` (weighted reward) or one reward_funcs name."},
+        metadata={
+            "help": "What must differ within a group: `total` (weighted reward) or one reward_funcs name."
+        },
     )
     dynamic_sampling_max_passes: int = field(
         default=4,
@@ -193,10 +205,16 @@ class PromptAugGRPOConfig(GRPOConfig):
     collapse_accuracy_action: str = field(default="checkpoint", metadata={"help": "log | checkpoint | stop."})
     collapse_truncation_ceiling: float | None = field(
         default=None,
-        metadata={"help": "Fire when completions/clipped_ratio stays above this for collapse_truncation_rounds."},
+        metadata={
+            "help": "Fire when completions/clipped_ratio stays above this for collapse_truncation_rounds."
+        },
     )
-    collapse_truncation_rounds: int = field(default=10, metadata={"help": "Rounds in a row above the ceiling."})
-    collapse_truncation_action: str = field(default="checkpoint", metadata={"help": "log | checkpoint | stop."})
+    collapse_truncation_rounds: int = field(
+        default=10, metadata={"help": "Rounds in a row above the ceiling."}
+    )
+    collapse_truncation_action: str = field(
+        default="checkpoint", metadata={"help": "log | checkpoint | stop."}
+    )
     collapse_repetition_ceiling: float | None = field(
         default=None,
         metadata={
@@ -204,8 +222,12 @@ class PromptAugGRPOConfig(GRPOConfig):
             "collapse_repetition_rounds rounds."
         },
     )
-    collapse_repetition_rounds: int = field(default=10, metadata={"help": "Rounds in a row above the ceiling."})
-    collapse_repetition_action: str = field(default="checkpoint", metadata={"help": "log | checkpoint | stop."})
+    collapse_repetition_rounds: int = field(
+        default=10, metadata={"help": "Rounds in a row above the ceiling."}
+    )
+    collapse_repetition_action: str = field(
+        default="checkpoint", metadata={"help": "log | checkpoint | stop."}
+    )
     collapse_eval_drop: float | None = field(
         default=None,
         metadata={
@@ -219,7 +241,9 @@ class PromptAugGRPOConfig(GRPOConfig):
     collapse_eval_action: str = field(default="checkpoint", metadata={"help": "log | checkpoint | stop."})
     reset_optimizer_on_ref_sync: bool = field(
         default=False,
-        metadata={"help": "ProRL: zero the optimizer state at each reference sync (needs sync_ref_model: true)."},
+        metadata={
+            "help": "ProRL: zero the optimizer state at each reference sync (needs sync_ref_model: true)."
+        },
     )
     skip_minibatch_ratio_above: float | None = field(
         default=None,
@@ -329,7 +353,10 @@ class BatchArithmetic:
             ("completions per round", self.completions_per_round),
             ("completions per optimizer step", self.completions_per_optimizer_step),
             ("optimizer steps per round", _fmt(self.optimizer_steps_per_round)),
-            ("rounds per epoch", self.rounds_per_epoch if self.rounds_per_epoch is not None else "? (set dataset_num_rows)"),
+            (
+                "rounds per epoch",
+                self.rounds_per_epoch if self.rounds_per_epoch is not None else "? (set dataset_num_rows)",
+            ),
             ("total rounds", self.total_rounds if self.total_rounds is not None else "?"),
         ]
         return "\n".join(f"{name:<32}{value}" for name, value in rows)

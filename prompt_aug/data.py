@@ -84,7 +84,9 @@ def _load_raw(name: str, config: str | None, split: str) -> datasets.Dataset:
     if path.is_file():
         return _load_files([path])
     if looks_local(name):  # not a Hub id: do not let the Hub client retry for half a minute
-        raise DataError(f"dataset {name!r}: no such folder or file ({path.resolve()}); fix the path or give a Hub id")
+        raise DataError(
+            f"dataset {name!r}: no such folder or file ({path.resolve()}); fix the path or give a Hub id"
+        )
     if name == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
         return datasets.load_dataset(name, data_dir=config or SIMPLERL_CONFIG, split=split)
     return datasets.load_dataset(name, config, split=split)
@@ -151,9 +153,13 @@ def to_rows(
         q_col = question_column or next((c for c in _QUESTION_GUESSES if c in cols), None)
         a_col = answer_column or next((c for c in _ANSWER_GUESSES if c in cols), None)
         if q_col is None:
-            raise DataError(f"no question column (tried {list(_QUESTION_GUESSES)}); set `question_column`. Columns: {cols}")
+            raise DataError(
+                f"no question column (tried {list(_QUESTION_GUESSES)}); set `question_column`. Columns: {cols}"
+            )
         if a_col is None:
-            raise DataError(f"no answer column (tried {list(_ANSWER_GUESSES)}); set `answer_column`. Columns: {cols}")
+            raise DataError(
+                f"no answer column (tried {list(_ANSWER_GUESSES)}); set `answer_column`. Columns: {cols}"
+            )
         _require(ds, q_col, "question")
         _require(ds, a_col, "answer")
         questions = [str(q).strip() for q in ds[q_col]]
@@ -196,8 +202,7 @@ def filter_long_prompts(
     probe = rows[0]["question"]
     longest = max(templates, key=lambda t: len(tokenizer(t.render(probe, tokenizer)).input_ids))
     lengths = [
-        len(ids)
-        for ids in tokenizer([longest.render(q, tokenizer) for q in rows["question"]]).input_ids
+        len(ids) for ids in tokenizer([longest.render(q, tokenizer) for q in rows["question"]]).input_ids
     ]
     keep = [i for i, n in enumerate(lengths) if n <= max_prompt_length]
     return rows.select(keep), len(rows) - len(keep)
@@ -283,7 +288,9 @@ def preview(args: argparse.Namespace) -> str:
             lines.append(f"(could not load tokenizer {tokenizer_name!r}: {str(err).splitlines()[0]})")
     if tokenizer is None:
         tokenizer = demo.builtin_tokenizer()
-        lines.append("(rendering with the built-in ChatML tokenizer; pass --tokenizer or --config for your model's)")
+        lines.append(
+            "(rendering with the built-in ChatML tokenizer; pass --tokenizer or --config for your model's)"
+        )
         if max_len:  # its token counts are not the model's: a limit applied with it would invent drops
             lines.append(f"(prompt length limit {max_len} not applied: it needs the model's tokenizer)")
             max_len = None
@@ -313,8 +320,12 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m prompt_aug.data --dataset PATH_OR_ID [--config RECIPE.yaml]``: preview a dataset."""
     parser = argparse.ArgumentParser(prog="python -m prompt_aug.data", description=main.__doc__)
     parser.add_argument("--dataset", required=True, help="`synthetic`, a Hub id, or a local path")
-    parser.add_argument("--config", help="a recipe YAML: templates, columns, prompt limit and tokenizer come from it")
-    parser.add_argument("--dataset_config", help="Hub subset / local sub-folder (e.g. simplelr_qwen_level3to5)")
+    parser.add_argument(
+        "--config", help="a recipe YAML: templates, columns, prompt limit and tokenizer come from it"
+    )
+    parser.add_argument(
+        "--dataset_config", help="Hub subset / local sub-folder (e.g. simplelr_qwen_level3to5)"
+    )
     parser.add_argument("--split", help="split to load (default: train)")
     parser.add_argument("--tokenizer", help="tokenizer to render prompts with (default: the recipe's model)")
     parser.add_argument("--max_prompt_length", type=int, help="drop prompts longer than this many tokens")

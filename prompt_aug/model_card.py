@@ -102,7 +102,9 @@ def render_model_card(
         "|---|---|---|",
     ]
     shown = [k for k in _CARD_METRICS if k in metrics] + sorted(k for k in metrics if k.endswith("/accuracy"))
-    lines += [f"| {key} | {metrics[key][0]:.4g} | {metrics[key][1]} |" for key in shown] or ["| (none logged) | | |"]
+    lines += [f"| {key} | {metrics[key][0]:.4g} | {metrics[key][1]} |" for key in shown] or [
+        "| (none logged) | | |"
+    ]
     lines += ["", *_evaluation_section(output_dir)]
     lines += [
         "",
@@ -153,7 +155,9 @@ def _evaluation_section(output_dir: Path) -> list[str]:
     if eval_table.is_file():
         lines += [eval_table.read_text().strip()]
     else:
-        lines += ["No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."]
+        lines += [
+            "No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."
+        ]
     if robustness.is_file():
         lines += ["", "### Robustness across templates", "", robustness.read_text().strip()]
     return lines
@@ -170,7 +174,9 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
     if not card_path.is_file():
         raise FileNotFoundError(f"no model card {card_path}: train first (the card is written at the end)")
     if not any((output_dir / p).is_file() for p in (EVAL_TABLE_PATH, ROBUSTNESS_TABLE_PATH)):
-        raise FileNotFoundError(f"no {output_dir / EVAL_TABLE_PATH}: run prompt-aug-eval --model {output_dir}")
+        raise FileNotFoundError(
+            f"no {output_dir / EVAL_TABLE_PATH}: run prompt-aug-eval --model {output_dir}"
+        )
     lines = card_path.read_text().split("\n")
     start = lines.index("## Evaluation")
     # The section the renderer writes next ends it (an eval table may carry headings of its own).

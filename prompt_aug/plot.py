@@ -140,7 +140,10 @@ def series(
     xs = [rounds.get(s, math.nan) for s, _ in points] if x == "round" else [s for s, _ in points]
     values = [v for _, v in points]
     if smooth > 1:  # the mean over the window's logged values; a gap stays a gap
-        windows = [[w for w in values[max(0, i - smooth + 1) : i + 1] if not math.isnan(w)] for i in range(len(values))]
+        windows = [
+            [w for w in values[max(0, i - smooth + 1) : i + 1] if not math.isnan(w)]
+            for i in range(len(values))
+        ]
         values = [sum(w) / len(w) if w and not math.isnan(v) else math.nan for w, v in zip(windows, values)]
     return xs, values
 
@@ -249,8 +252,14 @@ def build_figure(
         fontsize=9,
     )
     if below:
-        fig.legend(handles=below, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(below), 6),
-                   frameon=False, fontsize=8)
+        fig.legend(
+            handles=below,
+            loc="lower center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=min(len(below), 6),
+            frameon=False,
+            fontsize=8,
+        )
     fig.tight_layout(rect=(0, below_h / height, 1, 1 - (title_h + legend_h) / height))
     return fig
 
@@ -309,7 +318,9 @@ def collapse_events(history: list[dict[str, Any]]) -> list[tuple[int, str]]:
     ]
 
 
-def _mark_collapse(panels: list[tuple[Any, Any]], runs: list[Run], colors: dict[str, Any], x: str = "step") -> None:
+def _mark_collapse(
+    panels: list[tuple[Any, Any]], runs: list[Run], colors: dict[str, Any], x: str = "step"
+) -> None:
     """A dotted vertical line in the run's colour at each firing, on each panel (a per-template panel: its
     own run only), at its step or, with ``x="round"``, its round; the signal names are written on the first
     panel."""
@@ -322,8 +333,16 @@ def _mark_collapse(panels: list[tuple[Any, Any]], runs: list[Run], colors: dict[
                 where = rounds.get(step, step) if x == "round" else step
                 ax.axvline(where, color=colors[run.name], linestyle=":", linewidth=1.5, alpha=0.9)
                 if index == 0:
-                    ax.annotate(f"{signal}", (where, 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                                ha="right", va="top", fontsize=7, color=colors[run.name])
+                    ax.annotate(
+                        f"{signal}",
+                        (where, 1.0),
+                        xycoords=("data", "axes fraction"),
+                        rotation=90,
+                        ha="right",
+                        va="top",
+                        fontsize=7,
+                        color=colors[run.name],
+                    )
 
 
 def _fraction_axis(ax: Any) -> None:
@@ -334,8 +353,15 @@ def _fraction_axis(ax: Any) -> None:
 
 def _eval_sources(runs: list[Run]) -> str:
     """Where the eval panel's points come from, in a line or two."""
-    during = sorted({k.split("/")[1] for r in runs for e in r.history for k in e
-                     if k.startswith("eval/") and k.endswith("/accuracy")})
+    during = sorted(
+        {
+            k.split("/")[1]
+            for r in runs
+            for e in r.history
+            for k in e
+            if k.startswith("eval/") and k.endswith("/accuracy")
+        }
+    )
     parts = []
     if during:
         parts.append(f"lines: logged during training ({', '.join(during)}; recipe eval_benchmarks)")

@@ -77,9 +77,13 @@ def _parse_entry(entry: Any, index: int, source: str) -> Template:
     name = str(entry["name"])
     unknown = set(entry) - _FIELDS
     if unknown:
-        raise TemplateError(f"template {name!r} ({source}): unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}")
+        raise TemplateError(
+            f"template {name!r} ({source}): unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}"
+        )
     if "user" not in entry:
-        raise TemplateError(f"template {name!r} ({source}): missing `user` (text with a {QUESTION_SLOT} slot)")
+        raise TemplateError(
+            f"template {name!r} ({source}): missing `user` (text with a {QUESTION_SLOT} slot)"
+        )
     user = str(entry["user"])
     if user.count(QUESTION_SLOT) != 1:
         raise TemplateError(
@@ -88,7 +92,9 @@ def _parse_entry(entry: Any, index: int, source: str) -> Template:
         )
     answer = entry.get("answer", "boxed")
     if answer not in ANSWER_RULES:
-        raise TemplateError(f"template {name!r} ({source}): `answer` must be one of {ANSWER_RULES}, got {answer!r}")
+        raise TemplateError(
+            f"template {name!r} ({source}): `answer` must be one of {ANSWER_RULES}, got {answer!r}"
+        )
     markers = entry.get("markers") or []
     if not isinstance(markers, list) or not all(isinstance(m, str) and m for m in markers):
         raise TemplateError(f"template {name!r} ({source}): `markers` must be a list of non-empty strings")
@@ -145,7 +151,9 @@ def check_renders(templates: Any, tokenizer: Any) -> None:
         try:
             text = template.render("What is 1 + 1?", tokenizer)
         except Exception as err:  # the tokenizer's Jinja template can raise anything
-            raise TemplateError(f"template {template.name!r} failed to render with the tokenizer: {err}") from err
+            raise TemplateError(
+                f"template {template.name!r} failed to render with the tokenizer: {err}"
+            ) from err
         if "What is 1 + 1?" not in text:
             raise TemplateError(f"template {template.name!r}: the rendered prompt lost the question")
 
@@ -158,7 +166,9 @@ def get_template(name: str, path: str | Path | None = None) -> Template:
     """
     bank = load_templates(path)
     if name not in bank:
-        raise TemplateError(f"unknown template {name!r} in {path or DEFAULT_TEMPLATES_FILE}; it has {list(bank)}")
+        raise TemplateError(
+            f"unknown template {name!r} in {path or DEFAULT_TEMPLATES_FILE}; it has {list(bank)}"
+        )
     return bank[name]
 
 

@@ -225,7 +225,9 @@ def train(argv: list[str] | None = None) -> None:
 def prepare_output_dir(args: PromptAugGRPOConfig, model_args: ModelConfig, state: PartialState) -> str | None:
     """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
     the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
-    resolve_local_model(model_args.model_name_or_path)  # a known local model not fetched yet: its fetch command
+    resolve_local_model(
+        model_args.model_name_or_path
+    )  # a known local model not fetched yet: its fetch command
     builtin = (*demo.TINY_MODEL_NAMES, *LOCAL_MODELS)
     check_source("model_name_or_path", model_args.model_name_or_path, builtin=builtin)
     check_source("dataset_name", args.dataset_name, builtin=demo.BUILTIN_DATASETS)
@@ -366,7 +368,9 @@ def _interrupted_message(trainer: PromptAugGRPOTrainer, argv: list[str] | None) 
     last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
     lines = [f"Interrupted at step {trainer.state.global_step}/{trainer.state.max_steps}."]
     if last is None:
-        lines.append(f"No checkpoint was saved in {output_dir} yet; start over with --overwrite_output_dir true.")
+        lines.append(
+            f"No checkpoint was saved in {output_dir} yet; start over with --overwrite_output_dir true."
+        )
     else:
         lines += [
             f"Last checkpoint: {last}. Resume with the same launch command plus --resume_from_checkpoint true:",

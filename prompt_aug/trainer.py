@@ -170,7 +170,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         vocab = self._tokenizer.get_vocab()
         self.reward_cut_ids = {vocab[t] for t in reward_cut_tokens or () if t in vocab}
         if prompt_collator is not None and not prompt_augmentation:
-            raise ValueError("PromptAugGRPOTrainer: a prompt_collator was given with prompt_augmentation=False")
+            raise ValueError(
+                "PromptAugGRPOTrainer: a prompt_collator was given with prompt_augmentation=False"
+            )
         if prompt_augmentation and prompt_collator is None:
             prompt_collator = self._default_collator()
         self.prompt_collator = prompt_collator
@@ -178,8 +180,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self._round_rewards: torch.Tensor | None = None
         # Collapse watch and RLinf's mini-batch skip (issue 13).
         if skip_minibatch_ratio_above is not None and self.is_deepspeed_enabled:
-            raise ValueError("skip_minibatch_ratio_above is not supported under DeepSpeed (its optimizer steps "
-                             "inside backward, before a mini-batch can be judged); use DDP or FSDP, or unset it")
+            raise ValueError(
+                "skip_minibatch_ratio_above is not supported under DeepSpeed (its optimizer steps "
+                "inside backward, before a mini-batch can be judged); use DDP or FSDP, or unset it"
+            )
         self.skip_minibatch_ratio_above = skip_minibatch_ratio_above
         names = []
         if prompt_collator is not None:
@@ -191,8 +195,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self._conversational = False  # this round's dataset is conversational (see _calculate_rewards)
         # DAPO's dynamic sampling (issue 12).
         if dynamic_sampling is not None and prompt_collator is None:
-            raise ValueError("dynamic_sampling needs prompt augmentation; set prompt_augmentation to true or drop "
-                             "dynamic_sampling")
+            raise ValueError(
+                "dynamic_sampling needs prompt augmentation; set prompt_augmentation to true or drop "
+                "dynamic_sampling"
+            )
         self.dynamic_sampling = dynamic_sampling
         if dynamic_sampling is not None:
             dynamic_sampling.check(self)
@@ -223,7 +229,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         if self.prompt_collator is None:
             return super()._generate_and_score_completions(inputs)
         training = self.model.training
-        epoch = int(self.state.epoch or 0)  # whole epochs done: a new epoch redraws, a resume redraws the same
+        epoch = int(
+            self.state.epoch or 0
+        )  # whole epochs done: a new epoch redraws, a resume redraws the same
         # The rendered text goes to generation; a conversational dataset's reward functions get messages back.
         self._conversational = is_conversational(inputs[0])
         inputs = self.prompt_collator(inputs, epoch=epoch, training=training)
@@ -333,7 +341,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         if replayed is None:
             completions = self._cut_for_rewards(completions, completion_ids_list)
             if self._conversational:
-                prompts = [self.prompt_collator.template_named(row["template"]).messages(row["question"]) for row in inputs]
+                prompts = [
+                    self.prompt_collator.template_named(row["template"]).messages(row["question"])
+                    for row in inputs
+                ]
                 completions = [[{"role": "assistant", "content": text}] for text in completions]
             replayed = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._round_rewards = replayed
@@ -358,7 +369,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     # Why: a dynamic-sampling round hands TRL completions that were already generated (see module docstring).
     def _generate(self, prompts: list):
-        replayed = self.dynamic_sampling.replayed_generation(prompts) if self.dynamic_sampling is not None else None
+        replayed = (
+            self.dynamic_sampling.replayed_generation(prompts) if self.dynamic_sampling is not None else None
+        )
         return replayed if replayed is not None else super()._generate(prompts)
 
     def _reward_column(self, *funcs: Any) -> int | None:
@@ -452,8 +465,14 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         else:
             self._count_tokens(attention_mask)
             logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-                compute_aux_loss, **kwargs,
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
+                **kwargs,
             )
         if entropies is not None:
             self._loss_forward = (logps.detach(), entropies.detach())
@@ -506,8 +525,11 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         total, count = self.accelerator.reduce(window.to(loss.device), reduction="sum").tolist()
         ratio = total / count if count else 1.0
         if self._skipped_minibatches is None:  # carry the count over a resume
-            logged = [e["stability/skipped_minibatches"] for e in self.state.log_history
-                      if "stability/skipped_minibatches" in e]
+            logged = [
+                e["stability/skipped_minibatches"]
+                for e in self.state.log_history
+                if "stability/skipped_minibatches" in e
+            ]
             self._skipped_minibatches = int(logged[-1]) if logged else 0
         if ratio >= self.skip_minibatch_ratio_above:
             model.zero_grad(set_to_none=True)
@@ -540,7 +562,10 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         if not self.is_world_process_zero():
             return None
         card = render_model_card(
-            self.model_card_info, self.args.output_dir, self.state.global_step, self.state.log_history,
+            self.model_card_info,
+            self.args.output_dir,
+            self.state.global_step,
+            self.state.log_history,
             getattr(self, "hub_model_id", None) or self.args.hub_model_id,  # the full id once pushed
         )
         Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)

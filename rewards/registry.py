@@ -126,6 +126,8 @@ CORRECTNESS_REWARDS: tuple[Callable[..., list[float | None]], ...] = (
     strict_correctness_reward,
     joined_boxes_correctness_reward,
 )
+
+
 def mean_key(func: Callable[..., Any]) -> str:
     """The key under which TRL logs the round mean of reward ``func``.
 
@@ -171,7 +173,9 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
     try:
         func = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as err:
-        raise ValueError(f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function") from None
+        raise ValueError(
+            f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function"
+        ) from None
     if not callable(func):
         raise ValueError(f"reward_funcs: {path!r} is a {type(func).__name__}, not a function")  # noqa: TRY004 (a bad recipe value, like the other reward_funcs errors)
     return func

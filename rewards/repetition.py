@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 MAX_PERIOD = 64  # longest repeated n-gram looked for, in tokens
-MIN_REPEATS = 3  # the n-gram must occur at least this many times in a row (a cut-off last copy counts in part)
+MIN_REPEATS = (
+    3  # the n-gram must occur at least this many times in a row (a cut-off last copy counts in part)
+)
 MIN_SPAN = 16  # and the looping tail must be at least this long, so "!!!" or "0000" is not a loop
 
 

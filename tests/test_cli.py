@@ -84,7 +84,10 @@ def test_groups_that_do_not_fill_the_batch_name_the_keys_to_change(tmp_path, cap
 @pytest.mark.parametrize(
     ("option", "expected"),
     [
-        (["--templates", "abel", "no-such"], "templates: unknown template(s) ['no-such']; the bank has ['abel'"),
+        (
+            ["--templates", "abel", "no-such"],
+            "templates: unknown template(s) ['no-such']; the bank has ['abel'",
+        ),
         (["--reward_funcs", "correctnes"], "unknown reward_funcs ['correctnes']; registered: ['correctness'"),
         (["--reward_funcs", "no_such_module:f"], "reward_funcs: cannot load 'no_such_module:f'"),
     ],
@@ -139,7 +142,10 @@ def test_a_missing_local_dataset_fails_at_once_naming_the_key(tmp_path, capsys, 
     "name, expected",
     [
         ("{tmp}/missing.jsonl", "question set {tmp}/missing.jsonl: no such file"),
-        ("someone/missing-questions", "question set someone/missing-questions: could not load it from the Hugging Face Hub ("),
+        (
+            "someone/missing-questions",
+            "question set someone/missing-questions: could not load it from the Hugging Face Hub (",
+        ),
     ],
 )
 def test_an_evaluation_set_that_cannot_load_fails_before_the_model_is_built(tmp_path, capsys, name, expected):
@@ -148,7 +154,17 @@ def test_an_evaluation_set_that_cannot_load_fails_before_the_model_is_built(tmp_
     name, expected = name.format(tmp=tmp_path), expected.format(tmp=tmp_path)
     out = tmp_path / "o"
     message = _error(
-        ["--config", str(SMOKE), "--output_dir", str(out), "--eval_benchmarks", name, "--eval_every_steps", "1"], capsys
+        [
+            "--config",
+            str(SMOKE),
+            "--output_dir",
+            str(out),
+            "--eval_benchmarks",
+            name,
+            "--eval_every_steps",
+            "1",
+        ],
+        capsys,
     )
     assert message.startswith("prompt-aug-train: error: " + expected), message
     assert not (out / "tiny-random-qwen2").exists()

@@ -90,7 +90,11 @@ def test_truncation_and_repetition_fire_after_their_windows_above_the_ceiling():
     trunc = [0.1, 0.6, 0.1, 0.6, 0.7, 0.8]
     rep = [0.0, 0.3, 0.3, 0.3, 0.1, 0.3, 0.3, 0.3, 0.3]
     stream = [
-        {"step": i + 1, **({"completions/clipped_ratio": trunc[i]} if i < len(trunc) else {}), REPETITION_KEY: r}
+        {
+            "step": i + 1,
+            **({"completions/clipped_ratio": trunc[i]} if i < len(trunc) else {}),
+            REPETITION_KEY: r,
+        }
         for i, r in enumerate(rep)
     ]
     fired = _feed(_guard(TRUNCATION, REPETITION), stream)
@@ -143,7 +147,9 @@ def test_a_noisy_but_healthy_run_trips_nothing():
         stream.append(entry)
     assert _feed(guard, stream) == {}
     # The same run with a real collapse appended does trip the entropy floor and the accuracy fall.
-    tail = [{"step": s, "entropy": 0.02, "rewards/correctness_reward/mean": 0.1} for s in range(1201, 1261, 4)]
+    tail = [
+        {"step": s, "entropy": 0.02, "rewards/correctness_reward/mean": 0.1} for s in range(1201, 1261, 4)
+    ]
     fired = _feed(guard, tail)
     assert {s for signals in fired.values() for s in signals} == {"entropy", "accuracy"}
 
@@ -213,7 +219,17 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
         "--collapse_repetition_rounds", "1", "--collapse_repetition_action", "checkpoint",
         "--save_steps", "3", "--save_total_limit", "1",
     ]  # fmt: skip
-    cmd = [sys.executable, "-m", "prompt_aug.train", "--config", SMOKE, "--output_dir", str(out), "--max_steps", "8"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prompt_aug.train",
+        "--config",
+        SMOKE,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "8",
+    ]
     result = subprocess.run(cmd + flags, check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -336,7 +352,9 @@ def test_minibatch_skip_at_ratio_1_keeps_every_weight_and_without_it_they_move(t
     before, after = _weights(out / "tiny-random-qwen2"), _weights(out)
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     history = _history(out)
-    assert all(e["frac_reward_zero_std"] < 1 for e in history if "frac_reward_zero_std" in e)  # spread in groups
+    assert all(
+        e["frac_reward_zero_std"] < 1 for e in history if "frac_reward_zero_std" in e
+    )  # spread in groups
     if threshold:
         assert changed == []
         assert [e["stability/skipped_minibatches"] for e in history if "loss" in e] == [1.0, 2.0]
@@ -361,7 +379,9 @@ def test_per_template_entropy_and_repetition_are_logged_and_agree_with_the_total
     names = [k.split("/")[1] for k in first if k.startswith("templates/") and k.endswith("/count")]
     assert names
     for name in names:
-        entropies = [e[f"templates/{name}/entropy"] for e in (first, second) if f"templates/{name}/entropy" in e]
+        entropies = [
+            e[f"templates/{name}/entropy"] for e in (first, second) if f"templates/{name}/entropy" in e
+        ]
         assert entropies and all(0 <= h < 0.1 for h in entropies), name  # near-greedy sampling
         assert first[f"templates/{name}/repetition"] == 1.0  # every completion loops on "\n"
     counts = {n: first[f"templates/{n}/count"] for n in names}
@@ -433,7 +453,9 @@ def test_plot_marks_where_the_guard_fired(tmp_path):
     history[11]["collapse/fired/entropy"] = 1.0
     history[15].update({"collapse/fired/accuracy": 1.0, "collapse/fired/repetition": 1.0})
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "trainer_state.json").write_text(json.dumps({"global_step": 20, "log_history": history}))
+    (tmp_path / "run" / "trainer_state.json").write_text(
+        json.dumps({"global_step": 20, "log_history": history})
+    )
     assert collapse_events(history) == [(12, "entropy"), (16, "accuracy"), (16, "repetition")]
     fig = build_figure([tmp_path / "run"])
     panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}

@@ -68,7 +68,10 @@ def test_weighted_draws_follow_the_weights(bank, tokenizer):
 
 def test_draws_do_not_depend_on_the_process(bank, tokenizer):
     # A fresh interpreter with another hash salt stands in for another rank or a resumed run.
-    here = [PromptAugmentationCollator(list(bank.values()), tokenizer, seed=7).draw(f"u{i}", 2).name for i in range(50)]
+    here = [
+        PromptAugmentationCollator(list(bank.values()), tokenizer, seed=7).draw(f"u{i}", 2).name
+        for i in range(50)
+    ]
     code = (
         "import json; from prompt_aug.templates import load_templates;"
         "from prompt_aug.collator import PromptAugmentationCollator;"
@@ -116,7 +119,9 @@ def test_two_process_run_keeps_groups_on_one_template_across_ranks(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (result.stdout + result.stderr).count("questions per round") == 1  # rank 0 only prints the arithmetic
+    assert (result.stdout + result.stderr).count(
+        "questions per round"
+    ) == 1  # rank 0 only prints the arithmetic
     records = pd.concat(pd.read_parquet(p) for p in sorted((out / "completions").glob("*.parquet")))
     groups = records.groupby(["step", "uid"])
     assert (groups["template"].nunique() == 1).all()

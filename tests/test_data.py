@@ -26,7 +26,10 @@ def _verl_frame(rows) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "data_source": ["test"] * len(rows),
-            "prompt": [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q + " "}] for q, _, _ in rows],
+            "prompt": [
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q + " "}]
+                for q, _, _ in rows
+            ],
             "ability": ["math"] * len(rows),
             "reward_model": [{"ground_truth": gold, "style": "rule"} for _, gold, _ in rows],
             "extra_info": [{"index": index, "original_source": "test"} for _, _, index in rows],
@@ -105,9 +108,9 @@ def test_level_filter_needs_a_level_column(tmp_path):
 
 def test_column_mapping(tmp_path):
     path = tmp_path / "custom.csv"
-    pd.DataFrame({"statement": ["What is 6 x 7?", "What is 6 x 7?"], "final": [42, 42], "src": ["a", "b"]}).to_csv(
-        path, index=False
-    )
+    pd.DataFrame(
+        {"statement": ["What is 6 x 7?", "What is 6 x 7?"], "final": [42, 42], "src": ["a", "b"]}
+    ).to_csv(path, index=False)
     rows, report = load_math_dataset(str(path), question_column="statement", answer_column="final")
     assert rows["question"] == ["What is 6 x 7?"] * 2 and rows["answer"] == ["42", "42"]
     assert len(set(rows["uid"])) == 2  # duplicates get distinct, stable uids
@@ -159,8 +162,11 @@ def test_preview_cli_prints_rows_golds_answer_forms_and_one_prompt_per_template(
     assert "golds: 4 rows with a gold answer, 1 without one (dropped)" in out
     assert "answer forms:" in out
     for form, count in (("integer", 1), ("fraction", 1), ("expression", 1), ("text", 1)):
-        assert any(line.split()[:-2] == form.split() and line.split()[-2] == str(count) for line in out.splitlines()
-                   if line.startswith("  ")), (form, out)
+        assert any(
+            line.split()[:-2] == form.split() and line.split()[-2] == str(count)
+            for line in out.splitlines()
+            if line.startswith("  ")
+        ), (form, out)
     names = list(load_templates())
     assert len(names) == 13
     for name in names:
@@ -180,7 +186,9 @@ def _preview_with_a_long_question(tmp_path, capsys, recipe_text: str) -> str:
 
 def test_preview_cli_with_a_recipe_uses_its_templates_and_prompt_limit(tmp_path, capsys):
     out = _preview_with_a_long_question(
-        tmp_path, capsys, "model_name_or_path: tiny-random-qwen2\ntemplates: [qwen-math, abel]\nmax_prompt_length: 200\n"
+        tmp_path,
+        capsys,
+        "model_name_or_path: tiny-random-qwen2\ntemplates: [qwen-math, abel]\nmax_prompt_length: 200\n",
     )
     assert "6 rows read, 4 kept" in out
     assert "dropped 1: prompt longer than 200 tokens (longest template)" in out
@@ -191,7 +199,9 @@ def test_preview_without_the_recipes_tokenizer_skips_the_length_limit_and_says_s
     # Offline, the recipe's Hub tokenizer cannot load; the built-in one counts tokens differently, so a
     # limit applied with it would report drops that training would not make.
     out = _preview_with_a_long_question(
-        tmp_path, capsys, "model_name_or_path: Qwen/Qwen2.5-Math-1.5B\ntemplates: [qwen-math]\nmax_prompt_length: 200\n"
+        tmp_path,
+        capsys,
+        "model_name_or_path: Qwen/Qwen2.5-Math-1.5B\ntemplates: [qwen-math]\nmax_prompt_length: 200\n",
     )
     assert "could not load tokenizer 'Qwen/Qwen2.5-Math-1.5B'" in out
     assert "prompt length limit 200 not applied" in out
@@ -202,7 +212,9 @@ def test_preview_without_the_recipes_tokenizer_skips_the_length_limit_and_says_s
 def test_a_missing_local_dataset_fails_at_once_naming_the_path(name):
     with pytest.raises(DataError, match="no such folder"):
         load_math_dataset(name)
-    with pytest.raises(SystemExit, match=f"prompt-aug-data: error: dataset '{re.escape(name)}': no such folder"):
+    with pytest.raises(
+        SystemExit, match=f"prompt-aug-data: error: dataset '{re.escape(name)}': no such folder"
+    ):
         data.main(["--dataset", name])
 
 

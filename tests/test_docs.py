@@ -66,7 +66,6 @@ def test_rewards_import_nothing_of_prompt_aug():
         assert not [m for m in imported if m.startswith("prompt_aug")], path
 
 
-
 def test_evaluation_modules_import_only_the_ones_below_them():
     order = ["benchmarks", "backends", "runner", "report", "cli", "callback"]  # docs/architecture.md
     folder = REPO / "prompt_aug/evaluation"
@@ -88,6 +87,7 @@ def test_the_grading_machinery_imports_no_reward_function():
             if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").startswith("rewards.")
         ]
         assert set(above) <= {"formats", "grading"}, (path.name, above)
+
 
 def test_the_training_path_imports_no_demo_module_unless_the_recipe_asks(tmp_path):
     # A non-demo run imports the training entry point and resolves a real model and dataset by name; a demo

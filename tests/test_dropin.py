@@ -33,7 +33,14 @@ from rewards import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-QUESTIONS = ["What is 2 + 3?", "Compute 7 - 4.", "What is 6 times 7?", "Evaluate 2^5.", "What is 10 / 4?", "Solve x + 1 = 3."]
+QUESTIONS = [
+    "What is 2 + 3?",
+    "Compute 7 - 4.",
+    "What is 6 times 7?",
+    "Evaluate 2^5.",
+    "What is 10 / 4?",
+    "Solve x + 1 = 3.",
+]
 FORMAT_COLUMNS = {"template", "answer_rule", "format_markers"}
 
 
@@ -42,7 +49,9 @@ def standard_prompt_only() -> Dataset:
 
 
 def conversational_prompt_only() -> Dataset:
-    prompts = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}] for q in QUESTIONS]
+    prompts = [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}] for q in QUESTIONS
+    ]
     return Dataset.from_dict({"prompt": prompts})
 
 
@@ -86,7 +95,10 @@ def train_and_assert_weights_moved(trainer) -> None:
 def test_trl_arguments_alone_train_with_the_builtin_bank_and_args_seed(tiny_model_dir, tmp_path):
     args = config(tmp_path, seed=11)
     trainer = PromptAugGRPOTrainer(
-        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args, train_dataset=standard_prompt_only()
+        model=str(tiny_model_dir),
+        reward_funcs=distinct_characters,
+        args=args,
+        train_dataset=standard_prompt_only(),
     )
     collator = trainer.prompt_collator
     assert [t.name for t in collator.templates] == list(load_templates())
@@ -107,7 +119,10 @@ def test_a_prompt_aug_config_sets_the_trainer_and_is_a_grpo_config(tiny_model_di
     )  # fmt: skip
     assert isinstance(args, GRPOConfig) and Exported is PromptAugGRPOTrainer
     trainer = PromptAugGRPOTrainer(
-        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args, train_dataset=standard_prompt_only()
+        model=str(tiny_model_dir),
+        reward_funcs=distinct_characters,
+        args=args,
+        train_dataset=standard_prompt_only(),
     )
     collator = trainer.prompt_collator
     assert [t.name for t in collator.templates] == ["abel", "formal"] and collator._cumulative == [0.75, 1.0]
@@ -116,7 +131,10 @@ def test_a_prompt_aug_config_sets_the_trainer_and_is_a_grpo_config(tiny_model_di
     assert trainer.dynamic_sampling is not None and trainer.dynamic_sampling.max_passes == 2
     off = PromptAugGRPOConfig(**values, prompt_augmentation=False)
     plain = PromptAugGRPOTrainer(
-        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=off, train_dataset=standard_prompt_only()
+        model=str(tiny_model_dir),
+        reward_funcs=distinct_characters,
+        args=off,
+        train_dataset=standard_prompt_only(),
     )
     assert plain.prompt_collator is None and plain.dynamic_sampling is None
 
@@ -158,7 +176,9 @@ def test_standard_prompt_gives_the_question_and_a_stable_uid(tokenizer):
     assert all(q in r["prompt"] for q, r in zip(QUESTIONS, rows))
     # The derived uid depends on the question only: the same in a fresh interpreter with another hash salt.
     code = f"from prompt_aug.collator import row_uid; print(row_uid({{}}, {QUESTIONS[0]!r}))"
-    there = subprocess.check_output([sys.executable, "-c", code], cwd=REPO, text=True, env={**os.environ, "PYTHONHASHSEED": "99"})
+    there = subprocess.check_output(
+        [sys.executable, "-c", code], cwd=REPO, text=True, env={**os.environ, "PYTHONHASHSEED": "99"}
+    )
     assert rows[0]["uid"] == there.strip() == row_uid({}, QUESTIONS[0])
     assert len({r["uid"] for r in rows}) == len(QUESTIONS)
 
@@ -198,7 +218,9 @@ def test_conversational_dataset_stays_conversational_for_reward_functions(tiny_m
 
 
 @pytest.mark.parametrize("make_dataset", [standard_prompt_only, conversational_prompt_only])
-def test_augmentation_off_hands_reward_functions_what_grpotrainer_does(tiny_model_dir, tmp_path, make_dataset):
+def test_augmentation_off_hands_reward_functions_what_grpotrainer_does(
+    tiny_model_dir, tmp_path, make_dataset
+):
     received = {}
 
     def recorder(key):
@@ -208,7 +230,10 @@ def test_augmentation_off_hands_reward_functions_what_grpotrainer_does(tiny_mode
 
         return reward
 
-    for key, cls, extra in (("trl", GRPOTrainer, {}), ("ours", PromptAugGRPOTrainer, {"prompt_augmentation": False})):
+    for key, cls, extra in (
+        ("trl", GRPOTrainer, {}),
+        ("ours", PromptAugGRPOTrainer, {"prompt_augmentation": False}),
+    ):
         trainer = cls(
             model=str(tiny_model_dir), reward_funcs=recorder(key), args=config(tmp_path / key, max_steps=1, seed=3),
             train_dataset=make_dataset(), **extra,
@@ -282,7 +307,9 @@ def test_a_custom_bank_with_builtin_names_does_not_change_how_builtin_names_grad
     assert before.format_score == 1.0 and before.correct
 
     # Rows drawn from the custom bank carry its rules, and the rewards grade by them.
-    rows = PromptAugmentationCollator(list(custom.values()), tokenizer)([{"question": "3+4?", "uid": "a", "answer": "7"}])
+    rows = PromptAugmentationCollator(list(custom.values()), tokenizer)(
+        [{"question": "3+4?", "uid": "a", "answer": "7"}]
+    )
     columns = {k: [rows[0][k]] for k in ("template", "answer_rule", "format_markers")}
     assert format_reward([tagged], **columns) == [0.0]  # the custom marker "Answer:" is missing
     assert format_reward(["Answer: \\boxed{7}"], **columns) == [1.0]

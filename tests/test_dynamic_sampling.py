@@ -96,11 +96,15 @@ def test_extra_questions_depend_on_seed_round_and_pass_only():
 
 def test_bad_keys_are_named():
     with pytest.raises(ValueError, match="dynamic_sampling_signal: 'acc'"):
-        train.parse_args(["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc"])
+        train.parse_args(
+            ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc"]
+        )
     with pytest.raises(ValueError, match="dynamic_sampling_max_passes"):
         DynamicSampler(max_passes=0)
     with pytest.raises(ValueError, match="dynamic_sampling_max_passes must be at least 1"):
-        train.parse_args(["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_max_passes", "0"])
+        train.parse_args(
+            ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_max_passes", "0"]
+        )
     args, _, _ = train.parse_args(
         ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "format"]
     )
@@ -282,7 +286,13 @@ def test_flag_off_trains_exactly_as_with_no_group_dropped(tmp_path):
     # train exactly as the flag-off path, which is the trainer without dynamic sampling.
     off = _run(tmp_path / "off", "--reward_funcs", dynamic_harness.TEXT_HASH, "--save_strategy", "no")
     on = _run(
-        tmp_path / "on", "--reward_funcs", dynamic_harness.TEXT_HASH, "--dynamic_sampling", "true", "--save_strategy", "no"
+        tmp_path / "on",
+        "--reward_funcs",
+        dynamic_harness.TEXT_HASH,
+        "--dynamic_sampling",
+        "true",
+        "--save_strategy",
+        "no",
     )
     for step in (1, 3):
         a, b = _records(off, step), _records(on, step)

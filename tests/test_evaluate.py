@@ -154,7 +154,9 @@ def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, su
         _eval(tiny_model_dir, suite_dir, tmp_path / "a", "--benchmarks", "math500")
     with pytest.raises(SystemExit, match=r"unknown template"):
         _eval(tiny_model_dir, suite_dir, tmp_path / "a", "--template", "no-such-template")
-    with pytest.raises(SystemExit, match=r"^prompt-aug-eval: error: --model: no such folder './no-such-model'"):
+    with pytest.raises(
+        SystemExit, match=r"^prompt-aug-eval: error: --model: no such folder './no-such-model'"
+    ):
         _eval("./no-such-model", suite_dir, tmp_path / "a")
     _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--limit", "1")
     with pytest.raises(SystemExit, match=r"other settings.*max_tokens"):
@@ -382,7 +384,10 @@ def test_a_question_set_of_ones_own_from_jsonl_parquet_csv_or_a_saved_folder(tin
     datasets.Dataset.from_pandas(pd.DataFrame(rows).astype(str)).save_to_disk(str(tmp_path / "sums-folder"))
     for name in ("sums.jsonl", "sums.parquet", "sums.csv", "sums-folder"):
         problems = load_benchmark(str(tmp_path / name))
-        assert [(p.question, p.gold) for p in problems] == [("Compute $2 + 3$.", ["5"]), ("Compute $1 + 1$.", ["2"])]
+        assert [(p.question, p.gold) for p in problems] == [
+            ("Compute $2 + 3$.", ["5"]),
+            ("Compute $1 + 1$.", ["2"]),
+        ]
 
     out = tmp_path / "eval"
     results = run_evaluation(

@@ -84,7 +84,11 @@ def test_pathological_input_returns_within_limit_and_scores_zero(name):
 
 
 def test_reward_counts_timeouts_and_errors_per_call():
-    completions = [c for c, counted in PATHOLOGICAL.values()] + ["\\boxed{5}", "\\boxed{\\sqrt{25}}", "\\boxed{6}"]
+    completions = [c for c, counted in PATHOLOGICAL.values()] + [
+        "\\boxed{5}",
+        "\\boxed{\\sqrt{25}}",
+        "\\boxed{6}",
+    ]
     metrics = Metrics()
     start = time.monotonic()
     rewards = correctness_reward(completions, answer=["5"] * len(completions), log_metric=metrics)
@@ -97,7 +101,9 @@ def test_reward_counts_timeouts_and_errors_per_call():
 
 def test_pool_kills_a_task_blocked_outside_python_and_replaces_its_worker():
     # `time.sleep` burns no CPU, so only the hard wall-clock limit can stop it.
-    pool = grader_pool.GraderPool(grader_pool.PoolConfig(workers=1, time_limit_s=1.0, preload="math", initializer=""))
+    pool = grader_pool.GraderPool(
+        grader_pool.PoolConfig(workers=1, time_limit_s=1.0, preload="math", initializer="")
+    )
     try:
         before = pool.worker_pids()
         start = time.monotonic()
@@ -111,7 +117,9 @@ def test_pool_kills_a_task_blocked_outside_python_and_replaces_its_worker():
 
 
 def test_pool_memory_cap_reports_an_error_and_recovers():
-    pool = grader_pool.GraderPool(grader_pool.PoolConfig(workers=1, memory_mb=512, preload="math", initializer=""))
+    pool = grader_pool.GraderPool(
+        grader_pool.PoolConfig(workers=1, memory_mb=512, preload="math", initializer="")
+    )
     try:
         outcomes = pool.map("builtins:bytearray", [2 * 1024**3, 16])
         assert outcomes[0] == ("error", "MemoryError")
@@ -177,7 +185,12 @@ def test_interpreter_exit_stops_the_pool_without_zombies_or_hang():
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=SAFETY_CEILING_S, env=env, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=SAFETY_CEILING_S,
+        env=env,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     pids = [int(p) for p in done.stdout.split()]
@@ -202,51 +215,126 @@ def _alive(pid: int) -> bool:
 # (answer, gold, mathematically equal?). Expected verdicts are mathematics, not the code's output.
 TABLE = [
     # integers, negatives, leading zeros (AIME), thousands separators
-    ("5", "5", True), ("-3", "-3", True), ("3", "-3", False), ("-7", "7", False), ("0", "-0", True),
-    ("025", "25", True), ("25", "025", True), ("007", "7", True), ("00", "0", True), ("+5", "5", True),
-    ("1,000", "1000", True), ("1000", "1,000", True), ("1,000,000", "1000000", True), ("123,456", "123456", True),
-    ("-1,000", "-1000", True), ("1,000.5", "1000.5", True), ("999", "1,000", False),
-    ("12345678901234567890", "12345678901234567891", False), ("12345678901234567890", "12345678901234567890", True),
+    ("5", "5", True),
+    ("-3", "-3", True),
+    ("3", "-3", False),
+    ("-7", "7", False),
+    ("0", "-0", True),
+    ("025", "25", True),
+    ("25", "025", True),
+    ("007", "7", True),
+    ("00", "0", True),
+    ("+5", "5", True),
+    ("1,000", "1000", True),
+    ("1000", "1,000", True),
+    ("1,000,000", "1000000", True),
+    ("123,456", "123456", True),
+    ("-1,000", "-1000", True),
+    ("1,000.5", "1000.5", True),
+    ("999", "1,000", False),
+    ("12345678901234567890", "12345678901234567891", False),
+    ("12345678901234567890", "12345678901234567890", True),
     # decimals vs fractions, \frac vs /, \dfrac
-    ("0.5", "\\frac{1}{2}", True), ("\\frac{1}{2}", "0.5", True), (".5", "1/2", True), ("0.25", "\\frac14", True),
-    ("0.75", "3/4", True), ("0.3", "\\frac{1}{3}", False), ("0.333", "\\frac13", False), ("1.0", "1", True),
-    ("6", "6.0", True), ("2.50", "2.5", True), ("-0.5", "-\\frac12", True), ("0.1", "0.2", False),
-    ("3.14159", "3.14159", True), ("1/2", "\\frac{1}{2}", True), ("2/4", "\\frac{1}{2}", True),
-    ("\\frac{3}{4}", "3/4", True), ("\\dfrac{3}{4}", "\\frac34", True), ("\\tfrac{2}{6}", "\\frac{1}{3}", True),
-    ("\\frac{-1}{2}", "-\\frac{1}{2}", True), ("\\frac{1}{-2}", "-0.5", True), ("\\frac{2}{3}", "\\frac{3}{2}", False),
-    ("\\frac{10}{4}", "2.5", True), ("\\frac{7}{8}", "0.875", True), ("\\frac{7}{8}", "0.87", False),
+    ("0.5", "\\frac{1}{2}", True),
+    ("\\frac{1}{2}", "0.5", True),
+    (".5", "1/2", True),
+    ("0.25", "\\frac14", True),
+    ("0.75", "3/4", True),
+    ("0.3", "\\frac{1}{3}", False),
+    ("0.333", "\\frac13", False),
+    ("1.0", "1", True),
+    ("6", "6.0", True),
+    ("2.50", "2.5", True),
+    ("-0.5", "-\\frac12", True),
+    ("0.1", "0.2", False),
+    ("3.14159", "3.14159", True),
+    ("1/2", "\\frac{1}{2}", True),
+    ("2/4", "\\frac{1}{2}", True),
+    ("\\frac{3}{4}", "3/4", True),
+    ("\\dfrac{3}{4}", "\\frac34", True),
+    ("\\tfrac{2}{6}", "\\frac{1}{3}", True),
+    ("\\frac{-1}{2}", "-\\frac{1}{2}", True),
+    ("\\frac{1}{-2}", "-0.5", True),
+    ("\\frac{2}{3}", "\\frac{3}{2}", False),
+    ("\\frac{10}{4}", "2.5", True),
+    ("\\frac{7}{8}", "0.875", True),
+    ("\\frac{7}{8}", "0.87", False),
     # percent, degrees, assignments, text
-    ("50\\%", "50\\%", True), ("0.5", "50\\%", True), ("40\\%", "50\\%", False), ("5\\%", "0.05", True),
-    ("90^\\circ", "90", True), ("90", "90^{\\circ}", True), ("45^\\circ", "90^\\circ", False),
-    ("x=5", "5", True), ("5", "x=5", True), ("x = 5", "x=5", True), ("x=4", "5", False),
-    ("12\\text{ cm}", "12", True), ("\\text{Monday}", "\\text{Monday}", True),
+    ("50\\%", "50\\%", True),
+    ("0.5", "50\\%", True),
+    ("40\\%", "50\\%", False),
+    ("5\\%", "0.05", True),
+    ("90^\\circ", "90", True),
+    ("90", "90^{\\circ}", True),
+    ("45^\\circ", "90^\\circ", False),
+    ("x=5", "5", True),
+    ("5", "x=5", True),
+    ("x = 5", "x=5", True),
+    ("x=4", "5", False),
+    ("12\\text{ cm}", "12", True),
+    ("\\text{Monday}", "\\text{Monday}", True),
     # intervals, tuples, sets, matrices
-    ("(1,2)", "(1, 2)", True), ("[1,2)", "[1,2)", True), ("[1,2]", "[1,2)", False),
-    ("(-\\infty, 3) \\cup (3, \\infty)", "(-\\infty,3)\\cup(3,\\infty)", True), ("\\infty", "\\infty", True),
-    ("-\\infty", "\\infty", False), ("(1,2,3)", "(1, 2, 3)", True), ("(1,2,3)", "(1,3,2)", False),
-    ("(3, 4)", "(4, 3)", False), ("\\{1,2\\}", "\\{2,1\\}", True),
+    ("(1,2)", "(1, 2)", True),
+    ("[1,2)", "[1,2)", True),
+    ("[1,2]", "[1,2)", False),
+    ("(-\\infty, 3) \\cup (3, \\infty)", "(-\\infty,3)\\cup(3,\\infty)", True),
+    ("\\infty", "\\infty", True),
+    ("-\\infty", "\\infty", False),
+    ("(1,2,3)", "(1, 2, 3)", True),
+    ("(1,2,3)", "(1,3,2)", False),
+    ("(3, 4)", "(4, 3)", False),
+    ("\\{1,2\\}", "\\{2,1\\}", True),
     ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
     ("\\begin{pmatrix}2\\\\1\\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", False),
     # radicals, pi, powers, polynomials
-    ("\\sqrt{8}", "2\\sqrt{2}", True), ("2\\sqrt{2}", "\\sqrt{8}", True), ("\\sqrt{8}", "\\sqrt{2}", False),
-    ("\\sqrt{4}", "2", True), ("3\\sqrt{3}", "\\sqrt{27}", True), ("2\\pi", "\\pi+\\pi", True),
-    ("\\frac{\\pi}{2}", "\\frac12\\pi", True), ("\\pi/4", "\\frac{\\pi}{4}", True), ("\\pi", "3.14", False),
-    ("\\frac{\\pi}{8}", "\\frac{\\pi}{8}", True), ("10^{3}", "1000", True), ("1.5\\times10^{3}", "1500", True),
-    ("x^2+2x+1", "(x+1)^2", True), ("x^2+1", "(x+1)^2", False),
+    ("\\sqrt{8}", "2\\sqrt{2}", True),
+    ("2\\sqrt{2}", "\\sqrt{8}", True),
+    ("\\sqrt{8}", "\\sqrt{2}", False),
+    ("\\sqrt{4}", "2", True),
+    ("3\\sqrt{3}", "\\sqrt{27}", True),
+    ("2\\pi", "\\pi+\\pi", True),
+    ("\\frac{\\pi}{2}", "\\frac12\\pi", True),
+    ("\\pi/4", "\\frac{\\pi}{4}", True),
+    ("\\pi", "3.14", False),
+    ("\\frac{\\pi}{8}", "\\frac{\\pi}{8}", True),
+    ("10^{3}", "1000", True),
+    ("1.5\\times10^{3}", "1500", True),
+    ("x^2+2x+1", "(x+1)^2", True),
+    ("x^2+1", "(x+1)^2", False),
     # closed-form constants and tuples of them (the fast path's "clearly different")
-    ("9\\pi", "9", False), ("1236", "\\frac{2\\sqrt{2}}{3}", False), ("2^{10}", "1000", False),
-    ("2^{10}", "1024", True), ("-3^2", "-9", True), ("-3^2", "9", False), ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", True),
-    ("3\\pi", "\\frac{6\\pi}{2}", True), ("\\sqrt[3]{8}", "2", True), ("4\\sqrt{3}", "4\\sqrt{2}", False),
-    ("(1,2,3)", "(1,2,4)", False), ("(3, 1)", "(5, 2)", False), ("5", "5, 15", False), ("\\{1,2\\}", "\\{1,3\\}", False),
-    ("[1,3)", "(1,2)", False), ("(0, -\\frac{47}{17})", "(0, -\\frac{47}{16})", False), ("(2, 1)", "(2, 1)", True),
+    ("9\\pi", "9", False),
+    ("1236", "\\frac{2\\sqrt{2}}{3}", False),
+    ("2^{10}", "1000", False),
+    ("2^{10}", "1024", True),
+    ("-3^2", "-9", True),
+    ("-3^2", "9", False),
+    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", True),
+    ("3\\pi", "\\frac{6\\pi}{2}", True),
+    ("\\sqrt[3]{8}", "2", True),
+    ("4\\sqrt{3}", "4\\sqrt{2}", False),
+    ("(1,2,3)", "(1,2,4)", False),
+    ("(3, 1)", "(5, 2)", False),
+    ("5", "5, 15", False),
+    ("\\{1,2\\}", "\\{1,3\\}", False),
+    ("[1,3)", "(1,2)", False),
+    ("(0, -\\frac{47}{17})", "(0, -\\frac{47}{16})", False),
+    ("(2, 1)", "(2, 1)", True),
     ("\\left( \\frac{1}{2}, 3 \\right)", "(0.5, 3)", True),
     # expressions in variables (the fast path compares their values at two points)
-    ("2x^2+4x", "2x^2+3x", False), ("x+1", "y+1", False), ("1", "2x^2+3x", False), ("(x+1)^2", "x^2+2x+1", True),
-    ("\\frac{x}{2}", "0.5x", True), ("3p^3 - 6p^2 - 3p + 10", "3p^3 - 6p^2 - 3p + 11", False),
-    ("\\frac{1}{(a + b)^3}", "\\frac{1}{(a+b)^2}", False), ("2\\sqrt{x}", "\\sqrt{4x}", True),
+    ("2x^2+4x", "2x^2+3x", False),
+    ("x+1", "y+1", False),
+    ("1", "2x^2+3x", False),
+    ("(x+1)^2", "x^2+2x+1", True),
+    ("\\frac{x}{2}", "0.5x", True),
+    ("3p^3 - 6p^2 - 3p + 10", "3p^3 - 6p^2 - 3p + 11", False),
+    ("\\frac{1}{(a + b)^3}", "\\frac{1}{(a+b)^2}", False),
+    ("2\\sqrt{x}", "\\sqrt{4x}", True),
     # unions of intervals (the fast path compares boundary points)
-    ("(-\\infty, -3) \\cup (0, 1)", "(-\\infty, -2) \\cup (0, 1)", False), ("(0, 2) \\cup (1, 3)", "(0, 3)", True),
-    ("(0, 1) \\cup (1, 2)", "(0, 2)", False), ("[0, 1) \\cup [1, 2)", "[0, 2)", True), ("4", "(-\\infty,2) \\cup (2,4)", False),
+    ("(-\\infty, -3) \\cup (0, 1)", "(-\\infty, -2) \\cup (0, 1)", False),
+    ("(0, 2) \\cup (1, 3)", "(0, 3)", True),
+    ("(0, 1) \\cup (1, 2)", "(0, 2)", False),
+    ("[0, 1) \\cup [1, 2)", "[0, 2)", True),
+    ("4", "(-\\infty,2) \\cup (2,4)", False),
 ]
 
 
@@ -325,9 +413,15 @@ def _constants(rng) -> list[tuple[str, float]]:
     """Random closed-form constants, with their values computed here, independently of both graders."""
     k, n, p, q = rng.randint(1, 9), rng.choice([2, 3, 5, 6, 7]), rng.randint(1, 12), rng.randint(2, 9)
     return [
-        (str(k), k), (f"\\frac{{{p}}}{{{q}}}", p / q), (f"\\sqrt{{{n}}}", n**0.5), (f"{k}\\sqrt{{{n}}}", k * n**0.5),
-        (f"{k}\\pi", k * math.pi), (f"\\frac{{{k}\\sqrt{{{n}}}}}{{{q}}}", k * n**0.5 / q), (f"2^{{{k}}}", 2.0**k),
-        (f"-\\frac{{\\pi}}{{{q}}}", -math.pi / q), (f"{p} - \\sqrt{{{n}}}", p - n**0.5),
+        (str(k), k),
+        (f"\\frac{{{p}}}{{{q}}}", p / q),
+        (f"\\sqrt{{{n}}}", n**0.5),
+        (f"{k}\\sqrt{{{n}}}", k * n**0.5),
+        (f"{k}\\pi", k * math.pi),
+        (f"\\frac{{{k}\\sqrt{{{n}}}}}{{{q}}}", k * n**0.5 / q),
+        (f"2^{{{k}}}", 2.0**k),
+        (f"-\\frac{{\\pi}}{{{q}}}", -math.pi / q),
+        (f"{p} - \\sqrt{{{n}}}", p - n**0.5),
     ]
 
 
@@ -362,7 +456,10 @@ def test_fast_path_never_contradicts_math_verify_on_generated_polynomials():
     for _ in range(120):
         (a, ca), (g, cg) = _polynomial(rng), _polynomial(rng)
         if rng.random() < 0.3:
-            cg, g = ca, f"{ca[2]} + {ca[1]}x + {ca[0]}x^2".replace("+ -", "- ")  # the same polynomial, reordered
+            cg, g = (
+                ca,
+                f"{ca[2]} + {ca[1]}x + {ca[0]}x^2".replace("+ -", "- "),
+            )  # the same polynomial, reordered
         fast = fast_verdict(a, g)
         if fast is None:
             continue
@@ -406,7 +503,14 @@ def test_fast_path_never_contradicts_math_verify_on_generated_unions():
 
 
 def test_batch_equals_one_by_one():
-    completions = ["\\boxed{025}", "\\boxed{\\sqrt{4}}", "no answer", "\\boxed{(1,2)}", "The answer is 7.", "\\boxed{5}"]
+    completions = [
+        "\\boxed{025}",
+        "\\boxed{\\sqrt{4}}",
+        "no answer",
+        "\\boxed{(1,2)}",
+        "The answer is 7.",
+        "\\boxed{5}",
+    ]
     golds = ["25", "2", "3", "(1, 2)", ["7", "seven"], "6"]
     assert grade_batch(completions, golds) == [grade(c, g) for c, g in zip(completions, golds)]
 
@@ -414,7 +518,10 @@ def test_batch_equals_one_by_one():
 def test_strict_mode_needs_the_template_format():
     tagged = "<think>\nwork\n</think>\n<answer>\n\\boxed{7}\n</answer>"
     untagged = "<think>\nwork\n</think>\n\\boxed{7}"
-    assert strict_correctness_reward([tagged, untagged], answer=["7", "7"], template=["open-r1"] * 2) == [1.0, 0.0]
+    assert strict_correctness_reward([tagged, untagged], answer=["7", "7"], template=["open-r1"] * 2) == [
+        1.0,
+        0.0,
+    ]
     assert correctness_reward([tagged, untagged], answer=["7", "7"], template=["open-r1"] * 2) == [1.0, 1.0]
 
 
@@ -424,7 +531,9 @@ def test_strict_mode_needs_the_template_format():
 @pytest.mark.parametrize("gold", ["}{", "", "   "])
 def test_unparseable_gold_gives_none_and_is_counted(gold):
     metrics = Metrics()
-    rewards = correctness_reward(["\\boxed{1}", "\\boxed{2}", "no answer"], answer=[gold, "2", gold], log_metric=metrics)
+    rewards = correctness_reward(
+        ["\\boxed{1}", "\\boxed{2}", "no answer"], answer=[gold, "2", gold], log_metric=metrics
+    )
     assert rewards == [None, 1.0, None]
     assert metrics.values["rewards/unparseable_gold"] == 2
     assert grade("\\boxed{}{}", gold).gold_ok is False
@@ -444,23 +553,35 @@ def test_numeric_golds_from_datasets():
     assert grade("\\boxed{\\frac{9}{32}}", ["$\\frac{9}{32}$"]).correct  # OlympiadBench lists with $...$
     import numpy as np
 
-    assert grade_batch(["\\boxed{7}"], [np.array(["seven", "7"])])[0].correct  # a list column read from parquet
+    assert grade_batch(["\\boxed{7}"], [np.array(["seven", "7"])])[
+        0
+    ].correct  # a list column read from parquet
 
 
 @pytest.mark.parametrize(
     ("answer", "gold", "equal"),
     [
         # numerals in a base: math-verify drops the subscript; values decide
-        ("20412_5", "20412_5", True), ("20412_{5}", "20412_5", True), ("20412", "20412_5", True),
-        ("20412_6", "20412_5", False), ("1357", "20412_5", False), ("-37_7", "-37_8", False), ("10_2", "2_{10}", True),
+        ("20412_5", "20412_5", True),
+        ("20412_{5}", "20412_5", True),
+        ("20412", "20412_5", True),
+        ("20412_6", "20412_5", False),
+        ("1357", "20412_5", False),
+        ("-37_7", "-37_8", False),
+        ("10_2", "2_{10}", True),
         # tiny numbers: rounding to 6 decimal places would make them all equal
-        ("10.224 \\times 10^{-19}", "8.224 \\times 10^{-19}", False), ("0.8224 \\times 10^{-18}", "8.224 \\times 10^{-19}", True),
+        ("10.224 \\times 10^{-19}", "8.224 \\times 10^{-19}", False),
+        ("0.8224 \\times 10^{-18}", "8.224 \\times 10^{-19}", True),
         ("8.22 \\times 10^{-19}", "8.224 \\times 10^{-19}", False),  # as 8.22 vs 8.224 at ordinary scale
-        ("0", "\\frac{1}{2004!}", False), ("\\frac{2}{2^{98}}", "\\frac{1}{2^{98}}", False),
+        ("0", "\\frac{1}{2004!}", False),
+        ("\\frac{2}{2^{98}}", "\\frac{1}{2^{98}}", False),
         # gold forms fixed by normalisation
-        ("34", "34\\text{ sq. units}", True), ("\\frac{\\pi}{4} + 2 - \\sqrt{2}", "\\frac \\pi4 + 2 - \\sqrt2", True),
-        ("\\frac{1}{29322216}", "\\dfrac{1}{29,\\!322,\\!216}", True), ("n^{2}-n-1", "$m_{\\max }=n^{2}-n-1$", True),
-        ("\\frac{2}{3}", "\\$\\dfrac23 \\approx \\$0.67", True), ("8.24", "\\approx 8.24 \\text{ mph}", True),
+        ("34", "34\\text{ sq. units}", True),
+        ("\\frac{\\pi}{4} + 2 - \\sqrt{2}", "\\frac \\pi4 + 2 - \\sqrt2", True),
+        ("\\frac{1}{29322216}", "\\dfrac{1}{29,\\!322,\\!216}", True),
+        ("n^{2}-n-1", "$m_{\\max }=n^{2}-n-1$", True),
+        ("\\frac{2}{3}", "\\$\\dfrac23 \\approx \\$0.67", True),
+        ("8.24", "\\approx 8.24 \\text{ mph}", True),
     ],
 )
 def test_grading_fixes_found_by_the_gold_audit(answer, gold, equal):
@@ -485,32 +606,65 @@ def test_math_verify_logs_are_truncated(caplog):
 # the same forms with a changed value, so that a rule that accepts everything fails.
 KINDS = {
     "thousands mark and a space": [
-        ("12345", "12,\\! 345", True), ("1234567", "1,\\! 234,\\! 567", True), ("12,\\! 345", "12345", True),
+        ("12345", "12,\\! 345", True),
+        ("1234567", "1,\\! 234,\\! 567", True),
+        ("12,\\! 345", "12345", True),
         ("12346", "12,\\! 345", False),
     ],
     "decimal comma": [
-        ("3.14", "3,14", True), ("0.5", "0,5", True), ("0,5", "0.5", True), ("2.75", "2,75", True),
-        ("3.14", "3,15", False), ("2, 6", "2.6", False), ("1000", "1,000", True),
+        ("3.14", "3,14", True),
+        ("0.5", "0,5", True),
+        ("0,5", "0.5", True),
+        ("2.75", "2,75", True),
+        ("3.14", "3,15", False),
+        ("2, 6", "2.6", False),
+        ("1000", "1,000", True),
     ],
     "relation commands": [
-        ("x \\neq \\pm 1", "x != \\pm 1", True), ("x \\gt 1000", "x > 1,000", True),
-        ("x \\geq 3", "\\text{all } x \\geq 3", True), ("x \\ne \\pm 1", "x \\neq \\pm 1", True),
-        ("x \\neq \\pm 1", "x != \\pm 2", False), ("x > 5", "x \\gt 4", False), ("x \\gt 1000", "x > 1,001", False),
+        ("x \\neq \\pm 1", "x != \\pm 1", True),
+        ("x \\gt 1000", "x > 1,000", True),
+        ("x \\geq 3", "\\text{all } x \\geq 3", True),
+        ("x \\ne \\pm 1", "x \\neq \\pm 1", True),
+        ("x \\neq \\pm 1", "x != \\pm 2", False),
+        ("x > 5", "x \\gt 4", False),
+        ("x \\gt 1000", "x > 1,001", False),
     ],
     "equation in another form": [
-        ("y = 2x + 3", "2x - y + 3 = 0", True), ("y = -\\frac{1}{2}x + 3", "x + 2y = 6", True),
-        ("x + 2y = 6", "y = -\\frac{1}{2}x + 3", True), ("y = 2x + 3", "y - 2x = 3", True),
-        ("y = 2x + 3", "2x + 3", True), ("y = 2x + 3", "2x - y + 4 = 0", False), ("y = 2x + 3", "x + 2y = 6", False),
+        ("y = 2x + 3", "2x - y + 3 = 0", True),
+        ("y = -\\frac{1}{2}x + 3", "x + 2y = 6", True),
+        ("x + 2y = 6", "y = -\\frac{1}{2}x + 3", True),
+        ("y = 2x + 3", "y - 2x = 3", True),
+        ("y = 2x + 3", "2x + 3", True),
+        ("y = 2x + 3", "2x - y + 4 = 0", False),
+        ("y = 2x + 3", "x + 2y = 6", False),
     ],
     "matrix after a sentence": [
-        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\text{The vector is } \\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
-        ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\text{The matrix is } \\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", True),
-        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\text{so } \\mathbf{v} = \\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
-        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\text{The vector is } \\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}", False),
+        (
+            "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+            "\\text{The vector is } \\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+            True,
+        ),
+        (
+            "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+            "\\text{The matrix is } \\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+            True,
+        ),
+        (
+            "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+            "\\text{so } \\mathbf{v} = \\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+            True,
+        ),
+        (
+            "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+            "\\text{The vector is } \\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}",
+            False,
+        ),
     ],
     "approx with a variable on its left": [
-        ("2.24", "\\text{so } x \\approx 2.24", True), ("2.24", "x \\approx 2.24", True),
-        ("3.5", "\\text{The answer is } t \\approx 3.5", True), ("2.24", "x \\approx 2.25", False),
+        ("2.24", "\\text{so } x \\approx 2.24", True),
+        ("2.24", "x \\approx 2.24", True),
+        ("3.5", "\\text{The answer is } t \\approx 3.5", True),
+        ("2.24", "x \\approx 2.25", False),
         ("\\frac{2}{3}", "\\frac{2}{3} \\approx 0.67", True),
     ],
 }
@@ -523,12 +677,20 @@ def test_answer_forms_math_verify_reads_right(kind, gold, answer, right):
     assert verdict.gold_ok and verdict.correct is right, (kind, verdict)
 
 
-@pytest.mark.parametrize(("gold", "answer", "wrong"), [
-    # intervals in decimals against exact bounds: already right before issue 14, kept right
-    ("[\\frac{1}{4}, \\frac{3}{2})", "[0.25, 1.5)", "[0.25, 1.6)"),
-    ("(-\\infty, \\frac{1}{2}) \\cup (2, \\infty)", "(-\\infty, 0.5) \\cup (2, \\infty)", "(-\\infty, 0.6) \\cup (2, \\infty)"),
-    ("(-\\frac{3}{2}, \\frac{9}{4}]", "(-1.5, 2.25]", "(-1.5, 2.26]"), ("(2, \\frac{10}{3})", "(2, 3.333333)", "(2, 3.33)"),
-])
+@pytest.mark.parametrize(
+    ("gold", "answer", "wrong"),
+    [
+        # intervals in decimals against exact bounds: already right before issue 14, kept right
+        ("[\\frac{1}{4}, \\frac{3}{2})", "[0.25, 1.5)", "[0.25, 1.6)"),
+        (
+            "(-\\infty, \\frac{1}{2}) \\cup (2, \\infty)",
+            "(-\\infty, 0.5) \\cup (2, \\infty)",
+            "(-\\infty, 0.6) \\cup (2, \\infty)",
+        ),
+        ("(-\\frac{3}{2}, \\frac{9}{4}]", "(-1.5, 2.25]", "(-1.5, 2.26]"),
+        ("(2, \\frac{10}{3})", "(2, 3.333333)", "(2, 3.33)"),
+    ],
+)
 def test_intervals_in_decimals(gold, answer, wrong):
     assert grade(f"\\boxed{{{answer}}}", gold).correct
     assert not grade(f"\\boxed{{{wrong}}}", gold).correct
@@ -588,35 +750,82 @@ def test_evaluation_keeps_the_last_box_rule():
 
 # (answer, gold): pairs each new rule settles as different; math-verify must say different too.
 NEW_RULES = {
-    "non-constant expression vs constants": [("5x-3", "( -1, \\frac{35}{12} )"), ("\\frac{8t}{3}", "[2,5)"),
-                                              ("\\frac{1}{b}", "(-\\frac{3}{10}, -\\frac{10}{3})"), ("x^2", "\\{1, 4\\}")],
-    "complex numbers": [("1", "-3 + 6i"), ("-5 + 6i", "-3 + 6i"), ("\\frac{1}{5} + \\frac{3}{4}i", "\\frac{1}{5} + \\frac{3}{5}i"),
-                        ("292i", "408.04"), ("6-3i", "80"), ("-128 - 128 \\sqrt{3} i", "2")],
-    "equation by its right side": [("2x - y + 2z - 18 = 0", "181"), ("y = -\\frac{5}{2} x - \\frac{29}{4}", "-\\frac{9}{2}"),
-                                   ("y = 2x", "4")],
+    "non-constant expression vs constants": [
+        ("5x-3", "( -1, \\frac{35}{12} )"),
+        ("\\frac{8t}{3}", "[2,5)"),
+        ("\\frac{1}{b}", "(-\\frac{3}{10}, -\\frac{10}{3})"),
+        ("x^2", "\\{1, 4\\}"),
+    ],
+    "complex numbers": [
+        ("1", "-3 + 6i"),
+        ("-5 + 6i", "-3 + 6i"),
+        ("\\frac{1}{5} + \\frac{3}{4}i", "\\frac{1}{5} + \\frac{3}{5}i"),
+        ("292i", "408.04"),
+        ("6-3i", "80"),
+        ("-128 - 128 \\sqrt{3} i", "2"),
+    ],
+    "equation by its right side": [
+        ("2x - y + 2z - 18 = 0", "181"),
+        ("y = -\\frac{5}{2} x - \\frac{29}{4}", "-\\frac{9}{2}"),
+        ("y = 2x", "4"),
+    ],
     "choice letter vs number": [("(A)", "39"), ("(B)", "9"), ("7", "C")],
-    "assignments of the same variable": [("y = 2x + 4", "y = 2x + 3"), ("y = x^2 - 1", "y = -3x + 30"), ("k = n + 2", "k = n + 1")],
+    "assignments of the same variable": [
+        ("y = 2x + 4", "y = 2x + 3"),
+        ("y = x^2 - 1", "y = -3x + 30"),
+        ("k = n + 2", "k = n + 1"),
+    ],
     "integer sums": [("0-14", "-13"), ("2 + 3", "6")],
-    "gold equation against a constant": [("13", "2x + z - 5 = 0"), ("2", "AB=12+12\\sqrt{3}"), ("\\frac{24}{35}", "2x + z - 5 = 0")],
-    "matrices": [("108", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"),
-                 ("\\begin{pmatrix} 1 & -0 \\\\ 1 & 1 \\end{pmatrix}", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"),
-                 ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 \\end{pmatrix}")],
-    "percents and mixed numbers": [("1023", "20\\%"), ("21\\%", "20\\%"), ("65\\%", "35"), ("3 \\frac{3}{8}", "15"),
-                                   ("-15\\frac{3}{5}", "8"), ("129\\frac{1}{3}", "-338016")],
+    "gold equation against a constant": [
+        ("13", "2x + z - 5 = 0"),
+        ("2", "AB=12+12\\sqrt{3}"),
+        ("\\frac{24}{35}", "2x + z - 5 = 0"),
+    ],
+    "matrices": [
+        ("108", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"),
+        (
+            "\\begin{pmatrix} 1 & -0 \\\\ 1 & 1 \\end{pmatrix}",
+            "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}",
+        ),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 & 2 \\end{pmatrix}"),
+    ],
+    "percents and mixed numbers": [
+        ("1023", "20\\%"),
+        ("21\\%", "20\\%"),
+        ("65\\%", "35"),
+        ("3 \\frac{3}{8}", "15"),
+        ("-15\\frac{3}{5}", "8"),
+        ("129\\frac{1}{3}", "-338016"),
+    ],
     "interval against a number": [("[3,\\infty)", "32"), ("[-36,104]", "2 - 2 \\sqrt{2}")],
     "inequality against a number": [("-80 <= g(x) <= 82", "80"), ("5", "x > 3"), ("x >= 2", "2")],
-    "unions with a degenerate piece": [("(-\\infty,2) \\cup (4,4)", "(-\\infty,2) \\cup (2,4)"),
-                                       ("(-\\infty, -2) \\cup (2, 1) \\cup (2, 4)", "(-\\infty, -2) \\cup (0, 1) \\cup (2, 4)")],
+    "unions with a degenerate piece": [
+        ("(-\\infty,2) \\cup (4,4)", "(-\\infty,2) \\cup (2,4)"),
+        ("(-\\infty, -2) \\cup (2, 1) \\cup (2, 4)", "(-\\infty, -2) \\cup (0, 1) \\cup (2, 4)"),
+    ],
     "complex constant against a function": [("\\frac{2}{25} - \\frac{14}{25}i", "-8x^2+13x+20")],
-    "points against a union": [("0, 3, -1, 4", "(-\\infty, -4) \\cup (-4, \\infty)"), ("\\{1, 2\\}", "(0, 1) \\cup (2, 3)"),
-                               ("\\sqrt[4]{8}", "(-\\infty, -4) \\cup (-4, \\infty)")],
+    "points against a union": [
+        ("0, 3, -1, 4", "(-\\infty, -4) \\cup (-4, \\infty)"),
+        ("\\{1, 2\\}", "(0, 1) \\cup (2, 3)"),
+        ("\\sqrt[4]{8}", "(-\\infty, -4) \\cup (-4, \\infty)"),
+    ],
     "gold equation against an expression": [("xy", "2x + z - 5 = 0"), ("x^2", "y = x^3"), ("x", "2x = 2")],
-    "choice letter against an expression": [("(D)", "225\\sqrt{11}"), ("2x^2 - 12x + 20", "(D)"), ("3 \\frac{3}{8}", "(D)")],
-    "numeral in a base vs another shape": [("1200_{7}", "0.20"), ("10200_{3}", "(-\\infty,2) \\cup (2,4)"), ("861_{12}", "4\\sqrt{3}")],
+    "choice letter against an expression": [
+        ("(D)", "225\\sqrt{11}"),
+        ("2x^2 - 12x + 20", "(D)"),
+        ("3 \\frac{3}{8}", "(D)"),
+    ],
+    "numeral in a base vs another shape": [
+        ("1200_{7}", "0.20"),
+        ("10200_{3}", "(-\\infty,2) \\cup (2,4)"),
+        ("861_{12}", "4\\sqrt{3}"),
+    ],
 }
 
 
-@pytest.mark.parametrize(("rule", "answer", "gold"), [(r, a, g) for r, cases in NEW_RULES.items() for a, g in cases])
+@pytest.mark.parametrize(
+    ("rule", "answer", "gold"), [(r, a, g) for r, cases in NEW_RULES.items() for a, g in cases]
+)
 def test_new_fast_path_rules_say_different_only_where_math_verify_does(rule, answer, gold):
     from rewards.grading.grade import _verdict
 
@@ -624,20 +833,38 @@ def test_new_fast_path_rules_say_different_only_where_math_verify_does(rule, ans
     assert _math_verify(answer, gold) is False, rule
 
 
-@pytest.mark.parametrize(("answer", "gold"), [
-    ("x - x + 1", "1"), ("x + 1", "(1, y)"), ("6i", "0 + 6i"), ("-3 + 6i", "-3 + 6i"), ("y = 2x", "2x"),
-    ("(E)", "3"), ("0-14", "-14"), ("1200_{7}", "1200"),
-    ("x = \\frac{y - 3}{2}", "y = 2x + 3"), ("y = 2y + 1", "y = 3"),
-    ("(0,1) \\cup (1,1) \\cup (1,2)", "(0,2)"), ("(0, 2)", "(0, 1) \\cup [1, 2)"), ("x^3", "y = x^3"), ("x > 3", "(3, \\infty)"),
-    ("20", "20\\%"), ("0.2", "20\\%"), ("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"),
-    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"), ("\\frac{100}{3}", "33 \\frac{1}{3}"),
-])
+@pytest.mark.parametrize(
+    ("answer", "gold"),
+    [
+        ("x - x + 1", "1"),
+        ("x + 1", "(1, y)"),
+        ("6i", "0 + 6i"),
+        ("-3 + 6i", "-3 + 6i"),
+        ("y = 2x", "2x"),
+        ("(E)", "3"),
+        ("0-14", "-14"),
+        ("1200_{7}", "1200"),
+        ("x = \\frac{y - 3}{2}", "y = 2x + 3"),
+        ("y = 2y + 1", "y = 3"),
+        ("(0,1) \\cup (1,1) \\cup (1,2)", "(0,2)"),
+        ("(0, 2)", "(0, 1) \\cup [1, 2)"),
+        ("x^3", "y = x^3"),
+        ("x > 3", "(3, \\infty)"),
+        ("20", "20\\%"),
+        ("0.2", "20\\%"),
+        ("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+        ("\\frac{100}{3}", "33 \\frac{1}{3}"),
+    ],
+)
 def test_new_fast_path_rules_leave_or_accept_the_equal_ones(answer, gold):
     from rewards.grading.grade import _verdict
 
     assert _verdict(answer, gold) is not False
     if _verdict(answer, gold) is True:
-        assert _math_verify(answer, gold) or answer.endswith("_{7}")  # a base numeral: read in the gold's base
+        assert _math_verify(answer, gold) or answer.endswith(
+            "_{7}"
+        )  # a base numeral: read in the gold's base
 
 
 def test_golds_newly_known_parseable_are_parseable():

@@ -29,7 +29,11 @@ from prompt_aug import train
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = str(REPO / "recipes/smoke/learn_cpu.yaml")
-CONTROL = ["--reward_funcs", "rewards.controls:shuffled_correctness_reward", "rewards.controls:shuffled_format_reward"]
+CONTROL = [
+    "--reward_funcs",
+    "rewards.controls:shuffled_correctness_reward",
+    "rewards.controls:shuffled_format_reward",
+]
 CORRECTNESS_RISE, FORMAT_RISE = 0.1, 0.3
 SEEDS = (0, 1, 2)
 
@@ -41,9 +45,21 @@ def _run(tmp_path_factory, seed: int, kind: str) -> dict:
     """Train once per (seed, recipe or control) in this session; the rises and the logged keys."""
     if (seed, kind) not in _RUNS:
         out = tmp_path_factory.mktemp(f"{kind}-seed{seed}")
-        train.main(["--config", RECIPE, "--output_dir", str(out), "--seed", str(seed), *(CONTROL if kind == "control" else [])])
+        train.main(
+            [
+                "--config",
+                RECIPE,
+                "--output_dir",
+                str(out),
+                "--seed",
+                str(seed),
+                *(CONTROL if kind == "control" else []),
+            ]
+        )
         history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-        key = next(k for k in history[0] if k.startswith("rewards/") and "correctness" in k and k.endswith("/mean"))
+        key = next(
+            k for k in history[0] if k.startswith("rewards/") and "correctness" in k and k.endswith("/mean")
+        )
         values = [h[key] for h in history if key in h]
         assert len(values) >= 20, f"{len(values)} logged steps"
         summary = json.loads((out / "before_after.json").read_text())["summary"]
@@ -51,7 +67,8 @@ def _run(tmp_path_factory, seed: int, kind: str) -> dict:
             "log_correctness_rise": sum(values[-10:]) / 10 - sum(values[:10]) / 10,
             "heldout_format_rise": summary["after/held-out/format/marker_templates"]
             - summary["before/held-out/format/marker_templates"],
-            "table_correctness_rise": summary["after/trained/correctness"] - summary["before/trained/correctness"],
+            "table_correctness_rise": summary["after/trained/correctness"]
+            - summary["before/trained/correctness"],
             "keys": {k for h in history for k in h},
         }
     return _RUNS[(seed, kind)]

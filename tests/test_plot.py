@@ -101,7 +101,9 @@ def test_folder_without_trainer_state_is_a_clear_error(tmp_path):
 # Template colours, gaps, legends, eval sources, rounds (issue 11 point 12, issue 8 item 10)
 
 
-def _write_rounds(folder: Path, drawn: dict[int, list[str]], with_round: bool = True, eval_at: int | None = None) -> None:
+def _write_rounds(
+    folder: Path, drawn: dict[int, list[str]], with_round: bool = True, eval_at: int | None = None
+) -> None:
     """A run of 2 optimizer steps per round; ``drawn`` maps a round to the templates it drew."""
     history = []
     for rnd, names in sorted(drawn.items()):
@@ -115,7 +117,9 @@ def _write_rounds(folder: Path, drawn: dict[int, list[str]], with_round: bool = 
                 entry.update({"eval/math500/accuracy": 0.5, "eval/macro": 0.4, "eval/micro": 0.45})
             history.append(entry)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 2 * max(drawn), "log_history": history}))
+    (folder / "trainer_state.json").write_text(
+        json.dumps({"global_step": 2 * max(drawn), "log_history": history})
+    )
 
 
 def _template_lines(fig, run_name: str) -> dict:
@@ -154,7 +158,9 @@ def test_legends_do_not_cover_any_panel(tmp_path):
 
     _write_state(tmp_path / "a", 20)  # 3 templates and eval points
     (tmp_path / "a" / "eval").mkdir()
-    (tmp_path / "a" / "eval" / "results.json").write_text(json.dumps({"results": {"qwen-math": {"macro": 0.4, "micro": 0.5}}}))
+    (tmp_path / "a" / "eval" / "results.json").write_text(
+        json.dumps({"results": {"qwen-math": {"macro": 0.4, "micro": 0.5}}})
+    )
     fig = build_figure([tmp_path / "a", tmp_path / "a"])
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -177,7 +183,9 @@ def test_the_eval_panel_says_where_its_points_come_from(tmp_path):
     (ax,) = [a for a in build_figure([tmp_path / "r"]).axes if a.get_title().startswith("Evaluation")]
     text = " ".join(t.get_text() for t in ax.texts)
     assert "logged during training (math500" in text
-    assert "eval/results.json from prompt-aug-eval (template qwen-math, 5 runs, first 50 per benchmark)" in text
+    assert (
+        "eval/results.json from prompt-aug-eval (template qwen-math, 5 runs, first 50 per benchmark)" in text
+    )
 
 
 def test_x_axis_in_generation_rounds(tmp_path):

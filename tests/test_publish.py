@@ -50,9 +50,20 @@ def wandb_run(tmp_path_factory):
     pytest.importorskip("wandb")
     tmp = tmp_path_factory.mktemp("publish")
     out = tmp / "out"
-    cmd = [sys.executable, "-m", "prompt_aug.train", "--config", str(SMOKE), "--output_dir", str(out),
-           "--report_to", "wandb"]
-    proc = subprocess.run(cmd, check=False, cwd=REPO, env=_run_env(tmp), capture_output=True, text=True, timeout=600)
+    cmd = [
+        sys.executable,
+        "-m",
+        "prompt_aug.train",
+        "--config",
+        str(SMOKE),
+        "--output_dir",
+        str(out),
+        "--report_to",
+        "wandb",
+    ]
+    proc = subprocess.run(
+        cmd, check=False, cwd=REPO, env=_run_env(tmp), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs = sorted((tmp / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, f"expected one offline W&B run under {tmp / 'wandb'}, found {runs}"
@@ -91,8 +102,12 @@ def test_card_includes_eval_results_when_present(tmp_path):
     (tmp_path / EVAL_TABLE_PATH).write_text(table + "\n")
     templates, weights = select_templates(load_templates(), ["qwen-math", "abel"], [3, 1])
     info = ModelCardInfo(
-        base_model="Qwen/Qwen2.5-Math-1.5B", recipe="learning_rate: 1.0e-6\n", templates=templates,
-        weights=weights, dataset="hkust-nlp/SimpleRL-Zoo-Data (simplelr_qwen_level3to5)", num_rows=8521,
+        base_model="Qwen/Qwen2.5-Math-1.5B",
+        recipe="learning_rate: 1.0e-6\n",
+        templates=templates,
+        weights=weights,
+        dataset="hkust-nlp/SimpleRL-Zoo-Data (simplelr_qwen_level3to5)",
+        num_rows=8521,
     )
     history = [{"reward": 0.4, "templates/abel/accuracy": 0.5, "step": 80}]
     card = render_model_card(info, tmp_path, 80, history, hub_model_id="someone/prompt-aug-1.5b")
@@ -105,8 +120,14 @@ def test_card_includes_eval_results_when_present(tmp_path):
 
 def _card_info() -> ModelCardInfo:
     templates, weights = select_templates(load_templates(), ["qwen-math", "abel"])
-    return ModelCardInfo(base_model="base", recipe="seed: 1\n", templates=templates, weights=weights,
-                         dataset="synthetic", num_rows=3)
+    return ModelCardInfo(
+        base_model="base",
+        recipe="seed: 1\n",
+        templates=templates,
+        weights=weights,
+        dataset="synthetic",
+        num_rows=3,
+    )
 
 
 def test_card_snippet_loads_from_the_hub_id_or_the_folder_path(tmp_path):
@@ -150,8 +171,13 @@ def _wandb_records(run_dir: Path) -> list[dict]:
     wandb_cli = shutil.which("wandb", path=str(Path(sys.executable).parent)) or shutil.which("wandb")
     if wandb_cli is None:
         pytest.skip("the wandb command-line tool is not installed")
-    proc = subprocess.run([wandb_cli, "leet", "inspect", "--json", str(run_dir)], check=False, capture_output=True,
-                          text=True, timeout=15 * 60)  # a ceiling against a hang; it returns when done
+    proc = subprocess.run(
+        [wandb_cli, "leet", "inspect", "--json", str(run_dir)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=15 * 60,
+    )  # a ceiling against a hang; it returns when done
     if proc.returncode != 0 and "No such command" in proc.stderr:
         summary = run_dir / "files" / "wandb-summary.json"  # older W&B clients write it for offline runs
         if summary.is_file():
@@ -178,7 +204,11 @@ def test_wandb_offline_run_receives_per_template_metrics(wandb_run):
             expected = {f"train/{k}": v for k, v in entry.items() if k.startswith("templates/")}
             if not expected:
                 continue
-            rows = [r for r in history if r.get("train/global_step") == entry["step"] and expected.keys() <= r.keys()]
+            rows = [
+                r
+                for r in history
+                if r.get("train/global_step") == entry["step"] and expected.keys() <= r.keys()
+            ]
             assert rows, f"no W&B history row with the per-template metrics of step {entry['step']}"
             assert {k: rows[0][k] for k in expected} == pytest.approx(expected)
 
@@ -211,8 +241,20 @@ def test_push_to_hub_reaches_the_hub_client_before_training(tmp_path, monkeypatc
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the client's own switch: nothing leaves
     out = tmp_path / "out"
     with pytest.raises(OfflineModeIsEnabled, match="repos/create"):
-        train.main(["--config", str(SMOKE), "--output_dir", str(out), "--max_steps", "1",
-                    "--push_to_hub", "true", "--hub_model_id", "prompt-aug-tests/never-created"])
+        train.main(
+            [
+                "--config",
+                str(SMOKE),
+                "--output_dir",
+                str(out),
+                "--max_steps",
+                "1",
+                "--push_to_hub",
+                "true",
+                "--hub_model_id",
+                "prompt-aug-tests/never-created",
+            ]
+        )
     assert not list(out.glob("checkpoint-*")) and not (out / "model.safetensors").exists()
 
 
@@ -225,14 +267,38 @@ def test_push_to_hub_uploads_model_and_card(tmp_path):
 
     repo = os.environ["PROMPT_AUG_TEST_HUB_REPO"]
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "prompt_aug.train", "--config", str(SMOKE), "--output_dir", str(out),
-           "--max_steps", "2", "--push_to_hub", "true", "--hub_model_id", repo, "--hub_private_repo", "true"]
-    proc = subprocess.run(cmd, check=False, cwd=REPO, env=_run_env(tmp_path, HF_HUB_OFFLINE="0"), capture_output=True,
-                          text=True, timeout=900)
+    cmd = [
+        sys.executable,
+        "-m",
+        "prompt_aug.train",
+        "--config",
+        str(SMOKE),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--push_to_hub",
+        "true",
+        "--hub_model_id",
+        repo,
+        "--hub_private_repo",
+        "true",
+    ]
+    proc = subprocess.run(
+        cmd,
+        check=False,
+        cwd=REPO,
+        env=_run_env(tmp_path, HF_HUB_OFFLINE="0"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     files = HfApi().list_repo_files(repo)
     assert "README.md" in files and "model.safetensors" in files
-    card = Path(hf_hub_download(repo, "README.md", force_download=True, cache_dir=tmp_path / "hf")).read_text()
+    card = Path(
+        hf_hub_download(repo, "README.md", force_download=True, cache_dir=tmp_path / "hf")
+    ).read_text()
     assert "prompt augmentation" in card and "- Optimizer steps: 2" in card
 
 
@@ -240,16 +306,27 @@ def test_refresh_puts_eval_results_into_an_existing_card(tmp_path, capsys):
     from prompt_aug import model_card
 
     templates, weights = select_templates(load_templates(), ["qwen-math"])
-    info = ModelCardInfo(base_model="base", recipe="seed: 1\n", templates=templates, weights=weights,
-                         dataset="synthetic", num_rows=3)
+    info = ModelCardInfo(
+        base_model="base",
+        recipe="seed: 1\n",
+        templates=templates,
+        weights=weights,
+        dataset="synthetic",
+        num_rows=3,
+    )
     history = [{"reward": 0.25, "step": 4}]
     (tmp_path / "README.md").write_text(render_model_card(info, tmp_path, 4, history))
     with pytest.raises(FileNotFoundError, match="prompt-aug-eval"):
         model_card.refresh_evaluation(tmp_path)
     (tmp_path / EVAL_TABLE_PATH).parent.mkdir(parents=True)
-    for table in ("| Model | MATH500 |\n|---|---:|\n| base | 50.0 |\n", "| Model | MATH500 |\n|---|---:|\n| base | 61.0 |\n"):
+    for table in (
+        "| Model | MATH500 |\n|---|---:|\n| base | 50.0 |\n",
+        "| Model | MATH500 |\n|---|---:|\n| base | 61.0 |\n",
+    ):
         (tmp_path / EVAL_TABLE_PATH).write_text(table)
         model_card.main([str(tmp_path)])  # twice: the second run replaces the first table
         assert (tmp_path / "README.md").read_text() == render_model_card(info, tmp_path, 4, history)
-    assert "61.0" in (tmp_path / "README.md").read_text() and "50.0" not in (tmp_path / "README.md").read_text()
+    assert (
+        "61.0" in (tmp_path / "README.md").read_text() and "50.0" not in (tmp_path / "README.md").read_text()
+    )
     assert "updated" in capsys.readouterr().out

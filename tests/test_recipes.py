@@ -52,8 +52,13 @@ def _parse(path: Path, processes: int, *extra: str):
 
 def test_recipes_are_found():
     names = {p.name for p in RECIPES}
-    assert {"tiny_cpu.yaml", "prompt_aug.yaml", "dapo_single_template.yaml", "grpo_single_template.yaml",
-            "prompt_aug_lora_1gpu.yaml"} <= names
+    assert {
+        "tiny_cpu.yaml",
+        "prompt_aug.yaml",
+        "dapo_single_template.yaml",
+        "grpo_single_template.yaml",
+        "prompt_aug_lora_1gpu.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=_ids(RECIPES))
@@ -61,8 +66,14 @@ def test_dry_run_parses_and_prints_the_table(recipe, capsys):
     processes = int(_dry_run_lines(recipe)[0]["processes"]) if _dry_run_lines(recipe) else 1
     train.main(["--config", str(recipe), "--dry_run", "--num_processes", str(processes)])
     out = capsys.readouterr().out
-    for row in ("processes", "questions per round", "completions per round", "optimizer steps per round",
-                "rounds per epoch", "total rounds"):
+    for row in (
+        "processes",
+        "questions per round",
+        "completions per round",
+        "optimizer steps per round",
+        "rounds per epoch",
+        "total rounds",
+    ):
         assert row in out, row
     assert "?" not in out, "a shipped recipe should know its row count (dataset_num_rows)"
 
@@ -75,7 +86,9 @@ def test_header_comment_block_and_its_numbers_match_the_arithmetic(recipe):
     for needed in ("Reproduces:", "Hardware:", "Batch arithmetic"):
         assert needed in text, f"{recipe.name}: header lacks {needed!r}"
     if recipe.parent == PAPER:
-        assert re.search(r"wall-clock", text, re.IGNORECASE), f"{recipe.name}: header must state the expected wall-clock"
+        assert re.search(r"wall-clock", text, re.IGNORECASE), (
+            f"{recipe.name}: header must state the expected wall-clock"
+        )
     claims = _dry_run_lines(recipe)
     assert claims, f"{recipe.name}: header needs a machine-readable '# dry-run (N processes): ...' line"
     for claim in claims:
@@ -94,7 +107,11 @@ def test_header_comment_block_and_its_numbers_match_the_arithmetic(recipe):
 def test_paper_recipe_on_8_processes_is_128_questions_1024_completions_4_steps():
     args, _, _ = _parse(PAPER / "prompt_aug.yaml", 8)
     got = batch_arithmetic(args)
-    assert (got.questions_per_round, got.completions_per_round, got.optimizer_steps_per_round) == (128, 1024, 4)
+    assert (got.questions_per_round, got.completions_per_round, got.optimizer_steps_per_round) == (
+        128,
+        1024,
+        4,
+    )
     assert got.completions_per_optimizer_step == 256
     assert (got.rounds_per_epoch, got.total_rounds) == (66, 3960)
     # Checkpoint every 20 rounds.
@@ -162,11 +179,20 @@ def _diff(a: dict, b: dict) -> dict:
 
 
 def test_single_template_variants_differ_from_the_paper_run_only_where_they_should():
-    paper, dapo, grpo = _keys("prompt_aug.yaml"), _keys("dapo_single_template.yaml"), _keys("grpo_single_template.yaml")
+    paper, dapo, grpo = (
+        _keys("prompt_aug.yaml"),
+        _keys("dapo_single_template.yaml"),
+        _keys("grpo_single_template.yaml"),
+    )
     naming = {"output_dir", "run_name"}
     assert set(_diff(paper, dapo)) - naming == {"templates"}
     assert dapo["templates"] == ["qwen-math"]
-    assert _diff(dapo, grpo).keys() - naming == {"beta", "epsilon_high", "use_bias_correction_kl", "num_train_epochs"}
+    assert _diff(dapo, grpo).keys() - naming == {
+        "beta",
+        "epsilon_high",
+        "use_bias_correction_kl",
+        "num_train_epochs",
+    }
     assert grpo["beta"] == 0.001 and "epsilon_high" not in grpo and grpo["epsilon"] == 0.2
     assert grpo["num_train_epochs"] == 20 and grpo["use_bias_correction_kl"] is False
 
@@ -181,7 +207,10 @@ def test_grpo_baseline_parses_to_symmetric_clip_and_k3_kl():
 
     source = inspect.getsource(GRPOTrainer)
     # The k3 estimator of KL(pi || ref), as the recipe header says.
-    assert "torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1" in source
+    assert (
+        "torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1"
+        in source
+    )
 
 
 def test_lora_recipe_is_one_gpu_32_questions_256_completions_4_steps_of_64():
@@ -211,7 +240,11 @@ def test_8_gpu_short_run_override_gives_300_paper_rounds(recipe):
     # docs/reproduce.md, "Quick runs": the paper recipe and its single-template ablation for 300 rounds.
     args, _, _ = _parse(PAPER / recipe, 8, "--max_steps", "1200")
     got = batch_arithmetic(args)
-    assert (got.questions_per_round, got.completions_per_round, got.optimizer_steps_per_round) == (128, 1024, 4)
+    assert (got.questions_per_round, got.completions_per_round, got.optimizer_steps_per_round) == (
+        128,
+        1024,
+        4,
+    )
     assert got.total_rounds == 300
 
 
@@ -243,8 +276,14 @@ def test_unknown_recipe_key_is_an_error_naming_the_key(tmp_path):
 # Accelerate configs
 
 ACCELERATE_CONFIGS = sorted((REPO / "accelerate_configs").glob("*.yaml"))
-DISTRIBUTED = {"single_gpu.yaml": ("NO", 1), "ddp.yaml": ("MULTI_GPU", 8), "zero2.yaml": ("DEEPSPEED", 8),
-               "zero3.yaml": ("DEEPSPEED", 8), "fsdp.yaml": ("FSDP", 8), "zero2_vllm_server.yaml": ("DEEPSPEED", 7)}
+DISTRIBUTED = {
+    "single_gpu.yaml": ("NO", 1),
+    "ddp.yaml": ("MULTI_GPU", 8),
+    "zero2.yaml": ("DEEPSPEED", 8),
+    "zero3.yaml": ("DEEPSPEED", 8),
+    "fsdp.yaml": ("FSDP", 8),
+    "zero2_vllm_server.yaml": ("DEEPSPEED", 7),
+}
 
 
 def test_accelerate_configs_are_all_there():
@@ -254,11 +293,23 @@ def test_accelerate_configs_are_all_there():
 @pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=[p.name for p in ACCELERATE_CONFIGS])
 def test_accelerate_config_loads_with_the_keys_accelerate_needs(path):
     raw = yaml.safe_load(path.read_text())
-    for key in ("compute_environment", "distributed_type", "num_processes", "num_machines", "machine_rank",
-                "mixed_precision", "main_training_function", "use_cpu"):
+    for key in (
+        "compute_environment",
+        "distributed_type",
+        "num_processes",
+        "num_machines",
+        "machine_rank",
+        "mixed_precision",
+        "main_training_function",
+        "use_cpu",
+    ):
         assert key in raw, f"{path.name} lacks {key}"
     distributed, processes = DISTRIBUTED[path.name]
-    assert (raw["distributed_type"], raw["num_processes"], raw["mixed_precision"]) == (distributed, processes, "bf16")
+    assert (raw["distributed_type"], raw["num_processes"], raw["mixed_precision"]) == (
+        distributed,
+        processes,
+        "bf16",
+    )
     assert raw["compute_environment"] == "LOCAL_MACHINE" and raw["use_cpu"] is False
     # accelerate's own loader accepts it (it rejects unknown keys and bad enum values).
     from accelerate.commands.config.config_args import load_config_from_file

@@ -161,7 +161,18 @@ def test_two_process_resume_in_the_second_epoch_sees_the_uninterrupted_sequence(
 
 
 def test_resume_true_without_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(SystemExit, match="^prompt-aug-train: error: resume_from_checkpoint: true, but there is no checkpoint"):
+    with pytest.raises(
+        SystemExit, match="^prompt-aug-train: error: resume_from_checkpoint: true, but there is no checkpoint"
+    ):
         train.main(["--config", SMOKE, "--output_dir", str(tmp_path), "--resume_from_checkpoint", "true"])
     with pytest.raises(SystemExit, match="resume_from_checkpoint: no such checkpoint folder"):
-        train.main(["--config", SMOKE, "--output_dir", str(tmp_path), "--resume_from_checkpoint", str(tmp_path / "x")])
+        train.main(
+            [
+                "--config",
+                SMOKE,
+                "--output_dir",
+                str(tmp_path),
+                "--resume_from_checkpoint",
+                str(tmp_path / "x"),
+            ]
+        )

@@ -115,10 +115,18 @@ def test_list_golds_any_match():
 
 
 def test_registry_functions_read_answer_and_template_columns():
-    completions = [WELL_FORMED["open-r1"], "no tags, \\boxed{7}", "<think>\nx\n</think>\n<answer>\n\\boxed{5}\n</answer>"]
+    completions = [
+        WELL_FORMED["open-r1"],
+        "no tags, \\boxed{7}",
+        "<think>\nx\n</think>\n<answer>\n\\boxed{5}\n</answer>",
+    ]
     templates = ["open-r1", "open-r1", "open-r1"]
     assert REGISTRY["correctness"](completions, answer=["7"] * 3, template=templates) == [1.0, 1.0, 0.0]
-    assert REGISTRY["strict_correctness"](completions, answer=["7"] * 3, template=templates) == [1.0, 0.0, 0.0]
+    assert REGISTRY["strict_correctness"](completions, answer=["7"] * 3, template=templates) == [
+        1.0,
+        0.0,
+        0.0,
+    ]
     assert format_reward(completions, template=templates) == [1.0, 0.0, 1.0]
     # Chat-style completions, as TRL passes them for conversational prompts.
     chat = [[{"role": "assistant", "content": BOXED}]]

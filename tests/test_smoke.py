@@ -30,14 +30,20 @@ TEXTS = [
 def test_reloaded_tokenizer_encodes_exactly_as_the_built_one(tiny_model_dir):
     built = build_tiny_tokenizer()
     reloaded = AutoTokenizer.from_pretrained(tiny_model_dir)  # what prompt_aug.train does
-    for text in TEXTS + [r["question"] for r in synthetic_problems(50)] + [r["question"] for r in addition_problems()]:
+    for text in (
+        TEXTS + [r["question"] for r in synthetic_problems(50)] + [r["question"] for r in addition_problems()]
+    ):
         assert reloaded(text).input_ids == built(text).input_ids, text
         assert reloaded.decode(built(text).input_ids) == text
-    assert (reloaded.eos_token, reloaded.pad_token) == (built.eos_token, built.pad_token) == ("<|im_end|>", "<|endoftext|>")
-    messages = [{"role": "user", "content": "Compute $3 + 4$."}]
-    assert reloaded.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == built.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True
+    assert (
+        (reloaded.eos_token, reloaded.pad_token)
+        == (built.eos_token, built.pad_token)
+        == ("<|im_end|>", "<|endoftext|>")
     )
+    messages = [{"role": "user", "content": "Compute $3 + 4$."}]
+    assert reloaded.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    ) == built.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def _embedding(folder: Path) -> torch.Tensor:

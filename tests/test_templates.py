@@ -19,8 +19,14 @@ EXPECTED = {
     "lm_eval_prompt1": ("Let's think step by step", ("The final answer is:",)),
     "lm_eval_prompt4": ("", ("The final answer is:",)),
     "lm_eval_prompt8": ("Let's think step by step", ()),
-    "reflective": ("", ("<solution>\n", "\n</solution>\n", "\n<check>\nLet's verify step by step", "\n</check>")),
-    "reflective-teacher": ("<solution>\n", ("\n</solution>\n", "\n<check>\nLet's verify step by step", "\n</check>")),
+    "reflective": (
+        "",
+        ("<solution>\n", "\n</solution>\n", "\n<check>\nLet's verify step by step", "\n</check>"),
+    ),
+    "reflective-teacher": (
+        "<solution>\n",
+        ("\n</solution>\n", "\n<check>\nLet's verify step by step", "\n</check>"),
+    ),
 }
 
 
@@ -80,15 +86,21 @@ def test_a_template_the_tokenizer_cannot_render_is_named(tmp_path, tokenizer):
         "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}"
         "{{ m['content'] }}{% endfor %}"
     )
-    path = _write(tmp_path, "- {name: plain, user: '{question}'}\n- {name: chatty, system: hi, user: '{question}'}\n")
+    path = _write(
+        tmp_path, "- {name: plain, user: '{question}'}\n- {name: chatty, system: hi, user: '{question}'}\n"
+    )
     with pytest.raises(TemplateError, match="'chatty'"):
         load_templates(path, tokenizer=strict)
 
 
 def test_custom_bank_file_and_subset_with_weights(tmp_path, tokenizer):
-    path = _write(tmp_path, "- {name: mine, user: 'Solve: {question}', prefill: 'Answer:', markers: ['Answer:']}\n")
+    path = _write(
+        tmp_path, "- {name: mine, user: 'Solve: {question}', prefill: 'Answer:', markers: ['Answer:']}\n"
+    )
     bank = load_templates(path, tokenizer=tokenizer)
-    assert bank["mine"].render("2+2", tokenizer).endswith("Solve: 2+2<|im_end|>\n<|im_start|>assistant\nAnswer:")
+    assert (
+        bank["mine"].render("2+2", tokenizer).endswith("Solve: 2+2<|im_end|>\n<|im_start|>assistant\nAnswer:")
+    )
     chosen, weights = select_templates(load_templates(), ["qwen-math", "open-r1"], [1, 3])
     assert [t.name for t in chosen] == ["qwen-math", "open-r1"] and weights == [0.25, 0.75]
     with pytest.raises(TemplateError, match="nope"):

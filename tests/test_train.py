@@ -45,7 +45,9 @@ def test_log_history_has_entropy_finite_loss_and_per_template_metrics(smoke_run)
 
 
 def test_per_template_metrics_match_the_completion_records(smoke_run):
-    history = {h["step"]: h for h in json.loads((smoke_run / "trainer_state.json").read_text())["log_history"]}
+    history = {
+        h["step"]: h for h in json.loads((smoke_run / "trainer_state.json").read_text())["log_history"]
+    }
     # steps_per_generation=2: rounds are generated at steps 1 and 3, each logged at its own step.
     for step in (1, 3):
         records = pd.read_parquet(smoke_run / "completions" / f"completions_{step:05d}.parquet")
@@ -99,7 +101,11 @@ def test_recipe_keys_turn_on_evaluation_during_training(tmp_path):
 
     suite = tmp_path / "suite"
     datasets.DatasetDict(
-        {"math": datasets.Dataset.from_dict({"problem": ["What is $2+2$?", "What is $3+3$?"], "answer": ["4", "6"]})}
+        {
+            "math": datasets.Dataset.from_dict(
+                {"problem": ["What is $2+2$?", "What is $3+3$?"], "answer": ["4", "6"]}
+            )
+        }
     ).save_to_disk(str(suite))
     out = tmp_path / "run"
     train.main([

@@ -27,7 +27,9 @@ def test_warm_start_targets_box_the_right_answer_at_the_asked_share_and_always_w
     import re
 
     rows = addition_problems()
-    draws = list(itertools.islice(draw_targets(rows, TEMPLATES, wellformed=0.5, answer_correct=0.3, seed=0), 2000))
+    draws = list(
+        itertools.islice(draw_targets(rows, TEMPLATES, wellformed=0.5, answer_correct=0.3, seed=0), 2000)
+    )
     right = well = 0
     for i, j, text in draws:
         a, b = (int(d) for d in re.search(r"(\d) \+ (\d) = ", text).groups())
@@ -47,7 +49,9 @@ def test_heldout_questions_are_kept_apart_and_drawn_by_seed():
     trained, held = split_heldout(rows, 10, seed=0)
     assert len(trained) == 45 and len(held) == 10
     assert not set(trained["uid"]) & set(held["uid"])
-    assert held["uid"] == split_heldout(rows, 10, seed=0)[1]["uid"] != split_heldout(rows, 10, seed=1)[1]["uid"]
+    assert (
+        held["uid"] == split_heldout(rows, 10, seed=0)[1]["uid"] != split_heldout(rows, 10, seed=1)[1]["uid"]
+    )
     with pytest.raises(ValueError, match="heldout_questions=55"):
         split_heldout(rows, 55, seed=0)
 
@@ -64,7 +68,9 @@ def test_warm_start_changes_the_weights_and_lowers_the_loss(tiny_model_dir, toke
 def test_before_after_table_has_every_template_and_both_question_sets(tiny_model_dir, tokenizer, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     rows = addition_problems()
-    check = BeforeAfter(TEMPLATES[:4], {"trained": rows[:3], "held-out": rows[3:5]}, max_tokens=4, temperature=1.0, seed=0)
+    check = BeforeAfter(
+        TEMPLATES[:4], {"trained": rows[:3], "held-out": rows[3:5]}, max_tokens=4, temperature=1.0, seed=0
+    )
     state = torch.random.get_rng_state()
     check.measure("before", model, tokenizer)
     assert torch.equal(torch.random.get_rng_state(), state)  # scoring leaves training's random stream alone

@@ -16,7 +16,11 @@ TINY_MODEL_NAME = "tiny-random-qwen2"
 # heads of size 32 (vLLM's CPU attention takes 32, 64, ..., not 16), tied embeddings and the tokenizer below.
 TINY_MODELS = {
     TINY_MODEL_NAME: (64, 2, 1),  # 0.11 M parameters: the smoke recipe, the tests and the engine tier
-    "small-random-qwen2": (128, 4, 4),  # 0.41 M: the learning demo (hidden 64 rarely learns its task's working)
+    "small-random-qwen2": (
+        128,
+        4,
+        4,
+    ),  # 0.41 M: the learning demo (hidden 64 rarely learns its task's working)
 }
 SYNTHETIC_DATASET_NAME = "synthetic"
 ADDITION_DATASET_NAME = "synthetic-addition"
@@ -197,7 +201,9 @@ def build_tiny_model(path: str | Path, seed: int = 0, name: str = TINY_MODEL_NAM
         "tokenizer": tokenizer.backend_tokenizer.to_str(),
         "chat_template": tokenizer.chat_template,
     }
-    fingerprint = hashlib.sha256(json.dumps(built_from, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    fingerprint = hashlib.sha256(json.dumps(built_from, sort_keys=True, default=str).encode()).hexdigest()[
+        :16
+    ]
     record = path / "build.json"
     if record.is_file() and json.loads(record.read_text()).get("fingerprint") == fingerprint:
         return path

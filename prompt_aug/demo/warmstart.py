@@ -81,14 +81,21 @@ def split_heldout(dataset: Any, n: int, seed: int) -> tuple[Any, Any | None]:
     if n <= 0:
         return dataset, None
     if n >= len(dataset):
-        raise ValueError(f"heldout_questions={n} leaves no training questions (the dataset has {len(dataset)})")
+        raise ValueError(
+            f"heldout_questions={n} leaves no training questions (the dataset has {len(dataset)})"
+        )
     held = sorted(random.Random(seed).sample(range(len(dataset)), n))
     kept = [i for i in range(len(dataset)) if i not in set(held)]
     return dataset.select(kept), dataset.select(held)
 
 
 def draw_targets(
-    rows: list[dict[str, Any]], templates: list[Template], *, wellformed: float, answer_correct: float, seed: int
+    rows: list[dict[str, Any]],
+    templates: list[Template],
+    *,
+    wellformed: float,
+    answer_correct: float,
+    seed: int,
 ) -> Iterator[tuple[int, int, str]]:
     """Endless warm-start examples ``(row index, template index, target text)``, drawn with ``seed``.
 
@@ -138,9 +145,7 @@ def warm_start(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
 
     # Every prompt is tokenized once (rendering through the chat template is the slow part).
-    prompts = [
-        tokenizer([t.render(row["question"], tokenizer) for t in templates]).input_ids for row in rows
-    ]
+    prompts = [tokenizer([t.render(row["question"], tokenizer) for t in templates]).input_ids for row in rows]
     targets = draw_targets(rows, templates, wellformed=wellformed, answer_correct=answer_correct, seed=seed)
     completions: dict[str, list[int]] = {}
 
@@ -165,7 +170,12 @@ def warm_start(
             ids[i, : len(p) + len(c)] = torch.tensor(p + c)
             labels[i, len(p) : len(p) + len(c)] = torch.tensor(c)
             mask[i, : len(p) + len(c)] = 1
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device), use_cache=False)
+        out = model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            labels=labels.to(device),
+            use_cache=False,
+        )
         out.loss.backward()
         optimizer.step()
         schedule.step()
@@ -265,7 +275,9 @@ class BeforeAfter:
             cells = [cell(*(self.scores[w][s][t.name][m] for w in ("before", "after"))) for s, m in heads]
             lines.append(f"| {t.name} | " + " | ".join(cells) + " |")
         for label, markers_only in (("**all templates**", False), ("**marker templates**", True)):
-            cells = [cell(*(self.summary(w, s, m, markers_only) for w in ("before", "after"))) for s, m in heads]
+            cells = [
+                cell(*(self.summary(w, s, m, markers_only) for w in ("before", "after"))) for s, m in heads
+            ]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
 
@@ -310,7 +322,10 @@ def prepare(
             seed=training_args.seed,
         )
         logger.info(
-            "warm start: %d steps, loss %.3f → %.3f", len(losses), losses[0], sum(losses[-10:]) / len(losses[-10:])
+            "warm start: %d steps, loss %.3f → %.3f",
+            len(losses),
+            losses[0],
+            sum(losses[-10:]) / len(losses[-10:]),
         )
     if not script_args.before_after:
         return dataset, None

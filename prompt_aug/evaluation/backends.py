@@ -214,7 +214,9 @@ def model_context_length(model: str) -> int | None:
     return min(values) if values else None
 
 
-def vllm_max_model_len(requested: int | None, longest_prompt: int, max_tokens: int, context: int | None) -> int:
+def vllm_max_model_len(
+    requested: int | None, longest_prompt: int, max_tokens: int, context: int | None
+) -> int:
     """The ``max_model_len`` to ask vLLM for: ``requested`` if given, else the model's ``context`` capped
     at what the run needs (its longest prompt plus ``max_tokens``).
 

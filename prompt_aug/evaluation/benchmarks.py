@@ -126,7 +126,9 @@ def _from_hub(what: str, load: Callable[[], Any], local: str) -> Any:
             if hub_offline()
             else "check the id and the connection, or set HF_HUB_OFFLINE=1 to use a copy in the Hugging Face cache"
         )
-        raise EvalError(f"{what}: could not load it from the Hugging Face Hub ({cause}); {hint}; or {local}") from err
+        raise EvalError(
+            f"{what}: could not load it from the Hugging Face Hub ({cause}); {hint}; or {local}"
+        ) from err
 
 
 def _load_question_set(name: str) -> Any:
@@ -140,10 +142,14 @@ def _load_question_set(name: str) -> Any:
     if path.is_dir():
         loaded = datasets.load_from_disk(str(path))
     else:
-        loaded = _from_hub(f"question set {name}", lambda: datasets.load_dataset(name), "give a file or folder")
+        loaded = _from_hub(
+            f"question set {name}", lambda: datasets.load_dataset(name), "give a file or folder"
+        )
     if isinstance(loaded, datasets.DatasetDict):
         if "test" not in loaded and len(loaded) != 1:
-            raise EvalError(f"question set {name} has splits {sorted(loaded)}; expected a `test` split or only one")
+            raise EvalError(
+                f"question set {name} has splits {sorted(loaded)}; expected a `test` split or only one"
+            )
         loaded = loaded["test"] if "test" in loaded else next(iter(loaded.values()))
     return loaded
 
@@ -162,7 +168,9 @@ def _load_split(split: str, data_dir: str | Path | None) -> Any:
             except ValueError as err:  # an unknown split
                 raise EvalError(f"{HUB_SUITE} has no split {split!r}: {err}") from err
 
-        return _from_hub(f"suite {HUB_SUITE}", load, "give a local copy of the suite (--data_dir, eval_data_dir)")
+        return _from_hub(
+            f"suite {HUB_SUITE}", load, "give a local copy of the suite (--data_dir, eval_data_dir)"
+        )
     key = str(Path(data_dir).resolve())
     if key not in _SUITES:
         if not Path(data_dir).is_dir():
@@ -185,7 +193,11 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
     name = parse_benchmarks(name)[0]
     if name in BENCHMARKS:
         split = BENCHMARKS[name][0]
-        ds, where, questions = _load_split(split, data_dir), f"benchmark {name} (split {split!r})", QUESTION_FIELD
+        ds, where, questions = (
+            _load_split(split, data_dir),
+            f"benchmark {name} (split {split!r})",
+            QUESTION_FIELD,
+        )
     else:
         ds, where = _load_question_set(name), f"question set {name}"
         questions = next((c for c in _QUESTION_COLUMNS if c in ds.column_names), _QUESTION_COLUMNS[0])
@@ -195,8 +207,7 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     return [
-        Problem(name, i, str(row[questions]), normalize_gold(row[ANSWER_FIELD]))
-        for i, row in enumerate(ds)
+        Problem(name, i, str(row[questions]), normalize_gold(row[ANSWER_FIELD])) for i, row in enumerate(ds)
     ]
 
 

@@ -57,7 +57,9 @@ class EvalCallback(TrainerCallback):
         names = [metric_name(b) for b in self.benchmarks]
         clashes = sorted({b for b, n in zip(self.benchmarks, names) if names.count(n) > 1})
         if clashes:
-            raise EvalError(f"benchmarks {clashes} would log under one name; rename a file to tell them apart")
+            raise EvalError(
+                f"benchmarks {clashes} would log under one name; rename a file to tell them apart"
+            )
         self.every_n_steps, self.data_dir, self.limit = every_n_steps, data_dir, limit
         self.template = parse_templates(template)[0]
         self.max_tokens, self.batch_size = max_tokens, batch_size
@@ -116,7 +118,10 @@ class EvalCallback(TrainerCallback):
         metrics.update({"eval/macro": summary["macro"], "eval/micro": summary["micro"]})
         metrics["eval/questions"] = float(len(records))
         logger.info(  # main process only under `prompt-aug-train`, so the shares are gathered
-            "evaluated %d questions on %d processes (%s)", len(records), num_processes, " + ".join(map(str, shares))
+            "evaluated %d questions on %d processes (%s)",
+            len(records),
+            num_processes,
+            " + ".join(map(str, shares)),
         )
         return metrics
 

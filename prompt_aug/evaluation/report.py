@@ -122,8 +122,11 @@ def protocol_line(settings: dict[str, Any]) -> str:
         f"template `{settings.get('template')}`, temperature {settings.get('temperature')}, "
         f"max_tokens {settings.get('max_tokens')}, n {settings.get('n')}, runs {settings.get('runs')}, "
         f"stop {settings.get('stop')}, "
-        + ("every question" if limit is None else f"**--limit {limit}: only the first {limit} questions "
-           "per benchmark**")
+        + (
+            "every question"
+            if limit is None
+            else f"**--limit {limit}: only the first {limit} questions per benchmark**"
+        )
         + "."
     )
     differences = protocol_differences(settings)

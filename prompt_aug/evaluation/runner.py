@@ -20,7 +20,9 @@ from .benchmarks import Problem
 logger = logging.getLogger("prompt_aug.evaluate")
 
 
-def score_completions(completions: list[str], golds: list[list[str]], templates: list[Template | str]) -> list[dict[str, Any]]:
+def score_completions(
+    completions: list[str], golds: list[list[str]], templates: list[Template | str]
+) -> list[dict[str, Any]]:
     """Strict verdicts, one ``{"extracted", "correct", "format_score"}`` per completion, graded as one batch.
 
     >>> [v["correct"] for v in score_completions(["so \\\\boxed{12}.", "so the answer is 12."], [["12"]] * 2, ["qwen-math"] * 2)]
@@ -28,7 +30,8 @@ def score_completions(completions: list[str], golds: list[list[str]], templates:
     """
     verdicts = grade_batch(completions, golds, templates, strict=True)
     return [
-        {"extracted": v.extracted, "correct": bool(v.correct), "format_score": v.format_score} for v in verdicts
+        {"extracted": v.extracted, "correct": bool(v.correct), "format_score": v.format_score}
+        for v in verdicts
     ]
 
 

@@ -210,7 +210,9 @@ class CollapseGuard(TrainerCallback):
         step = int(entry.get("step", step or 0))
         return max(1, generation_round(step, self.steps_per_round))
 
-    def observe(self, entry: dict[str, Any], step: int | None = None) -> tuple[dict[str, float], list[Firing]]:
+    def observe(
+        self, entry: dict[str, Any], step: int | None = None
+    ) -> tuple[dict[str, float], list[Firing]]:
         """Feed one log line; returns the ``collapse/*`` metrics for it and the signals that fired on it."""
         step = int(entry.get("step", step or 0))
         round_ = self.round_of(entry, step)
@@ -236,10 +238,14 @@ class CollapseGuard(TrainerCallback):
             self.observe(entry)
         return control
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
         metrics: dict[str, float] = {}
         firings: list[Firing] = []
-        if state.is_world_process_zero and logs is not None:  # evaluation metrics exist on the main process only
+        if (
+            state.is_world_process_zero and logs is not None
+        ):  # evaluation metrics exist on the main process only
             metrics, firings = self.observe(logs, step=state.global_step)
         shared = [firings]
         broadcast_object_list(shared)  # every process must save (and stop) together
@@ -250,8 +256,13 @@ class CollapseGuard(TrainerCallback):
                 state.log_history[-1].update(metrics)
         for firing in firings:
             if state.is_world_process_zero:
-                logger.warning("collapse guard: step %d (round %d): %s -> %s", firing.step, firing.round,
-                               firing.detail, firing.action)
+                logger.warning(
+                    "collapse guard: step %d (round %d): %s -> %s",
+                    firing.step,
+                    firing.round,
+                    firing.detail,
+                    firing.action,
+                )
         self.fired += firings
         acting = [f for f in firings if f.action != "log"]
         if acting:
@@ -268,7 +279,8 @@ class CollapseGuard(TrainerCallback):
         firings, self._pending = self._pending, []
         source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         target = _free_path(
-            Path(args.output_dir) / f"{CHECKPOINT_PREFIX}-{'_'.join(f.signal for f in firings)}-round{firings[0].round}"
+            Path(args.output_dir)
+            / f"{CHECKPOINT_PREFIX}-{'_'.join(f.signal for f in firings)}-round{firings[0].round}"
         )
         if args.should_save:
             if not source.is_dir():
@@ -338,8 +350,10 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
             raise ValueError(f"{threshold_key}: an allowed fall must be >= 0, got {threshold}")
         specs.append(SignalSpec(name, keys, kind, float(threshold), int(window), action))
     if a.collapse_eval_drop is not None and not (a.eval_benchmarks and a.eval_every_steps):
-        raise ValueError("collapse_eval_drop is set but evaluation during training is off: set eval_benchmarks "
-                         "and eval_every_steps, or unset collapse_eval_drop")
+        raise ValueError(
+            "collapse_eval_drop is set but evaluation during training is off: set eval_benchmarks "
+            "and eval_every_steps, or unset collapse_eval_drop"
+        )
     return CollapseGuard(specs, steps_per_round) if specs else None
 
 
@@ -389,20 +403,27 @@ class OptimizerResetCallback(TrainerCallback):
         zeroed = zero_optimizer_state(optimizer)
         self.reset_steps.append(state.global_step)
         if state.is_world_process_zero:
-            logger.info("step %d: reference model synced, optimizer state zeroed (%d tensors)", state.global_step,
-                        zeroed)
+            logger.info(
+                "step %d: reference model synced, optimizer state zeroed (%d tensors)",
+                state.global_step,
+                zeroed,
+            )
         return control
 
 
 def check_stabiliser_keys(script_args: Any, training_args: Any) -> None:
     """Fail early, naming the key, when a stabiliser key cannot work with the rest of the recipe."""
     if script_args.reset_optimizer_on_ref_sync and not training_args.sync_ref_model:
-        raise ValueError("reset_optimizer_on_ref_sync: true needs sync_ref_model: true (TRL then syncs the "
-                         "reference every ref_model_sync_steps steps; it also needs beta > 0)")
+        raise ValueError(
+            "reset_optimizer_on_ref_sync: true needs sync_ref_model: true (TRL then syncs the "
+            "reference every ref_model_sync_steps steps; it also needs beta > 0)"
+        )
     threshold = script_args.skip_minibatch_ratio_above
     if threshold is not None and threshold < 1.0:
-        raise ValueError(f"skip_minibatch_ratio_above: {threshold} is below 1, the smallest value the mean of "
-                         "max(r, 1/r) can take; use 1.0 to skip every mini-batch, or leave it unset")
+        raise ValueError(
+            f"skip_minibatch_ratio_above: {threshold} is below 1, the smallest value the mean of "
+            "max(r, 1/r) can take; use 1.0 to skip every mini-batch, or leave it unset"
+        )
 
 
 # -- Tensor helpers for the trainer -------------------------------------------------------------------
@@ -416,7 +437,9 @@ def loop_flags(completion_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Ten
     return torch.tensor(flags, device=completion_ids.device)
 
 
-def grouped_token_sums(values: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, num_groups: int) -> torch.Tensor:
+def grouped_token_sums(
+    values: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, num_groups: int
+) -> torch.Tensor:
     """A (2, ``num_groups``) tensor: per group of rows, the sum of ``values`` over masked tokens and the count.
 
     >>> v, m = torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [1, 0]])

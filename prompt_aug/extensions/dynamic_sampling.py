@@ -432,7 +432,9 @@ class DynamicSampler:
             for column, values in logs["extra"].items():
                 values.append(record["extras"].get(column))
 
-    def _log_metrics(self, trainer: SamplingTrainer, passes: list[_Pass], plan: RoundPlan, groups_needed: int) -> None:
+    def _log_metrics(
+        self, trainer: SamplingTrainer, passes: list[_Pass], plan: RoundPlan, groups_needed: int
+    ) -> None:
         counts = plan.counts()
         generated = len(plan.status)
         metrics = seam.metrics(trainer, "train")

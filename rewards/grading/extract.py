@@ -66,7 +66,9 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: the box never closes
 
 
-_UNIT = re.compile(r"(\d)\s*\\(?:text|mbox|mathrm)\{\s*(?![ap]\.?\s*m\.?\s*\})[A-Za-z][A-Za-z. ]*\}(?:\^\{?\d\}?)?\s*$")
+_UNIT = re.compile(
+    r"(\d)\s*\\(?:text|mbox|mathrm)\{\s*(?![ap]\.?\s*m\.?\s*\})[A-Za-z][A-Za-z. ]*\}(?:\^\{?\d\}?)?\s*$"
+)
 _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 # `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
 _THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})\s*(?=\d{3}(?!\d))")
@@ -75,13 +77,27 @@ _RELATION_THOUSANDS = re.compile(r"((?:[<>=]|\\[gl]eq?|\\[gl]t|\\neq?)\s*-?)(\d{
 # Relation commands, written as math-verify writes them back (`\geq` -> `>=`): the same relation is
 # then the same text, even where math-verify reads it only as text (`x \neq \pm 1`).
 _RELATION_COMMAND = re.compile(r"\\(geqslant|leqslant|geq|leq|neq|ge|le|ne|gt|lt)(?![A-Za-z])")
-_RELATION_TEXT = {"geqslant": ">=", "leqslant": "<=", "geq": ">=", "leq": "<=", "ge": ">=", "le": "<=",
-                  "neq": "!=", "ne": "!=", "gt": ">", "lt": "<"}
+_RELATION_TEXT = {
+    "geqslant": ">=",
+    "leqslant": "<=",
+    "geq": ">=",
+    "leq": "<=",
+    "ge": ">=",
+    "le": "<=",
+    "neq": "!=",
+    "ne": "!=",
+    "gt": ">",
+    "lt": "<",
+}
 # A sentence that introduces the answer inside the box: `\text{The vector is } M`, `\text{all } x \geq 3`.
-_LEADING_SENTENCE = re.compile(r"^\\(?:text|textbf|mbox|mathrm)\{\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])")
+_LEADING_SENTENCE = re.compile(
+    r"^\\(?:text|textbf|mbox|mathrm)\{\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])"
+)
 # Words (and `\\mathbf{v} =`) before a matrix or vector: the matrix is the answer.
 _MATRIX_START = re.compile(r"\\begin\{[pbBvV]?matrix\}")
-_MATRIX_PREAMBLE = re.compile(r"[A-Za-z ,.:]*(?:(?:\\mathbf|\\vec|\\boldsymbol)?\s*\{?\s*[A-Za-z]\s*\}?\s*=)?\s*")
+_MATRIX_PREAMBLE = re.compile(
+    r"[A-Za-z ,.:]*(?:(?:\\mathbf|\\vec|\\boldsymbol)?\s*\{?\s*[A-Za-z]\s*\}?\s*=)?\s*"
+)
 # `x \approx 2.24`, `so x \approx 2.24`: a variable on the left, so the value is on the right.
 _VARIABLE_BEFORE_APPROX = re.compile(r"(?:.*\s)?[A-Za-z](?:_\{[^{}]*\}|_[A-Za-z0-9])?\s*")
 _COMMAND_NAME = re.compile(r"\\[A-Za-z]+")

@@ -468,7 +468,11 @@ def _inequality_against_value(answer: str, gold: str) -> bool | None:
     (False, False, None)
     """
     for one, other in ((answer, gold), (gold, answer)):
-        if _INEQUALITY.search(one) and "=" not in one.replace("<=", "").replace(">=", "") and _value(other) is not None:
+        if (
+            _INEQUALITY.search(one)
+            and "=" not in one.replace("<=", "").replace(">=", "")
+            and _value(other) is not None
+        ):
             return False
     return None
 
@@ -486,10 +490,19 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
         return verdict if verdict is not None else _different_covers(answer, gold)
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
-        for rule in (_different_functions, _constants_against_function, _different_complex,
-                     _equation_against_constant, _gold_equation_against_value, _different_assignments,
-                     _choice_against_number, _different_matrices, _several_readings, _interval_against_value,
-                     _inequality_against_value):
+        for rule in (
+            _different_functions,
+            _constants_against_function,
+            _different_complex,
+            _equation_against_constant,
+            _gold_equation_against_value,
+            _different_assignments,
+            _choice_against_number,
+            _different_matrices,
+            _several_readings,
+            _interval_against_value,
+            _inequality_against_value,
+        ):
             verdict = rule(answer, gold)
             if verdict is not None:
                 return verdict
@@ -696,7 +709,12 @@ def _gold_equation_against_value(answer: str, gold: str) -> bool | None:
     (None, False)
     """
     match = _GOLD_EQUATION.fullmatch(gold)
-    if match is None or not (_value(answer) is not None or _evaluable(answer)) or _RELATION_SIGNS.search(answer) or "=" in answer:
+    if (
+        match is None
+        or not (_value(answer) is not None or _evaluable(answer))
+        or _RELATION_SIGNS.search(answer)
+        or "=" in answer
+    ):
         return None
     left, right = match.group(1).strip(), match.group(2).strip()
     if left.isalpha():
@@ -716,7 +734,9 @@ def matrix_values(text: str) -> list[list[float]] | None:
     match = _MATRIX.fullmatch(text.strip())
     if match is None:
         return None
-    rows = [[_value(entry) for entry in row.split("&")] for row in match.group(2).split("\\\\") if row.strip()]
+    rows = [
+        [_value(entry) for entry in row.split("&")] for row in match.group(2).split("\\\\") if row.strip()
+    ]
     if not rows or any(v is None for row in rows for v in row) or len({len(row) for row in rows}) != 1:
         return None
     return rows  # type: ignore[return-value]
@@ -757,10 +777,15 @@ def _readings(text: str) -> list[float] | None:
         return [value, value / 100]
     if match := _MIXED_NUMBER.fullmatch(text):
         sign = -1.0 if match.group(1) else 1.0
-        whole, fraction = int(match.group(2)), int(match.group(3)) / int(match.group(4)) if int(match.group(4)) else None
+        whole, fraction = (
+            int(match.group(2)),
+            int(match.group(3)) / int(match.group(4)) if int(match.group(4)) else None,
+        )
         if fraction is None:
             return None
-        return [sign * (whole + fraction), sign * whole * fraction] + ([sign * whole + fraction] if sign < 0 else [])
+        return [sign * (whole + fraction), sign * whole * fraction] + (
+            [sign * whole + fraction] if sign < 0 else []
+        )
     return None
 
 
@@ -808,7 +833,11 @@ def surely_parseable(text: str) -> bool:
     """
     if as_number(text) is not None or base_numeral(text) is not None or constant_values(text) is not None:
         return True
-    if interval_boundaries(text) is not None or complex_value(text) is not None or matrix_values(text) is not None:
+    if (
+        interval_boundaries(text) is not None
+        or complex_value(text) is not None
+        or matrix_values(text) is not None
+    ):
         return True
     if _CHOICE.fullmatch(text):
         return True

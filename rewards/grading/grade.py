@@ -78,7 +78,12 @@ def format_score(completion: str, template: Any = None) -> float:
 
 
 def grade(
-    completion: str, gold: str | list[str], template: Any = None, *, strict: bool = False, join_boxes: bool = False
+    completion: str,
+    gold: str | list[str],
+    template: Any = None,
+    *,
+    strict: bool = False,
+    join_boxes: bool = False,
 ) -> Grade:
     """Grade ``completion`` against ``gold`` under ``template``: a built-in template's name, the rules of
     any template (a `rewards.formats.FormatRules` or a template object), or ``None``.
@@ -146,7 +151,9 @@ def _learn(golds: tuple[str, ...], parseable: tuple[bool, ...]) -> None:
     _PARSEABLE.update(zip(golds, parseable))
 
 
-def _extract(text: str, strict: bool, answer_rule: str, golds: tuple[str, ...] = (), join_boxes: bool = False) -> str | None:
+def _extract(
+    text: str, strict: bool, answer_rule: str, golds: tuple[str, ...] = (), join_boxes: bool = False
+) -> str | None:
     if join_boxes:
         joined = joined_boxes(final_boxes(text, strict, answer_rule), golds)
         if joined is not None:
@@ -258,13 +265,27 @@ def remote_task(task: tuple[Any, ...]) -> tuple[bool, tuple[bool, ...], bool, st
 # Pairs of the shapes models write, compared once in the server before it forks: the first comparison
 # of each shape pays SymPy's lazy imports and caches (0.1-0.6 s each), which forked workers then share.
 _WARM_UP = (
-    ("0.5", "\\frac{1}{2}"), ("(1, 2]", "(1,2]"), ("x^2+1", "1+x^2"), ("\\sqrt{8}", "2\\sqrt{2}"),
-    ("(-\\infty, 0) \\cup (3, 1) \\cup (5, 7)", "(-\\infty, 0) \\cup (1, 3)"), ("1 + 2i", "3 - 4i"),
-    ("\\frac{1}{3} - \\frac{2}{3}i", "x^2 - 4x + 1"), ("\\cot 20", "7"), ("\\cos \\phi = \\phi", "5"),
-    ("-1 <= f(t) <= 1", "2"), ("(3) (y+1) (y-1)", "12"), ("101_{2}", "(0, 1) \\cup (2, 3)"),
-    ("x + 2y = 6", "y = 3 - \\frac{x}{2}"), ("x >= 3", "x > 3"), ("\\{1, 2\\}", "(1, 2)"),
+    ("0.5", "\\frac{1}{2}"),
+    ("(1, 2]", "(1,2]"),
+    ("x^2+1", "1+x^2"),
+    ("\\sqrt{8}", "2\\sqrt{2}"),
+    ("(-\\infty, 0) \\cup (3, 1) \\cup (5, 7)", "(-\\infty, 0) \\cup (1, 3)"),
+    ("1 + 2i", "3 - 4i"),
+    ("\\frac{1}{3} - \\frac{2}{3}i", "x^2 - 4x + 1"),
+    ("\\cot 20", "7"),
+    ("\\cos \\phi = \\phi", "5"),
+    ("-1 <= f(t) <= 1", "2"),
+    ("(3) (y+1) (y-1)", "12"),
+    ("101_{2}", "(0, 1) \\cup (2, 3)"),
+    ("x + 2y = 6", "y = 3 - \\frac{x}{2}"),
+    ("x >= 3", "x > 3"),
+    ("\\{1, 2\\}", "(1, 2)"),
     ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}"),
-    ("5^t - 3^t", "16"), ("\\log_2 8", "3"), ("\\sin 30", "\\frac{1}{2}"), ("50\\%", "0.5"), ("\\text{B}", "B"),
+    ("5^t - 3^t", "16"),
+    ("\\log_2 8", "3"),
+    ("\\sin 30", "\\frac{1}{2}"),
+    ("50\\%", "0.5"),
+    ("\\text{B}", "B"),
 )
 
 
@@ -305,7 +326,9 @@ def grade_batch(
     """
     n = len(completions)
     if len(golds) != n or (templates is not None and len(templates) != n):
-        raise ValueError(f"grade_batch: {n} completions, {len(golds)} golds, {len(templates or [])} templates")
+        raise ValueError(
+            f"grade_batch: {n} completions, {len(golds)} golds, {len(templates or [])} templates"
+        )
     templates = list(templates) if templates is not None else [None] * n
     grades: list[Grade | None] = [None] * n
     remote: dict[tuple[Any, ...], list[int]] = {}  # identical tasks are sent once
@@ -331,7 +354,9 @@ def grade_batch(
             continue
         settled = _settle(answers[i], gold_texts)
         if settled is not None:
-            grades[i] = Grade(settled.correct, scores[i], answers[i], settled.gold_ok, timed_out=settled.refused)
+            grades[i] = Grade(
+                settled.correct, scores[i], answers[i], settled.gold_ok, timed_out=settled.refused
+            )
             continue
         screen = _screen(answers[i], gold_texts)
         refused[i] = screen == "costly"

@@ -207,7 +207,9 @@ class GraderPool:
         except EOFError:
             code = self._process.wait()
             self._stop_server(graceful=False)
-            raise RuntimeError(f"grader server failed to start (exit code {code}); see its stderr above") from None
+            raise RuntimeError(
+                f"grader server failed to start (exit code {code}); see its stderr above"
+            ) from None
         logger.debug("grader server %s up: %s", self._process.pid, ready)
 
     def _forget(self) -> None:
@@ -253,7 +255,9 @@ def get_pool() -> GraderPool:
     return _POOL
 
 
-def configure(workers: int | None = None, time_limit_s: float | None = None, memory_mb: int | None = None) -> GraderPool:
+def configure(
+    workers: int | None = None, time_limit_s: float | None = None, memory_mb: int | None = None
+) -> GraderPool:
     """Replace this process's pool with one of the given limits (the old one is shut down).
 
     >>> configure(time_limit_s=3.0).config.time_limit_s
@@ -261,7 +265,10 @@ def configure(workers: int | None = None, time_limit_s: float | None = None, mem
     """
     global _POOL
     with _POOL_LOCK:
-        old, _POOL = _POOL, GraderPool(PoolConfig.from_env(workers=workers, time_limit_s=time_limit_s, memory_mb=memory_mb))
+        old, _POOL = (
+            _POOL,
+            GraderPool(PoolConfig.from_env(workers=workers, time_limit_s=time_limit_s, memory_mb=memory_mb)),
+        )
     if old is not None:
         old.close()
     return _POOL
@@ -313,7 +320,9 @@ class _Worker:
 
 
 class _Server:
-    def __init__(self, requests: Connection, replies: Connection, workers: int, time_limit_s: float, memory_mb: int):
+    def __init__(
+        self, requests: Connection, replies: Connection, workers: int, time_limit_s: float, memory_mb: int
+    ):
         self.requests = requests
         self.replies = replies
         self.size = workers
@@ -333,7 +342,12 @@ class _Server:
                 ]:
                     if fd not in keep:
                         os.close(fd)
-                _worker_loop(Connection(task_read, writable=False), Connection(result_write, readable=False), self.limit, self.memory_mb)
+                _worker_loop(
+                    Connection(task_read, writable=False),
+                    Connection(result_write, readable=False),
+                    self.limit,
+                    self.memory_mb,
+                )
             finally:
                 os._exit(0)
         os.close(task_read)
@@ -430,7 +444,15 @@ class _Server:
         self.workers.clear()
 
 
-def _serve(request_fd: int, reply_fd: int, workers: int, time_limit_s: float, memory_mb: int, preload: str, initializer: str) -> None:
+def _serve(
+    request_fd: int,
+    reply_fd: int,
+    workers: int,
+    time_limit_s: float,
+    memory_mb: int,
+    preload: str,
+    initializer: str,
+) -> None:
     """The server's main loop (runs in the fresh interpreter started by `GraderPool`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's business; we stop on EOF
     requests = Connection(request_fd, writable=False)
@@ -503,7 +525,9 @@ def _worker_loop(tasks: Connection, results: Connection, time_limit_s: float, me
     if memory_mb > 0:
         cap = memory_mb * 1024 * 1024
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+        resource.setrlimit(
+            resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard)
+        )
     functions: dict[str, Callable[[Any], Any]] = {}
     while True:
         try:
@@ -530,7 +554,12 @@ def _worker_loop(tasks: Connection, results: Connection, time_limit_s: float, me
                 results.send((index, status, value))
             except (OSError, ValueError):
                 return
-            except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as err:  # unpicklable value
+            except (
+                pickle.PicklingError,
+                TypeError,
+                AttributeError,
+                RecursionError,
+            ) as err:  # unpicklable value
                 results.send((index, ERROR, type(err).__name__))
             if value == "MemoryError":
                 return

@@ -55,8 +55,14 @@ class _Truncate(logging.Filter):
         return True
 
 
-for _name in ("math_verify", "math_verify.parser", "math_verify.grader", "math_verify.utils",
-              "latex2sympy2_extended", "latex2sympy2_extended.math_normalization"):
+for _name in (
+    "math_verify",
+    "math_verify.parser",
+    "math_verify.grader",
+    "math_verify.utils",
+    "latex2sympy2_extended",
+    "latex2sympy2_extended.math_normalization",
+):
     _logger = logging.getLogger(_name)
     _logger.setLevel(logging.WARNING)  # no per-input debug records ("Error parsing: <whole input>")
     if not any(isinstance(f, _Truncate) for f in _logger.filters):
@@ -166,7 +172,9 @@ def is_equivalent(answer: str, gold_parsed: tuple[Any, ...]) -> bool:
     parsed = parse_text(answer)
     if not parsed:
         return False
-    return bool(verify(list(gold_parsed), list(parsed), float_rounding=6, strict=True, timeout_seconds=_timeout()))
+    return bool(
+        verify(list(gold_parsed), list(parsed), float_rounding=6, strict=True, timeout_seconds=_timeout())
+    )
 
 
 # -- the worker-side check --------------------------------------------------------------------------
@@ -322,4 +330,6 @@ def tiny_mismatch(gold: tuple[Any, ...], answer: tuple[Any, ...]) -> bool:
         return a != 0
     places = Decimal(1).scaleb(-6)
     scale = -g.adjusted()
-    return g.scaleb(scale).quantize(places, ROUND_HALF_EVEN) != a.scaleb(scale).quantize(places, ROUND_HALF_EVEN)
+    return g.scaleb(scale).quantize(places, ROUND_HALF_EVEN) != a.scaleb(scale).quantize(
+        places, ROUND_HALF_EVEN
+    )

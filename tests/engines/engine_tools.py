@@ -21,7 +21,9 @@ def require(module: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError as err:
-        pytest.fail(f"engine tier: cannot import {module} in {sys.executable} ({err}); build the venv with .ci/engine-venv")
+        pytest.fail(
+            f"engine tier: cannot import {module} in {sys.executable} ({err}); build the venv with .ci/engine-venv"
+        )
 
 
 def engine_env(**extra: str) -> dict[str, str]:
@@ -31,7 +33,9 @@ def engine_env(**extra: str) -> dict[str, str]:
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         HF_HUB_OFFLINE="1",
         WANDB_MODE="disabled",
-        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),  # GiB; vLLM's default asks for most of RAM
+        VLLM_CPU_KVCACHE_SPACE=env.get(
+            "VLLM_CPU_KVCACHE_SPACE", "1"
+        ),  # GiB; vLLM's default asks for most of RAM
         TOKENIZERS_PARALLELISM="false",
     )
     env.update(extra)
@@ -45,7 +49,12 @@ def run(cmd: list[str], log: Path, timeout: float, **extra_env: str) -> str:
     started = time.monotonic()
     with log.open("w") as sink:
         proc = subprocess.Popen(
-            cmd, cwd=REPO, env=engine_env(**extra_env), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=REPO,
+            env=engine_env(**extra_env),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             code = proc.wait(timeout=timeout)

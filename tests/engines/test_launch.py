@@ -43,7 +43,18 @@ def launched(request, engines_tmp):
         require("deepspeed")
     out = engines_tmp / "launch" / config
     _launch(config, processes, out, "probe1", "--max_steps", "2", "--save_steps", "1")
-    _launch(config, processes, out, "probe2", "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "true")
+    _launch(
+        config,
+        processes,
+        out,
+        "probe2",
+        "--max_steps",
+        "4",
+        "--save_steps",
+        "2",
+        "--resume_from_checkpoint",
+        "true",
+    )
     probes = {
         name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in range(processes)]
         for name in ("probe1", "probe2")
@@ -72,7 +83,9 @@ def test_the_configs_engine_really_ran(launched):
                     assert 2 * info["zero3_shard_numel"] == info["zero3_full_numel"]
             elif config == "fsdp":
                 assert info["distributed_type"] == "DistributedType.FSDP" and info["fsdp_version"] == 2
-                assert info["dtensor_params"] == info["params"] and info["dtensor_placements"] == ["(Shard(dim=0),)"]
+                assert info["dtensor_params"] == info["params"] and info["dtensor_placements"] == [
+                    "(Shard(dim=0),)"
+                ]
                 assert "FSDPQwen2ForCausalLM" in info["wrapped_class"] and info["backend"] == "gloo"
             else:  # single_gpu: one process, no wrapper
                 assert info["distributed_type"] == "DistributedType.NO"
@@ -85,7 +98,9 @@ def test_the_configs_engine_really_ran(launched):
 
 
 def test_one_template_per_group_across_ranks(launched):
-    records = pd.concat(pd.read_parquet(p) for p in sorted((launched["out"] / "completions").glob("*.parquet")))
+    records = pd.concat(
+        pd.read_parquet(p) for p in sorted((launched["out"] / "completions").glob("*.parquet"))
+    )
     groups = records.groupby(["step", "uid"])
     assert (groups["template"].nunique() == 1).all() and (groups.size() == 4).all()
     assert records["uid"].nunique() == 2 * 3  # 2 rounds (one per launch) of 3 questions
@@ -112,7 +127,11 @@ def _weights(path: Path) -> dict:
 
 def test_weights_changed_in_both_launches(launched):
     out = launched["out"]
-    initial, middle, final = _weights(out / "tiny-random-qwen2"), _weights(out / "checkpoint-2"), _weights(out)
+    initial, middle, final = (
+        _weights(out / "tiny-random-qwen2"),
+        _weights(out / "checkpoint-2"),
+        _weights(out),
+    )
     assert set(initial) <= set(final)
     for name in initial:
         assert initial[name].shape == final[name].shape == middle[name].shape, name

@@ -54,7 +54,10 @@ def evals(engines_tmp, tiny_model_dir):
     model = make_stop_model(Path(tiny_model_dir), root / "model")
     suite = root / "suite"
     datasets.DatasetDict(
-        {split: datasets.Dataset.from_dict({"problem": q, "answer": a}) for split, (q, a) in QUESTIONS.items()}
+        {
+            split: datasets.Dataset.from_dict({"problem": q, "answer": a})
+            for split, (q, a) in QUESTIONS.items()
+        }
     ).save_to_disk(str(suite))
     logs = {}
     for name, backend in (("vllm_a", ["--backend", "vllm", "--dtype", "float32"]),
@@ -83,7 +86,12 @@ def test_vllm_ran_with_the_context_capped_at_what_the_run_needs(evals):
 
     tokenizer = AutoTokenizer.from_pretrained(evals["model"])
     bank = load_templates()
-    prompts = [bank[t].render(q, tokenizer) for t in ("qwen-math", "abel") for qs, _ in QUESTIONS.values() for q in qs]
+    prompts = [
+        bank[t].render(q, tokenizer)
+        for t in ("qwen-math", "abel")
+        for qs, _ in QUESTIONS.values()
+        for q in qs
+    ]
     needed = max(len(tokenizer(p)["input_ids"]) for p in prompts) + MAX_TOKENS
     context = AutoConfig.from_pretrained(evals["model"]).max_position_embeddings
     assert needed < context == 2048  # the smoke model's context: the cap must bind, not the context
@@ -145,7 +153,11 @@ def test_vllm_results_have_the_hf_format(evals):
     v_table = (evals["root"] / "vllm_a" / "results.md").read_text().splitlines()
     h_table = (evals["root"] / "hf" / "results.md").read_text().splitlines()
     # The protocol line names each run's backend; everything else in the table's head is the same.
-    v_protocol, h_protocol = (next(line for line in t if line.startswith("Protocol:")) for t in (v_table, h_table))
+    v_protocol, h_protocol = (
+        next(line for line in t if line.startswith("Protocol:")) for t in (v_table, h_table)
+    )
     assert "backend vllm, dtype float32" in v_protocol and "backend hf, dtype float32" in h_protocol
     assert len(v_table) == len(h_table)
-    assert [line for line in v_table[:4] if line != v_protocol] == [line for line in h_table[:4] if line != h_protocol]
+    assert [line for line in v_table[:4] if line != v_protocol] == [
+        line for line in h_table[:4] if line != h_protocol
+    ]

@@ -32,7 +32,9 @@ def server(engines_tmp, tiny_model_dir):
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     port = _free_port()
-    cmd = build_command(ScriptArguments(model=str(tiny_model_dir), host="127.0.0.1", port=port, max_model_len=256))
+    cmd = build_command(
+        ScriptArguments(model=str(tiny_model_dir), host="127.0.0.1", port=port, max_model_len=256)
+    )
     entry = cmd.index("vllm.entrypoints.cli.main")
     assert cmd[entry + 1 : entry + 3] == ["serve", str(tiny_model_dir)]
     cmd[entry : entry + 3] = ["vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir)]
@@ -79,7 +81,12 @@ def test_server_generates_for_our_prompts_through_trls_client(server, tiny_model
     rows = collator([{"question": f"What is ${i} + {i}$?", "uid": f"q{i}"} for i in range(3)])
     prompt_ids = [tokenizer(row["prompt"])["input_ids"] for row in rows]
     stops = stop_token_ids(tokenizer)
-    kwargs = {"n": 4, "max_tokens": 16, "temperature": 1.0, "generation_kwargs": {"stop_token_ids": stops, "seed": 7}}
+    kwargs = {
+        "n": 4,
+        "max_tokens": 16,
+        "temperature": 1.0,
+        "generation_kwargs": {"stop_token_ids": stops, "seed": 7},
+    }
     out = client.generate(prompts=prompt_ids, **kwargs)
 
     assert out["prompt_ids"] == prompt_ids  # the server saw exactly our prompt tokens
