@@ -28,10 +28,10 @@ sys.path.insert(
 
 import torch
 from datasets import Dataset
-from prompt_aug.smoke import build_tiny_tokenizer, synthetic_problems
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from trl import GRPOConfig
 
+from prompt_aug.demo.smoke import build_tiny_tokenizer, synthetic_problems
 from prompt_aug.padding import long_tailed_lengths
 from prompt_aug.trainer import PromptAugGRPOTrainer
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from prompt_aug.dynamic_sampling import DynamicSampler
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
+from prompt_aug.extensions.dynamic_sampling import DynamicSampler
 from prompt_aug.padding import chunked_forward, optimizer_step_segments, plan_chunks, regroup, trim
 from prompt_aug.trainer import PromptAugGRPOTrainer
 
