@@ -12,6 +12,8 @@ command-line arguments, plus test-side additions switched on by environment vari
 * ``ENGINE_VLLM_CPU_SYNC=1``: replaces TRL's ``VLLMGeneration.sync_weights`` (and nothing else) by a
   sync that vLLM's CPU backend accepts (see `cpu_sync_weights`). At the end of training, the probe
   measures the log-prob gap between vLLM and the trained model before and after one more sync.
+* ``ENGINE_VLLM_DTYPE=float32``: the colocated vLLM is built with that dtype (see `vllm_dtype`). Unset,
+  it is TRL's choice: no dtype, so vLLM's ``auto``, which runs a float32 checkpoint in bfloat16.
 
 Run as a script (its folder goes on ``sys.path``, so ``engine_rewards:char_length`` imports):
 ``accelerate launch ... tests/engines/harness.py --config recipes/smoke/tiny_cpu.yaml ...``.
@@ -65,6 +67,25 @@ def cpu_sync_weights(self: Any) -> None:
     self.llm.reset_prefix_cache()
 
 
+def vllm_dtype(dtype: str) -> None:
+    """TEST-SIDE: build TRL's colocated ``vllm.LLM`` with ``dtype``.
+
+    TRL 1.16 passes no dtype, so vLLM resolves ``auto``, and ``auto`` downcasts a float32 checkpoint to the
+    platform's first dtype (bfloat16 on CPU and GPU). The trainer then computes in float32 and vLLM in
+    bfloat16, and their log-probs differ by the precision alone (about 0.03 nats a token on
+    SmolLM2-135M), which hides whether a sync carried the weights. With float32 on both sides only
+    summation order is left.
+    """
+    import trl.generation.vllm_generation as module
+
+    original = module.LLM
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **{**kwargs, "dtype": dtype})
+
+    module.LLM = build
+
+
 def describe_engine(trainer: Any) -> dict[str, Any]:
     """What holds the model on this rank: wrapper class, DeepSpeed ZeRO stage, FSDP2 DTensors, DDP."""
     import torch
@@ -90,6 +111,7 @@ def describe_engine(trainer: Any) -> dict[str, Any]:
             "class": f"{type(llm).__module__}.{type(llm).__name__}",
             "device_type": llm.llm_engine.vllm_config.device_config.device_type,
             "max_model_len": llm.llm_engine.model_config.max_model_len,
+            "dtype": str(llm.llm_engine.model_config.dtype),
         }
     if hasattr(wrapped, "zero_optimization_stage"):  # a DeepSpeedEngine
         info["zero_stage"] = wrapped.zero_optimization_stage()
@@ -185,6 +207,8 @@ def main() -> None:
         from trl.generation.vllm_generation import VLLMGeneration
 
         VLLMGeneration.sync_weights = cpu_sync_weights
+    if os.environ.get("ENGINE_VLLM_DTYPE"):
+        vllm_dtype(os.environ["ENGINE_VLLM_DTYPE"])
     if PROBE_DIR:
         install_probe()
     from prompt_aug.train import main as train_main

@@ -4,8 +4,8 @@ The model is the folder `python -m prompt_aug.models fetch smollm2-135m-instruct
 it before the main suite). Absent, the test is skipped, or fails with ``PROMPT_AUG_REAL_MODEL=1``.
 Greedy float32 decoding in both backends; vLLM's CPU kernels and torch's do not sum in the same order, so a
 near-tie between two tokens may go either way and the texts part from there on. What is asserted: the
-completions agree token for token at the start, and most agree whole. Not yet: colocate training with a
-weight sync on this model (issue 19, item 4).
+completions agree token for token at the start, and most agree whole. Colocate training with a weight
+sync on this model: test_real_model_colocate.py.
 """
 
 from __future__ import annotations
