@@ -2,21 +2,22 @@
 
 The tiny random model of the smoke recipe never answers a question, so the real correctness reward gives
 every group zero spread. This script trains the smoke recipe (`recipes/smoke/tiny_cpu.yaml`, or another recipe
-given with ``--config``) with a stand-in for question difficulty, the ``difficulty`` reward below: binary, like
-correctness, with a success rate fixed per question by the number at the end of its uid (``q``):
+given with ``--config``) with a stand-in for question difficulty, the ``difficulty`` reward below: binary,
+like correctness, with a success rate fixed per question by the number at the end of its uid (``q``):
 
 * ``q % 4 == 0``: always 1 (an easy question: all-right groups);
 * ``q % 4 == 1``: always 0 (a hard question: all-wrong groups);
 * otherwise 1 for about half the completions (a hash of the completion text), so a group of 4 is flat 1 in 8.
 
 Without dynamic sampling about 9/16 of the groups are flat; with it the trained groups have spread (unless the
-cap is hit), at the price of extra generation passes. Runs are sequential, in one process, and report the wall time of
-`trainer.train()` per round and the process CPU time of the whole run (model load and save included) per
-round; on a shared machine the CPU time is the steadier of the two:
+cap is hit), at the price of extra generation passes. Runs are sequential, in one process, and report the wall
+time of `trainer.train()` per round and the process CPU time of the whole run (model load and save included)
+per round; on a shared machine the CPU time is the steadier of the two:
 
     python bench/dynamic_sampling.py                   # 8 rounds each way, max_passes 4
     python bench/dynamic_sampling.py --rounds 16 --max_passes 2
-    python bench/dynamic_sampling.py --config recipes/smoke/learn_cpu.yaml --rounds 40 --recipe_rewards --signal correctness
+    python bench/dynamic_sampling.py --config recipes/smoke/learn_cpu.yaml --rounds 40 \\
+        --recipe_rewards --signal correctness
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def main() -> None:
     parser.add_argument("--max_passes", type=int, default=4)
     parser.add_argument(
         "--recipe_rewards", action="store_true",
-        help="train on the recipe's own rewards instead of the stand-in (for a model that learns, e.g. learn_cpu.yaml)",
+        help="train on the recipe's own rewards instead of the stand-in "
+        "(for a model that learns, e.g. learn_cpu.yaml)",
     )  # fmt: skip
     parser.add_argument("--signal", default="total", help="dynamic_sampling_signal (e.g. correctness)")
     args = parser.parse_args()
@@ -113,7 +115,8 @@ def main() -> None:
                 )
             )
     print(
-        f"\n{Path(args.config).name}, {args.rounds} rounds each, dynamic_sampling_max_passes {args.max_passes}, "
+        f"\n{Path(args.config).name}, {args.rounds} rounds each, "
+        f"dynamic_sampling_max_passes {args.max_passes}, "
         f"rewards: {'the recipe' if args.recipe_rewards else 'difficulty stand-in'}, signal {args.signal}\n"
     )
     print(
@@ -128,7 +131,8 @@ def main() -> None:
             else "1 | - | -"
         )
         print(
-            f"| {'on' if dynamic else 'off'} | {r['seconds_per_round']:.2f} | {r['cpu_seconds_per_round']:.2f} "
+            f"| {'on' if dynamic else 'off'} | {r['seconds_per_round']:.2f} "
+            f"| {r['cpu_seconds_per_round']:.2f} "
             f"| {r['trained_groups_with_spread']:.2f} | {extra} |"
         )
 

@@ -204,20 +204,24 @@ def report(result: dict[str, Any], show: int) -> None:
             continue
         totals.update(counts)
         print(
-            f"| {form} | {sum(counts.values())} | {counts['parsed']} | {counts['text-only']} | {counts['unparseable']} |"
+            f"| {form} | {sum(counts.values())} | {counts['parsed']} | {counts['text-only']} "
+            f"| {counts['unparseable']} |"
         )
     print(
-        f"| **all** | {sum(totals.values())} | {totals['parsed']} | {totals['text-only']} | {totals['unparseable']} |"
+        f"| **all** | {sum(totals.values())} | {totals['parsed']} | {totals['text-only']} "
+        f"| {totals['unparseable']} |"
     )
     print(
-        f"\nknown parseable in-process (fastpath.surely_parseable): {result['surely']}/{result['distinct']} distinct golds; "
+        f"\nknown parseable in-process (fastpath.surely_parseable): "
+        f"{result['surely']}/{result['distinct']} distinct golds; "
         f"contradicted by math-verify: {len(result['contradicted'])} {result['contradicted'][:show]}"
     )
     print("\nnot parsed to a SymPy object:")
     for source, i, text, norm, status in result["failures"][:show]:
         print(f"  {status:11s} {source}[{i}] {text!r} -> {norm!r}")
     print(
-        f"\nself check (boxing the gold grades correct): {len(elements) - len(result['self_failures'])}/{len(elements)} "
+        f"\nself check (boxing the gold grades correct): "
+        f"{len(elements) - len(result['self_failures'])}/{len(elements)} "
         f"in {result['self_seconds']:.1f} s"
     )
     for (source, i, text), grade in result["self_failures"][:show]:
@@ -226,7 +230,8 @@ def report(result: dict[str, Any], show: int) -> None:
             f"timed_out={grade.timed_out}, error={grade.error}"
         )
     print(
-        f"\ncross check (boxing another question's gold grades wrong): {result['pairs'] - len(result['same']) - len(result['wrong'])}"
+        f"\ncross check (boxing another question's gold grades wrong): "
+        f"{result['pairs'] - len(result['same']) - len(result['wrong'])}"
         f"/{result['pairs']} wrong, in {result['cross_seconds']:.1f} s"
     )
     print(f"  accepted, same value (right): {len(result['same'])}")
@@ -238,7 +243,8 @@ def report(result: dict[str, Any], show: int) -> None:
             f"    gold {normalised[i]!r} <- answer {normalised[o]!r}   ({elements[i][0]}[{elements[i][1]}])"
         )
     print(
-        f"\nnear misses (one integer of the gold changed) graded wrong: {result['misses'] - len(result['miss_accepted'])}"
+        f"\nnear misses (one integer of the gold changed) graded wrong: "
+        f"{result['misses'] - len(result['miss_accepted'])}"
         f"/{result['misses']}, in {result['miss_seconds']:.1f} s; accepted:"
     )
     for i, miss in result["miss_accepted"][:show]:

@@ -38,8 +38,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from prompt_aug.padding import chunked_forward, long_tailed_lengths, optimizer_step_segments, regroup
 
 PAPER = {
-    "model": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
-              "intermediate_size": 8960, "vocab_size": 151936},
+    "model": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+              "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936},
     "rows": 128, "micro_batch": 8, "accumulation": 4, "prompt": (100, 300), "cap": 3072,
 }  # fmt: skip
 TINY = {
@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
     params = sum(p.numel() for p in model.parameters())
     lengths = round_["completion_mask"].sum(1).float()
     print(f"device: {name}; model: {params / 1e6:,.1f} M parameters; round: {shape['rows']} rows, prompts "
-          f"{shape['prompt'][0]}-{shape['prompt'][1]}, completions mean {lengths.mean():.0f} of cap {shape['cap']} "
+          f"{shape['prompt'][0]}-{shape['prompt'][1]}, completions mean {lengths.mean():.0f} "
+          f"of cap {shape['cap']} "
           f"({int((lengths == shape['cap']).sum())} at the cap); torch {torch.__version__}")  # fmt: skip
     phases = list(results["padded"]["times"])
     print(f"{'':8} " + " ".join(f"{p + ' s':>20}" for p in phases) + f" {'total s':>9} {'peak GiB':>9}")

@@ -16,11 +16,12 @@ Both graders get the same inputs, built from the ground truths of the SimpleRL l
 
 Ours is timed cold (a fresh pool: includes starting it) and warm (a fresh pool warmed up on a batch
 of other questions; nothing about these questions cached). TRL gets each raw gold boxed (its parser
-needs LaTeX delimiters: a bare ``\\frac{2 \\sqrt{2}}{3}`` parses to nothing and the completion is skipped). TRL runs in a child process's main thread,
-so math-verify's own signal timeouts are on, as in a trainer; it is warmed up the same way. Warm
-figures are the median of ``--repeats`` runs. Each pathological completion is also timed alone
-(TRL capped at ``--item-cap-s``); if TRL's whole pathological batch passes ``--trl-cap-s``, its
-time is estimated from those (and reported as an estimate).
+needs LaTeX delimiters: a bare ``\\frac{2 \\sqrt{2}}{3}`` parses to nothing and the completion is
+skipped). TRL runs in a child process's main thread, so math-verify's own signal timeouts are on, as
+in a trainer; it is warmed up the same way. Warm figures are the median of ``--repeats`` runs. Each
+pathological completion is also timed alone (TRL capped at ``--item-cap-s``); if TRL's whole
+pathological batch passes ``--trl-cap-s``, its time is estimated from those (and reported as an
+estimate).
 
     python bench/grading.py                      # data from ../shared/data/simplerl_level3to5
     python bench/grading.py /path/to/simplerl_level3to5 --trl-cap-s 300
@@ -55,14 +56,29 @@ TRAIN_FILE = "SimpleRL-simplelr_qwen_level3to5.train.parquet"
 GROUP = 8
 
 STEPS = [
-    "First, let us restate the problem in symbols: we are asked for a single quantity, so we set up the relations.",
-    "Let $a$ and $b$ be the unknowns. From the first condition, $a + b = 12$, and from the second, $ab = 35$.",
+    (
+        "First, let us restate the problem in symbols: we are asked for a single quantity, "
+        "so we set up the relations."
+    ),
+    (
+        "Let $a$ and $b$ be the unknowns. From the first condition, $a + b = 12$, "
+        "and from the second, $ab = 35$."
+    ),
     "Substituting gives $a^2 - 12a + 35 = 0$, so $(a-5)(a-7) = 0$ and $a \\in \\{5, 7\\}$.",
-    "We compute $\\frac{3}{4} \\cdot \\frac{8}{9} = \\frac{2}{3}$, and therefore the ratio simplifies nicely.",
+    (
+        "We compute $\\frac{3}{4} \\cdot \\frac{8}{9} = \\frac{2}{3}$, "
+        "and therefore the ratio simplifies nicely."
+    ),
     "By the Pythagorean theorem, $c = \\sqrt{3^2 + 4^2} = 5$, which we use in the next step.",
     "Summing the arithmetic series, $\\sum_{k=1}^{10} k = 55$, and the remaining terms cancel in pairs.",
-    "Checking small cases: $n = 1$ gives $2$, $n = 2$ gives $6$, $n = 3$ gives $12$, so the pattern is $n(n+1)$.",
-    "Since $\\sin^2 x + \\cos^2 x = 1$, we get $\\cos x = \\pm \\frac{\\sqrt{3}}{2}$ and only the positive root fits.",
+    (
+        "Checking small cases: $n = 1$ gives $2$, $n = 2$ gives $6$, $n = 3$ gives $12$, "
+        "so the pattern is $n(n+1)$."
+    ),
+    (
+        "Since $\\sin^2 x + \\cos^2 x = 1$, we get $\\cos x = \\pm \\frac{\\sqrt{3}}{2}$ "
+        "and only the positive root fits."
+    ),
     "Modulo $7$, the powers of $3$ cycle with period $6$: $3, 2, 6, 4, 5, 1$.",
     "Multiplying both sides by $2x - 1 \\neq 0$ and collecting terms gives a linear equation in $x$.",
 ]
@@ -306,11 +322,13 @@ def main(argv: list[str] | None = None) -> None:
     mixed = build_mixed_batch(golds, args.n, random.Random(args.seed + 2), templates)
     config = grader_pool.get_pool().config
     print(
-        f"pool: {config.workers} workers, {config.time_limit_s} s hard limit per completion, {config.memory_mb} MiB cap"
+        f"pool: {config.workers} workers, {config.time_limit_s} s hard limit per completion, "
+        f"{config.memory_mb} MiB cap"
     )
     print(
         f"(a) {len(batch[0])} completions over {len(set(batch[1]))} golds and {len(templates)} templates; "
-        f"(b) the same plus {len(PATHOLOGICAL)} pathological ({sum(map(len, PATHOLOGICAL.values())) / 1e6:.1f} MB)"
+        f"(b) the same plus {len(PATHOLOGICAL)} pathological "
+        f"({sum(map(len, PATHOLOGICAL.values())) / 1e6:.1f} MB)"
     )
 
     # ours, cold: a fresh pool and empty caches
@@ -379,7 +397,8 @@ def main(argv: list[str] | None = None) -> None:
     trl_b_value = trl_b if trl_b is not None else extrapolated
     if trl_b_value:
         print(
-            f"(b) speed-up: {trl_b_value / ours_patho:.1f}x{'' if trl_b is not None else ' (vs the estimate)'}"
+            f"(b) speed-up: {trl_b_value / ours_patho:.1f}x"
+            f"{'' if trl_b is not None else ' (vs the estimate)'}"
         )
     print(
         f"(a) settled in-process (fast path, guards): {settled}/{n_a}; the other {n_a - settled} went to the "
@@ -392,12 +411,14 @@ def main(argv: list[str] | None = None) -> None:
         disagree = sum(float(g.correct) != r for g, r in zip(ours_grades, trl_rewards))
         print(f"(a) verdicts differing between ours and TRL: {disagree}")
     print(
-        f"(c) settled in-process: {settled_mixed}/{len(mixed[0])}; the other {len(mixed[0]) - settled_mixed} went to the "
+        f"(c) settled in-process: {settled_mixed}/{len(mixed[0])}; "
+        f"the other {len(mixed[0]) - settled_mixed} went to the "
         f"pool as {remote_mixed} distinct tasks"
     )
     if trl_mixed:
         print(
-            f"(c) graded correct: ours {sum(g.correct for g in mixed_grades)}, TRL {sum(r == 1.0 for r in trl_mixed)}; "
+            f"(c) graded correct: ours {sum(g.correct for g in mixed_grades)}, "
+            f"TRL {sum(r == 1.0 for r in trl_mixed)}; "
             f"verdicts differing: {sum(float(g.correct) != r for g, r in zip(mixed_grades, trl_mixed))}"
         )
     print(f"load average during the run (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
@@ -413,10 +434,12 @@ def main(argv: list[str] | None = None) -> None:
         trl_time = f"> {args.item_cap_s:.0f} (capped)" if trl_seconds is None else f"{trl_seconds:.2f}"
         trl_score = "-" if trl_reward is None else trl_reward[0]
         print(
-            f"| {name} | {chars:,} | {ours_seconds:.2f} | {float(verdict.correct)}, {flag} | {trl_time} | {trl_score} |"
+            f"| {name} | {chars:,} | {ours_seconds:.2f} | {float(verdict.correct)}, {flag} "
+            f"| {trl_time} | {trl_score} |"
         )
     print(
-        f"(b) pathological completions scoring 0: {sum(not g.correct for g in bad_grades)}/{len(bad_grades)}; "
+        f"(b) pathological completions scoring 0: "
+        f"{sum(not g.correct for g in bad_grades)}/{len(bad_grades)}; "
         f"counted as timeouts {timeouts}, errors {errors}"
     )
 

@@ -40,7 +40,8 @@ LOG_RISE, TABLE_RISE, FORMAT_RISE = 0.1, 0.1, 0.3
 
 
 def perturbed_model(folder: Path, seed: int, noise_seed: int, std: float) -> Path:
-    """The recipe's built-in model for ``seed``, its weights plus N(0, std^2) noise drawn with ``noise_seed``."""
+    """The recipe's built-in model for ``seed``, its weights plus N(0, std^2) noise drawn with
+    ``noise_seed``."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -139,11 +140,13 @@ def main() -> None:
             print(f"| {seed} | {perturb} | {kind} | {r} | | | |")
             continue
         print(
-            f"| {seed} | {perturb} | {kind} | {r['first10']:.3f} -> {r['last10']:.3f} | {r['log_rise']:+.3f} | "
-            f"{r['table_before']:.2f} -> {r['table_after']:.2f} | {r['fmt_before']:.2f} -> {r['fmt_after']:.2f} |"
+            f"| {seed} | {perturb} | {kind} | {r['first10']:.3f} -> {r['last10']:.3f} "
+            f"| {r['log_rise']:+.3f} | {r['table_before']:.2f} -> {r['table_after']:.2f} "
+            f"| {r['fmt_before']:.2f} -> {r['fmt_after']:.2f} |"
         )
     print(
-        "\n| perturbation | runs | mean log rise | mean table rise | held-out fmt rise (recipe: least; control: most) | claim |\n|---|---|---|---|---|---|"
+        "\n| perturbation | runs | mean log rise | mean table rise "
+        "| held-out fmt rise (recipe: least; control: most) | claim |\n|---|---|---|---|---|---|"
     )
     for perturb in args.perturb:
         for control in (False, True):
@@ -158,7 +161,8 @@ def main() -> None:
             holds = not any(rises) if control else all(rises)
             kind = "control" if control else "recipe"
             print(
-                f"| {perturb} | {len(done)} {kind} | {log:+.3f} | {table:+.3f} | {fmt:+.2f} | {'holds' if holds else 'FAILS'} |"
+                f"| {perturb} | {len(done)} {kind} | {log:+.3f} | {table:+.3f} | {fmt:+.2f} "
+                f"| {'holds' if holds else 'FAILS'} |"
             )
     (args.out / "results.json").write_text(json.dumps([list(r) for r in results], indent=1))
 

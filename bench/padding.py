@@ -85,9 +85,9 @@ def build_model(path: Path, hidden: int, layers: int, seed: int) -> Path:
     tokenizer = build_tiny_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256), max_position_embeddings=4096,
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256),
+        max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
@@ -155,12 +155,12 @@ def main() -> None:
         f"completions mean {lengths.mean():.0f} of cap {args.cap} "
         f"({int((lengths == args.cap).sum())} at the cap); torch threads {torch.get_num_threads()}"
     )
-    print(f"{'':10} {'real-token share':>17} {'tokens run':>11} {'old log-probs s':>16} {'optimizer steps s':>18} "
-          f"{'training side s':>16}")  # fmt: skip
+    print(f"{'':10} {'real-token share':>17} {'tokens run':>11} {'old log-probs s':>16} "
+          f"{'optimizer steps s':>18} {'training side s':>16}")  # fmt: skip
     for name, r in (("padded", padded), ("trimmed", trimmed)):
         total = r["old_logps"] + r["steps"]
-        print(f"{name:10} {r['share']:>17.3f} {r['processed']:>11} {r['old_logps']:>16.2f} {r['steps']:>18.2f} "
-              f"{total:>16.2f}")  # fmt: skip
+        print(f"{name:10} {r['share']:>17.3f} {r['processed']:>11} {r['old_logps']:>16.2f} "
+              f"{r['steps']:>18.2f} {total:>16.2f}")  # fmt: skip
     ratio = (trimmed["old_logps"] + trimmed["steps"]) / (padded["old_logps"] + padded["steps"])
     print(f"trimmed/padded training-side time: {ratio:.2f}")
 

@@ -29,7 +29,8 @@ from rewards import grade_batch
 
 
 def questions(task: str, n: int, seed: int) -> list[tuple[str, str]]:
-    """``n`` (question, gold) pairs: random digits 1-9 (``random``) or drawn from the recipe's 45 (``recipe``)."""
+    """``n`` (question, gold) pairs: random digits 1-9 (``random``) or drawn from the recipe's 45
+    (``recipe``)."""
     rng = random.Random(seed)
     if task == "recipe":
         rows = digit_sum_problems()

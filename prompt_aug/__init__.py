@@ -3,7 +3,12 @@
 
 The public API, imported from here::
 
-    from prompt_aug import PromptAugGRPOConfig, PromptAugGRPOTrainer, PromptAugmentationCollator, load_templates
+    from prompt_aug import (
+        PromptAugGRPOConfig,
+        PromptAugGRPOTrainer,
+        PromptAugmentationCollator,
+        load_templates,
+    )
 
 Names load on first use, so ``import prompt_aug`` (and with it ``import rewards`` or a command's ``--help``)
 does not import TRL or torch. Entry points: ``python -m prompt_aug.train``, ``prompt_aug.data``,

@@ -87,7 +87,8 @@ def _batch_message(message: str, where: str, set_keys: set[str]) -> str | None:
     source = (
         "generation_batch_size"
         if "generation_batch_size" in set_keys
-        else "per_device_train_batch_size × processes × steps_per_generation (default: gradient_accumulation_steps)"
+        else "per_device_train_batch_size × processes × steps_per_generation "
+        "(default: gradient_accumulation_steps)"
     )
     return (
         f"{where}: num_generations ({generations}) must divide the completions per round, {source} = "

@@ -35,7 +35,9 @@ def stable_uniform(seed: int, epoch: int, uid: str) -> float:
 def row_question(row: dict[str, Any]) -> str:
     """The question of a row: its ``question`` column, else its ``prompt`` (text, or the last user turn).
 
-    >>> row_question({"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]})
+    >>> row_question(
+    ...     {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]}
+    ... )
     '2+2?'
     """
     if "question" in row:
@@ -83,7 +85,8 @@ class PromptAugmentationCollator:
         weights: Sampling weights (normalised or not); uniform if ``None``.
         seed: The draw seed (use the training seed).
         eval_template: The one template used in eval mode (``training=False``).
-        chat_template_kwargs: Extra arguments for ``apply_chat_template`` (TRL's ``args.chat_template_kwargs``).
+        chat_template_kwargs: Extra arguments for ``apply_chat_template`` (TRL's
+            ``args.chat_template_kwargs``).
 
     A row gives its question through ``question``, else through ``prompt`` (text, or messages: the last
     user turn), and its id through ``uid``, else one derived from the question. Each output row has

@@ -3,8 +3,8 @@ arithmetic.
 
 A recipe is one flat YAML file of keys from `PromptAugGRPOConfig`, TRL's `ModelConfig` and the learning
 demo's `prompt_aug.demo.DemoArguments`; `TrlParser` rejects any other key. Our keys are grouped as TRL groups
-its own (augmentation, data, rewards, evaluation, dynamic sampling, stability, logging, the run) and checked in
-`__post_init__`, each failure one line naming the key.
+its own (augmentation, data, rewards, evaluation, dynamic sampling, stability, logging, the run) and checked
+in `__post_init__`, each failure one line naming the key.
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ class PromptAugGRPOConfig(GRPOConfig):
     reward_funcs: list[str] = field(
         default_factory=lambda: ["correctness", "format"],
         metadata={
-            "help": "Reward names from rewards.REGISTRY, or functions by import path (package.module:function). "
-            "The paper: correctness + format."
+            "help": "Reward names from rewards.REGISTRY, or functions by import path "
+            "(package.module:function). The paper: correctness + format."
         },
     )
     stop_tokens: list[str] = field(
@@ -178,8 +178,8 @@ class PromptAugGRPOConfig(GRPOConfig):
         metadata={"help": "A group has spread when its signal's std exceeds this (not exactly 0)."},
     )
 
-    # > Stability. A collapse-guard signal is on when its threshold is set (all unset: no guard). Windows count
-    # generation rounds; actions: log | checkpoint | stop.
+    # > Stability. A collapse-guard signal is on when its threshold is set (all unset: no guard).
+    # Windows count generation rounds; actions: log | checkpoint | stop.
     collapse_entropy_floor: float | None = field(
         default=None,
         metadata={"help": "Fire when `entropy` stays below this for collapse_entropy_rounds rounds."},
@@ -268,9 +268,9 @@ class PromptAugGRPOConfig(GRPOConfig):
     wandb_completions_rows: int | None = field(
         default=None,
         metadata={
-            "help": "Rows of the W&B `completions` table per log step, with log_completions and report_to wandb: "
-            "unset uploads every completion (TRL), 0 none, N a random sample of N. The parquet records under "
-            "output_dir/completions/ keep every row either way."
+            "help": "Rows of the W&B `completions` table per log step, with log_completions and "
+            "report_to wandb: unset uploads every completion (TRL), 0 none, N a random sample of N. "
+            "The parquet records under output_dir/completions/ keep every row either way."
         },
     )
 
@@ -285,8 +285,8 @@ class PromptAugGRPOConfig(GRPOConfig):
     dry_run: bool = field(
         default=False,
         metadata={
-            "help": "Print the batch arithmetic and exit; loads neither model nor data. Pass it on the command "
-            "line: it then parses with use_cpu on, so bf16 recipes parse on a machine without a GPU."
+            "help": "Print the batch arithmetic and exit; loads neither model nor data. Pass it on the "
+            "command line: it then parses with use_cpu on, so bf16 recipes parse on a machine without a GPU."
         },
     )
     num_processes: int | None = field(
@@ -313,14 +313,15 @@ def check_config(args: Any) -> None:
     dynamic_sampler_from_args(args)
 
 
-# A dry run only prints arithmetic, so it parses as if on CPU: `TrainingArguments` rejects `bf16: true` at parse
-# time on a machine without a bf16 GPU unless `use_cpu` is set. The real run never gets this override.
+# A dry run only prints arithmetic, so it parses as if on CPU: `TrainingArguments` rejects `bf16: true` at
+# parse time on a machine without a bf16 GPU unless `use_cpu` is set. The real run never gets this override.
 DRY_RUN_OVERRIDES = ("--use_cpu", "true")
 _TRUE = ("", "1", "true", "yes", "y", "t", "on")
 
 
 def wants_dry_run(argv: list[str]) -> bool:
-    """Whether the command line asks for ``--dry_run`` (``--dry_run``, ``--dry_run true`` or ``--dry_run=true``).
+    """Whether the command line asks for ``--dry_run`` (``--dry_run``, ``--dry_run true`` or
+    ``--dry_run=true``).
 
     >>> wants_dry_run(["--config", "r.yaml", "--dry_run"]), wants_dry_run(["--dry_run", "false"])
     (True, False)

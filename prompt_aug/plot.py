@@ -124,7 +124,8 @@ def series(
 
     >>> series([{"step": 1, "a": 1.0}, {"step": 2}, {"step": 3, "a": 3.0}], "a", smooth=2)
     ([1, 3], [1.0, 2.0])
-    >>> h = [{"step": 1, "round": 1, "templates/a/accuracy": 0.5}, {"step": 3, "round": 2, "templates/b/accuracy": 1.0},
+    >>> h = [{"step": 1, "round": 1, "templates/a/accuracy": 0.5},
+    ...      {"step": 3, "round": 2, "templates/b/accuracy": 1.0},
     ...      {"step": 5, "round": 3, "templates/a/accuracy": 0.7}]
     >>> series(h, "templates/a/accuracy", gaps=True, x="round")
     ([1.0, 2.0, 3.0], [0.5, nan, 0.7])
@@ -411,7 +412,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--title", default=None)
     parser.add_argument(
         "--x", choices=("step", "round"), default="step",
-        help="x axis: optimizer steps, or generation rounds (the paper's 'steps'; needs the logged `round` key).",
+        help="x axis: optimizer steps, or generation rounds "
+             "(the paper's 'steps'; needs the logged `round` key).",
     )  # fmt: skip
     args = parser.parse_args(argv)
     try:

@@ -30,8 +30,9 @@ from typing import Any
 def micro_steps_per_round(args: Any) -> int:
     """Micro-batches trained on one generation round, the one fact every round count derives from.
 
-    TRL 1.16 generates a round for ``steps_per_generation`` micro-batches (unset: ``gradient_accumulation_steps``)
-    and trains ``num_iterations`` passes over it. ``args`` is a `GRPOConfig` or anything with those fields.
+    TRL 1.16 generates a round for ``steps_per_generation`` micro-batches (unset:
+    ``gradient_accumulation_steps``) and trains ``num_iterations`` passes over it. ``args`` is a `GRPOConfig`
+    or anything with those fields.
     """
     per_generation = getattr(args, "steps_per_generation", None) or args.gradient_accumulation_steps
     return per_generation * (getattr(args, "num_iterations", None) or 1)
@@ -41,7 +42,9 @@ def optimizer_steps_per_round(args: Any) -> float:
     """Optimizer steps trained on one generation round (``gradient_accumulation_steps`` micro-batches each).
 
     >>> from types import SimpleNamespace as NS
-    >>> optimizer_steps_per_round(NS(gradient_accumulation_steps=4, steps_per_generation=16, num_iterations=1))
+    >>> optimizer_steps_per_round(
+    ...     NS(gradient_accumulation_steps=4, steps_per_generation=16, num_iterations=1)
+    ... )
     4.0
     """
     return micro_steps_per_round(args) / args.gradient_accumulation_steps

@@ -38,7 +38,8 @@ def looks_local(value: str) -> bool:
 
 
 def require_local(key: str, value: str) -> bool:
-    """Raise `SourceError` if ``value`` looks like a local path that does not exist; return whether it is local."""
+    """Raise `SourceError` if ``value`` looks like a local path that does not exist; return whether it is
+    local."""
     if not looks_local(value):
         return Path(value).exists()
     if not Path(value).expanduser().exists():
@@ -85,7 +86,8 @@ def require_hub(key: str, repo_id: str, timeout: float = 5.0) -> None:
 
 
 def check_source(key: str, value: str | None, builtin: tuple[str, ...] = ()) -> None:
-    """Check a model or dataset value before loading: a missing local path or an unreachable Hub fails at once."""
+    """Check a model or dataset value before loading: a missing local path or an unreachable Hub fails at
+    once."""
     if not value or value in builtin:
         return
     if not require_local(key, value):

@@ -144,8 +144,9 @@ def check_renders(templates: Any, tokenizer: Any) -> None:
     """Render each template with a probe question; raise `TemplateError` naming the first that fails."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError(
-            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; templates render through "
-            "`apply_chat_template`. Set `tokenizer.chat_template` (e.g. ChatML) or use a chat-capable tokenizer."
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
+            "templates render through `apply_chat_template`. "
+            "Set `tokenizer.chat_template` (e.g. ChatML) or use a chat-capable tokenizer."
         )
     for template in templates:
         try:
@@ -198,8 +199,8 @@ def select_templates(
 
 
 def resolve_eval_template(args: Any, bank: dict[str, Template]) -> Template:
-    """The ``eval_template`` of ``args``: from the bank in use, else from the built-in bank (the paper evaluates
-    with ``qwen-math`` whatever the training bank).
+    """The ``eval_template`` of ``args``: from the bank in use, else from the built-in bank (the paper
+    evaluates with ``qwen-math`` whatever the training bank).
 
     Raises:
         TemplateError: the name is in neither bank; the message names the key and lists the bank.

@@ -3,12 +3,13 @@
 Also ``accelerate launch --config_file accelerate_configs/ddp.yaml -m prompt_aug.train --config ...``,
 ``torchrun --nproc_per_node N -m prompt_aug.train --config ...`` or the ``prompt-aug-train`` script.
 
-`train` reads top to bottom: parse → checks → rewards and templates → data → model → trainer → train → save →
-card → push. Before anything heavy loads, `cli` and `sources` check the recipe, the output folder (a folder
-holding a run needs ``--resume_from_checkpoint`` or ``--overwrite_output_dir true``) and where the model and
-data come from, and the reward, template and evaluation keys are resolved; such errors end the command with
-one line. The learning demo (built-in models and datasets, warm start, before/after table) is reached only
-through `prompt_aug.demo`'s hook, so a run on a real model and dataset imports no demo module.
+`train` reads top to bottom: parse → checks → rewards and templates → data → model → trainer →
+train → save → card → push. Before anything heavy loads, `cli` and `sources` check the recipe, the output
+folder (a folder holding a run needs ``--resume_from_checkpoint`` or ``--overwrite_output_dir true``) and
+where the model and data come from, and the reward, template and evaluation keys are resolved; such errors
+end the command with one line. The learning demo (built-in models and datasets, warm start, before/after
+table) is reached only through `prompt_aug.demo`'s hook, so a run on a real model and dataset imports no
+demo module.
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ def plain_prompts(dataset: Any, template: Template) -> Any:
     with the template's format rules in the row so that the rewards grade by them."""
     if template.prefill:
         raise TemplateError(
-            f"prompt_augmentation is false, so questions are asked under eval_template {template.name!r} through "
-            f"TRL's chat handling, which cannot prefill {template.prefill!r}; choose an eval_template without a prefill"
+            f"prompt_augmentation is false, so questions are asked under eval_template {template.name!r} "
+            f"through TRL's chat handling, which cannot prefill {template.prefill!r}; "
+            "choose an eval_template without a prefill"
         )
     columns = format_columns(template)
     return dataset.map(lambda row: {"prompt": template.messages(row["question"]), **columns})
@@ -373,7 +375,10 @@ def _interrupted_message(trainer: PromptAugGRPOTrainer, argv: list[str] | None) 
         )
     else:
         lines += [
-            f"Last checkpoint: {last}. Resume with the same launch command plus --resume_from_checkpoint true:",
+            (
+                f"Last checkpoint: {last}. "
+                "Resume with the same launch command plus --resume_from_checkpoint true:"
+            ),
             "  python -m prompt_aug.train " + " ".join([*kept, "--resume_from_checkpoint", "true"]),
         ]
     return "\n".join(lines)

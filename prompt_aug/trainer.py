@@ -41,9 +41,9 @@ it is `GRPOTrainer`. Thin overrides, each for one reason:
   calls: sorted, fixed-size chunks); the update is the same to float rounding.
   With ``loss_type`` bnpo, the entropy bonus, ``top_entropy_quantile`` < 1 or a MoE aux loss (normalised per
   micro-batch), rows keep TRL's micro-batches. A round with images is left as TRL builds it.
-* ``_generate``: with dynamic sampling (`prompt_aug.extensions.dynamic_sampling`), TRL scores a round built from groups
-  already generated and scored; the stored completions are replayed instead of generated again (and
-  ``_calculate_rewards`` replays their stored rewards).
+* ``_generate``: with dynamic sampling (`prompt_aug.extensions.dynamic_sampling`), TRL scores a round built
+  from groups already generated and scored; the stored completions are replayed instead of generated again
+  (and ``_calculate_rewards`` replays their stored rewards).
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     the last user turn); its id through ``uid``, else one derived from the question.
 
     Its settings come from ``args``: a `PromptAugGRPOConfig` (``prompt_augmentation``, the template keys,
-    ``skip_minibatch_ratio_above``, ``dynamic_sampling*``, ``wandb_completions_rows``), or a plain `GRPOConfig`,
-    which means their defaults (augmentation on, the built-in bank, no stabiliser, no dynamic sampling). The
-    keyword arguments below, when given, take precedence over ``args``.
+    ``skip_minibatch_ratio_above``, ``dynamic_sampling*``, ``wandb_completions_rows``), or a plain
+    `GRPOConfig`, which means their defaults (augmentation on, the built-in bank, no stabiliser, no dynamic
+    sampling). The keyword arguments below, when given, take precedence over ``args``.
 
     Args:
         prompt_collator: Draws the template of each row and renders its prompt. Default: the bank of
@@ -98,8 +98,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         skip_minibatch_ratio_above: RLinf's stabiliser: skip the optimizer update of a mini-batch whose mean
             max(r, 1/r) over its completion tokens (r = pi / pi_old) is at least this (``None``: never).
         dynamic_sampling: Train each round only on groups whose rewards differ
-            (`prompt_aug.extensions.dynamic_sampling`); default: built from ``args``' ``dynamic_sampling*`` keys,
-            off with a plain `GRPOConfig`. Needs prompt augmentation.
+            (`prompt_aug.extensions.dynamic_sampling`); default: built from ``args``' ``dynamic_sampling*``
+            keys, off with a plain `GRPOConfig`. Needs prompt augmentation.
         reward_cut_tokens: Reward functions see each completion's text only up to the first of these tokens
             (those missing from the vocabulary are skipped); generation may run past them, and the trained
             tokens, ``completion_ids`` and the completion records keep the whole completion. The paper's run
@@ -126,8 +126,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     Logs, beside TRL's ``entropy``, ``reward`` and ``completions/*``: ``templates/<name>/accuracy``,
     ``/format``, ``/mean_length``, ``/truncated_ratio``, ``/count``, ``/entropy`` and ``/repetition`` per
     template, ``templates/<name>/<reward function name>`` for every reward function (named as in TRL's
-    ``rewards/<reward function name>/mean``, e.g. ``correctness_reward``), and ``completions/repetition_ratio``
-    (completions ending in an n-gram loop). With
+    ``rewards/<reward function name>/mean``, e.g. ``correctness_reward``), and
+    ``completions/repetition_ratio`` (completions ending in an n-gram loop). With
     ``log_completions``, the completion records carry ``template``, ``uid`` and the ``process`` that
     generated each completion (the logged prompt is the rendered text), and every log entry carries
     ``round``. With dynamic sampling, also ``dynamic_sampling/*`` and ``templates/<name>/kept``, and
@@ -216,8 +216,9 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             check_renders(templates, self._tokenizer)
         except TemplateError as err:
             raise TemplateError(
-                f"{err}\nPromptAugGRPOTrainer renders the built-in templates through the processing class's chat "
-                "template; pass prompt_augmentation=False to train on the dataset's prompts as GRPOTrainer does."
+                f"{err}\nPromptAugGRPOTrainer renders the built-in templates "
+                "through the processing class's chat template; "
+                "pass prompt_augmentation=False to train on the dataset's prompts as GRPOTrainer does."
             ) from err
         return PromptAugmentationCollator(
             templates, self._tokenizer, weights, seed=self.args.seed, eval_template=eval_template,

@@ -41,12 +41,14 @@ def check_trl_version(version: str = trl.__version__) -> None:
     >>> check_trl_version("1.17.0")
     Traceback (most recent call last):
     ...
-    prompt_aug.trl_seam.TRLVersionError: prompt_aug is written for TRL 1.16 (it reaches into GRPOTrainer's private \
-members, listed in prompt_aug.trl_seam.PRIVATE_TRL_NAMES) but TRL 1.17.0 is installed; pip install "trl==1.16.*"
+    prompt_aug.trl_seam.TRLVersionError: prompt_aug is written for TRL 1.16 (it reaches into \
+GRPOTrainer's private members, listed in prompt_aug.trl_seam.PRIVATE_TRL_NAMES) but TRL 1.17.0 \
+is installed; pip install "trl==1.16.*"
     """
     if ".".join(version.split(".")[:2]) != SUPPORTED_TRL:
         raise TRLVersionError(
-            f"prompt_aug is written for TRL {SUPPORTED_TRL} (it reaches into GRPOTrainer's private members, listed "
+            f"prompt_aug is written for TRL {SUPPORTED_TRL} "
+            "(it reaches into GRPOTrainer's private members, listed "
             f"in prompt_aug.trl_seam.PRIVATE_TRL_NAMES) but TRL {version} is installed; "
             f'pip install "trl=={SUPPORTED_TRL}.*"'
         )

@@ -42,7 +42,8 @@ def _shuffle(func: Callable[..., list[Any]], completions: list[Any], kwargs: dic
 def shuffled_correctness_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
     """`correctness_reward` of the round, shuffled among its completions (a control).
 
-    >>> sorted(shuffled_correctness_reward(["\\\\boxed{4}", "\\\\boxed{5}", "\\\\boxed{6}"], answer=["4"] * 3))
+    >>> completions = ["\\\\boxed{4}", "\\\\boxed{5}", "\\\\boxed{6}"]
+    >>> sorted(shuffled_correctness_reward(completions, answer=["4"] * 3))
     [0.0, 0.0, 1.0]
     """
     return _shuffle(correctness_reward, completions, kwargs)
@@ -51,7 +52,8 @@ def shuffled_correctness_reward(completions: list[Any], **kwargs: Any) -> list[f
 def shuffled_format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     """`format_reward` of the round, shuffled among its completions (a control).
 
-    >>> sorted(shuffled_format_reward(["<think>\\nx\\n</think>\\n<answer>\\n1\\n</answer>", "none"], template=["open-r1"] * 2))
+    >>> completions = ["<think>\\nx\\n</think>\\n<answer>\\n1\\n</answer>", "none"]
+    >>> sorted(shuffled_format_reward(completions, template=["open-r1"] * 2))
     [0.0, 1.0]
     """
     return _shuffle(format_reward, completions, kwargs)

@@ -29,7 +29,8 @@ class FormatRules:
     """The grading rules of one template.
 
     Attributes:
-        answer: ``"boxed"`` (the last ``\\boxed{}``) or ``"tag"`` (the last ``\\boxed{}`` inside ``<answer>``).
+        answer: ``"boxed"`` (the last ``\\boxed{}``) or ``"tag"`` (the last ``\\boxed{}`` inside
+            ``<answer>``).
         markers: Format markers, each expected exactly once in a completion (none: free-form, score 1).
     """
 
@@ -78,9 +79,9 @@ def resolve_rules(template: Any) -> Any:
         return BUILTIN_FORMATS[template]
     except KeyError:
         raise KeyError(
-            f"template {template!r} is not a built-in template ({', '.join(BUILTIN_FORMATS)}); for a custom "
-            "template pass its rules: the `answer_rule` and `format_markers` columns that prompt augmentation "
-            "writes, or a FormatRules / template object"
+            f"template {template!r} is not a built-in template ({', '.join(BUILTIN_FORMATS)}); "
+            "for a custom template pass its rules: the `answer_rule` and `format_markers` columns "
+            "that prompt augmentation writes, or a FormatRules / template object"
         ) from None
 
 

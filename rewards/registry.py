@@ -76,7 +76,9 @@ def joined_boxes_correctness_reward(
     """Like `correctness_reward`, but several boxes in the last box's paragraph may together form the
     gold's set or tuple (beyond the paper's rule, which reads the last box only; opt in by naming it).
 
-    >>> joined_boxes_correctness_reward(["The solutions are \\\\boxed{1} and \\\\boxed{-2}."], answer=["-2, 1"])
+    >>> joined_boxes_correctness_reward(
+    ...     ["The solutions are \\\\boxed{1} and \\\\boxed{-2}."], answer=["-2, 1"]
+    ... )
     [1.0]
     >>> correctness_reward(["The solutions are \\\\boxed{1} and \\\\boxed{-2}."], answer=["-2, 1"])
     [0.0]
@@ -110,7 +112,9 @@ def format_reward(
 ) -> list[float]:
     """The template's format score in [0, 1]: 1 for free-form templates, else a share per marker seen once.
 
-    >>> format_reward(["<think>\\nx\\n</think>\\n<answer>\\n1\\n</answer>", "no tags"], template=["open-r1"] * 2)
+    >>> format_reward(
+    ...     ["<think>\\nx\\n</think>\\n<answer>\\n1\\n</answer>", "no tags"], template=["open-r1"] * 2
+    ... )
     [1.0, 0.0]
     >>> format_reward(["Answer: 3", "3"], template=["mine"] * 2, format_markers=[["Answer:"]] * 2)
     [1.0, 0.0]
@@ -177,5 +181,6 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
             f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function"
         ) from None
     if not callable(func):
-        raise ValueError(f"reward_funcs: {path!r} is a {type(func).__name__}, not a function")  # noqa: TRY004 (a bad recipe value, like the other reward_funcs errors)
+        # TRY004: a bad recipe value, like the other reward_funcs errors (so a ValueError, not a TypeError)
+        raise ValueError(f"reward_funcs: {path!r} is a {type(func).__name__}, not a function")  # noqa: TRY004
     return func

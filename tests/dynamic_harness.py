@@ -1,4 +1,5 @@
-"""Train the smoke recipe with test rewards whose spread is known per question (used by test_dynamic_sampling).
+"""Train the smoke recipe with test rewards whose spread is known per question (used by
+test_dynamic_sampling).
 
 ``python tests/dynamic_harness.py --config recipes/smoke/tiny_cpu.yaml ...`` (also under torchrun) runs
 `prompt_aug.train.main` with the given arguments. A run names the rewards below by import path, like any
@@ -29,7 +30,8 @@ def question_number(uid: str) -> int:
 
 
 def flat_half_reward(completions: list[Any], uid: list[str], **kwargs: Any) -> list[float]:
-    """1.0 / 0.0 for every rollout of a quarter of the questions each, a text hash in [0, 1) for the others."""
+    """1.0 / 0.0 for every rollout of a quarter of the questions each, a text hash in [0, 1) for the
+    others."""
     out = []
     for completion, u in zip(completions, uid, strict=True):
         kind = question_number(u) % 4

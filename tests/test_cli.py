@@ -301,9 +301,9 @@ def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_c
         "OMP_NUM_THREADS": "1",
     }
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Wait on events, not on a budget sized for an idle machine: read both pipes as they fill, send Ctrl-C once
-    # step 5 is logged and its checkpoint written (3 generation rounds: the warnings had 3 chances to repeat),
-    # then wait for the exit. SAFETY_CEILING_S only keeps a hung run from hanging the suite.
+    # Wait on events, not on a budget sized for an idle machine: read both pipes as they fill, send Ctrl-C
+    # once step 5 is logged and its checkpoint written (3 generation rounds: the warnings had 3 chances to
+    # repeat), then wait for the exit. SAFETY_CEILING_S only keeps a hung run from hanging the suite.
     lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
     step_5_logged = threading.Event()
 

@@ -68,7 +68,8 @@ EVAL = SignalSpec("eval", ("eval/macro",), "drop", 0.05, 2, "checkpoint")
 def test_entropy_fires_on_the_third_round_below_the_floor_once_and_again_after_recovering():
     values = [1.0] * 10 + [0.01] * 6 + [0.5] + [0.01] * 3
     fired = _feed(_guard(ENTROPY), [{"step": i + 1, "entropy": v} for i, v in enumerate(values)])
-    # Rounds 11-16 are below: fires at round 13, not again while low; recovers at 17, below from 18: fires at 20.
+    # Rounds 11-16 are below: fires at round 13, not again while low; recovers at 17, below from 18: fires
+    # at 20.
     assert fired == {13: ["entropy"], 20: ["entropy"]}
 
 
@@ -233,7 +234,8 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     result = subprocess.run(cmd + flags, check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
 
-    # Repetition fired at round 1 (step 1): checkpoint; entropy below 1.0 for 2 rounds at round 2 (step 3): stop.
+    # Repetition fired at round 1 (step 1): checkpoint; entropy below 1.0 for 2 rounds at round 2 (step 3):
+    # stop.
     message = re.search(r"collapse guard stopped training at step 3 \(round 2\): entropy .*", result.stderr)
     assert message, result.stderr[-3000:]
     assert "below the floor 1 for 2 rounds" in message.group(0)
@@ -373,8 +375,8 @@ def test_per_template_entropy_and_repetition_are_logged_and_agree_with_the_total
     out = tmp_path / "run"
     train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
                 "--temperature", "0.05"])  # fmt: skip
-    # One round, two optimizer steps: the generation metrics are logged at step 1, and each step's loss forward
-    # logs the entropy of the templates among its half of the round's (shuffled) completions.
+    # One round, two optimizer steps: the generation metrics are logged at step 1, and each step's loss
+    # forward logs the entropy of the templates among its half of the round's (shuffled) completions.
     first, second = (next(e for e in _history(out) if e["step"] == s) for s in (1, 2))
     names = [k.split("/")[1] for k in first if k.startswith("templates/") and k.endswith("/count")]
     assert names
@@ -420,7 +422,8 @@ PRORL_KEYS = {
 }  # fmt: skip
 # The paper recipe's fidelity settings (issue 8), which the ProRL recipe keeps.
 MIRRORED = {
-    "vllm_importance_sampling_correction": False, "delta": 3.0, "save_total_limit": 3, "wandb_completions_rows": 16,
+    "vllm_importance_sampling_correction": False, "delta": 3.0, "save_total_limit": 3,
+    "wandb_completions_rows": 16,
 }  # fmt: skip
 
 

@@ -100,7 +100,8 @@ args, model_args, demo_args = train.parse_args(
 assert train.resolve_model_path(model_args, args) == model_args.model_name_or_path
 assert not demo_args.enabled
 train.demo.before_grpo(demo_args, None, None, "rows", [], args)
-train.main(["--config", "recipes/qwen2.5-math-1.5b/prompt_aug.yaml", "--dry_run", "--output_dir", sys.argv[1]])
+train.main(["--config", "recipes/qwen2.5-math-1.5b/prompt_aug.yaml", "--dry_run", \
+"--output_dir", sys.argv[1]])
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("prompt_aug"))))
 """
     out = subprocess.run(

@@ -75,8 +75,9 @@ def config(tmp_path, **overrides) -> GRPOConfig:
 
 def config_values(tmp_path) -> dict:
     return {
-        "output_dir": str(tmp_path), "learning_rate": 0.1, "per_device_train_batch_size": 3, "num_generations": 3,
-        "max_completion_length": 8, "report_to": "none", "max_steps": 2, "save_strategy": "no", "logging_steps": 1,
+        "output_dir": str(tmp_path), "learning_rate": 0.1, "per_device_train_batch_size": 3,
+        "num_generations": 3, "max_completion_length": 8, "report_to": "none", "max_steps": 2,
+        "save_strategy": "no", "logging_steps": 1,
         "use_cpu": True, "bf16": False,  # TRL's tests run where bf16 is available; here on CPU
     }  # fmt: skip
 
@@ -235,8 +236,8 @@ def test_augmentation_off_hands_reward_functions_what_grpotrainer_does(
         ("ours", PromptAugGRPOTrainer, {"prompt_augmentation": False}),
     ):
         trainer = cls(
-            model=str(tiny_model_dir), reward_funcs=recorder(key), args=config(tmp_path / key, max_steps=1, seed=3),
-            train_dataset=make_dataset(), **extra,
+            model=str(tiny_model_dir), reward_funcs=recorder(key),
+            args=config(tmp_path / key, max_steps=1, seed=3), train_dataset=make_dataset(), **extra,
         )  # fmt: skip
         trainer.train()
     assert received["ours"] == received["trl"]
@@ -341,8 +342,8 @@ def test_eval_dataset_uses_the_evaluation_template(tiny_model_dir, tmp_path):
 def test_several_reward_functions_and_two_iterations(tiny_model_dir, tmp_path):
     args = config(tmp_path, num_iterations=2, max_steps=4, reward_weights=[1.0, 0.5, 1.0])
     trainer = PromptAugGRPOTrainer(
-        model=str(tiny_model_dir), reward_funcs=[distinct_characters, format_reward, length_reward], args=args,
-        train_dataset=standard_prompt_only(),
+        model=str(tiny_model_dir), reward_funcs=[distinct_characters, format_reward, length_reward],
+        args=args, train_dataset=standard_prompt_only(),
     )  # fmt: skip
     train_and_assert_weights_moved(trainer)
     keys = {k for entry in trainer.state.log_history for k in entry}

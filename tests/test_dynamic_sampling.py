@@ -282,8 +282,8 @@ def test_at_the_cap_zero_spread_groups_fill_the_round(tmp_path):
 
 @pytest.mark.slow
 def test_flag_off_trains_exactly_as_with_no_group_dropped(tmp_path):
-    # Every group has spread under `text_hash`, so dynamic sampling keeps pass 0 whole: the replayed round must
-    # train exactly as the flag-off path, which is the trainer without dynamic sampling.
+    # Every group has spread under `text_hash`, so dynamic sampling keeps pass 0 whole: the replayed round
+    # must train exactly as the flag-off path, which is the trainer without dynamic sampling.
     off = _run(tmp_path / "off", "--reward_funcs", dynamic_harness.TEXT_HASH, "--save_strategy", "no")
     on = _run(
         tmp_path / "on",
@@ -355,7 +355,8 @@ def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
     differ = {k for k in set(paper) | set(dynamic) if paper.get(k) != dynamic.get(k)}
     # Only naming and the dynamic-sampling block differ: the fidelity values (issue 8) are the paper recipe's.
     assert differ - {"output_dir", "run_name"} == {
-        "dynamic_sampling", "dynamic_sampling_signal", "dynamic_sampling_max_passes", "dynamic_sampling_std_tol",
+        "dynamic_sampling", "dynamic_sampling_signal", "dynamic_sampling_max_passes",
+        "dynamic_sampling_std_tol",
     }  # fmt: skip
     assert (
         dynamic["vllm_importance_sampling_correction"],

@@ -391,8 +391,8 @@ def test_a_question_set_of_ones_own_from_jsonl_parquet_csv_or_a_saved_folder(tin
 
     out = tmp_path / "eval"
     results = run_evaluation(
-        parse_args(["--model", str(tiny_model_dir), "--benchmarks", str(tmp_path / "sums.jsonl"), "--backend", "hf",
-                    "--max_tokens", "4", "--output", str(out), "--no_progress"])
+        parse_args(["--model", str(tiny_model_dir), "--benchmarks", str(tmp_path / "sums.jsonl"),
+                    "--backend", "hf", "--max_tokens", "4", "--output", str(out), "--no_progress"])
     )  # fmt: skip
     assert results["benchmarks"] == [str(tmp_path / "sums.jsonl")]
     assert "| Model | sums | **Macro** | **Micro** |" in (out / "results.md").read_text()

@@ -28,7 +28,8 @@ ARITHMETIC = {"questions_per_round", "completions_per_round", "completions_per_o
 # The LoRA recipe is not a paper run: these rows are its own (model, batch, learning rate, length).
 LORA_OWN = {"dtype", "questions_per_round", "completions_per_optimizer_step", "gradient_accumulation_steps",
             "steps_per_generation", "learning_rate", "num_train_epochs"}  # fmt: skip
-# The short full fine-tuning run on one GPU: half the paper's round, 2 of the paper's optimizer steps per round.
+# The short full fine-tuning run on one GPU: half the paper's round, 2 of the paper's optimizer steps per
+# round.
 FULL_1GPU_OWN = {"questions_per_round", "per_device_train_batch_size", "steps_per_generation",
                  "gradient_accumulation_steps", "optimizer_steps_per_round", "save_steps"}  # fmt: skip
 
@@ -133,7 +134,8 @@ def test_issue_settings_are_written_in_every_paper_recipe_not_left_to_defaults()
         assert raw["vllm_importance_sampling_correction"] is False, recipe.name
         assert raw["delta"] == 3.0 and raw["save_total_limit"] >= 1, recipe.name
         assert raw["wandb_completions_rows"] is not None, f"{recipe.name}: W&B table must be off or sampled"
-        # The paper's stop rule (its vLLM rollouts stop at EOS only; its reward cuts at <|im_end|>), written out.
+        # The paper's stop rule (its vLLM rollouts stop at EOS only; its reward cuts at <|im_end|>), written
+        # out.
         assert raw["stop_tokens"] == ["<|endoftext|>"], recipe.name
         assert raw["reward_cut_tokens"] == ["<|im_end|>"], recipe.name
     grpo = yaml.safe_load((PAPER / "grpo_single_template.yaml").read_text())

@@ -738,8 +738,8 @@ def test_evaluation_keeps_the_last_box_rule():
 
     from prompt_aug.evaluate import score_completions
 
-    # Evaluation grades the last box only: a set answer written as several boxes is wrong there, and its last box
-    # alone is right, though grade(..., join_boxes=True) would read the set.
+    # Evaluation grades the last box only: a set answer written as several boxes is wrong there, and its last
+    # box alone is right, though grade(..., join_boxes=True) would read the set.
     assert grade(SEVERAL_BOXES, "1, -2", join_boxes=True).correct
     verdicts = score_completions([SEVERAL_BOXES, SEVERAL_BOXES], [["1, -2"], ["-2"]], ["qwen-math"] * 2)
     assert [v["correct"] for v in verdicts] == [False, True]

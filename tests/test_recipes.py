@@ -2,7 +2,8 @@
 
 Header convention, one line per process count a recipe documents::
 
-    # dry-run (8 processes): questions 128, completions 1024, optimizer steps 4, completions/step 256, rounds/epoch 66, total rounds 3960
+    # dry-run (8 processes): questions 128, completions 1024, optimizer steps 4, completions/step 256, \
+rounds/epoch 66, total rounds 3960
 
 The numbers must equal `prompt_aug.config.batch_arithmetic` for that process count.
 """
@@ -23,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted(REPO.glob("recipes/**/*.yaml"))
 PAPER = REPO / "recipes/qwen2.5-math-1.5b"
 DRY_RUN_LINE = re.compile(
-    r"^# dry-run \((?P<processes>\d+) process(?:es)?\): questions (?P<questions>\d+), completions (?P<completions>\d+), "
+    r"^# dry-run \((?P<processes>\d+) process(?:es)?\): questions (?P<questions>\d+), "
+    r"completions (?P<completions>\d+), "
     r"optimizer steps (?P<steps>[\d.]+), completions/step (?P<per_step>\d+), rounds/epoch (?P<rounds>\d+), "
     r"total rounds (?P<total>\d+)\s*$"
 )

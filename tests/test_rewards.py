@@ -22,8 +22,13 @@ WELL_FORMED = {
     "open-r1-teacher": "3 + 4 = 7\n</think>\n<answer>\n\\boxed{7}\n</answer>",
     "deepseek-r1": "<think> 3 + 4 = 7 </think> <answer> \\boxed{7} </answer>",
     "deepseek-r1-teacher": " 3 + 4 = 7 </think> <answer> \\boxed{7} </answer>",
-    "reflective": "<solution>\n3 + 4 = 7\n</solution>\n<check>\nLet's verify step by step: 7 - 4 = 3.\n</check>\n\\boxed{7}",
-    "reflective-teacher": "3 + 4 = 7\n</solution>\n<check>\nLet's verify step by step: 7 - 4 = 3.\n</check>\n\\boxed{7}",
+    "reflective": (
+        "<solution>\n3 + 4 = 7\n</solution>\n<check>\nLet's verify step by step: 7 - 4 = 3.\n</check>\n"
+        "\\boxed{7}"
+    ),
+    "reflective-teacher": (
+        "3 + 4 = 7\n</solution>\n<check>\nLet's verify step by step: 7 - 4 = 3.\n</check>\n\\boxed{7}"
+    ),
 }
 
 
@@ -57,7 +62,8 @@ def test_tag_format_partial_credit():
 
 
 def test_prefilled_think_repeated_by_the_model_is_not_penalised_twice():
-    # open-r1-teacher's prefill is "<think>\n"; the model writing another "<think>\n" does not touch its markers.
+    # open-r1-teacher's prefill is "<think>\n"; the model writing another "<think>\n" does not touch its
+    # markers.
     completion = "<think>\n3 + 4 = 7\n</think>\n<answer>\n\\boxed{7}\n</answer>"
     verdict = grade(completion, "7", "open-r1-teacher", strict=True)
     assert verdict.correct and verdict.format_score == 1.0

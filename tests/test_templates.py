@@ -83,7 +83,8 @@ def test_a_template_the_tokenizer_cannot_render_is_named(tmp_path, tokenizer):
 
     strict = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
     strict.chat_template = (
-        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}"
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('no system turns') }}{% endif %}"
         "{{ m['content'] }}{% endfor %}"
     )
     path = _write(

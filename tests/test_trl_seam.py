@@ -24,7 +24,8 @@ ALLOWED = {"prompt_aug/trainer.py", "prompt_aug/trl_seam.py"}
 
 # What dynamic sampling needs of TRL's private code; a change here is a change of the seam.
 EXPECTED_PRIVATE = {
-    "_step", "_generate", "_calculate_rewards", "_metrics", "_logs", "_pending_extra_logs", "_log_completion_extra",
+    "_step", "_generate", "_calculate_rewards", "_metrics", "_logs", "_pending_extra_logs",
+    "_log_completion_extra",
 }  # fmt: skip
 
 

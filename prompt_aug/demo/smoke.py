@@ -163,7 +163,8 @@ def build_tiny_tokenizer(extra_text: list[str] | None = None):
 
 
 def build_tiny_model(path: str | Path, seed: int = 0, name: str = TINY_MODEL_NAME) -> Path:
-    """Build and save the random Qwen2 model ``name`` (a key of `TINY_MODELS`) and its tokenizer under ``path``.
+    """Build and save the random Qwen2 model ``name`` (a key of `TINY_MODELS`) and its tokenizer under
+    ``path``.
 
     Returns ``path``. The folder is a cache keyed by what built it: ``build.json`` records a
     fingerprint of the seed, the model config and the tokenizer. A later call with the same

@@ -105,7 +105,10 @@ def draw_targets(
 
     >>> import itertools
     >>> from prompt_aug.templates import get_template
-    >>> rows = [{"question": "Compute $2 + 3$.", "answer": "5"}, {"question": "Compute $1 + 1$.", "answer": "2"}]
+    >>> rows = [
+    ...     {"question": "Compute $2 + 3$.", "answer": "5"},
+    ...     {"question": "Compute $1 + 1$.", "answer": "2"},
+    ... ]
     >>> draws = draw_targets(rows, [get_template("abel")], wellformed=1.0, answer_correct=0.0, seed=0)
     >>> sorted({text for _, _, text in itertools.islice(draws, 20)})  # every box holds the other answer
     ['1 + 1 = 2. \\\\boxed{5}', '2 + 3 = 5. \\\\boxed{2}']
@@ -259,8 +262,8 @@ class BeforeAfter:
         """Markdown: one row per template, then the means; cells are ``before → after``."""
         heads = [(s, m) for s in self.sets for m in ("correctness", "format")]
         lines = [
-            f"Before → after GRPO: mean correctness (training rule) and format score of one answer per question "
-            f"sampled at temperature {self.temperature:g}, at most {self.max_tokens} tokens; "
+            f"Before → after GRPO: mean correctness (training rule) and format score of one answer "
+            f"per question sampled at temperature {self.temperature:g}, at most {self.max_tokens} tokens; "
             + ", ".join(f"{s}: {len(rows)} questions" for s, rows in self.sets.items())
             + ".",
             "",
@@ -282,7 +285,8 @@ class BeforeAfter:
         return "\n".join(lines) + "\n"
 
     def write(self, output_dir: str | Path) -> Path:
-        """Write ``before_after.md`` and ``before_after.json`` into ``output_dir``; return the ``.md`` path."""
+        """Write ``before_after.md`` and ``before_after.json`` into ``output_dir``; return the ``.md``
+        path."""
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         summary = {

@@ -82,7 +82,8 @@ _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 def is_question_set(name: str) -> bool:
-    """Whether ``name`` names a question set of one's own (a data file, a folder, a Hub id), not a suite benchmark.
+    """Whether ``name`` names a question set of one's own (a data file, a folder, a Hub id), not a suite
+    benchmark.
 
     >>> is_question_set("sums.jsonl"), is_question_set("my-org/my-questions"), is_question_set("math500")
     (True, True, False)
@@ -124,7 +125,8 @@ def _from_hub(what: str, load: Callable[[], Any], local: str) -> Any:
         hint = (
             "HF_HUB_OFFLINE is set and the Hugging Face cache has no copy"
             if hub_offline()
-            else "check the id and the connection, or set HF_HUB_OFFLINE=1 to use a copy in the Hugging Face cache"
+            else "check the id and the connection, "
+            "or set HF_HUB_OFFLINE=1 to use a copy in the Hugging Face cache"
         )
         raise EvalError(
             f"{what}: could not load it from the Hugging Face Hub ({cause}); {hint}; or {local}"

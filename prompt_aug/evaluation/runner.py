@@ -25,7 +25,9 @@ def score_completions(
 ) -> list[dict[str, Any]]:
     """Strict verdicts, one ``{"extracted", "correct", "format_score"}`` per completion, graded as one batch.
 
-    >>> [v["correct"] for v in score_completions(["so \\\\boxed{12}.", "so the answer is 12."], [["12"]] * 2, ["qwen-math"] * 2)]
+    >>> completions = ["so \\\\boxed{12}.", "so the answer is 12."]
+    >>> verdicts = score_completions(completions, [["12"]] * 2, ["qwen-math"] * 2)
+    >>> [v["correct"] for v in verdicts]
     [True, False]
     """
     verdicts = grade_batch(completions, golds, templates, strict=True)

@@ -132,7 +132,8 @@ class _Watch:
             self.stat = best - current
             unit = "evaluations" if spec.name == "eval" else "rounds"
             detail = (
-                f"{spec.name} ({key}) averaged {current:.4g} over {unit} {first}-{last}, {self.stat:.4g} below "
+                f"{spec.name} ({key}) averaged {current:.4g} over {unit} {first}-{last}, "
+                f"{self.stat:.4g} below "
                 f"its best {best:.4g}, more than the allowed {spec.threshold:g}"
             )
             return self._settle(self.stat > spec.threshold, step, detail)
@@ -146,7 +147,8 @@ class _Watch:
         self.stat = float(run)
         word = "below the floor" if spec.kind == "below" else "above the ceiling"
         detail = (
-            f"{spec.name} ({key}) {word} {spec.threshold:g} for {spec.window} round{'s' * (spec.window > 1)} in a row "
+            f"{spec.name} ({key}) {word} {spec.threshold:g} "
+            f"for {spec.window} round{'s' * (spec.window > 1)} in a row "
             f"(rounds {first}-{last}: {', '.join(f'{m:.4g}' for m in means)})"
         )
         return self._settle(run >= spec.window, step, detail)
@@ -204,7 +206,8 @@ class CollapseGuard(TrainerCallback):
         return self
 
     def round_of(self, entry: dict[str, Any], step: int | None = None) -> int:
-        """The generation round a log line belongs to: its ``round`` key, else its step over steps per round."""
+        """The generation round a log line belongs to: its ``round`` key, else its step over steps per
+        round."""
         if isinstance(entry.get("round"), (int, float)):
             return int(entry["round"])
         step = int(entry.get("step", step or 0))
@@ -332,7 +335,8 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
         ("accuracy", accuracy_keys, "drop", "collapse_accuracy_drop", "collapse_accuracy_rounds"),
         ("truncation", ("completions/clipped_ratio",), "above", "collapse_truncation_ceiling",
          "collapse_truncation_rounds"),
-        ("repetition", (REPETITION_KEY,), "above", "collapse_repetition_ceiling", "collapse_repetition_rounds"),
+        ("repetition", (REPETITION_KEY,), "above", "collapse_repetition_ceiling",
+         "collapse_repetition_rounds"),
         ("eval", ("eval/macro",), "drop", "collapse_eval_drop", "collapse_eval_evaluations"),
     ]  # fmt: skip
     specs = []
@@ -440,7 +444,8 @@ def loop_flags(completion_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Ten
 def grouped_token_sums(
     values: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, num_groups: int
 ) -> torch.Tensor:
-    """A (2, ``num_groups``) tensor: per group of rows, the sum of ``values`` over masked tokens and the count.
+    """A (2, ``num_groups``) tensor: per group of rows, the sum of ``values`` over masked tokens and the
+    count.
 
     >>> v, m = torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [1, 0]])
     >>> grouped_token_sums(v, m, torch.tensor([1, 1]), 2).tolist()
@@ -461,7 +466,8 @@ def ratio_deviation_sums(logps: torch.Tensor, old_logps: torch.Tensor, mask: tor
     The mean (sum / count) is 1 when the mini-batch is exactly on-policy and grows as the policy drifts,
     in either direction.
 
-    >>> ratio_deviation_sums(torch.log(torch.tensor([[2.0, 0.5, 9.0]])), torch.zeros(1, 3), torch.tensor([[1, 1, 0]]))
+    >>> logps = torch.log(torch.tensor([[2.0, 0.5, 9.0]]))
+    >>> ratio_deviation_sums(logps, torch.zeros(1, 3), torch.tensor([[1, 1, 0]]))
     tensor([4., 2.])
     """
     deviation = torch.exp((logps - old_logps).abs().clamp(max=20.0)).nan_to_num(nan=1.0)

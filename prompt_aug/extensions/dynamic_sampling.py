@@ -60,7 +60,8 @@ METRIC = "dynamic_sampling/"
 
 
 def group_spread(signal: torch.Tensor, num_generations: int, std_tol: float) -> list[bool]:
-    """Whether each consecutive group of ``num_generations`` values has a std above ``std_tol`` (NaNs ignored).
+    """Whether each consecutive group of ``num_generations`` values has a std above ``std_tol`` (NaNs
+    ignored).
 
     >>> group_spread(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.3, 0.3 + 1e-9]), 2, 1e-4)
     [False, True, False]
@@ -126,9 +127,11 @@ class RoundPlan:
 
 
 def plan_round(spread: list[list[bool]], outcome: list[list[str]], groups_needed: int) -> RoundPlan:
-    """Keep the first ``groups_needed`` spread groups in generation order; fill any shortfall with zero-spread ones.
+    """Keep the first ``groups_needed`` spread groups in generation order; fill any shortfall with
+    zero-spread ones.
 
-    ``spread[k][g]`` / ``outcome[k][g]`` describe group ``g`` of pass ``k`` (``outcome`` may hold empty lists).
+    ``spread[k][g]`` / ``outcome[k][g]`` describe group ``g`` of pass ``k`` (``outcome`` may hold empty
+    lists).
 
     >>> plan = plan_round([[True, False], [False, True]], [[], []], 2)
     >>> plan.trained, plan.status[(1, 0)]
@@ -218,10 +221,11 @@ class DynamicSampler:
             )
         if self.signal_index is not None and not 0 <= self.signal_index < len(trainer.reward_funcs):
             raise ValueError(
-                f"dynamic sampling signal column {self.signal_index} but {len(trainer.reward_funcs)} reward functions"
+                f"dynamic sampling signal column {self.signal_index} "
+                f"but {len(trainer.reward_funcs)} reward functions"
             )
 
-    # -- the trainer's replay hooks ---------------------------------------------------------------------------
+    # -- the trainer's replay hooks --------------------------------------------------------------------
 
     def replayed_generation(self, prompts: list[Any]) -> Generation | None:
         """The stored `_generate` output for the round being scored, or ``None`` outside of it."""
@@ -237,7 +241,7 @@ class DynamicSampler:
         """The stored gathered rewards of the round being scored, or ``None`` outside of it."""
         return None if self._replay is None else self._replay.rewards
 
-    # -- one round ----------------------------------------------------------------------------------------------
+    # -- one round -------------------------------------------------------------------------------------
 
     def run_round(
         self,
@@ -413,8 +417,8 @@ class DynamicSampler:
         return final_rows, replay, [record for _, record in dropped]
 
     def _reset_completion_logs(self, trainer: SamplingTrainer) -> None:
-        # TRL keeps the last `generation_batch_size` completions; a round here logs up to `max_passes` times that,
-        # so each round starts from empty buffers sized for everything it may generate.
+        # TRL keeps the last `generation_batch_size` completions; a round here logs up to `max_passes` times
+        # that, so each round starts from empty buffers sized for everything it may generate.
         seam.reset_completion_logs(trainer, trainer.args.generation_batch_size * self.max_passes)
 
     def _log_dropped_records(self, trainer: SamplingTrainer, dropped: list[dict[str, Any]]) -> None:
@@ -452,7 +456,8 @@ class DynamicSampler:
         }
         for name, value in values.items():
             metrics[METRIC + name].append(float(value))
-        # Per-template metrics over everything generated, plus how many of each template's completions trained.
+        # Per-template metrics over everything generated, plus how many of each template's completions
+        # trained.
         num_gen = trainer.num_generations
         kept = torch.tensor(
             [
@@ -474,7 +479,8 @@ class DynamicSampler:
 def from_args(script_args: Any) -> DynamicSampler | None:
     """The sampler a recipe asks for (``dynamic_sampling*`` keys), or ``None`` when it is off.
 
-    Raises a ValueError naming the key when the signal is not ``total`` nor one of the recipe's ``reward_funcs``.
+    Raises a ValueError naming the key when the signal is not ``total`` nor one of the recipe's
+    ``reward_funcs``.
     """
     if not script_args.dynamic_sampling:
         return None

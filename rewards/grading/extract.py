@@ -126,9 +126,9 @@ def _braced(argument: str) -> str:
 def normalize(answer: str) -> str:
     """Canonical text for an extracted answer: no ``$``, ``\\text{}`` wrappers, units, degree signs,
     ``\\left``/``\\right``, ``\\phantom``, thousands marks, ``\\approx`` and what follows it, trailing
-    period or comma; ``\\dfrac``/``\\tfrac`` become ``\\frac``; shorthand ``\\frac12``, ``\\sqrt2`` get braces;
-    ``x = 5`` and ``a_1 = 5`` become ``5`` (but ``y = 2x + 3`` stays an equation); a numeral in a base
-    is written ``N_{b}``; relation commands are written as math-verify writes them (``\\geq`` -> ``>=``,
+    period or comma; ``\\dfrac``/``\\tfrac`` become ``\\frac``; shorthand ``\\frac12``, ``\\sqrt2`` get
+    braces; ``x = 5`` and ``a_1 = 5`` become ``5`` (but ``y = 2x + 3`` stays an equation); a numeral in a
+    base is written ``N_{b}``; relation commands are written as math-verify writes them (``\\geq`` -> ``>=``,
     ``\\neq`` -> ``!=``); a sentence opening the box (``\\text{The vector is }``) and words before a
     matrix go; ``x \\approx 2.24`` (a variable on the left) becomes ``2.24``.
 
@@ -136,13 +136,16 @@ def normalize(answer: str) -> str:
     '\\\\frac{1}{2}'
     >>> normalize(r"12\\text{ cm}"), normalize(r"x = 5"), normalize(r"90^\\circ")
     ('12', '5', '90')
-    >>> normalize(r"\\frac \\pi4 + \\sqrt2"), normalize(r"\\frac{1}{29,\\!322}"), normalize(r"m_{\\max} = n^2")
+    >>> (normalize(r"\\frac \\pi4 + \\sqrt2"), normalize(r"\\frac{1}{29,\\!322}"),
+    ...  normalize(r"m_{\\max} = n^2"))
     ('\\\\frac{\\\\pi}{4} + \\\\sqrt{2}', '\\\\frac{1}{29322}', 'n^2')
-    >>> normalize(r"34\\text{ sq. units}"), normalize(r"9\\text{ a.m.}"), normalize(r"\\text{(E)},"), normalize("-37_8")
+    >>> (normalize(r"34\\text{ sq. units}"), normalize(r"9\\text{ a.m.}"), normalize(r"\\text{(E)},"),
+    ...  normalize("-37_8"))
     ('34', '9 a.m', '(E)', '-37_{8}')
     >>> normalize(r"\\$\\dfrac23 \\approx \\$0.67")
     '\\\\frac{2}{3}'
-    >>> normalize(r"y = 2x + 3"), normalize(r"x \\geq 3"), normalize(r"12,\\! 345"), normalize(r"\\text{so } x \\approx 2.24")
+    >>> (normalize(r"y = 2x + 3"), normalize(r"x \\geq 3"), normalize(r"12,\\! 345"),
+    ...  normalize(r"\\text{so } x \\approx 2.24"))
     ('y = 2x + 3', 'x >= 3', '12345', '2.24')
     """
     answer = answer.strip().replace("\n", " ")

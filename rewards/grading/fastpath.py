@@ -113,7 +113,8 @@ _INTEGER_SUM = re.compile(r"[+-]?\d+(?:\s*[+-]\s*\d+)+")
 def integer_sum(text: str) -> tuple[Fraction, bool] | None:
     """The exact value of a sum or difference of plain integers (``0-136``), as `as_number` gives it.
 
-    >>> integer_sum("0-136"), integer_sum("2 + 3 - 1"), integer_sum("2 3") is None, integer_sum("1,000+1") is None
+    >>> (integer_sum("0-136"), integer_sum("2 + 3 - 1"), integer_sum("2 3") is None,
+    ...  integer_sum("1,000+1") is None)
     ((Fraction(-136, 1), False), (Fraction(4, 1), False), True, True)
     """
     text = text.strip()
@@ -182,7 +183,8 @@ def evaluate(text: str, variables: dict[str, float] | None = None) -> float | No
     (0.942809, -9.0, 1024.0)
     >>> evaluate("2x^2+3x", {"x": 2.0}), evaluate("x + 1") is None
     (14.0, True)
-    >>> [evaluate(t, {"x": 1.0}) for t in ("2^10", "1/2", "2 3", "(2)(3)", "2^3^2", "x2", "2\\\\frac{1}{2}", "50\\\\%")]
+    >>> [evaluate(t, {"x": 1.0})
+    ...  for t in ("2^10", "1/2", "2 3", "(2)(3)", "2^3^2", "x2", "2\\\\frac{1}{2}", "50\\\\%")]
     [None, None, None, None, None, None, None, None]
     """
     tokens = _tokens(text)
@@ -270,7 +272,8 @@ class _Reader:
             base = _check(base**exponent)
         after = self.peek()
         if after is not None and (after[0].isdigit() or after in ("(", "{", ".")):
-            raise _Refuse  # `2 3`, `(2)(3)`, `x2`, `2\frac{1}{2}`... math-verify reads these in surprising ways
+            # `2 3`, `(2)(3)`, `x2`, `2\frac{1}{2}`... math-verify reads these in surprising ways
+            raise _Refuse
         return base
 
     def atom(self) -> float:
@@ -383,7 +386,8 @@ def interval_boundaries(text: str) -> list[float] | None:
     after merging overlapping pieces; ``None`` if the text is anything else or a piece is empty.
     Two such unions with different boundaries are different sets.
 
-    >>> interval_boundaries("(-\\\\infty, -2) \\\\cup (0, 1) \\\\cup [1, 4)"), interval_boundaries("(0, 2) \\\\cup (1, 3)")
+    >>> (interval_boundaries("(-\\\\infty, -2) \\\\cup (0, 1) \\\\cup [1, 4)"),
+    ...  interval_boundaries("(0, 2) \\\\cup (1, 3)"))
     ([-inf, -2.0, 0.0, 4.0], [0.0, 3.0])
     >>> interval_boundaries("(0, 1) \\\\cup (1, 2)"), interval_boundaries("(2, 1)") is None
     ([0.0, 1.0, 1.0, 2.0], True)
@@ -446,7 +450,8 @@ def _different_covers(answer: str, gold: str) -> bool | None:
     differ by more than finitely many points: ``(-\infty,2) \cup (4,4)`` against ``(-\infty,2) \cup (2,4)``
     (no reading of ``(4, 4)`` covers ``(2, 4)``).
 
-    >>> _different_covers("(-\\infty,2) \\cup (4,4)", "(-\\infty,2) \\cup (2,4)"), _different_covers("(0,1) \\cup (1,1) \\cup (1,2)", "(0,2)")
+    >>> (_different_covers("(-\\infty,2) \\cup (4,4)", "(-\\infty,2) \\cup (2,4)"),
+    ...  _different_covers("(0,1) \\cup (1,1) \\cup (1,2)", "(0,2)"))
     (False, None)
     """
     a, g = open_cover(answer), open_cover(gold)
@@ -464,7 +469,8 @@ def _inequality_against_value(answer: str, gold: str) -> bool | None:
     r"""``False`` for an inequality (``-80 <= g(x) <= 82``) against a constant: math-verify finds a
     relation equal to no number.
 
-    >>> _inequality_against_value("-80 <= g(x) <= 82", "80"), _inequality_against_value("5", "x > 3"), _inequality_against_value("x > 3", "(3, \\infty)")
+    >>> (_inequality_against_value("-80 <= g(x) <= 82", "80"), _inequality_against_value("5", "x > 3"),
+    ...  _inequality_against_value("x > 3", "(3, \\infty)"))
     (False, False, None)
     """
     for one, other in ((answer, gold), (gold, answer)):
@@ -576,7 +582,8 @@ def _constants_against_function(answer: str, gold: str) -> bool | None:
     is not constant (``5x-3`` against ``(-1, \frac{35}{12})``): math-verify compares a single
     expression with a set as the set of it, and a non-constant expression equals no constant.
 
-    >>> _constants_against_function("5x-3", "( -1, \\frac{35}{12} )"), _constants_against_function("\\frac{8t}{3}", "[2,5)")
+    >>> (_constants_against_function("5x-3", "( -1, \\frac{35}{12} )"),
+    ...  _constants_against_function("\\frac{8t}{3}", "[2,5)"))
     (False, False)
     >>> _constants_against_function("x - x + 1", "1"), _constants_against_function("x + 1", "(1, y)")
     (None, None)
@@ -594,7 +601,8 @@ def complex_value(text: str) -> tuple[float, float] | None:
     r"""``(real, imaginary)`` of ``A + Bi``, ``A - Bi`` or ``Bi`` with constant ``A`` and ``B``
     (``\frac{1}{5} + \frac{3}{5}i``, ``-128 - 128 \sqrt{3} i``, ``292i``), or ``None``.
 
-    >>> complex_value("-3 + 6i"), complex_value("\\frac{1}{5} - \\frac{3}{5}i"), complex_value("i"), complex_value("-i")
+    >>> (complex_value("-3 + 6i"), complex_value("\\frac{1}{5} - \\frac{3}{5}i"), complex_value("i"),
+    ...  complex_value("-i"))
     ((-3.0, 6.0), (0.2, -0.6), (0.0, 1.0), (0.0, -1.0))
     >>> complex_value("3\\pi") is None, complex_value("x + i") is None, complex_value("7") is None
     (True, True, True)
@@ -623,7 +631,8 @@ def _different_complex(answer: str, gold: str) -> bool | None:
     parts. Sound whether ``i`` is read as the imaginary unit or as a variable: either way, two such
     forms are equal only if both parts are.
 
-    >>> _different_complex("1", "-3 + 6i"), _different_complex("-5 + 6i", "-3 + 6i"), _different_complex("6i", "0 + 6i")
+    >>> (_different_complex("1", "-3 + 6i"), _different_complex("-5 + 6i", "-3 + 6i"),
+    ...  _different_complex("6i", "0 + 6i"))
     (False, False, None)
     """
     a, g = complex_value(answer), complex_value(gold)
@@ -666,7 +675,8 @@ def _different_assignments(answer: str, gold: str) -> bool | None:
     two equations, then their solutions) says different. ``y = 2x + 4`` against ``y = 2x + 3``; but
     ``x = rac{y - 3}{2}`` against ``y = 2x + 3`` is the same line, left to math-verify.
 
-    >>> _different_assignments("y = 2x + 4", "y = 2x + 3"), _different_assignments("x = \frac{y - 3}{2}", "y = 2x + 3")
+    >>> (_different_assignments("y = 2x + 4", "y = 2x + 3"),
+    ...  _different_assignments("x = \frac{y - 3}{2}", "y = 2x + 3"))
     (False, None)
     >>> _different_assignments("y = 2y + 1", "y = 3"), _different_assignments("y = x^2", "y = x \\cdot x")
     (None, None)
@@ -686,7 +696,8 @@ _CHOICE = re.compile(r"\(?([A-DF-HJ-Z])\)?")  # a multiple-choice letter (not E 
 def _choice_against_number(answer: str, gold: str) -> bool | None:
     """``False`` for a multiple-choice letter (``(A)``) against a number, either way round.
 
-    >>> _choice_against_number("(A)", "39"), _choice_against_number("7", "C"), _choice_against_number("(E)", "3")
+    >>> (_choice_against_number("(A)", "39"), _choice_against_number("7", "C"),
+    ...  _choice_against_number("(E)", "3"))
     (False, False, None)
     """
     for one, other in ((answer, gold), (gold, answer)):
@@ -703,9 +714,11 @@ def _gold_equation_against_value(answer: str, gold: str) -> bool | None:
     compares an assignment (``AB=12+12\sqrt{3}``: letters on the left) by its right side, and finds
     any other equation (``2x + z - 5 = 0``) equal to no number or expression.
 
-    >>> _gold_equation_against_value("2", "AB=12+12\\sqrt{3}"), _gold_equation_against_value("13", "2x + z - 5 = 0")
+    >>> (_gold_equation_against_value("2", "AB=12+12\\sqrt{3}"),
+    ...  _gold_equation_against_value("13", "2x + z - 5 = 0"))
     (False, False)
-    >>> _gold_equation_against_value("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"), _gold_equation_against_value("x", "2x = 2")
+    >>> (_gold_equation_against_value("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"),
+    ...  _gold_equation_against_value("x", "2x = 2"))
     (None, False)
     """
     match = _GOLD_EQUATION.fullmatch(gold)
@@ -728,7 +741,8 @@ _MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}")
 def matrix_values(text: str) -> list[list[float]] | None:
     r"""The rows of a matrix of constants (``\begin{pmatrix} 1 & -1 \\ 1 & 1 \end{pmatrix}``), or ``None``.
 
-    >>> matrix_values("\\begin{pmatrix} 1 & -1 \\\\ 1 & \\frac{1}{2} \\end{pmatrix}"), matrix_values("\\begin{pmatrix} x \\end{pmatrix}")
+    >>> (matrix_values("\\begin{pmatrix} 1 & -1 \\\\ 1 & \\frac{1}{2} \\end{pmatrix}"),
+    ...  matrix_values("\\begin{pmatrix} x \\end{pmatrix}"))
     ([[1.0, -1.0], [1.0, 0.5]], None)
     """
     match = _MATRIX.fullmatch(text.strip())
@@ -747,7 +761,8 @@ def _different_matrices(answer: str, gold: str) -> bool | None:
     for a matrix of two or more entries against a constant.
 
     >>> one = "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}"
-    >>> _different_matrices(one.replace("-1", "-0"), one), _different_matrices("108", one), _different_matrices(one, one)
+    >>> (_different_matrices(one.replace("-1", "-0"), one), _different_matrices("108", one),
+    ...  _different_matrices(one, one))
     (False, False, None)
     """
     a, g = matrix_values(answer), matrix_values(gold)
@@ -793,7 +808,8 @@ def _several_readings(answer: str, gold: str) -> bool | None:
     r"""``False`` for a percent or mixed number against a constant (or another of them) far from
     every reading of it.
 
-    >>> _several_readings("1023", "20\\%"), _several_readings("20", "20\\%"), _several_readings("0.2", "20\\%")
+    >>> (_several_readings("1023", "20\\%"), _several_readings("20", "20\\%"),
+    ...  _several_readings("0.2", "20\\%"))
     (False, None, None)
     >>> _several_readings("3 \\frac{3}{8}", "15"), _several_readings("-15\\frac{3}{5}", "8")
     (False, False)
@@ -811,7 +827,8 @@ def _several_readings(answer: str, gold: str) -> bool | None:
 def _interval_against_value(answer: str, gold: str) -> bool | None:
     r"""``False`` for an interval (``[3,\infty)``, ``[-36,104]``) against a constant: a point is no interval.
 
-    >>> _interval_against_value("[3,\\infty)", "32"), _interval_against_value("5", "[-36,104]"), _interval_against_value("5", "(1, 2)")
+    >>> (_interval_against_value("[3,\\infty)", "32"), _interval_against_value("5", "[-36,104]"),
+    ...  _interval_against_value("5", "(1, 2)"))
     (False, False, None)
     """
     for one, other in ((answer, gold), (gold, answer)):
@@ -824,11 +841,12 @@ def _interval_against_value(answer: str, gold: str) -> bool | None:
 
 def surely_parseable(text: str) -> bool:
     """Whether math-verify certainly reads this (normalised, gold) text: a number, a numeral in a base,
-    or an expression, tuple, interval, union of intervals or set that our evaluator reads. math-verify's parse returns
-    its string fallback whenever its normalisation leaves text, and that normalisation keeps numbers,
-    letters and these commands; so such a gold never needs a worker to say it is parseable.
+    or an expression, tuple, interval, union of intervals or set that our evaluator reads. math-verify's
+    parse returns its string fallback whenever its normalisation leaves text, and that normalisation keeps
+    numbers, letters and these commands; so such a gold never needs a worker to say it is parseable.
 
-    >>> surely_parseable("( -1, \\\\frac{35}{12} )"), surely_parseable("2x^2+3x"), surely_parseable("\\\\text{odd}")
+    >>> (surely_parseable("( -1, \\\\frac{35}{12} )"), surely_parseable("2x^2+3x"),
+    ...  surely_parseable("\\\\text{odd}"))
     (True, True, False)
     """
     if as_number(text) is not None or base_numeral(text) is not None or constant_values(text) is not None:
@@ -877,7 +895,8 @@ def base_verdict(answer: str, gold: str) -> bool | None:
     ``20412_6`` for ``20412_5``. Two based numerals are equal iff their values are; a based numeral
     and a bare one iff the digits are (the bare one is read in the question's base). Else ``None``.
 
-    >>> base_verdict("20412_{6}", "20412_{5}"), base_verdict("20412", "20412_{5}"), base_verdict("10_{2}", "2_{10}")
+    >>> (base_verdict("20412_{6}", "20412_{5}"), base_verdict("20412", "20412_{5}"),
+    ...  base_verdict("10_{2}", "2_{10}"))
     (False, True, True)
     >>> base_verdict("1357", "20412_{5}"), base_verdict("7", "8") is None, base_verdict("1200_{7}", "0.20")
     (False, True, False)
@@ -909,9 +928,11 @@ def decimal_comma_verdict(answer: str, gold: str) -> bool | None:
     number equals), and the reverse when the answer has exactly the gold's digits (``0.5`` for
     ``0,5``: such a gold may also be a list, ``2,6``, so only the same digits count). Else ``None``.
 
-    >>> decimal_comma_verdict("3,14", "3.14"), decimal_comma_verdict("0,50", "0.5"), decimal_comma_verdict("0.5", "0,5")
+    >>> (decimal_comma_verdict("3,14", "3.14"), decimal_comma_verdict("0,50", "0.5"),
+    ...  decimal_comma_verdict("0.5", "0,5"))
     (True, True, True)
-    >>> decimal_comma_verdict("3,15", "3.14"), decimal_comma_verdict("1,000", "1.0"), decimal_comma_verdict("0.50", "0,5")
+    >>> (decimal_comma_verdict("3,15", "3.14"), decimal_comma_verdict("1,000", "1.0"),
+    ...  decimal_comma_verdict("0.50", "0,5"))
     (None, None, None)
     """
     if _COMMA_DECIMAL.fullmatch(answer) and "." in gold and _DECIMAL.fullmatch(gold):
@@ -955,7 +976,8 @@ def reads_as_prose(answer: str, golds: tuple[str, ...] = ()) -> bool:
     """Whether ``answer`` has more than ``MAX_FREE_LETTERS`` free letters and more than twice as many
     as every gold: words, not mathematics. Such answers are wrong without evaluation.
 
-    >>> reads_as_prose("I could not finish the computation", ("\\\\cot x",)), reads_as_prose("x^2 + 2xy + y^2")
+    >>> (reads_as_prose("I could not finish the computation", ("\\\\cot x",)),
+    ...  reads_as_prose("x^2 + 2xy + y^2"))
     (True, False)
     >>> reads_as_prose("\\\\text{Tuesday and Wednesday}", ("\\\\text{Monday and Wednesday}",))
     False

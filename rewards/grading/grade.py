@@ -165,7 +165,8 @@ def joined_boxes(boxes: list[str], golds: tuple[str, ...]) -> str | None:
     """Several boxed answers written as one, in the shape of the first gold that is a set
     (``\\{...\\}``), a tuple (``(...)``) or a bare list; ``None`` for fewer than two boxes or no such gold.
 
-    >>> joined_boxes(["1", "-2"], ("\\\\{-2, 1\\\\}",)), joined_boxes(["3", "4"], ("(3, 4)",)), joined_boxes(["1", "2"], ("1, 2",))
+    >>> (joined_boxes(["1", "-2"], ("\\\\{-2, 1\\\\}",)), joined_boxes(["3", "4"], ("(3, 4)",)),
+    ...  joined_boxes(["1", "2"], ("1, 2",)))
     ('\\\\{1, -2\\\\}', '(3, 4)', '1, 2')
     >>> joined_boxes(["1", "2"], ("2",)) is None, joined_boxes(["1"], ("1, 2",)) is None
     (True, True)
@@ -321,7 +322,8 @@ def grade_batch(
     the pool's time limit gets ``timed_out=True``, one whose grading crashes ``error=True``; both
     score ``correct=False``.
 
-    >>> [g.correct for g in grade_batch(["\\\\boxed{4}", "\\\\boxed{5}", "\\\\boxed{0.25}"], ["4", "4", "\\\\frac14"])]
+    >>> grades = grade_batch(["\\\\boxed{4}", "\\\\boxed{5}", "\\\\boxed{0.25}"], ["4", "4", "\\\\frac14"])
+    >>> [g.correct for g in grades]
     [True, False, True]
     """
     n = len(completions)

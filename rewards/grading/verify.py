@@ -108,7 +108,8 @@ def normalize_gold(gold: Any) -> str:
 def braces_balanced(text: str) -> bool:
     """Whether every ``{`` of ``text`` is closed, in order (escaped ``\\{``, ``\\}`` are not braces).
 
-    >>> braces_balanced("\\\\frac{1}{2}"), braces_balanced("\\\\frac{"), braces_balanced("}{"), braces_balanced("\\\\{1\\\\} \\\\cup \\\\{")
+    >>> (braces_balanced("\\\\frac{1}{2}"), braces_balanced("\\\\frac{"), braces_balanced("}{"),
+    ...  braces_balanced("\\\\{1\\\\} \\\\cup \\\\{"))
     (True, False, False, True)
     """
     depth = 0
@@ -247,9 +248,11 @@ def too_large(parsed: tuple[Any, ...]) -> bool:
     False
     >>> too_large(parse_text("10^{10^{10}}")), too_large(parse_text("9^{9^{9^{9}}}"))
     (True, True)
-    >>> too_large(parse_text("\\\\sum_{n=1}^{10^{6}} n^n")), too_large(parse_text("\\\\sum_{n=1}^{10^{12}} n"))
+    >>> (too_large(parse_text("\\\\sum_{n=1}^{10^{6}} n^n")),
+    ...  too_large(parse_text("\\\\sum_{n=1}^{10^{12}} n")))
     (True, False)
-    >>> too_large(parse_text("\\\\binom{10^{9}}{5 \\\\cdot 10^{8}}")), too_large(parse_text("\\\\binom{10}{3}"))
+    >>> (too_large(parse_text("\\\\binom{10^{9}}{5 \\\\cdot 10^{8}}")),
+    ...  too_large(parse_text("\\\\binom{10}{3}")))
     (True, False)
     """
     try:
@@ -317,7 +320,8 @@ def tiny_mismatch(gold: tuple[Any, ...], answer: tuple[Any, ...]) -> bool:
     True
     >>> tiny_mismatch(parse_text("1.325 \\\\times 10^{-27}"), parse_text("0.1325 \\\\times 10^{-26}"))
     False
-    >>> tiny_mismatch(parse_text("\\\\frac{1}{2004!}"), parse_text("0")), tiny_mismatch(parse_text("\\\\frac{1}{3}"), parse_text("0.333333"))
+    >>> (tiny_mismatch(parse_text("\\\\frac{1}{2004!}"), parse_text("0")),
+    ...  tiny_mismatch(parse_text("\\\\frac{1}{3}"), parse_text("0.333333")))
     (True, False)
     """
     try:

@@ -1,4 +1,5 @@
-"""Test-only rewards for the engine tier, named in a recipe as ``engine_rewards:char_length`` (or ``:half_flat``).
+"""Test-only rewards for the engine tier, named in a recipe as ``engine_rewards:char_length`` (or
+``:half_flat``).
 
 The smoke model never answers right, so correctness and format give every group zero spread and the
 weights never move. Completions of a random model differ in length (in characters, not tokens), so

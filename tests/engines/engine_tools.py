@@ -22,7 +22,8 @@ def require(module: str) -> None:
         importlib.import_module(module)
     except ImportError as err:
         pytest.fail(
-            f"engine tier: cannot import {module} in {sys.executable} ({err}); build the venv with .ci/engine-venv"
+            f"engine tier: cannot import {module} in {sys.executable} ({err}); "
+            "build the venv with .ci/engine-venv"
         )
 
 

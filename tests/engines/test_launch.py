@@ -1,8 +1,8 @@
 """One training launch per shipped accelerate config, on CPU (gloo), with a checkpoint that resumes.
 
-Per config: ``accelerate launch --config_file accelerate_configs/X.yaml --num_processes 2 --mixed_precision no``
-our entry point on the smoke recipe for 2 steps (checkpoints 1 and 2), then again with
-``--resume_from_checkpoint true`` to step 4. The harness (tests/engines/harness.py) runs
+Per config: ``accelerate launch --config_file accelerate_configs/X.yaml --num_processes 2
+--mixed_precision no`` our entry point on the smoke recipe for 2 steps (checkpoints 1 and 2), then again
+with ``--resume_from_checkpoint true`` to step 4. The harness (tests/engines/harness.py) runs
 `prompt_aug.train.main` and records, per rank, what held the model; for ``fsdp.yaml`` it also switches
 accelerate's CPU fallback (plain DDP) to FSDP. The reward ``engine_rewards:char_length`` gives every
 group a spread, so gradients are non-zero and the weights change.
@@ -32,7 +32,8 @@ def _launch(config: str, processes: int, out: Path, probe: str, *extra: str) -> 
     cmd = [accelerate, "launch", "--config_file", str(REPO / "accelerate_configs" / f"{config}.yaml"),
            "--num_processes", str(processes), "--mixed_precision", "no", str(HARNESS),
            "--config", SMOKE, "--output_dir", str(out), "--per_device_train_batch_size", str(6 // processes),
-           "--learning_rate", "1e-3", "--reward_funcs", "correctness", "engine_rewards:char_length", *extra]  # fmt: skip
+           "--learning_rate", "1e-3", "--reward_funcs", "correctness", "engine_rewards:char_length",
+           *extra]  # fmt: skip
     return run(cmd, out.parent / f"{config}-{probe}.log", timeout=600, ENGINE_PROBE_DIR=str(out / probe))
 
 

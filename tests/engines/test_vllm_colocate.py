@@ -57,7 +57,8 @@ def test_trained_weights_reach_vllm(colocate):
     # the trained model's as closely as in round 1.
     rounds = [h for h in _history(colocate["out"]) if "sampling/sampling_logp_difference/mean" in h]
     assert all(h["sampling/sampling_logp_difference/mean"] < 0.01 for h in rounds)
-    # After training, vLLM still holds the weights of before the last round's 2 steps; one more sync closes the gap.
+    # After training, vLLM still holds the weights of before the last round's 2 steps; one more sync closes
+    # the gap.
     before, after = colocate["probe"]["logprob_gap_before_sync"], colocate["probe"]["logprob_gap_after_sync"]
     assert before > 0.02 and after < 0.01 and before > 10 * after
 

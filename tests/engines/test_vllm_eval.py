@@ -18,7 +18,8 @@ import pytest
 from engine_tools import require, run
 
 QUESTIONS = {
-    "math": (["What is $2+2$?", "Compute $12 + 345$.", "Evaluate $3^{4}$.", "Solve for $x$: $2x+1=5$.", "What is $7-9$?"],
+    "math": (["What is $2+2$?", "Compute $12 + 345$.", "Evaluate $3^{4}$.", "Solve for $x$: $2x+1=5$.",
+              "What is $7-9$?"],
              ["4", "357", "81", "2", "-2"]),
     "aime": (["What is $1+1$?", "What is the remainder when $100$ is divided by $7$?"], ["2", "2"]),
 }  # fmt: skip
