@@ -299,6 +299,9 @@ def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_c
         "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
+        # Unbuffered, so each log line reaches the pipe as it is written: with a block-buffered pipe, step 5's
+        # line arrived only when the buffer filled or at exit, and Ctrl-C then hit a run already finishing.
+        "PYTHONUNBUFFERED": "1",
     }
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Wait on events, not on a budget sized for an idle machine: read both pipes as they fill, send Ctrl-C
