@@ -31,3 +31,19 @@ def tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The folder `python -m prompt_aug.models fetch smollm2-135m-instruct` writes; a test using it is skipped
+    when it is absent, and fails instead with ``PROMPT_AUG_REAL_MODEL=1`` (CI, whose `.ci/run` fetches it)."""
+    from prompt_aug.models import default_dir, fetch_command, is_fetched
+
+    name = "smollm2-135m-instruct"
+    path = default_dir(name)
+    if not is_fetched(path):
+        why = f"{name} is not fetched in {path}: run `{fetch_command(name)}` (needs the network once)"
+        if os.environ.get("PROMPT_AUG_REAL_MODEL") == "1":
+            pytest.fail(why + "; PROMPT_AUG_REAL_MODEL=1 says it must be there")
+        pytest.skip(why)
+    return path

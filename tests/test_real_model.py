@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from prompt_aug import evaluate, train
-from prompt_aug.models import MARKER_FILE, default_dir, fetch_command, is_fetched
+from prompt_aug.models import MARKER_FILE
 from prompt_aug.templates import load_templates
 
 pytestmark = pytest.mark.real_model
@@ -27,14 +27,8 @@ SMOLLM_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM"
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    path = default_dir(NAME)
-    if not is_fetched(path):
-        why = f"{NAME} is not fetched in {path}: run `{fetch_command(NAME)}` (needs the network once)"
-        if os.environ.get("PROMPT_AUG_REAL_MODEL") == "1":
-            pytest.fail(why + "; PROMPT_AUG_REAL_MODEL=1 says it must be there")
-        pytest.skip(why)
-    return path
+def model_dir(smollm2_dir) -> Path:
+    return smollm2_dir
 
 
 @pytest.fixture(scope="module")

@@ -31,15 +31,12 @@ is skipped, or fails with ``PROMPT_AUG_REAL_MODEL=1``. About 2.5 minutes on 2 id
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
 import torch
 from engine_tools import HARNESS, require, run
 from safetensors.torch import load_file
-
-from prompt_aug.models import default_dir, fetch_command, is_fetched
 
 NAME = "smollm2-135m-instruct"
 GAP, GAP_MAX = "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max"
@@ -59,14 +56,9 @@ STALE_GAP_MIN = 2e-3  # one optimizer step that vLLM has not received must show 
 
 
 @pytest.fixture(scope="module")
-def colocate_real(engines_tmp):
+def colocate_real(engines_tmp, smollm2_dir):
     require("vllm")
-    path = default_dir(NAME)
-    if not is_fetched(path):
-        why = f"{NAME} is not fetched in {path}: run `{fetch_command(NAME)}`"
-        if os.environ.get("PROMPT_AUG_REAL_MODEL") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+    path = smollm2_dir
     root = engines_tmp / "real-colocate"
     root.mkdir()
     data = root / "sums.jsonl"

@@ -11,13 +11,12 @@ sync on this model: test_real_model_colocate.py.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import pytest
 from engine_tools import require, run
 
-from prompt_aug.models import default_dir, fetch_command, is_fetched
+from prompt_aug.models import default_dir
 
 NAME = "smollm2-135m-instruct"
 MAX_TOKENS = 32
@@ -25,14 +24,8 @@ PAIRS = [(2, 3), (4, 4), (1, 8), (6, 7), (9, 9), (3, 5)]
 
 
 @pytest.fixture(scope="module")
-def evals(engines_tmp):
+def evals(engines_tmp, smollm2_dir):
     require("vllm")
-    path = default_dir(NAME)
-    if not is_fetched(path):
-        why = f"{NAME} is not fetched in {path}: run `{fetch_command(NAME)}`"
-        if os.environ.get("PROMPT_AUG_REAL_MODEL") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
     root = engines_tmp / "real"
     root.mkdir()
     questions = root / "sums.jsonl"
