@@ -303,7 +303,18 @@ def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_c
         # line arrived only when the buffer filled or at exit, and Ctrl-C then hit a run already finishing.
         "PYTHONUNBUFFERED": "1",
     }
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A job started in the background by a non-interactive shell (`bash -c '... &'`, nohup) inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler: Ctrl-C would do nothing. Give the run
+    # the default disposition, as a terminal's foreground job has.
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 (no threads yet here)
+    )
     # Wait on events, not on a budget sized for an idle machine: read both pipes as they fill, send Ctrl-C
     # once step 5 is logged and its checkpoint written (3 generation rounds: the warnings had 3 chances to
     # repeat), then wait for the exit. SAFETY_CEILING_S only keeps a hung run from hanging the suite.
