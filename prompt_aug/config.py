@@ -16,9 +16,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from .records import generation_round, optimizer_steps_per_round
-
-# Tokens that end a completion, in training (the `stop_tokens` recipe key) and in evaluation.
-STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+from .templates import STOP_TOKENS  # defined there so that evaluation need not import TRL
 
 
 @dataclass

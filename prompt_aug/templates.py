@@ -19,6 +19,10 @@ import yaml
 
 from rewards.formats import ANSWER_RULES
 
+# Tokens that end a completion, in training (the `stop_tokens` recipe key) and in evaluation: the end of a
+# ChatML turn and the end of text.
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
 DEFAULT_TEMPLATES_FILE = Path(__file__).with_name("templates.yaml")
 DEFAULT_EVAL_TEMPLATE = "qwen-math"
 QUESTION_SLOT = "{question}"

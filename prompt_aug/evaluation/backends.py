@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Protocol
 
-from ..config import STOP_TOKENS
+# Not from ..config: that imports TRL, and importing TRL sets VLLM_LOGGING_LEVEL=ERROR, which silenced
+# vLLM's own log (its engine and config lines) in `prompt-aug-eval`.
+from ..templates import STOP_TOKENS
 from .benchmarks import EvalError
 
 # When a completion ends (`--stop`): `turn` (ours, the default) at the end-of-turn token as well as the
