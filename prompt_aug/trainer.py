@@ -69,7 +69,13 @@ from .extensions.dynamic_sampling import DynamicSampler
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 from .model_card import ModelCardInfo, render_model_card
 from .padding import can_trim, chunked_forward, optimizer_step_segments, regroup, trim
-from .records import generation_round, rounds_generated, upload_sampled_table, without_wandb_table
+from .records import (
+    generation_round,
+    micro_steps_per_round,
+    rounds_generated,
+    upload_sampled_table,
+    without_wandb_table,
+)
 from .sampler import EpochRepeatSampler
 from .templates import TemplateError, check_renders, load_templates, templates_for
 
@@ -275,7 +281,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         if training and self._buffered_inputs is None:
             trl_seam.set_micro_step(self, self.state.global_step * self.args.gradient_accumulation_steps)
         spg = self.args.steps_per_generation
-        generate_every = spg * self.num_iterations
+        generate_every = micro_steps_per_round(self.args)  # micro-steps per generation round
         new_round = training and (self._buffered_inputs is None or self._step % generate_every == 0)
         inputs = super()._prepare_inputs(generation_batch)
         if not self.trim_padding:
