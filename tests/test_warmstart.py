@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -78,5 +80,40 @@ def test_before_after_table_has_every_template_and_both_question_sets(tiny_model
     table = check.write(tmp_path).read_text()
     for t in TEMPLATES[:4]:
         assert f"| {t.name} |" in table
-    assert "trained correctness | trained format | held-out correctness | held-out format" in table
+    assert (
+        "trained correctness | trained strict | trained format "
+        "| held-out correctness | held-out strict | held-out format" in table
+    )
     assert (tmp_path / "before_after.json").is_file()
+    assert "| **marker templates** |" in table and "nan" not in table
+    written = [json.loads(line) for line in (tmp_path / "heldout.jsonl").read_text().splitlines()]
+    assert written == rows[3:5]  # the held-out questions, as prompt-aug-eval --benchmarks reads them
+
+
+def test_strict_column_needs_the_box_and_lenient_does_not(tiny_model_dir, tokenizer, monkeypatch):
+    """The same completions, graded both ways: a bare answer is lenient-correct only."""
+    from prompt_aug.demo import warmstart
+
+    texts = iter(["The answer is 5.", "so \\boxed{5}"])
+    monkeypatch.setattr(
+        warmstart.HFBackend,
+        "generate",
+        lambda self, prompts, seeds, **kw: [[(next(texts), None)] for _ in prompts],
+    )
+    rows = [{"question": "What is $2 + 3$?", "answer": "5"}]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    bare = warmstart.score(model, tokenizer, rows, TEMPLATES[:1], max_tokens=4, temperature=1.0, seed=0)
+    boxed = warmstart.score(model, tokenizer, rows, TEMPLATES[:1], max_tokens=4, temperature=1.0, seed=0)
+    name = TEMPLATES[0].name
+    assert (bare[name]["correctness"], bare[name]["strict"]) == (1.0, 0.0)
+    assert (boxed[name]["correctness"], boxed[name]["strict"]) == (1.0, 1.0)
+
+
+def test_before_after_table_of_templates_without_markers_has_no_marker_mean(tiny_model_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    plain = [t for t in TEMPLATES if not t.markers][:1]
+    check = BeforeAfter(plain, {"trained": addition_problems()[:2]}, max_tokens=2, temperature=1.0, seed=0)
+    check.measure("before", model, tokenizer)
+    check.measure("after", model, tokenizer)
+    table = check.table()
+    assert "| **all templates** |" in table and "marker templates" not in table and "nan" not in table

@@ -8,7 +8,8 @@ answer (``a + b = s.`` then ``\\boxed{s}``) laid out in that template's format o
 
 With ``before_after: true``, every template is scored on the trained questions and on
 ``heldout_questions`` questions kept out of both stages, before GRPO and after it; the table is
-printed and written to ``before_after.md`` / ``before_after.json`` in ``output_dir``.
+printed and written to ``before_after.md`` / ``before_after.json`` in ``output_dir``, and the held-out
+questions to ``heldout.jsonl`` there (``prompt-aug-eval --benchmarks`` reads it).
 
 Used by `prompt_aug.train` (recipe ``recipes/smoke/learn_cpu.yaml``).
 """
@@ -34,6 +35,7 @@ from ..templates import Template
 logger = logging.getLogger("prompt_aug")
 
 _INLINE_MATH = re.compile(r"\$([^$]+)\$")
+METRICS = ("correctness", "strict", "format")  # the before/after table's columns, per question set
 
 
 def target_text(
@@ -198,7 +200,8 @@ def score(
     seed: int,
     batch_size: int = 128,
 ) -> dict[str, dict[str, float]]:
-    """Per template: mean correctness (the training rule) and format score of one sampled answer per row."""
+    """Per template: mean correctness of one sampled answer per row, lenient (the training rule) and
+    strict (the paper's evaluation rule: the last ``\\boxed{}``), and its format score."""
     backend = HFBackend(model, tokenizer)
     pairs = [(row, template) for template in templates for row in rows]
     completions: list[str] = []
@@ -213,13 +216,18 @@ def score(
             n=1,
         )
         completions += [samples[0][0] for samples in outputs]
-    grades = grade_batch(completions, [r["answer"] for r, _ in pairs], [t for _, t in pairs])
+    golds, names = [r["answer"] for r, _ in pairs], [t for _, t in pairs]
+    lenient, strict = (
+        grade_batch(completions, golds, names),
+        grade_batch(completions, golds, names, strict=True),
+    )
     result: dict[str, dict[str, float]] = {}
     for template in templates:
-        mine = [g for g, (_, t) in zip(grades, pairs) if t is template]
+        mine = [i for i, (_, t) in enumerate(pairs) if t is template]
         result[template.name] = {
-            "correctness": sum(bool(g.correct) for g in mine) / len(mine),
-            "format": sum(g.format_score for g in mine) / len(mine),
+            "correctness": sum(bool(lenient[i].correct) for i in mine) / len(mine),
+            "strict": sum(bool(strict[i].correct) for i in mine) / len(mine),
+            "format": sum(lenient[i].format_score for i in mine) / len(mine),
         }
     return result
 
@@ -260,9 +268,10 @@ class BeforeAfter:
 
     def table(self) -> str:
         """Markdown: one row per template, then the means; cells are ``before → after``."""
-        heads = [(s, m) for s in self.sets for m in ("correctness", "format")]
+        heads = [(s, m) for s in self.sets for m in METRICS]
         lines = [
-            f"Before → after GRPO: mean correctness (training rule) and format score of one answer "
+            f"Before → after GRPO: mean correctness (`correctness`: the training rule, lenient; `strict`: "
+            f"the paper's last `\\boxed{{}}`) and format score of one answer "
             f"per question sampled at temperature {self.temperature:g}, at most {self.max_tokens} tokens; "
             + ", ".join(f"{s}: {len(rows)} questions" for s, rows in self.sets.items())
             + ".",
@@ -277,7 +286,10 @@ class BeforeAfter:
         for t in self.templates:
             cells = [cell(*(self.scores[w][s][t.name][m] for w in ("before", "after"))) for s, m in heads]
             lines.append(f"| {t.name} | " + " | ".join(cells) + " |")
-        for label, markers_only in (("**all templates**", False), ("**marker templates**", True)):
+        means = [("**all templates**", False)]
+        if any(t.markers for t in self.templates):  # a bank without markers has no such mean
+            means.append(("**marker templates**", True))
+        for label, markers_only in means:
             cells = [
                 cell(*(self.summary(w, s, m, markers_only) for w in ("before", "after"))) for s, m in heads
             ]
@@ -291,12 +303,15 @@ class BeforeAfter:
         out.mkdir(parents=True, exist_ok=True)
         summary = {
             f"{w}/{s}/{m}{'/marker_templates' if mk else ''}": self.summary(w, s, m, mk)
-            for w in self.scores for s in self.sets for m in ("correctness", "format") for mk in (False, True)
+            for w in self.scores for s in self.sets for m in METRICS for mk in (False, True)
         }  # fmt: skip
         (out / "before_after.json").write_text(
             json.dumps({"summary": summary, "scores": self.scores, "questions": self.sets}, indent=2) + "\n"
         )
         (out / "before_after.md").write_text(self.table())
+        if "held-out" in self.sets:  # for `prompt-aug-eval --benchmarks OUTPUT_DIR/heldout.jsonl`
+            rows = self.sets["held-out"]
+            (out / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return out / "before_after.md"
 
 
