@@ -27,26 +27,21 @@ SMOLLM_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM"
 
 
 @pytest.fixture(scope="module")
-def model_dir(smollm2_dir) -> Path:
-    return smollm2_dir
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir):
+def tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
 @pytest.fixture(scope="module")
-def model(model_dir):
+def model(smollm2_dir):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
 
 
-def test_fetched_folder_is_a_plain_model_with_a_pad_apart_from_the_eos(model_dir, tokenizer, model):
-    config = json.loads((model_dir / "config.json").read_text())
+def test_fetched_folder_is_a_plain_model_with_a_pad_apart_from_the_eos(smollm2_dir, tokenizer, model):
+    config = json.loads((smollm2_dir / "config.json").read_text())
     assert "quantization_config" not in config and config["model_type"] == "llama"
     assert model.num_parameters() == pytest.approx(134.5e6, rel=0.01)
     # The GGUF made <|im_end|> the pad as well; with a pad equal to the EOS, labels masked where the input
@@ -56,7 +51,7 @@ def test_fetched_folder_is_a_plain_model_with_a_pad_apart_from_the_eos(model_dir
     assert model.generation_config.eos_token_id == [IM_END, ENDOFTEXT]
     assert model.generation_config.pad_token_id == ENDOFTEXT
     assert tokenizer("").input_ids == []  # no BOS added: the chat template's <|im_start|> is the only one
-    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in (model_dir / MARKER_FILE).read_text()
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in (smollm2_dir / MARKER_FILE).read_text()
 
 
 def test_all_templates_render_with_their_own_system_turn_and_end_in_their_prefill(tokenizer):
@@ -118,7 +113,7 @@ def _sums(path: Path, pairs: list[tuple[int, int]]) -> Path:
     return path
 
 
-def test_grpo_steps_on_real_text_change_the_weights(model_dir, tmp_path, monkeypatch):
+def test_grpo_steps_on_real_text_change_the_weights(smollm2_dir, tmp_path, monkeypatch):
     data = _sums(tmp_path / "sums.jsonl", [(a, b) for a in range(2, 9) for b in range(3, 7)])
     out = tmp_path / "run"
     recipe = tmp_path / "recipe.yaml"
@@ -152,19 +147,19 @@ def test_grpo_steps_on_real_text_change_the_weights(model_dir, tmp_path, monkeyp
     assert "<|im_start|>" not in words
     assert records["template"].nunique() >= 2  # 4 questions, each under its drawn template
 
-    before = load_file(str(model_dir / "model.safetensors"))
+    before = load_file(str(smollm2_dir / "model.safetensors"))
     after = load_file(str(out / "model.safetensors"))
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) > len(before) // 2, f"only {len(changed)} of {len(before)} tensors changed"
 
 
-def test_short_evaluation_with_the_hf_backend(model_dir, tmp_path):
+def test_short_evaluation_with_the_hf_backend(smollm2_dir, tmp_path):
     data = _sums(tmp_path / "few.jsonl", [(2, 3), (10, 5)])
     out = tmp_path / "eval"
     evaluate.main(["--model", NAME, "--benchmarks", str(data), "--backend", "hf", "--max_tokens", "32",
                    "--template", "qwen-math,deepseek-r1", "--output", str(out), "--no_progress"])  # fmt: skip
     results = json.loads((out / "results.json").read_text())
-    assert results["model"] == str(model_dir) and results["settings"]["model"] == NAME
+    assert results["model"] == str(smollm2_dir) and results["settings"]["model"] == NAME
     records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert len(records) == 4
     assert all(r["completion"].strip() and "<|im_end|>" not in r["completion"] for r in records)

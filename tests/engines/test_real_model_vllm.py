@@ -16,8 +16,6 @@ import sys
 import pytest
 from engine_tools import require, run
 
-from prompt_aug.models import default_dir
-
 NAME = "smollm2-135m-instruct"
 MAX_TOKENS = 32
 PAIRS = [(2, 3), (4, 4), (1, 8), (6, 7), (9, 9), (3, 5)]
@@ -47,10 +45,10 @@ def _records(root, backend: str) -> list[dict]:
     return sorted(rows, key=lambda r: (r["template"], r["index"]))
 
 
-def test_greedy_vllm_and_hf_agree_on_the_real_model(evals):
+def test_greedy_vllm_and_hf_agree_on_the_real_model(evals, smollm2_dir):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(default_dir(NAME))
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     vllm, hf = _records(evals, "vllm"), _records(evals, "hf")
     assert len(vllm) == len(hf) == 2 * len(PAIRS)
     same = 0
