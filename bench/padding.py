@@ -1,4 +1,4 @@
-"""The training side of one GRPO round on CPU, with TRL's padding and with ``trim_padding`` (issue 20).
+"""The training side of one GRPO round on CPU, with TRL's padding and with ``trim_padding``.
 
 One round of the paper recipe's structure (per process: 8 rows per micro-batch, 4 micro-batches per
 optimizer step, 16 per round, so the old-log-prob pass runs) on a random Qwen2 model of a few M parameters
@@ -29,41 +29,41 @@ sys.path.insert(
 import torch
 from datasets import Dataset
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-from trl import GRPOConfig
 
+from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.demo.smoke import build_tiny_tokenizer, synthetic_problems
 from prompt_aug.padding import long_tailed_lengths
 from prompt_aug.trainer import PromptAugGRPOTrainer
+from prompt_aug.trl_seam import Generation
 
 
 class _BenchTrainer(PromptAugGRPOTrainer):
     """Draws the round's completions instead of sampling them, and times the training side."""
 
-    def _generate_single_turn(
-        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
-    ):
-        generator = torch.Generator().manual_seed(1000 + self._step)
+    def generate_round(self, prompts: list) -> Generation:
+        generator = torch.Generator().manual_seed(1000 + self.micro_step)
+        tokenizer = self.text_tokenizer
+        prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
         lengths = long_tailed_lengths(len(prompt_ids), self.max_completion_length, generator)
-        vocab = len(self.processing_class)
-        eos = self.processing_class.eos_token_id
         completions = []
         for n in lengths:
-            ids = torch.randint(20, vocab, (n,), generator=generator).tolist()
+            ids = torch.randint(20, len(tokenizer), (n,), generator=generator).tolist()
             if n < self.max_completion_length:
-                ids[-1] = eos
+                ids[-1] = tokenizer.eos_token_id
             completions.append(ids)
-        return completions, None
+        texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+        return Generation(prompt_ids, completions, None, texts, None, {}, None, [])
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+    def token_logps_and_entropies(self, *args, **kwargs):
         start = time.perf_counter()
-        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        out = super().token_logps_and_entropies(*args, **kwargs)
         if not kwargs.get("compute_entropy"):
             self.timings["old_logps"] += time.perf_counter() - start
         return out
 
-    def _generate_and_score_completions(self, inputs):
+    def score_round(self, inputs):
         start = time.perf_counter()
-        output = super()._generate_and_score_completions(inputs)
+        output = super().score_round(inputs)
         self.timings["generate_and_score"] += time.perf_counter() - start
         self.round = (output["completion_ids"].clone(), output["prompt_ids"].clone())
         return output
@@ -100,11 +100,12 @@ def build_model(path: Path, hidden: int, layers: int, seed: int) -> Path:
 
 
 def run(model_path: Path, out: Path, trim_padding: bool, args: argparse.Namespace) -> dict:
-    config = GRPOConfig(
+    config = PromptAugGRPOConfig(
         output_dir=str(out), per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=4,
         steps_per_generation=16, num_generations=8, max_completion_length=args.cap, max_steps=4,
         learning_rate=1e-5, report_to="none", save_strategy="no", logging_steps=1, use_cpu=True, bf16=False,
         loss_type="dapo", beta=0.0, seed=0, gradient_checkpointing=False, disable_tqdm=True,
+        trim_padding=trim_padding,
     )  # fmt: skip
     questions = synthetic_problems(64, seed=0)
     trainer = _BenchTrainer(
@@ -112,7 +113,6 @@ def run(model_path: Path, out: Path, trim_padding: bool, args: argparse.Namespac
         reward_funcs=_reward,
         args=config,
         train_dataset=Dataset.from_list(questions),
-        trim_padding=trim_padding,
     )
     trainer.timings = {"old_logps": 0.0, "generate_and_score": 0.0, "training_step": 0.0}
     trainer.train()

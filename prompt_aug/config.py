@@ -296,19 +296,17 @@ class PromptAugGRPOConfig(GRPOConfig):
         check_config(self)
 
 
-# Kept for code that imported the old name: its keys are now `PromptAugGRPOConfig`'s own fields.
-PromptAugArguments = PromptAugGRPOConfig
-
-
 def check_config(args: Any) -> None:
     """Fail on a key that cannot work with the rest of the recipe (`ValueError`, one line naming the key):
-    the stabilisers, the collapse guard's actions, windows and thresholds, and the dynamic-sampling signal."""
+    the stabilisers, the collapse guard's actions, windows and thresholds, and dynamic sampling's numbers.
+    (The dynamic-sampling signal is checked against the reward functions the trainer is given.)"""
     from .extensions.collapse import check_stabiliser_keys, guard_from_args
-    from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
+    from .extensions.dynamic_sampling import DynamicSampler
 
     check_stabiliser_keys(args, args)
     guard_from_args(args, 1.0)
-    dynamic_sampler_from_args(args)
+    if args.dynamic_sampling:
+        DynamicSampler(None, args.dynamic_sampling_max_passes, args.dynamic_sampling_std_tol)
 
 
 # A dry run only prints arithmetic, so it parses as if on CPU: `TrainingArguments` rejects `bf16: true` at
@@ -365,17 +363,14 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def batch_arithmetic(
-    args: PromptAugGRPOConfig, training_args: Any = None, num_processes: int | None = None
-) -> BatchArithmetic:
+def batch_arithmetic(args: PromptAugGRPOConfig, num_processes: int | None = None) -> BatchArithmetic:
     """The effective batch arithmetic of a parsed recipe (no model, no data).
 
     Mirrors TRL 1.16: a round generates ``generation_batch_size`` completions (``per_device_train_batch_size
     × processes × steps_per_generation`` unless set), its questions are ``/ num_generations``, and the
-    `RepeatSampler` drops the last incomplete round of an epoch. ``training_args`` (default: ``args``) is for
-    callers that hold the batch keys in a separate `GRPOConfig`.
+    `RepeatSampler` drops the last incomplete round of an epoch.
     """
-    script_args, training_args = args, training_args if training_args is not None else args
+    script_args = training_args = args
     processes = num_processes or script_args.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
     per_step = training_args.per_device_train_batch_size * processes
     steps_per_generation = training_args.steps_per_generation or training_args.gradient_accumulation_steps

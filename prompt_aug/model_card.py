@@ -156,6 +156,34 @@ def render_model_card(
     return "\n".join(lines)
 
 
+def _split_front_matter(card: str) -> tuple[list[str], list[str]]:
+    """A card's YAML front matter lines (with both ``---``) and the lines after it."""
+    lines = card.split("\n")
+    if lines and lines[0] == "---" and "---" in lines[1:]:
+        end = lines.index("---", 1) + 1
+        return lines[:end], lines[end:]
+    return [], lines
+
+
+def extend_trl_card(
+    trl_card: str,
+    info: ModelCardInfo,
+    output_dir: str | Path,
+    global_step: int,
+    log_history: list[dict[str, Any]],
+    hub_model_id: str | None = None,
+) -> str:
+    """TRL's card with ours inside it: TRL's front matter, title and introduction, then our sections
+    (training, metrics, evaluation, template bank, how to prompt, recipe), then TRL's own sections (quick
+    start, training procedure with the W&B link, framework versions, citations). TRL's tags already include
+    ours: the trainer passes them to TRL."""
+    front, body = _split_front_matter(trl_card)
+    first = next((i for i, line in enumerate(body) if line.startswith("## ")), len(body))
+    _, ours = _split_front_matter(render_model_card(info, output_dir, global_step, log_history, hub_model_id))
+    title = next(i for i, line in enumerate(ours) if line.startswith("# "))  # TRL's title stands instead
+    return "\n".join([*front, *body[:first], *ours[title + 1 :], *body[first:]])
+
+
 def _evaluation_section(output_dir: Path) -> list[str]:
     eval_table = Path(output_dir) / EVAL_TABLE_PATH
     robustness = Path(output_dir) / ROBUSTNESS_TABLE_PATH

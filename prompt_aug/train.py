@@ -35,10 +35,9 @@ from .collator import PromptAugmentationCollator, format_columns
 from .config import DRY_RUN_OVERRIDES, PromptAugGRPOConfig, batch_arithmetic, wants_dry_run
 from .data import DataError, filter_long_prompts, load_math_dataset
 from .demo import DemoArguments
-from .evaluation.backends import stop_token_ids
 from .evaluation.benchmarks import EvalError
-from .evaluation.callback import EvalCallback
-from .extensions.collapse import OptimizerResetCallback, guard_from_args
+from .evaluation.callback import evaluator_from_args
+from .extensions.dynamic_sampling import signal_column
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import ModelCardInfo
 from .models import LOCAL_MODELS
@@ -152,13 +151,15 @@ def train(argv: list[str] | None = None) -> None:
     # Rewards, templates and evaluation sets: a bad name or set fails now, before the model loads.
     try:
         reward_funcs = get_reward_funcs(args.reward_funcs)
-    except ValueError as err:  # the message names reward_funcs and lists what is registered
+        if args.dynamic_sampling:  # as the trainer looks it up (TRL names a reward function by __name__)
+            signal_column(args.dynamic_sampling_signal, reward_funcs, [f.__name__ for f in reward_funcs])
+    except ValueError as err:  # the message names the key and lists what there is
         raise UsageError(str(err)) from None
     try:
         templates, weights, eval_template = templates_for(args)
     except TemplateError as err:
         raise UsageError(str(err)) from None
-    evaluator = load_evaluator(args)
+    check_evaluation_sets(args)
 
     # Tokenizer, prompt collator, data, model.
     model_path = resolve_model_path(model_args, args)
@@ -171,11 +172,11 @@ def train(argv: list[str] | None = None) -> None:
             chat_template_kwargs=args.chat_template_kwargs,
         )  # fmt: skip
     dataset = load_train_dataset(args, templates, eval_template, tokenizer)
-    model = load_model(model_path, model_args, args, tokenizer)
+    model = load_model(model_path, model_args, args)
     # Learning demo: held-out questions set aside, supervised warm start, "before" scores (off by default).
     dataset, before_after = demo.before_grpo(demo_args, model, tokenizer, dataset, templates, args)
 
-    # Trainer, with its callbacks: evaluation first (W&B sees eval/*), then the guard (it watches eval/macro).
+    # Trainer: it sets up evaluation, the collapse guard, stop tokens and the rest from `args` itself.
     trainer = PromptAugGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
@@ -186,13 +187,6 @@ def train(argv: list[str] | None = None) -> None:
         prompt_collator=collator,
         model_card=model_card_info(args, model_args, argv, templates, weights, len(dataset)),
     )
-    if evaluator is not None:
-        evaluator.attach(trainer)
-    guard = guard_from_args(args, batch_arithmetic(args).optimizer_steps_per_round)  # None: no threshold set
-    if guard is not None:
-        guard.attach(trainer)
-    if args.reset_optimizer_on_ref_sync:
-        trainer.add_callback(OptimizerResetCallback())  # ProRL: TRL resets the reference, this the optimizer
     use_compact_log(trainer)
 
     # Train.
@@ -245,24 +239,13 @@ def prepare_output_dir(args: PromptAugGRPOConfig, model_args: ModelConfig, state
     return resume
 
 
-def load_evaluator(args: PromptAugGRPOConfig) -> EvalCallback | None:
-    """The evaluation callback of ``eval_benchmarks`` / ``eval_every_steps`` (``None`` when off), its
-    question sets loaded now: a missing file, column or Hub set fails here, not hours into training."""
-    if not (args.eval_every_steps and args.eval_benchmarks):
-        return None
+def check_evaluation_sets(args: PromptAugGRPOConfig) -> None:
+    """Load the question sets of ``eval_benchmarks`` (when evaluation is on), so a missing file, column or Hub
+    set fails now, in one line, not after the model has loaded (the trainer builds its evaluator itself)."""
     try:
-        evaluator = EvalCallback(
-            args.eval_benchmarks,
-            args.eval_every_steps,
-            data_dir=args.eval_data_dir,
-            template=args.eval_template,
-            max_tokens=args.eval_max_tokens,
-            limit=args.eval_limit,
-        )
-        evaluator.problems()
+        evaluator_from_args(args)
     except EvalError as err:  # each message names the benchmark, question set or template
         raise UsageError(str(err)) from None
-    return evaluator
 
 
 def load_tokenizer(model_path: str, model_args: ModelConfig, args: PromptAugGRPOConfig) -> Any:
@@ -305,10 +288,9 @@ def load_train_dataset(
     return dataset
 
 
-def load_model(model_path: str, model_args: ModelConfig, args: PromptAugGRPOConfig, tokenizer: Any) -> Any:
-    """The policy, stopping at every token of ``stop_tokens`` (Qwen2.5-Math's base config stops only at
-    ``<|endoftext|>``), also under vLLM (``generation_kwargs``' ``stop_token_ids``)."""
-    model = AutoModelForCausalLM.from_pretrained(
+def load_model(model_path: str, model_args: ModelConfig, args: PromptAugGRPOConfig) -> Any:
+    """The policy (the trainer adds ``stop_tokens`` to its generation config)."""
+    return AutoModelForCausalLM.from_pretrained(
         model_path,
         revision=model_args.model_revision,
         trust_remote_code=args.trust_remote_code,
@@ -316,15 +298,6 @@ def load_model(model_path: str, model_args: ModelConfig, args: PromptAugGRPOConf
         dtype=model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype),
         use_cache=not args.gradient_checkpointing,
     )
-    model.generation_config.eos_token_id = stop_token_ids(
-        tokenizer, model.generation_config.eos_token_id, args.stop_tokens
-    )
-    if args.use_vllm:
-        args.generation_kwargs = {
-            "stop_token_ids": model.generation_config.eos_token_id,
-            **(args.generation_kwargs or {}),
-        }
-    return model
 
 
 def model_card_info(

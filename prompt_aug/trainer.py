@@ -1,49 +1,14 @@
-"""`PromptAugGRPOTrainer`: TRL's `GRPOTrainer` with prompt augmentation and per-template metrics.
+"""`PromptAugGRPOTrainer`: TRL's `GRPOTrainer` with prompt augmentation, per-template metrics and the
+package's training features, all set up from its config.
 
-A drop-in for `GRPOTrainer`: it takes TRL's arguments alone (the built-in template bank, the
-processing class's chat template and ``args.seed`` by default), and with ``prompt_augmentation=False``
-it is `GRPOTrainer`. Thin overrides, each for one reason:
+A drop-in for `GRPOTrainer`: it takes TRL's arguments alone (the built-in template bank, the processing
+class's chat template and ``args.seed`` by default), and with ``prompt_augmentation=False`` it is
+`GRPOTrainer`. Built from a `PromptAugGRPOConfig`, it applies every trainer-level key itself: evaluation
+during training, the collapse guard, the optimizer reset at reference syncs, stop tokens, the reward cut,
+dynamic sampling, the mini-batch skip and padding-free passes.
 
-* ``_generate_and_score_completions``: TRL 1.16 hard-codes an identity data collator, so a
-  generation round is augmented where it starts. The rows arrive already repeated
-  ``num_generations`` times by TRL's `RepeatSampler`; our collator draws from (seed, epoch, uid), so
-  every rollout of a group gets the same template on every rank. After TRL scores the round, the
-  per-template metrics are added to TRL's own. With dynamic sampling on, the round is handed to
-  `prompt_aug.extensions.dynamic_sampling` instead.
-* ``_prepare_inputs``: TRL does not restore its micro-step counter on resume, so a run resumed from a
-  mid-round checkpoint would replay the interrupted round; the counter is set from ``global_step``.
-* ``_calculate_rewards``: keeps the round's gathered reward matrix, which TRL does not return,
-  so the per-template metrics are read off the same numbers TRL trains on (no regrading); hands
-  reward functions the conversational prompts and completions of a conversational dataset, whose
-  prompts had to be rendered to text for the prefill; and, with ``reward_cut_tokens``, the text of each
-  completion up to the first of those tokens (TRL decodes without special tokens, so a completion that
-  ran past ``<|im_end|>`` would otherwise be graded on everything after it too).
-* ``_get_train_sampler``: TRL's `RepeatSampler` replays epoch 0's order after a resume into a later
-  epoch; ours reshuffles each epoch from (seed, epoch) (see `prompt_aug.sampler`).
-* ``log``: every log entry gets ``round``, the generation round (the paper's step; see
-  `prompt_aug.records`), and the W&B completions table is bounded to ``wandb_completions_rows`` rows.
-* ``_load_optimizer_and_scheduler``: on CPU with several processes, transformers loads the optimizer
-  state onto ``cpu:0``, which ``torch.load`` rejects; it is loaded onto ``cpu`` so such a run resumes.
-* ``create_model_card``: TRL writes its own card at every checkpoint and at push time, which would
-  overwrite ours; ours carries the recipe, the template bank and the evaluation table.
-* ``_get_per_token_logps_and_entropies`` and ``compute_loss`` (collapse watch, issue 13): keep the loss
-  forward pass's per-token entropies and log-probabilities, for ``templates/<name>/entropy`` and for the
-  importance ratio of each mini-batch.
-* ``training_step`` (RLinf's stabiliser): drops the gradient of a mini-batch whose importance ratio is too
-  large before the optimizer steps (``skip_minibatch_ratio_above``), counted in
-  ``stability/skipped_minibatches``.
-* ``_prepare_inputs`` and ``_get_per_token_logps_and_entropies`` (padding-free passes, issue 20): TRL runs
-  every micro-batch, and the old-log-prob and reference passes, at the width of the round's longest prompt
-  plus longest completion. With ``trim_padding`` (default), rows are ordered by length within each optimizer
-  step before being cut into micro-batches, each micro-batch is trimmed to its own longest prompt and
-  completion, and every forward pass (a micro-batch's, the no-grad passes over a round) runs in chunks of
-  rows of similar length, each trimmed (`prompt_aug.padding`; with several processes, in TRL's number of
-  calls: sorted, fixed-size chunks); the update is the same to float rounding.
-  With ``loss_type`` bnpo, the entropy bonus, ``top_entropy_quantile`` < 1 or a MoE aux loss (normalised per
-  micro-batch), rows keep TRL's micro-batches. A round with images is left as TRL builds it.
-* ``_generate``: with dynamic sampling (`prompt_aug.extensions.dynamic_sampling`), TRL scores a round built
-  from groups already generated and scored; the stored completions are replayed instead of generated again
-  (and ``_calculate_rewards`` replays their stored rewards).
+It overrides TRL only through `prompt_aug.trl_seam.TRLSeam`'s public hooks; each override says why, in a
+``# Why:`` comment above it, and nowhere else.
 """
 
 from __future__ import annotations
@@ -52,35 +17,41 @@ from collections import defaultdict
 from functools import partial
 from pathlib import Path
 from typing import Any
-from unittest.mock import patch
 
 import torch
 from accelerate.utils import gather_object
-from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
 from rewards.registry import CORRECTNESS_REWARDS, format_reward
 
-from . import trl_seam
 from .collator import PromptAugmentationCollator
 from .config import PromptAugGRPOConfig
-from .extensions.collapse import grouped_token_sums, loop_flags, ratio_deviation_sums
-from .extensions.dynamic_sampling import DynamicSampler
+from .evaluation.backends import stop_token_ids
+from .evaluation.callback import evaluator_from_args
+from .extensions.collapse import (
+    OptimizerResetCallback,
+    grouped_token_sums,
+    guard_from_args,
+    loop_flags,
+    ratio_deviation_sums,
+)
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
-from .model_card import ModelCardInfo, render_model_card
+from .model_card import ModelCardInfo, extend_trl_card
 from .padding import can_trim, chunked_forward, optimizer_step_segments, regroup, trim
 from .records import (
     generation_round,
     micro_steps_per_round,
+    optimizer_steps_per_round,
     rounds_generated,
     upload_sampled_table,
     without_wandb_table,
 )
 from .sampler import EpochRepeatSampler
 from .templates import TemplateError, check_renders, load_templates, templates_for
+from .trl_seam import Generation, TRLSeam
 
 
-class PromptAugGRPOTrainer(GRPOTrainer):
+class PromptAugGRPOTrainer(TRLSeam):
     """`GRPOTrainer` whose prompts are rewritten under a template drawn per question and generation round.
 
     Constructed like `GRPOTrainer` (``model, reward_funcs, args, train_dataset, eval_dataset,
@@ -93,29 +64,16 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     `GRPOConfig`, which means their defaults (augmentation on, the built-in bank, no stabiliser, no dynamic
     sampling). The keyword arguments below, when given, take precedence over ``args``.
 
+    Its settings come from ``args``: a `PromptAugGRPOConfig`, or a plain `GRPOConfig`, which means our keys'
+    defaults where TRL has no equivalent (augmentation on, the built-in bank, padding-free passes) and TRL's
+    behaviour elsewhere (no stop tokens beyond the model's, no reward cut, no guard, no evaluation).
+
     Args:
         prompt_collator: Draws the template of each row and renders its prompt. Default: the bank of
             ``args`` (the built-in one with a plain `GRPOConfig`), its weights, the processing class's chat
             template (with ``args.chat_template_kwargs``) and ``args.seed``; the evaluation template is
-            ``args.eval_template`` (``qwen-math``).
-        prompt_augmentation: ``False`` turns augmentation off: the trainer is then `GRPOTrainer` and adds
-            nothing to the rows (``prompt_collator`` must then be ``None``). Default: ``args``, else on.
-        model_card: What our model card says; without it, TRL's card is written.
-        skip_minibatch_ratio_above: RLinf's stabiliser: skip the optimizer update of a mini-batch whose mean
-            max(r, 1/r) over its completion tokens (r = pi / pi_old) is at least this (``None``: never).
-        dynamic_sampling: Train each round only on groups whose rewards differ
-            (`prompt_aug.extensions.dynamic_sampling`); default: built from ``args``' ``dynamic_sampling*``
-            keys, off with a plain `GRPOConfig`. Needs prompt augmentation.
-        reward_cut_tokens: Reward functions see each completion's text only up to the first of these tokens
-            (those missing from the vocabulary are skipped); generation may run past them, and the trained
-            tokens, ``completion_ids`` and the completion records keep the whole completion. The paper's run
-            (verl) stops generating only at EOS and grades the text up to the first ``<|im_end|>``: stop
-            tokens ``["<|endoftext|>"]`` with ``reward_cut_tokens=["<|im_end|>"]``. Default: ``args``'
-            ``reward_cut_tokens``; with a plain `GRPOConfig`, no cut (TRL).
-        trim_padding: Train without most of TRL's padding (`prompt_aug.padding`): rows ordered by length
-            within each optimizer step, each micro-batch and forward pass cut to its own longest prompt and
-            completion. The update is unchanged (to float rounding). ``False``: TRL's padded passes. Default:
-            ``args``' ``trim_padding``; with a plain `GRPOConfig`, on.
+            ``args.eval_template`` (``qwen-math``). Only with ``prompt_augmentation`` on.
+        model_card: What our model card adds to TRL's; without it, TRL's card alone is written.
 
     What reward functions receive with augmentation on (TRL's keyword arguments, plus these columns):
 
@@ -152,29 +110,13 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self,
         *args: Any,
         prompt_collator: PromptAugmentationCollator | None = None,
-        prompt_augmentation: bool | None = None,
         model_card: ModelCardInfo | None = None,
-        skip_minibatch_ratio_above: float | None = None,
-        dynamic_sampling: DynamicSampler | None = None,
-        reward_cut_tokens: list[str] | None = None,
-        trim_padding: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         config = self.args if isinstance(self.args, PromptAugGRPOConfig) else None
-        if prompt_augmentation is None:
-            prompt_augmentation = config.prompt_augmentation if config is not None else True
-        if skip_minibatch_ratio_above is None and config is not None:
-            skip_minibatch_ratio_above = config.skip_minibatch_ratio_above
-        if dynamic_sampling is None and config is not None:
-            dynamic_sampling = dynamic_sampler_from_args(config)
-        if reward_cut_tokens is None and config is not None:
-            reward_cut_tokens = config.reward_cut_tokens
-        if trim_padding is None:
-            trim_padding = config.trim_padding if config is not None else True
+        prompt_augmentation = config.prompt_augmentation if config is not None else True
         self.wandb_completions_rows = config.wandb_completions_rows if config is not None else None
-        vocab = self._tokenizer.get_vocab()
-        self.reward_cut_ids = {vocab[t] for t in reward_cut_tokens or () if t in vocab}
         if prompt_collator is not None and not prompt_augmentation:
             raise ValueError(
                 "PromptAugGRPOTrainer: a prompt_collator was given with prompt_augmentation=False"
@@ -184,34 +126,69 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         self.prompt_collator = prompt_collator
         self.model_card_info = model_card
         self._round_rewards: torch.Tensor | None = None
-        # Collapse watch and RLinf's mini-batch skip (issue 13).
-        if skip_minibatch_ratio_above is not None and self.is_deepspeed_enabled:
-            raise ValueError(
-                "skip_minibatch_ratio_above is not supported under DeepSpeed (its optimizer steps "
-                "inside backward, before a mini-batch can be judged); use DDP or FSDP, or unset it"
-            )
-        self.skip_minibatch_ratio_above = skip_minibatch_ratio_above
+        self._conversational = False  # this round's dataset is conversational (see compute_rewards)
         names = []
         if prompt_collator is not None:
             names = [t.name for t in prompt_collator.templates] + [prompt_collator.eval_template.name]
         self._template_index = {name: i for i, name in enumerate(dict.fromkeys(names))}
         self._loss_forward: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._entropy_window: torch.Tensor | None = None
         self._ratio_window: torch.Tensor | None = None
         self._skipped_minibatches: int | None = None
-        self._conversational = False  # this round's dataset is conversational (see _calculate_rewards)
-        # DAPO's dynamic sampling (issue 12).
-        if dynamic_sampling is not None and prompt_collator is None:
+        self.padding_stats = {"real": 0, "processed": 0}  # tokens the model was run on, and the real ones
+
+        # Stopping and the reward cut.
+        if config is not None:
+            self._apply_stop_tokens(config.stop_tokens)
+        vocab = self.text_tokenizer.get_vocab()
+        cut = config.reward_cut_tokens if config is not None else ()
+        self.reward_cut_ids = {vocab[t] for t in cut if t in vocab}
+
+        # Stabilisers, dynamic sampling and padding-free passes.
+        self.skip_minibatch_ratio_above = config.skip_minibatch_ratio_above if config is not None else None
+        if self.skip_minibatch_ratio_above is not None and self.is_deepspeed_enabled:
             raise ValueError(
-                "dynamic_sampling needs prompt augmentation; set prompt_augmentation to true or drop "
-                "dynamic_sampling"
+                "skip_minibatch_ratio_above is not supported under DeepSpeed (its optimizer steps "
+                "inside backward, before a mini-batch can be judged); use DDP or FSDP, or unset it"
             )
-        self.dynamic_sampling = dynamic_sampling
-        if dynamic_sampling is not None:
-            dynamic_sampling.check(self)
-        # Padding-free passes (issue 20). Tokens the model was run on, and the real ones among them.
-        self.trim_padding = trim_padding
-        self.padding_stats = {"real": 0, "processed": 0}
-        self._entropy_window: torch.Tensor | None = None
+        self.dynamic_sampling = None
+        if config is not None:
+            self.dynamic_sampling = dynamic_sampler_from_args(
+                config, self.reward_funcs, self.reward_func_names
+            )
+        if self.dynamic_sampling is not None:
+            if prompt_collator is None:
+                raise ValueError(
+                    "dynamic_sampling needs prompt augmentation; set prompt_augmentation to true or drop "
+                    "dynamic_sampling"
+                )
+            self.dynamic_sampling.check(self)
+        self.trim_padding = config.trim_padding if config is not None else True
+
+        # Callbacks: evaluation first (W&B sees eval/*), then the guard (it watches eval/macro), then ProRL's
+        # optimizer reset at each reference sync.
+        if config is not None:
+            evaluator = evaluator_from_args(config)
+            if evaluator is not None:
+                evaluator.attach(self)
+            guard = guard_from_args(config, optimizer_steps_per_round(config))
+            if guard is not None:
+                guard.attach(self)
+            if config.reset_optimizer_on_ref_sync:
+                self.add_callback(OptimizerResetCallback())
+
+    def _apply_stop_tokens(self, tokens: list[str]) -> None:
+        """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's
+        stop list, the HF generation config, the vLLM sampling parameters and the saved model's config."""
+        ids = stop_token_ids(self.text_tokenizer, self.eos_token_ids, tokens)
+        self.eos_token_ids = ids
+        self.model.generation_config.eos_token_id = ids
+        if self.use_vllm:
+            kwargs = self.vllm_generation.generation_kwargs
+            self.vllm_generation.generation_kwargs = {"stop_token_ids": ids, **kwargs}
+        else:
+            self.generation_config.eos_token_id = ids
+            self.generation_kwargs["eos_token_id"] = ids
 
     def _default_collator(self) -> PromptAugmentationCollator:
         if isinstance(self.args, PromptAugGRPOConfig):
@@ -219,7 +196,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         else:
             templates, weights, eval_template = list(load_templates().values()), None, None
         try:
-            check_renders(templates, self._tokenizer)
+            check_renders(templates, self.text_tokenizer)
         except TemplateError as err:
             raise TemplateError(
                 f"{err}\nPromptAugGRPOTrainer renders the built-in templates "
@@ -227,14 +204,18 @@ class PromptAugGRPOTrainer(GRPOTrainer):
                 "pass prompt_augmentation=False to train on the dataset's prompts as GRPOTrainer does."
             ) from err
         return PromptAugmentationCollator(
-            templates, self._tokenizer, weights, seed=self.args.seed, eval_template=eval_template,
+            templates, self.text_tokenizer, weights, seed=self.args.seed, eval_template=eval_template,
             chat_template_kwargs=self.chat_template_kwargs,
         )  # fmt: skip
 
-    # Why: the seam where a generation round starts (TRL has no collator hook for GRPO).
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    # Why: TRL 1.16 hard-codes an identity data collator for GRPO, so a generation round is augmented where it
+    # starts. The rows arrive already repeated num_generations times by TRL's RepeatSampler; the collator
+    # draws from (seed, epoch, uid), so every rollout of a group gets the same template on every rank. After
+    # TRL scores the round, the per-template metrics are added to TRL's own. With dynamic sampling on, the
+    # round is handed to `prompt_aug.extensions.dynamic_sampling` instead.
+    def score_round(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if self.prompt_collator is None:
-            return super()._generate_and_score_completions(inputs)
+            return self.trl_score_round(inputs)
         training = self.model.training
         epoch = int(
             self.state.epoch or 0
@@ -246,29 +227,29 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             if training and self.dynamic_sampling is not None:
                 augment = partial(self.prompt_collator, epoch=epoch, training=True)
                 return self.dynamic_sampling.run_round(self, inputs, augment, self._score_rows)
-            self._log_completion_extra("template", [row["template"] for row in inputs])
-            self._log_completion_extra("uid", [row["uid"] for row in inputs])
-            self._log_completion_extra("process", [self.accelerator.process_index] * len(inputs))
-            self._log_completion_extra("round", [self._round_number()] * len(inputs))
+            self.log_completion_column("template", [row["template"] for row in inputs])
+            self.log_completion_column("uid", [row["uid"] for row in inputs])
+            self.log_completion_column("process", [self.accelerator.process_index] * len(inputs))
+            self.log_completion_column("round", [self.round_number()] * len(inputs))
             output = self._score_rows(inputs)
         finally:
             self._conversational = False
         self._log_template_metrics(inputs, output, "train" if training else "eval")
         return output
 
-    def _round_number(self) -> int:
+    def round_number(self) -> int:
         """The generation round being generated now, 1-based (the paper's step)."""
-        return rounds_generated(trl_seam.micro_step(self), self.args) + 1
+        return rounds_generated(self.micro_step, self.args) + 1
 
     def _score_rows(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of augmented ``rows``, plus each row's template index, which travels
         with the row through TRL's shuffle and split to the per-template entropy in `compute_loss`."""
-        output = super()._generate_and_score_completions(rows)
+        output = self.trl_score_round(rows)
         index = [self._template_index.get(row["template"], -1) for row in rows]
         output["template_index"] = torch.tensor(index, device=self.accelerator.device)
         return output
 
-    # Why: TRL does not restore its micro-step counter `_step` on resume. From a checkpoint saved in the
+    # Why: TRL does not restore its micro-step counter on resume. From a checkpoint saved in the
     # middle of a generation round (save_steps not a multiple of the optimizer steps per round), it
     # restarted at 0 and replayed the interrupted round in full, shifting every later round by the
     # steps already taken. The Trainer skips global_step x accumulation batches, so restore the counter
@@ -276,27 +257,28 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     #
     # Why (trim_padding): TRL cuts the shuffled round into micro-batches that all keep the round's widths. The
     # buffered micro-batches of a new round are regrouped by length within each optimizer step and trimmed.
-    def _prepare_inputs(self, generation_batch: Any) -> Any:
+    def prepare_micro_batch(self, generation_batch: Any) -> Any:
         training = self.model.training
-        if training and self._buffered_inputs is None:
-            trl_seam.set_micro_step(self, self.state.global_step * self.args.gradient_accumulation_steps)
+        if training and self.buffered_micro_batches is None:
+            self.micro_step = self.state.global_step * self.args.gradient_accumulation_steps
         spg = self.args.steps_per_generation
         generate_every = micro_steps_per_round(self.args)  # micro-steps per generation round
-        new_round = training and (self._buffered_inputs is None or self._step % generate_every == 0)
-        inputs = super()._prepare_inputs(generation_batch)
+        step = self.micro_step
+        new_round = training and (self.buffered_micro_batches is None or step % generate_every == 0)
+        inputs = self.trl_prepare_micro_batch(generation_batch)
         if not self.trim_padding:
             return inputs
         if not training:
             return trim(inputs) if can_trim(inputs) else inputs
-        if new_round and can_trim(self._buffered_inputs[0]):
+        if new_round and can_trim(self.buffered_micro_batches[0]):
             ga = self.args.gradient_accumulation_steps
             # The round's first micro-step (a resume regenerates a round in its middle; TRL then takes
-            # micro-batch `_step % spg`, as if the round had started there).
-            first = self._step - self._step % generate_every
+            # micro-batch `step % spg`, as if the round had started there).
+            first = step - step % generate_every
             segments = optimizer_step_segments(first, spg, self.num_iterations, ga)
             exact = self._length_grouping_is_exact()
-            self._buffered_inputs = regroup(self._buffered_inputs, segments, sort=exact)
-            inputs = self._buffered_inputs[self._step % spg]
+            self.buffered_micro_batches = regroup(self.buffered_micro_batches, segments, sort=exact)
+            inputs = self.buffered_micro_batches[step % spg]
         return inputs
 
     def _length_grouping_is_exact(self) -> bool:
@@ -309,7 +291,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         """
         per_micro_batch = (
             self.loss_type == "bnpo"
-            or getattr(self, "_entropy_bonus_enabled", False)
+            or self.entropy_bonus_enabled
             or self.top_entropy_quantile < 1.0
             or self.aux_loss_enabled
         )
@@ -317,8 +299,8 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         return not per_micro_batch and full_step
 
     # Why: TRL's RepeatSampler seeds once and has no set_epoch, so a resume into epoch e > 0 replays epoch 0.
-    def _get_train_sampler(self, dataset: Any = None) -> EpochRepeatSampler:
-        trl_sampler = super()._get_train_sampler(dataset)
+    def train_sampler(self, dataset: Any = None) -> EpochRepeatSampler:
+        trl_sampler = self.trl_train_sampler(dataset)
         return EpochRepeatSampler(
             trl_sampler.data_source,
             mini_repeat_count=trl_sampler.mini_repeat_count,
@@ -343,7 +325,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
 
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back; and a
     # conversational dataset's reward functions expect messages, not the text we generated from.
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+    def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
         replayed = self.dynamic_sampling.replayed_rewards() if self.dynamic_sampling is not None else None
         if replayed is None:
             completions = self._cut_for_rewards(completions, completion_ids_list)
@@ -353,7 +335,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
                     for row in inputs
                 ]
                 completions = [[{"role": "assistant", "content": text}] for text in completions]
-            replayed = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            replayed = self.trl_compute_rewards(inputs, prompts, completions, completion_ids_list)
         self._round_rewards = replayed
         return self._round_rewards
 
@@ -366,7 +348,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         for completion, ids in zip(completions, completion_ids_list, strict=True):
             end = next((k for k, token in enumerate(ids) if token in self.reward_cut_ids), None)
             if end is not None:
-                text = self._tokenizer.decode(list(ids[:end]), skip_special_tokens=True)
+                text = self.text_tokenizer.decode(list(ids[:end]), skip_special_tokens=True)
                 if isinstance(completion, list):  # TRL's conversational form: the assistant message is last
                     completion = [*completion[:-1], {**completion[-1], "content": text}]
                 else:
@@ -375,13 +357,14 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         return out
 
     # Why: a dynamic-sampling round hands TRL completions that were already generated (see module docstring).
-    def _generate(self, prompts: list):
+    def generate_round(self, prompts: list) -> Generation:
         replayed = (
             self.dynamic_sampling.replayed_generation(prompts) if self.dynamic_sampling is not None else None
         )
-        return replayed if replayed is not None else super()._generate(prompts)
+        return replayed if replayed is not None else self.trl_generate_round(prompts)
 
-    def _reward_column(self, *funcs: Any) -> int | None:
+    def reward_column(self, *funcs: Any) -> int | None:
+        """The column of the first of ``funcs`` among the trainer's reward functions, or ``None``."""
         for index, func in enumerate(self.reward_funcs):
             if any(func is f for f in funcs):
                 return index
@@ -399,16 +382,16 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         truncated = self.accelerator.gather((~ended).float()).cpu()
         names = gather_object([row["template"] for row in inputs])
         rewards = self._round_rewards.cpu() if self._round_rewards is not None else None
-        self._append_template_metrics(names, rewards, lengths, truncated, mode)
+        self.append_template_metrics(names, rewards, lengths, truncated, mode)
         # Collapse watch (issue 13): completions that end in an n-gram loop, overall and per template.
         looping = self.accelerator.gather(loop_flags(ids, mask.sum(dim=1))).cpu()
-        metrics = self._metrics[mode]
+        metrics = self.metric_buffer(mode)
         metrics["completions/repetition_ratio"].append(looping.mean().item())
         for name in sorted(set(names)):
             rows = torch.tensor([i for i, n in enumerate(names) if n == name])
             metrics[f"templates/{name}/repetition"].append(looping[rows].mean().item())
 
-    def _append_template_metrics(
+    def append_template_metrics(
         self,
         names: list[str],
         rewards: torch.Tensor | None,
@@ -419,13 +402,13 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     ) -> None:
         """Per-template metrics of gathered rows; ``kept`` (bool per row) adds ``templates/<name>/kept``."""
         columns = {
-            "accuracy": self._reward_column(*CORRECTNESS_REWARDS),
-            "format": self._reward_column(format_reward),
+            "accuracy": self.reward_column(*CORRECTNESS_REWARDS),
+            "format": self.reward_column(format_reward),
         }
         by_template: dict[str, list[int]] = defaultdict(list)
         for index, name in enumerate(names):
             by_template[name].append(index)
-        metrics = self._metrics[mode]
+        metrics = self.metric_buffer(mode)
         for name, rows in sorted(by_template.items()):
             rows_t = torch.tensor(rows)
             prefix = f"templates/{name}"
@@ -445,16 +428,15 @@ class PromptAugGRPOTrainer(GRPOTrainer):
     # Why (trim_padding): TRL runs a micro-batch, and the old-log-prob and reference passes over the round,
     # at the full width of the batch it is given. With trimming, rows are sorted by length and run in chunks
     # of similar length, each cut to its own widths (`chunked_forward`); a MoE aux loss keeps TRL's call.
-    def _get_per_token_logps_and_entropies(
+    def token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
         compute_aux_loss=False, **kwargs: Any,
     ):  # fmt: skip
         if self.trim_padding and not compute_aux_loss and all(v is None for v in kwargs.values()):
-            parent = super()
 
             def score(ids: torch.Tensor, mask: torch.Tensor, keep: int) -> tuple[torch.Tensor, Any]:
                 self._count_tokens(mask)
-                logps, entropies, _ = parent._get_per_token_logps_and_entropies(
+                logps, entropies, _ = self.trl_token_logps_and_entropies(
                     model, ids, mask, keep, ids.size(0), compute_entropy
                 )
                 return logps, entropies
@@ -471,7 +453,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
             aux_loss = None
         else:
             self._count_tokens(attention_mask)
-            logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+            logps, entropies, aux_loss = self.trl_token_logps_and_entropies(
                 model,
                 input_ids,
                 attention_mask,
@@ -511,7 +493,7 @@ class PromptAugGRPOTrainer(GRPOTrainer):
                 for name, i in self._template_index.items():
                     if sums[1, i] > 0:
                         entropy = (sums[0, i] / sums[1, i]).item()
-                        self._metrics[mode][f"templates/{name}/entropy"].append(entropy)
+                        self.metric_buffer(mode)[f"templates/{name}/entropy"].append(entropy)
         if mode == "train" and self.skip_minibatch_ratio_above is not None:
             old = inputs.get("old_per_token_logps")
             window = ratio_deviation_sums(logps, logps if old is None else old, mask)
@@ -541,40 +523,30 @@ class PromptAugGRPOTrainer(GRPOTrainer):
         if ratio >= self.skip_minibatch_ratio_above:
             model.zero_grad(set_to_none=True)
             self._skipped_minibatches += 1
-        self._metrics["train"]["stability/minibatch_ratio"].append(ratio)
-        self._metrics["train"]["stability/skipped_minibatches"] = [float(self._skipped_minibatches)]
+        self.metric_buffer("train")["stability/minibatch_ratio"].append(ratio)
+        self.metric_buffer("train")["stability/skipped_minibatches"] = [float(self._skipped_minibatches)]
         return loss
 
-    # Why: with several processes on CPU, accelerate's device is `cpu:0`, and transformers loads the
-    # optimizer state with that as map_location, which torch.load rejects ("don't know how to restore data
-    # location ... cpu:0"): a multi-process CPU run (DDP) could not resume. Load it onto plain "cpu" there.
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        device = self.args.device
-        if checkpoint is None or device.type != "cpu" or device.index is None:
-            return super()._load_optimizer_and_scheduler(checkpoint)
-        load = torch.load
-
-        def load_on_cpu(*args: Any, **kwargs: Any) -> Any:
-            if str(kwargs.get("map_location", "")).startswith("cpu"):
-                kwargs["map_location"] = "cpu"
-            return load(*args, **kwargs)
-
-        with patch.object(torch, "load", load_on_cpu):
-            return super()._load_optimizer_and_scheduler(checkpoint)
-
-    # Why: TRL's card would replace ours at each checkpoint and inside `push_to_hub`.
-    def create_model_card(self, model_name: str | None = None, *args: Any, **kwargs: Any) -> None:
-        if self.model_card_info is None:
-            return super().create_model_card(model_name, *args, **kwargs)
+    # Why: TRL writes its card (base model, W&B link, framework versions, citations) at every checkpoint and
+    # inside `push_to_hub`; ours adds the recipe, the template bank, the metrics and the evaluation table.
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+    ) -> None:
+        info = self.model_card_info
+        if info is None:
+            return super().create_model_card(model_name, dataset_name, tags)
+        extra = [tags] if isinstance(tags, str) else list(tags or [])
+        super().create_model_card(model_name, dataset_name or info.dataset, [*info.tags, *extra])
         if not self.is_world_process_zero():
             return None
-        card = render_model_card(
-            self.model_card_info,
-            self.args.output_dir,
-            self.state.global_step,
-            self.state.log_history,
-            getattr(self, "hub_model_id", None) or self.args.hub_model_id,  # the full id once pushed
-        )
-        Path(self.args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(self.args.output_dir) / "README.md").write_text(card)
+        path = Path(self.args.output_dir) / "README.md"
+        hub_model_id = getattr(self, "hub_model_id", None) or self.args.hub_model_id  # full id once pushed
+        card = extend_trl_card(
+            path.read_text(), info, self.args.output_dir, self.state.global_step, self.state.log_history,
+            hub_model_id,
+        )  # fmt: skip
+        path.write_text(card)
         return None

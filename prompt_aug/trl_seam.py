@@ -1,60 +1,86 @@
-"""The one place outside `PromptAugGRPOTrainer`'s own overrides that touches private members of TRL's
-`GRPOTrainer`: the generation tuple, the reward call, the metric and completion-record buffers, the
-micro-step counter and the pending completion-record columns.
+"""The one door to TRL's private code: every private member of `GRPOTrainer` the package uses is named here.
 
-Written against TRL 1.16 (`SUPPORTED_TRL`): importing this module with another TRL minor version fails with
-one line saying so. When TRL changes, what to port is `PRIVATE_TRL_NAMES` (here) and the trainer's overrides;
-``tests/test_trl_seam.py`` checks that no other module names a private TRL member.
+`TRLSeam` is `GRPOTrainer` with each private method we change routed to a public hook of the same job
+(``score_round``, ``prepare_micro_batch``, ``compute_rewards``, ``generate_round``, ``train_sampler``,
+``token_logps_and_entropies``); each hook's default is TRL's own behaviour, reachable as ``trl_<hook>``.
+`PromptAugGRPOTrainer` subclasses it and overrides only public names, so when TRL changes, this file is
+what to port. The private attributes we read or set (the micro-step counter, the buffered micro-batches,
+the metric and completion-record buffers, the text tokenizer, the entropy-bonus flag) are properties and
+functions here. `PRIVATE_TRL_NAMES` lists them all; ``tests/test_trl_seam.py`` fails when any other file of
+the repository names one, or when TRL no longer has one.
+
+Written against TRL 1.16 (`TESTED_TRL`). Another version warns once, when a trainer is built; a TRL that
+lacks a member listed here fails then, in one line naming the missing members.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict, deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import torch
 import trl
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+from trl import GRPOTrainer
 
-SUPPORTED_TRL = "1.16"
+TESTED_TRL = "1.16"
 
-# Every private member of TRL's GRPOTrainer used here (the trainer's overrides are listed in its docstring).
+# Every private member of TRL's GRPOTrainer (and of transformers' Trainer beneath it) this package names.
 PRIVATE_TRL_NAMES = (
-    "_step",
-    "_generate",
+    # methods routed to public hooks by `TRLSeam`
+    "_generate_and_score_completions",
+    "_prepare_inputs",
     "_calculate_rewards",
+    "_generate",
+    "_get_train_sampler",
+    "_get_per_token_logps_and_entropies",
+    "_load_optimizer_and_scheduler",
+    # attributes and helpers read or set through this module
+    "_step",
+    "_buffered_inputs",
     "_metrics",
+    "_tokenizer",
+    "_entropy_bonus_enabled",
     "_logs",
     "_pending_extra_logs",
     "_log_completion_extra",
 )
 
+# Attributes TRL sets in __init__ (not class members): checked on the built trainer.
+_INSTANCE_NAMES = (
+    "_step", "_buffered_inputs", "_metrics", "_tokenizer", "_entropy_bonus_enabled", "_logs", "_pending_extra_logs",
+)  # fmt: skip
+
 
 class TRLVersionError(ImportError):
-    """The installed TRL is not the version this seam was written for."""
+    """The installed TRL lacks a private member this package relies on."""
 
 
-def check_trl_version(version: str = trl.__version__) -> None:
-    """Raise `TRLVersionError` unless ``version`` is `SUPPORTED_TRL` (any patch release).
+def untested_version_message(version: str) -> str | None:
+    """A one-line warning when ``version`` is not the tested TRL minor version, else ``None``.
 
-    >>> check_trl_version("1.16.2")
-    >>> check_trl_version("1.17.0")
-    Traceback (most recent call last):
-    ...
-    prompt_aug.trl_seam.TRLVersionError: prompt_aug is written for TRL 1.16 (it reaches into \
-GRPOTrainer's private members, listed in prompt_aug.trl_seam.PRIVATE_TRL_NAMES) but TRL 1.17.0 \
-is installed; pip install "trl==1.16.*"
+    >>> untested_version_message("1.16.2") is None
+    True
+    >>> untested_version_message("1.17.0")[:60]
+    'prompt_aug was tested with TRL 1.16 but TRL 1.17.0 is instal'
     """
-    if ".".join(version.split(".")[:2]) != SUPPORTED_TRL:
-        raise TRLVersionError(
-            f"prompt_aug is written for TRL {SUPPORTED_TRL} "
-            "(it reaches into GRPOTrainer's private members, listed "
-            f"in prompt_aug.trl_seam.PRIVATE_TRL_NAMES) but TRL {version} is installed; "
-            f'pip install "trl=={SUPPORTED_TRL}.*"'
-        )
+    if ".".join(version.split(".")[:2]) == TESTED_TRL:
+        return None
+    return (
+        f"prompt_aug was tested with TRL {TESTED_TRL} but TRL {version} is installed; it uses GRPOTrainer's "
+        f'private members (prompt_aug.trl_seam.PRIVATE_TRL_NAMES). If training misbehaves: pip install "trl=='
+        f'{TESTED_TRL}.*"'
+    )
 
 
-check_trl_version()
+def missing_private_names(trainer: Any) -> list[str]:
+    """The members of `PRIVATE_TRL_NAMES` that a built trainer (or TRL's class) does not have."""
+    on_class = [n for n in PRIVATE_TRL_NAMES if n not in _INSTANCE_NAMES]
+    missing = [n for n in on_class if not hasattr(GRPOTrainer, n)]
+    return missing + [n for n in _INSTANCE_NAMES if not hasattr(trainer, n)]
 
 
 class Generation(NamedTuple):
@@ -70,9 +96,161 @@ class Generation(NamedTuple):
     tool_images: list
 
 
+class TRLSeam(GRPOTrainer):
+    """`GRPOTrainer` whose private steps are public hooks; on its own it trains exactly as `GRPOTrainer`.
+
+    At construction it warns once on an untested TRL version, and fails in one line when TRL lacks a private
+    member listed in `PRIVATE_TRL_NAMES`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        message = untested_version_message(trl.__version__)
+        if message is not None:
+            warnings.warn(message, stacklevel=2)  # Python shows a warning from one place once
+        super().__init__(*args, **kwargs)
+        missing = missing_private_names(self)
+        if missing:
+            raise TRLVersionError(
+                f"TRL {trl.__version__}'s GRPOTrainer has no {', '.join(missing)}, which prompt_aug uses; "
+                f'pip install "trl=={TESTED_TRL}.*"'
+            )
+
+    # -- hooks: override the public name; ``trl_<name>`` is TRL's behaviour -------------------------------
+
+    def score_round(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Generate and score one round of rows (TRL's ``_generate_and_score_completions``)."""
+        return self.trl_score_round(inputs)
+
+    def trl_score_round(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        return super()._generate_and_score_completions(inputs)
+
+    def prepare_micro_batch(self, generation_batch: Any) -> Any:
+        """The micro-batch to train on now, generating a round when one is due (``_prepare_inputs``)."""
+        return self.trl_prepare_micro_batch(generation_batch)
+
+    def trl_prepare_micro_batch(self, generation_batch: Any) -> Any:
+        return super()._prepare_inputs(generation_batch)
+
+    def compute_rewards(self, inputs: list, prompts: list, completions: list, ids: list) -> torch.Tensor:
+        """The gathered (all processes' rows x reward functions) reward matrix (``_calculate_rewards``)."""
+        return self.trl_compute_rewards(inputs, prompts, completions, ids)
+
+    def trl_compute_rewards(self, inputs: list, prompts: list, completions: list, ids: list) -> torch.Tensor:
+        return super()._calculate_rewards(inputs, prompts, completions, ids)
+
+    def generate_round(self, prompts: list) -> Generation:
+        """Completions of ``prompts`` (``_generate``)."""
+        return self.trl_generate_round(prompts)
+
+    def trl_generate_round(self, prompts: list) -> Generation:
+        return Generation(*super()._generate(prompts))
+
+    def train_sampler(self, dataset: Any = None) -> Any:
+        """The training sampler (``_get_train_sampler``)."""
+        return self.trl_train_sampler(dataset)
+
+    def trl_train_sampler(self, dataset: Any = None) -> Any:
+        return super()._get_train_sampler(dataset)
+
+    def token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+        """Per-token log-probs, entropies and MoE aux loss of the last ``logits_to_keep`` columns; every
+        forward pass of training runs through it (``_get_per_token_logps_and_entropies``)."""
+        return self.trl_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+            **kwargs,
+        )  # fmt: skip
+
+    def trl_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+            **kwargs,
+        )  # fmt: skip
+
+    # -- the private methods, each routed to its hook ---------------------------------------------------
+
+    def _generate_and_score_completions(self, inputs):
+        return self.score_round(inputs)
+
+    def _prepare_inputs(self, generation_batch):
+        return self.prepare_micro_batch(generation_batch)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        return self.compute_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _generate(self, prompts):
+        return tuple(self.generate_round(prompts))
+
+    def _get_train_sampler(self, dataset=None):
+        return self.train_sampler(dataset)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, keep, *rest, **kw):
+        return self.token_logps_and_entropies(model, input_ids, attention_mask, keep, *rest, **kw)
+
+    # Why: transformers 5.17 (the GPU stack's) loads the optimizer state of a run with several processes
+    # onto ``args.device``; on CPU that is ``cpu:0``, which torch.load rejects, so a multi-process CPU run
+    # could not resume. There the optimizer and scheduler states are loaded onto plain "cpu" here; TRL's own
+    # extra state (the adaptive entropy controller) is then not restored.
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        device = self.args.device
+        folder = Path(checkpoint) if checkpoint is not None else None
+        engine = self.is_deepspeed_enabled or self.is_fsdp_enabled
+        indexed_cpu = device.type == "cpu" and device.index is not None
+        if folder is None or engine or not indexed_cpu or not (folder / OPTIMIZER_NAME).is_file():
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        load = {"map_location": "cpu", "weights_only": True}
+        self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_NAME, **load))
+        self.lr_scheduler.load_state_dict(torch.load(folder / SCHEDULER_NAME, **load))
+        return None
+
+    # -- private attributes --------------------------------------------------------------------------------
+
+    @property
+    def micro_step(self) -> int:
+        """TRL's micro-batch counter (``_step``): a round is generated when it is a multiple of a round."""
+        return self._step
+
+    @micro_step.setter
+    def micro_step(self, value: int) -> None:
+        self._step = value
+
+    @property
+    def buffered_micro_batches(self) -> list[dict] | None:
+        """The current round's micro-batches as TRL buffered them (``_buffered_inputs``); ``None`` before the
+        first round."""
+        return self._buffered_inputs
+
+    @buffered_micro_batches.setter
+    def buffered_micro_batches(self, value: list[dict]) -> None:
+        self._buffered_inputs = value
+
+    @property
+    def text_tokenizer(self) -> Any:
+        """The tokenizer of the processing class (TRL's ``_tokenizer``)."""
+        return self._tokenizer
+
+    @property
+    def entropy_bonus_enabled(self) -> bool:
+        """Whether TRL adds an entropy bonus to the loss (computed per micro-batch)."""
+        return bool(getattr(self, "_entropy_bonus_enabled", False))
+
+    def metric_buffer(self, mode: str) -> defaultdict[str, list[float]]:
+        """TRL's metric buffer for ``mode`` (``train`` / ``eval``): key -> values, averaged when logged."""
+        return self._metrics[mode]
+
+    def log_completion_column(self, column: str, values: list) -> None:
+        """Add a column to this round's completion records (TRL's ``_log_completion_extra``)."""
+        self._log_completion_extra(column, values)
+
+
 class SamplingTrainer(Protocol):
-    """What dynamic sampling uses of `PromptAugGRPOTrainer`: public TRL attributes, our own helpers, and (only
-    through the functions of this module) TRL's private ones."""
+    """What dynamic sampling uses of `PromptAugGRPOTrainer`: public TRL attributes, `TRLSeam`'s hooks and our
+    own helpers (TRL's private buffers only through the functions of this module)."""
 
     args: Any
     accelerator: Any
@@ -87,36 +265,18 @@ class SamplingTrainer(Protocol):
     rollout_func: Any
     tools: Any
     environment_factories: Any
+    micro_step: int
 
-    def _reward_column(self, *funcs: Any) -> int | None: ...
-    def _round_number(self) -> int: ...
-    def _log_completion_extra(self, column: str, values: list) -> None: ...
-    def _append_template_metrics(
+    def generate_round(self, prompts: list) -> Generation: ...
+    def compute_rewards(self, inputs: list, prompts: list, completions: list, ids: list) -> torch.Tensor: ...
+    def log_completion_column(self, column: str, values: list) -> None: ...
+    def metric_buffer(self, mode: str) -> defaultdict[str, list[float]]: ...
+    def reward_column(self, *funcs: Any) -> int | None: ...
+    def round_number(self) -> int: ...
+    def append_template_metrics(
         self, names: list[str], rewards: torch.Tensor | None, lengths: torch.Tensor, truncated: torch.Tensor,
         mode: str, kept: torch.Tensor | None = None,
     ) -> None: ...  # fmt: skip
-
-
-def micro_step(trainer: Any) -> int:
-    """TRL's micro-batch counter (``_step``): a round is generated when it is a multiple of the round size."""
-    return trainer._step
-
-
-def set_micro_step(trainer: Any, value: int) -> None:
-    """Set TRL's micro-batch counter (``_step``)."""
-    trainer._step = value
-
-
-def generate(trainer: Any, prompts: list) -> Generation:
-    """TRL's ``_generate`` for ``prompts`` (through the trainer's override), as a `Generation`."""
-    return Generation(*trainer._generate(prompts))
-
-
-def calculate_rewards(
-    trainer: Any, rows: list[dict], prompts: list, completions: list, ids: list
-) -> torch.Tensor:
-    """TRL's ``_calculate_rewards``: the gathered (all processes' rows × reward functions) reward matrix."""
-    return trainer._calculate_rewards(rows, prompts, completions, ids)
 
 
 def take_pending_columns(trainer: Any) -> dict[str, list]:
@@ -124,16 +284,6 @@ def take_pending_columns(trainer: Any) -> dict[str, list]:
     pending = {key: list(values) for key, values in trainer._pending_extra_logs.items()}
     trainer._pending_extra_logs.clear()
     return pending
-
-
-def log_completion_column(trainer: Any, column: str, values: list) -> None:
-    """Add a column to this round's completion records (TRL's ``_log_completion_extra``)."""
-    trainer._log_completion_extra(column, values)
-
-
-def metrics(trainer: Any, mode: str) -> defaultdict[str, list[float]]:
-    """TRL's metric buffer for ``mode`` (``train`` / ``eval``): key -> values, averaged at the next log."""
-    return trainer._metrics[mode]
 
 
 def completion_logs(trainer: Any) -> dict[str, Any]:

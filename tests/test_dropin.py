@@ -21,8 +21,10 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from prompt_aug.collator import PromptAugmentationCollator, row_uid
+from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.templates import TemplateError, load_templates
 from prompt_aug.trainer import PromptAugGRPOTrainer
+from prompt_aug.trl_seam import completion_logs
 from rewards import (
     BUILTIN_FORMATS,
     FormatRules,
@@ -210,9 +212,9 @@ def test_conversational_dataset_stays_conversational_for_reward_functions(tiny_m
         assert isinstance(completion[0]["content"], str)
     assert FORMAT_COLUMNS <= set(seen["kwargs"])
     # Generation itself ran from the rendered text, prefill included.
-    logged = list(trainer._logs["prompt"])
+    logged = list(completion_logs(trainer)["prompt"])
     assert logged and all(isinstance(p, str) and p.endswith(bank[n].prefill) for p, n in
-                          zip(logged, trainer._logs["extra"]["template"]))  # fmt: skip
+                          zip(logged, completion_logs(trainer)["extra"]["template"]))  # fmt: skip
 
 
 # -- 3. augmentation off ---------------------------------------------------------------------------
@@ -231,13 +233,19 @@ def test_augmentation_off_hands_reward_functions_what_grpotrainer_does(
 
         return reward
 
-    for key, cls, extra in (
-        ("trl", GRPOTrainer, {}),
-        ("ours", PromptAugGRPOTrainer, {"prompt_augmentation": False}),
+    for key, cls, config_class, extra in (
+        ("trl", GRPOTrainer, GRPOConfig, {}),
+        (
+            "ours",
+            PromptAugGRPOTrainer,
+            PromptAugGRPOConfig,
+            {"prompt_augmentation": False, "stop_tokens": []},
+        ),
     ):
+        values = {**config_values(tmp_path / key), "max_steps": 1, "seed": 3, **extra}
         trainer = cls(
-            model=str(tiny_model_dir), reward_funcs=recorder(key),
-            args=config(tmp_path / key, max_steps=1, seed=3), train_dataset=make_dataset(), **extra,
+            model=str(tiny_model_dir), reward_funcs=recorder(key), args=config_class(**values),
+            train_dataset=make_dataset(),
         )  # fmt: skip
         trainer.train()
     assert received["ours"] == received["trl"]
@@ -249,8 +257,9 @@ def test_a_collator_with_augmentation_off_is_refused(tiny_model_dir, tmp_path, t
     collator = PromptAugmentationCollator(list(load_templates().values()), tokenizer)
     with pytest.raises(ValueError, match="prompt_augmentation=False"):
         PromptAugGRPOTrainer(
-            model=str(tiny_model_dir), reward_funcs=distinct_characters, args=config(tmp_path),
-            train_dataset=standard_prompt_only(), prompt_collator=collator, prompt_augmentation=False,
+            model=str(tiny_model_dir), reward_funcs=distinct_characters,
+            args=PromptAugGRPOConfig(**config_values(tmp_path), prompt_augmentation=False),
+            train_dataset=standard_prompt_only(), prompt_collator=collator,
         )  # fmt: skip
 
 
@@ -349,3 +358,44 @@ def test_several_reward_functions_and_two_iterations(tiny_model_dir, tmp_path):
     keys = {k for entry in trainer.state.log_history for k in entry}
     assert {"rewards/distinct_characters/mean", "rewards/format_reward/mean"} <= keys
     assert any(k.startswith("templates/") and k.endswith("/format") for k in keys)
+
+
+# -- 4. every trainer-level key of the config works without prompt-aug-train ---------------------------
+
+
+def test_a_trainer_built_from_the_config_alone_evaluates_fires_the_guard_and_stops_where_told(
+    tiny_model_dir, tmp_path
+):
+    import pandas as pd
+
+    from prompt_aug.evaluation.callback import EvalCallback
+    from prompt_aug.extensions.collapse import CollapseGuard, OptimizerResetCallback
+
+    questions = tmp_path / "sums.jsonl"
+    rows = [{"question": "Compute $2 + 3$.", "answer": "5"}, {"question": "Compute $1 + 1$.", "answer": "2"}]
+    pd.DataFrame(rows).to_json(questions, orient="records", lines=True)
+    args = PromptAugGRPOConfig(
+        **{**config_values(tmp_path / "out"), "max_steps": 8},
+        eval_benchmarks=[str(questions)], eval_every_steps=1, eval_max_tokens=4,
+        collapse_entropy_floor=100.0, collapse_entropy_rounds=1, collapse_entropy_action="stop",
+        stop_tokens=["<|im_end|>"], beta=0.04, sync_ref_model=True, ref_model_sync_steps=1,
+        reset_optimizer_on_ref_sync=True,
+    )  # fmt: skip
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args,
+        train_dataset=standard_prompt_only(),
+    )  # fmt: skip
+    callbacks = trainer.callback_handler.callbacks
+    kinds = [type(c) for c in callbacks]
+    assert EvalCallback in kinds and CollapseGuard in kinds and OptimizerResetCallback in kinds
+    assert kinds.index(EvalCallback) < kinds.index(CollapseGuard)  # the guard sees eval/* keys
+    im_end = trainer.processing_class.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in trainer.eos_token_ids and im_end in trainer.generation_config.eos_token_id
+    trainer.train()
+    # An entropy floor every round breaks stops the run at the first round, not at max_steps.
+    assert trainer.state.global_step == 1  # of max_steps 8
+    guard = next(c for c in callbacks if isinstance(c, CollapseGuard))
+    assert [f.signal for f in guard.fired] == ["entropy"] and "collapse guard stopped" in guard.stop_message
+    assert any("eval/macro" in entry for entry in trainer.state.log_history)
+    reset = next(c for c in callbacks if isinstance(c, OptimizerResetCallback))
+    assert reset.reset_steps == [1]

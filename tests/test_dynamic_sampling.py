@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from prompt_aug import train
+from prompt_aug.cli import UsageError
 from prompt_aug.extensions.dynamic_sampling import (
     DynamicSampler,
     extra_question_indices,
@@ -28,8 +29,10 @@ from prompt_aug.extensions.dynamic_sampling import (
     group_outcome,
     group_spread,
     plan_round,
+    signal_column,
 )
 from prompt_aug.trainer import PromptAugGRPOTrainer
+from rewards import get_reward_funcs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dynamic_harness
@@ -94,27 +97,30 @@ def test_extra_questions_depend_on_seed_round_and_pass_only():
     assert len(extra_question_indices(0, 0, 1, uids[:3], 8, set(uids[:3]))) == 8
 
 
-def test_bad_keys_are_named():
-    with pytest.raises(ValueError, match="dynamic_sampling_signal: 'acc'"):
-        train.parse_args(
-            ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc"]
-        )
+def test_bad_keys_are_named(tmp_path):
+    with pytest.raises(UsageError, match="dynamic_sampling_signal: 'acc'"):
+        train.train(["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc",
+                     "--output_dir", str(tmp_path / "out")])  # fmt: skip
     with pytest.raises(ValueError, match="dynamic_sampling_max_passes"):
         DynamicSampler(max_passes=0)
     with pytest.raises(ValueError, match="dynamic_sampling_max_passes must be at least 1"):
         train.parse_args(
             ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_max_passes", "0"]
         )
+    funcs = get_reward_funcs(["correctness", "format"])
+    names = [f.__name__ for f in funcs]
     args, _, _ = train.parse_args(
         ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "format"]
     )
-    assert from_args(args).signal_index == 1
+    assert from_args(args, funcs, names).signal_index == 1
+    # The trainer's own name for a reward function works too, as do functions passed in code.
+    args.dynamic_sampling_signal = "format_reward"
+    assert from_args(args, funcs, names).signal_index == 1
+    assert signal_column("mine", [len, funcs[0]], ["mine", names[0]]) == 0
+    with pytest.raises(ValueError, match=r"'format' is neither 'total' nor one of .*\['mine'\]"):
+        signal_column("format", [len], ["mine"])
     args, _, _ = train.parse_args(["--config", SMOKE])
-    assert from_args(args) is None
-
-
-# ---------------------------------------------------------------------------------------------
-# End to end, one process
+    assert from_args(args, funcs, names) is None
 
 
 def _run(out: Path, *extra: str, spy: list | None = None) -> Path:
@@ -367,5 +373,6 @@ def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
     script_args, _, _ = train.parse_args(
         ["--config", str(paper_dir / "prompt_aug_dynamic.yaml"), "--dry_run"]
     )
-    sampler = from_args(script_args)
+    funcs = get_reward_funcs(script_args.reward_funcs)
+    sampler = from_args(script_args, funcs, [f.__name__ for f in funcs])
     assert sampler.signal_index == script_args.reward_funcs.index("correctness") and sampler.max_passes == 4

@@ -1,4 +1,4 @@
-"""Padding-free training passes (issue 20): with ``trim_padding`` on and off, from the same state and the same
+"""Padding-free training passes: with ``trim_padding`` on and off, from the same state and the same
 generated round, each optimizer step's loss and the parameters after it agree to float rounding.
 
 The in-process runs use a float64 copy of the tiny model whose end-of-text embedding is scaled up, so that
@@ -20,9 +20,8 @@ import torch
 from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOConfig
 
-from prompt_aug.extensions.dynamic_sampling import DynamicSampler
+from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.padding import chunked_forward, optimizer_step_segments, plan_chunks, regroup, trim
 from prompt_aug.trainer import PromptAugGRPOTrainer
 
@@ -147,18 +146,18 @@ class _Recording(PromptAugGRPOTrainer):
 
     chunk_overhead_tokens = 0
 
-    def _generate(self, prompts):
-        prompt_ids, completion_ids, *rest = super()._generate(prompts)
+    def generate_round(self, prompts):
+        generation = super().generate_round(prompts)
         eos = self.processing_class.eos_token_id
         cut = []
-        for ids in completion_ids:
+        for ids in generation.completion_ids:
             stop = next((i for i, t in enumerate(ids[:-1]) if t % 5 == 0), None)
             cut.append(list(ids) if stop is None else [*ids[:stop], eos])
-        rest[1] = self.processing_class.batch_decode(cut, skip_special_tokens=True)  # the completions' text
-        return (prompt_ids, cut, *rest)
+        texts = self.processing_class.batch_decode(cut, skip_special_tokens=True)
+        return generation._replace(completion_ids=cut, completions=texts)
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+    def score_round(self, inputs):
+        output = super().score_round(inputs)
         if self.model.training:
             self.rounds.append(output["completion_ids"].clone())
         return output
@@ -176,15 +175,16 @@ def _run(path: Path, out: Path, trim_padding: bool, dynamic: bool = False, **ove
     values["max_steps"] = (
         values["steps_per_generation"] * values["num_iterations"] // values["gradient_accumulation_steps"]
     )
-    args = GRPOConfig(**values)
+    dynamic_keys = {"dynamic_sampling": True, "dynamic_sampling_max_passes": 2} if dynamic else {}
+    args = PromptAugGRPOConfig(
+        **values, **dynamic_keys, trim_padding=trim_padding, stop_tokens=[], reward_cut_tokens=[]
+    )
     trainer = _Recording(
         model=_float64_model(path),
         reward_funcs=_reward,
         args=args,
         train_dataset=Dataset.from_dict({"prompt": QUESTIONS}),
         processing_class=AutoTokenizer.from_pretrained(path),
-        dynamic_sampling=DynamicSampler(max_passes=2) if dynamic else None,
-        trim_padding=trim_padding,
     )
     trainer.rounds = []
     trainer.train()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from chain_model import build_turn_then_eos_model
 from datasets import Dataset
-from trl import GRPOConfig
 
 from prompt_aug.collator import PromptAugmentationCollator
+from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.templates import load_templates
 from prompt_aug.trainer import PromptAugGRPOTrainer
 from rewards import correctness_reward
@@ -31,10 +31,10 @@ def _first_round(model_dir, tmp_path, reward_cut_tokens):
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     collator = PromptAugmentationCollator([load_templates()["qwen-math"]], tokenizer, seed=0)
-    args = GRPOConfig(
+    args = PromptAugGRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=12,
         max_steps=1, learning_rate=1e-6, report_to="none", save_strategy="no", logging_steps=1, use_cpu=True,
-        bf16=False,
+        bf16=False, stop_tokens=[], reward_cut_tokens=reward_cut_tokens or [],
     )  # fmt: skip
     trainer = PromptAugGRPOTrainer(
         model=str(model_dir),
@@ -43,7 +43,6 @@ def _first_round(model_dir, tmp_path, reward_cut_tokens):
         train_dataset=Dataset.from_list([{"question": "What is $4 + 5$?", "answer": "9"}] * 4),
         processing_class=tokenizer,
         prompt_collator=collator,
-        reward_cut_tokens=reward_cut_tokens,
     )
     trainer.train()
     seen["rewards"] = trainer._round_rewards[:, 0].tolist()

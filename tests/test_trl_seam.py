@@ -1,8 +1,10 @@
-"""The seam to TRL's private code: which private members of `GRPOTrainer` we use, and where.
+"""The seam to TRL's private code: every private member of `GRPOTrainer` the repository uses is named in
+`prompt_aug/trl_seam.py` and nowhere else, it is listed there, and TRL still has it.
 
-Only `prompt_aug/trainer.py` (the subclass's own overrides) and `prompt_aug/trl_seam.py` may name a private
-member of TRL's or transformers' trainer; when TRL is upgraded, `PRIVATE_TRL_NAMES` and the trainer's
-overrides are what to port.
+"Private" means a member of TRL's `GRPOTrainer` or transformers' `Trainer` whose name starts with one
+underscore: its methods, and the ``self._x`` attributes their source assigns. A use is an attribute access
+(``trainer._metrics``), a method definition that overrides one (``def _prepare_inputs``) or a string given to
+``getattr``/``setattr``/``hasattr``/``delattr``.
 """
 
 from __future__ import annotations
@@ -10,23 +12,20 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 import transformers.trainer
+import trl
 import trl.trainer.grpo_trainer
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from prompt_aug import trl_seam
 
 REPO = Path(__file__).resolve().parents[1]
-ALLOWED = {"prompt_aug/trainer.py", "prompt_aug/trl_seam.py"}
-
-# What dynamic sampling needs of TRL's private code; a change here is a change of the seam.
-EXPECTED_PRIVATE = {
-    "_step", "_generate", "_calculate_rewards", "_metrics", "_logs", "_pending_extra_logs",
-    "_log_completion_extra",
-}  # fmt: skip
+SEAM = "prompt_aug/trl_seam.py"
+SCANNED = ("prompt_aug", "rewards", "bench", "tests")
 
 
 def _private_trainer_names() -> set[str]:
@@ -37,45 +36,132 @@ def _private_trainer_names() -> set[str]:
     return names
 
 
-def _attributes(path: Path) -> set[str]:
+def _names_used(path: Path) -> set[str]:
+    """Attribute names, method names and string arguments of getattr-like calls in a Python file."""
     tree = ast.parse(path.read_text())
-    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            used.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            used.add(node.name)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            used.add(node.args[1].value)
+    return used
+
+
+def _offenders(root: Path, private: set[str]) -> dict[str, list[str]]:
+    found = {}
+    for folder in SCANNED:
+        for path in sorted((root / folder).rglob("*.py")):
+            relative = path.relative_to(root).as_posix()
+            names = _names_used(path) & private
+            if relative != SEAM and names:
+                found[relative] = sorted(names)
+    return found
+
+
+def test_no_file_but_the_seam_names_a_private_trl_member():
+    offenders = _offenders(REPO, _private_trainer_names())
+    assert not offenders, f"private TRL members named outside {SEAM}: {offenders}"
 
 
 def test_the_seam_lists_exactly_the_private_names_it_uses_and_trl_has_them():
-    assert set(trl_seam.PRIVATE_TRL_NAMES) == EXPECTED_PRIVATE
     private = _private_trainer_names()
-    assert EXPECTED_PRIVATE <= private, f"gone from TRL: {EXPECTED_PRIVATE - private}"
-    used = {name for name in _attributes(REPO / "prompt_aug/trl_seam.py") if name in private}
-    assert used == EXPECTED_PRIVATE
+    used = _names_used(REPO / SEAM) & private
+    assert used == set(trl_seam.PRIVATE_TRL_NAMES), (
+        f"used, not listed: {used - set(trl_seam.PRIVATE_TRL_NAMES)}; "
+        f"listed, not used: {set(trl_seam.PRIVATE_TRL_NAMES) - used}"
+    )
+    assert set(trl_seam.PRIVATE_TRL_NAMES) <= private, (
+        f"gone from TRL: {set(trl_seam.PRIVATE_TRL_NAMES) - private}"
+    )
 
 
-def test_only_the_trainer_and_the_seam_name_private_trl_members():
-    private = _private_trainer_names()
-    offenders = {}
-    for path in sorted([*(REPO / "prompt_aug").rglob("*.py"), *(REPO / "rewards").rglob("*.py")]):
-        relative = path.relative_to(REPO).as_posix()
-        if relative in ALLOWED:
-            continue
-        found = _attributes(path) & private
-        if found:
-            offenders[relative] = sorted(found)
-    assert not offenders, f"private TRL members named outside the seam: {offenders}"
+@pytest.mark.parametrize(
+    "source, name",
+    [
+        ("def f(trainer):\n    return trainer._metrics['train']\n", "_metrics"),
+        (
+            "def f(trainer):\n    return getattr(trainer, '_entropy_bonus_enabled', False)\n",
+            "_entropy_bonus_enabled",
+        ),
+        ("class T:\n    def _prepare_inputs(self, batch):\n        return batch\n", "_prepare_inputs"),
+    ],
+)
+def test_the_scan_catches_an_attribute_a_getattr_string_and_an_override(tmp_path, source, name):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "bad.py").write_text(source)
+    for folder in SCANNED:
+        (tmp_path / folder).mkdir(exist_ok=True)
+    assert _offenders(tmp_path, _private_trainer_names()) == {"bench/bad.py": [name]}
 
 
-def test_a_scan_would_catch_an_offender(tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("def f(trainer):\n    return trainer._metrics['train']\n")
-    assert _attributes(bad) & _private_trainer_names() == {"_metrics"}
+def test_an_untested_trl_version_builds_the_config_and_the_trainer_warns_once(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    from prompt_aug import PromptAugGRPOConfig
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, per_device_train_batch_size=2,
+        num_generations=2, max_completion_length=4,
+    )  # fmt: skip
+
+    def build() -> None:
+        PromptAugGRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=args, train_dataset=_dataset(),
+        )  # fmt: skip
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own rule: a warning from one place shows once
+        build()
+        build()
+    ours = [w for w in caught if "tested with TRL 1.16 but TRL 1.17.0" in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
 
 
-def test_another_trl_version_is_refused_with_one_line():
-    trl_seam.check_trl_version("1.16.3")
-    with pytest.raises(trl_seam.TRLVersionError, match=r"written for TRL 1\.16 .* TRL 1\.17\.0 is installed"):
-        trl_seam.check_trl_version("1.17.0")
+def test_a_trl_without_a_listed_member_fails_at_init_in_one_line(tiny_model_dir, tmp_path, monkeypatch):
+    class Older(trl_seam.TRLSeam):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.delattr(GRPOTrainer, "_log_completion_extra")
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=2, num_generations=2)  # fmt: skip
+    with pytest.raises(trl_seam.TRLVersionError) as err:
+        Older(model=str(tiny_model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+              args=args, train_dataset=_dataset())  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and "has no _log_completion_extra" in message and "trl==1.16.*" in message
 
 
-def test_the_generation_tuple_has_trls_arity():
-    source = inspect.getsource(GRPOTrainer._generate)
-    returned = source.rstrip().splitlines()[-1].strip()
-    assert returned.startswith("return ") and returned.count(",") + 1 == len(trl_seam.Generation._fields)
+def test_the_generation_tuple_names_what_trl_generates(tiny_model_dir, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=2, num_generations=2, max_completion_length=4)  # fmt: skip
+    trainer = trl_seam.TRLSeam(
+        model=str(tiny_model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args, train_dataset=_dataset(),
+    )  # fmt: skip
+    prompts = ["What is 1 + 1?", "What is 2 + 2?", "Name a prime."]
+    generation = trainer.trl_generate_round(prompts)
+    assert isinstance(generation, trl_seam.Generation)
+    assert len(generation.prompt_ids) == len(generation.completion_ids) == len(generation.completions) == 3
+    assert all(isinstance(text, str) for text in generation.completions)
+    assert all(1 <= len(ids) <= 4 for ids in generation.completion_ids)
+    assert isinstance(generation.extra_fields, dict)
+
+
+def _dataset():
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": ["What is 1 + 1?", "What is 2 + 2?"]})

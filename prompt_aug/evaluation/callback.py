@@ -154,6 +154,24 @@ class EvalCallback(TrainerCallback):
         return control
 
 
+def evaluator_from_args(args: Any) -> EvalCallback | None:
+    """The evaluation callback of ``args``' ``eval_benchmarks`` / ``eval_every_steps`` (``None``: off), its
+    question sets loaded now: a missing file, column or Hub set fails here (`EvalError`), not hours into
+    training."""
+    if not (args.eval_every_steps and args.eval_benchmarks):
+        return None
+    evaluator = EvalCallback(
+        args.eval_benchmarks,
+        args.eval_every_steps,
+        data_dir=args.eval_data_dir,
+        template=args.eval_template,
+        max_tokens=args.eval_max_tokens,
+        limit=args.eval_limit,
+    )
+    evaluator.problems()
+    return evaluator
+
+
 def sharding_error(distributed_type: str, zero3: bool) -> str | None:
     """Why evaluation during training cannot run under this setup, or ``None`` when it can.
 

@@ -326,7 +326,7 @@ def _free_path(path: Path) -> Path:
 def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard | None:
     """The guard a recipe asks for (a signal is on when its threshold key is set), or ``None``.
 
-    ``script_args`` is a parsed `PromptAugArguments`; a bad action or window names its recipe key.
+    ``script_args`` is a `PromptAugGRPOConfig`; a bad action or window names its recipe key.
     """
     a = script_args
     accuracy_keys = (a.collapse_accuracy_metric,) if a.collapse_accuracy_metric else ACCURACY_KEYS

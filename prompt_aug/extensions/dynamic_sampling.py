@@ -46,7 +46,7 @@ import torch
 from accelerate.utils import gather_object
 from trl.trainer.utils import nanstd
 
-from rewards.registry import CORRECTNESS_REWARDS
+from rewards.registry import CORRECTNESS_REWARDS, REGISTRY
 
 from .. import trl_seam as seam
 from ..collator import stable_uniform
@@ -258,14 +258,14 @@ class DynamicSampler:
         acc = trainer.accelerator
         num_gen, per_process, processes = trainer.num_generations, len(rows), acc.num_processes
         groups_needed = per_process * processes // num_gen
-        round_index = rounds_generated(seam.micro_step(trainer), trainer.args)
+        round_index = rounds_generated(trainer.micro_step, trainer.args)
 
         # Columns logged for the sampler's rows before this point belong to pass 0.
         early = seam.take_pending_columns(trainer)
         passes: list[_Pass] = []
         spread: list[list[bool]] = []
         outcome: list[list[str]] = []
-        correct_column = trainer._reward_column(*CORRECTNESS_REWARDS)
+        correct_column = trainer.reward_column(*CORRECTNESS_REWARDS)
         seen: set[str] = set()
         for k in range(self.max_passes):
             if k > 0:
@@ -286,7 +286,7 @@ class DynamicSampler:
         final_rows, replay, dropped = self._assemble(trainer, passes, plan)
         self._reset_completion_logs(trainer)
         for column in sorted({c for row in final_rows for c in row["_extras"]}):
-            seam.log_completion_column(trainer, column, [row["_extras"].get(column) for row in final_rows])
+            trainer.log_completion_column(column, [row["_extras"].get(column) for row in final_rows])
         final_rows = [{k: v for k, v in row.items() if k != "_extras"} for row in final_rows]
         self._replay = replay
         try:
@@ -323,13 +323,13 @@ class DynamicSampler:
     def _generate_pass(self, trainer: SamplingTrainer, rows: list[dict[str, Any]]) -> _Pass:
         acc = trainer.accelerator
         prompts = [row["prompt"] for row in rows]
-        generation = seam.generate(trainer, prompts)
+        generation = trainer.generate_round(prompts)
         completion_ids, completions = generation.completion_ids, generation.completions
         if generation.extra_fields or generation.images is not None:
             raise ValueError(
                 "dynamic_sampling cannot replay rollout extra fields or images; set dynamic_sampling: false"
             )
-        rewards = seam.calculate_rewards(trainer, rows, prompts, completions, completion_ids)
+        rewards = trainer.compute_rewards(rows, prompts, completions, completion_ids)
         extras = seam.take_pending_columns(trainer)  # what reward functions logged
         eos = set(trainer.eos_token_ids)
         lengths = torch.tensor(
@@ -369,7 +369,7 @@ class DynamicSampler:
                     "template": row["template"],
                     "uid": row["uid"],
                     "process": process,
-                    "round": trainer._round_number(),
+                    "round": trainer.round_number(),
                     "kept": status in (KEPT, FILLED),
                     "group_status": status,
                     "generation_pass": k,
@@ -441,7 +441,7 @@ class DynamicSampler:
     ) -> None:
         counts = plan.counts()
         generated = len(plan.status)
-        metrics = seam.metrics(trainer, "train")
+        metrics = trainer.metric_buffer("train")
         values = {
             "groups_generated": generated,
             "groups_kept": counts[KEPT],
@@ -466,7 +466,7 @@ class DynamicSampler:
                 for q in range(len(p.uids))
             ]
         )
-        trainer._append_template_metrics(
+        trainer.append_template_metrics(
             [name for p in passes for name in p.templates],
             torch.cat([p.rewards for p in passes]),
             torch.cat([p.lengths for p in passes]),
@@ -476,21 +476,32 @@ class DynamicSampler:
         )
 
 
-def from_args(script_args: Any) -> DynamicSampler | None:
-    """The sampler a recipe asks for (``dynamic_sampling*`` keys), or ``None`` when it is off.
+def signal_column(signal: str, reward_funcs: list[Any], reward_func_names: list[str]) -> int | None:
+    """The reward column of a ``dynamic_sampling_signal``: ``None`` for ``total``; else the first reward
+    function whose TRL name (``reward_func_names``) is ``signal``, or that `rewards.REGISTRY` registers as
+    ``signal``.
 
-    Raises a ValueError naming the key when the signal is not ``total`` nor one of the recipe's
-    ``reward_funcs``.
+    Raises a ValueError naming the key when no reward function matches.
+
+    >>> from rewards import REGISTRY
+    >>> signal_column("correctness", [REGISTRY["format"], REGISTRY["correctness"]], ["format_reward", "x"])
+    1
     """
-    if not script_args.dynamic_sampling:
+    if signal == SIGNAL_TOTAL:
         return None
-    signal = script_args.dynamic_sampling_signal
-    if signal != SIGNAL_TOTAL and signal not in script_args.reward_funcs:
-        raise ValueError(
-            f"dynamic_sampling_signal: {signal!r} is neither 'total' nor one of the recipe's reward_funcs "
-            f"{script_args.reward_funcs}; fix the key in the recipe or on the command line"
-        )
-    index = None if signal == SIGNAL_TOTAL else script_args.reward_funcs.index(signal)
-    return DynamicSampler(
-        index, script_args.dynamic_sampling_max_passes, script_args.dynamic_sampling_std_tol
+    registered = REGISTRY.get(signal)
+    for index, (func, name) in enumerate(zip(reward_funcs, reward_func_names, strict=True)):
+        if name == signal or (registered is not None and func is registered):
+            return index
+    raise ValueError(
+        f"dynamic_sampling_signal: {signal!r} is neither 'total' nor one of the trainer's reward functions "
+        f"{list(reward_func_names)}; fix the key in the recipe or on the command line"
     )
+
+
+def from_args(args: Any, reward_funcs: list[Any], reward_func_names: list[str]) -> DynamicSampler | None:
+    """The sampler ``args``' ``dynamic_sampling*`` keys ask for, over these reward functions (or ``None``)."""
+    if not args.dynamic_sampling:
+        return None
+    index = signal_column(args.dynamic_sampling_signal, reward_funcs, reward_func_names)
+    return DynamicSampler(index, args.dynamic_sampling_max_passes, args.dynamic_sampling_std_tol)
