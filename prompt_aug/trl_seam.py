@@ -51,7 +51,8 @@ PRIVATE_TRL_NAMES = (
 
 # Attributes TRL sets in __init__ (not class members): checked on the built trainer.
 _INSTANCE_NAMES = (
-    "_step", "_buffered_inputs", "_metrics", "_tokenizer", "_entropy_bonus_enabled", "_logs", "_pending_extra_logs",
+    "_step", "_buffered_inputs", "_metrics", "_tokenizer", "_entropy_bonus_enabled", "_logs",
+    "_pending_extra_logs",
 )  # fmt: skip
 
 
