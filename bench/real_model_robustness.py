@@ -1,4 +1,4 @@
-"""How much a model's accuracy depends on the template it is asked under (issue 19 item 3).
+"""How much a model's accuracy depends on the template it is asked under.
 
 Runs ``prompt-aug-eval --template all`` (greedy, hf backend, float32) on a question file for each model,
 then regrades the saved completions leniently (the `correctness` reward's rule) beside the evaluator's

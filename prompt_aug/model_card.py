@@ -178,6 +178,8 @@ def extend_trl_card(
     start, training procedure with the W&B link, framework versions, citations). TRL's tags already include
     ours: the trainer passes them to TRL."""
     front, body = _split_front_matter(trl_card)
+    if front and not any(line.startswith("base_model:") for line in front):  # TRL omits a local folder
+        front = [front[0], f"base_model: {info.base_model}", *front[1:]]
     first = next((i for i, line in enumerate(body) if line.startswith("## ")), len(body))
     _, ours = _split_front_matter(render_model_card(info, output_dir, global_step, log_history, hub_model_id))
     title = next(i for i, line in enumerate(ours) if line.startswith("# "))  # TRL's title stands instead

@@ -1,4 +1,4 @@
-"""Padding-free training passes, kept exact (issue 20): length grouping within an optimizer step; trimming.
+"""Padding-free training passes, kept exact: length grouping within an optimizer step; trimming.
 
 TRL 1.16 pads every row of a generation round to the round's longest prompt (on the left) and longest
 completion (on the right), and runs the old-log-prob pass and every training micro-batch at that width.

@@ -383,7 +383,7 @@ class PromptAugGRPOTrainer(TRLSeam):
         names = gather_object([row["template"] for row in inputs])
         rewards = self._round_rewards.cpu() if self._round_rewards is not None else None
         self.append_template_metrics(names, rewards, lengths, truncated, mode)
-        # Collapse watch (issue 13): completions that end in an n-gram loop, overall and per template.
+        # Collapse watch: completions that end in an n-gram loop, overall and per template.
         looping = self.accelerator.gather(loop_flags(ids, mask.sum(dim=1))).cpu()
         metrics = self.metric_buffer(mode)
         metrics["completions/repetition_ratio"].append(looping.mean().item())

@@ -420,7 +420,7 @@ PRORL_KEYS = {
     "sync_ref_model": True, "ref_model_mixup_alpha": 1.0, "ref_model_sync_steps": 400,
     "reset_optimizer_on_ref_sync": True, "num_train_epochs": 30,
 }  # fmt: skip
-# The paper recipe's fidelity settings (issue 8), which the ProRL recipe keeps.
+# The paper recipe's fidelity settings, which the ProRL recipe keeps.
 MIRRORED = {
     "vllm_importance_sampling_correction": False, "delta": 3.0, "save_total_limit": 3,
     "wandb_completions_rows": 16,

@@ -1,5 +1,5 @@
 """`PromptAugGRPOTrainer` as a drop-in for TRL's `GRPOTrainer`, and the one contract between the
-collator and the rewards (issue 11).
+collator and the rewards.
 
 The training scenarios build the trainer the way TRL's own tests build `GRPOTrainer`: a model path
 (here a tiny model built in code instead of a Hub id), reward functions, a `GRPOConfig`, a

@@ -359,7 +359,7 @@ def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
     paper = yaml.safe_load((paper_dir / "prompt_aug.yaml").read_text())
     dynamic = yaml.safe_load((paper_dir / "prompt_aug_dynamic.yaml").read_text())
     differ = {k for k in set(paper) | set(dynamic) if paper.get(k) != dynamic.get(k)}
-    # Only naming and the dynamic-sampling block differ: the fidelity values (issue 8) are the paper recipe's.
+    # Only naming and the dynamic-sampling block differ: the fidelity values are the paper recipe's.
     assert differ - {"output_dir", "run_name"} == {
         "dynamic_sampling", "dynamic_sampling_signal", "dynamic_sampling_max_passes",
         "dynamic_sampling_std_tol",

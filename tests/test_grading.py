@@ -1,4 +1,4 @@
-"""Grading that never hangs, is fast, and tells the truth (issue #3).
+"""Grading that never hangs, is fast, and tells the truth.
 
 Runs offline on CPU in well under a minute; needs no data beyond what is written here.
 """
@@ -600,7 +600,7 @@ def test_math_verify_logs_are_truncated(caplog):
     assert len(caplog.records[0].getMessage()) < 400
 
 
-# -- issue 14: no false negative where math-verify's reading agrees ------------------------------------
+# -- no false negative where math-verify's reading agrees ------------------------------------
 
 # (gold, boxed answer, right?) for each kind of answer the grader used to get wrong; the wrong ones are
 # the same forms with a changed value, so that a rule that accepts everything fails.
@@ -680,7 +680,7 @@ def test_answer_forms_math_verify_reads_right(kind, gold, answer, right):
 @pytest.mark.parametrize(
     ("gold", "answer", "wrong"),
     [
-        # intervals in decimals against exact bounds: already right before issue 14, kept right
+        # intervals in decimals against exact bounds: right before the fast path was widened, kept right
         ("[\\frac{1}{4}, \\frac{3}{2})", "[0.25, 1.5)", "[0.25, 1.6)"),
         (
             "(-\\infty, \\frac{1}{2}) \\cup (2, \\infty)",
@@ -746,7 +746,7 @@ def test_evaluation_keeps_the_last_box_rule():
     assert inspect.signature(grade).parameters["join_boxes"].default is False
 
 
-# -- issue 14: each new fast-path rule is sound (math-verify agrees wherever it answers) ----------------
+# -- each new fast-path rule is sound (math-verify agrees wherever it answers) ----------------
 
 # (answer, gold): pairs each new rule settles as different; math-verify must say different too.
 NEW_RULES = {
@@ -876,7 +876,7 @@ def test_integer_sums_are_equal_as_math_verify_reads_them():
     assert fast_verdict("0-14", "-14") is True and _math_verify("0-14", "-14")
 
 
-# -- issue 11 point 14: the gold side of the API -----------------------------------------------------
+# -- the gold side of the API -----------------------------------------------------
 
 
 @pytest.mark.parametrize("gold", [None, float("nan"), "\\frac{", "x^{2", ["\\frac{", None]])

@@ -11,7 +11,7 @@ README.md promises, and what is asserted here:
   from an early dip);
 * the control (both rewards shuffled inside each round; seed 0) rises by none of them.
 
-The thresholds are the ones issue 10 fixed before any run, never tuned to a run. Why an average over seeds
+The thresholds were fixed before any run, never tuned to a run. Why an average over seeds
 for correctness: sampling amplifies float noise, so another CPU type follows another trajectory from the
 same seed, and one seed in three may learn correctness late (seed 2 here: log +0.09 in 200 steps, +0.13 in
 300). bench/learn_robustness.py runs seeds x perturbations of the float path; docs/benchmarks.md ("Learning

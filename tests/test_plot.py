@@ -98,7 +98,7 @@ def test_folder_without_trainer_state_is_a_clear_error(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Template colours, gaps, legends, eval sources, rounds (issue 11 point 12, issue 8 item 10)
+# Template colours, gaps, legends, eval sources, rounds
 
 
 def _write_rounds(

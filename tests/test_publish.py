@@ -94,6 +94,11 @@ def test_card_has_base_model_recipe_templates_steps_and_final_metrics(wandb_run)
     for key in (k for k in metrics if k.startswith("templates/") and k.endswith("/accuracy")):
         assert f"| {key} | {metrics[key]:.4g} | " in card
     assert "No evaluation results yet" in card
+    # TRL's card is extended, not replaced: its tags, framework versions and citations stay.
+    front = card.split("---")[1]
+    assert "- grpo" in front and "- prompt-augmentation" in front
+    assert "Framework versions" in card and "url     = {https://github.com/huggingface/trl}" in card
+    assert card.index("## Template bank") < card.index("Framework versions")
 
 
 def test_card_includes_eval_results_when_present(tmp_path):

