@@ -27,7 +27,21 @@ is ready in milliseconds with SymPy already imported.
 
 The trainer side holds one pool per process (per rank under torchrun), created lazily by
 `get_pool` and reused; callers from several threads take turns. The pool is shut down at interpreter
-exit (the server sees its pipe close, kills and reaps its workers, and exits).
+exit (the server is told to stop, kills and reaps its workers, and exits).
+
+The server and its workers never outlive the trainer process that started them, however it ends
+(exception, SIGTERM, SIGKILL), even when it has children of its own:
+
+* A child the trainer forks later (DataLoader workers, a vLLM engine, ``multiprocessing``'s ``fork``)
+  inherits the trainer's end of the request pipe, and while any copy of it is open the server would
+  never see EOF. An at-fork hook closes those copies in every child forked from Python; ``exec``-ed
+  children never get them (``os.pipe`` makes them close-on-exec).
+* For children forked by C code, where no hook runs, the server watches its parent besides the pipe:
+  ``PR_SET_PDEATHSIG`` (Linux) signals it as soon as its parent dies, and it checks ``os.getppid()``
+  at least once a second. The kernel sends that signal when the *thread* that started the server
+  exits, which need not be the process's death (a pool started from a short-lived thread), so the
+  server exits only once its parent process has changed (it was re-parented).
+* Each worker is SIGKILLed by the kernel when the server (single-threaded) dies.
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,6 +75,8 @@ _ENV_PREFIX = "PROMPT_AUG_GRADER_"
 _STARTUP_TIMEOUT_S = 120.0  # importing SymPy on a loaded machine can take a while
 _CRASH_RETRIES = 1
 _MAX_CHUNK = 16
+_PARENT_POLL_S = 1.0  # the server checks this often that its parent still lives (besides the signal)
+_PARENT_DEATH_SIGNAL = signal.SIGUSR1  # PR_SET_PDEATHSIG's signal to the server (a handler checks it)
 
 
 def _default_workers() -> int:
@@ -121,6 +138,7 @@ class GraderPool:
         self._process: subprocess.Popen | None = None
         self._requests: Connection | None = None
         self._replies: Connection | None = None
+        _POOLS.add(self)
 
     # -- trainer side -------------------------------------------------------------------------------
 
@@ -173,13 +191,15 @@ class GraderPool:
         if self._process is not None and self._process.poll() is None:
             return
         self._stop_server(graceful=False)
+        # os.pipe's descriptors are close-on-exec: only the server gets its two ends (pass_fds), no other
+        # program this process runs gets any. Forked children get copies, which `_after_fork_in_child` closes.
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
         cfg = self.config
         code = (
             "from rewards.grading.pool import _serve; "
             f"_serve({request_read}, {reply_write}, {cfg.workers}, {cfg.time_limit_s!r}, {cfg.memory_mb}, "
-            f"{cfg.preload!r}, {cfg.initializer!r})"
+            f"{cfg.preload!r}, {cfg.initializer!r}, parent_pid={os.getpid()})"
         )
         # Grading is single-threaded Python (SymPy); a BLAS or OpenMP pool in the workers would only contend
         # with the trainer's torch threads for the same cores.
@@ -213,18 +233,26 @@ class GraderPool:
         logger.debug("grader server %s up: %s", self._process.pid, ready)
 
     def _forget(self) -> None:
-        # In a forked child: drop the parent's server without touching it; close only our fd copies.
+        # In a forked child: drop the parent's server without touching it; close only our fd copies, so
+        # that the server sees EOF when the parent's own copies close, whether or not this child lives on.
         for conn in (self._requests, self._replies):
             if conn is not None:
                 try:
                     conn.close()
                 except OSError:
                     pass
+        if self._process is not None:
+            _FOREIGN_SERVERS.append(self._process)  # not ours to wait for, nor to warn about when collected
         self._process = self._requests = self._replies = None
         self._pid = os.getpid()
 
     def _stop_server(self, graceful: bool) -> None:
         process, self._process = self._process, None
+        if graceful and process is not None and self._requests is not None:
+            try:  # the server stops on this even if a child forked by C code still holds a copy of the pipe
+                self._requests.send(("stop",))
+            except (OSError, ValueError):
+                pass
         for conn in (self._requests, self._replies):
             if conn is not None:
                 try:
@@ -243,6 +271,8 @@ class GraderPool:
 
 _POOL: GraderPool | None = None
 _POOL_LOCK = threading.Lock()
+_POOLS: weakref.WeakSet[GraderPool] = weakref.WeakSet()  # every pool of this process, for the fork hook
+_FOREIGN_SERVERS: list[subprocess.Popen] = []  # in a forked child: handles on the parent's servers
 
 
 def get_pool() -> GraderPool:
@@ -281,11 +311,13 @@ def _shutdown() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # A forked child (e.g. a DataLoader worker) must not use, lock or stop the parent's pool.
+    # A forked child (e.g. a DataLoader worker) must not use, lock or stop the parent's pools, nor hold
+    # their pipes open: a child that outlives the parent would keep its servers waiting for EOF.
     global _POOL_LOCK
     _POOL_LOCK = threading.Lock()
-    if _POOL is not None:
-        _POOL._lock = threading.Lock()
+    for pool in list(_POOLS):
+        pool._lock = threading.Lock()
+        pool._forget()
 
 
 atexit.register(_shutdown)
@@ -321,8 +353,15 @@ class _Worker:
 
 class _Server:
     def __init__(
-        self, requests: Connection, replies: Connection, workers: int, time_limit_s: float, memory_mb: int
+        self,
+        requests: Connection,
+        replies: Connection,
+        workers: int,
+        time_limit_s: float,
+        memory_mb: int,
+        parent_pid: int | None = None,
     ):
+        self.parent_pid = os.getppid() if parent_pid is None else parent_pid
         self.requests = requests
         self.replies = replies
         self.size = workers
@@ -333,6 +372,7 @@ class _Server:
     def fork_worker(self) -> _Worker:
         task_read, task_write = os.pipe()
         result_read, result_write = os.pipe()
+        server_pid = os.getpid()
         pid = os.fork()
         if pid == 0:  # the worker: keep only its own two pipe ends
             try:
@@ -347,6 +387,7 @@ class _Server:
                     Connection(result_write, readable=False),
                     self.limit,
                     self.memory_mb,
+                    server_pid,
                 )
             finally:
                 os._exit(0)
@@ -393,9 +434,9 @@ class _Server:
             if not busy:
                 continue
             timeout = max(0.0, min(w.started + self.limit for w in busy) - time.monotonic())
-            ready = wait([w.results for w in busy] + [self.requests], timeout)
-            if self.requests in ready:
-                raise SystemExit(0)  # the trainer closed its end (or died): stop
+            ready = wait([w.results for w in busy] + [self.requests], min(timeout, _PARENT_POLL_S))
+            if self.requests in ready or os.getppid() != self.parent_pid:
+                raise SystemExit(0)  # the trainer stops us, closed its end or died
             for worker in [w for w in busy if w.results in ready]:
                 try:
                     index, status, value = worker.results.recv()
@@ -444,6 +485,46 @@ class _Server:
         self.workers.clear()
 
 
+def _set_parent_death_signal(signum: int) -> None:
+    """Linux: have the kernel send ``signum`` when our parent (strictly: the thread that forked us) dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signum))  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_parent(parent_pid: int | None) -> int:
+    """Make the server exit when its parent process dies; returns the pid it watches."""
+    watched = os.getppid()
+    if parent_pid is not None and watched != parent_pid and not _pid_exists(parent_pid):
+        raise SystemExit(0)  # the trainer died before we got here
+    exiting = False
+
+    def on_parent_death(signum: int, frame: Any) -> None:
+        # Also sent when only the trainer's thread that started us ended: the kernel then gave us to
+        # another of its threads, and getppid() (the process) is unchanged. Otherwise we were re-parented.
+        nonlocal exiting
+        if not exiting and os.getppid() != watched:
+            exiting = True
+            raise SystemExit(0)
+
+    signal.signal(_PARENT_DEATH_SIGNAL, on_parent_death)
+    _set_parent_death_signal(_PARENT_DEATH_SIGNAL)
+    if os.getppid() != watched:  # it died before the signal was set up
+        raise SystemExit(0)
+    return watched
+
+
 def _serve(
     request_fd: int,
     reply_fd: int,
@@ -452,22 +533,28 @@ def _serve(
     memory_mb: int,
     preload: str,
     initializer: str,
+    parent_pid: int | None = None,
 ) -> None:
-    """The server's main loop (runs in the fresh interpreter started by `GraderPool`)."""
+    """The server's main loop (runs in the fresh interpreter started by `GraderPool` in ``parent_pid``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's business; we stop on EOF
+    parent_pid = _watch_parent(parent_pid)
     requests = Connection(request_fd, writable=False)
     replies = Connection(reply_fd, readable=False)
     if preload:
         importlib.import_module(preload)
     if initializer:
         _resolve(initializer)()
-    server = _Server(requests, replies, workers, time_limit_s, memory_mb)
+    server = _Server(requests, replies, workers, time_limit_s, memory_mb, parent_pid)
     try:
         for _ in range(workers):
             server.fork_worker()
         replies.send(("ready", os.getpid()))
         while True:
             try:
+                if not requests.poll(_PARENT_POLL_S):
+                    if os.getppid() != parent_pid:
+                        break  # the trainer died (a process it forked may still hold the pipe open)
+                    continue
                 message = requests.recv()
             except (EOFError, OSError):
                 break
@@ -475,6 +562,8 @@ def _serve(
                 replies.send(server.map(message[1], message[2]))
             elif message[0] == "pids":
                 replies.send([w.pid for w in server.workers])
+            elif message[0] == "stop":
+                break
     except (SystemExit, BrokenPipeError, EOFError):
         pass
     finally:
@@ -498,12 +587,11 @@ def _on_sigprof(signum: int, frame: Any) -> None:
         raise SoftTimeout
 
 
-def _die_with_parent() -> None:
-    try:  # Linux: SIGKILL us when the server (our parent, single-threaded) dies
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:
+def _die_with_parent(server_pid: int | None = None) -> None:
+    signal.signal(_PARENT_DEATH_SIGNAL, signal.SIG_DFL)  # the server's handler is not for us
+    _set_parent_death_signal(signal.SIGKILL)  # when the server (our parent, single-threaded) dies
+    parent = os.getppid()
+    if parent == 1 or (server_pid is not None and parent != server_pid):  # it died before that was set
         os._exit(0)
 
 
@@ -517,9 +605,11 @@ def _arm_cpu_backstop(limit_s: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
-def _worker_loop(tasks: Connection, results: Connection, time_limit_s: float, memory_mb: int) -> None:
+def _worker_loop(
+    tasks: Connection, results: Connection, time_limit_s: float, memory_mb: int, server_pid: int | None = None
+) -> None:
     global _ARMED
-    _die_with_parent()
+    _die_with_parent(server_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGPROF, _on_sigprof)
     if memory_mb > 0:
