@@ -8,6 +8,11 @@ also run on a model whose attention ignores the packing.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AttentionInterface, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -24,6 +29,7 @@ from prompt_aug.packing import (
     plan_packs,
 )
 
+REPO = Path(__file__).resolve().parents[1]
 VOCAB = 97
 TEMPERATURE = 0.7
 # (prompt, completion) real lengths of the rows, in a (5, 6 + 7) layout; row 3's completion is fully masked.
@@ -249,3 +255,41 @@ def test_packing_check_restores_training_mode():
     ids, mask = _rows()
     assert packing_check(model, ids, mask).ok
     assert model.training
+
+
+# -- the GPU bench's tiny run --------------------------------------------------------------------------------
+
+
+def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
+    """bench/gpu_round.py at its tiny shape, with trl, datasets and math_verify made unimportable (the GPU
+    machine has none of them): every mode trains, on the same losses (float32 on CPU)."""
+    code = (
+        "import runpy, sys\n"
+        "for name in ('trl', 'datasets', 'math_verify'):\n"
+        "    sys.modules[name] = None\n"
+        "sys.argv = ['gpu_round.py', '--tiny']\n"
+        "runpy.run_path('bench/gpu_round.py', run_name='__main__')\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    losses = {
+        line.split()[0]: torch.tensor([float(x) for x in line.split(": ")[1].split(", ")])
+        for line in lines
+        if " loss per optimizer step: " in line
+    }
+    assert set(losses) == {"padded", "trim", "packed-sdpa"}
+    assert len(losses["padded"]) == 20  # 4 optimizer steps in each of 4 rounds and the repeated round
+    for mode in ("trim", "packed-sdpa"):
+        torch.testing.assert_close(losses[mode], losses["padded"], rtol=1e-4, atol=1e-6, msg=mode)
+    assert any(line.startswith("packed-flex: skipped") for line in lines)
+    assert any(line.startswith("packed-sdpa/padded training-side time: ") for line in lines)
