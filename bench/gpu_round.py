@@ -1,29 +1,47 @@
-"""The training side of one GRPO round at the paper's shapes, with TRL's padding and trimmed (issue 20).
+"""The training side of GRPO rounds at the paper's shapes: TRL's padded layout, trimmed, and packed.
 
 Per process, as in recipes/qwen2.5-math-1.5b/prompt_aug.yaml: 128 rows (16 micro-batches of 8, 4 per
-optimizer step, so the old-log-prob pass runs), prompts of 100-300 tokens (at most 1,024), completions up
-to 3,072 with a long-tailed mix (one row in 16 at the cap, mean about a quarter of it), dapo's loss,
-AdamW, bf16 autocast over float32 weights, gradient checkpointing, SDPA attention. The model has
-Qwen2.5-Math-1.5B's architecture (hidden 1536, 28 layers, 12 heads, 2 KV heads, intermediate 8960,
-vocabulary 151,936, tied embeddings) with random weights built from that config: no download.
+optimizer step, so the old-log-prob pass runs), prompts of 100-300 tokens, completions up to 3,072 with a
+long-tailed mix (one row in 16 at the cap, mean about a quarter of it), dapo's loss, AdamW, bf16 autocast
+over float32 weights, gradient checkpointing. The model has Qwen2.5-Math-1.5B's architecture (hidden 1536,
+28 layers, 12 heads, 2 KV heads, intermediate 8960, vocabulary 151,936, tied embeddings) with random
+weights built from that config: no download.
 
-Padded is what TRL 1.16 runs: the shuffled round cut into micro-batches of 8, every one (and every chunk
-of the old-log-prob pass) at the round's longest prompt plus longest completion. Trimmed is
-``trim_padding``: `prompt_aug.padding`'s regrouping within each optimizer step and chunked, trimmed
-forward passes, the same code the trainer runs. Both start from the same weights and train on the same
-round; the losses of each optimizer step are printed side by side.
+Modes (each from the same weights, on the same rounds):
 
-Needs torch and transformers only (not TRL, datasets or math-verify). Prints the time of each phase
-(old log-probs, forward + backward, optimizer) and the peak GPU memory for both.
+* ``padded``: what TRL 1.16 runs: the shuffled round cut into micro-batches of 8, every call (and every
+  chunk of 8 rows of the old-log-prob pass) at the round's longest prompt plus longest completion; SDPA.
+* ``trim``: `prompt_aug.padding`: rows sorted by length within each optimizer step (`regroup`), each
+  micro-batch trimmed to its own widths, one call per micro-batch (`chunked_forward` with
+  ``rows_per_chunk``); SDPA.
+* ``packed-sdpa`` / ``packed-flex`` / ``packed-flash``: `prompt_aug.packing`, the trainer's code: each
+  micro-batch's real tokens in one row, position ids restarting per sequence, no attention mask
+  (`packed_forward`), with SDPA, ``flex_attention`` (skipped on CPU, which has no flex backward) or
+  ``flash_attention_2`` (only where ``flash_attn`` imports). Packed lengths are rounded up to a multiple
+  of ``--pad-to-multiple-of`` (64) to bound the number of shapes.
 
-    python bench/gpu_round.py                # one GPU (about 3 minutes on an H100)
-    python bench/gpu_round.py --tiny         # a tiny model and round, on CPU (seconds)
+The log-probs are TRL's fused head's: the LM head runs in tiles under checkpointing, on the labelled
+positions only (`head_logps`), in every mode. Each mode trains ``--rounds`` rounds of new lengths (seeds
+``seed``, ``seed + 1``, ...) and then the last round once more (the same shapes again, so that warm-up
+and new-shape costs show against it). Printed per mode and round: the time of each phase (old log-probs,
+forward + backward, optimizer), peak GPU memory, real tokens over the tokens run, and model calls; then
+each mode's loss per optimizer step, side by side, and how far each mode is from ``padded`` (losses, and
+the first round's old log-probs). Tolerance: float32 on CPU agrees within 1e-4 relative (the tiny run: about
+1e-7); bf16 on a GPU differs by rounding only, well under 1e-2 of the losses' mean size (not yet measured);
+a gap of the losses' own size means a layout is wrong.
+
+Needs torch and transformers only (not TRL, datasets or math-verify).
+
+    python bench/gpu_round.py                # one GPU: 3 rounds + 1 repeat (estimated 3.5 min on an H100)
+    python bench/gpu_round.py --tiny         # a tiny model and round, on CPU (seconds): 4 rounds + 1 repeat
+    python bench/gpu_round.py --modes padded,packed-sdpa --rounds 4
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -35,19 +53,27 @@ sys.path.insert(
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from prompt_aug.packing import IGNORE_INDEX, packed_forward
 from prompt_aug.padding import chunked_forward, long_tailed_lengths, optimizer_step_segments, regroup
 
 PAPER = {
     "model": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
               "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936},
-    "rows": 128, "micro_batch": 8, "accumulation": 4, "prompt": (100, 300), "cap": 3072,
+    "rows": 128, "micro_batch": 8, "accumulation": 4, "prompt": (100, 300), "cap": 3072, "rounds": 3,
 }  # fmt: skip
 TINY = {
     "model": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "intermediate_size": 128, "vocab_size": 1000},
-    "rows": 32, "micro_batch": 4, "accumulation": 2, "prompt": (8, 24), "cap": 64,
+    "rows": 32, "micro_batch": 4, "accumulation": 2, "prompt": (8, 24), "cap": 64, "rounds": 4,
 }  # fmt: skip
-CHUNK_OVERHEAD_TOKENS = 128  # as PromptAugGRPOTrainer.chunk_overhead_tokens
+MODES = {  # mode: attention implementation
+    "padded": "sdpa",
+    "trim": "sdpa",
+    "packed-sdpa": "sdpa",
+    "packed-flex": "flex_attention",
+    "packed-flash": "flash_attention_2",
+}
+HEAD_TILE = 1024  # tokens per LM-head tile
 
 
 def build_round(shape: dict, seed: int, device: torch.device) -> dict:
@@ -72,13 +98,11 @@ def build_round(shape: dict, seed: int, device: torch.device) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def token_logps(model, ids: torch.Tensor, mask: torch.Tensor, keep: int) -> torch.Tensor:
-    """Log-probs of the last ``keep`` tokens (0 where masked), the LM head run only on real tokens in tiles
-    under checkpointing, as TRL's fused head does, so the (tokens, vocabulary) logits are never all held."""
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -keep - 1 : -1]
-    labels, valid = ids[:, -keep:], mask[:, -keep:].bool()
+def head_logps(model, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Log-probs of ``targets`` from hidden ``states`` (both over labelled tokens only), the LM head run in
+    tiles under checkpointing as TRL's fused head does, so the (tokens, vocabulary) logits are never all
+    held."""
     weight = model.get_output_embeddings().weight
-    states, targets = hidden[valid], labels[valid]
 
     def tile(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         logits = (h @ weight.T).float()
@@ -86,29 +110,75 @@ def token_logps(model, ids: torch.Tensor, mask: torch.Tensor, keep: int) -> torc
 
     pieces = [
         torch.utils.checkpoint.checkpoint(
-            tile, states[i : i + 1024], targets[i : i + 1024], use_reentrant=False
+            tile, states[i : i + HEAD_TILE], targets[i : i + HEAD_TILE], use_reentrant=False
         )
-        for i in range(0, states.size(0), 1024)
+        for i in range(0, states.size(0), HEAD_TILE)
     ]
+    return torch.cat(pieces) if pieces else states.new_zeros(0, dtype=torch.float32)
+
+
+def token_logps(model, ids: torch.Tensor, mask: torch.Tensor, keep: int) -> torch.Tensor:
+    """A padded call's log-probs of the last ``keep`` tokens, (rows, keep), 0 where masked."""
+    hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    hidden = hidden[:, -keep - 1 : -1]
+    valid = mask[:, -keep:].bool()
     out = hidden.new_zeros(valid.shape, dtype=torch.float32)
-    out[valid] = torch.cat(pieces) if pieces else out[valid]
+    out[valid] = head_logps(model, hidden[valid], ids[:, -keep:][valid])
     return out
 
 
-def forward(model, batch: dict, trimmed: bool, max_rows: int) -> torch.Tensor:
-    """Per-token log-probs of ``batch``'s completions: one call per ``max_rows`` rows at full width
-    (padded), or `chunked_forward`'s trimmed chunks of rows of similar length."""
+def packed_call(model):
+    """`prompt_aug.packing`'s call without TRL: the backbone on a packed row (position ids, no mask, no cache)
+    and the tiled head on its labelled positions; entry j of the (1, T - 1) result scores token j + 1, as
+    TRL's fused head (the trainer's `fused_head_call`) returns it."""
+
+    def call(inputs: dict) -> tuple[torch.Tensor, None]:
+        hidden = model.model(
+            input_ids=inputs["input_ids"], position_ids=inputs["position_ids"], use_cache=False
+        ).last_hidden_state[:, :-1]
+        labels = inputs["labels"][:, 1:]
+        valid = labels != IGNORE_INDEX
+        out = hidden.new_zeros(valid.shape, dtype=torch.float32)
+        out[valid] = head_logps(model, hidden[valid], labels[valid])
+        return out, None
+
+    return call
+
+
+def forward(model, mode: str, batch: dict, rows_per_call: int, counts: dict, pad_multiple: int | None):
+    """Per-token log-probs of ``batch``'s completions, (rows, completion width), in ``mode``'s layout: one
+    call per ``rows_per_call`` rows (padded, trimmed or packed). Counts calls and tokens in ``counts``."""
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     keep = batch["completion_ids"].size(1)
-    if trimmed:
+    counts["real"] += int(mask.sum())
+    if mode == "trim":
+
+        def score(i: torch.Tensor, m: torch.Tensor, k: int) -> tuple[torch.Tensor]:
+            counts["calls"] += 1
+            counts["processed"] += i.numel()
+            return (token_logps(model, i, m, k),)
+
         (logps,) = chunked_forward(
-            lambda i, m, k: (token_logps(model, i, m, k),), ids, mask, keep, max_rows * ids.size(1),
-            CHUNK_OVERHEAD_TOKENS,
-        )  # fmt: skip
+            score, ids, mask, keep, rows_per_call * ids.size(1), rows_per_chunk=rows_per_call
+        )
         return logps
-    return torch.cat([token_logps(model, ids[s : s + max_rows], mask[s : s + max_rows], keep)
-                      for s in range(0, ids.size(0), max_rows)])  # fmt: skip
+    pieces = []
+    for s in range(0, ids.size(0), rows_per_call):
+        part_ids, part_mask = ids[s : s + rows_per_call], mask[s : s + rows_per_call]
+        if mode == "padded":
+            counts["calls"] += 1
+            counts["processed"] += part_ids.numel()
+            pieces.append(token_logps(model, part_ids, part_mask, keep))
+        else:  # packed: the padded call's tokens as the budget, so each micro-batch is one call
+            out = packed_forward(
+                packed_call(model), part_ids, part_mask, keep, max_tokens=part_ids.numel(),
+                pad_to_multiple_of=pad_multiple,
+            )  # fmt: skip
+            counts["calls"] += out.calls
+            counts["processed"] += out.processed_tokens
+            pieces.append(out.log_probs)
+    return torch.cat(pieces)
 
 
 def dapo_loss(logps: torch.Tensor, batch: dict, normalizer: torch.Tensor) -> torch.Tensor:
@@ -119,32 +189,38 @@ def dapo_loss(logps: torch.Tensor, batch: dict, normalizer: torch.Tensor) -> tor
     return (per_token * batch["completion_mask"]).sum() / normalizer
 
 
-def train_round(model, round_: dict, shape: dict, trimmed: bool, device: torch.device) -> dict:
-    """The old-log-prob pass and the round's optimizer steps; returns timings, peak memory and losses."""
+def train_round(
+    model, optimizer, round_: dict, shape: dict, mode: str, device: torch.device, seed: int,
+    pad_multiple: int | None,
+) -> dict:  # fmt: skip
+    """The old-log-prob pass and the round's optimizer steps; returns timings, peak memory, token counts,
+    losses and the old log-probs."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     micro, accumulation, rows = shape["micro_batch"], shape["accumulation"], shape["rows"]
     steps_per_generation = rows // micro
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    counts = {"calls": 0, "real": 0, "processed": 0}
     times = {"old log-probs": 0.0, "forward + backward": 0.0, "optimizer": 0.0}
+    # TRL computes the old log-probs with the model in training mode, without gradients (Qwen2 has no
+    # dropout); staying in one mode also keeps transformers' compiled flex attention from being rebuilt.
+    model.train()
     sync()
     start = time.perf_counter()
-    model.eval()
     with torch.no_grad(), autocast:
-        round_ = {**round_, "old_per_token_logps": forward(model, round_, trimmed, micro)}
+        old = forward(model, mode, round_, micro, counts, pad_multiple)
+    round_ = {**round_, "old_per_token_logps": old}
     sync()
     times["old log-probs"] = time.perf_counter() - start
-    # TRL shuffles the round and cuts it into micro-batches; trimmed regroups them within each step.
-    order = torch.randperm(rows, generator=torch.Generator().manual_seed(1)).to(device)
+    # TRL shuffles the round and cuts it into micro-batches; trim regroups them within each optimizer step.
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + 1)).to(device)
     shuffled = {k: v[order] if v.ndim else v for k, v in round_.items()}
     batches = [{k: v[i * micro : (i + 1) * micro] if v.ndim else v for k, v in shuffled.items()}
                for i in range(steps_per_generation)]  # fmt: skip
-    if trimmed:
+    if mode == "trim":
         batches = regroup(batches, optimizer_step_segments(0, steps_per_generation, 1, accumulation))
     normalizer = round_["num_items_in_batch"] * accumulation / steps_per_generation
-    model.train()
     losses = []
     for step in range(steps_per_generation // accumulation):
         total = 0.0
@@ -152,7 +228,7 @@ def train_round(model, round_: dict, shape: dict, trimmed: bool, device: torch.d
         start = time.perf_counter()
         for batch in batches[step * accumulation : (step + 1) * accumulation]:
             with autocast:
-                loss = dapo_loss(forward(model, batch, trimmed, micro), batch, normalizer)
+                loss = dapo_loss(forward(model, mode, batch, micro, counts, pad_multiple), batch, normalizer)
             loss.backward()
             total += loss.item()
         sync()
@@ -164,16 +240,38 @@ def train_round(model, round_: dict, shape: dict, trimmed: bool, device: torch.d
         times["optimizer"] += time.perf_counter() - start
         losses.append(total)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-    real = int(round_["prompt_mask"].sum() + round_["completion_mask"].sum())
-    return {"times": times, "peak_gib": peak, "losses": losses, "real": real}
+    return {"times": times, "peak_gib": peak, "losses": losses, "old": old.float().cpu(), **counts}
+
+
+def unavailable(mode: str, device: torch.device) -> str | None:
+    """Why ``mode`` cannot run here, or None."""
+    if mode == "packed-flex":
+        if device.type != "cuda":
+            return "flex_attention has no backward on CPU"
+        if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
+            return "this torch has no flex_attention"
+    if mode == "packed-flash":
+        if device.type != "cuda":
+            return "flash attention needs a GPU"
+        if importlib.util.find_spec("flash_attn") is None:
+            return "flash_attn is not importable"
+    return None
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a tiny model and round, on CPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of new lengths (then one repeat)")
+    parser.add_argument("--pad-to-multiple-of", type=int, default=64, help="packed lengths; 0 for none")
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if unknown := [m for m in modes if m not in MODES]:
+        parser.error(f"unknown modes {unknown}; choose among {', '.join(MODES)}")
     shape = TINY if args.tiny else PAPER
+    rounds = args.rounds or shape["rounds"]
+    pad_multiple = args.pad_to_multiple_of or None
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     config = Qwen2Config(
         **shape["model"], max_position_embeddings=4096 + 1024, rope_theta=10000.0, tie_word_embeddings=True,
@@ -185,27 +283,69 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     start_weights = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    round_ = build_round(shape, args.seed, device)
-    results = {}
-    for name, trimmed in (("padded", False), ("trimmed", True)):
-        model.load_state_dict(start_weights)
-        results[name] = train_round(model, round_, shape, trimmed, device)
+    seeds = [args.seed + r for r in range(rounds)] + [args.seed + rounds - 1]
+    labels = [f"seed {s}" for s in seeds[:-1]] + [f"seed {seeds[-1]} again"]
+
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     params = sum(p.numel() for p in model.parameters())
-    lengths = round_["completion_mask"].sum(1).float()
-    print(f"device: {name}; model: {params / 1e6:,.1f} M parameters; round: {shape['rows']} rows, prompts "
-          f"{shape['prompt'][0]}-{shape['prompt'][1]}, completions mean {lengths.mean():.0f} "
-          f"of cap {shape['cap']} "
-          f"({int((lengths == shape['cap']).sum())} at the cap); torch {torch.__version__}")  # fmt: skip
-    phases = list(results["padded"]["times"])
-    print(f"{'':8} " + " ".join(f"{p + ' s':>20}" for p in phases) + f" {'total s':>9} {'peak GiB':>9}")
-    for name, r in results.items():
-        cells = " ".join(f"{r['times'][p]:>20.2f}" for p in phases)
-        print(f"{name:8} {cells} {sum(r['times'].values()):>9.2f} {r['peak_gib']:>9.1f}")
-    for name in results:
-        print(f"{name} loss per optimizer step: " + ", ".join(f"{x:.6f}" for x in results[name]["losses"]))
-    ratio = sum(results["trimmed"]["times"].values()) / sum(results["padded"]["times"].values())
-    print(f"trimmed/padded training-side time: {ratio:.2f}")
+    print(f"device: {name}; model: {params / 1e6:,.1f} M parameters; torch {torch.__version__}; rounds of "
+          f"{shape['rows']} rows, prompts {shape['prompt'][0]}-{shape['prompt'][1]}, completions to "
+          f"{shape['cap']}; packed lengths to a multiple of {pad_multiple}")  # fmt: skip
+    for seed in seeds[:-1]:
+        lengths = build_round(shape, seed, torch.device("cpu"))["completion_mask"].sum(1).float()
+        print(f"  seed {seed}: completions mean {lengths.mean():.0f}, {int((lengths == shape['cap']).sum())} "
+              "at the cap")  # fmt: skip
+    phases = ["old log-probs", "forward + backward", "optimizer"]
+    header = (f"{'round':>14} " + " ".join(f"{p + ' s':>20}" for p in phases)
+              + f" {'total s':>9} {'peak GiB':>9} {'real share':>11} {'calls':>6}")  # fmt: skip
+    results: dict[str, list[dict]] = {}
+    for mode in modes:
+        if reason := unavailable(mode, device):
+            print(f"{mode}: skipped ({reason})")
+            continue
+        try:
+            model.set_attn_implementation(MODES[mode])
+        except (ImportError, ValueError) as error:
+            print(f"{mode}: skipped (attention {MODES[mode]!r}: {str(error).splitlines()[0]})")
+            continue
+        model.load_state_dict(start_weights)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        print(f"\n{mode} (attention {MODES[mode]})\n{header}")
+        results[mode] = []
+        for seed, label in zip(seeds, labels, strict=True):
+            round_ = build_round(shape, seed, device)
+            r = train_round(model, optimizer, round_, shape, mode, device, seed, pad_multiple)
+            results[mode].append(r)
+            cells = " ".join(f"{r['times'][p]:>20.2f}" for p in phases)
+            print(f"{label:>14} {cells} {sum(r['times'].values()):>9.2f} {r['peak_gib']:>9.1f} "
+                  f"{r['real'] / r['processed']:>11.3f} {r['calls']:>6}", flush=True)  # fmt: skip
+        del optimizer
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    print()
+    losses = {mode: [x for r in rs for x in r["losses"]] for mode, rs in results.items()}
+    for mode, values in losses.items():
+        print(f"{mode} loss per optimizer step: " + ", ".join(f"{x:.6f}" for x in values))
+    if "padded" in results:
+        reference = torch.tensor(losses["padded"])
+        scale = reference.abs().mean()
+        mask = build_round(shape, seeds[0], torch.device("cpu"))["completion_mask"].bool()
+        for mode in results:
+            if mode == "padded":
+                continue
+            gap = (torch.tensor(losses[mode]) - reference).abs().max()
+            old = (results[mode][0]["old"] - results["padded"][0]["old"])[mask].abs()
+            print(f"{mode} vs padded: losses differ by at most {gap:.3g} ({gap / scale:.2g} of their mean "
+                  f"size); first round's old log-probs by {old.max():.3g} at most, {old.mean():.3g} on "
+                  "average")  # fmt: skip
+        # The first round of each mode warms up (kernel selection, compilation); the others are compared.
+        steady = slice(1, None) if len(seeds) > 1 else slice(None)
+        base = sum(sum(r["times"].values()) for r in results["padded"][steady])
+        for mode in results:
+            if mode != "padded":
+                ratio = sum(sum(r["times"].values()) for r in results[mode][steady]) / base
+                print(f"{mode}/padded training-side time: {ratio:.2f} (rounds after the first)")
     return results
 
 

@@ -1,0 +1,417 @@
+"""Packed (padding-free) forward passes for GRPO's per-token log-probs, exact to float rounding.
+
+TRL 1.16 runs every forward of a round at the round's longest prompt plus longest completion, prompts padded
+on the left and completions on the right. Here the real tokens of a micro-batch's rows are laid end to end in
+ONE row instead, with ``position_ids`` that restart at 0 for each sequence, no ``attention_mask`` and no
+cache. transformers 5 then finds the sequences from the position ids
+(``masking_utils.find_packed_sequence_indices``) and masks attention block-diagonally: each sequence sees
+only its own earlier tokens, at its own positions, as it would alone. Nothing is computed for padding.
+
+* `plan_packs`: consecutive rows cut into packs of at most a token budget (a row longer than the budget is
+  a pack of its own).
+* `pack_rows`: one pack's tensors (``input_ids``, ``position_ids``, ``labels`` of shape (1, T)) and the
+  indices that put the per-token results back at TRL's (rows, logits_to_keep) layout.
+* `packed_forward`: a (rows, width) call as packs, the results scattered back, with gradients.
+* `fused_head_call`: the ``call`` a trainer passes to `packed_forward`, running ``model(...)`` itself (so
+  DDP, FSDP, DeepSpeed and PEFT wrappers stay in the path) with TRL's fused log-prob head.
+* `packing_unsupported_reason` (static) and `packing_check` / `packing_matches` (live, on the model) say
+  whether packing serves a model.
+
+The fused head (``trl.trainer.utils.add_fused_lm_head``) takes ``labels`` that are NOT shifted: the label at
+position t is token t, scored from the hidden state at t - 1, and it returns ``log_probs`` (and ``entropy``,
+when added with ``outputs=(..., "entropy")``) of shape (1, T - 1), where entry j scores token j + 1 and is 0
+where that label is -100. Temperature (and any logit scaling) is applied inside the head, as in TRL's padded
+call; packing does not touch it. In a packed row, the first token of every sequence is labelled -100, so no
+token is scored from the previous sequence's last state.
+
+Pure torch and transformers, no TRL: `prompt_aug.trainer` and `bench/gpu_round.py` (which runs where TRL is
+not installed) share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+IGNORE_INDEX = -100
+
+# Attention implementations whose transformers 5 code path honours packed position ids with no attention
+# mask: sdpa, eager and flex_attention build their mask in `masking_utils.create_causal_mask`, which detects
+# the packed sequences (`find_packed_sequence_indices`) and makes it block-diagonal; the flash attention paths
+# get no mask and find the sequence boundaries from the position ids themselves (`_is_packed_sequence`,
+# `prepare_fa_kwargs_from_position_ids`). Any other one (``paged|eager``, a kernel from the hub, a custom
+# registered function) may ignore them, and then sequences would attend to each other.
+PACKING_ATTENTION = frozenset(
+    {"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4"}
+)
+
+# A call runs one pack: it gets {"input_ids", "position_ids", "labels"} (each (1, T)) and returns the
+# per-token log-probs and entropies (None when not computed), each (1, T - 1) or (1, T), entry j scoring
+# token j + 1.
+PackCall = Callable[[dict], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+class PackedRows(NamedTuple):
+    """One pack of rows: the model's inputs and where its results go.
+
+    ``input_ids``, ``position_ids``, ``labels``: (1, T) on the rows' device. ``labels`` is -100 everywhere
+    but at the rows' real completion tokens (and -100 at the first token of each sequence), unshifted, as the
+    fused head takes it. ``source``: indices into the call's per-token output (entry j scores token j + 1);
+    ``target``: the matching flat indices into a (rows, logits_to_keep) result. ``real_tokens`` counts the
+    rows' real tokens; ``T - real_tokens`` is the rounding of `pack_rows`' ``pad_to_multiple_of``.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    labels: torch.Tensor
+    source: torch.Tensor
+    target: torch.Tensor
+    real_tokens: int
+
+    def inputs(self) -> dict:
+        """The keyword arguments of the model call (besides ``fused_lm_head`` and ``use_cache``)."""
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "labels": self.labels}
+
+    def scatter(self, values: torch.Tensor, rows: int, logits_to_keep: int) -> torch.Tensor:
+        """A call's (1, T - 1) or (1, T) per-token output as (rows, logits_to_keep), 0 where nothing is
+        scored. Differentiable in ``values``."""
+        flat = values.reshape(-1)[self.source]
+        out = flat.new_zeros(rows * logits_to_keep).index_copy(0, self.target, flat)
+        return out.view(rows, logits_to_keep)
+
+
+class PackedOutput(NamedTuple):
+    """`packed_forward`'s result: (rows, logits_to_keep) log-probs and entropies (None unless asked for) in
+    TRL's layout, the number of model calls, and the real and processed (packed, rounding included) tokens."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None
+    calls: int
+    real_tokens: int
+    processed_tokens: int
+
+
+def plan_packs(lengths: Sequence[int] | torch.Tensor, max_tokens: int) -> list[int]:
+    """Rows per pack, in order: consecutive rows, as many as fit in ``max_tokens`` tokens (greedy, so the
+    fewest packs); a row longer than ``max_tokens`` is a pack alone. Rows of length 0 join the current pack.
+    No rows give no packs."""
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.tolist()
+    sizes: list[int] = []
+    tokens = 0
+    for length in lengths:
+        if sizes and tokens + length <= max_tokens:
+            sizes[-1] += 1
+            tokens += length
+        else:
+            sizes.append(1)
+            tokens = length
+    return sizes
+
+
+def _row_lengths(attention_mask: torch.Tensor, logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt, completion) real-token counts per row, on the CPU (one device-to-host copy)."""
+    prompt_width = attention_mask.size(1) - logits_to_keep
+    both = torch.stack(
+        [attention_mask[:, :prompt_width].sum(dim=1), attention_mask[:, prompt_width:].sum(dim=1)]
+    )
+    prompt, completion = both.cpu().long().unbind(0)
+    return prompt, completion
+
+
+def _pack(
+    input_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    logits_to_keep: int,
+    pad_to_multiple_of: int | None,
+    pad_token_id: int,
+) -> PackedRows:
+    rows, width = input_ids.shape
+    prompt_width = width - logits_to_keep
+    device = input_ids.device
+    lengths = prompt_lengths + completion_lengths
+    real = int(lengths.sum())
+    # Per packed token (built on the CPU from the lengths, then moved once): its row, its position in its
+    # sequence, and its column in the padded row (prompts end at prompt_width, completions start there).
+    row = torch.repeat_interleave(torch.arange(rows), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    position = torch.arange(real) - starts[row]
+    column = prompt_width - prompt_lengths[row] + position
+    scored = (column >= prompt_width) & (position > 0)
+    source = torch.nonzero(scored).view(-1) - 1
+    target = row[scored] * logits_to_keep + (column[scored] - prompt_width)
+    extra = (-real) % pad_to_multiple_of if pad_to_multiple_of else 0
+    # Rounding tokens go last, as a sequence of their own: causal attention keeps them from every real token.
+    position = torch.cat([position, torch.arange(extra)])
+    index, scored_dev = (row * width + column).to(device), scored.to(device)
+    ids = input_ids.reshape(-1)[index]
+    labels = torch.where(scored_dev, ids, torch.full_like(ids, IGNORE_INDEX))
+    if extra:
+        ids = torch.cat([ids, ids.new_full((extra,), pad_token_id)])
+        labels = torch.cat([labels, labels.new_full((extra,), IGNORE_INDEX)])
+    return PackedRows(
+        input_ids=ids[None],
+        position_ids=position.to(device)[None],
+        labels=labels[None],
+        source=source.to(device),
+        target=target.to(device),
+        real_tokens=real,
+    )
+
+
+def pack_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    pad_to_multiple_of: int | None = None,
+    pad_token_id: int = 0,
+) -> PackedRows:
+    """The real tokens of every row of a TRL-style call, end to end in one row.
+
+    ``input_ids`` and ``attention_mask`` are (rows, width) = cat(prompt, completion), prompts left-padded and
+    completions right-padded, the last ``logits_to_keep`` columns the completion; each row's real tokens must
+    be contiguous (as in TRL's layout). Rows keep their order. With ``pad_to_multiple_of``, T is rounded up
+    with ``pad_token_id`` tokens forming a last sequence of their own, never labelled.
+    """
+    prompt_lengths, completion_lengths = _row_lengths(attention_mask, logits_to_keep)
+    return _pack(
+        input_ids, prompt_lengths, completion_lengths, logits_to_keep, pad_to_multiple_of, pad_token_id
+    )
+
+
+def packed_forward(
+    call: PackCall,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    max_tokens: int | None = None,
+    compute_entropy: bool = False,
+    pad_to_multiple_of: int | None = None,
+    pad_token_id: int = 0,
+) -> PackedOutput:
+    """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, run as packed rows.
+
+    The rows are cut into consecutive packs of at most ``max_tokens`` real tokens (`plan_packs`; by default
+    rows x width, the tokens of TRL's padded call, so that all rows are one call), each packed by `pack_rows`
+    and run by ``call`` (see `PackCall`, `fused_head_call`). Results come back as TRL's padded call gives
+    them: (rows, logits_to_keep), rows in their original order, 0 where the completion mask is 0; gradients
+    flow back through ``call``'s outputs. ``calls``, ``real_tokens`` and ``processed_tokens`` count the work.
+    """
+    rows, width = input_ids.shape
+    prompt_lengths, completion_lengths = _row_lengths(attention_mask, logits_to_keep)
+    budget = rows * width if max_tokens is None else max_tokens
+    log_probs: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] | None = [] if compute_entropy else None
+    calls = real = processed = 0
+    start = 0
+    for size in plan_packs(prompt_lengths + completion_lengths, budget):
+        part = slice(start, start + size)
+        start += size
+        packed = _pack(
+            input_ids[part], prompt_lengths[part], completion_lengths[part], logits_to_keep,
+            pad_to_multiple_of, pad_token_id,
+        )  # fmt: skip
+        if packed.input_ids.size(1) == 0:  # rows without a real token: nothing to run
+            zeros = input_ids.new_zeros((size, logits_to_keep), dtype=torch.float32)
+            log_probs.append(zeros)
+            if entropies is not None:
+                entropies.append(zeros)
+            continue
+        logps, entropy = call(packed.inputs())
+        calls += 1
+        real += packed.real_tokens
+        processed += packed.input_ids.size(1)
+        log_probs.append(packed.scatter(logps, size, logits_to_keep))
+        if entropies is not None:
+            if entropy is None:
+                raise ValueError("compute_entropy=True but the call returned no entropy")
+            entropies.append(packed.scatter(entropy, size, logits_to_keep))
+    if not log_probs:
+        empty = input_ids.new_zeros((0, logits_to_keep), dtype=torch.float32)
+        return PackedOutput(empty, empty if compute_entropy else None, 0, 0, 0)
+    return PackedOutput(
+        torch.cat(log_probs), None if entropies is None else torch.cat(entropies), calls, real, processed
+    )
+
+
+def fused_head_call(
+    model: torch.nn.Module, autocast: Callable[[], contextlib.AbstractContextManager] | None = None
+) -> PackCall:
+    """The ``call`` for `packed_forward` of a model with TRL's fused head (``add_fused_lm_head``): runs
+    ``model(input_ids=, position_ids=, labels=, fused_lm_head=True, use_cache=False)`` under ``autocast()``
+    (e.g. ``accelerator.autocast``) and returns the head's ``log_probs`` and ``entropy``. ``model`` is called
+    itself, so it may be wrapped (DDP, FSDP, DeepSpeed, PEFT). No attention mask is passed: that is what makes
+    transformers read the packed sequences off the position ids."""
+
+    def call(inputs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with autocast() if autocast is not None else contextlib.nullcontext():
+            outputs = model(**inputs, fused_lm_head=True, use_cache=False)
+        return outputs.log_probs, outputs.entropy
+
+    return call
+
+
+def _unwrap(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
+    """The transformers model inside DDP / DeepSpeed / FSDP1 (``.module``) and PEFT wrappers, and a reason
+    when a PEFT wrapper adds virtual tokens."""
+    for _ in range(8):
+        peft_config = getattr(model, "active_peft_config", None)
+        if peft_config is not None and getattr(peft_config, "is_prompt_learning", False):
+            return model, f"PEFT prompt learning ({peft_config.peft_type}) adds virtual tokens to every row"
+        if hasattr(model, "get_base_model") and model.get_base_model() is not model:
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            break
+    return model, None
+
+
+def packing_unsupported_reason(model: torch.nn.Module) -> str | None:
+    """One line saying why packed rows would not give ``model`` its per-row values, or None when nothing in
+    its configuration stands in the way. Static: `packing_check` runs the model to make sure."""
+    model, reason = _unwrap(model)
+    if reason:
+        return reason
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        return f"{type(model).__name__} has no transformers config"
+    name = f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
+    if config.get_text_config() is not config or getattr(config, "vision_config", None) is not None:
+        return f"{name} is multimodal: its image inputs and position ids are not packed"
+    forward = inspect.signature(type(model).forward).parameters
+    for key in ("token_type_ids", "mm_token_type_ids", "pixel_values"):
+        if key in forward:
+            return f"{name} takes {key}, which packing does not carry"
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in PACKING_ATTENTION:
+        return (
+            f"{name} uses attention implementation {attention!r}, which transformers does not mask by packed "
+            f"position ids (supported: {', '.join(sorted(PACKING_ATTENTION))})"
+        )
+    # Models with ``layer_types`` use a sliding window only in their "sliding_attention" layers (Qwen2 keeps
+    # its window off below ``max_window_layers``); others (Mistral) use ``sliding_window`` in every layer.
+    layer_types = getattr(config, "layer_types", None) or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if "sliding_attention" in other or (not layer_types and getattr(config, "sliding_window", None)):
+        window = getattr(config, "sliding_window", None)
+        return (
+            f"{name} uses sliding window attention ({window} tokens; packing is checked for full attention)"
+        )
+    if other:
+        return f"{name} has {', '.join(other)} layers (packing is checked for full attention only)"
+    if getattr(config, "attention_chunk_size", None) is not None:
+        return f"{name} uses chunked attention ({config.attention_chunk_size} tokens)"
+    if not getattr(config, "is_causal", True):
+        return f"{name} is not causal"
+    module = sys.modules.get(type(model).__module__)
+    if not attention.startswith("flash_attention") and not hasattr(module, "create_causal_mask"):
+        return (
+            f"{name}'s modeling code does not build its mask with transformers' create_causal_mask, which is "
+            "what detects packed sequences"
+        )
+    return None
+
+
+@dataclass
+class PackingCheck:
+    """`packing_check`'s finding: ``error`` is the mean absolute difference of a row's log-probs packed
+    after another row from the row alone, ``leak`` the same for the two rows run as ONE sequence (what a model
+    that ignores the packing computes). ``ok`` when ``error <= atol`` or ``error <= rtol * leak``."""
+
+    ok: bool
+    error: float
+    leak: float
+    tokens: int
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def describe(self) -> str:
+        verdict = "packed rows match" if self.ok else "packed rows do NOT match"
+        return (
+            f"{verdict} the rows alone: mean |difference| {self.error:.3g} over {self.tokens} tokens "
+            f"(as one unpacked sequence: {self.leak:.3g})"
+        )
+
+
+def _real_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, row: int, limit: int) -> torch.Tensor:
+    tokens = input_ids[row][attention_mask[row].bool()]
+    return tokens[-limit:]
+
+
+def packing_check(
+    call_or_model: PackCall | torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_row_tokens: int = 64,
+    atol: float = 1e-4,
+    rtol: float = 0.1,
+) -> PackingCheck:
+    """Run the model on two rows of a live batch (the last ``max_row_tokens`` real tokens of its first two
+    rows with at least two; the same row twice if there is one): the second row alone, the two packed, and
+    the two as one sequence (positions running on). Each of the second row's tokens after its first is scored.
+
+    ``call_or_model`` is a `PackCall` (such as `fused_head_call`'s, which the trainer uses) or a model with
+    TRL's fused head (then called under no autocast, in eval mode for the check). Runs without gradients.
+    ``atol`` is for float32 (packing is exact to rounding there); under bf16 rounding, ``rtol`` asks the error
+    to be a small part of what running the rows together costs.
+    """
+    model = call_or_model if isinstance(call_or_model, torch.nn.Module) else None
+    call = fused_head_call(model) if model is not None else call_or_model
+    lengths = attention_mask.sum(dim=1).tolist()
+    usable = [i for i, n in enumerate(lengths) if n >= 2]
+    if not usable:
+        raise ValueError("packing_check needs a row with at least two real tokens")
+    first, second = (usable + usable)[:2]
+    a = _real_tokens(input_ids, attention_mask, first, max_row_tokens)
+    b = _real_tokens(input_ids, attention_mask, second, max_row_tokens)
+    device = input_ids.device
+    positions_b = torch.arange(len(b), device=device)
+    labels_b = b.clone()
+    labels_b[0] = IGNORE_INDEX
+    ids = torch.cat([a, b])[None]
+    labels = torch.cat([torch.full_like(a, IGNORE_INDEX), labels_b])[None]
+    packed_positions = torch.cat([torch.arange(len(a), device=device), positions_b])[None]
+    one_sequence = torch.arange(len(a) + len(b), device=device)[None]
+    training = model.training if model is not None else False
+    if model is not None:
+        model.eval()
+    try:
+        with torch.no_grad():
+            alone = call({"input_ids": b[None], "position_ids": positions_b[None], "labels": labels_b[None]})[
+                0
+            ]
+            packed = call({"input_ids": ids, "position_ids": packed_positions, "labels": labels})[0]
+            leaked = call({"input_ids": ids, "position_ids": one_sequence, "labels": labels})[0]
+    finally:
+        if model is not None:
+            model.train(training)
+    # Entry j scores token j + 1; the second row's tokens 1.. are the last len(b) - 1 scored entries.
+    n = len(b) - 1
+    alone = alone.reshape(-1)[: len(b) - 1].float()
+    end = len(a) + len(b) - 1
+    packed = packed.reshape(-1)[end - n : end].float()
+    leaked = leaked.reshape(-1)[end - n : end].float()
+    error = float((packed - alone).abs().mean())
+    leak = float((leaked - alone).abs().mean())
+    return PackingCheck(ok=error <= atol or error <= rtol * leak, error=error, leak=leak, tokens=n)
+
+
+def packing_matches(
+    call_or_model: PackCall | torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    **kwargs,
+) -> bool:
+    """Whether `packing_check` finds packed rows give the rows' values alone."""
+    return packing_check(call_or_model, input_ids, attention_mask, **kwargs).ok

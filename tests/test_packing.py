@@ -1,0 +1,295 @@
+"""Packed forward passes: a tiny float32 Qwen2 with TRL's fused log-prob head gives, for rows packed end to
+end in one row, the log-probs and entropies (and gradients) of TRL's padded call and of each row alone.
+
+References come from the model itself run another way: each row alone from its plain logits (temperature
+applied by hand), or TRL's padded call with TRL's labels. The packing checks must be able to fail, so they
+also run on a model whose attention ignores the packing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AttentionInterface, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from trl.trainer.utils import add_fused_lm_head
+
+from prompt_aug.packing import (
+    fused_head_call,
+    pack_rows,
+    packed_forward,
+    packing_check,
+    packing_matches,
+    packing_unsupported_reason,
+    plan_packs,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB = 97
+TEMPERATURE = 0.7
+# (prompt, completion) real lengths of the rows, in a (5, 6 + 7) layout; row 3's completion is fully masked.
+LENGTHS = [(2, 7), (6, 1), (4, 3), (1, 0), (3, 5)]
+PROMPT_WIDTH, KEEP = 6, 7
+# An attention function transformers knows nothing about: it gets no mask when the mask is None, so packed
+# sequences attend to each other (what a kernel that ignores packed position ids would do).
+AttentionInterface.register("unpacked_sdpa", sdpa_attention_forward)
+
+
+def _config(attention: str = "sdpa", **kwargs) -> Qwen2Config:
+    return Qwen2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=VOCAB, attn_implementation=attention, **kwargs,
+    )  # fmt: skip
+
+
+def _model(attention: str = "sdpa", temperature: float = TEMPERATURE) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(_config(attention)).float()
+    add_fused_lm_head(model, temperature=temperature, outputs=("log_probs", "entropy"))
+    return model
+
+
+def _rows(lengths=LENGTHS, prompt_width=PROMPT_WIDTH, keep=KEEP, seed=1):
+    """TRL's layout: input_ids = cat(prompt, completion), prompts left-padded, completions right-padded
+    (padding ids 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = len(lengths)
+    mask = torch.zeros(rows, prompt_width + keep, dtype=torch.long)
+    for i, (p, c) in enumerate(lengths):
+        mask[i, prompt_width - p : prompt_width + c] = 1
+    ids = torch.randint(1, VOCAB, mask.shape, generator=generator) * mask
+    return ids, mask
+
+
+def _alone(model, ids_row, mask_row, keep=KEEP, temperature=TEMPERATURE):
+    """One row's completion log-probs and entropies from the model's plain logits over the row's real
+    tokens only (no padding, no packing, no fused head), as (keep,) vectors with 0 past the completion."""
+    tokens = ids_row[mask_row.bool()]
+    completion = int(mask_row[-keep:].sum())
+    logps, entropy = torch.zeros(keep), torch.zeros(keep)
+    if completion:
+        logits = model(input_ids=tokens[None], use_cache=False, fused_lm_head=False).logits[0, :-1]
+        logp = (logits.float() / temperature).log_softmax(-1)
+        chosen = logp.gather(-1, tokens[1:, None]).squeeze(-1)
+        ent = -(logp.exp() * logp).sum(-1)
+        logps = torch.cat([chosen[-completion:], torch.zeros(keep - completion)])
+        entropy = torch.cat([ent[-completion:], torch.zeros(keep - completion)])
+    return logps, entropy
+
+
+def _trl_padded_call(model, ids, mask, keep=KEEP):
+    """What TRL 1.16's `_get_per_token_logps_and_entropies` runs for one batch (no autocast on CPU)."""
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-keep] = -100
+    outputs = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    return outputs.log_probs[:, -keep:], outputs.entropy[:, -keep:]
+
+
+# -- the pure helpers ----------------------------------------------------------------------------------------
+
+
+def test_plan_packs_cuts_consecutive_rows_within_the_budget():
+    assert plan_packs([], 10) == []
+    assert plan_packs([3, 4, 3], 10) == [3]  # exactly the budget: one pack
+    assert plan_packs([3, 4, 4], 10) == [2, 1]
+    assert plan_packs([12, 2, 3], 10) == [1, 2]  # a row over the budget is a pack alone
+    assert plan_packs([2, 12, 3], 10) == [1, 1, 1]
+    assert plan_packs([0, 5, 0, 5, 0], 10) == [5]  # empty rows cost nothing
+    assert plan_packs(torch.tensor([6, 6, 6]), 11) == [1, 1, 1]
+    assert plan_packs([1] * 7, 1) == [1] * 7
+
+
+def test_pack_rows_lays_real_tokens_end_to_end_with_restarting_positions():
+    # Two rows, prompt width 3, completion width 3: row 0 = prompt [11, 12] + completion [13];
+    # row 1 = prompt [21, 22, 23] + completion [24, 25, 26].
+    ids = torch.tensor([[0, 11, 12, 13, 0, 0], [21, 22, 23, 24, 25, 26]])
+    mask = (ids != 0).long()
+    packed = pack_rows(ids, mask, logits_to_keep=3)
+    assert packed.input_ids.tolist() == [[11, 12, 13, 21, 22, 23, 24, 25, 26]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 5]]
+    assert packed.labels.tolist() == [[-100, -100, 13, -100, -100, -100, 24, 25, 26]]
+    assert packed.real_tokens == 9
+    # The fused head's output entry j scores token j + 1: tokens 13, 24, 25, 26 are entries 1, 5, 6, 7, and
+    # they go to (row, completion column) (0, 0), (1, 0), (1, 1), (1, 2).
+    scores = torch.arange(8.0)[None]
+    assert packed.scatter(scores, 2, 3).tolist() == [[1.0, 0.0, 0.0], [5.0, 6.0, 7.0]]
+    rounded = pack_rows(ids, mask, logits_to_keep=3, pad_to_multiple_of=4, pad_token_id=7)
+    assert rounded.input_ids.tolist() == [[11, 12, 13, 21, 22, 23, 24, 25, 26, 7, 7, 7]]
+    assert rounded.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 5, 0, 1, 2]]
+    assert rounded.labels[0, 9:].tolist() == [-100] * 3
+    assert rounded.scatter(torch.arange(11.0)[None], 2, 3).tolist() == [[1.0, 0.0, 0.0], [5.0, 6.0, 7.0]]
+
+
+# -- exactness on a tiny model -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_rows_give_each_row_its_values_alone(attention):
+    model = _model(attention).eval()
+    ids, mask = _rows()
+    with torch.no_grad():
+        out = packed_forward(fused_head_call(model), ids, mask, KEEP, compute_entropy=True)
+        for i in range(len(LENGTHS)):
+            logps, entropy = _alone(model, ids[i], mask[i])
+            torch.testing.assert_close(out.log_probs[i], logps, rtol=0, atol=1e-5)
+            torch.testing.assert_close(out.entropy[i], entropy, rtol=0, atol=1e-5)
+    assert out.log_probs[3].eq(0).all() and out.entropy[3].eq(0).all()  # the fully masked completion
+    assert out.log_probs[~mask[:, -KEEP:].bool()].eq(0).all()
+    assert (out.calls, out.real_tokens, out.processed_tokens) == (1, int(mask.sum()), int(mask.sum()))
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_forward_matches_trl_padded_call_with_gradients(attention):
+    ids, mask = _rows(seed=2)
+    weights = torch.randn(ids.size(0), KEEP, generator=torch.Generator().manual_seed(3))
+    results = {}
+    for name in ("padded", "packed", "split"):
+        model = _model(attention).train()
+        if name == "padded":
+            logps, entropy = _trl_padded_call(model, ids, mask)
+        else:
+            budget = None if name == "packed" else 8  # rows of 9, 7, 7, 1, 8 tokens: packs 9 | 7 | 7 1 | 8
+            out = packed_forward(
+                fused_head_call(model), ids, mask, KEEP, max_tokens=budget, compute_entropy=True
+            )
+            logps, entropy = out.log_probs, out.entropy
+            assert out.calls == (1 if name == "packed" else 4)
+        ((logps * weights).sum() + 0.1 * entropy.sum()).backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+        results[name] = (logps.detach(), entropy.detach(), grads)
+    padded_logps, padded_entropy, padded_grads = results["padded"]
+    for name in ("packed", "split"):
+        logps, entropy, grads = results[name]
+        torch.testing.assert_close(logps, padded_logps, rtol=0, atol=1e-5)
+        torch.testing.assert_close(entropy, padded_entropy, rtol=0, atol=1e-5)
+        for key, grad in padded_grads.items():
+            torch.testing.assert_close(grads[key], grad, rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
+
+
+def test_budget_splitting_and_rounding_change_no_value():
+    model = _model().eval()
+    ids, mask = _rows(seed=4)
+    call = fused_head_call(model)
+    with torch.no_grad():
+        whole = packed_forward(call, ids, mask, KEEP, compute_entropy=True)
+        # Rows of 9, 7, 7, 1, 8 tokens: 16 a pack gives 9 7 | 7 1 8.
+        split = packed_forward(call, ids, mask, KEEP, max_tokens=16, compute_entropy=True)
+        rounded = packed_forward(call, ids, mask, KEEP, max_tokens=16, pad_to_multiple_of=5)
+    assert mask.sum(1).tolist() == [9, 7, 7, 1, 8]
+    assert (split.calls, split.real_tokens, split.processed_tokens) == (2, 32, 32)
+    assert (rounded.calls, rounded.real_tokens, rounded.processed_tokens) == (2, 32, 20 + 20)
+    assert rounded.entropy is None
+    for out in (split, rounded):
+        torch.testing.assert_close(out.log_probs, whole.log_probs, rtol=0, atol=1e-5)
+    torch.testing.assert_close(split.entropy, whole.entropy, rtol=0, atol=1e-5)
+
+
+def test_temperature_is_the_fused_heads():
+    """Packing leaves temperature to the head: at 1.0 and 0.7 the packed values follow the head's setting."""
+    ids, mask = _rows(seed=5)
+    with torch.no_grad():
+        for temperature in (1.0, 0.7):
+            model = _model(temperature=temperature).eval()
+            out = packed_forward(fused_head_call(model), ids, mask, KEEP)
+            logps, _ = _alone(model, ids[0], mask[0], temperature=temperature)
+            torch.testing.assert_close(out.log_probs[0], logps, rtol=0, atol=1e-5)
+
+
+# -- whether packing serves a model --------------------------------------------------------------------------
+
+
+def test_packing_unsupported_reason_names_what_stands_in_the_way():
+    assert packing_unsupported_reason(_model("sdpa")) is None
+    assert packing_unsupported_reason(_model("eager")) is None
+    reason = packing_unsupported_reason(_model("unpacked_sdpa"))
+    assert reason is not None and "'unpacked_sdpa'" in reason
+    sliding = Qwen2ForCausalLM(_config(use_sliding_window=True, sliding_window=4, max_window_layers=0))
+    assert "sliding window" in packing_unsupported_reason(sliding)
+    # Qwen2 keeps its window off below max_window_layers: here in no layer, so packing is fine.
+    unused = Qwen2ForCausalLM(_config(use_sliding_window=True, sliding_window=4, max_window_layers=2))
+    assert packing_unsupported_reason(unused) is None
+    mistral = MistralForCausalLM(
+        MistralConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, vocab_size=VOCAB, sliding_window=16)
+    )  # fmt: skip
+    assert "sliding window" in packing_unsupported_reason(mistral)
+
+
+def test_packing_unsupported_reason_sees_through_wrappers_and_prompt_learning():
+    from peft import LoraConfig, PromptTuningConfig, get_peft_model
+
+    lora = get_peft_model(_model(), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert packing_unsupported_reason(lora) is None
+    assert packing_unsupported_reason(get_peft_model(_model("unpacked_sdpa"), LoraConfig(r=2))) is not None
+    prompt_tuning = get_peft_model(_model(), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=3))
+    assert "virtual tokens" in packing_unsupported_reason(prompt_tuning)
+
+
+def test_packing_check_passes_on_the_model_and_fails_when_packing_is_ignored():
+    ids, mask = _rows(seed=6)
+    check = packing_check(_model(), ids, mask)
+    assert check.ok and check.error < 1e-5 and check.leak > 1e-2, check.describe()
+    assert packing_matches(fused_head_call(_model("eager").eval()), ids, mask)
+    # An attention implementation that does not mask by packed position ids: the second row sees the first.
+    ignored = packing_check(_model("unpacked_sdpa"), ids, mask)
+    assert not ignored.ok and ignored.error > 1e-2, ignored.describe()
+    assert "do NOT match" in ignored.describe()
+    # A call that passes an attention mask: transformers then takes the row as one sequence.
+    model = _model().eval()
+
+    def masked_call(inputs):
+        ones = torch.ones_like(inputs["input_ids"])
+        out = model(**inputs, attention_mask=ones, fused_lm_head=True, use_cache=False)
+        return out.log_probs, out.entropy
+
+    assert not packing_matches(masked_call, ids, mask)
+
+
+def test_packing_check_restores_training_mode():
+    model = _model().train()
+    ids, mask = _rows()
+    assert packing_check(model, ids, mask).ok
+    assert model.training
+
+
+# -- the GPU bench's tiny run --------------------------------------------------------------------------------
+
+
+def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
+    """bench/gpu_round.py at its tiny shape, with trl, datasets and math_verify made unimportable (the GPU
+    machine has none of them): every mode trains, on the same losses (float32 on CPU)."""
+    code = (
+        "import runpy, sys\n"
+        "for name in ('trl', 'datasets', 'math_verify'):\n"
+        "    sys.modules[name] = None\n"
+        "sys.argv = ['gpu_round.py', '--tiny']\n"
+        "runpy.run_path('bench/gpu_round.py', run_name='__main__')\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    losses = {
+        line.split()[0]: torch.tensor([float(x) for x in line.split(": ")[1].split(", ")])
+        for line in lines
+        if " loss per optimizer step: " in line
+    }
+    assert set(losses) == {"padded", "trim", "packed-sdpa"}
+    assert len(losses["padded"]) == 20  # 4 optimizer steps in each of 4 rounds and the repeated round
+    for mode in ("trim", "packed-sdpa"):
+        torch.testing.assert_close(losses[mode], losses["padded"], rtol=1e-4, atol=1e-6, msg=mode)
+    assert any(line.startswith("packed-flex: skipped") for line in lines)
+    assert any(line.startswith("packed-sdpa/padded training-side time: ") for line in lines)
