@@ -15,6 +15,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from .padding import padding_mode
 from .records import generation_round, optimizer_steps_per_round
 from .templates import STOP_TOKENS  # defined there so that evaluation need not import TRL
 
@@ -49,6 +50,10 @@ class PromptAugGRPOConfig(GRPOConfig):
     collapse_<signal>_<threshold>, collapse_<signal>_rounds / _evaluations, collapse_<signal>_action for the
     signals entropy, accuracy, truncation, repetition and eval; reset_optimizer_on_ref_sync,
     skip_minibatch_ratio_above
+
+    > Efficiency
+
+    trim_padding (packed | trim | off), packing_max_tokens, packing_pad_to_multiple_of
 
     > Logging
 
@@ -253,13 +258,25 @@ class PromptAugGRPOConfig(GRPOConfig):
     )
 
     # > Efficiency
-    trim_padding: bool = field(
-        default=True,
+    trim_padding: str = field(
+        default="packed",
         metadata={
-            "help": "Train without most of TRL's padding: rows ordered by length within each optimizer step, "
-            "each micro-batch and forward pass cut to its own longest prompt and completion; the update is "
-            "unchanged (prompt_aug/padding.py). false: TRL's padded passes."
+            "help": "How training passes skip TRL's padding: `packed` (each call's real tokens in one row, "
+            "position ids restarting per sequence), `trim` (each call cut to its own longest prompt and "
+            "completion; the fallback when packing cannot serve the model), `off` (TRL's padded calls). "
+            "true means packed, false off. The update is the same on every path (prompt_aug/padding.py)."
         },
+    )
+    packing_max_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Real tokens per packed call (default: the tokens of TRL's padded call, so memory never "
+            "exceeds TRL's); a call above it is split. One process only."
+        },
+    )
+    packing_pad_to_multiple_of: int | None = field(
+        default=None,
+        metadata={"help": "Round each packed call's length up to a multiple of this (default: no rounding)."},
     )
 
     # > Logging
@@ -293,6 +310,7 @@ class PromptAugGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.trim_padding = padding_mode(self.trim_padding)
         check_config(self)
 
 

@@ -1,27 +1,55 @@
-"""Padding-free training passes, kept exact: length grouping within an optimizer step; trimming.
+"""Padding-free training passes: which path runs (`PaddingFreePasses`: packed, trimmed or TRL's padded), and
+the exact regrouping and trimming of a round's micro-batches.
 
 TRL 1.16 pads every row of a generation round to the round's longest prompt (on the left) and longest
 completion (on the right), and runs the old-log-prob pass and every training micro-batch at that width.
-Three things remove most of that padding without changing the update:
+Each path keeps TRL's calls (one per micro-batch, one per ``batch_size`` rows of a round) and its update:
 
-* `regroup`: within the micro-batches that accumulate into one optimizer step, rows are ordered by length
-  before they are cut into micro-batches of the same size. No row moves to another optimizer step.
-* `trim`: a micro-batch is cut to its own longest prompt and completion. Dropped columns are padding in
-  every row, which the attention mask and the loss mask already ignore; the kept tokens keep their
-  relative positions (RoPE is relative), so a row's log-probabilities agree to float rounding.
-* `chunked_forward`: a forward pass (a micro-batch's, or the no-grad old-log-prob pass over a round) is run
-  as chunks of rows of similar length (`plan_chunks`), each trimmed; the per-token outputs are put back at
-  full width. Each row's values do not depend on the rows it runs with, so this is exact for every loss.
+* ``packed`` (default): each call's real tokens run as one packed row (`prompt_aug.packing`), padding-free.
+* ``trim``: each call is cut to its own longest prompt and completion, rows of a no-grad pass sorted by
+  length first (`chunked_forward`); the fallback when packing cannot serve the model.
+* ``off``: TRL's padded calls.
 
-Pure torch, no TRL: `prompt_aug.trainer` and `bench/gpu_round.py` (which runs where TRL is not installed)
-share it.
+With ``packed`` and ``trim``, a new round's micro-batches are trimmed (`trim`), and with ``trim`` also ordered
+by length within each optimizer step first (`regroup`), where that leaves the update unchanged. No row moves
+to another optimizer step.
+
+Pure torch: `prompt_aug.trainer` and `bench/gpu_round.py` (which runs where TRL is not installed) share it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+
+from .packing import fused_head_call, packed_forward, packing_check, packing_unsupported_reason
+
+logger = logging.getLogger("prompt_aug")
+
+# The paths a forward pass can take (the ``trim_padding`` key); the first is the default.
+PADDING_MODES = ("packed", "trim", "off")
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "none")
+
+
+def padding_mode(value: Any) -> str:
+    """A ``trim_padding`` value as one of `PADDING_MODES`; the old booleans still work (true: the default
+    path, ``packed``; false: ``off``, TRL's padded passes).
+
+    >>> padding_mode(True), padding_mode("false"), padding_mode("trim")
+    ('packed', 'off', 'trim')
+    """
+    text = str(value).strip().lower()
+    if text in PADDING_MODES[:2]:
+        return text
+    if value is True or text in _TRUE:
+        return PADDING_MODES[0]
+    if value is False or text in _FALSE:
+        return "off"
+    raise ValueError(f"trim_padding: {value!r} is not one of {', '.join(PADDING_MODES)} (or true / false)")
+
 
 # Left-padded (B, P) tensors.
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
@@ -140,72 +168,31 @@ def regroup(
     return out
 
 
-def plan_chunks(lengths: torch.Tensor, prompt: torch.Tensor, max_tokens: int, overhead: int = 0) -> list[int]:
-    """Row counts of consecutive chunks of rows that run the fewest tokens, padding included.
-
-    ``lengths`` are the rows' completion lengths and ``prompt`` their prompt lengths, both in the order the
-    rows will be cut (longest first). A chunk of rows i..j-1 runs (j - i) x (its longest prompt + its longest
-    completion) tokens, plus ``overhead`` (what one more forward call costs, in tokens); no chunk may run more
-    than ``max_tokens`` (a chunk of one row always may).
-    """
-    c, p = lengths.tolist(), prompt.tolist()
-    rows = len(c)
-    best = [0.0] + [float("inf")] * rows
-    cut = [0] * (rows + 1)
-    for j in range(1, rows + 1):
-        top_p = top_c = 0
-        for i in range(j - 1, -1, -1):  # the chunk i..j-1, grown to the left
-            top_p, top_c = max(top_p, p[i]), max(top_c, c[i])
-            tokens = (j - i) * (top_p + top_c)
-            if tokens > max_tokens and i < j - 1:
-                break
-            value = best[i] + tokens + overhead
-            if value < best[j]:
-                best[j], cut[j] = value, i
-    sizes, j = [], rows
-    while j > 0:
-        sizes.append(j - cut[j])
-        j = cut[j]
-    return sizes[::-1]
-
-
 def chunked_forward(
     score: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor | None, ...]],
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     logits_to_keep: int,
-    max_tokens: int,
-    overhead: int = 0,
-    rows_per_chunk: int | None = None,
+    rows_per_chunk: int,
 ) -> tuple[torch.Tensor | None, ...]:
-    """Per-token outputs of the last ``logits_to_keep`` columns, run in trimmed chunks of similar length.
+    """Per-token outputs of the last ``logits_to_keep`` columns, as trimmed chunks of ``rows_per_chunk`` rows.
 
     ``score(ids, mask, keep)`` runs the model on a chunk and returns (rows, keep) tensors (log-probs,
     entropies; ``None`` for one not computed), 0 where the mask is 0 as TRL's fused head gives them.
-    ``input_ids`` is ``cat(prompt, completion)``, prompts left-padded and completions right-padded. Rows
-    are sorted by length and cut by `plan_chunks` (at most ``max_tokens`` per chunk, ``overhead`` tokens
-    per call); each chunk is trimmed to its own widths, and the results are put back in the original row
-    order at full width (0 beyond a chunk's width, where its rows are padding). Each row's values are
-    those of the padded call, to float rounding; gradients flow back through them. With ``rows_per_chunk``,
-    the sorted rows are cut into chunks of that many rows instead, so the number of calls is fixed by the
-    row count (several processes must make the same number of calls when a model's forward communicates).
+    ``input_ids`` is ``cat(prompt, completion)``, prompts left-padded and completions right-padded. Rows are
+    sorted by length and cut into chunks of ``rows_per_chunk`` (as many calls as TRL makes, so every process
+    of a run makes the same number, which DDP, FSDP and ZeRO-3 need); each chunk is trimmed to its own widths,
+    and the results are put back in the original row order at full width (0 beyond a chunk's width, where its
+    rows are padding). Each row's values are those of the padded call, to float rounding; gradients flow
+    back through them.
     """
     prompt_width = input_ids.size(1) - logits_to_keep
     prompt_mask, completion_mask = attention_mask[:, :prompt_width], attention_mask[:, prompt_width:]
     prompt_lengths, completion_lengths = prompt_mask.sum(dim=1), completion_mask.sum(dim=1)
     order = torch.sort(prompt_lengths + completion_lengths, descending=True, stable=True).indices
-    if rows_per_chunk is not None:
-        rows_total = input_ids.size(0)
-        sizes = [min(rows_per_chunk, rows_total - s) for s in range(0, rows_total, rows_per_chunk)]
-    else:
-        sizes = plan_chunks(
-            completion_lengths[order].cpu(), prompt_lengths[order].cpu(), max_tokens, overhead
-        )
     outs: list[torch.Tensor | None] | None = None
-    start = 0
-    for size in sizes:
-        rows = order[start : start + size]
-        start += size
+    for start in range(0, input_ids.size(0), rows_per_chunk):
+        rows = order[start : start + rows_per_chunk]
         keep_prompt = int(prompt_lengths[rows].max())
         keep_completion = min(logits_to_keep, max(1, int(completion_lengths[rows].max())))
         cols = slice(prompt_width - keep_prompt, prompt_width + keep_completion)
@@ -232,3 +219,110 @@ def long_tailed_lengths(rows: int, cap: int, generator: torch.Generator) -> list
     lengths = (torch.empty(rows).exponential_(generator=generator) * cap / 5).long().clamp(1, cap - 1)
     lengths[torch.randperm(rows, generator=generator)[: max(1, rows // 16)]] = cap
     return lengths.tolist()
+
+
+class PaddingFreePasses:
+    """Runs every forward pass of a trainer on the path of `padding_mode` and counts the tokens it runs.
+
+    ``forward(trl_forward, model, ...)`` takes TRL's per-token log-prob call (``trl_forward(model, ids, mask,
+    keep, batch_size, compute_entropy)`` returning ``(logps, entropies, aux)``) for the ``trim`` and ``off``
+    paths; the ``packed`` path calls ``model`` itself with TRL's fused head (`prompt_aug.packing`). Packing is
+    checked twice before it is trusted: on the model's configuration when the model is first seen
+    (`packing_unsupported_reason`), and on the live model at the first call (`packing_check`: two rows packed
+    against each alone). Either failure falls back to ``trim`` with one log line saying why; the path chosen
+    is logged once.
+
+    Args:
+        mode: ``packed``, ``trim`` or ``off``.
+        max_tokens: Real tokens per packed call; default: the tokens of TRL's padded call, so a call is never
+            split and never holds more than TRL's. A smaller budget splits a call (a single process only).
+        pad_to_multiple_of: Round each packed length up to a multiple of this (default: no rounding).
+        autocast: The trainer's autocast context (``accelerator.autocast``), for the packed calls.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        max_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        autocast: Callable[[], Any] | None = None,
+    ) -> None:
+        self.mode = padding_mode(mode)
+        self.max_tokens, self.pad_to_multiple_of, self.autocast = max_tokens, pad_to_multiple_of, autocast
+        self.stats = {"real": 0, "processed": 0, "calls": 0}
+        self._checked = self.mode != "packed"
+
+    def choose(self, model: torch.nn.Module) -> str:
+        """Fall back from ``packed`` to ``trim`` when the model's configuration rules packing out; returns the
+        path and logs it."""
+        reason = packing_unsupported_reason(model) if self.mode == "packed" else None
+        if reason is not None:
+            self._fall_back(reason)
+        else:
+            logger.info("padding-free passes: %s", self.mode)
+        return self.mode
+
+    def _fall_back(self, reason: str) -> None:
+        self.mode, self._checked = "trim", True
+        logger.warning("padding-free passes: trim, not packed: %s", reason)
+
+    def forward(
+        self,
+        trl_forward: Callable[..., tuple[torch.Tensor, torch.Tensor | None, Any]],
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None,
+        compute_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs and entropies (``None`` unless ``compute_entropy``) of the last
+        ``logits_to_keep`` columns, in TRL's (rows, logits_to_keep) layout and calls."""
+        rows = batch_size or input_ids.size(0)
+        if self.mode == "off":
+            self._count(int(attention_mask.sum()), attention_mask.numel(), -(-input_ids.size(0) // rows))
+            logps, entropies, _ = trl_forward(
+                model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy
+            )
+            return logps, entropies
+        if not self._checked:
+            self._checked = True
+            training = model.training  # dropout would make the rows differ for another reason
+            model.eval()
+            try:
+                check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
+            finally:
+                model.train(training)
+            if not check:
+                self._fall_back(check.describe())
+        if self.mode == "packed":
+            return self._packed(model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy)
+
+        def score(ids: torch.Tensor, mask: torch.Tensor, keep: int) -> tuple[torch.Tensor | None, ...]:
+            self._count(int(mask.sum()), mask.numel(), 1)
+            logps, entropies, _ = trl_forward(model, ids, mask, keep, ids.size(0), compute_entropy)
+            return logps, entropies
+
+        logps, entropies = chunked_forward(score, input_ids, attention_mask, logits_to_keep, rows)
+        return logps, entropies
+
+    def _packed(
+        self, model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        call = fused_head_call(model, self.autocast)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), rows):  # TRL's calls: one per `rows` rows
+            part = slice(start, start + rows)
+            out = packed_forward(
+                call, input_ids[part], attention_mask[part], logits_to_keep, self.max_tokens, compute_entropy,
+                self.pad_to_multiple_of,
+            )  # fmt: skip
+            self._count(out.real_tokens, out.processed_tokens, out.calls)
+            logps.append(out.log_probs)
+            entropies.append(out.entropy)
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
+
+    def _count(self, real: int, processed: int, calls: int) -> None:
+        self.stats["real"] += real
+        self.stats["processed"] += processed
+        self.stats["calls"] += calls

@@ -37,7 +37,7 @@ from .extensions.collapse import (
 )
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 from .model_card import ModelCardInfo, extend_trl_card
-from .padding import can_trim, chunked_forward, optimizer_step_segments, regroup, trim
+from .padding import PaddingFreePasses, can_trim, optimizer_step_segments, regroup, trim
 from .records import (
     generation_round,
     micro_steps_per_round,
@@ -102,10 +102,6 @@ class PromptAugGRPOTrainer(TRLSeam):
     (TRL), 0 none, N a sample of N rows per log step; the parquet records keep every row.
     """
 
-    # With trim_padding: what one more forward call costs, in tokens, when a pass is cut into chunks of rows
-    # of similar length (a chunk is split off only where it saves more padded tokens than this).
-    chunk_overhead_tokens: int = 128
-
     def __init__(
         self,
         *args: Any,
@@ -135,7 +131,6 @@ class PromptAugGRPOTrainer(TRLSeam):
         self._entropy_window: torch.Tensor | None = None
         self._ratio_window: torch.Tensor | None = None
         self._skipped_minibatches: int | None = None
-        self.padding_stats = {"real": 0, "processed": 0}  # tokens the model was run on, and the real ones
 
         # Stopping and the reward cut.
         if config is not None:
@@ -163,7 +158,18 @@ class PromptAugGRPOTrainer(TRLSeam):
                     "dynamic_sampling"
                 )
             self.dynamic_sampling.check(self)
-        self.trim_padding = config.trim_padding if config is not None else True
+        self.padding_free = PaddingFreePasses(
+            config.trim_padding if config is not None else "packed",
+            config.packing_max_tokens if config is not None else None,
+            config.packing_pad_to_multiple_of if config is not None else None,
+            autocast=self.accelerator.autocast,
+        )
+        if self.padding_free.max_tokens is not None and self.accelerator.num_processes > 1:
+            raise ValueError(
+                "packing_max_tokens splits calls, and with several processes every process must make as many "
+                "calls: unset packing_max_tokens (the default budget never splits)"
+            )
+        self.padding_free.choose(self.model)
 
         # Callbacks: evaluation first (W&B sees eval/*), then the guard (it watches eval/macro), then ProRL's
         # optimizer reset at each reference sync.
@@ -255,8 +261,9 @@ class PromptAugGRPOTrainer(TRLSeam):
     # steps already taken. The Trainer skips global_step x accumulation batches, so restore the counter
     # to match before the first round after the resume is generated.
     #
-    # Why (trim_padding): TRL cuts the shuffled round into micro-batches that all keep the round's widths. The
-    # buffered micro-batches of a new round are regrouped by length within each optimizer step and trimmed.
+    # Why (padding-free passes): TRL cuts the shuffled round into micro-batches that all keep the round's
+    # widths. A new round's buffered micro-batches are trimmed, and on the trim path first regrouped by length
+    # within each optimizer step where that leaves the update unchanged.
     def prepare_micro_batch(self, generation_batch: Any) -> Any:
         training = self.model.training
         if training and self.buffered_micro_batches is None:
@@ -266,7 +273,7 @@ class PromptAugGRPOTrainer(TRLSeam):
         step = self.micro_step
         new_round = training and (self.buffered_micro_batches is None or step % generate_every == 0)
         inputs = self.trl_prepare_micro_batch(generation_batch)
-        if not self.trim_padding:
+        if self.padding_free.mode == "off":
             return inputs
         if not training:
             return trim(inputs) if can_trim(inputs) else inputs
@@ -276,7 +283,7 @@ class PromptAugGRPOTrainer(TRLSeam):
             # micro-batch `step % spg`, as if the round had started there).
             first = step - step % generate_every
             segments = optimizer_step_segments(first, spg, self.num_iterations, ga)
-            exact = self._length_grouping_is_exact()
+            exact = self.padding_free.mode == "trim" and self._length_grouping_is_exact()  # packed: no need
             self.buffered_micro_batches = regroup(self.buffered_micro_batches, segments, sort=exact)
             inputs = self.buffered_micro_batches[step % spg]
         return inputs
@@ -425,51 +432,27 @@ class PromptAugGRPOTrainer(TRLSeam):
 
     # Why: TRL computes per-token entropies only in the loss forward pass and logs one mean; keep that call's
     # outputs (it is the only call with compute_entropy=True) for the per-template entropy and the ratio.
-    # Why (trim_padding): TRL runs a micro-batch, and the old-log-prob and reference passes over the round,
-    # at the full width of the batch it is given. With trimming, rows are sorted by length and run in chunks
-    # of similar length, each cut to its own widths (`chunked_forward`); a MoE aux loss keeps TRL's call.
+    # Why (padding-free passes): TRL runs a micro-batch, and the old-log-prob and reference passes over the
+    # round, at the full width of the batch it is given; `PaddingFreePasses` runs the same calls packed or
+    # trimmed. Inputs it cannot carry (images, token type ids) and a MoE aux loss keep TRL's call.
     def token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
         compute_aux_loss=False, **kwargs: Any,
     ):  # fmt: skip
-        if self.trim_padding and not compute_aux_loss and all(v is None for v in kwargs.values()):
-
-            def score(ids: torch.Tensor, mask: torch.Tensor, keep: int) -> tuple[torch.Tensor, Any]:
-                self._count_tokens(mask)
-                logps, entropies, _ = self.trl_token_logps_and_entropies(
-                    model, ids, mask, keep, ids.size(0), compute_entropy
-                )
-                return logps, entropies
-
-            # No chunk runs more tokens than one of TRL's chunks at this call's width. With several processes,
-            # the calls stay TRL's (one per micro-batch, one per `batch_size` rows of a round, now sorted and
-            # trimmed): DDP, FSDP and ZeRO-3 communicate in every forward, so every rank must make as many.
-            rows = batch_size or input_ids.size(0)
-            fixed = rows if self.accelerator.num_processes > 1 else None
-            logps, entropies = chunked_forward(
-                score, input_ids, attention_mask, logits_to_keep, rows * input_ids.size(1),
-                self.chunk_overhead_tokens, rows_per_chunk=fixed,
+        if not compute_aux_loss and all(v is None for v in kwargs.values()):
+            logps, entropies = self.padding_free.forward(
+                self.trl_token_logps_and_entropies, model, input_ids, attention_mask, logits_to_keep,
+                batch_size, compute_entropy,
             )  # fmt: skip
             aux_loss = None
         else:
-            self._count_tokens(attention_mask)
             logps, entropies, aux_loss = self.trl_token_logps_and_entropies(
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                compute_aux_loss,
-                **kwargs,
-            )
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, **kwargs,
+            )  # fmt: skip
         if entropies is not None:
             self._loss_forward = (logps.detach(), entropies.detach())
         return logps, entropies, aux_loss
-
-    def _count_tokens(self, attention_mask: torch.Tensor) -> None:
-        self.padding_stats["real"] += int(attention_mask.sum())
-        self.padding_stats["processed"] += attention_mask.numel()
 
     # Why: the per-template entropy and each mini-batch's importance ratio need the loss forward's tensors.
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -484,7 +467,7 @@ class PromptAugGRPOTrainer(TRLSeam):
         mode = "train" if self.model.training else "eval"
         if "template_index" in inputs:
             # Summed over the optimizer step's micro-batches (token-weighted), so the value does not depend on
-            # how its rows were grouped into micro-batches (trim_padding regroups them).
+            # how its rows were grouped into micro-batches (the trim path regroups them).
             sums = grouped_token_sums(entropies, mask, inputs["template_index"], len(self._template_index))
             self._entropy_window = sums if self._entropy_window is None else self._entropy_window + sums
             if mode == "eval" or self.accelerator.sync_gradients:

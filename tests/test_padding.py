@@ -1,5 +1,5 @@
-"""Padding-free training passes: with ``trim_padding`` on and off, from the same state and the same
-generated round, each optimizer step's loss and the parameters after it agree to float rounding.
+"""Padding-free training passes: each path (packed, trim) against TRL's padded one (off), from the same state
+and the same generated round: each optimizer step's loss and the parameters after it agree to float rounding.
 
 The in-process runs use a float64 copy of the tiny model whose end-of-text embedding is scaled up, so that
 completions end at many different lengths (a random model otherwise runs every completion to the cap, and
@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_aug.config import PromptAugGRPOConfig
-from prompt_aug.padding import chunked_forward, optimizer_step_segments, plan_chunks, regroup, trim
+from prompt_aug.padding import chunked_forward, optimizer_step_segments, regroup, trim
 from prompt_aug.trainer import PromptAugGRPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,15 +91,6 @@ def test_regroup_sorts_within_a_segment_only_and_keeps_sizes():
     assert [b["completion_mask"].sum(1).tolist() for b in unsorted] == [[1, 6], [5, 2], [7, 3], [4, 0]]
 
 
-def test_plan_chunks_trades_padding_against_calls_within_the_token_cap():
-    completions, prompts = torch.tensor([10, 9, 2, 1]), torch.tensor([1, 1, 1, 1])
-    assert plan_chunks(completions, prompts, max_tokens=100) == [1, 1, 1, 1]  # each row at its own width
-    # 5 tokens a call: 10,9 | 2,1 runs 2*11 + 2*3 + 10 = 38, the least (one chunk: 44 + 5; four: 26 + 20).
-    assert plan_chunks(completions, prompts, max_tokens=100, overhead=5) == [2, 2]
-    # At most 20 tokens a chunk: 10,9 (22 tokens) may not run together.
-    assert plan_chunks(completions, prompts, max_tokens=20, overhead=5) == [1, 1, 2]
-
-
 def test_chunked_forward_matches_the_padded_pass_row_for_row(tiny_model_dir):
     torch.manual_seed(0)
     model = _float64_model(tiny_model_dir)
@@ -117,9 +108,9 @@ def test_chunked_forward_matches_the_padded_pass_row_for_row(tiny_model_dir):
     real = batch["completion_mask"].bool()
     with torch.no_grad():
         padded, _ = score(ids, mask, 7)
-        for overhead, chunks in ((0, [(1, 9), (1, 8), (1, 7), (1, 7), (1, 2)]), (1000, [(5, 13)])):
+        for rows, chunks in ((1, [(1, 9), (1, 8), (1, 7), (1, 7), (1, 2)]), (2, [(2, 10), (2, 9), (1, 2)])):
             seen.clear()
-            logps, entropies = chunked_forward(score, ids, mask, 7, max_tokens=5 * 13, overhead=overhead)
+            logps, entropies = chunked_forward(score, ids, mask, 7, rows_per_chunk=rows)
             assert seen == chunks and entropies is None  # rows by length: 0 (9 tokens), 4, 1, 2, 3
             # Not bit-equal: trimming shifts a row's positions, and RoPE's cos/sin are computed in float32.
             torch.testing.assert_close(logps[real], padded[real], rtol=0, atol=1e-7)
@@ -163,7 +154,7 @@ class _Recording(PromptAugGRPOTrainer):
         return output
 
 
-def _run(path: Path, out: Path, trim_padding: bool, dynamic: bool = False, **overrides) -> dict:
+def _run(path: Path, out: Path, trim_padding: str, dynamic: bool = False, **overrides) -> dict:
     values = {
         "output_dir": str(out), "learning_rate": 0.05, "per_device_train_batch_size": 4, "num_generations": 4,
         "max_completion_length": 12, "report_to": "none", "save_strategy": "no", "logging_steps": 1,
@@ -192,7 +183,8 @@ def _run(path: Path, out: Path, trim_padding: bool, dynamic: bool = False, **ove
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
         "params": {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
         "rounds": trainer.rounds,
-        "stats": dict(trainer.padding_stats),
+        "stats": dict(trainer.padding_free.stats),
+        "mode": trainer.padding_free.mode,
         "entropy": [
             {k: v for k, v in h.items() if k.endswith("/entropy")}
             for h in trainer.state.log_history
@@ -201,9 +193,12 @@ def _run(path: Path, out: Path, trim_padding: bool, dynamic: bool = False, **ove
     }
 
 
-def _assert_same_update(path: Path, tmp_path: Path, dynamic: bool = False, **overrides) -> None:
-    on = _run(path, tmp_path / "on", True, dynamic, **overrides)
-    off = _run(path, tmp_path / "off", False, dynamic, **overrides)
+def _assert_same_update(
+    path: Path, tmp_path: Path, mode: str = "packed", dynamic: bool = False, **overrides
+) -> None:
+    on = _run(path, tmp_path / "on", mode, dynamic, **overrides)
+    off = _run(path, tmp_path / "off", "off", dynamic, **overrides)
+    assert on["mode"] == mode and off["mode"] == "off"  # no fallback: the path asked for is the one compared
     assert len(on["rounds"]) == len(off["rounds"]) == 1
     assert torch.equal(on["rounds"][0], off["rounds"][0]), "the two runs sampled different completions"
     lengths = (on["rounds"][0] != 0).sum(1)
@@ -228,9 +223,16 @@ def _assert_same_update(path: Path, tmp_path: Path, dynamic: bool = False, **ove
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "bnpo"])
-def test_each_loss_type_gets_the_same_update(tiny_model_dir, tmp_path, loss_type):
-    # bnpo divides by each micro-batch's token count: its rows keep TRL's micro-batches and are only trimmed.
+def test_each_loss_type_gets_the_same_update_packed(tiny_model_dir, tmp_path, loss_type):
+    # Packed calls keep TRL's micro-batches (rows are only trimmed), so every loss type is exact.
     _assert_same_update(tiny_model_dir, tmp_path, loss_type=loss_type, steps_per_generation=4)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
+def test_the_trim_path_gets_the_same_update(tiny_model_dir, tmp_path, loss_type):
+    # dapo's rows are regrouped by length within each optimizer step; bnpo divides by each micro-batch's token
+    # count, so its rows keep TRL's micro-batches and are only trimmed.
+    _assert_same_update(tiny_model_dir, tmp_path, "trim", loss_type=loss_type, steps_per_generation=4)
 
 
 def test_several_iterations_and_more_micro_batches_per_round_than_per_step(tiny_model_dir, tmp_path):
@@ -240,14 +242,14 @@ def test_several_iterations_and_more_micro_batches_per_round_than_per_step(tiny_
 
 
 def test_dynamic_sampling_gets_the_same_update(tiny_model_dir, tmp_path):
-    _assert_same_update(tiny_model_dir, tmp_path, dynamic=True, steps_per_generation=4)
+    _assert_same_update(tiny_model_dir, tmp_path, "packed", dynamic=True, steps_per_generation=4)
 
 
 def test_two_processes_get_the_same_update(tmp_path):
     """Two ranks (gloo) train one round through the recipe path with the key on and off (float32, SGD; the
     random model runs every completion to the cap there, so only prompts are trimmed)."""
     results = {}
-    for flag in ("true", "false"):
+    for flag in ("packed", "off"):
         out = tmp_path / flag
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
@@ -264,8 +266,37 @@ def test_two_processes_get_the_same_update(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         history = json.loads((out / "trainer_state.json").read_text())["log_history"]
         results[flag] = ([h["loss"] for h in history if "loss" in h], load_file(out / "model.safetensors"))
-    (loss_on, params_on), (loss_off, params_off) = results["true"], results["false"]
+    (loss_on, params_on), (loss_off, params_off) = results["packed"], results["off"]
     assert len(loss_on) == 2
     torch.testing.assert_close(torch.tensor(loss_on), torch.tensor(loss_off), rtol=1e-4, atol=1e-6)
     for name, value in params_off.items():
         torch.testing.assert_close(params_on[name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_model_dir, tmp_path, caplog):
+    model = _float64_model(tiny_model_dir)
+    layers = model.config.num_hidden_layers
+    model.config.sliding_window, model.config.layer_types = 4, ["sliding_attention"] * layers
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=4,
+        report_to="none", use_cpu=True, bf16=False,
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger="prompt_aug"):
+        trainer = PromptAugGRPOTrainer(
+            model=model, reward_funcs=_reward, args=args,
+            train_dataset=Dataset.from_dict({"prompt": QUESTIONS}),
+            processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+        )  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert lines[0].startswith("padding-free passes: trim, not packed:") and "sliding window" in lines[0]
+    assert trainer.padding_free.mode == "trim"
+    assert args.trim_padding == "packed"  # the recipe's value is kept; the trainer chose the path
+
+
+@pytest.mark.parametrize(("value", "mode"), [(True, "packed"), ("false", "off"), ("trim", "trim")])
+def test_the_old_booleans_still_choose_a_path(tmp_path, value, mode):
+    args = PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, trim_padding=value)
+    assert args.trim_padding == mode
+    with pytest.raises(ValueError, match="trim_padding: 'squash' is not one of packed, trim, off"):
+        PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, trim_padding="squash")
