@@ -56,7 +56,7 @@ def run(
     from prompt_aug import train
     from prompt_aug.records import optimizer_steps_per_round
 
-    training_args, _, _ = train.parse_args(["--config", config])
+    training_args = train.parse_args(["--config", config]).training_args
     steps_per_round = int(optimizer_steps_per_round(training_args))
     rewards = [] if recipe_rewards else ["--reward_funcs", DIFFICULTY]
     cpu_start = time.process_time()

@@ -11,15 +11,25 @@
 from __future__ import annotations
 
 import difflib
+import json
+import logging
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+from accelerate import PartialState
+from transformers.trainer_utils import get_last_checkpoint
 from trl import TrlParser
 
-from .sources import SourceError
+from . import demo
+from .models import LOCAL_MODELS
+from .models import resolve as resolve_local_model
+from .sources import SourceError, check_source
+
+logger = logging.getLogger("prompt_aug")
 
 
 class UsageError(ValueError):
@@ -191,3 +201,94 @@ def clear_run(paths: list[Path]) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+
+
+def resolve_resume(value: str | None, output_dir: str) -> str | None:
+    """``true`` means the last checkpoint in ``output_dir``; a path is used as is."""
+    if value is None or str(value).lower() in ("", "false", "none"):
+        return None
+    if str(value).lower() == "true":
+        last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+        if last is None:
+            raise UsageError(
+                f"resume_from_checkpoint: true, but there is no checkpoint-* folder in {output_dir}; "
+                "check --output_dir, or start without --resume_from_checkpoint"
+            )
+        return last
+    if not Path(value).is_dir():
+        raise UsageError(f"resume_from_checkpoint: no such checkpoint folder {value}")
+    return value
+
+
+def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: PartialState) -> str | None:
+    """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
+    the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
+    resolve_local_model(
+        model_args.model_name_or_path
+    )  # a known local model not fetched yet: its fetch command
+    builtin = (*demo.TINY_MODEL_NAMES, *LOCAL_MODELS)
+    check_source("model_name_or_path", model_args.model_name_or_path, builtin=builtin)
+    if script_args.dataset_name is None:
+        raise UsageError(
+            "dataset_name is not set: give a Hub id, a local folder or file, or a built-in set (synthetic)"
+        )
+    check_source("dataset_name", script_args.dataset_name, builtin=demo.BUILTIN_DATASETS)
+    if args.eval_data_dir:
+        check_source("eval_data_dir", args.eval_data_dir)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)
+    stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
+    state.wait_for_everyone()  # every rank has looked before the main process deletes
+    if stale and state.is_main_process:
+        logger.info("overwrite_output_dir: deleting the earlier run in %s", args.output_dir)
+        clear_run(stale)
+    state.wait_for_everyone()
+    return resume
+
+
+def checkpoint_step(checkpoint: str) -> int:
+    """The optimizer step a checkpoint folder was saved at."""
+    state = Path(checkpoint) / "trainer_state.json"
+    if state.is_file():
+        return int(json.loads(state.read_text()).get("global_step", 0))
+    digits = Path(checkpoint).name.split("-")[-1]
+    return int(digits) if digits.isdigit() else 0
+
+
+def interrupted_message(output_dir: str, step: int, max_steps: int, argv: list[str] | None) -> str:
+    """Where training stopped and the command that continues it."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    kept, skip = [], False
+    for arg in args:  # drop the flags that the resume command replaces
+        if skip:
+            skip = False
+        elif arg.split("=")[0] in ("--resume_from_checkpoint", "--overwrite_output_dir"):
+            skip = "=" not in arg
+        else:
+            kept.append(arg)
+    last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+    lines = [f"Interrupted at step {step}/{max_steps}."]
+    if last is None:
+        lines.append(
+            f"No checkpoint was saved in {output_dir} yet; start over with --overwrite_output_dir true."
+        )
+    else:
+        lines += [
+            (
+                f"Last checkpoint: {last}. "
+                "Resume with the same launch command plus --resume_from_checkpoint true:"
+            ),
+            "  python -m prompt_aug.train " + " ".join([*kept, "--resume_from_checkpoint", "true"]),
+        ]
+    return "\n".join(lines)
+
+
+def recipe_text(argv: list[str] | None) -> str:
+    """The recipe file's text, with the command-line overrides as a last comment line."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    text = ""
+    if "--config" in args:
+        text = Path(args[args.index("--config") + 1]).read_text()
+    overrides = [a for i, a in enumerate(args) if a != "--config" and (i == 0 or args[i - 1] != "--config")]
+    if overrides:
+        text += "\n# command-line overrides: " + " ".join(overrides) + "\n"
+    return text

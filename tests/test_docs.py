@@ -51,19 +51,69 @@ def test_the_layout_table_lists_every_module():
     )
 
 
-def test_the_architecture_doc_has_its_layer_table():
-    text = (REPO / "docs/architecture.md").read_text()
-    assert "| layer | modules | may import |" in text
-    for folder in ("prompt_aug/demo/", "prompt_aug/extensions/", "rewards/", "trl_seam.py"):
-        assert folder in text, folder
+def _layers() -> dict[str, int]:
+    """Module -> layer, from the table in docs/architecture.md."""
+    layers = {}
+    for line in (REPO / "docs/architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].isdigit():
+            for module in re.findall(r"`([\w.]+)`", cells[1]):
+                layers[module] = int(cells[0])
+    return layers
 
 
-def test_rewards_import_nothing_of_prompt_aug():
-    for path in (REPO / "rewards").rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
-        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-        assert not [m for m in imported if m.startswith("prompt_aug")], path
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """The modules of prompt_aug / rewards that the file of module ``name`` imports, anywhere in it (inside
+    functions too)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                if node.module:
+                    found.add(".".join([*base, node.module]))
+                else:
+                    found |= {".".join([*base, alias.name]) for alias in node.names}
+            else:
+                found.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {m for m in found if m.split(".")[0] in ("prompt_aug", "rewards") and m != name}
+
+
+def test_every_import_stays_within_its_layer_or_goes_down():
+    layers = _layers()
+    files = [p for d in ("prompt_aug", "rewards") for p in sorted((REPO / d).rglob("*.py"))]
+    modules = {_module_name(p) for p in files}
+    assert modules - set(layers) == set(), f"docs/architecture.md gives no layer to {modules - set(layers)}"
+    assert set(layers) - modules == set(), (
+        f"docs/architecture.md names missing modules {set(layers) - modules}"
+    )
+    climbs = []
+    for path in files:
+        module = _module_name(path)
+        for imported in _imports(path, module):
+            target = next(
+                m for m in (imported, imported.rsplit(".", 1)[0]) if m in layers
+            )  # a name in a module
+            if layers[target] > layers[module]:
+                climbs.append(f"{module} (layer {layers[module]}) imports {target} (layer {layers[target]})")
+    assert not climbs, climbs
+
+
+def test_the_layer_check_sees_an_import_inside_a_function(tmp_path):
+    copy = tmp_path / "records.py"
+    copy.write_text(
+        (REPO / "prompt_aug/records.py").read_text() + "\n\ndef late():\n    from .trainer import T\n"
+    )
+    assert "prompt_aug.trainer" in _imports(copy, "prompt_aug.records")
+    assert _layers()["prompt_aug.trainer"] > _layers()["prompt_aug.records"]
 
 
 def test_evaluation_modules_import_only_the_ones_below_them():
@@ -95,9 +145,10 @@ def test_the_training_path_imports_no_demo_module_unless_the_recipe_asks(tmp_pat
     code = """
 import json, sys
 from prompt_aug import train
-args, model_args, demo_args = train.parse_args(
+script_args, args, model_args, demo_args = train.parse_args(
     ["--config", "recipes/qwen2.5-math-1.5b/prompt_aug.yaml", "--dry_run", "--output_dir", sys.argv[1]])
-assert train.resolve_model_path(model_args, args) == model_args.model_name_or_path
+from prompt_aug.models import resolve_model_path
+assert resolve_model_path(model_args, args) == model_args.model_name_or_path
 assert not demo_args.enabled
 train.demo.before_grpo(demo_args, None, None, "rows", [], args)
 train.main(["--config", "recipes/qwen2.5-math-1.5b/prompt_aug.yaml", "--dry_run", \

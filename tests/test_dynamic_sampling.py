@@ -109,9 +109,9 @@ def test_bad_keys_are_named(tmp_path):
         )
     funcs = get_reward_funcs(["correctness", "format"])
     names = [f.__name__ for f in funcs]
-    args, _, _ = train.parse_args(
+    args = train.parse_args(
         ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "format"]
-    )
+    ).training_args
     assert from_args(args, funcs, names).signal_index == 1
     # The trainer's own name for a reward function works too, as do functions passed in code.
     args.dynamic_sampling_signal = "format_reward"
@@ -119,7 +119,7 @@ def test_bad_keys_are_named(tmp_path):
     assert signal_column("mine", [len, funcs[0]], ["mine", names[0]]) == 0
     with pytest.raises(ValueError, match=r"'format' is neither 'total' nor one of .*\['mine'\]"):
         signal_column("format", [len], ["mine"])
-    args, _, _ = train.parse_args(["--config", SMOKE])
+    args = train.parse_args(["--config", SMOKE]).training_args
     assert from_args(args, funcs, names) is None
 
 
@@ -370,9 +370,9 @@ def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
         dynamic["save_total_limit"],
         dynamic["wandb_completions_rows"],
     ) == (False, 3.0, 3, 16)
-    script_args, _, _ = train.parse_args(
+    script_args, training_args, _, _ = train.parse_args(
         ["--config", str(paper_dir / "prompt_aug_dynamic.yaml"), "--dry_run"]
     )
     funcs = get_reward_funcs(script_args.reward_funcs)
-    sampler = from_args(script_args, funcs, [f.__name__ for f in funcs])
+    sampler = from_args(training_args, funcs, [f.__name__ for f in funcs])
     assert sampler.signal_index == script_args.reward_funcs.index("correctness") and sampler.max_passes == 4

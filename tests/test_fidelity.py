@@ -76,12 +76,12 @@ MAIN = _table("prompt_aug.yaml")
 
 
 def _parsed(recipe: Path, processes: int) -> dict[str, object]:
-    args, model_args, demo_args = train.parse_args(
+    script_args, args, model_args, demo_args = train.parse_args(
         ["--config", str(recipe), "--dry_run", "--num_processes", str(processes)]
     )
-    arithmetic = batch_arithmetic(args)
+    arithmetic = batch_arithmetic(args, script_args)
     values: dict[str, object] = {}
-    for obj in (model_args, args, demo_args):
+    for obj in (model_args, args, demo_args, script_args):
         values.update(vars(obj))
     values.update({k: getattr(arithmetic, k) for k in ARITHMETIC})
     values["optim"] = str(args.optim.value)

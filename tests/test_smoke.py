@@ -17,6 +17,7 @@ from prompt_aug.demo.smoke import (
     build_tiny_tokenizer,
     synthetic_problems,
 )
+from prompt_aug.models import resolve_model_path
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -52,14 +53,14 @@ def _embedding(folder: Path) -> torch.Tensor:
 
 def test_tiny_model_cache_is_keyed_by_seed(tmp_path):
     args = ["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--output_dir", str(tmp_path)]
-    training_args, model_args, _ = train.parse_args(args + ["--seed", "0"])
-    first = Path(train.resolve_model_path(model_args, training_args))
+    _, training_args, model_args, _ = train.parse_args(args + ["--seed", "0"])
+    first = Path(resolve_model_path(model_args, training_args))
     seed0 = _embedding(first)
-    assert Path(train.resolve_model_path(model_args, training_args)) == first  # same settings: reused
+    assert Path(resolve_model_path(model_args, training_args)) == first  # same settings: reused
     assert torch.equal(_embedding(first), seed0)
 
-    training_args, model_args, _ = train.parse_args(args + ["--seed", "1"])
-    second = Path(train.resolve_model_path(model_args, training_args))
+    _, training_args, model_args, _ = train.parse_args(args + ["--seed", "1"])
+    second = Path(resolve_model_path(model_args, training_args))
     assert not torch.equal(_embedding(second), seed0), "a rerun with another seed reused the seed-0 model"
     assert json.loads((second / "build.json").read_text())["seed"] == 1
 
@@ -85,16 +86,16 @@ def test_tiny_model_shape_is_the_one_vllm_accepts(tiny_model_dir):
 
 
 def test_smoke_recipe_turns_gradient_checkpointing_off():
-    training_args, _, _ = train.parse_args(["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml")])
+    training_args = train.parse_args(["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml")]).training_args
     assert training_args.gradient_checkpointing is False
-    training_args, _, _ = train.parse_args(["--config", str(REPO / "recipes/smoke/learn_cpu.yaml")])
+    training_args = train.parse_args(["--config", str(REPO / "recipes/smoke/learn_cpu.yaml")]).training_args
     assert training_args.gradient_checkpointing is False
 
 
 def test_the_learning_recipe_builds_its_own_model_shape_beside_the_smoke_one(tmp_path):
     args = ["--config", str(REPO / "recipes/smoke/learn_cpu.yaml"), "--output_dir", str(tmp_path)]
-    training_args, model_args, _ = train.parse_args(args)
-    folder = Path(train.resolve_model_path(model_args, training_args))
+    _, training_args, model_args, _ = train.parse_args(args)
+    folder = Path(resolve_model_path(model_args, training_args))
     assert folder == tmp_path / "small-random-qwen2"
     config = AutoConfig.from_pretrained(folder)
     assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (128, 4, 4)
