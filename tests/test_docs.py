@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import yaml
 from trl import GRPOConfig
 
-from prompt_aug import demo
+from prompt_aug import demo, train
 from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.demo import smoke
 
@@ -197,3 +198,35 @@ def test_readme_examples_use_the_folders_the_recipes_write():
         assert any(path == w or path.startswith(w + "/") for w in written), (
             f"README uses {path}; recipes write {written}"
         )
+
+
+def _gpu_commands() -> list[list[str]]:
+    """The commands of the README's GPU section, one token list each (environment assignments dropped)."""
+    section = README.split("\n## On GPUs\n", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", section, re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            tokens = [t for t in shlex.split(line.rstrip(" &")) if not re.match(r"^[A-Z_]+=", t)]
+            if tokens:
+                commands.append(tokens)
+    return commands
+
+
+def test_the_readme_gpu_commands_parse_as_written():
+    from prompt_aug.evaluation.cli import parse_args as eval_args
+
+    launches = evaluations = 0
+    for tokens in _gpu_commands():
+        if tokens[:2] == ["accelerate", "launch"]:
+            config = yaml.safe_load((REPO / tokens[tokens.index("--config_file") + 1]).read_text())
+            recipe_args = tokens[tokens.index("prompt_aug.train") + 1 :]
+            processes = str(config["num_processes"])
+            parsed = train.parse_args([*recipe_args, "--dry_run", "--num_processes", processes])
+            assert parsed.training_args.output_dir and parsed.model_args.model_name_or_path, tokens
+            launches += 1
+        elif tokens[0] == "prompt-aug-eval":
+            assert eval_args(tokens[1:]).model, tokens
+            evaluations += 1
+        else:
+            assert tokens[0] in ("python3", "trl"), f"a README GPU command this test does not check: {tokens}"
+    assert launches >= 3 and evaluations >= 1
