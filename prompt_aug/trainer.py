@@ -13,7 +13,6 @@ It overrides TRL only through `prompt_aug.trl_seam.TRLSeam`'s public hooks; each
 
 from __future__ import annotations
 
-from collections import defaultdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from .extensions.collapse import (
     ratio_deviation_sums,
 )
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
+from .metrics import per_template_metrics, template_rows
 from .model_card import ModelCardInfo, extend_trl_card
 from .padding import PaddingFreePasses, can_trim, optimizer_step_segments, regroup, trim
 from .records import (
@@ -363,7 +363,8 @@ class PromptAugGRPOTrainer(TRLSeam):
             out.append(completion)
         return out
 
-    # Why: a dynamic-sampling round hands TRL completions that were already generated (see module docstring).
+    # Why: with dynamic sampling, TRL scores a round built from groups already generated and scored; their
+    # stored completions are replayed instead of generated again (and compute_rewards replays their rewards).
     def generate_round(self, prompts: list) -> Generation:
         replayed = (
             self.dynamic_sampling.replayed_generation(prompts) if self.dynamic_sampling is not None else None
@@ -394,8 +395,7 @@ class PromptAugGRPOTrainer(TRLSeam):
         looping = self.accelerator.gather(loop_flags(ids, mask.sum(dim=1))).cpu()
         metrics = self.metric_buffer(mode)
         metrics["completions/repetition_ratio"].append(looping.mean().item())
-        for name in sorted(set(names)):
-            rows = torch.tensor([i for i, n in enumerate(names) if n == name])
+        for name, rows in template_rows(names).items():
             metrics[f"templates/{name}/repetition"].append(looping[rows].mean().item())
 
     def append_template_metrics(
@@ -407,28 +407,16 @@ class PromptAugGRPOTrainer(TRLSeam):
         mode: str,
         kept: torch.Tensor | None = None,
     ) -> None:
-        """Per-template metrics of gathered rows; ``kept`` (bool per row) adds ``templates/<name>/kept``."""
+        """Per-template metrics of gathered rows (`prompt_aug.metrics`); ``kept`` (bool per row) adds
+        ``templates/<name>/kept``."""
         columns = {
             "accuracy": self.reward_column(*CORRECTNESS_REWARDS),
             "format": self.reward_column(format_reward),
+            **{name: column for column, name in enumerate(self.reward_func_names)},
         }
-        by_template: dict[str, list[int]] = defaultdict(list)
-        for index, name in enumerate(names):
-            by_template[name].append(index)
-        metrics = self.metric_buffer(mode)
-        for name, rows in sorted(by_template.items()):
-            rows_t = torch.tensor(rows)
-            prefix = f"templates/{name}"
-            for metric, column in columns.items():
-                if column is not None and rewards is not None:
-                    metrics[f"{prefix}/{metric}"].append(torch.nanmean(rewards[rows_t, column]).item())
-            for column, reward_name in enumerate(self.reward_func_names if rewards is not None else []):
-                metrics[f"{prefix}/{reward_name}"].append(torch.nanmean(rewards[rows_t, column]).item())
-            metrics[f"{prefix}/mean_length"].append(lengths[rows_t].mean().item())
-            metrics[f"{prefix}/truncated_ratio"].append(truncated[rows_t].mean().item())
-            metrics[f"{prefix}/count"].append(float(len(rows)))
-            if kept is not None:
-                metrics[f"{prefix}/kept"].append(float(kept[rows_t].sum()))
+        buffer = self.metric_buffer(mode)
+        for key, value in per_template_metrics(names, rewards, columns, lengths, truncated, kept).items():
+            buffer[key].append(value)
 
     # Why: TRL computes per-token entropies only in the loss forward pass and logs one mean; keep that call's
     # outputs (it is the only call with compute_entropy=True) for the per-template entropy and the ratio.
