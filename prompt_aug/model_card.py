@@ -187,25 +187,21 @@ def _split_front_matter(card: str) -> tuple[list[str], list[str]]:
     return [], lines
 
 
-def extend_trl_card(
-    trl_card: str,
-    info: ModelCardInfo,
-    output_dir: str | Path,
-    global_step: int,
-    log_history: list[dict[str, Any]],
-    hub_model_id: str | None = None,
-) -> str:
-    """TRL's card with ours inside it: TRL's front matter, title and introduction, then our sections
+def extend_trl_card(trl_card: str, ours: str, base_model: str) -> str:
+    """TRL's card with ours (`render_model_card`) inside it: TRL's front matter (with ``base_model`` added
+    where TRL left it out, as it does for a local folder), title and introduction, then our sections
     (training, metrics, evaluation, template bank, how to prompt, recipe), then TRL's own sections (quick
     start, training procedure with the W&B link, framework versions, citations). TRL's tags already include
     ours: the trainer passes them to TRL."""
     front, body = _split_front_matter(trl_card)
-    if front and not any(line.startswith("base_model:") for line in front):  # TRL omits a local folder
-        front = [front[0], f"base_model: {info.base_model}", *front[1:]]
+    if front and not any(line.startswith("base_model:") for line in front):
+        front = [front[0], f"base_model: {base_model}", *front[1:]]
     first = next((i for i, line in enumerate(body) if line.startswith("## ")), len(body))
-    _, ours = _split_front_matter(render_model_card(info, output_dir, global_step, log_history, hub_model_id))
-    title = next(i for i, line in enumerate(ours) if line.startswith("# "))  # TRL's title stands instead
-    return "\n".join([*front, *body[:first], *ours[title + 1 :], *body[first:]])
+    _, ours_lines = _split_front_matter(ours)
+    title = next(
+        i for i, line in enumerate(ours_lines) if line.startswith("# ")
+    )  # TRL's title stands instead
+    return "\n".join([*front, *body[:first], *ours_lines[title + 1 :], *body[first:]])
 
 
 def _evaluation_section(output_dir: Path) -> list[str]:

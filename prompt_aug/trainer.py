@@ -36,7 +36,7 @@ from .extensions.collapse import (
 )
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 from .metrics import per_template_metrics, template_rows
-from .model_card import ModelCardInfo, extend_trl_card
+from .model_card import ModelCardInfo, extend_trl_card, render_model_card
 from .padding import PaddingFreePasses, can_trim, optimizer_step_segments, regroup, trim
 from .records import (
     generation_round,
@@ -515,9 +515,8 @@ class PromptAugGRPOTrainer(TRLSeam):
             return None
         path = Path(self.args.output_dir) / "README.md"
         hub_model_id = getattr(self, "hub_model_id", None) or self.args.hub_model_id  # full id once pushed
-        card = extend_trl_card(
-            path.read_text(), info, self.args.output_dir, self.state.global_step, self.state.log_history,
-            hub_model_id,
-        )  # fmt: skip
-        path.write_text(card)
+        ours = render_model_card(
+            info, self.args.output_dir, self.state.global_step, self.state.log_history, hub_model_id
+        )
+        path.write_text(extend_trl_card(path.read_text(), ours, info.base_model))
         return None
