@@ -159,9 +159,7 @@ def forward(model, mode: str, batch: dict, rows_per_call: int, counts: dict, pad
             counts["processed"] += i.numel()
             return (token_logps(model, i, m, k),)
 
-        (logps,) = chunked_forward(
-            score, ids, mask, keep, rows_per_call * ids.size(1), rows_per_chunk=rows_per_call
-        )
+        (logps,) = chunked_forward(score, ids, mask, keep, rows_per_chunk=rows_per_call)
         return logps
     pieces = []
     for s in range(0, ids.size(0), rows_per_call):
