@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "accelerate_configs/slurm/train.slurm"
@@ -657,3 +659,48 @@ def test_the_slurm_launcher_resumes_the_two_node_run(two_node_run):
     assert "resuming from" in text and "checkpoint-2" in text
     assert _steps(out_dir) == [1, 2, 3, 4] and (out_dir / "checkpoint-4").is_dir()
     assert not any(line.startswith("requeue") for line in _slurm_log(tmp))
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/multinode.md: the recipe column of the verl table is what the paper recipe parses to.
+
+ITEM = re.compile(r"`([A-Za-z_]\w*): ([^`]*)`")
+ARITHMETIC = ("questions_per_round", "completions_per_optimizer_step")
+
+
+def _verl_rows() -> list[dict[str, str]]:
+    section = (REPO / "docs/multinode.md").read_text().split("## Beyond this script", 1)[1]
+    rows, header = [], None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            if header:
+                break
+            continue
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+        if header is None:
+            header = cells
+        elif not set(line) <= set("|-: "):
+            rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def test_the_verl_table_names_the_recipes_values():
+    from prompt_aug import train
+    from prompt_aug.config import batch_arithmetic
+
+    rows = _verl_rows()
+    settings = {row["setting"] for row in rows}
+    needed = {"learning rate", "questions per round", "rollouts per question", "optimizer step", "clip", "KL",
+              "completion length", "prompt length", "sampling", "entropy bonus"}  # fmt: skip
+    assert needed <= settings, needed - settings
+    expected = {k: yaml.safe_load(v) for row in rows for k, v in ITEM.findall(row["recipe key"])}
+    assert len(expected) >= 30
+    script_args, args, model_args, _ = train.parse_args(
+        ["--config", PAPER, "--dry_run", "--num_processes", "8"]
+    )
+    got = {**vars(model_args), **vars(args), **vars(script_args)}
+    arithmetic = batch_arithmetic(args, script_args)
+    got.update({k: getattr(arithmetic, k) for k in ARITHMETIC})
+    assert not [k for k in expected if k not in got], "docs/multinode.md names keys the recipe does not have"
+    wrong = {k: (v, got[k]) for k, v in expected.items() if got[k] != v}
+    assert not wrong, f"docs/multinode.md's verl table differs from {PAPER} (table, recipe): {wrong}"
