@@ -1,0 +1,706 @@
+"""Several nodes on one machine: the multi-node rendezvous for real, and the Slurm launcher's commands.
+
+* Two `accelerate launch` processes started separately, as two nodes would start them (``--num_machines 2
+  --machine_rank 0/1 --main_process_ip 127.0.0.1``, one process each, gloo on CPU), train the smoke recipe
+  into one output folder, as nodes sharing a file system do. Then ``accelerate_configs/slurm/train.slurm``
+  restarts that run as a requeued job would, through a stand-in ``srun`` that starts one task per "node"
+  on this machine: it must add ``--resume_from_checkpoint true`` and train on from the checkpoint.
+* The launcher's commands under a fake Slurm environment: ``--print-command`` for both layouts, the flags
+  that continue a run, and the signal path with a stand-in ``accelerate`` (SIGUSR1 reaches the training
+  processes, the launcher ignores it, the job is requeued unless the run finished).
+* The per-node command's ``trap '' USR1`` on a real `accelerate launch` of two worker processes: the
+  workers get the signal and the launcher survives it (without the trap, the control, it dies).
+
+Times on 2 shared cores: the two-node run about 40 s, the launcher's resumed run about 65 s (it also runs
+the batch-arithmetic check, about 20 s), the USR1 pair about 25 s (all three marked slow); the rest about
+20 s.
+
+The stand-ins (``srun``, ``scontrol``, ``accelerate``, ``trl``) are written into a temporary ``bin/``. The
+stand-in ``srun`` passes a signal to every process of its tasks, as Slurm's process tracking does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "accelerate_configs/slurm/train.slurm"
+SMOKE = "recipes/smoke/tiny_cpu.yaml"
+PAPER = "recipes/qwen2.5-math-1.5b/prompt_aug.yaml"
+VENV_BIN = Path(sys.executable).parent
+# How the launcher starts `accelerate launch` on each node (the real USR1 test below runs it).
+NODE_PREFIX = "trap '' USR1; exec "
+
+# ---------------------------------------------------------------------------------------------
+# Stand-ins for Slurm and the launchers.
+
+SCONTROL = r"""#!/bin/bash
+# show hostnames LIST: "pre[a-b]" or a comma list, one name a line; requeue JOB: recorded
+case $1 in
+    show)
+        if [[ $3 =~ ^(.*)\[([0-9]+)-([0-9]+)\]$ ]]; then
+            p=${BASH_REMATCH[1]} a=${BASH_REMATCH[2]} b=${BASH_REMATCH[3]}
+            for ((i = 10#$a; i <= 10#$b; i++)); do printf "%s%0${#a}d\n" "$p" "$i"; done
+        else
+            tr , '\n' <<<"$3"
+        fi ;;
+    requeue) echo "requeue $2" >>"$FAKE_OUT/slurm.log" ;;
+esac
+"""
+
+SRUN = """#!{python}
+import json, os, signal, subprocess, sys, time
+
+args = sys.argv[1:]
+opts = {{}}
+while args and args[0].startswith("--"):
+    key, _, value = args.pop(0)[2:].partition("=")
+    opts[key] = value
+hosts = opts.get("nodelist", "").split(",")
+out = os.environ["FAKE_OUT"]
+with open(os.path.join(out, "slurm.log"), "a") as log:
+    log.write("srun " + json.dumps({{"opts": opts, "cmd": args}}) + "\\n")
+tasks = []
+for rank in range(int(opts.get("ntasks", "1"))):
+    env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_NODEID=str(rank), SLURMD_NODENAME=hosts[rank])
+    tasks.append(subprocess.Popen(args, env=env))
+
+
+def tree(pid):
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{{entry}}/stat") as f:
+                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    children.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            pass
+    return [pid] + [p for c in children for p in tree(c)]
+
+
+def forward(sig, _frame):  # Slurm signals every process of the step, not only the task's first
+    for task in tasks:
+        for pid in tree(task.pid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+signal.signal(signal.SIGUSR1, forward)
+signal.signal(signal.SIGTERM, forward)
+while any(t.poll() is None for t in tasks):
+    if any(t.poll() not in (None, 0) for t in tasks):  # --kill-on-bad-exit
+        forward(signal.SIGTERM, None)
+    time.sleep(0.1)
+codes = [t.returncode if t.returncode >= 0 else 128 - t.returncode for t in tasks]
+sys.exit(max(codes))
+"""
+
+ACCELERATE = """#!{python}
+import json, os, signal, sys, time
+
+record = {{"argv": sys.argv[1:], "procid": os.environ["SLURM_PROCID"], "node": os.environ["SLURMD_NODENAME"]}}
+with open("/proc/self/status") as f:
+    ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+record["usr1_ignored"] = bool(ignored >> (signal.SIGUSR1 - 1) & 1)
+record["env"] = {{k: os.environ.get(k) for k in ("PYTHONUNBUFFERED", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+                                                   "WANDB_RUN_ID", "WANDB_RESUME")}}
+mode = os.environ.get("FAKE_MODE", "exit0")
+got = []
+if mode in ("save_on_usr1", "finish_on_usr1"):  # as the training processes do: a handler of their own
+    signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+path = os.path.join(os.environ["FAKE_OUT"], "accelerate-" + record["procid"] + ".json")
+with open(path + ".tmp", "w") as f:
+    json.dump(record, f)
+os.replace(path + ".tmp", path)
+if mode != "exit0":
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+with open(path + ".done", "w") as f:
+    f.write("usr1" if got else "end")
+sys.exit(1 if mode == "save_on_usr1" and got else 0)  # accelerate exits 1 when a process exits non-zero
+"""
+
+TRL = """#!{python}
+import http.server, json, os, signal, sys
+
+argv = sys.argv[1:]
+with open(os.path.join(os.environ["FAKE_OUT"], "trl.json"), "w") as f:
+    json.dump(argv, f)
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path.rstrip("/") == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def stop(sig, frame):
+    open(os.path.join(os.environ["FAKE_OUT"], "trl.stopped"), "w").close()
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+http.server.HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Health).serve_forever()
+"""
+
+# The launcher's batch-arithmetic check runs the real parser (about 20 s); the command tests skip it.
+PYTHON_NO_DRY_RUN = """#!/bin/bash
+if [[ $1 == -m && $2 == prompt_aug.train ]]; then echo "$*" >"$FAKE_OUT/dry_run"; exit 0; fi
+exec {python} "$@"
+"""
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def fake_slurm(tmp_path):
+    """A temporary bin/ of stand-ins and the environment the launcher runs with; ``out`` gets their
+    records."""
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    _write(bin_dir / "scontrol", SCONTROL)
+    _write(bin_dir / "srun", SRUN.format(python=sys.executable))
+    python = _write(tmp_path / "python", PYTHON_NO_DRY_RUN.format(python=sys.executable))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(
+        PATH=os.pathsep.join([str(bin_dir), str(VENV_BIN), env.get("PATH", "")]),
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        PYTHON=str(python),
+        VENV="",
+        FAKE_OUT=str(out),
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST="gpu[07-08]",
+        SLURM_NNODES="2",
+        SLURM_SUBMIT_DIR=str(REPO),
+        SLURM_GPUS_ON_NODE="8",
+    )
+    return {"bin": bin_dir, "out": out, "env": env, "tmp": tmp_path}
+
+
+def _launcher(env: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        env=env,
+        cwd=REPO,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _plan(env: dict, *args: str) -> dict:
+    """``--print-command``'s lines by their first words: ``train on gpu07`` -> the command, etc."""
+    result = _launcher(env, "--print-command", *args)
+    assert result.returncode == 0, result.stderr
+    return dict(line.split(": ", 1) for line in result.stdout.splitlines())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc), children before their parent's siblings."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return [pid] + [p for c in children for p in _tree(c)]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill a process started with ``start_new_session``, its group and its descendants (torch starts its
+    workers in sessions of their own), whether or not it has exited."""
+    for pid in _tree(proc.pid) if proc.poll() is None else []:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# The script itself.
+
+
+def test_the_launcher_is_valid_bash():
+    result = subprocess.run(["bash", "-n", str(SCRIPT)], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_shellcheck_finds_nothing():
+    result = subprocess.run(["shellcheck", str(SCRIPT)], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_the_sbatch_header_asks_for_requeue_and_the_warning_signal():
+    header = [line for line in SCRIPT.read_text().splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --requeue" in header
+    assert "#SBATCH --signal=B:USR1@90" in header  # B: the batch shell, which passes it on
+    assert "#SBATCH --ntasks-per-node=1" in header  # one launcher per node
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands, for a fake allocation.
+
+
+def test_colocate_every_node_trains_with_its_rank(fake_slurm):
+    plan = _plan(
+        fake_slurm["env"], "--recipe", PAPER, "--accelerate", "zero2", "--per_device_train_batch_size", "4"
+    )
+    launch = (
+        "accelerate launch --config_file accelerate_configs/zero2.yaml --num_machines 2 --num_processes 16 "
+        "--main_process_ip gpu07 --main_process_port 24242"
+    )
+    train = f"-m prompt_aug.train --config {PAPER} --per_device_train_batch_size 4"
+    assert plan["train on gpu07"] == f"{launch} --machine_rank 0 {train}"
+    assert plan["train on gpu08"] == f"{launch} --machine_rank 1 {train}"
+    assert "vllm-serve on gpu08" not in plan
+    assert plan["output_dir"] == "outputs/qwen2.5-math-1.5b/prompt_aug"  # read from the recipe
+
+
+def test_server_layout_serves_on_the_last_node_and_trains_on_the_others(fake_slurm):
+    env = dict(fake_slurm["env"], SLURM_JOB_NODELIST="gpu[07-09]", MAIN_PROCESS_PORT="29555")
+    plan = _plan(
+        env, "--layout", "server", "--recipe", PAPER, "--accelerate", "zero3", "--", "--run_name", "a b"
+    )
+    assert plan["vllm-serve on gpu09"] == (
+        "trl vllm-serve --model Qwen/Qwen2.5-Math-1.5B --host 0.0.0.0 --port 8000 --max_model_len 4096"
+    )
+    for rank, host in enumerate(["gpu07", "gpu08"]):
+        assert plan[f"train on {host}"] == (
+            "accelerate launch --config_file accelerate_configs/zero3.yaml --num_machines 2 "
+            f"--num_processes 16 --main_process_ip gpu07 --main_process_port 29555 --machine_rank {rank} "
+            f"-m prompt_aug.train --config {PAPER} --run_name a\\ b "
+            "--use_vllm true --vllm_mode server --vllm_server_host gpu09 --vllm_server_port 8000"
+        )
+    assert "train on gpu09" not in plan
+
+
+def test_overrides_reach_the_server_and_the_process_count(fake_slurm):
+    env = dict(fake_slurm["env"], VLLM_SERVER_PORT="8111", VLLM_SERVE_ARGS="--tensor_parallel_size 2")
+    plan = _plan(
+        env, "--layout", "server", "--recipe", PAPER, "--gpus-per-node", "4",
+        "--model_name_or_path=models/local", "--output_dir", "/tmp/elsewhere",
+    )  # fmt: skip
+    assert plan["vllm-serve on gpu08"] == (
+        "trl vllm-serve --model models/local --host 0.0.0.0 --port 8111 --max_model_len 4096 "
+        "--tensor_parallel_size 2"
+    )
+    assert "--num_machines 1 --num_processes 4 " in plan["train on gpu07"]
+    assert plan["output_dir"] == "/tmp/elsewhere"
+
+
+def test_bad_options_fail_in_one_line(fake_slurm):
+    env = fake_slurm["env"]
+    for args, message in [
+        (["--accelerate", "zero2"], "--recipe is required"),
+        (["--recipe", PAPER, "--layout", "ray"], "--layout is colocate or server"),
+        (["--recipe", PAPER, "--accelerate", "zero9"], "no accelerate config accelerate_configs/zero9.yaml"),
+        (["--recipe", "nope.yaml"], "no recipe nope.yaml"),
+    ]:
+        result = _launcher(env, "--print-command", *args)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+    one_node = dict(env, SLURM_JOB_NODELIST="gpu07")
+    result = _launcher(one_node, "--print-command", "--recipe", PAPER, "--layout", "server")
+    assert result.returncode == 2 and "needs 2 nodes" in result.stderr
+
+
+def _train_line(env: dict, out_dir: Path, *extra: str) -> str:
+    return _plan(env, "--recipe", SMOKE, "--output_dir", str(out_dir), *extra)["train on gpu07"]
+
+
+def test_a_checkpoint_in_output_dir_makes_the_run_resume(fake_slurm):
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    assert "--resume_from_checkpoint" not in _train_line(env, out_dir)  # no folder yet
+    (out_dir / "completions").mkdir(parents=True)
+    (out_dir / "logs.jsonl").write_text("{}\n")
+    # First start, a used folder: left to the trainer, which refuses it with one line.
+    line = _train_line(env, out_dir)
+    assert "--resume_from_checkpoint" not in line and "--overwrite_output_dir" not in line
+    # A requeued start that had not saved yet: replace what the interrupted start wrote.
+    assert _train_line(dict(env, SLURM_RESTART_COUNT="1"), out_dir).endswith("--overwrite_output_dir true")
+    (out_dir / "checkpoint-2").mkdir()
+    for restarts in ("0", "3"):
+        line = _train_line(dict(env, SLURM_RESTART_COUNT=restarts), out_dir)
+        assert line.endswith("--resume_from_checkpoint true")
+    # What the command line says wins.
+    line = _train_line(env, out_dir, "--overwrite_output_dir", "true")
+    assert "--resume_from_checkpoint" not in line
+    line = _train_line(env, out_dir, "--resume_from_checkpoint", f"{out_dir}/checkpoint-2")
+    assert line.count("--resume_from_checkpoint") == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it: srun, the server, signals and requeue (stand-in accelerate).
+
+
+def _start(fake: dict, *args: str, **env: str) -> subprocess.Popen:
+    """The launcher with the stand-in accelerate and trl, its output in ``out/launcher.log`` (a file: the
+    stand-in run may outlive the launcher and hold a pipe open)."""
+    _write(fake["bin"] / "accelerate", ACCELERATE.format(python=sys.executable))
+    _write(fake["bin"] / "trl", TRL.format(python=sys.executable))
+    with (fake["out"] / "launcher.log").open("w") as sink:
+        return subprocess.Popen(
+            ["bash", str(SCRIPT), "--recipe", SMOKE, "--output_dir", str(fake["tmp"] / "run"), *args],
+            env=dict(fake["env"], **env),
+            cwd=REPO,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _finish(fake: dict, proc: subprocess.Popen, timeout: float) -> str:
+    """Wait for the launcher, kill what is left of it and its run, and return its output."""
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        _stop(proc)
+    return (fake["out"] / "launcher.log").read_text(errors="replace")
+
+
+def _records(out: Path, ranks: int = 2, timeout: float = 30) -> list[dict]:
+    """What each rank's stand-in accelerate recorded at its start (waits for all of them)."""
+    paths = [out / f"accelerate-{rank}.json" for rank in range(ranks)]
+    deadline = time.monotonic() + timeout
+    while not all(p.is_file() and p.stat().st_size for p in paths):
+        assert time.monotonic() < deadline, "the stand-in accelerate did not start on every node"
+        time.sleep(0.1)
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def _slurm_log(out: Path) -> list[str]:
+    path = out / "slurm.log"
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def test_each_node_runs_its_launcher_under_srun(fake_slurm):
+    proc = _start(fake_slurm)
+    output = _finish(fake_slurm, proc, timeout=60)
+    assert proc.returncode == 0, output
+    out = fake_slurm["out"]
+    records = _records(out)
+    for rank, record in enumerate(records):
+        argv = record["argv"]
+        assert record["node"] == f"gpu0{7 + rank}" and record["procid"] == str(rank)
+        assert argv[argv.index("--machine_rank") + 1] == str(rank)
+        assert argv[argv.index("--num_machines") + 1] == "2"
+        assert argv[argv.index("--num_processes") + 1] == "16"
+        assert argv[argv.index("--main_process_ip") + 1] == "gpu07"
+        assert record["usr1_ignored"]  # the launcher must outlive the checkpoint signal
+        assert record["env"] == {
+            "PYTHONUNBUFFERED": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "300",
+            "WANDB_RUN_ID": "prompt-aug-4242", "WANDB_RESUME": "allow",
+        }  # fmt: skip
+    assert (
+        records[0]["argv"][records[0]["argv"].index("-m") :]
+        == records[1]["argv"][records[1]["argv"].index("-m") :]
+    )
+    (srun,) = [json.loads(line[5:]) for line in _slurm_log(out) if line.startswith("srun ")]
+    assert srun["cmd"][:2] == ["bash", "-c"] and srun["cmd"][2].startswith(NODE_PREFIX + "accelerate launch ")
+    assert srun["opts"]["ntasks"] == "2" and srun["opts"]["nodelist"] == "gpu07,gpu08"
+    assert srun["opts"]["ntasks-per-node"] == "1" and srun["opts"]["kill-on-bad-exit"] == "1"
+    assert (out / "dry_run").read_text().split()[-3:] == ["--dry_run", "--num_processes", "16"]
+    assert not any(line.startswith("requeue") for line in _slurm_log(out))
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the server layout's health check uses curl")
+def test_server_layout_waits_for_the_server_and_stops_it_at_the_end(fake_slurm):
+    port = str(_free_port())
+    proc = _start(
+        fake_slurm, "--layout", "server", SLURM_JOB_NODELIST="127.0.0.1,localhost", VLLM_SERVER_PORT=port
+    )
+    output = _finish(fake_slurm, proc, timeout=90)
+    assert proc.returncode == 0, output
+    out = fake_slurm["out"]
+    (record,) = _records(out, ranks=1)
+    argv = record["argv"]
+    assert record["node"] == "127.0.0.1"
+    assert argv[argv.index("--vllm_server_host") + 1] == "localhost"
+    assert argv[argv.index("--vllm_server_port") + 1] == port
+    assert json.loads((out / "trl.json").read_text())[:3] == ["vllm-serve", "--model", "tiny-random-qwen2"]
+    assert "vLLM server up after" in output
+    deadline = time.monotonic() + 10
+    while not (out / "trl.stopped").exists():
+        assert time.monotonic() < deadline, "the server was not stopped after training"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("mode", "requeued", "code"),
+    [
+        ("save_on_usr1", True, 1),  # saved and stopped early (non-zero): requeue
+        ("finish_on_usr1", False, 0),  # finished anyway: done, nothing to requeue
+    ],
+)
+def test_the_time_limit_warning_reaches_training_and_requeues(fake_slurm, mode, requeued, code):
+    proc = _start(fake_slurm, FAKE_MODE=mode)
+    try:
+        _records(fake_slurm["out"])
+    finally:
+        proc.send_signal(signal.SIGUSR1)  # what Slurm sends the batch shell 90 s before the limit
+        output = _finish(fake_slurm, proc, timeout=60)
+    out = fake_slurm["out"]
+    assert [(out / f"accelerate-{r}.json.done").read_text() for r in (0, 1)] == ["usr1", "usr1"]
+    assert proc.returncode == code, output
+    assert ("requeue 4242" in _slurm_log(out)) == requeued, output
+
+
+def test_a_run_that_ignores_the_warning_is_requeued_after_the_grace(fake_slurm):
+    proc = _start(fake_slurm, FAKE_MODE="ignore", REQUEUE_GRACE="2")
+    try:
+        _records(fake_slurm["out"])
+    finally:
+        started = time.monotonic()
+        proc.send_signal(signal.SIGUSR1)
+        # The stand-in run is still going when the launcher exits (scontrol requeue would end it): _finish
+        # kills it.
+        output = _finish(fake_slurm, proc, timeout=30)
+        waited = time.monotonic() - started
+    assert proc.returncode == 124, output
+    assert "requeue 4242" in _slurm_log(fake_slurm["out"])
+    assert 2 <= waited < 15, waited
+
+
+# ---------------------------------------------------------------------------------------------
+# The rendezvous for real: two nodes on this machine, gloo on CPU.
+
+
+def _real_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(
+        PATH=os.pathsep.join([str(VENV_BIN), env.get("PATH", "")]),
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="disabled",
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+    )
+    env.update(extra)
+    return env
+
+
+def _run_all(procs: list[subprocess.Popen], timeout: float) -> list[int | None]:
+    """Wait for every process up to ``timeout`` seconds in all; kill what is left (and its children)."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    try:
+        for proc in procs:
+            try:
+                codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+    finally:
+        for proc in procs:
+            _stop(proc)
+    return codes
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return f"--- {path.name}:\n{path.read_text(errors='replace')[-chars:]}"
+
+
+@pytest.fixture(scope="module")
+def two_node_run(tmp_path_factory):
+    """Two separately started `accelerate launch` processes, node ranks 0 and 1, one output folder."""
+    tmp = tmp_path_factory.mktemp("multinode")
+    out_dir, port = tmp / "run", _free_port()
+    logs, procs = [tmp / f"node{rank}.log" for rank in (0, 1)], []
+    started = time.monotonic()
+    for rank in (0, 1):
+        cmd = [
+            str(VENV_BIN / "accelerate"), "launch", "--config_file", "accelerate_configs/ddp.yaml",
+            "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+            "--main_process_port", str(port), "--num_processes", "2", "--mixed_precision", "no",
+            "-m", "prompt_aug.train", "--config", SMOKE, "--max_steps", "2", "--save_steps", "2",
+            "--output_dir", str(out_dir),
+        ]  # fmt: skip
+        with logs[rank].open("w") as sink:
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=REPO,
+                    env=_real_env(),
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    codes = _run_all(procs, timeout=420)
+    print(f"two nodes, 2 steps: {time.monotonic() - started:.0f} s")
+    assert codes == [0, 0], "\n".join([f"exit codes {codes}", *map(_tail, logs)])
+    return {"tmp": tmp, "out_dir": out_dir}
+
+
+WORKER = """import os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))  # as the trainer's checkpoint-and-stop handler
+open(os.path.join(sys.argv[1], "ready-" + os.environ["RANK"]), "w").close()
+deadline = time.monotonic() + 60
+while not got and time.monotonic() < deadline:
+    time.sleep(0.05)
+open(os.path.join(sys.argv[1], ("got-" if got else "timeout-") + os.environ["RANK"]), "w").close()
+sys.exit(3)  # a distinct code of the worker's; accelerate reports a failed worker as 1
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ignore", [True, False], ids=["launcher-ignores-usr1", "control"])
+def test_usr1_reaches_the_workers_and_the_launcher_outlives_it(tmp_path, ignore):
+    """The per-node command's ``trap '' USR1`` on a real `accelerate launch` of 2 processes: Slurm signals
+    every process of the step; the workers (which set a handler) get it, the launcher reports their exit.
+    Without the trap (control) USR1 kills the launcher, which would leave the workers to Slurm's SIGKILL."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    launch = [
+        str(VENV_BIN / "accelerate"), "launch", "--config_file", str(REPO / "accelerate_configs/ddp.yaml"),
+        "--num_processes", "2", "--mixed_precision", "no", str(tmp_path / "worker.py"), str(tmp_path),
+    ]  # fmt: skip
+    cmd = (NODE_PREFIX if ignore else "exec ") + " ".join(launch)
+    proc = subprocess.Popen(["bash", "-c", cmd], env=_real_env(), cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready-{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the workers did not start"
+            time.sleep(0.1)
+        for pid in _tree(proc.pid):  # as Slurm's process tracking: every process of the step
+            os.kill(pid, signal.SIGUSR1)
+        code = proc.wait(timeout=60)
+    finally:
+        _stop(proc)
+    deadline = time.monotonic() + 10
+    while not all((tmp_path / f"got-{r}").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline, sorted(p.name for p in tmp_path.iterdir())
+        time.sleep(0.1)
+    assert code == (1 if ignore else -signal.SIGUSR1)
+
+
+def _steps(out_dir: Path) -> list[int]:
+    state = json.loads((out_dir / "trainer_state.json").read_text())
+    return [h["step"] for h in state["log_history"] if "loss" in h]
+
+
+@pytest.mark.slow
+def test_two_nodes_meet_and_train(two_node_run):
+    import pandas as pd
+
+    out_dir = two_node_run["out_dir"]
+    state = json.loads((out_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and _steps(out_dir) == [1, 2]
+    assert (out_dir / "checkpoint-2").is_dir() and (out_dir / "model.safetensors").is_file()
+    records = pd.concat(pd.read_parquet(p) for p in sorted((out_dir / "completions").glob("*.parquet")))
+    assert set(records["round"]) == {1}  # one round of 8 questions x 4 completions, logged at steps 1 and 2
+    first = records[records["step"] == 1]
+    assert len(first) == 32 and first["uid"].nunique() == 8
+    assert first.groupby("process").size().to_dict() == {0: 16, 1: 16}  # one world of 2 processes
+    assert (first.groupby("uid")["template"].nunique() == 1).all()  # a group's template, on both nodes
+
+
+@pytest.mark.slow
+def test_the_slurm_launcher_resumes_the_two_node_run(two_node_run):
+    """The launcher, as a requeued job's next start: srun (stand-in) starts one real launcher per node."""
+    tmp, out_dir = two_node_run["tmp"], two_node_run["out_dir"]
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    _write(bin_dir / "scontrol", SCONTROL)
+    _write(bin_dir / "srun", SRUN.format(python=sys.executable))
+    env = _real_env(
+        PATH=os.pathsep.join([str(bin_dir), str(VENV_BIN), os.environ.get("PATH", "")]),
+        PYTHON=sys.executable, VENV="", FAKE_OUT=str(tmp), SLURM_JOB_ID="77", SLURM_RESTART_COUNT="1",
+        SLURM_JOB_NODELIST="node[1-2]", SLURM_SUBMIT_DIR=str(REPO), MAIN_PROCESS_IP="127.0.0.1",
+        MAIN_PROCESS_PORT=str(_free_port()), ACCELERATE_ARGS="--mixed_precision no",
+    )  # fmt: skip
+    log = tmp / "launcher.log"
+    started = time.monotonic()
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            ["bash", str(SCRIPT), "--recipe", SMOKE, "--accelerate", "ddp", "--gpus-per-node", "1",
+             "--output_dir", str(out_dir), "--max_steps", "4", "--save_steps", "2"],
+            cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    codes = _run_all([proc], timeout=480)
+    print(f"the launcher, 2 more steps on two nodes: {time.monotonic() - started:.0f} s")
+    text = log.read_text(errors="replace")
+    assert codes == [0], _tail(log)
+    assert "--resume_from_checkpoint true" in text  # the launcher saw checkpoint-2 and added it
+    assert "resuming from" in text and "checkpoint-2" in text
+    assert _steps(out_dir) == [1, 2, 3, 4] and (out_dir / "checkpoint-4").is_dir()
+    assert not any(line.startswith("requeue") for line in _slurm_log(tmp))
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/multinode.md: the recipe column of the verl table is what the paper recipe parses to.
+
+ITEM = re.compile(r"`([A-Za-z_]\w*): ([^`]*)`")
+ARITHMETIC = ("questions_per_round", "completions_per_optimizer_step")
+
+
+def _verl_rows() -> list[dict[str, str]]:
+    section = (REPO / "docs/multinode.md").read_text().split("## Beyond this script", 1)[1]
+    rows, header = [], None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            if header:
+                break
+            continue
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+        if header is None:
+            header = cells
+        elif not set(line) <= set("|-: "):
+            rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def test_the_verl_table_names_the_recipes_values():
+    from prompt_aug import train
+    from prompt_aug.config import batch_arithmetic
+
+    rows = _verl_rows()
+    settings = {row["setting"] for row in rows}
+    needed = {"learning rate", "questions per round", "rollouts per question", "optimizer step", "clip", "KL",
+              "completion length", "prompt length", "sampling", "entropy bonus"}  # fmt: skip
+    assert needed <= settings, needed - settings
+    expected = {k: yaml.safe_load(v) for row in rows for k, v in ITEM.findall(row["recipe key"])}
+    assert len(expected) >= 30
+    script_args, args, model_args, _ = train.parse_args(
+        ["--config", PAPER, "--dry_run", "--num_processes", "8"]
+    )
+    got = {**vars(model_args), **vars(args), **vars(script_args)}
+    arithmetic = batch_arithmetic(args, script_args)
+    got.update({k: getattr(arithmetic, k) for k in ARITHMETIC})
+    assert not [k for k in expected if k not in got], "docs/multinode.md names keys the recipe does not have"
+    wrong = {k: (v, got[k]) for k, v in expected.items() if got[k] != v}
+    assert not wrong, f"docs/multinode.md's verl table differs from {PAPER} (table, recipe): {wrong}"
