@@ -1,4 +1,4 @@
-"""The training side of one GRPO round on CPU, with TRL's padding and with ``trim_padding``.
+"""The training side of one GRPO round on CPU, on each path of ``trim_padding``: off, trim and packed.
 
 One round of the paper recipe's structure (per process: 8 rows per micro-batch, 4 micro-batches per
 optimizer step, 16 per round, so the old-log-prob pass runs) on a random Qwen2 model of a few M parameters
@@ -7,9 +7,12 @@ completions are random tokens whose lengths follow a long-tailed mix like the pa
 the cap, the rest are drawn from an exponential, for a mean of about a quarter of the cap. The generation
 itself is replaced by that draw (it is not what is timed); everything after it is `PromptAugGRPOTrainer`.
 
-Both runs start from the same weights and train on the same round (checked). Timed: the old-log-prob pass
-and the optimizer steps (forward, backward, optimizer). Prints a table and, last,
-``trimmed/padded training-side time: X.XX``.
+Paths (``trim_padding``): ``off`` (TRL's padded calls), ``trim`` (one trimmed call per TRL call) and
+``packed`` (each TRL call's real tokens in one row; the default). All three runs start from the same weights
+and train on the same round (checked). Timed: the old-log-prob pass and the optimizer steps (forward,
+backward, optimizer). Prints a table (per phase: seconds, real-token share, model calls), the loss of each
+optimizer step per path, then ``trim/padded training-side time: X.XX`` and, last,
+``packed/padded training-side time: X.XX``.
 
     OMP_NUM_THREADS=1 python bench/padding.py            # about 3 minutes on one quiet core
 """
@@ -28,7 +31,7 @@ sys.path.insert(
 
 import torch
 from datasets import Dataset
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import GenerationConfig, PrinterCallback, Qwen2Config, Qwen2ForCausalLM
 
 from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.demo.smoke import build_tiny_tokenizer, synthetic_problems
@@ -65,6 +68,7 @@ class _BenchTrainer(PromptAugGRPOTrainer):
         start = time.perf_counter()
         output = super().score_round(inputs)
         self.timings["generate_and_score"] += time.perf_counter() - start
+        self.old_logps_stats = dict(self.padding_free.stats)  # the counts of the old-log-prob pass
         self.round = (output["completion_ids"].clone(), output["prompt_ids"].clone())
         return output
 
@@ -99,7 +103,7 @@ def build_model(path: Path, hidden: int, layers: int, seed: int) -> Path:
     return path
 
 
-def run(model_path: Path, out: Path, trim_padding: bool, args: argparse.Namespace) -> dict:
+def run(model_path: Path, out: Path, trim_padding: str, args: argparse.Namespace) -> dict:
     config = PromptAugGRPOConfig(
         output_dir=str(out), per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=4,
         steps_per_generation=16, num_generations=8, max_completion_length=args.cap, max_steps=4,
@@ -114,21 +118,30 @@ def run(model_path: Path, out: Path, trim_padding: bool, args: argparse.Namespac
         args=config,
         train_dataset=Dataset.from_list(questions),
     )
+    trainer.remove_callback(PrinterCallback)  # the table below, not every step's log
     trainer.timings = {"old_logps": 0.0, "generate_and_score": 0.0, "training_step": 0.0}
     trainer.train()
     timings = trainer.timings
-    steps = timings["training_step"] - timings["generate_and_score"]  # the 4 optimizer steps
+    stats, old = trainer.padding_free.stats, trainer.old_logps_stats
+    steps = {key: stats[key] - old[key] for key in stats}  # the 4 optimizer steps' forward calls
     completion_ids, prompt_ids = trainer.round
-    stats = trainer.padding_stats
     return {
+        "path": trainer.padding_free.mode,  # packed falls back to trim (and logs why) where it cannot serve
         "old_logps": timings["old_logps"],
-        "steps": steps,
-        "share": stats["real"] / stats["processed"],
+        "steps": timings["training_step"] - timings["generate_and_score"],
+        "old_share": old["real"] / old["processed"],
+        "steps_share": steps["real"] / steps["processed"],
+        "old_calls": old["calls"],
+        "steps_calls": steps["calls"],
         "processed": stats["processed"],
+        "losses": [log["loss"] for log in trainer.state.log_history if "loss" in log],
         "round": completion_ids,
         "prompts": prompt_ids,
         "rows": completion_ids.size(0),
     }
+
+
+MODES = {"padded": "off", "trim": "trim", "packed": "packed"}  # name: trim_padding
 
 
 def main() -> None:
@@ -138,31 +151,43 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
+    results = {}
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         model_path = build_model(Path(tmp) / "model", args.hidden, args.layers, seed=0)
         params = sum(p.numel() for p in Qwen2ForCausalLM.from_pretrained(model_path).parameters())
-        padded = run(model_path, Path(tmp) / "padded", False, args)
-        trimmed = run(model_path, Path(tmp) / "trimmed", True, args)
-    if not torch.equal(padded["round"], trimmed["round"]) or not torch.equal(
-        padded["prompts"], trimmed["prompts"]
-    ):
-        raise SystemExit("bench/padding.py: the two runs trained on different rounds")
+        for name, mode in MODES.items():
+            results[name] = run(model_path, Path(tmp) / name, mode, args)
+    padded = results["padded"]
+    for name, r in results.items():
+        if not torch.equal(padded["round"], r["round"]) or not torch.equal(padded["prompts"], r["prompts"]):
+            raise SystemExit(f"bench/padding.py: the {name} and padded runs trained on different rounds")
     lengths = (padded["round"] != 0).sum(1).float()
     prompts = (padded["prompts"] != 0).sum(1).float()
     print(
         f"model: {params / 1e6:.1f} M parameters (hidden {args.hidden}, {args.layers} layers); round: "
         f"{padded['rows']} rows, prompts {prompts.min():.0f}-{prompts.max():.0f} tokens, "
         f"completions mean {lengths.mean():.0f} of cap {args.cap} "
-        f"({int((lengths == args.cap).sum())} at the cap); torch threads {torch.get_num_threads()}"
+        f"({int((lengths == args.cap).sum())} at the cap); torch threads {torch.get_num_threads()}; "
+        f"{time.perf_counter() - start:.0f} s in all"
     )
-    print(f"{'':10} {'real-token share':>17} {'tokens run':>11} {'old log-probs s':>16} "
-          f"{'optimizer steps s':>18} {'training side s':>16}")  # fmt: skip
-    for name, r in (("padded", padded), ("trimmed", trimmed)):
+    print(
+        f"{'':7} {'path':>6} | {'old log-probs: s':>16} {'share':>6} {'calls':>5} | "
+        f"{'optimizer steps: s':>18} {'share':>6} {'calls':>5} | {'tokens run':>10} {'training side s':>15}"
+    )
+    for name, r in results.items():
         total = r["old_logps"] + r["steps"]
-        print(f"{name:10} {r['share']:>17.3f} {r['processed']:>11} {r['old_logps']:>16.2f} "
-              f"{r['steps']:>18.2f} {total:>16.2f}")  # fmt: skip
-    ratio = (trimmed["old_logps"] + trimmed["steps"]) / (padded["old_logps"] + padded["steps"])
-    print(f"trimmed/padded training-side time: {ratio:.2f}")
+        old_logps = f"{r['old_logps']:>16.2f} {r['old_share']:>6.3f} {r['old_calls']:>5}"
+        steps = f"{r['steps']:>18.2f} {r['steps_share']:>6.3f} {r['steps_calls']:>5}"
+        print(f"{name:7} {r['path']:>6} | {old_logps} | {steps} | {r['processed']:>10} {total:>15.2f}")
+    for name, r in results.items():
+        gap = max(abs(a - b) for a, b in zip(r["losses"], padded["losses"], strict=True))
+        losses = ", ".join(f"{loss:.6g}" for loss in r["losses"])
+        print(f"{name} loss per optimizer step: {losses} (largest gap to padded {gap:.2g})")
+    padded_total = padded["old_logps"] + padded["steps"]
+    for name in ("trim", "packed"):  # packed last
+        ratio = (results[name]["old_logps"] + results[name]["steps"]) / padded_total
+        print(f"{name}/padded training-side time: {ratio:.2f}")
 
 
 if __name__ == "__main__":
