@@ -10,9 +10,12 @@ itself is replaced by that draw (it is not what is timed); everything after it i
 Paths (``trim_padding``): ``off`` (TRL's padded calls), ``trim`` (one trimmed call per TRL call) and
 ``packed`` (each TRL call's real tokens in one row; the default). All three runs start from the same weights
 and train on the same round (checked). Timed: the old-log-prob pass and the optimizer steps (forward,
-backward, optimizer). Prints a table (per phase: seconds, real-token share, model calls), the loss of each
-optimizer step per path, then ``trim/padded training-side time: X.XX`` and, last,
-``packed/padded training-side time: X.XX``.
+backward, optimizer), in wall-clock and in this process's CPU seconds. Prints a table (per path and phase:
+both times, real-token share, model calls, tokens run), the loss of each optimizer step per path, the
+wall-clock ratios, then ``trim/padded training-side time: X.XX`` and, last,
+``packed/padded training-side time: X.XX``. Those two ratios are of CPU seconds: with one torch thread they
+equal wall-clock time on a quiet machine, and on a shared one they do not move with the other jobs' load
+(the wall-clock ratios do).
 
     OMP_NUM_THREADS=1 python bench/padding.py            # about 3 minutes on one quiet core
 """
@@ -57,26 +60,30 @@ class _BenchTrainer(PromptAugGRPOTrainer):
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
         return Generation(prompt_ids, completions, None, texts, None, {}, None, [])
 
+    def _add(self, key: str, start: tuple[float, float]) -> None:
+        self.wall[key] += time.perf_counter() - start[0]
+        self.cpu[key] += time.process_time() - start[1]
+
     def token_logps_and_entropies(self, *args, **kwargs):
-        start = time.perf_counter()
+        start = time.perf_counter(), time.process_time()
         out = super().token_logps_and_entropies(*args, **kwargs)
-        if not kwargs.get("compute_entropy"):
-            self.timings["old_logps"] += time.perf_counter() - start
+        if not kwargs.get("compute_entropy"):  # the old-log-prob pass (the loss forward computes entropies)
+            self._add("old_logps", start)
         return out
 
     def score_round(self, inputs):
-        start = time.perf_counter()
+        start = time.perf_counter(), time.process_time()
         output = super().score_round(inputs)
-        self.timings["generate_and_score"] += time.perf_counter() - start
+        self._add("generate_and_score", start)
         self.old_logps_stats = dict(self.padding_free.stats)  # the counts of the old-log-prob pass
         self.round = (output["completion_ids"].clone(), output["prompt_ids"].clone())
         return output
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         # TRL generates (and runs the old-log-prob pass) inside the first training_step of a round.
-        start = time.perf_counter()
+        start = time.perf_counter(), time.process_time()
         loss = super().training_step(model, inputs, num_items_in_batch)
-        self.timings["training_step"] += time.perf_counter() - start
+        self._add("training_step", start)
         return loss
 
 
@@ -119,21 +126,22 @@ def run(model_path: Path, out: Path, trim_padding: str, args: argparse.Namespace
         train_dataset=Dataset.from_list(questions),
     )
     trainer.remove_callback(PrinterCallback)  # the table below, not every step's log
-    trainer.timings = {"old_logps": 0.0, "generate_and_score": 0.0, "training_step": 0.0}
+    trainer.wall = {"old_logps": 0.0, "generate_and_score": 0.0, "training_step": 0.0}
+    trainer.cpu = dict(trainer.wall)
     trainer.train()
-    timings = trainer.timings
+    # The optimizer steps: training_step less the generation and scoring (old-log-prob pass included) that
+    # TRL runs inside a round's first training_step.
+    times = {
+        clock: {"old_logps": t["old_logps"], "steps": t["training_step"] - t["generate_and_score"]}
+        for clock, t in (("wall", trainer.wall), ("cpu", trainer.cpu))
+    }
     stats, old = trainer.padding_free.stats, trainer.old_logps_stats
     steps = {key: stats[key] - old[key] for key in stats}  # the 4 optimizer steps' forward calls
     completion_ids, prompt_ids = trainer.round
     return {
         "path": trainer.padding_free.mode,  # packed falls back to trim (and logs why) where it cannot serve
-        "old_logps": timings["old_logps"],
-        "steps": timings["training_step"] - timings["generate_and_score"],
-        "old_share": old["real"] / old["processed"],
-        "steps_share": steps["real"] / steps["processed"],
-        "old_calls": old["calls"],
-        "steps_calls": steps["calls"],
-        "processed": stats["processed"],
+        "times": times,
+        "stats": {"old_logps": old, "steps": steps},
         "losses": [log["loss"] for log in trainer.state.log_history if "loss" in log],
         "round": completion_ids,
         "prompts": prompt_ids,
@@ -172,22 +180,49 @@ def main() -> None:
         f"{time.perf_counter() - start:.0f} s in all"
     )
     print(
-        f"{'':7} {'path':>6} | {'old log-probs: s':>16} {'share':>6} {'calls':>5} | "
-        f"{'optimizer steps: s':>18} {'share':>6} {'calls':>5} | {'tokens run':>10} {'training side s':>15}"
+        f"{'':7} {'path':>6}  {'phase':<16} {'wall s':>7} {'cpu s':>7} {'real-token share':>16} {'calls':>5} "
+        f"{'tokens run':>10}"
     )
     for name, r in results.items():
-        total = r["old_logps"] + r["steps"]
-        old_logps = f"{r['old_logps']:>16.2f} {r['old_share']:>6.3f} {r['old_calls']:>5}"
-        steps = f"{r['steps']:>18.2f} {r['steps_share']:>6.3f} {r['steps_calls']:>5}"
-        print(f"{name:7} {r['path']:>6} | {old_logps} | {steps} | {r['processed']:>10} {total:>15.2f}")
+        for phase, label in (
+            ("old_logps", "old log-probs"),
+            ("steps", "optimizer steps"),
+            (None, "training side"),
+        ):
+            wall, cpu = (_seconds(r, clock, phase) for clock in ("wall", "cpu"))
+            count = _stats(r, phase)
+            print(
+                f"{name:7} {r['path']:>6}  {label:<16} {wall:>7.2f} {cpu:>7.2f} "
+                f"{count['real'] / count['processed']:>16.3f} {count['calls']:>5} {count['processed']:>10}"
+            )
     for name, r in results.items():
         gap = max(abs(a - b) for a, b in zip(r["losses"], padded["losses"], strict=True))
         losses = ", ".join(f"{loss:.6g}" for loss in r["losses"])
         print(f"{name} loss per optimizer step: {losses} (largest gap to padded {gap:.2g})")
-    padded_total = padded["old_logps"] + padded["steps"]
+    ratios = {
+        clock: {name: _seconds(results[name], clock) / _seconds(padded, clock) for name in ("trim", "packed")}
+        for clock in ("wall", "cpu")
+    }
+    print(
+        f"wall-clock training-side time (moves with the machine's load): "
+        f"trim/padded {ratios['wall']['trim']:.2f}, packed/padded {ratios['wall']['packed']:.2f}"
+    )
     for name in ("trim", "packed"):  # packed last
-        ratio = (results[name]["old_logps"] + results[name]["steps"]) / padded_total
-        print(f"{name}/padded training-side time: {ratio:.2f}")
+        print(f"{name}/padded training-side time: {ratios['cpu'][name]:.2f}")
+
+
+def _seconds(result: dict, clock: str, phase: str | None = None) -> float:
+    """A run's seconds on ``clock`` (wall, cpu) in ``phase`` (old_logps, steps; None: both)."""
+    times = result["times"][clock]
+    return times[phase] if phase else times["old_logps"] + times["steps"]
+
+
+def _stats(result: dict, phase: str | None = None) -> dict:
+    """A run's real and processed tokens and calls in ``phase`` (old_logps, steps; None: both)."""
+    stats = result["stats"]
+    if phase:
+        return stats[phase]
+    return {key: stats["old_logps"][key] + stats["steps"][key] for key in stats["steps"]}
 
 
 if __name__ == "__main__":
