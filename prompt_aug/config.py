@@ -26,7 +26,7 @@ class PromptAugGRPOConfig(GRPOConfig):
 
     > Prompt augmentation
 
-    prompt_augmentation, templates, template_weights, templates_file, eval_template
+    prompt_augmentation, templates, template_weights, templates_file, eval_template, system_prompt
 
     > Rewards and stopping
 
@@ -78,6 +78,15 @@ class PromptAugGRPOConfig(GRPOConfig):
         default="qwen-math",
         metadata={
             "help": "The fixed template in eval mode: from `templates_file` if it has it, else built-in."
+        },
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={
+            "help": "Text put before every template's system turn (a blank line between; the system turn of "
+            "a template that has none), e.g. a persona your model was tuned with. The template's own text "
+            "stays: it asks for the layout its format reward checks. Benchmark evaluation "
+            "(eval_benchmarks, prompt-aug-eval) asks as the paper does, without it."
         },
     )
 
@@ -261,6 +270,10 @@ class PromptAugScriptArguments:
     dataset_name, dataset_config, dataset_split, question_column, answer_column, dataset_levels,
     dataset_num_rows, num_synthetic, max_prompt_length
 
+    > Model
+
+    chat_template
+
     > Rewards
 
     reward_funcs
@@ -300,6 +313,16 @@ class PromptAugScriptArguments:
     max_prompt_length: int | None = field(
         default=1024,
         metadata={"help": "Drop questions whose prompt under the longest template exceeds this."},
+    )
+
+    # > Model
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "The chat template prompts render through, set on the tokenizer when it loads (and "
+            "saved with the model): `chatml`, a Jinja template, or the path of a .jinja file. Needed for a "
+            "base model whose tokenizer has none; replaces the tokenizer's own otherwise."
+        },
     )
 
     # > Rewards

@@ -306,7 +306,7 @@ def preview(args: argparse.Namespace) -> str:
     """The preview report as text (see `main`)."""
     from transformers import AutoTokenizer
 
-    from .templates import load_templates, select_templates
+    from .templates import chat_template_text, load_templates, select_templates, with_system_prompt
 
     recipe: dict[str, Any] = {}
     if args.config:
@@ -340,8 +340,11 @@ def preview(args: argparse.Namespace) -> str:
         if max_len:  # its token counts are not the model's: a limit applied with it would invent drops
             lines.append(f"(prompt length limit {max_len} not applied: it needs the model's tokenizer)")
             max_len = None
+    elif recipe.get("chat_template"):  # as the training run sets it
+        tokenizer.chat_template = chat_template_text(recipe["chat_template"])
     bank = load_templates(recipe.get("templates_file"), tokenizer=tokenizer)
     templates, _ = select_templates(bank, recipe.get("templates"), recipe.get("template_weights"))
+    templates = [with_system_prompt(t, recipe.get("system_prompt")) for t in templates]
     n_gold = len(rows)
     rows, n_long = filter_long_prompts(rows, templates, tokenizer, max_len)
     report.dropped[f"prompt longer than {max_len} tokens (longest template)"] += n_long
