@@ -248,23 +248,24 @@ def load_mixture(
     """
     parts, reports = [], []
     for i, source in enumerate(mixture.datasets):
-        if source.data_files is not None or source.data_dir is not None:
-            raw = datasets.load_dataset(
-                source.path, source.name, data_dir=source.data_dir, data_files=source.data_files,
-                split=source.split,
-            )  # fmt: skip
-        else:
-            raw = _load_raw(source.path, source.name, source.split)
-        if source.columns is not None:
-            raw = raw.select_columns(source.columns)
         answers = source.answer_column or answer_column
         if source.path == MATH_HUB_ID and answers is None:
             answers = "solution"
         try:
+            if source.data_files is not None or source.data_dir is not None:
+                raw = datasets.load_dataset(
+                    source.path, source.name, data_dir=source.data_dir, data_files=source.data_files,
+                    split=source.split,
+                )  # fmt: skip
+            else:
+                raw = _load_raw(source.path, source.name, source.split)
+            if source.columns is not None:
+                _require_all(raw, source.columns)
+                raw = raw.select_columns(source.columns)
             rows, dropped = to_rows(
                 raw, source.question_column or question_column, answers, source.dataset_levels or levels
             )
-        except DataError as err:
+        except DataError as err:  # a missing split, file or column
             raise DataError(f"dataset_mixture.datasets[{i}] ({source.path}): {err}") from None
         rows = rows.map(lambda row, i=i: {"uid": f"{i}:{row['uid']}"})
         parts.append(rows)
@@ -283,6 +284,12 @@ def load_mixture(
             dropped[f"{report.source}: {why}"] += n
     names = ", ".join(f"{r.source} ({len(p)} rows)" for r, p in zip(reports, parts, strict=True))
     return mixed, DataReport(f"mixture of {names}", sum(r.read for r in reports), len(mixed), dropped)
+
+
+def _require_all(ds: datasets.Dataset, columns: list[str]) -> None:
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise DataError(f"columns {missing} not found; the dataset has columns {ds.column_names}")
 
 
 def _as_list(answer: Any) -> list[str]:

@@ -244,6 +244,25 @@ def test_a_mixture_source_without_the_column_names_the_source(two_sets, tmp_path
         _load(recipe, tokenizer)
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("      columns: [question, notes]\n", r"columns \['notes'\] not found"),
+        ("      split: dev\n", "no 'dev' file"),
+    ],
+)
+def test_a_mixture_source_that_lacks_a_column_or_split_names_the_source(tmp_path, tokenizer, extra, message):
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    for split in ("train", "test"):
+        (folder / f"{split}.jsonl").write_text(
+            json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n"
+        )
+    recipe = _recipe(tmp_path, f"dataset_mixture:\n  datasets:\n    - path: {folder}\n{extra}")
+    with pytest.raises(DataError, match=rf"^dataset_mixture.datasets\[0\] \(.*splits\): {message}"):
+        _load(recipe, tokenizer)
+
+
 def test_a_missing_mixture_file_stops_the_run_in_one_line(tmp_path):
     recipe = _recipe(tmp_path, f"dataset_mixture:\n  datasets:\n    - path: {tmp_path / 'nowhere.jsonl'}\n")
     with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].path: no such folder"):
