@@ -27,7 +27,7 @@ from trl import TrlParser
 from . import demo
 from .models import LOCAL_MODELS
 from .models import resolve as resolve_local_model
-from .sources import SourceError, check_source
+from .sources import SourceError, check_mixture, check_source
 
 logger = logging.getLogger("prompt_aug")
 
@@ -228,11 +228,15 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     )  # a known local model not fetched yet: its fetch command
     builtin = (*demo.TINY_MODEL_NAMES, *LOCAL_MODELS)
     check_source("model_name_or_path", model_args.model_name_or_path, builtin=builtin)
-    if script_args.dataset_name is None:
+    if script_args.dataset_mixture is not None:
+        check_mixture(script_args.dataset_mixture)
+    elif script_args.dataset_name is None:
         raise UsageError(
-            "dataset_name is not set: give a Hub id, a local folder or file, or a built-in set (synthetic)"
+            "dataset_name is not set: give a Hub id, a local folder or file, or a built-in set (synthetic), "
+            "or several sources as dataset_mixture"
         )
-    check_source("dataset_name", script_args.dataset_name, builtin=demo.BUILTIN_DATASETS)
+    else:
+        check_source("dataset_name", script_args.dataset_name, builtin=demo.BUILTIN_DATASETS)
     if args.eval_data_dir:
         check_source("eval_data_dir", args.eval_data_dir)
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)

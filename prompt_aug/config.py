@@ -9,15 +9,20 @@ own and checked in `__post_init__`, each failure one line naming the key.
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from trl import GRPOConfig
+from trl import DatasetMixtureConfig, GRPOConfig
+from trl.scripts.utils import DatasetConfig
 
+from .demo import BUILTIN_DATASETS
 from .padding import padding_mode
 from .records import generation_round, optimizer_steps_per_round
 from .templates import STOP_TOKENS  # defined there so that evaluation need not import TRL
+
+NUM_SYNTHETIC = 256  # rows of the built-in `synthetic` set unless num_synthetic says otherwise
 
 
 @dataclass
@@ -26,7 +31,7 @@ class PromptAugGRPOConfig(GRPOConfig):
 
     > Prompt augmentation
 
-    prompt_augmentation, templates, template_weights, templates_file, eval_template
+    prompt_augmentation, templates, template_weights, templates_file, eval_template, system_prompt
 
     > Rewards and stopping
 
@@ -78,6 +83,15 @@ class PromptAugGRPOConfig(GRPOConfig):
         default="qwen-math",
         metadata={
             "help": "The fixed template in eval mode: from `templates_file` if it has it, else built-in."
+        },
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={
+            "help": "Text put before every template's system turn (a blank line between; the system turn of "
+            "a template that has none), e.g. a persona your model was tuned with. The template's own text "
+            "stays: it asks for the layout its format reward checks. Benchmark evaluation "
+            "(eval_benchmarks, prompt-aug-eval) asks as the paper does, without it."
         },
     )
 
@@ -259,7 +273,11 @@ class PromptAugScriptArguments:
     > Data
 
     dataset_name, dataset_config, dataset_split, question_column, answer_column, dataset_levels,
-    dataset_num_rows, num_synthetic, max_prompt_length
+    dataset_mixture, dataset_num_rows, num_synthetic, max_prompt_length
+
+    > Model
+
+    chat_template
 
     > Rewards
 
@@ -292,14 +310,34 @@ class PromptAugScriptArguments:
         default=None,
         metadata={"help": "Keep only these `level` values (MATH), e.g. ['Level 3', 'Level 4']."},
     )
+    dataset_mixture: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Several datasets mixed, instead of dataset_name: TRL's DatasetMixtureConfig, "
+            "{datasets: [{path, name, data_dir, data_files, split, columns, fraction, question_column, "
+            "answer_column, dataset_levels}, ...]}. Each source is mapped onto question/answer/uid as "
+            "dataset_name is (its uids prefixed with its position); the top-level question_column, "
+            "answer_column and dataset_levels apply to sources that do not set their own."
+        },
+    )
     dataset_num_rows: int | None = field(
         default=None,
         metadata={"help": "Row count of the dataset; used only by --dry_run for rounds per epoch."},
     )
-    num_synthetic: int = field(default=256, metadata={"help": "Rows of the `synthetic` dataset."})
+    num_synthetic: int = field(default=NUM_SYNTHETIC, metadata={"help": "Rows of the `synthetic` dataset."})
     max_prompt_length: int | None = field(
         default=1024,
         metadata={"help": "Drop questions whose prompt under the longest template exceeds this."},
+    )
+
+    # > Model
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "The chat template prompts render through, set on the tokenizer when it loads (and "
+            "saved with the model): `chatml`, a Jinja template, or the path of a .jinja file. Needed for a "
+            "base model whose tokenizer has none; replaces the tokenizer's own otherwise."
+        },
     )
 
     # > Rewards
@@ -328,6 +366,91 @@ class PromptAugScriptArguments:
     num_processes: int | None = field(
         default=None, metadata={"help": "Processes for --dry_run (default: WORLD_SIZE, else 1)."}
     )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dataset_mixture, str):  # from the command line, as JSON
+            try:
+                self.dataset_mixture = json.loads(self.dataset_mixture)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"dataset_mixture: not a JSON mapping ({err})") from None
+        if self.dataset_mixture is not None:
+            self.dataset_mixture = dataset_mixture(self.dataset_mixture)
+            clashes = [
+                key
+                for key, value, default in (
+                    ("dataset_name", self.dataset_name, None),
+                    ("dataset_config", self.dataset_config, None),
+                    ("dataset_split", self.dataset_split, "train"),
+                )
+                if value != default
+            ]
+            if clashes:
+                raise ValueError(
+                    f"dataset_mixture and {clashes[0]} are both set: a mixture names its sources itself "
+                    "(path, name, split per source); remove " + clashes[0]
+                )
+        if self.num_synthetic != NUM_SYNTHETIC and self.dataset_name not in BUILTIN_DATASETS:
+            raise ValueError(
+                f"num_synthetic sizes only the built-in sets ({', '.join(BUILTIN_DATASETS)}), and "
+                f"dataset_name is {self.dataset_name!r}: remove num_synthetic"
+            )
+
+
+@dataclass
+class MixtureSource(DatasetConfig):
+    """One source of a ``dataset_mixture``: TRL's `DatasetConfig` (``path``, ``name``, ``data_dir``,
+    ``data_files``, ``split``, ``columns``, ``fraction``) and the column mapping of ``dataset_name``
+    (``None``: the top-level key's value, else guessed)."""
+
+    question_column: str | None = None
+    answer_column: str | None = None
+    dataset_levels: list[str] | None = None
+
+
+def dataset_mixture(value: Any) -> DatasetMixtureConfig:
+    """The recipe's ``dataset_mixture`` mapping as TRL's `DatasetMixtureConfig` of `MixtureSource`; a key
+    neither has, or what the package cannot train on (streaming, a test split), fails in one line."""
+    if isinstance(value, DatasetMixtureConfig):
+        return value
+    where = "dataset_mixture"
+    if not isinstance(value, dict):  # a recipe value: a ValueError, reported in one line by the parser
+        raise ValueError(f"{where}: a mapping with `datasets: [...]`, got {type(value).__name__}")  # noqa: TRY004
+    known = {f.name for f in fields(DatasetMixtureConfig)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; it takes {sorted(known)}")
+    if value.get("streaming"):
+        raise ValueError(
+            f"{where}.streaming: not supported (the trainer's sampler needs the row count); remove it"
+        )
+    if value.get("test_split_size") is not None:
+        raise ValueError(
+            f"{where}.test_split_size: prompt-aug-train has no held-out split; remove it and give held-out "
+            "questions to eval_benchmarks as a file"
+        )
+    entries = value.get("datasets")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{where}.datasets: a non-empty list of sources, each with a `path`")
+    keys = {f.name for f in fields(MixtureSource)}
+    sources = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "path" not in entry:
+            raise ValueError(
+                f"{where}.datasets[{i}]: a mapping with a `path` ({sorted(keys)}), got {entry!r}"
+            )
+        unknown = sorted(set(entry) - keys)
+        if unknown:
+            raise ValueError(
+                f"{where}.datasets[{i}]: unknown key(s) {unknown}; a source takes {sorted(keys)}"
+            )
+        levels = entry.get("dataset_levels")
+        if levels is not None:
+            entry = {**entry, "dataset_levels": [str(level) for level in levels]}
+        sources.append(MixtureSource(**entry))
+    fractions = [s.fraction for s in sources]
+    if None in fractions and any(f is not None for f in fractions):
+        raise ValueError(f"{where}: `fraction` must be set for every source or for none")
+    return DatasetMixtureConfig(datasets=sources)
 
 
 def check_config(args: Any) -> None:

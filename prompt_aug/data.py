@@ -230,6 +230,72 @@ def load_math_dataset(
     return rows, DataReport(name, len(raw), len(rows), dropped)
 
 
+def load_mixture(
+    mixture: Any,
+    question_column: str | None = None,
+    answer_column: str | None = None,
+    levels: list[str] | None = None,
+) -> tuple[datasets.Dataset, DataReport]:
+    """A ``dataset_mixture`` (TRL's `DatasetMixtureConfig` of `prompt_aug.config.MixtureSource`) as
+    ``question``/``answer``/``uid`` rows.
+
+    Each source loads as ``dataset_name`` does (a local folder or file, or a Hub id, its ``name`` as the
+    subset), or with ``data_files`` / ``data_dir`` through ``datasets.load_dataset`` as TRL's `get_dataset`
+    does; its ``columns`` are selected, then it is mapped with its own column keys (the arguments here are the
+    defaults). ``fraction`` keeps TRL's meaning (shares of the mixture, no source oversampled), applied to the
+    mapped rows. Uids get the source's position as a prefix (``0:...``, ``1:...``), so two sources never
+    share one.
+    """
+    parts, reports = [], []
+    for i, source in enumerate(mixture.datasets):
+        answers = source.answer_column or answer_column
+        if source.path == MATH_HUB_ID and answers is None:
+            answers = "solution"
+        try:
+            if source.data_files is not None or source.data_dir is not None:
+                raw = datasets.load_dataset(
+                    source.path, source.name, data_dir=source.data_dir, data_files=source.data_files,
+                    split=source.split,
+                )  # fmt: skip
+            else:
+                raw = _load_raw(source.path, source.name, source.split)
+            if source.columns is not None:
+                _require_all(raw, source.columns)
+                raw = raw.select_columns(source.columns)
+            rows, dropped = to_rows(
+                raw, source.question_column or question_column, answers, source.dataset_levels or levels
+            )
+        except DataError as err:  # a missing split, file or column
+            raise DataError(f"dataset_mixture.datasets[{i}] ({source.path}): {err}") from None
+        rows = rows.map(lambda row, i=i: {"uid": f"{i}:{row['uid']}"})
+        parts.append(rows)
+        reports.append(DataReport(source.path, len(raw), len(rows), dropped))
+    fractions = [source.fraction for source in mixture.datasets]
+    if fractions[0] is not None:  # TRL's rule (`get_dataset`): the largest mixture with these shares
+        weights = [f / sum(fractions) for f in fractions]
+        total = min(len(part) / w for part, w in zip(parts, weights, strict=True) if w > 0)
+        parts = [part.select(range(round(w * total))) for part, w in zip(parts, weights, strict=True)]
+    if len({repr(part.features["answer"]) for part in parts}) > 1:  # list golds in some sources only
+        parts = [part.map(lambda row: {"answer": _as_list(row["answer"])}) for part in parts]
+    mixed = datasets.concatenate_datasets(parts)
+    dropped: Counter = Counter()
+    for report in reports:
+        for why, n in report.dropped.items():
+            dropped[f"{report.source}: {why}"] += n
+    names = ", ".join(f"{r.source} ({len(p)} rows)" for r, p in zip(reports, parts, strict=True))
+    return mixed, DataReport(f"mixture of {names}", sum(r.read for r in reports), len(mixed), dropped)
+
+
+def _require_all(ds: datasets.Dataset, columns: list[str]) -> None:
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise DataError(f"columns {missing} not found; the dataset has columns {ds.column_names}")
+
+
+def _as_list(answer: Any) -> list[str]:
+    return answer if isinstance(answer, list) else [answer]
+
+
 # ---------------------------------------------------------------------------------------------
 # Preview: what a user checks before spending GPU hours.
 
@@ -267,17 +333,27 @@ def load_train_dataset(
 
     with PartialState().main_process_first():
         try:
-            dataset, report = load_math_dataset(
-                script_args.dataset_name,
-                config=script_args.dataset_config,
-                split=script_args.dataset_split,
-                question_column=script_args.question_column,
-                answer_column=script_args.answer_column,
-                levels=script_args.dataset_levels,
-                num_synthetic=script_args.num_synthetic,
-                seed=args.seed,
-            )
+            if script_args.dataset_mixture is not None:
+                dataset, report = load_mixture(
+                    script_args.dataset_mixture,
+                    script_args.question_column,
+                    script_args.answer_column,
+                    script_args.dataset_levels,
+                )
+            else:
+                dataset, report = load_math_dataset(
+                    script_args.dataset_name,
+                    config=script_args.dataset_config,
+                    split=script_args.dataset_split,
+                    question_column=script_args.question_column,
+                    answer_column=script_args.answer_column,
+                    levels=script_args.dataset_levels,
+                    num_synthetic=script_args.num_synthetic,
+                    seed=args.seed,
+                )
         except DataError as err:  # a missing column: the message lists the columns there are
+            if script_args.dataset_mixture is not None:
+                raise  # it names the source
             raise DataError(f"dataset_name {script_args.dataset_name}: {err}") from None
         dataset, n_long = filter_long_prompts(dataset, templates, tokenizer, script_args.max_prompt_length)
         if not args.prompt_augmentation:
@@ -306,7 +382,7 @@ def preview(args: argparse.Namespace) -> str:
     """The preview report as text (see `main`)."""
     from transformers import AutoTokenizer
 
-    from .templates import load_templates, select_templates
+    from .templates import chat_template_text, load_templates, select_templates, with_system_prompt
 
     recipe: dict[str, Any] = {}
     if args.config:
@@ -340,8 +416,11 @@ def preview(args: argparse.Namespace) -> str:
         if max_len:  # its token counts are not the model's: a limit applied with it would invent drops
             lines.append(f"(prompt length limit {max_len} not applied: it needs the model's tokenizer)")
             max_len = None
+    elif recipe.get("chat_template"):  # as the training run sets it
+        tokenizer.chat_template = chat_template_text(recipe["chat_template"])
     bank = load_templates(recipe.get("templates_file"), tokenizer=tokenizer)
     templates, _ = select_templates(bank, recipe.get("templates"), recipe.get("template_weights"))
+    templates = [with_system_prompt(t, recipe.get("system_prompt")) for t in templates]
     n_gold = len(rows)
     rows, n_long = filter_long_prompts(rows, templates, tokenizer, max_len)
     report.dropped[f"prompt longer than {max_len} tokens (longest template)"] += n_long

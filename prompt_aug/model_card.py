@@ -48,12 +48,14 @@ def model_card_info(
 ) -> ModelCardInfo:
     """What the card says about a recipe's run: base model, recipe text, template bank, dataset."""
     config = f" ({script_args.dataset_config})" if script_args.dataset_config else ""
+    mixture = script_args.dataset_mixture
+    dataset = " + ".join(s.path for s in mixture.datasets) if mixture else script_args.dataset_name + config
     return ModelCardInfo(
         base_model=model_args.model_name_or_path,
         recipe=recipe,
         templates=templates,
         weights=weights,
-        dataset=script_args.dataset_name + config,
+        dataset=dataset,
         num_rows=num_rows,
         eval_template=args.eval_template,
     )

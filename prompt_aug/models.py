@@ -25,11 +25,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from .sources import SourceError
+from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
 
 HOME_ENV = "PROMPT_AUG_HOME"
 MARKER_FILE = "prompt_aug_model.json"  # written last: a folder without it is not a fetched model
@@ -299,8 +300,76 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
         return demo.build_model(name, args.output_dir, args.seed)
 
 
-def load_tokenizer(model_path: str, model_args: Any, args: Any) -> Any:
-    """The model's tokenizer, padding on the left (pad token: EOS when it has none)."""
+class ModelArgsError(ValueError):
+    """A `ModelConfig` key the run cannot honour; the message is one line naming the key and what to do."""
+
+
+# `ModelConfig` keys that act only when another key is true: key -> that key.
+_LORA_KEYS = "lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save"
+_NEEDS = {
+    **dict.fromkeys([*_LORA_KEYS.split(), "lora_task_type", "use_rslora", "use_dora"], "use_peft"),
+    **dict.fromkeys(
+        ["bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"], "load_in_4bit"
+    ),
+}
+
+
+def check_model_args(model_args: Any, devices: bool = True) -> None:
+    """Refuse, in one line naming the key, a `ModelConfig` key this run would not honour: a LoRA key without
+    ``use_peft``, a 4-bit key without ``load_in_4bit``, a task type other than a causal LM's, and 4/8-bit
+    loading without LoRA, or (``devices``: not for a dry run) without bitsandbytes or a CUDA GPU.
+
+    Raises:
+        ModelArgsError: the key, and what to set, install or remove.
+    """
+    defaults = {f.name: f.default for f in fields(model_args) if f.default is not MISSING}
+    for key, needed in _NEEDS.items():
+        if getattr(model_args, key) != defaults.get(key) and not getattr(model_args, needed):
+            raise ModelArgsError(
+                f"{key}: has an effect only with {needed}: true; set {needed}: true or remove {key}"
+            )
+    if model_args.use_peft and model_args.lora_task_type != "CAUSAL_LM":
+        raise ModelArgsError(
+            f"lora_task_type: GRPO trains a causal language model, so it must be CAUSAL_LM, not "
+            f"{model_args.lora_task_type!r}; remove lora_task_type"
+        )
+    flag = "load_in_4bit" if model_args.load_in_4bit else "load_in_8bit" if model_args.load_in_8bit else None
+    if flag is not None and not model_args.use_peft:
+        raise ModelArgsError(
+            f"{flag}: a quantized model trains only through LoRA adapters (QLoRA); add use_peft: true"
+        )
+    if flag is None or not devices:
+        return
+    import torch
+
+    if not has_bitsandbytes():
+        raise ModelArgsError(
+            f"{flag}: needs the bitsandbytes package (pip install bitsandbytes) and a CUDA GPU; "
+            f"install it there, or remove {flag} to train unquantized"
+        )
+    if not torch.cuda.is_available():
+        raise ModelArgsError(
+            f"{flag}: bitsandbytes quantization needs a CUDA GPU and none is visible here; run on a GPU "
+            f"machine, or remove {flag} to train unquantized"
+        )
+
+
+def has_bitsandbytes() -> bool:
+    """Whether the bitsandbytes package (4/8-bit loading) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def load_tokenizer(model_path: str, model_args: Any, args: Any, chat_template: str | None = None) -> Any:
+    """The model's tokenizer, padding on the left (pad token: EOS when it has none), with the recipe's
+    ``chat_template`` (`prompt_aug.templates.chat_template_text`) when set.
+
+    Raises:
+        ModelArgsError: the tokenizer has no chat template and the recipe sets none (prompts render through
+            one); the message says to set ``chat_template``.
+        TemplateError: ``chat_template`` is neither a name, a file nor a template.
+    """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(
@@ -309,24 +378,51 @@ def load_tokenizer(model_path: str, model_args: Any, args: Any) -> Any:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if chat_template:
+        tokenizer.chat_template = chat_template_text(chat_template)
+    if tokenizer.chat_template is None:
+        raise ModelArgsError(
+            f"model_name_or_path {model_args.model_name_or_path}: its tokenizer has no chat template (a base "
+            f"model?), and prompts render through one: {NO_CHAT_TEMPLATE_HINT}"
+        )
     return tokenizer
 
 
-def load_model(model_path: str, model_args: Any, args: Any) -> Any:
-    """The policy, as `ModelConfig` asks (revision, attention implementation, dtype); the trainer adds the
-    recipe's ``stop_tokens`` to its generation config."""
+def kbit_device_map() -> dict[str, int]:
+    """Where a 4/8-bit model loads: the whole model on this process's GPU (TRL's former
+    ``get_kbit_device_map``, which TRL 1.16 no longer ships)."""
+    from accelerate import PartialState
+
+    return {"": PartialState().local_process_index}
+
+
+def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
+    """The ``from_pretrained`` keyword arguments of a recipe, as TRL's GRPO script builds them: revision,
+    attention implementation, dtype; with ``load_in_4bit`` / ``load_in_8bit``, TRL's
+    ``get_quantization_config`` and a device map on this process's GPU."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from trl import get_quantization_config
 
     dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
-    return AutoModelForCausalLM.from_pretrained(
-        model_path,
-        revision=model_args.model_revision,
-        trust_remote_code=args.trust_remote_code,
-        attn_implementation=model_args.attn_implementation,
-        dtype=dtype,
-        use_cache=not args.gradient_checkpointing,
-    )
+    kwargs: dict[str, Any] = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": dtype,
+        "use_cache": not args.gradient_checkpointing,
+    }
+    quantization = get_quantization_config(model_args)
+    if quantization is not None:
+        kwargs.update(quantization_config=quantization, device_map=kbit_device_map())
+    return kwargs
+
+
+def load_model(model_path: str, model_args: Any, args: Any) -> Any:
+    """The policy, as `ModelConfig` asks (`model_kwargs`; call `check_model_args` first); the trainer adds the
+    recipe's ``stop_tokens`` to its generation config and, with ``use_peft``, the LoRA adapters."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, **model_kwargs(model_args, args))
 
 
 if __name__ == "__main__":

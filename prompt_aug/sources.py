@@ -16,6 +16,7 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 _TRUE = ("1", "ON", "YES", "TRUE")
 
@@ -92,3 +93,22 @@ def check_source(key: str, value: str | None, builtin: tuple[str, ...] = ()) -> 
         return
     if not require_local(key, value):
         require_hub(key, value)
+
+
+def check_mixture(mixture: Any) -> None:
+    """`check_source` for each source of a ``dataset_mixture``; a source read from ``data_files`` must have
+    them (globs and URLs are left to ``datasets``)."""
+    for i, source in enumerate(mixture.datasets):
+        key = f"dataset_mixture.datasets[{i}]"
+        if source.data_files is None and source.data_dir is None:
+            check_source(f"{key}.path", source.path)
+            continue
+        files = source.data_files
+        if isinstance(files, dict):
+            files = [f for value in files.values() for f in ([value] if isinstance(value, str) else value)]
+        for name in [files] if isinstance(files, str) else files or []:
+            if "://" in name or any(c in name for c in "*?["):
+                continue
+            if not Path(name).expanduser().exists():
+                resolved = Path(name).expanduser().resolve()
+                raise SourceError(f"{key}.data_files: no such file {name!r} (resolved to {resolved})")

@@ -11,7 +11,7 @@ is appended, so the bank works with any chat model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,17 @@ STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 DEFAULT_TEMPLATES_FILE = Path(__file__).with_name("templates.yaml")
 DEFAULT_EVAL_TEMPLATE = "qwen-math"
 QUESTION_SLOT = "{question}"
+# The chat template the `chat_template: chatml` recipe key names: ChatML, as Qwen and SmolLM2 use it.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+NAMED_CHAT_TEMPLATES = {"chatml": CHATML_TEMPLATE}
+NO_CHAT_TEMPLATE_HINT = (
+    "set `chat_template` in the recipe: `chatml`, a Jinja template, or the path of a .jinja file"
+)
 _FIELDS = {"name", "system", "user", "prefill", "answer", "markers"}
 
 
@@ -73,6 +84,26 @@ class Template:
         if bos and text.startswith(bos) and tokenizer("").input_ids[:1] == [tokenizer.bos_token_id]:
             text = text[len(bos) :]
         return text + self.prefill
+
+
+def chat_template_text(value: str) -> str:
+    """The Jinja text of a ``chat_template`` recipe value: a name of `NAMED_CHAT_TEMPLATES` (``chatml``), the
+    path of a file, or the template itself.
+
+    >>> chat_template_text("chatml") == CHATML_TEMPLATE
+    True
+    """
+    if value in NAMED_CHAT_TEMPLATES:
+        return NAMED_CHAT_TEMPLATES[value]
+    if "{" in value:  # Jinja
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise TemplateError(
+            f"chat_template: {value!r} is neither a named template ({', '.join(NAMED_CHAT_TEMPLATES)}), a "
+            "file, nor a Jinja template"
+        )
+    return path.read_text()
 
 
 def _parse_entry(entry: Any, index: int, source: str) -> Template:
@@ -148,9 +179,9 @@ def check_renders(templates: Any, tokenizer: Any) -> None:
     """Render each template with a probe question; raise `TemplateError` naming the first that fails."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError(
-            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
-            "templates render through `apply_chat_template`. "
-            "Set `tokenizer.chat_template` (e.g. ChatML) or use a chat-capable tokenizer."
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, and templates "
+            f"render through `apply_chat_template`: {NO_CHAT_TEMPLATE_HINT} (in code: set "
+            "`tokenizer.chat_template`)"
         )
     for template in templates:
         try:
@@ -218,17 +249,33 @@ def resolve_eval_template(args: Any, bank: dict[str, Template]) -> Template:
     return template
 
 
+def with_system_prompt(template: Template, system_prompt: str | None) -> Template:
+    """``template`` with ``system_prompt`` put before its own system text (a blank line between them), or as
+    the system turn of a template that has none. The template's own text stays: it says how to lay out and
+    mark the answer, which its format reward checks.
+
+    >>> with_system_prompt(Template("t", "Box the answer.", "{question}"), "You are terse.").system
+    'You are terse.\\n\\nBox the answer.'
+    >>> with_system_prompt(Template("t", "", "{question}"), "You are terse.").system
+    'You are terse.'
+    """
+    if not system_prompt:
+        return template
+    system = f"{system_prompt}\n\n{template.system}" if template.system else system_prompt
+    return replace(template, system=system)
+
+
 def templates_for(args: Any) -> tuple[list[Template], list[float], Template]:
     """The templates drawn in training, their weights and the evaluation template, from the keys
     ``templates_file``, ``templates``, ``template_weights``, ``eval_template`` and ``prompt_augmentation``
-    (off: the evaluation template alone).
+    (off: the evaluation template alone), each with ``system_prompt`` put before its system text.
 
     Raises:
         TemplateError: a bad file, name or weight; the message names the key.
     """
     bank = load_templates(args.templates_file)
-    eval_template = resolve_eval_template(args, bank)
+    eval_template = with_system_prompt(resolve_eval_template(args, bank), args.system_prompt)
     if not args.prompt_augmentation:
         return [eval_template], [1.0], eval_template
     templates, weights = select_templates(bank, args.templates, args.template_weights)
-    return templates, weights, eval_template
+    return [with_system_prompt(t, args.system_prompt) for t in templates], weights, eval_template

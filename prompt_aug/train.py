@@ -51,7 +51,7 @@ from .evaluation.callback import evaluator_from_args
 from .extensions.dynamic_sampling import signal_column
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import model_card_info
-from .models import load_model, load_tokenizer, resolve_model_path
+from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
 from .templates import TemplateError, check_renders, resolve_eval_template, templates_for
 from .trainer import PromptAugGRPOTrainer
 
@@ -120,6 +120,10 @@ def train(argv: list[str] | None = None) -> None:
     script_args, args, model_args, demo_args = parse_args(argv)  # __post_init__ has checked our keys
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     arithmetic = batch_arithmetic(args, script_args)
+    try:  # every ModelConfig key is honoured or refused here (QLoRA: bitsandbytes and a GPU, unless dry)
+        check_model_args(model_args, devices=not script_args.dry_run)
+    except ModelArgsError as err:
+        raise UsageError(str(err)) from None
     if script_args.dry_run:  # arithmetic only
         print(arithmetic.table())
         return
@@ -139,8 +143,11 @@ def train(argv: list[str] | None = None) -> None:
 
     # Tokenizer, data, model.
     model_path = resolve_model_path(model_args, args)
-    tokenizer = load_tokenizer(model_path, model_args, args)
-    check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
+    try:
+        tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
+        check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
+    except (ModelArgsError, TemplateError) as err:
+        raise UsageError(str(err)) from None
     try:
         dataset, report = load_train_dataset(script_args, args, templates, eval_template, tokenizer)
     except DataError as err:

@@ -1,6 +1,8 @@
 """TRL reward functions, registered by name so a recipe can list them (``reward_funcs: [...]``).
 
-A recipe may also name any function by import path, ``package.module:function`` (see `get_reward_funcs`).
+A recipe may also name any function by import path, ``package.module:function`` or, as ``trl grpo`` writes
+it, ``package.module.function``, and TRL's own reward functions by the names ``trl grpo`` knows them by
+(`TRL_REWARDS`; see `get_reward_funcs`).
 
 Each function takes TRL's reward-function arguments: the ``completions`` of a generation round and
 the dataset columns as lists: ``answer`` (the gold) and the format rules of each row's template.
@@ -12,6 +14,8 @@ the ``template`` name); without them, a ``template`` column of built-in names is
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -154,33 +158,107 @@ REGISTRY: dict[str, Callable[..., list[float | None]]] = {
 }
 
 
+# TRL's reward functions, by the names `trl grpo` gives them (trl/scripts/grpo.py): import path and, for a
+# factory, the arguments `trl grpo` calls it with. Imported only when a recipe names one, so that importing
+# `rewards` imports no TRL.
+TRL_REWARDS: dict[str, tuple[str, dict[str, Any] | None]] = {
+    "accuracy_reward": ("trl.rewards.accuracy_reward", None),
+    "reasoning_accuracy_reward": ("trl.rewards.reasoning_accuracy_reward", None),
+    "think_format_reward": ("trl.rewards.think_format_reward", None),
+    "get_soft_overlong_punishment": (
+        "trl.rewards.get_soft_overlong_punishment",
+        {"max_completion_len": 1280, "soft_punish_cache": 256},
+    ),
+}
+
+
 def get_reward_funcs(names: list[str]) -> list[Callable[..., list[float | None]]]:
-    """The reward functions for ``names``: registered names, or import paths ``package.module:function``.
+    """The reward functions for ``names``: registered names (`REGISTRY`), TRL's by name (`TRL_REWARDS`), or
+    import paths ``package.module:function`` / ``package.module.function`` (the folder the run starts in is
+    searched too, as ``trl grpo`` does). A function of TRL (by name or path) reads this package's rows through
+    `TRLConvention`.
 
     An unknown name raises and lists the registered ones; a bad import path raises and says why.
 
     >>> [f.__name__ for f in get_reward_funcs(["format", "rewards.controls:shuffled_format_reward"])]
     ['format_reward', 'shuffled_format_reward']
+    >>> [f.__name__ for f in get_reward_funcs(["rewards.registry.format_reward", "think_format_reward"])]
+    ['format_reward', 'think_format_reward']
     """
-    unknown = [n for n in names if n not in REGISTRY and ":" not in n]
+    unknown = [
+        n for n in names if n not in REGISTRY and n not in TRL_REWARDS and ":" not in n and "." not in n
+    ]
     if unknown:
         raise ValueError(
-            f"unknown reward_funcs {unknown}; registered: {sorted(REGISTRY)}, or give an import path "
-            "package.module:function"
+            f"unknown reward_funcs {unknown}; registered: {sorted(REGISTRY)}, TRL's: {sorted(TRL_REWARDS)}, "
+            "or give an import path package.module:function (or package.module.function)"
         )
-    return [REGISTRY[n] if n in REGISTRY else _import_reward(n) for n in names]
+    funcs = []
+    for name in names:
+        if name in REGISTRY:
+            funcs.append(REGISTRY[name])
+            continue
+        path, factory_args = TRL_REWARDS.get(name, (name, None))
+        func = _import_reward(path)
+        if factory_args is not None:
+            func = func(**factory_args)
+        module = getattr(func, "__module__", None) or ""
+        funcs.append(TRLConvention(func) if module.split(".")[0] == "trl" else func)
+    return funcs
 
 
 def _import_reward(path: str) -> Callable[..., list[float | None]]:
-    """The function named by ``package.module:function``."""
-    module_name, _, attr = path.partition(":")
+    """The function named by ``package.module:function`` or ``package.module.function``."""
+    module_name, colon, attr = path.partition(":")
+    if not colon:
+        module_name, _, attr = path.rpartition(".")
+    if os.getcwd() not in sys.path:  # a module beside the recipe, as `trl grpo` finds it
+        sys.path.append(os.getcwd())
     try:
         func = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as err:
         raise ValueError(
-            f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function"
+            f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function or "
+            "package.module.function"
         ) from None
     if not callable(func):
         # TRY004: a bad recipe value, like the other reward_funcs errors (so a ValueError, not a TypeError)
         raise ValueError(f"reward_funcs: {path!r} is a {type(func).__name__}, not a function")  # noqa: TRY004
     return func
+
+
+class TRLConvention:
+    """A reward function written for TRL's datasets, made to read this package's rows: its completions as
+    TRL's conversational messages (``[{"role": "assistant", "content": text}]``, as TRL's rewards index
+    them), and its ``solution`` column from ``answer`` when the rows have no ``solution`` (with several
+    acceptable golds, the best score over them, as any gold counts). Everything else passes through; the
+    name (``__name__``, which TRL logs under) is the function's own.
+
+    >>> def exact(completions, solution, **kwargs):
+    ...     return [float(c[0]["content"] == s) for c, s in zip(completions, solution)]
+    >>> TRLConvention(exact)(["4", "5", "6"], answer=["4", "4", ["7", "6"]])
+    [1.0, 0.0, 1.0]
+    """
+
+    def __init__(self, func: Callable[..., list[float | None]]) -> None:
+        self.func = func
+        self.__name__ = getattr(func, "__name__", type(func).__name__)
+        self.__doc__ = getattr(func, "__doc__", None)
+
+    def __call__(self, completions: list[Any], **columns: Any) -> list[float | None]:
+        messages = [c if isinstance(c, list) else [{"role": "assistant", "content": c}] for c in completions]
+        golds = columns.get("answer")
+        if "solution" in columns or golds is None:
+            return self.func(completions=messages, **columns)
+        if not any(isinstance(g, list) for g in golds):
+            return self.func(completions=messages, solution=list(golds), **columns)
+        best: list[float | None] | None = None
+        for k in range(max(len(g) if isinstance(g, list) else 1 for g in golds)):
+            solution = [(g[k] if k < len(g) else g[0]) if isinstance(g, list) else g for g in golds]
+            scores = self.func(completions=messages, solution=solution, **columns)
+            best = scores if best is None else [_best(a, b) for a, b in zip(best, scores, strict=True)]
+        return best or []
+
+
+def _best(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)

@@ -11,6 +11,8 @@ import random
 from fractions import Fraction
 from pathlib import Path
 
+from ..templates import CHATML_TEMPLATE  # the tiny models speak ChatML
+
 TINY_MODEL_NAME = "tiny-random-qwen2"
 # The random Qwen2 models built in code, by name: (hidden size, attention heads, KV heads). All have 2 layers,
 # heads of size 32 (vLLM's CPU attention takes 32, 64, ..., not 16), tied embeddings and the tokenizer below.
@@ -26,12 +28,6 @@ SYNTHETIC_DATASET_NAME = "synthetic"
 ADDITION_DATASET_NAME = "synthetic-addition"
 DIGIT_SUMS_DATASET_NAME = "synthetic-digit-sums"  # the real-model recipe (recipes/smollm2-135m)
 BUILTIN_DATASETS = (SYNTHETIC_DATASET_NAME, ADDITION_DATASET_NAME, DIGIT_SUMS_DATASET_NAME)  # never fetched
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 

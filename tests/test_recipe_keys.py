@@ -1,0 +1,455 @@
+"""Every recipe key is honoured or refused: each field of TRL's `ModelConfig`, of `PromptAugScriptArguments`
+and of `PromptAugGRPOConfig`'s own fields (those not inherited from `GRPOConfig`) is set to a value other
+than its default, and the run's code path either does something different (the observation differs from the
+default's) or refuses it in one line naming the key.
+
+The tables below say, for each field, what changes and where it is observed. A field that appears in one of
+those classes and in no table fails `test_every_field_is_in_a_table`: add a case (or a refusal) for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from accelerate import PartialState
+from datasets import Dataset
+from trl import GRPOConfig, ModelConfig, get_peft_config
+
+from prompt_aug import models, train
+from prompt_aug.cli import UsageError, prepare_output_dir
+from prompt_aug.config import PromptAugGRPOConfig, PromptAugScriptArguments, batch_arithmetic
+from prompt_aug.data import load_train_dataset
+from prompt_aug.evaluation.callback import EvalCallback
+from prompt_aug.extensions.collapse import CollapseGuard, OptimizerResetCallback
+from prompt_aug.templates import load_templates, templates_for
+from prompt_aug.trainer import PromptAugGRPOTrainer
+from rewards import correctness_reward, format_reward, get_reward_funcs
+
+
+def _own_fields(cls: type, parent: type | None = None) -> set[str]:
+    inherited = {f.name for f in dataclasses.fields(parent)} if parent else set()
+    return {f.name for f in dataclasses.fields(cls)} - inherited
+
+
+def _default(cls: type, name: str) -> Any:
+    spec = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+
+
+def _refused(call, key: str) -> None:
+    """``call`` raises a `ValueError` (the recipe errors all are) whose message is one line naming ``key``."""
+    with pytest.raises(ValueError) as err:
+        call()
+    message = str(err.value)
+    assert key in message and "\n" not in message, message
+
+
+# -- ModelConfig: load kwargs, LoRA config, quantization, or a one-line refusal --------------------------
+
+# field -> (the keys it needs to act, a non-default value). The observation is what the run passes on: the
+# model folder, `from_pretrained`'s keyword arguments and the LoRA config handed to the trainer.
+MODEL_CASES: dict[str, tuple[dict[str, Any], Any]] = {
+    "model_name_or_path": ({}, "someone/other-model"),
+    "model_revision": ({}, "v2"),
+    "dtype": ({}, "bfloat16"),
+    "attn_implementation": ({}, "sdpa"),
+    "use_peft": ({}, True),
+    "lora_r": ({"use_peft": True}, 8),
+    "lora_alpha": ({"use_peft": True}, 7),
+    "lora_dropout": ({"use_peft": True}, 0.3),
+    "lora_target_modules": ({"use_peft": True}, ["q_proj"]),
+    "lora_target_parameters": ({"use_peft": True}, ["mlp.experts.down_proj"]),
+    "lora_modules_to_save": ({"use_peft": True}, ["lm_head"]),
+    "use_rslora": ({"use_peft": True}, True),
+    "use_dora": ({"use_peft": True}, True),
+    "load_in_8bit": ({"use_peft": True}, True),
+    "load_in_4bit": ({"use_peft": True}, True),
+    "bnb_4bit_quant_type": ({"use_peft": True, "load_in_4bit": True}, "fp4"),
+    "use_bnb_nested_quant": ({"use_peft": True, "load_in_4bit": True}, True),
+    "bnb_4bit_quant_storage": ({"use_peft": True, "load_in_4bit": True}, "bfloat16"),
+}
+# Fields refused whatever else is set: field -> (non-default value, the keys set beside it).
+MODEL_REFUSED: dict[str, tuple[Any, dict[str, Any]]] = {
+    "lora_task_type": ("SEQ_CLS", {"use_peft": True}),
+}
+
+
+@pytest.fixture(scope="module")
+def script_config(tmp_path_factory) -> PromptAugGRPOConfig:
+    out = tmp_path_factory.mktemp("keys")
+    return PromptAugGRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none")
+
+
+@pytest.fixture
+def fake_gpu_with_bitsandbytes(monkeypatch):
+    """What a CUDA machine with bitsandbytes looks like to the checks (the model itself never loads here)."""
+    monkeypatch.setattr(models, "has_bitsandbytes", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def _model_effect(args: Any, **values: Any) -> dict[str, Any]:
+    model_args = ModelConfig(**{"model_name_or_path": "someone/model", **values})
+    models.check_model_args(model_args)
+    kwargs = models.model_kwargs(model_args, args)
+    quantization = kwargs.pop("quantization_config", None)
+    peft = get_peft_config(model_args)
+    return {
+        "path": models.resolve_model_path(model_args, args),
+        "kwargs": kwargs,
+        "quantization": quantization.to_dict() if quantization is not None else None,
+        "peft": peft.to_dict() if peft is not None else None,
+    }
+
+
+@pytest.mark.parametrize("field", sorted(MODEL_CASES))
+def test_a_model_config_key_changes_what_is_loaded(field, script_config, fake_gpu_with_bitsandbytes):
+    needs, value = MODEL_CASES[field]
+    assert value != _default(ModelConfig, field)
+    base = _model_effect(script_config, **needs)
+    assert _model_effect(script_config, **needs, **{field: value}) != base
+
+
+@pytest.mark.parametrize("field", sorted(f for f, (needs, _) in MODEL_CASES.items() if needs))
+def test_a_model_config_key_without_the_key_it_needs_is_refused(
+    field, script_config, fake_gpu_with_bitsandbytes
+):
+    needs, value = MODEL_CASES[field]
+    missing = dict(list(needs.items())[:-1])  # drop the last key it needs (load_in_4bit, else use_peft)
+    _refused(lambda: _model_effect(script_config, **missing, **{field: value}), field)
+
+
+@pytest.mark.parametrize("field", sorted(MODEL_REFUSED))
+def test_an_unsupported_model_config_value_is_refused(field, script_config):
+    value, beside = MODEL_REFUSED[field]
+    _refused(lambda: _model_effect(script_config, **beside, **{field: value}), field)
+
+
+def test_quantized_loading_goes_through_trls_quantization_config_and_a_device_map(
+    script_config, fake_gpu_with_bitsandbytes
+):
+    effect = _model_effect(script_config, use_peft=True, load_in_4bit=True, bnb_4bit_quant_type="nf4")
+    assert effect["quantization"]["load_in_4bit"] and effect["quantization"]["bnb_4bit_quant_type"] == "nf4"
+    assert effect["kwargs"]["device_map"] == {"": PartialState().local_process_index}
+    assert _model_effect(script_config, use_peft=True, load_in_8bit=True)["quantization"]["load_in_8bit"]
+
+
+@pytest.mark.parametrize("flag", ["load_in_4bit", "load_in_8bit"])
+def test_quantization_without_bitsandbytes_or_a_gpu_is_refused_in_one_line(flag, script_config, monkeypatch):
+    model_args = ModelConfig(model_name_or_path="someone/model", use_peft=True, **{flag: True})
+    monkeypatch.setattr(models, "has_bitsandbytes", lambda: False)
+    with pytest.raises(models.ModelArgsError) as err:
+        models.check_model_args(model_args)
+    assert str(err.value) == (
+        f"{flag}: needs the bitsandbytes package (pip install bitsandbytes) and a CUDA GPU; install it "
+        f"there, or remove {flag} to train unquantized"
+    )
+    monkeypatch.setattr(models, "has_bitsandbytes", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(models.ModelArgsError, match=f"^{flag}: bitsandbytes quantization needs a CUDA GPU"):
+        models.check_model_args(model_args)
+    models.check_model_args(model_args, devices=False)  # a dry run on a CPU machine parses it
+    with pytest.raises(models.ModelArgsError, match=f"^{flag}: .*add use_peft: true$"):
+        models.check_model_args(ModelConfig(**{flag: True}), devices=False)
+
+
+@pytest.mark.skipif(
+    models.has_bitsandbytes() and torch.cuda.is_available(), reason="this machine can load 4-bit models"
+)
+def test_the_training_command_refuses_quantization_here_in_one_line(tmp_path):
+    """Without bitsandbytes or CUDA, `prompt-aug-train` stops before anything loads."""
+    recipe = Path(__file__).resolve().parents[1] / "recipes/smoke/tiny_cpu.yaml"
+    with pytest.raises(SystemExit) as err:
+        train.main([
+            "--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--use_peft", "true",
+            "--load_in_4bit", "true",
+        ])  # fmt: skip
+    message = str(err.value)
+    assert message.startswith("prompt-aug-train: error: load_in_4bit: ") and "\n" not in message
+    assert ("pip install bitsandbytes" in message) or ("CUDA GPU" in message)
+    assert not (tmp_path / "run").exists()
+
+
+# -- PromptAugScriptArguments: the data, the tokenizer, the rewards, how the run starts ----------------
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """Local datasets shaped so that each data key picks different rows."""
+    root = tmp_path_factory.mktemp("data")
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1), "level": str(i % 2)} for i in range(6)]
+    _write(root / "a" / "train.jsonl", rows)
+    _write(root / "a" / "test.jsonl", rows[:2])
+    _write(root / "a" / "sub" / "train.jsonl", rows[3:])
+    _write(root / "b" / "train.jsonl", [{**r, "question": r["question"] + " Be exact."} for r in rows])
+    _write(
+        root / "cols" / "train.jsonl",
+        [{**r, "q2": f"Compute {i} * 2.", "a2": str(2 * i)} for i, r in enumerate(rows)],
+    )
+    long = [*rows, {"question": "Explain " + "very " * 80 + "long.", "answer": "1"}]
+    _write(root / "long" / "train.jsonl", long)
+    run = root / "used"
+    run.mkdir()
+    (run / "trainer_state.json").write_text("{}")
+    return root
+
+
+def _loaded_rows(script_args, args, tokenizer) -> list[dict[str, Any]]:
+    templates, _, eval_template = templates_for(args)
+    dataset, report = load_train_dataset(script_args, args, templates, eval_template, tokenizer)
+    return [*dataset.to_list(), str(report)]
+
+
+# field -> (base keys, keys with the field changed, what is observed). `S` is the script's arguments, `A` the
+# trainer config, `tok` the tiny model's folder and tokenizer.
+def _script_cases(data: Path) -> dict[str, tuple[dict, dict, Any]]:
+    a, mixture = str(data / "a"), {"datasets": [{"path": str(data / "a")}, {"path": str(data / "b")}]}
+    rows = lambda S, A, tok: _loaded_rows(S, A, tok[1])
+    return {
+        "dataset_name": ({"dataset_name": a}, {"dataset_name": str(data / "b")}, rows),
+        "dataset_config": ({"dataset_name": a}, {"dataset_name": a, "dataset_config": "sub"}, rows),
+        "dataset_split": ({"dataset_name": a}, {"dataset_name": a, "dataset_split": "test"}, rows),
+        "question_column": (
+            {"dataset_name": str(data / "cols")},
+            {"dataset_name": str(data / "cols"), "question_column": "q2"},
+            rows,
+        ),
+        "answer_column": (
+            {"dataset_name": str(data / "cols")},
+            {"dataset_name": str(data / "cols"), "answer_column": "a2"},
+            rows,
+        ),
+        "dataset_levels": ({"dataset_name": a}, {"dataset_name": a, "dataset_levels": ["1"]}, rows),
+        "dataset_mixture": ({"dataset_name": a}, {"dataset_mixture": mixture}, rows),
+        "num_synthetic": (
+            {"dataset_name": "synthetic"},
+            {"dataset_name": "synthetic", "num_synthetic": 5},
+            rows,
+        ),
+        "max_prompt_length": (
+            {"dataset_name": str(data / "long")},
+            {"dataset_name": str(data / "long"), "max_prompt_length": 60},
+            rows,
+        ),
+        "dataset_num_rows": ({}, {"dataset_num_rows": 100}, lambda S, A, tok: batch_arithmetic(A, S).table()),
+        "num_processes": ({}, {"num_processes": 4}, lambda S, A, tok: batch_arithmetic(A, S).table()),
+        "chat_template": (
+            {},
+            {"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"},
+            lambda S, A, tok: models.load_tokenizer(tok[0], ModelConfig(), A, S.chat_template).chat_template,
+        ),
+        "reward_funcs": (
+            {},
+            {"reward_funcs": ["strict_correctness", "think_format_reward"]},
+            lambda S, A, tok: [f.__name__ for f in get_reward_funcs(S.reward_funcs)],
+        ),
+        "overwrite_output_dir": (
+            {"dataset_name": a},
+            {"dataset_name": a, "overwrite_output_dir": True},
+            lambda S, A, tok: _prepare(S, str(data / "used")),
+        ),
+        "dry_run": ({}, {"dry_run": True}, None),  # its own test below
+    }
+
+
+def _prepare(script_args, output_dir: str) -> str:
+    args = argparse.Namespace(output_dir=output_dir, resume_from_checkpoint=None, eval_data_dir=None)
+    try:
+        prepare_output_dir(
+            script_args, args, ModelConfig(model_name_or_path="tiny-random-qwen2"), PartialState()
+        )
+    except UsageError as err:
+        return f"refused: {err}"
+    return "prepared"
+
+
+@pytest.mark.parametrize("field", sorted(f for f, case in _script_cases(Path()).items() if case[2]))
+def test_a_script_key_changes_what_the_run_reads(field, data, tiny_model_dir, tokenizer, script_config):
+    base, changed, observe = _script_cases(data)[field]
+    assert changed[field] != _default(PromptAugScriptArguments, field)
+    before = observe(PromptAugScriptArguments(**base), script_config, (tiny_model_dir, tokenizer))
+    after = observe(PromptAugScriptArguments(**changed), script_config, (tiny_model_dir, tokenizer))
+    assert after != before
+
+
+def test_dry_run_prints_the_arithmetic_where_a_run_would_start(tmp_path, capsys):
+    argv = ["--model_name_or_path", "tiny-random-qwen2", "--output_dir", str(tmp_path), "--use_cpu", "true"]
+    with pytest.raises(SystemExit, match="dataset_name is not set"):
+        train.main(argv)
+    train.main([*argv, "--dry_run"])
+    assert "questions per round" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        ({"dataset_name": "x", "dataset_mixture": {"datasets": [{"path": "y"}]}}, "dataset_name"),
+        ({"dataset_mixture": {"datasets": [{"path": "y"}]}, "dataset_split": "test"}, "dataset_split"),
+        ({"dataset_mixture": {"datasets": [{"path": "y"}]}, "dataset_config": "c"}, "dataset_config"),
+        ({"dataset_mixture": {"datasets": [{"path": "y", "weight": 1}]}}, "weight"),
+        ({"dataset_mixture": {"datasets": [{"path": "y"}], "streaming": True}}, "streaming"),
+        ({"dataset_mixture": {"datasets": [{"path": "y"}], "test_split_size": 0.1}}, "test_split_size"),
+        ({"dataset_mixture": {"datasets": [{"path": "y", "fraction": 1}, {"path": "z"}]}}, "fraction"),
+        ({"dataset_mixture": {"datasets": []}}, "dataset_mixture.datasets"),
+        ({"dataset_mixture": {"sources": []}}, "sources"),
+        ({"dataset_name": "my/data", "num_synthetic": 10}, "num_synthetic"),
+    ],
+)
+def test_script_keys_that_cannot_work_together_are_refused(keys, message):
+    _refused(lambda: PromptAugScriptArguments(**keys), message)
+
+
+# -- PromptAugGRPOConfig's own fields: what the trainer sets up from them ------------------------------
+
+BANK, SUMS, SUITE = "<bank.yaml>", "<sums.jsonl>", "<suite>"  # files the `build_trainer` fixture writes
+EVAL = {"eval_benchmarks": [SUMS], "eval_every_steps": 5}
+
+
+def _guard(t):
+    return next((c.specs for c in t.callback_handler.callbacks if isinstance(c, CollapseGuard)), None)
+
+
+def _spec(name: str, part: str):
+    return lambda t: [getattr(s, part) for s in _guard(t) or [] if s.name == name]
+
+
+def _evaluator(part: str):
+    return lambda t: next(
+        (getattr(c, part) for c in t.callback_handler.callbacks if isinstance(c, EvalCallback)), None
+    )
+
+
+def _sampler(part: str):
+    return lambda t: t.dynamic_sampling and getattr(t.dynamic_sampling, part)
+
+
+def _collapse_cases() -> dict[str, tuple[dict[str, Any], Any, Any]]:
+    cases = {}
+    signals = [
+        ("entropy", "floor", 0.5, "rounds", {}),
+        ("accuracy", "drop", 0.2, "rounds", {}),
+        ("truncation", "ceiling", 0.9, "rounds", {}),
+        ("repetition", "ceiling", 0.8, "rounds", {}),
+        ("eval", "drop", 0.1, "evaluations", EVAL),
+    ]
+    for name, kind, threshold, window, needs in signals:
+        on = {**needs, f"collapse_{name}_{kind}": threshold}
+        cases[f"collapse_{name}_{kind}"] = (needs, threshold, _spec(name, "threshold"))
+        cases[f"collapse_{name}_{window}"] = (on, 7, _spec(name, "window"))
+        cases[f"collapse_{name}_action"] = (on, "log", _spec(name, "action"))
+    cases["collapse_accuracy_metric"] = (
+        {"collapse_accuracy_drop": 0.2},
+        "rewards/format_reward/mean",
+        _spec("accuracy", "keys"),
+    )
+    return cases
+
+
+# field -> (the keys it needs to act, a non-default value, what the trainer made of it). A trainer is built
+# with the keys it needs and one with the field changed too: what is observed must differ.
+TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
+    "prompt_augmentation": ({}, False, lambda t: t.prompt_collator is None),
+    "templates": ({}, ["abel", "open-r1"], lambda t: [x.name for x in t.prompt_collator.templates]),
+    "template_weights": (
+        {"templates": ["abel", "open-r1"]},
+        [3.0, 1.0],
+        lambda t: t.prompt_collator._cumulative,
+    ),
+    "templates_file": ({}, BANK, lambda t: [x.user for x in t.prompt_collator.templates]),
+    "eval_template": ({}, "open-r1", lambda t: t.prompt_collator.eval_template.name),
+    "system_prompt": ({}, "You are careful.", lambda t: [x.system for x in t.prompt_collator.templates]),
+    "stop_tokens": ({}, ["<|im_start|>"], lambda t: sorted(t.eos_token_ids)),  # the EOS are both defaults
+    "reward_cut_tokens": ({}, ["<|endoftext|>"], lambda t: sorted(t.reward_cut_ids)),
+    "eval_benchmarks": ({"eval_every_steps": 5}, [SUMS], _evaluator("benchmarks")),
+    "eval_every_steps": ({"eval_benchmarks": [SUMS]}, 5, _evaluator("every_n_steps")),
+    "eval_data_dir": (EVAL, SUITE, _evaluator("data_dir")),
+    "eval_limit": (EVAL, 1, _evaluator("limit")),
+    "eval_max_tokens": (EVAL, 8, _evaluator("max_tokens")),
+    "dynamic_sampling": ({}, True, lambda t: t.dynamic_sampling is None),
+    "dynamic_sampling_signal": ({"dynamic_sampling": True}, "format_reward", _sampler("signal_index")),
+    "dynamic_sampling_max_passes": ({"dynamic_sampling": True}, 2, _sampler("max_passes")),
+    "dynamic_sampling_std_tol": ({"dynamic_sampling": True}, 1e-3, _sampler("std_tol")),
+    **_collapse_cases(),
+    "reset_optimizer_on_ref_sync": (
+        {"beta": 0.04, "sync_ref_model": True},
+        True,
+        lambda t: any(isinstance(c, OptimizerResetCallback) for c in t.callback_handler.callbacks),
+    ),
+    "skip_minibatch_ratio_above": ({}, 2.0, lambda t: t.skip_minibatch_ratio_above),
+    "trim_padding": ({}, "trim", lambda t: t.padding_free.mode),
+    "packing_max_tokens": ({}, 4096, lambda t: t.padding_free.max_tokens),
+    "packing_pad_to_multiple_of": ({}, 8, lambda t: t.padding_free.pad_to_multiple_of),
+    "wandb_completions_rows": ({}, 3, lambda t: t.wandb_completions_rows),
+}
+
+
+@pytest.fixture(scope="module")
+def build_trainer(tmp_path_factory, tiny_model_dir):
+    """A trainer on the tiny model with the given keys set (files named by placeholder written here)."""
+    tmp = tmp_path_factory.mktemp("trainers")
+    _write(tmp / "sums.jsonl", [{"question": "What is 2 + 2?", "answer": "4"}])
+    (tmp / "bank.yaml").write_text(
+        "- {name: plain, system: 'Box the answer.', user: 'Q: {question}'}\n"
+        "- {name: tagged, system: '', user: '{question} Answer in <answer> tags.', answer: tag, "
+        "markers: ['<answer>', '</answer>']}\n"
+    )
+    files = {BANK: str(tmp / "bank.yaml"), SUMS: str(tmp / "sums.jsonl"), SUITE: str(tmp)}
+
+    def place(value):
+        return [place(v) for v in value] if isinstance(value, list) else files.get(value, value)
+
+    def build(settings: dict[str, Any]) -> PromptAugGRPOTrainer:
+        args = PromptAugGRPOConfig(
+            output_dir=str(tmp / "out"), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+            max_completion_length=8, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
+            **{key: place(value) for key, value in settings.items()},
+        )  # fmt: skip
+        return PromptAugGRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs=[correctness_reward, format_reward], args=args,
+            train_dataset=Dataset.from_dict({"question": ["What is 1 + 1?"] * 4, "answer": ["2"] * 4}),
+        )  # fmt: skip
+
+    return build
+
+
+@pytest.mark.parametrize("field", sorted(TRAINER_CASES))
+def test_a_trainer_key_changes_what_the_trainer_sets_up(field, build_trainer):
+    needs, value, observe = TRAINER_CASES[field]
+    assert value != _default(PromptAugGRPOConfig, field)
+    assert observe(build_trainer({**needs, field: value})) != observe(build_trainer(needs)), field
+
+
+def test_system_prompt_goes_before_each_template_system_text(build_trainer):
+    trainer = build_trainer(
+        {"templates_file": BANK, "eval_template": "open-r1", "system_prompt": "Be careful."}
+    )
+    systems = {t.name: t.system for t in trainer.prompt_collator.templates}
+    assert systems == {"plain": "Be careful.\n\nBox the answer.", "tagged": "Be careful."}
+    open_r1 = load_templates()["open-r1"]  # not in the file's bank: the built-in one
+    assert trainer.prompt_collator.eval_template.system == "Be careful.\n\n" + open_r1.system
+
+
+# -- The tables cover every field --------------------------------------------------------------------
+
+
+def test_every_field_is_in_a_table(tmp_path):
+    assert _own_fields(ModelConfig) == set(MODEL_CASES) | set(MODEL_REFUSED), (
+        "a ModelConfig field without a case: add it to MODEL_CASES (what it changes) or refuse it"
+    )
+    script_fields = set(_script_cases(tmp_path))
+    assert _own_fields(PromptAugScriptArguments) == script_fields, (
+        "a PromptAugScriptArguments field without a case in _script_cases"
+    )
+    own = _own_fields(PromptAugGRPOConfig, GRPOConfig)
+    assert own == set(TRAINER_CASES), "a PromptAugGRPOConfig field without an entry in TRAINER_CASES"

@@ -1,0 +1,400 @@
+"""Your model, your data (docs/your-model-your-data.md): a chat template for a base model, a system prompt,
+dataset mixtures with per-source columns, rewards by dotted path and TRL's rewards by name, and the example
+recipe."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from trl import ModelConfig
+
+from prompt_aug import models, train
+from prompt_aug.config import PromptAugScriptArguments
+from prompt_aug.data import DataError, load_train_dataset
+from prompt_aug.templates import CHATML_TEMPLATE, TemplateError, load_templates, templates_for
+from rewards.registry import TRL_REWARDS, TRLConvention, format_reward, get_reward_funcs
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "recipes/examples/your_model_your_data.yaml"
+DOC = REPO / "docs/your-model-your-data.md"
+SMOKE = REPO / "recipes/smoke/tiny_cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def base_model_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    """The tiny model with a tokenizer that has no chat template, as a base model's."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("base") / "base-model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    assert AutoTokenizer.from_pretrained(folder).chat_template is None
+    return folder
+
+
+def _args(tmp_path):
+    from prompt_aug.config import PromptAugGRPOConfig
+
+    return PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+
+
+# -- Chat template ------------------------------------------------------------------------------------
+
+
+def test_a_tokenizer_without_chat_template_asks_for_one_in_one_line(base_model_dir, tmp_path):
+    with pytest.raises(models.ModelArgsError) as err:
+        models.load_tokenizer(str(base_model_dir), ModelConfig(model_name_or_path="base"), _args(tmp_path))
+    message = str(err.value)
+    assert "\n" not in message and "no chat template" in message and "set `chat_template`" in message
+
+
+def test_the_training_command_stops_with_that_line(base_model_dir, tmp_path):
+    with pytest.raises(SystemExit) as err:
+        train.main([
+            "--config", str(SMOKE), "--model_name_or_path", str(base_model_dir),
+            "--output_dir", str(tmp_path / "run"),
+        ])  # fmt: skip
+    message = str(err.value)
+    assert message.startswith("prompt-aug-train: error: model_name_or_path ") and "\n" not in message
+    assert (
+        "set `chat_template` in the recipe: `chatml`, a Jinja template, or the path of a .jinja file"
+        in message
+    )
+
+
+@pytest.mark.parametrize("form", ["name", "file", "jinja"])
+def test_chat_template_is_set_on_the_tokenizer_by_name_file_or_text(form, base_model_dir, tmp_path):
+    jinja = tmp_path / "mine.jinja"
+    jinja.write_text(CHATML_TEMPLATE.replace("<|im_start|>", "<|im_start|>[file]"))
+    value, expected = {
+        "name": ("chatml", CHATML_TEMPLATE),
+        "file": (str(jinja), jinja.read_text()),
+        "jinja": ("{% for m in messages %}{{ m['content'] }}|{% endfor %}", None),
+    }[form]
+    tokenizer = models.load_tokenizer(str(base_model_dir), ModelConfig(), _args(tmp_path), value)
+    assert tokenizer.chat_template == (expected or value)
+    text = load_templates()["qwen-math"].render("What is 2 + 2?", tokenizer)
+    assert "What is 2 + 2?" in text
+
+
+def test_chat_template_replaces_a_chat_models_own(tiny_model_dir, tmp_path):
+    plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    tokenizer = models.load_tokenizer(str(tiny_model_dir), ModelConfig(), _args(tmp_path), plain)
+    assert load_templates()["qwen-math"].render("Q?", tokenizer).startswith("system: Please reason")
+
+
+def test_a_chat_template_that_is_no_name_file_or_template_is_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(TemplateError, match="^chat_template: 'chatlm' is neither"):
+        models.load_tokenizer(str(tiny_model_dir), ModelConfig(), _args(tmp_path), "chatlm")
+
+
+def test_the_data_preview_renders_with_the_recipes_chat_template_and_system_prompt(
+    base_model_dir, tmp_path, capsys
+):
+    from prompt_aug import data
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"problem": "What is 3 + 4?", "final_answer": "7"}) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model_name_or_path: {base_model_dir}\nchat_template: chatml\nsystem_prompt: Be terse.\n"
+        "templates: [qwen-math]\n"
+    )
+    data.main(["--dataset", str(questions), "--config", str(recipe)])
+    out = capsys.readouterr().out
+    assert "<|im_start|>system\nBe terse.\n\nPlease reason step by step" in out and "What is 3 + 4?" in out
+
+
+# -- System prompt ------------------------------------------------------------------------------------
+
+
+def test_system_prompt_goes_before_the_templates_system_text_and_renders(tokenizer, tmp_path):
+    args = _args(tmp_path)
+    args.system_prompt = "You are terse."
+    templates, _, eval_template = templates_for(args)
+    builtin = load_templates()
+    for template in [*templates, eval_template]:
+        assert template.system == "You are terse.\n\n" + builtin[template.name].system
+        assert (
+            template.user == builtin[template.name].user
+            and template.markers == builtin[template.name].markers
+        )
+    text = templates[0].render("What is 1 + 1?", tokenizer)
+    assert text.index("You are terse.") < text.index(builtin[templates[0].name].system)
+    args.prompt_augmentation = False  # the evaluation template alone, with the system prompt too
+    assert templates_for(args)[0][0].system.startswith("You are terse.\n\n")
+
+
+# -- Mixtures -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_sets(tmp_path) -> dict[str, Path]:
+    """Two small question sets of different shapes: a JSON-lines file with its own column names, and a parquet
+    folder with MATH-like levels and a list of golds in one row."""
+    algebra = tmp_path / "algebra.jsonl"
+    algebra.write_text(
+        "".join(
+            json.dumps({"problem": f"Solve x + {i} = {2 * i}.", "final_answer": str(i)}) + "\n"
+            for i in range(1, 5)
+        )
+    )
+    folder = tmp_path / "geometry"
+    folder.mkdir()
+    pd.DataFrame(
+        {
+            "question": ["Area of a 2 by 3 rectangle?", "Angles in a triangle sum to?", "Sides of a square?"],
+            "answer": [["6"], ["180", "\\pi"], ["4"]],
+            "level": ["Level 1", "Level 5", "Level 5"],
+        }
+    ).to_parquet(folder / "train.parquet")
+    return {"algebra": algebra, "geometry": folder}
+
+
+def _recipe(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(SMOKE.read_text().replace("dataset_name: synthetic\nnum_synthetic: 256\n", "") + body)
+    return path
+
+
+def _load(recipe: Path, tokenizer, *extra: str):
+    script_args, args, _, _ = train.parse_args(["--config", str(recipe), "--dry_run", *extra])
+    templates, _, eval_template = templates_for(args)
+    return load_train_dataset(script_args, args, templates, eval_template, tokenizer)
+
+
+def test_a_mixture_of_two_local_sets_maps_each_with_its_own_columns(two_sets, tmp_path, tokenizer):
+    recipe = _recipe(
+        tmp_path,
+        f"""
+dataset_mixture:
+  datasets:
+    - path: {two_sets["algebra"]}
+      question_column: problem
+      answer_column: final_answer
+    - path: {two_sets["geometry"]}
+      dataset_levels: [Level 5]
+""",
+    )
+    rows, report = _load(recipe, tokenizer)
+    assert rows.column_names == ["question", "answer", "uid"]
+    assert len(rows) == 4 + 2
+    # One source has lists of golds, so every gold is a list.
+    assert rows[0]["question"] == "Solve x + 1 = 2." and rows[0]["answer"] == ["1"]
+    assert rows[-1]["answer"] == ["4"] and rows[-2]["answer"] == ["180", "\\pi"]
+    uids = rows["uid"]
+    assert len(set(uids)) == len(uids)
+    assert [u.split(":")[0] for u in uids] == ["0"] * 4 + ["1"] * 2
+    text = str(report)
+    assert "algebra.jsonl (4 rows)" in text and "geometry (2 rows)" in text and "level not in" in text
+    # The uids are stable: a second load gives the same.
+    assert _load(recipe, tokenizer)[0]["uid"] == uids
+
+
+def test_mixture_fractions_keep_trls_meaning_and_top_level_columns_are_defaults(
+    two_sets, tmp_path, tokenizer
+):
+    recipe = _recipe(
+        tmp_path,
+        f"""
+question_column: problem
+answer_column: final_answer
+dataset_mixture:
+  datasets:
+    - path: json
+      data_files: [{two_sets["algebra"]}]
+      fraction: 3
+    - path: {two_sets["geometry"]}
+      question_column: question
+      answer_column: answer
+      fraction: 1
+""",
+    )
+    rows, _ = _load(recipe, tokenizer)
+    # 4 algebra rows at a share of 3/4 allow a mixture of 5 (geometry's 3 rows would allow 12): 4 + 1.
+    sources = [u.split(":")[0] for u in rows["uid"]]
+    assert sources.count("0") == 4 and sources.count("1") == 1
+
+
+def test_a_mixture_from_the_command_line_as_json(two_sets, tmp_path, tokenizer):
+    mixture = {"datasets": [{"path": str(two_sets["geometry"])}, {"path": str(two_sets["geometry"])}]}
+    rows, _ = _load(_recipe(tmp_path, ""), tokenizer, "--dataset_mixture", json.dumps(mixture))
+    assert len(rows) == 6 and len(set(rows["uid"])) == 6  # the same set twice: still distinct uids
+
+
+def test_a_mixture_source_without_the_column_names_the_source(two_sets, tmp_path, tokenizer):
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(json.dumps({"text": "What is 1 + 1?", "gold": "2"}) + "\n")
+    recipe = _recipe(
+        tmp_path, f"dataset_mixture:\n  datasets:\n    - path: {two_sets['geometry']}\n    - path: {odd}\n"
+    )
+    with pytest.raises(
+        DataError, match=r"^dataset_mixture.datasets\[1\] \(.*odd.jsonl\): no question column"
+    ):
+        _load(recipe, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("      columns: [question, notes]\n", r"columns \['notes'\] not found"),
+        ("      split: dev\n", "no 'dev' file"),
+    ],
+)
+def test_a_mixture_source_that_lacks_a_column_or_split_names_the_source(tmp_path, tokenizer, extra, message):
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    for split in ("train", "test"):
+        (folder / f"{split}.jsonl").write_text(
+            json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n"
+        )
+    recipe = _recipe(tmp_path, f"dataset_mixture:\n  datasets:\n    - path: {folder}\n{extra}")
+    with pytest.raises(DataError, match=rf"^dataset_mixture.datasets\[0\] \(.*splits\): {message}"):
+        _load(recipe, tokenizer)
+
+
+def test_a_missing_mixture_file_stops_the_run_in_one_line(tmp_path):
+    recipe = _recipe(tmp_path, f"dataset_mixture:\n  datasets:\n    - path: {tmp_path / 'nowhere.jsonl'}\n")
+    with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].path: no such folder"):
+        train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
+    recipe = _recipe(
+        tmp_path,
+        f"dataset_mixture:\n  datasets:\n    - path: json\n      data_files: {tmp_path / 'gone.jsonl'}\n",
+    )
+    with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].data_files: no such file"):
+        train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
+
+
+def test_a_mixture_parses_into_trls_mixture_config():
+    from trl import DatasetMixtureConfig
+    from trl.scripts.utils import DatasetConfig
+
+    script_args = PromptAugScriptArguments(
+        dataset_mixture={"datasets": [{"path": "a", "split": "test", "dataset_levels": [4]}]}
+    )
+    mixture = script_args.dataset_mixture
+    assert isinstance(mixture, DatasetMixtureConfig) and isinstance(mixture.datasets[0], DatasetConfig)
+    assert mixture.datasets[0].split == "test" and mixture.datasets[0].dataset_levels == ["4"]
+
+
+# -- Rewards ------------------------------------------------------------------------------------------
+
+
+def test_a_dotted_path_names_the_same_function_as_a_colon_path():
+    dotted, colon = get_reward_funcs(["rewards.registry.format_reward", "rewards.registry:format_reward"])
+    assert dotted is colon is format_reward
+
+
+def test_a_reward_module_in_the_launch_folder_is_found_by_dotted_path(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards_udata.py").write_text(
+        "def brevity(completions, **kwargs):\n    return [1.0 / (1 + len(c)) for c in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    (func,) = get_reward_funcs(["my_rewards_udata.brevity"])
+    assert func(["abc"]) == [0.25]
+
+
+def test_trls_rewards_by_name_are_trls_and_read_this_packages_rows():
+    import trl.rewards
+
+    funcs = get_reward_funcs(list(TRL_REWARDS))
+    assert all(isinstance(f, TRLConvention) for f in funcs)
+    names = ["accuracy_reward", "reasoning_accuracy_reward", "think_format_reward"]
+    assert [f.__name__ for f in funcs] == [*names, "soft_overlong_punishment_reward"]
+    accuracy, reasoning, think, overlong = funcs
+    assert accuracy.func is trl.rewards.accuracy_reward
+    # Text completions (prompt augmentation) and the gold in `answer`, as this package's rows have them.
+    completions = ["So \\boxed{4}.", "So \\boxed{5}.", "It is \\boxed{\\frac{1}{2}}."]
+    golds = ["4", "4", ["180", "\\frac{1}{2}"]]  # any of several golds counts
+    assert accuracy(completions, answer=golds, template=["qwen-math"] * 3) == [1.0, 0.0, 1.0]
+    assert reasoning(["<think>hm</think> \\boxed{4}"], answer=["4"]) == [1.0]
+    assert think(["<think>\nx\n</think>\nSo 4.", "So 4."], answer=["4", "4"]) == [1.0, 0.0]
+    assert overlong(["x", "y"], completion_ids=[[1] * 1152, [1] * 10], answer=["4", "4"]) == [-0.5, 0.0]
+    # Conversational completions and a `solution` column pass through untouched.
+    assert accuracy([[{"content": "\\boxed{3}"}]], solution=["3"], answer=["9"]) == [1.0]
+    assert pickle.loads(pickle.dumps(accuracy)).func is trl.rewards.accuracy_reward  # spawned workers
+
+
+def test_a_trl_reward_by_path_is_adapted_too_and_unknown_names_list_trls():
+    (func,) = get_reward_funcs(["trl.rewards.accuracy_reward"])
+    assert isinstance(func, TRLConvention) and func(["\\boxed{2}"], answer=["2"]) == [1.0]
+    with pytest.raises(ValueError, match="think_format_reward"):
+        get_reward_funcs(["accuracy"])
+
+
+# -- All together: the tiny model as a base model, trained for one round ------------------------------
+
+
+def test_a_base_model_with_chatml_a_system_prompt_a_mixture_and_trl_rewards_trains(
+    two_sets, base_model_dir, tmp_path
+):
+    recipe = _recipe(
+        tmp_path,
+        f"""
+chat_template: chatml
+system_prompt: "You are terse."
+templates: [qwen-math, open-r1]
+reward_funcs: [correctness, rewards.registry.format_reward, accuracy_reward, think_format_reward]
+dataset_mixture:
+  datasets:
+    - path: {two_sets["algebra"]}
+      question_column: problem
+      answer_column: final_answer
+    - path: {two_sets["geometry"]}
+""",
+    )
+    out = tmp_path / "run"
+    train.main([
+        "--config", str(recipe), "--model_name_or_path", str(base_model_dir), "--output_dir", str(out),
+        "--max_steps", "2", "--save_strategy", "no", "--max_completion_length", "8",
+    ])  # fmt: skip
+    records = pd.read_parquet(out / "completions" / "completions_00001.parquet")
+    assert {"accuracy_reward", "think_format_reward", "format_reward", "correctness_reward"} <= set(records)
+    assert records["prompt"].str.startswith("<|im_start|>system\nYou are terse.\n\n").all()
+    assert set(records["uid"].str.split(":").str[0]) <= {"0", "1"}
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(out).chat_template == CHATML_TEMPLATE  # saved with the model
+    card = (out / "README.md").read_text()
+    assert "algebra.jsonl" in card and "geometry" in card
+
+
+# -- The example recipe and the doc -------------------------------------------------------------------
+
+
+def test_the_example_recipe_dry_runs_from_the_command_line():
+    done = subprocess.run(
+        [sys.executable, "-m", "prompt_aug.train", "--config", str(EXAMPLE), "--dry_run"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (
+        "questions per round             16" in done.stdout
+        and "rounds per epoch                250" in done.stdout
+    )
+
+
+def test_the_example_recipe_sets_what_the_doc_explains():
+    script_args, args, _, _ = train.parse_args(["--config", str(EXAMPLE), "--dry_run"])
+    first, second = script_args.dataset_mixture.datasets
+    assert (first.question_column, first.answer_column) == ("problem", "final_answer")
+    assert second.dataset_levels == ["Level 4", "Level 5"] and first.fraction == second.fraction == 0.5
+    assert script_args.chat_template == "chatml" and args.system_prompt
+    assert "get_soft_overlong_punishment" in script_args.reward_funcs
+    assert args.max_completion_length == TRL_REWARDS["get_soft_overlong_punishment"][1]["max_completion_len"]
+    doc = DOC.read_text()
+    assert "recipes/examples/your_model_your_data.yaml" in doc
+    keys = ("chat_template", "system_prompt", "dataset_mixture", "question_column", "templates_file")
+    for key in (*keys, *TRL_REWARDS):
+        assert f"`{key}`" in doc or f"{key}:" in doc, key
