@@ -1,5 +1,5 @@
 """``prompt-aug-eval`` on several processes: each generates a share, the main process writes what one process
-would have written, in the same order; leftover shard files resume.
+would have written, in the same order; leftover shard files resume; docs/reproduce.md's checkpoint commands.
 
 The launches run the hf backend on CPU (gloo), with the smoke model's weights redrawn larger so that greedy
 text varies from question to question and, in bf16, a prompt's batch mates change a few of its completions:
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -23,6 +25,8 @@ from prompt_aug.evaluate import (
     deal,
     join_processes,
     main,
+    parse_args,
+    protocol_differences,
     read_records,
     shard_path,
 )
@@ -180,3 +184,72 @@ def test_vllm_runs_inside_each_process_when_launched_as_several(tiny_model_dir, 
     assert "distributed_executor_backend" not in seen
     VLLMBackend(str(tiny_model_dir), max_model_len=64, tensor_parallel_size=2, external_launcher=True)
     assert seen["distributed_executor_backend"] == "external_launcher" and seen["tensor_parallel_size"] == 2
+
+
+def _checkpoint_section() -> str:
+    text = (REPO / "docs/reproduce.md").read_text()
+    return text.split("\n### Checkpoints: ", 1)[1].split("\n## ", 1)[0]
+
+
+def _commands(text: str, module: str) -> list[list[str]]:
+    """The commands of ``text``'s bash blocks that run ``-m module``, continuation lines joined."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            if f"-m {module}" in line:
+                commands.append(shlex.split(line, comments=True))
+    return commands
+
+
+def test_reproduce_md_evaluates_kept_checkpoints_with_a_command_the_code_takes():
+    from torch.distributed.run import get_args_parser
+
+    section = _checkpoint_section()
+    evaluate_page = (
+        (REPO / "docs/reproduce.md").read_text().split("\n## 7. Evaluate\n", 1)[1].split("\n### ")[0]
+    )
+    commands = _commands(section, "prompt_aug.evaluate") + _commands(evaluate_page, "prompt_aug.evaluate")
+    assert len(commands) == 2
+    for command in commands:
+        assert command[0] == "torchrun"
+        launcher = get_args_parser().parse_args(command[1:])
+        assert launcher.module and launcher.training_script == "prompt_aug.evaluate"
+        assert launcher.nproc_per_node == "8" and launcher.standalone
+        args = parse_args(
+            [a.replace("$ckpt", "outputs/kept/checkpoint-80") for a in launcher.training_script_args]
+        )
+        assert protocol_differences(vars(args)) == [], command  # the paper's protocol
+
+
+def test_reproduce_md_keeps_the_weights_of_complete_checkpoints(tmp_path):
+    block = re.search(r"\nkeep_weights\(\) \{.*?\n\}\n", _checkpoint_section(), re.DOTALL).group(0)
+
+    def checkpoint(step: int, complete: bool = True) -> None:
+        folder = tmp_path / f"checkpoint-{step}"
+        (folder / f"global_step{step}").mkdir(parents=True)
+        for name in ("model.safetensors", "config.json", "optimizer.pt", "rng_state_0.pth",
+                     f"global_step{step}/optim_states.pt"):  # fmt: skip
+            (folder / name).write_text(name)
+        if complete:
+            (folder / "trainer_state.json").write_text("{}")
+
+    def keep(every: int) -> list[str]:
+        script = (
+            f"OUT={shlex.quote(str(tmp_path))}; EVERY={every}; mkdir -p $OUT/kept\n{block}\nkeep_weights\n"
+        )
+        subprocess.run(["bash", "-euc", script], check=True, timeout=60)
+        return sorted(p.name for p in (tmp_path / "kept").iterdir())
+
+    checkpoint(80)
+    checkpoint(160)
+    checkpoint(240, complete=False)  # still being written
+    assert keep(every=2) == ["checkpoint-160"]
+    assert keep(every=1) == ["checkpoint-160", "checkpoint-80"]
+    kept = tmp_path / "kept" / "checkpoint-80"
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "trainer_state.json",
+    ]
+    (tmp_path / "checkpoint-240" / "trainer_state.json").write_text("{}")
+    assert keep(every=1) == ["checkpoint-160", "checkpoint-240", "checkpoint-80"]
