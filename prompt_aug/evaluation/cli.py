@@ -13,6 +13,10 @@ Writes into ``--output`` (default ``<model>/eval`` for a local model, where the 
   verdict, finish reason, benchmark, template, run, index, sample). A rerun skips what is there.
 * ``results.json``: accuracy per benchmark, template and run, with macro and micro averages.
 * ``results.md``: the paper-layout table; with several templates, the robustness table too.
+
+Launched as several processes (``torchrun --nproc_per_node 8 -m prompt_aug.evaluate ...`` or
+``accelerate launch --num_processes 8 -m prompt_aug.evaluate ...``), one per GPU, the processes share the
+questions and the main process writes the same files as one process would (see `runner.deal`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +44,7 @@ from .backends import (
 )
 from .benchmarks import BENCHMARKS, HUB_SUITE, EvalError, load_benchmark, parse_benchmarks, parse_templates
 from .report import protocol_differences, render_tables, summarize
-from .runner import generate_and_grade, read_records
+from .runner import Processes, fold_shards, generate_and_grade, join_processes, read_records, shard_paths
 
 # One logger for all of evaluation, under the name it had before the split.
 logger = logging.getLogger("prompt_aug.evaluate")
@@ -69,7 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, default=1, help="Runs to average (the paper: 5).")
     parser.add_argument(
-        "--n", type=int, default=1, help="Samples per question and run (pass@n; needs sampling)."
+        "--n",
+        "--samples",
+        type=int,
+        default=1,
+        help="Samples per question and run (pass@n; needs sampling). Under torchrun or accelerate launch "
+        "write --samples: their parsers take --n for an abbreviation of their own options and stop.",
     )
     parser.add_argument("--max_tokens", type=int, default=3000, help="New tokens per completion.")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy.")
@@ -91,7 +101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dtype", default="bfloat16", help="Model dtype: bfloat16 (the paper), auto, float16, float32."
     )
-    parser.add_argument("--tensor_parallel_size", type=int, default=1, help="vLLM.")
+    parser.add_argument(
+        "--tensor_parallel_size",
+        type=int,
+        default=1,
+        help="vLLM: GPUs per engine. Launched as several processes, each this many consecutive processes "
+        "drive one engine.",
+    )
     parser.add_argument(
         "--max_model_len",
         type=int,
@@ -129,8 +145,9 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
     """Completions already in ``output`` must come from the same model and decoding settings."""
     path, records = output / SETTINGS_FILE, output / RECORDS_FILE
     if overwrite:
-        records.unlink(missing_ok=True)
-    elif path.is_file() and records.is_file():
+        for old in (records, *shard_paths(records)):
+            old.unlink(missing_ok=True)
+    elif path.is_file() and (records.is_file() or shard_paths(records)):
         before = {**SETTINGS_BEFORE_STOP_FLAG, **json.loads(path.read_text())}
         changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
         if changed:
@@ -143,7 +160,7 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
 
 
 def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything `main` does; returns the content of ``results.json``."""
+    """Everything `main` does; returns the content of ``results.json`` (on every process of a launch)."""
     started = time.perf_counter()
     benchmarks = parse_benchmarks(args.benchmarks)
     templates = parse_templates(args.template, args.templates_file)
@@ -167,8 +184,71 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "templates_file": args.templates_file,
         "stop": args.stop,
     }
-    _check_settings(output, settings, args.overwrite)
+    vllm = backend_name == "vllm"
+    processes = join_processes(engine=vllm, ranks_per_engine=args.tensor_parallel_size if vllm else 1)
+    # The main process checks the folder; every process stops with its verdict.
+    error = None
+    if processes.main:
+        try:
+            _check_settings(output, settings, args.overwrite)
+            fold_shards(output / RECORDS_FILE)
+        except EvalError as err:
+            error = str(err)
+    error = processes.broadcast(error)
+    if error:
+        raise EvalError(error)
 
+    backend, tokenizer = _load_backend(args, backend_name, templates, problems, processes)
+    logger.info(
+        "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s%s",
+        args.model,
+        backend_name,
+        len(problems),
+        len(templates),
+        args.runs,
+        output,
+        f" (on {processes.size} processes)" if processes.size > 1 else "",
+    )
+
+    before = len(read_records(output / RECORDS_FILE)) if processes.main else 0
+    records = generate_and_grade(
+        backend,
+        tokenizer,
+        problems,
+        templates,
+        output / RECORDS_FILE,
+        runs=args.runs,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        n=args.n,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+        processes=processes,
+    )
+    results = None
+    if processes.main:
+        results, table = _summary(args, records, benchmarks, templates, settings, model_name)
+        results["new_completions"] = len(read_records(output / RECORDS_FILE)) - before
+        results["seconds"] = round(time.perf_counter() - started, 2)
+        (output / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+        (output / TABLE_FILE).write_text(table)
+        print(table)
+        print(f"wrote {output / RESULTS_FILE}, {output / TABLE_FILE}, {output / RECORDS_FILE}")
+    results = processes.broadcast(results)
+    processes.close()
+    return results
+
+
+def _load_backend(
+    args: argparse.Namespace,
+    backend_name: str,
+    templates: list[Any],
+    problems: list[Any],
+    processes: Processes,
+) -> tuple[Backend, Any]:
+    """The generation backend and its tokenizer; with several processes, each on its own GPU."""
     if backend_name == "vllm":
         tokenizer = load_tokenizer(args.model)
         prompts = [t.render(p.question, tokenizer) for t in templates for p in problems]
@@ -187,46 +267,33 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
             seed=args.seed,
             dtype=args.dtype,
             stop=args.stop,
+            external_launcher=processes.size > 1,
         )
-        tokenizer = backend.tokenizer
-    else:
-        backend = HFBackend.load(args.model, args.dtype, args.stop)
-        tokenizer = backend.tokenizer
-    logger.info(
-        "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s",
-        args.model,
-        backend_name,
-        len(problems),
-        len(templates),
-        args.runs,
-        output,
-    )
+        return backend, backend.tokenizer
+    import torch
 
-    before = len(read_records(output / RECORDS_FILE))
-    records = generate_and_grade(
-        backend,
-        tokenizer,
-        problems,
-        templates,
-        output / RECORDS_FILE,
-        runs=args.runs,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        n=args.n,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        progress=not args.no_progress,
-    )
+    device = f"cuda:{processes.local_rank}" if processes.size > 1 and torch.cuda.is_available() else None
+    loaded = HFBackend.load(args.model, args.dtype, args.stop, device=device)
+    return loaded, loaded.tokenizer
+
+
+def _summary(
+    args: argparse.Namespace,
+    records: list[dict[str, Any]],
+    benchmarks: list[str],
+    templates: list[Any],
+    settings: dict[str, Any],
+    model_name: str,
+) -> tuple[dict[str, Any], str]:
+    """The content of ``results.json`` (less its timing keys) and of ``results.md``."""
     names = [t.name for t in templates]
     summary = summarize(records, benchmarks, names)
-    names = [t.name for t in templates]
     main_template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in names else names[0]
     protocol = {**settings, "runs": args.runs, "limit": args.limit, "template": main_template}
     table = render_tables(summary, benchmarks, model_name, protocol)
     results = {
         "model": args.model,
-        "backend": backend_name,
+        "backend": settings["backend"],
         "benchmarks": benchmarks,
         "templates": names,
         "runs": args.runs,
@@ -234,18 +301,16 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "settings": settings,
         "paper_protocol": not protocol_differences(protocol),
         **summary,
-        "new_completions": len(read_records(output / RECORDS_FILE)) - before,
-        "seconds": round(time.perf_counter() - started, 2),
     }
-    (output / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
-    (output / TABLE_FILE).write_text(table)
-    print(table)
-    print(f"wrote {output / RESULTS_FILE}, {output / TABLE_FILE}, {output / RECORDS_FILE}")
-    return results
+    return results, table
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # Under torchrun / accelerate launch, only the main process logs what goes well.
+    main_process = os.environ.get("RANK", "0") == "0"
+    logging.basicConfig(
+        level=logging.INFO if main_process else logging.WARNING, format="%(asctime)s %(name)s: %(message)s"
+    )
     try:
         run_evaluation(parse_args(argv))
     except (EvalError, SourceError) as err:
