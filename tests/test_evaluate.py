@@ -459,3 +459,24 @@ def test_help_names_the_papers_stop_rule_and_a_folder_keeps_its_stop_rule(
     _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "amc")
     with pytest.raises(SystemExit, match="other settings.*stop"):
         _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "amc", "--stop", "eos")
+
+
+def test_evaluation_during_training_takes_the_eval_template_from_the_recipes_templates_file(tmp_path):
+    from prompt_aug.config import PromptAugGRPOConfig
+    from prompt_aug.evaluation.callback import evaluator_from_args
+
+    bank = tmp_path / "bank.yaml"
+    bank.write_text(
+        "- {name: terse, system: 'Answer in \\\\boxed{}.', user: 'Q: {question}', answer: boxed}\n"
+    )
+    questions = tmp_path / "sums.jsonl"
+    questions.write_text('{"question": "Compute $1 + 1$.", "answer": "2"}\n')
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, templates_file=str(bank),
+        eval_template="terse", eval_benchmarks=[str(questions)], eval_every_steps=1,
+    )  # fmt: skip
+    evaluator = evaluator_from_args(args)
+    assert evaluator.template.name == "terse" and evaluator.template.user == "Q: {question}"
+    args.eval_template = "nowhere"
+    with pytest.raises(EvalError, match="eval_template 'nowhere' is not in"):
+        evaluator_from_args(args)

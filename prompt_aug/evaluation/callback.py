@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..templates import DEFAULT_EVAL_TEMPLATE
+from ..templates import DEFAULT_EVAL_TEMPLATE, Template, TemplateError, load_templates, resolve_eval_template
 from .backends import HFBackend
 from .benchmarks import EvalError, Problem, load_benchmark, metric_name, parse_benchmarks, parse_templates
 from .report import summarize
@@ -37,7 +37,7 @@ class EvalCallback(TrainerCallback):
         benchmarks: Benchmark names (or a comma list), e.g. ``"math500"``.
         every_n_steps: Evaluation interval in optimizer steps; 0 turns it off.
         data_dir: A local suite folder; ``None`` loads from the Hub.
-        template: The evaluation template's name.
+        template: The evaluation template, or its name in the built-in bank.
         max_tokens: New tokens per completion.
         limit: Only the first ``limit`` questions of each benchmark.
         batch_size: Prompts per ``generate`` call.
@@ -48,7 +48,7 @@ class EvalCallback(TrainerCallback):
         benchmarks: str | list[str] = "math500",
         every_n_steps: int = 100,
         data_dir: str | Path | None = None,
-        template: str = DEFAULT_EVAL_TEMPLATE,
+        template: str | Template = DEFAULT_EVAL_TEMPLATE,
         max_tokens: int = 1024,
         limit: int | None = None,
         batch_size: int = 16,
@@ -61,7 +61,7 @@ class EvalCallback(TrainerCallback):
                 f"benchmarks {clashes} would log under one name; rename a file to tell them apart"
             )
         self.every_n_steps, self.data_dir, self.limit = every_n_steps, data_dir, limit
-        self.template = parse_templates(template)[0]
+        self.template = template if isinstance(template, Template) else parse_templates(template)[0]
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self._problems: list[Problem] | None = None
         self._pending: dict[str, float] = {}
@@ -160,11 +160,15 @@ def evaluator_from_args(args: Any) -> EvalCallback | None:
     training."""
     if not (args.eval_every_steps and args.eval_benchmarks):
         return None
+    try:  # from the recipe's templates_file when it has it (without system_prompt: benchmarks ask plainly)
+        template = resolve_eval_template(args, load_templates(args.templates_file))
+    except TemplateError as err:
+        raise EvalError(str(err)) from None
     evaluator = EvalCallback(
         args.eval_benchmarks,
         args.eval_every_steps,
         data_dir=args.eval_data_dir,
-        template=args.eval_template,
+        template=template,
         max_tokens=args.eval_max_tokens,
         limit=args.eval_limit,
     )
