@@ -54,6 +54,10 @@ class PromptAugGRPOConfig(GRPOConfig):
 
     wandb_completions_rows
 
+    > Preemption
+
+    save_on_preemption
+
     Each field's ``help`` says what it does; ``prompt-aug-train --help`` prints them.
     """
 
@@ -241,6 +245,17 @@ class PromptAugGRPOConfig(GRPOConfig):
             "help": "Rows of the W&B `completions` table per log step, with log_completions and "
             "report_to wandb: unset uploads every completion (TRL), 0 none, N a random sample of N. "
             "The parquet records under output_dir/completions/ keep every row either way."
+        },
+    )
+
+    # > Preemption
+    save_on_preemption: bool = field(
+        default=True,
+        metadata={
+            "help": "On SIGTERM or SIGUSR1 (what a cluster sends before it stops a job), finish the "
+            "optimizer step, save a checkpoint on every process and stop; prompt-aug-train then writes "
+            "output_dir/preempted.json and exits with status 75 (docs/reproduce.md, 'Preemption and "
+            "requeue'). false: the signals keep their default action (the process ends at once)."
         },
     )
 

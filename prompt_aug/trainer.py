@@ -5,7 +5,7 @@ A drop-in for `GRPOTrainer`: it takes TRL's arguments alone (the built-in templa
 class's chat template and ``args.seed`` by default), and with ``prompt_augmentation=False`` it is
 `GRPOTrainer`. Built from a `PromptAugGRPOConfig`, it applies every trainer-level key itself: evaluation
 during training, the collapse guard, the optimizer reset at reference syncs, stop tokens, the reward cut,
-dynamic sampling, the mini-batch skip and padding-free passes.
+dynamic sampling, the mini-batch skip, padding-free passes and saving on preemption.
 
 It overrides TRL only through `prompt_aug.trl_seam.TRLSeam`'s public hooks; each override says why, in a
 ``# Why:`` comment above it, and nowhere else.
@@ -14,6 +14,7 @@ It overrides TRL only through `prompt_aug.trl_seam.TRLSeam`'s public hooks; each
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,9 @@ from .extensions.collapse import (
     ratio_deviation_sums,
 )
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
+from .faults import (
+    PreemptionCallback,
+)
 from .model_card import ModelCardInfo, extend_trl_card
 from .padding import PaddingFreePasses, can_trim, optimizer_step_segments, regroup, trim
 from .records import (
@@ -182,6 +186,11 @@ class PromptAugGRPOTrainer(TRLSeam):
                 guard.attach(self)
             if config.reset_optimizer_on_ref_sync:
                 self.add_callback(OptimizerResetCallback())
+        # Preemption: SIGTERM / SIGUSR1 stop the run at a step end, saved (prompt_aug/faults.py).
+        self.preemption = None
+        if config is None or config.save_on_preemption:
+            self.preemption = PreemptionCallback()
+            self.add_callback(self.preemption)
 
     def _apply_stop_tokens(self, tokens: list[str]) -> None:
         """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's
@@ -533,3 +542,14 @@ class PromptAugGRPOTrainer(TRLSeam):
         )  # fmt: skip
         path.write_text(card)
         return None
+
+    @property
+    def preempted(self) -> str | None:
+        """The signal (``"SIGTERM"``, ``"SIGUSR1"``) that stopped the last ``train()`` call, or None."""
+        return self.preemption.stopped_by if self.preemption is not None else None
+
+    # Why: a preemption signal is caught only while training (the handlers are restored after).
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
+        with catching:
+            return super().train(*args, **kwargs)

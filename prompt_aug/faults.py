@@ -1,0 +1,225 @@
+"""What a run does when something goes wrong: it resumes exactly, leaves nothing half-done behind, and names
+the fault in one line.
+
+* Preemption (`PreemptionCallback`): SIGTERM or SIGUSR1 (what a cluster sends before it stops a job) only
+  sets a flag; at the end of the current optimizer step the ranks agree on it, every rank saves the same
+  checkpoint and training stops. The main process writes ``preempted.json`` in the output folder, and
+  ``prompt-aug-train`` exits with `EXIT_PREEMPTED` (75), so that a requeue script can tell a preempted run
+  from a failed one.
+* Checkpoints (`checkpoint_problem`, `last_complete_checkpoint`): a folder that a kill during a save left
+  without its trainer state, with a half-written one, or without its model or optimizer files is not a
+  checkpoint to resume from; the one before it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import threading
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+logger = logging.getLogger("prompt_aug")
+
+# sysexits.h's EX_TEMPFAIL: "a temporary failure, the user is invited to retry".
+EXIT_PREEMPTED = 75
+PREEMPTED_FILE = "preempted.json"
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption
+
+
+class PreemptionCallback(TrainerCallback):
+    """Stop at a step end, saved, when the job is told to stop (SIGTERM, SIGUSR1).
+
+    The signal handler only records the signal; `catching_signals` installs it for the duration of
+    ``trainer.train`` and restores the previous handlers after. At each step end the ranks agree on the flag
+    (one all-reduce of one number; with one process none), so every rank saves the same checkpoint and stops
+    at the same step. A signal that arrives while a checkpoint is being written stops the run right after that
+    save; one that arrives during the last step lets the run finish normally.
+    """
+
+    def __init__(self, signals: tuple[str, ...] = PREEMPTION_SIGNALS) -> None:
+        self.signals = [getattr(signal, name) for name in signals if hasattr(signal, name)]
+        self.received: int | None = None  # set by the handler (any rank)
+        self.stopped_by: str | None = None  # the agreed signal's name, once training stopped for it
+
+    @contextmanager
+    def catching_signals(self) -> Iterator[None]:
+        """Record the preemption signals while the block runs (main thread only: Python's rule); each
+        ``train()`` call starts with no signal received."""
+        self.received, self.stopped_by = None, None
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning(
+                "save_on_preemption: training runs outside the main thread; signals are not caught"
+            )
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in self.signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+
+    def agreed_signal(self, args: Any) -> int | None:
+        """The signal any rank received, the same on every rank (all ranks must call this together)."""
+        received = self.received or 0
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([received], dtype=torch.int64, device=args.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            received = int(flag.item())
+        return received or None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:  # a run that starts here is no longer the preempted one
+            (Path(args.output_dir) / PREEMPTED_FILE).unlink(missing_ok=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._maybe_stop(args, state, control, save=True)
+
+    def on_save(self, args, state, control, **kwargs):
+        if not control.should_training_stop:  # a signal during this save: stop now, it is saved
+            self._maybe_stop(args, state, control, save=False)
+
+    def _maybe_stop(self, args: Any, state: Any, control: Any, save: bool) -> None:
+        if self.stopped_by is not None or state.global_step >= state.max_steps:
+            return
+        signum = self.agreed_signal(args)
+        if signum is None:
+            return
+        self.stopped_by = signal.Signals(signum).name
+        control.should_training_stop = True
+        control.should_save = control.should_save or save
+        if state.is_world_process_zero:
+            done = "saving" if save else "saved"
+            logger.warning(
+                "%s received: stopping at step %d, checkpoint %s", self.stopped_by, state.global_step, done
+            )
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.stopped_by is None or not state.is_world_process_zero:
+            return
+        record = {
+            "signal": self.stopped_by,
+            "step": state.global_step,
+            "checkpoint": str(Path(args.output_dir) / f"checkpoint-{state.global_step}"),
+            "exit_status": EXIT_PREEMPTED,
+            "resume": "the same command plus --resume_from_checkpoint true",
+        }
+        (Path(args.output_dir) / PREEMPTED_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+_MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
+_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is cut short (its header says where the data ends), or None."""
+    try:
+        with path.open("rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return f"{path.name} is unreadable (half-written?)"
+    if path.stat().st_size < 8 + size + end:
+        return f"{path.name} is cut short (half-written?)"
+    return None
+
+
+def _model_problem(folder: Path) -> str | None:
+    for index_name in _INDEX_FILES:
+        index = folder / index_name
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, AttributeError):
+                return f"{index_name} is not valid JSON (half-written?)"
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                return f"model shard {missing[0]} is missing"
+            return next(
+                (p for s in shards if s.endswith(".safetensors") and (p := _safetensors_problem(folder / s))),
+                None,
+            )
+    for name in _MODEL_FILES:
+        if (folder / name).is_file():
+            return _safetensors_problem(folder / name) if name.endswith(".safetensors") else None
+    if any(folder.glob("pytorch_model_fsdp*")) or any(folder.glob("global_step*/*model_states.pt")):
+        return None  # FSDP or DeepSpeed weights
+    return "no model weights (model.safetensors or shards)"
+
+
+def _optimizer_problem(folder: Path) -> str | None:
+    if (folder / "optimizer.pt").is_file():
+        return (
+            None
+            if zipfile.is_zipfile(folder / "optimizer.pt")
+            else "optimizer.pt is cut short (half-written?)"
+        )
+    if any(folder.glob("optimizer*")) or any(folder.glob("global_step*/*optim_states.pt")):
+        return None  # FSDP or DeepSpeed optimizer state
+    return "no optimizer state (optimizer.pt)"
+
+
+def checkpoint_problem(folder: str | Path, optimizer: bool = True) -> str | None:
+    """Why ``folder`` is not a complete checkpoint to resume from, or None when it is.
+
+    The Trainer writes the model, then the optimizer, scheduler and RNG states, and ``trainer_state.json``
+    last; a kill during a save leaves the folder without it, or with a half-written one. The model and
+    optimizer files are checked too (a safetensors file against the length its header gives, ``optimizer.pt``
+    as the zip archive torch writes), for a folder whose files were removed or cut short.
+    """
+    folder = Path(folder)
+    state = folder / "trainer_state.json"
+    if not state.is_file():
+        return "trainer_state.json is missing (killed while saving?)"
+    try:
+        step = json.loads(state.read_text()).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return "trainer_state.json is not valid JSON (half-written?)"
+    if not isinstance(step, int):
+        return "trainer_state.json has no global_step"
+    return _model_problem(folder) or (_optimizer_problem(folder) if optimizer else None)
+
+
+def _checkpoint_number(path: Path) -> int:
+    found = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    return int(found.group(1)) if found else -1
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> tuple[str | None, list[tuple[str, str]]]:
+    """The newest complete ``checkpoint-N`` folder of ``output_dir`` (or None), and the newer folders skipped,
+    each with why."""
+    folder = Path(output_dir)
+    found = sorted(
+        (p for p in folder.glob("checkpoint-*") if p.is_dir() and _checkpoint_number(p) >= 0),
+        key=_checkpoint_number,
+        reverse=True,
+    )
+    skipped = []
+    for path in found:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return str(path), skipped
+        skipped.append((str(path), problem))
+    return None, skipped

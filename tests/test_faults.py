@@ -1,0 +1,364 @@
+"""Faults: a run killed any way resumes exactly and leaves nothing running.
+
+Runs of the smoke recipe (CPU, tiny random model). Where the weights must move, the reward is
+``fault_harness:text_hash_reward`` (the smoke rewards give this model no spread, so nothing would train).
+
+* Preemption: a SIGTERM from outside after step 1 is logged stops the run at the end of step 2 (the end of
+  round 1), saved, with exit status 75; the resumed run's completion records and final weights equal an
+  uninterrupted run's. A SIGTERM during a checkpoint save stops the run right after that save. On 2
+  processes a SIGTERM to rank 1 alone stops both ranks at the same step, both saved.
+* A checkpoint a kill left incomplete is skipped on resume, with one line naming it and why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import datasets
+import fault_harness
+import pandas as pd
+import pytest
+import torch
+
+from prompt_aug import cli, faults, train
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
+HARNESS = str(REPO / "tests" / "fault_harness.py")
+SPREAD = ("--reward_funcs", "fault_harness:text_hash_reward")
+COLUMNS = ["step", "uid", "template"]
+# Only keeps a hung run from hanging the suite; the tests wait on events (a busy box is slower, not failing).
+SAFETY_CEILING_S = 15 * 60
+
+
+def _train(out: Path, *extra: str) -> None:
+    train.main(["--config", SMOKE, "--output_dir", str(out), *extra])
+
+
+def _error(argv: list[str]) -> str:
+    """The one-line error `prompt-aug-train` exits with."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    message = str(exit_info.value.code)
+    assert message.startswith("prompt-aug-train: error: ") and "\n" not in message, message
+    return message
+
+
+def _records(run: Path, step: int) -> pd.DataFrame:
+    frame = pd.read_parquet(run / "completions" / f"completions_{step:05d}.parquet")
+    return frame[COLUMNS].reset_index(drop=True)
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """Every live process: pid -> (parent, session, command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        if fields[0] != "Z":
+            found[int(entry.name)] = (int(fields[1]), int(fields[3]), command)
+    return found
+
+
+def _family(root: int) -> set[int]:
+    """``root`` and every process beneath it (torchrun starts its workers in sessions of their own)."""
+    table, family = _processes(), {root}
+    while grown := {pid for pid, (parent, _, _) in table.items() if parent in family} - family:
+        family |= grown
+    return family
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Launch:
+    """A training subprocess in its own session, its output read as it comes."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.seen: set[int] = set()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str) -> None:
+        ceiling = time.monotonic() + SAFETY_CEILING_S
+        while text not in self.output:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the run ended before {text!r}:\n{self.output[-3000:]}")
+            if time.monotonic() > ceiling:
+                self.kill()
+                pytest.fail(f"{text!r} not seen within the {SAFETY_CEILING_S} s safety ceiling")
+            time.sleep(0.05)
+
+    def wait(self) -> int:
+        try:
+            code = self.proc.wait(timeout=SAFETY_CEILING_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"no exit within the {SAFETY_CEILING_S} s safety ceiling:\n{self.output[-3000:]}")
+        self.reader.join()
+        return code
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def family(self) -> set[int]:
+        """The run's processes now (taken while it runs, for `left_running`)."""
+        self.seen = _family(self.proc.pid)
+        return self.seen
+
+    def left_running(self, out: Path) -> list[str]:
+        """Processes the run left: in its session, of its family as last seen, or naming its output folder."""
+        deadline = time.monotonic() + 30  # a process that is exiting gets a moment
+        while True:
+            left = [
+                f"{pid}: {command[:200]}"
+                for pid, (_, session, command) in _processes().items()
+                if session == self.proc.pid or pid in self.seen or str(out) in command
+            ]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    run = ("--max_steps", "4", "--save_steps", "100", *SPREAD)  # no scheduled save before the end
+    uninterrupted, preempted = tmp_path / "A", tmp_path / "B"
+    _train(uninterrupted, *run)
+
+    launch = Launch([sys.executable, HARNESS, "--config", SMOKE, "--output_dir", str(preempted), *run])
+    # Step 1's line is printed after its step end, so the signal lands in step 2, which ends round 1.
+    launch.wait_for("| step 1/4 |")
+    launch.family()
+    launch.proc.send_signal(signal.SIGTERM)
+    code = launch.wait()
+    assert code == faults.EXIT_PREEMPTED, launch.output[-3000:]
+    assert "Traceback" not in launch.output
+    assert "SIGTERM received: stopping at step 2, checkpoint saving" in launch.output
+    assert "Preempted by SIGTERM (exit status 75, preempted.json written) at step 2/4." in launch.output
+    assert (
+        f"--output_dir {preempted} --max_steps 4" in launch.output
+        and "--resume_from_checkpoint true" in launch.output
+    )
+    assert launch.left_running(preempted) == []
+    assert sorted(p.name for p in preempted.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert faults.checkpoint_problem(preempted / "checkpoint-2") is None
+    marker = json.loads((preempted / faults.PREEMPTED_FILE).read_text())
+    assert (marker["signal"], marker["step"], marker["exit_status"]) == ("SIGTERM", 2, 75)
+    assert not (preempted / "model.safetensors").exists()  # not finished: no final model
+
+    _train(preempted, *run, "--resume_from_checkpoint", "true")
+    assert not (preempted / faults.PREEMPTED_FILE).exists()
+    for step in (3, 4):
+        pd.testing.assert_frame_equal(_records(preempted, step), _records(uninterrupted, step))
+    assert len(_records(preempted, 3)) == 16
+    expected, got = _weights(uninterrupted), _weights(preempted)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    first = _weights(preempted / "checkpoint-2")
+    assert any(not torch.equal(first[name], got[name]) for name in got)  # steps 3-4 trained
+
+
+@pytest.mark.slow
+def test_a_signal_during_a_checkpoint_save_stops_the_run_right_after_that_save(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    original, sent = torch.save, []
+
+    def save(obj, f, *args, **kwargs):  # the optimizer state of checkpoint-2, after its weights
+        if not sent and "checkpoint-2" in Path(str(f)).parts:
+            sent.append(f)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exit_info:
+        _train(out, "--max_steps", "4", "--save_steps", "2")
+    assert exit_info.value.code == faults.EXIT_PREEMPTED and sent
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert faults.checkpoint_problem(out / "checkpoint-2") is None
+    assert json.loads((out / faults.PREEMPTED_FILE).read_text())["step"] == 2
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored after training
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_saved(tmp_path):
+    out = tmp_path / "run"
+    launch = Launch(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+         str(_free_port()), HARNESS, "--config", SMOKE, "--output_dir", str(out), "--max_steps", "4",
+         "--save_steps", "100", *SPREAD]
+    )  # fmt: skip
+    launch.wait_for("| step 1/4 |")
+    ranks = {}
+    for pid in launch.family() - {launch.proc.pid}:  # torchrun's workers, each with its RANK
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = [e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"RANK=")]
+        if rank:
+            ranks[rank[0]] = pid
+    os.kill(ranks["1"], signal.SIGTERM)  # rank 0 gets no signal: it learns of it at the step end
+    launch.wait()  # torchrun turns a worker's non-zero status into 1: requeue scripts read preempted.json
+    exited = re.findall(r"rank\s*: (\d) \(local_rank: \d\)\s+exitcode\s*: (\d+)", launch.output)
+    assert sorted(exited) == [("0", "75"), ("1", "75")], launch.output[-3000:]  # torchrun's failure summary
+    assert "Preempted by SIGTERM (exit status 75, preempted.json written) at step 2/4." in launch.output
+    assert launch.left_running(out) == []
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    checkpoint = out / "checkpoint-2"
+    assert faults.checkpoint_problem(checkpoint) is None
+    assert (checkpoint / "rng_state_0.pth").is_file() and (checkpoint / "rng_state_1.pth").is_file()
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 2
+    assert json.loads((out / faults.PREEMPTED_FILE).read_text())["step"] == 2
+
+
+def test_preemption_is_a_config_key_the_trainer_applies(tiny_model_dir, tmp_path):
+    from prompt_aug import PromptAugGRPOConfig
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+
+    def build(**keys):
+        args = PromptAugGRPOConfig(
+            output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+            per_device_train_batch_size=2, num_generations=2, max_completion_length=4, **keys,
+        )  # fmt: skip
+        dataset = datasets.Dataset.from_dict(
+            {"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}
+        )
+        return PromptAugGRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=fault_harness.text_hash_reward,
+            args=args,
+            train_dataset=dataset,
+        )
+
+    on, off = build(), build(save_on_preemption=False)
+    assert isinstance(on.preemption, faults.PreemptionCallback) and on.preempted is None
+    assert on.preemption in on.callback_handler.callbacks
+    assert off.preemption is None and not any(
+        isinstance(c, faults.PreemptionCallback) for c in off.callback_handler.callbacks
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Incomplete checkpoints
+
+
+@pytest.fixture(scope="module")
+def three_checkpoints(tmp_path_factory):
+    out = tmp_path_factory.mktemp("checkpoints") / "run"
+    _train(out, "--max_steps", "3", "--save_steps", "1")
+    return out
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "trainer_state.json missing": (
+        lambda c: (c / "trainer_state.json").unlink(),
+        "trainer_state.json is missing",
+    ),
+    "trainer_state.json half-written": (
+        lambda c: _cut(c / "trainer_state.json"),
+        "trainer_state.json is not valid",
+    ),
+    "optimizer.pt missing": (lambda c: (c / "optimizer.pt").unlink(), "no optimizer state"),
+    "optimizer.pt cut short": (lambda c: _cut(c / "optimizer.pt"), "optimizer.pt is cut short"),
+    "model.safetensors missing": (lambda c: (c / "model.safetensors").unlink(), "no model weights"),
+    "model.safetensors cut short": (
+        lambda c: _cut(c / "model.safetensors"),
+        "model.safetensors is cut short",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_resume_skips_a_checkpoint_a_kill_left_incomplete_and_says_so(
+    three_checkpoints, tmp_path, caplog, damage
+):
+    run = tmp_path / "run"
+    shutil.copytree(three_checkpoints, run)
+    harm, why = DAMAGE[damage]
+    harm(run / "checkpoint-3")
+    with caplog.at_level("INFO", logger="prompt_aug"):
+        _train(run, "--max_steps", "4", "--resume_from_checkpoint", "true")
+    skips = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume: skipping")]
+    assert len(skips) == 1 and skips[0].startswith(f"resume: skipping {run / 'checkpoint-3'}: {why}"), skips
+    assert f"resuming from {run / 'checkpoint-2'} (step 2)" in caplog.text
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 4
+    assert faults.checkpoint_problem(run / "checkpoint-3") is None  # saved again, complete
+
+
+def _tiny_checkpoint(folder: Path, step: int) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.zeros(4)}, str(folder / "model.safetensors"))
+    torch.save({"state": {}}, folder / "optimizer.pt")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
+    good = _tiny_checkpoint(tmp_path / "checkpoint-2", 2)
+    bad = _tiny_checkpoint(tmp_path / "checkpoint-10", 10)  # newer: numbers sort as numbers
+    (bad / "trainer_state.json").write_text('{"global_st')
+    assert cli.resolve_resume("true", str(tmp_path)) == str(good)
+    with pytest.raises(
+        cli.UsageError, match="checkpoint-10 is not a complete checkpoint: trainer_state.json is not"
+    ):
+        cli.resolve_resume(str(bad), str(tmp_path))
+    shutil.rmtree(good)
+    with pytest.raises(
+        cli.UsageError, match=r"no checkpoint in .* is complete \(checkpoint-10: trainer_state"
+    ):
+        cli.resolve_resume("true", str(tmp_path))
+    assert faults.checkpoint_problem(bad, optimizer=False) is not None
