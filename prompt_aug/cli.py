@@ -26,6 +26,7 @@ from trl import TrlParser
 from . import demo
 from .faults import (
     PREEMPTED_FILE,
+    FaultError,
     checkpoint_problem,
     last_complete_checkpoint,
 )
@@ -41,7 +42,7 @@ class UsageError(ValueError):
 
 
 # What a user sees for these instead of a traceback (the entry point turns them into one line).
-USER_ERRORS = (UsageError, SourceError)
+USER_ERRORS = (UsageError, SourceError, FaultError)
 
 
 class RecipeParser(TrlParser):

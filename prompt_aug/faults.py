@@ -9,13 +9,17 @@ the fault in one line.
 * Checkpoints (`checkpoint_problem`, `last_complete_checkpoint`): a folder that a kill during a save left
   without its trainer state, with a half-written one, or without its model or optimizer files is not a
   checkpoint to resume from; the one before it is.
+* A full disk (`disk_full_is_one_line`) and a failed Hub push (`hub_push_failed`) end the run with one line
+  naming the output folder, the last complete checkpoint and what to do.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
+import shutil
 import signal
 import threading
 import zipfile
@@ -33,6 +37,29 @@ logger = logging.getLogger("prompt_aug")
 EXIT_PREEMPTED = 75
 PREEMPTED_FILE = "preempted.json"
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+
+class FaultError(RuntimeError):
+    """A run ended for a reason its message states in one line; `prompt-aug-train` prints only that line."""
+
+
+class DiskFullError(FaultError):
+    """The output folder's disk (or quota) was full while the run wrote to it."""
+
+
+class HubPushError(FaultError):
+    """The Hub repository could not be created, or the final upload failed."""
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line, cut to ``limit`` characters.
+
+    >>> one_line(ValueError("a\\n  b"))
+    'ValueError: a b'
+    """
+    text = " ".join(str(err).split())
+    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,3 +250,99 @@ def last_complete_checkpoint(output_dir: str | Path) -> tuple[str | None, list[t
             return str(path), skipped
         skipped.append((str(path), problem))
     return None, skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk
+
+_DISK_FULL = re.compile(
+    r"No space left on device|Disk quota exceeded|os error (28|122)\b|StorageFull", re.IGNORECASE
+)
+# torch.save's zip writer reports a failed write without the OS error: judged by the space left.
+_TORCH_WRITER = re.compile(r"inline_container\.cc|file write failed|PytorchStreamWriter")
+_LOW_SPACE = 256 * 2**20
+
+
+def is_disk_full(err: BaseException, output_dir: str | Path) -> bool:
+    """Whether ``err`` (or an error it was raised from) is a write that failed for want of space or quota."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if _DISK_FULL.search(str(err)):
+            return True
+        if isinstance(err, RuntimeError) and _TORCH_WRITER.search(str(err)):
+            try:
+                return shutil.disk_usage(output_dir).free < _LOW_SPACE
+            except OSError:
+                return False
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def disk_full_message(output_dir: str | Path, err: BaseException) -> str:
+    """One line: where the disk is full, what is safe, what to do."""
+    last, skipped = last_complete_checkpoint(output_dir) if Path(output_dir).is_dir() else (None, [])
+    where = f" while writing {err.filename}" if isinstance(err, OSError) and err.filename else ""
+    message = f"no space left on the disk of output_dir {output_dir}{where} ({one_line(err, 160)}). "
+    message += f"The last complete checkpoint, {last}, is intact. " if last else "No checkpoint is complete. "
+    if skipped:
+        message += f"{Path(skipped[0][0]).name} is incomplete (delete it to free space; a resume skips it). "
+    return message + "Free space or raise the quota, then rerun with --resume_from_checkpoint true."
+
+
+@contextmanager
+def disk_full_is_one_line(output_dir: str | Path) -> Iterator[None]:
+    """Turn a write that failed for want of space into a `DiskFullError` naming ``output_dir``."""
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err, FaultError) or not is_disk_full(err, output_dir):
+            raise
+        raise DiskFullError(disk_full_message(output_dir, err)) from err
+
+
+# ---------------------------------------------------------------------------------------------
+# The Hub
+
+_NETWORK_ERRORS = {"TransportError", "NetworkError", "ConnectError", "TimeoutException", "ConnectionError"}
+
+
+def hub_unreachable(err: BaseException) -> bool:
+    """Whether ``err`` says the Hub could not be reached (offline mode, the network, a server error), rather
+    than that the request was refused (a token, an id)."""
+    if isinstance(err, (ConnectionError, TimeoutError)):  # OfflineModeIsEnabled is a ConnectionError
+        return True
+    if _NETWORK_ERRORS & {cls.__name__ for cls in type(err).__mro__}:
+        return True
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    return isinstance(status, int) and status >= 500
+
+
+def push_later_command(args: Any, repo_id: str) -> str:
+    """The ``hf upload`` command that pushes the output folder as the Trainer would (no checkpoints)."""
+    parts = [
+        "hf",
+        "upload",
+        repo_id,
+        str(args.output_dir),
+        ".",
+        "--exclude",
+        "'checkpoint-*'",
+        "--exclude",
+        "'_*'",
+    ]
+    if getattr(args, "hub_revision", None):
+        parts += ["--revision", args.hub_revision]
+    if getattr(args, "hub_private_repo", None):
+        parts.append("--private")
+    return " ".join(parts)
+
+
+def hub_push_failed(args: Any, repo_id: str, err: BaseException) -> HubPushError:
+    """The one-line error of a failed final push: the model and card are on disk, and how to push them."""
+    return HubPushError(
+        f"push_to_hub: the upload to {repo_id} failed ({one_line(err, 200)}). The trained model and its "
+        f"model card are in {args.output_dir}; push them later with: {push_later_command(args, repo_id)}"
+    )

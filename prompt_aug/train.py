@@ -49,7 +49,7 @@ from .demo import DemoArguments
 from .evaluation.benchmarks import EvalError
 from .evaluation.callback import evaluator_from_args
 from .extensions.dynamic_sampling import signal_column
-from .faults import EXIT_PREEMPTED, PREEMPTED_FILE
+from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, disk_full_is_one_line
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import model_card_info
 from .models import load_model, load_tokenizer, resolve_model_path
@@ -81,8 +81,8 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Train with a recipe. Bad input (a recipe key, a path, a used output folder) exits with one line. A
-    preempted run exits with status 75."""
+    """Train with a recipe. Bad input (a recipe key, a path, a used output folder) exits with one line; so do
+    a full disk and a failed Hub push. A preempted run exits with status 75."""
     try:
         status = train(argv)
     except USER_ERRORS as err:
@@ -204,9 +204,10 @@ def train(argv: list[str] | None = None) -> int:
             print(before_after.table())
             logger.info("wrote %s", before_after.write(args.output_dir))
 
-    # Save, card, push.
-    trainer.save_model(args.output_dir)
-    trainer.create_model_card()
+    # Save, card, push (a failed push leaves both on disk and says how to push later).
+    with disk_full_is_one_line(args.output_dir):
+        trainer.save_model(args.output_dir)
+        trainer.create_model_card()
     if args.push_to_hub:
         # Every rank calls it, as accelerate expects; only the main process uploads.
         trainer.push_to_hub(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")

@@ -1,4 +1,5 @@
-"""Faults: a run killed any way resumes exactly and leaves nothing running.
+"""Faults: a run killed any way resumes exactly and leaves nothing running; a full disk and a
+failed Hub push are named in one line.
 
 Runs of the smoke recipe (CPU, tiny random model). Where the weights must move, the reward is
 ``fault_harness:text_hash_reward`` (the smoke rewards give this model no spread, so nothing would train).
@@ -8,10 +9,13 @@ Runs of the smoke recipe (CPU, tiny random model). Where the weights must move, 
   uninterrupted run's. A SIGTERM during a checkpoint save stops the run right after that save. On 2
   processes a SIGTERM to rank 1 alone stops both ranks at the same step, both saved.
 * A checkpoint a kill left incomplete is skipped on resume, with one line naming it and why.
+* A full disk at a save and a failed Hub push end the run in one line naming the output folder.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import re
@@ -362,3 +366,88 @@ def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
     ):
         cli.resolve_resume("true", str(tmp_path))
     assert faults.checkpoint_problem(bad, optimizer=False) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_save_is_one_line_naming_output_dir_and_the_last_checkpoint_stays_intact(
+    tmp_path, monkeypatch
+):
+    out = tmp_path / "run"
+    original, before = torch.save, {}
+
+    def save(obj, f, *args, **kwargs):  # the disk fills while checkpoint-4 is written, after its weights
+        if "checkpoint-4" in Path(str(f)).parts:
+            before.update(_digests(out / "checkpoint-2"))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return original(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    line = _error(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "4", "--save_steps", "2"])
+    assert f"no space left on the disk of output_dir {out} while writing {out / 'checkpoint-4'}/" in line
+    assert f"The last complete checkpoint, {out / 'checkpoint-2'}, is intact." in line
+    assert "checkpoint-4 is incomplete (delete it to free space; a resume skips it)" in line
+    assert line.endswith("then rerun with --resume_from_checkpoint true.")
+    assert before and _digests(out / "checkpoint-2") == before
+    assert faults.checkpoint_problem(out / "checkpoint-2") is None
+
+    monkeypatch.setattr(torch, "save", original)  # space freed: the run resumes from checkpoint-2
+    _train(out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "true")
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+
+
+def test_disk_full_is_recognised_however_the_writer_reports_it(tmp_path, monkeypatch):
+    assert faults.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path)
+    safetensors_style = Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert faults.is_disk_full(safetensors_style, tmp_path)
+    torch_style = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert not faults.is_disk_full(torch_style, tmp_path)  # the test box has space: another write failure
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(100, 100, 0))
+    assert faults.is_disk_full(torch_style, tmp_path)
+    assert not faults.is_disk_full(OSError(errno.EACCES, "Permission denied"), tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Hub
+
+
+@pytest.mark.slow
+def test_a_failed_push_keeps_model_and_card_on_disk_and_says_how_to_push_later(tmp_path, caplog):
+    out = tmp_path / "run"
+    with caplog.at_level("INFO", logger="prompt_aug"):  # HF_HUB_OFFLINE=1 (conftest): every request fails
+        line = _error(
+            ["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--push_to_hub", "true",
+             "--hub_model_id", "someone/x"]
+        )  # fmt: skip
+    assert "push_to_hub: cannot reach the Hub to create someone/x (OfflineModeIsEnabled" in caplog.text
+    assert "training goes on without pushing checkpoints" in caplog.text
+    assert line.startswith(
+        "prompt-aug-train: error: push_to_hub: the upload to someone/x failed (OfflineModeIsEnabled"
+    )
+    assert f"The trained model and its model card are in {out}; push them later with: " in line
+    assert line.endswith(f"hf upload someone/x {out} . --exclude 'checkpoint-*' --exclude '_*'")
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+
+
+def test_a_refused_hub_request_is_not_mistaken_for_an_unreachable_hub():
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    class Response:
+        status_code = 401
+
+    refused = Exception("401 Unauthorized")
+    refused.response = Response()
+    assert faults.hub_unreachable(OfflineModeIsEnabled("offline")) and faults.hub_unreachable(TimeoutError())
+    assert not faults.hub_unreachable(refused)
+    Response.status_code = 503
+    assert faults.hub_unreachable(refused)
