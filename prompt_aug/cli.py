@@ -27,6 +27,7 @@ from . import demo
 from .faults import (
     PREEMPTED_FILE,
     FaultError,
+    RewardFunctionError,
     checkpoint_problem,
     last_complete_checkpoint,
 )
@@ -42,7 +43,7 @@ class UsageError(ValueError):
 
 
 # What a user sees for these instead of a traceback (the entry point turns them into one line).
-USER_ERRORS = (UsageError, SourceError, FaultError)
+USER_ERRORS = (UsageError, SourceError, FaultError, RewardFunctionError)
 
 
 class RecipeParser(TrlParser):

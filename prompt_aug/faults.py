@@ -11,6 +11,8 @@ the fault in one line.
   checkpoint to resume from; the one before it is.
 * A full disk (`disk_full_is_one_line`) and a failed Hub push (`hub_push_failed`) end the run with one line
   naming the output folder, the last complete checkpoint and what to do.
+* A reward function that raises, returns NaN or returns a list of the wrong length (`checked_reward_funcs`)
+  is named in one line with the row (uid and template) it failed on.
 """
 
 from __future__ import annotations
@@ -18,18 +20,21 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import re
 import shutil
 import signal
 import threading
+import traceback
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
+from trl.trainer.utils import is_async_callable
 
 logger = logging.getLogger("prompt_aug")
 
@@ -49,6 +54,10 @@ class DiskFullError(FaultError):
 
 class HubPushError(FaultError):
     """The Hub repository could not be created, or the final upload failed."""
+
+
+class RewardFunctionError(ValueError):
+    """A reward function raised, or returned something that is not one number (or None) per completion."""
 
 
 def one_line(err: BaseException, limit: int = 300) -> str:
@@ -346,3 +355,128 @@ def hub_push_failed(args: Any, repo_id: str, err: BaseException) -> HubPushError
         f"push_to_hub: the upload to {repo_id} failed ({one_line(err, 200)}). The trained model and its "
         f"model card are in {args.output_dir}; push them later with: {push_later_command(args, repo_id)}"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward functions
+
+
+def _row_kwargs(kwargs: dict[str, Any], index: int, size: int) -> dict[str, Any]:
+    """The keyword arguments of one row: every per-row list cut to that row, loggers silenced."""
+    row = {
+        k: v[index : index + 1] if isinstance(v, (list, tuple)) and len(v) == size else v
+        for k, v in kwargs.items()
+    }
+    for logger_name in ("log_extra", "log_metric"):
+        if logger_name in row:
+            row[logger_name] = lambda *a, **k: None
+    return row
+
+
+def _where(kwargs: dict[str, Any], index: int) -> str:
+    """``row uid 'x', template 'y'`` for row ``index`` of the round."""
+    parts = []
+    for key in ("uid", "template"):
+        values = kwargs.get(key)
+        if isinstance(values, (list, tuple)) and index < len(values):
+            parts.append(f"{key} {values[index]!r}")
+    return "row " + (", ".join(parts) if parts else f"{index} of the round")
+
+
+def _raise_site(err: BaseException) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    return f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+
+
+def _raised(name: str, err: Exception, kwargs: dict[str, Any], culprit: int | None) -> RewardFunctionError:
+    size = len(kwargs.get("prompts") or [])
+    if culprit is not None:
+        where = f"on the completion of {_where(kwargs, culprit)}"
+    else:
+        where = f"on a round of {size} completions ({_where(kwargs, 0)} first; no single row raises it alone)"
+    return RewardFunctionError(
+        f"reward function {name!r} raised {one_line(err, 200)}{_raise_site(err)} {where}"
+    )
+
+
+def _check_output(name: str, output: Any, kwargs: dict[str, Any]) -> None:
+    size = len(kwargs.get("prompts") or [])
+    if isinstance(output, (str, bytes, dict)) or not hasattr(output, "__len__"):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned a {type(output).__name__}, not a list of one reward per "
+            f"completion ({size} for this round, {_where(kwargs, 0)} first)"
+        )
+    if len(output) != size:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {len(output)} rewards for {size} completions "
+            f"({_where(kwargs, 0)} first); return one per completion, None where it cannot score one"
+        )
+    for index, value in enumerate(output):
+        if value is None:
+            continue
+        try:
+            number = None if isinstance(value, (str, bytes)) else float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None:
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {value!r} ({type(value).__name__}) for "
+                f"{_where(kwargs, index)}; a reward is a number, or None where it cannot score the completion"
+            )
+        if not math.isfinite(number):
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {number} for {_where(kwargs, index)}; return a finite "
+                "number, or None where it cannot score the completion (TRL then leaves it out)"
+            )
+
+
+def checked_reward(func: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``func`` (called as TRL calls a reward function), whose faults are a one-line `RewardFunctionError`:
+    an exception (with the first row that raises it alone, found by calling ``func`` row by row), a
+    NaN or infinite reward, a value that is not a number, a list of the wrong length. A reward model (an
+    ``nn.Module``) is returned as it is."""
+    if isinstance(func, torch.nn.Module):
+        return func
+
+    if is_async_callable(func):
+
+        async def checked_async(**kwargs: Any) -> Any:
+            try:
+                output = await func(**kwargs)
+            except Exception as err:
+                culprit = None
+                size = len(kwargs.get("prompts") or [])
+                for index in range(size):
+                    try:
+                        await func(**_row_kwargs(kwargs, index, size))
+                    except Exception as row_err:  # noqa: BLE001 (any exception: the same type is the culprit)
+                        culprit = index if type(row_err) is type(err) else None
+                        break
+                raise _raised(name, err, kwargs, culprit) from err
+            _check_output(name, output, kwargs)
+            return output
+
+        return checked_async
+
+    def checked(**kwargs: Any) -> Any:
+        try:
+            output = func(**kwargs)
+        except Exception as err:
+            culprit = None
+            size = len(kwargs.get("prompts") or [])
+            for index in range(size):
+                try:
+                    func(**_row_kwargs(kwargs, index, size))
+                except Exception as row_err:  # noqa: BLE001 (any exception: the same type is the culprit)
+                    culprit = index if type(row_err) is type(err) else None
+                    break
+            raise _raised(name, err, kwargs, culprit) from err
+        _check_output(name, output, kwargs)
+        return output
+
+    return checked
+
+
+def checked_reward_funcs(funcs: list[Any], names: list[str]) -> list[Any]:
+    """`checked_reward` of each reward function, named as TRL named it."""
+    return [checked_reward(func, name) for func, name in zip(funcs, names, strict=True)]

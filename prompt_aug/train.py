@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 
 def main(argv: list[str] | None = None) -> None:
     """Train with a recipe. Bad input (a recipe key, a path, a used output folder) exits with one line; so do
-    a full disk and a failed Hub push. A preempted run exits with status 75."""
+    a faulty reward function, a full disk and a failed Hub push. A preempted run exits with status 75."""
     try:
         status = train(argv)
     except USER_ERRORS as err:

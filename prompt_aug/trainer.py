@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 from .faults import (
     HubPushError,
     PreemptionCallback,
+    checked_reward_funcs,
     disk_full_is_one_line,
     hub_push_failed,
     hub_unreachable,
@@ -125,6 +126,8 @@ class PromptAugGRPOTrainer(TRLSeam):
         self.hub_error: str | None = None  # why the Hub could not be reached when the trainer was built
         self._final_push = False
         super().__init__(*args, **kwargs)
+        # The reward functions as TRL calls them, each fault one line naming the function and the row.
+        self._checked_reward_funcs = checked_reward_funcs(self.reward_funcs, self.reward_func_names)
         config = self.args if isinstance(self.args, PromptAugGRPOConfig) else None
         prompt_augmentation = config.prompt_augmentation if config is not None else True
         self.wandb_completions_rows = config.wandb_completions_rows if config is not None else None
@@ -351,7 +354,8 @@ class PromptAugGRPOTrainer(TRLSeam):
             self._table_step = step
 
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back; and a
-    # conversational dataset's reward functions expect messages, not the text we generated from.
+    # conversational dataset's reward functions expect messages, not the text we generated from. TRL calls
+    # the reward functions here: it gets checked ones, so a fault is one line naming the function and the row.
     def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
         replayed = self.dynamic_sampling.replayed_rewards() if self.dynamic_sampling is not None else None
         if replayed is None:
@@ -362,9 +366,20 @@ class PromptAugGRPOTrainer(TRLSeam):
                     for row in inputs
                 ]
                 completions = [[{"role": "assistant", "content": text}] for text in completions]
-            replayed = self.trl_compute_rewards(inputs, prompts, completions, completion_ids_list)
+            with self._calling_checked_rewards():
+                replayed = self.trl_compute_rewards(inputs, prompts, completions, completion_ids_list)
         self._round_rewards = replayed
         return self._round_rewards
+
+    @contextmanager
+    def _calling_checked_rewards(self):
+        """TRL's reward loop calls the checked reward functions; `reward_funcs` is the given list after."""
+        given = self.reward_funcs
+        self.reward_funcs = self._checked_reward_funcs
+        try:
+            yield
+        finally:
+            self.reward_funcs = given
 
     def _cut_for_rewards(self, completions: list[Any], completion_ids_list: list[list[int]]) -> list[Any]:
         """Each completion's text up to the first of ``reward_cut_ids`` (decoded as TRL decodes: without

@@ -23,6 +23,21 @@ def text_hash_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     ]
 
 
+def raises_on_one_row(completions: list[Any], uid: list[str], **kwargs: Any) -> list[float]:
+    """Fails on the question whose uid ends in ``-00003`` (the bug a reward of one's own may have)."""
+    return [1.0 / (0 if str(u).endswith("-00003") else 1) for u in uid]
+
+
+def nan_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """NaN for the third completion (a reward computed as 0/0), 0.5 for the others."""
+    return [float("nan") if i == 2 else 0.5 for i in range(len(completions))]
+
+
+def short_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """One reward too few."""
+    return [0.0] * (len(completions) - 1)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from prompt_aug import train

@@ -1,5 +1,5 @@
-"""Faults: a run killed any way resumes exactly and leaves nothing running; a full disk and a
-failed Hub push are named in one line.
+"""Faults: a run killed any way resumes exactly and leaves nothing running; a broken reward
+function, a full disk and a failed Hub push are named in one line.
 
 Runs of the smoke recipe (CPU, tiny random model). Where the weights must move, the reward is
 ``fault_harness:text_hash_reward`` (the smoke rewards give this model no spread, so nothing would train).
@@ -9,14 +9,18 @@ Runs of the smoke recipe (CPU, tiny random model). Where the weights must move, 
   uninterrupted run's. A SIGTERM during a checkpoint save stops the run right after that save. On 2
   processes a SIGTERM to rank 1 alone stops both ranks at the same step, both saved.
 * A checkpoint a kill left incomplete is skipped on resume, with one line naming it and why.
+* A reward function that raises, returns NaN or too few rewards stops the run in one line naming it, the
+  row's uid and template.
 * A full disk at a save and a failed Hub push end the run in one line naming the output folder.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -35,6 +39,7 @@ import pytest
 import torch
 
 from prompt_aug import cli, faults, train
+from prompt_aug.templates import load_templates
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
@@ -366,6 +371,130 @@ def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
     ):
         cli.resolve_resume("true", str(tmp_path))
     assert faults.checkpoint_problem(bad, optimizer=False) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward functions
+
+
+def _reward_kwargs(n: int = 4) -> dict:
+    """What TRL passes a reward function, for a round of ``n`` completions."""
+    return {
+        "prompts": [f"p{i}" for i in range(n)], "completions": [f"c{i}" for i in range(n)],
+        "completion_ids": [[i] for i in range(n)], "uid": [f"synthetic-42-0000{i}" for i in range(n)],
+        "template": ["abel", "abel", "open-r1", "open-r1"][:n], "trainer_state": None,
+        "log_extra": lambda *a: None, "log_metric": lambda *a: None,
+    }  # fmt: skip
+
+
+def test_a_checked_reward_names_the_function_and_the_row_it_fails_on():
+    checked = faults.checked_reward(fault_harness.raises_on_one_row, "raises_on_one_row")
+    with pytest.raises(faults.RewardFunctionError) as err:
+        checked(**_reward_kwargs())
+    message = str(err.value)
+    assert re.fullmatch(
+        r"reward function 'raises_on_one_row' raised ZeroDivisionError: float division by zero at "
+        r"fault_harness\.py:\d+ on the completion of row uid 'synthetic-42-00003', template 'open-r1'",
+        message,
+    ), message
+    assert isinstance(err.value.__cause__, ZeroDivisionError)
+
+    def batch_only(completions, **kwargs):  # fails only on a whole round: no row to blame
+        if len(completions) > 1:
+            raise KeyError("group")
+        return [0.0]
+
+    with pytest.raises(faults.RewardFunctionError, match="no single row raises it alone"):
+        faults.checked_reward(batch_only, "batch_only")(**_reward_kwargs())
+
+
+@pytest.mark.parametrize(
+    "func, expected",
+    [
+        (
+            fault_harness.nan_reward,
+            "returned nan for row uid 'synthetic-42-00002', template 'open-r1'; return a finite",
+        ),
+        (fault_harness.short_reward, "returned 3 rewards for 4 completions (row uid 'synthetic-42-00000'"),
+        (
+            lambda completions, **kw: ["1"] * len(completions),
+            "returned '1' (str) for row uid 'synthetic-42-00000'",
+        ),
+        (lambda completions, **kw: 1.0, "returned a float, not a list of one reward per completion"),
+    ],
+)
+def test_a_checked_reward_names_a_nan_a_wrong_length_and_a_non_number(func, expected):
+    with pytest.raises(faults.RewardFunctionError, match=re.escape(expected)):
+        faults.checked_reward(func, "f")(**_reward_kwargs())
+    ok = faults.checked_reward(lambda completions, **kw: [None, 1, 0.5, True], "ok")
+    assert ok(**_reward_kwargs()) == [None, 1, 0.5, True]  # None is TRL's "missing", not a fault
+
+
+def test_a_checked_async_reward_stays_async_and_is_checked():
+    import asyncio
+
+    from trl.trainer.utils import is_async_callable
+
+    async def async_nan(completions, **kwargs):
+        return [math.nan] * len(completions)
+
+    checked = faults.checked_reward(async_nan, "async_nan")
+    assert is_async_callable(checked)
+    with pytest.raises(
+        faults.RewardFunctionError, match="'async_nan' returned nan for row uid 'synthetic-42-00000'"
+    ):
+        asyncio.run(checked(**_reward_kwargs()))
+
+
+def test_the_trainer_keeps_the_reward_functions_and_names_it_was_given(tiny_model_dir, tmp_path):
+    from trl import GRPOConfig
+    from trl.trainer.utils import get_callable_name
+
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+
+    class Scorer:
+        def __call__(self, completions, **kwargs):
+            return [0.0] * len(completions)
+
+    given = [fault_harness.nan_reward, functools.partial(fault_harness.short_reward), Scorer()]
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=2, num_generations=2, max_completion_length=4)  # fmt: skip
+    dataset = datasets.Dataset.from_dict({"question": ["What is 1 + 1?"], "answer": ["2"]})
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=given, args=args, train_dataset=dataset
+    )
+    assert all(a is b for a, b in zip(trainer.reward_funcs, given, strict=True))
+    assert (
+        trainer.reward_func_names
+        == [get_callable_name(f) for f in given]
+        == ["nan_reward", "short_reward", "Scorer"]
+    )
+
+
+ROW = r"row uid 'synthetic-42-\d+', template '([\w-]+)'"
+FAULTY_REWARDS = {
+    "raises_on_one_row": (
+        r"raised ZeroDivisionError: float division by zero at fault_harness\.py:\d+ on the completion of "
+        r"row uid 'synthetic-42-00003', template '([\w-]+)'$"
+    ),
+    "nan_reward": rf"returned nan for {ROW}; return a finite number",
+    "short_reward": rf"returned 15 rewards for 16 completions \({ROW} first\)",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reward", list(FAULTY_REWARDS))
+def test_a_faulty_reward_stops_training_with_one_line(tmp_path, reward):
+    # 4 questions: all of them (uids synthetic-42-00000..3) are in the first round.
+    line = _error(
+        ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--num_synthetic", "4",
+         "--reward_funcs", "correctness", f"fault_harness:{reward}"]
+    )  # fmt: skip
+    found = re.search(
+        rf"^prompt-aug-train: error: reward function {reward!r} " + FAULTY_REWARDS[reward], line
+    )
+    assert found, line
+    assert found.group(1) in load_templates()
 
 
 # ---------------------------------------------------------------------------------------------
