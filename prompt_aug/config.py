@@ -274,7 +274,7 @@ class PromptAugScriptArguments:
     > Data
 
     dataset_name, dataset_config, dataset_split, question_column, answer_column, dataset_levels,
-    dataset_num_rows, num_synthetic, max_prompt_length
+    dataset_num_rows, num_synthetic, max_prompt_length, max_bad_row_share
 
     > Rewards
 
@@ -315,6 +315,13 @@ class PromptAugScriptArguments:
     max_prompt_length: int | None = field(
         default=1024,
         metadata={"help": "Drop questions whose prompt under the longest template exceeds this."},
+    )
+    max_bad_row_share: float = field(
+        default=0.05,
+        metadata={
+            "help": "Stop when more than this share of the rows read is unusable (empty question; missing, "
+            "empty, NaN or oddly typed answer); below it such rows are dropped and reported. 1.0: never stop."
+        },
     )
 
     # > Rewards

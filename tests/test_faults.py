@@ -1,4 +1,4 @@
-"""Faults: a run killed any way resumes exactly and leaves nothing running; a broken reward
+"""Faults: a run killed any way resumes exactly and leaves nothing running; bad data, a broken reward
 function, a full disk and a failed Hub push are named in one line.
 
 Runs of the smoke recipe (CPU, tiny random model). Where the weights must move, the reward is
@@ -9,6 +9,7 @@ Runs of the smoke recipe (CPU, tiny random model). Where the weights must move, 
   uninterrupted run's. A SIGTERM during a checkpoint save stops the run right after that save. On 2
   processes a SIGTERM to rank 1 alone stops both ranks at the same step, both saved.
 * A checkpoint a kill left incomplete is skipped on resume, with one line naming it and why.
+* Bad rows are dropped and named; above ``max_bad_row_share`` the run stops in one line.
 * A reward function that raises, returns NaN or too few rewards stops the run in one line naming it, the
   row's uid and template.
 * A full disk at a save and a failed Hub push end the run in one line naming the output folder.
@@ -35,10 +36,13 @@ from pathlib import Path
 import datasets
 import fault_harness
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from prompt_aug import cli, faults, train
+from prompt_aug.data import DataError, load_math_dataset, to_rows
 from prompt_aug.templates import load_templates
 
 REPO = Path(__file__).resolve().parents[1]
@@ -371,6 +375,73 @@ def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
     ):
         cli.resolve_resume("true", str(tmp_path))
     assert faults.checkpoint_problem(bad, optimizer=False) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad data
+
+
+def _math_file(tmp_path: Path, rows: int, nan: int, missing: int, empty_question: int) -> Path:
+    """``rows`` questions with float answers; the first rows of each kind spread over the file."""
+    answers = [float(i) for i in range(rows)]
+    questions = [f"What is {i} + 0?" for i in range(rows)]
+    for k in range(nan):
+        answers[7 + 10 * k] = math.nan
+    for k in range(missing):
+        answers[3 + 10 * k] = None
+    for k in range(empty_question):
+        questions[5 + 10 * k] = " "
+    path = tmp_path / "math.parquet"
+    # pyarrow from Python lists keeps NaN apart from None (from pandas, both would become null)
+    pq.write_table(pa.table({"question": questions, "answer": pa.array(answers, pa.float64())}), path)
+    return path
+
+
+def test_one_percent_bad_rows_are_dropped_and_named_with_their_rows(tmp_path):
+    path = _math_file(tmp_path, rows=200, nan=1, missing=0, empty_question=1)
+    rows, report = load_math_dataset(str(path), max_bad_row_share=0.05)
+    assert len(rows) == 198 and report.read == 200
+    assert report.dropped["NaN gold answer"] == 1 and report.dropped["empty question"] == 1
+    text = str(report)
+    assert "dropped 1: NaN gold answer (rows 7)" in text and "dropped 1: empty question (rows 5)" in text
+    assert "nan" not in [str(a).lower() for a in rows["answer"]]
+
+
+def test_twenty_percent_bad_rows_stop_the_run_in_one_line_naming_column_share_and_override(tmp_path, capsys):
+    path = _math_file(tmp_path, rows=200, nan=20, missing=20, empty_question=0)
+    with pytest.raises(DataError) as err:
+        load_math_dataset(str(path), max_bad_row_share=0.05)
+    message = str(err.value)
+    assert message.startswith("20.0% of the 200 rows are unusable (")
+    assert "20 NaN gold answer in column 'answer' (rows 7, 17, 27, 37, 47, ...)" in message
+    assert "20 empty gold answer in column 'answer' (rows 3, 13, 23, 33, 43, ...)" in message
+    assert message.endswith(
+        "more than max_bad_row_share 0.05: fix the data, or allow them with --max_bad_row_share 0.2"
+    )
+    rows, _ = load_math_dataset(str(path), max_bad_row_share=0.2)  # the override lets it go on
+    assert len(rows) == 160
+    line = _error(["--config", SMOKE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(path)])
+    assert (
+        f"dataset_name {path}: 20.0% of the 200 rows are unusable" in line
+        and "--max_bad_row_share 0.2" in line
+    )
+    assert not (tmp_path / "out" / "checkpoint-1").exists()
+
+
+def test_answers_the_grader_does_not_know_are_bad_rows_and_the_text_nan_is_not():
+    raw = datasets.Dataset.from_dict({"question": ["q1", "q2"], "answer": [{"value": 1}, {"value": 2}]})
+    rows, dropped = to_rows(raw)
+    assert (
+        len(rows) == 0
+        and dropped["gold answer of type dict"] == 2
+        and dropped.rows["gold answer of type dict"] == [0, 1]
+    )
+    rows, dropped = to_rows(datasets.Dataset.from_dict({"question": ["q1", "q2"], "answer": ["nan", "3"]}))
+    assert rows["answer"] == ["nan", "3"] and not dropped.bad()
+    rows, dropped = to_rows(
+        datasets.Dataset.from_dict({"question": ["q1", "q2"], "answer": [[1.5, math.nan], [math.nan]]})
+    )
+    assert rows["answer"] == [["1.5"]] and dropped["empty gold answer"] == 1
 
 
 # ---------------------------------------------------------------------------------------------
