@@ -259,8 +259,10 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_saved(tmp_path):
             ranks[rank[0]] = pid
     os.kill(ranks["1"], signal.SIGTERM)  # rank 0 gets no signal: it learns of it at the step end
     launch.wait()  # torchrun turns a worker's non-zero status into 1: requeue scripts read preempted.json
-    exited = re.findall(r"rank\s*: (\d) \(local_rank: \d\)\s+exitcode\s*: (\d+)", launch.output)
-    assert sorted(exited) == [("0", "75"), ("1", "75")], launch.output[-3000:]  # torchrun's failure summary
+    # torchrun's failure summary: a rank that exits 75 first makes torchrun SIGTERM the other, which may
+    # still be leaving (its checkpoint part is written: the ranks pass a barrier after the save).
+    exited = dict(re.findall(r"rank\s*: (\d) \(local_rank: \d\)\s+exitcode\s*: (-?\d+)", launch.output))
+    assert sorted(exited.values()) in (["75", "75"], ["-15", "75"]), launch.output[-3000:]
     assert "Preempted by SIGTERM (exit status 75, preempted.json written) at step 2/4." in launch.output
     assert launch.left_running(out) == []
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
