@@ -21,10 +21,16 @@ from typing import Any
 
 import yaml
 from accelerate import PartialState
-from transformers.trainer_utils import get_last_checkpoint
 from trl import TrlParser
 
 from . import demo
+from .faults import (
+    PREEMPTED_FILE,
+    FaultError,
+    RewardFunctionError,
+    checkpoint_problem,
+    last_complete_checkpoint,
+)
 from .models import LOCAL_MODELS
 from .models import resolve as resolve_local_model
 from .sources import SourceError, check_mixture, check_source
@@ -37,7 +43,7 @@ class UsageError(ValueError):
 
 
 # What a user sees for these instead of a traceback (the entry point turns them into one line).
-USER_ERRORS = (UsageError, SourceError)
+USER_ERRORS = (UsageError, SourceError, FaultError, RewardFunctionError)
 
 
 class RecipeParser(TrlParser):
@@ -154,7 +160,7 @@ _RUN_DIRS = ("completions",)
 _RUN_EXTRAS = (
     "README.md", "config.json", "generation_config.json", "training_args.bin", "adapter_config.json",
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
-    "merges.txt", "added_tokens.json", "eval", "eval-templates", "runs",
+    "merges.txt", "added_tokens.json", "eval", "eval-templates", "runs", PREEMPTED_FILE,
 )  # fmt: skip
 
 
@@ -203,12 +209,20 @@ def clear_run(paths: list[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def resolve_resume(value: str | None, output_dir: str) -> str | None:
-    """``true`` means the last checkpoint in ``output_dir``; a path is used as is."""
+def resolve_resume(value: str | None, output_dir: str, log: bool = True) -> str | None:
+    """``true`` means the last complete checkpoint in ``output_dir`` (a newer folder that a kill during a save
+    left incomplete is skipped, with one log line naming it and why); a path is used as is, if complete."""
     if value is None or str(value).lower() in ("", "false", "none"):
         return None
     if str(value).lower() == "true":
-        last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+        last, skipped = last_complete_checkpoint(output_dir) if Path(output_dir).is_dir() else (None, [])
+        for path, why in skipped if log else []:
+            logger.warning("resume: skipping %s: %s", path, why)
+        if last is None and skipped:
+            raise UsageError(
+                f"resume_from_checkpoint: true, but no checkpoint in {output_dir} is complete "
+                f"({Path(skipped[0][0]).name}: {skipped[0][1]}); start over with --overwrite_output_dir true"
+            )
         if last is None:
             raise UsageError(
                 f"resume_from_checkpoint: true, but there is no checkpoint-* folder in {output_dir}; "
@@ -217,6 +231,9 @@ def resolve_resume(value: str | None, output_dir: str) -> str | None:
         return last
     if not Path(value).is_dir():
         raise UsageError(f"resume_from_checkpoint: no such checkpoint folder {value}")
+    problem = checkpoint_problem(value)
+    if problem is not None:
+        raise UsageError(f"resume_from_checkpoint: {value} is not a complete checkpoint: {problem}")
     return value
 
 
@@ -239,12 +256,14 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
         check_source("dataset_name", script_args.dataset_name, builtin=demo.BUILTIN_DATASETS)
     if args.eval_data_dir:
         check_source("eval_data_dir", args.eval_data_dir)
-    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, log=state.is_main_process)
     stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
     state.wait_for_everyone()  # every rank has looked before the main process deletes
     if stale and state.is_main_process:
         logger.info("overwrite_output_dir: deleting the earlier run in %s", args.output_dir)
         clear_run(stale)
+    if resume and state.is_main_process:  # no longer the preempted run, which a requeue script looks for
+        (Path(args.output_dir) / PREEMPTED_FILE).unlink(missing_ok=True)
     state.wait_for_everyone()
     return resume
 
@@ -258,7 +277,9 @@ def checkpoint_step(checkpoint: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def interrupted_message(output_dir: str, step: int, max_steps: int, argv: list[str] | None) -> str:
+def interrupted_message(
+    output_dir: str, step: int, max_steps: int, argv: list[str] | None, headline: str = "Interrupted"
+) -> str:
     """Where training stopped and the command that continues it."""
     args = list(argv) if argv is not None else sys.argv[1:]
     kept, skip = [], False
@@ -269,8 +290,8 @@ def interrupted_message(output_dir: str, step: int, max_steps: int, argv: list[s
             skip = "=" not in arg
         else:
             kept.append(arg)
-    last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
-    lines = [f"Interrupted at step {step}/{max_steps}."]
+    last = last_complete_checkpoint(output_dir)[0] if Path(output_dir).is_dir() else None
+    lines = [f"{headline} at step {step}/{max_steps}."]
     if last is None:
         lines.append(
             f"No checkpoint was saved in {output_dir} yet; start over with --overwrite_output_dir true."

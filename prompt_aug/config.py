@@ -59,6 +59,10 @@ class PromptAugGRPOConfig(GRPOConfig):
 
     wandb_completions_rows
 
+    > Preemption
+
+    save_on_preemption
+
     Each field's ``help`` says what it does; ``prompt-aug-train --help`` prints them.
     """
 
@@ -258,6 +262,17 @@ class PromptAugGRPOConfig(GRPOConfig):
         },
     )
 
+    # > Preemption
+    save_on_preemption: bool = field(
+        default=True,
+        metadata={
+            "help": "On SIGTERM or SIGUSR1 (what a cluster sends before it stops a job), finish the "
+            "optimizer step, save a checkpoint on every process and stop; prompt-aug-train then writes "
+            "output_dir/preempted.json and exits with status 75 (docs/reproduce.md, 'Preemption and "
+            "requeue'). false: the signals keep their default action (the process ends at once)."
+        },
+    )
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self.trim_padding = padding_mode(self.trim_padding)
@@ -273,7 +288,7 @@ class PromptAugScriptArguments:
     > Data
 
     dataset_name, dataset_config, dataset_split, question_column, answer_column, dataset_levels,
-    dataset_mixture, dataset_num_rows, num_synthetic, max_prompt_length
+    dataset_mixture, dataset_num_rows, num_synthetic, max_prompt_length, max_bad_row_share
 
     > Model
 
@@ -328,6 +343,13 @@ class PromptAugScriptArguments:
     max_prompt_length: int | None = field(
         default=1024,
         metadata={"help": "Drop questions whose prompt under the longest template exceeds this."},
+    )
+    max_bad_row_share: float = field(
+        default=0.05,
+        metadata={
+            "help": "Stop when more than this share of the rows read is unusable (empty question; missing, "
+            "empty, NaN or oddly typed answer); below it such rows are dropped and reported. 1.0: never stop."
+        },
     )
 
     # > Model

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
+import numbers
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -48,9 +50,41 @@ class DataError(ValueError):
     """The dataset does not have what we need; the message names the column and lists those present."""
 
 
+# Row indices named per reason in the report and in the error of `check_bad_rows`.
+SHOWN_ROWS = 5
+
+
+class Drops(Counter):
+    """Rows dropped, counted by reason. For bad data (`add`), also the first `SHOWN_ROWS` row indices of each
+    reason (in the dataset as read) and the column it is about; those reasons count toward
+    ``max_bad_row_share``. The level filter and the prompt-length limit are choices, not bad data."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rows: dict[str, list[int]] = {}
+        self.columns: dict[str, str] = {}
+
+    def add(self, reason: str, index: int, column: str) -> None:
+        self[reason] += 1
+        self.columns[reason] = column
+        shown = self.rows.setdefault(reason, [])
+        if len(shown) < SHOWN_ROWS:
+            shown.append(index)
+
+    def shown(self, reason: str) -> str:
+        """`` (rows 3, 17, ...)`` for a bad-data reason, else nothing."""
+        if reason not in self.rows:
+            return ""
+        more = ", ..." if self[reason] > len(self.rows[reason]) else ""
+        return f" (rows {', '.join(map(str, self.rows[reason]))}{more})"
+
+    def bad(self) -> int:
+        return sum(self[reason] for reason in self.columns)
+
+
 @dataclass
 class DataReport:
-    """What loading did: rows kept, and rows dropped with the reason."""
+    """What loading did: rows kept, and rows dropped with the reason (and, for bad data, the first rows)."""
 
     source: str
     read: int
@@ -58,8 +92,9 @@ class DataReport:
     dropped: Counter
 
     def __str__(self) -> str:
+        shown = self.dropped.shown if isinstance(self.dropped, Drops) else lambda why: ""
         lines = [f"dataset {self.source}: {self.read} rows read, {self.rows} kept"]
-        lines += [f"  dropped {n}: {why}" for why, n in self.dropped.items() if n]
+        lines += [f"  dropped {n}: {why}{shown(why)}" for why, n in self.dropped.items() if n]
         return "\n".join(lines)
 
 
@@ -119,13 +154,60 @@ def _stable_uids(questions: list[str], ids: list[str] | None) -> list[str]:
     return uids
 
 
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value)
+
+
 def _gold(answer: Any) -> str | list[str] | None:
-    """A gold as text, or a list of acceptable golds (empty ones dropped); ``None`` when missing."""
+    """A gold as text, or a list of acceptable golds (empty and NaN ones dropped); ``None`` when missing."""
     if answer is None:
         return None
     if isinstance(answer, (list, tuple)):
-        return [text for text in (str(a).strip() for a in answer if a is not None) if text]
+        return [text for text in (str(a).strip() for a in answer if a is not None and not _is_nan(a)) if text]
     return str(answer).strip()
+
+
+def _gold_problem(answer: Any) -> str | None:
+    """Why a raw gold answer cannot be graded, or None: the grader reads text and numbers (or lists of
+    them); a real NaN (not the text "nan") and other types (a dict, ...) are bad data."""
+    if _is_nan(answer):
+        return "NaN gold answer"
+    values = answer if isinstance(answer, (list, tuple)) else [answer]
+    for value in values:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, numbers.Real))):
+            inside = " in a list" if values is answer else ""
+            return f"gold answer of type {type(value).__name__}{inside}"
+    if _gold(answer) in (None, "", []):
+        return "empty gold answer"
+    return None
+
+
+def check_bad_rows(dropped: Counter, kept: int, max_share: float | None) -> None:
+    """Stop when more than ``max_share`` of the rows considered (kept + bad) are bad data.
+
+    Raises:
+        DataError: one line naming each bad reason with its column, count and first rows, the share, and
+            the ``--max_bad_row_share`` value that would let the run go on.
+    """
+    if max_share is None or not isinstance(dropped, Drops):
+        return
+    if not 0.0 <= max_share <= 1.0:
+        raise DataError(f"max_bad_row_share must be between 0 and 1, not {max_share}")
+    bad = dropped.bad()
+    considered = kept + bad
+    if not considered or bad / considered <= max_share:
+        return
+    share = bad / considered
+    enough = math.ceil(round(share * 100, 6)) / 100  # the smallest share in whole percent that lets it go on
+    details = "; ".join(
+        f"{n} {reason} in column {dropped.columns[reason]!r}{dropped.shown(reason)}"
+        for reason, n in dropped.items()
+        if reason in dropped.columns
+    )
+    raise DataError(
+        f"{share:.1%} of the {considered} rows are unusable ({details}), more than max_bad_row_share "
+        f"{max_share:g}: fix the data, or allow them with --max_bad_row_share {enough:g}"
+    )
 
 
 def to_rows(
@@ -134,16 +216,19 @@ def to_rows(
     answer_column: str | None = None,
     levels: list[str] | None = None,
 ) -> tuple[datasets.Dataset, Counter]:
-    """Map a raw dataset onto ``question``/``answer``/``uid``; return it with drop counts by reason."""
-    dropped: Counter = Counter()
+    """Map a raw dataset onto ``question``/``answer``/``uid``; return it with drop counts by reason (a
+    `Drops`: for bad data, also the first rows of each reason and its column)."""
+    dropped = Drops()
     cols = ds.column_names
     ids = None
+    read_index = list(range(len(ds)))  # each row's index in the dataset as read
     if levels:
         _require(ds, "level", "level")
-        before = len(ds)
-        ds = ds.filter(lambda r: str(r["level"]) in levels or f"Level {r['level']}" in levels)
-        dropped[f"level not in {levels}"] = before - len(ds)
+        read_index = [i for i, lv in enumerate(ds["level"]) if str(lv) in levels or f"Level {lv}" in levels]
+        dropped[f"level not in {levels}"] = len(ds) - len(read_index)
+        ds = ds.select(read_index)
     if question_column is None and answer_column is None and "reward_model" in cols and "prompt" in cols:
+        q_col, a_col = "prompt", "reward_model.ground_truth"
         questions = [_user_turn(m) for m in ds["prompt"]]
         answers = [(rm or {}).get("ground_truth") for rm in ds["reward_model"]]
         if "extra_info" in cols:
@@ -169,11 +254,16 @@ def to_rows(
             answers = [last_boxed(s or "") for s in answers]
         if "uid" in cols:
             ids = list(ds["uid"])
+    keep = []
+    for i, (question, answer) in enumerate(zip(questions, answers)):
+        problem = _gold_problem(answer)
+        if problem is not None:
+            dropped.add(problem, read_index[i], a_col)
+        elif not question:
+            dropped.add("empty question", read_index[i], q_col)
+        else:
+            keep.append(i)
     answers = [_gold(a) for a in answers]
-    no_gold = [a in (None, "", []) for a in answers]
-    dropped["empty gold answer"] += sum(no_gold)
-    dropped["empty question"] += sum(1 for q, bad in zip(questions, no_gold) if not q and not bad)
-    keep = [i for i, (q, bad) in enumerate(zip(questions, no_gold)) if q and not bad]
     uids = _stable_uids(questions, ids)
     rows = datasets.Dataset.from_dict(
         {
@@ -218,8 +308,10 @@ def load_math_dataset(
     levels: list[str] | None = None,
     num_synthetic: int = 256,
     seed: int = 0,
+    max_bad_row_share: float | None = None,
 ) -> tuple[datasets.Dataset, DataReport]:
-    """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows."""
+    """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows.
+    With ``max_bad_row_share``, more bad rows than that share is a `DataError` (`check_bad_rows`)."""
     if name in demo.BUILTIN_DATASETS:
         rows = datasets.Dataset.from_list(demo.builtin_rows(name, num_synthetic, seed))
         return rows, DataReport(name, len(rows), len(rows), Counter())
@@ -227,6 +319,7 @@ def load_math_dataset(
         answer_column = "solution"
     raw = _load_raw(name, config, split)
     rows, dropped = to_rows(raw, question_column, answer_column, levels)
+    check_bad_rows(dropped, len(rows), max_bad_row_share)
     return rows, DataReport(name, len(raw), len(rows), dropped)
 
 
@@ -235,6 +328,7 @@ def load_mixture(
     question_column: str | None = None,
     answer_column: str | None = None,
     levels: list[str] | None = None,
+    max_bad_row_share: float | None = None,
 ) -> tuple[datasets.Dataset, DataReport]:
     """A ``dataset_mixture`` (TRL's `DatasetMixtureConfig` of `prompt_aug.config.MixtureSource`) as
     ``question``/``answer``/``uid`` rows.
@@ -244,7 +338,7 @@ def load_mixture(
     does; its ``columns`` are selected, then it is mapped with its own column keys (the arguments here are the
     defaults). ``fraction`` keeps TRL's meaning (shares of the mixture, no source oversampled), applied to the
     mapped rows. Uids get the source's position as a prefix (``0:...``, ``1:...``), so two sources never
-    share one.
+    share one. ``max_bad_row_share`` applies to each source (`check_bad_rows`).
     """
     parts, reports = [], []
     for i, source in enumerate(mixture.datasets):
@@ -265,7 +359,8 @@ def load_mixture(
             rows, dropped = to_rows(
                 raw, source.question_column or question_column, answers, source.dataset_levels or levels
             )
-        except DataError as err:  # a missing split, file or column
+            check_bad_rows(dropped, len(rows), max_bad_row_share)
+        except DataError as err:  # a missing split, file or column, or too many bad rows
             raise DataError(f"dataset_mixture.datasets[{i}] ({source.path}): {err}") from None
         rows = rows.map(lambda row, i=i: {"uid": f"{i}:{row['uid']}"})
         parts.append(rows)
@@ -339,6 +434,7 @@ def load_train_dataset(
                     script_args.question_column,
                     script_args.answer_column,
                     script_args.dataset_levels,
+                    max_bad_row_share=script_args.max_bad_row_share,
                 )
             else:
                 dataset, report = load_math_dataset(
@@ -350,6 +446,7 @@ def load_train_dataset(
                     levels=script_args.dataset_levels,
                     num_synthetic=script_args.num_synthetic,
                     seed=args.seed,
+                    max_bad_row_share=script_args.max_bad_row_share,
                 )
         except DataError as err:  # a missing column: the message lists the columns there are
             if script_args.dataset_mixture is not None:

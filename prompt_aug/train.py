@@ -49,6 +49,7 @@ from .demo import DemoArguments
 from .evaluation.benchmarks import EvalError
 from .evaluation.callback import evaluator_from_args
 from .extensions.dynamic_sampling import signal_column
+from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, disk_full_is_one_line
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
@@ -80,12 +81,15 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Train with a recipe. Bad input (a recipe key, a path, a used output folder) exits with one line."""
+    """Train with a recipe. Bad input (a recipe key, a path, a used output folder) exits with one line; so do
+    a faulty reward function, a full disk and a failed Hub push. A preempted run exits with status 75."""
     try:
-        train(argv)
+        status = train(argv)
     except USER_ERRORS as err:
         raise SystemExit(f"prompt-aug-train: error: {err}") from None
     close_process_group()
+    if status:
+        raise SystemExit(status)
 
 
 def close_process_group() -> None:
@@ -114,8 +118,9 @@ def close_process_group() -> None:
     del handle
 
 
-def train(argv: list[str] | None = None) -> None:
-    """Everything `main` does, with errors raised as exceptions."""
+def train(argv: list[str] | None = None) -> int:
+    """Everything `main` does, with errors raised as exceptions. Returns the exit status: 0, or
+    `EXIT_PREEMPTED` (75) when a preemption signal stopped the run at a checkpoint (`prompt_aug.faults`)."""
     quiet_repeated_warnings()
     script_args, args, model_args, demo_args = parse_args(argv)  # __post_init__ has checked our keys
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -126,7 +131,7 @@ def train(argv: list[str] | None = None) -> None:
         raise UsageError(str(err)) from None
     if script_args.dry_run:  # arithmetic only
         print(arithmetic.table())
-        return
+        return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     resume = prepare_output_dir(script_args, args, model_args, state)
@@ -188,6 +193,15 @@ def train(argv: list[str] | None = None) -> None:
             step, max_steps = trainer.state.global_step, trainer.state.max_steps
             print(interrupted_message(args.output_dir, step, max_steps, argv), file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    if trainer.preempted:  # saved at a step end on every rank; not finished, so no final model, card or push
+        state.wait_for_everyone()  # every rank has written its part of the checkpoint before any exits
+        if state.is_main_process:
+            step, max_steps = trainer.state.global_step, trainer.state.max_steps
+            why = f"Preempted by {trainer.preempted} (exit status {EXIT_PREEMPTED}, {PREEMPTED_FILE} written)"
+            print(
+                interrupted_message(args.output_dir, step, max_steps, argv, why), file=sys.stderr, flush=True
+            )
+        return EXIT_PREEMPTED
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -197,12 +211,14 @@ def train(argv: list[str] | None = None) -> None:
             print(before_after.table())
             logger.info("wrote %s", before_after.write(args.output_dir))
 
-    # Save, card, push.
-    trainer.save_model(args.output_dir)
-    trainer.create_model_card()
+    # Save, card, push (a failed push leaves both on disk and says how to push later).
+    with disk_full_is_one_line(args.output_dir):
+        trainer.save_model(args.output_dir)
+        trainer.create_model_card()
     if args.push_to_hub:
         # Every rank calls it, as accelerate expects; only the main process uploads.
         trainer.push_to_hub(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ A drop-in for `GRPOTrainer`: it takes TRL's arguments alone (the built-in templa
 class's chat template and ``args.seed`` by default), and with ``prompt_augmentation=False`` it is
 `GRPOTrainer`. Built from a `PromptAugGRPOConfig`, it applies every trainer-level key itself: evaluation
 during training, the collapse guard, the optimizer reset at reference syncs, stop tokens, the reward cut,
-dynamic sampling, the mini-batch skip and padding-free passes.
+dynamic sampling, the mini-batch skip, padding-free passes and saving on preemption.
 
 It overrides TRL only through `prompt_aug.trl_seam.TRLSeam`'s public hooks; each override says why, in a
 ``# Why:`` comment above it, and nowhere else.
@@ -13,12 +13,15 @@ It overrides TRL only through `prompt_aug.trl_seam.TRLSeam`'s public hooks; each
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object
+from transformers.trainer_utils import HubStrategy
 from trl.data_utils import is_conversational
 
 from rewards.registry import CORRECTNESS_REWARDS, format_reward
@@ -35,6 +38,15 @@ from .extensions.collapse import (
     ratio_deviation_sums,
 )
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
+from .faults import (
+    HubPushError,
+    PreemptionCallback,
+    checked_reward_funcs,
+    disk_full_is_one_line,
+    hub_push_failed,
+    hub_unreachable,
+    one_line,
+)
 from .metrics import per_template_metrics, template_rows
 from .model_card import ModelCardInfo, extend_trl_card, render_model_card
 from .padding import PaddingFreePasses, can_trim, optimizer_step_segments, regroup, trim
@@ -49,6 +61,8 @@ from .records import (
 from .sampler import EpochRepeatSampler
 from .templates import TemplateError, check_renders, load_templates, templates_for
 from .trl_seam import Generation, TRLSeam
+
+logger = logging.getLogger("prompt_aug")
 
 
 class PromptAugGRPOTrainer(TRLSeam):
@@ -109,7 +123,11 @@ class PromptAugGRPOTrainer(TRLSeam):
         model_card: ModelCardInfo | None = None,
         **kwargs: Any,
     ) -> None:
+        self.hub_error: str | None = None  # why the Hub could not be reached when the trainer was built
+        self._final_push = False
         super().__init__(*args, **kwargs)
+        # The reward functions as TRL calls them, each fault one line naming the function and the row.
+        self._checked_reward_funcs = checked_reward_funcs(self.reward_funcs, self.reward_func_names)
         config = self.args if isinstance(self.args, PromptAugGRPOConfig) else None
         prompt_augmentation = config.prompt_augmentation if config is not None else True
         self.wandb_completions_rows = config.wandb_completions_rows if config is not None else None
@@ -182,6 +200,11 @@ class PromptAugGRPOTrainer(TRLSeam):
                 guard.attach(self)
             if config.reset_optimizer_on_ref_sync:
                 self.add_callback(OptimizerResetCallback())
+        # Preemption: SIGTERM / SIGUSR1 stop the run at a step end, saved (prompt_aug/faults.py).
+        self.preemption = None
+        if config is None or config.save_on_preemption:
+            self.preemption = PreemptionCallback()
+            self.add_callback(self.preemption)
 
     def _apply_stop_tokens(self, tokens: list[str]) -> None:
         """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's
@@ -331,7 +354,8 @@ class PromptAugGRPOTrainer(TRLSeam):
             self._table_step = step
 
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back; and a
-    # conversational dataset's reward functions expect messages, not the text we generated from.
+    # conversational dataset's reward functions expect messages, not the text we generated from. TRL calls
+    # the reward functions here: it gets checked ones, so a fault is one line naming the function and the row.
     def compute_rewards(self, inputs, prompts, completions, completion_ids_list):
         replayed = self.dynamic_sampling.replayed_rewards() if self.dynamic_sampling is not None else None
         if replayed is None:
@@ -342,9 +366,20 @@ class PromptAugGRPOTrainer(TRLSeam):
                     for row in inputs
                 ]
                 completions = [[{"role": "assistant", "content": text}] for text in completions]
-            replayed = self.trl_compute_rewards(inputs, prompts, completions, completion_ids_list)
+            with self._calling_checked_rewards():
+                replayed = self.trl_compute_rewards(inputs, prompts, completions, completion_ids_list)
         self._round_rewards = replayed
         return self._round_rewards
+
+    @contextmanager
+    def _calling_checked_rewards(self):
+        """TRL's reward loop calls the checked reward functions; `reward_funcs` is the given list after."""
+        given = self.reward_funcs
+        self.reward_funcs = self._checked_reward_funcs
+        try:
+            yield
+        finally:
+            self.reward_funcs = given
 
     def _cut_for_rewards(self, completions: list[Any], completion_ids_list: list[list[int]]) -> list[Any]:
         """Each completion's text up to the first of ``reward_cut_ids`` (decoded as TRL decodes: without
@@ -520,3 +555,54 @@ class PromptAugGRPOTrainer(TRLSeam):
         )
         path.write_text(extend_trl_card(path.read_text(), ours, info.base_model))
         return None
+
+    @property
+    def preempted(self) -> str | None:
+        """The signal (``"SIGTERM"``, ``"SIGUSR1"``) that stopped the last ``train()`` call, or None."""
+        return self.preemption.stopped_by if self.preemption is not None else None
+
+    # Why: a preemption signal is caught only while training (the handlers are restored after), and a write
+    # that fails for want of disk space, in a checkpoint save or elsewhere, is one line naming output_dir
+    # instead of a stack trace from deep inside the save.
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
+        with catching, disk_full_is_one_line(self.args.output_dir):
+            return super().train(*args, **kwargs)
+
+    # Why: transformers creates the Hub repository while the trainer is built, so a Hub that could not be
+    # reached then (offline, the network) stopped the run before it trained. Now the run trains without
+    # pushing checkpoints and pushes at the end; a refused request (a token, an id) still fails at once, in
+    # one line.
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        repo_id = self._hub_repo_id()
+        try:
+            super().init_hf_repo(token, private)
+        except Exception as err:
+            if self._final_push:  # push_to_hub's error says that the model is on disk and how to push it
+                raise
+            if not hub_unreachable(err):
+                raise HubPushError(
+                    f"push_to_hub: cannot create the Hub repository {repo_id} ({one_line(err, 200)}); check "
+                    "hub_model_id and your token (hf auth login), or set push_to_hub false"
+                ) from err
+            self.hub_error = one_line(err, 200)
+            self.args.hub_strategy = HubStrategy.END  # no checkpoint pushes: no repository to push to
+            logger.warning(
+                "push_to_hub: cannot reach the Hub to create %s (%s); training goes on without pushing "
+                "checkpoints, and the model is pushed at the end", repo_id, self.hub_error,
+            )  # fmt: skip
+
+    # Why: a failed upload at the end of a run is one line saying that the model and card are on disk and how
+    # to push them later, not a network stack trace.
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
+        self._final_push = True
+        try:
+            return super().push_to_hub(*args, **kwargs)
+        except Exception as err:
+            raise hub_push_failed(self.args, self._hub_repo_id(), err) from err
+        finally:
+            self._final_push = False
+
+    def _hub_repo_id(self) -> str:
+        """The repository pushed to: the one created, else the one asked for (as transformers names it)."""
+        return self.hub_model_id or self.args.hub_model_id or Path(self.args.output_dir).absolute().name

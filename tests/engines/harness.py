@@ -12,6 +12,9 @@ command-line arguments, plus test-side additions switched on by environment vari
 * ``ENGINE_VLLM_CPU_SYNC=1``: replaces TRL's ``VLLMGeneration.sync_weights`` (and nothing else) by a
   sync that vLLM's CPU backend accepts (see `cpu_sync_weights`). At the end of training, the probe
   measures the log-prob gap between vLLM and the trained model before and after one more sync.
+* ``ENGINE_THREADS_AT_EXIT``: every rank writes the names of the native threads it still has when Python
+  begins to exit (after `prompt_aug.train.main` has closed the process group) to ``threads_rank<N>.txt``
+  there (tests/engines/test_teardown.py: no gloo thread may outlive the group).
 * ``ENGINE_VLLM_DTYPE=float32``: the colocated vLLM is built with that dtype (see `vllm_dtype`). Unset,
   it is TRL's choice: no dtype, so vLLM's ``auto``, which runs a float32 checkpoint in bfloat16.
 
@@ -200,7 +203,28 @@ def install_probe() -> None:
     entry.PromptAugGRPOTrainer = ProbedTrainer
 
 
+def record_threads_at_exit(folder: Path) -> None:
+    """At exit, write this rank's native thread names (gloo names its own ``pt_gloo_runloop``, ...)."""
+    import atexit
+
+    def write() -> None:
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            try:
+                names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+            except OSError:  # the thread ended meanwhile
+                pass
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"threads_rank{os.environ.get('RANK', '0')}.txt").write_text(
+            "\n".join(sorted(names)) + "\n"
+        )
+
+    atexit.register(write)
+
+
 def main() -> None:
+    if os.environ.get("ENGINE_THREADS_AT_EXIT"):
+        record_threads_at_exit(Path(os.environ["ENGINE_THREADS_AT_EXIT"]))
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
         switch_fsdp_on_cpu()
     if os.environ.get("ENGINE_VLLM_CPU_SYNC") == "1":

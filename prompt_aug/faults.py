@@ -1,0 +1,482 @@
+"""What a run does when something goes wrong: it resumes exactly, leaves nothing half-done behind, and names
+the fault in one line.
+
+* Preemption (`PreemptionCallback`): SIGTERM or SIGUSR1 (what a cluster sends before it stops a job) only
+  sets a flag; at the end of the current optimizer step the ranks agree on it, every rank saves the same
+  checkpoint and training stops. The main process writes ``preempted.json`` in the output folder, and
+  ``prompt-aug-train`` exits with `EXIT_PREEMPTED` (75), so that a requeue script can tell a preempted run
+  from a failed one.
+* Checkpoints (`checkpoint_problem`, `last_complete_checkpoint`): a folder that a kill during a save left
+  without its trainer state, with a half-written one, or without its model or optimizer files is not a
+  checkpoint to resume from; the one before it is.
+* A full disk (`disk_full_is_one_line`) and a failed Hub push (`hub_push_failed`) end the run with one line
+  naming the output folder, the last complete checkpoint and what to do.
+* A reward function that raises, returns NaN or returns a list of the wrong length (`checked_reward_funcs`)
+  is named in one line with the row (uid and template) it failed on.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import re
+import shutil
+import signal
+import threading
+import traceback
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from trl.trainer.utils import is_async_callable
+
+logger = logging.getLogger("prompt_aug")
+
+# sysexits.h's EX_TEMPFAIL: "a temporary failure, the user is invited to retry".
+EXIT_PREEMPTED = 75
+PREEMPTED_FILE = "preempted.json"
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+
+class FaultError(RuntimeError):
+    """A run ended for a reason its message states in one line; `prompt-aug-train` prints only that line."""
+
+
+class DiskFullError(FaultError):
+    """The output folder's disk (or quota) was full while the run wrote to it."""
+
+
+class HubPushError(FaultError):
+    """The Hub repository could not be created, or the final upload failed."""
+
+
+class RewardFunctionError(ValueError):
+    """A reward function raised, or returned something that is not one number (or None) per completion."""
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """``Type: message`` on one line, cut to ``limit`` characters.
+
+    >>> one_line(ValueError("a\\n  b"))
+    'ValueError: a b'
+    """
+    text = " ".join(str(err).split())
+    text = f"{type(err).__name__}: {text}" if text else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption
+
+
+class PreemptionCallback(TrainerCallback):
+    """Stop at a step end, saved, when the job is told to stop (SIGTERM, SIGUSR1).
+
+    The signal handler only records the signal; `catching_signals` installs it for the duration of
+    ``trainer.train`` and restores the previous handlers after. At each step end the ranks agree on the flag
+    (one all-reduce of one number; with one process none), so every rank saves the same checkpoint and stops
+    at the same step. A signal that arrives while a checkpoint is being written stops the run right after that
+    save; one that arrives during the last step lets the run finish normally.
+    """
+
+    def __init__(self, signals: tuple[str, ...] = PREEMPTION_SIGNALS) -> None:
+        self.signals = [getattr(signal, name) for name in signals if hasattr(signal, name)]
+        self.received: int | None = None  # set by the handler (any rank)
+        self.stopped_by: str | None = None  # the agreed signal's name, once training stopped for it
+
+    @contextmanager
+    def catching_signals(self) -> Iterator[None]:
+        """Record the preemption signals while the block runs (main thread only: Python's rule); each
+        ``train()`` call starts with no signal received."""
+        self.received, self.stopped_by = None, None
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning(
+                "save_on_preemption: training runs outside the main thread; signals are not caught"
+            )
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in self.signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+
+    def agreed_signal(self, args: Any) -> int | None:
+        """The signal any rank received, the same on every rank (all ranks must call this together)."""
+        received = self.received or 0
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([received], dtype=torch.int64, device=args.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            received = int(flag.item())
+        return received or None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:  # a run that starts here is no longer the preempted one
+            (Path(args.output_dir) / PREEMPTED_FILE).unlink(missing_ok=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._maybe_stop(args, state, control, save=True)
+
+    def on_save(self, args, state, control, **kwargs):
+        if not control.should_training_stop:  # a signal during this save: stop now, it is saved
+            self._maybe_stop(args, state, control, save=False)
+
+    def _maybe_stop(self, args: Any, state: Any, control: Any, save: bool) -> None:
+        if self.stopped_by is not None or state.global_step >= state.max_steps:
+            return
+        signum = self.agreed_signal(args)
+        if signum is None:
+            return
+        self.stopped_by = signal.Signals(signum).name
+        control.should_training_stop = True
+        control.should_save = control.should_save or save
+        if state.is_world_process_zero:
+            done = "saving" if save else "saved"
+            logger.warning(
+                "%s received: stopping at step %d, checkpoint %s", self.stopped_by, state.global_step, done
+            )
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.stopped_by is None or not state.is_world_process_zero:
+            return
+        record = {
+            "signal": self.stopped_by,
+            "step": state.global_step,
+            "checkpoint": str(Path(args.output_dir) / f"checkpoint-{state.global_step}"),
+            "exit_status": EXIT_PREEMPTED,
+            "resume": "the same command plus --resume_from_checkpoint true",
+        }
+        (Path(args.output_dir) / PREEMPTED_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+_MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
+_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is cut short (its header says where the data ends), or None."""
+    try:
+        with path.open("rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return f"{path.name} is unreadable (half-written?)"
+    if path.stat().st_size < 8 + size + end:
+        return f"{path.name} is cut short (half-written?)"
+    return None
+
+
+def _model_problem(folder: Path) -> str | None:
+    for index_name in _INDEX_FILES:
+        index = folder / index_name
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, AttributeError):
+                return f"{index_name} is not valid JSON (half-written?)"
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                return f"model shard {missing[0]} is missing"
+            return next(
+                (p for s in shards if s.endswith(".safetensors") and (p := _safetensors_problem(folder / s))),
+                None,
+            )
+    for name in _MODEL_FILES:
+        if (folder / name).is_file():
+            return _safetensors_problem(folder / name) if name.endswith(".safetensors") else None
+    if any(folder.glob("pytorch_model_fsdp*")) or any(folder.glob("global_step*/*model_states.pt")):
+        return None  # FSDP or DeepSpeed weights
+    return "no model weights (model.safetensors or shards)"
+
+
+def _optimizer_problem(folder: Path) -> str | None:
+    if (folder / "optimizer.pt").is_file():
+        return (
+            None
+            if zipfile.is_zipfile(folder / "optimizer.pt")
+            else "optimizer.pt is cut short (half-written?)"
+        )
+    if any(folder.glob("optimizer*")) or any(folder.glob("global_step*/*optim_states.pt")):
+        return None  # FSDP or DeepSpeed optimizer state
+    return "no optimizer state (optimizer.pt)"
+
+
+def checkpoint_problem(folder: str | Path, optimizer: bool = True) -> str | None:
+    """Why ``folder`` is not a complete checkpoint to resume from, or None when it is.
+
+    The Trainer writes the model, then the optimizer, scheduler and RNG states, and ``trainer_state.json``
+    last; a kill during a save leaves the folder without it, or with a half-written one. The model and
+    optimizer files are checked too (a safetensors file against the length its header gives, ``optimizer.pt``
+    as the zip archive torch writes), for a folder whose files were removed or cut short.
+    """
+    folder = Path(folder)
+    state = folder / "trainer_state.json"
+    if not state.is_file():
+        return "trainer_state.json is missing (killed while saving?)"
+    try:
+        step = json.loads(state.read_text()).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return "trainer_state.json is not valid JSON (half-written?)"
+    if not isinstance(step, int):
+        return "trainer_state.json has no global_step"
+    return _model_problem(folder) or (_optimizer_problem(folder) if optimizer else None)
+
+
+def _checkpoint_number(path: Path) -> int:
+    found = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    return int(found.group(1)) if found else -1
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> tuple[str | None, list[tuple[str, str]]]:
+    """The newest complete ``checkpoint-N`` folder of ``output_dir`` (or None), and the newer folders skipped,
+    each with why."""
+    folder = Path(output_dir)
+    found = sorted(
+        (p for p in folder.glob("checkpoint-*") if p.is_dir() and _checkpoint_number(p) >= 0),
+        key=_checkpoint_number,
+        reverse=True,
+    )
+    skipped = []
+    for path in found:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return str(path), skipped
+        skipped.append((str(path), problem))
+    return None, skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk
+
+_DISK_FULL = re.compile(
+    r"No space left on device|Disk quota exceeded|os error (28|122)\b|StorageFull", re.IGNORECASE
+)
+# torch.save's zip writer reports a failed write without the OS error: judged by the space left.
+_TORCH_WRITER = re.compile(r"inline_container\.cc|file write failed|PytorchStreamWriter")
+_LOW_SPACE = 256 * 2**20
+
+
+def is_disk_full(err: BaseException, output_dir: str | Path) -> bool:
+    """Whether ``err`` (or an error it was raised from) is a write that failed for want of space or quota."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if _DISK_FULL.search(str(err)):
+            return True
+        if isinstance(err, RuntimeError) and _TORCH_WRITER.search(str(err)):
+            try:
+                return shutil.disk_usage(output_dir).free < _LOW_SPACE
+            except OSError:
+                return False
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def disk_full_message(output_dir: str | Path, err: BaseException) -> str:
+    """One line: where the disk is full, what is safe, what to do."""
+    last, skipped = last_complete_checkpoint(output_dir) if Path(output_dir).is_dir() else (None, [])
+    where = f" while writing {err.filename}" if isinstance(err, OSError) and err.filename else ""
+    message = f"no space left on the disk of output_dir {output_dir}{where} ({one_line(err, 160)}). "
+    message += f"The last complete checkpoint, {last}, is intact. " if last else "No checkpoint is complete. "
+    if skipped:
+        message += f"{Path(skipped[0][0]).name} is incomplete (delete it to free space; a resume skips it). "
+    return message + "Free space or raise the quota, then rerun with --resume_from_checkpoint true."
+
+
+@contextmanager
+def disk_full_is_one_line(output_dir: str | Path) -> Iterator[None]:
+    """Turn a write that failed for want of space into a `DiskFullError` naming ``output_dir``."""
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err, FaultError) or not is_disk_full(err, output_dir):
+            raise
+        raise DiskFullError(disk_full_message(output_dir, err)) from err
+
+
+# ---------------------------------------------------------------------------------------------
+# The Hub
+
+_NETWORK_ERRORS = {"TransportError", "NetworkError", "ConnectError", "TimeoutException", "ConnectionError"}
+
+
+def hub_unreachable(err: BaseException) -> bool:
+    """Whether ``err`` says the Hub could not be reached (offline mode, the network, a server error), rather
+    than that the request was refused (a token, an id)."""
+    if isinstance(err, (ConnectionError, TimeoutError)):  # OfflineModeIsEnabled is a ConnectionError
+        return True
+    if _NETWORK_ERRORS & {cls.__name__ for cls in type(err).__mro__}:
+        return True
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    return isinstance(status, int) and status >= 500
+
+
+def push_later_command(args: Any, repo_id: str) -> str:
+    """The ``hf upload`` command that pushes the output folder as the Trainer would (no checkpoints)."""
+    parts = [
+        "hf",
+        "upload",
+        repo_id,
+        str(args.output_dir),
+        ".",
+        "--exclude",
+        "'checkpoint-*'",
+        "--exclude",
+        "'_*'",
+    ]
+    if getattr(args, "hub_revision", None):
+        parts += ["--revision", args.hub_revision]
+    if getattr(args, "hub_private_repo", None):
+        parts.append("--private")
+    return " ".join(parts)
+
+
+def hub_push_failed(args: Any, repo_id: str, err: BaseException) -> HubPushError:
+    """The one-line error of a failed final push: the model and card are on disk, and how to push them."""
+    return HubPushError(
+        f"push_to_hub: the upload to {repo_id} failed ({one_line(err, 200)}). The trained model and its "
+        f"model card are in {args.output_dir}; push them later with: {push_later_command(args, repo_id)}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward functions
+
+
+def _row_kwargs(kwargs: dict[str, Any], index: int, size: int) -> dict[str, Any]:
+    """The keyword arguments of one row: every per-row list cut to that row, loggers silenced."""
+    row = {
+        k: v[index : index + 1] if isinstance(v, (list, tuple)) and len(v) == size else v
+        for k, v in kwargs.items()
+    }
+    for logger_name in ("log_extra", "log_metric"):
+        if logger_name in row:
+            row[logger_name] = lambda *a, **k: None
+    return row
+
+
+def _where(kwargs: dict[str, Any], index: int) -> str:
+    """``row uid 'x', template 'y'`` for row ``index`` of the round."""
+    parts = []
+    for key in ("uid", "template"):
+        values = kwargs.get(key)
+        if isinstance(values, (list, tuple)) and index < len(values):
+            parts.append(f"{key} {values[index]!r}")
+    return "row " + (", ".join(parts) if parts else f"{index} of the round")
+
+
+def _raise_site(err: BaseException) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    return f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+
+
+def _raised(name: str, err: Exception, kwargs: dict[str, Any], culprit: int | None) -> RewardFunctionError:
+    size = len(kwargs.get("prompts") or [])
+    if culprit is not None:
+        where = f"on the completion of {_where(kwargs, culprit)}"
+    else:
+        where = f"on a round of {size} completions ({_where(kwargs, 0)} first; no single row raises it alone)"
+    return RewardFunctionError(
+        f"reward function {name!r} raised {one_line(err, 200)}{_raise_site(err)} {where}"
+    )
+
+
+def _check_output(name: str, output: Any, kwargs: dict[str, Any]) -> None:
+    size = len(kwargs.get("prompts") or [])
+    if isinstance(output, (str, bytes, dict)) or not hasattr(output, "__len__"):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned a {type(output).__name__}, not a list of one reward per "
+            f"completion ({size} for this round, {_where(kwargs, 0)} first)"
+        )
+    if len(output) != size:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {len(output)} rewards for {size} completions "
+            f"({_where(kwargs, 0)} first); return one per completion, None where it cannot score one"
+        )
+    for index, value in enumerate(output):
+        if value is None:
+            continue
+        try:
+            number = None if isinstance(value, (str, bytes)) else float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None:
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {value!r} ({type(value).__name__}) for "
+                f"{_where(kwargs, index)}; a reward is a number, or None where it cannot score the completion"
+            )
+        if not math.isfinite(number):
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {number} for {_where(kwargs, index)}; return a finite "
+                "number, or None where it cannot score the completion (TRL then leaves it out)"
+            )
+
+
+def checked_reward(func: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``func`` (called as TRL calls a reward function), whose faults are a one-line `RewardFunctionError`:
+    an exception (with the first row that raises it alone, found by calling ``func`` row by row), a
+    NaN or infinite reward, a value that is not a number, a list of the wrong length. A reward model (an
+    ``nn.Module``) is returned as it is."""
+    if isinstance(func, torch.nn.Module):
+        return func
+
+    if is_async_callable(func):
+
+        async def checked_async(**kwargs: Any) -> Any:
+            try:
+                output = await func(**kwargs)
+            except Exception as err:
+                culprit = None
+                size = len(kwargs.get("prompts") or [])
+                for index in range(size):
+                    try:
+                        await func(**_row_kwargs(kwargs, index, size))
+                    except Exception as row_err:  # noqa: BLE001 (any exception: the same type is the culprit)
+                        culprit = index if type(row_err) is type(err) else None
+                        break
+                raise _raised(name, err, kwargs, culprit) from err
+            _check_output(name, output, kwargs)
+            return output
+
+        return checked_async
+
+    def checked(**kwargs: Any) -> Any:
+        try:
+            output = func(**kwargs)
+        except Exception as err:
+            culprit = None
+            size = len(kwargs.get("prompts") or [])
+            for index in range(size):
+                try:
+                    func(**_row_kwargs(kwargs, index, size))
+                except Exception as row_err:  # noqa: BLE001 (any exception: the same type is the culprit)
+                    culprit = index if type(row_err) is type(err) else None
+                    break
+            raise _raised(name, err, kwargs, culprit) from err
+        _check_output(name, output, kwargs)
+        return output
+
+    return checked
+
+
+def checked_reward_funcs(funcs: list[Any], names: list[str]) -> list[Any]:
+    """`checked_reward` of each reward function, named as TRL named it."""
+    return [checked_reward(func, name) for func, name in zip(funcs, names, strict=True)]

@@ -1,0 +1,45 @@
+"""TEST HARNESS of tests/test_faults.py, not part of the package: test rewards, and `prompt_aug.train.main`
+run as a script.
+
+``python tests/fault_harness.py --config recipes/smoke/tiny_cpu.yaml ...`` (also under torchrun) runs the
+entry point with the given arguments. A run names the rewards below by import path
+(``--reward_funcs fault_harness:text_hash_reward``; this folder is on ``sys.path`` in the tests and when this
+file runs), so the global ``rewards.REGISTRY`` is never changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def text_hash_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """A number in [0, 1) hashed from the completion text: every group has spread, so the weights move."""
+    return [
+        int.from_bytes(hashlib.blake2b(str(c).encode(), digest_size=8).digest(), "big") / 2**64
+        for c in completions
+    ]
+
+
+def raises_on_one_row(completions: list[Any], uid: list[str], **kwargs: Any) -> list[float]:
+    """Fails on the question whose uid ends in ``-00003`` (the bug a reward of one's own may have)."""
+    return [1.0 / (0 if str(u).endswith("-00003") else 1) for u in uid]
+
+
+def nan_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """NaN for the third completion (a reward computed as 0/0), 0.5 for the others."""
+    return [float("nan") if i == 2 else 0.5 for i in range(len(completions))]
+
+
+def short_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """One reward too few."""
+    return [0.0] * (len(completions) - 1)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from prompt_aug import train
+
+    train.main(sys.argv[1:])

@@ -1,0 +1,655 @@
+"""Faults: a run killed any way resumes exactly and leaves nothing running; bad data, a broken reward
+function, a full disk and a failed Hub push are named in one line.
+
+Runs of the smoke recipe (CPU, tiny random model). Where the weights must move, the reward is
+``fault_harness:text_hash_reward`` (the smoke rewards give this model no spread, so nothing would train).
+
+* Preemption: a SIGTERM from outside after step 1 is logged stops the run at the end of step 2 (the end of
+  round 1), saved, with exit status 75; the resumed run's completion records and final weights equal an
+  uninterrupted run's. A SIGTERM during a checkpoint save stops the run right after that save. On 2
+  processes a SIGTERM to rank 1 alone stops both ranks at the same step, both saved.
+* A checkpoint a kill left incomplete is skipped on resume, with one line naming it and why.
+* Bad rows are dropped and named; above ``max_bad_row_share`` the run stops in one line.
+* A reward function that raises, returns NaN or too few rewards stops the run in one line naming it, the
+  row's uid and template.
+* A full disk at a save and a failed Hub push end the run in one line naming the output folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import datasets
+import fault_harness
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from prompt_aug import cli, faults, train
+from prompt_aug.data import DataError, load_math_dataset, to_rows
+from prompt_aug.templates import load_templates
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
+HARNESS = str(REPO / "tests" / "fault_harness.py")
+SPREAD = ("--reward_funcs", "fault_harness:text_hash_reward")
+COLUMNS = ["step", "uid", "template"]
+# Only keeps a hung run from hanging the suite; the tests wait on events (a busy box is slower, not failing).
+SAFETY_CEILING_S = 15 * 60
+
+
+def _train(out: Path, *extra: str) -> None:
+    train.main(["--config", SMOKE, "--output_dir", str(out), *extra])
+
+
+def _error(argv: list[str]) -> str:
+    """The one-line error `prompt-aug-train` exits with."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    message = str(exit_info.value.code)
+    assert message.startswith("prompt-aug-train: error: ") and "\n" not in message, message
+    return message
+
+
+def _records(run: Path, step: int) -> pd.DataFrame:
+    frame = pd.read_parquet(run / "completions" / f"completions_{step:05d}.parquet")
+    return frame[COLUMNS].reset_index(drop=True)
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """Every live process: pid -> (parent, session, command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        if fields[0] != "Z":
+            found[int(entry.name)] = (int(fields[1]), int(fields[3]), command)
+    return found
+
+
+def _family(root: int) -> set[int]:
+    """``root`` and every process beneath it (torchrun starts its workers in sessions of their own)."""
+    table, family = _processes(), {root}
+    while grown := {pid for pid, (parent, _, _) in table.items() if parent in family} - family:
+        family |= grown
+    return family
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Launch:
+    """A training subprocess in its own session, its output read as it comes."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.seen: set[int] = set()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str) -> None:
+        ceiling = time.monotonic() + SAFETY_CEILING_S
+        while text not in self.output:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the run ended before {text!r}:\n{self.output[-3000:]}")
+            if time.monotonic() > ceiling:
+                self.kill()
+                pytest.fail(f"{text!r} not seen within the {SAFETY_CEILING_S} s safety ceiling")
+            time.sleep(0.05)
+
+    def wait(self) -> int:
+        try:
+            code = self.proc.wait(timeout=SAFETY_CEILING_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"no exit within the {SAFETY_CEILING_S} s safety ceiling:\n{self.output[-3000:]}")
+        self.reader.join()
+        return code
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def family(self) -> set[int]:
+        """The run's processes now (taken while it runs, for `left_running`)."""
+        self.seen = _family(self.proc.pid)
+        return self.seen
+
+    def left_running(self, out: Path) -> list[str]:
+        """Processes the run left: in its session, of its family as last seen, or naming its output folder."""
+        deadline = time.monotonic() + 30  # a process that is exiting gets a moment
+        while True:
+            left = [
+                f"{pid}: {command[:200]}"
+                for pid, (_, session, command) in _processes().items()
+                if session == self.proc.pid or pid in self.seen or str(out) in command
+            ]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption
+
+
+@pytest.mark.slow
+def test_sigterm_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    run = ("--max_steps", "4", "--save_steps", "100", *SPREAD)  # no scheduled save before the end
+    uninterrupted, preempted = tmp_path / "A", tmp_path / "B"
+    _train(uninterrupted, *run)
+
+    launch = Launch([sys.executable, HARNESS, "--config", SMOKE, "--output_dir", str(preempted), *run])
+    # Step 1's line is printed after its step end, so the signal lands in step 2, which ends round 1.
+    launch.wait_for("| step 1/4 |")
+    launch.family()
+    launch.proc.send_signal(signal.SIGTERM)
+    code = launch.wait()
+    assert code == faults.EXIT_PREEMPTED, launch.output[-3000:]
+    assert "Traceback" not in launch.output
+    assert "SIGTERM received: stopping at step 2, checkpoint saving" in launch.output
+    assert "Preempted by SIGTERM (exit status 75, preempted.json written) at step 2/4." in launch.output
+    assert (
+        f"--output_dir {preempted} --max_steps 4" in launch.output
+        and "--resume_from_checkpoint true" in launch.output
+    )
+    assert launch.left_running(preempted) == []
+    assert sorted(p.name for p in preempted.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert faults.checkpoint_problem(preempted / "checkpoint-2") is None
+    marker = json.loads((preempted / faults.PREEMPTED_FILE).read_text())
+    assert (marker["signal"], marker["step"], marker["exit_status"]) == ("SIGTERM", 2, 75)
+    assert not (preempted / "model.safetensors").exists()  # not finished: no final model
+
+    _train(preempted, *run, "--resume_from_checkpoint", "true")
+    assert not (preempted / faults.PREEMPTED_FILE).exists()
+    for step in (3, 4):
+        pd.testing.assert_frame_equal(_records(preempted, step), _records(uninterrupted, step))
+    assert len(_records(preempted, 3)) == 16
+    expected, got = _weights(uninterrupted), _weights(preempted)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    first = _weights(preempted / "checkpoint-2")
+    assert any(not torch.equal(first[name], got[name]) for name in got)  # steps 3-4 trained
+
+
+@pytest.mark.slow
+def test_a_signal_during_a_checkpoint_save_stops_the_run_right_after_that_save(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    original, sent = torch.save, []
+
+    def save(obj, f, *args, **kwargs):  # the optimizer state of checkpoint-2, after its weights
+        if not sent and "checkpoint-2" in Path(str(f)).parts:
+            sent.append(f)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exit_info:
+        _train(out, "--max_steps", "4", "--save_steps", "2")
+    assert exit_info.value.code == faults.EXIT_PREEMPTED and sent
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert faults.checkpoint_problem(out / "checkpoint-2") is None
+    assert json.loads((out / faults.PREEMPTED_FILE).read_text())["step"] == 2
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored after training
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_saved(tmp_path):
+    out = tmp_path / "run"
+    launch = Launch(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+         str(_free_port()), HARNESS, "--config", SMOKE, "--output_dir", str(out), "--max_steps", "4",
+         "--save_steps", "100", *SPREAD]
+    )  # fmt: skip
+    launch.wait_for("| step 1/4 |")
+    ranks = {}
+    for pid in launch.family() - {launch.proc.pid}:  # torchrun's workers, each with its RANK
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = [e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"RANK=")]
+        if rank:
+            ranks[rank[0]] = pid
+    os.kill(ranks["1"], signal.SIGTERM)  # rank 0 gets no signal: it learns of it at the step end
+    launch.wait()  # torchrun turns a worker's non-zero status into 1: requeue scripts read preempted.json
+    # torchrun's failure summary: a rank that exits 75 first makes torchrun SIGTERM the other, which may
+    # still be leaving (its checkpoint part is written: the ranks pass a barrier after the save).
+    exited = dict(re.findall(r"rank\s*: (\d) \(local_rank: \d\)\s+exitcode\s*: (-?\d+)", launch.output))
+    assert sorted(exited.values()) in (["75", "75"], ["-15", "75"]), launch.output[-3000:]
+    assert "Preempted by SIGTERM (exit status 75, preempted.json written) at step 2/4." in launch.output
+    assert launch.left_running(out) == []
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    checkpoint = out / "checkpoint-2"
+    assert faults.checkpoint_problem(checkpoint) is None
+    assert (checkpoint / "rng_state_0.pth").is_file() and (checkpoint / "rng_state_1.pth").is_file()
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == 2
+    assert json.loads((out / faults.PREEMPTED_FILE).read_text())["step"] == 2
+
+
+def test_preemption_is_a_config_key_the_trainer_applies(tiny_model_dir, tmp_path):
+    from prompt_aug import PromptAugGRPOConfig
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+
+    def build(**keys):
+        args = PromptAugGRPOConfig(
+            output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+            per_device_train_batch_size=2, num_generations=2, max_completion_length=4, **keys,
+        )  # fmt: skip
+        dataset = datasets.Dataset.from_dict(
+            {"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}
+        )
+        return PromptAugGRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=fault_harness.text_hash_reward,
+            args=args,
+            train_dataset=dataset,
+        )
+
+    on, off = build(), build(save_on_preemption=False)
+    assert isinstance(on.preemption, faults.PreemptionCallback) and on.preempted is None
+    assert on.preemption in on.callback_handler.callbacks
+    assert off.preemption is None and not any(
+        isinstance(c, faults.PreemptionCallback) for c in off.callback_handler.callbacks
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Incomplete checkpoints
+
+
+@pytest.fixture(scope="module")
+def three_checkpoints(tmp_path_factory):
+    out = tmp_path_factory.mktemp("checkpoints") / "run"
+    _train(out, "--max_steps", "3", "--save_steps", "1")
+    return out
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "trainer_state.json missing": (
+        lambda c: (c / "trainer_state.json").unlink(),
+        "trainer_state.json is missing",
+    ),
+    "trainer_state.json half-written": (
+        lambda c: _cut(c / "trainer_state.json"),
+        "trainer_state.json is not valid",
+    ),
+    "optimizer.pt missing": (lambda c: (c / "optimizer.pt").unlink(), "no optimizer state"),
+    "optimizer.pt cut short": (lambda c: _cut(c / "optimizer.pt"), "optimizer.pt is cut short"),
+    "model.safetensors missing": (lambda c: (c / "model.safetensors").unlink(), "no model weights"),
+    "model.safetensors cut short": (
+        lambda c: _cut(c / "model.safetensors"),
+        "model.safetensors is cut short",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_resume_skips_a_checkpoint_a_kill_left_incomplete_and_says_so(
+    three_checkpoints, tmp_path, caplog, damage
+):
+    run = tmp_path / "run"
+    shutil.copytree(three_checkpoints, run)
+    harm, why = DAMAGE[damage]
+    harm(run / "checkpoint-3")
+    with caplog.at_level("INFO", logger="prompt_aug"):
+        _train(run, "--max_steps", "4", "--resume_from_checkpoint", "true")
+    skips = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume: skipping")]
+    assert len(skips) == 1 and skips[0].startswith(f"resume: skipping {run / 'checkpoint-3'}: {why}"), skips
+    assert f"resuming from {run / 'checkpoint-2'} (step 2)" in caplog.text
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 4
+    assert faults.checkpoint_problem(run / "checkpoint-3") is None  # saved again, complete
+
+
+def _tiny_checkpoint(folder: Path, step: int) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.zeros(4)}, str(folder / "model.safetensors"))
+    torch.save({"state": {}}, folder / "optimizer.pt")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
+    good = _tiny_checkpoint(tmp_path / "checkpoint-2", 2)
+    bad = _tiny_checkpoint(tmp_path / "checkpoint-10", 10)  # newer: numbers sort as numbers
+    (bad / "trainer_state.json").write_text('{"global_st')
+    assert cli.resolve_resume("true", str(tmp_path)) == str(good)
+    with pytest.raises(
+        cli.UsageError, match="checkpoint-10 is not a complete checkpoint: trainer_state.json is not"
+    ):
+        cli.resolve_resume(str(bad), str(tmp_path))
+    shutil.rmtree(good)
+    with pytest.raises(
+        cli.UsageError, match=r"no checkpoint in .* is complete \(checkpoint-10: trainer_state"
+    ):
+        cli.resolve_resume("true", str(tmp_path))
+    assert faults.checkpoint_problem(bad, optimizer=False) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad data
+
+
+def _math_file(tmp_path: Path, rows: int, nan: int, missing: int, empty_question: int) -> Path:
+    """``rows`` questions with float answers; the first rows of each kind spread over the file."""
+    answers = [float(i) for i in range(rows)]
+    questions = [f"What is {i} + 0?" for i in range(rows)]
+    for k in range(nan):
+        answers[7 + 10 * k] = math.nan
+    for k in range(missing):
+        answers[3 + 10 * k] = None
+    for k in range(empty_question):
+        questions[5 + 10 * k] = " "
+    path = tmp_path / "math.parquet"
+    # pyarrow from Python lists keeps NaN apart from None (from pandas, both would become null)
+    pq.write_table(pa.table({"question": questions, "answer": pa.array(answers, pa.float64())}), path)
+    return path
+
+
+def test_one_percent_bad_rows_are_dropped_and_named_with_their_rows(tmp_path):
+    path = _math_file(tmp_path, rows=200, nan=1, missing=0, empty_question=1)
+    rows, report = load_math_dataset(str(path), max_bad_row_share=0.05)
+    assert len(rows) == 198 and report.read == 200
+    assert report.dropped["NaN gold answer"] == 1 and report.dropped["empty question"] == 1
+    text = str(report)
+    assert "dropped 1: NaN gold answer (rows 7)" in text and "dropped 1: empty question (rows 5)" in text
+    assert "nan" not in [str(a).lower() for a in rows["answer"]]
+
+
+def test_twenty_percent_bad_rows_stop_the_run_in_one_line_naming_column_share_and_override(tmp_path, capsys):
+    path = _math_file(tmp_path, rows=200, nan=20, missing=20, empty_question=0)
+    with pytest.raises(DataError) as err:
+        load_math_dataset(str(path), max_bad_row_share=0.05)
+    message = str(err.value)
+    assert message.startswith("20.0% of the 200 rows are unusable (")
+    assert "20 NaN gold answer in column 'answer' (rows 7, 17, 27, 37, 47, ...)" in message
+    assert "20 empty gold answer in column 'answer' (rows 3, 13, 23, 33, 43, ...)" in message
+    assert message.endswith(
+        "more than max_bad_row_share 0.05: fix the data, or allow them with --max_bad_row_share 0.2"
+    )
+    rows, _ = load_math_dataset(str(path), max_bad_row_share=0.2)  # the override lets it go on
+    assert len(rows) == 160
+    line = _error(["--config", SMOKE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(path)])
+    assert (
+        f"dataset_name {path}: 20.0% of the 200 rows are unusable" in line
+        and "--max_bad_row_share 0.2" in line
+    )
+    assert not (tmp_path / "out" / "checkpoint-1").exists()
+
+
+def test_answers_the_grader_does_not_know_are_bad_rows_and_the_text_nan_is_not():
+    raw = datasets.Dataset.from_dict({"question": ["q1", "q2"], "answer": [{"value": 1}, {"value": 2}]})
+    rows, dropped = to_rows(raw)
+    assert (
+        len(rows) == 0
+        and dropped["gold answer of type dict"] == 2
+        and dropped.rows["gold answer of type dict"] == [0, 1]
+    )
+    rows, dropped = to_rows(datasets.Dataset.from_dict({"question": ["q1", "q2"], "answer": ["nan", "3"]}))
+    assert rows["answer"] == ["nan", "3"] and not dropped.bad()
+    rows, dropped = to_rows(
+        datasets.Dataset.from_dict({"question": ["q1", "q2"], "answer": [[1.5, math.nan], [math.nan]]})
+    )
+    assert rows["answer"] == [["1.5"]] and dropped["empty gold answer"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward functions
+
+
+def _reward_kwargs(n: int = 4) -> dict:
+    """What TRL passes a reward function, for a round of ``n`` completions."""
+    return {
+        "prompts": [f"p{i}" for i in range(n)], "completions": [f"c{i}" for i in range(n)],
+        "completion_ids": [[i] for i in range(n)], "uid": [f"synthetic-42-0000{i}" for i in range(n)],
+        "template": ["abel", "abel", "open-r1", "open-r1"][:n], "trainer_state": None,
+        "log_extra": lambda *a: None, "log_metric": lambda *a: None,
+    }  # fmt: skip
+
+
+def test_a_checked_reward_names_the_function_and_the_row_it_fails_on():
+    checked = faults.checked_reward(fault_harness.raises_on_one_row, "raises_on_one_row")
+    with pytest.raises(faults.RewardFunctionError) as err:
+        checked(**_reward_kwargs())
+    message = str(err.value)
+    assert re.fullmatch(
+        r"reward function 'raises_on_one_row' raised ZeroDivisionError: float division by zero at "
+        r"fault_harness\.py:\d+ on the completion of row uid 'synthetic-42-00003', template 'open-r1'",
+        message,
+    ), message
+    assert isinstance(err.value.__cause__, ZeroDivisionError)
+
+    def batch_only(completions, **kwargs):  # fails only on a whole round: no row to blame
+        if len(completions) > 1:
+            raise KeyError("group")
+        return [0.0]
+
+    with pytest.raises(faults.RewardFunctionError, match="no single row raises it alone"):
+        faults.checked_reward(batch_only, "batch_only")(**_reward_kwargs())
+
+
+@pytest.mark.parametrize(
+    "func, expected",
+    [
+        (
+            fault_harness.nan_reward,
+            "returned nan for row uid 'synthetic-42-00002', template 'open-r1'; return a finite",
+        ),
+        (fault_harness.short_reward, "returned 3 rewards for 4 completions (row uid 'synthetic-42-00000'"),
+        (
+            lambda completions, **kw: ["1"] * len(completions),
+            "returned '1' (str) for row uid 'synthetic-42-00000'",
+        ),
+        (lambda completions, **kw: 1.0, "returned a float, not a list of one reward per completion"),
+    ],
+)
+def test_a_checked_reward_names_a_nan_a_wrong_length_and_a_non_number(func, expected):
+    with pytest.raises(faults.RewardFunctionError, match=re.escape(expected)):
+        faults.checked_reward(func, "f")(**_reward_kwargs())
+    ok = faults.checked_reward(lambda completions, **kw: [None, 1, 0.5, True], "ok")
+    assert ok(**_reward_kwargs()) == [None, 1, 0.5, True]  # None is TRL's "missing", not a fault
+
+
+def test_a_checked_async_reward_stays_async_and_is_checked():
+    import asyncio
+
+    from trl.trainer.utils import is_async_callable
+
+    async def async_nan(completions, **kwargs):
+        return [math.nan] * len(completions)
+
+    checked = faults.checked_reward(async_nan, "async_nan")
+    assert is_async_callable(checked)
+    with pytest.raises(
+        faults.RewardFunctionError, match="'async_nan' returned nan for row uid 'synthetic-42-00000'"
+    ):
+        asyncio.run(checked(**_reward_kwargs()))
+
+
+def test_the_trainer_keeps_the_reward_functions_and_names_it_was_given(tiny_model_dir, tmp_path):
+    from trl import GRPOConfig
+    from trl.trainer.utils import get_callable_name
+
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+
+    class Scorer:
+        def __call__(self, completions, **kwargs):
+            return [0.0] * len(completions)
+
+    given = [fault_harness.nan_reward, functools.partial(fault_harness.short_reward), Scorer()]
+    args = GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
+                      per_device_train_batch_size=2, num_generations=2, max_completion_length=4)  # fmt: skip
+    dataset = datasets.Dataset.from_dict({"question": ["What is 1 + 1?"], "answer": ["2"]})
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=given, args=args, train_dataset=dataset
+    )
+    assert all(a is b for a, b in zip(trainer.reward_funcs, given, strict=True))
+    assert (
+        trainer.reward_func_names
+        == [get_callable_name(f) for f in given]
+        == ["nan_reward", "short_reward", "Scorer"]
+    )
+
+
+ROW = r"row uid 'synthetic-42-\d+', template '([\w-]+)'"
+FAULTY_REWARDS = {
+    "raises_on_one_row": (
+        r"raised ZeroDivisionError: float division by zero at fault_harness\.py:\d+ on the completion of "
+        r"row uid 'synthetic-42-00003', template '([\w-]+)'$"
+    ),
+    "nan_reward": rf"returned nan for {ROW}; return a finite number",
+    "short_reward": rf"returned 15 rewards for 16 completions \({ROW} first\)",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reward", list(FAULTY_REWARDS))
+def test_a_faulty_reward_stops_training_with_one_line(tmp_path, reward):
+    # 4 questions: all of them (uids synthetic-42-00000..3) are in the first round.
+    line = _error(
+        ["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--num_synthetic", "4",
+         "--reward_funcs", "correctness", f"fault_harness:{reward}"]
+    )  # fmt: skip
+    found = re.search(
+        rf"^prompt-aug-train: error: reward function {reward!r} " + FAULTY_REWARDS[reward], line
+    )
+    assert found, line
+    assert found.group(1) in load_templates()
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_save_is_one_line_naming_output_dir_and_the_last_checkpoint_stays_intact(
+    tmp_path, monkeypatch
+):
+    out = tmp_path / "run"
+    original, before = torch.save, {}
+
+    def save(obj, f, *args, **kwargs):  # the disk fills while checkpoint-4 is written, after its weights
+        if "checkpoint-4" in Path(str(f)).parts:
+            before.update(_digests(out / "checkpoint-2"))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return original(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    line = _error(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "4", "--save_steps", "2"])
+    assert f"no space left on the disk of output_dir {out} while writing {out / 'checkpoint-4'}/" in line
+    assert f"The last complete checkpoint, {out / 'checkpoint-2'}, is intact." in line
+    assert "checkpoint-4 is incomplete (delete it to free space; a resume skips it)" in line
+    assert line.endswith("then rerun with --resume_from_checkpoint true.")
+    assert before and _digests(out / "checkpoint-2") == before
+    assert faults.checkpoint_problem(out / "checkpoint-2") is None
+
+    monkeypatch.setattr(torch, "save", original)  # space freed: the run resumes from checkpoint-2
+    _train(out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "true")
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+
+
+def test_disk_full_is_recognised_however_the_writer_reports_it(tmp_path, monkeypatch):
+    assert faults.is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path)
+    safetensors_style = Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert faults.is_disk_full(safetensors_style, tmp_path)
+    torch_style = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert not faults.is_disk_full(torch_style, tmp_path)  # the test box has space: another write failure
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(100, 100, 0))
+    assert faults.is_disk_full(torch_style, tmp_path)
+    assert not faults.is_disk_full(OSError(errno.EACCES, "Permission denied"), tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Hub
+
+
+@pytest.mark.slow
+def test_a_failed_push_keeps_model_and_card_on_disk_and_says_how_to_push_later(tmp_path, caplog):
+    out = tmp_path / "run"
+    with caplog.at_level("INFO", logger="prompt_aug"):  # HF_HUB_OFFLINE=1 (conftest): every request fails
+        line = _error(
+            ["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--push_to_hub", "true",
+             "--hub_model_id", "someone/x"]
+        )  # fmt: skip
+    assert "push_to_hub: cannot reach the Hub to create someone/x (OfflineModeIsEnabled" in caplog.text
+    assert "training goes on without pushing checkpoints" in caplog.text
+    assert line.startswith(
+        "prompt-aug-train: error: push_to_hub: the upload to someone/x failed (OfflineModeIsEnabled"
+    )
+    assert f"The trained model and its model card are in {out}; push them later with: " in line
+    assert line.endswith(f"hf upload someone/x {out} . --exclude 'checkpoint-*' --exclude '_*'")
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+
+
+def test_a_refused_hub_request_is_not_mistaken_for_an_unreachable_hub():
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    class Response:
+        status_code = 401
+
+    refused = Exception("401 Unauthorized")
+    refused.response = Response()
+    assert faults.hub_unreachable(OfflineModeIsEnabled("offline")) and faults.hub_unreachable(TimeoutError())
+    assert not faults.hub_unreachable(refused)
+    Response.status_code = 503
+    assert faults.hub_unreachable(refused)
