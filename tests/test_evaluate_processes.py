@@ -76,7 +76,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _evaluate(processes: int, model: Path, questions: Path, out: Path, *extra: str):
+def _run_evaluation(processes: int, model: Path, questions: Path, out: Path, *extra: str):
     launcher = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(processes),
                 "--master_addr", "127.0.0.1", "--master_port", str(_free_port())]  # fmt: skip
     cmd = [sys.executable, *(launcher if processes > 1 else []), "-m", "prompt_aug.evaluate", "--model",
@@ -87,9 +87,9 @@ def _evaluate(processes: int, model: Path, questions: Path, out: Path, *extra: s
 
 @pytest.mark.slow
 def test_two_processes_write_what_one_process_writes(varied_model, questions, tmp_path):
-    one = _evaluate(1, varied_model, questions, tmp_path / "one")
+    one = _run_evaluation(1, varied_model, questions, tmp_path / "one")
     assert one.returncode == 0, one.stderr[-3000:]
-    two = _evaluate(2, varied_model, questions, tmp_path / "two")
+    two = _run_evaluation(2, varied_model, questions, tmp_path / "two")
     assert two.returncode == 0, two.stderr[-3000:]
     assert "(on 2 processes)" in two.stderr
     assert "merged 28 new completions of 2 processes (15 + 13) into completions.jsonl" in two.stderr
@@ -115,7 +115,7 @@ def test_every_process_stops_with_the_main_processs_verdict_on_the_folder(varied
     out.mkdir()
     (out / "settings.json").write_text(json.dumps({"model": "model", "stop": "eos"}))
     (out / "completions.jsonl").write_text("")
-    run = _evaluate(2, varied_model, questions, out)
+    run = _run_evaluation(2, varied_model, questions, out)
     assert run.returncode != 0
     assert run.stderr.count("holds completions made with other settings") == 2, run.stderr[-3000:]
 

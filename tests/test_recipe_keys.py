@@ -24,7 +24,7 @@ from trl import GRPOConfig, ModelConfig, get_peft_config
 from prompt_aug import models, train
 from prompt_aug.cli import UsageError, prepare_output_dir
 from prompt_aug.config import PromptAugGRPOConfig, PromptAugScriptArguments, batch_arithmetic
-from prompt_aug.data import load_train_dataset
+from prompt_aug.data import DataError, load_train_dataset
 from prompt_aug.evaluation.callback import EvalCallback
 from prompt_aug.extensions.collapse import CollapseGuard, OptimizerResetCallback
 from prompt_aug.templates import load_templates, templates_for
@@ -199,6 +199,7 @@ def data(tmp_path_factory) -> Path:
     )
     long = [*rows, {"question": "Explain " + "very " * 80 + "long.", "answer": "1"}]
     _write(root / "long" / "train.jsonl", long)
+    _write(root / "bad" / "train.jsonl", [*rows, {"question": "What is 0 + 0?", "answer": ""}])  # 1 of 7 bad
     run = root / "used"
     run.mkdir()
     (run / "trainer_state.json").write_text("{}")
@@ -242,6 +243,11 @@ def _script_cases(data: Path) -> dict[str, tuple[dict, dict, Any]]:
             {"dataset_name": str(data / "long"), "max_prompt_length": 60},
             rows,
         ),
+        "max_bad_row_share": (
+            {"dataset_name": str(data / "bad")},
+            {"dataset_name": str(data / "bad"), "max_bad_row_share": 0.5},
+            lambda S, A, tok: _rows_or_refusal(S, A, tok[1]),
+        ),
         "dataset_num_rows": ({}, {"dataset_num_rows": 100}, lambda S, A, tok: batch_arithmetic(A, S).table()),
         "num_processes": ({}, {"num_processes": 4}, lambda S, A, tok: batch_arithmetic(A, S).table()),
         "chat_template": (
@@ -261,6 +267,13 @@ def _script_cases(data: Path) -> dict[str, tuple[dict, dict, Any]]:
         ),
         "dry_run": ({}, {"dry_run": True}, None),  # its own test below
     }
+
+
+def _rows_or_refusal(script_args, args, tokenizer) -> Any:
+    try:
+        return _loaded_rows(script_args, args, tokenizer)
+    except DataError as err:
+        return f"refused: {err}"
 
 
 def _prepare(script_args, output_dir: str) -> str:
@@ -391,6 +404,7 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "packing_max_tokens": ({}, 4096, lambda t: t.padding_free.max_tokens),
     "packing_pad_to_multiple_of": ({}, 8, lambda t: t.padding_free.pad_to_multiple_of),
     "wandb_completions_rows": ({}, 3, lambda t: t.wandb_completions_rows),
+    "save_on_preemption": ({}, False, lambda t: t.preemption is not None),
 }
 
 
