@@ -25,7 +25,7 @@ Held-out questions: the recipes set ``heldout_questions: 30`` (of the 45 digit s
 on), which `prompt_aug.demo.warmstart.split_heldout` draws with the run's seed and keeps out of training. The
 recipe writes them to ``heldout.jsonl`` only with ``before_after: true``, and only at the end of training,
 while the ablation scores checkpoints on the way, so the runner writes the same file first, through the
-same functions the trainer calls (`prompt_aug.train.load_train_dataset`, then ``split_heldout``);
+same functions the training script calls (`prompt_aug.data.load_train_dataset`, then ``split_heldout``);
 ``tests/test_ablation.py`` checks it equals the recipe's own file.
 
 Evaluation: ``prompt-aug-eval --template all`` (greedy, hf backend, float32, 64 new tokens) on the held-out
@@ -377,26 +377,26 @@ def prepare_main(argv: list[str]) -> None:
 
     from prompt_aug import train
     from prompt_aug.config import batch_arithmetic
+    from prompt_aug.data import load_train_dataset
     from prompt_aug.demo.warmstart import split_heldout
+    from prompt_aug.models import load_tokenizer, resolve_model_path
     from prompt_aug.templates import templates_for
 
     argv_train = ["--config", ns.recipe, "--output_dir", ns.train_dir, "--seed", ns.seed, *overrides]
-    args, model_args, demo_args = train.parse_args(argv_train)
+    script_args, args, model_args, demo_args = train.parse_args(argv_train)
     if demo_args.heldout_questions <= 0:
         raise SystemExit(
             f"{ns.recipe}: heldout_questions must be set, the ablation scores held-out questions"
         )
     templates, _, eval_template = templates_for(args)
-    model_path = train.resolve_model_path(
-        model_args, args
-    )  # a built-in model is built where training builds it
-    tokenizer = train.load_tokenizer(model_path, model_args, args)
-    dataset = train.load_train_dataset(args, templates, eval_template, tokenizer)
+    model_path = resolve_model_path(model_args, args)  # a built-in model is built where training builds it
+    tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
+    dataset, _ = load_train_dataset(script_args, args, templates, eval_template, tokenizer)
     _, heldout = split_heldout(dataset, demo_args.heldout_questions, args.seed)
     ns.write.mkdir(parents=True, exist_ok=True)
     rows = heldout.to_list()  # written as `BeforeAfter.write` writes the recipe's own heldout.jsonl
     (ns.write / HELDOUT_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    steps = batch_arithmetic(args).optimizer_steps_per_round
+    steps = batch_arithmetic(args, script_args).optimizer_steps_per_round
     if steps != int(steps):
         raise SystemExit(f"{ns.recipe}: {steps} optimizer steps per round; the ablation needs a whole number")
     info = {"model_path": model_path, "steps_per_round": int(steps), "heldout": len(rows)}
