@@ -37,9 +37,9 @@ Report (``OUT/ablation.md``, ``OUT/ablation.json`` and ``--figure``, default ``O
 by `prompt_aug.plot`): per run and per arm (mean ± standard deviation over seeds), from each run's
 ``logs.jsonl``, the entropy, training accuracy (``rewards/correctness_reward/mean``) and truncation
 (``completions/clipped_ratio``) over the first and last 10 rounds (every round's value in the JSON), the
-first round whose entropy is below ``--entropy_floor``; and at each evaluation round the held-out lenient,
-strict and format scores: the mean over the 13 templates, the spread (best minus worst template) and the
-standard deviation across templates.
+first round whose entropy, and the first whose 5-round trailing mean, is below ``--entropy_floor``; and at
+each evaluation round the held-out lenient, strict and format scores: the mean over the 13 templates, the
+spread (best minus worst template) and the standard deviation across templates.
 
 ``--model tiny`` runs the same pipeline on the package's built-in random model with small shapes (tests).
 """
@@ -91,6 +91,8 @@ TINY_EVAL_TOKENS = 8
 ACCURACY_KEY = "rewards/correctness_reward/mean"
 TRUNCATION_KEY = "completions/clipped_ratio"
 WINDOW = 10  # rounds averaged at the start and the end of a run
+SMOOTH = 5  # rounds of the trailing mean whose crossing of the entropy floor is also reported
+FLOOR_KEYS = ("first_round_entropy_below_floor", f"first_round_entropy_{SMOOTH}_round_mean_below_floor")
 DONE_FILE, SCORES_FILE, HELDOUT_FILE, PREPARED_FILE = (
     "done.json",
     "scores.json",
@@ -483,6 +485,8 @@ def summarize_run(plan: Plan, arm: str, seed: int, markers: set[str]) -> dict[st
         "truncation": per_round(entries, TRUNCATION_KEY),
     }
     below = [r for r, v in curves["entropy"].items() if v < plan.entropy_floor]
+    smoothed = trailing_mean(curves["entropy"], SMOOTH)
+    below_smoothed = [r for r, v in smoothed.items() if v < plan.entropy_floor]
     evals: dict[int, Any] = {}
     base = plan.out / f"base-s{seed}" / "eval" / SCORES_FILE
     if base.is_file():
@@ -499,6 +503,7 @@ def summarize_run(plan: Plan, arm: str, seed: int, markers: set[str]) -> dict[st
         "training_seconds": round(sum(x["seconds"] for x in launched), 1),
         "training_cpu_seconds": round(sum(x.get("cpu_seconds", 0.0) for x in launched), 1),
         "first_round_entropy_below_floor": below[0] if below else None,
+        f"first_round_entropy_{SMOOTH}_round_mean_below_floor": below_smoothed[0] if below_smoothed else None,
         "windows": {
             name: {"first": window_mean(curve, True), "last": window_mean(curve, False)}
             for name, curve in curves.items()
@@ -512,6 +517,19 @@ def summarize_run(plan: Plan, arm: str, seed: int, markers: set[str]) -> dict[st
             }
             for r, e in sorted(evals.items())
         },
+    }
+
+
+def trailing_mean(curve: dict[int, float], window: int) -> dict[int, float]:
+    """Round → mean of the last ``window`` logged rounds up to it (fewer at the start).
+
+    >>> trailing_mean({1: 1.0, 2: 0.0, 3: 0.5}, 2)
+    {1: 1.0, 2: 0.5, 3: 0.25}
+    """
+    rounds = sorted(curve)
+    return {
+        r: statistics.fmean(curve[x] for x in rounds[max(0, i - window + 1) : i + 1])
+        for i, r in enumerate(rounds)
     }
 
 
@@ -554,7 +572,8 @@ def report(plan: Plan, figure: Path | None) -> dict[str, Any]:
             summary["windows"][name] = {
                 at: mean_sd([r["windows"][name][at] for r in mine]) for at in ("first", "last")
             }
-        summary["first_round_entropy_below_floor"] = [r["first_round_entropy_below_floor"] for r in mine]
+        for key in FLOOR_KEYS:
+            summary[key] = [r[key] for r in mine]
         rounds = sorted({int(k) for r in mine for k in r["eval"]})
         for round_ in rounds:
             got = [r["eval"][str(round_)]["summary"] for r in mine if str(round_) in r["eval"]]
@@ -587,7 +606,8 @@ def table_row(cells: list[Any]) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-TRAINING_HEAD = ["run", "rounds", "entropy", "first round < floor", "training accuracy", "truncation"]
+TRAINING_HEAD = ["run", "rounds", "entropy", "first round < floor",
+                 f"first round < floor, {SMOOTH}-round mean", "training accuracy", "truncation"]  # fmt: skip
 EVAL_HEAD = ["run", "round", "lenient mean", "lenient spread", "lenient std", "strict mean", "format mean",
              "format (markers)", "worst template (lenient)"]  # fmt: skip
 EVAL_CELLS = [("lenient", "mean"), ("lenient", "spread"), ("lenient", "std"), ("strict", "mean"),
@@ -601,22 +621,23 @@ def markdown(plan: Plan, runs: list[dict[str, Any]], arms: dict[str, Any]) -> st
         (
             f"Training log (`logs.jsonl`): mean of the first {WINDOW} → last {WINDOW} logged rounds; entropy "
             f"in nats per token, training accuracy = `{ACCURACY_KEY}`, truncation = `{TRUNCATION_KEY}`; "
-            f"first round < floor: the first round whose entropy is below {plan.entropy_floor:g} (–: none)."
+            f"first round < floor: the first round whose entropy is below {plan.entropy_floor:g} (–: none); "
+            f"also for the mean entropy of the last {SMOOTH} rounds (one round's 16 completions are noisy)."
         ),
         "",
         table_row(TRAINING_HEAD),
-        "|---|---:|---|---:|---|---|",
+        "|---|---:|---|---:|---:|---|---|",
     ]
     for r in runs:
         cells = [f"{fmt(r['windows'][n]['first'])} → {fmt(r['windows'][n]['last'])}" for n in CURVES]
-        floor = r["first_round_entropy_below_floor"]
+        floors = ["–" if r[key] is None else r[key] for key in FLOOR_KEYS]
         name = f"{r['arm']} s{r['seed']}" + ("" if r["finished"] else " (unfinished)")
-        lines.append(table_row([name, r["rounds"], cells[0], "–" if floor is None else floor, *cells[1:]]))
+        lines.append(table_row([name, r["rounds"], cells[0], *floors, *cells[1:]]))
     for arm, s in arms.items():
         cells = [f"{fmt_ms(s['windows'][n]['first'])} → {fmt_ms(s['windows'][n]['last'])}" for n in CURVES]
-        floors = ", ".join("–" if f is None else str(f) for f in s["first_round_entropy_below_floor"])
+        floors = [", ".join("–" if f is None else str(f) for f in s[key]) for key in FLOOR_KEYS]
         label = f"**{arm}** (mean ± sd, seeds {', '.join(map(str, s['seeds']))})"
-        lines.append(table_row([label, "", cells[0], floors, *cells[1:]]))
+        lines.append(table_row([label, "", cells[0], *floors, *cells[1:]]))
     lines += [
         "",
         (

@@ -130,6 +130,8 @@ def test_report_has_both_arms_every_round_and_the_figure(ablation_runs):
     for run in report["runs"]:
         assert run["rounds"] == 2 and run["finished"]
         assert set(run["curves"]["entropy"]) == {"1", "2"}
+        assert run["first_round_entropy_below_floor"] is None  # the tiny random model: about 6 nats
+        assert run["first_round_entropy_5_round_mean_below_floor"] is None
         assert set(run["eval"]) == {"0", "1", "2"}
         summary = run["eval"]["2"]["summary"]
         assert set(summary) >= {"lenient", "strict", "format", "format_marker_templates", "worst_lenient"}
