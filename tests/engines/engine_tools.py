@@ -30,6 +30,9 @@ def require(module: str) -> None:
 def engine_env(**extra: str) -> dict[str, str]:
     """The environment of an engine subprocess: this tree first on the path, offline, a small KV cache."""
     env = dict(os.environ)
+    # Importing TRL in the test process sets VLLM_LOGGING_LEVEL=ERROR there; a subprocess must start from the
+    # user's environment, not from what an earlier test's import left in this one.
+    env.pop("VLLM_LOGGING_LEVEL", None)
     env.update(
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         HF_HUB_OFFLINE="1",
