@@ -206,13 +206,6 @@ def chunked_forward(
     return tuple(outs)
 
 
-def real_token_share(batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """Real tokens over processed tokens, for (prompt_mask, completion_mask) pairs of the batches run."""
-    real = sum(int(p.sum() + c.sum()) for p, c in batches)
-    processed = sum(p.numel() + c.numel() for p, c in batches)
-    return real / processed if processed else 1.0
-
-
 def long_tailed_lengths(rows: int, cap: int, generator: torch.Generator) -> list[int]:
     """Completion lengths like a paper round's, for benchmarks: one row in 16 (at random) at ``cap``, the
     rest exponential with mean ``cap / 5`` (clipped to 1 .. cap - 1), so the mean is about ``cap / 4``."""
