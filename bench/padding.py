@@ -17,7 +17,14 @@ wall-clock ratios, then ``trim/padded training-side time: X.XX`` and, last,
 equal wall-clock time on a quiet machine, and on a shared one they do not move with the other jobs' load
 (the wall-clock ratios do).
 
+``--device cuda`` runs the same trainer on a GPU in bf16 with gradient checkpointing, the way a GPU recipe
+trains; there the ratios are of wall-clock seconds (synchronised), and ``--shape paper`` gives the model
+Qwen2.5-Math-1.5B's architecture (random weights; the tiny tokenizer, with the model's 151,936-entry
+vocabulary so that the fused head costs what it does in the paper run), the paper's completion cap (3,072)
+and two rounds, the first of which warms up. Prompts are the synthetic dataset's, shorter than MATH's.
+
     OMP_NUM_THREADS=1 python bench/padding.py            # about 3 minutes on one quiet core
+    python bench/padding.py --device cuda --shape paper  # one GPU: 3 paths x 2 rounds of 128 rows
 """
 
 from __future__ import annotations
@@ -61,8 +68,12 @@ class _BenchTrainer(PromptAugGRPOTrainer):
         return Generation(prompt_ids, completions, None, texts, None, {}, None, [])
 
     def _add(self, key: str, start: tuple[float, float]) -> None:
-        self.wall[key] += time.perf_counter() - start[0]
-        self.cpu[key] += time.process_time() - start[1]
+        if self.args.use_cpu is False and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the GPU's work, not its launch
+        for clock, now in (("wall", time.perf_counter()), ("cpu", time.process_time())):
+            elapsed = now - start[0 if clock == "wall" else 1]
+            getattr(self, clock)[key] += elapsed
+            self.per_round[-1][clock][key] += elapsed
 
     def token_logps_and_entropies(self, *args, **kwargs):
         start = time.perf_counter(), time.process_time()
@@ -72,6 +83,8 @@ class _BenchTrainer(PromptAugGRPOTrainer):
         return out
 
     def score_round(self, inputs):
+        # A new round: its first training_step (which called this) is timed into it.
+        self.per_round.append({clock: dict.fromkeys(self.wall, 0.0) for clock in ("wall", "cpu")})
         start = time.perf_counter(), time.process_time()
         output = super().score_round(inputs)
         self._add("generate_and_score", start)
@@ -81,6 +94,8 @@ class _BenchTrainer(PromptAugGRPOTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         # TRL generates (and runs the old-log-prob pass) inside the first training_step of a round.
+        if self.args.use_cpu is False and torch.cuda.is_available():
+            torch.cuda.synchronize()
         start = time.perf_counter(), time.process_time()
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._add("training_step", start)
@@ -91,17 +106,30 @@ def _reward(completions, **kwargs):
     return [float(len(c) % 3) for c in completions]
 
 
-def build_model(path: Path, hidden: int, layers: int, seed: int) -> Path:
-    """A random Qwen2 model of ``layers`` layers at width ``hidden``, with the tiny ChatML tokenizer."""
+PAPER_MODEL = {  # Qwen2.5-Math-1.5B's architecture
+    "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+    "intermediate_size": 8960, "vocab_size": 151936,
+}  # fmt: skip
+
+
+def build_model(
+    path: Path, hidden: int, layers: int, seed: int, paper: bool = False, device: str = "cpu"
+) -> Path:
+    """A random Qwen2 model of ``layers`` layers at width ``hidden`` (or, with ``paper``, Qwen2.5-Math-1.5B's
+    architecture), with the tiny ChatML tokenizer."""
     tokenizer = build_tiny_tokenizer()
+    shape = PAPER_MODEL if paper else {
+        "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": hidden // 64,
+        "num_key_value_heads": max(1, hidden // 256), "intermediate_size": 3 * hidden,
+        "vocab_size": len(tokenizer),
+    }  # fmt: skip
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256),
-        max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=None,
+        **shape, max_position_embeddings=4096 + 1024, tie_word_embeddings=True, bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    with torch.device(device):  # on a GPU, a 1.5B model initialises in a second
+        model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
@@ -110,13 +138,14 @@ def build_model(path: Path, hidden: int, layers: int, seed: int) -> Path:
     return path
 
 
-def run(model_path: Path, out: Path, trim_padding: str, args: argparse.Namespace) -> dict:
+def run(model_path: Path, out: Path, trim_padding: str, attention: str, args: argparse.Namespace) -> dict:
+    gpu = args.device == "cuda"
     config = PromptAugGRPOConfig(
         output_dir=str(out), per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=4,
-        steps_per_generation=16, num_generations=8, max_completion_length=args.cap, max_steps=4,
-        learning_rate=1e-5, report_to="none", save_strategy="no", logging_steps=1, use_cpu=True, bf16=False,
-        loss_type="dapo", beta=0.0, seed=0, gradient_checkpointing=False, disable_tqdm=True,
-        trim_padding=trim_padding,
+        steps_per_generation=16, num_generations=8, max_completion_length=args.cap, max_steps=4 * args.rounds,
+        learning_rate=1e-5, report_to="none", save_strategy="no", logging_steps=1, use_cpu=not gpu, bf16=gpu,
+        loss_type="dapo", beta=0.0, seed=0, gradient_checkpointing=gpu, disable_tqdm=True,
+        trim_padding=trim_padding, model_init_kwargs={"attn_implementation": attention},
     )  # fmt: skip
     questions = synthetic_problems(64, seed=0)
     trainer = _BenchTrainer(
@@ -128,6 +157,9 @@ def run(model_path: Path, out: Path, trim_padding: str, args: argparse.Namespace
     trainer.remove_callback(PrinterCallback)  # the table below, not every step's log
     trainer.wall = {"old_logps": 0.0, "generate_and_score": 0.0, "training_step": 0.0}
     trainer.cpu = dict(trainer.wall)
+    trainer.per_round = []
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
     trainer.train()
     # The optimizer steps: training_step less the generation and scoring (old-log-prob pass included) that
     # TRL runs inside a round's first training_step.
@@ -138,9 +170,16 @@ def run(model_path: Path, out: Path, trim_padding: str, args: argparse.Namespace
     stats, old = trainer.padding_free.stats, trainer.old_logps_stats
     steps = {key: stats[key] - old[key] for key in stats}  # the 4 optimizer steps' forward calls
     completion_ids, prompt_ids = trainer.round
+    rounds = [
+        {clock: t[clock]["old_logps"] + t[clock]["training_step"] - t[clock]["generate_and_score"]
+         for clock in ("wall", "cpu")}
+        for t in trainer.per_round
+    ]  # fmt: skip
     return {
         "path": trainer.padding_free.mode,  # packed falls back to trim (and logs why) where it cannot serve
         "times": times,
+        "rounds": rounds,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan"),
         "stats": {"old_logps": old, "steps": steps},
         "losses": [log["loss"] for log in trainer.state.log_history if "loss" in log],
         "round": completion_ids,
@@ -149,7 +188,12 @@ def run(model_path: Path, out: Path, trim_padding: str, args: argparse.Namespace
     }
 
 
-MODES = {"padded": "off", "trim": "trim", "packed": "packed"}  # name: trim_padding
+MODES = {  # name: (trim_padding, attention implementation)
+    "padded": ("off", "sdpa"),
+    "trim": ("trim", "sdpa"),
+    "packed": ("packed", "sdpa"),
+    "packed-flex": ("packed", "flex_attention"),  # a GPU's: flex_attention has no backward on CPU
+}
 
 
 def main() -> None:
@@ -158,14 +202,36 @@ def main() -> None:
     parser.add_argument("--micro_batch", type=int, default=8, help="per_device_train_batch_size (default 8)")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: bf16, checkpointing")
+    parser.add_argument("--shape", choices=("small", "paper"), default="small", help="paper: see above")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per path (1; paper shape: 2)")
+    parser.add_argument(
+        "--paths", default="padded,trim,packed", help=f"comma-separated, of {', '.join(MODES)}"
+    )
     args = parser.parse_args()
+    args.paths = [name.strip() for name in args.paths.split(",") if name.strip()]
+    if unknown := sorted(set(args.paths) - set(MODES)):
+        parser.error(f"--paths: unknown {unknown}; choose among {', '.join(MODES)}")
+    if "padded" not in args.paths:
+        parser.error("--paths: include padded, the path the others are compared with")
+    paper = args.shape == "paper"
+    if paper and args.cap == parser.get_default("cap"):
+        args.cap = 3072
+    args.rounds = args.rounds or (2 if paper else 1)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no GPU here")
     results = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        model_path = build_model(Path(tmp) / "model", args.hidden, args.layers, seed=0)
-        params = sum(p.numel() for p in Qwen2ForCausalLM.from_pretrained(model_path).parameters())
-        for name, mode in MODES.items():
-            results[name] = run(model_path, Path(tmp) / name, mode, args)
+        model_path = build_model(
+            Path(tmp) / "model", args.hidden, args.layers, seed=0, paper=paper, device=args.device
+        )
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(Qwen2Config.from_pretrained(model_path))
+        params = sum(p.numel() for p in model.parameters())
+        shape = f"{model.config.hidden_size} wide, {model.config.num_hidden_layers} layers"
+        for name in args.paths:
+            results[name] = run(model_path, Path(tmp) / name, *MODES[name], args)
     padded = results["padded"]
     for name, r in results.items():
         if not torch.equal(padded["round"], r["round"]) or not torch.equal(padded["prompts"], r["prompts"]):
@@ -173,7 +239,8 @@ def main() -> None:
     lengths = (padded["round"] != 0).sum(1).float()
     prompts = (padded["prompts"] != 0).sum(1).float()
     print(
-        f"model: {params / 1e6:.1f} M parameters (hidden {args.hidden}, {args.layers} layers); round: "
+        f"device: {device_name(args.device)}; torch {torch.__version__}; model: {params / 1e6:.1f} M "
+        f"parameters ({shape}); round: "
         f"{padded['rows']} rows, prompts {prompts.min():.0f}-{prompts.max():.0f} tokens, "
         f"completions mean {lengths.mean():.0f} of cap {args.cap} "
         f"({int((lengths == args.cap).sum())} at the cap); torch threads {torch.get_num_threads()}; "
@@ -200,15 +267,35 @@ def main() -> None:
         losses = ", ".join(f"{loss:.6g}" for loss in r["losses"])
         print(f"{name} loss per optimizer step: {losses} (largest gap to padded {gap:.2g})")
     ratios = {
-        clock: {name: _seconds(results[name], clock) / _seconds(padded, clock) for name in ("trim", "packed")}
+        clock: {name: _seconds(r, clock) / _seconds(padded, clock) for name, r in results.items()}
         for clock in ("wall", "cpu")
     }
     print(
-        f"wall-clock training-side time (moves with the machine's load): "
-        f"trim/padded {ratios['wall']['trim']:.2f}, packed/padded {ratios['wall']['packed']:.2f}"
+        "wall-clock training-side time (moves with the machine's load): "
+        + ", ".join(
+            f"{name}/padded {ratio:.2f}" for name, ratio in ratios["wall"].items() if name != "padded"
+        )
     )
-    for name in ("trim", "packed"):  # packed last
+    if args.device == "cuda":  # wall-clock seconds, synchronised; the first round warms each path up
+        print(f"{'':7} " + " ".join(f"{f'round {i + 1} s':>10}" for i in range(args.rounds)) + "   peak GiB")
+        for name, r in results.items():
+            cells = " ".join(f"{t['wall']:>10.2f}" for t in r["rounds"])
+            print(f"{name:7} {cells} {r['peak_gib']:>10.1f}")
+        steady = slice(1, None) if args.rounds > 1 else slice(None)
+        base = sum(t["wall"] for t in padded["rounds"][steady])
+        for name in [n for n in results if n != "padded"]:
+            ratio = sum(t["wall"] for t in results[name]["rounds"][steady]) / base
+            print(f"{name}/padded training-side time: {ratio:.2f} (wall-clock, rounds after the first)")
+        return
+    for name in [n for n in results if n != "padded"]:  # in --paths order: packed last by default
         print(f"{name}/padded training-side time: {ratios['cpu'][name]:.2f}")
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the CPU's threads."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"CPU, {torch.get_num_threads()} torch threads"
 
 
 def _seconds(result: dict, clock: str, phase: str | None = None) -> float:
