@@ -71,9 +71,7 @@ class _BenchTrainer(PromptAugGRPOTrainer):
         if self.args.use_cpu is False and torch.cuda.is_available():
             torch.cuda.synchronize()  # the GPU's work, not its launch
         for clock, now in (("wall", time.perf_counter()), ("cpu", time.process_time())):
-            elapsed = now - start[0 if clock == "wall" else 1]
-            getattr(self, clock)[key] += elapsed
-            self.per_round[-1][clock][key] += elapsed
+            self.per_round[-1][clock][key] += now - start[0 if clock == "wall" else 1]
 
     def token_logps_and_entropies(self, *args, **kwargs):
         start = time.perf_counter(), time.process_time()
@@ -84,7 +82,8 @@ class _BenchTrainer(PromptAugGRPOTrainer):
 
     def score_round(self, inputs):
         # A new round: its first training_step (which called this) is timed into it.
-        self.per_round.append({clock: dict.fromkeys(self.wall, 0.0) for clock in ("wall", "cpu")})
+        self.per_round.append({clock: dict.fromkeys(PHASES, 0.0) for clock in ("wall", "cpu")})
+        self.round_start_stats = dict(self.padding_free.stats)
         start = time.perf_counter(), time.process_time()
         output = super().score_round(inputs)
         self._add("generate_and_score", start)
@@ -155,26 +154,23 @@ def run(model_path: Path, out: Path, trim_padding: str, attention: str, args: ar
         train_dataset=Dataset.from_list(questions),
     )
     trainer.remove_callback(PrinterCallback)  # the table below, not every step's log
-    trainer.wall = {"old_logps": 0.0, "generate_and_score": 0.0, "training_step": 0.0}
-    trainer.cpu = dict(trainer.wall)
     trainer.per_round = []
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
-    # The optimizer steps: training_step less the generation and scoring (old-log-prob pass included) that
-    # TRL runs inside a round's first training_step.
-    times = {
-        clock: {"old_logps": t["old_logps"], "steps": t["training_step"] - t["generate_and_score"]}
-        for clock, t in (("wall", trainer.wall), ("cpu", trainer.cpu))
-    }
-    stats, old = trainer.padding_free.stats, trainer.old_logps_stats
-    steps = {key: stats[key] - old[key] for key in stats}  # the 4 optimizer steps' forward calls
-    completion_ids, prompt_ids = trainer.round
+    # Per round, the optimizer steps are training_step less the generation and scoring (old-log-prob pass
+    # included) that TRL runs inside a round's first training_step.
     rounds = [
-        {clock: t[clock]["old_logps"] + t[clock]["training_step"] - t[clock]["generate_and_score"]
+        {clock: {"old_logps": t[clock]["old_logps"],
+                 "steps": t[clock]["training_step"] - t[clock]["generate_and_score"]}
          for clock in ("wall", "cpu")}
         for t in trainer.per_round
     ]  # fmt: skip
+    times = rounds[-1]  # the phase table is the last round's
+    stats, start, old = trainer.padding_free.stats, trainer.round_start_stats, trainer.old_logps_stats
+    old = {key: old[key] - start[key] for key in stats}  # the last round's old-log-prob pass
+    steps = {key: stats[key] - trainer.old_logps_stats[key] for key in stats}  # its 4 optimizer steps
+    completion_ids, prompt_ids = trainer.round
     return {
         "path": trainer.padding_free.mode,  # packed falls back to trim (and logs why) where it cannot serve
         "times": times,
@@ -188,6 +184,7 @@ def run(model_path: Path, out: Path, trim_padding: str, attention: str, args: ar
     }
 
 
+PHASES = ("old_logps", "generate_and_score", "training_step")  # timed per round
 MODES = {  # name: (trim_padding, attention implementation)
     "padded": ("off", "sdpa"),
     "trim": ("trim", "sdpa"),
@@ -246,6 +243,8 @@ def main() -> None:
         f"({int((lengths == args.cap).sum())} at the cap); torch threads {torch.get_num_threads()}; "
         f"{time.perf_counter() - start:.0f} s in all"
     )
+    if args.rounds > 1:
+        print(f"the last of {args.rounds} rounds:")
     print(
         f"{'':7} {'path':>6}  {'phase':<16} {'wall s':>7} {'cpu s':>7} {'real-token share':>16} {'calls':>5} "
         f"{'tokens run':>10}"
@@ -279,12 +278,12 @@ def main() -> None:
     if args.device == "cuda":  # wall-clock seconds, synchronised; the first round warms each path up
         print(f"{'':7} " + " ".join(f"{f'round {i + 1} s':>10}" for i in range(args.rounds)) + "   peak GiB")
         for name, r in results.items():
-            cells = " ".join(f"{t['wall']:>10.2f}" for t in r["rounds"])
+            cells = " ".join(f"{sum(t['wall'].values()):>10.2f}" for t in r["rounds"])
             print(f"{name:7} {cells} {r['peak_gib']:>10.1f}")
         steady = slice(1, None) if args.rounds > 1 else slice(None)
-        base = sum(t["wall"] for t in padded["rounds"][steady])
+        base = sum(sum(t["wall"].values()) for t in padded["rounds"][steady])
         for name in [n for n in results if n != "padded"]:
-            ratio = sum(t["wall"] for t in results[name]["rounds"][steady]) / base
+            ratio = sum(sum(t["wall"].values()) for t in results[name]["rounds"][steady]) / base
             print(f"{name}/padded training-side time: {ratio:.2f} (wall-clock, rounds after the first)")
         return
     for name in [n for n in results if n != "padded"]:  # in --paths order: packed last by default

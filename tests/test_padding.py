@@ -300,3 +300,47 @@ def test_the_old_booleans_still_choose_a_path(tmp_path, value, mode):
     assert args.trim_padding == mode
     with pytest.raises(ValueError, match="trim_padding: 'squash' is not one of packed, trim, off"):
         PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, trim_padding="squash")
+
+
+# -- the trainer-level bench ---------------------------------------------------------------------------------
+
+
+def test_padding_bench_trains_each_path_on_the_same_losses_over_two_rounds():
+    """bench/padding.py at a tiny shape, two rounds: each path trains through the trainer on the same rounds
+    (the bench checks), its losses match padded's (float32), and the ratio lines come last, packed last."""
+    command = [sys.executable, "bench/padding.py", "--cap", "32", "--hidden", "64", "--layers", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*command, "--rounds", "2"],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert "the last of 2 rounds:" in lines
+    losses = {
+        line.split()[0]: torch.tensor([float(x) for x in line.split(": ")[1].split(" (")[0].split(", ")])
+        for line in lines
+        if " loss per optimizer step: " in line
+    }
+    assert set(losses) == {"padded", "trim", "packed"}
+    assert len(losses["padded"]) == 8  # 4 optimizer steps a round
+    for path in ("trim", "packed"):
+        torch.testing.assert_close(losses[path], losses["padded"], rtol=1e-4, atol=1e-6, msg=path)
+    assert lines[-1].startswith("packed/padded training-side time: ")
+    assert lines[-2].startswith("trim/padded training-side time: ")
+    refused = subprocess.run(
+        [*command, "--paths", "trim,packed"],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert "--paths: include padded" in refused.stderr
