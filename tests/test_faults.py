@@ -518,6 +518,19 @@ def test_a_checked_async_reward_stays_async_and_is_checked():
     ):
         asyncio.run(checked(**_reward_kwargs()))
 
+    async def async_raises_on_row_3(completions, uid, **kwargs):
+        await asyncio.sleep(0)  # really suspends: the row-by-row search is awaited, not run at once
+        if "synthetic-42-00003" in uid:
+            raise ValueError("cannot grade")
+        return [0.0] * len(completions)
+
+    with pytest.raises(
+        faults.RewardFunctionError,
+        match=r"'async_raises' raised ValueError: cannot grade at test_faults\.py:\d+ on the completion of "
+        r"row uid 'synthetic-42-00003'",
+    ):
+        asyncio.run(faults.checked_reward(async_raises_on_row_3, "async_raises")(**_reward_kwargs()))
+
 
 def test_the_trainer_keeps_the_reward_functions_and_names_it_was_given(tiny_model_dir, tmp_path):
     from trl import GRPOConfig
