@@ -15,26 +15,15 @@ import atexit
 import ctypes
 import os
 import time
-from pathlib import Path
 
 if os.environ.get("RANK") == "1":  # registered first, so it runs last, just before Python finalizes
     atexit.register(ctypes.PyDLL(None).sleep, int(os.environ.get("GLOO_EXIT_HOLD_S", "4")))  # keeps the GIL
 
 import torch
 import torch.distributed as dist
+from native_threads import thread_names  # this script's folder, tests/, is on sys.path
 
 from prompt_aug.train import close_process_group
-
-
-def thread_names() -> list[str]:
-    """Names of this process's native threads (gloo names its own: ``pt_gloo_runloop``, ``gloo_tcp_loop``)."""
-    names = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
-        except OSError:  # the thread ended meanwhile
-            pass
-    return sorted(names)
 
 
 def main() -> None:

@@ -207,17 +207,13 @@ def record_threads_at_exit(folder: Path) -> None:
     """At exit, write this rank's native thread names (gloo names its own ``pt_gloo_runloop``, ...)."""
     import atexit
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for native_threads
+    from native_threads import thread_names
+
     def write() -> None:
-        names = []
-        for task in os.listdir("/proc/self/task"):
-            try:
-                names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
-            except OSError:  # the thread ended meanwhile
-                pass
+        names = thread_names()
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"threads_rank{os.environ.get('RANK', '0')}.txt").write_text(
-            "\n".join(sorted(names)) + "\n"
-        )
+        (folder / f"threads_rank{os.environ.get('RANK', '0')}.txt").write_text("\n".join(names) + "\n")
 
     atexit.register(write)
 
