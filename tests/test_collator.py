@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from launch import torchrun
 
 from prompt_aug.collator import PromptAugmentationCollator
 from prompt_aug.demo.smoke import synthetic_problems
@@ -110,7 +111,7 @@ def test_two_process_run_keeps_groups_on_one_template_across_ranks(tmp_path):
     # group is split between rank 0 and rank 1 in every round.
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+        *torchrun(2),
         "-m", "prompt_aug.train", "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"),
         "--output_dir", str(out), "--log_completions", "true", "--max_steps", "4",
         "--per_device_train_batch_size", "3", "--steps_per_generation", "2", "--num_generations", "4",

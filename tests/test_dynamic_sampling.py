@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from launch import torchrun
 from safetensors.torch import load_file
 
 from prompt_aug import train
@@ -320,7 +321,7 @@ def test_two_processes_agree_and_keep_straddling_groups_whole(tmp_path):
     # group of 4 has 2 rows on rank 0 and 2 on rank 1.
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
+        *torchrun(2),
         str(REPO / "tests/dynamic_harness.py"), "--config", SMOKE, "--output_dir", str(out),
         *DYNAMIC, "--max_steps", "4", "--per_device_train_batch_size", "3", "--steps_per_generation", "2",
         "--num_generations", "4", "--save_strategy", "no",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from chain_model import build_turn_then_eos_model
+from launch import torchrun
 
 from prompt_aug.evaluate import (
     EvalCallback,
@@ -344,12 +345,11 @@ def test_callback_evaluates_a_share_of_the_questions_per_process(tiny_model_dir,
 def test_two_processes_share_the_evaluation_during_training(suite_dir, tmp_path):
     import os
     import subprocess
-    import sys
 
     repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+        *torchrun(2),
         "-m", "prompt_aug.train", "--config", str(repo / "recipes/smoke/tiny_cpu.yaml"),
         "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--max_completion_length", "8",
         "--eval_benchmarks", "aime24", "amc", "minerva", "--eval_every_steps", "2",

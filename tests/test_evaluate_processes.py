@@ -12,12 +12,12 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from launch import torchrun
 
 from prompt_aug.evaluate import (
     EvalError,
@@ -70,16 +70,9 @@ def questions(tmp_path_factory) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _run_evaluation(processes: int, model: Path, questions: Path, out: Path, *extra: str):
-    launcher = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(processes),
-                "--master_addr", "127.0.0.1", "--master_port", str(_free_port())]  # fmt: skip
-    cmd = [sys.executable, *(launcher if processes > 1 else []), "-m", "prompt_aug.evaluate", "--model",
+    launcher = torchrun(processes) if processes > 1 else [sys.executable]
+    cmd = [*launcher, "-m", "prompt_aug.evaluate", "--model",
            str(model), "--benchmarks", str(questions), "--output", str(out), *SETTINGS, *extra]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)

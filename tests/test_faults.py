@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from launch import torchrun
 
 from prompt_aug import cli, faults, train
 from prompt_aug.data import DataError, load_math_dataset, to_rows
@@ -100,12 +100,6 @@ def _family(root: int) -> set[int]:
     while grown := {pid for pid, (parent, _, _) in table.items() if parent in family} - family:
         family |= grown
     return family
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Launch:
@@ -246,8 +240,7 @@ def test_a_signal_during_a_checkpoint_save_stops_the_run_right_after_that_save(t
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_saved(tmp_path):
     out = tmp_path / "run"
     launch = Launch(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-         str(_free_port()), HARNESS, "--config", SMOKE, "--output_dir", str(out), "--max_steps", "4",
+        [*torchrun(2), HARNESS, "--config", SMOKE, "--output_dir", str(out), "--max_steps", "4",
          "--save_steps", "100", *SPREAD]
     )  # fmt: skip
     launch.wait_for("| step 1/4 |")

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "accelerate_configs/slurm/train.slurm"
@@ -217,12 +217,6 @@ def _plan(env: dict, *args: str) -> dict:
     result = _launcher(env, "--print-command", *args)
     assert result.returncode == 0, result.stderr
     return dict(line.split(": ", 1) for line in result.stdout.splitlines())
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _tree(pid: int) -> list[int]:
@@ -441,7 +435,7 @@ def test_each_node_runs_its_launcher_under_srun(fake_slurm):
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the server layout's health check uses curl")
 def test_server_layout_waits_for_the_server_and_stops_it_at_the_end(fake_slurm):
-    port = str(_free_port())
+    port = str(free_port())
     proc = _start(
         fake_slurm, "--layout", "server", SLURM_JOB_NODELIST="127.0.0.1,localhost", VLLM_SERVER_PORT=port
     )
@@ -538,7 +532,7 @@ def _tail(path: Path, chars: int = 3000) -> str:
 def two_node_run(tmp_path_factory):
     """Two separately started `accelerate launch` processes, node ranks 0 and 1, one output folder."""
     tmp = tmp_path_factory.mktemp("multinode")
-    out_dir, port = tmp / "run", _free_port()
+    out_dir, port = tmp / "run", free_port()
     logs, procs = [tmp / f"node{rank}.log" for rank in (0, 1)], []
     started = time.monotonic()
     for rank in (0, 1):
@@ -641,7 +635,7 @@ def test_the_slurm_launcher_resumes_the_two_node_run(two_node_run):
         PATH=os.pathsep.join([str(bin_dir), str(VENV_BIN), os.environ.get("PATH", "")]),
         PYTHON=sys.executable, VENV="", FAKE_OUT=str(tmp), SLURM_JOB_ID="77", SLURM_RESTART_COUNT="1",
         SLURM_JOB_NODELIST="node[1-2]", SLURM_SUBMIT_DIR=str(REPO), MAIN_PROCESS_IP="127.0.0.1",
-        MAIN_PROCESS_PORT=str(_free_port()), ACCELERATE_ARGS="--mixed_precision no",
+        MAIN_PROCESS_PORT=str(free_port()), ACCELERATE_ARGS="--mixed_precision no",
     )  # fmt: skip
     log = tmp / "launcher.log"
     started = time.monotonic()

@@ -8,13 +8,11 @@ also run on a model whose attention ignores the packing.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from bench_tools import printed_losses, run_bench
 from transformers import AttentionInterface, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from trl.trainer.utils import add_fused_lm_head
@@ -270,23 +268,10 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
         "sys.argv = ['gpu_round.py', '--tiny']\n"
         "runpy.run_path('bench/gpu_round.py', run_name='__main__')\n"
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_bench([], code=code)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    losses = {
-        line.split()[0]: torch.tensor([float(x) for x in line.split(": ")[1].split(", ")])
-        for line in lines
-        if " loss per optimizer step: " in line
-    }
+    losses = printed_losses(result.stdout)
     assert set(losses) == {"padded", "trim", "packed-sdpa"}
     assert len(losses["padded"]) == 20  # 4 optimizer steps in each of 4 rounds and the repeated round
     for mode in ("trim", "packed-sdpa"):

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from bench_tools import printed_losses, run_bench
 from datasets import Dataset
+from launch import torchrun
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -252,7 +253,7 @@ def test_two_processes_get_the_same_update(tmp_path):
     for flag in ("packed", "off"):
         out = tmp_path / flag
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+            *torchrun(2),
             "-m", "prompt_aug.train", "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"),
             "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "2",
             "--gradient_accumulation_steps", "2", "--steps_per_generation", "4", "--num_generations", "4",
@@ -308,39 +309,18 @@ def test_the_old_booleans_still_choose_a_path(tmp_path, value, mode):
 def test_padding_bench_trains_each_path_on_the_same_losses_over_two_rounds():
     """bench/padding.py at a tiny shape, two rounds: each path trains through the trainer on the same rounds
     (the bench checks), its losses match padded's (float32), and the ratio lines come last, packed last."""
-    command = [sys.executable, "bench/padding.py", "--cap", "32", "--hidden", "64", "--layers", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [*command, "--rounds", "2"],
-        check=False,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command = ["bench/padding.py", "--cap", "32", "--hidden", "64", "--layers", "1"]
+    result = run_bench([*command, "--rounds", "2"])
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert "the last of 2 rounds:" in lines
-    losses = {
-        line.split()[0]: torch.tensor([float(x) for x in line.split(": ")[1].split(" (")[0].split(", ")])
-        for line in lines
-        if " loss per optimizer step: " in line
-    }
+    losses = printed_losses(result.stdout)
     assert set(losses) == {"padded", "trim", "packed"}
     assert len(losses["padded"]) == 8  # 4 optimizer steps a round
     for path in ("trim", "packed"):
         torch.testing.assert_close(losses[path], losses["padded"], rtol=1e-4, atol=1e-6, msg=path)
     assert lines[-1].startswith("packed/padded training-side time: ")
     assert lines[-2].startswith("trim/padded training-side time: ")
-    refused = subprocess.run(
-        [*command, "--paths", "trim,packed"],
-        check=False,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    refused = run_bench([*command, "--paths", "trim,packed"], timeout=60)
     assert refused.returncode == 2
     assert "--paths: include padded" in refused.stderr

@@ -22,11 +22,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from launch import torchrun
 
 from prompt_aug import cli, train
 
@@ -136,7 +136,7 @@ def test_every_log_entry_carries_its_generation_round(epoch_runs):
 
 def _torchrun(out: Path, *extra: str) -> None:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
+        *torchrun(2),
         "-m", "prompt_aug.train", "--config", SMOKE, "--output_dir", str(out), *extra,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

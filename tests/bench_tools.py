@@ -1,0 +1,30 @@
+"""Running a bench script of bench/ as a user would, and reading the losses it prints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_bench(argv: list[str], timeout: int = 300, code: str | None = None) -> subprocess.CompletedProcess:
+    """``python bench/<script> ...`` (or ``python -c code``) from the repository root, one torch thread."""
+    command = [sys.executable, "-c", code] if code is not None else [sys.executable, *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.run(
+        command, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def printed_losses(stdout: str) -> dict[str, torch.Tensor]:
+    """Each ``<mode> loss per optimizer step: a, b, ... [(...)]`` line, as mode -> the losses."""
+    return {
+        line.split()[0]: torch.tensor([float(x) for x in line.split(": ")[1].split(" (")[0].split(", ")])
+        for line in stdout.splitlines()
+        if " loss per optimizer step: " in line
+    }
