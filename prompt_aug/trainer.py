@@ -37,6 +37,7 @@ from .extensions.collapse import (
     loop_flags,
     ratio_deviation_sums,
 )
+from .extensions.dynamic_sampling import DynamicSampler
 from .extensions.dynamic_sampling import from_args as dynamic_sampler_from_args
 from .faults import (
     HubPushError,
@@ -115,6 +116,10 @@ class PromptAugGRPOTrainer(TRLSeam):
     ``wandb_completions_rows`` (from ``args``) bounds the W&B completions table: ``None`` uploads every row
     (TRL), 0 none, N a sample of N rows per log step; the parquet records keep every row.
     """
+
+    # Set in __init__. A trainer built without it (TRL's own tests build one with ``object.__new__`` and call
+    # a single step) generates and scores as TRL does.
+    dynamic_sampling: DynamicSampler | None = None
 
     def __init__(
         self,

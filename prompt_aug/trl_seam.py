@@ -190,8 +190,11 @@ class TRLSeam(GRPOTrainer):
     def _get_train_sampler(self, dataset=None):
         return self.train_sampler(dataset)
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, keep, *rest, **kw):
-        return self.token_logps_and_entropies(model, input_ids, attention_mask, keep, *rest, **kw)
+    # TRL's parameter names: callers may pass them by keyword (``logits_to_keep=4``).
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, *rest, **kw
+    ):
+        return self.token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *rest, **kw)
 
     # Why: transformers 5.17 (the GPU stack's) loads the optimizer state of a run with several processes
     # onto ``args.device``; on CPU that is ``cpu:0``, which torch.load rejects, so a multi-process CPU run

@@ -169,6 +169,14 @@ def test_trl_value_errors_surface_as_trl_errors(tiny_model_dir, tmp_path, kwargs
             cls(model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args, train_dataset=dataset)
 
 
+def test_a_trainer_built_without_init_generates_as_trl(monkeypatch):
+    # TRL's own tests build a GRPOTrainer with object.__new__, set what TRL's generation step reads, and call
+    # that step alone; ours must then take TRL's path, not fail on an attribute its __init__ sets.
+    trainer = object.__new__(PromptAugGRPOTrainer)
+    monkeypatch.setattr(trainer, "trl_generate_round", lambda prompts: ("trl", prompts))
+    assert trainer.generate_round(["p"]) == ("trl", ["p"])
+
+
 # -- 2. TRL-standard datasets; conversational data stays conversational for the user's code ---------
 
 

@@ -85,6 +85,22 @@ def test_the_seam_lists_exactly_the_private_names_it_uses_and_trl_has_them():
     )
 
 
+def test_each_routed_private_method_takes_trls_parameter_names():
+    """A caller may pass TRL's arguments by keyword (TRL's own tests call the log-prob step with
+    ``logits_to_keep=4``), so each override in the seam names its parameters as TRL does, in TRL's order,
+    and takes the rest through ``*args`` / ``**kwargs``."""
+    for name in trl_seam.PRIVATE_TRL_NAMES:
+        ours = vars(trl_seam.TRLSeam).get(name)
+        if not callable(ours):
+            continue
+        theirs = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+        params = inspect.signature(ours).parameters.values()
+        named = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        assert named == theirs[: len(named)], f"{name}{inspect.signature(ours)} renames TRL's {theirs}"
+        rest = {p.kind for p in params} & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+        assert len(named) == len(theirs) or len(rest) == 2, f"{name} drops TRL's {theirs[len(named) :]}"
+
+
 @pytest.mark.parametrize(
     "source, name",
     [
