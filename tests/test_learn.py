@@ -37,7 +37,8 @@ CONTROL = [
 CORRECTNESS_RISE, FORMAT_RISE = 0.1, 0.3
 SEEDS = (0, 1, 2)
 
-pytestmark = pytest.mark.slow
+# One test process runs them all: their trained runs are cached for the session, per process.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("learn")]
 _RUNS: dict[tuple[int, str], dict] = {}
 
 
