@@ -568,6 +568,10 @@ deadline = time.monotonic() + 60
 while not got and time.monotonic() < deadline:
     time.sleep(0.05)
 open(os.path.join(sys.argv[1], ("got-" if got else "timeout-") + os.environ["RANK"]), "w").close()
+# exit only once both workers have recorded: the launcher stops the others when the first one exits
+recorded = [os.path.join(sys.argv[1], f"got-{r}") for r in (0, 1)]
+while not all(map(os.path.exists, recorded)) and time.monotonic() < deadline:
+    time.sleep(0.05)
 sys.exit(3)  # a distinct code of the worker's; accelerate reports a failed worker as 1
 """
 
