@@ -399,22 +399,28 @@ def kbit_device_map() -> dict[str, int]:
 def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
     """The ``from_pretrained`` keyword arguments of a recipe, as TRL's GRPO script builds them: revision,
     attention implementation, dtype; with ``load_in_4bit`` / ``load_in_8bit``, TRL's
-    ``get_quantization_config`` and a device map on this process's GPU."""
+    ``get_quantization_config`` and a device map on this process's GPU. The recipe's ``model_init_kwargs``
+    (`GRPOConfig`'s) go on top: TRL's trainer applies them when it loads the model from a name."""
     import torch
     from trl import get_quantization_config
 
-    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    def dtype_of(value: Any) -> Any:
+        return value if value in (None, "auto") or not isinstance(value, str) else getattr(torch, value)
+
     kwargs: dict[str, Any] = {
         "revision": model_args.model_revision,
         "trust_remote_code": args.trust_remote_code,
         "attn_implementation": model_args.attn_implementation,
-        "dtype": dtype,
+        "dtype": dtype_of(model_args.dtype),
         "use_cache": not args.gradient_checkpointing,
     }
     quantization = get_quantization_config(model_args)
     if quantization is not None:
         kwargs.update(quantization_config=quantization, device_map=kbit_device_map())
-    return kwargs
+    extra = dict(args.model_init_kwargs or {})  # GRPOConfig has parsed a JSON string into a dict
+    if "dtype" in extra:
+        extra["dtype"] = dtype_of(extra["dtype"])
+    return {**kwargs, **extra}
 
 
 def load_model(model_path: str, model_args: Any, args: Any) -> Any:

@@ -170,6 +170,9 @@ def train(argv: list[str] | None = None) -> int:
             templates, tokenizer, weights, seed=args.seed, eval_template=eval_template,
             chat_template_kwargs=args.chat_template_kwargs,
         )  # fmt: skip
+    if args.model_init_kwargs:  # load_model applied them; TRL, given a loaded model, would call them ignored
+        trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
+        trl_logger.addFilter(lambda record: "model_init_kwargs" not in record.getMessage())
     card = model_card_info(script_args, model_args, args, recipe_text(argv), templates, weights, len(dataset))
     trainer = PromptAugGRPOTrainer(
         model=model,

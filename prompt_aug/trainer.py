@@ -74,11 +74,6 @@ class PromptAugGRPOTrainer(TRLSeam):
     question through a ``question`` column, else through TRL's ``prompt`` column (text, or messages:
     the last user turn); its id through ``uid``, else one derived from the question.
 
-    Its settings come from ``args``: a `PromptAugGRPOConfig` (``prompt_augmentation``, the template keys,
-    ``skip_minibatch_ratio_above``, ``dynamic_sampling*``, ``wandb_completions_rows``), or a plain
-    `GRPOConfig`, which means their defaults (augmentation on, the built-in bank, no stabiliser, no dynamic
-    sampling). The keyword arguments below, when given, take precedence over ``args``.
-
     Its settings come from ``args``: a `PromptAugGRPOConfig`, or a plain `GRPOConfig`, which means our keys'
     defaults where TRL has no equivalent (augmentation on, the built-in bank, padding-free passes) and TRL's
     behaviour elsewhere (no stop tokens beyond the model's, no reward cut, no guard, no evaluation).

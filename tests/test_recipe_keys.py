@@ -139,6 +139,24 @@ def test_quantized_loading_goes_through_trls_quantization_config_and_a_device_ma
     assert _model_effect(script_config, use_peft=True, load_in_8bit=True)["quantization"]["load_in_8bit"]
 
 
+def test_a_recipes_model_init_kwargs_reach_the_loaded_model(tiny_model_dir, tmp_path):
+    """GRPOConfig's ``model_init_kwargs``, read from a recipe, go on top of what ModelConfig asks for."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"model_name_or_path: {tiny_model_dir}\ndataset_name: synthetic\noutput_dir: {tmp_path / 'out'}\n"
+        "use_cpu: true\nbf16: false\nreport_to: none\ndtype: float32\n"
+        "model_init_kwargs: {dtype: bfloat16, attn_implementation: eager}\n"
+    )
+    _, args, model_args, _ = train.parse_args(["--config", str(recipe)])
+    model = models.load_model(str(tiny_model_dir), model_args, args)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.config._attn_implementation == "eager"
+    args.model_init_kwargs = None
+    plain = models.load_model(str(tiny_model_dir), model_args, args)
+    assert {p.dtype for p in plain.parameters()} == {torch.float32}
+    assert plain.config._attn_implementation != "eager"
+
+
 @pytest.mark.parametrize("flag", ["load_in_4bit", "load_in_8bit"])
 def test_quantization_without_bitsandbytes_or_a_gpu_is_refused_in_one_line(flag, script_config, monkeypatch):
     model_args = ModelConfig(model_name_or_path="someone/model", use_peft=True, **{flag: True})
