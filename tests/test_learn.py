@@ -20,7 +20,9 @@ demo on any machine") has the table. Slow: four runs, about 3 minutes each on 2 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,42 +39,44 @@ CONTROL = [
 CORRECTNESS_RISE, FORMAT_RISE = 0.1, 0.3
 SEEDS = (0, 1, 2)
 
-# One test process runs them all: their trained runs are cached for the session, per process.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("learn")]
-_RUNS: dict[tuple[int, str], dict] = {}
+pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path_factory, seed: int, kind: str) -> dict:
-    """Train once per (seed, recipe or control) in this session; the rises and the logged keys."""
-    if (seed, kind) not in _RUNS:
-        out = tmp_path_factory.mktemp(f"{kind}-seed{seed}")
-        train.main(
-            [
-                "--config",
-                RECIPE,
-                "--output_dir",
-                str(out),
-                "--seed",
-                str(seed),
-                *(CONTROL if kind == "control" else []),
-            ]
-        )
-        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-        key = next(
-            k for k in history[0] if k.startswith("rewards/") and "correctness" in k and k.endswith("/mean")
-        )
-        values = [h[key] for h in history if key in h]
-        assert len(values) >= 20, f"{len(values)} logged steps"
-        summary = json.loads((out / "before_after.json").read_text())["summary"]
-        _RUNS[(seed, kind)] = {
-            "log_correctness_rise": sum(values[-10:]) / 10 - sum(values[:10]) / 10,
-            "heldout_format_rise": summary["after/held-out/format/marker_templates"]
-            - summary["before/held-out/format/marker_templates"],
-            "table_correctness_rise": summary["after/trained/correctness"]
-            - summary["before/trained/correctness"],
-            "keys": {k for h in history for k in h},
-        }
-    return _RUNS[(seed, kind)]
+    """Train once per (seed, recipe or control) in this pytest session, whichever test process asks first;
+    the rises and the logged keys. The runs are kept where every test process of the session (pytest -n)
+    finds them, each behind a lock, so a process that needs a run another is training waits for it."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "learn-runs"
+    cache.mkdir(exist_ok=True)
+    result = cache / f"{kind}-seed{seed}.json"
+    with (cache / f"{kind}-seed{seed}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            result.write_text(json.dumps(_train(tmp_path_factory, seed, kind)))
+    return json.loads(result.read_text())
+
+
+def _train(tmp_path_factory, seed: int, kind: str) -> dict:
+    out = tmp_path_factory.mktemp(f"{kind}-seed{seed}")
+    train.main(
+        ["--config", RECIPE, "--output_dir", str(out), "--seed", str(seed)] + CONTROL * (kind == "control")
+    )
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    key = next(
+        k for k in history[0] if k.startswith("rewards/") and "correctness" in k and k.endswith("/mean")
+    )
+    values = [h[key] for h in history if key in h]
+    assert len(values) >= 20, f"{len(values)} logged steps"
+    summary = json.loads((out / "before_after.json").read_text())["summary"]
+    return {
+        "log_correctness_rise": sum(values[-10:]) / 10 - sum(values[:10]) / 10,
+        "heldout_format_rise": summary["after/held-out/format/marker_templates"]
+        - summary["before/held-out/format/marker_templates"],
+        "table_correctness_rise": summary["after/trained/correctness"]
+        - summary["before/trained/correctness"],
+        "keys": sorted({k for h in history for k in h}),
+    }
 
 
 def _report(*runs: dict) -> list[dict]:
