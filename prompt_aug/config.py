@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields
+import warnings
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from trl import DatasetMixtureConfig, GRPOConfig
@@ -486,6 +487,43 @@ def check_config(args: Any) -> None:
     guard_from_args(args, 1.0)
     if args.dynamic_sampling:
         DynamicSampler(None, args.dynamic_sampling_max_passes, args.dynamic_sampling_std_tol)
+    for line in inert_keys(args):
+        warnings.warn(line, UserWarning, stacklevel=2)
+
+
+# Keys read only while a feature is on: (the feature, what turns it on, whether it is on, its keys).
+def _features(args: Any) -> list[tuple[str, str, bool, tuple[str, ...]]]:
+    evaluation = bool(args.eval_every_steps and args.eval_benchmarks)
+    return [
+        ("prompt augmentation", "prompt_augmentation: true", args.prompt_augmentation,
+         ("templates", "template_weights")),
+        ("dynamic sampling", "dynamic_sampling: true", args.dynamic_sampling,
+         ("dynamic_sampling_signal", "dynamic_sampling_max_passes", "dynamic_sampling_std_tol")),
+        ("evaluation during training", "eval_every_steps > 0 with eval_benchmarks", evaluation,
+         ("eval_every_steps", "eval_benchmarks", "eval_data_dir", "eval_limit", "eval_max_tokens")),
+        ("packing", "trim_padding: packed", args.trim_padding == "packed",
+         ("packing_max_tokens", "packing_pad_to_multiple_of")),
+    ]  # fmt: skip
+
+
+def inert_keys(args: Any) -> list[str]:
+    """One line per feature that is off while keys only it reads are set away from their defaults: such keys
+    do nothing, which a recipe's author rarely means (`check_config` warns with these lines)."""
+    defaults = {
+        f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        for f in fields(args)
+        if f.default is not MISSING or f.default_factory is not MISSING
+    }
+    lines = []
+    for feature, turned_on_by, on, keys in _features(args):
+        set_keys = [k for k in keys if k in defaults and getattr(args, k) != defaults[k]]
+        if set_keys and not on:
+            them = "it" if len(set_keys) == 1 else "them"
+            lines.append(
+                f"{', '.join(set_keys)}: no effect, since {feature} is off ({turned_on_by} turns it on); "
+                f"turn it on or remove {them}"
+            )
+    return lines
 
 
 # A dry run only prints arithmetic, so it parses as if on CPU: `TrainingArguments` rejects `bf16: true` at

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -485,3 +486,42 @@ def test_every_field_is_in_a_table(tmp_path):
     )
     own = _own_fields(PromptAugGRPOConfig, GRPOConfig)
     assert own == set(TRAINER_CASES), "a PromptAugGRPOConfig field without an entry in TRAINER_CASES"
+
+
+# -- Keys that only a feature reads: set while it is off, they warn ---------------------------------------
+
+# key -> (a value away from its default, the keys that turn its feature on)
+INERT_CASES: dict[str, tuple[str, list[str]]] = {
+    "templates": ("[abel]", ["--prompt_augmentation", "true"]),
+    "dynamic_sampling_std_tol": ("0.5", ["--dynamic_sampling", "true"]),
+    "eval_limit": ("3", ["--eval_every_steps", "5", "--eval_benchmarks", "[math500]"]),
+    "packing_pad_to_multiple_of": ("64", ["--trim_padding", "packed"]),
+}
+OFF = {
+    "templates": ["--prompt_augmentation", "false"],
+    "dynamic_sampling_std_tol": [],
+    "eval_limit": [],
+    "packing_pad_to_multiple_of": ["--trim_padding", "trim"],
+}
+
+
+def _config_warnings(tmp_path, *argv: str) -> list[str]:
+    base = [
+        "--config",
+        str(Path(__file__).resolve().parents[1] / "recipes/smoke/tiny_cpu.yaml"),
+        "--output_dir",
+        str(tmp_path),
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train.parse_args([*base, *argv])
+    return [str(w.message) for w in caught if "no effect" in str(w.message)]
+
+
+@pytest.mark.parametrize("key", sorted(INERT_CASES))
+def test_a_key_set_while_its_feature_is_off_warns_in_one_line_naming_it(key, tmp_path):
+    value, turn_on = INERT_CASES[key]
+    assert _config_warnings(tmp_path, *OFF[key]) == []
+    (line,) = _config_warnings(tmp_path, *OFF[key], f"--{key}", value)
+    assert line.startswith(f"{key}: no effect, since ") and "\n" not in line, line
+    assert _config_warnings(tmp_path, *OFF[key], f"--{key}", value, *turn_on) == []

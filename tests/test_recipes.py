@@ -11,6 +11,7 @@ The numbers must equal `prompt_aug.config.batch_arithmetic` for that process cou
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,15 @@ def test_recipes_are_found():
         "grpo_single_template.yaml",
         "prompt_aug_lora_1gpu.yaml",
     } <= names
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=_ids(RECIPES))
+def test_no_shipped_recipe_sets_a_key_that_does_nothing(recipe):
+    processes = int(_dry_run_lines(recipe)[0]["processes"]) if _dry_run_lines(recipe) else 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _parse(recipe, processes)
+    assert [str(w.message) for w in caught if "no effect" in str(w.message)] == []
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=_ids(RECIPES))
