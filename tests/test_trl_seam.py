@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
 import warnings
 from pathlib import Path
@@ -25,7 +26,6 @@ from prompt_aug import trl_seam
 
 REPO = Path(__file__).resolve().parents[1]
 SEAM = "prompt_aug/trl_seam.py"
-SCANNED = ("prompt_aug", "rewards", "bench", "tests")
 
 
 def _private_trainer_names() -> set[str]:
@@ -57,14 +57,22 @@ def _names_used(path: Path) -> set[str]:
     return used
 
 
+def _python_files(root: Path) -> list[Path]:
+    """Every Python file of the repository, outside hidden folders (``.git``, venvs) and build output."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("build", "dist", "__pycache__")]
+        found += [Path(folder) / f for f in files if f.endswith(".py")]
+    return sorted(found)
+
+
 def _offenders(root: Path, private: set[str]) -> dict[str, list[str]]:
     found = {}
-    for folder in SCANNED:
-        for path in sorted((root / folder).rglob("*.py")):
-            relative = path.relative_to(root).as_posix()
-            names = _names_used(path) & private
-            if relative != SEAM and names:
-                found[relative] = sorted(names)
+    for path in _python_files(root):
+        relative = path.relative_to(root).as_posix()
+        names = _names_used(path) & private
+        if relative != SEAM and names:
+            found[relative] = sorted(names)
     return found
 
 
@@ -113,11 +121,11 @@ def test_each_routed_private_method_takes_trls_parameter_names():
     ],
 )
 def test_the_scan_catches_an_attribute_a_getattr_string_and_an_override(tmp_path, source, name):
-    (tmp_path / "bench").mkdir()
-    (tmp_path / "bench" / "bad.py").write_text(source)
-    for folder in SCANNED:
-        (tmp_path / folder).mkdir(exist_ok=True)
-    assert _offenders(tmp_path, _private_trainer_names()) == {"bench/bad.py": [name]}
+    for where in ("bench/bad.py", "tool.py", "docs/examples/snippet.py", ".venv/lib/trl_copy.py"):
+        (tmp_path / where).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / where).write_text(source)
+    found = _offenders(tmp_path, _private_trainer_names())
+    assert found == {"bench/bad.py": [name], "docs/examples/snippet.py": [name], "tool.py": [name]}
 
 
 def test_an_untested_trl_version_builds_the_config_and_the_trainer_warns_once(
