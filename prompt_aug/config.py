@@ -509,14 +509,16 @@ def _features(args: Any) -> list[tuple[str, str, bool, tuple[str, ...]]]:
 def inert_keys(args: Any) -> list[str]:
     """One line per feature that is off while keys only it reads are set away from their defaults: such keys
     do nothing, which a recipe's author rarely means (`check_config` warns with these lines)."""
+    features = _features(args)
+    read = {key for *_, keys in features for key in keys}
     defaults = {
         f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
         for f in fields(args)
-        if f.default is not MISSING or f.default_factory is not MISSING
+        if f.name in read
     }
     lines = []
-    for feature, turned_on_by, on, keys in _features(args):
-        set_keys = [k for k in keys if k in defaults and getattr(args, k) != defaults[k]]
+    for feature, turned_on_by, on, keys in features:
+        set_keys = [k for k in keys if getattr(args, k) != defaults[k]]
         if set_keys and not on:
             them = "it" if len(set_keys) == 1 else "them"
             lines.append(

@@ -118,6 +118,12 @@ def close_process_group() -> None:
     del handle
 
 
+def _not_the_model_init_kwargs_note(record: logging.LogRecord) -> bool:
+    """A logging filter (one function, so adding it again is a no-op): drops TRL's warning that
+    ``model_init_kwargs`` are ignored, which does not hold when `load_model` has applied them."""
+    return "model_init_kwargs" not in record.getMessage()
+
+
 def train(argv: list[str] | None = None) -> int:
     """Everything `main` does, with errors raised as exceptions. Returns the exit status: 0, or
     `EXIT_PREEMPTED` (75) when a preemption signal stopped the run at a checkpoint (`prompt_aug.faults`)."""
@@ -171,8 +177,7 @@ def train(argv: list[str] | None = None) -> int:
             chat_template_kwargs=args.chat_template_kwargs,
         )  # fmt: skip
     if args.model_init_kwargs:  # load_model applied them; TRL, given a loaded model, would call them ignored
-        trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
-        trl_logger.addFilter(lambda record: "model_init_kwargs" not in record.getMessage())
+        logging.getLogger("trl.trainer.grpo_trainer").addFilter(_not_the_model_init_kwargs_note)
     card = model_card_info(script_args, model_args, args, recipe_text(argv), templates, weights, len(dataset))
     trainer = PromptAugGRPOTrainer(
         model=model,
