@@ -148,7 +148,7 @@ def train(argv: list[str] | None = None) -> int:
         if args.dynamic_sampling:  # as the trainer looks it up (TRL names a reward function by __name__)
             signal_column(args.dynamic_sampling_signal, reward_funcs, [f.__name__ for f in reward_funcs])
         templates, weights, eval_template = templates_for(args)
-        evaluator_from_args(args)  # loads the question sets; the trainer builds its own evaluator
+        evaluator = evaluator_from_args(args)  # loads the question sets; handed to the trainer below
     except (ValueError, TemplateError, EvalError) as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None
 
@@ -188,6 +188,7 @@ def train(argv: list[str] | None = None) -> int:
         peft_config=get_peft_config(model_args),
         prompt_collator=collator,
         model_card=card,
+        callbacks=[evaluator] if evaluator is not None else None,
     )
     use_compact_log(trainer)
 

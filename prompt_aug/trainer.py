@@ -29,7 +29,7 @@ from rewards.registry import CORRECTNESS_REWARDS, format_reward
 from .collator import PromptAugmentationCollator
 from .config import PromptAugGRPOConfig
 from .evaluation.backends import stop_token_ids
-from .evaluation.callback import evaluator_from_args
+from .evaluation.callback import EvalCallback, evaluator_from_args
 from .extensions.collapse import (
     OptimizerResetCallback,
     grouped_token_sums,
@@ -84,6 +84,9 @@ class PromptAugGRPOTrainer(TRLSeam):
             template (with ``args.chat_template_kwargs``) and ``args.seed``; the evaluation template is
             ``args.eval_template`` (``qwen-math``). Only with ``prompt_augmentation`` on.
         model_card: What our model card adds to TRL's; without it, TRL's card alone is written.
+
+    An `EvalCallback` passed in TRL's ``callbacks`` is the run's evaluator (moved ahead of the other
+    callbacks), in place of the one the config's ``eval_*`` keys would build.
 
     What reward functions receive with augmentation on (TRL's keyword arguments, plus these columns):
 
@@ -191,10 +194,15 @@ class PromptAugGRPOTrainer(TRLSeam):
 
         # Callbacks: evaluation first (W&B sees eval/*), then the guard (it watches eval/macro), then ProRL's
         # optimizer reset at each reference sync.
+        # An evaluator among the caller's `callbacks` (prompt-aug-train builds one early, to fail before the
+        # model loads) is used, moved first, in place of one built from the config's eval_* keys.
+        given = next((c for c in self.callback_handler.callbacks if isinstance(c, EvalCallback)), None)
+        evaluator = given if given is not None or config is None else evaluator_from_args(config)
+        if evaluator is not None:
+            if given is not None:
+                self.callback_handler.remove_callback(given)
+            evaluator.attach(self)
         if config is not None:
-            evaluator = evaluator_from_args(config)
-            if evaluator is not None:
-                evaluator.attach(self)
             guard = guard_from_args(config, optimizer_steps_per_round(config))
             if guard is not None:
                 guard.attach(self)

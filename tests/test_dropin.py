@@ -407,3 +407,32 @@ def test_a_trainer_built_from_the_config_alone_evaluates_fires_the_guard_and_sto
     assert any("eval/macro" in entry for entry in trainer.state.log_history)
     reset = next(c for c in callbacks if isinstance(c, OptimizerResetCallback))
     assert reset.reset_steps == [1]
+
+
+def test_an_evaluator_passed_in_callbacks_is_the_runs_evaluator_not_a_second_one(tiny_model_dir, tmp_path):
+    # prompt-aug-train builds the evaluator (loading its question sets) before the model loads, to fail
+    # early, and hands it over: the trainer must use it, first, rather than load the sets again.
+    import pandas as pd
+
+    from prompt_aug.evaluation.callback import EvalCallback, evaluator_from_args
+    from prompt_aug.extensions.collapse import CollapseGuard
+
+    questions = tmp_path / "sums.jsonl"
+    pd.DataFrame([{"question": "Compute $2 + 3$.", "answer": "5"}]).to_json(
+        questions, orient="records", lines=True
+    )
+    args = PromptAugGRPOConfig(
+        **config_values(tmp_path / "out"),
+        eval_benchmarks=[str(questions)], eval_every_steps=1, eval_max_tokens=4,
+        collapse_entropy_floor=0.1, collapse_entropy_rounds=1,
+    )  # fmt: skip
+    evaluator = evaluator_from_args(args)
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args,
+        train_dataset=standard_prompt_only(), callbacks=[evaluator],
+    )  # fmt: skip
+    callbacks = trainer.callback_handler.callbacks
+    evaluators = [c for c in callbacks if isinstance(c, EvalCallback)]
+    assert evaluators == [evaluator] and evaluators[0] is evaluator
+    kinds = [type(c) for c in callbacks]
+    assert kinds.index(EvalCallback) < kinds.index(CollapseGuard)
