@@ -671,15 +671,22 @@ def markdown(plan: Plan, runs: list[dict[str, Any]], arms: dict[str, Any]) -> st
 
 
 def draw(plan: Plan, runs: list[dict[str, Any]], figure: Path) -> str:
-    """The runs' curves overlaid by `prompt_aug.plot` (one colour per run, x = generation round)."""
+    """The runs' curves overlaid by `prompt_aug.plot` (one colour per arm, a line style per seed, x =
+    generation round)."""
     from prompt_aug.plot import PlotError, plot_runs
 
-    dirs = [run_dir(plan, r["arm"], r["seed"]) / "train" for r in runs if r["rounds"]]
-    if not dirs:
+    drawn = [r for r in runs if r["rounds"]]
+    if not drawn:
         return ""
     try:
         plot_runs(
-            dirs, figure, smooth=5, title="Template ablation: training curves (5-round mean)", x="round"
+            [run_dir(plan, r["arm"], r["seed"]) / "train" for r in drawn],
+            figure,
+            smooth=5,
+            title="Template ablation: training curves (5-round mean)",
+            x="round",
+            names=[f"{r['arm']} s{r['seed']}" for r in drawn],
+            groups=[r["arm"] for r in drawn],
         )
     except PlotError as err:
         return f"\nNo figure: {err}\n"

@@ -3,7 +3,8 @@
 Also the ``prompt-aug-plot`` script. Each RUN_DIR is a training output folder; its
 ``trainer_state.json`` (or that of its last ``checkpoint-*``) gives the logged metrics, and
 ``eval/results.json`` (written by ``prompt-aug-eval``) the final evaluation. Several runs are overlaid,
-one colour per run, named by their folders. Panels without data in any run are left out.
+one colour per run, named by their folders (``--names`` to relabel; ``--groups``, one per run, to give an
+arm's seeds one colour and a line style each). Panels without data in any run are left out.
 
 Per-template panels give each template the same colour in every panel and every picture (bank order, then a
 hash of the name), leave a gap where a round did not draw the template, and share one legend below the
@@ -157,6 +158,9 @@ def template_color(name: str) -> Any:
     return plt.get_cmap("tab20")(_TAB20_ORDER[index % 20])
 
 
+# Line styles of the runs of one group (the fifth run of a group starts again).
+_STYLES = ["-", "--", ":", "-."] * 8
+
 # tab20's ten strong colours first, then their light twins: the first templates look most distinct.
 _TAB20_ORDER = [*range(0, 20, 2), *range(1, 20, 2)]
 
@@ -182,16 +186,36 @@ def _unique_names(run_dirs: list[str | Path]) -> list[str]:
     ]
 
 
+def _one_per_run(values: list[str] | None, run_dirs: list[str | Path], what: str) -> None:
+    if values is not None and len(values) != len(run_dirs):
+        raise PlotError(f"{what}: {len(values)} given for {len(run_dirs)} runs; give one per run, in order")
+
+
 def build_figure(
-    run_dirs: list[str | Path], smooth: int = 1, title: str | None = None, x: str = "step"
+    run_dirs: list[str | Path],
+    smooth: int = 1,
+    title: str | None = None,
+    x: str = "step",
+    names: list[str] | None = None,
+    groups: list[str] | None = None,
 ) -> Any:
     """The matplotlib figure of the training curves of ``run_dirs`` (see `plot_runs`)."""
-    runs = [load_run(d, n) for d, n in zip(run_dirs, _unique_names(run_dirs))]
+    _one_per_run(names, run_dirs, "--names")
+    _one_per_run(groups, run_dirs, "--groups")
+    if names is not None and len(set(names)) < len(names):
+        raise PlotError(f"--names: {names} repeat a name; give each run its own")
+    runs = [load_run(d, n) for d, n in zip(run_dirs, names or _unique_names(run_dirs))]
     if x == "round":
         missing = [str(r.path) for r in runs if not round_axis(r.history)]
         if missing:
             raise PlotError(f"{missing}: no `round` key in the logged history; plot these runs with --x step")
-    colors = {run.name: plt.get_cmap("tab10")(i % 10) for i, run in enumerate(runs)}
+    # One colour per run, or per group with a line style per run within its group.
+    group_of = groups or [r.name for r in runs]
+    order = list(dict.fromkeys(group_of))
+    colors, styles = {}, {}
+    for i, (run, group) in enumerate(zip(runs, group_of)):
+        colors[run.name] = plt.get_cmap("tab10")(order.index(group) % 10)
+        styles[run.name] = _STYLES[group_of[:i].count(group)]
 
     panels: list[tuple[str, Any]] = []
     for panel_title, ylabel, keys, fraction in CURVES:
@@ -229,7 +253,13 @@ def build_figure(
             for run in runs:
                 if drawn[run.name]:
                     xs, values = series(run.history, drawn[run.name], smooth, x=x)
-                    ax.plot(xs, values, color=colors[run.name], marker="." if len(xs) < 30 else None)
+                    ax.plot(
+                        xs,
+                        values,
+                        styles[run.name],
+                        color=colors[run.name],
+                        marker="." if len(xs) < 30 else None,
+                    )
             if fraction:
                 _fraction_axis(ax)
     for ax in axes.flat[len(panels) :]:
@@ -243,7 +273,7 @@ def build_figure(
     below_h = 0.25 * math.ceil(len(below) / 6) + (0.1 if below else 0.0)
     if title:
         fig.suptitle(title, y=1 - 0.08 / height, va="top")
-    handles = [plt.Line2D([], [], color=colors[r.name], label=r.name) for r in runs]
+    handles = [plt.Line2D([], [], linestyle=styles[r.name], color=colors[r.name], label=r.name) for r in runs]
     fig.legend(
         handles=handles,
         loc="upper center",
@@ -266,13 +296,21 @@ def build_figure(
 
 
 def plot_runs(
-    run_dirs: list[str | Path], output: str | Path, smooth: int = 1, title: str | None = None, x: str = "step"
+    run_dirs: list[str | Path],
+    output: str | Path,
+    smooth: int = 1,
+    title: str | None = None,
+    x: str = "step",
+    names: list[str] | None = None,
+    groups: list[str] | None = None,
 ) -> Path:
     """Draw the training curves of ``run_dirs`` into the image ``output`` (PNG, PDF, SVG by suffix).
 
     ``x`` is ``"step"`` (optimizer steps) or ``"round"`` (generation rounds, from the logged ``round`` key).
+    ``names`` label the runs (default: their folders). ``groups``, one per run, give the runs of a group
+    (an arm's seeds) one colour, told apart by line style.
     """
-    fig = build_figure(run_dirs, smooth, title, x)
+    fig = build_figure(run_dirs, smooth, title, x, names, groups)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
@@ -415,9 +453,19 @@ def main(argv: list[str] | None = None) -> None:
         help="x axis: optimizer steps, or generation rounds "
              "(the paper's 'steps'; needs the logged `round` key).",
     )  # fmt: skip
+    parser.add_argument(
+        "--names", nargs="+", default=None, help="A label per run, in order (default: folders)."
+    )
+    parser.add_argument(
+        "--groups", nargs="+", default=None,
+        help="A group per run, in order (e.g. the arm of each seed): a group's runs share a colour.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        path = plot_runs(args.runs, args.output, smooth=args.smooth, title=args.title, x=args.x)
+        path = plot_runs(
+            args.runs, args.output, smooth=args.smooth, title=args.title, x=args.x, names=args.names,
+            groups=args.groups,
+        )  # fmt: skip
     except PlotError as err:
         raise SystemExit(f"prompt-aug-plot: error: {err}") from None
     print(f"wrote {path}")

@@ -220,3 +220,41 @@ def test_the_shuffled_control_is_drawn_in_the_accuracy_panel_beside_the_run(tmp_
     drawn = [list(line.get_ydata()) for line in panel.get_lines()]
     assert [0.5 - 0.03 * s for s in range(1, 11)] in drawn
     assert [0.3 + 0.04 * s for s in range(1, 11)] in drawn
+
+
+def test_groups_give_an_arms_seeds_one_colour_and_a_style_each(tmp_path):
+    from prompt_aug.plot import build_figure
+
+    for i, name in enumerate(["bank-s0", "bank-s1", "one-s0", "one-s1"]):
+        _write_state(tmp_path / name / "train", 10, offset=0.01 * i, with_eval=False)
+    dirs = [tmp_path / n / "train" for n in ["bank-s0", "bank-s1", "one-s0", "one-s1"]]
+    names = ["bank s0", "bank s1", "one s0", "one s1"]
+    fig = build_figure(dirs, names=names, groups=["bank", "bank", "one", "one"])
+    (entropy,) = [a for a in fig.axes if a.get_title() == "Entropy"]
+    lines = entropy.get_lines()
+    colours = [tuple(line.get_color()) for line in lines]
+    assert colours[0] == colours[1] != colours[2] == colours[3]
+    assert [line.get_linestyle() for line in lines] == ["-", "--", "-", "--"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == names
+    # Without groups every run has its own colour, all solid.
+    plain = [a for a in build_figure(dirs).axes if a.get_title() == "Entropy"][0].get_lines()
+    assert len({tuple(line.get_color()) for line in plain}) == 4
+    assert {line.get_linestyle() for line in plain} == {"-"}
+
+
+@pytest.mark.parametrize(
+    "flag, values, message",
+    [
+        ("--groups", ["bank"], "--groups: 1 given for 2 runs"),
+        ("--names", ["a", "b", "c"], "--names: 3 given for 2 runs"),
+        ("--names", ["a", "a"], "repeat a name"),
+    ],
+)
+def test_names_or_groups_that_do_not_match_the_runs_are_refused(tmp_path, capsys, flag, values, message):
+    for name in ("a", "b"):
+        _write_state(tmp_path / name, 3, with_eval=False)
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "a"), str(tmp_path / "b"), flag, *values, "-o", str(tmp_path / "c.png")])
+    assert message in str(exc.value) and "prompt-aug-plot" in str(exc.value)
+    assert not (tmp_path / "c.png").exists()
