@@ -547,8 +547,8 @@ def fmt(value: float | None, digits: int = 2) -> str:
 def fmt_ms(stats: tuple[float, float, int] | None, digits: int = 2) -> str:
     if stats is None:
         return "–"
-    mean, sd, _ = stats
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+    mean, sd, n = stats
+    return f"{mean:.{digits}f}" if n == 1 else f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
 def report(plan: Plan, figure: Path | None) -> dict[str, Any]:
@@ -567,13 +567,19 @@ def report(plan: Plan, figure: Path | None) -> dict[str, Any]:
         mine = [r for r in runs if r["arm"] == arm]
         if not mine:
             continue
-        summary: dict[str, Any] = {"seeds": [r["seed"] for r in mine], "windows": {}, "eval": {}}
+        # Training curves: finished runs only (an unfinished run's "last 10 rounds" are other rounds).
+        # Held-out scores: every run scored at that round.
+        done = [r for r in mine if r["finished"]]
+        summary: dict[str, Any] = {
+            "seeds": [r["seed"] for r in done], "unfinished": [r["seed"] for r in mine if not r["finished"]],
+            "windows": {}, "eval": {},
+        }  # fmt: skip
         for name in ("entropy", "accuracy", "truncation"):
             summary["windows"][name] = {
-                at: mean_sd([r["windows"][name][at] for r in mine]) for at in ("first", "last")
+                at: mean_sd([r["windows"][name][at] for r in done]) for at in ("first", "last")
             }
         for key in FLOOR_KEYS:
-            summary[key] = [r[key] for r in mine]
+            summary[key] = [r[key] for r in done]
         rounds = sorted({int(k) for r in mine for k in r["eval"]})
         for round_ in rounds:
             got = [r["eval"][str(round_)]["summary"] for r in mine if str(round_) in r["eval"]]
@@ -636,7 +642,11 @@ def markdown(plan: Plan, runs: list[dict[str, Any]], arms: dict[str, Any]) -> st
     for arm, s in arms.items():
         cells = [f"{fmt_ms(s['windows'][n]['first'])} → {fmt_ms(s['windows'][n]['last'])}" for n in CURVES]
         floors = [", ".join("–" if f is None else str(f) for f in s[key]) for key in FLOOR_KEYS]
+        if not s["seeds"]:
+            continue
         label = f"**{arm}** (mean ± sd, seeds {', '.join(map(str, s['seeds']))})"
+        if s["unfinished"]:
+            label += f"; unfinished: {', '.join(map(str, s['unfinished']))}"
         lines.append(table_row([label, "", cells[0], *floors, *cells[1:]]))
     lines += [
         "",
