@@ -697,6 +697,7 @@ def draw(plan: Plan, runs: list[dict[str, Any]], figure: Path) -> str:
             x="round",
             names=[f"{r['arm']} s{r['seed']}" for r in drawn],
             groups=[r["arm"] for r in drawn],
+            templates=False,
         )
     except PlotError as err:
         return f"\nNo figure: {err}\n"

@@ -198,6 +198,7 @@ def build_figure(
     x: str = "step",
     names: list[str] | None = None,
     groups: list[str] | None = None,
+    templates: bool = True,
 ) -> Any:
     """The matplotlib figure of the training curves of ``run_dirs`` (see `plot_runs`)."""
     _one_per_run(names, run_dirs, "--names")
@@ -225,7 +226,9 @@ def build_figure(
     has_eval = any(series(r.history, "eval/macro")[0] or _final_eval(r) for r in runs)
     if has_eval:
         panels.append(("Evaluation (strict, greedy)", None))
-    panels += [(f"Per-template training accuracy: {r.name}", r) for r in runs if r.template_keys]
+    panels += [
+        (f"Per-template training accuracy: {r.name}", r) for r in runs if templates and r.template_keys
+    ]
     if not panels:
         raise PlotError(f"nothing to plot: no known metric in {[str(r.path) for r in runs]}")
 
@@ -268,7 +271,7 @@ def build_figure(
 
     # Legends live outside the panels: runs above them, templates and eval markers below.
     # Sizes in inches turned into figure fractions.
-    below = _below_legend(runs, has_eval)
+    below = _below_legend(runs if templates else [], has_eval)
     title_h, legend_h = (0.4 if title else 0.0), 0.3 * math.ceil(len(runs) / 4)
     below_h = 0.25 * math.ceil(len(below) / 6) + (0.1 if below else 0.0)
     if title:
@@ -303,14 +306,16 @@ def plot_runs(
     x: str = "step",
     names: list[str] | None = None,
     groups: list[str] | None = None,
+    templates: bool = True,
 ) -> Path:
     """Draw the training curves of ``run_dirs`` into the image ``output`` (PNG, PDF, SVG by suffix).
 
     ``x`` is ``"step"`` (optimizer steps) or ``"round"`` (generation rounds, from the logged ``round`` key).
     ``names`` label the runs (default: their folders). ``groups``, one per run, give the runs of a group
-    (an arm's seeds) one colour, told apart by line style.
+    (an arm's seeds) one colour, told apart by line style. ``templates=False`` leaves out the per-template
+    panels (one per run).
     """
-    fig = build_figure(run_dirs, smooth, title, x, names, groups)
+    fig = build_figure(run_dirs, smooth, title, x, names, groups, templates)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
@@ -460,11 +465,14 @@ def main(argv: list[str] | None = None) -> None:
         "--groups", nargs="+", default=None,
         help="A group per run, in order (e.g. the arm of each seed): a group's runs share a colour.",
     )  # fmt: skip
+    parser.add_argument(
+        "--no_templates", action="store_true", help="Leave out the per-template panels (one per run)."
+    )
     args = parser.parse_args(argv)
     try:
         path = plot_runs(
             args.runs, args.output, smooth=args.smooth, title=args.title, x=args.x, names=args.names,
-            groups=args.groups,
+            groups=args.groups, templates=not args.no_templates,
         )  # fmt: skip
     except PlotError as err:
         raise SystemExit(f"prompt-aug-plot: error: {err}") from None

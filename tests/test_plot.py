@@ -237,6 +237,11 @@ def test_groups_give_an_arms_seeds_one_colour_and_a_style_each(tmp_path):
     assert [line.get_linestyle() for line in lines] == ["-", "--", "-", "--"]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend == names
+    # Without the per-template panels: the five curve panels, and no template legend below them.
+    bare = build_figure(dirs, names=names, groups=["bank", "bank", "one", "one"], templates=False)
+    titles = [a.get_title() for a in bare.axes if a.get_visible()]
+    assert len(titles) == 5 and not any(t.startswith("Per-template") for t in titles)
+    assert len(bare.legends) == 1
     # Without groups every run has its own colour, all solid.
     plain = [a for a in build_figure(dirs).axes if a.get_title() == "Entropy"][0].get_lines()
     assert len({tuple(line.get_color()) for line in plain}) == 4
