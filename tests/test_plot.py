@@ -243,7 +243,7 @@ def test_groups_give_an_arms_seeds_one_colour_and_a_style_each(tmp_path):
     assert len(titles) == 5 and not any(t.startswith("Per-template") for t in titles)
     assert len(bare.legends) == 1
     # Without groups every run has its own colour, all solid.
-    plain = [a for a in build_figure(dirs).axes if a.get_title() == "Entropy"][0].get_lines()
+    plain = next(a for a in build_figure(dirs).axes if a.get_title() == "Entropy").get_lines()
     assert len({tuple(line.get_color()) for line in plain}) == 4
     assert {line.get_linestyle() for line in plain} == {"-"}
 
