@@ -200,7 +200,13 @@ def build_figure(
     groups: list[str] | None = None,
     templates: bool = True,
 ) -> Any:
-    """The matplotlib figure of the training curves of ``run_dirs`` (see `plot_runs`)."""
+    """The matplotlib figure of the training curves of ``run_dirs``.
+
+    ``smooth``: a trailing mean over this many logged points. ``x`` is ``"step"`` (optimizer steps) or
+    ``"round"`` (generation rounds, from the logged ``round`` key). ``names`` label the runs (default:
+    their folders). ``groups``, one per run, give the runs of a group (an arm's seeds) one colour, told
+    apart by line style. ``templates=False`` leaves out the per-template panels (one per run).
+    """
     _one_per_run(names, run_dirs, "--names")
     _one_per_run(groups, run_dirs, "--groups")
     if names is not None and len(set(names)) < len(names):
@@ -298,24 +304,11 @@ def build_figure(
     return fig
 
 
-def plot_runs(
-    run_dirs: list[str | Path],
-    output: str | Path,
-    smooth: int = 1,
-    title: str | None = None,
-    x: str = "step",
-    names: list[str] | None = None,
-    groups: list[str] | None = None,
-    templates: bool = True,
-) -> Path:
-    """Draw the training curves of ``run_dirs`` into the image ``output`` (PNG, PDF, SVG by suffix).
-
-    ``x`` is ``"step"`` (optimizer steps) or ``"round"`` (generation rounds, from the logged ``round`` key).
-    ``names`` label the runs (default: their folders). ``groups``, one per run, give the runs of a group
-    (an arm's seeds) one colour, told apart by line style. ``templates=False`` leaves out the per-template
-    panels (one per run).
+def plot_runs(run_dirs: list[str | Path], output: str | Path, **options: Any) -> Path:
+    """Draw the training curves of ``run_dirs`` into the image ``output`` (PNG, PDF, SVG by suffix);
+    ``options`` are `build_figure`'s (``smooth``, ``title``, ``x``, ``names``, ``groups``, ``templates``).
     """
-    fig = build_figure(run_dirs, smooth, title, x, names, groups, templates)
+    fig = build_figure(run_dirs, **options)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
