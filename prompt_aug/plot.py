@@ -159,7 +159,7 @@ def template_color(name: str) -> Any:
 
 
 # Line styles of the runs of one group (the fifth run of a group starts again).
-_STYLES = ["-", "--", ":", "-."] * 8
+_STYLES = ("-", "--", ":", "-.")
 
 # tab20's ten strong colours first, then their light twins: the first templates look most distinct.
 _TAB20_ORDER = [*range(0, 20, 2), *range(1, 20, 2)]
@@ -222,7 +222,7 @@ def build_figure(
     colors, styles = {}, {}
     for i, (run, group) in enumerate(zip(runs, group_of)):
         colors[run.name] = plt.get_cmap("tab10")(order.index(group) % 10)
-        styles[run.name] = _STYLES[group_of[:i].count(group)]
+        styles[run.name] = _STYLES[group_of[:i].count(group) % len(_STYLES)]
 
     panels: list[tuple[str, Any]] = []
     for panel_title, ylabel, keys, fraction in CURVES:
