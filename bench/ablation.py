@@ -378,7 +378,7 @@ def prepare_main(argv: list[str]) -> None:
     overrides = [a for a in ns.overrides if a != "--"]
 
     from prompt_aug import train
-    from prompt_aug.config import batch_arithmetic
+    from prompt_aug.batches import batch_arithmetic
     from prompt_aug.data import load_train_dataset
     from prompt_aug.demo.warmstart import split_heldout
     from prompt_aug.models import load_tokenizer, resolve_model_path

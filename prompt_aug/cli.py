@@ -23,7 +23,6 @@ import yaml
 from accelerate import PartialState
 from trl import TrlParser
 
-from . import demo
 from .faults import (
     PREEMPTED_FILE,
     FaultError,
@@ -72,6 +71,28 @@ class RecipeParser(TrlParser):
             for s in action.option_strings
             if s[:2] == "--"
         }
+
+
+# A dry run only prints arithmetic, so it parses as if on CPU: `TrainingArguments` rejects `bf16: true` at
+# parse time on a machine without a bf16 GPU unless `use_cpu` is set. The real run never gets this override.
+DRY_RUN_OVERRIDES = ("--use_cpu", "true")
+_TRUE = ("", "1", "true", "yes", "y", "t", "on")
+
+
+def wants_dry_run(argv: list[str]) -> bool:
+    """Whether the command line asks for ``--dry_run`` (``--dry_run``, ``--dry_run true`` or
+    ``--dry_run=true``).
+
+    >>> wants_dry_run(["--config", "r.yaml", "--dry_run"]), wants_dry_run(["--dry_run", "false"])
+    (True, False)
+    """
+    for i, arg in enumerate(argv):
+        if arg.startswith("--dry_run="):
+            return arg.split("=", 1)[1].lower() in _TRUE
+        if arg == "--dry_run":
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            return following.startswith("--") or following.lower() in _TRUE
+    return False
 
 
 def _closest(key: str, known: set[str]) -> str:
@@ -243,8 +264,11 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     resolve_local_model(
         model_args.model_name_or_path
     )  # a known local model not fetched yet: its fetch command
-    builtin = (*demo.TINY_MODEL_NAMES, *LOCAL_MODELS)
-    check_source("model_name_or_path", model_args.model_name_or_path, builtin=builtin)
+    check_source("model_name_or_path", model_args.model_name_or_path, builtin=tuple(LOCAL_MODELS))
+    if args.eval_data_dir:
+        check_source("eval_data_dir", args.eval_data_dir)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, log=state.is_main_process)
+    stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
     if script_args.dataset_mixture is not None:
         check_mixture(script_args.dataset_mixture)
     elif script_args.dataset_name is None:
@@ -253,11 +277,7 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
             "or several sources as dataset_mixture"
         )
     else:
-        check_source("dataset_name", script_args.dataset_name, builtin=demo.BUILTIN_DATASETS)
-    if args.eval_data_dir:
-        check_source("eval_data_dir", args.eval_data_dir)
-    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, log=state.is_main_process)
-    stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
+        check_source("dataset_name", script_args.dataset_name)
     state.wait_for_everyone()  # every rank has looked before the main process deletes
     if stale and state.is_main_process:
         logger.info("overwrite_output_dir: deleting the earlier run in %s", args.output_dir)

@@ -156,3 +156,32 @@ class PromptAugmentationCollator:
                 {**row, "prompt": prompt, "question": question, "uid": uid, **format_columns(template)}
             )
         return out
+
+    def conversational_reward_inputs(
+        self, rows: list[dict[str, Any]], completions: list[str]
+    ) -> tuple[list[list[dict[str, str]]], list[list[dict[str, str]]]]:
+        """A conversational dataset's reward inputs: each row's question as the messages of its template (its
+        system turn, if any, and its user turn; no prefill), and each completion as TRL's conversational form
+        ``[{"role": "assistant", "content": text}]``."""
+        prompts = [self.template_named(row["template"]).messages(row["question"]) for row in rows]
+        return prompts, [[{"role": "assistant", "content": text}] for text in completions]
+
+
+def cut_completions(
+    completions: list[Any], completion_ids: list[list[int]], cut_ids: set[int], tokenizer: Any
+) -> list[Any]:
+    """Each completion's text up to the first token of ``cut_ids`` (decoded as TRL decodes: without special
+    tokens); completions without one are unchanged. A conversational completion keeps its form."""
+    if not cut_ids:
+        return completions
+    out = []
+    for completion, ids in zip(completions, completion_ids, strict=True):
+        end = next((k for k, token in enumerate(ids) if token in cut_ids), None)
+        if end is not None:
+            text = tokenizer.decode(list(ids[:end]), skip_special_tokens=True)
+            if isinstance(completion, list):  # TRL's conversational form: the assistant message is last
+                completion = [*completion[:-1], {**completion[-1], "content": text}]
+            else:
+                completion = text
+        out.append(completion)
+    return out

@@ -35,8 +35,7 @@ import datasets
 
 from rewards.grading.extract import last_boxed
 
-from . import demo
-from .sources import looks_local
+from .sources import builtin_names, builtin_rows, builtin_tokenizer, looks_local
 from .templates import TemplateError
 
 SIMPLERL_HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
@@ -312,8 +311,9 @@ def load_math_dataset(
 ) -> tuple[datasets.Dataset, DataReport]:
     """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows.
     With ``max_bad_row_share``, more bad rows than that share is a `DataError` (`check_bad_rows`)."""
-    if name in demo.BUILTIN_DATASETS:
-        rows = datasets.Dataset.from_list(demo.builtin_rows(name, num_synthetic, seed))
+    built = builtin_rows(name, num_synthetic, seed)
+    if built is not None:
+        rows = datasets.Dataset.from_list(built)
         return rows, DataReport(name, len(rows), len(rows), Counter())
     if name == MATH_HUB_ID and answer_column is None:
         answer_column = "solution"
@@ -330,7 +330,7 @@ def load_mixture(
     levels: list[str] | None = None,
     max_bad_row_share: float | None = None,
 ) -> tuple[datasets.Dataset, DataReport]:
-    """A ``dataset_mixture`` (TRL's `DatasetMixtureConfig` of `prompt_aug.config.MixtureSource`) as
+    """A ``dataset_mixture`` (TRL's `DatasetMixtureConfig` of `prompt_aug.mixture.MixtureSource`) as
     ``question``/``answer``/``uid`` rows.
 
     Each source loads as ``dataset_name`` does (a local folder or file, or a Hub id, its ``name`` as the
@@ -498,15 +498,15 @@ def preview(args: argparse.Namespace) -> str:
     lines = []
     tokenizer = None
     max_len = args.max_prompt_length or recipe.get("max_prompt_length")
-    if tokenizer_name in demo.TINY_MODEL_NAMES:  # a built-in model: its tokenizer is the built-in one
-        tokenizer = demo.builtin_tokenizer()
+    if tokenizer_name in builtin_names("model"):  # a built-in model: its tokenizer is the built-in one
+        tokenizer = builtin_tokenizer()
     elif tokenizer_name:
         try:
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
         except (OSError, ValueError) as err:
             lines.append(f"(could not load tokenizer {tokenizer_name!r}: {str(err).splitlines()[0]})")
     if tokenizer is None:
-        tokenizer = demo.builtin_tokenizer()
+        tokenizer = builtin_tokenizer()
         lines.append(
             "(rendering with the built-in ChatML tokenizer; pass --tokenizer or --config for your model's)"
         )

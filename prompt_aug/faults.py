@@ -28,12 +28,13 @@ import threading
 import traceback
 import zipfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_utils import HubStrategy
 from trl.trainer.utils import is_async_callable
 
 logger = logging.getLogger("prompt_aug")
@@ -355,6 +356,67 @@ def hub_push_failed(args: Any, repo_id: str, err: BaseException) -> HubPushError
         f"push_to_hub: the upload to {repo_id} failed ({one_line(err, 200)}). The trained model and its "
         f"model card are in {args.output_dir}; push them later with: {push_later_command(args, repo_id)}"
     )
+
+
+class HubAndPreemption:
+    """A `transformers.Trainer` mixin: preemption signals caught while training, a full disk in one line, and
+    a Hub that cannot be reached or refuses in one line. ``self.preemption`` is the run's `PreemptionCallback`
+    (``None``: signals keep their default action)."""
+
+    preemption: PreemptionCallback | None = None
+    hub_error: str | None = None  # why the Hub could not be reached when the trainer was built
+    _final_push = False  # inside push_to_hub: a failed repository creation is push_to_hub's error
+
+    @property
+    def preempted(self) -> str | None:
+        """The signal (``"SIGTERM"``, ``"SIGUSR1"``) that stopped the last ``train()`` call, or None."""
+        return self.preemption.stopped_by if self.preemption is not None else None
+
+    # Why: a preemption signal is caught only while training (the handlers are restored after), and a write
+    # that fails for want of disk space, in a checkpoint save or elsewhere, is one line naming output_dir
+    # instead of a stack trace from deep inside the save.
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
+        with catching, disk_full_is_one_line(self.args.output_dir):
+            return super().train(*args, **kwargs)
+
+    # Why: transformers creates the Hub repository while the trainer is built, so a Hub that could not be
+    # reached then (offline, the network) stopped the run before it trained. Now the run trains without
+    # pushing checkpoints and pushes at the end; a refused request (a token, an id) still fails at once, in
+    # one line.
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        repo_id = self._hub_repo_id()
+        try:
+            super().init_hf_repo(token, private)
+        except Exception as err:
+            if self._final_push:  # push_to_hub's error says that the model is on disk and how to push it
+                raise
+            if not hub_unreachable(err):
+                raise HubPushError(
+                    f"push_to_hub: cannot create the Hub repository {repo_id} ({one_line(err, 200)}); check "
+                    "hub_model_id and your token (hf auth login), or set push_to_hub false"
+                ) from err
+            self.hub_error = one_line(err, 200)
+            self.args.hub_strategy = HubStrategy.END  # no checkpoint pushes: no repository to push to
+            logger.warning(
+                "push_to_hub: cannot reach the Hub to create %s (%s); training goes on without pushing "
+                "checkpoints, and the model is pushed at the end", repo_id, self.hub_error,
+            )  # fmt: skip
+
+    # Why: a failed upload at the end of a run is one line saying that the model and card are on disk and how
+    # to push them later, not a network stack trace.
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
+        self._final_push = True
+        try:
+            return super().push_to_hub(*args, **kwargs)
+        except Exception as err:
+            raise hub_push_failed(self.args, self._hub_repo_id(), err) from err
+        finally:
+            self._final_push = False
+
+    def _hub_repo_id(self) -> str:
+        """The repository pushed to: the one created, else the one asked for (as transformers names it)."""
+        return self.hub_model_id or self.args.hub_model_id or Path(self.args.output_dir).absolute().name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,14 +1,122 @@
-"""Per-template metrics of a generation round: pure functions of the round's gathered values.
+"""Per-template metrics of a generation round.
 
-The trainer gathers each row's template name, rewards, completion length and truncation from every process
-and adds what these functions return to TRL's metric buffer, which averages them at the next log.
+`TemplateMetrics` gathers each row's template name, rewards, completion length, truncation and n-gram loop
+from every process, and each template's token-weighted entropy over an optimizer step, and adds them to TRL's
+metric buffer, which averages them at the next log. The functions below it are pure functions of the
+gathered values.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import torch
+from accelerate.utils import gather_object
+
+from rewards.registry import CORRECTNESS_REWARDS, format_reward
+from rewards.repetition import ends_in_loop
+
+
+class TemplateMetrics:
+    """``templates/<name>/*`` and ``completions/repetition_ratio`` for a trainer whose rows carry a template.
+
+    Beside TRL's ``entropy``, ``reward`` and ``completions/*``, per template: ``templates/<name>/accuracy``,
+    ``/format``, ``/mean_length``, ``/truncated_ratio``, ``/count``, ``/entropy`` and ``/repetition``, and
+    ``templates/<name>/<reward function name>`` for every reward function (named as in TRL's
+    ``rewards/<reward function name>/mean``, e.g. ``correctness_reward``); with dynamic sampling also
+    ``templates/<name>/kept``. Overall: ``completions/repetition_ratio`` (completions ending in an n-gram
+    loop).
+
+    Args:
+        names: Every template a row may carry (the training bank and the evaluation template); a row's index
+            into them travels with it, as ``template_index``, to the loss, where its entropy is summed.
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.index = {name: i for i, name in enumerate(dict.fromkeys(names))}
+        # Per-template [entropy sum, token count] over the optimizer step's micro-batches so far.
+        self._entropy_window: torch.Tensor | None = None
+
+    def row_index(self, rows: list[dict[str, Any]], device: Any) -> torch.Tensor:
+        """Each row's template index (-1 for a template not in the bank)."""
+        return torch.tensor([self.index.get(row["template"], -1) for row in rows], device=device)
+
+    def log_round(
+        self, trainer: Any, rows: list[dict[str, Any]], output: dict[str, Any], rewards: Any, mode: str
+    ) -> None:
+        """Per-template metrics of one scored round (TRL's ``output``), gathered from every process."""
+        accelerator = trainer.accelerator
+        mask, ids = output["completion_mask"], output["completion_ids"]
+        lengths = mask.sum(dim=1)
+        # Last generated token; a row whose mask TRL zeroed (mask_truncated_completions) was truncated.
+        last = ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        ended = torch.isin(last, torch.tensor(trainer.eos_token_ids, device=ids.device)) & (lengths > 0)
+        full = torch.where(lengths > 0, lengths, torch.full_like(lengths, trainer.max_completion_length))
+        names = gather_object([row["template"] for row in rows])
+        rewards = rewards.cpu() if rewards is not None else None
+        gathered = accelerator.gather(full.float()).cpu(), accelerator.gather((~ended).float()).cpu()
+        self.append(trainer, names, rewards, *gathered, mode)
+        # Collapse watch: completions that end in an n-gram loop, overall and per template.
+        looping = accelerator.gather(loop_flags(ids, lengths)).cpu()
+        metrics = trainer.metric_buffer(mode)
+        metrics["completions/repetition_ratio"].append(looping.mean().item())
+        for name, where in template_rows(names).items():
+            metrics[f"templates/{name}/repetition"].append(looping[where].mean().item())
+
+    def append(
+        self, trainer: Any, names: list[str], rewards: torch.Tensor | None, lengths: torch.Tensor,
+        truncated: torch.Tensor, mode: str, kept: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
+        """Per-template metrics of gathered rows (`per_template_metrics`); ``kept`` (bool per row) adds
+        ``templates/<name>/kept``."""
+        funcs = trainer.reward_funcs
+        columns = {
+            "accuracy": reward_column(funcs, *CORRECTNESS_REWARDS),
+            "format": reward_column(funcs, format_reward),
+            **{name: column for column, name in enumerate(trainer.reward_func_names)},
+        }
+        buffer = trainer.metric_buffer(mode)
+        for key, value in per_template_metrics(names, rewards, columns, lengths, truncated, kept).items():
+            buffer[key].append(value)
+
+    def add_entropy(self, trainer: Any, entropies: torch.Tensor, mask: torch.Tensor, inputs: dict) -> None:
+        """Add a micro-batch's per-token entropies to its templates' sums; at the optimizer step's end (or in
+        eval) log ``templates/<name>/entropy``. Summed over the step's micro-batches (token-weighted), so the
+        value does not depend on how its rows were grouped into micro-batches."""
+        if "template_index" not in inputs:
+            return
+        mode = "train" if trainer.model.training else "eval"
+        sums = grouped_token_sums(entropies, mask, inputs["template_index"], len(self.index))
+        self._entropy_window = sums if self._entropy_window is None else self._entropy_window + sums
+        if mode == "eval" or trainer.accelerator.sync_gradients:
+            sums = trainer.accelerator.reduce(self._entropy_window, reduction="sum").cpu()
+            self._entropy_window = None
+            for name, i in self.index.items():
+                if sums[1, i] > 0:
+                    trainer.metric_buffer(mode)[f"templates/{name}/entropy"].append(
+                        (sums[0, i] / sums[1, i]).item()
+                    )
+
+
+def reward_column(reward_funcs: list[Any], *funcs: Any) -> int | None:
+    """The column of the first of ``funcs`` among ``reward_funcs``, or ``None``.
+
+    >>> reward_column([len, max], max, min), reward_column([len], min)
+    (1, None)
+    """
+    for index, func in enumerate(reward_funcs):
+        if any(func is f for f in funcs):
+            return index
+    return None
+
+
+def loop_flags(completion_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """1.0 for each completion (a row of ``completion_ids``, its first ``lengths`` tokens) that ends in an
+    n-gram loop (`rewards.repetition.ends_in_loop`), else 0.0."""
+    rows, sizes = completion_ids.tolist(), lengths.tolist()
+    flags = [float(ends_in_loop(row[: int(n)])) for row, n in zip(rows, sizes, strict=True)]
+    return torch.tensor(flags, device=completion_ids.device)
 
 
 def template_rows(names: list[str]) -> dict[str, torch.Tensor]:
@@ -54,4 +162,23 @@ def per_template_metrics(
         out[f"{prefix}/count"] = float(len(rows))
         if kept is not None:
             out[f"{prefix}/kept"] = float(kept[rows].sum())
+    return out
+
+
+def grouped_token_sums(
+    values: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, num_groups: int
+) -> torch.Tensor:
+    """A (2, ``num_groups``) tensor: per group of rows, the sum of ``values`` over masked tokens and the
+    count.
+
+    >>> v, m = torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [1, 0]])
+    >>> grouped_token_sums(v, m, torch.tensor([1, 1]), 2).tolist()
+    [[0.0, 9.0], [0.0, 3.0]]
+    """
+    mask = mask.to(values.dtype)
+    sums, counts = (values * mask).sum(dim=1).float(), mask.sum(dim=1).float()
+    out = torch.zeros(2, num_groups, device=values.device)
+    valid = groups >= 0
+    out[0].index_add_(0, groups[valid], sums[valid])
+    out[1].index_add_(0, groups[valid], counts[valid])
     return out

@@ -254,3 +254,33 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class ModelCardMixin:
+    """A `transformers.Trainer` mixin whose model card is TRL's plus ours (``self.model_card_info``: the
+    recipe, the template bank, the metrics and the evaluation table); without that info, TRL's card alone."""
+
+    model_card_info: ModelCardInfo | None = None
+
+    # Why: TRL writes its card (base model, W&B link, framework versions, citations) at every checkpoint and
+    # inside `push_to_hub`; ours adds the recipe, the template bank, the metrics and the evaluation table.
+    def create_model_card(
+        self,
+        model_name: str | None = None,
+        dataset_name: str | None = None,
+        tags: str | list[str] | None = None,
+    ) -> None:
+        info = self.model_card_info
+        if info is None:
+            return super().create_model_card(model_name, dataset_name, tags)
+        extra = [tags] if isinstance(tags, str) else list(tags or [])
+        super().create_model_card(model_name, dataset_name or info.dataset, [*info.tags, *extra])
+        if not self.is_world_process_zero():
+            return None
+        path = Path(self.args.output_dir) / "README.md"
+        hub_model_id = getattr(self, "hub_model_id", None) or self.args.hub_model_id  # full id once pushed
+        ours = render_model_card(
+            info, self.args.output_dir, self.state.global_step, self.state.log_history, hub_model_id
+        )
+        path.write_text(extend_trl_card(path.read_text(), ours, info.base_model))
+        return None

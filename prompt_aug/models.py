@@ -29,7 +29,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .sources import SourceError
+from .sources import SourceError, build_model, builtin_names
 from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
 
 HOME_ENV = "PROMPT_AUG_HOME"
@@ -291,13 +291,11 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
     random model is built once, on the main process, in the output folder; anything else is used as is."""
     from accelerate import PartialState
 
-    from . import demo
-
     name = model_args.model_name_or_path
-    if name not in demo.TINY_MODEL_NAMES:
+    if name not in builtin_names("model"):
         return resolve(name)
     with PartialState().main_process_first():
-        return demo.build_model(name, args.output_dir, args.seed)
+        return build_model(name, args.output_dir, args.seed)
 
 
 class ModelArgsError(ValueError):

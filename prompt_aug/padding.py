@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .packing import fused_head_call, packed_forward, packing_check, packing_unsupported_reason
+from .records import micro_steps_per_round
 
 logger = logging.getLogger("prompt_aug")
 
@@ -168,6 +169,24 @@ def regroup(
     return out
 
 
+def regrouping_is_exact(trainer: Any) -> bool:
+    """Whether moving rows between micro-batches of one optimizer step leaves ``trainer``'s update unchanged.
+
+    True when the loss weighs each row independently of its micro-batch (not bnpo, whose normaliser is the
+    micro-batch's token count; nor the entropy bonus, the entropy quantile mask or a MoE aux loss, all
+    computed per micro-batch), and this optimizer step accumulates the full ``gradient_accumulation_steps``
+    (not an epoch's short last one).
+    """
+    per_micro_batch = (
+        trainer.loss_type == "bnpo"
+        or trainer.entropy_bonus_enabled
+        or trainer.top_entropy_quantile < 1.0
+        or trainer.aux_loss_enabled
+    )
+    full_step = trainer.current_gradient_accumulation_steps == trainer.args.gradient_accumulation_steps
+    return not per_micro_batch and full_step
+
+
 def chunked_forward(
     score: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor | None, ...]],
     input_ids: torch.Tensor,
@@ -231,6 +250,7 @@ class PaddingFreePasses:
             split and never holds more than TRL's. A smaller budget splits a call (a single process only).
         pad_to_multiple_of: Round each packed length up to a multiple of this (default: no rounding).
         autocast: The trainer's autocast context (``accelerator.autocast``), for the packed calls.
+        processes: The run's process count; ``max_tokens`` needs one (every process must make as many calls).
     """
 
     def __init__(
@@ -239,7 +259,13 @@ class PaddingFreePasses:
         max_tokens: int | None = None,
         pad_to_multiple_of: int | None = None,
         autocast: Callable[[], Any] | None = None,
+        processes: int = 1,
     ) -> None:
+        if max_tokens is not None and processes > 1:
+            raise ValueError(
+                "packing_max_tokens splits calls, and with several processes every process must make as many "
+                "calls: unset packing_max_tokens (the default budget never splits)"
+            )
         self.mode = padding_mode(mode)
         self.max_tokens, self.pad_to_multiple_of, self.autocast = max_tokens, pad_to_multiple_of, autocast
         self.stats = {"real": 0, "processed": 0, "calls": 0}
@@ -298,6 +324,28 @@ class PaddingFreePasses:
 
         logps, entropies = chunked_forward(score, input_ids, attention_mask, logits_to_keep, rows)
         return logps, entropies
+
+    def micro_batch(self, trainer: Any, inputs: dict, step: int, new_round: bool) -> dict:
+        """The micro-batch to train on: ``inputs`` (TRL's, prepared at micro-step ``step``) trimmed; on a new
+        training round, the round's buffered micro-batches (``trainer.buffered_micro_batches``) are first
+        trimmed, and on the ``trim`` path ordered by length within each optimizer step where that leaves the
+        update unchanged (`regrouping_is_exact`). ``trainer`` is a `prompt_aug.trl_seam.TRLSeam`."""
+        if self.mode == "off":
+            return inputs
+        if not trainer.model.training:
+            return trim(inputs) if can_trim(inputs) else inputs
+        buffered = trainer.buffered_micro_batches
+        if not (new_round and can_trim(buffered[0])):
+            return inputs
+        spg, per_round = trainer.args.steps_per_generation, micro_steps_per_round(trainer.args)
+        # The round's first micro-step (a resume regenerates a round in its middle; TRL then takes micro-batch
+        # `step % spg`, as if the round had started there).
+        first = step - step % per_round
+        ga = trainer.args.gradient_accumulation_steps
+        segments = optimizer_step_segments(first, spg, trainer.num_iterations, ga)
+        exact = self.mode == "trim" and regrouping_is_exact(trainer)  # packed: no need
+        trainer.buffered_micro_batches = regroup(buffered, segments, sort=exact)
+        return trainer.buffered_micro_batches[step % spg]
 
     def _packed(
         self, model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy

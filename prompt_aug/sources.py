@@ -1,4 +1,5 @@
-"""Where a model or dataset comes from: a local folder or the Hugging Face Hub, decided before anything loads.
+"""Where a model or dataset comes from: a local folder, the Hugging Face Hub, several datasets mixed, or a
+name built in code; decided before anything loads.
 
 Offline, the Hub clients retry for about a minute and then blame the connection, and an absolute path that
 does not exist is rejected as a malformed repo id. Two checks avoid both:
@@ -7,16 +8,22 @@ does not exist is rejected as a malformed repo id. Two checks avoid both:
   ``/``, or a first component that is a folder here) must exist, else "no such folder" naming the key.
 * `require_hub`: for a Hub id, one short request to the Hub endpoint; unreachable means a short error that
   suggests ``HF_HUB_OFFLINE=1`` (use the local cache) or a local path. Skipped when offline mode is on.
+
+The names built in code (the learning demo's random models and generated question sets) are looked up in
+`BUILTINS`, like any other source, and built through the import path it gives, only when a recipe names one.
+(A ``dataset_mixture`` is parsed in `prompt_aug.mixture`: it needs TRL, which evaluation, a user of this
+module, does without.)
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 _TRUE = ("1", "ON", "YES", "TRUE")
 
@@ -88,8 +95,8 @@ def require_hub(key: str, repo_id: str, timeout: float = 5.0) -> None:
 
 def check_source(key: str, value: str | None, builtin: tuple[str, ...] = ()) -> None:
     """Check a model or dataset value before loading: a missing local path or an unreachable Hub fails at
-    once."""
-    if not value or value in builtin:
+    once. A name of `BUILTINS` or of ``builtin`` is not looked for."""
+    if not value or value in builtin or value in BUILTINS:
         return
     if not require_local(key, value):
         require_hub(key, value)
@@ -112,3 +119,71 @@ def check_mixture(mixture: Any) -> None:
             if not Path(name).expanduser().exists():
                 resolved = Path(name).expanduser().resolve()
                 raise SourceError(f"{key}.data_files: no such file {name!r} (resolved to {resolved})")
+
+
+# -- Built in code ------------------------------------------------------------------------------------------
+
+
+class BuiltinSource(NamedTuple):
+    """A model or dataset name that is built in code: ``build`` is ``module:function``, imported when used (so
+    a run on a real model and dataset imports none of it). The demo, which these name, uses evaluation, which
+    uses this module: an import path keeps that from becoming a loop."""
+
+    kind: str  # "model" or "dataset"
+    build: str
+    rows: int | None = None  # a dataset's row count; None: ``num_synthetic``
+
+
+_DEMO = "prompt_aug.demo"
+BUILTINS: dict[str, BuiltinSource] = {
+    "tiny-random-qwen2": BuiltinSource("model", f"{_DEMO}:build_model"),
+    "small-random-qwen2": BuiltinSource("model", f"{_DEMO}:build_model"),
+    "synthetic": BuiltinSource("dataset", f"{_DEMO}:builtin_rows"),
+    "synthetic-addition": BuiltinSource("dataset", f"{_DEMO}:builtin_rows", rows=55),
+    "synthetic-digit-sums": BuiltinSource("dataset", f"{_DEMO}:builtin_rows", rows=45),
+}
+BUILTIN_TOKENIZER = f"{_DEMO}:builtin_tokenizer"  # the tokenizer of every built-in model
+DEMO_STAGE = _DEMO  # `DemoArguments` and `before_grpo`: the learning demo's stage before GRPO
+
+
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, name) if name else found
+
+
+def builtin_names(kind: str) -> tuple[str, ...]:
+    """The built-in names of ``kind`` (``model`` or ``dataset``)."""
+    return tuple(name for name, source in BUILTINS.items() if source.kind == kind)
+
+
+def builtin_dataset_names() -> tuple[str, ...]:
+    """The dataset names built in code."""
+    return builtin_names("dataset")
+
+
+def build_model(name: str, output_dir: str, seed: int) -> str | None:
+    """Build the built-in model ``name`` in ``output_dir``; returns its path (``None`` for another name)."""
+    source = BUILTINS.get(name)
+    if source is None or source.kind != "model":
+        return None
+    return _load(source.build)(name, output_dir, seed)
+
+
+def builtin_rows(name: str, num_synthetic: int, seed: int) -> list[dict[str, str]] | None:
+    """The rows of the built-in dataset ``name``; ``None`` for any other name."""
+    source = BUILTINS.get(name)
+    if source is None or source.kind != "dataset":
+        return None
+    return _load(source.build)(name, num_synthetic, seed)
+
+
+def builtin_tokenizer() -> Any:
+    """The tokenizer of the built-in models."""
+    return _load(BUILTIN_TOKENIZER)()
+
+
+def demo_stage() -> Any:
+    """The learning demo's module: its recipe keys (`DemoArguments`) and its stage before GRPO
+    (`before_grpo`), imported only when called."""
+    return _load(DEMO_STAGE)

@@ -3,21 +3,24 @@
 Also ``accelerate launch --config_file accelerate_configs/ddp.yaml -m prompt_aug.train --config ...``,
 ``torchrun --nproc_per_node N -m prompt_aug.train --config ...`` or the ``prompt-aug-train`` script.
 
-`train` reads top to bottom, as TRL's and open-r1's GRPO scripts do: parse → check → tokenizer → data →
-model → trainer → train → save → card → push. Before anything heavy loads, the recipe, the output folder
-(a folder holding a run needs ``--resume_from_checkpoint`` or ``--overwrite_output_dir true``), where the
-model and data come from, and the reward, template and evaluation keys are checked; such errors end the
-command with one line. The trainer sets up every training feature of the config itself (evaluation, the
-collapse guard, stop tokens, ...): this script adds none. The learning demo is reached only through
-`prompt_aug.demo.before_grpo`, so a run on a real model and dataset imports no demo module.
+As TRL's GRPO script: `make_parser` builds the parser of a recipe's four key groups, and `run` reads top to
+bottom, as TRL's and open-r1's ``main`` do: check → rewards and features → tokenizer → data → model →
+trainer → train → save → card → push. `main` is the command: parse, `run`, and one line for bad input. Before
+anything heavy loads, the recipe, the output folder (a folder holding a run needs ``--resume_from_checkpoint``
+or ``--overwrite_output_dir true``), where the model and data come from, and the reward, template and
+evaluation keys are checked; such errors end the command with one line. The features are built once, by
+`prompt_aug.extensions.build_features`, and handed to the trainer. The learning demo is reached only through
+`prompt_aug.sources`, so a run on a real model and dataset imports no demo module beyond its keys.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import sys
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 from accelerate import PartialState
@@ -25,8 +28,9 @@ from trl import ModelConfig, get_peft_config
 
 from rewards import get_reward_funcs
 
-from . import demo
+from .batches import batch_arithmetic
 from .cli import (
+    DRY_RUN_OVERRIDES,
     USER_ERRORS,
     RecipeParser,
     UsageError,
@@ -35,30 +39,136 @@ from .cli import (
     parse_recipe,
     prepare_output_dir,
     recipe_text,
-)
-from .collator import PromptAugmentationCollator
-from .config import (
-    DRY_RUN_OVERRIDES,
-    PromptAugGRPOConfig,
-    PromptAugScriptArguments,
-    batch_arithmetic,
     wants_dry_run,
 )
+from .config import PromptAugGRPOConfig, help_field
 from .data import DataError, load_train_dataset
-from .demo import DemoArguments
 from .evaluation.benchmarks import EvalError
-from .evaluation.callback import evaluator_from_args
-from .extensions.dynamic_sampling import signal_column
+from .extensions import build_features
 from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, disk_full_is_one_line
 from .logging_utils import quiet_repeated_warnings, use_compact_log
+from .mixture import dataset_mixture
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
+from .sources import builtin_dataset_names, demo_stage
 from .templates import TemplateError, check_renders, resolve_eval_template, templates_for
 from .trainer import PromptAugGRPOTrainer
 
-__all__ = ["Recipe", "main", "parse_args", "resolve_eval_template", "train"]
+__all__ = [
+    "PromptAugScriptArguments",
+    "Recipe",
+    "main",
+    "make_parser",
+    "parse_args",
+    "resolve_eval_template",
+    "run",
+    "train",
+]
 
 logger = logging.getLogger("prompt_aug")
+
+
+NUM_SYNTHETIC = 256  # rows of the built-in `synthetic` set unless num_synthetic says otherwise
+
+
+@dataclass
+class PromptAugScriptArguments:
+    """What ``prompt-aug-train`` reads beside the trainer's config, as TRL's `GRPOScriptArguments`: the data
+    (``dataset_*``, the column mapping, ``num_synthetic``, the prompt-length and bad-row limits), the model's
+    chat template, the reward functions by name, and how the run starts (``overwrite_output_dir``,
+    ``dry_run``, ``num_processes``). The trainer never sees these: it is given a dataset and reward functions.
+    """
+
+    # > Data
+    dataset_name: str | None = help_field(
+        None,
+        "A Hub id (e.g. hkust-nlp/SimpleRL-Zoo-Data), a local folder or file, or a built-in "
+        "set of the demo (synthetic, synthetic-addition, synthetic-digit-sums). Required.",
+    )
+    dataset_config: str | None = help_field(
+        None, "Hub subset or local sub-folder, e.g. simplelr_qwen_level3to5."
+    )
+    dataset_split: str = help_field("train", "Split to train on.")
+    question_column: str | None = help_field(None, "Question column (guessed if unset).")
+    answer_column: str | None = help_field(None, "Gold-answer column (guessed if unset).")
+    dataset_levels: list[str] | None = help_field(
+        None, "Keep only these `level` values (MATH), e.g. ['Level 3', 'Level 4']."
+    )
+    dataset_mixture: dict[str, Any] | str | None = help_field(
+        None,
+        "Several datasets mixed, instead of dataset_name: TRL's DatasetMixtureConfig, "
+        "{datasets: [{path, name, data_dir, data_files, split, columns, fraction, question_column, "
+        "answer_column, dataset_levels}, ...]}. Each source is mapped onto question/answer/uid as "
+        "dataset_name is (its uids prefixed with its position); the top-level question_column, "
+        "answer_column and dataset_levels apply to sources that do not set their own.",
+    )
+    dataset_num_rows: int | None = help_field(
+        None, "Row count of the dataset; used only by --dry_run for rounds per epoch."
+    )
+    num_synthetic: int = help_field(NUM_SYNTHETIC, "Rows of the `synthetic` dataset.")
+    max_prompt_length: int | None = help_field(
+        1024, "Drop questions whose prompt under the longest template exceeds this."
+    )
+    max_bad_row_share: float = help_field(
+        0.05,
+        "Stop when more than this share of the rows read is unusable (empty question; missing, "
+        "empty, NaN or oddly typed answer); below it such rows are dropped and reported. 1.0: never stop.",
+    )
+
+    # > Model
+    chat_template: str | None = help_field(
+        None,
+        "The chat template prompts render through, set on the tokenizer when it loads (and "
+        "saved with the model): `chatml`, a Jinja template, or the path of a .jinja file. Needed for a "
+        "base model whose tokenizer has none; replaces the tokenizer's own otherwise.",
+    )
+
+    # > Rewards
+    reward_funcs: list[str] = help_field(
+        ["correctness", "format"],
+        "Reward names from rewards.REGISTRY, or functions by import path "
+        "(package.module:function). The paper: correctness + format.",
+    )
+    # > The run
+    overwrite_output_dir: bool = help_field(
+        False,
+        "Train into an output_dir that already holds a run: first delete its checkpoints, model, "
+        "logs and completions (without it such a folder is refused unless you resume).",
+    )
+    dry_run: bool = help_field(
+        False,
+        "Print the batch arithmetic and exit; loads neither model nor data. Pass it on the "
+        "command line: it then parses with use_cpu on, so bf16 recipes parse on a machine without a GPU.",
+    )
+    num_processes: int | None = help_field(None, "Processes for --dry_run (default: WORLD_SIZE, else 1).")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dataset_mixture, str):  # from the command line, as JSON
+            try:
+                self.dataset_mixture = json.loads(self.dataset_mixture)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"dataset_mixture: not a JSON mapping ({err})") from None
+        if self.dataset_mixture is not None:
+            self.dataset_mixture = dataset_mixture(self.dataset_mixture)
+            clashes = [
+                key
+                for key, value, default in (
+                    ("dataset_name", self.dataset_name, None),
+                    ("dataset_config", self.dataset_config, None),
+                    ("dataset_split", self.dataset_split, "train"),
+                )
+                if value != default
+            ]
+            if clashes:
+                raise ValueError(
+                    f"dataset_mixture and {clashes[0]} are both set: a mixture names its sources itself "
+                    "(path, name, split per source); remove " + clashes[0]
+                )
+        if self.num_synthetic != NUM_SYNTHETIC and self.dataset_name not in builtin_dataset_names():
+            raise ValueError(
+                f"num_synthetic sizes only the built-in sets ({', '.join(builtin_dataset_names())}), and "
+                f"dataset_name is {self.dataset_name!r}: remove num_synthetic"
+            )
 
 
 class Recipe(NamedTuple):
@@ -67,15 +177,22 @@ class Recipe(NamedTuple):
     script_args: PromptAugScriptArguments
     training_args: PromptAugGRPOConfig
     model_args: ModelConfig
-    demo_args: DemoArguments
+    demo_args: Any  # `prompt_aug.demo.DemoArguments`
+
+
+def make_parser() -> RecipeParser:
+    """The parser of a recipe: our script's keys, the trainer's config, TRL's `ModelConfig` and the learning
+    demo's keys, each error one line naming the key and where it was set."""
+    demo_args = demo_stage().DemoArguments
+    return RecipeParser((PromptAugScriptArguments, PromptAugGRPOConfig, ModelConfig, demo_args))
 
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
     """Parse a recipe and command-line overrides; a bad key or value fails here in one line
     (`cli.UsageError`)."""
-    parser = RecipeParser((PromptAugScriptArguments, PromptAugGRPOConfig, ModelConfig, DemoArguments))
+    parser = make_parser()
     args = list(argv) if argv is not None else sys.argv[1:]
-    if wants_dry_run(args):  # bf16 recipes must parse on a CPU-only machine; see config.DRY_RUN_OVERRIDES
+    if wants_dry_run(args):  # bf16 recipes must parse on a CPU-only machine; see cli.DRY_RUN_OVERRIDES
         args += DRY_RUN_OVERRIDES
     return Recipe(*parse_recipe(parser, args))
 
@@ -129,6 +246,15 @@ def train(argv: list[str] | None = None) -> int:
     `EXIT_PREEMPTED` (75) when a preemption signal stopped the run at a checkpoint (`prompt_aug.faults`)."""
     quiet_repeated_warnings()
     script_args, args, model_args, demo_args = parse_args(argv)  # __post_init__ has checked our keys
+    return run(script_args, args, model_args, demo_args, argv)
+
+
+def run(
+    script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig, model_args: ModelConfig, demo_args: Any,
+    argv: list[str] | None = None,
+) -> int:  # fmt: skip
+    """Train a parsed recipe, as TRL's ``main(script_args, training_args, model_args)``; ``argv`` (the
+    command line) goes into the model card and the resume hint. Returns the exit status, as `train`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     arithmetic = batch_arithmetic(args, script_args)
     try:  # every ModelConfig key is honoured or refused here (QLoRA: bitsandbytes and a GPU, unless dry)
@@ -142,13 +268,12 @@ def train(argv: list[str] | None = None) -> int:
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     resume = prepare_output_dir(script_args, args, model_args, state)
 
-    # Rewards, templates and evaluation sets: a bad name or set fails now, before the model loads.
+    # Rewards, templates and features: a bad name or evaluation set fails now, before the model loads.
     try:
         reward_funcs = get_reward_funcs(script_args.reward_funcs)
-        if args.dynamic_sampling:  # as the trainer looks it up (TRL names a reward function by __name__)
-            signal_column(args.dynamic_sampling_signal, reward_funcs, [f.__name__ for f in reward_funcs])
+        names = [f.__name__ for f in reward_funcs]  # as TRL names a reward function
+        features = build_features(args, reward_funcs, names)  # evaluation sets load; handed to the trainer
         templates, weights, eval_template = templates_for(args)
-        evaluator = evaluator_from_args(args)  # loads the question sets; handed to the trainer below
     except (ValueError, TemplateError, EvalError) as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None
 
@@ -157,25 +282,16 @@ def train(argv: list[str] | None = None) -> int:
     try:
         tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
         check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
-    except (ModelArgsError, TemplateError) as err:
-        raise UsageError(str(err)) from None
-    try:
         dataset, report = load_train_dataset(script_args, args, templates, eval_template, tokenizer)
-    except DataError as err:
+    except (ModelArgsError, TemplateError, DataError) as err:
         raise UsageError(str(err)) from None
     logger.info("%s", report)  # main process only (logger level above)
     logger.info("batch arithmetic:\n%s", arithmetic.table())
     model = load_model(model_path, model_args, args)
     # Learning demo: held-out questions set aside, supervised warm start, "before" scores (off by default).
-    dataset, before_after = demo.before_grpo(demo_args, model, tokenizer, dataset, templates, args)
+    dataset, before_after = demo_stage().before_grpo(demo_args, model, tokenizer, dataset, templates, args)
 
-    # Trainer: it sets up evaluation, the collapse guard, stop tokens and the rest from `args` itself.
-    collator = None
-    if args.prompt_augmentation:
-        collator = PromptAugmentationCollator(
-            templates, tokenizer, weights, seed=args.seed, eval_template=eval_template,
-            chat_template_kwargs=args.chat_template_kwargs,
-        )  # fmt: skip
+    # Trainer: it draws the templates and applies the features; this script adds none.
     if args.model_init_kwargs:  # load_model applied them; TRL, given a loaded model, would call them ignored
         logging.getLogger("trl.trainer.grpo_trainer").addFilter(_not_the_model_init_kwargs_note)
     card = model_card_info(script_args, model_args, args, recipe_text(argv), templates, weights, len(dataset))
@@ -186,9 +302,8 @@ def train(argv: list[str] | None = None) -> int:
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
-        prompt_collator=collator,
+        features=features,
         model_card=card,
-        callbacks=[evaluator] if evaluator is not None else None,
     )
     use_compact_log(trainer)
 

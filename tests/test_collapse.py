@@ -29,8 +29,8 @@ from prompt_aug.extensions.collapse import (
     CollapseGuard,
     SignalSpec,
     guard_from_args,
-    zero_optimizer_state,
 )
+from prompt_aug.extensions.stabilisers import zero_optimizer_state
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")

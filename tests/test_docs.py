@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from trl import GRPOConfig
 
-from prompt_aug import demo, train
+from prompt_aug import sources, train
 from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.demo import smoke
 
@@ -151,7 +151,7 @@ script_args, args, model_args, demo_args = train.parse_args(
 from prompt_aug.models import resolve_model_path
 assert resolve_model_path(model_args, args) == model_args.model_name_or_path
 assert not demo_args.enabled
-train.demo.before_grpo(demo_args, None, None, "rows", [], args)
+train.demo_stage().before_grpo(demo_args, None, None, "rows", [], args)
 train.main(["--config", "recipes/qwen2.5-math-1.5b/prompt_aug.yaml", "--dry_run", \
 "--output_dir", sys.argv[1]])
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("prompt_aug"))))
@@ -164,9 +164,19 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("prompt_aug"))))
     assert [m for m in loaded if m.startswith("prompt_aug.demo.")] == [], loaded
 
 
-def test_the_demo_hook_names_match_what_the_demo_builds():
-    assert set(demo.TINY_MODEL_NAMES) == set(smoke.TINY_MODELS)
-    assert set(demo.BUILTIN_DATASETS) == set(smoke.BUILTIN_DATASETS)
+def test_the_built_in_names_match_what_the_demo_builds():
+    assert set(sources.builtin_names("model")) == set(smoke.TINY_MODELS)
+    assert set(sources.builtin_names("dataset")) == set(smoke.BUILTIN_DATASETS)
+    for name in sources.builtin_names("dataset"):  # each builds through its import path, to its stated size
+        assert len(sources.builtin_rows(name, 4, 0)) == (sources.BUILTINS[name].rows or 4), name
+
+
+def test_only_the_demo_and_sources_import_the_demo_package():
+    files = sorted((REPO / "prompt_aug").rglob("*.py"))
+    demo = {p: any(m.startswith("prompt_aug.demo") for m in _imports(p, _module_name(p))) for p in files}
+    allowed = [p for p in files if p.parent.name == "demo" or p.name == "sources.py"]
+    assert [str(p.relative_to(REPO)) for p in files if demo[p] and p not in allowed] == []
+    assert demo[REPO / "prompt_aug" / "demo" / "__init__.py"]  # the check sees the demo's own imports
 
 
 def test_readme_stabiliser_table_names_real_keys_with_their_defaults():

@@ -130,8 +130,8 @@ def test_a_prompt_aug_config_sets_the_trainer_and_is_a_grpo_config(tiny_model_di
     collator = trainer.prompt_collator
     assert [t.name for t in collator.templates] == ["abel", "formal"] and collator._cumulative == [0.75, 1.0]
     assert collator.eval_template.name == "formal" and collator.seed == 5
-    assert trainer.skip_minibatch_ratio_above == 2.0 and trainer.wandb_completions_rows == 4
-    assert trainer.dynamic_sampling is not None and trainer.dynamic_sampling.max_passes == 2
+    assert trainer.features.minibatch_skip.threshold == 2.0 and trainer.wandb_completions_rows == 4
+    assert trainer.features.dynamic_sampling is not None and trainer.features.dynamic_sampling.max_passes == 2
     off = PromptAugGRPOConfig(**values, prompt_augmentation=False)
     plain = PromptAugGRPOTrainer(
         model=str(tiny_model_dir),
@@ -139,7 +139,7 @@ def test_a_prompt_aug_config_sets_the_trainer_and_is_a_grpo_config(tiny_model_di
         args=off,
         train_dataset=standard_prompt_only(),
     )
-    assert plain.prompt_collator is None and plain.dynamic_sampling is None
+    assert plain.prompt_collator is None and plain.features.dynamic_sampling is None
 
 
 def test_a_processing_class_without_chat_template_says_how_to_turn_augmentation_off(tiny_model_dir, tmp_path):
@@ -377,7 +377,8 @@ def test_a_trainer_built_from_the_config_alone_evaluates_fires_the_guard_and_sto
     import pandas as pd
 
     from prompt_aug.evaluation.callback import EvalCallback
-    from prompt_aug.extensions.collapse import CollapseGuard, OptimizerResetCallback
+    from prompt_aug.extensions.collapse import CollapseGuard
+    from prompt_aug.extensions.stabilisers import OptimizerResetCallback
 
     questions = tmp_path / "sums.jsonl"
     rows = [{"question": "Compute $2 + 3$.", "answer": "5"}, {"question": "Compute $1 + 1$.", "answer": "2"}]

@@ -104,7 +104,7 @@ def test_bad_keys_are_named(tmp_path):
                      "--output_dir", str(tmp_path / "out")])  # fmt: skip
     with pytest.raises(ValueError, match="dynamic_sampling_max_passes"):
         DynamicSampler(max_passes=0)
-    with pytest.raises(ValueError, match="dynamic_sampling_max_passes must be at least 1"):
+    with pytest.raises(ValueError, match="dynamic_sampling_max_passes: must be at least 1"):
         train.parse_args(
             ["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_max_passes", "0"]
         )

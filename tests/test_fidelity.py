@@ -4,7 +4,7 @@ The page is the one source of truth. Each `### ...` table names what it checks i
 file, or the evaluation command); each backticked ``key: value`` in its "Our keys" / "Our flags" column
 is YAML, compared with the parsed recipe (TRL and transformers defaults included) or with the parsed
 ``prompt-aug-eval`` command. Keys of the dry-run arithmetic (``questions_per_round``, ...) are computed
-by `prompt_aug.config.batch_arithmetic` on the recipe's process count.
+by `prompt_aug.batches.batch_arithmetic` on the recipe's process count.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from prompt_aug import evaluate, train
-from prompt_aug.config import batch_arithmetic
+from prompt_aug.batches import batch_arithmetic
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs/reproduce.md"

@@ -683,7 +683,7 @@ def _verl_rows() -> list[dict[str, str]]:
 
 def test_the_verl_table_names_the_recipes_values():
     from prompt_aug import train
-    from prompt_aug.config import batch_arithmetic
+    from prompt_aug.batches import batch_arithmetic
 
     rows = _verl_rows()
     settings = {row["setting"] for row in rows}

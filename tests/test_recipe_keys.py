@@ -23,12 +23,21 @@ from datasets import Dataset
 from trl import GRPOConfig, ModelConfig, get_peft_config
 
 from prompt_aug import models, train
+from prompt_aug.batches import batch_arithmetic
 from prompt_aug.cli import UsageError, prepare_output_dir
-from prompt_aug.config import PromptAugGRPOConfig, PromptAugScriptArguments, batch_arithmetic
+from prompt_aug.config import (
+    FEATURES,
+    KEYS,
+    SIGNALS,
+    PromptAugGRPOConfig,
+    trainer_settings,
+)
 from prompt_aug.data import DataError, load_train_dataset
 from prompt_aug.evaluation.callback import EvalCallback
-from prompt_aug.extensions.collapse import CollapseGuard, OptimizerResetCallback
+from prompt_aug.extensions.collapse import CollapseGuard
+from prompt_aug.extensions.stabilisers import OptimizerResetCallback
 from prompt_aug.templates import load_templates, templates_for
+from prompt_aug.train import PromptAugScriptArguments
 from prompt_aug.trainer import PromptAugGRPOTrainer
 from rewards import correctness_reward, format_reward, get_reward_funcs
 
@@ -363,7 +372,7 @@ def _evaluator(part: str):
 
 
 def _sampler(part: str):
-    return lambda t: t.dynamic_sampling and getattr(t.dynamic_sampling, part)
+    return lambda t: t.features.dynamic_sampling and getattr(t.features.dynamic_sampling, part)
 
 
 def _collapse_cases() -> dict[str, tuple[dict[str, Any], Any, Any]]:
@@ -408,7 +417,7 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "eval_data_dir": (EVAL, SUITE, _evaluator("data_dir")),
     "eval_limit": (EVAL, 1, _evaluator("limit")),
     "eval_max_tokens": (EVAL, 8, _evaluator("max_tokens")),
-    "dynamic_sampling": ({}, True, lambda t: t.dynamic_sampling is None),
+    "dynamic_sampling": ({}, True, lambda t: t.features.dynamic_sampling is None),
     "dynamic_sampling_signal": ({"dynamic_sampling": True}, "format_reward", _sampler("signal_index")),
     "dynamic_sampling_max_passes": ({"dynamic_sampling": True}, 2, _sampler("max_passes")),
     "dynamic_sampling_std_tol": ({"dynamic_sampling": True}, 1e-3, _sampler("std_tol")),
@@ -418,7 +427,11 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
         True,
         lambda t: any(isinstance(c, OptimizerResetCallback) for c in t.callback_handler.callbacks),
     ),
-    "skip_minibatch_ratio_above": ({}, 2.0, lambda t: t.skip_minibatch_ratio_above),
+    "skip_minibatch_ratio_above": (
+        {},
+        2.0,
+        lambda t: t.features.minibatch_skip and t.features.minibatch_skip.threshold,
+    ),
     "trim_padding": ({}, "trim", lambda t: t.padding_free.mode),
     "packing_max_tokens": ({}, 4096, lambda t: t.padding_free.max_tokens),
     "packing_pad_to_multiple_of": ({}, 8, lambda t: t.padding_free.pad_to_multiple_of),
@@ -491,18 +504,46 @@ def test_every_field_is_in_a_table(tmp_path):
 # -- Keys that only a feature reads: set while it is off, they warn ---------------------------------------
 
 # key -> (a value away from its default, the keys that turn its feature on)
+_EVAL_ON = ["--eval_every_steps", "5", "--eval_benchmarks", "[math500]"]
 INERT_CASES: dict[str, tuple[str, list[str]]] = {
     "templates": ("[abel]", ["--prompt_augmentation", "true"]),
     "dynamic_sampling_std_tol": ("0.5", ["--dynamic_sampling", "true"]),
     "eval_limit": ("3", ["--eval_every_steps", "5", "--eval_benchmarks", "[math500]"]),
     "packing_pad_to_multiple_of": ("64", ["--trim_padding", "packed"]),
+    "collapse_truncation_rounds": ("5", ["--collapse_truncation_ceiling", "0.5"]),
+    "collapse_eval_action": ("stop", ["--collapse_eval_drop", "0.1", *_EVAL_ON]),
 }
 OFF = {
     "templates": ["--prompt_augmentation", "false"],
     "dynamic_sampling_std_tol": [],
     "eval_limit": [],
     "packing_pad_to_multiple_of": ["--trim_padding", "trim"],
+    "collapse_truncation_rounds": [],
+    "collapse_eval_action": [],
 }
+
+
+def test_every_key_read_only_by_a_feature_names_one_the_table_knows():
+    gated = {name: info.feature for name, info in KEYS.items() if info.feature is not None}
+    assert set(gated.values()) <= set(FEATURES)
+    # Every key of the guard's signals but the threshold that turns one on is read only while it is on.
+    for signal, (threshold, window) in SIGNALS.items():
+        keys = [k for k in KEYS if k.startswith(f"collapse_{signal}_") and k != threshold]
+        assert window in keys and all(gated.get(k) == f"the collapse guard's {signal} signal" for k in keys)
+
+
+def test_a_plain_grpo_config_reads_as_ours_with_trls_behaviour(tmp_path):
+    plain = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, seed=3)
+    settings = trainer_settings(plain)
+    assert settings.stop_tokens == [] and settings.reward_cut_tokens == []  # TRL: the model's EOS alone
+    assert (
+        settings.prompt_augmentation
+        and settings.trim_padding == "packed"
+        and settings.eval_benchmarks is None
+    )
+    assert settings.seed == 3 and settings.output_dir == str(tmp_path)  # TRL's own fields, as they are
+    ours = PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    assert trainer_settings(ours) is ours and ours.stop_tokens != []
 
 
 def _config_warnings(tmp_path, *argv: str) -> list[str]:

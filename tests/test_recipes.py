@@ -5,7 +5,7 @@ Header convention, one line per process count a recipe documents::
     # dry-run (8 processes): questions 128, completions 1024, optimizer steps 4, completions/step 256, \
 rounds/epoch 66, total rounds 3960
 
-The numbers must equal `prompt_aug.config.batch_arithmetic` for that process count.
+The numbers must equal `prompt_aug.batches.batch_arithmetic` for that process count.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 import yaml
 
 from prompt_aug import train
-from prompt_aug.config import batch_arithmetic, wants_dry_run
+from prompt_aug.batches import batch_arithmetic
+from prompt_aug.cli import wants_dry_run
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted(REPO.glob("recipes/**/*.yaml"))

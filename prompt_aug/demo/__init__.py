@@ -3,19 +3,15 @@
 What lives here is for the demo and the tests, not for training a real model: the random Qwen2 models and
 the generated questions built in code (`prompt_aug.demo.smoke`), and the supervised warm start with its
 before/after table (`prompt_aug.demo.warmstart`). The training path reaches them only through the functions
-below, which import those modules when the recipe asks for them (a built-in model or dataset name, or a
-`DemoArguments` key), so a run on a real model and dataset imports no demo module.
+below, by the import paths of `prompt_aug.sources.BUILTINS` (a built-in model or dataset name) and
+`prompt_aug.sources.demo_stage` (the `DemoArguments` keys); each imports its module when the recipe asks for
+it, so a run on a real model and dataset imports no demo module beyond this one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-# Names the recipe keys `model_name_or_path` / `dataset_name` may take for what is built in code (kept in sync
-# with `prompt_aug.demo.smoke`, which a test checks); written out so that checking a name imports nothing.
-TINY_MODEL_NAMES = ("tiny-random-qwen2", "small-random-qwen2")
-BUILTIN_DATASETS = ("synthetic", "synthetic-addition", "synthetic-digit-sums")
 
 
 @dataclass
@@ -54,7 +50,8 @@ class DemoArguments:
 
 
 def build_model(name: str, output_dir: str, seed: int) -> str:
-    """Build the random model ``name`` (one of `TINY_MODEL_NAMES`) in ``output_dir``; returns its path."""
+    """Build the random model ``name`` (a model of `prompt_aug.sources.BUILTINS`) in ``output_dir``; returns
+    its path."""
     from pathlib import Path
 
     from .smoke import build_tiny_model
@@ -65,7 +62,7 @@ def build_model(name: str, output_dir: str, seed: int) -> str:
 
 
 def builtin_rows(name: str, num_synthetic: int, seed: int) -> list[dict[str, str]]:
-    """The rows of the built-in dataset ``name`` (one of `BUILTIN_DATASETS`)."""
+    """The rows of the built-in dataset ``name`` (a dataset of `prompt_aug.sources.BUILTINS`)."""
     from .smoke import (
         ADDITION_DATASET_NAME,
         DIGIT_SUMS_DATASET_NAME,

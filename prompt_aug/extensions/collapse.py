@@ -1,4 +1,4 @@
-"""Collapse, watched and handled: the collapse guard, ProRL's optimizer reset and RLinf's mini-batch skip.
+"""Collapse, watched and handled: the collapse guard.
 
 Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
 
@@ -26,10 +26,8 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   only deletes ``checkpoint-*`` folders, so it is kept. ``stop`` saves it too and ends the run cleanly,
   with a message naming the signal, the values and the checkpoint. Resuming replays the restored log
   history, so smoothed bests and counts carry over.
-* `OptimizerResetCallback`: ProRL resets the reference policy *and* reinitialises the optimizer; TRL does
-  the first (``sync_ref_model``), this zeroes the optimizer state at each of those syncs.
-* Small tensor helpers the trainer uses for per-template entropy and repetition and for RLinf's skip of a
-  mini-batch whose importance ratio is too large (`PromptAugGRPOTrainer.training_step`).
+
+ProRL's optimizer reset and RLinf's mini-batch skip are in `prompt_aug.extensions.stabilisers`.
 """
 
 from __future__ import annotations
@@ -42,19 +40,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 
 from rewards.controls import ACCURACY_MEAN_KEYS
-from rewards.repetition import ends_in_loop
 
+from ..config import ACTIONS, check_keys
 from ..records import generation_round
 
 logger = logging.getLogger("prompt_aug.collapse")
 
 SIGNALS = ("entropy", "accuracy", "truncation", "repetition", "eval")
-ACTIONS = ("log", "checkpoint", "stop")
 KINDS = ("below", "above", "drop")
 ACCURACY_KEYS = (*ACCURACY_MEAN_KEYS, "reward")
 REPETITION_KEY = "completions/repetition_ratio"
@@ -328,6 +324,7 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
 
     ``script_args`` is a `PromptAugGRPOConfig`; a bad action or window names its recipe key.
     """
+    check_keys(script_args, prefix="collapse_")  # again: the config may have changed since it was built
     a = script_args
     accuracy_keys = (a.collapse_accuracy_metric,) if a.collapse_accuracy_metric else ACCURACY_KEYS
     table = [
@@ -344,132 +341,6 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
         threshold = getattr(a, threshold_key)
         if threshold is None:
             continue
-        action_key = f"collapse_{name}_action"
-        action, window = getattr(a, action_key), getattr(a, window_key)
-        if action not in ACTIONS:
-            raise ValueError(f"{action_key}: {action!r} is not one of {', '.join(ACTIONS)}")
-        if window < 1:
-            raise ValueError(f"{window_key}: must be at least 1, got {window}")
-        if kind == "drop" and threshold < 0:
-            raise ValueError(f"{threshold_key}: an allowed fall must be >= 0, got {threshold}")
+        action, window = getattr(a, f"collapse_{name}_action"), getattr(a, window_key)
         specs.append(SignalSpec(name, keys, kind, float(threshold), int(window), action))
-    if a.collapse_eval_drop is not None and not (a.eval_benchmarks and a.eval_every_steps):
-        raise ValueError(
-            "collapse_eval_drop is set but evaluation during training is off: set eval_benchmarks "
-            "and eval_every_steps, or unset collapse_eval_drop"
-        )
     return CollapseGuard(specs, steps_per_round) if specs else None
-
-
-# -- ProRL: the optimizer reset at each reference sync ---------------------------------------------------
-
-
-def zero_optimizer_state(optimizer: Any) -> int:
-    """Zero every tensor of ``optimizer``'s state in place (AdamW: moments and step count); returns how many.
-
-    Follows wrappers through their ``.optimizer`` attribute (accelerate's, DeepSpeed's). Zeroed in place
-    rather than cleared, so an optimizer or a checkpoint writer that expects the entries still finds them;
-    for Adam(W) a zeroed state is exactly a fresh one (the next step counts as step 1).
-    """
-    zeroed, seen, obj = 0, set(), optimizer
-    while obj is not None and id(obj) not in seen:
-        seen.add(id(obj))
-        state = getattr(obj, "state", None)
-        if isinstance(state, dict) and id(state) not in seen:
-            seen.add(id(state))
-            for per_param in state.values():
-                if not isinstance(per_param, dict):
-                    continue
-                for key, value in per_param.items():
-                    if torch.is_tensor(value):
-                        value.zero_()
-                        zeroed += 1
-                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                        per_param[key] = type(value)(0)
-                        zeroed += 1
-        obj = getattr(obj, "optimizer", None)
-    return zeroed
-
-
-class OptimizerResetCallback(TrainerCallback):
-    """Zeroes the optimizer state whenever TRL syncs the reference model (``sync_ref_model``), as ProRL does.
-
-    TRL's `SyncRefModelCallback` copies the policy into the reference at the end of every step that is a
-    multiple of ``ref_model_sync_steps``; this runs on the same steps.
-    """
-
-    def __init__(self) -> None:
-        self.reset_steps: list[int] = []
-
-    def on_step_end(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> Any:
-        if not args.sync_ref_model or optimizer is None or state.global_step % args.ref_model_sync_steps:
-            return control
-        zeroed = zero_optimizer_state(optimizer)
-        self.reset_steps.append(state.global_step)
-        if state.is_world_process_zero:
-            logger.info(
-                "step %d: reference model synced, optimizer state zeroed (%d tensors)",
-                state.global_step,
-                zeroed,
-            )
-        return control
-
-
-def check_stabiliser_keys(script_args: Any, training_args: Any) -> None:
-    """Fail early, naming the key, when a stabiliser key cannot work with the rest of the recipe."""
-    if script_args.reset_optimizer_on_ref_sync and not training_args.sync_ref_model:
-        raise ValueError(
-            "reset_optimizer_on_ref_sync: true needs sync_ref_model: true (TRL then syncs the "
-            "reference every ref_model_sync_steps steps; it also needs beta > 0)"
-        )
-    threshold = script_args.skip_minibatch_ratio_above
-    if threshold is not None and threshold < 1.0:
-        raise ValueError(
-            f"skip_minibatch_ratio_above: {threshold} is below 1, the smallest value the mean of "
-            "max(r, 1/r) can take; use 1.0 to skip every mini-batch, or leave it unset"
-        )
-
-
-# -- Tensor helpers for the trainer -------------------------------------------------------------------
-
-
-def loop_flags(completion_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """1.0 for each completion (a row of ``completion_ids``, its first ``lengths`` tokens) that ends in an
-    n-gram loop (`rewards.repetition.ends_in_loop`), else 0.0."""
-    rows, sizes = completion_ids.tolist(), lengths.tolist()
-    flags = [float(ends_in_loop(row[: int(n)])) for row, n in zip(rows, sizes, strict=True)]
-    return torch.tensor(flags, device=completion_ids.device)
-
-
-def grouped_token_sums(
-    values: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, num_groups: int
-) -> torch.Tensor:
-    """A (2, ``num_groups``) tensor: per group of rows, the sum of ``values`` over masked tokens and the
-    count.
-
-    >>> v, m = torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [1, 0]])
-    >>> grouped_token_sums(v, m, torch.tensor([1, 1]), 2).tolist()
-    [[0.0, 9.0], [0.0, 3.0]]
-    """
-    mask = mask.to(values.dtype)
-    sums, counts = (values * mask).sum(dim=1).float(), mask.sum(dim=1).float()
-    out = torch.zeros(2, num_groups, device=values.device)
-    valid = groups >= 0
-    out[0].index_add_(0, groups[valid], sums[valid])
-    out[1].index_add_(0, groups[valid], counts[valid])
-    return out
-
-
-def ratio_deviation_sums(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``[sum, count]`` over masked tokens of max(r, 1/r), r = exp(logps - old_logps) the policy ratio.
-
-    The mean (sum / count) is 1 when the mini-batch is exactly on-policy and grows as the policy drifts,
-    in either direction.
-
-    >>> logps = torch.log(torch.tensor([[2.0, 0.5, 9.0]]))
-    >>> ratio_deviation_sums(logps, torch.zeros(1, 3), torch.tensor([[1, 1, 0]]))
-    tensor([4., 2.])
-    """
-    deviation = torch.exp((logps - old_logps).abs().clamp(max=20.0)).nan_to_num(nan=1.0)
-    mask = mask.to(deviation.dtype)
-    return torch.stack([(deviation * mask).sum(), mask.sum()]).float()

@@ -50,6 +50,7 @@ from rewards.registry import CORRECTNESS_REWARDS, REGISTRY
 
 from .. import trl_seam as seam
 from ..collator import stable_uniform
+from ..metrics import reward_column
 from ..records import rounds_generated
 from ..trl_seam import Generation, SamplingTrainer
 
@@ -265,7 +266,7 @@ class DynamicSampler:
         passes: list[_Pass] = []
         spread: list[list[bool]] = []
         outcome: list[list[str]] = []
-        correct_column = trainer.reward_column(*CORRECTNESS_REWARDS)
+        correct_column = reward_column(trainer.reward_funcs, *CORRECTNESS_REWARDS)
         seen: set[str] = set()
         for k in range(self.max_passes):
             if k > 0:
@@ -466,7 +467,8 @@ class DynamicSampler:
                 for q in range(len(p.uids))
             ]
         )
-        trainer.append_template_metrics(
+        trainer.template_metrics.append(
+            trainer,
             [name for p in passes for name in p.templates],
             torch.cat([p.rewards for p in passes]),
             torch.cat([p.lengths for p in passes]),

@@ -1,0 +1,139 @@
+"""The stabilisers of the seed systems that act on the optimizer: ProRL's reset and RLinf's mini-batch skip.
+
+* `OptimizerResetCallback`: ProRL resets the reference policy *and* reinitialises the optimizer; TRL does
+  the first (``sync_ref_model``), this zeroes the optimizer state at each of those syncs.
+* `MinibatchSkip`: RLinf discards the update of a mini-batch whose importance ratio explodes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+logger = logging.getLogger("prompt_aug.collapse")
+
+
+# -- ProRL: the optimizer reset at each reference sync ---------------------------------------------------
+
+
+def zero_optimizer_state(optimizer: Any) -> int:
+    """Zero every tensor of ``optimizer``'s state in place (AdamW: moments and step count); returns how many.
+
+    Follows wrappers through their ``.optimizer`` attribute (accelerate's, DeepSpeed's). Zeroed in place
+    rather than cleared, so an optimizer or a checkpoint writer that expects the entries still finds them;
+    for Adam(W) a zeroed state is exactly a fresh one (the next step counts as step 1).
+    """
+    zeroed, seen, obj = 0, set(), optimizer
+    while obj is not None and id(obj) not in seen:
+        seen.add(id(obj))
+        state = getattr(obj, "state", None)
+        if isinstance(state, dict) and id(state) not in seen:
+            seen.add(id(state))
+            for per_param in state.values():
+                if not isinstance(per_param, dict):
+                    continue
+                for key, value in per_param.items():
+                    if torch.is_tensor(value):
+                        value.zero_()
+                        zeroed += 1
+                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                        per_param[key] = type(value)(0)
+                        zeroed += 1
+        obj = getattr(obj, "optimizer", None)
+    return zeroed
+
+
+class OptimizerResetCallback(TrainerCallback):
+    """Zeroes the optimizer state whenever TRL syncs the reference model (``sync_ref_model``), as ProRL does.
+
+    TRL's `SyncRefModelCallback` copies the policy into the reference at the end of every step that is a
+    multiple of ``ref_model_sync_steps``; this runs on the same steps.
+    """
+
+    def __init__(self) -> None:
+        self.reset_steps: list[int] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> Any:
+        if not args.sync_ref_model or optimizer is None or state.global_step % args.ref_model_sync_steps:
+            return control
+        zeroed = zero_optimizer_state(optimizer)
+        self.reset_steps.append(state.global_step)
+        if state.is_world_process_zero:
+            logger.info(
+                "step %d: reference model synced, optimizer state zeroed (%d tensors)",
+                state.global_step,
+                zeroed,
+            )
+        return control
+
+
+# -- RLinf: skip the update of a mini-batch whose importance ratio explodes ---------------------------------
+
+
+class MinibatchSkip:
+    """Skips the optimizer update of a mini-batch whose mean max(r, 1/r) over its tokens is at least
+    ``threshold`` (r the policy ratio), as RLinf does; counted in ``stability/skipped_minibatches``.
+
+    The trainer hands it each micro-batch's loss-pass log-probs (`add`) and, after each backward, the model
+    (`after_backward`). A mini-batch's gradient is complete once its last micro-batch's backward has run (DDP
+    has all-reduced it), and the Trainer steps the optimizer right after: dropping the gradients then makes
+    torch's optimizers skip every parameter (no update, no weight decay, no moment change), while the
+    scheduler and the round go on. DeepSpeed steps inside backward, so it is refused (`check`).
+    """
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self._window: torch.Tensor | None = None  # [sum, count] of max(r, 1/r) over this mini-batch so far
+        self.skipped: int | None = None  # mini-batches skipped in the run; None until read from the logs
+
+    @staticmethod
+    def check(trainer: Any) -> None:
+        """Refuse a trainer whose optimizer steps inside backward (DeepSpeed)."""
+        if trainer.is_deepspeed_enabled:
+            raise ValueError(
+                "skip_minibatch_ratio_above is not supported under DeepSpeed (its optimizer steps "
+                "inside backward, before a mini-batch can be judged); use DDP or FSDP, or unset it"
+            )
+
+    def add(self, logps: torch.Tensor, inputs: dict, mask: torch.Tensor) -> None:
+        """Add a training micro-batch's tokens to the mini-batch's ratio window."""
+        old = inputs.get("old_per_token_logps")
+        window = ratio_deviation_sums(logps, logps if old is None else old, mask)
+        self._window = window if self._window is None else self._window + window
+
+    def after_backward(self, trainer: Any, model: Any, device: Any) -> None:
+        """At a mini-batch's end (``sync_gradients``), judge its ratio; drop its gradients when too large."""
+        if not trainer.accelerator.sync_gradients:
+            return
+        window = self._window if self._window is not None else torch.zeros(2, device=device)
+        self._window = None
+        total, count = trainer.accelerator.reduce(window.to(device), reduction="sum").tolist()
+        ratio = total / count if count else 1.0
+        if self.skipped is None:  # carry the count over a resume
+            key = "stability/skipped_minibatches"
+            logged = [e[key] for e in trainer.state.log_history if key in e]
+            self.skipped = int(logged[-1]) if logged else 0
+        if ratio >= self.threshold:
+            model.zero_grad(set_to_none=True)
+            self.skipped += 1
+        metrics = trainer.metric_buffer("train")
+        metrics["stability/minibatch_ratio"].append(ratio)
+        metrics["stability/skipped_minibatches"] = [float(self.skipped)]
+
+
+def ratio_deviation_sums(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[sum, count]`` over masked tokens of max(r, 1/r), r = exp(logps - old_logps) the policy ratio.
+
+    The mean (sum / count) is 1 when the mini-batch is exactly on-policy and grows as the policy drifts,
+    in either direction.
+
+    >>> logps = torch.log(torch.tensor([[2.0, 0.5, 9.0]]))
+    >>> ratio_deviation_sums(logps, torch.zeros(1, 3), torch.tensor([[1, 1, 0]]))
+    tensor([4., 2.])
+    """
+    deviation = torch.exp((logps - old_logps).abs().clamp(max=20.0)).nan_to_num(nan=1.0)
+    mask = mask.to(deviation.dtype)
+    return torch.stack([(deviation * mask).sum(), mask.sum()]).float()

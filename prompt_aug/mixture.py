@@ -1,0 +1,67 @@
+"""A recipe's ``dataset_mixture``: TRL's `DatasetMixtureConfig` of `MixtureSource`, each source mapped onto
+question / answer / uid as ``dataset_name`` is (`prompt_aug.data.load_mixture` loads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from trl import DatasetMixtureConfig
+from trl.scripts.utils import DatasetConfig
+
+
+@dataclass
+class MixtureSource(DatasetConfig):
+    """One source of a ``dataset_mixture``: TRL's `DatasetConfig` (``path``, ``name``, ``data_dir``,
+    ``data_files``, ``split``, ``columns``, ``fraction``) and the column mapping of ``dataset_name``
+    (``None``: the top-level key's value, else guessed)."""
+
+    question_column: str | None = None
+    answer_column: str | None = None
+    dataset_levels: list[str] | None = None
+
+
+def dataset_mixture(value: Any) -> DatasetMixtureConfig:
+    """The recipe's ``dataset_mixture`` mapping as TRL's `DatasetMixtureConfig` of `MixtureSource`; a key
+    neither has, or what the package cannot train on (streaming, a test split), fails in one line."""
+    if isinstance(value, DatasetMixtureConfig):
+        return value
+    where = "dataset_mixture"
+    if not isinstance(value, dict):  # a recipe value: a ValueError, reported in one line by the parser
+        raise ValueError(f"{where}: a mapping with `datasets: [...]`, got {type(value).__name__}")  # noqa: TRY004
+    known = {f.name for f in fields(DatasetMixtureConfig)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; it takes {sorted(known)}")
+    if value.get("streaming"):
+        raise ValueError(
+            f"{where}.streaming: not supported (the trainer's sampler needs the row count); remove it"
+        )
+    if value.get("test_split_size") is not None:
+        raise ValueError(
+            f"{where}.test_split_size: prompt-aug-train has no held-out split; remove it and give held-out "
+            "questions to eval_benchmarks as a file"
+        )
+    entries = value.get("datasets")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{where}.datasets: a non-empty list of sources, each with a `path`")
+    keys = {f.name for f in fields(MixtureSource)}
+    sources = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "path" not in entry:
+            raise ValueError(
+                f"{where}.datasets[{i}]: a mapping with a `path` ({sorted(keys)}), got {entry!r}"
+            )
+        unknown = sorted(set(entry) - keys)
+        if unknown:
+            raise ValueError(
+                f"{where}.datasets[{i}]: unknown key(s) {unknown}; a source takes {sorted(keys)}"
+            )
+        levels = entry.get("dataset_levels")
+        if levels is not None:
+            entry = {**entry, "dataset_levels": [str(level) for level in levels]}
+        sources.append(MixtureSource(**entry))
+    fractions = [s.fraction for s in sources]
+    if None in fractions and any(f is not None for f in fractions):
+        raise ValueError(f"{where}: `fraction` must be set for every source or for none")
+    return DatasetMixtureConfig(datasets=sources)
