@@ -233,11 +233,12 @@ class PromptAugGRPOConfig(GRPOConfig):
 
     # > Efficiency
     trim_padding: str = field(
-        default="packed",
+        default="auto",
         metadata={
-            "help": "How training passes skip TRL's padding: `packed` (each call's real tokens in one row, "
-            "position ids restarting per sequence), `trim` (each call cut to its own longest prompt and "
-            "completion; the fallback when packing cannot serve the model), `off` (TRL's padded calls). "
+            "help": "How training passes skip TRL's padding: `auto` (packed on CUDA, trim elsewhere; logged "
+            "once), `packed` (each call's real tokens in one row, position ids restarting per sequence; "
+            "varlen attention on CUDA where torch has it), `trim` (each call cut to its own longest prompt "
+            "and completion; the fallback when packing cannot serve the model), `off` (TRL's padded calls). "
             "true means packed, false off. The update is the same on every path (prompt_aug/padding.py)."
         },
     )

@@ -39,6 +39,8 @@ from typing import NamedTuple
 
 import torch
 
+from .varlen import VARLEN_ATTENTION
+
 IGNORE_INDEX = -100
 
 # Attention implementations whose transformers 5 code path honours packed position ids with no attention
@@ -46,10 +48,12 @@ IGNORE_INDEX = -100
 # the packed sequences (`find_packed_sequence_indices`) and makes it block-diagonal; the flash attention paths
 # get no mask and find the sequence boundaries from the position ids themselves (`_is_packed_sequence`,
 # `prepare_fa_kwargs_from_position_ids`). Any other one (``paged|eager``, a kernel from the hub, a custom
-# registered function) may ignore them, and then sequences would attend to each other.
+# registered function) may ignore them, and then sequences would attend to each other. `VARLEN_ATTENTION`
+# (`prompt_aug.varlen`) reads them itself.
 PACKING_ATTENTION = frozenset(
-    {"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4"}
-)
+    {"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4",
+     VARLEN_ATTENTION}
+)  # fmt: skip
 
 # A call runs one pack: it gets {"input_ids", "position_ids", "labels"} (each (1, T)) and returns the
 # per-token log-probs and entropies (None when not computed), each (1, T - 1) or (1, T), entry j scoring

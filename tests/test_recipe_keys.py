@@ -419,7 +419,7 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
         lambda t: any(isinstance(c, OptimizerResetCallback) for c in t.callback_handler.callbacks),
     ),
     "skip_minibatch_ratio_above": ({}, 2.0, lambda t: t.skip_minibatch_ratio_above),
-    "trim_padding": ({}, "trim", lambda t: t.padding_free.mode),
+    "trim_padding": ({}, "off", lambda t: t.padding_free.mode),  # the default, auto, is trim on CPU
     "packing_max_tokens": ({}, 4096, lambda t: t.padding_free.max_tokens),
     "packing_pad_to_multiple_of": ({}, 8, lambda t: t.padding_free.pad_to_multiple_of),
     "wandb_completions_rows": ({}, 3, lambda t: t.wandb_completions_rows),
