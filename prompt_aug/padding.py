@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .balance import balanced_groups
 from .packing import _unwrap, fused_head_call, packed_forward, packing_check, packing_unsupported_reason
 from .varlen import VARLEN_ATTENTION, restore_sdpa, use_varlen_attention
 
@@ -147,13 +148,19 @@ def _take(batch: dict, rows: torch.Tensor) -> dict:
 
 
 def regroup(
-    micro_batches: Sequence[dict], segments: Sequence[Sequence[int]], sort: bool = True
+    micro_batches: Sequence[dict],
+    segments: Sequence[Sequence[int]],
+    sort: bool = True,
+    balance: bool = False,
 ) -> list[dict]:
     """Micro-batches with rows ordered by length (longest first) inside each segment, each then trimmed.
 
     ``micro_batches`` are TRL's buffered micro-batches of one round (equal sizes, the round's widths);
     ``segments`` cover their indices (see `optimizer_step_segments`). Each micro-batch keeps its size, and
-    each row stays in its segment. With ``sort=False`` rows stay where they are and each is only trimmed.
+    each row stays in its segment. With ``sort=False`` rows stay where they are and each is only trimmed
+    (for a loss that depends on which micro-batch a row is in). With ``balance=True`` (and ``sort``) the rows
+    of a segment are dealt out so the micro-batches cost about the same (`prompt_aug.balance`; for packed
+    calls) instead of sorted (which suits trimmed calls: rows of like length share a width).
     """
     out: list[dict] = list(micro_batches)
     for segment in segments:
@@ -164,7 +171,11 @@ def regroup(
         sizes = [len(micro_batches[j]["completion_mask"]) for j in segment]
         joined = _cat([micro_batches[j] for j in segment])
         lengths = row_lengths(joined["prompt_mask"], joined["completion_mask"])
-        order = torch.sort(lengths, descending=True, stable=True).indices
+        if balance:
+            groups = balanced_groups(lengths.tolist(), sizes)
+            order = torch.tensor([i for group in groups for i in group], device=lengths.device)
+        else:
+            order = torch.sort(lengths, descending=True, stable=True).indices
         start = 0
         for j, size in zip(segment, sizes, strict=True):
             out[j] = trim(_take(joined, order[start : start + size]))
