@@ -1,5 +1,6 @@
 #!/bin/bash
-# The GPU benches of record and the CLI on CUDA, in one call on a one-GPU machine (about 8 minutes on an H200).
+# The GPU benches of record and the CLI on CUDA, in one call on a one-GPU machine: at most 7.5 minutes of steps
+# (150 + 240 + 60 s limits), so one device call of 8 minutes holds it.
 # Run from the project root. The machine needs torch and transformers; trl, datasets, dill, multiprocess,
 # math-verify, latex2sympy2_extended and antlr4-python3-runtime may travel as wheels in .whl/ (about 2 MB):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl \
@@ -26,15 +27,20 @@ step() {
   echo "=== $name rc=$? in $((SECONDS - start)) s"
   grep -v "it/s\]\|Warning\|warn" "$OUT/$name.log" | tail -"${TAIL:-25}"
 }
-# 1. The trainer's three padding paths (off = TRL's padded calls, trim, packed = the default) at the paper's
-#    shapes: two rounds each, the first warming up.
-step trainer_paths "${LIMIT_TRAINER:-210}" python3 bench/padding.py --device cuda --shape paper \
-  --paths "${TRAINER_PATHS:-padded,trim,packed}"
-# 2. The training side alone (torch and transformers only): padded, packed with SDPA, trim, packed with flex.
-step gpu_round "${LIMIT_ROUND:-270}" python3 bench/gpu_round.py \
-  --modes "${ROUND_MODES:-padded,packed-sdpa,trim,packed-flex}" --rounds "${ROUNDS:-3}"
-# 3. The command line on CUDA in bf16, the default path (packed), evaluation included.
-[ "${SMOKE:-1}" = 1 ] && TAIL=12 step smoke "${LIMIT_SMOKE:-70}" python3 -m prompt_aug.train --config recipes/smoke/tiny_cpu.yaml \
+# 1. The trainer's padding paths at the paper's shapes, two rounds each, the first warming up: off (TRL's
+#    padded calls) and packed (what trim_padding: auto picks on CUDA; varlen attention where torch has it, the
+#    log says which). TRAINER_PATHS=padded,trim,packed adds trim (raise LIMIT_TRAINER to 210).
+step trainer_paths "${LIMIT_TRAINER:-150}" python3 bench/padding.py --device cuda --shape paper \
+  --paths "${TRAINER_PATHS:-padded,packed}"
+# 2. The training side alone (torch and transformers only): the default modes (padded, packed-balanced,
+#    packed-varlen, packed-sdpa, trim), 2 rounds of new lengths and 1 repeat each; no round is begun after
+#    ROUND_BUDGET seconds, and what that skips is printed. PROFILE=1 adds the per-phase profiles (new lengths
+#    against the same round again) under $OUT/profile; ROUND_MODES picks modes (packed-flex compiles for
+#    minutes).
+step gpu_round "${LIMIT_ROUND:-240}" python3 bench/gpu_round.py --budget_s "${ROUND_BUDGET:-200}" \
+  --rounds "${ROUNDS:-2}" ${ROUND_MODES:+--modes "$ROUND_MODES"} ${PROFILE:+--profile "$OUT/profile"}
+# 3. The command line on CUDA in bf16, the default path (auto: packed on CUDA), evaluation included.
+[ "${SMOKE:-1}" = 1 ] && TAIL=12 step smoke "${LIMIT_SMOKE:-60}" python3 -m prompt_aug.train --config recipes/smoke/tiny_cpu.yaml \
   --use_cpu false --bf16 true --output_dir /tmp/gpu-check-smoke
-grep -h "padding-free passes" "$OUT"/*.log | sort | uniq -c
+grep -h "padding-free passes\|packed attention" "$OUT"/*.log | sort | uniq -c
 grep -c "Recompiling" "$OUT"/*.log  # with TORCH_LOGS=recompiles: flex_attention's recompilations per step

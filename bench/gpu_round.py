@@ -14,11 +14,20 @@ Modes (each from the same weights, on the same rounds):
 * ``trim``: `prompt_aug.padding`: rows sorted by length within each optimizer step (`regroup`), each
   micro-batch trimmed to its own widths, one call per micro-batch (`chunked_forward` with
   ``rows_per_chunk``); SDPA.
-* ``packed-sdpa`` / ``packed-flex`` / ``packed-flash``: `prompt_aug.packing`, the trainer's code: each
-  micro-batch's real tokens in one row, position ids restarting per sequence, no attention mask
-  (`packed_forward`), with SDPA, ``flex_attention`` (skipped on CPU, which has no flex backward) or
-  ``flash_attention_2`` (only where ``flash_attn`` imports). Packed lengths are rounded up to a multiple
-  of ``--pad-to-multiple-of`` (64) to bound the number of shapes.
+* ``packed-sdpa`` / ``packed-varlen`` / ``packed-flex`` / ``packed-flash``: `prompt_aug.packing`, the
+  trainer's code: each micro-batch's real tokens in one row, position ids restarting per sequence, no
+  attention mask (`packed_forward`), TRL's micro-batches, with SDPA (a dense block-diagonal mask),
+  torch's ``varlen_attn`` through `prompt_aug.varlen` (CUDA only), ``flex_attention`` (skipped on CPU,
+  which has no flex backward; compiles for minutes, so not in the default run) or ``flash_attention_2``
+  (only where ``flash_attn`` imports). Packed lengths are rounded up to a multiple of
+  ``--pad-to-multiple-of`` (64) to bound the number of shapes.
+* ``packed-balanced``: what the trainer's default runs on a GPU: packed, with the attention
+  `prompt_aug.varlen.packed_attention` picks (varlen on CUDA where torch has it, else SDPA), and each
+  optimizer step's rows dealt into token-balanced micro-batches of TRL's row count (`regroup(balance=True)`,
+  `prompt_aug.balance`).
+
+Every mode of the table is listed in the output: run, or skipped with the reason (not asked for, not
+possible on this device, or past ``--budget_s``).
 
 The log-probs are TRL's fused head's: the LM head runs in tiles under checkpointing, on the labelled
 positions only (`head_logps`), in every mode. Each mode trains ``--rounds`` rounds of new lengths (seeds
@@ -26,24 +35,31 @@ positions only (`head_logps`), in every mode. Each mode trains ``--rounds`` roun
 and new-shape costs show against it). Printed per mode and round: the time of each phase (old log-probs,
 forward + backward, optimizer), peak GPU memory, real tokens over the tokens run, and model calls; then
 each mode's loss per optimizer step, side by side, and how far each mode is from ``padded`` (losses, and
-the first round's old log-probs). Tolerance: float32 on CPU agrees within 1e-4 relative (the tiny run: about
-1e-7); bf16 on a GPU differs by rounding only, well under 1e-2 of the losses' mean size (not yet measured);
-a gap of the losses' own size means a layout is wrong.
+the first round's old log-probs), and a table of each mode's seconds and ratios to ``padded`` on rounds of
+new lengths (after the first) and on the repeated round. With ``--profile DIR``, two more rounds follow
+each mode's timed ones under ``torch.profiler``: lengths the mode has not seen, then the same round again,
+one profile per phase; the top CUDA kernels and CPU ops of each go to ``DIR``, and the top few are printed
+side by side, to find what a new shape costs. Tolerance: float32 on CPU agrees within 1e-4 relative (the tiny
+run: about 1e-7); bf16 on a GPU differs by rounding only (0.0025 of the losses' mean size on one H100 for
+packed-sdpa); a gap of the losses' own size means a layout is wrong.
 
 Needs torch and transformers only (not TRL, datasets or math-verify).
 
-    python bench/gpu_round.py                # one GPU: 3 rounds + 1 repeat (estimated 3.5 min on an H100)
+    python bench/gpu_round.py                # one GPU: 2 rounds + 1 repeat a mode; no round begun after 240 s
     python bench/gpu_round.py --tiny         # a tiny model and round, on CPU (seconds): 4 rounds + 1 repeat
-    python bench/gpu_round.py --modes padded,packed-sdpa --rounds 4
+    python bench/gpu_round.py --modes padded,packed-sdpa --rounds 4 --budget_s 0   # 0: no budget
+    python bench/gpu_round.py --modes padded,packed-balanced --profile /tmp/profile
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(
@@ -55,24 +71,28 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from prompt_aug.packing import IGNORE_INDEX, packed_forward
 from prompt_aug.padding import chunked_forward, long_tailed_lengths, optimizer_step_segments, regroup
+from prompt_aug.varlen import VARLEN_ATTENTION, packed_attention, register, varlen_kernel
 
 PAPER = {
     "model": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
               "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936},
-    "rows": 128, "micro_batch": 8, "accumulation": 4, "prompt": (100, 300), "cap": 3072, "rounds": 3,
+    "rows": 128, "micro_batch": 8, "accumulation": 4, "prompt": (100, 300), "cap": 3072, "rounds": 2,
 }  # fmt: skip
 TINY = {
     "model": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "intermediate_size": 128, "vocab_size": 1000},
     "rows": 32, "micro_batch": 4, "accumulation": 2, "prompt": (8, 24), "cap": 64, "rounds": 4,
 }  # fmt: skip
-MODES = {  # mode: attention implementation
+MODES = {  # mode: attention implementation ("default": what `packed_attention` picks on the device)
     "padded": "sdpa",
-    "trim": "sdpa",
+    "packed-balanced": "default",
+    "packed-varlen": VARLEN_ATTENTION,
     "packed-sdpa": "sdpa",
+    "trim": "sdpa",
     "packed-flex": "flex_attention",
     "packed-flash": "flash_attention_2",
 }
+DEFAULT_MODES = ("padded", "packed-balanced", "packed-varlen", "packed-sdpa", "trim")
 HEAD_TILE = 1024  # tokens per LM-head tile
 
 
@@ -187,12 +207,57 @@ def dapo_loss(logps: torch.Tensor, batch: dict, normalizer: torch.Tensor) -> tor
     return (per_token * batch["completion_mask"]).sum() / normalizer
 
 
+class Profiles:
+    """``torch.profiler`` around each phase of the rounds it is switched on for; each phase's table (top CUDA
+    kernels and CPU ops by self time) is written to ``directory`` and its top rows kept for the summary."""
+
+    def __init__(self, directory: Path | None, device: torch.device, rows: int = 25) -> None:
+        self.directory, self.device, self.rows = directory, device, rows
+        self.on = False
+        self.label = ""
+        self.tops: dict[tuple[str, str, str], list[tuple[str, float]]] = {}  # (mode, round, phase) -> top
+
+    @contextlib.contextmanager
+    def phase(self, mode: str, phase: str) -> Iterator[None]:
+        if not self.on or self.directory is None:
+            yield
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = self.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            yield
+        events = prof.key_averages()
+        tables = [("cpu", "self_cpu_time_total")] + ([("cuda", "self_device_time_total")] if cuda else [])
+        name = f"{mode}_{self.label}_{phase}".replace(" ", "-").replace("+", "and")
+        text = []
+        for kind, key in tables:
+            text.append(f"== {mode}, {self.label}, {phase}: top {kind} by self time\n")
+            text.append(events.table(sort_by=key, row_limit=self.rows))
+            top = sorted(events, key=lambda e: -getattr(e, key, 0.0))[:5]
+            self.tops[(mode, self.label, f"{phase} ({kind})")] = [
+                (e.key, getattr(e, key, 0.0) / 1e3) for e in top
+            ]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / f"{name}.txt").write_text("\n".join(text))
+
+    def summary(self) -> list[str]:
+        """The top ops of each profiled phase, the round of new lengths then the same round again, in ms."""
+        lines = []
+        for (mode, label, phase), top in self.tops.items():
+            cells = "; ".join(f"{op[:48]} {ms:.1f}" for op, ms in top)
+            lines.append(f"profile {mode}, {label}, {phase}, ms: {cells}")
+        return lines
+
+
 def train_round(
     model, optimizer, round_: dict, shape: dict, mode: str, device: torch.device, seed: int,
-    pad_multiple: int | None,
+    pad_multiple: int | None, profiles: Profiles | None = None,
 ) -> dict:  # fmt: skip
     """The old-log-prob pass and the round's optimizer steps; returns timings, peak memory, token counts,
     losses and the old log-probs."""
+    profiles = profiles or Profiles(None, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     micro, accumulation, rows = shape["micro_batch"], shape["accumulation"], shape["rows"]
@@ -206,7 +271,7 @@ def train_round(
     model.train()
     sync()
     start = time.perf_counter()
-    with torch.no_grad(), autocast:
+    with profiles.phase(mode, "old log-probs"), torch.no_grad(), autocast:
         old = forward(model, mode, round_, micro, counts, pad_multiple)
     round_ = {**round_, "old_per_token_logps": old}
     sync()
@@ -216,33 +281,57 @@ def train_round(
     shuffled = {k: v[order] if v.ndim else v for k, v in round_.items()}
     batches = [{k: v[i * micro : (i + 1) * micro] if v.ndim else v for k, v in shuffled.items()}
                for i in range(steps_per_generation)]  # fmt: skip
+    segments = optimizer_step_segments(0, steps_per_generation, 1, accumulation)
     if mode == "trim":
-        batches = regroup(batches, optimizer_step_segments(0, steps_per_generation, 1, accumulation))
+        batches = regroup(batches, segments)
+    elif mode == "packed-balanced":
+        batches = regroup(batches, segments, balance=True)
     normalizer = round_["num_items_in_batch"] * accumulation / steps_per_generation
     losses = []
-    for step in range(steps_per_generation // accumulation):
-        total = 0.0
-        sync()
-        start = time.perf_counter()
-        for batch in batches[step * accumulation : (step + 1) * accumulation]:
-            with autocast:
-                loss = dapo_loss(forward(model, mode, batch, micro, counts, pad_multiple), batch, normalizer)
-            loss.backward()
-            total += loss.item()
-        sync()
-        times["forward + backward"] += time.perf_counter() - start
+    steps = steps_per_generation // accumulation
+    with profiles.phase(mode, "forward + backward"):
+        for step in range(steps):
+            total = 0.0
+            sync()
+            start = time.perf_counter()
+            for batch in batches[step * accumulation : (step + 1) * accumulation]:
+                with autocast:
+                    logps = forward(model, mode, batch, micro, counts, pad_multiple)
+                    loss = dapo_loss(logps, batch, normalizer)
+                loss.backward()
+                total += loss.item()
+            sync()
+            times["forward + backward"] += time.perf_counter() - start
+            start = time.perf_counter()
+            if step < steps - 1:  # the last step is timed (and profiled) as the optimizer phase below
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                sync()
+                times["optimizer"] += time.perf_counter() - start
+            losses.append(total)
+    with profiles.phase(mode, "optimizer"):
         start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync()
         times["optimizer"] += time.perf_counter() - start
-        losses.append(total)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
     return {"times": times, "peak_gib": peak, "losses": losses, "old": old.float().cpu(), **counts}
 
 
+def attention_of(mode: str, device: torch.device) -> str:
+    """The attention implementation ``mode`` runs with on ``device``."""
+    if MODES[mode] == "default":
+        return packed_attention(device.type, varlen_kernel() is not None, "sdpa")[0]
+    return MODES[mode]
+
+
 def unavailable(mode: str, device: torch.device) -> str | None:
     """Why ``mode`` cannot run here, or None."""
+    if mode == "packed-varlen":
+        chosen, why = packed_attention(device.type, varlen_kernel() is not None, "sdpa")
+        if chosen != VARLEN_ATTENTION:
+            return why
     if mode == "packed-flex":
         if device.type != "cuda":
             return "flex_attention has no backward on CPU"
@@ -256,15 +345,63 @@ def unavailable(mode: str, device: torch.device) -> str | None:
     return None
 
 
+def round_seconds(result: dict) -> float:
+    return sum(result["times"].values())
+
+
+def ratio_table(results: dict[str, list[dict]], labels: list[str]) -> list[str]:
+    """Per mode: mean seconds of the rounds of new lengths after the first (the first when it is the only
+    one), the repeated round's, peak memory, and their ratios to padded's and to each other."""
+
+    def new_rounds(rs: list[dict]) -> list[dict]:
+        fresh = [r for r, label in zip(rs, labels, strict=False) if not label.endswith("again")]
+        return fresh[1:] or fresh
+
+    def again(rs: list[dict]) -> dict | None:
+        return rs[-1] if len(rs) == len(labels) and labels[-1].endswith("again") else None
+
+    def mean(rs: list[dict]) -> float:
+        return sum(round_seconds(r) for r in rs) / len(rs) if rs else float("nan")
+
+    base = results.get("padded")
+    base_new = mean(new_rounds(base)) if base else float("nan")
+    base_again = round_seconds(again(base)) if base and again(base) else float("nan")
+    head = (
+        f"{'mode':>16} {'new s':>8} {'again s':>8} {'new/padded':>11} {'again/padded':>13} {'new/again':>10}"
+    )
+    lines = [f"{head} {'peak GiB':>9}"]
+    for mode, rs in results.items():
+        fresh, repeat = mean(new_rounds(rs)), again(rs)
+        repeat_s = round_seconds(repeat) if repeat else float("nan")
+        peak = max(r["peak_gib"] for r in rs)
+        cells = f"{fresh / base_new:>11.2f} {repeat_s / base_again:>13.2f} {fresh / repeat_s:>10.2f}"
+        lines.append(f"{mode:>16} {fresh:>8.2f} {repeat_s:>8.2f} {cells} {peak:>9.1f}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a tiny model and round, on CPU")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument(
+        "--modes", default=None,
+        help=f"comma-separated, of {', '.join(MODES)} (default: {','.join(DEFAULT_MODES)}; --tiny: all)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, help="rounds of new lengths (then one repeat)")
     parser.add_argument("--pad-to-multiple-of", type=int, default=64, help="packed lengths; 0 for none")
+    parser.add_argument(
+        "--budget_s", type=float, default=240.0,
+        help="start no mode or round that would end past this many seconds from the start (estimated from "
+        "the rounds run so far); what is skipped is printed. 0: no budget",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", type=Path, default=None, metavar="DIR",
+        help="profile each phase of the last round of new lengths and of its repeat; tables go to DIR",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    began = time.perf_counter()
+    chosen = args.modes or ",".join(MODES if args.tiny else DEFAULT_MODES)
+    modes = [m.strip() for m in chosen.split(",") if m.strip()]
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}; choose among {', '.join(MODES)}")
     shape = TINY if args.tiny else PAPER
@@ -283,6 +420,7 @@ def main(argv: list[str] | None = None) -> dict:
     start_weights = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
     seeds = [args.seed + r for r in range(rounds)] + [args.seed + rounds - 1]
     labels = [f"seed {s}" for s in seeds[:-1]] + [f"seed {seeds[-1]} again"]
+    profiles = Profiles(args.profile, device)
 
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     params = sum(p.numel() for p in model.parameters())
@@ -293,30 +431,69 @@ def main(argv: list[str] | None = None) -> dict:
         lengths = build_round(shape, seed, torch.device("cpu"))["completion_mask"].sum(1).float()
         print(f"  seed {seed}: completions mean {lengths.mean():.0f}, {int((lengths == shape['cap']).sum())} "
               "at the cap")  # fmt: skip
+    for mode in MODES:
+        if mode not in modes:
+            print(f"{mode}: skipped (not in --modes)")
     phases = ["old log-probs", "forward + backward", "optimizer"]
     header = (f"{'round':>14} " + " ".join(f"{p + ' s':>20}" for p in phases)
               + f" {'total s':>9} {'peak GiB':>9} {'real share':>11} {'calls':>6}")  # fmt: skip
     results: dict[str, list[dict]] = {}
+    skipped: list[str] = []
+    longest = 0.0  # the longest round so far, the estimate for a mode's first round
+
+    def over_budget(estimate: float) -> bool:
+        return args.budget_s > 0 and time.perf_counter() - began + estimate > args.budget_s
+
     for mode in modes:
         if reason := unavailable(mode, device):
             print(f"{mode}: skipped ({reason})")
             continue
+        if over_budget(longest):
+            spent = time.perf_counter() - began
+            print(f"{mode}: skipped (--budget_s {args.budget_s:g}: {spent:.0f} s spent, a round estimated at "
+                  f"{longest:.1f} s)")  # fmt: skip
+            skipped.append(f"{mode}: every round")
+            continue
+        attention = attention_of(mode, device)
         try:
-            model.set_attn_implementation(MODES[mode])
+            model.set_attn_implementation(register() if attention == VARLEN_ATTENTION else attention)
         except (ImportError, ValueError) as error:
-            print(f"{mode}: skipped (attention {MODES[mode]!r}: {str(error).splitlines()[0]})")
+            print(f"{mode}: skipped (attention {attention!r}: {str(error).splitlines()[0]})")
             continue
         model.load_state_dict(start_weights)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-        print(f"\n{mode} (attention {MODES[mode]})\n{header}")
+        print(f"\n{mode} (attention {attention})\n{header}")
         results[mode] = []
-        for seed, label in zip(seeds, labels, strict=True):
+        for index, (seed, label) in enumerate(zip(seeds, labels, strict=True)):
+            estimate = round_seconds(results[mode][-1]) if results[mode] else longest
+            if over_budget(estimate):
+                spent = time.perf_counter() - began
+                print(f"{label:>14} skipped (--budget_s {args.budget_s:g}: {spent:.0f} s spent, the round "
+                      f"estimated at {estimate:.1f} s)")  # fmt: skip
+                skipped.append(f"{mode}: {', '.join(labels[index:])}")
+                break
             round_ = build_round(shape, seed, device)
-            r = train_round(model, optimizer, round_, shape, mode, device, seed, pad_multiple)
+            r = train_round(model, optimizer, round_, shape, mode, device, seed, pad_multiple, profiles)
             results[mode].append(r)
+            longest = max(longest, round_seconds(r))
             cells = " ".join(f"{r['times'][p]:>20.2f}" for p in phases)
-            print(f"{label:>14} {cells} {sum(r['times'].values()):>9.2f} {r['peak_gib']:>9.1f} "
+            print(f"{label:>14} {cells} {round_seconds(r):>9.2f} {r['peak_gib']:>9.1f} "
                   f"{r['real'] / r['processed']:>11.3f} {r['calls']:>6}", flush=True)  # fmt: skip
+        if args.profile is not None and len(results[mode]) == len(seeds):
+            # Two more rounds, profiled (the profiler's overhead kept out of the timed rounds above): lengths
+            # no round of the mode has seen, then the same round again.
+            fresh = seeds[-1] + 1
+            for label in (f"seed {fresh} profiled", f"seed {fresh} profiled again"):
+                if over_budget(2 * round_seconds(results[mode][-1])):
+                    skipped.append(f"{mode}: {label}")
+                    break
+                profiles.on, profiles.label = True, label
+                round_ = build_round(shape, fresh, device)
+                r = train_round(model, optimizer, round_, shape, mode, device, fresh, pad_multiple, profiles)
+                profiles.on = False
+                print(f"{label:>24} {round_seconds(r):>9.2f} s with the profiler on", flush=True)
+        if not results[mode]:
+            del results[mode]
         del optimizer
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -326,24 +503,34 @@ def main(argv: list[str] | None = None) -> dict:
     for mode, values in losses.items():
         print(f"{mode} loss per optimizer step: " + ", ".join(f"{x:.6f}" for x in values))
     if "padded" in results:
-        reference = torch.tensor(losses["padded"])
-        scale = reference.abs().mean()
         mask = build_round(shape, seeds[0], torch.device("cpu"))["completion_mask"].bool()
         for mode in results:
             if mode == "padded":
                 continue
-            gap = (torch.tensor(losses[mode]) - reference).abs().max()
+            n = min(len(losses[mode]), len(losses["padded"]))
+            reference = torch.tensor(losses["padded"][:n])
+            scale = reference.abs().mean()
+            gap = (torch.tensor(losses[mode][:n]) - reference).abs().max()
             old = (results[mode][0]["old"] - results["padded"][0]["old"])[mask].abs()
             print(f"{mode} vs padded: losses differ by at most {gap:.3g} ({gap / scale:.2g} of their mean "
-                  f"size); first round's old log-probs by {old.max():.3g} at most, {old.mean():.3g} on "
-                  "average")  # fmt: skip
+                  f"size, {n} steps); first round's old log-probs by {old.max():.3g} at most, "
+                  f"{old.mean():.3g} on average")  # fmt: skip
+        print()
+        for line in ratio_table(results, labels):
+            print(line)
         # The first round of each mode warms up (kernel selection, compilation); the others are compared.
         steady = slice(1, None) if len(seeds) > 1 else slice(None)
-        base = sum(sum(r["times"].values()) for r in results["padded"][steady])
         for mode in results:
-            if mode != "padded":
-                ratio = sum(sum(r["times"].values()) for r in results[mode][steady]) / base
+            rounds_run = len(results[mode][steady])
+            if mode != "padded" and rounds_run and rounds_run == len(results["padded"][steady]):
+                base = sum(round_seconds(r) for r in results["padded"][steady])
+                ratio = sum(round_seconds(r) for r in results[mode][steady]) / base
                 print(f"{mode}/padded training-side time: {ratio:.2f} (rounds after the first)")
+    for line in profiles.summary():
+        print(line)
+    if skipped:
+        print("skipped for --budget_s: " + "; ".join(skipped))
+    print(f"bench time: {time.perf_counter() - began:.0f} s")
     return results
 
 

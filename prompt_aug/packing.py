@@ -39,6 +39,8 @@ from typing import NamedTuple
 
 import torch
 
+from .varlen import VARLEN_ATTENTION
+
 IGNORE_INDEX = -100
 
 # Attention implementations whose transformers 5 code path honours packed position ids with no attention
@@ -46,10 +48,12 @@ IGNORE_INDEX = -100
 # the packed sequences (`find_packed_sequence_indices`) and makes it block-diagonal; the flash attention paths
 # get no mask and find the sequence boundaries from the position ids themselves (`_is_packed_sequence`,
 # `prepare_fa_kwargs_from_position_ids`). Any other one (``paged|eager``, a kernel from the hub, a custom
-# registered function) may ignore them, and then sequences would attend to each other.
+# registered function) may ignore them, and then sequences would attend to each other. `VARLEN_ATTENTION`
+# (`prompt_aug.varlen`) reads them itself.
 PACKING_ATTENTION = frozenset(
-    {"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4"}
-)
+    {"sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4",
+     VARLEN_ATTENTION}
+)  # fmt: skip
 
 # A call runs one pack: it gets {"input_ids", "position_ids", "labels"} (each (1, T)) and returns the
 # per-token log-probs and entropies (None when not computed), each (1, T - 1) or (1, T), entry j scoring
@@ -258,7 +262,7 @@ def fused_head_call(
     return call
 
 
-def _unwrap(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
+def unwrap_model(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
     """The transformers model inside DDP / DeepSpeed / FSDP1 (``.module``) and PEFT wrappers, and a reason
     when a PEFT wrapper adds virtual tokens."""
     for _ in range(8):
@@ -279,7 +283,7 @@ def _unwrap(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
 def packing_unsupported_reason(model: torch.nn.Module) -> str | None:
     """One line saying why packed rows would not give ``model`` its per-row values, or None when nothing in
     its configuration stands in the way. Static: `packing_check` runs the model to make sure."""
-    model, reason = _unwrap(model)
+    model, reason = unwrap_model(model)
     if reason:
         return reason
     config = getattr(model, "config", None)

@@ -5,7 +5,10 @@ TRL 1.16 pads every row of a generation round to the round's longest prompt (on 
 completion (on the right), and runs the old-log-prob pass and every training micro-batch at that width.
 Each path keeps TRL's calls (one per micro-batch, one per ``batch_size`` rows of a round) and its update:
 
-* ``packed`` (default): each call's real tokens run as one packed row (`prompt_aug.packing`), padding-free.
+* ``auto`` (default): ``packed`` on CUDA, ``trim`` elsewhere (on CPU, SDPA computes a packed row's whole
+  square and trim is faster), chosen once by `PaddingFreePasses.choose` and logged.
+* ``packed``: each call's real tokens run as one packed row (`prompt_aug.packing`), padding-free; on CUDA
+  with torch's ``varlen_attn`` the attention runs only each sequence's own triangle (`prompt_aug.varlen`).
 * ``trim``: each call is cut to its own longest prompt and completion, rows of a no-grad pass sorted by
   length first (`chunked_forward`); the fallback when packing cannot serve the model.
 * ``off``: TRL's padded calls.
@@ -25,28 +28,30 @@ from typing import Any
 
 import torch
 
-from .packing import fused_head_call, packed_forward, packing_check, packing_unsupported_reason
+from .balance import balanced_groups
+from .packing import fused_head_call, packed_forward, packing_check, packing_unsupported_reason, unwrap_model
 from .records import micro_steps_per_round
+from .varlen import VARLEN_ATTENTION, restore_sdpa, use_varlen_attention
 
 logger = logging.getLogger("prompt_aug")
 
 # The paths a forward pass can take (the ``trim_padding`` key); the first is the default.
-PADDING_MODES = ("packed", "trim", "off")
+PADDING_MODES = ("auto", "packed", "trim", "off")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "none")
 
 
 def padding_mode(value: Any) -> str:
-    """A ``trim_padding`` value as one of `PADDING_MODES`; the old booleans still work (true: the default
-    path, ``packed``; false: ``off``, TRL's padded passes).
+    """A ``trim_padding`` value as one of `PADDING_MODES`; the old booleans still work (true: ``packed``, the
+    path they meant; false: ``off``, TRL's padded passes).
 
-    >>> padding_mode(True), padding_mode("false"), padding_mode("trim")
-    ('packed', 'off', 'trim')
+    >>> padding_mode(True), padding_mode("false"), padding_mode("trim"), padding_mode("AUTO")
+    ('packed', 'off', 'trim', 'auto')
     """
     text = str(value).strip().lower()
-    if text in PADDING_MODES[:2]:
+    if text in PADDING_MODES[:3]:
         return text
     if value is True or text in _TRUE:
-        return PADDING_MODES[0]
+        return "packed"
     if value is False or text in _FALSE:
         return "off"
     raise ValueError(f"trim_padding: {value!r} is not one of {', '.join(PADDING_MODES)} (or true / false)")
@@ -144,13 +149,19 @@ def _take(batch: dict, rows: torch.Tensor) -> dict:
 
 
 def regroup(
-    micro_batches: Sequence[dict], segments: Sequence[Sequence[int]], sort: bool = True
+    micro_batches: Sequence[dict],
+    segments: Sequence[Sequence[int]],
+    sort: bool = True,
+    balance: bool = False,
 ) -> list[dict]:
     """Micro-batches with rows ordered by length (longest first) inside each segment, each then trimmed.
 
     ``micro_batches`` are TRL's buffered micro-batches of one round (equal sizes, the round's widths);
     ``segments`` cover their indices (see `optimizer_step_segments`). Each micro-batch keeps its size, and
-    each row stays in its segment. With ``sort=False`` rows stay where they are and each is only trimmed.
+    each row stays in its segment. With ``sort=False`` rows stay where they are and each is only trimmed
+    (for a loss that depends on which micro-batch a row is in). With ``balance=True`` (and ``sort``) the rows
+    of a segment are dealt out so the micro-batches cost about the same (`prompt_aug.balance`; for packed
+    calls) instead of sorted (which suits trimmed calls: rows of like length share a width).
     """
     out: list[dict] = list(micro_batches)
     for segment in segments:
@@ -161,7 +172,11 @@ def regroup(
         sizes = [len(micro_batches[j]["completion_mask"]) for j in segment]
         joined = _cat([micro_batches[j] for j in segment])
         lengths = row_lengths(joined["prompt_mask"], joined["completion_mask"])
-        order = torch.sort(lengths, descending=True, stable=True).indices
+        if balance:
+            groups = balanced_groups(lengths.tolist(), sizes)
+            order = torch.tensor([i for group in groups for i in group], device=lengths.device)
+        else:
+            order = torch.sort(lengths, descending=True, stable=True).indices
         start = 0
         for j, size in zip(segment, sizes, strict=True):
             out[j] = trim(_take(joined, order[start : start + size]))
@@ -244,13 +259,19 @@ class PaddingFreePasses:
     against each alone). Either failure falls back to ``trim`` with one log line saying why; the path chosen
     is logged once.
 
+    ``auto`` becomes ``packed`` or ``trim`` in `choose`, by the device. On the packed path, `choose` also
+    gives the model varlen attention where `prompt_aug.varlen.packed_attention` picks it (CUDA, torch's
+    ``varlen_attn``, a model on SDPA); if the live check then fails, SDPA is put back and checked in turn.
+
     Args:
-        mode: ``packed``, ``trim`` or ``off``.
+        mode: ``auto``, ``packed``, ``trim`` or ``off``.
         max_tokens: Real tokens per packed call; default: the tokens of TRL's padded call, so a call is never
             split and never holds more than TRL's. A smaller budget splits a call (a single process only).
         pad_to_multiple_of: Round each packed length up to a multiple of this (default: no rounding).
         autocast: The trainer's autocast context (``accelerator.autocast``), for the packed calls.
         processes: The run's process count; ``max_tokens`` needs one (every process must make as many calls).
+        device: The device the passes run on (``accelerator.device``), for ``auto`` and the attention;
+            default: the model's first parameter's.
     """
 
     def __init__(
@@ -260,6 +281,7 @@ class PaddingFreePasses:
         pad_to_multiple_of: int | None = None,
         autocast: Callable[[], Any] | None = None,
         processes: int = 1,
+        device: torch.device | str | None = None,
     ) -> None:
         if max_tokens is not None and processes > 1:
             raise ValueError(
@@ -268,17 +290,30 @@ class PaddingFreePasses:
             )
         self.mode = padding_mode(mode)
         self.max_tokens, self.pad_to_multiple_of, self.autocast = max_tokens, pad_to_multiple_of, autocast
+        self.device = torch.device(device) if device is not None else None
+        self.attention: str | None = None  # the packed path's attention, once `choose` has run
         self.stats = {"real": 0, "processed": 0, "calls": 0}
-        self._checked = self.mode != "packed"
+        self._checked = self.mode not in ("packed", "auto")
 
     def choose(self, model: torch.nn.Module) -> str:
-        """Fall back from ``packed`` to ``trim`` when the model's configuration rules packing out; returns the
-        path and logs it."""
+        """Resolve ``auto`` by the device (``packed`` on CUDA, ``trim`` elsewhere), fall back from ``packed``
+        to ``trim`` when the model's configuration rules packing out, and on the packed path give the model
+        varlen attention where it can run; returns the path and logs it, with the attention, in one line."""
+        device = self.device or next((p.device for p in model.parameters()), torch.device("cpu"))
+        how = ""
+        if self.mode == "auto":
+            self.mode = "packed" if device.type == "cuda" else "trim"
+            self._checked = self.mode != "packed"
+            how = f"auto on {device.type}"
         reason = packing_unsupported_reason(model) if self.mode == "packed" else None
         if reason is not None:
-            self._fall_back(reason)
-        else:
-            logger.info("padding-free passes: %s", self.mode)
+            self._fall_back(reason if not how else f"{reason} ({how})")
+            return self.mode
+        if self.mode == "packed":
+            self.attention, why = use_varlen_attention(unwrap_model(model)[0], device)
+            how = f"{how}; " if how else ""
+            how += f"attention {self.attention}: {why}"
+        logger.info("padding-free passes: %s%s", self.mode, f" ({how})" if how else "")
         return self.mode
 
     def _fall_back(self, reason: str) -> None:
@@ -297,6 +332,8 @@ class PaddingFreePasses:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs and entropies (``None`` unless ``compute_entropy``) of the last
         ``logits_to_keep`` columns, in TRL's (rows, logits_to_keep) layout and calls."""
+        if self.mode == "auto":
+            self.choose(model)
         rows = batch_size or input_ids.size(0)
         if self.mode == "off":
             self._count(int(attention_mask.sum()), attention_mask.numel(), -(-input_ids.size(0) // rows))
@@ -312,6 +349,16 @@ class PaddingFreePasses:
                 check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
             finally:
                 model.train(training)
+            if not check and self.attention == VARLEN_ATTENTION:
+                note = "padding-free passes: varlen attention failed the live check, back to sdpa: %s"
+                logger.warning(note, check.describe())
+                restore_sdpa(unwrap_model(model)[0])
+                self.attention = "sdpa"
+                model.eval()
+                try:
+                    check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
+                finally:
+                    model.train(training)
             if not check:
                 self._fall_back(check.describe())
         if self.mode == "packed":
@@ -328,8 +375,9 @@ class PaddingFreePasses:
     def micro_batch(self, trainer: Any, inputs: dict, step: int, new_round: bool) -> dict:
         """The micro-batch to train on: ``inputs`` (TRL's, prepared at micro-step ``step``) trimmed; on a new
         training round, the round's buffered micro-batches (``trainer.buffered_micro_batches``) are first
-        trimmed, and on the ``trim`` path ordered by length within each optimizer step where that leaves the
-        update unchanged (`regrouping_is_exact`). ``trainer`` is a `prompt_aug.trl_seam.TRLSeam`."""
+        trimmed, their rows moved within each optimizer step where that leaves the update unchanged
+        (`regrouping_is_exact`): ordered by length on the ``trim`` path, token-balanced on ``packed``.
+        ``trainer`` is a `prompt_aug.trl_seam.TRLSeam`."""
         if self.mode == "off":
             return inputs
         if not trainer.model.training:
@@ -343,8 +391,11 @@ class PaddingFreePasses:
         first = step - step % per_round
         ga = trainer.args.gradient_accumulation_steps
         segments = optimizer_step_segments(first, spg, trainer.num_iterations, ga)
-        exact = self.mode == "trim" and regrouping_is_exact(trainer)  # packed: no need
-        trainer.buffered_micro_batches = regroup(buffered, segments, sort=exact)
+        # Rows move only where the update stays the same: sorted by length for trim, balanced for packed.
+        exact = regrouping_is_exact(trainer)
+        trainer.buffered_micro_batches = regroup(
+            buffered, segments, sort=exact, balance=self.mode == "packed"
+        )
         return trainer.buffered_micro_batches[step % spg]
 
     def _packed(

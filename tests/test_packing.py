@@ -260,21 +260,37 @@ def test_packing_check_restores_training_mode():
 
 def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
     """bench/gpu_round.py at its tiny shape, with trl, datasets and math_verify made unimportable (the GPU
-    machine has none of them): every mode trains, on the same losses (float32 on CPU)."""
-    code = (
-        "import runpy, sys\n"
-        "for name in ('trl', 'datasets', 'math_verify'):\n"
-        "    sys.modules[name] = None\n"
-        "sys.argv = ['gpu_round.py', '--tiny']\n"
-        "runpy.run_path('bench/gpu_round.py', run_name='__main__')\n"
-    )
-    result = run_bench([], code=code)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.splitlines()
-    losses = printed_losses(result.stdout)
-    assert set(losses) == {"padded", "trim", "packed-sdpa"}
+    machine has none of them): every mode is listed, each mode CPU can run trains on padded's losses (float32
+    on CPU; balanced micro-batches included, under dapo), the others are skipped with their reason; then a
+    budget too small for any round skips every mode, saying so."""
+
+    def run(*argv: str):
+        code = (
+            "import runpy, sys\n"
+            "for name in ('trl', 'datasets', 'math_verify'):\n"
+            "    sys.modules[name] = None\n"
+            f"sys.argv = ['gpu_round.py', '--tiny', *{list(argv)!r}]\n"
+            "runpy.run_path('bench/gpu_round.py', run_name='__main__')\n"
+        )
+        result = run_bench([], code=code)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout.splitlines(), result.stdout
+
+    lines, stdout = run()
+    losses = printed_losses(stdout)
+    assert set(losses) == {"padded", "trim", "packed-sdpa", "packed-balanced"}
     assert len(losses["padded"]) == 20  # 4 optimizer steps in each of 4 rounds and the repeated round
-    for mode in ("trim", "packed-sdpa"):
+    for mode in ("trim", "packed-sdpa", "packed-balanced"):
         torch.testing.assert_close(losses[mode], losses["padded"], rtol=1e-4, atol=1e-6, msg=mode)
-    assert any(line.startswith("packed-flex: skipped") for line in lines)
-    assert any(line.startswith("packed-sdpa/padded training-side time: ") for line in lines)
+    assert "packed-varlen: skipped (varlen attention needs CUDA (device: cpu))" in lines
+    assert any(line.startswith("packed-flex: skipped (") for line in lines)
+    assert any(line.startswith("packed-flash: skipped (") for line in lines)
+    assert any(line.startswith("packed-balanced/padded training-side time: ") for line in lines)
+    table = lines.index(next(line for line in lines if line.split()[:3] == ["mode", "new", "s"]))
+    assert [line.split()[0] for line in lines[table + 1 : table + 5]] == [
+        "padded", "packed-balanced", "packed-sdpa", "trim"
+    ]  # fmt: skip
+    lines, _ = run("--modes", "padded,trim", "--budget_s", "0.001")
+    assert any(line.startswith("padded: skipped (--budget_s 0.001: ") for line in lines)
+    assert any(line.startswith("packed-sdpa: skipped (not in --modes)") for line in lines)
+    assert lines[-2] == "skipped for --budget_s: padded: every round; trim: every round"

@@ -280,7 +280,7 @@ def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_
     model.config.sliding_window, model.config.layer_types = 4, ["sliding_attention"] * layers
     args = PromptAugGRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=4,
-        report_to="none", use_cpu=True, bf16=False,
+        report_to="none", use_cpu=True, bf16=False, trim_padding="packed",
     )  # fmt: skip
     with caplog.at_level("INFO", logger="prompt_aug"):
         trainer = PromptAugGRPOTrainer(
@@ -295,7 +295,10 @@ def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_
     assert args.trim_padding == "packed"  # the recipe's value is kept; the trainer chose the path
 
 
-@pytest.mark.parametrize(("value", "mode"), [(True, "packed"), ("false", "off"), ("trim", "trim")])
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [(True, "packed"), ("false", "off"), ("trim", "trim"), ("packed", "packed"), ("auto", "auto")],
+)
 def test_the_old_booleans_still_choose_a_path(tmp_path, value, mode):
     if (
         isinstance(value, bool) or value == "false"
@@ -305,8 +308,25 @@ def test_the_old_booleans_still_choose_a_path(tmp_path, value, mode):
     else:
         args = PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, trim_padding=value)
     assert args.trim_padding == mode
-    with pytest.raises(ValueError, match="trim_padding: 'squash' is not one of packed, trim, off"):
+    with pytest.raises(ValueError, match="trim_padding: 'squash' is not one of auto, packed, trim, off"):
         PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, trim_padding="squash")
+
+
+def test_the_default_is_auto_and_resolves_to_trim_on_cpu_in_one_log_line(tiny_model_dir, tmp_path, caplog):
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=4,
+        report_to="none", use_cpu=True, bf16=False,
+    )  # fmt: skip
+    assert args.trim_padding == "auto"
+    with caplog.at_level("INFO", logger="prompt_aug"):
+        trainer = PromptAugGRPOTrainer(
+            model=_float64_model(tiny_model_dir), reward_funcs=_reward, args=args,
+            train_dataset=Dataset.from_dict({"prompt": QUESTIONS}),
+            processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+        )  # fmt: skip
+    lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
+    assert lines == ["padding-free passes: trim (auto on cpu)"]
+    assert trainer.padding_free.mode == "trim"
 
 
 # -- the trainer-level bench ---------------------------------------------------------------------------------

@@ -432,7 +432,7 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
         2.0,
         lambda t: t.features.minibatch_skip and t.features.minibatch_skip.threshold,
     ),
-    "trim_padding": ({}, "trim", lambda t: t.padding_free.mode),
+    "trim_padding": ({}, "off", lambda t: t.padding_free.mode),  # the default, auto, is trim on CPU
     "packing_max_tokens": ({}, 4096, lambda t: t.padding_free.max_tokens),
     "packing_pad_to_multiple_of": ({}, 8, lambda t: t.padding_free.pad_to_multiple_of),
     "wandb_completions_rows": ({}, 3, lambda t: t.wandb_completions_rows),
@@ -538,7 +538,7 @@ def test_a_plain_grpo_config_reads_as_ours_with_trls_behaviour(tmp_path):
     assert settings.stop_tokens == [] and settings.reward_cut_tokens == []  # TRL: the model's EOS alone
     assert (
         settings.prompt_augmentation
-        and settings.trim_padding == "packed"
+        and settings.trim_padding == "auto"
         and settings.eval_benchmarks is None
     )
     assert settings.seed == 3 and settings.output_dir == str(tmp_path)  # TRL's own fields, as they are

@@ -1,0 +1,61 @@
+"""Token-balanced micro-batches: the rows of one optimizer step dealt out so each micro-batch costs about the
+same, each keeping TRL's row count.
+
+TRL cuts a shuffled round into micro-batches of ``per_device_train_batch_size`` rows, so one micro-batch may
+hold the round's longest completions and the next only short ones: packed calls then range from a few hundred
+to many thousand tokens, each length a new shape, the longest setting the peak memory. Within one optimizer
+step the rows may be dealt out again (where the loss does not depend on which micro-batch a row is in; see
+`prompt_aug.padding.regroup`). `balanced_groups` deals them by a cost of ``linear_weight * L + L**2`` per row
+of L real tokens (the linear layers follow L, attention over a sequence L squared, as in verl's sequence
+balancing), longest first, each to the cheapest micro-batch that still has room (LPT with a row count per
+micro-batch). Deterministic, so every process of a run deals its rows the same way, and the row counts, hence
+the number of calls, are TRL's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Per-token weight of the linear layers against attention's L^2 (verl's seqlen_balancing uses 24576).
+LINEAR_WEIGHT = 24576
+
+
+def row_cost(length: int, linear_weight: float = LINEAR_WEIGHT) -> float:
+    """The work of one row of ``length`` real tokens: ``linear_weight * length + length ** 2``."""
+    return linear_weight * length + length * length
+
+
+def balanced_groups(
+    lengths: Sequence[int], sizes: Sequence[int], linear_weight: float = LINEAR_WEIGHT
+) -> list[list[int]]:
+    """Row indices for each of ``len(sizes)`` micro-batches, micro-batch b getting exactly ``sizes[b]`` rows,
+    with the largest micro-batch cost (`row_cost` summed) kept low.
+
+    Rows go in order of cost, highest first (ties: lower index first), each to the micro-batch with the lowest
+    cost so far among those with room (ties: lower micro-batch first). Each group lists its rows in that
+    order, longest first. ``sum(sizes)`` must equal ``len(lengths)``.
+
+    >>> balanced_groups([10, 1, 9, 2], [2, 2], linear_weight=0)
+    [[0, 1], [2, 3]]
+    """
+    if sum(sizes) != len(lengths):
+        raise ValueError(f"{len(lengths)} rows cannot fill micro-batches of {list(sizes)} rows")
+    costs = [row_cost(int(length), linear_weight) for length in lengths]
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    groups: list[list[int]] = [[] for _ in sizes]
+    totals = [0.0] * len(sizes)
+    for i in order:
+        open_groups = [b for b in range(len(sizes)) if len(groups[b]) < sizes[b]]
+        b = min(open_groups, key=lambda g: (totals[g], g))
+        groups[b].append(i)
+        totals[b] += costs[i]
+    return groups
+
+
+def spread(
+    lengths: Sequence[int], groups: Sequence[Sequence[int]], linear_weight: float = LINEAR_WEIGHT
+) -> float:
+    """The largest group cost over the mean group cost (1.0: perfectly balanced)."""
+    totals = [sum(row_cost(int(lengths[i]), linear_weight) for i in group) for group in groups]
+    mean = sum(totals) / len(totals)
+    return max(totals) / mean if mean else 1.0

@@ -1,0 +1,274 @@
+"""Varlen attention for packed rows (`prompt_aug.varlen`): which attention a packed model gets, the SDPA
+fallback, and the wrapper around the kernel, exact to SDPA on the same packed row.
+
+torch's ``varlen_attn`` runs on CUDA only (FlashAttention 2, fp16 / bf16), so on CPU the wrapper is run with
+the kernel replaced by a per-sequence reference written here, once with each of the kernel's signatures (torch
+2.10-2.11: ``is_causal``, no ``scale``, no ``enable_gqa``; 2.12 and later: ``window_size``, ``scale``,
+``enable_gqa``). What this checks is the wrapper: the sequence offsets it derives from the position ids, the
+layouts, grouped-query heads and scaling. The real kernel's values need a GPU: the last test runs it there and
+is skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from trl.trainer.utils import add_fused_lm_head
+
+from prompt_aug.packing import fused_head_call, pack_rows, packing_check, packing_unsupported_reason
+from prompt_aug.padding import PaddingFreePasses
+from prompt_aug.varlen import (
+    VARLEN_ATTENTION,
+    block_causal_mask,
+    make_varlen_attention,
+    packed_attention,
+    register,
+    sequences,
+    use_varlen_attention,
+    varlen_kernel,
+)
+
+# Packed position ids: sequences of 5, 3, 1 and 6 tokens (the 1-token one like a pack's rounding tail).
+POSITIONS = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 0, 1, 2, 3, 4, 5]])
+LENGTHS = [5, 3, 1, 6]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """Plain softmax attention of one sequence, (L, H, D) each, K / V already at H heads."""
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if causal:
+        upper = torch.ones(q.size(0), k.size(0), dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(upper, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+class _Kernel:
+    """Records its calls; `_reference` does the work, one sequence at a time."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def _reference(self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal, scale, gqa):
+        assert query.ndim == key.ndim == value.ndim == 3  # (tokens, heads, head_dim)
+        assert cu_seq_q.dtype == cu_seq_k.dtype == torch.int32
+        lengths = (cu_seq_q[1:] - cu_seq_q[:-1]).tolist()
+        self.calls.append({"lengths": lengths, "max": (max_q, max_k), "kv_heads": key.size(1)})
+        assert torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k == max(lengths)
+        groups = query.size(1) // key.size(1)
+        if groups > 1:
+            assert gqa, "K / V with fewer heads and no enable_gqa"
+            key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+        scale = query.size(-1) ** -0.5 if scale is None else scale
+        bounds = cu_seq_q.tolist()
+        return torch.cat(
+            [_attend(query[s:e], key[s:e], value[s:e], causal, scale) for s, e in itertools.pairwise(bounds)]
+        )
+
+
+class OldKernel(_Kernel):
+    """torch 2.10-2.11's signature: ``is_causal``, no ``scale``, no ``enable_gqa``."""
+
+    def __call__(self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        return self._reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, None, False)
+
+
+class NewKernel(_Kernel):
+    """torch 2.12+'s signature: ``window_size`` (``(-1, 0)`` is causal), ``scale``, ``enable_gqa``."""
+
+    def __call__(
+        self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+        window_size=(-1, -1), enable_gqa=False,
+    ):  # fmt: skip
+        assert tuple(window_size) in ((-1, -1), (-1, 0))
+        causal = tuple(window_size) == (-1, 0)
+        return self._reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal, scale, enable_gqa)
+
+
+class _Module(torch.nn.Module):
+    """What transformers' attention functions read off the attention module."""
+
+    is_causal = True
+    num_key_value_groups = 2
+
+
+def test_sequences_start_at_position_zero_and_at_each_row():
+    found = sequences(POSITIONS)
+    assert found.cu_seqlens.tolist() == [0, 5, 8, 9, 15] and found.cu_seqlens.dtype == torch.int32
+    assert found.max_length == 6
+    assert found.segment.tolist() == [[1] * 5 + [2] * 3 + [3] + [4] * 6]
+    assert sequences(POSITIONS) is found  # the same tensor again: memoised, no second device-to-host copy
+    # Two rows: the second row starts a sequence even where its position is not 0.
+    two = sequences(torch.tensor([[0, 1, 2, 0], [5, 6, 0, 1]]))
+    assert two.cu_seqlens.tolist() == [0, 3, 4, 6, 8] and two.max_length == 3
+    mask = block_causal_mask(torch.tensor([[0, 1, 0, 1]]))[0, 0].int().tolist()
+    assert mask == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+
+
+@pytest.mark.parametrize("kernel_type", [OldKernel, NewKernel])
+@pytest.mark.parametrize("scaling", [None, 0.3])
+def test_the_wrapper_matches_sdpa_run_on_each_sequence(kernel_type, scaling):
+    """The packed row through the wrapper against transformers' SDPA run on each sequence alone: values and
+    gradients, with grouped-query heads (4 query heads, 2 K / V heads) and a scaling other than 1/sqrt(D)."""
+    generator = torch.Generator().manual_seed(0)
+    width = POSITIONS.size(1)
+    shapes = {"q": (1, 4, width, 8), "k": (1, 2, width, 8), "v": (1, 2, width, 8)}
+    leaves = {n: torch.randn(s, generator=generator, dtype=torch.float64) for n, s in shapes.items()}
+    weights = torch.randn(1, width, 4, 8, generator=generator, dtype=torch.float64)
+    results = {}
+    for name in ("wrapper", "alone"):
+        q, k, v = (leaves[n].clone().requires_grad_() for n in "qkv")
+        if name == "wrapper":
+            kernel = kernel_type()
+            attention = make_varlen_attention(kernel, devices=("cpu",), dtypes=(torch.float64,))
+            out, weights_out = attention(_Module(), q, k, v, None, scaling=scaling, position_ids=POSITIONS)
+            assert weights_out is None
+            # The old signature has no enable_gqa: the wrapper repeats K / V to the 4 query heads.
+            kv_heads = 4 if kernel_type is OldKernel else 2
+            assert kernel.calls == [{"lengths": LENGTHS, "max": (6, 6), "kv_heads": kv_heads}]
+        else:
+            pieces, start = [], 0
+            for length in LENGTHS:
+                part = slice(start, start + length)
+                piece, _ = sdpa_attention_forward(
+                    _Module(), q[:, :, part], k[:, :, part], v[:, :, part], None, scaling=scaling
+                )
+                pieces.append(piece)
+                start += length
+            out = torch.cat(pieces, dim=1)
+        assert out.shape == (1, width, 4, 8)
+        (out * weights).sum().backward()
+        results[name] = (out.detach(), q.grad, k.grad, v.grad)
+    for got, want in zip(results["wrapper"], results["alone"], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def _model(attention: str) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=97, attn_implementation=attention,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config).float()
+    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    return model
+
+
+def _rows() -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's layout, 5 rows of (prompt, completion) lengths in a 6 + 7 layout, ids 0 at padding."""
+    mask = torch.zeros(5, 13, dtype=torch.long)
+    for i, (p, c) in enumerate([(2, 7), (6, 1), (4, 3), (1, 0), (3, 5)]):
+        mask[i, 6 - p : 6 + c] = 1
+    return torch.randint(1, 97, mask.shape, generator=torch.Generator().manual_seed(1)) * mask, mask
+
+
+def test_a_model_with_the_wrapper_gives_sdpas_packed_values_and_gradients():
+    """A tiny Qwen2 whose attention is the registered wrapper (the 2.12+ reference kernel, float32 on CPU):
+    a packed row's log-probs, entropies and gradients equal SDPA's on the same packed row, the kernel ran in
+    every layer, and padded calls still go to SDPA with their mask."""
+    kernel = NewKernel()
+    name = register(kernel, name="test_varlen_reference", devices=("cpu",), dtypes=(torch.float32,))
+    ids, mask = _rows()
+    packed = pack_rows(ids, mask, logits_to_keep=7, pad_to_multiple_of=5)
+    results = {}
+    for attention in (name, "sdpa"):
+        model = _model(attention).train()
+        out = model(**packed.inputs(), fused_lm_head=True, use_cache=False)
+        (out.log_probs.sum() + 0.1 * out.entropy.sum()).backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+        with torch.no_grad():
+            padded = model(input_ids=ids, attention_mask=mask).logits
+        results[attention] = (out.log_probs.detach(), out.entropy.detach(), grads, padded)
+    # Rows of 9, 7, 7, 1 and 8 tokens, then the 3 tokens rounding 32 up to 35: one call in each of 2 layers.
+    # The padded calls (with their mask) did not reach the kernel.
+    assert [c["lengths"] for c in kernel.calls] == [[9, 7, 7, 1, 8, 3]] * 2
+    assert packing_unsupported_reason(_model(register())) is None  # the registered name is known
+    assert packing_check(_model(name), ids, mask).ok
+    logps, entropy, grads, padded = results[name]
+    want_logps, want_entropy, want_grads, want_padded = results["sdpa"]
+    torch.testing.assert_close(logps, want_logps, rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy, want_entropy, rtol=0, atol=1e-5)
+    for key, grad in want_grads.items():
+        torch.testing.assert_close(grads[key], grad, rtol=1e-4, atol=1e-6, msg=key)
+    torch.testing.assert_close(padded, want_padded, rtol=0, atol=0)  # padded calls: SDPA, unchanged
+
+
+def test_where_the_kernel_cannot_run_a_packed_call_is_sdpa_with_the_block_mask(caplog):
+    """torch's own kernel on CPU: not run (CUDA only); the packed row runs SDPA with the block-diagonal mask
+    built from the position ids (a plain SDPA call here would let the sequences see each other), one log line
+    says so, and the live packing check passes."""
+    name = register(name="test_varlen_torch_kernel")
+    ids, mask = _rows()
+    packed = pack_rows(ids, mask, logits_to_keep=7)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="prompt_aug"):
+        got = _model(name)(**packed.inputs(), fused_lm_head=True, use_cache=False).log_probs
+        want = _model("sdpa")(**packed.inputs(), fused_lm_head=True, use_cache=False).log_probs
+        again = _model(name)(**packed.inputs(), fused_lm_head=True, use_cache=False).log_probs
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(again, got, rtol=0, atol=0)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("packed attention:")]
+    if varlen_kernel() is None:
+        assert lines == [
+            "packed attention: sdpa with a block-diagonal mask, not varlen: torch has no varlen_attn"
+        ]
+    else:
+        assert lines == [
+            "packed attention: sdpa with a block-diagonal mask, not varlen: the kernel does not run on cpu"
+        ]
+    assert packing_check(fused_head_call(_model(name).eval()), ids, mask).ok
+
+
+def test_packed_attention_picks_varlen_on_cuda_with_the_kernel_and_sdpa_otherwise():
+    assert packed_attention("cuda", True, "sdpa")[0] == VARLEN_ATTENTION
+    chosen, why = packed_attention("cpu", True, "sdpa")
+    assert chosen == "sdpa" and "needs CUDA" in why
+    chosen, why = packed_attention("cuda", False, "sdpa")
+    assert chosen == "sdpa" and "has no torch.nn.attention.varlen.varlen_attn" in why
+    # A model on another attention keeps it (eager for exactness, flex or flash by the user's choice).
+    assert packed_attention("cuda", True, "eager")[0] == "eager"
+    assert packed_attention("cuda", True, "flash_attention_2")[0] == "flash_attention_2"
+    assert packed_attention("cuda", True, VARLEN_ATTENTION)[0] == VARLEN_ATTENTION
+
+
+def test_on_cpu_the_model_keeps_sdpa_and_the_choice_is_logged_once(caplog):
+    model = _model("sdpa")
+    assert use_varlen_attention(model, torch.device("cpu"))[0] == "sdpa"
+    assert model.config._attn_implementation == "sdpa"
+    with caplog.at_level(logging.INFO, logger="prompt_aug"):
+        passes = PaddingFreePasses("packed")
+        assert passes.choose(model) == "packed"
+        auto = PaddingFreePasses("auto")
+        assert auto.choose(_model("sdpa")) == "trim"
+    lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
+    assert lines == [
+        "padding-free passes: packed (attention sdpa: varlen attention needs CUDA (device: cpu))",
+        "padding-free passes: trim (auto on cpu)",
+    ]
+    assert passes.attention == "sdpa" and model.config._attn_implementation == "sdpa"
+    # The device the trainer passes decides auto, not where the weights are at the time.
+    assert PaddingFreePasses("auto", device="cuda").choose(_model("eager")) == "packed"
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or varlen_kernel() is None, reason="needs CUDA and varlen_attn"
+)
+def test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16():
+    """On a GPU only: torch's varlen_attn through the wrapper against SDPA on the same packed row (bf16
+    autocast over float32 weights), log-probs and gradients, within bf16 rounding."""
+    ids, mask = (t.cuda() for t in _rows())
+    packed = pack_rows(ids, mask, logits_to_keep=7)
+    results = {}
+    for attention in (register(), "sdpa"):
+        model = _model(attention).cuda().train()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(**packed.inputs(), fused_lm_head=True, use_cache=False)
+        out.log_probs.sum().backward()
+        results[attention] = (out.log_probs.detach().float(), model.model.embed_tokens.weight.grad.clone())
+    (logps, grad), (want_logps, want_grad) = results[VARLEN_ATTENTION], results["sdpa"]
+    scale = want_logps.abs().mean()
+    assert (logps - want_logps).abs().max() <= 2e-2 * scale
+    assert (grad - want_grad).norm() <= 2e-2 * want_grad.norm()
