@@ -506,43 +506,44 @@ def checked_reward(func: Callable[..., Any], name: str) -> Callable[..., Any]:
             try:
                 output = await func(**kwargs)
             except Exception as err:
-                raise _raised(name, err, kwargs, await _culprit(func, err, kwargs)) from err
+                raise _raised(name, err, kwargs, await _culprit_async(func, err, kwargs)) from err
             _check_output(name, output, kwargs)
             return output
 
         return checked_async
 
-    async def row_by_row(**kwargs: Any) -> Any:  # never suspends, so `_culprit` runs to its end at once
-        return func(**kwargs)
-
     def checked(**kwargs: Any) -> Any:
         try:
             output = func(**kwargs)
         except Exception as err:
-            raise _raised(name, err, kwargs, _finish_now(_culprit(row_by_row, err, kwargs))) from err
+            raise _raised(name, err, kwargs, _culprit(func, err, kwargs)) from err
         _check_output(name, output, kwargs)
         return output
 
     return checked
 
 
-def _finish_now(coroutine: Any) -> Any:
-    """The result of a coroutine that never suspends (it awaits nothing that waits), run here and now."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    coroutine.close()
-    raise RuntimeError("a coroutine expected to finish at once suspended")
-
-
-async def _culprit(func: Callable[..., Any], err: Exception, kwargs: dict[str, Any]) -> int | None:
-    """The first row that raises on its own, when it raises ``err``'s type (the same fault), else None.
-    ``func`` is awaited on each row's keyword arguments in turn."""
+def _rows(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Each row's keyword arguments in turn."""
     size = len(kwargs.get("prompts") or [])
-    for index in range(size):
+    return (_row_kwargs(kwargs, index, size) for index in range(size))
+
+
+def _culprit(func: Callable[..., Any], err: Exception, kwargs: dict[str, Any]) -> int | None:
+    """The first row that raises on its own, when it raises ``err``'s type (the same fault), else None."""
+    for index, row in enumerate(_rows(kwargs)):
         try:
-            await func(**_row_kwargs(kwargs, index, size))
+            func(**row)
+        except Exception as row_err:  # noqa: BLE001 (any exception: the same type is the culprit)
+            return index if type(row_err) is type(err) else None
+    return None
+
+
+async def _culprit_async(func: Callable[..., Any], err: Exception, kwargs: dict[str, Any]) -> int | None:
+    """`_culprit` of an async reward function, each row awaited in turn."""
+    for index, row in enumerate(_rows(kwargs)):
+        try:
+            await func(**row)
         except Exception as row_err:  # noqa: BLE001 (any exception: the same type is the culprit)
             return index if type(row_err) is type(err) else None
     return None

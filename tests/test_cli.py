@@ -13,12 +13,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from launch import train_command
 
 from prompt_aug import cli, train
 from prompt_aug.templates import TemplateError, load_templates
@@ -281,19 +281,7 @@ def test_resume_and_overwrite_together_are_refused(two_step_run, capsys):
 @pytest.mark.slow
 def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_ctrl_c(tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "prompt_aug.train",
-        "--config",
-        str(SMOKE),
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "400",
-        "--save_steps",
-        "1",
-    ]
+    cmd = train_command(out, "--max_steps", "400", "--save_steps", "1")
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launch import train_command
 
 from prompt_aug import train
 from prompt_aug.model_card import EVAL_TABLE_PATH, ModelCardInfo, final_metrics, render_model_card
@@ -50,17 +51,7 @@ def wandb_run(tmp_path_factory):
     pytest.importorskip("wandb")
     tmp = tmp_path_factory.mktemp("publish")
     out = tmp / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "prompt_aug.train",
-        "--config",
-        str(SMOKE),
-        "--output_dir",
-        str(out),
-        "--report_to",
-        "wandb",
-    ]
+    cmd = train_command(out, "--report_to", "wandb")
     proc = subprocess.run(
         cmd, check=False, cwd=REPO, env=_run_env(tmp), capture_output=True, text=True, timeout=600
     )
@@ -266,23 +257,9 @@ def test_push_to_hub_uploads_model_and_card(tmp_path):
 
     repo = os.environ["PROMPT_AUG_TEST_HUB_REPO"]
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "prompt_aug.train",
-        "--config",
-        str(SMOKE),
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "2",
-        "--push_to_hub",
-        "true",
-        "--hub_model_id",
-        repo,
-        "--hub_private_repo",
-        "true",
-    ]
+    cmd = train_command(
+        out, "--max_steps", "2", "--push_to_hub", "true", "--hub_model_id", repo, "--hub_private_repo", "true"
+    )
     proc = subprocess.run(
         cmd,
         check=False,

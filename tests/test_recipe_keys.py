@@ -537,9 +537,7 @@ def test_a_plain_grpo_config_reads_as_ours_with_trls_behaviour(tmp_path):
     settings = trainer_settings(plain)
     assert settings.stop_tokens == [] and settings.reward_cut_tokens == []  # TRL: the model's EOS alone
     assert (
-        settings.prompt_augmentation
-        and settings.trim_padding == "auto"
-        and settings.eval_benchmarks is None
+        settings.prompt_augmentation and settings.trim_padding == "auto" and settings.eval_benchmarks is None
     )
     assert settings.seed == 3 and settings.output_dir == str(tmp_path)  # TRL's own fields, as they are
     ours = PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
