@@ -225,7 +225,8 @@ def _assert_same_update(
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "bnpo"])
 def test_each_loss_type_gets_the_same_update_packed(tiny_model_dir, tmp_path, loss_type):
-    # Packed calls keep TRL's micro-batches (rows are only trimmed), so every loss type is exact.
+    # Packed rows are dealt out token-balanced over each optimizer step's micro-batches (bnpo's keep TRL's
+    # micro-batches: its normaliser is per micro-batch), so every loss type gets the same update.
     _assert_same_update(tiny_model_dir, tmp_path, loss_type=loss_type, steps_per_generation=4)
 
 
@@ -248,7 +249,8 @@ def test_dynamic_sampling_gets_the_same_update(tiny_model_dir, tmp_path):
 
 def test_two_processes_get_the_same_update(tmp_path):
     """Two ranks (gloo) train one round through the recipe path with the key on and off (float32, SGD; the
-    random model runs every completion to the cap there, so only prompts are trimmed)."""
+    random model runs every completion to the cap there, so only prompts are trimmed). Packed, each rank
+    balances its own rows, with TRL's row count per micro-batch: both ranks make as many calls."""
     results = {}
     for flag in ("packed", "off"):
         out = tmp_path / flag
