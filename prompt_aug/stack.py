@@ -185,7 +185,8 @@ def _installed(package: str, min_version: str | None = None) -> bool:
 def check_stack(args: Any, dry_run: bool = False) -> None:
     """Refuse, in one line naming the key and the extra that brings it, vLLM for ``use_vllm`` (not in a dry
     run, which checks a GPU recipe on any machine) and liger-kernel for ``use_liger_kernel`` (in a dry run
-    too: it would pass, and the run fail). Outside a dry run, log torch's CUDA build and the driver's version.
+    too: it would pass, and the run fail). Outside a dry run, log torch's CUDA build and the driver's version
+    (the first process of each machine).
 
     Raises:
         StackError: the key, the missing package and the install line.
@@ -202,7 +203,8 @@ def check_stack(args: Any, dry_run: bool = False) -> None:
             'use_vllm: needs vLLM, which is not installed; pip install "prompt-aug-grpo[vllm]" '
             f"{GPU_CONSTRAINTS} (a CUDA machine), or set use_vllm false"
         )
-    logger.info("%s", stack_line())
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # one line per machine: each has its own driver
+        logger.info("%s", stack_line())
 
 
 def stack_line() -> str:
