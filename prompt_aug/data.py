@@ -3,7 +3,11 @@
 Every loader returns a `datasets.Dataset` with the columns ``question``, ``answer`` (the gold, as a
 string; a list of acceptable golds, any of which counts, when the source's answer column holds lists)
 and ``uid`` (stable across runs and processes). These names are the contract between data,
-collator and rewards. Supported sources:
+collator and rewards. Every other column of the source is kept under its own name, so that it reaches
+every reward function as a keyword argument, as in TRL (``difficulty``, ``tests``, ...); the columns the
+question, the gold and the uid are read from become ``question``, ``answer`` and ``uid``. A column whose
+name the rewards already receive (`RESERVED_COLUMNS`) stops the load with one line naming it.
+Supported sources:
 
 * ``synthetic``: generated questions (the smoke recipe; no network).
 * ``synthetic-addition``: the 55 one-digit sums of the learning demo (no network).
@@ -35,6 +39,7 @@ import datasets
 
 from rewards.grading.extract import last_boxed
 
+from .collator import FORMAT_COLUMNS
 from .sources import builtin_names, builtin_rows, builtin_tokenizer, looks_local
 from .templates import TemplateError
 
@@ -47,6 +52,43 @@ _ANSWER_GUESSES = ("answer", "ground_truth", "final_answer", "target", "solution
 
 class DataError(ValueError):
     """The dataset does not have what we need; the message names the column and lists those present."""
+
+
+# Names a dataset column may not have, because the reward functions already receive something under them:
+# ours (the row's question, gold and id, TRL's ``prompt``, which the run writes, and the template's format
+# rules) and TRL's own reward-function arguments (``completion`` is a column TRL withholds from them).
+_TRL_REWARD_ARGUMENTS = (
+    "prompts", "completions", "completion", "completion_ids", "trainer_state", "log_extra", "log_metric",
+    "environments",
+)  # fmt: skip
+RESERVED_COLUMNS: dict[str, str] = {
+    "question": "the question",
+    "answer": "the gold answer",
+    "uid": "the row id",
+    "prompt": "TRL's prompt, which this run writes",
+    **dict.fromkeys(FORMAT_COLUMNS, "the format rules of the row's template"),
+    **dict.fromkeys(_TRL_REWARD_ARGUMENTS, "an argument TRL passes to reward functions"),
+}
+
+
+def check_column_names(columns: list[str], consumed: set[str], mapping: dict[str, str]) -> None:
+    """Refuse a column that would shadow what the reward functions receive under its name.
+
+    ``consumed`` are the columns the question, gold and id are read from (they are renamed, so they shadow
+    nothing); ``mapping`` names them for the message (``{"question": "problem", ...}``).
+
+    Raises:
+        DataError: one line naming the column, what it would shadow, and how to get it out of the way.
+    """
+    for column in columns:
+        if column in consumed or column not in RESERVED_COLUMNS:
+            continue
+        source = f" (read from {mapping[column]!r})" if column in mapping else ""
+        raise DataError(
+            f"column {column!r}: reward functions already receive {RESERVED_COLUMNS[column]}{source} under "
+            "that name; rename the column in the data, or leave it out (a dataset_mixture source's `columns` "
+            "selects the columns kept)"
+        )
 
 
 # Row indices named per reason in the report and in the error of `check_bad_rows`.
@@ -215,8 +257,14 @@ def to_rows(
     answer_column: str | None = None,
     levels: list[str] | None = None,
 ) -> tuple[datasets.Dataset, Counter]:
-    """Map a raw dataset onto ``question``/``answer``/``uid``; return it with drop counts by reason (a
-    `Drops`: for bad data, also the first rows of each reason and its column)."""
+    """Map a raw dataset onto ``question``/``answer``/``uid``, its other columns kept as they are (after
+    those three); return it with drop counts by reason (a `Drops`: for bad data, also the first rows of each
+    reason and its column).
+
+    Raises:
+        DataError: a question or answer column is missing, or another column has a reserved name
+            (`check_column_names`).
+    """
     dropped = Drops()
     cols = ds.column_names
     ids = None
@@ -228,6 +276,7 @@ def to_rows(
         ds = ds.select(read_index)
     if question_column is None and answer_column is None and "reward_model" in cols and "prompt" in cols:
         q_col, a_col = "prompt", "reward_model.ground_truth"
+        consumed = {"prompt", "reward_model"}
         questions = [_user_turn(m) for m in ds["prompt"]]
         answers = [(rm or {}).get("ground_truth") for rm in ds["reward_model"]]
         if "extra_info" in cols:
@@ -253,6 +302,8 @@ def to_rows(
             answers = [last_boxed(s or "") for s in answers]
         if "uid" in cols:
             ids = list(ds["uid"])
+        consumed = {q_col, a_col, "uid"}
+    check_column_names(cols, consumed, {"question": q_col, "answer": a_col})
     keep = []
     for i, (question, answer) in enumerate(zip(questions, answers)):
         problem = _gold_problem(answer)
@@ -264,19 +315,23 @@ def to_rows(
             keep.append(i)
     answers = [_gold(a) for a in answers]
     uids = _stable_uids(questions, ids)
-    rows = datasets.Dataset.from_dict(
-        {
-            "question": [questions[i] for i in keep],
-            # A list-valued answer column keeps every gold (any of them counts, as in evaluation); then
-            # the whole column is lists, a single gold being a list of one.
-            "answer": (
-                [answers[i] if isinstance(answers[i], list) else [answers[i]] for i in keep]
-                if any(isinstance(answers[i], list) for i in keep)
-                else [answers[i] for i in keep]
-            ),
-            "uid": [uids[i] for i in keep],
-        }
-    )
+    columns = {
+        "question": [questions[i] for i in keep],
+        # A list-valued answer column keeps every gold (any of them counts, as in evaluation); then the whole
+        # column is lists, a single gold being a list of one.
+        "answer": (
+            [answers[i] if isinstance(answers[i], list) else [answers[i]] for i in keep]
+            if any(isinstance(answers[i], list) for i in keep)
+            else [answers[i] for i in keep]
+        ),
+        "uid": [uids[i] for i in keep],
+    }
+    rows = datasets.Dataset.from_dict(columns)
+    extra = [c for c in cols if c not in consumed]
+    if extra:  # the dataset's own columns, for the reward functions, with their types as loaded
+        kept = ds.select(keep)
+        features = datasets.Features({**rows.features, **{c: ds.features[c] for c in extra}})
+        rows = datasets.Dataset.from_dict({**columns, **{c: kept[c] for c in extra}}, features=features)
     return rows, dropped
 
 
@@ -338,7 +393,8 @@ def load_mixture(
     does; its ``columns`` are selected, then it is mapped with its own column keys (the arguments here are the
     defaults). ``fraction`` keeps TRL's meaning (shares of the mixture, no source oversampled), applied to the
     mapped rows. Uids get the source's position as a prefix (``0:...``, ``1:...``), so two sources never
-    share one. ``max_bad_row_share`` applies to each source (`check_bad_rows`).
+    share one. ``max_bad_row_share`` applies to each source (`check_bad_rows`). Each source keeps its other
+    columns; a column that only some sources have is ``None`` in the rows of the others (`align_columns`).
     """
     parts, reports = [], []
     for i, source in enumerate(mixture.datasets):
@@ -372,6 +428,7 @@ def load_mixture(
         parts = [part.select(range(round(w * total))) for part, w in zip(parts, weights, strict=True)]
     if len({repr(part.features["answer"]) for part in parts}) > 1:  # list golds in some sources only
         parts = [part.map(lambda row: {"answer": _as_list(row["answer"])}) for part in parts]
+    parts = align_columns(parts, [source.path for source in mixture.datasets])
     mixed = datasets.concatenate_datasets(parts)
     dropped: Counter = Counter()
     for report in reports:
@@ -379,6 +436,40 @@ def load_mixture(
             dropped[f"{report.source}: {why}"] += n
     names = ", ".join(f"{r.source} ({len(p)} rows)" for r, p in zip(reports, parts, strict=True))
     return mixed, DataReport(f"mixture of {names}", sum(r.read for r in reports), len(mixed), dropped)
+
+
+def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datasets.Dataset]:
+    """The sources of a mixture with the same columns, in the order they first appear: a column that a
+    source lacks is added to it, ``None`` in every row (a reward function sees ``None`` for its rows).
+
+    Raises:
+        DataError: a column whose type differs between two sources (``names`` name them), with what to do.
+    """
+    features: dict[str, Any] = {}
+    owner: dict[str, int] = {}
+    for i, part in enumerate(parts):
+        for column, feature in part.features.items():
+            if column not in features:
+                features[column], owner[column] = feature, i
+            elif column != "answer" and repr(feature) != repr(features[column]):
+                first = owner[column]
+                raise DataError(
+                    f"dataset_mixture: column {column!r} is {_type_name(features[column])} in "
+                    f"datasets[{first}] ({names[first]}) but {_type_name(feature)} in datasets[{i}] "
+                    f"({names[i]}); give it one type in both, or leave it out of one with `columns`"
+                )
+    aligned = []
+    for part in parts:
+        for column, feature in features.items():
+            if column not in part.column_names:
+                part = part.add_column(column, [None] * len(part), feature=feature)
+        aligned.append(part.select_columns(list(features)))
+    return aligned
+
+
+def _type_name(feature: Any) -> str:
+    """A feature's type in a few words: ``int64``, ``string``, ``List(string)``."""
+    return feature.dtype if isinstance(feature, datasets.Value) else repr(feature)
 
 
 def _require_all(ds: datasets.Dataset, columns: list[str]) -> None:

@@ -51,6 +51,7 @@ from .mixture import dataset_mixture
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
 from .sources import builtin_dataset_names, demo_stage
+from .stack import check_before_parse, check_stack, wait_for_vllm_server
 from .templates import TemplateError, check_renders, resolve_eval_template, templates_for
 from .trainer import PromptAugGRPOTrainer
 
@@ -245,6 +246,7 @@ def train(argv: list[str] | None = None) -> int:
     """Everything `main` does, with errors raised as exceptions. Returns the exit status: 0, or
     `EXIT_PREEMPTED` (75) when a preemption signal stopped the run at a checkpoint (`prompt_aug.faults`)."""
     quiet_repeated_warnings()
+    check_before_parse(argv)  # DeepSpeed, and torch's CUDA build against the driver (prompt_aug/stack.py)
     script_args, args, model_args, demo_args = parse_args(argv)  # __post_init__ has checked our keys
     return run(script_args, args, model_args, demo_args, argv)
 
@@ -261,6 +263,7 @@ def run(
         check_model_args(model_args, devices=not script_args.dry_run)
     except ModelArgsError as err:
         raise UsageError(str(err)) from None
+    check_stack(args, dry_run=script_args.dry_run)  # vLLM, liger-kernel; logs torch's CUDA and the driver
     if script_args.dry_run:  # arithmetic only
         print(arithmetic.table())
         return 0
@@ -295,6 +298,7 @@ def run(
     if args.model_init_kwargs:  # load_model applied them; TRL, given a loaded model, would call them ignored
         logging.getLogger("trl.trainer.grpo_trainer").addFilter(_not_the_model_init_kwargs_note)
     card = model_card_info(script_args, model_args, args, recipe_text(argv), templates, weights, len(dataset))
+    wait_for_vllm_server(args, model_path)  # server mode: logs what it waits for; one line at the timeout
     trainer = PromptAugGRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,

@@ -245,3 +245,66 @@ def datasets_from(columns):
     import datasets
 
     return datasets.Dataset.from_dict(columns)
+
+
+# -- Every column reaches the reward functions ---------------------------------------------------------
+
+
+def test_other_columns_are_kept_under_their_names_for_the_kept_rows():
+    raw = datasets_from(
+        {
+            "problem": ["q1", "q2", "", "q4"],
+            "final_answer": ["1", "", "3", "4"],
+            "difficulty": [1, 2, 3, 4],
+            "tests": [["a"], ["b"], ["c"], ["d", "e"]],
+        }
+    )
+    rows, dropped = to_rows(raw, "problem", "final_answer")
+    # The question and gold columns become question and answer; the rest follow their rows.
+    assert rows.column_names == ["question", "answer", "uid", "difficulty", "tests"]
+    assert rows["question"] == ["q1", "q4"] and rows["difficulty"] == [1, 4]
+    assert rows["tests"] == [["a"], ["d", "e"]]
+    assert dropped["empty gold answer"] == 1 and dropped["empty question"] == 1
+
+
+def test_the_math_layout_keeps_level_and_type_but_not_the_solution(tmp_path):
+    path = tmp_path / "math.jsonl"
+    pd.DataFrame(
+        {"problem": ["Add 2 and 3."], "solution": ["$\\boxed{5}$"], "level": ["Level 3"], "type": ["Algebra"]}
+    ).to_json(path, orient="records", lines=True)
+    rows, _ = load_math_dataset(str(path), answer_column="solution")
+    assert rows.column_names == ["question", "answer", "uid", "level", "type"]
+    assert rows[0]["answer"] == "5" and rows[0]["type"] == "Algebra"
+
+
+def test_the_verl_layout_keeps_its_other_columns(verl_dir):
+    rows, _ = load_math_dataset(str(verl_dir))
+    assert rows.column_names == ["question", "answer", "uid", "data_source", "ability", "extra_info"]
+    assert rows[0]["extra_info"] == {"index": "id-a", "original_source": "test"}
+
+
+@pytest.mark.parametrize(
+    "column, shadows",
+    [
+        ("question", "the question \\(read from 'problem'\\)"),
+        ("prompt", "TRL's prompt"),
+        ("template", "the format rules"),
+        ("completions", "an argument TRL passes"),
+        ("trainer_state", "an argument TRL passes"),
+    ],
+)
+def test_a_column_that_would_shadow_a_reward_argument_stops_in_one_line(column, shadows):
+    raw = datasets_from({"problem": ["q"], "answer": ["1"], column: ["x"]})
+    with pytest.raises(DataError, match=f"^column '{column}': reward functions already receive {shadows}"):
+        to_rows(raw, "problem")
+
+
+def test_the_error_names_the_dataset_and_says_what_to_do(tmp_path):
+    path = tmp_path / "d.jsonl"
+    pd.DataFrame({"question": ["q"], "answer": ["1"], "uid": ["u"], "log_metric": [1]}).to_json(
+        path, orient="records", lines=True
+    )
+    with pytest.raises(DataError) as err:
+        load_math_dataset(str(path))
+    assert "'log_metric'" in str(err.value) and "rename the column" in str(err.value)
+    assert "\n" not in str(err.value)

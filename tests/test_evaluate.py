@@ -409,6 +409,37 @@ def test_question_set_errors_name_the_file_and_column(tmp_path):
         parse_benchmarks("math5000")
 
 
+def test_a_question_set_with_other_column_names_is_evaluated_through_the_mapping(tiny_model_dir, tmp_path):
+    rows = [
+        {"statement": "Compute $2 + 3$.", "final": 5, "worked": "So $2 + 3 = \\boxed{5}$."},
+        {"statement": "Compute $1 + 1$.", "final": 2, "worked": "Hence \\boxed{2}."},
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(EvalError, match=r"lacks column\(s\) \['question', 'answer'\].*--question_column"):
+        load_benchmark(str(path))
+    problems = load_benchmark(str(path), question_column="statement", answer_column="final")
+    assert [(p.question, p.gold) for p in problems] == [
+        ("Compute $2 + 3$.", ["5"]),
+        ("Compute $1 + 1$.", ["2"]),
+    ]
+    (tmp_path / "math.jsonl").write_text(
+        "".join(json.dumps({"problem": r["statement"], "solution": r["worked"]}) + "\n" for r in rows)
+    )
+    problems = load_benchmark(str(tmp_path / "math.jsonl"), answer_column="solution")  # the boxed answer
+    assert [p.gold for p in problems] == [["5"], ["2"]]
+
+    out = tmp_path / "eval"
+    main([
+        "--model", str(tiny_model_dir), "--benchmarks", str(path), "--question_column", "statement",
+        "--answer_column", "final", "--backend", "hf", "--max_tokens", "4", "--output", str(out),
+        "--no_progress",
+    ])  # fmt: skip
+    records = read_records(out / "completions.jsonl")
+    assert sorted(r["index"] for r in records) == [0, 1]
+    assert "| Model | mine | **Macro** | **Micro** |" in (out / "results.md").read_text()
+
+
 def test_callback_evaluates_a_question_set(tiny_model_dir, tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 

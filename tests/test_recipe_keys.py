@@ -221,9 +221,17 @@ def data(tmp_path_factory) -> Path:
     _write(root / "a" / "test.jsonl", rows[:2])
     _write(root / "a" / "sub" / "train.jsonl", rows[3:])
     _write(root / "b" / "train.jsonl", [{**r, "question": r["question"] + " Be exact."} for r in rows])
-    _write(
+    _write(  # `question` and `answer` under other names: a column named so would be refused beside q2 / a2
         root / "cols" / "train.jsonl",
-        [{**r, "q2": f"Compute {i} * 2.", "a2": str(2 * i)} for i, r in enumerate(rows)],
+        [
+            {
+                "problem": r["question"],
+                "final_answer": r["answer"],
+                "q2": f"Compute {i} * 2.",
+                "a2": str(2 * i),
+            }
+            for i, r in enumerate(rows)
+        ],
     )
     long = [*rows, {"question": "Explain " + "very " * 80 + "long.", "answer": "1"}]
     _write(root / "long" / "train.jsonl", long)

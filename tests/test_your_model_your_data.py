@@ -187,7 +187,9 @@ dataset_mixture:
 """,
     )
     rows, report = _load(recipe, tokenizer)
-    assert rows.column_names == ["question", "answer", "uid"]
+    # Geometry's `level` is kept for the reward functions; algebra has none, so its rows have None.
+    assert rows.column_names == ["question", "answer", "uid", "level"]
+    assert rows["level"] == [None] * 4 + ["Level 5"] * 2
     assert len(rows) == 4 + 2
     # One source has lists of golds, so every gold is a list.
     assert rows[0]["question"] == "Solve x + 1 = 2." and rows[0]["answer"] == ["1"]
@@ -287,6 +289,27 @@ def test_a_mixture_parses_into_trls_mixture_config():
     assert mixture.datasets[0].split == "test" and mixture.datasets[0].dataset_levels == ["4"]
 
 
+def test_a_column_only_some_sources_have_is_none_in_the_others_and_one_type_is_required(
+    two_sets, tmp_path, tokenizer
+):
+    graded = tmp_path / "graded.jsonl"
+    graded.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2", "difficulty": 3}) + "\n")
+    body = f"dataset_mixture:\n  datasets:\n    - path: {graded}\n    - path: {two_sets['geometry']}\n"
+    rows, _ = _load(_recipe(tmp_path, body), tokenizer)
+    assert rows.column_names == ["question", "answer", "uid", "difficulty", "level"]
+    assert rows["difficulty"] == [3, None, None, None] and rows["level"] == [
+        None,
+        "Level 1",
+        "Level 5",
+        "Level 5",
+    ]
+    worded = tmp_path / "worded.jsonl"
+    worded.write_text(json.dumps({"question": "What is 2 + 2?", "answer": "4", "difficulty": "hard"}) + "\n")
+    body = f"dataset_mixture:\n  datasets:\n    - path: {graded}\n    - path: {worded}\n"
+    with pytest.raises(DataError, match=r"^dataset_mixture: column 'difficulty' is int64 in datasets\[0\]"):
+        _load(_recipe(tmp_path, body), tokenizer)
+
+
 # -- Rewards ------------------------------------------------------------------------------------------
 
 
@@ -331,6 +354,41 @@ def test_a_trl_reward_by_path_is_adapted_too_and_unknown_names_list_trls():
     assert isinstance(func, TRLConvention) and func(["\\boxed{2}"], answer=["2"]) == [1.0]
     with pytest.raises(ValueError, match="think_format_reward"):
         get_reward_funcs(["accuracy"])
+
+
+DIFFICULTY_REWARD = """
+def difficulty_reward(completions, difficulty, tests, **kwargs):
+    if any(d is None for d in difficulty):
+        raise ValueError("no difficulty")
+    assert all(isinstance(t, list) for t in tests)
+    return [float(d) for d in difficulty]
+"""
+
+
+def test_a_reward_by_import_path_reads_the_datasets_own_columns_and_trls_reward_by_name_trains(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "column_rewards.py").write_text(DIFFICULTY_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    questions = tmp_path / "graded.jsonl"
+    rows = [
+        {"problem": f"What is {i} + {i}?", "final_answer": str(2 * i), "difficulty": i, "tests": [str(2 * i)]}
+        for i in range(1, 9)
+    ]
+    questions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe = _recipe(
+        tmp_path,
+        f"dataset_name: {questions}\nquestion_column: problem\nanswer_column: final_answer\n"
+        "reward_funcs: [correctness, column_rewards:difficulty_reward, accuracy_reward]\n",
+    )
+    out = tmp_path / "run"
+    train.main([
+        "--config", str(recipe), "--output_dir", str(out), "--max_steps", "1", "--save_strategy", "no",
+        "--max_completion_length", "8",
+    ])  # fmt: skip
+    records = pd.read_parquet(out / "completions" / "completions_00001.parquet")
+    assert {"difficulty_reward", "accuracy_reward", "correctness_reward"} <= set(records)
+    assert set(records["difficulty_reward"]) <= {float(i) for i in range(1, 9)}
 
 
 # -- All together: the tiny model as a base model, trained for one round ------------------------------

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rewards.grading.extract import last_boxed
+
 from ..sources import hub_offline
 from ..templates import Template, load_templates
 
@@ -186,30 +188,51 @@ def _load_split(split: str, data_dir: str | Path | None) -> Any:
     return suite[split]
 
 
-def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Problem]:
+def load_benchmark(
+    name: str,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    question_column: str | None = None,
+    answer_column: str | None = None,
+) -> list[Problem]:
     """The questions of benchmark ``name`` (first ``limit`` only, if given).
 
     A suite benchmark comes from the Hub or ``data_dir``; a question set (see `parse_benchmarks`) from
-    its file, folder or Hub id, with its ``question`` (or ``problem``) and ``answer`` columns.
+    its file, folder or Hub id, with its question in ``question_column`` (default: ``question``, else
+    ``problem``) and its gold in ``answer_column`` (default: ``answer``), as training maps columns: a
+    ``solution`` column gives the last ``\\boxed{}`` of each solution. The suite's columns are fixed, so the
+    mapping applies to question sets only.
     """
     name = parse_benchmarks(name)[0]
     if name in BENCHMARKS:
         split = BENCHMARKS[name][0]
-        ds, where, questions = (
+        ds, where, questions, answers = (
             _load_split(split, data_dir),
             f"benchmark {name} (split {split!r})",
             QUESTION_FIELD,
+            ANSWER_FIELD,
         )
     else:
         ds, where = _load_question_set(name), f"question set {name}"
-        questions = next((c for c in _QUESTION_COLUMNS if c in ds.column_names), _QUESTION_COLUMNS[0])
-    missing = [f for f in (questions, ANSWER_FIELD) if f not in ds.column_names]
+        questions = question_column or next(
+            (c for c in _QUESTION_COLUMNS if c in ds.column_names), _QUESTION_COLUMNS[0]
+        )
+        answers = answer_column or ANSWER_FIELD
+    missing = [f for f in (questions, answers) if f not in ds.column_names]
     if missing:
-        raise EvalError(f"{where} lacks column(s) {missing}; it has {ds.column_names}")
+        hint = "" if name in BENCHMARKS else "; name the columns with --question_column and --answer_column"
+        raise EvalError(f"{where} lacks column(s) {missing}; it has {ds.column_names}{hint}")
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
+    boxed = answers == "solution" and name not in BENCHMARKS  # a worked solution: its boxed answer
     return [
-        Problem(name, i, str(row[questions]), normalize_gold(row[ANSWER_FIELD])) for i, row in enumerate(ds)
+        Problem(
+            name,
+            i,
+            str(row[questions]),
+            normalize_gold(last_boxed(row[answers] or "") if boxed else row[answers]),
+        )
+        for i, row in enumerate(ds)
     ]
 
 

@@ -67,6 +67,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "save_to_disk folder or a Hub dataset id, with question (or problem) and answer columns.",
     )
     parser.add_argument(
+        "--question_column",
+        default=None,
+        help="The question column of the question sets (default: question, else problem), as in training.",
+    )
+    parser.add_argument(
+        "--answer_column",
+        default=None,
+        help="The gold column of the question sets (default: answer); a solution column is read for its "
+        "last \\boxed{}, as in training.",
+    )
+    parser.add_argument(
         "--template", default=DEFAULT_EVAL_TEMPLATE, help="A template, a comma list, or `all`."
     )
     parser.add_argument(
@@ -169,7 +180,8 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     model_name = Path(args.model).name if Path(args.model).is_dir() else args.model
     args.model = resolve_local_model(args.model, key="--model")
     check_source("--model", args.model)  # a missing folder or an unreachable Hub fails before any load
-    problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit)]
+    columns = (args.question_column, args.answer_column)
+    problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit, *columns)]
     sampling = args.temperature > 0
     backend_name = args.backend or default_backend()
     settings = {
@@ -183,6 +195,8 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed if sampling else None,
         "templates_file": args.templates_file,
         "stop": args.stop,
+        "question_column": args.question_column,
+        "answer_column": args.answer_column,
     }
     vllm = backend_name == "vllm"
     processes = join_processes(engine=vllm, ranks_per_engine=args.tensor_parallel_size if vllm else 1)

@@ -1,0 +1,288 @@
+"""The software stack under a training run, checked before any model loads: one line for each missing part.
+
+* `check_before_parse`: what would otherwise fail while the recipe is parsed (transformers checks there):
+  DeepSpeed for a ZeRO launch, and a CUDA build of torch that the machine's NVIDIA driver cannot run (else
+  TRL's "Your setup doesn't support bf16/gpu", which points the wrong way).
+* `check_stack`: vLLM for ``use_vllm`` and liger-kernel for ``use_liger_kernel``, each line naming the extra
+  that installs it; and the log line of torch's CUDA build beside the driver's version.
+* `wait_for_vllm_server`: in vLLM server mode, wait for the server's health endpoint with a line every 15 s
+  (host, port, time left, the command that starts it), and end the run in one line at
+  ``vllm_server_timeout``. TRL's own wait (in `VLLMClient`) then finds the server up at once.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .cli import UsageError
+
+logger = logging.getLogger("prompt_aug")
+
+GPU_CONSTRAINTS = "-c constraints-gpu.txt"
+# The lowest liger-kernel TRL 1.16 supports (its `liger` extra).
+LIGER_MIN_VERSION = "0.8.2"
+# Where Linux reports the loaded NVIDIA kernel module's version; `nvidia-smi` is asked when it is absent.
+NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
+# CUDA major version -> the lowest driver (major) that runs its builds (CUDA's minor-version compatibility).
+MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+CUDA12_ROUTE = 'the README\'s "CUDA 12 drivers" install'
+_TRUE = ("1", "true", "yes", "y", "on", "t")
+
+
+class StackError(UsageError):
+    """A part of the software stack the run needs is missing or cannot run; one line naming it and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Before the recipe is parsed.
+
+
+def check_before_parse(argv: list[str] | None = None) -> None:
+    """Refuse, before the recipe is parsed, a DeepSpeed launch without DeepSpeed, and a torch whose CUDA
+    build the NVIDIA driver cannot run (not checked for a dry run or a CPU run, ``use_cpu``). ``argv``: the
+    command line (default: ``sys.argv[1:]``).
+
+    Raises:
+        StackError: the missing package and its extra, or torch's CUDA build and the driver's version.
+    """
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    deepspeed_key = _setting(argv, "deepspeed")
+    launched = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in _TRUE
+    if (launched or deepspeed_key) and not _installed("deepspeed"):
+        culprit = "ACCELERATE_USE_DEEPSPEED (a DeepSpeed accelerate config)" if launched else "deepspeed"
+        raise StackError(
+            f"{culprit}: needs the deepspeed package, which is not installed; "
+            f'pip install "prompt-aug-grpo[deepspeed]" {GPU_CONSTRAINTS}, or launch with '
+            "accelerate_configs/ddp.yaml"
+        )
+    if _flag(_setting(argv, "dry_run")) or _flag(_setting(argv, "use_cpu")):
+        return
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):  # GPUs hidden on purpose
+        return
+    import torch
+
+    problem = cuda_problem(torch.__version__, torch.version.cuda, torch.cuda.is_available(), nvidia_driver())
+    if problem:
+        raise StackError(problem)
+
+
+def cuda_problem(
+    torch_version: str, torch_cuda: str | None, available: bool, driver: str | None
+) -> str | None:
+    """Why CUDA is unavailable on a machine with an NVIDIA driver, and the fix; ``None`` when CUDA is
+    available or there is no driver (a CPU machine).
+
+    >>> line = cuda_problem("2.13.0+cu130", "13.0", False, "550.54.15")
+    >>> "for CUDA 13.0, which needs an NVIDIA driver >= 580, and this machine's driver is 550.54.15" in line
+    True
+    >>> cuda_problem("2.13.0+cu130", "13.0", True, "580.65.06") is None
+    True
+    """
+    if available or driver is None:
+        return None
+    if torch_cuda is None:
+        return (
+            f"CUDA is not available: torch {torch_version} is a CPU build, and this machine has NVIDIA "
+            f'driver {driver}; install a CUDA build (pip install -e ".[gpu]" {GPU_CONSTRAINTS}), or set '
+            "use_cpu: true"
+        )
+    needed = MIN_DRIVER.get(int(torch_cuda.split(".")[0]))
+    if needed is not None and _major(driver) < needed:
+        fix = f"update the driver to {needed} or later"
+        if needed > _major(driver) >= MIN_DRIVER[12]:
+            fix = f"install torch built for CUDA 12 ({CUDA12_ROUTE}), or {fix}"
+        return (
+            f"CUDA is not available: torch {torch_version} is built for CUDA {torch_cuda}, which needs an "
+            f"NVIDIA driver >= {needed}, and this machine's driver is {driver}; {fix}"
+        )
+    return (
+        f"CUDA is not available: torch {torch_version} is built for CUDA {torch_cuda} and NVIDIA driver "
+        f"{driver} is loaded, but no GPU is usable; check nvidia-smi and CUDA_VISIBLE_DEVICES, or set "
+        "use_cpu: true"
+    )
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version (``"580.65.06"``), or ``None`` when no driver is loaded."""
+    try:
+        text = NVIDIA_VERSION_FILE.read_text()
+    except OSError:
+        text = ""
+    found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", text)
+    if found:
+        return found.group(1)
+    if NVIDIA_VERSION_FILE != Path("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is None:
+        return None  # a file given in its place (tests) is the whole answer
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.split()
+    return lines[0] if done.returncode == 0 and lines else None
+
+
+def _major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def _setting(argv: list[str], key: str) -> Any:
+    """``key``'s value as the command line (``--key v``, ``--key=v``, a bare ``--key``) or else the recipe
+    (``--config``) gives it; ``None`` when unset or unreadable (the parser then says why)."""
+    value: Any = None
+    for i, arg in enumerate(argv):
+        if arg == f"--{key}":
+            following = argv[i + 1] if i + 1 < len(argv) else ""
+            value = "true" if not following or following.startswith("--") else following
+        elif arg.startswith(f"--{key}="):
+            value = arg.split("=", 1)[1]
+    if value is not None or "--config" not in argv[:-1]:
+        return value
+    import yaml
+
+    try:
+        recipe = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return recipe.get(key) if isinstance(recipe, dict) else None
+
+
+def _flag(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.lower() in _TRUE)
+
+
+def _installed(package: str, min_version: str | None = None) -> bool:
+    if importlib.util.find_spec(package) is None:
+        return False
+    if min_version is None:
+        return True
+    from packaging.version import Version
+
+    try:
+        return Version(importlib.metadata.version(package.replace("_", "-"))) >= Version(min_version)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# After the recipe is parsed.
+
+
+def check_stack(args: Any, dry_run: bool = False) -> None:
+    """Refuse, in one line naming the key and the extra that brings it, vLLM for ``use_vllm`` (not in a dry
+    run, which checks a GPU recipe on any machine) and liger-kernel for ``use_liger_kernel`` (in a dry run
+    too: it would pass, and the run fail). Outside a dry run, log torch's CUDA build and the driver's version
+    (the first process of each machine).
+
+    Raises:
+        StackError: the key, the missing package and the install line.
+    """
+    if getattr(args, "use_liger_kernel", False) and not _installed("liger_kernel", LIGER_MIN_VERSION):
+        raise StackError(
+            f"use_liger_kernel: needs liger-kernel >= {LIGER_MIN_VERSION}, which is not installed; "
+            'pip install "prompt-aug-grpo[liger]" (a CUDA machine), or set use_liger_kernel false'
+        )
+    if dry_run:
+        return
+    if getattr(args, "use_vllm", False) and not _installed("vllm"):
+        raise StackError(
+            'use_vllm: needs vLLM, which is not installed; pip install "prompt-aug-grpo[vllm]" '
+            f"{GPU_CONSTRAINTS} (a CUDA machine), or set use_vllm false"
+        )
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # one line per machine: each has its own driver
+        logger.info("%s", stack_line())
+
+
+def stack_line() -> str:
+    """torch's version and CUDA build, the NVIDIA driver's version and the GPUs visible, in one line."""
+    import torch
+
+    build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    driver = nvidia_driver() or "none"
+    return f"torch {torch.__version__} ({build}); NVIDIA driver {driver}; {gpus} GPU(s) visible"
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM server mode.
+
+
+def server_address(args: Any) -> tuple[str, str, str]:
+    """The vLLM server's base URL as TRL's `VLLMClient` builds it, and the host and port it names."""
+    from urllib.parse import urlparse
+
+    if args.vllm_server_base_url:
+        parsed = urlparse(args.vllm_server_base_url)
+        base = f"{parsed.scheme or 'http'}://{parsed.netloc}{parsed.path}".rstrip("/")
+        return base, str(parsed.hostname), str(parsed.port or "")
+    return (
+        f"http://{args.vllm_server_host}:{args.vllm_server_port}",
+        args.vllm_server_host,
+        str(args.vllm_server_port),
+    )
+
+
+def serve_command(model: str, port: str) -> str:
+    """The command that starts the server TRL's client talks to."""
+    return f"trl vllm-serve --model {model}" + (f" --port {port}" if port else "")
+
+
+def wait_for_vllm_server(args: Any, model: str, report_every: float = 15.0) -> None:
+    """In vLLM server mode (``use_vllm``, ``vllm_mode: server``), wait up to ``vllm_server_timeout`` seconds
+    for the server's ``/health`` to answer, logging every ``report_every`` seconds what it waits for.
+
+    Raises:
+        StackError: no answer in time; the line names the host, the port and the command that starts it.
+    """
+    if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
+        return
+    base, host, port = server_address(args)
+    timeout = float(args.vllm_server_timeout)
+    start = time.monotonic()
+    next_report = start
+    while True:
+        if _healthy(f"{base}/health", min(5.0, max(0.5, timeout - (time.monotonic() - start)))):
+            if next_report > start:  # it had to wait: say that the wait is over
+                logger.info("vLLM server at %s:%s is up", host, port)
+            return
+        now = time.monotonic()
+        left = timeout - (now - start)
+        if left <= 0:
+            where = (
+                "vllm_server_base_url" if args.vllm_server_base_url else "vllm_server_host/vllm_server_port"
+            )
+            raise StackError(
+                f"no vLLM server answered at {host}:{port} ({where}) within vllm_server_timeout "
+                f"{timeout:g} s; start it there with `{serve_command(model, port)}`, or raise "
+                "vllm_server_timeout"
+            )
+        if now >= next_report:
+            logger.info(
+                "waiting for the vLLM server at %s:%s (%d s left of vllm_server_timeout); start it with `%s`",
+                host, port, round(left), serve_command(model, port),
+            )  # fmt: skip
+            next_report = now + report_every
+        time.sleep(min(1.0, max(0.0, left)))
+
+
+def _healthy(url: str, timeout: float) -> bool:
+    """Whether ``url`` answers 200 (redirects followed, as TRL's client follows them)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
