@@ -441,17 +441,21 @@ def main(argv: list[str] | None = None) -> dict:
     skipped: list[str] = []
     longest = 0.0  # the longest round so far, the estimate for a mode's first round
 
-    def over_budget(estimate: float) -> bool:
-        return args.budget_s > 0 and time.perf_counter() - began + estimate > args.budget_s
+    def over_budget(estimate: float, what: str) -> bool:
+        """Whether a round estimated at ``estimate`` s would end past --budget_s; if so, says ``what`` is
+        skipped and why."""
+        spent = time.perf_counter() - began
+        if args.budget_s <= 0 or spent + estimate <= args.budget_s:
+            return False
+        print(f"{what} skipped (--budget_s {args.budget_s:g}: {spent:.0f} s spent, a round estimated at "
+              f"{estimate:.1f} s)")  # fmt: skip
+        return True
 
     for mode in modes:
         if reason := unavailable(mode, device):
             print(f"{mode}: skipped ({reason})")
             continue
-        if over_budget(longest):
-            spent = time.perf_counter() - began
-            print(f"{mode}: skipped (--budget_s {args.budget_s:g}: {spent:.0f} s spent, a round estimated at "
-                  f"{longest:.1f} s)")  # fmt: skip
+        if over_budget(longest, f"{mode}:"):
             skipped.append(f"{mode}: every round")
             continue
         attention = attention_of(mode, device)
@@ -466,10 +470,7 @@ def main(argv: list[str] | None = None) -> dict:
         results[mode] = []
         for index, (seed, label) in enumerate(zip(seeds, labels, strict=True)):
             estimate = round_seconds(results[mode][-1]) if results[mode] else longest
-            if over_budget(estimate):
-                spent = time.perf_counter() - began
-                print(f"{label:>14} skipped (--budget_s {args.budget_s:g}: {spent:.0f} s spent, the round "
-                      f"estimated at {estimate:.1f} s)")  # fmt: skip
+            if over_budget(estimate, f"{label:>14}"):
                 skipped.append(f"{mode}: {', '.join(labels[index:])}")
                 break
             round_ = build_round(shape, seed, device)

@@ -80,6 +80,11 @@ def _guard(name: str) -> str:
     return f"the collapse guard's {name} signal"
 
 
+def _action(signal: str) -> Any:
+    """The ``collapse_<signal>_action`` field: what the guard does when that signal fires."""
+    return _key("checkpoint", "log | checkpoint | stop.", _guard(signal), choices=ACTIONS)
+
+
 @dataclass
 class PromptAugGRPOConfig(GRPOConfig):
     """`GRPOConfig` with the settings of `PromptAugGRPOTrainer` (every `GRPOConfig` field keeps its meaning),
@@ -175,9 +180,7 @@ class PromptAugGRPOConfig(GRPOConfig):
         None, "Fire when `entropy` stays below this for collapse_entropy_rounds rounds."
     )
     collapse_entropy_rounds: int = _key(20, "Rounds in a row below the floor.", _guard("entropy"), low=1)
-    collapse_entropy_action: str = _key(
-        "checkpoint", "log | checkpoint | stop.", _guard("entropy"), choices=ACTIONS
-    )
+    collapse_entropy_action: str = _action("entropy")
     collapse_accuracy_drop: float | None = _key(
         None,
         "Fire when the mean accuracy of the last collapse_accuracy_rounds rounds falls more than this below "
@@ -192,18 +195,14 @@ class PromptAugGRPOConfig(GRPOConfig):
         "Log key of the accuracy signal (default: the correctness reward's mean, else `reward`).",
         _guard("accuracy"),
     )
-    collapse_accuracy_action: str = _key(
-        "checkpoint", "log | checkpoint | stop.", _guard("accuracy"), choices=ACTIONS
-    )
+    collapse_accuracy_action: str = _action("accuracy")
     collapse_truncation_ceiling: float | None = _key(
         None, "Fire when completions/clipped_ratio stays above this for collapse_truncation_rounds."
     )
     collapse_truncation_rounds: int = _key(
         10, "Rounds in a row above the ceiling.", _guard("truncation"), low=1
     )
-    collapse_truncation_action: str = _key(
-        "checkpoint", "log | checkpoint | stop.", _guard("truncation"), choices=ACTIONS
-    )
+    collapse_truncation_action: str = _action("truncation")
     collapse_repetition_ceiling: float | None = _key(
         None,
         "Fire when the share of completions ending in an n-gram loop stays above this for "
@@ -212,9 +211,7 @@ class PromptAugGRPOConfig(GRPOConfig):
     collapse_repetition_rounds: int = _key(
         10, "Rounds in a row above the ceiling.", _guard("repetition"), low=1
     )
-    collapse_repetition_action: str = _key(
-        "checkpoint", "log | checkpoint | stop.", _guard("repetition"), choices=ACTIONS
-    )
+    collapse_repetition_action: str = _action("repetition")
     collapse_eval_drop: float | None = _key(
         None,
         "Fire when eval/macro, averaged over collapse_eval_evaluations evaluations, falls more than this "
@@ -224,9 +221,7 @@ class PromptAugGRPOConfig(GRPOConfig):
     collapse_eval_evaluations: int = _key(
         3, "Evaluations averaged for the eval signal.", _guard("eval"), low=1
     )
-    collapse_eval_action: str = _key(
-        "checkpoint", "log | checkpoint | stop.", _guard("eval"), choices=ACTIONS
-    )
+    collapse_eval_action: str = _action("eval")
     reset_optimizer_on_ref_sync: bool = _key(
         False, "ProRL: zero the optimizer state at each reference sync (needs sync_ref_model: true)."
     )

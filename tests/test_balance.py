@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from datasets import Dataset
+from rows import padded_masks
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_aug.balance import balanced_groups, row_cost, spread
@@ -50,11 +51,7 @@ def test_balanced_micro_batches_spread_less_than_trls_on_long_tailed_lengths():
 def _batch(prompt_lengths, completion_lengths, width_p=6, width_c=12, vocab=100, seed=0) -> dict:
     rows = len(prompt_lengths)
     generator = torch.Generator().manual_seed(seed)
-    prompt_mask = torch.zeros(rows, width_p, dtype=torch.long)
-    completion_mask = torch.zeros(rows, width_c, dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
-        prompt_mask[i, width_p - p :] = 1
-        completion_mask[i, :c] = 1
+    prompt_mask, completion_mask = padded_masks(prompt_lengths, completion_lengths, width_p, width_c)
     return {
         "prompt_ids": torch.randint(5, vocab, (rows, width_p), generator=generator) * prompt_mask,
         "prompt_mask": prompt_mask,

@@ -19,6 +19,7 @@ import torch
 from bench_tools import printed_losses, run_bench
 from datasets import Dataset
 from launch import torchrun
+from rows import padded_masks
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -37,11 +38,7 @@ def _batch(
     prompt_lengths: list[int], completion_lengths: list[int], width_p: int = 6, width_c: int = 7
 ) -> dict:
     rows = len(prompt_lengths)
-    prompt_mask = torch.zeros(rows, width_p, dtype=torch.long)
-    completion_mask = torch.zeros(rows, width_c, dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
-        prompt_mask[i, width_p - p :] = 1
-        completion_mask[i, :c] = 1
+    prompt_mask, completion_mask = padded_masks(prompt_lengths, completion_lengths, width_p, width_c)
     return {
         "prompt_ids": torch.arange(rows * width_p).view(rows, width_p),
         "prompt_mask": prompt_mask,
