@@ -80,6 +80,11 @@ def _guard(name: str) -> str:
     return f"the collapse guard's {name} signal"
 
 
+def _window(default: int, help: str, signal: str) -> Any:
+    """A ``collapse_<signal>_rounds`` (or ``_evaluations``) field: the signal's window, at least 1."""
+    return _key(default, help, _guard(signal), low=1)
+
+
 def _action(signal: str) -> Any:
     """The ``collapse_<signal>_action`` field: what the guard does when that signal fires."""
     return _key("checkpoint", "log | checkpoint | stop.", _guard(signal), choices=ACTIONS)
@@ -179,7 +184,7 @@ class PromptAugGRPOConfig(GRPOConfig):
     collapse_entropy_floor: float | None = _key(
         None, "Fire when `entropy` stays below this for collapse_entropy_rounds rounds."
     )
-    collapse_entropy_rounds: int = _key(20, "Rounds in a row below the floor.", _guard("entropy"), low=1)
+    collapse_entropy_rounds: int = _window(20, "Rounds in a row below the floor.", "entropy")
     collapse_entropy_action: str = _action("entropy")
     collapse_accuracy_drop: float | None = _key(
         None,
@@ -187,9 +192,7 @@ class PromptAugGRPOConfig(GRPOConfig):
         "its best such mean.",
         low=0,
     )
-    collapse_accuracy_rounds: int = _key(
-        20, "Rounds averaged for the accuracy signal.", _guard("accuracy"), low=1
-    )
+    collapse_accuracy_rounds: int = _window(20, "Rounds averaged for the accuracy signal.", "accuracy")
     collapse_accuracy_metric: str | None = _key(
         None,
         "Log key of the accuracy signal (default: the correctness reward's mean, else `reward`).",
@@ -199,18 +202,14 @@ class PromptAugGRPOConfig(GRPOConfig):
     collapse_truncation_ceiling: float | None = _key(
         None, "Fire when completions/clipped_ratio stays above this for collapse_truncation_rounds."
     )
-    collapse_truncation_rounds: int = _key(
-        10, "Rounds in a row above the ceiling.", _guard("truncation"), low=1
-    )
+    collapse_truncation_rounds: int = _window(10, "Rounds in a row above the ceiling.", "truncation")
     collapse_truncation_action: str = _action("truncation")
     collapse_repetition_ceiling: float | None = _key(
         None,
         "Fire when the share of completions ending in an n-gram loop stays above this for "
         "collapse_repetition_rounds rounds.",
     )
-    collapse_repetition_rounds: int = _key(
-        10, "Rounds in a row above the ceiling.", _guard("repetition"), low=1
-    )
+    collapse_repetition_rounds: int = _window(10, "Rounds in a row above the ceiling.", "repetition")
     collapse_repetition_action: str = _action("repetition")
     collapse_eval_drop: float | None = _key(
         None,
@@ -218,9 +217,7 @@ class PromptAugGRPOConfig(GRPOConfig):
         "below its best (needs eval_benchmarks and eval_every_steps).",
         low=0,
     )
-    collapse_eval_evaluations: int = _key(
-        3, "Evaluations averaged for the eval signal.", _guard("eval"), low=1
-    )
+    collapse_eval_evaluations: int = _window(3, "Evaluations averaged for the eval signal.", "eval")
     collapse_eval_action: str = _action("eval")
     reset_optimizer_on_ref_sync: bool = _key(
         False, "ProRL: zero the optimizer state at each reference sync (needs sync_ref_model: true)."

@@ -13,6 +13,8 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import time
 
 import pytest
 from engine_tools import REPO, engine_env, require
@@ -99,3 +101,28 @@ def test_server_generates_for_our_prompts_through_trls_client(server, tiny_model
 
     os.killpg(server["proc"].pid, signal.SIGTERM)
     assert server["proc"].wait(timeout=60) is not None  # stopped by the test
+
+
+def test_server_mode_with_no_server_ends_in_one_line_naming_the_port(engines_tmp):
+    """With vLLM installed and no server on the port, the run waits ``vllm_server_timeout`` (20 s here),
+    saying what it waits for, then ends in one line naming the host and port (TRL alone waits 240 s
+    silently)."""
+    require("vllm")
+    port = _free_port()  # nothing listens on it
+    cmd = [
+        sys.executable, "-m", "prompt_aug.train", "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"),
+        "--output_dir", str(engines_tmp / "no-server"), "--use_vllm", "true", "--vllm_mode", "server",
+        "--vllm_server_host", "127.0.0.1", "--vllm_server_port", str(port), "--vllm_server_timeout", "20",
+    ]  # fmt: skip
+    start = time.monotonic()
+    result = subprocess.run(
+        cmd, check=False, cwd=REPO, env=engine_env(), capture_output=True, text=True, timeout=300
+    )
+    took = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output, output[-3000:]
+    (line,) = [ln for ln in output.splitlines() if ln.startswith("prompt-aug-train: error:")]
+    assert f"127.0.0.1:{port}" in line and "vllm_server_timeout 20" in line, line
+    assert any(f"waiting for the vLLM server at 127.0.0.1:{port}" in ln for ln in output.splitlines())
+    # The run's own start (imports, the tiny model) plus the 20 s wait, not TRL's 240 s.
+    assert took < 40, took
