@@ -425,6 +425,8 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "eval_data_dir": (EVAL, SUITE, _evaluator("data_dir")),
     "eval_limit": (EVAL, 1, _evaluator("limit")),
     "eval_max_tokens": (EVAL, 8, _evaluator("max_tokens")),
+    "eval_question_column": (EVAL, "other", lambda t: [p.question for p in _evaluator("problems")(t)()]),
+    "eval_answer_column": (EVAL, "gold", lambda t: [p.gold for p in _evaluator("problems")(t)()]),
     "dynamic_sampling": ({}, True, lambda t: t.features.dynamic_sampling is None),
     "dynamic_sampling_signal": ({"dynamic_sampling": True}, "format_reward", _sampler("signal_index")),
     "dynamic_sampling_max_passes": ({"dynamic_sampling": True}, 2, _sampler("max_passes")),
@@ -452,7 +454,11 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
 def build_trainer(tmp_path_factory, tiny_model_dir):
     """A trainer on the tiny model with the given keys set (files named by placeholder written here)."""
     tmp = tmp_path_factory.mktemp("trainers")
-    _write(tmp / "sums.jsonl", [{"question": "What is 2 + 2?", "answer": "4"}])
+    # Its other columns give a second question and gold, for eval_question_column and eval_answer_column.
+    _write(
+        tmp / "sums.jsonl",
+        [{"question": "What is 2 + 2?", "answer": "4", "other": "What is 3 + 3?", "gold": "6"}],
+    )
     (tmp / "bank.yaml").write_text(
         "- {name: plain, system: 'Box the answer.', user: 'Q: {question}'}\n"
         "- {name: tagged, system: '', user: '{question} Answer in <answer> tags.', answer: tag, "

@@ -41,6 +41,8 @@ class EvalCallback(TrainerCallback):
         max_tokens: New tokens per completion.
         limit: Only the first ``limit`` questions of each benchmark.
         batch_size: Prompts per ``generate`` call.
+        columns: The question and gold columns of question sets of one's own (``None``: the defaults of
+            `load_benchmark`).
     """
 
     def __init__(
@@ -52,8 +54,10 @@ class EvalCallback(TrainerCallback):
         max_tokens: int = 1024,
         limit: int | None = None,
         batch_size: int = 16,
+        columns: tuple[str | None, str | None] = (None, None),
     ) -> None:
         self.benchmarks = parse_benchmarks(benchmarks)
+        self.columns = columns
         names = [metric_name(b) for b in self.benchmarks]
         clashes = sorted({b for b, n in zip(self.benchmarks, names) if names.count(n) > 1})
         if clashes:
@@ -74,7 +78,7 @@ class EvalCallback(TrainerCallback):
     def problems(self) -> list[Problem]:
         """The questions of every chosen benchmark, loaded on first use."""
         if self._problems is None:
-            loaded = (load_benchmark(b, self.data_dir, self.limit) for b in self.benchmarks)
+            loaded = (load_benchmark(b, self.data_dir, self.limit, *self.columns) for b in self.benchmarks)
             self._problems = [p for problems in loaded for p in problems]
         return self._problems
 
@@ -171,6 +175,7 @@ def evaluator_from_args(args: Any) -> EvalCallback | None:
         template=template,
         max_tokens=args.eval_max_tokens,
         limit=args.eval_limit,
+        columns=(args.eval_question_column, args.eval_answer_column),
     )
     evaluator.problems()
     return evaluator
