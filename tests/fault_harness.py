@@ -2,7 +2,9 @@
 run as a script.
 
 ``python tests/fault_harness.py --config recipes/smoke/tiny_cpu.yaml ...`` (also under torchrun) runs the
-entry point with the given arguments. A run names the rewards below by import path
+entry point with the given arguments. With ``FAULT_HARNESS_HOLD_STEP=N`` the end of step N waits (up to 2
+minutes) until a preemption signal has arrived, so that a test's signal lands in that step however fast the
+steps run. A run names the rewards below by import path
 (``--reward_funcs fault_harness:text_hash_reward``; this folder is on ``sys.path`` in the tests and when this
 file runs), so the global ``rewards.REGISTRY`` is never changed.
 """
@@ -10,7 +12,9 @@ file runs), so the global ``rewards.REGISTRY`` is never changed.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,16 @@ def short_reward(completions: list[Any], **kwargs: Any) -> list[float]:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from prompt_aug import train
+    from prompt_aug import faults, train
 
+    if os.environ.get("FAULT_HARNESS_HOLD_STEP"):
+        hold, step_end = int(os.environ["FAULT_HARNESS_HOLD_STEP"]), faults.PreemptionCallback.on_step_end
+
+        def held_step_end(self, args, state, control, **kwargs):
+            deadline = time.monotonic() + 120
+            while state.global_step == hold and self.received is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return step_end(self, args, state, control, **kwargs)
+
+        faults.PreemptionCallback.on_step_end = held_step_end
     train.main(sys.argv[1:])

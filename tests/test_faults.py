@@ -105,9 +105,10 @@ def _family(root: int) -> set[int]:
 class Launch:
     """A training subprocess in its own session, its output read as it comes."""
 
-    def __init__(self, cmd: list[str]) -> None:
+    def __init__(self, cmd: list[str], **extra_env: str) -> None:
         env = {
             **os.environ,
+            **extra_env,
             "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
             "HF_HUB_OFFLINE": "1",
             "OMP_NUM_THREADS": "1",
@@ -181,8 +182,12 @@ def test_sigterm_saves_exits_75_and_the_resumed_run_equals_an_uninterrupted_one(
     uninterrupted, preempted = tmp_path / "A", tmp_path / "B"
     _train(uninterrupted, *run)
 
-    launch = Launch([sys.executable, HARNESS, "--config", SMOKE, "--output_dir", str(preempted), *run])
-    # Step 1's line is printed after its step end, so the signal lands in step 2, which ends round 1.
+    # Step 1's line is printed after its step end, so the signal lands in step 2, which ends round 1; the
+    # harness holds step 2's end until the signal is there (a step can take 0.0 s on an idle machine).
+    launch = Launch(
+        [sys.executable, HARNESS, "--config", SMOKE, "--output_dir", str(preempted), *run],
+        FAULT_HARNESS_HOLD_STEP="2",
+    )
     launch.wait_for("| step 1/4 |")
     launch.family()
     launch.proc.send_signal(signal.SIGTERM)
