@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .records import generation_round, optimizer_steps_per_round
-from .sources import BUILTINS
+from .sources import builtin
 
 
 @dataclass
@@ -64,9 +64,9 @@ def batch_arithmetic(
     questions = completions // args.num_generations
     optimizer_steps = optimizer_steps_per_round(args)
     rows = script_args.dataset_num_rows if script_args else None
-    builtin = BUILTINS.get(script_args.dataset_name) if script_args is not None else None
-    if rows is None and builtin is not None and builtin.kind == "dataset":
-        rows = builtin.rows or script_args.num_synthetic
+    source = builtin(script_args.dataset_name, "dataset") if script_args is not None else None
+    if rows is None and source is not None:
+        rows = source.rows or script_args.num_synthetic
     rounds_per_epoch = rows // questions if rows is not None and questions else None
     total = None
     if rounds_per_epoch is not None:

@@ -278,14 +278,14 @@ class PromptAugGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.trim_padding, bool) or str(self.trim_padding).lower() in ("true", "false"):
+        mode = padding_mode(self.trim_padding)
+        if mode != str(self.trim_padding).strip().lower():  # one of the old booleans' spellings
             warnings.warn(
-                f"trim_padding: {self.trim_padding} is deprecated; write "
-                f"{padding_mode(self.trim_padding)} instead",
+                f"trim_padding: {self.trim_padding} is deprecated; write {mode} instead",
                 FutureWarning,
                 stacklevel=3,
             )
-        self.trim_padding = padding_mode(self.trim_padding)
+        self.trim_padding = mode
         check_config(self)
 
 
@@ -297,9 +297,9 @@ KEYS: dict[str, KeyInfo] = {
 
 def check_config(args: Any) -> None:
     """Fail on a key that cannot work with the rest of the recipe (`ValueError`, one line naming the key):
-    each field's ``min`` and ``choices``, the stabilisers and the collapse guard's eval signal; then warn on
-    keys that do nothing (`inert_keys`). The dynamic-sampling signal is checked against the reward functions
-    the trainer is given."""
+    each key's ``low`` and ``choices`` (`check_keys`), the stabilisers and the collapse guard's eval signal;
+    then warn on keys that do nothing (`inert_keys`). The dynamic-sampling signal is checked against the
+    reward functions the trainer is given."""
     check_keys(args)
     if args.reset_optimizer_on_ref_sync and not args.sync_ref_model:
         raise ValueError(
@@ -325,7 +325,9 @@ def check_keys(args: Any, prefix: str = "") -> None:
     """Each key of ours (those starting with ``prefix``) against its `KeyInfo`'s ``low`` and ``choices``
     (`ValueError`, one line naming the key)."""
     for name, info in KEYS.items():
-        value = getattr(args, name) if name.startswith(prefix) else None
+        if not name.startswith(prefix):
+            continue
+        value = getattr(args, name)
         if info.choices is not None and value is not None and value not in info.choices:
             raise ValueError(f"{name}: {value!r} is not one of {', '.join(info.choices)}")
         if info.low is not None and value is not None and value < info.low:

@@ -157,25 +157,22 @@ def builtin_names(kind: str) -> tuple[str, ...]:
     return tuple(name for name, source in BUILTINS.items() if source.kind == kind)
 
 
-def builtin_dataset_names() -> tuple[str, ...]:
-    """The dataset names built in code."""
-    return builtin_names("dataset")
+def builtin(name: str | None, kind: str) -> BuiltinSource | None:
+    """The built-in ``kind`` (``model`` or ``dataset``) named ``name``, or ``None``."""
+    source = BUILTINS.get(name) if name is not None else None
+    return source if source is not None and source.kind == kind else None
 
 
 def build_model(name: str, output_dir: str, seed: int) -> str | None:
     """Build the built-in model ``name`` in ``output_dir``; returns its path (``None`` for another name)."""
-    source = BUILTINS.get(name)
-    if source is None or source.kind != "model":
-        return None
-    return _load(source.build)(name, output_dir, seed)
+    source = builtin(name, "model")
+    return _load(source.build)(name, output_dir, seed) if source is not None else None
 
 
 def builtin_rows(name: str, num_synthetic: int, seed: int) -> list[dict[str, str]] | None:
     """The rows of the built-in dataset ``name``; ``None`` for any other name."""
-    source = BUILTINS.get(name)
-    if source is None or source.kind != "dataset":
-        return None
-    return _load(source.build)(name, num_synthetic, seed)
+    source = builtin(name, "dataset")
+    return _load(source.build)(name, num_synthetic, seed) if source is not None else None
 
 
 def builtin_tokenizer() -> Any:

@@ -50,7 +50,7 @@ from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .mixture import dataset_mixture
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
-from .sources import builtin_dataset_names, demo_stage
+from .sources import builtin_names, demo_stage
 from .stack import check_before_parse, check_stack, wait_for_vllm_server
 from .templates import TemplateError, check_renders, resolve_eval_template, templates_for
 from .trainer import PromptAugGRPOTrainer
@@ -165,9 +165,9 @@ class PromptAugScriptArguments:
                     f"dataset_mixture and {clashes[0]} are both set: a mixture names its sources itself "
                     "(path, name, split per source); remove " + clashes[0]
                 )
-        if self.num_synthetic != NUM_SYNTHETIC and self.dataset_name not in builtin_dataset_names():
+        if self.num_synthetic != NUM_SYNTHETIC and self.dataset_name not in builtin_names("dataset"):
             raise ValueError(
-                f"num_synthetic sizes only the built-in sets ({', '.join(builtin_dataset_names())}), and "
+                f"num_synthetic sizes only the built-in sets ({', '.join(builtin_names('dataset'))}), and "
                 f"dataset_name is {self.dataset_name!r}: remove num_synthetic"
             )
 

@@ -46,11 +46,12 @@ from transformers import TrainerCallback
 from rewards.controls import ACCURACY_MEAN_KEYS
 
 from ..config import ACTIONS, check_keys
+from ..config import SIGNALS as SIGNAL_KEYS
 from ..records import generation_round
 
 logger = logging.getLogger("prompt_aug.collapse")
 
-SIGNALS = ("entropy", "accuracy", "truncation", "repetition", "eval")
+SIGNALS = tuple(SIGNAL_KEYS)  # entropy, accuracy, truncation, repetition, eval
 KINDS = ("below", "above", "drop")
 ACCURACY_KEYS = (*ACCURACY_MEAN_KEYS, "reward")
 REPETITION_KEY = "completions/repetition_ratio"
@@ -327,17 +328,16 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
     check_keys(script_args, prefix="collapse_")  # again: the config may have changed since it was built
     a = script_args
     accuracy_keys = (a.collapse_accuracy_metric,) if a.collapse_accuracy_metric else ACCURACY_KEYS
-    table = [
-        ("entropy", ("entropy",), "below", "collapse_entropy_floor", "collapse_entropy_rounds"),
-        ("accuracy", accuracy_keys, "drop", "collapse_accuracy_drop", "collapse_accuracy_rounds"),
-        ("truncation", ("completions/clipped_ratio",), "above", "collapse_truncation_ceiling",
-         "collapse_truncation_rounds"),
-        ("repetition", (REPETITION_KEY,), "above", "collapse_repetition_ceiling",
-         "collapse_repetition_rounds"),
-        ("eval", ("eval/macro",), "drop", "collapse_eval_drop", "collapse_eval_evaluations"),
-    ]  # fmt: skip
+    watched = {  # signal -> (the log keys it reads, its kind); its recipe keys are `config.SIGNALS`'
+        "entropy": (("entropy",), "below"),
+        "accuracy": (accuracy_keys, "drop"),
+        "truncation": (("completions/clipped_ratio",), "above"),
+        "repetition": ((REPETITION_KEY,), "above"),
+        "eval": (("eval/macro",), "drop"),
+    }
     specs = []
-    for name, keys, kind, threshold_key, window_key in table:
+    for name, (threshold_key, window_key) in SIGNAL_KEYS.items():
+        keys, kind = watched[name]
         threshold = getattr(a, threshold_key)
         if threshold is None:
             continue
