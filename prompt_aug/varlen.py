@@ -154,6 +154,13 @@ def make_varlen_attention(
             )
         if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
             raise ValueError(f"{VARLEN_ATTENTION}: packed calls take full causal attention only")
+        device_type = query.device.type
+        if torch.is_autocast_enabled(device_type):
+            # Under autocast the rotary embedding leaves query and key in float32 (its cos / sin follow the
+            # float32 residual stream), and SDPA casts them down itself; the kernel needs them cast here, to
+            # the autocast dtype, as SDPA would, or it never runs in a bf16 recipe.
+            low = torch.get_autocast_dtype(device_type)
+            query, key, value = (t.to(low) for t in (query, key, value))
         why = (
             "torch has no varlen_attn" if kernel is None
             else f"the kernel does not run on {query.device.type}" if query.device.type not in devices

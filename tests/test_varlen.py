@@ -11,6 +11,7 @@ is skipped elsewhere.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 
@@ -197,6 +198,32 @@ def test_a_model_with_the_wrapper_gives_sdpas_packed_values_and_gradients():
     torch.testing.assert_close(padded, want_padded, rtol=0, atol=0)  # padded calls: SDPA, unchanged
 
 
+def test_under_autocast_the_kernel_gets_the_autocast_dtype_as_sdpa_would():
+    """float32 weights under bf16 autocast, as a bf16 recipe trains: the rotary embedding leaves query and key
+    in float32, yet the kernel (here the reference, taking bf16 on CPU only) runs in every layer on bf16
+    tensors, and the log-probs are SDPA's under the same autocast within bf16 rounding."""
+    seen: list[torch.dtype] = []
+
+    class Recording(NewKernel):
+        def _reference(self, query, key, value, *args):
+            seen.extend({query.dtype, key.dtype, value.dtype})
+            return super()._reference(query.float(), key.float(), value.float(), *args).to(query.dtype)
+
+    kernel = Recording()
+    name = register(kernel, name="test_varlen_autocast", devices=("cpu",), dtypes=(torch.bfloat16,))
+    ids, mask = _rows()
+    packed = pack_rows(ids, mask, logits_to_keep=7)
+    got = {}
+    for attention in (name, "sdpa"):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            got[attention] = _model(attention)(
+                **packed.inputs(), fused_lm_head=True, use_cache=False
+            ).log_probs
+    assert len(kernel.calls) == 2 and set(seen) == {torch.bfloat16}  # both layers, bf16 only
+    scale = got["sdpa"].float().abs().mean()
+    assert (got[name].float() - got["sdpa"].float()).abs().max() <= 2e-2 * scale
+
+
 def test_where_the_kernel_cannot_run_a_packed_call_is_sdpa_with_the_block_mask(caplog):
     """torch's own kernel on CPU: not run (CUDA only); the packed row runs SDPA with the block-diagonal mask
     built from the position ids (a plain SDPA call here would let the sequences see each other), one log line
@@ -261,13 +288,21 @@ def test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16():
     autocast over float32 weights), log-probs and gradients, within bf16 rounding."""
     ids, mask = (t.cuda() for t in _rows())
     packed = pack_rows(ids, mask, logits_to_keep=7)
+    calls = []
+
+    @functools.wraps(varlen_kernel())
+    def counted(*args, **kwargs):  # torch's kernel, counted: the test fails if the fallback ran instead
+        calls.append(args[0].dtype)
+        return varlen_kernel()(*args, **kwargs)
+
     results = {}
-    for attention in (register(), "sdpa"):
+    for attention in (register(counted), "sdpa"):
         model = _model(attention).cuda().train()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = model(**packed.inputs(), fused_lm_head=True, use_cache=False)
         out.log_probs.sum().backward()
         results[attention] = (out.log_probs.detach().float(), model.model.embed_tokens.weight.grad.clone())
+    assert calls and set(calls) == {torch.bfloat16}
     (logps, grad), (want_logps, want_grad) = results[VARLEN_ATTENTION], results["sdpa"]
     scale = want_logps.abs().mean()
     assert (logps - want_logps).abs().max() <= 2e-2 * scale
