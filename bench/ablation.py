@@ -382,6 +382,7 @@ def prepare_main(argv: list[str]) -> None:
     from prompt_aug.data import load_train_dataset
     from prompt_aug.demo.warmstart import split_heldout
     from prompt_aug.models import load_tokenizer, resolve_model_path
+    from prompt_aug.sources import read_training_data
     from prompt_aug.templates import templates_for
 
     argv_train = ["--config", ns.recipe, "--output_dir", ns.train_dir, "--seed", ns.seed, *overrides]
@@ -393,7 +394,8 @@ def prepare_main(argv: list[str]) -> None:
     templates, _, eval_template = templates_for(args)
     model_path = resolve_model_path(model_args, args)  # a built-in model is built where training builds it
     tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
-    dataset, _ = load_train_dataset(script_args, args, templates, eval_template, tokenizer)
+    read = read_training_data(script_args, seed=args.seed)
+    dataset, _ = load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
     _, heldout = split_heldout(dataset, demo_args.heldout_questions, args.seed)
     ns.write.mkdir(parents=True, exist_ok=True)
     rows = heldout.to_list()  # written as `BeforeAfter.write` writes the recipe's own heldout.jsonl

@@ -40,11 +40,9 @@ import datasets
 from rewards.grading.extract import last_boxed
 
 from .collator import FORMAT_COLUMNS
-from .sources import builtin_names, builtin_rows, builtin_tokenizer, looks_local
+from .sources import ReadSource, SourceError, builtin_names, builtin_rows, builtin_tokenizer, read_dataset
 from .templates import TemplateError
 
-SIMPLERL_HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
-SIMPLERL_CONFIG = "simplelr_qwen_level3to5"
 MATH_HUB_ID = "DigitalLearningGmbH/MATH-lighteval"
 _QUESTION_GUESSES = ("question", "problem", "query", "input")
 _ANSWER_GUESSES = ("answer", "ground_truth", "final_answer", "target", "solution")
@@ -137,40 +135,6 @@ class DataReport:
         lines = [f"dataset {self.source}: {self.read} rows read, {self.rows} kept"]
         lines += [f"  dropped {n}: {why}{shown(why)}" for why, n in self.dropped.items() if n]
         return "\n".join(lines)
-
-
-def _load_raw(name: str, config: str | None, split: str) -> datasets.Dataset:
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file():
-            loaded = datasets.load_from_disk(str(path))
-            if isinstance(loaded, datasets.DatasetDict):
-                if split not in loaded:
-                    raise DataError(f"split {split!r} not in {path}; splits: {list(loaded)}")
-                loaded = loaded[split]
-            return loaded
-        folder = path / config if config and (path / config).is_dir() else path
-        files = sorted(p for p in folder.iterdir() if p.suffix in (".parquet", ".jsonl", ".json", ".csv"))
-        chosen = [p for p in files if re.search(rf"(^|[._-]){re.escape(split)}([._-]|$)", p.stem)] or (
-            files if len(files) == 1 else []
-        )
-        if not chosen:
-            raise DataError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}")
-        return _load_files(chosen)
-    if path.is_file():
-        return _load_files([path])
-    if looks_local(name):  # not a Hub id: do not let the Hub client retry for half a minute
-        raise DataError(
-            f"dataset {name!r}: no such folder or file ({path.resolve()}); fix the path or give a Hub id"
-        )
-    if name == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
-        return datasets.load_dataset(name, data_dir=config or SIMPLERL_CONFIG, split=split)
-    return datasets.load_dataset(name, config, split=split)
-
-
-def _load_files(files: list[Path]) -> datasets.Dataset:
-    kind = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}[files[0].suffix]
-    return datasets.load_dataset(kind, data_files=[str(p) for p in files], split="train")
 
 
 def _user_turn(messages: Any) -> str:
@@ -368,67 +332,76 @@ def load_math_dataset(
     With ``max_bad_row_share``, more bad rows than that share is a `DataError` (`check_bad_rows`)."""
     built = builtin_rows(name, num_synthetic, seed)
     if built is not None:
-        rows = datasets.Dataset.from_list(built)
-        return rows, DataReport(name, len(rows), len(rows), Counter())
-    if name == MATH_HUB_ID and answer_column is None:
-        answer_column = "solution"
-    raw = _load_raw(name, config, split)
-    rows, dropped = to_rows(raw, question_column, answer_column, levels)
-    check_bad_rows(dropped, len(rows), max_bad_row_share)
-    return rows, DataReport(name, len(raw), len(rows), dropped)
+        return _builtin_set(name, built)
+    try:
+        raw = read_dataset(name, config, split)
+    except SourceError as err:  # a missing path, split or file: the message lists what is there
+        raise DataError(str(err)) from None
+    return rows_of(name, raw, question_column, answer_column, levels, max_bad_row_share)
 
 
-def load_mixture(
-    mixture: Any,
+def _builtin_set(name: str, built: list[dict]) -> tuple[datasets.Dataset, DataReport]:
+    rows = datasets.Dataset.from_list(built)
+    return rows, DataReport(name, len(rows), len(rows), Counter())
+
+
+def rows_of(
+    name: str,
+    raw: datasets.Dataset,
     question_column: str | None = None,
     answer_column: str | None = None,
     levels: list[str] | None = None,
     max_bad_row_share: float | None = None,
 ) -> tuple[datasets.Dataset, DataReport]:
-    """A ``dataset_mixture`` (TRL's `DatasetMixtureConfig` of `prompt_aug.mixture.MixtureSource`) as
+    """The dataset ``name`` read as stored (``raw``) as ``question``/``answer``/``uid`` rows (`to_rows`),
+    with the report of what was kept and dropped; too many bad rows is a `DataError` (`check_bad_rows`)."""
+    if name == MATH_HUB_ID and answer_column is None:
+        answer_column = "solution"
+    rows, dropped = to_rows(raw, question_column, answer_column, levels)
+    check_bad_rows(dropped, len(rows), max_bad_row_share)
+    return rows, DataReport(name, len(raw), len(rows), dropped)
+
+
+def mix_sources(
+    read: list[ReadSource],
+    question_column: str | None = None,
+    answer_column: str | None = None,
+    levels: list[str] | None = None,
+    max_bad_row_share: float | None = None,
+) -> tuple[datasets.Dataset, DataReport]:
+    """The sources of a ``dataset_mixture`` (TRL's `DatasetMixtureConfig` of
+    `prompt_aug.mixture.MixtureSource`), read by `prompt_aug.sources.read_training_data`, as one set of
     ``question``/``answer``/``uid`` rows.
 
-    Each source loads as ``dataset_name`` does (a local folder or file, or a Hub id, its ``name`` as the
-    subset), or with ``data_files`` / ``data_dir`` through ``datasets.load_dataset`` as TRL's `get_dataset`
-    does; its ``columns`` are selected, then it is mapped with its own column keys (the arguments here are the
-    defaults). ``fraction`` keeps TRL's meaning (shares of the mixture, no source oversampled), applied to the
-    mapped rows. Uids get the source's position as a prefix (``0:...``, ``1:...``), so two sources never
+    Each source's ``columns`` are selected, then it is mapped with its own column keys (the arguments here are
+    the defaults). ``fraction`` keeps TRL's meaning (shares of the mixture, no source oversampled), applied to
+    the mapped rows. Uids get the source's position as a prefix (``0:...``, ``1:...``), so two sources never
     share one. ``max_bad_row_share`` applies to each source (`check_bad_rows`). Each source keeps its other
     columns; a column that only some sources have is ``None`` in the rows of the others (`align_columns`).
     """
     parts, reports = [], []
-    for i, source in enumerate(mixture.datasets):
-        answers = source.answer_column or answer_column
-        if source.path == MATH_HUB_ID and answers is None:
-            answers = "solution"
+    for i, (key, source, raw, _) in enumerate(read):
         try:
-            if source.data_files is not None or source.data_dir is not None:
-                raw = datasets.load_dataset(
-                    source.path, source.name, data_dir=source.data_dir, data_files=source.data_files,
-                    split=source.split,
-                )  # fmt: skip
-            else:
-                raw = _load_raw(source.path, source.name, source.split)
             if source.columns is not None:
                 _require_all(raw, source.columns)
                 raw = raw.select_columns(source.columns)
-            rows, dropped = to_rows(
-                raw, source.question_column or question_column, answers, source.dataset_levels or levels
-            )
-            check_bad_rows(dropped, len(rows), max_bad_row_share)
-        except DataError as err:  # a missing split, file or column, or too many bad rows
-            raise DataError(f"dataset_mixture.datasets[{i}] ({source.path}): {err}") from None
-        rows = rows.map(lambda row, i=i: {"uid": f"{i}:{row['uid']}"})
-        parts.append(rows)
-        reports.append(DataReport(source.path, len(raw), len(rows), dropped))
-    fractions = [source.fraction for source in mixture.datasets]
+            rows, report = rows_of(
+                source.path, raw, source.question_column or question_column,
+                source.answer_column or answer_column, source.dataset_levels or levels, max_bad_row_share,
+            )  # fmt: skip
+        except DataError as err:  # a missing column, or too many bad rows
+            raise DataError(f"{key}: {err}") from None
+        parts.append(rows.map(lambda row, i=i: {"uid": f"{i}:{row['uid']}"}))
+        reports.append(report)
+    sources = [source for _, source, _, _ in read]
+    fractions = [source.fraction for source in sources]
     if fractions[0] is not None:  # TRL's rule (`get_dataset`): the largest mixture with these shares
         weights = [f / sum(fractions) for f in fractions]
         total = min(len(part) / w for part, w in zip(parts, weights, strict=True) if w > 0)
         parts = [part.select(range(round(w * total))) for part, w in zip(parts, weights, strict=True)]
     if len({repr(part.features["answer"]) for part in parts}) > 1:  # list golds in some sources only
         parts = [part.map(lambda row: {"answer": _as_list(row["answer"])}) for part in parts]
-    parts = align_columns(parts, [source.path for source in mixture.datasets])
+    parts = align_columns(parts, [source.path for source in sources])
     mixed = datasets.concatenate_datasets(parts)
     dropped: Counter = Counter()
     for report in reports:
@@ -510,42 +483,40 @@ def plain_prompts(dataset: datasets.Dataset, template: Any) -> datasets.Dataset:
 
 
 def load_train_dataset(
-    script_args: Any, args: Any, templates: list, eval_template: Any, tokenizer: Any
+    read: list[ReadSource], script_args: Any, args: Any, templates: list, eval_template: Any, tokenizer: Any
 ) -> tuple[datasets.Dataset, DataReport]:
-    """The training questions of a recipe: loaded (main process first), too-long prompts dropped, and without
-    augmentation asked under ``eval_template`` as TRL conversational prompts. Returns them and the report of
-    what was kept and dropped. A missing column is a `DataError` naming ``dataset_name``."""
+    """The training questions of a recipe, from its sources as read (`prompt_aug.sources.read_training_data`):
+    mapped to rows (main process first), asked under ``eval_template`` as TRL conversational prompts when
+    augmentation is off, and too-long prompts dropped. Returns them and the report of what was kept and
+    dropped. A missing column is a `DataError` naming ``dataset_name`` or the mixture's source."""
     from accelerate import PartialState
 
     with PartialState().main_process_first():
-        try:
-            if script_args.dataset_mixture is not None:
-                dataset, report = load_mixture(
-                    script_args.dataset_mixture,
-                    script_args.question_column,
-                    script_args.answer_column,
-                    script_args.dataset_levels,
-                    max_bad_row_share=script_args.max_bad_row_share,
-                )
-            else:
-                dataset, report = load_math_dataset(
+        if script_args.dataset_mixture is not None:
+            dataset, report = mix_sources(
+                read,
+                script_args.question_column,
+                script_args.answer_column,
+                script_args.dataset_levels,
+                max_bad_row_share=script_args.max_bad_row_share,
+            )
+        elif read[0].builtin:
+            dataset, report = _builtin_set(script_args.dataset_name, read[0].data)
+        else:
+            try:
+                dataset, report = rows_of(
                     script_args.dataset_name,
-                    config=script_args.dataset_config,
-                    split=script_args.dataset_split,
+                    read[0].data,
                     question_column=script_args.question_column,
                     answer_column=script_args.answer_column,
                     levels=script_args.dataset_levels,
-                    num_synthetic=script_args.num_synthetic,
-                    seed=args.seed,
                     max_bad_row_share=script_args.max_bad_row_share,
                 )
-        except DataError as err:  # a missing column: the message lists the columns there are
-            if script_args.dataset_mixture is not None:
-                raise  # it names the source
-            raise DataError(f"dataset_name {script_args.dataset_name}: {err}") from None
-        dataset, n_long = filter_long_prompts(dataset, templates, tokenizer, script_args.max_prompt_length)
+            except DataError as err:  # a missing column: the message lists the columns there are
+                raise DataError(f"{read[0].key}: {err}") from None
         if not args.prompt_augmentation:
             dataset = plain_prompts(dataset, eval_template)
+        dataset, n_long = filter_long_prompts(dataset, templates, tokenizer, script_args.max_prompt_length)
     report.rows = len(dataset)
     report.dropped[f"prompt longer than {script_args.max_prompt_length} tokens"] += n_long
     return dataset, report

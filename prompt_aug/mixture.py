@@ -1,5 +1,6 @@
 """A recipe's ``dataset_mixture``: TRL's `DatasetMixtureConfig` of `MixtureSource`, each source mapped onto
-question / answer / uid as ``dataset_name`` is (`prompt_aug.data.load_mixture` loads it)."""
+question / answer / uid as ``dataset_name`` is (`prompt_aug.sources.read_training_data` reads it,
+`prompt_aug.data.mix_sources` maps it)."""
 
 from __future__ import annotations
 

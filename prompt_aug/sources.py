@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -119,6 +120,112 @@ def check_mixture(mixture: Any) -> None:
             if not Path(name).expanduser().exists():
                 resolved = Path(name).expanduser().resolve()
                 raise SourceError(f"{key}.data_files: no such file {name!r} (resolved to {resolved})")
+
+
+# -- Reading a dataset as stored --------------------------------------------------------------------------
+
+SIMPLERL_HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
+SIMPLERL_CONFIG = "simplelr_qwen_level3to5"
+_DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def read_dataset(
+    path: str, name: str | None = None, split: str = "train", data_dir: str | None = None,
+    data_files: Any = None,
+) -> Any:  # fmt: skip
+    """One split of a dataset as it is stored, columns untouched (a `datasets.Dataset`).
+
+    ``path`` is a folder written by ``save_to_disk``; a folder of parquet, JSON, JSON Lines or CSV files (its
+    sub-folder ``name`` if there is one; the file whose name holds ``split``, or the only file); one such
+    file; or a Hub id (``name`` its subset; SimpleRL-Zoo's subsets are folders). With ``data_dir`` or
+    ``data_files`` it goes to ``datasets.load_dataset`` as TRL's ``get_dataset`` passes them.
+
+    Raises:
+        SourceError: a local path that does not exist, or a split with no file; the message lists what is
+            there.
+    """
+    import datasets
+
+    if data_dir is not None or data_files is not None:
+        return datasets.load_dataset(path, name, data_dir=data_dir, data_files=data_files, split=split)
+    where = Path(path).expanduser()
+    if where.is_dir():
+        if (where / "dataset_info.json").is_file() or (where / "dataset_dict.json").is_file():
+            loaded = datasets.load_from_disk(str(where))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise SourceError(f"split {split!r} not in {where}; splits: {list(loaded)}")
+                loaded = loaded[split]
+            return loaded
+        folder = where / name if name and (where / name).is_dir() else where
+        files = sorted(p for p in folder.iterdir() if p.suffix in _DATA_FILES)
+        chosen = [p for p in files if re.search(rf"(^|[._-]){re.escape(split)}([._-]|$)", p.stem)] or (
+            files if len(files) == 1 else []
+        )
+        if not chosen:
+            raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}")
+        return _read_files(chosen)
+    if where.is_file():
+        return _read_files([where])
+    if looks_local(path):  # not a Hub id: do not let the Hub client retry for half a minute
+        raise SourceError(
+            f"dataset {path!r}: no such folder or file ({where.resolve()}); fix the path or give a Hub id"
+        )
+    if path == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
+        return datasets.load_dataset(path, data_dir=name or SIMPLERL_CONFIG, split=split)
+    return datasets.load_dataset(path, name, split=split)
+
+
+def _read_files(files: list[Path]) -> Any:
+    import datasets
+
+    kind = _DATA_FILES[files[0].suffix]
+    return datasets.load_dataset(kind, data_files=[str(p) for p in files], split="train")
+
+
+class ReadSource(NamedTuple):
+    """One source of a recipe's training data as read: ``key`` names it in messages (``dataset_name NAME``
+    or ``dataset_mixture.datasets[i] (PATH)``), ``source`` is the mixture's entry (None for
+    ``dataset_name``), ``data`` the `datasets.Dataset` as stored, or a built-in set's rows (``builtin``)."""
+
+    key: str
+    source: Any
+    data: Any
+    builtin: bool = False
+
+
+def read_training_data(script_args: Any, seed: int) -> list[ReadSource]:
+    """What a recipe trains on, read as stored, one `ReadSource` per source: ``dataset_name`` (a built-in
+    set's rows, built with ``num_synthetic`` and ``seed``), or each source of ``dataset_mixture``. Its columns
+    are mapped later (`prompt_aug.data.load_train_dataset`).
+
+    Raises:
+        SourceError: a source cannot be read; the message starts with its key.
+    """
+    mixture = script_args.dataset_mixture
+    if mixture is None:
+        name = script_args.dataset_name
+        key = f"dataset_name {name}"
+        built = builtin_rows(name, script_args.num_synthetic, seed)
+        if built is not None:
+            return [ReadSource(key, None, built, builtin=True)]
+        sources = [(key, None, (name, script_args.dataset_config, script_args.dataset_split))]
+    else:
+        sources = [
+            (
+                f"dataset_mixture.datasets[{i}] ({s.path})",
+                s,
+                (s.path, s.name, s.split, s.data_dir, s.data_files),
+            )
+            for i, s in enumerate(mixture.datasets)
+        ]
+    read = []
+    for key, source, where in sources:
+        try:
+            read.append(ReadSource(key, source, read_dataset(*where)))
+        except SourceError as err:
+            raise SourceError(f"{key}: {err}") from None
+    return read
 
 
 # -- Built in code ------------------------------------------------------------------------------------------

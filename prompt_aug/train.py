@@ -4,13 +4,14 @@ Also ``accelerate launch --config_file accelerate_configs/ddp.yaml -m prompt_aug
 ``torchrun --nproc_per_node N -m prompt_aug.train --config ...`` or the ``prompt-aug-train`` script.
 
 As TRL's GRPO script: `make_parser` builds the parser of a recipe's four key groups, and `run` reads top to
-bottom, as TRL's and open-r1's ``main`` do: check → rewards and features → tokenizer → data → model →
-trainer → train → save → card → push. `main` is the command: parse, `run`, and one line for bad input. Before
-anything heavy loads, the recipe, the output folder (a folder holding a run needs ``--resume_from_checkpoint``
-or ``--overwrite_output_dir true``), where the model and data come from, and the reward, template and
-evaluation keys are checked; such errors end the command with one line. The features are built once, by
-`prompt_aug.extensions.build_features`, and handed to the trainer. The learning demo is reached only through
-`prompt_aug.sources`, so a run on a real model and dataset imports no demo module beyond its keys.
+bottom, as TRL's and open-r1's ``main`` do: check → data as stored → rewards and features → tokenizer → rows
+→ model → trainer → train → save → card → push. `main` is the command: parse, `run`, and one line for bad
+input. Before anything heavy loads, the recipe, the output folder (a folder holding a run needs
+``--resume_from_checkpoint`` or ``--overwrite_output_dir true``), where the model and data come from, and the
+reward, template and evaluation keys are checked; such errors end the command with one line. The features
+are built once, by `prompt_aug.extensions.build_features`, and handed to the trainer. The learning demo is
+reached only through `prompt_aug.sources`, so a run on a real model and dataset imports no demo module beyond
+its keys.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .mixture import dataset_mixture
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
-from .sources import builtin_names, demo_stage
+from .sources import builtin_names, demo_stage, read_training_data
 from .stack import check_before_parse, check_stack, wait_for_vllm_server
 from .templates import TemplateError, check_renders, resolve_eval_template, templates_for
 from .trainer import PromptAugGRPOTrainer
@@ -258,26 +259,32 @@ def run(
     """Train a parsed recipe, as TRL's ``main(script_args, training_args, model_args)``; ``argv`` (the
     command line) goes into the model card and the resume hint. Returns the exit status, as `train`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    arithmetic = batch_arithmetic(args, script_args)
+    check_stack(args, dry_run=script_args.dry_run)  # vLLM, liger-kernel; logs torch's CUDA and the driver
     try:  # every ModelConfig key is honoured or refused here (QLoRA: bitsandbytes and a GPU, unless dry)
         check_model_args(model_args, devices=not script_args.dry_run)
     except ModelArgsError as err:
         raise UsageError(str(err)) from None
-    check_stack(args, dry_run=script_args.dry_run)  # vLLM, liger-kernel; logs torch's CUDA and the driver
+    arithmetic = batch_arithmetic(args, script_args)
     if script_args.dry_run:  # arithmetic only
         print(arithmetic.table())
         return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
-    resume = prepare_output_dir(script_args, args, model_args, state)
-
-    # Rewards, templates and features: a bad name or evaluation set fails now, before the model loads.
-    try:
+    try:  # reward functions and templates by name: a bad name fails before anything is read or deleted
         reward_funcs = get_reward_funcs(script_args.reward_funcs)
         names = [f.__name__ for f in reward_funcs]  # as TRL names a reward function
-        features = build_features(args, reward_funcs, names)  # evaluation sets load; handed to the trainer
         templates, weights, eval_template = templates_for(args)
-    except (ValueError, TemplateError, EvalError) as err:  # each message names the key and what there is
+    except (ValueError, TemplateError) as err:  # each message names the key and what there is
+        raise UsageError(str(err)) from None
+    recipe = recipe_text(argv)  # for the model card
+    resume = prepare_output_dir(script_args, args, model_args, state)  # and where model and data come from
+    with state.main_process_first():  # the data as stored, downloaded once; mapped to rows below
+        read = read_training_data(script_args, seed=args.seed)
+
+    # Features: a bad evaluation set or dynamic-sampling signal fails now, before the model loads.
+    try:
+        features = build_features(args, reward_funcs, names)  # evaluation sets load; handed to the trainer
+    except (ValueError, EvalError) as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None
 
     # Tokenizer, data, model.
@@ -285,7 +292,7 @@ def run(
     try:
         tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
         check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
-        dataset, report = load_train_dataset(script_args, args, templates, eval_template, tokenizer)
+        dataset, report = load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
     except (ModelArgsError, TemplateError, DataError) as err:
         raise UsageError(str(err)) from None
     logger.info("%s", report)  # main process only (logger level above)
@@ -297,7 +304,7 @@ def run(
     # Trainer: it draws the templates and applies the features; this script adds none.
     if args.model_init_kwargs:  # load_model applied them; TRL, given a loaded model, would call them ignored
         logging.getLogger("trl.trainer.grpo_trainer").addFilter(_not_the_model_init_kwargs_note)
-    card = model_card_info(script_args, model_args, args, recipe_text(argv), templates, weights, len(dataset))
+    card = model_card_info(script_args, model_args, args, recipe, templates, weights, len(dataset))
     wait_for_vllm_server(args, model_path)  # server mode: logs what it waits for; one line at the timeout
     trainer = PromptAugGRPOTrainer(
         model=model,

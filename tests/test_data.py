@@ -308,3 +308,23 @@ def test_the_error_names_the_dataset_and_says_what_to_do(tmp_path):
         load_math_dataset(str(path))
     assert "'log_metric'" in str(err.value) and "rename the column" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_recipes_sources_are_read_as_stored_and_each_failure_names_its_key(verl_dir):
+    """`read_training_data`: a built-in set comes back as its rows; a folder as its split, columns untouched;
+    a split with no file is a `SourceError` that starts with the recipe key and lists the files there."""
+    from types import SimpleNamespace
+
+    from prompt_aug.sources import SourceError, read_training_data
+
+    def recipe(name: str, split: str = "train") -> SimpleNamespace:
+        return SimpleNamespace(
+            dataset_mixture=None, dataset_name=name, dataset_config=None, dataset_split=split, num_synthetic=7
+        )
+
+    (built,) = read_training_data(recipe("synthetic"), seed=0)
+    assert built.builtin and len(built.data) == 7 and set(built.data[0]) >= {"question", "answer", "uid"}
+    (stored,) = read_training_data(recipe(str(verl_dir)), seed=0)
+    assert not stored.builtin and "reward_model" in stored.data.column_names  # not yet mapped to rows
+    with pytest.raises(SourceError, match=rf"^dataset_name {re.escape(str(verl_dir))}: no 'dev' file in "):
+        read_training_data(recipe(str(verl_dir), split="dev"), seed=0)

@@ -36,6 +36,7 @@ from prompt_aug.data import DataError, load_train_dataset
 from prompt_aug.evaluation.callback import EvalCallback
 from prompt_aug.extensions.collapse import CollapseGuard
 from prompt_aug.extensions.stabilisers import OptimizerResetCallback
+from prompt_aug.sources import SourceError, read_training_data
 from prompt_aug.templates import load_templates, templates_for
 from prompt_aug.train import PromptAugScriptArguments
 from prompt_aug.trainer import PromptAugGRPOTrainer
@@ -244,7 +245,8 @@ def data(tmp_path_factory) -> Path:
 
 def _loaded_rows(script_args, args, tokenizer) -> list[dict[str, Any]]:
     templates, _, eval_template = templates_for(args)
-    dataset, report = load_train_dataset(script_args, args, templates, eval_template, tokenizer)
+    read = read_training_data(script_args, seed=args.seed)
+    dataset, report = load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
     return [*dataset.to_list(), str(report)]
 
 
@@ -308,7 +310,7 @@ def _script_cases(data: Path) -> dict[str, tuple[dict, dict, Any]]:
 def _rows_or_refusal(script_args, args, tokenizer) -> Any:
     try:
         return _loaded_rows(script_args, args, tokenizer)
-    except DataError as err:
+    except (DataError, SourceError) as err:
         return f"refused: {err}"
 
 

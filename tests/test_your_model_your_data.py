@@ -17,6 +17,7 @@ from trl import ModelConfig
 
 from prompt_aug import models, train
 from prompt_aug.data import DataError, load_train_dataset
+from prompt_aug.sources import SourceError, read_training_data
 from prompt_aug.templates import CHATML_TEMPLATE, TemplateError, load_templates, templates_for
 from prompt_aug.train import PromptAugScriptArguments
 from rewards.registry import TRL_REWARDS, TRLConvention, format_reward, get_reward_funcs
@@ -170,7 +171,8 @@ def _recipe(tmp_path: Path, body: str) -> Path:
 def _load(recipe: Path, tokenizer, *extra: str):
     script_args, args, _, _ = train.parse_args(["--config", str(recipe), "--dry_run", *extra])
     templates, _, eval_template = templates_for(args)
-    return load_train_dataset(script_args, args, templates, eval_template, tokenizer)
+    read = read_training_data(script_args, seed=args.seed)
+    return load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
 
 
 def test_a_mixture_of_two_local_sets_maps_each_with_its_own_columns(two_sets, tmp_path, tokenizer):
@@ -247,13 +249,15 @@ def test_a_mixture_source_without_the_column_names_the_source(two_sets, tmp_path
 
 
 @pytest.mark.parametrize(
-    "extra, message",
+    "extra, message, error",
     [
-        ("      columns: [question, notes]\n", r"columns \['notes'\] not found"),
-        ("      split: dev\n", "no 'dev' file"),
+        ("      columns: [question, notes]\n", r"columns \['notes'\] not found", DataError),
+        ("      split: dev\n", "no 'dev' file", SourceError),  # found when the sources are read
     ],
 )
-def test_a_mixture_source_that_lacks_a_column_or_split_names_the_source(tmp_path, tokenizer, extra, message):
+def test_a_mixture_source_that_lacks_a_column_or_split_names_the_source(
+    tmp_path, tokenizer, extra, message, error
+):
     folder = tmp_path / "splits"
     folder.mkdir()
     for split in ("train", "test"):
@@ -261,7 +265,7 @@ def test_a_mixture_source_that_lacks_a_column_or_split_names_the_source(tmp_path
             json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n"
         )
     recipe = _recipe(tmp_path, f"dataset_mixture:\n  datasets:\n    - path: {folder}\n{extra}")
-    with pytest.raises(DataError, match=rf"^dataset_mixture.datasets\[0\] \(.*splits\): {message}"):
+    with pytest.raises(error, match=rf"^dataset_mixture.datasets\[0\] \(.*splits\): {message}"):
         _load(recipe, tokenizer)
 
 
