@@ -191,45 +191,46 @@ class PromptAugGRPOConfig(GRPOConfig):
         low=0,
     )
 
-    # > Stability. A collapse-guard signal is on when its threshold is set (all unset: no guard).
-    # Windows count generation rounds; actions: log | checkpoint | stop.
-    collapse_entropy_floor: float | None = _key(
-        None, "Fire when `entropy` stays below this for collapse_entropy_rounds rounds."
-    )
-    collapse_entropy_rounds: int = _window(20, "Rounds in a row below the floor.", "entropy")
-    collapse_entropy_action: str = _action("entropy")
+    # > Stability. The collapse guard's signals: first each signal's threshold (a signal is on when its
+    # threshold is set; all unset: no guard), then its window (generation rounds; the eval signal's counts
+    # evaluations), then its action (log | checkpoint | stop).
     collapse_accuracy_drop: float | None = _key(
         None,
         "Fire when the mean accuracy of the last collapse_accuracy_rounds rounds falls more than this below "
         "its best such mean.",
         low=0,
     )
-    collapse_accuracy_rounds: int = _window(20, "Rounds averaged for the accuracy signal.", "accuracy")
     collapse_accuracy_metric: str | None = _key(
         None,
         "Log key of the accuracy signal (default: the correctness reward's mean, else `reward`).",
         _guard("accuracy"),
     )
-    collapse_accuracy_action: str = _action("accuracy")
+    collapse_entropy_floor: float | None = _key(
+        None, "Fire when `entropy` stays below this for collapse_entropy_rounds rounds."
+    )
     collapse_truncation_ceiling: float | None = _key(
         None, "Fire when completions/clipped_ratio stays above this for collapse_truncation_rounds."
     )
-    collapse_truncation_rounds: int = _window(10, "Rounds in a row above the ceiling.", "truncation")
-    collapse_truncation_action: str = _action("truncation")
     collapse_repetition_ceiling: float | None = _key(
         None,
         "Fire when the share of completions ending in an n-gram loop stays above this for "
         "collapse_repetition_rounds rounds.",
     )
-    collapse_repetition_rounds: int = _window(10, "Rounds in a row above the ceiling.", "repetition")
-    collapse_repetition_action: str = _action("repetition")
     collapse_eval_drop: float | None = _key(
         None,
         "Fire when eval/macro, averaged over collapse_eval_evaluations evaluations, falls more than this "
         "below its best (needs eval_benchmarks and eval_every_steps).",
         low=0,
     )
+    collapse_entropy_rounds: int = _window(20, "Rounds in a row below the floor.", "entropy")
+    collapse_accuracy_rounds: int = _window(20, "Rounds averaged for the accuracy signal.", "accuracy")
+    collapse_truncation_rounds: int = _window(10, "Rounds in a row above the ceiling.", "truncation")
+    collapse_repetition_rounds: int = _window(10, "Rounds in a row above the ceiling.", "repetition")
     collapse_eval_evaluations: int = _window(3, "Evaluations averaged for the eval signal.", "eval")
+    collapse_entropy_action: str = _action("entropy")
+    collapse_accuracy_action: str = _action("accuracy")
+    collapse_truncation_action: str = _action("truncation")
+    collapse_repetition_action: str = _action("repetition")
     collapse_eval_action: str = _action("eval")
     reset_optimizer_on_ref_sync: bool = _key(
         False, "ProRL: zero the optimizer state at each reference sync (needs sync_ref_model: true)."
