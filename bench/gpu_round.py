@@ -1,11 +1,11 @@
 """The training side of GRPO rounds at the paper's shapes: TRL's padded layout, trimmed, and packed.
 
-Per process, as in recipes/qwen2.5-math-1.5b/prompt_aug.yaml: 128 rows (16 micro-batches of 8, 4 per
-optimizer step, so the old-log-prob pass runs), prompts of 100-300 tokens, completions up to 3,072 with a
-long-tailed mix (one row in 16 at the cap, mean about a quarter of it), dapo's loss, AdamW, bf16 autocast
-over float32 weights, gradient checkpointing. The model has Qwen2.5-Math-1.5B's architecture (hidden 1536,
-28 layers, 12 heads, 2 KV heads, intermediate 8960, vocabulary 151,936, tied embeddings) with random
-weights built from that config: no download.
+Per process, as in recipes/qwen2.5-math-1.5b/prompt_aug.yaml: 128 rows (16 groups of 8 completions sharing
+a prompt; 16 micro-batches of 8, 4 per optimizer step, so the old-log-prob pass runs), prompts of 100-300
+tokens, completions up to 3,072 with a long-tailed mix (one row in 16 at the cap, mean about a quarter of
+it), dapo's loss, AdamW, bf16 autocast over float32 weights, gradient checkpointing. The model has
+Qwen2.5-Math-1.5B's architecture (hidden 1536, 28 layers, 12 heads, 2 KV heads, intermediate 8960,
+vocabulary 151,936, tied embeddings) with random weights built from that config: no download.
 
 Modes (each from the same weights, on the same rounds):
 
@@ -25,6 +25,10 @@ Modes (each from the same weights, on the same rounds):
   `prompt_aug.varlen.packed_attention` picks (varlen on CUDA where torch has it, else SDPA), and each
   optimizer step's rows dealt into token-balanced micro-batches of TRL's row count (`regroup(balance=True)`,
   `prompt_aug.balance`).
+* ``packed-shared``: ``packed-balanced`` with ``packing_share_prompts``: the rows of a call that share a
+  prompt run it once (all of a group in the old-log-prob pass, whose calls follow TRL's group order), through
+  `prompt_aug.varlen` (the kernel with gathered keys on CUDA, SDPA with the shared prefixes' mask elsewhere).
+  Its "real share" is the rows' tokens over the tokens run, above 1 where prompts are shared.
 
 Every mode of the table is listed in the output: run, or skipped with the reason (not asked for, not
 possible on this device, or past ``--budget_s``).
@@ -76,39 +80,46 @@ from prompt_aug.varlen import VARLEN_ATTENTION, packed_attention, register, varl
 PAPER = {
     "model": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
               "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936},
-    "rows": 128, "micro_batch": 8, "accumulation": 4, "prompt": (100, 300), "cap": 3072, "rounds": 2,
+    "rows": 128, "group": 8, "micro_batch": 8, "accumulation": 4, "prompt": (100, 300), "cap": 3072,
+    "rounds": 2,
 }  # fmt: skip
 TINY = {
     "model": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "intermediate_size": 128, "vocab_size": 1000},
-    "rows": 32, "micro_batch": 4, "accumulation": 2, "prompt": (8, 24), "cap": 64, "rounds": 4,
+    "rows": 32, "group": 4, "micro_batch": 4, "accumulation": 2, "prompt": (8, 24), "cap": 64, "rounds": 4,
 }  # fmt: skip
 MODES = {  # mode: attention implementation ("default": what `packed_attention` picks on the device)
     "padded": "sdpa",
     "packed-balanced": "default",
+    "packed-shared": VARLEN_ATTENTION,
     "packed-varlen": VARLEN_ATTENTION,
     "packed-sdpa": "sdpa",
     "trim": "sdpa",
     "packed-flex": "flex_attention",
     "packed-flash": "flash_attention_2",
 }
-DEFAULT_MODES = ("padded", "packed-balanced", "packed-varlen", "packed-sdpa", "trim")
+DEFAULT_MODES = ("padded", "packed-balanced", "packed-shared", "packed-varlen", "packed-sdpa", "trim")
 HEAD_TILE = 1024  # tokens per LM-head tile
 
 
 def build_round(shape: dict, seed: int, device: torch.device) -> dict:
-    """One process's round as TRL lays it out: left-padded prompts, right-padded completions, advantages."""
+    """One process's round as TRL lays it out: groups of ``shape["group"]`` rows sharing a prompt, one after
+    the other, left-padded prompts, right-padded completions, advantages."""
     generator = torch.Generator().manual_seed(seed)
-    rows, cap, vocab = shape["rows"], shape["cap"], shape["model"]["vocab_size"]
+    rows, cap, vocab, group = shape["rows"], shape["cap"], shape["model"]["vocab_size"], shape["group"]
     low, high = shape["prompt"]
-    prompt_lengths = torch.randint(low, high + 1, (rows,), generator=generator)
+    prompt_lengths = torch.randint(low, high + 1, (rows // group,), generator=generator)
+    prompt_lengths = prompt_lengths.repeat_interleave(group)
     completion_lengths = torch.tensor(long_tailed_lengths(rows, cap, generator))
     width_p, width_c = int(prompt_lengths.max()), int(completion_lengths.max())
     positions_p, positions_c = torch.arange(width_p), torch.arange(width_c)
     prompt_mask = (positions_p[None] >= width_p - prompt_lengths[:, None]).long()
     completion_mask = (positions_c[None] < completion_lengths[:, None]).long()
     batch = {
-        "prompt_ids": torch.randint(10, vocab, (rows, width_p), generator=generator) * prompt_mask,
+        "prompt_ids": torch.randint(
+            10, vocab, (rows // group, width_p), generator=generator
+        ).repeat_interleave(group, dim=0)
+        * prompt_mask,
         "prompt_mask": prompt_mask,
         "completion_ids": torch.randint(10, vocab, (rows, width_c), generator=generator) * completion_mask,
         "completion_mask": completion_mask,
@@ -191,7 +202,7 @@ def forward(model, mode: str, batch: dict, rows_per_call: int, counts: dict, pad
         else:  # packed: the padded call's tokens as the budget, so each micro-batch is one call
             out = packed_forward(
                 packed_call(model), part_ids, part_mask, keep, max_tokens=part_ids.numel(),
-                pad_to_multiple_of=pad_multiple,
+                pad_to_multiple_of=pad_multiple, share_prompts=mode == "packed-shared",
             )  # fmt: skip
             counts["calls"] += out.calls
             counts["processed"] += out.processed_tokens
@@ -287,7 +298,7 @@ def train_round(
     segments = optimizer_step_segments(0, steps_per_generation, 1, accumulation)
     if mode == "trim":
         batches = regroup(batches, segments)
-    elif mode == "packed-balanced":
+    elif mode in ("packed-balanced", "packed-shared"):
         batches = regroup(batches, segments, balance=True)
     normalizer = round_["num_items_in_batch"] * accumulation / steps_per_generation
     losses = []

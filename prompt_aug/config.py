@@ -259,6 +259,13 @@ class PromptAugGRPOConfig(GRPOConfig):
     packing_pad_to_multiple_of: int | None = _key(
         None, "Round each packed call's length up to a multiple of this (default: no rounding).", "packing"
     )
+    packing_share_prompts: bool = _key(
+        False,
+        "Run a prompt once for the completions of its group that share a packed call (the old-log-prob "
+        "pass holds whole groups), through prompt_aug.varlen's attention (a model on sdpa). Exact; not "
+        "yet timed on a GPU, so off by default.",
+        "packing",
+    )
 
     # > Logging
     wandb_completions_rows: int | None = _key(

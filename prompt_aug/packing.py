@@ -68,7 +68,8 @@ class PackedRows(NamedTuple):
     but at the rows' real completion tokens (and -100 at the first token of each sequence), unshifted, as the
     fused head takes it. ``source``: indices into the call's per-token output (entry j scores token j + 1);
     ``target``: the matching flat indices into a (rows, logits_to_keep) result. ``real_tokens`` counts the
-    rows' real tokens; ``T - real_tokens`` is the rounding of `pack_rows`' ``pad_to_multiple_of``.
+    real tokens run (a shared prompt's once); ``T - real_tokens`` is the rounding of `pack_rows`'
+    ``pad_to_multiple_of``.
     """
 
     input_ids: torch.Tensor
@@ -129,6 +130,49 @@ def _row_lengths(attention_mask: torch.Tensor, logits_to_keep: int) -> tuple[tor
     return prompt, completion
 
 
+def _prompt_groups(prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor) -> list[list[int]] | None:
+    """The rows of a pack grouped by prompt (length and left-padded ids), groups in order of their first row,
+    rows in order within a group; None when no two rows share one. One device-to-host copy."""
+    if prompt_ids.size(0) < 2:
+        return None
+    keys = torch.cat([prompt_lengths.to(prompt_ids.device)[:, None], prompt_ids], dim=1)
+    _, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    groups: dict[int, list[int]] = {}
+    for row, key in enumerate(inverse.tolist()):
+        groups.setdefault(key, []).append(row)
+    return list(groups.values()) if len(groups) < prompt_ids.size(0) else None
+
+
+def _shared_layout(
+    groups: list[list[int]], prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, prompt_width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per packed token, its row, column in the padded row and position, where each group of rows sharing a
+    prompt of P > 1 tokens runs the prompt's first P - 1 tokens once (positions 0 .. P - 2), then each row as
+    its own sequence of the prompt's last token and its completion (positions P - 1 onwards), which
+    `prompt_aug.varlen` lets see that prefix. A row alone in its group is a plain sequence."""
+    row: list[torch.Tensor] = []
+    column: list[torch.Tensor] = []
+    position: list[torch.Tensor] = []
+
+    def add(r: int, first_column: int, first_position: int, count: int) -> None:
+        row.append(torch.full((count,), r))
+        column.append(torch.arange(first_column, first_column + count))
+        position.append(torch.arange(first_position, first_position + count))
+
+    for group in groups:
+        prompt = int(prompt_lengths[group[0]])
+        shared = len(group) > 1 and prompt > 1
+        if shared:
+            add(group[0], prompt_width - prompt, 0, prompt - 1)
+        for r in group:
+            completion = int(completion_lengths[r])
+            if shared:
+                add(r, prompt_width - 1, prompt - 1, 1 + completion)
+            else:
+                add(r, prompt_width - prompt, 0, prompt + completion)
+    return torch.cat(row), torch.cat(column), torch.cat(position)
+
+
 def _pack(
     input_ids: torch.Tensor,
     prompt_lengths: torch.Tensor,
@@ -136,18 +180,24 @@ def _pack(
     logits_to_keep: int,
     pad_to_multiple_of: int | None,
     pad_token_id: int,
+    share_prompts: bool = False,
 ) -> PackedRows:
     rows, width = input_ids.shape
     prompt_width = width - logits_to_keep
     device = input_ids.device
-    lengths = prompt_lengths + completion_lengths
-    real = int(lengths.sum())
-    # Per packed token (built on the CPU from the lengths, then moved once): its row, its position in its
-    # sequence, and its column in the padded row (prompts end at prompt_width, completions start there).
-    row = torch.repeat_interleave(torch.arange(rows), lengths)
-    starts = torch.cumsum(lengths, 0) - lengths
-    position = torch.arange(real) - starts[row]
-    column = prompt_width - prompt_lengths[row] + position
+    groups = _prompt_groups(input_ids[:, :prompt_width], prompt_lengths) if share_prompts else None
+    if groups is None:
+        lengths = prompt_lengths + completion_lengths
+        real = int(lengths.sum())
+        # Per packed token (built on the CPU from the lengths, then moved once): its row, its position in its
+        # sequence, and its column in the padded row (prompts end at prompt_width, completions start there).
+        row = torch.repeat_interleave(torch.arange(rows), lengths)
+        starts = torch.cumsum(lengths, 0) - lengths
+        position = torch.arange(real) - starts[row]
+        column = prompt_width - prompt_lengths[row] + position
+    else:
+        row, column, position = _shared_layout(groups, prompt_lengths, completion_lengths, prompt_width)
+        real = row.numel()
     scored = (column >= prompt_width) & (position > 0)
     source = torch.nonzero(scored).view(-1) - 1
     target = row[scored] * logits_to_keep + (column[scored] - prompt_width)
@@ -176,18 +226,23 @@ def pack_rows(
     logits_to_keep: int,
     pad_to_multiple_of: int | None = None,
     pad_token_id: int = 0,
+    share_prompts: bool = False,
 ) -> PackedRows:
     """The real tokens of every row of a TRL-style call, end to end in one row.
 
     ``input_ids`` and ``attention_mask`` are (rows, width) = cat(prompt, completion), prompts left-padded and
     completions right-padded, the last ``logits_to_keep`` columns the completion; each row's real tokens must
     be contiguous (as in TRL's layout). Rows keep their order. With ``pad_to_multiple_of``, T is rounded up
-    with ``pad_token_id`` tokens forming a last sequence of their own, never labelled.
+    with ``pad_token_id`` tokens forming a last sequence of their own, never labelled. With
+    ``share_prompts``, rows with the same prompt (a GRPO group's completions) run its
+    first P - 1 tokens once (`_shared_layout`), wherever they stand in the pack (results still go back to
+    each row); only `prompt_aug.varlen`'s attention reads that layout.
     """
     prompt_lengths, completion_lengths = _row_lengths(attention_mask, logits_to_keep)
     return _pack(
-        input_ids, prompt_lengths, completion_lengths, logits_to_keep, pad_to_multiple_of, pad_token_id
-    )
+        input_ids, prompt_lengths, completion_lengths, logits_to_keep, pad_to_multiple_of, pad_token_id,
+        share_prompts,
+    )  # fmt: skip
 
 
 def packed_forward(
@@ -199,6 +254,7 @@ def packed_forward(
     compute_entropy: bool = False,
     pad_to_multiple_of: int | None = None,
     pad_token_id: int = 0,
+    share_prompts: bool = False,
 ) -> PackedOutput:
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, run as packed rows.
 
@@ -207,6 +263,7 @@ def packed_forward(
     and run by ``call`` (see `PackCall`, `fused_head_call`). Results come back as TRL's padded call gives
     them: (rows, logits_to_keep), rows in their original order, 0 where the completion mask is 0; gradients
     flow back through ``call``'s outputs. ``calls``, ``real_tokens`` and ``processed_tokens`` count the work.
+    ``share_prompts``: see `pack_rows` (a shared prompt's tokens are counted once).
     """
     rows, width = input_ids.shape
     prompt_lengths, completion_lengths = _row_lengths(attention_mask, logits_to_keep)
@@ -220,7 +277,7 @@ def packed_forward(
         start += size
         packed = _pack(
             input_ids[part], prompt_lengths[part], completion_lengths[part], logits_to_keep,
-            pad_to_multiple_of, pad_token_id,
+            pad_to_multiple_of, pad_token_id, share_prompts,
         )  # fmt: skip
         if packed.input_ids.size(1) == 0:  # rows without a real token: nothing to run
             zeros = input_ids.new_zeros((size, logits_to_keep), dtype=torch.float32)

@@ -272,6 +272,10 @@ class PaddingFreePasses:
         processes: The run's process count; ``max_tokens`` needs one (every process must make as many calls).
         device: The device the passes run on (``accelerator.device``), for ``auto`` and the attention;
             default: the model's first parameter's.
+        share_prompts: On the packed path, run a prompt once for the rows of a call that share it
+            (`prompt_aug.packing.pack_rows`); needs `prompt_aug.varlen`'s attention, which the model then
+            gets on any device (without the kernel, SDPA with the mask of the shared prefixes). A model on
+            another attention than SDPA keeps it, and its prompts are not shared (logged).
     """
 
     def __init__(
@@ -282,6 +286,7 @@ class PaddingFreePasses:
         autocast: Callable[[], Any] | None = None,
         processes: int = 1,
         device: torch.device | str | None = None,
+        share_prompts: bool = False,
     ) -> None:
         if max_tokens is not None and processes > 1:
             raise ValueError(
@@ -292,6 +297,7 @@ class PaddingFreePasses:
         self.max_tokens, self.pad_to_multiple_of, self.autocast = max_tokens, pad_to_multiple_of, autocast
         self.device = torch.device(device) if device is not None else None
         self.attention: str | None = None  # the packed path's attention, once `choose` has run
+        self.share_prompts = share_prompts
         self.stats = {"real": 0, "processed": 0, "calls": 0}
         self._checked = self.mode not in ("packed", "auto")
 
@@ -310,9 +316,12 @@ class PaddingFreePasses:
             self._fall_back(reason if not how else f"{reason} ({how})")
             return self.mode
         if self.mode == "packed":
-            self.attention, why = use_varlen_attention(unwrap_model(model)[0], device)
+            self.attention, why = use_varlen_attention(unwrap_model(model)[0], device, self.share_prompts)
             how = f"{how}; " if how else ""
             how += f"attention {self.attention}: {why}"
+            if self.share_prompts:
+                self.share_prompts = self.attention == VARLEN_ATTENTION
+                how += "; prompts shared" if self.share_prompts else "; prompts not shared (needs sdpa)"
         logger.info("padding-free passes: %s%s", self.mode, f" ({how})" if how else "")
         return self.mode
 
@@ -407,7 +416,7 @@ class PaddingFreePasses:
             part = slice(start, start + rows)
             out = packed_forward(
                 call, input_ids[part], attention_mask[part], logits_to_keep, self.max_tokens, compute_entropy,
-                self.pad_to_multiple_of,
+                self.pad_to_multiple_of, share_prompts=self.share_prompts,
             )  # fmt: skip
             self._count(out.real_tokens, out.processed_tokens, out.calls)
             logps.append(out.log_probs)

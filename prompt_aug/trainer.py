@@ -125,7 +125,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         self.padding_free = PaddingFreePasses(
             config.trim_padding, config.packing_max_tokens, config.packing_pad_to_multiple_of,
             autocast=self.accelerator.autocast, processes=self.accelerator.num_processes,
-            device=self.accelerator.device,
+            device=self.accelerator.device, share_prompts=config.packing_share_prompts,
         )  # fmt: skip
         self.padding_free.choose(self.model)
         # An evaluator among the caller's `callbacks` is the run's, not one built from the eval_* keys.

@@ -18,6 +18,13 @@ triangle, forward and backward, with no flash-attn package.
   (applies that choice to a model) select it: varlen on CUDA where torch has the kernel and the model uses
   SDPA; otherwise the model keeps its attention.
 
+Packed rows may also share prompts (`prompt_aug.packing`, ``share_prompts``): a group's prompt, less its last
+token, runs once, and each completion follows as a sequence whose positions continue the prompt's, so it sees
+that prefix (`Sequences`). SDPA then gets the mask of that tree (`block_causal_mask`); the kernel gets each
+sequence's keys gathered (prefix, then itself) with ``cu_seq_k`` apart from ``cu_seq_q``, and its causal mask,
+which for more keys than queries FlashAttention aligns to the last key, lets query j of a sequence with a
+prefix of p tokens see keys 0 .. p + j.
+
 ``varlen_attn``'s signature changed: torch 2.10 and 2.11 take ``is_causal``; 2.12 and later take
 ``window_size`` and ``enable_gqa``. `make_varlen_attention` reads the signature at run time: causal masking
 through whichever the kernel has, and K / V heads repeated for grouped-query attention where it lacks
@@ -54,48 +61,118 @@ def varlen_kernel() -> Kernel | None:
 
 
 class Sequences(NamedTuple):
-    """The sequences of a (rows, T) ``position_ids``, flattened to rows x T tokens: ``cu_seqlens`` (int32,
-    on the position ids' device; entries i, i + 1 bound sequence i), ``max_length``, and ``segment`` (rows,
-    T), each token's sequence number."""
+    """The sequences of a (rows, T) ``position_ids``, flattened to rows x T tokens.
+
+    A sequence starts at every row's first token and wherever a position is not the one before plus 1. A
+    sequence that starts at position 0 is a root; one that starts at position p > 0 continues a shared
+    prefix: it also sees the first p tokens of the last root before it in its row (a prompt run once for the
+    completions that follow it, `prompt_aug.packing`'s ``share_prompts``).
+
+    ``cu_seqlens`` (int32, on the position ids' device): entries i, i + 1 bound sequence i's queries;
+    ``max_length``: the longest sequence; ``segment`` (rows, T): each token's sequence number; ``prefix``
+    (on the CPU): per sequence, how many tokens of its root it sees (0 for roots); ``root`` (CPU): per
+    sequence, its root's number (itself for a root). Where some sequence has a prefix, ``key_index`` (on the
+    device) gathers each sequence's keys (its prefix, then itself) from the flat tokens, bounded by
+    ``cu_seqlens_k``, the longest ``max_length_k``; otherwise these are None, ``cu_seqlens`` and
+    ``max_length``."""
 
     cu_seqlens: torch.Tensor
     max_length: int
     segment: torch.Tensor
+    prefix: torch.Tensor
+    root: torch.Tensor
+    key_index: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    max_length_k: int | None = None
 
 
 # The last few position-id tensors seen, with their sequences: every layer of a forward (and the recomputation
-# of a checkpointed layer) gets the same tensor, so the one device-to-host copy (max_length) is paid once.
+# of a checkpointed layer) gets the same tensor, so the one device-to-host copy is paid once.
 _SEEN: list[tuple[weakref.ref, int, Sequences]] = []
 
 
 def sequences(position_ids: torch.Tensor) -> Sequences:
-    """Sequence boundaries from packed ``position_ids`` (rows, T): a sequence starts where the position is 0
-    and at the start of every row. Memoised on the tensor (same object, unchanged)."""
+    """The sequences of packed ``position_ids`` (rows, T), read on the CPU (one device-to-host copy), with
+    their shared prefixes (see `Sequences`). Memoised on the tensor (same object, unchanged).
+
+    Raises:
+        ValueError: a sequence starting at position p > 0 has no root before it in its row with at least p
+            tokens.
+    """
     for ref, version, found in _SEEN:
         if ref() is position_ids and position_ids._version == version:
             return found
     rows, width = position_ids.shape
-    starts = position_ids == 0
-    starts[:, 0] = True
-    flat = starts.reshape(-1)
-    offsets = torch.nonzero(flat).view(-1)
-    end = torch.tensor([rows * width], device=offsets.device, dtype=offsets.dtype)
-    cu_seqlens = torch.cat([offsets, end]).to(torch.int32)
-    max_length = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if rows * width else 0
-    segment = torch.cumsum(flat.long(), 0).view(rows, width)
-    found = Sequences(cu_seqlens, max_length, segment)
+    device = position_ids.device
+    flat = position_ids.detach().reshape(-1).cpu()
+    starts = torch.ones(flat.numel(), dtype=torch.bool)
+    starts[1:] = flat[1:] != flat[:-1] + 1
+    if width:
+        starts[::width] = True
+    offsets = torch.nonzero(starts).view(-1)
+    lengths = torch.diff(offsets, append=torch.tensor([flat.numel()]))
+    first = flat[offsets]
+    # Each sequence's root: the last sequence at or before it that starts at position 0 (or a row).
+    is_root = (first == 0) | (offsets % max(width, 1) == 0)
+    numbers = torch.arange(offsets.numel())
+    root = torch.cummax(torch.where(is_root, numbers, torch.full_like(numbers, -1)), 0).values
+    prefix = torch.where(is_root, torch.zeros_like(first), first)
+    segment = (torch.cumsum(starts.long(), 0) - 1).view(rows, width).to(device)
+    cu_seqlens = torch.cat([offsets, torch.tensor([flat.numel()])]).to(torch.int32).to(device)
+    max_length = int(lengths.max()) if offsets.numel() else 0
+    found = Sequences(cu_seqlens, max_length, segment, prefix, root)
+    if bool((prefix > 0).any()):
+        found = _with_prefixes(found, offsets, lengths, device, width)
     _SEEN.insert(0, (weakref.ref(position_ids), position_ids._version, found))
     del _SEEN[4:]
     return found
 
 
+def _with_prefixes(
+    found: Sequences, offsets: torch.Tensor, lengths: torch.Tensor, device: torch.device, width: int
+) -> Sequences:
+    """``found`` with the key gather of its shared prefixes: sequence i's keys are the first ``prefix[i]``
+    tokens of its root, then its own tokens."""
+    pieces, key_lengths = [], []
+    for i, (offset, length, prefix, root) in enumerate(
+        zip(offsets.tolist(), lengths.tolist(), found.prefix.tolist(), found.root.tolist(), strict=True)
+    ):
+        if prefix:
+            if root < 0 or offsets[root] // width != offset // width or lengths[root] < prefix:
+                raise ValueError(
+                    f"packed position ids: sequence {i} starts at position {prefix} but has no root before "
+                    f"it in its row with {prefix} tokens to continue"
+                )
+            start = int(offsets[root])
+            pieces.append(torch.arange(start, start + prefix))
+        pieces.append(torch.arange(offset, offset + length))
+        key_lengths.append(prefix + length)
+    key_lengths_t = torch.tensor(key_lengths)
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(key_lengths_t, 0)])
+    return found._replace(
+        key_index=torch.cat(pieces).to(device),
+        cu_seqlens_k=cu_k.to(torch.int32).to(device),
+        max_length_k=int(key_lengths_t.max()),
+    )
+
+
 def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """The (rows, 1, T, T) boolean mask of packed ``position_ids``: a token sees the earlier tokens of its own
-    sequence only (True where attention is allowed), as transformers builds it for SDPA."""
-    segment = sequences(position_ids).segment
+    """The (rows, 1, T, T) boolean mask of packed ``position_ids`` (True where attention is allowed): a token
+    sees the earlier tokens of its own sequence and, in a sequence that continues a shared prefix, that
+    prefix (`Sequences`), as transformers builds the block-diagonal mask for SDPA when there is none."""
+    found = sequences(position_ids)
+    segment = found.segment
     width = segment.size(1)
-    causal = torch.ones(width, width, dtype=torch.bool, device=segment.device).tril()
-    return ((segment[:, :, None] == segment[:, None, :]) & causal)[:, None]
+    device = segment.device
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    same = segment[:, :, None] == segment[:, None, :]
+    if found.key_index is None:
+        return (same & causal)[:, None]
+    # Key u is in query t's prefix: u lies in t's root and before position prefix[t's sequence].
+    root, prefix = found.root.to(device)[segment], found.prefix.to(device)[segment]
+    positions = position_ids.expand(segment.size(0), -1)
+    in_prefix = (segment[:, None, :] == root[:, :, None]) & (positions[:, None, :] < prefix[:, :, None])
+    return ((same | in_prefix) & causal)[:, None]
 
 
 _LOGGED: set[str] = set()
@@ -220,8 +297,11 @@ def _run_kernel(
         options["scale"] = scaling
     elif scaling is not None and scaling != dim**-0.5:
         q = q * (scaling * dim**0.5)  # the kernel scales by 1 / sqrt(dim)
-    cu = found.cu_seqlens
-    out = kernel(q, k, v, cu, cu, found.max_length, found.max_length, **options)
+    cu_q, cu_k, max_k = found.cu_seqlens, found.cu_seqlens, found.max_length
+    if found.key_index is not None:  # shared prefixes: each sequence's keys are its prefix, then itself
+        k, v = k.index_select(0, found.key_index), v.index_select(0, found.key_index)
+        cu_k, max_k = found.cu_seqlens_k, found.max_length_k
+    out = kernel(q, k, v, cu_q, cu_k, found.max_length, max_k, **options)
     return out.view(batch, width, heads, -1)
 
 
@@ -270,11 +350,17 @@ def packed_attention(device_type: str, has_kernel: bool, attention: str | None) 
     return VARLEN_ATTENTION, f"CUDA with torch {torch.__version__}'s varlen_attn"
 
 
-def use_varlen_attention(model: torch.nn.Module, device: torch.device) -> tuple[str, str]:
+def use_varlen_attention(
+    model: torch.nn.Module, device: torch.device, shared_prompts: bool = False
+) -> tuple[str, str]:
     """Give ``model`` (the transformers model, unwrapped) varlen attention where `packed_attention` picks it
-    for ``device`` and this torch; returns the attention it then has and why."""
+    for ``device`` and this torch, or, with ``shared_prompts``, wherever the model is on SDPA (only this
+    attention reads shared prompts; without the kernel it runs SDPA with their mask); returns the attention
+    the model then has and why."""
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     chosen, why = packed_attention(device.type, varlen_kernel() is not None, attention)
+    if shared_prompts and chosen == "sdpa":
+        chosen, why = VARLEN_ATTENTION, f"shared prompts ({why}: the masked fallback)"
     if chosen == VARLEN_ATTENTION and attention != VARLEN_ATTENTION:
         register()
         model.set_attn_implementation(VARLEN_ATTENTION)

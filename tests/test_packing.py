@@ -26,6 +26,7 @@ from prompt_aug.packing import (
     packing_unsupported_reason,
     plan_packs,
 )
+from prompt_aug.varlen import block_causal_mask, register, sequences
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 97
@@ -169,6 +170,82 @@ def test_packed_forward_matches_trl_padded_call_with_gradients(attention):
             torch.testing.assert_close(grads[key], grad, rtol=1e-4, atol=1e-5, msg=f"{name} {key}")
 
 
+def _grouped_rows(seed: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's layout of two groups and a lone row, as TRL orders a round: rows 0-2 share a 4-token prompt
+    (completions of 5, 0 and 7 tokens), rows 3-4 a 2-token prompt (3 and 6), row 5 has a prompt of its own."""
+    ids, mask = _rows([(4, 5), (4, 0), (4, 7), (2, 3), (2, 6), (3, 2)], seed=seed)
+    ids[1:3, :PROMPT_WIDTH] = ids[0, :PROMPT_WIDTH]
+    ids[4, :PROMPT_WIDTH] = ids[3, :PROMPT_WIDTH]
+    return ids, mask
+
+
+def test_shared_prompts_run_once_with_positions_that_continue_them():
+    # Rows 0 and 1 share the prompt [11, 12, 13]: its first two tokens once, then each row as the prompt's
+    # last token and its completion, at positions 2, 3, ...; row 2's prompt differs: a plain sequence.
+    ids = torch.tensor([[11, 12, 13, 14, 15], [11, 12, 13, 16, 0], [0, 21, 22, 23, 24]])
+    mask = (ids != 0).long()
+    packed = pack_rows(ids, mask, logits_to_keep=2, share_prompts=True)
+    assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15, 13, 16, 21, 22, 23, 24]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 2, 3, 0, 1, 2, 3]]
+    assert packed.labels.tolist() == [[-100, -100, -100, 14, 15, -100, 16, -100, -100, 23, 24]]
+    assert packed.real_tokens == 11  # against 13 unshared
+    scores = torch.arange(10.0)[None]  # entry j scores token j + 1
+    assert packed.scatter(scores, 3, 2).tolist() == [[2.0, 3.0], [5.0, 0.0], [8.0, 9.0]]
+    # What the attention reads off these positions: row 0's tokens continue the prompt's, so prompt and row 0
+    # are one sequence, the root; row 1's sequence starts at position 2 and sees the root's first two tokens.
+    found = sequences(packed.position_ids)
+    assert found.cu_seqlens.tolist() == [0, 5, 7, 11]
+    assert found.prefix.tolist() == [0, 2, 0] and found.root.tolist() == [0, 0, 2]
+    assert found.key_index.tolist() == [0, 1, 2, 3, 4, 0, 1, 5, 6, 7, 8, 9, 10]
+    assert found.cu_seqlens_k.tolist() == [0, 5, 9, 13] and found.max_length_k == 5
+    mask_row_1 = block_causal_mask(packed.position_ids)[0, 0, 6].int().tolist()  # token 16 of row 1
+    assert mask_row_1 == [1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0]
+    # Rows with one prompt need not be neighbours: rows 0 and 2 share, row 1 runs alone between them in the
+    # pack's order of groups, and each result still goes back to its own row.
+    apart = pack_rows(ids[[0, 2, 1]], mask[[0, 2, 1]], logits_to_keep=2, share_prompts=True)
+    assert apart.input_ids.tolist() == [[11, 12, 13, 14, 15, 13, 16, 21, 22, 23, 24]]
+    assert apart.scatter(scores, 3, 2).tolist() == [[2.0, 3.0], [8.0, 9.0], [5.0, 0.0]]
+    with pytest.raises(ValueError, match="sequence 1 starts at position 3 but has no root"):
+        sequences(torch.tensor([[0, 1, 3, 4]]))
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_shared_prompts_match_trl_padded_call_with_gradients(split):
+    """A pack whose groups run their prompt once, under the varlen attention function (SDPA with the tree's
+    mask on CPU): log-probs, entropies and gradients equal TRL's padded call; with a budget the groups are cut
+    across packs and still match."""
+    name = register(name="test_shared_prompts", devices=("cpu",), dtypes=())  # the masked SDPA runs
+    ids, mask = _grouped_rows()
+    weights = torch.randn(ids.size(0), KEEP, generator=torch.Generator().manual_seed(5))
+    results = {}
+    for layout in ("padded", "shared"):
+        model = _model(name).train()
+        if layout == "padded":
+            logps, entropy = _trl_padded_call(model, ids, mask)
+        else:
+            out = packed_forward(
+                fused_head_call(model), ids, mask, KEEP, max_tokens=14 if split else None,
+                compute_entropy=True, share_prompts=True,
+            )  # fmt: skip
+            logps, entropy = out.log_probs, out.entropy
+            unshared = int(mask.sum())
+            # Each row after the first of its group saves the prompt's first P - 1 tokens (3, or 1); the
+            # budget of 14 packs rows 0-1 | 2 | 3-4 | 5, so row 2 runs its whole prompt.
+            assert out.real_tokens == (unshared - 3 - 1 if split else unshared - 2 * 3 - 1)
+            assert out.calls == (4 if split else 1)
+        ((logps * weights).sum() + 0.1 * entropy.sum()).backward()
+        results[layout] = (
+            logps.detach(),
+            entropy.detach(),
+            {k: p.grad.clone() for k, p in model.named_parameters()},
+        )
+    (logps, entropy, grads), (want_logps, want_entropy, want_grads) = results["shared"], results["padded"]
+    torch.testing.assert_close(logps, want_logps, rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy, want_entropy, rtol=0, atol=1e-5)
+    for key, grad in want_grads.items():
+        torch.testing.assert_close(grads[key], grad, rtol=1e-4, atol=1e-5, msg=key)
+
+
 def test_budget_splitting_and_rounding_change_no_value():
     model = _model().eval()
     ids, mask = _rows(seed=4)
@@ -278,17 +355,17 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
 
     lines, stdout = run()
     losses = printed_losses(stdout)
-    assert set(losses) == {"padded", "trim", "packed-sdpa", "packed-balanced"}
+    assert set(losses) == {"padded", "trim", "packed-sdpa", "packed-balanced", "packed-shared"}
     assert len(losses["padded"]) == 20  # 4 optimizer steps in each of 4 rounds and the repeated round
-    for mode in ("trim", "packed-sdpa", "packed-balanced"):
+    for mode in ("trim", "packed-sdpa", "packed-balanced", "packed-shared"):
         torch.testing.assert_close(losses[mode], losses["padded"], rtol=1e-4, atol=1e-6, msg=mode)
     assert "packed-varlen: skipped (varlen attention needs CUDA (device: cpu))" in lines
     assert any(line.startswith("packed-flex: skipped (") for line in lines)
     assert any(line.startswith("packed-flash: skipped (") for line in lines)
     assert any(line.startswith("packed-balanced/padded training-side time: ") for line in lines)
     table = lines.index(next(line for line in lines if line.split()[:3] == ["mode", "new", "s"]))
-    assert [line.split()[0] for line in lines[table + 1 : table + 5]] == [
-        "padded", "packed-balanced", "packed-sdpa", "trim"
+    assert [line.split()[0] for line in lines[table + 1 : table + 6]] == [
+        "padded", "packed-balanced", "packed-shared", "packed-sdpa", "trim"
     ]  # fmt: skip
     lines, _ = run("--modes", "padded,trim", "--budget_s", "0.001")
     assert any(line.startswith("padded: skipped (--budget_s 0.001: ") for line in lines)

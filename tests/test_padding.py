@@ -218,13 +218,21 @@ def _assert_same_update(
     share_on = on["stats"]["real"] / on["stats"]["processed"]
     share_off = off["stats"]["real"] / off["stats"]["processed"]
     assert share_on > share_off, (share_on, share_off, lengths.tolist())
+    if overrides.get("packing_share_prompts"):  # a group's prompt ran once: fewer tokens than the rows hold
+        assert on["stats"]["real"] < off["stats"]["real"], (on["stats"], off["stats"])
 
 
+@pytest.mark.parametrize("share_prompts", [False, True])
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "bnpo"])
-def test_each_loss_type_gets_the_same_update_packed(tiny_model_dir, tmp_path, loss_type):
+def test_each_loss_type_gets_the_same_update_packed(tiny_model_dir, tmp_path, loss_type, share_prompts):
     # Packed rows are dealt out token-balanced over each optimizer step's micro-batches (bnpo's keep TRL's
-    # micro-batches: its normaliser is per micro-batch), so every loss type gets the same update.
-    _assert_same_update(tiny_model_dir, tmp_path, loss_type=loss_type, steps_per_generation=4)
+    # micro-batches: its normaliser is per micro-batch), so every loss type gets the same update. With shared
+    # prompts, the old-log-prob pass runs each group's prompt once (its calls hold whole groups), and so does
+    # a training call holding two rows of one group.
+    _assert_same_update(
+        tiny_model_dir, tmp_path, loss_type=loss_type, steps_per_generation=4,
+        packing_share_prompts=share_prompts,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
@@ -245,19 +253,21 @@ def test_dynamic_sampling_gets_the_same_update(tiny_model_dir, tmp_path):
 
 
 def test_two_processes_get_the_same_update(tmp_path):
-    """Two ranks (gloo) train one round through the recipe path with the key on and off (float32, SGD; the
-    random model runs every completion to the cap there, so only prompts are trimmed). Packed, each rank
-    balances its own rows, with TRL's row count per micro-batch: both ranks make as many calls."""
+    """Two ranks (gloo) train one round through the recipe path packed, packed with shared prompts, and off
+    (float32, SGD; the random model runs every completion to the cap there, so only prompts are trimmed).
+    Packed, each rank balances its own rows, with TRL's row count per micro-batch: both ranks make as many
+    calls."""
     results = {}
-    for flag in ("packed", "off"):
+    shared = ["--packing_share_prompts", "true"]
+    for flag, mode, keys in (("packed", "packed", []), ("shared", "packed", shared), ("off", "off", [])):
         out = tmp_path / flag
         cmd = [
             *torchrun(2),
             "-m", "prompt_aug.train", "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"),
             "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "2",
             "--gradient_accumulation_steps", "2", "--steps_per_generation", "4", "--num_generations", "4",
-            "--save_strategy", "no", "--optim", "sgd", "--learning_rate", "0.5", "--trim_padding", flag,
-            "--log_completions", "true",
+            "--save_strategy", "no", "--optim", "sgd", "--learning_rate", "0.5", "--trim_padding", mode,
+            "--log_completions", "true", *keys,
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         result = subprocess.run(
@@ -266,11 +276,13 @@ def test_two_processes_get_the_same_update(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         history = json.loads((out / "trainer_state.json").read_text())["log_history"]
         results[flag] = ([h["loss"] for h in history if "loss" in h], load_file(out / "model.safetensors"))
-    (loss_on, params_on), (loss_off, params_off) = results["packed"], results["off"]
-    assert len(loss_on) == 2
-    torch.testing.assert_close(torch.tensor(loss_on), torch.tensor(loss_off), rtol=1e-4, atol=1e-6)
-    for name, value in params_off.items():
-        torch.testing.assert_close(params_on[name], value, rtol=1e-4, atol=1e-6, msg=name)
+    loss_off, params_off = results["off"]
+    for flag in ("packed", "shared"):
+        loss_on, params_on = results[flag]
+        assert len(loss_on) == 2
+        torch.testing.assert_close(torch.tensor(loss_on), torch.tensor(loss_off), rtol=1e-4, atol=1e-6)
+        for name, value in params_off.items():
+            torch.testing.assert_close(params_on[name], value, rtol=1e-4, atol=1e-6, msg=f"{flag} {name}")
 
 
 def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_model_dir, tmp_path, caplog):

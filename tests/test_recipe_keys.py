@@ -447,6 +447,12 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "trim_padding": ({}, "off", lambda t: t.padding_free.mode),  # the default, auto, is trim on CPU
     "packing_max_tokens": ({}, 4096, lambda t: t.padding_free.max_tokens),
     "packing_pad_to_multiple_of": ({}, 8, lambda t: t.padding_free.pad_to_multiple_of),
+    # On CPU too the packed path then gets the varlen attention function, whose masked SDPA shares prompts.
+    "packing_share_prompts": (
+        {"trim_padding": "packed"},
+        True,
+        lambda t: (t.padding_free.share_prompts, t.padding_free.attention),
+    ),
     "wandb_completions_rows": ({}, 3, lambda t: t.wandb_completions_rows),
     "save_on_preemption": ({}, False, lambda t: t.preemption is not None),
 }

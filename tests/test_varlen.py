@@ -40,10 +40,11 @@ LENGTHS = [5, 3, 1, 6]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    """Plain softmax attention of one sequence, (L, H, D) each, K / V already at H heads."""
+    """Plain softmax attention of one sequence, (Lq, H, D) and (Lk, H, D), K / V already at H heads; causal
+    as FlashAttention aligns it, to the last key (query j sees keys 0 .. Lk - Lq + j)."""
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
     if causal:
-        upper = torch.ones(q.size(0), k.size(0), dtype=torch.bool).triu(1)
+        upper = torch.ones(q.size(0), k.size(0), dtype=torch.bool).triu(1 + k.size(0) - q.size(0))
         scores = scores.masked_fill(upper, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
@@ -58,16 +59,20 @@ class _Kernel:
         assert query.ndim == key.ndim == value.ndim == 3  # (tokens, heads, head_dim)
         assert cu_seq_q.dtype == cu_seq_k.dtype == torch.int32
         lengths = (cu_seq_q[1:] - cu_seq_q[:-1]).tolist()
+        key_lengths = (cu_seq_k[1:] - cu_seq_k[:-1]).tolist()
         self.calls.append({"lengths": lengths, "max": (max_q, max_k), "kv_heads": key.size(1)})
-        assert torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k == max(lengths)
+        assert max_q == max(lengths) and max_k == max(key_lengths) and key.size(0) == cu_seq_k[-1]
         groups = query.size(1) // key.size(1)
         if groups > 1:
             assert gqa, "K / V with fewer heads and no enable_gqa"
             key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
         scale = query.size(-1) ** -0.5 if scale is None else scale
-        bounds = cu_seq_q.tolist()
+        q_bounds, k_bounds = itertools.pairwise(cu_seq_q.tolist()), itertools.pairwise(cu_seq_k.tolist())
         return torch.cat(
-            [_attend(query[s:e], key[s:e], value[s:e], causal, scale) for s, e in itertools.pairwise(bounds)]
+            [
+                _attend(query[qs:qe], key[ks:ke], value[ks:ke], causal, scale)
+                for (qs, qe), (ks, ke) in zip(q_bounds, k_bounds, strict=True)
+            ]
         )
 
 
@@ -101,7 +106,8 @@ def test_sequences_start_at_position_zero_and_at_each_row():
     found = sequences(POSITIONS)
     assert found.cu_seqlens.tolist() == [0, 5, 8, 9, 15] and found.cu_seqlens.dtype == torch.int32
     assert found.max_length == 6
-    assert found.segment.tolist() == [[1] * 5 + [2] * 3 + [3] + [4] * 6]
+    assert found.segment.tolist() == [[0] * 5 + [1] * 3 + [2] + [3] * 6]
+    assert found.key_index is None  # every sequence starts at 0: no shared prefix
     assert sequences(POSITIONS) is found  # the same tensor again: memoised, no second device-to-host copy
     # Two rows: the second row starts a sequence even where its position is not 0.
     two = sequences(torch.tensor([[0, 1, 2, 0], [5, 6, 0, 1]]))
@@ -159,6 +165,17 @@ def _model(attention: str) -> Qwen2ForCausalLM:
     return model
 
 
+def _shared_rows() -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's layout, 5 rows of (prompt, completion) lengths in a 6 + 7 layout; rows 1-3 share a 3-token
+    prompt."""
+    mask = torch.zeros(5, 13, dtype=torch.long)
+    for i, (p, c) in enumerate([(2, 7), (3, 5), (3, 1), (3, 3), (1, 0)]):
+        mask[i, 6 - p : 6 + c] = 1
+    ids = torch.randint(1, 97, mask.shape, generator=torch.Generator().manual_seed(2))
+    ids[2:4, :6] = ids[1, :6]
+    return ids * mask, mask
+
+
 def _rows() -> tuple[torch.Tensor, torch.Tensor]:
     """TRL's layout, 5 rows of (prompt, completion) lengths in a 6 + 7 layout, ids 0 at padding."""
     mask = torch.zeros(5, 13, dtype=torch.long)
@@ -196,6 +213,31 @@ def test_a_model_with_the_wrapper_gives_sdpas_packed_values_and_gradients():
     for key, grad in want_grads.items():
         torch.testing.assert_close(grads[key], grad, rtol=1e-4, atol=1e-6, msg=key)
     torch.testing.assert_close(padded, want_padded, rtol=0, atol=0)  # padded calls: SDPA, unchanged
+
+
+@pytest.mark.parametrize("kernel_type", [OldKernel, NewKernel])
+def test_shared_prompts_reach_the_kernel_as_gathered_keys_and_match_the_masked_path(kernel_type):
+    """A pack whose groups share their prompt (`pack_rows(share_prompts=True)`): the kernel gets each
+    sequence's keys gathered (prefix, then itself) with key bounds apart from the query bounds, and the
+    log-probs and gradients equal the masked SDPA path's (the tree's mask) on the same pack."""
+    ids, mask = _shared_rows()
+    packed = pack_rows(ids, mask, logits_to_keep=7, share_prompts=True)
+    kernel = kernel_type()
+    names = {
+        "kernel": register(kernel, name=f"test_shared_{kernel_type.__name__}", devices=("cpu",),
+                           dtypes=(torch.float32,)),
+        "masked": register(name="test_shared_masked", devices=("cpu",), dtypes=()),
+    }  # fmt: skip
+    results = {}
+    for path, name in names.items():
+        model = _model(name).train()
+        out = model(**packed.inputs(), fused_lm_head=True, use_cache=False)
+        out.log_probs.sum().backward()
+        results[path] = (out.log_probs.detach(), model.model.embed_tokens.weight.grad.clone())
+    # Row 0; the prompt with row 1; rows 2 and 3 as their prompt's last token and completion; row 4.
+    assert [c["lengths"] for c in kernel.calls] == [[9, 8, 2, 4, 1]] * 2  # both layers
+    torch.testing.assert_close(results["kernel"][0], results["masked"][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(results["kernel"][1], results["masked"][1], rtol=1e-4, atol=1e-6)
 
 
 def test_under_autocast_the_kernel_gets_the_autocast_dtype_as_sdpa_would():
@@ -283,11 +325,15 @@ def test_on_cpu_the_model_keeps_sdpa_and_the_choice_is_logged_once(caplog):
 @pytest.mark.skipif(
     not torch.cuda.is_available() or varlen_kernel() is None, reason="needs CUDA and varlen_attn"
 )
-def test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16():
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16(share_prompts):
     """On a GPU only: torch's varlen_attn through the wrapper against SDPA on the same packed row (bf16
-    autocast over float32 weights), log-probs and gradients, within bf16 rounding."""
-    ids, mask = (t.cuda() for t in _rows())
-    packed = pack_rows(ids, mask, logits_to_keep=7)
+    autocast over float32 weights), log-probs and gradients, within bf16 rounding. With shared prompts the
+    SDPA side is the wrapper's masked fallback (plain SDPA cannot read that layout), which checks the kernel's
+    causal alignment for more keys than queries."""
+    ids, mask = (t.cuda() for t in (_shared_rows() if share_prompts else _rows()))
+    packed = pack_rows(ids, mask, logits_to_keep=7, share_prompts=share_prompts)
+    reference = register(name="test_real_kernel_masked", dtypes=()) if share_prompts else "sdpa"
     calls = []
 
     @functools.wraps(varlen_kernel())
@@ -296,14 +342,14 @@ def test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16():
         return varlen_kernel()(*args, **kwargs)
 
     results = {}
-    for attention in (register(counted), "sdpa"):
+    for attention in (register(counted), reference):
         model = _model(attention).cuda().train()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = model(**packed.inputs(), fused_lm_head=True, use_cache=False)
         out.log_probs.sum().backward()
         results[attention] = (out.log_probs.detach().float(), model.model.embed_tokens.weight.grad.clone())
     assert calls and set(calls) == {torch.bfloat16}
-    (logps, grad), (want_logps, want_grad) = results[VARLEN_ATTENTION], results["sdpa"]
+    (logps, grad), (want_logps, want_grad) = results[VARLEN_ATTENTION], results[reference]
     scale = want_logps.abs().mean()
     assert (logps - want_logps).abs().max() <= 2e-2 * scale
     assert (grad - want_grad).norm() <= 2e-2 * want_grad.norm()
