@@ -69,7 +69,8 @@ class Sequences(NamedTuple):
     completions that follow it, `prompt_aug.packing`'s ``share_prompts``).
 
     ``cu_seqlens`` (int32, on the position ids' device): entries i, i + 1 bound sequence i's queries;
-    ``max_length``: the longest sequence; ``segment`` (rows, T): each token's sequence number; ``prefix``
+    ``max_length``: the longest sequence; ``segment`` (rows, T, on the CPU): each token's sequence number,
+    for the mask; ``prefix``
     (on the CPU): per sequence, how many tokens of its root it sees (0 for roots); ``root`` (CPU): per
     sequence, its root's number (itself for a root). Where some sequence has a prefix, ``key_index`` (on the
     device) gathers each sequence's keys (its prefix, then itself) from the flat tokens, bounded by
@@ -117,7 +118,7 @@ def sequences(position_ids: torch.Tensor) -> Sequences:
     numbers = torch.arange(offsets.numel())
     root = torch.cummax(torch.where(is_root, numbers, torch.full_like(numbers, -1)), 0).values
     prefix = torch.where(is_root, torch.zeros_like(first), first)
-    segment = (torch.cumsum(starts.long(), 0) - 1).view(rows, width).to(device)
+    segment = (torch.cumsum(starts.long(), 0) - 1).view(rows, width)
     cu_seqlens = torch.cat([offsets, torch.tensor([flat.numel()])]).to(torch.int32).to(device)
     max_length = int(lengths.max()) if offsets.numel() else 0
     found = Sequences(cu_seqlens, max_length, segment, prefix, root)
@@ -161,9 +162,9 @@ def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     sees the earlier tokens of its own sequence and, in a sequence that continues a shared prefix, that
     prefix (`Sequences`), as transformers builds the block-diagonal mask for SDPA when there is none."""
     found = sequences(position_ids)
-    segment = found.segment
+    device = position_ids.device
+    segment = found.segment.to(device)
     width = segment.size(1)
-    device = segment.device
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     same = segment[:, :, None] == segment[:, None, :]
     if found.key_index is None:
