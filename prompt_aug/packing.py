@@ -393,15 +393,17 @@ class PackingCheck:
     error: float
     leak: float
     tokens: int
+    layout: str = "packed rows"  # what was checked
+    wrong: str = "as one unpacked sequence"  # what ``leak`` ran
 
     def __bool__(self) -> bool:
         return self.ok
 
     def describe(self) -> str:
-        verdict = "packed rows match" if self.ok else "packed rows do NOT match"
+        verdict = f"{self.layout} match" if self.ok else f"{self.layout} do NOT match"
         return (
             f"{verdict} the rows alone: mean |difference| {self.error:.3g} over {self.tokens} tokens "
-            f"(as one unpacked sequence: {self.leak:.3g})"
+            f"({self.wrong}: {self.leak:.3g})"
         )
 
 
@@ -466,6 +468,44 @@ def packing_check(
     error = float((packed - alone).abs().mean())
     leak = float((leaked - alone).abs().mean())
     return PackingCheck(ok=error <= atol or error <= rtol * leak, error=error, leak=leak, tokens=n)
+
+
+def shared_prompts_check(
+    call: PackCall,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    max_row_tokens: int = 64,
+    atol: float = 1e-4,
+    rtol: float = 0.1,
+) -> PackingCheck | None:
+    """Run one row of a live batch (the first with a prompt of at least 2 tokens and a completion; at most
+    ``max_row_tokens`` of each) twice in one pack that shares its prompt (`pack_rows`' ``share_prompts``), and
+    compare the second copy's log-probs with the row alone, and with its completion run without the prompt it
+    should see (what an attention that does not read the shared layout computes). ``atol`` and ``rtol`` as
+    `packing_check`. None when no row has a prompt and a completion. Runs without gradients."""
+    prompt_lengths, completion_lengths = _row_lengths(attention_mask, logits_to_keep)
+    usable = [i for i in range(input_ids.size(0)) if prompt_lengths[i] >= 2 and completion_lengths[i] >= 1]
+    if not usable:
+        return None
+    i, prompt_width = usable[0], input_ids.size(1) - logits_to_keep
+    prompt = input_ids[i, prompt_width - int(prompt_lengths[i]) : prompt_width][-max_row_tokens:]
+    completion = input_ids[i, prompt_width : prompt_width + int(completion_lengths[i])][:max_row_tokens]
+    p, c = len(prompt), len(completion)
+    row = torch.cat([prompt, completion])[None]
+    both, ones = row.expand(2, -1), torch.ones(2, p + c, dtype=torch.long, device=row.device)
+    segment = torch.cat([prompt[-1:], completion])[None]
+    labels = segment.clone()
+    labels[0, 0] = IGNORE_INDEX
+    positions = torch.arange(p - 1, p + c, device=row.device)[None]
+    with torch.no_grad():
+        shared = packed_forward(call, both, ones, c, share_prompts=True).log_probs[1].float()
+        alone = packed_forward(call, both[:1], ones[:1], c).log_probs[0].float()
+        unseen = call({"input_ids": segment, "position_ids": positions, "labels": labels})[0]
+    unseen = unseen.reshape(-1)[:c].float()
+    error, leak = float((shared - alone).abs().mean()), float((unseen - alone).abs().mean())
+    ok = error <= atol or error <= rtol * leak
+    return PackingCheck(ok, error, leak, c, "rows sharing a prompt", "without the prompt")
 
 
 def packing_matches(

@@ -29,7 +29,14 @@ from typing import Any
 import torch
 
 from .balance import balanced_groups
-from .packing import fused_head_call, packed_forward, packing_check, packing_unsupported_reason, unwrap_model
+from .packing import (
+    fused_head_call,
+    packed_forward,
+    packing_check,
+    packing_unsupported_reason,
+    shared_prompts_check,
+    unwrap_model,
+)
 from .records import micro_steps_per_round
 from .varlen import VARLEN_ATTENTION, restore_sdpa, use_varlen_attention
 
@@ -298,6 +305,7 @@ class PaddingFreePasses:
         self.device = torch.device(device) if device is not None else None
         self.attention: str | None = None  # the packed path's attention, once `choose` has run
         self.share_prompts = share_prompts
+        self._shared_checked = not share_prompts
         self.stats = {"real": 0, "processed": 0, "calls": 0}
         self._checked = self.mode not in ("packed", "auto")
 
@@ -362,7 +370,7 @@ class PaddingFreePasses:
                 note = "padding-free passes: varlen attention failed the live check, back to sdpa: %s"
                 logger.warning(note, check.describe())
                 restore_sdpa(unwrap_model(model)[0])
-                self.attention = "sdpa"
+                self.attention, self.share_prompts = "sdpa", False  # only varlen reads shared prompts
                 model.eval()
                 try:
                     check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
@@ -411,17 +419,39 @@ class PaddingFreePasses:
         self, model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         call = fused_head_call(model, self.autocast)
+        share = self._shares(model, call, input_ids, attention_mask, logits_to_keep)
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), rows):  # TRL's calls: one per `rows` rows
             part = slice(start, start + rows)
             out = packed_forward(
                 call, input_ids[part], attention_mask[part], logits_to_keep, self.max_tokens, compute_entropy,
-                self.pad_to_multiple_of, share_prompts=self.share_prompts,
+                self.pad_to_multiple_of, share_prompts=share,
             )  # fmt: skip
             self._count(out.real_tokens, out.processed_tokens, out.calls)
             logps.append(out.log_probs)
             entropies.append(out.entropy)
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
+
+    def _shares(self, model, call, input_ids, attention_mask, logits_to_keep) -> bool:
+        """Whether this call shares prompts: only a model on `prompt_aug.varlen`'s attention reads that layout
+        (not a reference model TRL built on SDPA), and only once a live check on it has passed (else sharing
+        stops, in one log line)."""
+        attention = getattr(getattr(unwrap_model(model)[0], "config", None), "_attn_implementation", None)
+        if not self.share_prompts or attention != VARLEN_ATTENTION:
+            return False
+        if not self._shared_checked:
+            self._shared_checked = True
+            training = model.training
+            model.eval()
+            try:
+                check = shared_prompts_check(call, input_ids, attention_mask, logits_to_keep)
+            finally:
+                model.train(training)
+            if check is not None and not check:
+                self.share_prompts = False
+                logger.warning("padding-free passes: prompts not shared: %s", check.describe())
+            self._shared_checked = check is not None  # a batch with nothing to check: the next one is
+        return self.share_prompts
 
     def _count(self, real: int, processed: int, calls: int) -> None:
         self.stats["real"] += real

@@ -123,23 +123,24 @@ def sequences(position_ids: torch.Tensor) -> Sequences:
     max_length = int(lengths.max()) if offsets.numel() else 0
     found = Sequences(cu_seqlens, max_length, segment, prefix, root)
     if bool((prefix > 0).any()):
-        found = _with_prefixes(found, offsets, lengths, device, width)
+        found = _with_prefixes(found, offsets, lengths, first, device)
     _SEEN.insert(0, (weakref.ref(position_ids), position_ids._version, found))
     del _SEEN[4:]
     return found
 
 
 def _with_prefixes(
-    found: Sequences, offsets: torch.Tensor, lengths: torch.Tensor, device: torch.device, width: int
+    found: Sequences, offsets: torch.Tensor, lengths: torch.Tensor, first: torch.Tensor, device: torch.device
 ) -> Sequences:
     """``found`` with the key gather of its shared prefixes: sequence i's keys are the first ``prefix[i]``
-    tokens of its root, then its own tokens."""
+    tokens of its root, then its own tokens. (A root is the row's first sequence or starts at position 0;
+    the sequence's own row holds it, as roots include every row's start.)"""
     pieces, key_lengths = [], []
     for i, (offset, length, prefix, root) in enumerate(
         zip(offsets.tolist(), lengths.tolist(), found.prefix.tolist(), found.root.tolist(), strict=True)
     ):
         if prefix:
-            if root < 0 or offsets[root] // width != offset // width or lengths[root] < prefix:
+            if first[root] != 0 or lengths[root] < prefix:
                 raise ValueError(
                     f"packed position ids: sequence {i} starts at position {prefix} but has no root before "
                     f"it in its row with {prefix} tokens to continue"

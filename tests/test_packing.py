@@ -25,6 +25,7 @@ from prompt_aug.packing import (
     packing_matches,
     packing_unsupported_reason,
     plan_packs,
+    shared_prompts_check,
 )
 from prompt_aug.varlen import block_causal_mask, register, sequences
 
@@ -207,6 +208,8 @@ def test_shared_prompts_run_once_with_positions_that_continue_them():
     assert apart.scatter(scores, 3, 2).tolist() == [[2.0, 3.0], [8.0, 9.0], [5.0, 0.0]]
     with pytest.raises(ValueError, match="sequence 1 starts at position 3 but has no root"):
         sequences(torch.tensor([[0, 1, 3, 4]]))
+    with pytest.raises(ValueError, match="sequence 1 starts at position 3 but has no root"):
+        sequences(torch.tensor([[2, 3, 4, 3, 4]]))  # the row's first sequence starts at 2, not 0
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -244,6 +247,17 @@ def test_shared_prompts_match_trl_padded_call_with_gradients(split):
     torch.testing.assert_close(entropy, want_entropy, rtol=0, atol=1e-5)
     for key, grad in want_grads.items():
         torch.testing.assert_close(grads[key], grad, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_the_shared_prompts_check_passes_where_the_layout_is_read_and_fails_where_it_is_not():
+    ids, mask = _grouped_rows()
+    reads = _model(register(name="test_shared_check", devices=("cpu",), dtypes=())).eval()
+    check = shared_prompts_check(fused_head_call(reads), ids, mask, KEEP)
+    assert check.ok and check.error < 1e-5 < check.leak, check.describe()
+    ignores = shared_prompts_check(fused_head_call(_model("sdpa").eval()), ids, mask, KEEP)
+    assert not ignores.ok and ignores.describe().startswith("rows sharing a prompt do NOT match")
+    # Rows with no prompt of two tokens and a completion: nothing to check.
+    assert shared_prompts_check(fused_head_call(reads), *_rows([(1, 3), (4, 0)]), KEEP) is None
 
 
 def test_budget_splitting_and_rounding_change_no_value():

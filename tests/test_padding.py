@@ -235,6 +235,14 @@ def test_each_loss_type_gets_the_same_update_packed(tiny_model_dir, tmp_path, lo
     )  # fmt: skip
 
 
+def test_shared_prompts_with_a_reference_model_get_the_same_update(tiny_model_dir, tmp_path):
+    # beta > 0: TRL builds a reference model on SDPA, which cannot read shared prompts; its passes run
+    # unshared while the policy's share, and the KL term is TRL's.
+    _assert_same_update(
+        tiny_model_dir, tmp_path, steps_per_generation=4, packing_share_prompts=True, beta=0.04
+    )
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
 def test_the_trim_path_gets_the_same_update(tiny_model_dir, tmp_path, loss_type):
     # dapo's rows are regrouped by length within each optimizer step; bnpo divides by each micro-batch's token
