@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -412,6 +412,18 @@ def _real_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, row: int
     return tokens[-limit:]
 
 
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode for the block (dropout would make packed and unpacked rows differ for another
+    reason), then back in the mode it was in."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
 def packing_check(
     call_or_model: PackCall | torch.nn.Module,
     input_ids: torch.Tensor,
@@ -446,19 +458,10 @@ def packing_check(
     labels = torch.cat([torch.full_like(a, IGNORE_INDEX), labels_b])[None]
     packed_positions = torch.cat([torch.arange(len(a), device=device), positions_b])[None]
     one_sequence = torch.arange(len(a) + len(b), device=device)[None]
-    training = model.training if model is not None else False
-    if model is not None:
-        model.eval()
-    try:
-        with torch.no_grad():
-            alone = call({"input_ids": b[None], "position_ids": positions_b[None], "labels": labels_b[None]})[
-                0
-            ]
-            packed = call({"input_ids": ids, "position_ids": packed_positions, "labels": labels})[0]
-            leaked = call({"input_ids": ids, "position_ids": one_sequence, "labels": labels})[0]
-    finally:
-        if model is not None:
-            model.train(training)
+    with eval_mode(model) if model is not None else contextlib.nullcontext(), torch.no_grad():
+        alone = call({"input_ids": b[None], "position_ids": positions_b[None], "labels": labels_b[None]})[0]
+        packed = call({"input_ids": ids, "position_ids": packed_positions, "labels": labels})[0]
+        leaked = call({"input_ids": ids, "position_ids": one_sequence, "labels": labels})[0]
     # Entry j scores token j + 1; the second row's tokens 1.. are the last len(b) - 1 scored entries.
     n = len(b) - 1
     alone = alone.reshape(-1)[: len(b) - 1].float()

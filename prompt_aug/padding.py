@@ -30,6 +30,7 @@ import torch
 
 from .balance import balanced_groups
 from .packing import (
+    eval_mode,
     fused_head_call,
     packed_forward,
     packing_check,
@@ -360,22 +361,15 @@ class PaddingFreePasses:
             return logps, entropies
         if not self._checked:
             self._checked = True
-            training = model.training  # dropout would make the rows differ for another reason
-            model.eval()
-            try:
+            with eval_mode(model):
                 check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
-            finally:
-                model.train(training)
             if not check and self.attention == VARLEN_ATTENTION:
                 note = "padding-free passes: varlen attention failed the live check, back to sdpa: %s"
                 logger.warning(note, check.describe())
                 restore_sdpa(unwrap_model(model)[0])
                 self.attention, self.share_prompts = "sdpa", False  # only varlen reads shared prompts
-                model.eval()
-                try:
+                with eval_mode(model):
                     check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
-                finally:
-                    model.train(training)
             if not check:
                 self._fall_back(check.describe())
         if self.mode == "packed":
@@ -440,13 +434,8 @@ class PaddingFreePasses:
         if not self.share_prompts or attention != VARLEN_ATTENTION:
             return False
         if not self._shared_checked:
-            self._shared_checked = True
-            training = model.training
-            model.eval()
-            try:
+            with eval_mode(model):
                 check = shared_prompts_check(call, input_ids, attention_mask, logits_to_keep)
-            finally:
-                model.train(training)
             if check is not None and not check:
                 self.share_prompts = False
                 logger.warning("padding-free passes: prompts not shared: %s", check.describe())

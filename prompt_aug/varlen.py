@@ -70,12 +70,10 @@ class Sequences(NamedTuple):
 
     ``cu_seqlens`` (int32, on the position ids' device): entries i, i + 1 bound sequence i's queries;
     ``max_length``: the longest sequence; ``segment`` (rows, T, on the CPU): each token's sequence number,
-    for the mask; ``prefix``
-    (on the CPU): per sequence, how many tokens of its root it sees (0 for roots); ``root`` (CPU): per
-    sequence, its root's number (itself for a root). Where some sequence has a prefix, ``key_index`` (on the
-    device) gathers each sequence's keys (its prefix, then itself) from the flat tokens, bounded by
-    ``cu_seqlens_k``, the longest ``max_length_k``; otherwise these are None, ``cu_seqlens`` and
-    ``max_length``."""
+    for the mask; ``prefix`` (CPU): per sequence, how many tokens of its root it sees (0 for roots); ``root``
+    (CPU): per sequence, its root's number (itself for a root). Where some sequence has a prefix,
+    ``key_index`` (on the device) gathers each sequence's keys (its prefix, then itself) from the flat
+    tokens, bounded by ``cu_seqlens_k``, the longest ``max_length_k``; otherwise these three are None."""
 
     cu_seqlens: torch.Tensor
     max_length: int
@@ -172,8 +170,7 @@ def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
         return (same & causal)[:, None]
     # Key u is in query t's prefix: u lies in t's root and before position prefix[t's sequence].
     root, prefix = found.root.to(device)[segment], found.prefix.to(device)[segment]
-    positions = position_ids.expand(segment.size(0), -1)
-    in_prefix = (segment[:, None, :] == root[:, :, None]) & (positions[:, None, :] < prefix[:, :, None])
+    in_prefix = (segment[:, None, :] == root[:, :, None]) & (position_ids[:, None, :] < prefix[:, :, None])
     return ((same | in_prefix) & causal)[:, None]
 
 
@@ -242,7 +239,7 @@ def make_varlen_attention(
             query, key, value = (t.to(low) for t in (query, key, value))
         why = (
             "torch has no varlen_attn" if kernel is None
-            else f"the kernel does not run on {query.device.type}" if query.device.type not in devices
+            else f"the kernel does not run on {device_type}" if device_type not in devices
             else f"the kernel does not take {query.dtype}" if query.dtype not in dtypes
             else "attention dropout is on" if dropout
             else None
