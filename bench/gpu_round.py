@@ -61,6 +61,7 @@ import argparse
 import contextlib
 import copy
 import importlib.util
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -73,7 +74,7 @@ sys.path.insert(
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from prompt_aug.packing import IGNORE_INDEX, packed_forward
+from prompt_aug.packing import IGNORE_INDEX, host_rows, packed_forward
 from prompt_aug.padding import chunked_forward, long_tailed_lengths, optimizer_step_segments, regroup
 from prompt_aug.varlen import VARLEN_ATTENTION, packed_attention, register, varlen_kernel
 
@@ -193,6 +194,9 @@ def forward(model, mode: str, batch: dict, rows_per_call: int, counts: dict, pad
         (logps,) = chunked_forward(score, ids, mask, keep, rows_per_chunk=rows_per_call)
         return logps
     pieces = []
+    share = mode == "packed-shared"
+    # As the trainer does: the rows' lengths (and prompts) read back once for all of the call's packs.
+    on_host = host_rows(ids, mask, keep, share) if mode.startswith("packed") else None
     for s in range(0, ids.size(0), rows_per_call):
         part_ids, part_mask = ids[s : s + rows_per_call], mask[s : s + rows_per_call]
         if mode == "padded":
@@ -202,7 +206,8 @@ def forward(model, mode: str, batch: dict, rows_per_call: int, counts: dict, pad
         else:  # packed: the padded call's tokens as the budget, so each micro-batch is one call
             out = packed_forward(
                 packed_call(model), part_ids, part_mask, keep, max_tokens=part_ids.numel(),
-                pad_to_multiple_of=pad_multiple, share_prompts=mode == "packed-shared",
+                pad_to_multiple_of=pad_multiple, share_prompts=share,
+                rows_on_host=on_host.take(slice(s, s + rows_per_call)),
             )  # fmt: skip
             counts["calls"] += out.calls
             counts["processed"] += out.processed_tokens
@@ -363,6 +368,14 @@ def round_seconds(result: dict) -> float:
     return sum(result["times"].values())
 
 
+class Stopped(Exception):
+    """The bench was told to stop (SIGTERM, as ``timeout`` sends) in the middle of its rounds."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
 def ratio_table(results: dict[str, list[dict]], labels: list[str]) -> list[str]:
     """Per mode: mean seconds of the rounds of new lengths after the first (the first when it is the only
     one), the repeated round's, peak memory, and their ratios to padded's and to each other."""
@@ -469,55 +482,67 @@ def main(argv: list[str] | None = None) -> dict:
               f"{estimate:.1f} s)")  # fmt: skip
         return True
 
-    for mode in modes:
-        if reason := unavailable(mode, device):
-            print(f"{mode}: skipped ({reason})")
-            continue
-        if over_budget(longest, f"{mode}:"):
-            skipped.append(f"{mode}: every round")
-            continue
-        attention = attention_of(mode, device)
-        try:
-            model.set_attn_implementation(register() if attention == VARLEN_ATTENTION else attention)
-        except (ImportError, ValueError) as error:
-            print(f"{mode}: skipped (attention {attention!r}: {str(error).splitlines()[0]})")
-            continue
-        model.load_state_dict(start_weights)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-        print(f"\n{mode} (attention {attention})\n{header}")
-        results[mode] = []
-        for index, (seed, label) in enumerate(zip(seeds, labels, strict=True)):
-            estimate = round_seconds(results[mode][-1]) if results[mode] else longest
-            if over_budget(estimate, f"{label:>14}"):
-                skipped.append(f"{mode}: {', '.join(labels[index:])}")
-                break
-            round_ = build_round(shape, seed, device)
-            r = train_round(model, optimizer, round_, shape, mode, device, seed, pad_multiple, profiles)
-            results[mode].append(r)
-            longest = max(longest, round_seconds(r))
-            cells = " ".join(f"{r['times'][p]:>20.2f}" for p in phases)
-            print(f"{label:>14} {cells} {round_seconds(r):>9.2f} {r['peak_gib']:>9.1f} "
-                  f"{r['real'] / r['processed']:>11.3f} {r['calls']:>6}", flush=True)  # fmt: skip
-        profiled = args.profile_modes is None or mode in args.profile_modes.split(",")
-        if args.profile is not None and profiled and len(results[mode]) == len(seeds):
-            # Two more rounds, profiled (the profiler's overhead kept out of the timed rounds above): lengths
-            # no round of the mode has seen, then the same round again.
-            fresh = seeds[-1] + 1
-            for label in (f"seed {fresh} profiled", f"seed {fresh} profiled again"):
-                if over_budget(4 * round_seconds(results[mode][-1]), f"{label:>24}"):  # profiler: 2-3x
-                    skipped.append(f"{mode}: {label}")
+    # A step limit (timeout sends SIGTERM) ends the rounds, not the bench: what ran is still summarised.
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        for mode in modes:
+            if reason := unavailable(mode, device):
+                print(f"{mode}: skipped ({reason})")
+                continue
+            if over_budget(longest, f"{mode}:"):
+                skipped.append(f"{mode}: every round")
+                continue
+            attention = attention_of(mode, device)
+            try:
+                model.set_attn_implementation(register() if attention == VARLEN_ATTENTION else attention)
+            except (ImportError, ValueError) as error:
+                print(f"{mode}: skipped (attention {attention!r}: {str(error).splitlines()[0]})")
+                continue
+            model.load_state_dict(start_weights)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+            print(f"\n{mode} (attention {attention})\n{header}")
+            results[mode] = []
+            for index, (seed, label) in enumerate(zip(seeds, labels, strict=True)):
+                estimate = round_seconds(results[mode][-1]) if results[mode] else longest
+                if over_budget(estimate, f"{label:>14}"):
+                    skipped.append(f"{mode}: {', '.join(labels[index:])}")
                     break
-                profiles.on, profiles.label = True, label
-                round_ = build_round(shape, fresh, device)
-                r = train_round(model, optimizer, round_, shape, mode, device, fresh, pad_multiple, profiles)
-                profiles.on = False
-                print(f"{label:>24} {round_seconds(r):>9.2f} s with the profiler on", flush=True)
-        if not results[mode]:
-            del results[mode]
-        del optimizer
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+                round_ = build_round(shape, seed, device)
+                r = train_round(model, optimizer, round_, shape, mode, device, seed, pad_multiple, profiles)
+                results[mode].append(r)
+                longest = max(longest, round_seconds(r))
+                cells = " ".join(f"{r['times'][p]:>20.2f}" for p in phases)
+                print(f"{label:>14} {cells} {round_seconds(r):>9.2f} {r['peak_gib']:>9.1f} "
+                      f"{r['real'] / r['processed']:>11.3f} {r['calls']:>6}", flush=True)  # fmt: skip
+            profiled = args.profile_modes is None or mode in args.profile_modes.split(",")
+            if args.profile is not None and profiled and len(results[mode]) == len(seeds):
+                # Two more rounds, profiled (the profiler's overhead kept out of the timed rounds above):
+                # lengths no round of the mode has seen, then the same round again.
+                fresh = seeds[-1] + 1
+                for label in (f"seed {fresh} profiled", f"seed {fresh} profiled again"):
+                    if over_budget(4 * round_seconds(results[mode][-1]), f"{label:>24}"):  # profiler: 2-3x
+                        skipped.append(f"{mode}: {label}")
+                        break
+                    profiles.on, profiles.label = True, label
+                    round_ = build_round(shape, fresh, device)
+                    r = train_round(
+                        model, optimizer, round_, shape, mode, device, fresh, pad_multiple, profiles
+                    )
+                    profiles.on = False
+                    print(f"{label:>24} {round_seconds(r):>9.2f} s with the profiler on", flush=True)
+            if not results[mode]:
+                del results[mode]
+            del optimizer
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
 
+    except Stopped as stop:
+        print(f"\nstopped by {stop} after {time.perf_counter() - began:.0f} s: the summary of the rounds run")
+        skipped.append(f"the rounds after that: stopped by {stop}")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        profiles.on = False
+    results = {mode: rs for mode, rs in results.items() if rs}
     print()
     losses = {mode: [x for r in rs for x in r["losses"]] for mode, rs in results.items()}
     for mode, values in losses.items():

@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import torch
 
-from .varlen import VARLEN_ATTENTION
+from .varlen import VARLEN_ATTENTION, host_to_device, remember_positions
 
 IGNORE_INDEX = -100
 
@@ -120,22 +120,46 @@ def plan_packs(lengths: Sequence[int] | torch.Tensor, max_tokens: int) -> list[i
     return sizes
 
 
-def _row_lengths(attention_mask: torch.Tensor, logits_to_keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(prompt, completion) real-token counts per row, on the CPU (one device-to-host copy)."""
+class HostRows(NamedTuple):
+    """What packing reads of a call's rows on the CPU, fetched in one device-to-host copy (`host_rows`):
+    real prompt and completion tokens per row and, where prompts may be shared, the rows' (left-padded)
+    prompt ids."""
+
+    prompt_lengths: torch.Tensor
+    completion_lengths: torch.Tensor
+    prompt_ids: torch.Tensor | None = None
+
+    def take(self, rows: slice) -> HostRows:
+        """The same for a slice of the rows."""
+        ids = None if self.prompt_ids is None else self.prompt_ids[rows]
+        return HostRows(self.prompt_lengths[rows], self.completion_lengths[rows], ids)
+
+
+def host_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, share_prompts: bool = False
+) -> HostRows:
+    """The `HostRows` of a TRL-style call (``cat(prompt, completion)``, the last ``logits_to_keep`` columns
+    the completion), with the prompt ids when ``share_prompts``: one device-to-host copy, the only place a
+    packed call waits for the device."""
     prompt_width = attention_mask.size(1) - logits_to_keep
-    both = torch.stack(
+    rows = attention_mask.size(0)
+    lengths = torch.stack(
         [attention_mask[:, :prompt_width].sum(dim=1), attention_mask[:, prompt_width:].sum(dim=1)]
-    )
-    prompt, completion = both.cpu().long().unbind(0)
-    return prompt, completion
+    ).long()
+    if share_prompts:
+        flat = torch.cat([lengths.reshape(-1), input_ids[:, :prompt_width].reshape(-1).long()]).cpu()
+        prompt, completion = flat[: 2 * rows].view(2, rows).unbind(0)
+        return HostRows(prompt, completion, flat[2 * rows :].view(rows, prompt_width))
+    prompt, completion = lengths.cpu().unbind(0)
+    return HostRows(prompt, completion)
 
 
 def _prompt_groups(prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor) -> list[list[int]] | None:
-    """The rows of a pack grouped by prompt (length and left-padded ids), groups in order of their first row,
-    rows in order within a group; None when no two rows share one. One device-to-host copy."""
+    """The rows of a pack grouped by prompt (length and left-padded ids, on the CPU), groups in order of their
+    first row, rows in order within a group; None when no two rows share one."""
     if prompt_ids.size(0) < 2:
         return None
-    keys = torch.cat([prompt_lengths.to(prompt_ids.device)[:, None], prompt_ids], dim=1)
+    keys = torch.cat([prompt_lengths[:, None], prompt_ids], dim=1)
     _, inverse = torch.unique(keys, dim=0, return_inverse=True)
     groups: dict[int, list[int]] = {}
     for row, key in enumerate(inverse.tolist()):
@@ -175,8 +199,7 @@ def _shared_layout(
 
 def _pack(
     input_ids: torch.Tensor,
-    prompt_lengths: torch.Tensor,
-    completion_lengths: torch.Tensor,
+    rows_on_host: HostRows,
     logits_to_keep: int,
     pad_to_multiple_of: int | None,
     pad_token_id: int,
@@ -185,7 +208,8 @@ def _pack(
     rows, width = input_ids.shape
     prompt_width = width - logits_to_keep
     device = input_ids.device
-    groups = _prompt_groups(input_ids[:, :prompt_width], prompt_lengths) if share_prompts else None
+    prompt_lengths, completion_lengths, prompt_ids = rows_on_host
+    groups = _prompt_groups(prompt_ids, prompt_lengths) if share_prompts and prompt_ids is not None else None
     if groups is None:
         lengths = prompt_lengths + completion_lengths
         real = int(lengths.sum())
@@ -204,18 +228,24 @@ def _pack(
     extra = (-real) % pad_to_multiple_of if pad_to_multiple_of else 0
     # Rounding tokens go last, as a sequence of their own: causal attention keeps them from every real token.
     position = torch.cat([position, torch.arange(extra)])
-    index, scored_dev = (row * width + column).to(device), scored.to(device)
+    # Every index goes to the device in one copy that does not wait there (`varlen.host_to_device`).
+    moved = host_to_device(torch.cat([row * width + column, scored.long(), position, source, target]), device)
+    index, scored_dev, position_dev, source_dev, target_dev = moved.split(
+        [real, real, real + extra, source.numel(), target.numel()]
+    )
     ids = input_ids.reshape(-1)[index]
-    labels = torch.where(scored_dev, ids, torch.full_like(ids, IGNORE_INDEX))
+    labels = torch.where(scored_dev.bool(), ids, torch.full_like(ids, IGNORE_INDEX))
     if extra:
         ids = torch.cat([ids, ids.new_full((extra,), pad_token_id)])
         labels = torch.cat([labels, labels.new_full((extra,), IGNORE_INDEX)])
+    position_dev = position_dev[None]
+    remember_positions(position_dev, position[None])
     return PackedRows(
         input_ids=ids[None],
-        position_ids=position.to(device)[None],
+        position_ids=position_dev,
         labels=labels[None],
-        source=source.to(device),
-        target=target.to(device),
+        source=source_dev,
+        target=target_dev,
         real_tokens=real,
     )
 
@@ -238,11 +268,8 @@ def pack_rows(
     first P - 1 tokens once (`_shared_layout`), wherever they stand in the pack (results still go back to
     each row); only `prompt_aug.varlen`'s attention reads that layout.
     """
-    prompt_lengths, completion_lengths = _row_lengths(attention_mask, logits_to_keep)
-    return _pack(
-        input_ids, prompt_lengths, completion_lengths, logits_to_keep, pad_to_multiple_of, pad_token_id,
-        share_prompts,
-    )  # fmt: skip
+    on_host = host_rows(input_ids, attention_mask, logits_to_keep, share_prompts)
+    return _pack(input_ids, on_host, logits_to_keep, pad_to_multiple_of, pad_token_id, share_prompts)
 
 
 def packed_forward(
@@ -255,6 +282,7 @@ def packed_forward(
     pad_to_multiple_of: int | None = None,
     pad_token_id: int = 0,
     share_prompts: bool = False,
+    rows_on_host: HostRows | None = None,
 ) -> PackedOutput:
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` columns, run as packed rows.
 
@@ -263,10 +291,13 @@ def packed_forward(
     and run by ``call`` (see `PackCall`, `fused_head_call`). Results come back as TRL's padded call gives
     them: (rows, logits_to_keep), rows in their original order, 0 where the completion mask is 0; gradients
     flow back through ``call``'s outputs. ``calls``, ``real_tokens`` and ``processed_tokens`` count the work.
-    ``share_prompts``: see `pack_rows` (a shared prompt's tokens are counted once).
+    ``share_prompts``: see `pack_rows` (a shared prompt's tokens are counted once). ``rows_on_host``: the
+    rows' `host_rows`, where the caller has them (else read here, the call's one wait for the device).
     """
     rows, width = input_ids.shape
-    prompt_lengths, completion_lengths = _row_lengths(attention_mask, logits_to_keep)
+    if rows_on_host is None:
+        rows_on_host = host_rows(input_ids, attention_mask, logits_to_keep, share_prompts)
+    prompt_lengths, completion_lengths, _ = rows_on_host
     budget = rows * width if max_tokens is None else max_tokens
     log_probs: list[torch.Tensor] = []
     entropies: list[torch.Tensor] | None = [] if compute_entropy else None
@@ -276,8 +307,8 @@ def packed_forward(
         part = slice(start, start + size)
         start += size
         packed = _pack(
-            input_ids[part], prompt_lengths[part], completion_lengths[part], logits_to_keep,
-            pad_to_multiple_of, pad_token_id, share_prompts,
+            input_ids[part], rows_on_host.take(part), logits_to_keep, pad_to_multiple_of, pad_token_id,
+            share_prompts,
         )  # fmt: skip
         if packed.input_ids.size(1) == 0:  # rows without a real token: nothing to run
             zeros = input_ids.new_zeros((size, logits_to_keep), dtype=torch.float32)
@@ -396,6 +427,14 @@ class PackingCheck:
     layout: str = "packed rows"  # what was checked
     wrong: str = "as one unpacked sequence"  # what ``leak`` ran
 
+    @classmethod
+    def judge(
+        cls, error: float, leak: float, tokens: int, atol: float, rtol: float, **what: str
+    ) -> PackingCheck:
+        """The finding for ``error`` and ``leak`` (``what``: ``layout``, ``wrong``): ok within ``atol``, or
+        within ``rtol`` of the leak (bf16 rounding)."""
+        return cls(error <= atol or error <= rtol * leak, error, leak, tokens, **what)
+
     def __bool__(self) -> bool:
         return self.ok
 
@@ -470,7 +509,7 @@ def packing_check(
     leaked = leaked.reshape(-1)[end - n : end].float()
     error = float((packed - alone).abs().mean())
     leak = float((leaked - alone).abs().mean())
-    return PackingCheck(ok=error <= atol or error <= rtol * leak, error=error, leak=leak, tokens=n)
+    return PackingCheck.judge(error, leak, n, atol, rtol)
 
 
 def shared_prompts_check(
@@ -487,7 +526,7 @@ def shared_prompts_check(
     compare the second copy's log-probs with the row alone, and with its completion run without the prompt it
     should see (what an attention that does not read the shared layout computes). ``atol`` and ``rtol`` as
     `packing_check`. None when no row has a prompt and a completion. Runs without gradients."""
-    prompt_lengths, completion_lengths = _row_lengths(attention_mask, logits_to_keep)
+    prompt_lengths, completion_lengths, _ = host_rows(input_ids, attention_mask, logits_to_keep)
     usable = [i for i in range(input_ids.size(0)) if prompt_lengths[i] >= 2 and completion_lengths[i] >= 1]
     if not usable:
         return None
@@ -507,8 +546,9 @@ def shared_prompts_check(
         unseen = call({"input_ids": segment, "position_ids": positions, "labels": labels})[0]
     unseen = unseen.reshape(-1)[:c].float()
     error, leak = float((shared - alone).abs().mean()), float((unseen - alone).abs().mean())
-    ok = error <= atol or error <= rtol * leak
-    return PackingCheck(ok, error, leak, c, "rows sharing a prompt", "without the prompt")
+    return PackingCheck.judge(
+        error, leak, c, atol, rtol, layout="rows sharing a prompt", wrong="without the prompt"
+    )
 
 
 def packing_matches(

@@ -32,6 +32,7 @@ from .balance import balanced_groups
 from .packing import (
     eval_mode,
     fused_head_call,
+    host_rows,
     packed_forward,
     packing_check,
     packing_unsupported_reason,
@@ -256,6 +257,11 @@ def long_tailed_lengths(rows: int, cap: int, generator: torch.Generator) -> list
     return lengths.tolist()
 
 
+def _attention_of(model: torch.nn.Module) -> str | None:
+    """The attention implementation of the transformers model inside ``model``'s wrappers."""
+    return getattr(getattr(unwrap_model(model)[0], "config", None), "_attn_implementation", None)
+
+
 class PaddingFreePasses:
     """Runs every forward pass of a trainer on the path of `padding_mode` and counts the tokens it runs.
 
@@ -263,9 +269,9 @@ class PaddingFreePasses:
     keep, batch_size, compute_entropy)`` returning ``(logps, entropies, aux)``) for the ``trim`` and ``off``
     paths; the ``packed`` path calls ``model`` itself with TRL's fused head (`prompt_aug.packing`). Packing is
     checked twice before it is trusted: on the model's configuration when the model is first seen
-    (`packing_unsupported_reason`), and on the live model at the first call (`packing_check`: two rows packed
-    against each alone). Either failure falls back to ``trim`` with one log line saying why; the path chosen
-    is logged once.
+    (`packing_unsupported_reason`), and on each live model (the policy, a reference model) at its first call
+    (`packing_check`: two rows packed against each alone). Either failure falls back to ``trim`` with one log
+    line saying why; the path chosen is logged once.
 
     ``auto`` becomes ``packed`` or ``trim`` in `choose`, by the device. On the packed path, `choose` also
     gives the model varlen attention where `prompt_aug.varlen.packed_attention` picks it (CUDA, torch's
@@ -308,7 +314,10 @@ class PaddingFreePasses:
         self.share_prompts = share_prompts
         self._shared_checked = not share_prompts
         self.stats = {"real": 0, "processed": 0, "calls": 0}
-        self._checked = self.mode not in ("packed", "auto")
+        self._checked = self.mode not in ("packed", "auto")  # True: no live check is needed any more
+        # The models the live check ran on: each model packed is checked on its first call (the policy with
+        # varlen attention and a reference model TRL built on SDPA may come in either order).
+        self._live_checked: set[int] = set()
 
     def choose(self, model: torch.nn.Module) -> str:
         """Resolve ``auto`` by the device (``packed`` on CUDA, ``trim`` elsewhere), fall back from ``packed``
@@ -359,11 +368,11 @@ class PaddingFreePasses:
                 model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy
             )
             return logps, entropies
-        if not self._checked:
-            self._checked = True
+        if not self._checked and id(model) not in self._live_checked:
+            self._live_checked.add(id(model))
             with eval_mode(model):
                 check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
-            if not check and self.attention == VARLEN_ATTENTION:
+            if not check and _attention_of(model) == VARLEN_ATTENTION:
                 note = "padding-free passes: varlen attention failed the live check, back to sdpa: %s"
                 logger.warning(note, check.describe())
                 restore_sdpa(unwrap_model(model)[0])
@@ -414,12 +423,14 @@ class PaddingFreePasses:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         call = fused_head_call(model, self.autocast)
         share = self._shares(model, call, input_ids, attention_mask, logits_to_keep)
+        # The rows' lengths (and prompts, when shared) for all of TRL's calls, in one wait for the device.
+        on_host = host_rows(input_ids, attention_mask, logits_to_keep, share)
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), rows):  # TRL's calls: one per `rows` rows
             part = slice(start, start + rows)
             out = packed_forward(
                 call, input_ids[part], attention_mask[part], logits_to_keep, self.max_tokens, compute_entropy,
-                self.pad_to_multiple_of, share_prompts=share,
+                self.pad_to_multiple_of, share_prompts=share, rows_on_host=on_host.take(part),
             )  # fmt: skip
             self._count(out.real_tokens, out.processed_tokens, out.calls)
             logps.append(out.log_probs)
@@ -430,8 +441,7 @@ class PaddingFreePasses:
         """Whether this call shares prompts: only a model on `prompt_aug.varlen`'s attention reads that layout
         (not a reference model TRL built on SDPA), and only once a live check on it has passed (else sharing
         stops, in one log line)."""
-        attention = getattr(getattr(unwrap_model(model)[0], "config", None), "_attn_implementation", None)
-        if not self.share_prompts or attention != VARLEN_ATTENTION:
+        if not self.share_prompts or _attention_of(model) != VARLEN_ATTENTION:
             return False
         if not self._shared_checked:
             with eval_mode(model):

@@ -85,25 +85,69 @@ class Sequences(NamedTuple):
     max_length_k: int | None = None
 
 
-# The last few position-id tensors seen, with their sequences: every layer of a forward (and the recomputation
-# of a checkpointed layer) gets the same tensor, so the one device-to-host copy is paid once.
-_SEEN: list[tuple[weakref.ref, int, Sequences]] = []
+class _Seen:
+    """A packed position-id tensor seen (weakly held, with its version), its host copy when the packer gave
+    one, and what was derived from it: the sequences and, on the SDPA fallback, the mask."""
+
+    __slots__ = ("host", "mask", "ref", "sequences", "version")
+
+    def __init__(self, position_ids: torch.Tensor, host: torch.Tensor | None) -> None:
+        self.ref, self.version, self.host = weakref.ref(position_ids), position_ids._version, host
+        self.sequences: Sequences | None = None
+        self.mask: torch.Tensor | None = None
+
+    def holds(self, position_ids: torch.Tensor) -> bool:
+        return self.ref() is position_ids and position_ids._version == self.version
+
+
+# The last few position-id tensors seen: every layer of a forward (and the recomputation of a checkpointed
+# layer) gets the same tensor, so its sequences are read once, and from the packer's host copy where it gave
+# one (`remember_positions`), so that no layer waits on the device.
+_SEEN: list[_Seen] = []
+
+
+def _seen(position_ids: torch.Tensor) -> _Seen:
+    for entry in _SEEN:
+        if entry.holds(position_ids):
+            return entry
+    entry = _Seen(position_ids, None)
+    _SEEN[:] = [entry] + [e for e in _SEEN if e.ref() is not None][:3]
+    return entry
+
+
+def remember_positions(position_ids: torch.Tensor, host: torch.Tensor) -> None:
+    """Note that ``host`` (on the CPU) holds the values of the packed ``position_ids`` (on the device), so
+    that `sequences` reads them there instead of copying them back from the device, which would wait for
+    every kernel queued before it (`prompt_aug.packing` builds its position ids on the CPU)."""
+    entry = _seen(position_ids)
+    if entry.sequences is None:
+        entry.host = host.reshape(position_ids.shape)
+
+
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on ``device`` without waiting for the kernels queued there: torch's host-to-device copy
+    synchronises the stream unless ``non_blocking``; on CUDA the tensor is pinned first, so the copy is
+    truly asynchronous (torch's host allocator keeps the pinned buffer until the copy has run)."""
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 def sequences(position_ids: torch.Tensor) -> Sequences:
-    """The sequences of packed ``position_ids`` (rows, T), read on the CPU (one device-to-host copy), with
-    their shared prefixes (see `Sequences`). Memoised on the tensor (same object, unchanged).
+    """The sequences of packed ``position_ids`` (rows, T), read on the CPU (from the host copy given to
+    `remember_positions`, else with one device-to-host copy), with their shared prefixes (see `Sequences`).
+    Memoised on the tensor (same object, unchanged).
 
     Raises:
         ValueError: a sequence starting at position p > 0 has no root before it in its row with at least p
             tokens.
     """
-    for ref, version, found in _SEEN:
-        if ref() is position_ids and position_ids._version == version:
-            return found
+    entry = _seen(position_ids)
+    if entry.sequences is not None:
+        return entry.sequences
     rows, width = position_ids.shape
     device = position_ids.device
-    flat = position_ids.detach().reshape(-1).cpu()
+    flat = (entry.host if entry.host is not None else position_ids.detach().cpu()).reshape(-1)
     starts = torch.ones(flat.numel(), dtype=torch.bool)
     starts[1:] = flat[1:] != flat[:-1] + 1
     if width:
@@ -117,13 +161,12 @@ def sequences(position_ids: torch.Tensor) -> Sequences:
     root = torch.cummax(torch.where(is_root, numbers, torch.full_like(numbers, -1)), 0).values
     prefix = torch.where(is_root, torch.zeros_like(first), first)
     segment = (torch.cumsum(starts.long(), 0) - 1).view(rows, width)
-    cu_seqlens = torch.cat([offsets, torch.tensor([flat.numel()])]).to(torch.int32).to(device)
+    cu_seqlens = host_to_device(torch.cat([offsets, torch.tensor([flat.numel()])]).to(torch.int32), device)
     max_length = int(lengths.max()) if offsets.numel() else 0
     found = Sequences(cu_seqlens, max_length, segment, prefix, root)
     if bool((prefix > 0).any()):
         found = _with_prefixes(found, offsets, lengths, first, device)
-    _SEEN.insert(0, (weakref.ref(position_ids), position_ids._version, found))
-    del _SEEN[4:]
+    entry.sequences, entry.host = found, None
     return found
 
 
@@ -150,8 +193,8 @@ def _with_prefixes(
     key_lengths_t = torch.tensor(key_lengths)
     cu_k = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(key_lengths_t, 0)])
     return found._replace(
-        key_index=torch.cat(pieces).to(device),
-        cu_seqlens_k=cu_k.to(torch.int32).to(device),
+        key_index=host_to_device(torch.cat(pieces), device),
+        cu_seqlens_k=host_to_device(cu_k.to(torch.int32), device),
         max_length_k=int(key_lengths_t.max()),
     )
 
@@ -159,19 +202,24 @@ def _with_prefixes(
 def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     """The (rows, 1, T, T) boolean mask of packed ``position_ids`` (True where attention is allowed): a token
     sees the earlier tokens of its own sequence and, in a sequence that continues a shared prefix, that
-    prefix (`Sequences`), as transformers builds the block-diagonal mask for SDPA when there is none."""
-    found = sequences(position_ids)
+    prefix (`Sequences`), as transformers builds the block-diagonal mask for SDPA when there is none.
+    Memoised with the sequences, so the layers of a forward share one mask."""
+    found, entry = sequences(position_ids), _seen(position_ids)
+    if entry.mask is not None:
+        return entry.mask
     device = position_ids.device
-    segment = found.segment.to(device)
+    segment = host_to_device(found.segment, device)
     width = segment.size(1)
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     same = segment[:, :, None] == segment[:, None, :]
     if found.key_index is None:
-        return (same & causal)[:, None]
+        entry.mask = (same & causal)[:, None]
+        return entry.mask
     # Key u is in query t's prefix: u lies in t's root and before position prefix[t's sequence].
-    root, prefix = found.root.to(device)[segment], found.prefix.to(device)[segment]
+    root, prefix = host_to_device(found.root, device)[segment], host_to_device(found.prefix, device)[segment]
     in_prefix = (segment[:, None, :] == root[:, :, None]) & (position_ids[:, None, :] < prefix[:, :, None])
-    return ((same | in_prefix) & causal)[:, None]
+    entry.mask = ((same | in_prefix) & causal)[:, None]
+    return entry.mask
 
 
 _LOGGED: set[str] = set()

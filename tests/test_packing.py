@@ -8,6 +8,10 @@ also run on a model whose attention ignores the packing.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,7 @@ from trl.trainer.utils import add_fused_lm_head
 
 from prompt_aug.packing import (
     fused_head_call,
+    host_rows,
     pack_rows,
     packed_forward,
     packing_check,
@@ -249,6 +254,50 @@ def test_shared_prompts_match_trl_padded_call_with_gradients(split):
         torch.testing.assert_close(grads[key], grad, rtol=1e-4, atol=1e-5, msg=key)
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_a_packed_call_reads_nothing_back_from_the_device_once_its_rows_are_on_the_host(share):
+    """A packed call waits for the device once, in `host_rows`: the pack's indices and position ids are built
+    on the CPU and sent, and the attention reads its sequences from that host copy, so no layer waits for the
+    kernels queued before it. The device here is "meta", which holds no values: any copy back raises. What
+    the attention reads there is what it reads off the same pack built on the CPU."""
+    ids, mask = _grouped_rows()
+    read: dict[str, list] = {"meta": [], "cpu": []}
+
+    def call(inputs: dict) -> tuple[torch.Tensor, None]:
+        found = sequences(inputs["position_ids"])  # as the varlen attention does in every layer
+        device = inputs["input_ids"].device.type
+        read[device].append(
+            (found.max_length, found.prefix.tolist(), found.root.tolist(), found.max_length_k)
+        )
+        return torch.zeros(1, inputs["input_ids"].size(1) - 1, device=device), None
+
+    on_host = host_rows(ids, mask, KEEP, share)
+    for device in ("meta", "cpu"):
+        out = packed_forward(
+            call,
+            ids.to(device),
+            mask.to(device),
+            KEEP,
+            max_tokens=14,
+            share_prompts=share,
+            rows_on_host=on_host,
+        )
+        assert out.log_probs.device.type == device and out.calls == 4
+    assert read["meta"] == read["cpu"]
+    assert any(prefix > 0 for _, prefixes, _, _ in read["cpu"] for prefix in prefixes) == share
+    with pytest.raises(NotImplementedError, match="meta"):  # what a read-back would do there
+        sequences(torch.tensor([[0, 1, 0, 1]], device="meta"))
+
+
+def test_the_layers_of_a_forward_share_one_mask_until_the_positions_change():
+    positions = torch.tensor([[0, 1, 2, 0, 1]])
+    mask = block_causal_mask(positions)
+    assert block_causal_mask(positions) is mask
+    assert mask[0, 0].int().tolist()[3] == [0, 0, 0, 1, 0]
+    positions[0, 3:] = torch.tensor([3, 4])  # one sequence now, in place
+    assert block_causal_mask(positions)[0, 0].int().tolist()[3] == [1, 1, 1, 1, 0]
+
+
 def test_the_shared_prompts_check_passes_where_the_layout_is_read_and_fails_where_it_is_not():
     ids, mask = _grouped_rows()
     reads = _model(register(name="test_shared_check", devices=("cpu",), dtypes=())).eval()
@@ -385,3 +434,37 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
     assert any(line.startswith("padded: skipped (--budget_s 0.001: ") for line in lines)
     assert any(line.startswith("packed-sdpa: skipped (not in --modes)") for line in lines)
     assert lines[-2] == "skipped for --budget_s: padded: every round; trim: every round"
+
+
+def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
+    """``timeout`` (the GPU check's step limit) sends SIGTERM: the bench ends its rounds there and still
+    prints the losses, the comparison with padded and the table of what ran, instead of dying with nothing."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['gpu_round.py', '--tiny', '--modes', 'padded,packed-balanced,trim']\n"
+        "runpy.run_path('bench/gpu_round.py', run_name='__main__')\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    bench = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = []
+    for line in bench.stdout:  # the first round of the second mode: padded has run whole
+        seen.append(line)
+        if seen[-2:-1] and seen[-2].split()[:1] == ["round"] and "packed-balanced" in "".join(seen[-4:]):
+            bench.send_signal(signal.SIGTERM)
+            break
+    out, err = bench.communicate(timeout=120)
+    lines = "".join(seen + [out]).splitlines()
+    assert bench.returncode == 0, err[-3000:]
+    assert any(line.startswith("stopped by SIGTERM after ") for line in lines), lines
+    assert lines[-2] == "skipped for --budget_s: the rounds after that: stopped by SIGTERM"
+    losses = printed_losses("\n".join(lines))
+    assert set(losses) == {"padded", "packed-balanced"} and len(losses["padded"]) == 20
+    assert any(line.startswith("packed-balanced vs padded: losses differ by at most ") for line in lines)
+    assert "trim (attention sdpa)" not in lines

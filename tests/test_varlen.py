@@ -14,14 +14,21 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import warnings
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AttentionInterface, Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from trl.trainer.utils import add_fused_lm_head
 
-from prompt_aug.packing import fused_head_call, pack_rows, packing_check, packing_unsupported_reason
+from prompt_aug.packing import (
+    fused_head_call,
+    pack_rows,
+    packed_forward,
+    packing_check,
+    packing_unsupported_reason,
+)
 from prompt_aug.padding import PaddingFreePasses
 from prompt_aug.varlen import (
     VARLEN_ATTENTION,
@@ -322,9 +329,52 @@ def test_on_cpu_the_model_keeps_sdpa_and_the_choice_is_logged_once(caplog):
     assert PaddingFreePasses("auto", device="cuda").choose(_model("eager")) == "packed"
 
 
-@pytest.mark.skipif(
+def _leaky_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1), **options):
+    """A varlen kernel that ignores the sequence offsets: every token sees every earlier token of the pack."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), is_causal=True,
+        scale=options.get("scale"), enable_gqa=options.get("enable_gqa", False),
+    )  # fmt: skip
+    return out.transpose(0, 1)
+
+
+def test_each_model_is_checked_live_so_a_policy_whose_varlen_fails_goes_back_to_sdpa(caplog):
+    """With beta > 0 TRL may score the reference model (on SDPA, which packs fine) before the policy: the
+    policy still gets its own live check, and its varlen attention, here a kernel that lets the sequences see
+    each other, fails it, goes back to SDPA (checked in turn) and the packed values are right."""
+    previous = AttentionInterface._global_mapping.get(VARLEN_ATTENTION)
+    try:
+        register(_leaky_kernel, devices=("cpu",), dtypes=(torch.float32,))
+        policy, reference = _model(VARLEN_ATTENTION), _model("sdpa")
+        passes = PaddingFreePasses("packed", device="cpu")
+        assert passes.choose(policy) == "packed" and passes.attention == VARLEN_ATTENTION
+        ids, mask = _rows()
+
+        def unused(*args):
+            raise AssertionError("the packed path runs the model itself")
+
+        with caplog.at_level(logging.INFO, logger="prompt_aug"):
+            passes.forward(unused, reference, ids, mask, 7, None, False)
+            logps, _ = passes.forward(unused, policy, ids, mask, 7, None, False)
+    finally:
+        AttentionInterface._global_mapping[VARLEN_ATTENTION] = previous
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith(
+        "padding-free passes: varlen attention failed the live check, back to sdpa: packed rows do NOT match"
+    )
+    assert passes.mode == "packed" and passes.attention == "sdpa"
+    assert policy.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        want = packed_forward(fused_head_call(reference), ids, mask, 7).log_probs  # SDPA, the same weights
+    torch.testing.assert_close(logps, want, rtol=0, atol=1e-5)
+
+
+GPU = pytest.mark.skipif(
     not torch.cuda.is_available() or varlen_kernel() is None, reason="needs CUDA and varlen_attn"
 )
+
+
+@GPU
 @pytest.mark.parametrize("share_prompts", [False, True])
 def test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16(share_prompts):
     """On a GPU only: torch's varlen_attn through the wrapper against SDPA on the same packed row (bf16
@@ -353,3 +403,42 @@ def test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16(share_prompts):
     scale = want_logps.abs().mean()
     assert (logps - want_logps).abs().max() <= 2e-2 * scale
     assert (grad - want_grad).norm() <= 2e-2 * want_grad.norm()
+
+
+def _device_waits(run) -> int:
+    """How many times ``run()`` makes the host wait for the GPU (a stream synchronisation: a copy back, an
+    ``item``, a boolean index), as torch's sync debug mode reports them."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+@GPU
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_on_a_gpu_packing_adds_one_wait_for_the_device_to_the_models_own(share_prompts):
+    """On a GPU only: a packed call (forward and backward, varlen attention, bf16 autocast) makes the host
+    wait for the device once more than the model call on the same pack does by itself (TRL's fused head and
+    transformers' mask code wait there): packing reads the rows' lengths (and prompts) back once, and sends
+    its indices and position ids without waiting, and the attention reads the sequences from the host copy.
+    Each wait stalls the queue of kernels, so this is a cost per call on a GPU only."""
+    ids, mask = (t.cuda() for t in (_shared_rows() if share_prompts else _rows()))
+    model = _model(register()).cuda().train()
+    call = fused_head_call(model, lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+
+    def model_alone() -> int:  # the pack built first, uncounted
+        packed = pack_rows(ids, mask, logits_to_keep=7, share_prompts=share_prompts)
+        return _device_waits(lambda: call(packed.inputs())[0].sum().backward())
+
+    def whole() -> int:
+        return _device_waits(
+            lambda: packed_forward(call, ids, mask, 7, share_prompts=share_prompts).log_probs.sum().backward()
+        )
+
+    model_alone(), whole()  # the first calls load kernels
+    alone, packed = model_alone(), whole()
+    assert packed == alone + 1, f"packed call: {packed} waits; the model call on its pack alone: {alone}"
