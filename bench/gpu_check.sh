@@ -27,14 +27,16 @@ step() {
   echo "=== $name rc=$? in $((SECONDS - start)) s"
   grep -v "it/s\]\|Warning\|warn" "$OUT/$name.log" | tail -"${TAIL:-25}"
 }
-# 1. The training side alone (torch and transformers only), the bench of record: the default modes (padded,
-#    packed-balanced, packed-varlen, packed-sdpa, trim), 2 rounds of new lengths and 1 repeat each; no round is
-#    begun after ROUND_BUDGET seconds, and what that skips is printed. PROFILE=1 adds the per-phase profiles
-#    (new lengths against the same round again) of PROFILE_MODES (default: every mode run), one file a mode
-#    under $OUT/profile; ROUND_MODES picks modes (packed-flex compiles for minutes).
+# 1. The training side alone (torch and transformers only), the bench of record: ROUND_MODES (default padded,
+#    packed-balanced, the trainer's default path, and packed-shared, each group's prompt run once; the
+#    bench's own default adds packed-varlen, packed-sdpa and trim), 2 rounds of new lengths and 1 repeat
+#    each; no round is begun after ROUND_BUDGET seconds, and what that skips is printed (the step limit
+#    stops the rounds, and what ran is still summarised). PROFILE=1 adds the per-phase profiles (new lengths
+#    against the same round again) of PROFILE_MODES (default: every mode run), one file a mode under
+#    $OUT/profile (packed-flex compiles for minutes).
 step gpu_round "${LIMIT_ROUND:-240}" python3 bench/gpu_round.py --budget_s "${ROUND_BUDGET:-200}" \
-  --rounds "${ROUNDS:-2}" ${ROUND_MODES:+--modes "$ROUND_MODES"} ${PROFILE:+--profile "$OUT/profile"} \
-  ${PROFILE_MODES:+--profile_modes "$PROFILE_MODES"}
+  --rounds "${ROUNDS:-2}" --modes "${ROUND_MODES:-padded,packed-balanced,packed-shared}" \
+  ${PROFILE:+--profile "$OUT/profile"} ${PROFILE_MODES:+--profile_modes "$PROFILE_MODES"}
 # 2. The command line on CUDA in bf16, the default path (auto: packed on CUDA), generation and evaluation
 #    included.
 [ "${SMOKE:-1}" = 1 ] && TAIL=12 step smoke "${LIMIT_SMOKE:-60}" python3 -m prompt_aug.train --config recipes/smoke/tiny_cpu.yaml \
@@ -45,7 +47,8 @@ step gpu_round "${LIMIT_ROUND:-240}" python3 bench/gpu_round.py --budget_s "${RO
 #    LIMIT_TRAINER to 190).
 step trainer_paths "${LIMIT_TRAINER:-130}" python3 bench/padding.py --device cuda --shape paper \
   --paths "${TRAINER_PATHS:-padded,packed}"
-# 4. The tests that need a GPU (the real varlen kernel against SDPA, through the wrapper); TESTS= skips them.
+# 4. The tests that need a GPU (the real varlen kernel against SDPA through the wrapper, shared prompts
+#    included; the waits for the device a packed call adds); TESTS= skips them.
 [ -n "${TESTS-tests/test_varlen.py}" ] && step tests "${LIMIT_TESTS:-40}" python3 -m pytest -q -p no:cacheprovider \
   ${TESTS-tests/test_varlen.py}
 grep -h "padding-free passes\|packed attention" "$OUT"/*.log | sort | uniq -c
