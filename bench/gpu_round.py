@@ -63,6 +63,7 @@ import copy
 import importlib.util
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -483,7 +484,8 @@ def main(argv: list[str] | None = None) -> dict:
         return True
 
     # A step limit (timeout sends SIGTERM) ends the rounds, not the bench: what ran is still summarised.
-    previous = signal.signal(signal.SIGTERM, _stop)
+    main_thread = threading.current_thread() is threading.main_thread()  # where signals can be handled
+    previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
     try:
         for mode in modes:
             if reason := unavailable(mode, device):
@@ -540,7 +542,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"\nstopped by {stop} after {time.perf_counter() - began:.0f} s: the summary of the rounds run")
         skipped.append(f"the rounds after that: stopped by {stop}")
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         profiles.on = False
     results = {mode: rs for mode, rs in results.items() if rs}
     print()

@@ -297,6 +297,14 @@ def packed_forward(
     rows, width = input_ids.shape
     if rows_on_host is None:
         rows_on_host = host_rows(input_ids, attention_mask, logits_to_keep, share_prompts)
+    elif rows_on_host.prompt_lengths.numel() != rows:
+        raise ValueError(
+            f"rows_on_host holds {rows_on_host.prompt_lengths.numel()} rows; the call has {rows}"
+        )
+    elif share_prompts and rows_on_host.prompt_ids is None:
+        raise ValueError(
+            "share_prompts needs rows_on_host with the prompt ids: host_rows(..., share_prompts=True)"
+        )
     prompt_lengths, completion_lengths, _ = rows_on_host
     budget = rows * width if max_tokens is None else max_tokens
     log_probs: list[torch.Tensor] = []

@@ -315,8 +315,8 @@ class PaddingFreePasses:
         self._shared_checked = not share_prompts
         self.stats = {"real": 0, "processed": 0, "calls": 0}
         self._checked = self.mode not in ("packed", "auto")  # True: no live check is needed any more
-        # The models the live check ran on: each model packed is checked on its first call (the policy with
-        # varlen attention and a reference model TRL built on SDPA may come in either order).
+        # The models the live check ran on (unwrapped): each model packed is checked on its first call (the
+        # policy with varlen attention and a reference model TRL built on SDPA may come in either order).
         self._live_checked: set[int] = set()
 
     def choose(self, model: torch.nn.Module) -> str:
@@ -368,8 +368,8 @@ class PaddingFreePasses:
                 model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy
             )
             return logps, entropies
-        if not self._checked and id(model) not in self._live_checked:
-            self._live_checked.add(id(model))
+        if not self._checked and id(unwrap_model(model)[0]) not in self._live_checked:
+            self._live_checked.add(id(unwrap_model(model)[0]))
             with eval_mode(model):
                 check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
             if not check and _attention_of(model) == VARLEN_ATTENTION:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -86,32 +85,31 @@ class Sequences(NamedTuple):
 
 
 class _Seen:
-    """A packed position-id tensor seen (weakly held, with its version), its host copy when the packer gave
-    one, and what was derived from it: the sequences and, on the SDPA fallback, the mask."""
+    """What is known of a packed position-id tensor at one version: its host copy when the packer gave one,
+    and what was derived from it, the sequences and, on the SDPA fallback, the mask."""
 
-    __slots__ = ("host", "mask", "ref", "sequences", "version")
+    __slots__ = ("host", "mask", "sequences", "version")
 
-    def __init__(self, position_ids: torch.Tensor, host: torch.Tensor | None) -> None:
-        self.ref, self.version, self.host = weakref.ref(position_ids), position_ids._version, host
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.host: torch.Tensor | None = None
         self.sequences: Sequences | None = None
         self.mask: torch.Tensor | None = None
 
-    def holds(self, position_ids: torch.Tensor) -> bool:
-        return self.ref() is position_ids and position_ids._version == self.version
 
-
-# The last few position-id tensors seen: every layer of a forward (and the recomputation of a checkpointed
-# layer) gets the same tensor, so its sequences are read once, and from the packer's host copy where it gave
-# one (`remember_positions`), so that no layer waits on the device.
-_SEEN: list[_Seen] = []
+# The attribute a position-id tensor carries its `_Seen` in.
+_SEEN = "_prompt_aug_seen"
 
 
 def _seen(position_ids: torch.Tensor) -> _Seen:
-    for entry in _SEEN:
-        if entry.holds(position_ids):
-            return entry
-    entry = _Seen(position_ids, None)
-    _SEEN[:] = [entry] + [e for e in _SEEN if e.ref() is not None][:3]
+    """What is known of ``position_ids``, kept on the tensor itself so that it lives exactly as long: every
+    layer of a forward (and the recomputation of a checkpointed layer) gets the same tensor, so its sequences
+    and mask are made once, and from the packer's host copy where it gave one (`remember_positions`), so that
+    no layer waits for the device. A tensor changed in place since is read anew."""
+    entry = getattr(position_ids, _SEEN, None)
+    if entry is None or entry.version != position_ids._version:
+        entry = _Seen(position_ids._version)
+        setattr(position_ids, _SEEN, entry)
     return entry
 
 
@@ -128,9 +126,9 @@ def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CPU tensor on ``device`` without waiting for the kernels queued there: torch's host-to-device copy
     synchronises the stream unless ``non_blocking``; on CUDA the tensor is pinned first, so the copy is
     truly asynchronous (torch's host allocator keeps the pinned buffer until the copy has run)."""
-    if device.type == "cuda":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
+    if device.type != "cuda":  # elsewhere (MPS) a non-blocking copy from pageable memory may read it freed
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def sequences(position_ids: torch.Tensor) -> Sequences:

@@ -8,10 +8,6 @@ also run on a model whose attention ignores the packing.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -285,8 +281,28 @@ def test_a_packed_call_reads_nothing_back_from_the_device_once_its_rows_are_on_t
         assert out.log_probs.device.type == device and out.calls == 4
     assert read["meta"] == read["cpu"]
     assert any(prefix > 0 for _, prefixes, _, _ in read["cpu"] for prefix in prefixes) == share
+    # Under gradient checkpointing every pack's layers run again in the backward, after all the packs: a
+    # pack's sequences are still read from its host copy then (here 6 packs of a row each).
+    kept: list[torch.Tensor] = []
+
+    def keep(inputs: dict) -> tuple[torch.Tensor, None]:
+        kept.append(inputs["position_ids"])
+        return call(inputs)
+
+    meta_ids, meta_mask = ids.to("meta"), mask.to("meta")
+    packed_forward(keep, meta_ids, meta_mask, KEEP, max_tokens=1, share_prompts=share, rows_on_host=on_host)
+    assert len(kept) == 6 and all(sequences(positions).max_length > 0 for positions in kept)
     with pytest.raises(NotImplementedError, match="meta"):  # what a read-back would do there
         sequences(torch.tensor([[0, 1, 0, 1]], device="meta"))
+
+
+def test_rows_on_host_that_do_not_fit_the_call_are_refused():
+    ids, mask = _grouped_rows()
+    call = fused_head_call(_model())
+    with pytest.raises(ValueError, match="rows_on_host holds 5 rows; the call has 6"):
+        packed_forward(call, ids, mask, KEEP, rows_on_host=host_rows(ids[:5], mask[:5], KEEP))
+    with pytest.raises(ValueError, match=r"share_prompts needs rows_on_host with the prompt ids"):
+        packed_forward(call, ids, mask, KEEP, share_prompts=True, rows_on_host=host_rows(ids, mask, KEEP))
 
 
 def test_the_layers_of_a_forward_share_one_mask_until_the_positions_change():
@@ -438,33 +454,29 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
 
 def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
     """``timeout`` (the GPU check's step limit) sends SIGTERM: the bench ends its rounds there and still
-    prints the losses, the comparison with padded and the table of what ran, instead of dying with nothing."""
+    prints the losses, the comparison with padded and the table of what ran, instead of dying with nothing.
+    The bench signals itself as its 7th round begins (padded has run its 5, packed-balanced 1)."""
     code = (
-        "import runpy, sys\n"
-        "sys.argv = ['gpu_round.py', '--tiny', '--modes', 'padded,packed-balanced,trim']\n"
-        "runpy.run_path('bench/gpu_round.py', run_name='__main__')\n"
+        "import importlib.util, os, signal\n"
+        "spec = importlib.util.spec_from_file_location('gpu_round', 'bench/gpu_round.py')\n"
+        "bench = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(bench)\n"
+        "rounds, began = bench.train_round, []\n"
+        "def train_round(*args, **kwargs):\n"
+        "    began.append(1)\n"
+        "    if len(began) == 7:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return rounds(*args, **kwargs)\n"
+        "bench.train_round = train_round\n"
+        "bench.main(['--tiny', '--modes', 'padded,packed-balanced,trim'])\n"
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    bench = subprocess.Popen(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen = []
-    for line in bench.stdout:  # the first round of the second mode: padded has run whole
-        seen.append(line)
-        if seen[-2:-1] and seen[-2].split()[:1] == ["round"] and "packed-balanced" in "".join(seen[-4:]):
-            bench.send_signal(signal.SIGTERM)
-            break
-    out, err = bench.communicate(timeout=120)
-    lines = "".join(seen + [out]).splitlines()
-    assert bench.returncode == 0, err[-3000:]
+    result = run_bench([], code=code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
     assert any(line.startswith("stopped by SIGTERM after ") for line in lines), lines
     assert lines[-2] == "skipped for --budget_s: the rounds after that: stopped by SIGTERM"
-    losses = printed_losses("\n".join(lines))
-    assert set(losses) == {"padded", "packed-balanced"} and len(losses["padded"]) == 20
+    losses = printed_losses(result.stdout)
+    assert set(losses) == {"padded", "packed-balanced"}
+    assert len(losses["padded"]) == 20 and len(losses["packed-balanced"]) == 4  # 4 steps a round
     assert any(line.startswith("packed-balanced vs padded: losses differ by at most ") for line in lines)
     assert "trim (attention sdpa)" not in lines

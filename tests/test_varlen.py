@@ -15,11 +15,13 @@ import functools
 import itertools
 import logging
 import warnings
+from typing import Any
 
 import pytest
 import torch
 from transformers import AttentionInterface, Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface
 from trl.trainer.utils import add_fused_lm_head
 
 from prompt_aug.packing import (
@@ -329,7 +331,14 @@ def test_on_cpu_the_model_keeps_sdpa_and_the_choice_is_logged_once(caplog):
     assert PaddingFreePasses("auto", device="cuda").choose(_model("eager")) == "packed"
 
 
-def _leaky_kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1), **options):
+def _leaky_kernel(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *offsets: Any,
+    window_size=(-1, -1),
+    **options: Any,
+) -> torch.Tensor:
     """A varlen kernel that ignores the sequence offsets: every token sees every earlier token of the pack."""
     out = torch.nn.functional.scaled_dot_product_attention(
         query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), is_causal=True,
@@ -342,7 +351,8 @@ def test_each_model_is_checked_live_so_a_policy_whose_varlen_fails_goes_back_to_
     """With beta > 0 TRL may score the reference model (on SDPA, which packs fine) before the policy: the
     policy still gets its own live check, and its varlen attention, here a kernel that lets the sequences see
     each other, fails it, goes back to SDPA (checked in turn) and the packed values are right."""
-    previous = AttentionInterface._global_mapping.get(VARLEN_ATTENTION)
+    registries = (AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping)
+    previous = [registry.get(VARLEN_ATTENTION) for registry in registries]
     try:
         register(_leaky_kernel, devices=("cpu",), dtypes=(torch.float32,))
         policy, reference = _model(VARLEN_ATTENTION), _model("sdpa")
@@ -356,8 +366,12 @@ def test_each_model_is_checked_live_so_a_policy_whose_varlen_fails_goes_back_to_
         with caplog.at_level(logging.INFO, logger="prompt_aug"):
             passes.forward(unused, reference, ids, mask, 7, None, False)
             logps, _ = passes.forward(unused, policy, ids, mask, 7, None, False)
-    finally:
-        AttentionInterface._global_mapping[VARLEN_ATTENTION] = previous
+    finally:  # the registration as it was, for the other tests
+        for registry, function in zip(registries, previous, strict=True):
+            if function is None:
+                registry.pop(VARLEN_ATTENTION, None)
+            else:
+                registry[VARLEN_ATTENTION] = function
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith(
         "padding-free passes: varlen attention failed the live check, back to sdpa: packed rows do NOT match"
