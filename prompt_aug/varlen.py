@@ -220,15 +220,6 @@ def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return entry.mask
 
 
-_LOGGED: set[str] = set()
-
-
-def _log_once(message: str) -> None:
-    if message not in _LOGGED:
-        _LOGGED.add(message)
-        logger.info(message)
-
-
 def make_varlen_attention(
     kernel: Kernel | None = None,
     devices: tuple[str, ...] = KERNEL_DEVICES,
@@ -251,6 +242,13 @@ def make_varlen_attention(
         raise ValueError(
             f"{kernel!r} takes neither window_size nor is_causal: no way to ask for causal attention"
         )
+
+    logged: set[str] = set()  # each line once per function made, so once per model set up
+
+    def log_once(message: str) -> None:
+        if message not in logged:
+            logged.add(message)
+            logger.info(message)
 
     def attention(
         module: torch.nn.Module,
@@ -291,13 +289,13 @@ def make_varlen_attention(
             else None
         )  # fmt: skip
         if why is not None:
-            _log_once(f"packed attention: sdpa with a block-diagonal mask, not varlen: {why}")
+            log_once(f"packed attention: sdpa with a block-diagonal mask, not varlen: {why}")
             mask = block_causal_mask(_per_row(position_ids, query.size(0)))
             kwargs = {k: v for k, v in kwargs.items() if k != "is_causal"}
             return sdpa_attention_forward(
                 module, query, key, value, mask, dropout, scaling, is_causal=False, **kwargs
             )
-        _log_once("packed attention: varlen")
+        log_once("packed attention: varlen")
         return _run_kernel(kernel, params, query, key, value, position_ids, scaling), None
 
     attention.__doc__ = f"transformers attention function running {kernel!r} on packed calls."
