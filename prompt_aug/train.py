@@ -336,6 +336,9 @@ def run(
             print(
                 interrupted_message(args.output_dir, step, max_steps, argv, why), file=sys.stderr, flush=True
             )
+        # and no rank exits before the main process has said so: torchrun stops the other ranks as soon as one
+        # exits, which could cut that message.
+        state.wait_for_everyone()
         return EXIT_PREEMPTED
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
