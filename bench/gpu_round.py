@@ -26,8 +26,10 @@ Modes (each from the same weights, on the same rounds):
   optimizer step's rows dealt into token-balanced micro-batches of TRL's row count (`regroup(balance=True)`,
   `prompt_aug.balance`).
 * ``packed-shared``: ``packed-balanced`` with ``packing_share_prompts``: the rows of a call that share a
-  prompt run it once (all of a group in the old-log-prob pass, whose calls follow TRL's group order), through
-  `prompt_aug.varlen` (the kernel with gathered keys on CUDA, SDPA with the shared prefixes' mask elsewhere).
+  prompt run it once (all of a group in the old-log-prob pass, whose calls follow TRL's group order; in the
+  training micro-batches, the rows of a group that one optimizer step holds, which the balancer deals
+  together where they fit), through `prompt_aug.varlen` (the kernel with gathered keys on CUDA, SDPA with the
+  shared prefixes' mask elsewhere).
   Its "real share" is the rows' tokens over the tokens run, above 1 where prompts are shared.
 
 Every mode of the table is listed in the output: run, or skipped with the reason (not asked for, not
@@ -305,7 +307,7 @@ def train_round(
     if mode == "trim":
         batches = regroup(batches, segments)
     elif mode in ("packed-balanced", "packed-shared"):
-        batches = regroup(batches, segments, balance=True)
+        batches = regroup(batches, segments, balance=True, share_prompts=mode == "packed-shared")
     normalizer = round_["num_items_in_batch"] * accumulation / steps_per_generation
     losses = []
     steps = steps_per_generation // accumulation

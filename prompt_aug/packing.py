@@ -154,9 +154,9 @@ def host_rows(
     return HostRows(prompt, completion)
 
 
-def _prompt_groups(prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor) -> list[list[int]] | None:
-    """The rows of a pack grouped by prompt (length and left-padded ids, on the CPU), groups in order of their
-    first row, rows in order within a group; None when no two rows share one."""
+def prompt_groups(prompt_ids: torch.Tensor, prompt_lengths: torch.Tensor) -> list[list[int]] | None:
+    """Rows grouped by prompt (``prompt_lengths`` and the left-padded ``prompt_ids``, on the CPU), groups in
+    order of their first row, rows in order within a group; None when no two rows share one."""
     if prompt_ids.size(0) < 2:
         return None
     keys = torch.cat([prompt_lengths[:, None], prompt_ids], dim=1)
@@ -209,7 +209,7 @@ def _pack(
     prompt_width = width - logits_to_keep
     device = input_ids.device
     prompt_lengths, completion_lengths, prompt_ids = rows_on_host
-    groups = _prompt_groups(prompt_ids, prompt_lengths) if share_prompts and prompt_ids is not None else None
+    groups = prompt_groups(prompt_ids, prompt_lengths) if share_prompts and prompt_ids is not None else None
     if groups is None:
         lengths = prompt_lengths + completion_lengths
         real = int(lengths.sum())

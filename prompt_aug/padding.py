@@ -36,6 +36,7 @@ from .packing import (
     packed_forward,
     packing_check,
     packing_unsupported_reason,
+    prompt_groups,
     shared_prompts_check,
     unwrap_model,
 )
@@ -157,11 +158,24 @@ def _take(batch: dict, rows: torch.Tensor) -> dict:
     return {k: v[rows] if isinstance(v, torch.Tensor) and v.ndim > 0 else v for k, v in batch.items()}
 
 
+def _prompt_keys(batch: dict) -> list[tuple[int, int]]:
+    """Per row of ``batch``: a number naming its prompt (rows with the same prompt ids and length share one)
+    and the prompt's real length, read on the CPU in one copy."""
+    on_host = host_rows(batch["prompt_ids"], batch["prompt_mask"], 0, share_prompts=True)
+    groups = prompt_groups(on_host.prompt_ids, on_host.prompt_lengths)
+    keys = list(range(len(on_host.prompt_lengths)))
+    for group in groups or []:
+        for row in group:
+            keys[row] = group[0]
+    return [(key, int(length)) for key, length in zip(keys, on_host.prompt_lengths.tolist(), strict=True)]
+
+
 def regroup(
     micro_batches: Sequence[dict],
     segments: Sequence[Sequence[int]],
     sort: bool = True,
     balance: bool = False,
+    share_prompts: bool = False,
 ) -> list[dict]:
     """Micro-batches with rows ordered by length (longest first) inside each segment, each then trimmed.
 
@@ -170,7 +184,9 @@ def regroup(
     each row stays in its segment. With ``sort=False`` rows stay where they are and each is only trimmed
     (for a loss that depends on which micro-batch a row is in). With ``balance=True`` (and ``sort``) the rows
     of a segment are dealt out so the micro-batches cost about the same (`prompt_aug.balance`; for packed
-    calls) instead of sorted (which suits trimmed calls: rows of like length share a width).
+    calls) instead of sorted (which suits trimmed calls: rows of like length share a width); with
+    ``share_prompts`` too, rows that share a prompt are dealt together where they fit, as a packed call that
+    shares prompts runs each once (`prompt_aug.balance.balanced_groups`' ``prompts``).
     """
     out: list[dict] = list(micro_batches)
     for segment in segments:
@@ -182,7 +198,8 @@ def regroup(
         joined = _cat([micro_batches[j] for j in segment])
         lengths = row_lengths(joined["prompt_mask"], joined["completion_mask"])
         if balance:
-            groups = balanced_groups(lengths.tolist(), sizes)
+            prompts = _prompt_keys(joined) if share_prompts else None
+            groups = balanced_groups(lengths.tolist(), sizes, prompts=prompts)
             order = torch.tensor([i for group in groups for i in group], device=lengths.device)
         else:
             order = torch.sort(lengths, descending=True, stable=True).indices
@@ -414,7 +431,7 @@ class PaddingFreePasses:
         # Rows move only where the update stays the same: sorted by length for trim, balanced for packed.
         exact = regrouping_is_exact(trainer)
         trainer.buffered_micro_batches = regroup(
-            buffered, segments, sort=exact, balance=self.mode == "packed"
+            buffered, segments, sort=exact, balance=self.mode == "packed", share_prompts=self.share_prompts
         )
         return trainer.buffered_micro_batches[step % spg]
 

@@ -12,7 +12,7 @@ from datasets import Dataset
 from rows import padded_masks
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from prompt_aug.balance import balanced_groups, row_cost, spread
+from prompt_aug.balance import balanced_groups, row_cost, shared_cost, spread
 from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.padding import long_tailed_lengths, regroup
 from prompt_aug.trainer import PromptAugGRPOTrainer
@@ -46,6 +46,68 @@ def test_balanced_micro_batches_spread_less_than_trls_on_long_tailed_lengths():
             balanced.append(spread(rows, balanced_groups(rows, [8, 8, 8, 8])))
     assert all(b <= t + 1e-12 for b, t in zip(balanced, trl, strict=True))
     assert max(balanced) < 1.05 < sum(trl) / len(trl), (max(balanced), trl)
+
+
+def test_rows_sharing_a_prompt_are_dealt_together_and_a_bundle_too_big_is_split_longest_first():
+    # Rows 0-3 share prompt "a" (3 tokens): micro-batch 0 has room for three, its longest; row 3 is dealt
+    # again on its own, with the lone rows.
+    prompts = [("a", 3)] * 4 + [("b", 1), ("c", 1)]
+    groups = balanced_groups([9, 8, 7, 6, 1, 1], [3, 3], linear_weight=0, prompts=prompts)
+    assert groups == [[0, 1, 2], [3, 4, 5]]
+    assert balanced_groups([9, 8, 7, 6, 1, 1], [3, 3], linear_weight=0) == [[0, 3, 5], [1, 2, 4]]
+    # A row after the first of its prompt costs its own tokens, each seeing the whole row.
+    assert shared_cost(10, 4, linear_weight=3) == 3 * 7 + 7 * 10
+    assert shared_cost(10, 1, linear_weight=3) == row_cost(10, linear_weight=3)
+
+
+def _tokens_run(groups: list[list[int]], lengths: list[int], prompts: list[tuple[int, int]]) -> int:
+    """Tokens the micro-batches' packed calls run when each shares its prompts: a prompt's first P - 1
+    tokens once per call, each row's remaining tokens."""
+    total = 0
+    for group in groups:
+        seen: set[int] = set()
+        for i in group:
+            key, prompt = prompts[i]
+            total += lengths[i] - (prompt - 1 if key in seen else 0)
+            seen.add(key)
+    return total
+
+
+def test_dealing_prompts_together_runs_fewer_tokens_at_the_paper_shape():
+    """128 rows a round in 16 groups of 8 sharing a prompt (100-300 tokens), completions long-tailed to
+    3,072, shuffled as TRL shuffles a round, micro-batches of 8, 4 per optimizer step: a step holds about two
+    rows of each group. Dealt with their prompts, every step's calls run fewer tokens than dealt by length
+    alone, and no micro-batch costs more than 1.5 times the step's mean."""
+    ratios = []
+    for seed in range(5):
+        generator = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(100, 301, (16,), generator=generator).repeat_interleave(8)
+        lengths = prompt + torch.tensor(long_tailed_lengths(128, 3072, generator))
+        order = torch.randperm(128, generator=generator)
+        keys = torch.arange(16).repeat_interleave(8)[order].tolist()
+        lengths, prompt = lengths[order].tolist(), prompt[order].tolist()
+        for step in range(4):
+            rows = slice(step * 32, (step + 1) * 32)
+            step_lengths, prompts = lengths[rows], list(zip(keys[rows], prompt[rows], strict=True))
+            plain = balanced_groups(step_lengths, [8, 8, 8, 8])
+            shared = balanced_groups(step_lengths, [8, 8, 8, 8], prompts=prompts)
+            ratios.append(
+                _tokens_run(shared, step_lengths, prompts) / _tokens_run(plain, step_lengths, prompts)
+            )
+            costs = []
+            for group in shared:
+                firsts = {}
+                for i in group:
+                    firsts.setdefault(prompts[i][0], i)
+                costs.append(
+                    sum(
+                        row_cost(step_lengths[i]) if firsts[prompts[i][0]] == i
+                        else shared_cost(step_lengths[i], prompts[i][1])
+                        for i in group
+                    )
+                )  # fmt: skip
+            assert max(costs) <= 1.5 * sum(costs) / 4, (seed, step, costs)
+    assert max(ratios) < 1 and sum(ratios) / len(ratios) < 0.95, ratios
 
 
 def _batch(prompt_lengths, completion_lengths, width_p=6, width_c=12, vocab=100, seed=0) -> dict:
@@ -95,6 +157,28 @@ def test_regroup_with_balance_keeps_sizes_and_rows_and_evens_the_tokens():
     # Without sort (a loss that depends on the micro-batch), balance moves nothing.
     kept = regroup(batches, [[0, 1, 2, 3]], sort=False, balance=True)
     assert [b["advantages"].tolist() for b in kept] == [b["advantages"].tolist() for b in batches]
+
+
+def test_regroup_with_shared_prompts_deals_a_prompts_rows_into_one_micro_batch():
+    batches = _micro_batches(vocab=100)
+    # Rows 0 and 5 of the step, and rows 3 and 14, are completions of one prompt each (TRL shuffled them
+    # apart: micro-batches 0 and 1, and 0 and 3).
+    flat = [(j, r) for j in range(4) for r in range(4)]
+    for a, b in ((0, 5), (3, 14)):
+        (ja, ra), (jb, rb) = flat[a], flat[b]
+        batches[jb]["prompt_ids"][rb] = batches[ja]["prompt_ids"][ra]
+        batches[jb]["prompt_mask"][rb] = batches[ja]["prompt_mask"][ra]
+    out = regroup(batches, [[0, 1, 2, 3]], balance=True, share_prompts=True)
+    assert [len(b["advantages"]) for b in out] == [4, 4, 4, 4]
+    where = {
+        round(a, 9): j for j, b in enumerate(out) for a in b["advantages"].tolist()
+    }  # each row found by its advantage
+    advantage = lambda i: round(batches[flat[i][0]]["advantages"][flat[i][1]].item(), 9)
+    assert where[advantage(0)] == where[advantage(5)] and where[advantage(3)] == where[advantage(14)]
+    assert sorted(where) == sorted(round(a, 9) for b in batches for a in b["advantages"].tolist())
+    plain = regroup(batches, [[0, 1, 2, 3]], balance=True)
+    where_plain = {round(a, 9): j for j, b in enumerate(plain) for a in b["advantages"].tolist()}
+    assert where_plain[advantage(0)] != where_plain[advantage(5)]  # not vacuous: by length alone they part
 
 
 def _reward(completions, **kwargs):
