@@ -159,14 +159,15 @@ def _take(batch: dict, rows: torch.Tensor) -> dict:
 
 
 def _prompt_keys(batch: dict) -> list[tuple[int, int]]:
-    """Per row of ``batch``: a number naming its prompt (rows with the same prompt ids and length share one)
-    and the prompt's real length, read on the CPU in one copy."""
+    """Per row of ``batch``: a number naming its prompt (rows with the same prompt ids and length, at least 2
+    tokens, which packing shares, have one) and the prompt's real length, read on the CPU in one copy."""
     on_host = host_rows(batch["prompt_ids"], batch["prompt_mask"], 0, share_prompts=True)
     groups = prompt_groups(on_host.prompt_ids, on_host.prompt_lengths)
     keys = list(range(len(on_host.prompt_lengths)))
     for group in groups or []:
-        for row in group:
-            keys[row] = group[0]
+        if on_host.prompt_lengths[group[0]] > 1:
+            for row in group:
+                keys[row] = group[0]
     return [(key, int(length)) for key, length in zip(keys, on_host.prompt_lengths.tolist(), strict=True)]
 
 
