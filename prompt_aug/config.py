@@ -262,8 +262,9 @@ class PromptAugGRPOConfig(GRPOConfig):
     packing_share_prompts: bool = _key(
         False,
         "Run a prompt once for the completions of its group that share a packed call (the old-log-prob "
-        "pass holds whole groups), through prompt_aug.varlen's attention (a model on sdpa; checked live "
-        "once; a reference model runs unshared). Exact; not yet timed on a GPU, so off by default.",
+        "pass holds whole groups; the token balancer deals a training step's rows of one prompt together), "
+        "through prompt_aug.varlen's attention (a model on sdpa; checked live once; a reference model runs "
+        "unshared). Exact; not yet timed on a GPU, so off by default.",
         "packing",
     )
 
