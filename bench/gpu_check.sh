@@ -1,6 +1,6 @@
 #!/bin/bash
 # The GPU benches of record and the CLI on CUDA, in one call on a one-GPU machine: at most 7.8 minutes of steps
-# (240 + 60 + 130 + 40 s limits), so one device call of 8 minutes holds it.
+# (210 + 60 + 160 + 40 s limits), so one device call of 8 minutes holds it.
 # Run from the project root. The machine needs torch and transformers; trl, datasets, dill, multiprocess,
 # math-verify, latex2sympy2_extended and antlr4-python3-runtime may travel as wheels in .whl/ (about 2 MB):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl \
@@ -34,7 +34,7 @@ step() {
 #    stops the rounds, and what ran is still summarised). PROFILE=1 adds the per-phase profiles (new lengths
 #    against the same round again) of PROFILE_MODES (default: every mode run), one file a mode under
 #    $OUT/profile (packed-flex compiles for minutes).
-step gpu_round "${LIMIT_ROUND:-240}" python3 bench/gpu_round.py --budget_s "${ROUND_BUDGET:-200}" \
+step gpu_round "${LIMIT_ROUND:-210}" python3 bench/gpu_round.py --budget_s "${ROUND_BUDGET:-175}" \
   --rounds "${ROUNDS:-2}" --modes "${ROUND_MODES:-padded,packed-balanced,packed-shared}" \
   ${PROFILE:+--profile "$OUT/profile"} ${PROFILE_MODES:+--profile_modes "$PROFILE_MODES"}
 # 2. The command line on CUDA in bf16, the default path (auto: packed on CUDA), generation and evaluation
@@ -42,11 +42,11 @@ step gpu_round "${LIMIT_ROUND:-240}" python3 bench/gpu_round.py --budget_s "${RO
 [ "${SMOKE:-1}" = 1 ] && TAIL=12 step smoke "${LIMIT_SMOKE:-60}" python3 -m prompt_aug.train --config recipes/smoke/tiny_cpu.yaml \
   --use_cpu false --bf16 true --output_dir /tmp/gpu-check-smoke
 # 3. The trainer's padding paths at the paper's shapes, two rounds each, the first warming up: off (TRL's
-#    padded calls) and packed (what trim_padding: auto picks on CUDA; varlen attention and token-balanced
-#    micro-batches where they apply, the log says which). TRAINER_PATHS=padded,trim,packed adds trim (raise
-#    LIMIT_TRAINER to 190).
-step trainer_paths "${LIMIT_TRAINER:-130}" python3 bench/padding.py --device cuda --shape paper \
-  --paths "${TRAINER_PATHS:-padded,packed}"
+#    padded calls), packed (what trim_padding: auto picks on CUDA; varlen attention and token-balanced
+#    micro-batches where they apply, the log says which) and packed-shared (packing_share_prompts: whether
+#    it should be on by default). TRAINER_PATHS=padded,trim,packed adds trim (raise LIMIT_TRAINER).
+step trainer_paths "${LIMIT_TRAINER:-160}" python3 bench/padding.py --device cuda --shape paper \
+  --paths "${TRAINER_PATHS:-padded,packed,packed-shared}"
 # 4. The tests that need a GPU (the real varlen kernel against SDPA through the wrapper, shared prompts
 #    included; the waits for the device a packed call adds); TESTS= skips them.
 [ -n "${TESTS-tests/test_varlen.py}" ] && step tests "${LIMIT_TESTS:-40}" python3 -m pytest -q -p no:cacheprovider \

@@ -9,8 +9,9 @@ itself is replaced by that draw (it is not what is timed); everything after it i
 
 Paths (``trim_padding``): ``off`` (TRL's padded calls), ``trim`` (one trimmed call per TRL call) and
 ``packed`` (each TRL call's real tokens in one row; what the default, ``auto``, picks on CUDA, where
-``trim`` is what it picks on CPU). All three runs start from the same weights
-and train on the same round (checked). Timed: the old-log-prob pass and the optimizer steps (forward,
+``trim`` is what it picks on CPU); ``--paths`` may add ``packed-shared`` (``packing_share_prompts``: a
+call runs each shared prompt once; its "tokens run" count such a prompt once). All runs start from the same
+weights and train on the same round (checked). Timed: the old-log-prob pass and the optimizer steps (forward,
 backward, optimizer), in wall-clock and in this process's CPU seconds. Prints a table (per path and phase:
 both times, real-token share, model calls, tokens run), the loss of each optimizer step per path, the
 wall-clock ratios, then ``trim/padded training-side time: X.XX`` and, last,
@@ -138,7 +139,9 @@ def build_model(
     return path
 
 
-def run(model_path: Path, out: Path, trim_padding: str, attention: str, args: argparse.Namespace) -> dict:
+def run(
+    model_path: Path, out: Path, trim_padding: str, attention: str, share: bool, args: argparse.Namespace
+) -> dict:
     gpu = args.device == "cuda"
     config = PromptAugGRPOConfig(
         output_dir=str(out), per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=4,
@@ -146,6 +149,7 @@ def run(model_path: Path, out: Path, trim_padding: str, attention: str, args: ar
         learning_rate=1e-5, report_to="none", save_strategy="no", logging_steps=1, use_cpu=not gpu, bf16=gpu,
         loss_type="dapo", beta=0.0, seed=0, gradient_checkpointing=gpu, disable_tqdm=True,
         trim_padding=trim_padding, model_init_kwargs={"attn_implementation": attention},
+        packing_share_prompts=share,
     )  # fmt: skip
     questions = synthetic_problems(64, seed=0)
     trainer = _BenchTrainer(
@@ -186,11 +190,12 @@ def run(model_path: Path, out: Path, trim_padding: str, attention: str, args: ar
 
 
 PHASES = ("old_logps", "generate_and_score", "training_step")  # timed per round
-MODES = {  # name: (trim_padding, attention implementation)
-    "padded": ("off", "sdpa"),
-    "trim": ("trim", "sdpa"),
-    "packed": ("packed", "sdpa"),
-    "packed-flex": ("packed", "flex_attention"),  # a GPU's: flex_attention has no backward on CPU
+MODES = {  # name: (trim_padding, attention implementation, packing_share_prompts)
+    "padded": ("off", "sdpa", False),
+    "trim": ("trim", "sdpa", False),
+    "packed": ("packed", "sdpa", False),
+    "packed-shared": ("packed", "sdpa", True),  # each call runs a shared prompt once
+    "packed-flex": ("packed", "flex_attention", False),  # a GPU's: flex_attention has no backward on CPU
 }
 
 
@@ -247,8 +252,8 @@ def main() -> None:
     if args.rounds > 1:
         print(f"the last of {args.rounds} rounds:")
     print(
-        f"{'':7} {'path':>6}  {'phase':<16} {'wall s':>7} {'cpu s':>7} {'real-token share':>16} {'calls':>5} "
-        f"{'tokens run':>10}"
+        f"{'':13} {'path':>6}  {'phase':<16} {'wall s':>7} {'cpu s':>7} {'real-token share':>16} "
+        f"{'calls':>5} {'tokens run':>10}"
     )
     for name, r in results.items():
         for phase, label in (
@@ -259,7 +264,7 @@ def main() -> None:
             wall, cpu = (_seconds(r, clock, phase) for clock in ("wall", "cpu"))
             count = _stats(r, phase)
             print(
-                f"{name:7} {r['path']:>6}  {label:<16} {wall:>7.2f} {cpu:>7.2f} "
+                f"{name:13} {r['path']:>6}  {label:<16} {wall:>7.2f} {cpu:>7.2f} "
                 f"{count['real'] / count['processed']:>16.3f} {count['calls']:>5} {count['processed']:>10}"
             )
     for name, r in results.items():
@@ -277,10 +282,10 @@ def main() -> None:
         )
     )
     if args.device == "cuda":  # wall-clock seconds, synchronised; the first round warms each path up
-        print(f"{'':7} " + " ".join(f"{f'round {i + 1} s':>10}" for i in range(args.rounds)) + "   peak GiB")
+        print(f"{'':13} " + " ".join(f"{f'round {i + 1} s':>10}" for i in range(args.rounds)) + "   peak GiB")
         for name, r in results.items():
             cells = " ".join(f"{sum(t['wall'].values()):>10.2f}" for t in r["rounds"])
-            print(f"{name:7} {cells} {r['peak_gib']:>10.1f}")
+            print(f"{name:13} {cells} {r['peak_gib']:>10.1f}")
         steady = slice(1, None) if args.rounds > 1 else slice(None)
         base = sum(sum(t["wall"].values()) for t in padded["rounds"][steady])
         for name in [n for n in results if n != "padded"]:

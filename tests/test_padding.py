@@ -353,19 +353,24 @@ def test_the_default_is_auto_and_resolves_to_trim_on_cpu_in_one_log_line(tiny_mo
 
 def test_padding_bench_trains_each_path_on_the_same_losses_over_two_rounds():
     """bench/padding.py at a tiny shape, two rounds: each path trains through the trainer on the same rounds
-    (the bench checks), its losses match padded's (float32), and the ratio lines come last, packed last."""
+    (the bench checks), its losses match padded's (float32), and the ratio lines come last, in --paths
+    order; shared prompts run fewer tokens than packed."""
     command = ["bench/padding.py", "--cap", "32", "--hidden", "64", "--layers", "1"]
-    result = run_bench([*command, "--rounds", "2"])
+    result = run_bench([*command, "--rounds", "2", "--paths", "padded,trim,packed,packed-shared"])
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert "the last of 2 rounds:" in lines
     losses = printed_losses(result.stdout)
-    assert set(losses) == {"padded", "trim", "packed"}
+    assert set(losses) == {"padded", "trim", "packed", "packed-shared"}
     assert len(losses["padded"]) == 8  # 4 optimizer steps a round
-    for path in ("trim", "packed"):
+    for path in ("trim", "packed", "packed-shared"):
         torch.testing.assert_close(losses[path], losses["padded"], rtol=1e-4, atol=1e-6, msg=path)
-    assert lines[-1].startswith("packed/padded training-side time: ")
-    assert lines[-2].startswith("trim/padded training-side time: ")
+    assert [line.split("/")[0] for line in lines[-3:]] == ["trim", "packed", "packed-shared"]
+    assert all("/padded training-side time: " in line for line in lines[-3:])
+    tokens_run = {  # the table's training-side rows: the last column
+        line.split()[0]: int(line.split()[-1]) for line in lines if "training side" in line
+    }
+    assert tokens_run["packed-shared"] < tokens_run["packed"], tokens_run
     refused = run_bench([*command, "--paths", "trim,packed"], timeout=60)
     assert refused.returncode == 2
     assert "--paths: include padded" in refused.stderr
