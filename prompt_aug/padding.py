@@ -30,6 +30,7 @@ import torch
 
 from .balance import balanced_groups
 from .packing import (
+    PackingCheck,
     eval_mode,
     fused_head_call,
     host_rows,
@@ -386,19 +387,8 @@ class PaddingFreePasses:
                 model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy
             )
             return logps, entropies
-        if not self._checked and id(unwrap_model(model)[0]) not in self._live_checked:
-            self._live_checked.add(id(unwrap_model(model)[0]))
-            with eval_mode(model):
-                check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
-            if not check and _attention_of(model) == VARLEN_ATTENTION:
-                note = "padding-free passes: varlen attention failed the live check, back to sdpa: %s"
-                logger.warning(note, check.describe())
-                restore_sdpa(unwrap_model(model)[0])
-                self.attention, self.share_prompts = "sdpa", False  # only varlen reads shared prompts
-                with eval_mode(model):
-                    check = packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
-            if not check:
-                self._fall_back(check.describe())
+        if not self._checked:
+            self._live_check(model, input_ids, attention_mask)
         if self.mode == "packed":
             return self._packed(model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy)
 
@@ -409,6 +399,31 @@ class PaddingFreePasses:
 
         logps, entropies = chunked_forward(score, input_ids, attention_mask, logits_to_keep, rows)
         return logps, entropies
+
+    def _live_check(
+        self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> None:
+        """`packing_check` on ``model`` at its first packed call (each model: the policy, a reference model);
+        a model on varlen attention that fails goes back to SDPA and is checked again, and a failure on SDPA
+        falls back to ``trim``, one log line each."""
+        unwrapped = unwrap_model(model)[0]
+        if id(unwrapped) in self._live_checked:
+            return
+        self._live_checked.add(id(unwrapped))
+
+        def check() -> PackingCheck:
+            with eval_mode(model):
+                return packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
+
+        found = check()
+        if not found and _attention_of(unwrapped) == VARLEN_ATTENTION:
+            note = "padding-free passes: varlen attention failed the live check, back to sdpa: %s"
+            logger.warning(note, found.describe())
+            restore_sdpa(unwrapped)
+            self.attention, self.share_prompts = "sdpa", False  # only varlen reads shared prompts
+            found = check()
+        if not found:
+            self._fall_back(found.describe())
 
     def micro_batch(self, trainer: Any, inputs: dict, step: int, new_round: bool) -> dict:
         """The micro-batch to train on: ``inputs`` (TRL's, prepared at micro-step ``step``) trimmed; on a new
