@@ -27,13 +27,22 @@ def row_cost(length: int, linear_weight: float = LINEAR_WEIGHT) -> float:
     return linear_weight * length + length * length
 
 
+def shared_prefix(prompt: int) -> int:
+    """How many tokens of a prompt of ``prompt`` tokens the rows sharing it run once (`prompt_aug.packing`'s
+    shared prompts): all but the last, which each row runs as the start of its own sequence; none for a
+    prompt of 1 token or none.
+
+    >>> shared_prefix(5), shared_prefix(1)
+    (4, 0)
+    """
+    return max(prompt - 1, 0)
+
+
 def shared_cost(length: int, prompt: int, linear_weight: float = LINEAR_WEIGHT) -> float:
     """The work of a row of ``length`` real tokens whose prompt of ``prompt`` tokens another row of its call
-    already runs (`prompt_aug.packing`'s shared prompts): its own ``length - prompt + 1`` tokens, each
-    attending to up to ``length`` keys. A prompt of 1 token or none shares nothing: `row_cost`."""
-    if prompt <= 1:
-        return row_cost(length, linear_weight)
-    own = length - prompt + 1
+    already runs: its own ``length - shared_prefix(prompt)`` tokens, each attending to up to ``length`` keys
+    (`row_cost` when nothing is shared)."""
+    own = length - shared_prefix(prompt)
     return linear_weight * own + own * length
 
 

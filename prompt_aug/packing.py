@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import torch
 
+from .balance import shared_prefix
 from .varlen import VARLEN_ATTENTION, host_to_device, remember_positions
 
 IGNORE_INDEX = -100
@@ -185,9 +186,9 @@ def _shared_layout(
 
     for group in groups:
         prompt = int(prompt_lengths[group[0]])
-        shared = len(group) > 1 and prompt > 1
+        shared = len(group) > 1 and shared_prefix(prompt) > 0
         if shared:
-            add(group[0], prompt_width - prompt, 0, prompt - 1)
+            add(group[0], prompt_width - prompt, 0, shared_prefix(prompt))
         for r in group:
             completion = int(completion_lengths[r])
             if shared:

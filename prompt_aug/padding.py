@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .balance import balanced_groups
+from .balance import balanced_groups, shared_prefix
 from .packing import (
     PackingCheck,
     eval_mode,
@@ -166,7 +166,7 @@ def _prompt_keys(batch: dict) -> list[tuple[int, int]]:
     groups = prompt_groups(on_host.prompt_ids, on_host.prompt_lengths)
     keys = list(range(len(on_host.prompt_lengths)))
     for group in groups or []:
-        if on_host.prompt_lengths[group[0]] > 1:
+        if shared_prefix(int(on_host.prompt_lengths[group[0]])):
             for row in group:
                 keys[row] = group[0]
     return [(key, int(length)) for key, length in zip(keys, on_host.prompt_lengths.tolist(), strict=True)]

@@ -12,11 +12,12 @@ triangle, forward and backward, with no flash-attn package.
 * `make_varlen_attention`: the attention function. A call with no attention mask and no cache (a packed
   call) runs the kernel on the sequences read off ``position_ids``; any other call (padded, decoding) is
   transformers' SDPA with the mask transformers built for it. Where the kernel cannot run (no kernel, a
-  device or dtype it does not take, attention dropout), a packed call runs SDPA with the block-diagonal mask
-  built here, and says so once in the log.
+  device or dtype it does not take, attention dropout), a packed call runs SDPA on each sequence alone on
+  CPU, whose SDPA would compute every entry of a T x T mask, and elsewhere SDPA over the whole row with the
+  block-diagonal mask built here; it says so once in the log.
 * `packed_attention` (pure: which attention a packed model gets, and why) and `use_varlen_attention`
-  (applies that choice to a model) select it: varlen on CUDA where torch has the kernel and the model uses
-  SDPA; otherwise the model keeps its attention.
+  (applies that choice to a model) select it for a model on SDPA: on CUDA where torch has the kernel, and on
+  CPU (SDPA a sequence); otherwise the model keeps its attention.
 
 Packed rows may also share prompts (`prompt_aug.packing`, ``share_prompts``): a group's prompt, less its last
 token, runs once, and each completion follows as a sequence whose positions continue the prompt's, so it sees
@@ -34,6 +35,7 @@ through whichever the kernel has, and K / V heads repeated for grouped-query att
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -46,6 +48,9 @@ VARLEN_ATTENTION = "prompt_aug_varlen"
 # The dtypes and devices torch's varlen kernel (FlashAttention 2) takes.
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 KERNEL_DEVICES = ("cuda",)
+# Where a packed call the kernel cannot run is SDPA on each sequence alone (`_per_sequence`) rather than on
+# the whole row with a block-diagonal mask: on CPU, whose SDPA computes every entry of a mask given to it.
+SEQUENCE_DEVICES = ("cpu",)
 
 Kernel = Callable[..., Any]
 
@@ -224,6 +229,7 @@ def make_varlen_attention(
     kernel: Kernel | None = None,
     devices: tuple[str, ...] = KERNEL_DEVICES,
     dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES,
+    sequence_devices: tuple[str, ...] = SEQUENCE_DEVICES,
 ) -> Callable[..., tuple[torch.Tensor, None]]:
     """An attention function with transformers' signature (``(module, query, key, value, attention_mask,
     dropout, scaling, ...)`` with (batch, heads, T, head_dim) tensors, returning ((batch, T, heads,
@@ -231,8 +237,9 @@ def make_varlen_attention(
 
     A packed call is one with no attention mask, ``position_ids`` given, as many keys as queries (no cache)
     and a causal module. ``kernel`` runs there when the query's device type is in ``devices``, its dtype in
-    ``dtypes`` and dropout is 0; otherwise SDPA runs with `block_causal_mask`. Every other call is
-    transformers' SDPA, unchanged.
+    ``dtypes`` and dropout is 0; otherwise SDPA runs on each sequence alone on a device of
+    ``sequence_devices`` (`_per_sequence`), and with `block_causal_mask` over the whole row elsewhere. Every
+    other call is transformers' SDPA, unchanged.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -288,6 +295,9 @@ def make_varlen_attention(
             else "attention dropout is on" if dropout
             else None
         )  # fmt: skip
+        if why is not None and device_type in sequence_devices:
+            log_once(f"packed attention: sdpa on each sequence, not varlen: {why}")
+            return _per_sequence(query, key, value, position_ids, dropout, scaling), None
         if why is not None:
             log_once(f"packed attention: sdpa with a block-diagonal mask, not varlen: {why}")
             mask = block_causal_mask(_per_row(position_ids, query.size(0)))
@@ -306,6 +316,49 @@ def _per_row(position_ids: torch.Tensor, batch: int) -> torch.Tensor:
     """``position_ids`` with one row per batch row (models may pass them unexpanded); the same tensor when it
     has, so `sequences` finds it memoised."""
     return position_ids if position_ids.size(0) == batch else position_ids.expand(batch, -1)
+
+
+def _per_sequence(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    position_ids: torch.Tensor,
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """SDPA run on each sequence of the packed (batch, heads, T, D) tensors on its own (its keys: its shared
+    prefix, if any, then itself), causal as the kernel aligns it (to the last key); the output as (batch, T,
+    heads, D). What the kernel does, one call a sequence: no T x T mask is built or computed."""
+    batch, heads, width, dim = query.shape
+    found = sequences(_per_row(position_ids, batch))
+    q = query.transpose(1, 2).reshape(batch * width, heads, dim)
+    k = key.transpose(1, 2).reshape(batch * width, key.size(1), key.size(-1))
+    v = value.transpose(1, 2).reshape(batch * width, value.size(1), value.size(-1))
+    cu_k = found.cu_seqlens
+    if found.key_index is not None:
+        k, v, cu_k = (
+            k.index_select(0, found.key_index),
+            v.index_select(0, found.key_index),
+            found.cu_seqlens_k,
+        )
+    out = []
+    for (qs, qe), (ks, ke) in zip(
+        itertools.pairwise(found.cu_seqlens.tolist()), itertools.pairwise(cu_k.tolist()), strict=True
+    ):
+        length, keys = qe - qs, ke - ks
+        causal = {"is_causal": True} if length == keys else {
+            "attn_mask": torch.ones(length, keys, dtype=torch.bool, device=q.device).tril(keys - length)
+        }  # fmt: skip
+        out.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                *(t[start:end].transpose(0, 1) for t, start, end in ((q, qs, qe), (k, ks, ke), (v, ks, ke))),
+                dropout_p=dropout,
+                scale=scaling,
+                enable_gqa=k.size(1) != heads,
+                **causal,
+            ).transpose(0, 1)
+        )
+    return torch.cat(out).view(batch, width, heads, -1)
 
 
 def _run_kernel(
@@ -363,31 +416,35 @@ def register(
     name: str = VARLEN_ATTENTION,
     devices: tuple[str, ...] = KERNEL_DEVICES,
     dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES,
+    sequence_devices: tuple[str, ...] = SEQUENCE_DEVICES,
 ) -> str:
-    """Register `make_varlen_attention` (``kernel``: default torch's; ``devices``, ``dtypes``: where it runs)
-    and its mask function with transformers as ``name``, and return ``name``."""
+    """Register `make_varlen_attention` (``kernel``: default torch's; ``devices``, ``dtypes``: where it runs;
+    ``sequence_devices``: where SDPA runs each sequence alone instead) and its mask function with
+    transformers as ``name``, and return ``name``."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(name, make_varlen_attention(kernel, devices, dtypes))
+    AttentionInterface.register(name, make_varlen_attention(kernel, devices, dtypes, sequence_devices))
     AttentionMaskInterface.register(name, _varlen_mask)
     return name
 
 
 def packed_attention(device_type: str, has_kernel: bool, attention: str | None) -> tuple[str, str]:
-    """Which attention a packed model on ``device_type`` gets, and why, in one line: `VARLEN_ATTENTION` on
-    CUDA where torch has the kernel (``has_kernel``) and the model uses SDPA; otherwise its own
-    ``attention``.
+    """Which attention a packed model on ``device_type`` gets, and why, in one line: `VARLEN_ATTENTION` where
+    the model uses SDPA, on CUDA where torch has the kernel (``has_kernel``) and on a device of
+    `SEQUENCE_DEVICES` (CPU: SDPA on each sequence); otherwise its own ``attention``.
 
-    >>> packed_attention("cpu", True, "sdpa")
-    ('sdpa', 'varlen attention needs CUDA (device: cpu)')
+    >>> packed_attention("mps", True, "sdpa")
+    ('sdpa', 'varlen attention needs CUDA or CPU (device: mps)')
     """
     if attention == VARLEN_ATTENTION:
         return attention, "already set"
     if attention != "sdpa":
         return str(attention), f"the model's attention is {attention!r}, not sdpa"
+    if device_type in SEQUENCE_DEVICES:
+        return VARLEN_ATTENTION, f"sdpa on each sequence on {device_type}"
     if device_type != "cuda":
-        return "sdpa", f"varlen attention needs CUDA (device: {device_type})"
+        return "sdpa", f"varlen attention needs CUDA or CPU (device: {device_type})"
     if not has_kernel:
         return "sdpa", f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
     return VARLEN_ATTENTION, f"CUDA with torch {torch.__version__}'s varlen_attn"

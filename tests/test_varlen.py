@@ -275,11 +275,64 @@ def test_under_autocast_the_kernel_gets_the_autocast_dtype_as_sdpa_would():
     assert (got[name].float() - got["sdpa"].float()).abs().max() <= 2e-2 * scale
 
 
-def test_where_the_kernel_cannot_run_a_packed_call_is_sdpa_with_the_block_mask(caplog):
-    """torch's own kernel on CPU: not run (CUDA only); the packed row runs SDPA with the block-diagonal mask
-    built from the position ids (a plain SDPA call here would let the sequences see each other), one log line
-    says so, and the live packing check passes."""
+def _fallback_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("packed attention:")]
+
+
+def _why_not_the_kernel() -> str:
+    """Why torch's own kernel does not run here (CPU): this torch has none, or it runs on CUDA only."""
+    return "torch has no varlen_attn" if varlen_kernel() is None else "the kernel does not run on cpu"
+
+
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_on_cpu_a_packed_call_runs_sdpa_on_each_sequence_and_builds_no_mask(
+    caplog, monkeypatch, share_prompts
+):
+    """torch's own kernel on CPU: not run (CUDA only); each sequence of the packed row runs SDPA on its own
+    (its shared prefix's keys, then its own), so no T x T mask is built or computed; the log-probs and
+    gradients are those of SDPA with the block mask over the whole row, one log line says which path ran,
+    and the live packing check passes."""
     name = register(name="test_varlen_torch_kernel")
+    ids, mask = _shared_rows() if share_prompts else _rows()
+    packed = pack_rows(ids, mask, logits_to_keep=7, share_prompts=share_prompts)
+    width = packed.inputs()["input_ids"].size(1)
+    masked = register(name="test_varlen_whole_row", sequence_devices=())
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    widths: list[tuple[int, bool]] = []  # per SDPA call: queries, and whether it got a mask
+
+    def recorded(query, key, value, attn_mask=None, **kwargs):
+        widths.append((query.size(-2), attn_mask is not None))
+        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded)
+    results, calls = {}, {}
+    with caplog.at_level(logging.INFO, logger="prompt_aug"):
+        for attention in (name, masked):
+            widths.clear()
+            model = _model(attention).train()
+            out = model(**packed.inputs(), fused_lm_head=True, use_cache=False)
+            out.log_probs.sum().backward()
+            results[attention] = (out.log_probs.detach(), model.model.embed_tokens.weight.grad.clone())
+            calls[attention] = list(widths)
+    assert max(q for q, _ in calls[name]) < width and len(calls[name]) > 2  # each sequence alone, each layer
+    assert calls[masked] == [(width, True)] * 2  # the whole row with its mask, a layer each
+    torch.testing.assert_close(results[name][0], results[masked][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(results[name][1], results[masked][1], rtol=1e-4, atol=1e-6)
+    assert _fallback_lines(caplog) == [
+        f"packed attention: sdpa on each sequence, not varlen: {_why_not_the_kernel()}",
+        f"packed attention: sdpa with a block-diagonal mask, not varlen: {_why_not_the_kernel()}",
+    ]
+    assert packing_check(fused_head_call(_model(name).eval()), ids, mask).ok
+
+
+def test_where_neither_the_kernel_nor_sdpa_per_sequence_runs_a_packed_call_is_sdpa_with_the_block_mask(
+    caplog,
+):
+    """A device where the kernel cannot run and SDPA is kept on the whole row (a GPU without torch's kernel;
+    here CPU, with no sequence devices): the packed row runs SDPA with the block-diagonal mask built from the
+    position ids (a plain SDPA call would let the sequences see each other), equal to SDPA's own packed
+    call, one log line says so, and the live packing check passes."""
+    name = register(name="test_varlen_block_mask", sequence_devices=())
     ids, mask = _rows()
     packed = pack_rows(ids, mask, logits_to_keep=7)
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="prompt_aug"):
@@ -288,22 +341,18 @@ def test_where_the_kernel_cannot_run_a_packed_call_is_sdpa_with_the_block_mask(c
         again = _model(name)(**packed.inputs(), fused_lm_head=True, use_cache=False).log_probs
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     torch.testing.assert_close(again, got, rtol=0, atol=0)
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("packed attention:")]
-    if varlen_kernel() is None:
-        assert lines == [
-            "packed attention: sdpa with a block-diagonal mask, not varlen: torch has no varlen_attn"
-        ]
-    else:
-        assert lines == [
-            "packed attention: sdpa with a block-diagonal mask, not varlen: the kernel does not run on cpu"
-        ]
+    assert _fallback_lines(caplog) == [
+        f"packed attention: sdpa with a block-diagonal mask, not varlen: {_why_not_the_kernel()}"
+    ]
     assert packing_check(fused_head_call(_model(name).eval()), ids, mask).ok
 
 
 def test_packed_attention_picks_varlen_on_cuda_with_the_kernel_and_sdpa_otherwise():
     assert packed_attention("cuda", True, "sdpa")[0] == VARLEN_ATTENTION
-    chosen, why = packed_attention("cpu", True, "sdpa")
-    assert chosen == "sdpa" and "needs CUDA" in why
+    chosen, why = packed_attention("cpu", False, "sdpa")
+    assert chosen == VARLEN_ATTENTION and why == "sdpa on each sequence on cpu"
+    chosen, why = packed_attention("mps", True, "sdpa")
+    assert chosen == "sdpa" and "needs CUDA or CPU" in why
     chosen, why = packed_attention("cuda", False, "sdpa")
     assert chosen == "sdpa" and "has no torch.nn.attention.varlen.varlen_attn" in why
     # A model on another attention keeps it (eager for exactness, flex or flash by the user's choice).
@@ -312,21 +361,25 @@ def test_packed_attention_picks_varlen_on_cuda_with_the_kernel_and_sdpa_otherwis
     assert packed_attention("cuda", True, VARLEN_ATTENTION)[0] == VARLEN_ATTENTION
 
 
-def test_on_cpu_the_model_keeps_sdpa_and_the_choice_is_logged_once(caplog):
+def test_on_cpu_a_packed_model_gets_sdpa_on_each_sequence_and_the_choice_is_logged_once(caplog):
     model = _model("sdpa")
-    assert use_varlen_attention(model, torch.device("cpu"))[0] == "sdpa"
-    assert model.config._attn_implementation == "sdpa"
+    assert use_varlen_attention(model, torch.device("cpu"))[0] == VARLEN_ATTENTION
+    assert model.config._attn_implementation == VARLEN_ATTENTION
     with caplog.at_level(logging.INFO, logger="prompt_aug"):
         passes = PaddingFreePasses("packed")
-        assert passes.choose(model) == "packed"
+        assert passes.choose(_model("sdpa")) == "packed"
         auto = PaddingFreePasses("auto")
         assert auto.choose(_model("sdpa")) == "trim"
     lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
     assert lines == [
-        "padding-free passes: packed (attention sdpa: varlen attention needs CUDA (device: cpu))",
+        f"padding-free passes: packed (attention {VARLEN_ATTENTION}: sdpa on each sequence on cpu)",
         "padding-free passes: trim (auto on cpu)",
     ]
-    assert passes.attention == "sdpa" and model.config._attn_implementation == "sdpa"
+    assert passes.attention == VARLEN_ATTENTION
+    # A model on another attention keeps it.
+    eager = _model("eager")
+    assert use_varlen_attention(eager, torch.device("cpu"))[0] == "eager"
+    assert eager.config._attn_implementation == "eager"
     # The device the trainer passes decides auto, not where the weights are at the time.
     assert PaddingFreePasses("auto", device="cuda").choose(_model("eager")) == "packed"
 
