@@ -17,19 +17,19 @@ Modes (each from the same weights, on the same rounds):
 * ``packed-sdpa`` / ``packed-varlen`` / ``packed-flex`` / ``packed-flash``: `prompt_aug.packing`, the
   trainer's code: each micro-batch's real tokens in one row, position ids restarting per sequence, no
   attention mask (`packed_forward`), TRL's micro-batches, with SDPA (a dense block-diagonal mask),
-  torch's ``varlen_attn`` through `prompt_aug.varlen` (CUDA only), ``flex_attention`` (skipped on CPU,
-  which has no flex backward; compiles for minutes, so not in the default run) or ``flash_attention_2``
-  (only where ``flash_attn`` imports). Packed lengths are rounded up to a multiple of
-  ``--pad-to-multiple-of`` (64) to bound the number of shapes.
-* ``packed-balanced``: what the trainer's default runs on a GPU: packed, with the attention
-  `prompt_aug.varlen.packed_attention` picks (varlen on CUDA where torch has it, else SDPA), and each
+  torch's ``varlen_attn`` through `prompt_aug.varlen` (on CPU: SDPA on each sequence),
+  ``flex_attention`` (skipped on CPU, which has no flex backward; compiles for minutes, so not in the
+  default run) or ``flash_attention_2`` (only where ``flash_attn`` imports). Packed lengths are rounded up
+  to a multiple of ``--pad-to-multiple-of`` (64) to bound the number of shapes.
+* ``packed-balanced``: what the trainer's default runs: packed, with the attention
+  `prompt_aug.varlen.packed_attention` picks (varlen on CUDA where torch has it and on CPU), and each
   optimizer step's rows dealt into token-balanced micro-batches of TRL's row count (`regroup(balance=True)`,
   `prompt_aug.balance`).
 * ``packed-shared``: ``packed-balanced`` with ``packing_share_prompts``: the rows of a call that share a
   prompt run it once (all of a group in the old-log-prob pass, whose calls follow TRL's group order; in the
   training micro-batches, the rows of a group that one optimizer step holds, which the balancer deals
-  together where they fit), through `prompt_aug.varlen` (the kernel with gathered keys on CUDA, SDPA with the
-  shared prefixes' mask elsewhere).
+  together where they fit), through `prompt_aug.varlen` (the kernel with gathered keys on CUDA, SDPA on each
+  sequence with the same keys on CPU).
   Its "real share" is the rows' tokens over the tokens run, above 1 where prompts are shared.
 
 Every mode of the table is listed in the output: run, or skipped with the reason (not asked for, not

@@ -21,10 +21,10 @@ triangle, forward and backward, with no flash-attn package.
 
 Packed rows may also share prompts (`prompt_aug.packing`, ``share_prompts``): a group's prompt, less its last
 token, runs once, and each completion follows as a sequence whose positions continue the prompt's, so it sees
-that prefix (`Sequences`). SDPA then gets the mask of that tree (`block_causal_mask`); the kernel gets each
-sequence's keys gathered (prefix, then itself) with ``cu_seq_k`` apart from ``cu_seq_q``, and its causal mask,
-which for more keys than queries FlashAttention aligns to the last key, lets query j of a sequence with a
-prefix of p tokens see keys 0 .. p + j.
+that prefix (`Sequences`). SDPA over the whole row then gets the mask of that tree (`block_causal_mask`);
+the kernel, and SDPA run on each sequence, get each sequence's keys gathered (prefix, then itself), with
+``cu_seq_k`` apart from ``cu_seq_q``, and a causal mask aligned to the last key (as FlashAttention aligns it
+for more keys than queries), which lets query j of a sequence with a prefix of p tokens see keys 0 .. p + j.
 
 ``varlen_attn``'s signature changed: torch 2.10 and 2.11 take ``is_causal``; 2.12 and later take
 ``window_size`` and ``enable_gqa``. `make_varlen_attention` reads the signature at run time: causal masking
@@ -349,14 +349,18 @@ def _per_sequence(
         causal = {"is_causal": True} if length == keys else {
             "attn_mask": torch.ones(length, keys, dtype=torch.bool, device=q.device).tril(keys - length)
         }  # fmt: skip
+        # (1, heads, L, D): with a batch dimension CPU's SDPA takes its flash kernel; (heads, L, D) gets math.
         out.append(
             torch.nn.functional.scaled_dot_product_attention(
-                *(t[start:end].transpose(0, 1) for t, start, end in ((q, qs, qe), (k, ks, ke), (v, ks, ke))),
+                *(
+                    t[start:end].transpose(0, 1)[None]
+                    for t, start, end in ((q, qs, qe), (k, ks, ke), (v, ks, ke))
+                ),
                 dropout_p=dropout,
                 scale=scaling,
                 enable_gqa=k.size(1) != heads,
                 **causal,
-            ).transpose(0, 1)
+            )[0].transpose(0, 1)
         )
     return torch.cat(out).view(batch, width, heads, -1)
 
@@ -455,12 +459,12 @@ def use_varlen_attention(
 ) -> tuple[str, str]:
     """Give ``model`` (the transformers model, unwrapped) varlen attention where `packed_attention` picks it
     for ``device`` and this torch, or, with ``shared_prompts``, wherever the model is on SDPA (only this
-    attention reads shared prompts; without the kernel it runs SDPA with their mask); returns the attention
-    the model then has and why."""
+    attention reads shared prompts; without the kernel it runs SDPA on each sequence or with their mask);
+    returns the attention the model then has and why."""
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     chosen, why = packed_attention(device.type, varlen_kernel() is not None, attention)
     if shared_prompts and chosen == "sdpa":
-        chosen, why = VARLEN_ATTENTION, f"shared prompts ({why}: the masked fallback)"
+        chosen, why = VARLEN_ATTENTION, f"shared prompts ({why}: sdpa with their mask)"
     if chosen == VARLEN_ATTENTION and attention != VARLEN_ATTENTION:
         register()
         model.set_attn_implementation(VARLEN_ATTENTION)

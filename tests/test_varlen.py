@@ -125,11 +125,12 @@ def test_sequences_start_at_position_zero_and_at_each_row():
     assert mask == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
 
 
-@pytest.mark.parametrize("kernel_type", [OldKernel, NewKernel])
+@pytest.mark.parametrize("kernel_type", [OldKernel, NewKernel, None])
 @pytest.mark.parametrize("scaling", [None, 0.3])
 def test_the_wrapper_matches_sdpa_run_on_each_sequence(kernel_type, scaling):
     """The packed row through the wrapper against transformers' SDPA run on each sequence alone: values and
-    gradients, with grouped-query heads (4 query heads, 2 K / V heads) and a scaling other than 1/sqrt(D)."""
+    gradients, with grouped-query heads (4 query heads, 2 K / V heads) and a scaling other than 1/sqrt(D).
+    ``None``: no kernel runs (CPU), the wrapper's own SDPA a sequence."""
     generator = torch.Generator().manual_seed(0)
     width = POSITIONS.size(1)
     shapes = {"q": (1, 4, width, 8), "k": (1, 2, width, 8), "v": (1, 2, width, 8)}
@@ -138,7 +139,11 @@ def test_the_wrapper_matches_sdpa_run_on_each_sequence(kernel_type, scaling):
     results = {}
     for name in ("wrapper", "alone"):
         q, k, v = (leaves[n].clone().requires_grad_() for n in "qkv")
-        if name == "wrapper":
+        if name == "wrapper" and kernel_type is None:
+            attention = make_varlen_attention(devices=())
+            out, weights_out = attention(_Module(), q, k, v, None, scaling=scaling, position_ids=POSITIONS)
+            assert weights_out is None
+        elif name == "wrapper":
             kernel = kernel_type()
             attention = make_varlen_attention(kernel, devices=("cpu",), dtypes=(torch.float64,))
             out, weights_out = attention(_Module(), q, k, v, None, scaling=scaling, position_ids=POSITIONS)
@@ -160,6 +165,31 @@ def test_the_wrapper_matches_sdpa_run_on_each_sequence(kernel_type, scaling):
         (out * weights).sum().backward()
         results[name] = (out.detach(), q.grad, k.grad, v.grad)
     for got, want in zip(results["wrapper"], results["alone"], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_sdpa_a_sequence_matches_the_block_mask_over_rows_with_shared_prefixes():
+    """Two packed rows, the second with sequences continuing a shared prefix (positions 3 and 2 after a root
+    of 5), through the wrapper's SDPA a sequence (CPU, no kernel) against SDPA over the whole rows with
+    `block_causal_mask`: values and gradients, grouped-query heads, scaling 0.3."""
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 4, 3, 4, 2, 3, 4]])
+    generator = torch.Generator().manual_seed(1)
+    shapes = {"q": (2, 4, 10, 8), "k": (2, 2, 10, 8), "v": (2, 2, 10, 8)}
+    leaves = {n: torch.randn(s, generator=generator, dtype=torch.float64) for n, s in shapes.items()}
+    weights = torch.randn(2, 10, 4, 8, generator=generator, dtype=torch.float64)
+    results = {}
+    for name in ("sequences", "mask"):
+        q, k, v = (leaves[n].clone().requires_grad_() for n in "qkv")
+        if name == "sequences":
+            out, _ = make_varlen_attention(devices=())(
+                _Module(), q, k, v, None, scaling=0.3, position_ids=positions.clone()
+            )
+        else:
+            mask = block_causal_mask(positions.clone())
+            out, _ = sdpa_attention_forward(_Module(), q, k, v, mask, scaling=0.3, is_causal=False)
+        (out * weights).sum().backward()
+        results[name] = (out.detach(), q.grad, k.grad, v.grad)
+    for got, want in zip(results["sequences"], results["mask"], strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
@@ -369,11 +399,14 @@ def test_on_cpu_a_packed_model_gets_sdpa_on_each_sequence_and_the_choice_is_logg
         passes = PaddingFreePasses("packed")
         assert passes.choose(_model("sdpa")) == "packed"
         auto = PaddingFreePasses("auto")
-        assert auto.choose(_model("sdpa")) == "trim"
+        assert auto.choose(_model("sdpa")) == "packed"
+        assert PaddingFreePasses("auto", device="mps").choose(_model("sdpa")) == "trim"  # not measured there
     lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
+    attention = f"attention {VARLEN_ATTENTION}: sdpa on each sequence on cpu"
     assert lines == [
-        f"padding-free passes: packed (attention {VARLEN_ATTENTION}: sdpa on each sequence on cpu)",
-        "padding-free passes: trim (auto on cpu)",
+        f"padding-free passes: packed ({attention})",
+        f"padding-free passes: packed (auto on cpu; {attention})",
+        "padding-free passes: trim (auto on mps)",
     ]
     assert passes.attention == VARLEN_ATTENTION
     # A model on another attention keeps it.
