@@ -8,8 +8,8 @@ the cap, the rest are drawn from an exponential, for a mean of about a quarter o
 itself is replaced by that draw (it is not what is timed); everything after it is `PromptAugGRPOTrainer`.
 
 Paths (``trim_padding``): ``off`` (TRL's padded calls), ``trim`` (one trimmed call per TRL call) and
-``packed`` (each TRL call's real tokens in one row; what the default, ``auto``, picks on CUDA, where
-``trim`` is what it picks on CPU); ``--paths`` may add ``packed-shared`` (``packing_share_prompts``: a
+``packed`` (each TRL call's real tokens in one row; what the default, ``auto``, picks on CUDA and CPU,
+with SDPA run on each sequence on CPU); ``--paths`` may add ``packed-shared`` (``packing_share_prompts``: a
 call runs each shared prompt once; its "tokens run" count such a prompt once). All runs start from the same
 weights and train on the same round (checked). Timed: the old-log-prob pass and the optimizer steps (forward,
 backward, optimizer), in wall-clock and in this process's CPU seconds. Prints a table (per path and phase:

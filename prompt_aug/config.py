@@ -41,7 +41,7 @@ FEATURES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "evaluation during training": (
         "eval_every_steps > 0 with eval_benchmarks", lambda a: bool(a.eval_every_steps and a.eval_benchmarks)
     ),
-    "packing": ("trim_padding: packed, or auto on CUDA", lambda a: a.trim_padding in ("packed", "auto")),
+    "packing": ("trim_padding: packed or auto", lambda a: a.trim_padding in ("packed", "auto")),
     **{f"the collapse guard's {name} signal": (on, _on(on)) for name, (on, _) in SIGNALS.items()},
 }  # fmt: skip
 
@@ -244,11 +244,12 @@ class PromptAugGRPOConfig(GRPOConfig):
     # > Efficiency
     trim_padding: str = _key(
         "auto",
-        "How training passes skip TRL's padding: `auto` (packed on CUDA, trim elsewhere; logged once), "
-        "`packed` (each call's real tokens in one row, position ids restarting per sequence; varlen "
-        "attention on CUDA where torch has it), `trim` (each call cut to its own longest prompt and "
-        "completion; the fallback when packing cannot serve the model), `off` (TRL's padded calls). The "
-        "update is the same on every path (prompt_aug/padding.py). The old true / false mean packed / off.",
+        "How training passes skip TRL's padding: `auto` (packed on CUDA and CPU, trim elsewhere; logged "
+        "once), `packed` (each call's real tokens in one row, position ids restarting per sequence; varlen "
+        "attention on CUDA where torch has it, SDPA a sequence on CPU), `trim` (each call cut to its own "
+        "longest prompt and completion; the fallback when packing cannot serve the model), `off` (TRL's "
+        "padded calls). The update is the same on every path (prompt_aug/padding.py). The old true / false "
+        "mean packed / off.",
     )
     packing_max_tokens: int | None = _key(
         None,

@@ -5,10 +5,11 @@ TRL 1.16 pads every row of a generation round to the round's longest prompt (on 
 completion (on the right), and runs the old-log-prob pass and every training micro-batch at that width.
 Each path keeps TRL's calls (one per micro-batch, one per ``batch_size`` rows of a round) and its update:
 
-* ``auto`` (default): ``packed`` on CUDA, ``trim`` elsewhere (on CPU, SDPA computes a packed row's whole
-  square and trim is faster), chosen once by `PaddingFreePasses.choose` and logged.
+* ``auto`` (default): ``packed`` on CUDA and CPU (`PACKED_DEVICES`), ``trim`` elsewhere (unmeasured there),
+  chosen once by `PaddingFreePasses.choose` and logged.
 * ``packed``: each call's real tokens run as one packed row (`prompt_aug.packing`), padding-free; on CUDA
-  with torch's ``varlen_attn`` the attention runs only each sequence's own triangle (`prompt_aug.varlen`).
+  with torch's ``varlen_attn``, and on CPU with SDPA a sequence, the attention runs only each sequence's own
+  triangle (`prompt_aug.varlen`).
 * ``trim``: each call is cut to its own longest prompt and completion, rows of a no-grad pass sorted by
   length first (`chunked_forward`); the fallback when packing cannot serve the model.
 * ``off``: TRL's padded calls.
@@ -48,6 +49,8 @@ logger = logging.getLogger("prompt_aug")
 
 # The paths a forward pass can take (the ``trim_padding`` key); the first is the default.
 PADDING_MODES = ("auto", "packed", "trim", "off")
+# The device types on which ``auto`` is ``packed`` (measured faster than ``trim`` there: docs/benchmarks.md).
+PACKED_DEVICES = ("cuda", "cpu")
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "none")
 
 
@@ -293,8 +296,9 @@ class PaddingFreePasses:
     line saying why; the path chosen is logged once.
 
     ``auto`` becomes ``packed`` or ``trim`` in `choose`, by the device. On the packed path, `choose` also
-    gives the model varlen attention where `prompt_aug.varlen.packed_attention` picks it (CUDA, torch's
-    ``varlen_attn``, a model on SDPA); if the live check then fails, SDPA is put back and checked in turn.
+    gives the model varlen attention where `prompt_aug.varlen.packed_attention` picks it (a model on SDPA,
+    on CUDA with torch's ``varlen_attn`` or on CPU); if the live check then fails, SDPA is put back and
+    checked in turn.
 
     Args:
         mode: ``auto``, ``packed``, ``trim`` or ``off``.
@@ -307,8 +311,8 @@ class PaddingFreePasses:
             default: the model's first parameter's.
         share_prompts: On the packed path, run a prompt once for the rows of a call that share it
             (`prompt_aug.packing.pack_rows`); needs `prompt_aug.varlen`'s attention, which the model then
-            gets on any device (without the kernel, SDPA with the mask of the shared prefixes). A model on
-            another attention than SDPA keeps it, and its prompts are not shared (logged).
+            gets on any device (without the kernel, SDPA on each sequence or with the shared prefixes'
+            mask). A model on another attention than SDPA keeps it, and its prompts are not shared (logged).
     """
 
     def __init__(
@@ -339,13 +343,14 @@ class PaddingFreePasses:
         self._live_checked: set[int] = set()
 
     def choose(self, model: torch.nn.Module) -> str:
-        """Resolve ``auto`` by the device (``packed`` on CUDA, ``trim`` elsewhere), fall back from ``packed``
-        to ``trim`` when the model's configuration rules packing out, and on the packed path give the model
-        varlen attention where it can run; returns the path and logs it, with the attention, in one line."""
+        """Resolve ``auto`` by the device (``packed`` on `PACKED_DEVICES`, else ``trim``), fall back from
+        ``packed`` to ``trim`` when the model's configuration rules packing out, and on the packed path give
+        the model varlen attention where it can run; returns the path and logs it, with the attention, in
+        one line."""
         device = self.device or next((p.device for p in model.parameters()), torch.device("cpu"))
         how = ""
         if self.mode == "auto":
-            self.mode = "packed" if device.type == "cuda" else "trim"
+            self.mode = "packed" if device.type in PACKED_DEVICES else "trim"
             self._checked = self.mode != "packed"
             how = f"auto on {device.type}"
         reason = packing_unsupported_reason(model) if self.mode == "packed" else None

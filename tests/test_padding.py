@@ -331,7 +331,7 @@ def test_the_old_booleans_still_choose_a_path(tmp_path, value, mode):
         PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, trim_padding="squash")
 
 
-def test_the_default_is_auto_and_resolves_to_trim_on_cpu_in_one_log_line(tiny_model_dir, tmp_path, caplog):
+def test_the_default_is_auto_and_resolves_to_packed_on_cpu_in_one_log_line(tiny_model_dir, tmp_path, caplog):
     args = PromptAugGRPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=4,
         report_to="none", use_cpu=True, bf16=False,
@@ -344,8 +344,10 @@ def test_the_default_is_auto_and_resolves_to_trim_on_cpu_in_one_log_line(tiny_mo
             processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
         )  # fmt: skip
     lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
-    assert lines == ["padding-free passes: trim (auto on cpu)"]
-    assert trainer.padding_free.mode == "trim"
+    assert lines == [
+        "padding-free passes: packed (auto on cpu; attention prompt_aug_varlen: sdpa on each sequence on cpu)"
+    ]
+    assert trainer.padding_free.mode == "packed"
 
 
 # -- the trainer-level bench ---------------------------------------------------------------------------------

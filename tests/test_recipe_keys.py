@@ -444,10 +444,10 @@ TRAINER_CASES: dict[str, tuple[dict[str, Any], Any, Any]] = {
         2.0,
         lambda t: t.features.minibatch_skip and t.features.minibatch_skip.threshold,
     ),
-    "trim_padding": ({}, "off", lambda t: t.padding_free.mode),  # the default, auto, is trim on CPU
+    "trim_padding": ({}, "off", lambda t: t.padding_free.mode),  # the default, auto, is packed on CPU
     "packing_max_tokens": ({}, 4096, lambda t: t.padding_free.max_tokens),
     "packing_pad_to_multiple_of": ({}, 8, lambda t: t.padding_free.pad_to_multiple_of),
-    # On CPU too the packed path then gets the varlen attention function, whose masked SDPA shares prompts.
+    # On CPU too the packed path gets the varlen attention function, which reads shared prompts.
     "packing_share_prompts": (
         {"trim_padding": "packed"},
         True,
