@@ -48,7 +48,7 @@ VARLEN_ATTENTION = "prompt_aug_varlen"
 # The dtypes and devices torch's varlen kernel (FlashAttention 2) takes.
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 KERNEL_DEVICES = ("cuda",)
-# Where a packed call the kernel cannot run is SDPA on each sequence alone (`_per_sequence`) rather than on
+# Where a packed call the kernel cannot run is SDPA on each sequence alone (`sequence_kernel`) rather than on
 # the whole row with a block-diagonal mask: on CPU, whose SDPA computes every entry of a mask given to it.
 SEQUENCE_DEVICES = ("cpu",)
 
@@ -238,7 +238,7 @@ def make_varlen_attention(
     A packed call is one with no attention mask, ``position_ids`` given, as many keys as queries (no cache)
     and a causal module. ``kernel`` runs there when the query's device type is in ``devices``, its dtype in
     ``dtypes`` and dropout is 0; otherwise SDPA runs on each sequence alone on a device of
-    ``sequence_devices`` (`_per_sequence`), and with `block_causal_mask` over the whole row elsewhere. Every
+    ``sequence_devices`` (`sequence_kernel`), and with `block_causal_mask` over the whole row elsewhere. Every
     other call is transformers' SDPA, unchanged.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -297,7 +297,10 @@ def make_varlen_attention(
         )  # fmt: skip
         if why is not None and device_type in sequence_devices:
             log_once(f"packed attention: sdpa on each sequence, not varlen: {why}")
-            return _per_sequence(query, key, value, position_ids, dropout, scaling), None
+            out = _run_kernel(
+                sequence_kernel, SEQUENCE_KERNEL_PARAMS, query, key, value, position_ids, scaling, dropout
+            )
+            return out, None
         if why is not None:
             log_once(f"packed attention: sdpa with a block-diagonal mask, not varlen: {why}")
             mask = block_causal_mask(_per_row(position_ids, query.size(0)))
@@ -318,51 +321,50 @@ def _per_row(position_ids: torch.Tensor, batch: int) -> torch.Tensor:
     return position_ids if position_ids.size(0) == batch else position_ids.expand(batch, -1)
 
 
-def _per_sequence(
+def sequence_kernel(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    position_ids: torch.Tensor,
-    dropout: float,
-    scaling: float | None,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+    dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """SDPA run on each sequence of the packed (batch, heads, T, D) tensors on its own (its keys: its shared
-    prefix, if any, then itself), causal as the kernel aligns it (to the last key); the output as (batch, T,
-    heads, D). What the kernel does, one call a sequence: no T x T mask is built or computed."""
-    batch, heads, width, dim = query.shape
-    found = sequences(_per_row(position_ids, batch))
-    q = query.transpose(1, 2).reshape(batch * width, heads, dim)
-    k = key.transpose(1, 2).reshape(batch * width, key.size(1), key.size(-1))
-    v = value.transpose(1, 2).reshape(batch * width, value.size(1), value.size(-1))
-    cu_k = found.cu_seqlens
-    if found.key_index is not None:
-        k, v, cu_k = (
-            k.index_select(0, found.key_index),
-            v.index_select(0, found.key_index),
-            found.cu_seqlens_k,
-        )
+    """torch's ``varlen_attn`` (2.12's signature, plus ``dropout_p``) as SDPA run on each sequence alone:
+    (tokens, heads, D) tensors, sequence i's queries between ``cu_seq_q[i]`` and ``cu_seq_q[i + 1]`` and its
+    keys between those of ``cu_seq_k`` (offsets read on the host); causal (``window_size`` (-1, 0)) aligned
+    to the last key, as the kernel aligns it. No (tokens x tokens) mask is built or computed."""
+    causal = tuple(window_size) == (-1, 0)
     out = []
     for (qs, qe), (ks, ke) in zip(
-        itertools.pairwise(found.cu_seqlens.tolist()), itertools.pairwise(cu_k.tolist()), strict=True
+        itertools.pairwise(cu_seq_q.tolist()), itertools.pairwise(cu_seq_k.tolist()), strict=True
     ):
         length, keys = qe - qs, ke - ks
-        causal = {"is_causal": True} if length == keys else {
-            "attn_mask": torch.ones(length, keys, dtype=torch.bool, device=q.device).tril(keys - length)
+        mask = {"is_causal": causal} if length == keys or not causal else {
+            "attn_mask": torch.ones(length, keys, dtype=torch.bool, device=query.device).tril(keys - length)
         }  # fmt: skip
         # (1, heads, L, D): with a batch dimension CPU's SDPA takes its flash kernel; (heads, L, D) gets math.
         out.append(
             torch.nn.functional.scaled_dot_product_attention(
                 *(
                     t[start:end].transpose(0, 1)[None]
-                    for t, start, end in ((q, qs, qe), (k, ks, ke), (v, ks, ke))
+                    for t, start, end in ((query, qs, qe), (key, ks, ke), (value, ks, ke))
                 ),
-                dropout_p=dropout,
-                scale=scaling,
-                enable_gqa=k.size(1) != heads,
-                **causal,
+                dropout_p=dropout_p,
+                scale=scale,
+                enable_gqa=enable_gqa,
+                **mask,
             )[0].transpose(0, 1)
         )
-    return torch.cat(out).view(batch, width, heads, -1)
+    return torch.cat(out)
+
+
+SEQUENCE_KERNEL_PARAMS = set(inspect.signature(sequence_kernel).parameters)
 
 
 def _run_kernel(
@@ -373,9 +375,11 @@ def _run_kernel(
     value: torch.Tensor,
     position_ids: torch.Tensor,
     scaling: float | None,
+    dropout: float = 0.0,
 ) -> torch.Tensor:
     """``kernel`` on the (batch, heads, T, D) tensors flattened to (batch x T, heads, D), the sequences read
-    off ``position_ids``; the output as (batch, T, heads, D)."""
+    off ``position_ids``; the output as (batch, T, heads, D). ``dropout`` goes to a kernel that takes
+    ``dropout_p`` (`sequence_kernel`; torch's runs only without dropout)."""
     batch, heads, width, dim = query.shape
     kv_heads = key.size(1)
     found = sequences(_per_row(position_ids, batch))
@@ -393,6 +397,8 @@ def _run_kernel(
         else:  # query head h reads K / V head h // groups, as transformers' repeat_kv lays them out
             k = k.repeat_interleave(heads // kv_heads, dim=1)
             v = v.repeat_interleave(heads // kv_heads, dim=1)
+    if "dropout_p" in params:
+        options["dropout_p"] = dropout
     if "scale" in params:
         options["scale"] = scaling
     elif scaling is not None and scaling != dim**-0.5:
