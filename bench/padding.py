@@ -2,7 +2,7 @@
 
 One round of the paper recipe's structure (per process: 8 rows per micro-batch, 4 micro-batches per
 optimizer step, 16 per round, so the old-log-prob pass runs) on a random Qwen2 model of a few M parameters
-built in code. Prompts are the augmented prompts of the synthetic dataset, rendered as in training;
+built in code, or on a saved model (``--model``). Prompts are the augmented prompts of the synthetic dataset, rendered as in training;
 completions are random tokens whose lengths follow a long-tailed mix like the paper's: one row in 16 reaches
 the cap, the rest are drawn from an exponential, for a mean of about a quarter of the cap. The generation
 itself is replaced by that draw (it is not what is timed); everything after it is `PromptAugGRPOTrainer`.
@@ -27,6 +27,7 @@ and two rounds, the first of which warms up. Prompts are the synthetic dataset's
 
     OMP_NUM_THREADS=1 python bench/padding.py            # about 3 minutes on one quiet core
     python bench/padding.py --device cuda --shape paper  # one GPU: 3 paths x 2 rounds of 128 rows
+    python bench/padding.py --model DIR --micro_batch 2 --cap 128   # a saved model (e.g. SmolLM2-135M)
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ sys.path.insert(
 
 import torch
 from datasets import Dataset
-from transformers import GenerationConfig, PrinterCallback, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    PrinterCallback,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.demo.smoke import build_tiny_tokenizer, synthetic_problems
@@ -91,6 +99,7 @@ class _BenchTrainer(PromptAugGRPOTrainer):
         self._add("generate_and_score", start)
         self.old_logps_stats = dict(self.padding_free.stats)  # the counts of the old-log-prob pass
         self.round = (output["completion_ids"].clone(), output["prompt_ids"].clone())
+        self.round_lengths = (output["completion_mask"].sum(1).float(), output["prompt_mask"].sum(1).float())
         return output
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -185,6 +194,7 @@ def run(
         "losses": [log["loss"] for log in trainer.state.log_history if "loss" in log],
         "round": completion_ids,
         "prompts": prompt_ids,
+        "lengths": trainer.round_lengths,  # (completion, prompt) tokens per row
         "rows": completion_ids.size(0),
     }
 
@@ -203,6 +213,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cap", type=int, default=512, help="max_completion_length (default 512)")
     parser.add_argument("--micro_batch", type=int, default=8, help="per_device_train_batch_size (default 8)")
+    parser.add_argument(
+        "--model", type=Path, default=None,
+        help="a pretrained model's folder instead of the random Qwen2 (e.g. the one `python -m "
+        "prompt_aug.models fetch smollm2-135m-instruct` prints); --hidden, --layers and --shape do not apply",
+    )  # fmt: skip
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: bf16, checkpointing")
@@ -223,24 +238,27 @@ def main() -> None:
     args.rounds = args.rounds or (2 if paper else 1)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no GPU here")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: no config.json there; give a saved transformers model's folder")
     results = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        model_path = build_model(
+        model_path = args.model or build_model(
             Path(tmp) / "model", args.hidden, args.layers, seed=0, paper=paper, device=args.device
         )
         with torch.device("meta"):
-            model = Qwen2ForCausalLM(Qwen2Config.from_pretrained(model_path))
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
         params = sum(p.numel() for p in model.parameters())
         shape = f"{model.config.hidden_size} wide, {model.config.num_hidden_layers} layers"
+        if args.model is not None:
+            shape = f"{args.model.name}, {shape}"
         for name in args.paths:
             results[name] = run(model_path, Path(tmp) / name, *MODES[name], args)
     padded = results["padded"]
     for name, r in results.items():
         if not torch.equal(padded["round"], r["round"]) or not torch.equal(padded["prompts"], r["prompts"]):
             raise SystemExit(f"bench/padding.py: the {name} and padded runs trained on different rounds")
-    lengths = (padded["round"] != 0).sum(1).float()
-    prompts = (padded["prompts"] != 0).sum(1).float()
+    lengths, prompts = padded["lengths"]
     print(
         f"device: {device_name(args.device)}; torch {torch.__version__}; model: {params / 1e6:.1f} M "
         f"parameters ({shape}); round: "

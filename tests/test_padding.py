@@ -376,3 +376,38 @@ def test_padding_bench_trains_each_path_on_the_same_losses_over_two_rounds():
     refused = run_bench([*command, "--paths", "trim,packed"], timeout=60)
     assert refused.returncode == 2
     assert "--paths: include padded" in refused.stderr
+
+
+def test_padding_bench_runs_a_saved_model_of_another_architecture(tmp_path):
+    """``--model`` runs the bench on a saved model's folder (here a tiny Llama, SmolLM2's architecture)
+    instead of the random Qwen2: packed gives padded's losses, and the header names the folder; a folder
+    without a config is refused in one line."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from prompt_aug.demo.smoke import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=1024,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    result = run_bench(
+        ["bench/padding.py", "--model", str(folder), "--cap", "16", "--paths", "padded,packed"]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    header = result.stdout.splitlines()[0]
+    assert "tiny-llama, 64 wide, 1 layers" in header, header
+    losses = printed_losses(result.stdout)
+    torch.testing.assert_close(losses["packed"], losses["padded"], rtol=1e-4, atol=1e-6)
+    refused = run_bench(["bench/padding.py", "--model", str(tmp_path), "--paths", "padded"], timeout=60)
+    assert refused.returncode == 2
+    assert f"--model {tmp_path}: no config.json there" in refused.stderr
