@@ -2,10 +2,11 @@
 
 One round of the paper recipe's structure (per process: 8 rows per micro-batch, 4 micro-batches per
 optimizer step, 16 per round, so the old-log-prob pass runs) on a random Qwen2 model of a few M parameters
-built in code, or on a saved model (``--model``). Prompts are the augmented prompts of the synthetic dataset, rendered as in training;
-completions are random tokens whose lengths follow a long-tailed mix like the paper's: one row in 16 reaches
-the cap, the rest are drawn from an exponential, for a mean of about a quarter of the cap. The generation
-itself is replaced by that draw (it is not what is timed); everything after it is `PromptAugGRPOTrainer`.
+built in code, or on a saved model (``--model``). Prompts are the augmented prompts of the synthetic
+dataset, rendered as in training; completions are random tokens whose lengths follow a long-tailed mix like
+the paper's: one row in 16 reaches the cap, the rest are drawn from an exponential, for a mean of about a
+quarter of the cap. The generation itself is replaced by that draw (it is not what is timed); everything
+after it is `PromptAugGRPOTrainer`.
 
 Paths (``trim_padding``): ``off`` (TRL's padded calls), ``trim`` (one trimmed call per TRL call) and
 ``packed`` (each TRL call's real tokens in one row; what the default, ``auto``, picks on CUDA and CPU,
