@@ -4,9 +4,10 @@ run as a script.
 ``python tests/fault_harness.py --config recipes/smoke/tiny_cpu.yaml ...`` (also under torchrun) runs the
 entry point with the given arguments. With ``FAULT_HARNESS_HOLD_STEP=N`` the end of step N waits (up to 2
 minutes) until a preemption signal has arrived, so that a test's signal lands in that step however fast the
-steps run. A run names the rewards below by import path
-(``--reward_funcs fault_harness:text_hash_reward``; this folder is on ``sys.path`` in the tests and when this
-file runs), so the global ``rewards.REGISTRY`` is never changed.
+steps run; with ``FAULT_HARNESS_HOLD_RANK=R`` too, only rank R waits (the one the test signals: the others
+learn of it at that step's end, in the collective that waits for R). A run names the rewards below by
+import path (``--reward_funcs fault_harness:text_hash_reward``; this folder is on ``sys.path`` in the tests
+and when this file runs), so the global ``rewards.REGISTRY`` is never changed.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from prompt_aug import faults, train
 
-    if os.environ.get("FAULT_HARNESS_HOLD_STEP"):
+    held_rank = os.environ.get("FAULT_HARNESS_HOLD_RANK")
+    if os.environ.get("FAULT_HARNESS_HOLD_STEP") and held_rank in (None, os.environ.get("RANK", "0")):
         hold, step_end = int(os.environ["FAULT_HARNESS_HOLD_STEP"]), faults.PreemptionCallback.on_step_end
 
         def held_step_end(self, args, state, control, **kwargs):

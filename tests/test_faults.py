@@ -246,7 +246,8 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_saved(tmp_path):
     out = tmp_path / "run"
     launch = Launch(
         [*torchrun(2), HARNESS, "--config", SMOKE, "--output_dir", str(out), "--max_steps", "4",
-         "--save_steps", "100", *SPREAD]
+         "--save_steps", "100", *SPREAD],
+        FAULT_HARNESS_HOLD_STEP="2", FAULT_HARNESS_HOLD_RANK="1",  # rank 1 ends step 2 once signalled
     )  # fmt: skip
     launch.wait_for("| step 1/4 |")
     ranks = {}
