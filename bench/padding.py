@@ -217,7 +217,8 @@ def main() -> None:
     parser.add_argument(
         "--model", type=Path, default=None,
         help="a pretrained model's folder instead of the random Qwen2 (e.g. the one `python -m "
-        "prompt_aug.models fetch smollm2-135m-instruct` prints); --hidden, --layers and --shape do not apply",
+        "prompt_aug.models fetch smollm2-135m-instruct` prints); --hidden and --layers do not apply, and "
+        "--shape paper sets only the cap and the rounds",
     )  # fmt: skip
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
