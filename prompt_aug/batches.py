@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .records import generation_round, optimizer_steps_per_round
+from .records import generation_round, micro_steps_per_round, optimizer_steps_per_round
 from .sources import builtin
 
 
@@ -71,7 +71,7 @@ def batch_arithmetic(
     total = None
     if rounds_per_epoch is not None:
         if args.max_steps and args.max_steps > 0:
-            total = generation_round(args.max_steps, optimizer_steps)
+            total = generation_round(args.max_steps, args, rounds_per_epoch * micro_steps_per_round(args))
         else:
             total = int(rounds_per_epoch * args.num_train_epochs)
     return BatchArithmetic(

@@ -42,7 +42,7 @@ from .packing import (
     shared_prompts_check,
     unwrap_model,
 )
-from .records import micro_steps_per_round
+from .records import micro_steps_per_round, optimizer_step_of
 from .varlen import VARLEN_ATTENTION, restore_sdpa, use_varlen_attention
 
 logger = logging.getLogger("prompt_aug")
@@ -123,18 +123,23 @@ def trim(batch: dict) -> dict:
 
 
 def optimizer_step_segments(
-    step: int, steps_per_generation: int, num_iterations: int, gradient_accumulation_steps: int
+    step: int,
+    steps_per_generation: int,
+    num_iterations: int,
+    gradient_accumulation_steps: int,
+    per_epoch: int | None = None,
 ) -> list[list[int]]:
     """The buffered micro-batches of a round that always share an optimizer step, as runs of indices.
 
     TRL replays the round's ``steps_per_generation`` micro-batches ``num_iterations`` times from micro-step
-    ``step`` on, and steps the optimizer every ``gradient_accumulation_steps`` micro-steps. Micro-batches
-    ``i`` and ``j`` share a segment when they fall in the same optimizer step in every pass, so rows may
-    move between them without moving to another optimizer step.
+    ``step`` on, and the Trainer steps the optimizer every ``gradient_accumulation_steps`` micro-steps,
+    starting again at each epoch of ``per_epoch`` micro-steps (`prompt_aug.records.optimizer_step_of`).
+    Micro-batches ``i`` and ``j`` share a segment when they fall in the same optimizer step in every pass, so
+    rows may move between them without moving to another optimizer step.
     """
     keys = [
         tuple(
-            (step + it * steps_per_generation + j) // gradient_accumulation_steps
+            optimizer_step_of(step + it * steps_per_generation + j, gradient_accumulation_steps, per_epoch)
             for it in range(num_iterations)
         )
         for j in range(steps_per_generation)
@@ -448,7 +453,9 @@ class PaddingFreePasses:
         # `step % spg`, as if the round had started there).
         first = step - step % per_round
         ga = trainer.args.gradient_accumulation_steps
-        segments = optimizer_step_segments(first, spg, trainer.num_iterations, ga)
+        segments = optimizer_step_segments(
+            first, spg, trainer.num_iterations, ga, trainer.micro_steps_per_epoch
+        )
         # Rows move only where the update stays the same: sorted by length for trim, balanced for packed.
         exact = regrouping_is_exact(trainer)
         trainer.buffered_micro_batches = regroup(

@@ -9,7 +9,11 @@ completions the latest optimizer step trained on, i.e. the count of rounds gener
     round = ceil(global_step × gradient_accumulation_steps / (steps_per_generation × num_iterations))
 
 (0 before the first optimizer step); `generation_round` and its helpers here are the only place this is
-computed. ``num_iterations`` passes over one round do not start a new round.
+computed. ``num_iterations`` passes over one round do not start a new round. The Trainer restarts gradient
+accumulation at each epoch, so where ``gradient_accumulation_steps`` does not divide an epoch's micro-steps
+(`micro_steps_per_epoch`), each epoch ends on a short optimizer step and ``global_step ×
+gradient_accumulation_steps`` overcounts: `micro_steps_done` counts them then, and `optimizer_step_of` maps
+back.
 
 **W&B table.** With ``log_completions``, TRL 1.16 writes every completion of the round to
 ``output_dir/completions/completions_<step>.parquet`` and uploads the same rows as a W&B table at each
@@ -50,10 +54,12 @@ def optimizer_steps_per_round(args: Any) -> float:
     return micro_steps_per_round(args) / args.gradient_accumulation_steps
 
 
-def generation_round(global_step: int, steps_per_round: float | Any) -> int:
+def generation_round(global_step: int, steps_per_round: float | Any, per_epoch: int | None = None) -> int:
     """The 1-based generation round that optimizer step ``global_step`` belongs to (0 before any step).
 
-    ``steps_per_round`` is the optimizer steps per round, or a `GRPOConfig` to read it from.
+    ``steps_per_round`` is the optimizer steps per round, or a `GRPOConfig` to read it from; with the latter,
+    ``per_epoch`` (`micro_steps_per_epoch`) counts the short optimizer step that ends an epoch whose
+    micro-steps ``gradient_accumulation_steps`` does not divide.
 
     >>> from types import SimpleNamespace as NS
     >>> paper = NS(gradient_accumulation_steps=4, steps_per_generation=16, num_iterations=1)
@@ -62,10 +68,59 @@ def generation_round(global_step: int, steps_per_round: float | Any) -> int:
     >>> two_passes = NS(gradient_accumulation_steps=1, steps_per_generation=2, num_iterations=2)
     >>> [generation_round(s, two_passes) for s in (1, 2, 4, 5)]  # two passes over each round
     [1, 1, 1, 2]
+    >>> odd = NS(gradient_accumulation_steps=2, steps_per_generation=3, num_iterations=1)
+    >>> [generation_round(s, odd, per_epoch=3) for s in (1, 2, 3, 4)]  # a round an epoch, steps of 2 and 1
+    [1, 1, 2, 2]
     """
-    if not isinstance(steps_per_round, (int, float)):
-        steps_per_round = optimizer_steps_per_round(steps_per_round)
-    return math.ceil(global_step / steps_per_round - 1e-9)
+    if isinstance(steps_per_round, (int, float)):
+        return math.ceil(global_step / steps_per_round - 1e-9)
+    args = steps_per_round
+    done = micro_steps_done(global_step, args.gradient_accumulation_steps, per_epoch)
+    return math.ceil(done / micro_steps_per_round(args))
+
+
+def micro_steps_per_epoch(num_rows: int | None, args: Any) -> int | None:
+    """Micro-steps in one epoch over ``num_rows`` questions on each process (the length of TRL's training
+    dataloader), or None for a dataset without a length. TRL's `RepeatSampler` keeps whole rounds of
+    ``generation_batch_size / num_generations`` questions and replays each for `micro_steps_per_round`.
+
+    >>> from types import SimpleNamespace as NS
+    >>> args = NS(generation_batch_size=8, num_generations=4, gradient_accumulation_steps=2,
+    ...           steps_per_generation=3, num_iterations=1)
+    >>> micro_steps_per_epoch(5, args)  # 2 rounds of 2 questions (the fifth is dropped), 3 micro-steps each
+    6
+    """
+    if num_rows is None:
+        return None
+    return num_rows // (args.generation_batch_size // args.num_generations) * micro_steps_per_round(args)
+
+
+def optimizer_step_of(micro_step: int, accumulation: int, per_epoch: int | None = None) -> int:
+    """The 0-based optimizer step that micro-step ``micro_step`` (TRL's ``_step``) trains in, with
+    ``accumulation`` micro-steps a step. The Trainer restarts accumulation at each epoch of ``per_epoch``
+    micro-steps, so an epoch that ``accumulation`` does not divide ends on a short step.
+
+    >>> [optimizer_step_of(m, 2) for m in range(6)]
+    [0, 0, 1, 1, 2, 2]
+    >>> [optimizer_step_of(m, 2, per_epoch=3) for m in range(6)]  # epochs of 3: steps of 2, then 1
+    [0, 0, 1, 2, 2, 3]
+    """
+    if not per_epoch:
+        return micro_step // accumulation
+    epochs, within = divmod(micro_step, per_epoch)
+    return epochs * math.ceil(per_epoch / accumulation) + within // accumulation
+
+
+def micro_steps_done(global_step: int, accumulation: int, per_epoch: int | None = None) -> int:
+    """Micro-steps trained in the first ``global_step`` optimizer steps (`optimizer_step_of` turned around).
+
+    >>> micro_steps_done(3, 2), micro_steps_done(3, 2, per_epoch=3)  # the second: steps of 2, 1, then 2
+    (6, 5)
+    """
+    if not per_epoch:
+        return global_step * accumulation
+    epochs, within = divmod(global_step, math.ceil(per_epoch / accumulation))
+    return epochs * per_epoch + within * accumulation
 
 
 def rounds_generated(micro_step: int, args: Any) -> int:

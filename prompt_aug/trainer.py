@@ -11,6 +11,7 @@ above it, and nowhere else.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from functools import partial
 from typing import Any
 
@@ -28,6 +29,8 @@ from .model_card import ModelCardInfo, ModelCardMixin
 from .padding import PaddingFreePasses
 from .records import (
     generation_round,
+    micro_steps_done,
+    micro_steps_per_epoch,
     micro_steps_per_round,
     rounds_generated,
     upload_sampled_table,
@@ -196,6 +199,13 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         """The generation round being generated now, 1-based (the paper's step)."""
         return rounds_generated(self.micro_step, self.args) + 1
 
+    @property
+    def micro_steps_per_epoch(self) -> int | None:
+        """Micro-steps in an epoch of the training set (the length of TRL's training dataloader), or None for
+        a dataset without a length. The Trainer restarts gradient accumulation at each epoch."""
+        dataset = self.train_dataset
+        return micro_steps_per_epoch(len(dataset) if isinstance(dataset, Sized) else None, self.args)
+
     def _score_rows(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """TRL's generation and scoring of augmented ``rows``, plus each row's template index, which travels
         with the row through TRL's shuffle and split to the per-template entropy in `compute_loss`."""
@@ -206,12 +216,14 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     # Why: TRL does not restore its micro-step counter on resume. From a checkpoint saved in the middle of a
     # generation round (save_steps not a multiple of the optimizer steps per round), it restarted at 0 and
     # replayed the interrupted round in full, shifting every later round by the steps already taken. The
-    # Trainer skips global_step x accumulation batches, so restore the counter to match before the first
-    # round after the resume is generated. The padding-free passes then trim (and may regroup) the round.
+    # Trainer skips the batches of the steps taken (an epoch's short last step counted short), so restore
+    # the counter to match before the first round after the resume is generated. The padding-free passes
+    # then trim (and may regroup) the round.
     def prepare_micro_batch(self, generation_batch: Any) -> Any:
         training = self.model.training
         if training and self.buffered_micro_batches is None:
-            self.micro_step = self.state.global_step * self.args.gradient_accumulation_steps
+            ga, per_epoch = self.args.gradient_accumulation_steps, self.micro_steps_per_epoch
+            self.micro_step = micro_steps_done(self.state.global_step, ga, per_epoch)
         step = self.micro_step
         new_round = training and (
             self.buffered_micro_batches is None or step % micro_steps_per_round(self.args) == 0
@@ -234,7 +246,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
 
     # Why: TRL logs optimizer steps (the paper counts rounds) and uploads every completion to W&B each round.
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs["round"] = generation_round(self.state.global_step, self.args)
+        logs["round"] = generation_round(self.state.global_step, self.args, self.micro_steps_per_epoch)
         with without_wandb_table(self.args, self.wandb_completions_rows):
             super().log(logs, start_time)
         step = self.state.global_step

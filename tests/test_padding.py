@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -73,6 +74,10 @@ def test_segments_are_the_micro_batches_of_one_optimizer_step_in_every_pass():
     # 3 micro-batches per round, 2 per optimizer step: the second round starts mid-step (micro-step 3).
     assert optimizer_step_segments(0, 3, 1, 2) == [[0, 1], [2]]
     assert optimizer_step_segments(3, 3, 1, 2) == [[0], [1, 2]]
+    # The Trainer restarts accumulation each epoch: with epochs of 6 micro-steps the second round is still
+    # mid-step; with epochs of 3 (one round) micro-step 3 starts an epoch, and its steps hold 0, 1 | 2.
+    assert optimizer_step_segments(3, 3, 1, 2, per_epoch=6) == [[0], [1, 2]]
+    assert optimizer_step_segments(3, 3, 1, 2, per_epoch=3) == [[0, 1], [2]]
     # Two passes over 3 micro-batches, 2 per step: steps hold 0,1 | 2,0 | 1,2, so no pair always shares one.
     assert optimizer_step_segments(0, 3, 2, 2) == [[0], [1], [2]]
 
@@ -152,7 +157,15 @@ class _Recording(PromptAugGRPOTrainer):
         return output
 
 
-def _run(path: Path, out: Path, trim_padding: str, dynamic: bool = False, **overrides) -> dict:
+def _run(
+    path: Path,
+    out: Path,
+    trim_padding: str,
+    dynamic: bool = False,
+    questions: int | None = None,
+    resume: str | None = None,
+    **overrides,
+) -> dict:
     values = {
         "output_dir": str(out), "learning_rate": 0.05, "per_device_train_batch_size": 4, "num_generations": 4,
         "max_completion_length": 12, "report_to": "none", "save_strategy": "no", "logging_steps": 1,
@@ -160,10 +173,11 @@ def _run(path: Path, out: Path, trim_padding: str, dynamic: bool = False, **over
         "gradient_accumulation_steps": 2, "steps_per_generation": 2, "num_iterations": 1,
     }  # fmt: skip
     values.update(overrides)
-    # One generation round: both runs then sample from the same weights.
-    values["max_steps"] = (
-        values["steps_per_generation"] * values["num_iterations"] // values["gradient_accumulation_steps"]
-    )
+    # One generation round unless epochs are asked for: both runs then sample from the same weights.
+    if "num_train_epochs" not in overrides:
+        values["max_steps"] = (
+            values["steps_per_generation"] * values["num_iterations"] // values["gradient_accumulation_steps"]
+        )
     dynamic_keys = {"dynamic_sampling": True, "dynamic_sampling_max_passes": 2} if dynamic else {}
     args = PromptAugGRPOConfig(
         **values, **dynamic_keys, trim_padding=trim_padding, stop_tokens=[], reward_cut_tokens=[]
@@ -172,12 +186,13 @@ def _run(path: Path, out: Path, trim_padding: str, dynamic: bool = False, **over
         model=_float64_model(path),
         reward_funcs=_reward,
         args=args,
-        train_dataset=Dataset.from_dict({"prompt": QUESTIONS}),
+        train_dataset=Dataset.from_dict({"prompt": QUESTIONS[:questions]}),
         processing_class=AutoTokenizer.from_pretrained(path),
     )
     trainer.rounds = []
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     return {
+        "trainer": trainer,
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
         "params": {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
         "rounds": trainer.rounds,
@@ -192,13 +207,14 @@ def _run(path: Path, out: Path, trim_padding: str, dynamic: bool = False, **over
 
 
 def _assert_same_update(
-    path: Path, tmp_path: Path, mode: str = "packed", dynamic: bool = False, **overrides
+    path: Path, tmp_path: Path, mode: str = "packed", dynamic: bool = False, rounds: int = 1, **overrides
 ) -> None:
     on = _run(path, tmp_path / "on", mode, dynamic, **overrides)
     off = _run(path, tmp_path / "off", "off", dynamic, **overrides)
     assert on["mode"] == mode and off["mode"] == "off"  # no fallback: the path asked for is the one compared
-    assert len(on["rounds"]) == len(off["rounds"]) == 1
-    assert torch.equal(on["rounds"][0], off["rounds"][0]), "the two runs sampled different completions"
+    assert len(on["rounds"]) == len(off["rounds"]) == rounds
+    for a, b in zip(on["rounds"], off["rounds"], strict=True):
+        assert torch.equal(a, b), "the two runs sampled different completions"
     lengths = (on["rounds"][0] != 0).sum(1)
     assert lengths.unique().numel() >= 3, lengths  # not vacuous: the round holds short and long completions
     assert len(on["losses"]) == len(off["losses"]) >= 1
@@ -220,6 +236,34 @@ def _assert_same_update(
     assert share_on > share_off, (share_on, share_off, lengths.tolist())
     if overrides.get("packing_share_prompts"):  # a group's prompt ran once: fewer tokens than the rows hold
         assert on["stats"]["real"] < off["stats"]["real"], (on["stats"], off["stats"])
+
+
+@pytest.mark.parametrize("mode", ["packed", "trim"])
+def test_an_epoch_that_ends_on_a_short_optimizer_step_keeps_each_row_in_its_step(
+    tiny_model_dir, tmp_path, mode
+):
+    # 3 questions are one round an epoch, of 3 micro-batches, 2 to an optimizer step: each epoch's steps hold
+    # micro-batches 0, 1 and then 2 alone, as the Trainer restarts accumulation at every epoch. Rows moved
+    # by the global micro-step count instead (1, 2 together in the second epoch) change the update.
+    _assert_same_update(
+        tiny_model_dir, tmp_path, mode, rounds=2, questions=3, steps_per_generation=3, num_train_epochs=2
+    )
+
+
+def test_a_resume_after_an_epochs_short_step_generates_the_rounds_an_unbroken_run_does(
+    tiny_model_dir, tmp_path
+):
+    keys = {"questions": 3, "steps_per_generation": 3, "num_train_epochs": 2, "trim_padding": "off"}
+    whole = _run(tiny_model_dir, tmp_path / "whole", save_strategy="steps", save_steps=2, **keys)
+    trainer = whole["trainer"]
+    assert trainer.micro_steps_per_epoch == len(trainer.get_train_dataloader()) == 3
+    assert [h["round"] for h in trainer.state.log_history if "loss" in h] == [1, 1, 2, 2]
+    # checkpoint-2 ends the first epoch (its steps: micro-batches 0, 1 and 2): one round is left to generate.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", resumed / "checkpoint-2")
+    again = _run(tiny_model_dir, resumed, resume=str(resumed / "checkpoint-2"), **keys)
+    assert len(whole["rounds"]) == 2 and len(again["rounds"]) == 1
+    assert again["trainer"].micro_step == trainer.micro_step == 6
 
 
 @pytest.mark.parametrize("share_prompts", [False, True])
