@@ -104,12 +104,14 @@ def trim(batch: dict) -> dict:
     """``batch`` cut to its own longest prompt (left) and completion (right); other values unchanged.
 
     Widths are read off ``prompt_mask`` (ones at the right of each row) and ``completion_mask`` (ones at the
-    left). A completion never drops below one column, so ``logits_to_keep`` stays positive.
+    left). A completion keeps at least two columns where it has them: TRL's loss reads a one-column tensor
+    as one value per sequence (``importance_sampling_level="sequence"``), and would average its token
+    metrics (entropy, clipping) over rows instead of tokens; and ``logits_to_keep`` stays positive.
     """
     prompt_width = batch["prompt_mask"].size(1)
     completion_width = batch["completion_mask"].size(1)
     keep_prompt = int(batch["prompt_mask"].sum(dim=1).max().item()) if prompt_width else 0
-    keep_completion = max(1, int(batch["completion_mask"].sum(dim=1).max().item()))
+    keep_completion = max(2, int(batch["completion_mask"].sum(dim=1).max().item()))
     keep_completion = min(keep_completion, completion_width)
     out = dict(batch)
     for key in PROMPT_KEYS:

@@ -62,8 +62,11 @@ def test_trim_cuts_each_side_to_the_longest_row_and_keeps_every_real_token():
     assert out["prompt_mask"].sum() == batch["prompt_mask"].sum()
     assert out["completion_mask"].sum() == batch["completion_mask"].sum()
     assert out["num_items_in_batch"] is batch["num_items_in_batch"]
-    # A micro-batch whose completions are all masked keeps one column (logits_to_keep stays positive).
-    assert trim(_batch([1, 1], [0, 0]))["completion_ids"].shape == (2, 1)
+    # Completions of at most one real token keep two columns: TRL reads a one-column tensor as one value per
+    # sequence. A batch that is one column wide stays so.
+    assert trim(_batch([1, 1], [0, 0]))["completion_ids"].shape == (2, 2)
+    assert trim(_batch([1, 1], [1, 0]))["completion_mask"].shape == (2, 2)
+    assert trim(_batch([1], [1], width_c=1))["completion_ids"].shape == (1, 1)
 
 
 def test_segments_are_the_micro_batches_of_one_optimizer_step_in_every_pass():
@@ -248,6 +251,44 @@ def test_an_epoch_that_ends_on_a_short_optimizer_step_keeps_each_row_in_its_step
     _assert_same_update(
         tiny_model_dir, tmp_path, mode, rounds=2, questions=3, steps_per_generation=3, num_train_epochs=2
     )
+
+
+class _OneTokenOrTruncated(_Recording):
+    """Every other completion ends at once (one real token); the rest run to the cap and are masked as
+    truncated, so each micro-batch's real completions are at most one token long."""
+
+    def generate_round(self, prompts):
+        generation = PromptAugGRPOTrainer.generate_round(self, prompts)
+        eos, pad, cap = self.processing_class.eos_token_id, self.processing_class.pad_token_id, 12
+        cut = [
+            [eos] if i % 2 == 0 else [t if t not in (eos, pad) else 7 for t in ids] + [7] * (cap - len(ids))
+            for i, ids in enumerate(generation.completion_ids)
+        ]
+        return generation._replace(completion_ids=cut, completions=self.processing_class.batch_decode(cut))
+
+
+@pytest.mark.parametrize("mode", ["packed", "trim"])
+def test_completions_of_one_token_log_the_entropy_padded_calls_log(tiny_model_dir, tmp_path, mode):
+    logged = {}
+    for path in (mode, "off"):
+        args = PromptAugGRPOConfig(
+            output_dir=str(tmp_path / path), per_device_train_batch_size=4, num_generations=4,
+            max_completion_length=12, report_to="none", save_strategy="no", logging_steps=1, use_cpu=True,
+            bf16=False, seed=3, beta=0.0, gradient_accumulation_steps=2, steps_per_generation=2, max_steps=1,
+            mask_truncated_completions=True, trim_padding=path, stop_tokens=[], reward_cut_tokens=[],
+        )  # fmt: skip
+        trainer = _OneTokenOrTruncated(
+            model=_float64_model(tiny_model_dir), reward_funcs=_reward, args=args,
+            train_dataset=Dataset.from_dict({"prompt": QUESTIONS}),
+            processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+        )  # fmt: skip
+        trainer.rounds = []
+        trainer.train()
+        assert trainer.padding_free.mode == path
+        logged[path] = next(h for h in trainer.state.log_history if "loss" in h)
+    # The entropy is a mean over real completion tokens (one in two rows here), not over every row.
+    assert logged[mode]["entropy"] == pytest.approx(logged["off"]["entropy"], rel=1e-4)
+    assert logged[mode]["loss"] == pytest.approx(logged["off"]["loss"], rel=1e-5, abs=1e-7)
 
 
 def test_a_resume_after_an_epochs_short_step_generates_the_rounds_an_unbroken_run_does(
