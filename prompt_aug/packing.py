@@ -460,6 +460,15 @@ def _real_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, row: int
     return tokens[-limit:]
 
 
+def _filler(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> torch.Tensor:
+    """``n`` tokens for a check whose batch has no row long enough (one-token prompts, completions masked as
+    truncated): the batch's real tokens in order, repeated as needed. What the tokens say does not matter to
+    whether packing is exact, and the check still makes its calls, as every process must make the same."""
+    tokens = input_ids[attention_mask.bool()]
+    tokens = tokens if tokens.numel() else input_ids.reshape(-1)
+    return tokens.repeat(-(-n // tokens.numel()))[:n]
+
+
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module) -> Iterator[None]:
     """``model`` in eval mode for the block (dropout would make packed and unpacked rows differ for another
@@ -481,8 +490,9 @@ def packing_check(
     rtol: float = 0.1,
 ) -> PackingCheck:
     """Run the model on two rows of a live batch (the last ``max_row_tokens`` real tokens of its first two
-    rows with at least two; the same row twice if there is one): the second row alone, the two packed, and
-    the two as one sequence (positions running on). Each of the second row's tokens after its first is scored.
+    rows with at least two; the same row twice if there is one; two of the batch's tokens if there is none):
+    the second row alone, the two packed, and the two as one sequence (positions running on). Each of the
+    second row's tokens after its first is scored.
 
     ``call_or_model`` is a `PackCall` (such as `fused_head_call`'s, which the trainer uses) or a model with
     TRL's fused head (then called under no autocast, in eval mode for the check). Runs without gradients.
@@ -493,11 +503,12 @@ def packing_check(
     call = fused_head_call(model) if model is not None else call_or_model
     lengths = attention_mask.sum(dim=1).tolist()
     usable = [i for i, n in enumerate(lengths) if n >= 2]
-    if not usable:
-        raise ValueError("packing_check needs a row with at least two real tokens")
-    first, second = (usable + usable)[:2]
-    a = _real_tokens(input_ids, attention_mask, first, max_row_tokens)
-    b = _real_tokens(input_ids, attention_mask, second, max_row_tokens)
+    if usable:
+        first, second = (usable + usable)[:2]
+        a = _real_tokens(input_ids, attention_mask, first, max_row_tokens)
+        b = _real_tokens(input_ids, attention_mask, second, max_row_tokens)
+    else:
+        a = b = _filler(input_ids, attention_mask, 2)
     device = input_ids.device
     positions_b = torch.arange(len(b), device=device)
     labels_b = b.clone()
@@ -529,19 +540,21 @@ def shared_prompts_check(
     max_row_tokens: int = 64,
     atol: float = 1e-4,
     rtol: float = 0.1,
-) -> PackingCheck | None:
+) -> PackingCheck:
     """Run one row of a live batch (the first with a prompt of at least 2 tokens and a completion; at most
     ``max_row_tokens`` of each) twice in one pack that shares its prompt (`pack_rows`' ``share_prompts``), and
     compare the second copy's log-probs with the row alone, and with its completion run without the prompt it
-    should see (what an attention that does not read the shared layout computes). ``atol`` and ``rtol`` as
-    `packing_check`. None when no row has a prompt and a completion. Runs without gradients."""
+    should see (what an attention that does not read the shared layout computes); with no such row, a prompt
+    of two of the batch's tokens and a completion of one. ``atol`` and ``rtol`` as `packing_check`. Runs
+    without gradients."""
     prompt_lengths, completion_lengths, _ = host_rows(input_ids, attention_mask, logits_to_keep)
     usable = [i for i in range(input_ids.size(0)) if prompt_lengths[i] >= 2 and completion_lengths[i] >= 1]
-    if not usable:
-        return None
-    i, prompt_width = usable[0], input_ids.size(1) - logits_to_keep
-    prompt = input_ids[i, prompt_width - int(prompt_lengths[i]) : prompt_width][-max_row_tokens:]
-    completion = input_ids[i, prompt_width : prompt_width + int(completion_lengths[i])][:max_row_tokens]
+    if usable:
+        i, prompt_width = usable[0], input_ids.size(1) - logits_to_keep
+        prompt = input_ids[i, prompt_width - int(prompt_lengths[i]) : prompt_width][-max_row_tokens:]
+        completion = input_ids[i, prompt_width : prompt_width + int(completion_lengths[i])][:max_row_tokens]
+    else:
+        prompt, completion = _filler(input_ids, attention_mask, 3).split([2, 1])
     p, c = len(prompt), len(completion)
     row = torch.cat([prompt, completion])[None]
     both, ones = row.expand(2, -1), torch.ones(2, p + c, dtype=torch.long, device=row.device)

@@ -493,10 +493,10 @@ class PaddingFreePasses:
         if not self._shared_checked:
             with eval_mode(model):
                 check = shared_prompts_check(call, input_ids, attention_mask, logits_to_keep)
-            if check is not None and not check:
+            if not check:
                 self.share_prompts = False
                 logger.warning("padding-free passes: prompts not shared: %s", check.describe())
-            self._shared_checked = check is not None  # a batch with nothing to check: the next one is
+            self._shared_checked = True
         return self.share_prompts
 
     def _count(self, real: int, processed: int, calls: int) -> None:

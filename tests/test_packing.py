@@ -67,6 +67,17 @@ def _rows(lengths=LENGTHS, prompt_width=PROMPT_WIDTH, keep=KEEP, seed=1):
     return ids, mask
 
 
+class _counting:
+    """A pack call that counts its calls."""
+
+    def __init__(self, call):
+        self.call, self.calls = call, 0
+
+    def __call__(self, inputs):
+        self.calls += 1
+        return self.call(inputs)
+
+
 def _alone(model, ids_row, mask_row, keep=KEEP, temperature=TEMPERATURE):
     """One row's completion log-probs and entropies from the model's plain logits over the row's real
     tokens only (no padding, no packing, no fused head), as (keep,) vectors with 0 past the completion."""
@@ -321,8 +332,15 @@ def test_the_shared_prompts_check_passes_where_the_layout_is_read_and_fails_wher
     assert check.ok and check.error < 1e-5 < check.leak, check.describe()
     ignores = shared_prompts_check(fused_head_call(_model("sdpa").eval()), ids, mask, KEEP)
     assert not ignores.ok and ignores.describe().startswith("rows sharing a prompt do NOT match")
-    # Rows with no prompt of two tokens and a completion: nothing to check.
-    assert shared_prompts_check(fused_head_call(reads), *_rows([(1, 3), (4, 0)]), KEEP) is None
+    # Rows with no prompt of two tokens and a completion: the check runs on the batch's tokens instead, with
+    # as many calls (every process must make the same, or FSDP and ZeRO-3 hang) and tells the two apart.
+    short = _rows([(1, 3), (4, 0)])
+    counted = _counting(fused_head_call(reads))
+    assert shared_prompts_check(counted, *short, KEEP).ok
+    calls_short = counted.calls
+    shared_prompts_check(counted, ids, mask, KEEP)
+    assert counted.calls == 2 * calls_short
+    assert not shared_prompts_check(fused_head_call(_model("sdpa").eval()), *short, KEEP).ok
 
 
 def test_budget_splitting_and_rounding_change_no_value():
@@ -402,6 +420,17 @@ def test_packing_check_passes_on_the_model_and_fails_when_packing_is_ignored():
         return out.log_probs, out.entropy
 
     assert not packing_matches(masked_call, ids, mask)
+
+
+def test_packing_check_of_rows_of_one_token_runs_on_the_batchs_tokens_with_the_same_calls():
+    # One-token prompts whose completions were all masked as truncated: no row has two real tokens.
+    short, usable = _rows([(1, 0), (1, 0)], seed=2), _rows(seed=6)
+    counted = _counting(fused_head_call(_model().eval()))
+    assert packing_check(counted, *short).ok
+    assert counted.calls == 3
+    packing_check(counted, *usable)
+    assert counted.calls == 6
+    assert not packing_check(_model("unpacked_sdpa"), *short).ok
 
 
 def test_packing_check_restores_training_mode():
