@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
 import logging
@@ -59,6 +60,15 @@ class RecipeParser(TrlParser):
         where = "command line" if key in self._cli_keys or not self._config_path else self._config_path
         raise UsageError(f"{where}: {key}: {problem}" if key else f"{where}: {problem}")
 
+    # Why: TRL sets a recipe's values as the parser's defaults, and argparse converts a default only when it
+    # is text. A list key given one value (``reward_funcs: correctness``) reached the config as a string,
+    # later read letter by letter, and list items kept YAML's types (``dataset_levels: [3, 4]``: numbers).
+    def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
+        for action in self._actions:
+            if action.nargs in ("+", "*") and kwargs.get(action.dest) is not None:
+                kwargs[action.dest] = _list_value(action, kwargs[action.dest], self._config_path or "recipe")
+        return super().set_defaults_with_config(**kwargs)
+
     def option_names(self) -> set[str]:
         """Every key a recipe may set (dataclass field names)."""
         return {action.dest for action in self._actions if action.dest != "help"}
@@ -71,6 +81,31 @@ class RecipeParser(TrlParser):
             for s in action.option_strings
             if s[:2] == "--"
         }
+
+
+def _list_value(action: argparse.Action, value: Any, where: str) -> list:
+    """A recipe's value for a list key, each item converted as the command line converts it (text, numbers).
+
+    >>> import argparse
+    >>> _list_value(argparse.Action(["--levels"], "levels", nargs="+", type=str), [3, 4], "r.yaml")
+    ['3', '4']
+    """
+    key = action.dest
+    if not isinstance(value, list):
+        raise UsageError(f"{where}: {key} takes a list; write {key}: [{value}]")
+    kind = action.type if action.type in (str, int, float) else None
+    if kind is None:
+        return value
+    items = []
+    for item in value:
+        text_ok = kind is str and isinstance(item, (str, int, float)) and not isinstance(item, bool)
+        try:
+            if not text_ok and (kind is str or isinstance(item, (bool, list, dict))):
+                raise ValueError
+            items.append(kind(item))
+        except (TypeError, ValueError):
+            raise UsageError(f"{where}: {key}: item {item!r} is not a {kind.__name__}") from None
+    return items
 
 
 # A dry run only prints arithmetic, so it parses as if on CPU: `TrainingArguments` rejects `bf16: true` at

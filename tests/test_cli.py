@@ -72,6 +72,33 @@ def test_a_value_of_the_wrong_type_names_key_value_and_file(tmp_path, capsys):
     assert "command line: num_generations: invalid int value: 'eight'" in message
 
 
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("reward_funcs: correctness", "reward_funcs takes a list; write reward_funcs: [correctness]"),
+        ('stop_tokens: "<|im_end|>"', "stop_tokens takes a list; write stop_tokens: [<|im_end|>]"),
+        ("template_weights: 1", "template_weights takes a list; write template_weights: [1]"),
+        ("template_weights: [heavy]", "template_weights: item 'heavy' is not a float"),
+        ("templates: [{name: abel}]", "templates: item {'name': 'abel'} is not a str"),
+    ],
+)
+def test_a_list_key_given_one_value_or_a_wrong_item_names_key_and_file(tmp_path, capsys, line, expected):
+    # A YAML value is not converted as the command line's are: one value would be read letter by letter.
+    recipe = _recipe(tmp_path, extra=f"\n{line}\n")
+    assert f"{recipe}: {expected}" in _error(["--config", str(recipe), "--dry_run"], capsys)
+
+
+def test_list_items_in_a_recipe_are_converted_as_on_the_command_line(tmp_path):
+    from prompt_aug.train import parse_args
+
+    recipe = _recipe(
+        tmp_path, extra="\ndataset_levels: [3, 4]\ntemplate_weights: [1, 2]\ntemplates: [abel, formal]\n"
+    )
+    script_args, args, _, _ = parse_args(["--config", str(recipe)])
+    assert script_args.dataset_levels == ["3", "4"]  # matched against str(level) of each row
+    assert args.template_weights == [1.0, 2.0]
+
+
 def test_groups_that_do_not_fill_the_batch_name_the_keys_to_change(tmp_path, capsys):
     recipe = _recipe(tmp_path, "num_generations: 4", "num_generations: 3")
     message = _error(["--config", str(recipe)], capsys)
