@@ -119,7 +119,15 @@ def _parse_entry(entry: Any, index: int, source: str) -> Template:
         raise TemplateError(
             f"template {name!r} ({source}): missing `user` (text with a {QUESTION_SLOT} slot)"
         )
-    user = str(entry["user"])
+    for key in ("user", "system", "prefill"):
+        value = entry.get(key)
+        if value is not None and not isinstance(value, str):
+            hint = f'; quote it: {key}: "{{question}} ..."' if isinstance(value, dict) else ""
+            raise TemplateError(
+                f"template {name!r} ({source}): `{key}` must be text, got {type(value).__name__} "
+                f"{value!r}{hint}"
+            )
+    user = entry["user"]
     if user.count(QUESTION_SLOT) != 1:
         raise TemplateError(
             f"template {name!r} ({source}): `user` must contain {QUESTION_SLOT} exactly once, "
@@ -156,7 +164,7 @@ def load_templates(path: str | Path | None = None, tokenizer: Any = None) -> dic
     """
     source = Path(path) if path is not None else DEFAULT_TEMPLATES_FILE
     if not source.is_file():
-        raise FileNotFoundError(f"templates file not found: {source}")
+        raise TemplateError(f"templates_file: no such file {source}")
     try:
         with source.open() as handle:  # a stream, so YAML's error names the file
             entries = yaml.safe_load(handle)

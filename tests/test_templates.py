@@ -71,11 +71,19 @@ def _write(tmp_path, body: str):
         ("- {name: c, user: '{question}'}\n- {name: c, user: 'Q: {question}'}\n", "'c'"),
         ("- {name: d, user: '{question}', answer: xml}\n", "'d'"),
         ("- {name: e, user: '{question}', colour: red}\n", "'e'"),
+        # Unquoted, YAML reads {question} as a mapping: the message says to quote it.
+        ("- name: f\n  user: {question}\n", "'f'.*`user` must be text, got dict.*quote it"),
+        ("- {name: g, user: '{question}', system: [one, two]}\n", "'g'.*`system` must be text, got list"),
     ],
 )
 def test_broken_templates_fail_naming_the_template(tmp_path, body, message):
     with pytest.raises(TemplateError, match=message):
         load_templates(_write(tmp_path, body))
+
+
+def test_a_missing_templates_file_is_a_template_error_naming_the_key(tmp_path):
+    with pytest.raises(TemplateError, match=f"^templates_file: no such file {tmp_path / 'nope.yaml'}$"):
+        load_templates(tmp_path / "nope.yaml")
 
 
 def test_a_template_the_tokenizer_cannot_render_is_named(tmp_path, tokenizer):
