@@ -59,6 +59,8 @@ _TRL_REWARD_ARGUMENTS = (
     "prompts", "completions", "completion", "completion_ids", "trainer_state", "log_extra", "log_metric",
     "environments",
 )  # fmt: skip
+# Columns TRL takes for a multimodal row's images.
+IMAGE_COLUMNS = ("image", "images")
 RESERVED_COLUMNS: dict[str, str] = {
     "question": "the question",
     "answer": "the gold answer",
@@ -79,6 +81,12 @@ def check_column_names(columns: list[str], consumed: set[str], mapping: dict[str
         DataError: one line naming the column, what it would shadow, and how to get it out of the way.
     """
     for column in columns:
+        if column in IMAGE_COLUMNS:
+            raise DataError(
+                f"column {column!r}: TRL reads it as the row's images, which this run's text prompts cannot "
+                "carry; rename the column in the data, or leave it out (a dataset_mixture source's `columns` "
+                "selects the columns kept)"
+            )
         if column in consumed or column not in RESERVED_COLUMNS:
             continue
         source = f" (read from {mapping[column]!r})" if column in mapping else ""
@@ -140,6 +148,16 @@ class DataReport:
 def _user_turn(messages: Any) -> str:
     users = [m["content"] for m in messages if m.get("role") == "user"]
     return users[-1].strip() if users else ""
+
+
+def _question_text(value: Any) -> str:
+    """A question cell as text: a conversation's last user turn; empty for a missing value (None, NaN), so the
+    row is dropped as an empty question rather than asked as "None"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value):
+        return _user_turn(value)
+    return str(value).strip()
 
 
 def _require(ds: datasets.Dataset, column: str, what: str) -> None:
@@ -260,7 +278,7 @@ def to_rows(
             )
         _require(ds, q_col, "question")
         _require(ds, a_col, "answer")
-        questions = [str(q).strip() for q in ds[q_col]]
+        questions = [_question_text(q) for q in ds[q_col]]
         answers = list(ds[a_col])
         if a_col == "solution":  # MATH: the gold is the boxed answer of the worked solution
             answers = [last_boxed(s or "") for s in answers]

@@ -154,6 +154,31 @@ def test_to_rows_counts_empty_questions_separately():
     assert dropped["empty question"] == 1 and dropped["empty gold answer"] == 1
 
 
+def test_a_missing_question_is_an_empty_one_and_a_conversation_gives_its_user_turn():
+    import datasets
+
+    raw = datasets.Dataset.from_list(
+        [{"question": None, "answer": "1"}, {"question": "  q3 ", "answer": "3"}]
+    )
+    rows, dropped = to_rows(raw)
+    assert rows["question"] == ["q3"] and dropped["empty question"] == 1  # not asked as "None"
+    floats = datasets.Dataset.from_dict({"question": [float("nan"), 1.5], "answer": ["1", "2"]})
+    assert to_rows(floats)[0]["question"] == ["1.5"]
+    chats = datasets.Dataset.from_list(
+        [
+            {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 2+2? "}],
+             "answer": "4"},
+        ]
+    )  # fmt: skip
+    assert to_rows(chats, question_column="prompt")[0]["question"] == ["2+2?"]
+
+
+def test_an_image_column_stops_the_load_in_one_line():
+    raw = datasets_from({"question": ["q"], "answer": ["1"], "image": [None]})
+    with pytest.raises(DataError, match="^column 'image': TRL reads it as the row's images"):
+        to_rows(raw)
+
+
 def test_preview_cli_prints_rows_golds_answer_forms_and_one_prompt_per_template(verl_dir, capsys):
     data.main(["--dataset", str(verl_dir)])
     out = capsys.readouterr().out
