@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import torch
 from accelerate import PartialState
 from trl import ModelConfig, get_peft_config
+from trl.trainer.utils import get_callable_name
 
 from rewards import get_reward_funcs
 
@@ -272,7 +273,7 @@ def run(
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     try:  # reward functions and templates by name: a bad name fails before anything is read or deleted
         reward_funcs = get_reward_funcs(script_args.reward_funcs)
-        names = [f.__name__ for f in reward_funcs]  # as TRL names a reward function
+        names = [get_callable_name(f) for f in reward_funcs]  # as TRL names a reward function
         templates, weights, eval_template = templates_for(args)
     except (ValueError, TemplateError) as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None
@@ -296,6 +297,11 @@ def run(
     except (ModelArgsError, TemplateError, DataError) as err:
         raise UsageError(str(err)) from None
     logger.info("%s", report)  # main process only (logger level above)
+    if len(dataset) < arithmetic.questions_per_round:  # the sampler keeps whole rounds only: nothing to train
+        raise UsageError(
+            f"{'; '.join(str(report).splitlines())}: fewer questions than one round's "
+            f"{arithmetic.questions_per_round}; see why rows were dropped, or shrink the round (--dry_run)"
+        )
     logger.info("batch arithmetic:\n%s", arithmetic.table())
     model = load_model(model_path, model_args, args)
     # Learning demo: held-out questions set aside, supervised warm start, "before" scores (off by default).

@@ -108,6 +108,19 @@ def test_groups_that_do_not_fill_the_batch_name_the_keys_to_change(tmp_path, cap
     assert "generation_batch_size" not in message.split("=")[0]  # a key this recipe never set is not blamed
 
 
+def test_data_that_fills_no_round_stops_before_the_model_loads(tmp_path, capsys):
+    # The smoke recipe's round asks 16 / 4 = 4 questions; the sampler keeps whole rounds, so 3 train nothing.
+    questions = tmp_path / "few.jsonl"
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
+    questions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    message = _error(
+        ["--config", str(SMOKE), "--dataset_name", str(questions), "--output_dir", str(out)], capsys
+    )
+    assert f"dataset {questions}: 3 rows read, 3 kept: fewer questions than one round's 4" in message
+    assert not list(out.glob("*.safetensors"))  # nothing trained, nothing saved
+
+
 @pytest.mark.parametrize(
     ("option", "expected"),
     [

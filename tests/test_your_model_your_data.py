@@ -361,11 +361,21 @@ def test_a_trl_reward_by_path_is_adapted_too_and_unknown_names_list_trls():
 
 
 DIFFICULTY_REWARD = """
+import functools
+
+
 def difficulty_reward(completions, difficulty, tests, **kwargs):
     if any(d is None for d in difficulty):
         raise ValueError("no difficulty")
     assert all(isinstance(t, list) for t in tests)
     return [float(d) for d in difficulty]
+
+
+def scaled_difficulty(completions, difficulty, scale, **kwargs):
+    return [scale * float(d) for d in difficulty]
+
+
+half_difficulty = functools.partial(scaled_difficulty, scale=0.5)  # TRL names it scaled_difficulty
 """
 
 
@@ -383,7 +393,8 @@ def test_a_reward_by_import_path_reads_the_datasets_own_columns_and_trls_reward_
     recipe = _recipe(
         tmp_path,
         f"dataset_name: {questions}\nquestion_column: problem\nanswer_column: final_answer\n"
-        "reward_funcs: [correctness, column_rewards:difficulty_reward, accuracy_reward]\n",
+        "reward_funcs: [correctness, column_rewards:difficulty_reward, accuracy_reward, "
+        "column_rewards:half_difficulty]\n",
     )
     out = tmp_path / "run"
     train.main([
@@ -393,6 +404,7 @@ def test_a_reward_by_import_path_reads_the_datasets_own_columns_and_trls_reward_
     records = pd.read_parquet(out / "completions" / "completions_00001.parquet")
     assert {"difficulty_reward", "accuracy_reward", "correctness_reward"} <= set(records)
     assert set(records["difficulty_reward"]) <= {float(i) for i in range(1, 9)}
+    assert (records["scaled_difficulty"] == records["difficulty_reward"] / 2).all()
 
 
 # -- All together: the tiny model as a base model, trained for one round ------------------------------
