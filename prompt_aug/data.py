@@ -250,6 +250,7 @@ def to_rows(
     dropped = Drops()
     cols = ds.column_names
     ids = None
+    unboxed: set[int] = set()  # rows of a `solution` column with no boxed answer
     read_index = list(range(len(ds)))  # each row's index in the dataset as read
     if levels:
         _require(ds, "level", "level")
@@ -281,6 +282,7 @@ def to_rows(
         questions = [_question_text(q) for q in ds[q_col]]
         answers = list(ds[a_col])
         if a_col == "solution":  # MATH: the gold is the boxed answer of the worked solution
+            unboxed = {i for i, s in enumerate(answers) if s and not last_boxed(str(s))}
             answers = [last_boxed(s or "") for s in answers]
         if "uid" in cols:
             ids = list(ds["uid"])
@@ -289,6 +291,10 @@ def to_rows(
     keep = []
     for i, (question, answer) in enumerate(zip(questions, answers)):
         problem = _gold_problem(answer)
+        if i in unboxed:  # a plain answer in a `solution` column (as in some TRL datasets) is not read
+            problem = (
+                "no \\boxed{} in the solution (its last box is the gold; rename a column of plain answers)"
+            )
         if problem is not None:
             dropped.add(problem, read_index[i], a_col)
         elif not question:

@@ -173,6 +173,16 @@ def test_a_missing_question_is_an_empty_one_and_a_conversation_gives_its_user_tu
     assert to_rows(chats, question_column="prompt")[0]["question"] == ["2+2?"]
 
 
+def test_a_solution_without_a_box_is_dropped_saying_the_box_is_read():
+    raw = datasets_from({"problem": ["q1", "q2"], "solution": ["So $\\boxed{4}$.", "7"]})
+    rows, dropped = to_rows(raw, "problem", "solution")
+    assert rows["answer"] == ["4"]
+    assert (
+        dropped["no \\boxed{} in the solution (its last box is the gold; rename a column of plain answers)"]
+        == 1
+    )
+
+
 def test_an_image_column_stops_the_load_in_one_line():
     raw = datasets_from({"question": ["q"], "answer": ["1"], "image": [None]})
     with pytest.raises(DataError, match="^column 'image': TRL reads it as the row's images"):
