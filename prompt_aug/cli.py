@@ -62,7 +62,8 @@ class RecipeParser(TrlParser):
 
     # Why: TRL sets a recipe's values as the parser's defaults, and argparse converts a default only when it
     # is text. A list key given one value (``reward_funcs: correctness``) reached the config as a string,
-    # later read letter by letter, and list items kept YAML's types (``dataset_levels: [3, 4]``: numbers).
+    # later read letter by letter (the command line makes it a list of one), and list items kept YAML's
+    # types (``dataset_levels: [3, 4]``: numbers).
     def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
         for action in self._actions:
             if action.nargs in ("+", "*") and kwargs.get(action.dest) is not None:
@@ -84,28 +85,28 @@ class RecipeParser(TrlParser):
 
 
 def _list_value(action: argparse.Action, value: Any, where: str) -> list:
-    """A recipe's value for a list key, each item converted as the command line converts it (text, numbers).
+    """A recipe's value for a list key as the command line gives it: one value is a list of one, and each item
+    is converted as on the command line (text, numbers).
 
     >>> import argparse
-    >>> _list_value(argparse.Action(["--levels"], "levels", nargs="+", type=str), [3, 4], "r.yaml")
-    ['3', '4']
+    >>> levels = argparse.Action(["--levels"], "levels", nargs="+", type=str)
+    >>> _list_value(levels, [3, 4], "r.yaml"), _list_value(levels, "Level 5", "r.yaml")
+    (['3', '4'], ['Level 5'])
     """
-    key = action.dest
-    if not isinstance(value, list):
-        raise UsageError(f"{where}: {key} takes a list; write {key}: [{value}]")
+    key, items = action.dest, value if isinstance(value, list) else [value]
     kind = action.type if action.type in (str, int, float) else None
     if kind is None:
-        return value
-    items = []
-    for item in value:
+        return items
+    converted = []
+    for item in items:
         text_ok = kind is str and isinstance(item, (str, int, float)) and not isinstance(item, bool)
         try:
             if not text_ok and (kind is str or isinstance(item, (bool, list, dict))):
                 raise ValueError
-            items.append(kind(item))
+            converted.append(kind(item))
         except (TypeError, ValueError):
             raise UsageError(f"{where}: {key}: item {item!r} is not a {kind.__name__}") from None
-    return items
+    return converted
 
 
 # A dry run only prints arithmetic, so it parses as if on CPU: `TrainingArguments` rejects `bf16: true` at

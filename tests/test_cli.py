@@ -75,37 +75,28 @@ def test_a_value_of_the_wrong_type_names_key_value_and_file(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("reward_funcs: correctness", "reward_funcs takes a list; write reward_funcs: [correctness]"),
-        ('stop_tokens: "<|im_end|>"', "stop_tokens takes a list; write stop_tokens: [<|im_end|>]"),
-        ("template_weights: 1", "template_weights takes a list; write template_weights: [1]"),
         ("template_weights: [heavy]", "template_weights: item 'heavy' is not a float"),
         ("templates: [{name: abel}]", "templates: item {'name': 'abel'} is not a str"),
     ],
 )
-def test_a_list_key_given_one_value_or_a_wrong_item_names_key_and_file(tmp_path, capsys, line, expected):
-    # A YAML value is not converted as the command line's are: one value would be read letter by letter.
+def test_a_wrong_list_item_names_key_and_file(tmp_path, capsys, line, expected):
     recipe = _recipe(tmp_path, extra=f"\n{line}\n")
     assert f"{recipe}: {expected}" in _error(["--config", str(recipe), "--dry_run"], capsys)
 
 
-def test_list_items_in_a_recipe_are_converted_as_on_the_command_line(tmp_path):
+def test_list_keys_in_a_recipe_are_read_as_on_the_command_line(tmp_path):
     from prompt_aug.train import parse_args
 
+    # One value is a list of one (it was read letter by letter); items convert (levels match str(level)).
     recipe = _recipe(
-        tmp_path, extra="\ndataset_levels: [3, 4]\ntemplate_weights: [1, 2]\ntemplates: [abel, formal]\n"
+        tmp_path,
+        extra='\nreward_funcs: format\nstop_tokens: "<|im_end|>"\ntemplate_weights: 1\ntemplates: abel\n'
+        "dataset_levels: [3, 4]\n",
     )
     script_args, args, _, _ = parse_args(["--config", str(recipe)])
-    assert script_args.dataset_levels == ["3", "4"]  # matched against str(level) of each row
-    assert args.template_weights == [1.0, 2.0]
-
-
-def test_groups_that_do_not_fill_the_batch_name_the_keys_to_change(tmp_path, capsys):
-    recipe = _recipe(tmp_path, "num_generations: 4", "num_generations: 3")
-    message = _error(["--config", str(recipe)], capsys)
-    assert str(recipe) in message and "num_generations (3)" in message and "= 16" in message
-    for key in ("per_device_train_batch_size", "steps_per_generation"):
-        assert key in message
-    assert "generation_batch_size" not in message.split("=")[0]  # a key this recipe never set is not blamed
+    assert script_args.reward_funcs == ["format"] and args.stop_tokens == ["<|im_end|>"]
+    assert args.templates == ["abel"] and args.template_weights == [1.0]
+    assert script_args.dataset_levels == ["3", "4"]
 
 
 def test_data_that_fills_no_round_stops_before_the_model_loads(tmp_path, capsys):
