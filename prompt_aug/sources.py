@@ -141,13 +141,17 @@ def read_dataset(
     ``data_files`` it goes to ``datasets.load_dataset`` as TRL's ``get_dataset`` passes them.
 
     Raises:
-        SourceError: a local path that does not exist, or a split with no file; the message lists what is
-            there.
+        SourceError: a local path that does not exist, or a split with no file (the message lists what is
+            there), files of two types for one split, or a file that does not parse (the message names it
+            and quotes the parser).
     """
     import datasets
 
     if data_dir is not None or data_files is not None:
-        return datasets.load_dataset(path, name, data_dir=data_dir, data_files=data_files, split=split)
+        given = f"data_files {data_files}" if data_files is not None else f"data_dir {data_dir}"
+        return _load_dataset(
+            f"{path} with {given}", path, name, data_dir=data_dir, data_files=data_files, split=split
+        )
     where = Path(path).expanduser()
     if where.is_dir():
         if (where / "dataset_info.json").is_file() or (where / "dataset_dict.json").is_file():
@@ -177,10 +181,54 @@ def read_dataset(
 
 
 def _read_files(files: list[Path]) -> Any:
-    import datasets
+    """``files``, all of one type, as one `datasets.Dataset`. A file that does not parse is named."""
+    names = ", ".join(p.name for p in files)
+    kinds = {_DATA_FILES.get(p.suffix.lower()) for p in files}
+    if None in kinds:  # a file given by its path
+        raise SourceError(
+            f"dataset {str(files[0])!r}: not a file type the package reads; give a .jsonl, .json, .csv or "
+            ".parquet file, or a folder of them"
+        )
+    if len(kinds) > 1:
+        raise SourceError(
+            f"{files[0].parent}: files of more than one type for one split ({names}); keep one type in "
+            "the folder, or give one file as the path"
+        )
+    kind = kinds.pop()
+    what = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({names})"
+    try:
+        return _load_dataset(what, kind, data_files=[str(p) for p in files], split="train")
+    except SourceError:
+        if len(files) > 1:  # name the file that does not parse, where one alone does not
+            for file in files:
+                _load_dataset(str(file), kind, data_files=[str(file)], split="train")
+        raise
 
-    kind = _DATA_FILES[files[0].suffix]
-    return datasets.load_dataset(kind, data_files=[str(p) for p in files], split="train")
+
+def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
+    """``datasets.load_dataset(*args, **kwargs)``; a failure is one line starting with ``what``: the first
+    line of the parser's complaint.
+
+    Raises:
+        SourceError: the data does not parse.
+    """
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+
+    try:
+        return datasets.load_dataset(*args, **kwargs)
+    except (DatasetGenerationError, ValueError, OSError) as err:
+        # "An error occurred while generating the dataset": the parser's error, its cause, says why
+        while isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
+            err = err.__cause__
+        raise SourceError(
+            f"{what}: cannot be read: {type(err).__name__}: {_first_line(err)}; fix the data or leave it out"
+        ) from None
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 class ReadSource(NamedTuple):

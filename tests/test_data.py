@@ -328,3 +328,33 @@ def test_the_recipes_sources_are_read_as_stored_and_each_failure_names_its_key(v
     assert not stored.builtin and "reward_model" in stored.data.column_names  # not yet mapped to rows
     with pytest.raises(SourceError, match=rf"^dataset_name {re.escape(str(verl_dir))}: no 'dev' file in "):
         read_training_data(recipe(str(verl_dir), split="dev"), seed=0)
+
+
+# -- Local files and folders: what is read, and a clear line when it cannot be -------------------------
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f'{{"question": "{q}", "answer": "{a}"}}\n' for q, a in rows))
+    return path
+
+
+def test_a_file_that_does_not_parse_is_named_with_the_parsers_complaint(tmp_path):
+    _jsonl(tmp_path / "d" / "train-0.jsonl", [("q1", "1")])
+    (tmp_path / "d" / "train-1.jsonl").write_text('{"question": "q2", "answer": "2"\n')  # no closing brace
+    with pytest.raises(DataError) as err:
+        load_math_dataset(str(tmp_path / "d"))
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'd' / 'train-1.jsonl'}: cannot be read: ") and "\n" not in message
+    assert "JSON parse error" in message
+    with pytest.raises(SystemExit, match=r"^prompt-aug-data: error: .*train-1.jsonl: cannot be read"):
+        data.main(["--dataset", str(tmp_path / "d")])
+
+
+def test_a_folder_with_files_of_two_types_for_a_split_is_refused_naming_them(tmp_path):
+    _jsonl(tmp_path / "train.jsonl", [("q1", "1")])
+    pd.DataFrame({"question": ["q2"], "answer": ["2"]}).to_parquet(tmp_path / "train.parquet")
+    with pytest.raises(
+        DataError, match=r"files of more than one type for one split \(train.jsonl, train.parquet\)"
+    ):
+        load_math_dataset(str(tmp_path))
