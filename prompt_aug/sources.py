@@ -5,7 +5,8 @@ Offline, the Hub clients retry for about a minute and then blame the connection,
 does not exist is rejected as a malformed repo id. Two checks avoid both:
 
 * `require_local`: a value that is clearly meant as a path (absolute, ``./``, ``../``, ``~``, more than one
-  ``/``, or a first component that is a folder here) must exist, else "no such folder" naming the key.
+  ``/``, a first component that is a folder here, or a data file's name: ``.jsonl``, ``.json``, ``.csv``,
+  ``.parquet``) must exist, else "no such folder" (or "no such file") naming the key.
 * `require_hub`: for a Hub id, one short request to the Hub endpoint; unreachable means a short error that
   suggests ``HF_HUB_OFFLINE=1`` (use the local cache) or a local path. Skipped when offline mode is on.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 _TRUE = ("1", "ON", "YES", "TRUE")
+_DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}  # suffix: loader
 
 
 class SourceError(ValueError):
@@ -38,12 +40,22 @@ def looks_local(value: str) -> bool:
 
     >>> [looks_local(v) for v in ["Qwen/Qwen2.5-Math-1.5B", "gpt2", "/data/m", "./m", "../m", "a/b/c", "~/m"]]
     [False, False, True, True, True, True, True]
+    >>> [looks_local(v) for v in ["my_questions.jsonl", "q.csv", "data/q.parquet"]]
+    [True, True, True]
     """
     if value in (".", "..") or value.startswith(("/", "./", "../", "~", ".\\", "..\\")) or "\\" in value:
+        return True
+    if is_data_file_name(value):  # a Hub id has no such suffix
         return True
     if value.count("/") >= 2:
         return True
     return "/" in value and Path(value.split("/")[0]).is_dir()
+
+
+def is_data_file_name(value: str) -> bool:
+    """Whether ``value`` ends like a data file the package reads (``.jsonl``, ``.json``, ``.csv``,
+    ``.parquet``)."""
+    return Path(value).suffix.lower() in _DATA_FILES
 
 
 def require_local(key: str, value: str) -> bool:
@@ -52,9 +64,12 @@ def require_local(key: str, value: str) -> bool:
     if not looks_local(value):
         return Path(value).exists()
     if not Path(value).expanduser().exists():
+        resolved = Path(value).expanduser().resolve()
+        if is_data_file_name(value):
+            raise SourceError(f"{key}: no such file {value!r} (resolved to {resolved}); fix the path")
         raise SourceError(
-            f"{key}: no such folder {value!r} (resolved to {Path(value).expanduser().resolve()}); "
-            "fix the path, or give a Hub id (owner/name)"
+            f"{key}: no such folder {value!r} (resolved to {resolved}); fix the path, or give a Hub id "
+            "(owner/name)"
         )
     return True
 
@@ -126,7 +141,6 @@ def check_mixture(mixture: Any) -> None:
 
 SIMPLERL_HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
 SIMPLERL_CONFIG = "simplelr_qwen_level3to5"
-_DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 
 
 def read_dataset(
@@ -142,8 +156,8 @@ def read_dataset(
 
     Raises:
         SourceError: a local path that does not exist, or a split with no file (the message lists what is
-            there), files of two types for one split, or a file that does not parse (the message names it
-            and quotes the parser).
+            there), files of two types for one split, a file that does not parse (the message names
+            it and quotes the parser), or a Hub dataset that cannot be fetched or is not in the cache offline.
     """
     import datasets
 
@@ -172,12 +186,14 @@ def read_dataset(
     if where.is_file():
         return _read_files([where])
     if looks_local(path):  # not a Hub id: do not let the Hub client retry for half a minute
+        if is_data_file_name(path):
+            raise SourceError(f"dataset {path!r}: no such file ({where.resolve()}); fix the path")
         raise SourceError(
             f"dataset {path!r}: no such folder or file ({where.resolve()}); fix the path or give a Hub id"
         )
     if path == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
-        return datasets.load_dataset(path, data_dir=name or SIMPLERL_CONFIG, split=split)
-    return datasets.load_dataset(path, name, split=split)
+        return _load_dataset(f"Hub dataset {path!r}", path, data_dir=name or SIMPLERL_CONFIG, split=split)
+    return _load_dataset(f"Hub dataset {path!r}", path, name, split=split)
 
 
 def _read_files(files: list[Path]) -> Any:
@@ -207,16 +223,26 @@ def _read_files(files: list[Path]) -> Any:
 
 def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
     """``datasets.load_dataset(*args, **kwargs)``; a failure is one line starting with ``what``: the first
-    line of the parser's complaint.
+    line of the parser's complaint, or, for a Hub id, why it cannot be had.
 
     Raises:
-        SourceError: the data does not parse.
+        SourceError: the data does not parse, or cannot be fetched (offline: is not in the cache).
     """
     import datasets
     from datasets.exceptions import DatasetGenerationError
 
     try:
         return datasets.load_dataset(*args, **kwargs)
+    except ConnectionError as err:  # also the Hub client's answer, offline, for a dataset it has not cached
+        if hub_offline():
+            raise SourceError(
+                f"{what}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once online or give a local "
+                "path"
+            ) from None
+        raise SourceError(
+            f"{what}: cannot reach the Hugging Face Hub ({_first_line(err)}); check the connection, or give "
+            "a local path"
+        ) from None
     except (DatasetGenerationError, ValueError, OSError) as err:
         # "An error occurred while generating the dataset": the parser's error, its cause, says why
         while isinstance(err, DatasetGenerationError) and err.__cause__ is not None:

@@ -358,3 +358,21 @@ def test_a_folder_with_files_of_two_types_for_a_split_is_refused_naming_them(tmp
         DataError, match=r"files of more than one type for one split \(train.jsonl, train.parquet\)"
     ):
         load_math_dataset(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["my_questons.jsonl", "q.csv", "data/q.parquet"])
+def test_a_data_file_name_is_a_local_path_even_when_it_is_missing(name, tmp_path, monkeypatch):
+    from prompt_aug.sources import SourceError, check_source
+
+    monkeypatch.chdir(tmp_path)  # offline (conftest): without the fix the Hub client would be asked
+    with pytest.raises(SourceError, match=f"^dataset_name: no such file '{re.escape(name)}'"):
+        check_source("dataset_name", name)
+    with pytest.raises(DataError, match=f"^dataset '{re.escape(name)}': no such file"):
+        load_math_dataset(name)
+
+
+def test_offline_a_hub_dataset_not_in_the_cache_is_one_line():
+    with pytest.raises(DataError) as err:
+        load_math_dataset("nobody-here/no-such-questions")
+    assert "not in the Hugging Face cache" in str(err.value) and "give a local path" in str(err.value)
+    assert "\n" not in str(err.value)

@@ -73,6 +73,14 @@ def test_the_training_command_stops_with_that_line(base_model_dir, tmp_path):
     )
 
 
+def test_offline_a_model_not_in_the_cache_stops_in_one_line(tmp_path):
+    with pytest.raises(SourceError) as err:  # offline: conftest sets HF_HUB_OFFLINE
+        models.load_tokenizer("nobody-here/no-such-model", ModelConfig(), _args(tmp_path))
+    message = str(err.value)
+    assert message.startswith("model_name_or_path nobody-here/no-such-model: not in the Hugging Face cache")
+    assert "\n" not in message
+
+
 @pytest.mark.parametrize("form", ["name", "file", "jinja"])
 def test_chat_template_is_set_on_the_tokenizer_by_name_file_or_text(form, base_model_dir, tmp_path):
     jinja = tmp_path / "mine.jinja"
@@ -271,7 +279,7 @@ def test_a_mixture_source_that_lacks_a_column_or_split_names_the_source(
 
 def test_a_missing_mixture_file_stops_the_run_in_one_line(tmp_path):
     recipe = _recipe(tmp_path, f"dataset_mixture:\n  datasets:\n    - path: {tmp_path / 'nowhere.jsonl'}\n")
-    with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].path: no such folder"):
+    with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].path: no such file"):
         train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
     recipe = _recipe(
         tmp_path,
