@@ -141,6 +141,8 @@ def check_mixture(mixture: Any) -> None:
 
 SIMPLERL_HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
 SIMPLERL_CONFIG = "simplelr_qwen_level3to5"
+# Split names a file name may hold: a lone file named for one split is not taken for another.
+_SPLITS = ("train", "test", "validation", "valid", "val", "dev")
 
 
 def read_dataset(
@@ -149,14 +151,15 @@ def read_dataset(
 ) -> Any:  # fmt: skip
     """One split of a dataset as it is stored, columns untouched (a `datasets.Dataset`).
 
-    ``path`` is a folder written by ``save_to_disk``; a folder of parquet, JSON, JSON Lines or CSV files (its
-    sub-folder ``name`` if there is one; the file whose name holds ``split``, or the only file); one such
+    ``path`` is a folder written by ``save_to_disk``; a folder of parquet, JSON, JSON Lines or CSV files
+    (`_data_folder`: its sub-folder ``name``, or its ``data`` sub-folder as a Hub snapshot keeps it;
+    `_split_files`: the files whose names hold ``split``, or a lone file named for no other split); one such
     file; or a Hub id (``name`` its subset; SimpleRL-Zoo's subsets are folders). With ``data_dir`` or
     ``data_files`` it goes to ``datasets.load_dataset`` as TRL's ``get_dataset`` passes them.
 
     Raises:
-        SourceError: a local path that does not exist, or a split with no file (the message lists what is
-            there), files of two types for one split, a file that does not parse (the message names
+        SourceError: a local path that does not exist, a sub-folder or split with no file (the message lists
+            what is there), files of two types for one split, a file that does not parse (the message names
             it and quotes the parser), or a Hub dataset that cannot be fetched or is not in the cache offline.
     """
     import datasets
@@ -175,14 +178,7 @@ def read_dataset(
                     raise SourceError(f"split {split!r} not in {where}; splits: {list(loaded)}")
                 loaded = loaded[split]
             return loaded
-        folder = where / name if name and (where / name).is_dir() else where
-        files = sorted(p for p in folder.iterdir() if p.suffix in _DATA_FILES)
-        chosen = [p for p in files if re.search(rf"(^|[._-]){re.escape(split)}([._-]|$)", p.stem)] or (
-            files if len(files) == 1 else []
-        )
-        if not chosen:
-            raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}")
-        return _read_files(chosen)
+        return _read_files(_split_files(_data_folder(where, name), split))
     if where.is_file():
         return _read_files([where])
     if looks_local(path):  # not a Hub id: do not let the Hub client retry for half a minute
@@ -194,6 +190,51 @@ def read_dataset(
     if path == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
         return _load_dataset(f"Hub dataset {path!r}", path, data_dir=name or SIMPLERL_CONFIG, split=split)
     return _load_dataset(f"Hub dataset {path!r}", path, name, split=split)
+
+
+def _data_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and is_data_file_name(p.name))
+
+
+def _data_folder(where: Path, name: str | None) -> Path:
+    """The folder under ``where`` that holds the data files: its sub-folder ``name`` (a folder with
+    sub-folders must have one of that name; a folder without any is read as the subset itself), then, when
+    that holds no data file, its ``data`` sub-folder (a Hub snapshot's layout)."""
+    folder = where
+    if name:
+        subs = sorted(p.name for p in where.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if (where / name).is_dir():
+            folder = where / name
+        elif subs:
+            raise SourceError(
+                f"no sub-folder {name!r} in {where}; its sub-folders: {subs}. Fix the subset name "
+                "(dataset_config, or a mixture source's name)"
+            )
+    if not _data_files(folder) and (folder / "data").is_dir():
+        folder = folder / "data"
+    return folder
+
+
+def _names_split(file: Path, split: str) -> bool:
+    return re.search(rf"(^|[._-]){re.escape(split)}([._-]|$)", file.stem) is not None
+
+
+def _split_files(folder: Path, split: str) -> list[Path]:
+    """The data files of ``folder`` for ``split``: those whose names hold it, else a lone file whose name
+    holds no other split (`_SPLITS`)."""
+    files = _data_files(folder)
+    chosen = [p for p in files if _names_split(p, split)]
+    if chosen:
+        return chosen
+    hint = ""
+    if len(files) == 1:
+        other = [s for s in _SPLITS if _names_split(files[0], s)]
+        if not other:
+            return files
+        hint = (
+            f"; {files[0].name} is named for the {other[0]!r} split (ask for that split, or rename the file)"
+        )
+    raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}{hint}")
 
 
 def _read_files(files: list[Path]) -> Any:

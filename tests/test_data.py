@@ -376,3 +376,29 @@ def test_offline_a_hub_dataset_not_in_the_cache_is_one_line():
         load_math_dataset("nobody-here/no-such-questions")
     assert "not in the Hugging Face cache" in str(err.value) and "give a local path" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_a_lone_file_named_for_another_split_is_not_read_for_this_one(tmp_path):
+    _jsonl(tmp_path / "named" / "train.jsonl", [("q1", "1")])
+    with pytest.raises(DataError, match=r"no 'test' file .*train.jsonl is named for the 'train' split"):
+        load_math_dataset(str(tmp_path / "named"), split="test")
+    _jsonl(tmp_path / "plain" / "questions.jsonl", [("q1", "1")])  # named for no split: any split reads it
+    assert len(load_math_dataset(str(tmp_path / "plain"), split="test")[0]) == 1
+
+
+def test_a_subset_that_is_no_sub_folder_fails_listing_the_sub_folders(tmp_path):
+    _jsonl(tmp_path / "train.jsonl", [("top", "1")])
+    _jsonl(tmp_path / "hard" / "train.jsonl", [("hard one", "2")])
+    _jsonl(tmp_path / "easy" / "train.jsonl", [("easy one", "3")])
+    with pytest.raises(DataError, match=r"no sub-folder 'hadr' in .*; its sub-folders: \['easy', 'hard'\]"):
+        load_math_dataset(str(tmp_path), config="hadr")
+    assert load_math_dataset(str(tmp_path), config="hard")[0]["question"] == ["hard one"]
+
+
+def test_a_hub_snapshot_folder_is_read_from_its_data_folder(tmp_path):
+    (tmp_path / "data").mkdir()
+    pd.DataFrame({"question": ["q1", "q2"], "answer": ["1", "2"]}).to_parquet(
+        tmp_path / "data" / "train-00000-of-00001.parquet"
+    )
+    rows, _ = load_math_dataset(str(tmp_path))
+    assert rows["question"] == ["q1", "q2"]
