@@ -289,6 +289,28 @@ def test_a_missing_mixture_file_stops_the_run_in_one_line(tmp_path):
         train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
 
 
+def test_a_mixture_source_that_keeps_no_row_is_named_with_why(two_sets, tmp_path, tokenizer):
+    recipe = _recipe(
+        tmp_path,
+        f"""
+dataset_mixture:
+  datasets:
+    - path: {two_sets["algebra"]}
+      question_column: problem
+      answer_column: final_answer
+    - path: {two_sets["geometry"]}
+      dataset_levels: [Level 9]
+""",
+    )
+    with pytest.raises(DataError) as err:
+        _load(recipe, tokenizer)
+    message = str(err.value)
+    assert (
+        message.startswith(r"dataset_mixture.datasets[1] (") and "geometry): kept 0 of its 3 rows" in message
+    )
+    assert "(dropped 3: level not in ['Level 9'])" in message and "\n" not in message
+
+
 def test_a_mixture_parses_into_trls_mixture_config():
     from trl import DatasetMixtureConfig
     from trl.scripts.utils import DatasetConfig
