@@ -311,6 +311,34 @@ dataset_mixture:
     assert "(dropped 3: level not in ['Level 9'])" in message and "\n" not in message
 
 
+@pytest.mark.parametrize(
+    "fractions, message",
+    [
+        ([0, 0], r"^dataset_mixture.datasets\[i\].fraction: every one is 0"),
+        ([0.5, "0.5"], r"^dataset_mixture.datasets\[1\].fraction: .*number >= 0, got '0.5'"),
+        ([-1, 1], r"^dataset_mixture.datasets\[0\].fraction: .*number >= 0, got -1"),
+        ([True, 1], r"^dataset_mixture.datasets\[0\].fraction: .*number >= 0, got True"),
+    ],
+)
+def test_mixture_fractions_must_be_shares_when_the_recipe_is_parsed(fractions, message):
+    from prompt_aug.mixture import dataset_mixture
+
+    with pytest.raises(ValueError, match=message):
+        dataset_mixture(
+            {"datasets": [{"path": f"d{i}.jsonl", "fraction": f} for i, f in enumerate(fractions)]}
+        )
+
+
+def test_a_fraction_given_as_text_stops_the_run_before_any_data_is_read(tmp_path):
+    recipe = _recipe(
+        tmp_path,
+        f"dataset_mixture:\n  datasets:\n    - path: {tmp_path / 'absent.jsonl'}\n      fraction: '0.5'\n",
+    )
+    with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].fraction: .*number >= 0") as err:
+        train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
+    assert "\n" not in str(err.value)
+
+
 def test_a_mixture_parses_into_trls_mixture_config():
     from trl import DatasetMixtureConfig
     from trl.scripts.utils import DatasetConfig
