@@ -402,6 +402,10 @@ def mix_sources(
     the mapped rows. Uids get the source's position as a prefix (``0:...``, ``1:...``), so two sources never
     share one. ``max_bad_row_share`` applies to each source (`check_bad_rows`). Each source keeps its other
     columns; a column that only some sources have is ``None`` in the rows of the others (`align_columns`).
+
+    Raises:
+        DataError: a source lacks a column, has too many bad rows, or keeps no row; the message starts with
+            its key.
     """
     parts, reports = [], []
     for i, (key, source, raw, _) in enumerate(read):
@@ -413,7 +417,14 @@ def mix_sources(
                 source.path, raw, source.question_column or question_column,
                 source.answer_column or answer_column, source.dataset_levels or levels, max_bad_row_share,
             )  # fmt: skip
-        except DataError as err:  # a missing column, or too many bad rows
+            if not len(rows):  # else it would surface as a column typed null in the mixture
+                drops = report.dropped
+                why = "; ".join(f"dropped {n}: {r}{drops.shown(r)}" for r, n in drops.items() if n) or "empty"
+                raise DataError(
+                    f"kept 0 of its {report.read} rows ({why}); fix the source or its filter, or leave it "
+                    "out of the mixture"
+                )
+        except DataError as err:  # a missing column, too many bad rows, or none left
             raise DataError(f"{key}: {err}") from None
         parts.append(rows.map(lambda row, i=i: {"uid": f"{i}:{row['uid']}"}))
         reports.append(report)

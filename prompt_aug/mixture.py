@@ -4,6 +4,8 @@ question / answer / uid as ``dataset_name`` is (`prompt_aug.sources.read_trainin
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -24,7 +26,8 @@ class MixtureSource(DatasetConfig):
 
 def dataset_mixture(value: Any) -> DatasetMixtureConfig:
     """The recipe's ``dataset_mixture`` mapping as TRL's `DatasetMixtureConfig` of `MixtureSource`; a key
-    neither has, or what the package cannot train on (streaming, a test split), fails in one line."""
+    neither has, a ``fraction`` that is no share (not a number >= 0, or all 0), or what the package cannot
+    train on (streaming, a test split), fails in one line."""
     if isinstance(value, DatasetMixtureConfig):
         return value
     where = "dataset_mixture"
@@ -65,4 +68,24 @@ def dataset_mixture(value: Any) -> DatasetMixtureConfig:
     fractions = [s.fraction for s in sources]
     if None in fractions and any(f is not None for f in fractions):
         raise ValueError(f"{where}: `fraction` must be set for every source or for none")
+    for i, fraction in enumerate(fractions):
+        if fraction is not None and not _share(fraction):
+            raise ValueError(
+                f"{where}.datasets[{i}].fraction: a share of the mixture is a number >= 0, got {fraction!r}; "
+                "write a plain number (unquoted in YAML)"
+            )
+    if fractions[0] is not None and not sum(fractions) > 0:
+        raise ValueError(
+            f"{where}.datasets[i].fraction: every one is 0; give at least one source a share above 0"
+        )
     return DatasetMixtureConfig(datasets=sources)
+
+
+def _share(value: Any) -> bool:
+    """Whether ``value`` is a finite number >= 0 (text and booleans are not)."""
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )

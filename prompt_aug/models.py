@@ -29,7 +29,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .sources import SourceError, build_model, builtin_names
+from .sources import SourceError, build_model, builtin_names, hub_offline
 from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
 
 HOME_ENV = "PROMPT_AUG_HOME"
@@ -367,12 +367,21 @@ def load_tokenizer(model_path: str, model_args: Any, args: Any, chat_template: s
         ModelArgsError: the tokenizer has no chat template and the recipe sets none (prompts render through
             one); the message says to set ``chat_template``.
         TemplateError: ``chat_template`` is neither a name, a file nor a template.
+        SourceError: offline (``HF_HUB_OFFLINE``), a Hub id that is not in the Hugging Face cache.
     """
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_path, revision=model_args.model_revision, trust_remote_code=args.trust_remote_code
-    )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_path, revision=model_args.model_revision, trust_remote_code=args.trust_remote_code
+        )
+    except OSError:
+        if not hub_offline() or Path(model_path).expanduser().exists():
+            raise
+        raise SourceError(
+            f"model_name_or_path {model_path}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once "
+            "online or give a local path"
+        ) from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -5,7 +5,8 @@ Offline, the Hub clients retry for about a minute and then blame the connection,
 does not exist is rejected as a malformed repo id. Two checks avoid both:
 
 * `require_local`: a value that is clearly meant as a path (absolute, ``./``, ``../``, ``~``, more than one
-  ``/``, or a first component that is a folder here) must exist, else "no such folder" naming the key.
+  ``/``, a first component that is a folder here, or a data file's name: ``.jsonl``, ``.json``, ``.csv``,
+  ``.parquet``) must exist, else "no such folder" (or "no such file") naming the key.
 * `require_hub`: for a Hub id, one short request to the Hub endpoint; unreachable means a short error that
   suggests ``HF_HUB_OFFLINE=1`` (use the local cache) or a local path. Skipped when offline mode is on.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 _TRUE = ("1", "ON", "YES", "TRUE")
+_DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}  # suffix: loader
 
 
 class SourceError(ValueError):
@@ -38,12 +40,22 @@ def looks_local(value: str) -> bool:
 
     >>> [looks_local(v) for v in ["Qwen/Qwen2.5-Math-1.5B", "gpt2", "/data/m", "./m", "../m", "a/b/c", "~/m"]]
     [False, False, True, True, True, True, True]
+    >>> [looks_local(v) for v in ["my_questions.jsonl", "q.csv", "data/q.parquet"]]
+    [True, True, True]
     """
     if value in (".", "..") or value.startswith(("/", "./", "../", "~", ".\\", "..\\")) or "\\" in value:
+        return True
+    if is_data_file_name(value):  # a Hub id has no such suffix
         return True
     if value.count("/") >= 2:
         return True
     return "/" in value and Path(value.split("/")[0]).is_dir()
+
+
+def is_data_file_name(value: str) -> bool:
+    """Whether ``value`` ends like a data file the package reads (``.jsonl``, ``.json``, ``.csv``,
+    ``.parquet``)."""
+    return Path(value).suffix.lower() in _DATA_FILES
 
 
 def require_local(key: str, value: str) -> bool:
@@ -52,9 +64,12 @@ def require_local(key: str, value: str) -> bool:
     if not looks_local(value):
         return Path(value).exists()
     if not Path(value).expanduser().exists():
+        resolved = Path(value).expanduser().resolve()
+        if is_data_file_name(value):
+            raise SourceError(f"{key}: no such file {value!r} (resolved to {resolved}); fix the path")
         raise SourceError(
-            f"{key}: no such folder {value!r} (resolved to {Path(value).expanduser().resolve()}); "
-            "fix the path, or give a Hub id (owner/name)"
+            f"{key}: no such folder {value!r} (resolved to {resolved}); fix the path, or give a Hub id "
+            "(owner/name)"
         )
     return True
 
@@ -126,7 +141,8 @@ def check_mixture(mixture: Any) -> None:
 
 SIMPLERL_HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
 SIMPLERL_CONFIG = "simplelr_qwen_level3to5"
-_DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+# Split names a file name may hold: a lone file named for one split is not taken for another.
+_SPLITS = ("train", "test", "validation", "valid", "val", "dev")
 
 
 def read_dataset(
@@ -135,19 +151,24 @@ def read_dataset(
 ) -> Any:  # fmt: skip
     """One split of a dataset as it is stored, columns untouched (a `datasets.Dataset`).
 
-    ``path`` is a folder written by ``save_to_disk``; a folder of parquet, JSON, JSON Lines or CSV files (its
-    sub-folder ``name`` if there is one; the file whose name holds ``split``, or the only file); one such
+    ``path`` is a folder written by ``save_to_disk``; a folder of parquet, JSON, JSON Lines or CSV files
+    (`_data_folder`: its sub-folder ``name``, or its ``data`` sub-folder as a Hub snapshot keeps it;
+    `_split_files`: the files whose names hold ``split``, or a lone file named for no other split); one such
     file; or a Hub id (``name`` its subset; SimpleRL-Zoo's subsets are folders). With ``data_dir`` or
     ``data_files`` it goes to ``datasets.load_dataset`` as TRL's ``get_dataset`` passes them.
 
     Raises:
-        SourceError: a local path that does not exist, or a split with no file; the message lists what is
-            there.
+        SourceError: a local path that does not exist, a sub-folder or split with no file (the message lists
+            what is there), files of two types for one split, a file that does not parse (the message names
+            it and quotes the parser), or a Hub dataset that cannot be fetched or is not in the cache offline.
     """
     import datasets
 
     if data_dir is not None or data_files is not None:
-        return datasets.load_dataset(path, name, data_dir=data_dir, data_files=data_files, split=split)
+        given = f"data_files {data_files}" if data_files is not None else f"data_dir {data_dir}"
+        return _load_dataset(
+            f"{path} with {given}", path, name, data_dir=data_dir, data_files=data_files, split=split
+        )
     where = Path(path).expanduser()
     if where.is_dir():
         if (where / "dataset_info.json").is_file() or (where / "dataset_dict.json").is_file():
@@ -157,30 +178,124 @@ def read_dataset(
                     raise SourceError(f"split {split!r} not in {where}; splits: {list(loaded)}")
                 loaded = loaded[split]
             return loaded
-        folder = where / name if name and (where / name).is_dir() else where
-        files = sorted(p for p in folder.iterdir() if p.suffix in _DATA_FILES)
-        chosen = [p for p in files if re.search(rf"(^|[._-]){re.escape(split)}([._-]|$)", p.stem)] or (
-            files if len(files) == 1 else []
-        )
-        if not chosen:
-            raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}")
-        return _read_files(chosen)
+        return _read_files(_split_files(_data_folder(where, name), split))
     if where.is_file():
         return _read_files([where])
     if looks_local(path):  # not a Hub id: do not let the Hub client retry for half a minute
+        if is_data_file_name(path):
+            raise SourceError(f"dataset {path!r}: no such file ({where.resolve()}); fix the path")
         raise SourceError(
             f"dataset {path!r}: no such folder or file ({where.resolve()}); fix the path or give a Hub id"
         )
     if path == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
-        return datasets.load_dataset(path, data_dir=name or SIMPLERL_CONFIG, split=split)
-    return datasets.load_dataset(path, name, split=split)
+        return _load_dataset(f"Hub dataset {path!r}", path, data_dir=name or SIMPLERL_CONFIG, split=split)
+    return _load_dataset(f"Hub dataset {path!r}", path, name, split=split)
+
+
+def _data_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and is_data_file_name(p.name))
+
+
+def _data_folder(where: Path, name: str | None) -> Path:
+    """The folder under ``where`` that holds the data files: its sub-folder ``name`` (a folder with
+    sub-folders must have one of that name; a folder without any is read as the subset itself), then, when
+    that holds no data file, its ``data`` sub-folder (a Hub snapshot's layout)."""
+    folder = where
+    if name:
+        subs = sorted(p.name for p in where.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if (where / name).is_dir():
+            folder = where / name
+        elif subs:
+            raise SourceError(
+                f"no sub-folder {name!r} in {where}; its sub-folders: {subs}. Fix the subset name "
+                "(dataset_config, or a mixture source's name)"
+            )
+    if not _data_files(folder) and (folder / "data").is_dir():
+        folder = folder / "data"
+    return folder
+
+
+def _names_split(file: Path, split: str) -> bool:
+    return re.search(rf"(^|[._-]){re.escape(split)}([._-]|$)", file.stem) is not None
+
+
+def _split_files(folder: Path, split: str) -> list[Path]:
+    """The data files of ``folder`` for ``split``: those whose names hold it, else a lone file whose name
+    holds no other split (`_SPLITS`)."""
+    files = _data_files(folder)
+    chosen = [p for p in files if _names_split(p, split)]
+    if chosen:
+        return chosen
+    hint = ""
+    if len(files) == 1:
+        other = [s for s in _SPLITS if _names_split(files[0], s)]
+        if not other:
+            return files
+        hint = (
+            f"; {files[0].name} is named for the {other[0]!r} split (ask for that split, or rename the file)"
+        )
+    raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}{hint}")
 
 
 def _read_files(files: list[Path]) -> Any:
-    import datasets
+    """``files``, all of one type, as one `datasets.Dataset`. A file that does not parse is named."""
+    names = ", ".join(p.name for p in files)
+    kinds = {_DATA_FILES.get(p.suffix.lower()) for p in files}
+    if None in kinds:  # a file given by its path
+        raise SourceError(
+            f"dataset {str(files[0])!r}: not a file type the package reads; give a .jsonl, .json, .csv or "
+            ".parquet file, or a folder of them"
+        )
+    if len(kinds) > 1:
+        raise SourceError(
+            f"{files[0].parent}: files of more than one type for one split ({names}); keep one type in "
+            "the folder, or give one file as the path"
+        )
+    kind = kinds.pop()
+    what = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({names})"
+    try:
+        return _load_dataset(what, kind, data_files=[str(p) for p in files], split="train")
+    except SourceError:
+        if len(files) > 1:  # name the file that does not parse, where one alone does not
+            for file in files:
+                _load_dataset(str(file), kind, data_files=[str(file)], split="train")
+        raise
 
-    kind = _DATA_FILES[files[0].suffix]
-    return datasets.load_dataset(kind, data_files=[str(p) for p in files], split="train")
+
+def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
+    """``datasets.load_dataset(*args, **kwargs)``; a failure is one line starting with ``what``: the first
+    line of the parser's complaint, or, for a Hub id, why it cannot be had.
+
+    Raises:
+        SourceError: the data does not parse, or cannot be fetched (offline: is not in the cache).
+    """
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+
+    try:
+        return datasets.load_dataset(*args, **kwargs)
+    except ConnectionError as err:  # also the Hub client's answer, offline, for a dataset it has not cached
+        if hub_offline():
+            raise SourceError(
+                f"{what}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once online or give a local "
+                "path"
+            ) from None
+        raise SourceError(
+            f"{what}: cannot reach the Hugging Face Hub ({_first_line(err)}); check the connection, or give "
+            "a local path"
+        ) from None
+    except (DatasetGenerationError, ValueError, OSError) as err:
+        # "An error occurred while generating the dataset": the parser's error, its cause, says why
+        while isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
+            err = err.__cause__
+        raise SourceError(
+            f"{what}: cannot be read: {type(err).__name__}: {_first_line(err)}; fix the data or leave it out"
+        ) from None
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 class ReadSource(NamedTuple):

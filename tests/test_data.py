@@ -363,3 +363,77 @@ def test_the_recipes_sources_are_read_as_stored_and_each_failure_names_its_key(v
     assert not stored.builtin and "reward_model" in stored.data.column_names  # not yet mapped to rows
     with pytest.raises(SourceError, match=rf"^dataset_name {re.escape(str(verl_dir))}: no 'dev' file in "):
         read_training_data(recipe(str(verl_dir), split="dev"), seed=0)
+
+
+# -- Local files and folders: what is read, and a clear line when it cannot be -------------------------
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f'{{"question": "{q}", "answer": "{a}"}}\n' for q, a in rows))
+    return path
+
+
+def test_a_file_that_does_not_parse_is_named_with_the_parsers_complaint(tmp_path):
+    _jsonl(tmp_path / "d" / "train-0.jsonl", [("q1", "1")])
+    (tmp_path / "d" / "train-1.jsonl").write_text('{"question": "q2", "answer": "2"\n')  # no closing brace
+    with pytest.raises(DataError) as err:
+        load_math_dataset(str(tmp_path / "d"))
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'd' / 'train-1.jsonl'}: cannot be read: ") and "\n" not in message
+    assert "JSON parse error" in message
+    with pytest.raises(SystemExit, match=r"^prompt-aug-data: error: .*train-1.jsonl: cannot be read"):
+        data.main(["--dataset", str(tmp_path / "d")])
+
+
+def test_a_folder_with_files_of_two_types_for_a_split_is_refused_naming_them(tmp_path):
+    _jsonl(tmp_path / "train.jsonl", [("q1", "1")])
+    pd.DataFrame({"question": ["q2"], "answer": ["2"]}).to_parquet(tmp_path / "train.parquet")
+    with pytest.raises(
+        DataError, match=r"files of more than one type for one split \(train.jsonl, train.parquet\)"
+    ):
+        load_math_dataset(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["my_questons.jsonl", "q.csv", "data/q.parquet"])
+def test_a_data_file_name_is_a_local_path_even_when_it_is_missing(name, tmp_path, monkeypatch):
+    from prompt_aug.sources import SourceError, check_source
+
+    monkeypatch.chdir(tmp_path)  # offline (conftest): without the fix the Hub client would be asked
+    with pytest.raises(SourceError, match=f"^dataset_name: no such file '{re.escape(name)}'"):
+        check_source("dataset_name", name)
+    with pytest.raises(DataError, match=f"^dataset '{re.escape(name)}': no such file"):
+        load_math_dataset(name)
+
+
+def test_offline_a_hub_dataset_not_in_the_cache_is_one_line():
+    with pytest.raises(DataError) as err:
+        load_math_dataset("nobody-here/no-such-questions")
+    assert "not in the Hugging Face cache" in str(err.value) and "give a local path" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_lone_file_named_for_another_split_is_not_read_for_this_one(tmp_path):
+    _jsonl(tmp_path / "named" / "train.jsonl", [("q1", "1")])
+    with pytest.raises(DataError, match=r"no 'test' file .*train.jsonl is named for the 'train' split"):
+        load_math_dataset(str(tmp_path / "named"), split="test")
+    _jsonl(tmp_path / "plain" / "questions.jsonl", [("q1", "1")])  # named for no split: any split reads it
+    assert len(load_math_dataset(str(tmp_path / "plain"), split="test")[0]) == 1
+
+
+def test_a_subset_that_is_no_sub_folder_fails_listing_the_sub_folders(tmp_path):
+    _jsonl(tmp_path / "train.jsonl", [("top", "1")])
+    _jsonl(tmp_path / "hard" / "train.jsonl", [("hard one", "2")])
+    _jsonl(tmp_path / "easy" / "train.jsonl", [("easy one", "3")])
+    with pytest.raises(DataError, match=r"no sub-folder 'hadr' in .*; its sub-folders: \['easy', 'hard'\]"):
+        load_math_dataset(str(tmp_path), config="hadr")
+    assert load_math_dataset(str(tmp_path), config="hard")[0]["question"] == ["hard one"]
+
+
+def test_a_hub_snapshot_folder_is_read_from_its_data_folder(tmp_path):
+    (tmp_path / "data").mkdir()
+    pd.DataFrame({"question": ["q1", "q2"], "answer": ["1", "2"]}).to_parquet(
+        tmp_path / "data" / "train-00000-of-00001.parquet"
+    )
+    rows, _ = load_math_dataset(str(tmp_path))
+    assert rows["question"] == ["q1", "q2"]

@@ -73,6 +73,14 @@ def test_the_training_command_stops_with_that_line(base_model_dir, tmp_path):
     )
 
 
+def test_offline_a_model_not_in_the_cache_stops_in_one_line(tmp_path):
+    with pytest.raises(SourceError) as err:  # offline: conftest sets HF_HUB_OFFLINE
+        models.load_tokenizer("nobody-here/no-such-model", ModelConfig(), _args(tmp_path))
+    message = str(err.value)
+    assert message.startswith("model_name_or_path nobody-here/no-such-model: not in the Hugging Face cache")
+    assert "\n" not in message
+
+
 @pytest.mark.parametrize("form", ["name", "file", "jinja"])
 def test_chat_template_is_set_on_the_tokenizer_by_name_file_or_text(form, base_model_dir, tmp_path):
     jinja = tmp_path / "mine.jinja"
@@ -271,7 +279,7 @@ def test_a_mixture_source_that_lacks_a_column_or_split_names_the_source(
 
 def test_a_missing_mixture_file_stops_the_run_in_one_line(tmp_path):
     recipe = _recipe(tmp_path, f"dataset_mixture:\n  datasets:\n    - path: {tmp_path / 'nowhere.jsonl'}\n")
-    with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].path: no such folder"):
+    with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].path: no such file"):
         train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
     recipe = _recipe(
         tmp_path,
@@ -279,6 +287,56 @@ def test_a_missing_mixture_file_stops_the_run_in_one_line(tmp_path):
     )
     with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].data_files: no such file"):
         train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
+
+
+def test_a_mixture_source_that_keeps_no_row_is_named_with_why(two_sets, tmp_path, tokenizer):
+    recipe = _recipe(
+        tmp_path,
+        f"""
+dataset_mixture:
+  datasets:
+    - path: {two_sets["algebra"]}
+      question_column: problem
+      answer_column: final_answer
+    - path: {two_sets["geometry"]}
+      dataset_levels: [Level 9]
+""",
+    )
+    with pytest.raises(DataError) as err:
+        _load(recipe, tokenizer)
+    message = str(err.value)
+    assert (
+        message.startswith(r"dataset_mixture.datasets[1] (") and "geometry): kept 0 of its 3 rows" in message
+    )
+    assert "(dropped 3: level not in ['Level 9'])" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "fractions, message",
+    [
+        ([0, 0], r"^dataset_mixture.datasets\[i\].fraction: every one is 0"),
+        ([0.5, "0.5"], r"^dataset_mixture.datasets\[1\].fraction: .*number >= 0, got '0.5'"),
+        ([-1, 1], r"^dataset_mixture.datasets\[0\].fraction: .*number >= 0, got -1"),
+        ([True, 1], r"^dataset_mixture.datasets\[0\].fraction: .*number >= 0, got True"),
+    ],
+)
+def test_mixture_fractions_must_be_shares_when_the_recipe_is_parsed(fractions, message):
+    from prompt_aug.mixture import dataset_mixture
+
+    with pytest.raises(ValueError, match=message):
+        dataset_mixture(
+            {"datasets": [{"path": f"d{i}.jsonl", "fraction": f} for i, f in enumerate(fractions)]}
+        )
+
+
+def test_a_fraction_given_as_text_stops_the_run_before_any_data_is_read(tmp_path):
+    recipe = _recipe(
+        tmp_path,
+        f"dataset_mixture:\n  datasets:\n    - path: {tmp_path / 'absent.jsonl'}\n      fraction: '0.5'\n",
+    )
+    with pytest.raises(SystemExit, match=r"dataset_mixture.datasets\[0\].fraction: .*number >= 0") as err:
+        train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
+    assert "\n" not in str(err.value)
 
 
 def test_a_mixture_parses_into_trls_mixture_config():
