@@ -259,7 +259,7 @@ def to_rows(
         ds = ds.select(read_index)
     if question_column is None and answer_column is None and "reward_model" in cols and "prompt" in cols:
         q_col, a_col = "prompt", "reward_model.ground_truth"
-        consumed = {"prompt", "reward_model"}
+        consumed = {"prompt", "reward_model", "question"}  # SimpleRL-Zoo's file also holds the raw question
         questions = [_user_turn(m) for m in ds["prompt"]]
         answers = [(rm or {}).get("ground_truth") for rm in ds["reward_model"]]
         if "extra_info" in cols:

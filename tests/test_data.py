@@ -23,8 +23,10 @@ VERL_ROWS = [  # (question, gold, extra_info.index)
 
 
 def _verl_frame(rows) -> pd.DataFrame:
+    # The columns of the real SimpleRL-Zoo file, its raw `question` beside the chat `prompt` included.
     return pd.DataFrame(
         {
+            "question": [q for q, _, _ in rows],
             "data_source": ["test"] * len(rows),
             "prompt": [
                 [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q + " "}]
