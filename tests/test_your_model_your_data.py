@@ -183,18 +183,23 @@ def _load(recipe: Path, tokenizer, *extra: str):
     return load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
 
 
-def test_a_mixture_of_two_local_sets_maps_each_with_its_own_columns(two_sets, tmp_path, tokenizer):
-    recipe = _recipe(
-        tmp_path,
-        f"""
+def _two_set_mixture(two_sets: dict, geometry_level: str) -> str:
+    """A recipe's mixture of the algebra set (its own column names) and the geometry set at one level."""
+    return f"""
 dataset_mixture:
   datasets:
     - path: {two_sets["algebra"]}
       question_column: problem
       answer_column: final_answer
     - path: {two_sets["geometry"]}
-      dataset_levels: [Level 5]
-""",
+      dataset_levels: [{geometry_level}]
+"""
+
+
+def test_a_mixture_of_two_local_sets_maps_each_with_its_own_columns(two_sets, tmp_path, tokenizer):
+    recipe = _recipe(
+        tmp_path,
+        _two_set_mixture(two_sets, "Level 5"),
     )
     rows, report = _load(recipe, tokenizer)
     # Geometry's `level` is kept for the reward functions; algebra has none, so its rows have None.
@@ -292,15 +297,7 @@ def test_a_missing_mixture_file_stops_the_run_in_one_line(tmp_path):
 def test_a_mixture_source_that_keeps_no_row_is_named_with_why(two_sets, tmp_path, tokenizer):
     recipe = _recipe(
         tmp_path,
-        f"""
-dataset_mixture:
-  datasets:
-    - path: {two_sets["algebra"]}
-      question_column: problem
-      answer_column: final_answer
-    - path: {two_sets["geometry"]}
-      dataset_levels: [Level 9]
-""",
+        _two_set_mixture(two_sets, "Level 9"),
     )
     with pytest.raises(DataError) as err:
         _load(recipe, tokenizer)
