@@ -61,6 +61,20 @@ def test_verl_layout_uid_question_and_gold(verl_dir):
     assert len(test_rows) == 1
 
 
+SHARED_SIMPLERL = Path(__file__).resolve().parents[2] / "shared" / "data" / "simplerl_level3to5"
+
+
+@pytest.mark.skipif(
+    not SHARED_SIMPLERL.is_dir(), reason="no copy of SimpleRL-Zoo in ../shared/data beside the repo"
+)
+def test_the_papers_training_set_loads_as_its_recipes_read_it():
+    # The real file, as the paper recipes' dataset_config names it: its columns, not a layout made here.
+    rows, report = load_math_dataset(str(SHARED_SIMPLERL), config="simplelr_qwen_level3to5")
+    assert (report.read, report.rows) == (8523, 8521)
+    assert dict(report.dropped) == {"empty gold answer": 2}
+    assert rows.column_names[:3] == ["question", "answer", "uid"]  # the raw question column is not kept twice
+
+
 def test_verl_layout_in_a_config_subfolder(tmp_path, verl_dir):
     root = tmp_path / "SimpleRL-Zoo-Data"
     root.mkdir()
