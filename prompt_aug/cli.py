@@ -86,7 +86,7 @@ class RecipeParser(TrlParser):
 
 def _list_value(action: argparse.Action, value: Any, where: str) -> list:
     """A recipe's value for a list key as the command line gives it: one value is a list of one, and each item
-    is converted as on the command line (text, numbers).
+    is converted by the key's type, as on the command line (text, numbers, an option's names).
 
     >>> import argparse
     >>> levels = argparse.Action(["--levels"], "levels", nargs="+", type=str)
@@ -94,18 +94,20 @@ def _list_value(action: argparse.Action, value: Any, where: str) -> list:
     (['3', '4'], ['Level 5'])
     """
     key, items = action.dest, value if isinstance(value, list) else [value]
-    kind = action.type if action.type in (str, int, float) else None
+    kind = action.type
     if kind is None:
         return items
     converted = []
     for item in items:
-        text_ok = kind is str and isinstance(item, (str, int, float)) and not isinstance(item, bool)
         try:
-            if not text_ok and (kind is str or isinstance(item, (bool, list, dict))):
-                raise ValueError
+            if isinstance(item, (bool, list, dict)) or (
+                kind is str and not isinstance(item, (str, int, float))
+            ):
+                raise ValueError  # str(), int() and float() would take these, argparse never sees them
             converted.append(kind(item))
         except (TypeError, ValueError):
-            raise UsageError(f"{where}: {key}: item {item!r} is not a {kind.__name__}") from None
+            name = getattr(kind, "__name__", repr(kind))
+            raise UsageError(f"{where}: {key}: item {item!r} is not a {name}") from None
     return converted
 
 

@@ -77,6 +77,7 @@ def test_a_value_of_the_wrong_type_names_key_value_and_file(tmp_path, capsys):
     [
         ("template_weights: [heavy]", "template_weights: item 'heavy' is not a float"),
         ("templates: [{name: abel}]", "templates: item {'name': 'abel'} is not a str"),
+        ("debug: foo", "debug: item 'foo' is not a DebugOption"),
     ],
 )
 def test_a_wrong_list_item_names_key_and_file(tmp_path, capsys, line, expected):
@@ -97,6 +98,15 @@ def test_list_keys_in_a_recipe_are_read_as_on_the_command_line(tmp_path):
     assert script_args.reward_funcs == ["format"] and args.stop_tokens == ["<|im_end|>"]
     assert args.templates == ["abel"] and args.template_weights == [1.0]
     assert script_args.dataset_levels == ["3", "4"]
+
+
+def test_groups_that_do_not_fill_the_batch_name_the_keys_to_change(tmp_path, capsys):
+    recipe = _recipe(tmp_path, "num_generations: 4", "num_generations: 3")
+    message = _error(["--config", str(recipe)], capsys)
+    assert str(recipe) in message and "num_generations (3)" in message and "= 16" in message
+    for key in ("per_device_train_batch_size", "steps_per_generation"):
+        assert key in message
+    assert "generation_batch_size" not in message.split("=")[0]  # a key this recipe never set is not blamed
 
 
 def test_data_that_fills_no_round_stops_before_the_model_loads(tmp_path, capsys):
