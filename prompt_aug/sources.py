@@ -178,7 +178,7 @@ def read_dataset(
                     raise SourceError(f"split {split!r} not in {where}; splits: {list(loaded)}")
                 loaded = loaded[split]
             return loaded
-        return _read_files(_split_files(_data_folder(where, name), split))
+        return _read_files(_split_files(_data_folder(where, name, split), split))
     if where.is_file():
         return _read_files([where])
     if looks_local(path):  # not a Hub id: do not let the Hub client retry for half a minute
@@ -196,22 +196,21 @@ def _data_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and is_data_file_name(p.name))
 
 
-def _data_folder(where: Path, name: str | None) -> Path:
-    """The folder under ``where`` that holds the data files: its sub-folder ``name`` (a folder with
-    sub-folders must have one of that name; a folder without any is read as the subset itself), then, when
-    that holds no data file, its ``data`` sub-folder (a Hub snapshot's layout)."""
-    folder = where
-    if name:
+def _data_folder(where: Path, name: str | None, split: str) -> Path:
+    """The folder under ``where`` that holds the data files: its sub-folder ``name`` if there is one, else
+    ``where`` itself; then, when that holds no data file, its ``data`` sub-folder (a Hub snapshot's layout).
+    A ``name`` with no sub-folder, where ``where`` has sub-folders but no file for ``split``, is refused
+    listing them (a mistyped subset name)."""
+    folder = where / name if name and (where / name).is_dir() else where
+    if not _data_files(folder) and (folder / "data").is_dir():
+        folder = folder / "data"
+    if name and folder != where / name and not any(_names_split(p, split) for p in _data_files(folder)):
         subs = sorted(p.name for p in where.iterdir() if p.is_dir() and not p.name.startswith("."))
-        if (where / name).is_dir():
-            folder = where / name
-        elif subs:
+        if subs:
             raise SourceError(
                 f"no sub-folder {name!r} in {where}; its sub-folders: {subs}. Fix the subset name "
                 "(dataset_config, or a mixture source's name)"
             )
-    if not _data_files(folder) and (folder / "data").is_dir():
-        folder = folder / "data"
     return folder
 
 

@@ -199,10 +199,15 @@ def test_a_solution_without_a_box_is_dropped_saying_the_box_is_read():
     )
 
 
-def test_an_image_column_stops_the_load_in_one_line():
+def test_a_column_trl_reads_as_images_stops_the_load_in_one_line():
     raw = datasets_from({"question": ["q"], "answer": ["1"], "image": [None]})
     with pytest.raises(DataError, match="^column 'image': TRL reads it as the row's images"):
         to_rows(raw)
+    with pytest.raises(DataError, match="^column 'images': TRL reads it"):
+        to_rows(datasets_from({"question": ["q", "r"], "answer": ["1", "2"], "images": [[], ["x.png"]]}))
+    # A column of empty lists TRL ignores: it trains on text, and the rewards get the column.
+    rows, _ = to_rows(datasets_from({"question": ["q"], "answer": ["1"], "images": [[]]}))
+    assert rows["images"] == [[]]
 
 
 def test_preview_cli_prints_rows_golds_answer_forms_and_one_prompt_per_template(verl_dir, capsys):
@@ -438,12 +443,15 @@ def test_a_lone_file_named_for_another_split_is_not_read_for_this_one(tmp_path):
 
 
 def test_a_subset_that_is_no_sub_folder_fails_listing_the_sub_folders(tmp_path):
-    _jsonl(tmp_path / "train.jsonl", [("top", "1")])
     _jsonl(tmp_path / "hard" / "train.jsonl", [("hard one", "2")])
     _jsonl(tmp_path / "easy" / "train.jsonl", [("easy one", "3")])
     with pytest.raises(DataError, match=r"no sub-folder 'hadr' in .*; its sub-folders: \['easy', 'hard'\]"):
         load_math_dataset(str(tmp_path), config="hadr")
     assert load_math_dataset(str(tmp_path), config="hard")[0]["question"] == ["hard one"]
+    # A folder with the split's own file is read as the subset, other sub-folders or not: the paper recipes
+    # name SimpleRL-Zoo's subset, and a local copy of its files is such a folder.
+    _jsonl(tmp_path / "train.jsonl", [("top", "1")])
+    assert load_math_dataset(str(tmp_path), config="simplelr_qwen_level3to5")[0]["question"] == ["top"]
 
 
 def test_a_hub_snapshot_folder_is_read_from_its_data_folder(tmp_path):
