@@ -59,8 +59,6 @@ _TRL_REWARD_ARGUMENTS = (
     "prompts", "completions", "completion", "completion_ids", "trainer_state", "log_extra", "log_metric",
     "environments",
 )  # fmt: skip
-# Columns TRL takes for a multimodal row's images.
-IMAGE_COLUMNS = ("image", "images")
 RESERVED_COLUMNS: dict[str, str] = {
     "question": "the question",
     "answer": "the gold answer",
@@ -81,12 +79,6 @@ def check_column_names(columns: list[str], consumed: set[str], mapping: dict[str
         DataError: one line naming the column, what it would shadow, and how to get it out of the way.
     """
     for column in columns:
-        if column in IMAGE_COLUMNS:
-            raise DataError(
-                f"column {column!r}: TRL reads it as the row's images, which this run's text prompts cannot "
-                "carry; rename the column in the data, or leave it out (a dataset_mixture source's `columns` "
-                "selects the columns kept)"
-            )
         if column in consumed or column not in RESERVED_COLUMNS:
             continue
         source = f" (read from {mapping[column]!r})" if column in mapping else ""
@@ -95,6 +87,22 @@ def check_column_names(columns: list[str], consumed: set[str], mapping: dict[str
             "that name; rename the column in the data, or leave it out (a dataset_mixture source's `columns` "
             "selects the columns kept)"
         )
+
+
+def check_no_images(ds: datasets.Dataset) -> None:
+    """Refuse a column TRL would read as images: any ``image`` column (even all None), or an ``images`` one
+    with a row whose list is not empty (TRL ignores a column of empty lists).
+
+    Raises:
+        DataError: one line naming the column and how to get it out of the way.
+    """
+    for column in ("image", "images"):
+        if column in ds.column_names and (column == "image" or any(v != [] for v in ds[column])):
+            raise DataError(
+                f"column {column!r}: TRL reads it as the row's images, which this run's text prompts cannot "
+                "carry; rename the column in the data, or leave it out (a dataset_mixture source's `columns` "
+                "selects the columns kept)"
+            )
 
 
 # Row indices named per reason in the report and in the error of `check_bad_rows`.
@@ -288,6 +296,7 @@ def to_rows(
             ids = list(ds["uid"])
         consumed = {q_col, a_col, "uid"}
     check_column_names(cols, consumed, {"question": q_col, "answer": a_col})
+    check_no_images(ds)
     keep = []
     for i, (question, answer) in enumerate(zip(questions, answers)):
         problem = _gold_problem(answer)
