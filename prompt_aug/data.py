@@ -147,10 +147,20 @@ class DataReport:
     dropped: Counter
 
     def __str__(self) -> str:
+        return "\n  ".join([self.summary(), *self.drops()])
+
+    def summary(self) -> str:
+        """The first line: the source, rows read and rows kept."""
+        return f"dataset {self.source}: {self.read} rows read, {self.rows} kept"
+
+    def drops(self) -> list[str]:
+        """One line per reason rows were dropped: the count, the reason and, for bad data, the first rows."""
         shown = self.dropped.shown if isinstance(self.dropped, Drops) else lambda why: ""
-        lines = [f"dataset {self.source}: {self.read} rows read, {self.rows} kept"]
-        lines += [f"  dropped {n}: {why}{shown(why)}" for why, n in self.dropped.items() if n]
-        return "\n".join(lines)
+        return [f"dropped {n}: {why}{shown(why)}" for why, n in self.dropped.items() if n]
+
+    def one_line(self) -> str:
+        """The report on one line (for an error message)."""
+        return "; ".join([self.summary(), *self.drops()])
 
 
 def _user_turn(messages: Any) -> str:
@@ -290,8 +300,9 @@ def to_rows(
         questions = [_question_text(q) for q in ds[q_col]]
         answers = list(ds[a_col])
         if a_col == "solution":  # MATH: the gold is the boxed answer of the worked solution
-            unboxed = {i for i, s in enumerate(answers) if s and not last_boxed(str(s))}
-            answers = [last_boxed(s or "") for s in answers]
+            boxed = [last_boxed(s or "") for s in answers]
+            unboxed = {i for i, (s, box) in enumerate(zip(answers, boxed, strict=True)) if s and not box}
+            answers = boxed
         if "uid" in cols:
             ids = list(ds["uid"])
         consumed = {q_col, a_col, "uid"}
@@ -427,8 +438,7 @@ def mix_sources(
                 source.answer_column or answer_column, source.dataset_levels or levels, max_bad_row_share,
             )  # fmt: skip
             if not len(rows):  # else it would surface as a column typed null in the mixture
-                drops = report.dropped
-                why = "; ".join(f"dropped {n}: {r}{drops.shown(r)}" for r, n in drops.items() if n) or "empty"
+                why = "; ".join(report.drops()) or "empty"
                 raise DataError(
                     f"kept 0 of its {report.read} rows ({why}); fix the source or its filter, or leave it "
                     "out of the mixture"

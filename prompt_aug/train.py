@@ -299,7 +299,7 @@ def run(
     logger.info("%s", report)  # main process only (logger level above)
     if len(dataset) < arithmetic.questions_per_round:  # the sampler keeps whole rounds only: nothing to train
         raise UsageError(
-            f"{'; '.join(str(report).splitlines())}: fewer questions than one round's "
+            f"{report.one_line()}: fewer questions than one round's "
             f"{arithmetic.questions_per_round}; see why rows were dropped, or shrink the round (--dry_run)"
         )
     logger.info("batch arithmetic:\n%s", arithmetic.table())
