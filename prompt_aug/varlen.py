@@ -26,10 +26,10 @@ the kernel, and SDPA run on each sequence, get each sequence's keys gathered (pr
 ``cu_seq_k`` apart from ``cu_seq_q``, and a causal mask aligned to the last key (as FlashAttention aligns it
 for more keys than queries), which lets query j of a sequence with a prefix of p tokens see keys 0 .. p + j.
 
-``varlen_attn``'s signature changed: torch 2.10 and 2.11 take ``is_causal``; 2.12 and later take
-``window_size`` and ``enable_gqa``. `make_varlen_attention` reads the signature at run time: causal masking
-through whichever the kernel has, and K / V heads repeated for grouped-query attention where it lacks
-``enable_gqa`` (and the query pre-scaled where it lacks ``scale``).
+``varlen_attn``'s signature changed: torch 2.10's takes ``is_causal`` and no ``scale``; 2.11's takes
+``window_size`` and ``scale``; 2.13's also takes ``enable_gqa``. `make_varlen_attention` reads the signature
+at run time: causal masking through whichever the kernel has, and K / V heads repeated for grouped-query
+attention where it lacks ``enable_gqa`` (and the query pre-scaled where it lacks ``scale``).
 """
 
 from __future__ import annotations
@@ -335,7 +335,7 @@ def sequence_kernel(
     enable_gqa: bool = False,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """torch's ``varlen_attn`` (2.12's signature, plus ``dropout_p``) as SDPA run on each sequence alone:
+    """torch's ``varlen_attn`` (2.13's signature, plus ``dropout_p``) as SDPA run on each sequence alone:
     (tokens, heads, D) tensors, sequence i's queries between ``cu_seq_q[i]`` and ``cu_seq_q[i + 1]`` and its
     keys between those of ``cu_seq_k`` (offsets read on the host); causal (``window_size`` (-1, 0)) aligned
     to the last key, as the kernel aligns it. No (tokens x tokens) mask is built or computed."""

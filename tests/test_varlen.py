@@ -2,11 +2,11 @@
 fallback, and the wrapper around the kernel, exact to SDPA on the same packed row.
 
 torch's ``varlen_attn`` runs on CUDA only (FlashAttention 2, fp16 / bf16), so on CPU the wrapper is run with
-the kernel replaced by a per-sequence reference written here, once with each of the kernel's signatures (torch
-2.10-2.11: ``is_causal``, no ``scale``, no ``enable_gqa``; 2.12 and later: ``window_size``, ``scale``,
-``enable_gqa``). What this checks is the wrapper: the sequence offsets it derives from the position ids, the
-layouts, grouped-query heads and scaling. The real kernel's values need a GPU: the last test runs it there and
-is skipped elsewhere.
+the kernel replaced by a per-sequence reference written here, once with each of the kernel's signatures as
+torch's own sources have them (2.10: ``is_causal``, no ``scale``, no ``enable_gqa``; 2.11: ``window_size``
+and ``scale``, no ``enable_gqa``; 2.13: all three). What this checks is the wrapper: the sequence offsets it
+derives from the position ids, the layouts, grouped-query heads and scaling. The real kernel's values need
+a GPU: the last test runs it there and is skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -86,14 +86,27 @@ class _Kernel:
 
 
 class OldKernel(_Kernel):
-    """torch 2.10-2.11's signature: ``is_causal``, no ``scale``, no ``enable_gqa``."""
+    """torch 2.10's signature: ``is_causal``, no ``scale``, no ``enable_gqa``."""
 
     def __call__(self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
         return self._reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, None, False)
 
 
+class Kernel211(_Kernel):
+    """torch 2.11's signature (the lent GPU machines' torch): ``window_size`` and ``scale``, no
+    ``enable_gqa``."""
+
+    def __call__(
+        self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+        window_size=(-1, -1),
+    ):  # fmt: skip
+        assert tuple(window_size) in ((-1, -1), (-1, 0))
+        causal = tuple(window_size) == (-1, 0)
+        return self._reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal, scale, False)
+
+
 class NewKernel(_Kernel):
-    """torch 2.12+'s signature: ``window_size`` (``(-1, 0)`` is causal), ``scale``, ``enable_gqa``."""
+    """torch 2.13's signature: ``window_size`` (``(-1, 0)`` is causal), ``scale``, ``enable_gqa``."""
 
     def __call__(
         self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
@@ -125,7 +138,7 @@ def test_sequences_start_at_position_zero_and_at_each_row():
     assert mask == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
 
 
-@pytest.mark.parametrize("kernel_type", [OldKernel, NewKernel, None])
+@pytest.mark.parametrize("kernel_type", [OldKernel, Kernel211, NewKernel, None])
 @pytest.mark.parametrize("scaling", [None, 0.3])
 def test_the_wrapper_matches_sdpa_run_on_each_sequence(kernel_type, scaling):
     """The packed row through the wrapper against transformers' SDPA run on each sequence alone: values and
@@ -148,8 +161,8 @@ def test_the_wrapper_matches_sdpa_run_on_each_sequence(kernel_type, scaling):
             attention = make_varlen_attention(kernel, devices=("cpu",), dtypes=(torch.float64,))
             out, weights_out = attention(_Module(), q, k, v, None, scaling=scaling, position_ids=POSITIONS)
             assert weights_out is None
-            # The old signature has no enable_gqa: the wrapper repeats K / V to the 4 query heads.
-            kv_heads = 4 if kernel_type is OldKernel else 2
+            # 2.10 and 2.11 have no enable_gqa: the wrapper repeats K / V to the 4 query heads.
+            kv_heads = 2 if kernel_type is NewKernel else 4
             assert kernel.calls == [{"lengths": LENGTHS, "max": (6, 6), "kv_heads": kv_heads}]
         else:
             pieces, start = [], 0
@@ -224,7 +237,7 @@ def _rows() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_a_model_with_the_wrapper_gives_sdpas_packed_values_and_gradients():
-    """A tiny Qwen2 whose attention is the registered wrapper (the 2.12+ reference kernel, float32 on CPU):
+    """A tiny Qwen2 whose attention is the registered wrapper (the 2.13 reference kernel, float32 on CPU):
     a packed row's log-probs, entropies and gradients equal SDPA's on the same packed row, the kernel ran in
     every layer, and padded calls still go to SDPA with their mask."""
     kernel = NewKernel()
@@ -254,7 +267,7 @@ def test_a_model_with_the_wrapper_gives_sdpas_packed_values_and_gradients():
     torch.testing.assert_close(padded, want_padded, rtol=0, atol=0)  # padded calls: SDPA, unchanged
 
 
-@pytest.mark.parametrize("kernel_type", [OldKernel, NewKernel])
+@pytest.mark.parametrize("kernel_type", [OldKernel, Kernel211, NewKernel])
 def test_shared_prompts_reach_the_kernel_as_gathered_keys_and_match_the_masked_path(kernel_type):
     """A pack whose groups share their prompt (`pack_rows(share_prompts=True)`): the kernel gets each
     sequence's keys gathered (prefix, then itself) with key bounds apart from the query bounds, and the
