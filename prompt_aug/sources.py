@@ -172,7 +172,7 @@ def read_dataset(
     where = Path(path).expanduser()
     if where.is_dir():
         if (where / "dataset_info.json").is_file() or (where / "dataset_dict.json").is_file():
-            loaded = datasets.load_from_disk(str(where))
+            loaded = load_saved(where, f"dataset {path!r}")
             if isinstance(loaded, datasets.DatasetDict):
                 if split not in loaded:
                     raise SourceError(f"split {split!r} not in {where}; splits: {list(loaded)}")
@@ -289,6 +289,25 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
             err = err.__cause__
         raise SourceError(
             f"{what}: cannot be read: {type(err).__name__}: {_first_line(err)}; fix the data or leave it out"
+        ) from None
+
+
+def load_saved(folder: str | Path, what: str) -> Any:
+    """``datasets.load_from_disk(folder)``: a `datasets.Dataset` or `datasets.DatasetDict`.
+
+    Raises:
+        SourceError: starting with ``what`` (which names the folder): ``folder`` is not whole as
+            ``save_to_disk`` writes it (a file such as ``state.json`` is missing), or its files do not parse
+            (a truncated copy); datasets' own complaint follows.
+    """
+    import datasets
+
+    try:
+        return datasets.load_from_disk(str(folder))
+    except (ValueError, OSError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise SourceError(
+            f"{what}: not a readable save_to_disk folder ({type(err).__name__}: "
+            f"{_first_line(err)}); give a folder written by save_to_disk, whole"
         ) from None
 
 

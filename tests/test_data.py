@@ -416,6 +416,20 @@ def test_a_folder_with_files_of_two_types_for_a_split_is_refused_naming_them(tmp
         load_math_dataset(str(tmp_path))
 
 
+def test_a_truncated_save_to_disk_copy_is_one_line_naming_it(tmp_path):
+    """A ``save_to_disk`` folder whose arrow file was cut short: one line naming the dataset and what
+    datasets found, not pyarrow's traceback."""
+    import datasets
+
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_list([{"problem": "1 + 1?", "answer": "2"}]).save_to_disk(str(folder))
+    for arrow in folder.glob("*.arrow"):
+        arrow.write_bytes(b"cut")
+    with pytest.raises(DataError, match=rf"^dataset '{re.escape(str(folder))}': not a readable save_to_disk "
+                       r"folder \(ArrowInvalid: "):  # fmt: skip
+        load_math_dataset(str(folder))
+
+
 @pytest.mark.parametrize("name", ["my_questons.jsonl", "q.csv", "data/q.parquet"])
 def test_a_data_file_name_is_a_local_path_even_when_it_is_missing(name, tmp_path, monkeypatch):
     from prompt_aug.sources import SourceError, check_source

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from prompt_aug.evaluate import (
     score_completions,
     summarize,
 )
+from prompt_aug.sources import SourceError
 
 AIME = [
     {"problem": "Compute $12 + 30$.", "answer": "42"},
@@ -407,6 +409,36 @@ def test_question_set_errors_name_the_file_and_column(tmp_path):
         load_benchmark(str(tmp_path / "missing.jsonl"))
     with pytest.raises(EvalError, match="unknown benchmark"):
         parse_benchmarks("math5000")
+
+
+def _truncate_arrow_files(folder: Path) -> None:
+    """Cut every arrow file under ``folder`` to a few bytes, as an interrupted copy leaves them."""
+    for arrow in folder.rglob("*.arrow"):
+        arrow.write_bytes(b"cut")
+
+
+def test_a_folder_that_is_no_whole_save_to_disk_copy_is_one_line_naming_it(tiny_model_dir, tmp_path):
+    """A question set or a suite folder that datasets cannot load (a folder of other files, a truncated copy)
+    is one line naming the folder and datasets' complaint, from the function and from the command."""
+    import datasets
+
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("not a dataset")
+    cut = tmp_path / "cut"
+    datasets.Dataset.from_list([{"question": "1 + 1?", "answer": "2"}]).save_to_disk(str(cut))
+    _truncate_arrow_files(cut)
+    unreadable = r": not a readable save_to_disk folder \("
+    with pytest.raises(SourceError, match=rf"^question set {re.escape(str(cut))}{unreadable}ArrowInvalid: "):
+        load_benchmark(str(cut))
+    plain = re.escape(str(tmp_path / "plain"))
+    with pytest.raises(SourceError, match=rf"^--data_dir {plain}{unreadable}FileNotFoundError: "):
+        load_benchmark("aime24", data_dir=tmp_path / "plain")
+    with pytest.raises(
+        SystemExit,
+        match=rf"^prompt-aug-eval: error: question set {re.escape(str(cut))}{unreadable}[^\n]*whole$",
+    ):
+        main(["--model", str(tiny_model_dir), "--benchmarks", str(cut), "--backend", "hf",
+              "--output", str(tmp_path / "out"), "--no_progress"])  # fmt: skip
 
 
 def test_a_question_set_with_other_column_names_is_evaluated_through_the_mapping(tiny_model_dir, tmp_path):

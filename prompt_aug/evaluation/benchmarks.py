@@ -11,7 +11,7 @@ from typing import Any
 
 from rewards.grading.extract import last_boxed
 
-from ..sources import hub_offline
+from ..sources import hub_offline, load_saved
 from ..templates import Template, load_templates
 
 HUB_SUITE = "lkevinzc/math-eval"
@@ -144,7 +144,7 @@ def _load_question_set(name: str) -> Any:
             raise EvalError(f"question set {name}: no such file")
         return datasets.load_dataset(QUESTION_SET_FILES[path.suffix], data_files=str(path), split="train")
     if path.is_dir():
-        loaded = datasets.load_from_disk(str(path))
+        loaded = load_saved(path, f"question set {name}")
     else:
         loaded = _from_hub(
             f"question set {name}", lambda: datasets.load_dataset(name), "give a file or folder"
@@ -179,7 +179,7 @@ def _load_split(split: str, data_dir: str | Path | None) -> Any:
     if key not in _SUITES:
         if not Path(data_dir).is_dir():
             raise EvalError(f"--data_dir {data_dir}: no such folder")
-        _SUITES[key] = datasets.load_from_disk(str(data_dir))
+        _SUITES[key] = load_saved(data_dir, f"--data_dir {data_dir}")
     suite = _SUITES[key]
     if not isinstance(suite, datasets.DatasetDict):
         raise EvalError(f"--data_dir {data_dir} holds a single Dataset; expected a DatasetDict with splits")
