@@ -333,31 +333,32 @@ def read_training_data(script_args: Any, seed: int) -> list[ReadSource]:
     are mapped later (`prompt_aug.data.load_train_dataset`).
 
     Raises:
-        SourceError: a source cannot be read; the message starts with its key.
+        SourceError: a source cannot be read; the message starts with its recipe key (``dataset_name`` or
+            ``dataset_mixture.datasets[i]``), then names its path, folder or file.
     """
     mixture = script_args.dataset_mixture
     if mixture is None:
         name = script_args.dataset_name
-        key = f"dataset_name {name}"
         built = builtin_rows(name, script_args.num_synthetic, seed)
         if built is not None:
-            return [ReadSource(key, None, built, builtin=True)]
-        sources = [(key, None, (name, script_args.dataset_config, script_args.dataset_split))]
+            return [ReadSource(f"dataset_name {name}", None, built, builtin=True)]
+        # (the recipe key, the key naming the source in later messages, the mixture's entry, where it is)
+        sources = [
+            ("dataset_name", f"dataset_name {name}", None,
+             (name, script_args.dataset_config, script_args.dataset_split)),
+        ]  # fmt: skip
     else:
         sources = [
-            (
-                f"dataset_mixture.datasets[{i}] ({s.path})",
-                s,
-                (s.path, s.name, s.split, s.data_dir, s.data_files),
-            )
+            (f"dataset_mixture.datasets[{i}]", f"dataset_mixture.datasets[{i}] ({s.path})", s,
+             (s.path, s.name, s.split, s.data_dir, s.data_files))
             for i, s in enumerate(mixture.datasets)
-        ]
+        ]  # fmt: skip
     read = []
-    for key, source, where in sources:
+    for recipe_key, key, source, where in sources:
         try:
             read.append(ReadSource(key, source, read_dataset(*where)))
-        except SourceError as err:
-            raise SourceError(f"{key}: {err}") from None
+        except SourceError as err:  # which names the path, folder or file: the recipe key goes before it
+            raise SourceError(f"{recipe_key}: {err}") from None
     return read
 
 

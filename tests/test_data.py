@@ -368,7 +368,8 @@ def test_the_error_names_the_dataset_and_says_what_to_do(tmp_path):
 
 def test_the_recipes_sources_are_read_as_stored_and_each_failure_names_its_key(verl_dir):
     """`read_training_data`: a built-in set comes back as its rows; a folder as its split, columns untouched;
-    a split with no file is a `SourceError` that starts with the recipe key and lists the files there."""
+    a split with no file is a `SourceError` that starts with the recipe key and lists the files there; an
+    uncached Hub id offline is named once."""
     from types import SimpleNamespace
 
     from prompt_aug.sources import SourceError, read_training_data
@@ -382,8 +383,14 @@ def test_the_recipes_sources_are_read_as_stored_and_each_failure_names_its_key(v
     assert built.builtin and len(built.data) == 7 and set(built.data[0]) >= {"question", "answer", "uid"}
     (stored,) = read_training_data(recipe(str(verl_dir)), seed=0)
     assert not stored.builtin and "reward_model" in stored.data.column_names  # not yet mapped to rows
-    with pytest.raises(SourceError, match=rf"^dataset_name {re.escape(str(verl_dir))}: no 'dev' file in "):
+    with pytest.raises(SourceError, match=rf"^dataset_name: no 'dev' file in {re.escape(str(verl_dir))}"):
         read_training_data(recipe(str(verl_dir), split="dev"), seed=0)
+    with pytest.raises(SourceError) as err:  # offline (conftest): the Hub id is named once
+        read_training_data(recipe("nobody/no-such-set"), seed=0)
+    assert str(err.value).startswith(
+        "dataset_name: Hub dataset 'nobody/no-such-set': not in the Hugging Face"
+    )
+    assert str(err.value).count("no-such-set") == 1
 
 
 # -- Local files and folders: what is read, and a clear line when it cannot be -------------------------
