@@ -302,7 +302,7 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     resolve_local_model(
         model_args.model_name_or_path
     )  # a known local model not fetched yet: its fetch command
-    check_source("model_name_or_path", model_args.model_name_or_path, builtin=tuple(LOCAL_MODELS))
+    check_source("model_name_or_path", model_args.model_name_or_path, builtin=tuple(LOCAL_MODELS), model=True)
     if args.eval_data_dir:
         check_source("eval_data_dir", args.eval_data_dir)
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, log=state.is_main_process)

@@ -109,13 +109,31 @@ def require_hub(key: str, repo_id: str, timeout: float = 5.0) -> None:
     )
 
 
-def check_source(key: str, value: str | None, builtin: tuple[str, ...] = ()) -> None:
+def hub_model_cached(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds a snapshot of model ``repo_id`` (any revision)."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    snapshots = (
+        Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model") / "snapshots"
+    )
+    return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def check_source(key: str, value: str | None, builtin: tuple[str, ...] = (), model: bool = False) -> None:
     """Check a model or dataset value before loading: a missing local path or an unreachable Hub fails at
-    once. A name of `BUILTINS` or of ``builtin`` is not looked for."""
+    once, and so, for a ``model``, does a Hub id offline (``HF_HUB_OFFLINE``) with no copy in the Hugging
+    Face cache. A name of `BUILTINS` or of ``builtin`` is not looked for."""
     if not value or value in builtin or value in BUILTINS:
         return
-    if not require_local(key, value):
-        require_hub(key, value)
+    if require_local(key, value):
+        return
+    require_hub(key, value)
+    if model and hub_offline() and not hub_model_cached(value):
+        raise SourceError(
+            f"{key} {value}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once online or give a "
+            "local path"
+        )
 
 
 def check_mixture(mixture: Any) -> None:

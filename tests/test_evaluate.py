@@ -161,6 +161,11 @@ def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, su
         SystemExit, match=r"^prompt-aug-eval: error: --model: no such folder './no-such-model'"
     ):
         _eval("./no-such-model", suite_dir, tmp_path / "a")
+    with pytest.raises(  # offline (conftest), a Hub id with no copy in the cache: before any load
+        SystemExit,
+        match=r"^prompt-aug-eval: error: --model nobody-here/no-such-model: not in the Hugging Face",
+    ):
+        _eval("nobody-here/no-such-model", suite_dir, tmp_path / "a")
     _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--limit", "1")
     with pytest.raises(SystemExit, match=r"other settings.*max_tokens"):
         _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--max_tokens", "8")

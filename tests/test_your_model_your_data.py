@@ -81,6 +81,23 @@ def test_offline_a_model_not_in_the_cache_stops_in_one_line(tmp_path):
     assert "\n" not in message
 
 
+def test_offline_a_hub_model_is_looked_for_in_the_cache_before_the_run_starts(tmp_path, monkeypatch):
+    """Offline (conftest), the command's check of ``model_name_or_path``: a Hub id with no snapshot in the
+    Hugging Face cache stops in one line; one with a snapshot (any revision) passes."""
+    from huggingface_hub import constants
+
+    from prompt_aug.sources import check_source
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(SourceError) as err:
+        check_source("model_name_or_path", "nobody-here/no-such-model", model=True)
+    message = str(err.value)
+    assert message.startswith("model_name_or_path nobody-here/no-such-model: not in the Hugging Face cache")
+    assert "\n" not in message
+    (tmp_path / "hub" / "models--nobody-here--no-such-model" / "snapshots" / "0123abc").mkdir(parents=True)
+    check_source("model_name_or_path", "nobody-here/no-such-model", model=True)
+
+
 @pytest.mark.parametrize("form", ["name", "file", "jinja"])
 def test_chat_template_is_set_on_the_tokenizer_by_name_file_or_text(form, base_model_dir, tmp_path):
     jinja = tmp_path / "mine.jinja"

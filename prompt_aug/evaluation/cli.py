@@ -179,7 +179,8 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     output = Path(args.output) if args.output else default_output(args.model)
     model_name = Path(args.model).name if Path(args.model).is_dir() else args.model
     args.model = resolve_local_model(args.model, key="--model")
-    check_source("--model", args.model)  # a missing folder or an unreachable Hub fails before any load
+    # A missing folder, an unreachable Hub or (offline) an uncached Hub id fails before any load.
+    check_source("--model", args.model, model=True)
     columns = (args.question_column, args.answer_column)
     problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit, *columns)]
     sampling = args.temperature > 0
