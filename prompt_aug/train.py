@@ -297,10 +297,14 @@ def run(
     except (ModelArgsError, TemplateError, DataError) as err:
         raise UsageError(str(err)) from None
     logger.info("%s", report)  # main process only (logger level above)
-    if len(dataset) < arithmetic.questions_per_round:  # the sampler keeps whole rounds only: nothing to train
+    held_out = demo_args.heldout_questions  # the learning demo keeps these out of training
+    if len(dataset) - held_out < arithmetic.questions_per_round:  # the sampler keeps whole rounds only
+        found, fix = report.one_line(), "see why rows were dropped"
+        if held_out:
+            found, fix = f"{found}; heldout_questions holds {held_out} out", f"{fix}, lower heldout_questions"
         raise UsageError(
-            f"{report.one_line()}: fewer questions than one round's "
-            f"{arithmetic.questions_per_round}; see why rows were dropped, or shrink the round (--dry_run)"
+            f"{found}: fewer questions than one round's {arithmetic.questions_per_round}; {fix}, or shrink "
+            "the round (--dry_run)"
         )
     logger.info("batch arithmetic:\n%s", arithmetic.table())
     model = load_model(model_path, model_args, args)

@@ -120,6 +120,13 @@ def test_data_that_fills_no_round_stops_before_the_model_loads(tmp_path, capsys)
     )
     assert f"dataset {questions}: 3 rows read, 3 kept: fewer questions than one round's 4" in message
     assert not list(out.glob("*.safetensors"))  # nothing trained, nothing saved
+    # Five questions fill a round, but not once the learning demo holds two of them out.
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(5)]
+    questions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["--config", str(SMOKE), "--dataset_name", str(questions), "--output_dir", str(out)]
+    message = _error([*argv, "--heldout_questions", "2", "--overwrite_output_dir", "true"], capsys)
+    assert "5 rows read, 5 kept; heldout_questions holds 2 out: fewer questions than one round's 4" in message
+    assert "lower heldout_questions" in message and not list(out.glob("*.safetensors"))
 
 
 @pytest.mark.parametrize(
