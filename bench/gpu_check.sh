@@ -31,7 +31,7 @@ step() {
 #    packed-balanced, the trainer's default path, and packed-shared, each group's prompt run once; the
 #    bench's own default adds packed-varlen, packed-sdpa and trim), 2 rounds of new lengths and 1 repeat
 #    each; no round is begun after ROUND_BUDGET seconds, and what that skips is printed (the step limit
-#    stops the rounds, and what ran is still summarised). PROFILE=1 adds the per-phase profiles (new lengths
+#    stops the rounds, and a mode that fails ends alone: what ran is still summarised). PROFILE=1 adds the per-phase profiles (new lengths
 #    against the same round again) of PROFILE_MODES (default: every mode run), one file a mode under
 #    $OUT/profile (packed-flex compiles for minutes).
 step gpu_round "${LIMIT_ROUND:-210}" python3 bench/gpu_round.py --budget_s "${ROUND_BUDGET:-175}" \

@@ -33,7 +33,8 @@ Modes (each from the same weights, on the same rounds):
   Its "real share" is the rows' tokens over the tokens run, above 1 where prompts are shared.
 
 Every mode of the table is listed in the output: run, or skipped with the reason (not asked for, not
-possible on this device, or past ``--budget_s``).
+possible on this device, or past ``--budget_s``). A mode that fails (out of memory, a kernel error) prints
+its traceback and ends there; the other modes run, and the summary compares what ran.
 
 The log-probs are TRL's fused head's: the LM head runs in tiles under checkpointing, on the labelled
 positions only (`head_logps`), in every mode. Each mode trains ``--rounds`` rounds of new lengths (seeds
@@ -67,6 +68,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -502,38 +504,51 @@ def main(argv: list[str] | None = None) -> dict:
             except (ImportError, ValueError) as error:
                 print(f"{mode}: skipped (attention {attention!r}: {str(error).splitlines()[0]})")
                 continue
-            model.load_state_dict(start_weights)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-            print(f"\n{mode} (attention {attention})\n{header}")
-            results[mode] = []
-            for index, (seed, label) in enumerate(zip(seeds, labels, strict=True)):
-                estimate = round_seconds(results[mode][-1]) if results[mode] else longest
-                if over_budget(estimate, f"{label:>14}"):
-                    skipped.append(f"{mode}: {', '.join(labels[index:])}")
-                    break
-                round_ = build_round(shape, seed, device)
-                r = train_round(model, optimizer, round_, shape, mode, device, seed, pad_multiple, profiles)
-                results[mode].append(r)
-                longest = max(longest, round_seconds(r))
-                cells = " ".join(f"{r['times'][p]:>20.2f}" for p in phases)
-                print(f"{label:>14} {cells} {round_seconds(r):>9.2f} {r['peak_gib']:>9.1f} "
-                      f"{r['real'] / r['processed']:>11.3f} {r['calls']:>6}", flush=True)  # fmt: skip
-            profiled = args.profile_modes is None or mode in args.profile_modes.split(",")
-            if args.profile is not None and profiled and len(results[mode]) == len(seeds):
-                # Two more rounds, profiled (the profiler's overhead kept out of the timed rounds above):
-                # lengths no round of the mode has seen, then the same round again.
-                fresh = seeds[-1] + 1
-                for label in (f"seed {fresh} profiled", f"seed {fresh} profiled again"):
-                    if over_budget(4 * round_seconds(results[mode][-1]), f"{label:>24}"):  # profiler: 2-3x
-                        skipped.append(f"{mode}: {label}")
+            try:
+                model.load_state_dict(start_weights)
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+                print(f"\n{mode} (attention {attention})\n{header}")
+                results[mode] = []
+                for index, (seed, label) in enumerate(zip(seeds, labels, strict=True)):
+                    estimate = round_seconds(results[mode][-1]) if results[mode] else longest
+                    if over_budget(estimate, f"{label:>14}"):
+                        skipped.append(f"{mode}: {', '.join(labels[index:])}")
                         break
-                    profiles.on, profiles.label = True, label
-                    round_ = build_round(shape, fresh, device)
+                    round_ = build_round(shape, seed, device)
                     r = train_round(
-                        model, optimizer, round_, shape, mode, device, fresh, pad_multiple, profiles
+                        model, optimizer, round_, shape, mode, device, seed, pad_multiple, profiles
                     )
-                    profiles.on = False
-                    print(f"{label:>24} {round_seconds(r):>9.2f} s with the profiler on", flush=True)
+                    results[mode].append(r)
+                    longest = max(longest, round_seconds(r))
+                    cells = " ".join(f"{r['times'][p]:>20.2f}" for p in phases)
+                    print(f"{label:>14} {cells} {round_seconds(r):>9.2f} {r['peak_gib']:>9.1f} "
+                          f"{r['real'] / r['processed']:>11.3f} {r['calls']:>6}", flush=True)  # fmt: skip
+                profiled = args.profile_modes is None or mode in args.profile_modes.split(",")
+                if args.profile is not None and profiled and len(results[mode]) == len(seeds):
+                    # Two more rounds, profiled (the profiler's overhead kept out of the timed rounds above):
+                    # lengths no round of the mode has seen, then the same round again.
+                    fresh = seeds[-1] + 1
+                    for label in (f"seed {fresh} profiled", f"seed {fresh} profiled again"):
+                        if over_budget(
+                            4 * round_seconds(results[mode][-1]), f"{label:>24}"
+                        ):  # profiler: 2-3x
+                            skipped.append(f"{mode}: {label}")
+                            break
+                        profiles.on, profiles.label = True, label
+                        round_ = build_round(shape, fresh, device)
+                        r = train_round(
+                            model, optimizer, round_, shape, mode, device, fresh, pad_multiple, profiles
+                        )
+                        profiles.on = False
+                        print(f"{label:>24} {round_seconds(r):>9.2f} s with the profiler on", flush=True)
+            except (RuntimeError, AssertionError, ValueError) as error:  # out of memory, a kernel error:
+                # that mode ends, the others run, and the summary has what ran
+                profiles.on = False
+                traceback.print_exc()
+                message = (str(error).strip().splitlines() or [""])[0]
+                print(f"{mode}: failed ({type(error).__name__}: {message}); its rounds before that are kept")
+                skipped.append(f"{mode}: the rest, after {type(error).__name__}")
+                optimizer = None
             if not results[mode]:
                 del results[mode]
             del optimizer
@@ -579,7 +594,7 @@ def main(argv: list[str] | None = None) -> dict:
     for line in profiles.summary():
         print(line)
     if skipped:
-        print("skipped for --budget_s: " + "; ".join(skipped))
+        print("not run (--budget_s, a stop or a failure): " + "; ".join(skipped))
     print(f"bench time: {time.perf_counter() - began:.0f} s")
     return results
 

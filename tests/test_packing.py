@@ -479,7 +479,7 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
     lines, _ = run("--modes", "padded,trim", "--budget_s", "0.001")
     assert any(line.startswith("padded: skipped (--budget_s 0.001: ") for line in lines)
     assert any(line.startswith("packed-sdpa: skipped (not in --modes)") for line in lines)
-    assert lines[-2] == "skipped for --budget_s: padded: every round; trim: every round"
+    assert lines[-2] == "not run (--budget_s, a stop or a failure): padded: every round; trim: every round"
 
 
 def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
@@ -504,9 +504,41 @@ def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert any(line.startswith("stopped by SIGTERM after ") for line in lines), lines
-    assert lines[-2] == "skipped for --budget_s: the rounds after that: stopped by SIGTERM"
+    assert lines[-2] == "not run (--budget_s, a stop or a failure): the rounds after that: stopped by SIGTERM"
     losses = printed_losses(result.stdout)
     assert set(losses) == {"padded", "packed-balanced"}
     assert len(losses["padded"]) == 20 and len(losses["packed-balanced"]) == 4  # 4 steps a round
     assert any(line.startswith("packed-balanced vs padded: losses differ by at most ") for line in lines)
     assert "trim (attention sdpa)" not in lines
+
+
+def test_gpu_round_bench_mode_that_fails_ends_alone_and_the_others_run():
+    """A mode that fails mid-way (here out of memory as its second round begins) ends that mode only: its
+    rounds before that are kept, the next mode runs, and the summary still compares what ran."""
+    code = (
+        "import importlib.util, torch\n"
+        "spec = importlib.util.spec_from_file_location('gpu_round', 'bench/gpu_round.py')\n"
+        "bench = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(bench)\n"
+        "rounds, began = bench.train_round, []\n"
+        "def train_round(*args, **kwargs):\n"
+        "    began.append(1)\n"
+        "    if len(began) == 7:\n"
+        "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+        "    return rounds(*args, **kwargs)\n"
+        "bench.train_round = train_round\n"
+        "bench.main(['--tiny', '--modes', 'padded,packed-balanced,trim'])\n"
+    )
+    result = run_bench([], code=code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    failed = "packed-balanced: failed (OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)"
+    assert f"{failed}; its rounds before that are kept" in lines
+    losses = printed_losses(result.stdout)
+    assert set(losses) == {"padded", "packed-balanced", "trim"}
+    assert len(losses["packed-balanced"]) == 4 and len(losses["trim"]) == len(losses["padded"]) == 20
+    assert any(line.startswith("trim/padded training-side time: ") for line in lines)
+    assert (
+        lines[-2]
+        == "not run (--budget_s, a stop or a failure): packed-balanced: the rest, after OutOfMemoryError"
+    )
