@@ -482,12 +482,12 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
     assert lines[-2] == "not run (--budget_s, a stop or a failure): padded: every round; trim: every round"
 
 
-def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
-    """``timeout`` (the GPU check's step limit) sends SIGTERM: the bench ends its rounds there and still
-    prints the losses, the comparison with padded and the table of what ran, instead of dying with nothing.
-    The bench signals itself as its 7th round begins (padded has run its 5, packed-balanced 1)."""
+def _bench_with_a_seventh_round_that(action: str):
+    """bench/gpu_round.py --tiny over padded, packed-balanced and trim, run in a subprocess, doing ``action``
+    (a Python statement; ``os``, ``signal`` and ``torch`` imported) as its 7th round begins: padded has run
+    its 5 rounds, packed-balanced 1."""
     code = (
-        "import importlib.util, os, signal\n"
+        "import importlib.util, os, signal, torch\n"
         "spec = importlib.util.spec_from_file_location('gpu_round', 'bench/gpu_round.py')\n"
         "bench = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(bench)\n"
@@ -495,12 +495,19 @@ def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
         "def train_round(*args, **kwargs):\n"
         "    began.append(1)\n"
         "    if len(began) == 7:\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        f"        {action}\n"
         "    return rounds(*args, **kwargs)\n"
         "bench.train_round = train_round\n"
         "bench.main(['--tiny', '--modes', 'padded,packed-balanced,trim'])\n"
     )
-    result = run_bench([], code=code)
+    return run_bench([], code=code)
+
+
+def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
+    """``timeout`` (the GPU check's step limit) sends SIGTERM: the bench ends its rounds there and still
+    prints the losses, the comparison with padded and the table of what ran, instead of dying with nothing.
+    The bench signals itself as its 7th round begins."""
+    result = _bench_with_a_seventh_round_that("os.kill(os.getpid(), signal.SIGTERM)")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert any(line.startswith("stopped by SIGTERM after ") for line in lines), lines
@@ -515,21 +522,9 @@ def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
 def test_gpu_round_bench_mode_that_fails_ends_alone_and_the_others_run():
     """A mode that fails mid-way (here out of memory as its second round begins) ends that mode only: its
     rounds before that are kept, the next mode runs, and the summary still compares what ran."""
-    code = (
-        "import importlib.util, torch\n"
-        "spec = importlib.util.spec_from_file_location('gpu_round', 'bench/gpu_round.py')\n"
-        "bench = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(bench)\n"
-        "rounds, began = bench.train_round, []\n"
-        "def train_round(*args, **kwargs):\n"
-        "    began.append(1)\n"
-        "    if len(began) == 7:\n"
-        "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
-        "    return rounds(*args, **kwargs)\n"
-        "bench.train_round = train_round\n"
-        "bench.main(['--tiny', '--modes', 'padded,packed-balanced,trim'])\n"
+    result = _bench_with_a_seventh_round_that(
+        "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')"
     )
-    result = run_bench([], code=code)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     failed = "packed-balanced: failed (OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)"
