@@ -44,7 +44,8 @@ step gpu_round "${LIMIT_ROUND:-210}" python3 bench/gpu_round.py --budget_s "${RO
 # 3. The trainer's padding paths at the paper's shapes, two rounds each, the first warming up: off (TRL's
 #    padded calls), packed (what trim_padding: auto picks on CUDA; varlen attention and token-balanced
 #    micro-batches where they apply, the log says which) and packed-shared (packing_share_prompts: whether
-#    it should be on by default). TRAINER_PATHS=padded,trim,packed adds trim (raise LIMIT_TRAINER).
+#    it should be on by default). TRAINER_PATHS=padded,trim,packed adds trim (raise LIMIT_TRAINER). Each path
+#    prints its rounds' seconds as it ends, so the log keeps them if the limit stops the step.
 step trainer_paths "${LIMIT_TRAINER:-160}" python3 bench/padding.py --device cuda --shape paper \
   --paths "${TRAINER_PATHS:-padded,packed,packed-shared}"
 # 4. The tests that need a GPU (the real varlen kernel against SDPA through the wrapper, shared prompts

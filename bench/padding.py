@@ -18,7 +18,9 @@ both times, real-token share, model calls, tokens run), the loss of each optimiz
 wall-clock ratios, then ``trim/padded training-side time: X.XX`` and, last,
 ``packed/padded training-side time: X.XX``. Those two ratios are of CPU seconds: with one torch thread they
 equal wall-clock time on a quiet machine, and on a shared one they do not move with the other jobs' load
-(the wall-clock ratios do).
+(the wall-clock ratios do). Each path prints its seconds a round as it ends (``<path> done (...)``), so
+that a time limit that stops the bench leaves them; a path other than padded that fails (out of memory, a
+kernel error) is reported, and the others run.
 
 ``--device cuda`` runs the same trainer on a GPU in bf16 with gradient checkpointing, the way a GPU recipe
 trains; there the ratios are of wall-clock seconds (synchronised), and ``--shape paper`` gives the model
@@ -37,6 +39,7 @@ import argparse
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(
@@ -255,7 +258,18 @@ def main() -> None:
         if args.model is not None:
             shape = f"{args.model.name}, {shape}"
         for name in args.paths:
-            results[name] = run(model_path, Path(tmp) / name, *MODES[name], args)
+            try:
+                r = results[name] = run(model_path, Path(tmp) / name, *MODES[name], args)
+            except (RuntimeError, AssertionError, ValueError) as error:  # out of memory, a kernel error
+                if name == "padded":  # the others are compared with it
+                    raise
+                traceback.print_exc()
+                print(f"{name}: failed ({type(error).__name__}: {_first_line(error)}); the other paths run")
+                continue
+            # Each path's rounds as it ends: a step limit that stops the bench leaves them in the log.
+            rounds = ", ".join(f"{sum(t['wall'].values()):.2f}" for t in r["rounds"])
+            peak = f"; peak {r['peak_gib']:.1f} GiB" if args.device == "cuda" else ""
+            print(f"{name} done ({r['path']} path): {rounds} s a round, wall-clock{peak}", flush=True)
     padded = results["padded"]
     for name, r in results.items():
         if not torch.equal(padded["round"], r["round"]) or not torch.equal(padded["prompts"], r["prompts"]):
@@ -314,6 +328,10 @@ def main() -> None:
         return
     for name in [n for n in results if n != "padded"]:  # in --paths order: packed last by default
         print(f"{name}/padded training-side time: {ratios['cpu'][name]:.2f}")
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
 
 
 def device_name(device: str) -> str:

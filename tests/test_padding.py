@@ -458,9 +458,42 @@ def test_padding_bench_trains_each_path_on_the_same_losses_over_two_rounds():
         line.split()[0]: int(line.split()[-1]) for line in lines if "training side" in line
     }
     assert tokens_run["packed-shared"] < tokens_run["packed"], tokens_run
+    # Each path's seconds as it ends, before the table (a step limit may stop the bench before that).
+    done = [line.split()[0] for line in lines if " done (" in line]
+    assert done == ["padded", "trim", "packed", "packed-shared"]
+    assert lines.index(next(line for line in lines if " done (" in line)) < lines.index(
+        "the last of 2 rounds:"
+    )
     refused = run_bench([*command, "--paths", "trim,packed"], timeout=60)
     assert refused.returncode == 2
     assert "--paths: include padded" in refused.stderr
+
+
+def test_padding_bench_path_that_fails_is_reported_and_the_others_compared():
+    """A path that fails (here trim, out of memory) is reported with its error; the next path runs and is
+    compared with padded as usual."""
+    code = (
+        "import importlib.util, sys, torch\n"
+        "spec = importlib.util.spec_from_file_location('padding_bench', 'bench/padding.py')\n"
+        "bench = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(bench)\n"
+        "run = bench.run\n"
+        "def failing(model_path, out, trim_padding, *args):\n"
+        "    if trim_padding == 'trim':\n"
+        "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+        "    return run(model_path, out, trim_padding, *args)\n"
+        "bench.run = failing\n"
+        "sys.argv = ['padding.py', '--cap', '32', '--hidden', '64', '--layers', '1', '--paths',\n"
+        "            'padded,trim,packed']\n"
+        "bench.main()\n"
+    )
+    result = run_bench([], code=code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    failed = "trim: failed (OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)"
+    assert f"{failed}; the other paths run" in lines
+    assert set(printed_losses(result.stdout)) == {"padded", "packed"}
+    assert lines[-1].startswith("packed/padded training-side time: ")
 
 
 def test_padding_bench_runs_a_saved_model_of_another_architecture(tmp_path):
@@ -489,7 +522,7 @@ def test_padding_bench_runs_a_saved_model_of_another_architecture(tmp_path):
         ["bench/padding.py", "--model", str(folder), "--cap", "16", "--paths", "padded,packed"]
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    header = result.stdout.splitlines()[0]
+    header = next(line for line in result.stdout.splitlines() if line.startswith("device: "))
     assert "tiny-llama, 64 wide, 1 layers" in header, header
     losses = printed_losses(result.stdout)
     torch.testing.assert_close(losses["packed"], losses["padded"], rtol=1e-4, atol=1e-6)
