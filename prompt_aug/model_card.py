@@ -21,6 +21,43 @@ EVAL_TABLE_PATH = Path("eval") / "results.md"
 # OUT/eval-templates``).
 ROBUSTNESS_TABLE_PATH = Path("eval-templates") / "results.md"
 _CARD_METRICS = ("reward", "entropy", "completions/mean_length", "completions/clipped_ratio")
+NO_EVALUATION = (
+    "No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."
+)
+OTHER_WEIGHTS = (
+    "`{folder}/` holds an evaluation of other weights than these (an earlier state of this run?); run "
+    "`prompt-aug-eval --model <this model> --output <this model>/{folder} --overwrite`."
+)
+# The files a model folder keeps its weights in (full weights or a PEFT adapter).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def weights_fingerprint(folder: str | Path) -> str | None:
+    """A short digest of the weights in model ``folder``: each weight file's name and size, and 64 spans of
+    4 KiB spread over it (training changes every span; reading them costs milliseconds at any size). None
+    where ``folder`` is not a folder (a Hub id) or holds no weight file.
+
+    The evaluation records it in ``settings.json`` so that completions of other weights (a run trained
+    further, another model in a folder of the same name) are not taken for these, and the card shows an
+    evaluation only if it was made by the weights beside it.
+    """
+    import hashlib
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.name}:{size};".encode())
+        with file.open("rb") as handle:
+            for k in range(64):
+                handle.seek(size * k // 64)
+                digest.update(handle.read(4096))
+    return digest.hexdigest()[:16]
 
 
 @dataclass
@@ -206,18 +243,35 @@ def extend_trl_card(trl_card: str, ours: str, base_model: str) -> str:
     return "\n".join([*front, *body[:first], *ours_lines[title + 1 :], *body[first:]])
 
 
+def _made_by_other_weights(table: Path, weights: str | None) -> bool:
+    """Whether the evaluation whose ``results.md`` is ``table`` was made by weights other than ``weights``
+    (its ``settings.json`` records theirs; one without that record is taken as other weights)."""
+    settings = table.parent / "settings.json"
+    try:
+        made_by = json.loads(settings.read_text()).get("weights")
+    except (OSError, ValueError):
+        made_by = None
+    return made_by is None or made_by != weights
+
+
 def _evaluation_section(output_dir: Path) -> list[str]:
-    eval_table = Path(output_dir) / EVAL_TABLE_PATH
-    robustness = Path(output_dir) / ROBUSTNESS_TABLE_PATH
+    """The card's evaluation: the tables in ``eval/`` and ``eval-templates/`` made by the weights in
+    ``output_dir``; a table made by other weights (an earlier state of a run trained further) is left out,
+    saying so."""
+    weights = weights_fingerprint(output_dir)
     lines = ["## Evaluation", ""]
-    if eval_table.is_file():
-        lines += [eval_table.read_text().strip()]
-    else:
-        lines += [
-            "No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."
-        ]
-    if robustness.is_file():
-        lines += ["", "### Robustness across templates", "", robustness.read_text().strip()]
+    tables = ((EVAL_TABLE_PATH, None), (ROBUSTNESS_TABLE_PATH, "### Robustness across templates"))
+    for path, heading in tables:
+        table = Path(output_dir) / path
+        if not table.is_file():
+            if heading is None:
+                lines.append(NO_EVALUATION)
+            continue
+        lines += ["", heading, ""] if heading else []
+        if _made_by_other_weights(table, weights):
+            lines.append(OTHER_WEIGHTS.format(folder=path.parent))
+        else:
+            lines.append(table.read_text().strip())
     return lines
 
 

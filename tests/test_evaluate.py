@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from chain_model import build_turn_then_eos_model
 from launch import torchrun
 
@@ -148,6 +149,32 @@ def test_template_all_writes_robustness_table(tiny_model_dir, suite_dir, tmp_pat
     assert [r.split(" | ")[0][2:] for r in rows[:13]] == results["templates"]
     assert rows[13].startswith("| **spread (max − min)** |") and rows[14].startswith("| **std** |")
     assert "template `qwen-math`" in table  # the main table uses the paper's evaluation template
+
+
+def test_completions_of_other_weights_in_a_folder_of_the_same_name_are_not_resumed(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    """The output folder holds completions of ``first/model``; ``second/model`` (the same name, other
+    weights, as a run trained further or another run's model) is refused, not resumed from them; the same
+    weights copied elsewhere resume."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    first, second, copy = (tmp_path / name / "model" for name in ("first", "second", "copy"))
+    for folder in (first, second):
+        shutil.copytree(tiny_model_dir, folder)
+    model = AutoModelForCausalLM.from_pretrained(second)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.01)
+    model.save_pretrained(second)
+    out = tmp_path / "eval"
+    _eval(first, suite_dir, out, "--benchmarks", "amc", "--limit", "1")
+    with pytest.raises(SystemExit, match=r"holds completions made with other settings \(\{'weights': "):
+        _eval(second, suite_dir, out, "--benchmarks", "amc", "--limit", "1")
+    shutil.copytree(first, copy)
+    assert _eval(copy, suite_dir, out, "--benchmarks", "amc", "--limit", "1")["new_completions"] == 0
 
 
 def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, suite_dir, tmp_path):

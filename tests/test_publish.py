@@ -23,7 +23,13 @@ import pytest
 from launch import train_command
 
 from prompt_aug import train
-from prompt_aug.model_card import EVAL_TABLE_PATH, ModelCardInfo, final_metrics, render_model_card
+from prompt_aug.model_card import (
+    EVAL_TABLE_PATH,
+    ModelCardInfo,
+    final_metrics,
+    render_model_card,
+    weights_fingerprint,
+)
 from prompt_aug.templates import load_templates, select_templates
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,10 +98,22 @@ def test_card_has_base_model_recipe_templates_steps_and_final_metrics(wandb_run)
     assert card.index("## Template bank") < card.index("Framework versions")
 
 
+def _evaluated(folder: Path, table_path: Path, table: str, weights: str | None = "these") -> None:
+    """As `prompt-aug-eval --model folder` leaves it: a weights file in ``folder`` and, under it,
+    ``table_path`` with a ``settings.json`` that records the weights that made it (``"these"``: the folder's;
+    None: no record, as an evaluation folder made before the record was kept)."""
+    if not (folder / "model.safetensors").is_file():
+        (folder / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    (folder / table_path).parent.mkdir(parents=True, exist_ok=True)
+    (folder / table_path).write_text(table + "\n")
+    made_by = weights_fingerprint(folder) if weights == "these" else weights
+    settings = {"model": folder.name} | ({} if made_by is None else {"weights": made_by})
+    (folder / table_path).parent.joinpath("settings.json").write_text(json.dumps(settings))
+
+
 def test_card_includes_eval_results_when_present(tmp_path):
     table = "| benchmark | qwen-math | mean of 13 templates |\n|---|---|---|\n| MATH-500 | 71.2 | 68.9 |"
-    (tmp_path / EVAL_TABLE_PATH).parent.mkdir(parents=True)
-    (tmp_path / EVAL_TABLE_PATH).write_text(table + "\n")
+    _evaluated(tmp_path, EVAL_TABLE_PATH, table)
     templates, weights = select_templates(load_templates(), ["qwen-math", "abel"], [3, 1])
     info = ModelCardInfo(
         base_model="Qwen/Qwen2.5-Math-1.5B",
@@ -152,11 +170,25 @@ def test_card_includes_the_robustness_table_when_eval_templates_exists(tmp_path)
     from prompt_aug.model_card import ROBUSTNESS_TABLE_PATH
 
     robustness = "| Template | MATH500 |\n|---|---:|\n| abel | 60.0 |\n| **spread (max − min)** | 4.0 |"
-    (tmp_path / ROBUSTNESS_TABLE_PATH).parent.mkdir(parents=True)
-    (tmp_path / ROBUSTNESS_TABLE_PATH).write_text(robustness + "\n")
+    _evaluated(tmp_path, ROBUSTNESS_TABLE_PATH, robustness)
     card = render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.1, "step": 4}])
     assert "### Robustness across templates\n\n" + robustness in card
     assert card.index("## Evaluation") < card.index(robustness) < card.index("## Template bank")
+
+
+@pytest.mark.parametrize("made_by", ["0123456789abcdef", None])
+def test_card_leaves_out_an_evaluation_of_other_weights(tmp_path, made_by):
+    """An evaluation made by other weights (a run trained further since; ``None``: no record of them) is not
+    shown as this model's: the card says so and how to evaluate again. The same evaluation shows once its
+    record matches the weights."""
+    table = "| Model | MATH500 |\n|---|---:|\n| base | 50.0 |"
+    _evaluated(tmp_path, EVAL_TABLE_PATH, table, weights=made_by)
+    card = render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.1, "step": 4}])
+    assert table not in card and "No evaluation results yet" not in card
+    assert "`eval/` holds an evaluation of other weights than these" in card
+    assert "--output <this model>/eval --overwrite" in card
+    _evaluated(tmp_path, EVAL_TABLE_PATH, table)
+    assert table in render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.1, "step": 4}])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,12 +326,11 @@ def test_refresh_puts_eval_results_into_an_existing_card(tmp_path, capsys):
     (tmp_path / "README.md").write_text(render_model_card(info, tmp_path, 4, history))
     with pytest.raises(FileNotFoundError, match="prompt-aug-eval"):
         model_card.refresh_evaluation(tmp_path)
-    (tmp_path / EVAL_TABLE_PATH).parent.mkdir(parents=True)
     for table in (
-        "| Model | MATH500 |\n|---|---:|\n| base | 50.0 |\n",
-        "| Model | MATH500 |\n|---|---:|\n| base | 61.0 |\n",
+        "| Model | MATH500 |\n|---|---:|\n| base | 50.0 |",
+        "| Model | MATH500 |\n|---|---:|\n| base | 61.0 |",
     ):
-        (tmp_path / EVAL_TABLE_PATH).write_text(table)
+        _evaluated(tmp_path, EVAL_TABLE_PATH, table)
         model_card.main([str(tmp_path)])  # twice: the second run replaces the first table
         assert (tmp_path / "README.md").read_text() == render_model_card(info, tmp_path, 4, history)
     assert (

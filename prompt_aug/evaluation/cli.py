@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..model_card import weights_fingerprint
 from ..models import resolve as resolve_local_model
 from ..sources import SourceError, check_source
 from ..templates import DEFAULT_EVAL_TEMPLATE
@@ -153,7 +154,8 @@ SETTINGS_BEFORE_STOP_FLAG = {"stop": "turn"}
 
 
 def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> None:
-    """Completions already in ``output`` must come from the same model and decoding settings."""
+    """Completions already in ``output`` must come from the same model (its folder's name and its weights,
+    `weights_fingerprint`) and decoding settings."""
     path, records = output / SETTINGS_FILE, output / RECORDS_FILE
     if overwrite:
         for old in (records, *shard_paths(records)):
@@ -187,6 +189,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     backend_name = args.backend or default_backend()
     settings = {
         "model": model_name,
+        "weights": weights_fingerprint(args.model),  # None for a Hub id
         "backend": backend_name,
         "dtype": args.dtype,
         "max_tokens": args.max_tokens,
