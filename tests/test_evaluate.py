@@ -542,6 +542,33 @@ def test_stop_eos_grades_what_the_model_writes_after_ending_its_turn_as_the_pape
     assert results["settings"]["stop"] == "eos" and "stop eos" in table and "(paper: eos)" not in table
 
 
+def test_a_resume_grades_again_against_a_corrected_gold_and_asks_an_edited_question_again(tmp_path):
+    """Completions stored for a question set that has changed since: a corrected gold answer grades the
+    stored completion again (no new generation); an edited question is asked again, its old completion no
+    longer counted."""
+    model = build_turn_then_eos_model(tmp_path / "turn-then-eos")  # answers \boxed{9} to anything
+    questions, out = tmp_path / "sums.jsonl", tmp_path / "eval"
+
+    def run(rows: list[dict]) -> tuple[dict, list[dict]]:
+        questions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        results = _eval(model, tmp_path, out, "--benchmarks", str(questions), "--dtype", "float32",
+                        "--stop", "eos")  # fmt: skip
+        return results, _lines(out / "completions.jsonl")
+
+    rows = [{"question": "What is $4 + 5$?", "answer": "8"}, {"question": "What is $3 + 3$?", "answer": "6"}]
+    results, records = run(rows)
+    assert results["new_completions"] == 2 and [r["correct"] for r in records] == [False, False]
+    assert results["results"]["qwen-math"]["micro"] == 0.0
+    rows[0]["answer"] = "9"  # the gold corrected
+    results, records = run(rows)
+    assert results["new_completions"] == 0 and len(records) == 2
+    assert results["results"]["qwen-math"]["micro"] == 0.5
+    rows[1]["question"] = "What is $4 + 4$?"  # the question edited
+    results, records = run(rows)
+    assert results["new_completions"] == 1 and records[-1]["prompt"].count("What is $4 + 4$?") == 1
+    assert results["results"]["qwen-math"]["n"] == 2 and results["results"]["qwen-math"]["micro"] == 0.5
+
+
 def test_help_names_the_papers_stop_rule_and_a_folder_keeps_its_stop_rule(
     tiny_model_dir, suite_dir, tmp_path, capsys
 ):

@@ -10,7 +10,8 @@ Writes into ``--output`` (default ``<model>/eval`` for a local model, where the 
 ``results.md``):
 
 * ``completions.jsonl``: one record per generated answer (prompt, completion, extracted answer,
-  verdict, finish reason, benchmark, template, run, index, sample). A rerun skips what is there.
+  verdict, finish reason, benchmark, template, run, index, sample). A rerun skips what is there and was
+  made for today's prompt, and grades it again where its gold answer changed.
 * ``results.json``: accuracy per benchmark, template and run, with macro and micro averages.
 * ``results.md``: the paper-layout table; with several templates, the robustness table too.
 

@@ -283,10 +283,13 @@ def generate_and_grade(
     from tqdm.auto import tqdm
 
     processes = processes or Processes()
+    rendered = {
+        (p.benchmark, t.name, p.index): t.render(p.question, tokenizer) for t in templates for p in problems
+    }
     existing: list[dict[str, Any]] = []
     if processes.main:
         fold_shards(records_path)
-        existing = read_records(records_path)
+        existing = _still_valid(read_records(records_path), rendered, problems, templates, records_path)
     counts: dict[RecordKey, int] = defaultdict(int)
     for record in existing:
         counts[_key(record)] += 1
@@ -301,7 +304,7 @@ def generate_and_grade(
     total = runs * len(templates) * len(problems)
     if total - len(todo):
         logger.info("resuming: %d of %d questions already in %s", total - len(todo), total, records_path)
-    prompts = [template.render(problem.question, tokenizer) for problem, template, _ in todo]
+    prompts = [rendered[(problem.benchmark, template.name, problem.index)] for problem, template, _ in todo]
     order = list(range(len(todo)))
     if backend.name == "hf":  # similar lengths batch together; the longest first, so memory errors come early
         order.sort(key=lambda i: (todo[i][2], -len(prompts[i])))
@@ -374,6 +377,48 @@ def generate_and_grade(
     wanted = {(p.benchmark, t.name, r, p.index) for p in problems for t in templates for r in range(runs)}
     latest = {(*_key(r), int(r.get("sample", 0))): r for r in existing + new}
     return [r for (*key, sample), r in latest.items() if tuple(key) in wanted and sample < n]
+
+
+def _still_valid(
+    records: list[dict[str, Any]],
+    rendered: dict[tuple[str, str, int], str],
+    problems: list[Problem],
+    templates: list[Template],
+    records_path: Path,
+) -> list[dict[str, Any]]:
+    """The stored ``records`` that still answer today's questions: one whose prompt is not today's rendering
+    of its question and template (the question set, its order or a template changed since) is dropped, to
+    be asked again; one whose gold answer changed since (a corrected gold) is graded again against today's.
+    Records of questions or templates not asked now are kept as they are."""
+    golds = {(p.benchmark, p.index): p.gold for p in problems}
+    by_name = {t.name: t for t in templates}
+    kept, regrade = [], []
+    for record in records:
+        prompt = rendered.get((record["benchmark"], record["template"], int(record["index"])))
+        if prompt is not None and record.get("prompt") != prompt:
+            continue
+        gold = golds.get((record["benchmark"], int(record["index"])))
+        if prompt is not None and gold is not None and record.get("gold") != gold:
+            record = {**record, "gold": gold}
+            regrade.append(record)
+        kept.append(record)
+    if len(kept) < len(records):
+        logger.info(
+            "%d completions in %s were made for other prompts (the questions or a template changed since): "
+            "asked again", len(records) - len(kept), records_path,
+        )  # fmt: skip
+    if regrade:
+        verdicts = score_completions(
+            [r["completion"] for r in regrade],
+            [r["gold"] for r in regrade],
+            [by_name[r["template"]] for r in regrade],
+        )
+        for record, verdict in zip(regrade, verdicts, strict=True):
+            record.update(verdict)
+        logger.info(
+            "%d completions in %s graded again: their gold answer changed", len(regrade), records_path
+        )
+    return kept
 
 
 def _merge_shares(
