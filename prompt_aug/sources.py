@@ -40,14 +40,14 @@ def looks_local(value: str) -> bool:
 
     >>> [looks_local(v) for v in ["Qwen/Qwen2.5-Math-1.5B", "gpt2", "/data/m", "./m", "../m", "a/b/c", "~/m"]]
     [False, False, True, True, True, True, True]
-    >>> [looks_local(v) for v in ["my_questions.jsonl", "q.csv", "data/q.parquet"]]
-    [True, True, True]
+    >>> [looks_local(v) for v in ["my_questions.jsonl", "q.csv", "data/q.parquet", "run/"]]
+    [True, True, True, True]
     """
     if value in (".", "..") or value.startswith(("/", "./", "../", "~", ".\\", "..\\")) or "\\" in value:
         return True
     if is_data_file_name(value):  # a Hub id has no such suffix
         return True
-    if value.count("/") >= 2:
+    if value.count("/") >= 2 or value.endswith("/"):  # a Hub id ends with its name
         return True
     return "/" in value and Path(value.split("/")[0]).is_dir()
 
@@ -128,6 +128,16 @@ def check_source(key: str, value: str | None, builtin: tuple[str, ...] = (), mod
         return
     if require_local(key, value):
         return
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        raise SourceError(
+            f"{key} {value!r}: neither a local path nor a Hub id (owner/name); fix it, or start a local path "
+            "with ./"
+        ) from None
     require_hub(key, value)
     if model and hub_offline() and not hub_model_cached(value):
         raise SourceError(
@@ -284,13 +294,16 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
     line of the parser's complaint, or, for a Hub id, why it cannot be had.
 
     Raises:
-        SourceError: the data does not parse, or cannot be fetched (offline: is not in the cache).
+        SourceError: the data does not parse, holds no rows, or cannot be fetched (offline: is not in the
+            cache).
     """
     import datasets
     from datasets.exceptions import DatasetGenerationError
 
     try:
         return datasets.load_dataset(*args, **kwargs)
+    except StopIteration:  # what datasets raises for an empty JSON Lines file
+        raise SourceError(f"{what}: holds no rows (an empty file?); give data with rows") from None
     except ConnectionError as err:  # also the Hub client's answer, offline, for a dataset it has not cached
         if hub_offline():
             raise SourceError(

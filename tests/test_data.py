@@ -423,6 +423,14 @@ def test_a_folder_with_files_of_two_types_for_a_split_is_refused_naming_them(tmp
         load_math_dataset(str(tmp_path))
 
 
+def test_an_empty_data_file_is_one_line_naming_it(tmp_path):
+    """An empty JSON Lines file (datasets raises a bare StopIteration for it) stops in one line."""
+    empty = tmp_path / "questions.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(empty))}: holds no rows"):
+        load_math_dataset(str(empty))
+
+
 def test_a_truncated_save_to_disk_copy_is_one_line_naming_it(tmp_path):
     """A ``save_to_disk`` folder whose arrow file was cut short: one line naming the dataset and what
     datasets found, not pyarrow's traceback."""

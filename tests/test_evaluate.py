@@ -473,6 +473,60 @@ def test_a_folder_that_is_no_whole_save_to_disk_copy_is_one_line_naming_it(tiny_
               "--output", str(tmp_path / "out"), "--no_progress"])  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("templates_file", r"^templates_file: no such file .*nosuch\.yaml"),
+        ("malformed", r"^/.*/bad\.jsonl: cannot be read: ArrowInvalid: JSON parse error"),
+        ("empty", r"^/.*/empty\.jsonl: holds no rows"),
+        ("parquet", r"^/.*/bad\.parquet: cannot be read: ArrowInvalid: "),
+        ("model", r"^--model: no such folder 'learnn/'"),
+    ],
+)
+def test_bad_input_to_the_evaluation_is_one_line_naming_it(case, expected, tiny_model_dir, tmp_path, capsys):
+    """Files that do not parse or hold nothing, a missing template bank and a mistyped model folder stop
+    the command in one line naming the culprit, not a traceback."""
+    good = tmp_path / "sums.jsonl"
+    good.write_text(json.dumps({"question": "What is $1 + 1$?", "answer": "2"}) + "\n")
+    files = {
+        "malformed": ("bad.jsonl", '{"question": "a", "answer": "1"}\n{bad\n'),
+        "empty": ("empty.jsonl", ""),
+        "parquet": ("bad.parquet", "not parquet"),
+    }
+    benchmarks, model, extra = str(good), str(tiny_model_dir), []
+    if case in files:
+        name, text = files[case]
+        (tmp_path / name).write_text(text)
+        benchmarks = str(tmp_path / name)
+    elif case == "templates_file":
+        extra = ["--templates_file", str(tmp_path / "nosuch.yaml")]
+    else:
+        model = "learnn/"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", model, "--benchmarks", benchmarks, "--backend", "hf", "--max_tokens", "2",
+              "--output", str(tmp_path / "out"), "--no_progress", *extra])  # fmt: skip
+    message = str(exit_info.value.code)
+    assert message.startswith("prompt-aug-eval: error: ") and "\n" not in message, message
+    assert re.search(expected, message.removeprefix("prompt-aug-eval: error: ")), message
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--dtype", "bf16"], "argument --dtype: invalid choice: 'bf16'"),
+        (["--max_tokens", "0"], "--max_tokens must be at least 1 (got 0)"),
+        (["--limit", "-1"], "--limit must be at least 1 (got -1)"),
+        (["--output", "FILE"], "is a file; give a folder"),
+    ],
+)
+def test_flags_out_of_range_are_refused_before_anything_loads(flags, expected, tmp_path, capsys):
+    (tmp_path / "FILE").write_text("a file\n")
+    flags = [str(tmp_path / f) if f == "FILE" else f for f in flags]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--model", "some/model", *flags])
+    assert exit_info.value.code == 2 and expected in capsys.readouterr().err
+
+
 def test_a_question_set_with_other_column_names_is_evaluated_through_the_mapping(tiny_model_dir, tmp_path):
     rows = [
         {"statement": "Compute $2 + 3$.", "final": 5, "worked": "So $2 + 3 = \\boxed{5}$."},

@@ -11,7 +11,7 @@ from typing import Any
 
 from rewards.grading.extract import last_boxed
 
-from ..sources import hub_offline, load_saved
+from ..sources import hub_offline, is_data_file_name, load_saved, read_dataset
 from ..templates import Template, load_templates
 
 HUB_SUITE = "lkevinzc/math-eval"
@@ -73,12 +73,11 @@ def parse_benchmarks(spec: str | list[str]) -> list[str]:
     if unknown or not names:
         raise EvalError(
             f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)}, or a question set "
-            f"(a {'/'.join(QUESTION_SET_FILES)} file, a save_to_disk folder or a Hub dataset id)"
+            "(a .jsonl/.json/.parquet/.csv file, a save_to_disk folder or a Hub dataset id)"
         )
     return [b for b in BENCHMARKS if b in names] + [n for n in names if n not in BENCHMARKS]
 
 
-QUESTION_SET_FILES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _QUESTION_COLUMNS = ("question", QUESTION_FIELD)
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -93,14 +92,14 @@ def is_question_set(name: str) -> bool:
     if name in BENCHMARKS:
         return False
     path = Path(name).expanduser()
-    return path.suffix in QUESTION_SET_FILES or path.exists() or bool(_HUB_ID.match(name))
+    return is_data_file_name(name) or path.exists() or bool(_HUB_ID.match(name))
 
 
 def benchmark_title(name: str) -> str:
     """The column header of a benchmark: the suite's title, or a question set's file or dataset name."""
     if name in BENCHMARKS:
         return BENCHMARKS[name][1]
-    return Path(name).stem if Path(name).suffix in QUESTION_SET_FILES else name.rstrip("/").split("/")[-1]
+    return Path(name).stem if is_data_file_name(name) else name.rstrip("/").split("/")[-1]
 
 
 def metric_name(name: str) -> str:
@@ -139,10 +138,10 @@ def _load_question_set(name: str) -> Any:
     import datasets
 
     path = Path(name).expanduser()
-    if path.suffix in QUESTION_SET_FILES:
+    if is_data_file_name(name):
         if not path.is_file():
             raise EvalError(f"question set {name}: no such file")
-        return datasets.load_dataset(QUESTION_SET_FILES[path.suffix], data_files=str(path), split="train")
+        return read_dataset(str(path))  # a file that does not parse, or holds no rows, is one line
     if path.is_dir():
         loaded = load_saved(path, f"question set {name}")
     else:

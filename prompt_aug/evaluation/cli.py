@@ -33,7 +33,7 @@ from typing import Any
 from ..model_card import weights_fingerprint
 from ..models import resolve as resolve_local_model
 from ..sources import SourceError, check_source
-from ..templates import DEFAULT_EVAL_TEMPLATE
+from ..templates import DEFAULT_EVAL_TEMPLATE, TemplateError
 from .backends import (
     STOP_RULES,
     Backend,
@@ -112,7 +112,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--batch_size", type=int, default=None, help="Prompts per generate call (hf: 16).")
     parser.add_argument(
-        "--dtype", default="bfloat16", help="Model dtype: bfloat16 (the paper), auto, float16, float32."
+        "--dtype",
+        choices=("bfloat16", "auto", "float16", "float32"),
+        default="bfloat16",
+        help="Model dtype: bfloat16 (the paper), auto, float16, float32.",
     )
     parser.add_argument(
         "--tensor_parallel_size",
@@ -138,8 +141,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--overwrite", action="store_true", help="Discard earlier completions in --output.")
     parser.add_argument("--no_progress", action="store_true", help="No progress bar.")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.n < 1:
-        parser.error("--runs and --n must be at least 1")
+    for flag in ("runs", "n", "max_tokens", "limit", "batch_size", "tensor_parallel_size", "max_model_len"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            parser.error(f"--{flag} must be at least 1 (got {value})")
+    if args.output is not None and Path(args.output).is_file():
+        parser.error(f"--output {args.output} is a file; give a folder (it is made if missing)")
     if args.n > 1 and args.temperature == 0:
         parser.error("--n > 1 needs sampling: set --temperature > 0")
     return args
@@ -332,5 +339,5 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         run_evaluation(parse_args(argv))
-    except (EvalError, SourceError) as err:
+    except (EvalError, SourceError, TemplateError) as err:
         raise SystemExit(f"prompt-aug-eval: error: {err}") from None
