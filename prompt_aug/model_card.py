@@ -226,15 +226,38 @@ def _split_front_matter(card: str) -> tuple[list[str], list[str]]:
     return [], lines
 
 
-def extend_trl_card(trl_card: str, ours: str, base_model: str) -> str:
+def hub_model_id_of(base_model: str) -> str | None:
+    """``base_model`` where it names a model on the Hub (``owner/name``), else None: a local folder or a
+    model built in code has no Hub page, and the Hub refuses a card whose ``base_model`` is not an id.
+
+    >>> [hub_model_id_of(v) for v in ["Qwen/Qwen2.5-Math-1.5B", "/data/run/model", "tiny-random-qwen2"]]
+    ['Qwen/Qwen2.5-Math-1.5B', None, None]
+    """
+    from .sources import looks_local
+
+    if base_model.count("/") != 1 or looks_local(base_model):
+        return None
+    return base_model
+
+
+def extend_trl_card(trl_card: str, ours: str, base_model: str, load_from: str) -> str:
     """TRL's card with ours (`render_model_card`) inside it: TRL's front matter (with ``base_model`` added
-    where TRL left it out, as it does for a local folder), title and introduction, then our sections
+    where TRL left it out and it is a Hub id, `hub_model_id_of`), title and introduction, then our sections
     (training, metrics, evaluation, template bank, how to prompt, recipe), then TRL's own sections (quick
     start, training procedure with the W&B link, framework versions, citations). TRL's tags already include
-    ours: the trainer passes them to TRL."""
+    ours: the trainer passes them to TRL. Where TRL had no base model id or no Hub id for this model, its
+    introduction names the base model as text and its quick start loads from ``load_from``, where it wrote
+    "None"."""
     front, body = _split_front_matter(trl_card)
-    if front and not any(line.startswith("base_model:") for line in front):
-        front = [front[0], f"base_model: {base_model}", *front[1:]]
+    hub_base = hub_model_id_of(base_model)
+    if front and hub_base and not any(line.startswith("base_model:") for line in front):
+        front = [front[0], f"base_model: {hub_base}", *front[1:]]
+    body = [
+        line.replace("[None](https://huggingface.co/None)", f"`{base_model}`").replace(
+            'model="None"', f'model="{load_from}"'
+        )
+        for line in body
+    ]
     first = next((i for i, line in enumerate(body) if line.startswith("## ")), len(body))
     _, ours_lines = _split_front_matter(ours)
     title = next(
@@ -284,16 +307,24 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
     output_dir = Path(output_dir)
     card_path = output_dir / "README.md"
     if not card_path.is_file():
-        raise FileNotFoundError(f"no model card {card_path}: train first (the card is written at the end)")
+        raise FileNotFoundError(
+            f"no model card {card_path}: training writes it into its output folder at the end (a checkpoint "
+            "folder has none); give that folder"
+        )
     if not any((output_dir / p).is_file() for p in (EVAL_TABLE_PATH, ROBUSTNESS_TABLE_PATH)):
         raise FileNotFoundError(
             f"no {output_dir / EVAL_TABLE_PATH}: run prompt-aug-eval --model {output_dir}"
         )
     lines = card_path.read_text().split("\n")
-    start = lines.index("## Evaluation")
-    # The section the renderer writes next ends it (an eval table may carry headings of its own).
-    end = lines.index("## Template bank") if "## Template bank" in lines[start:] else len(lines)
-    card_path.write_text("\n".join(lines[:start] + _evaluation_section(output_dir) + [""] + lines[end:]))
+    section = _evaluation_section(output_dir) + [""]
+    if "## Evaluation" in lines:
+        start = lines.index("## Evaluation")
+        # The section the renderer writes next ends it (an eval table may carry headings of its own).
+        end = lines.index("## Template bank") if "## Template bank" in lines[start:] else len(lines)
+    else:  # a card of TRL's alone (a trainer given no model_card): the section goes at its end
+        start = end = len(lines)
+        section = ["", *section]
+    card_path.write_text("\n".join(lines[:start] + section + lines[end:]))
     return card_path
 
 
@@ -302,7 +333,10 @@ def main(argv: list[str] | None = None) -> None:
     the card OUT/README.md."""
     parser = argparse.ArgumentParser(prog="python -m prompt_aug.model_card", description=main.__doc__)
     parser.add_argument("output_dir", help="a training output folder (README.md and eval/results.md)")
-    path = refresh_evaluation(parser.parse_args(argv).output_dir)
+    try:
+        path = refresh_evaluation(parser.parse_args(argv).output_dir)
+    except OSError as err:  # no card, no evaluation, or one that cannot be read or written
+        parser.exit(1, f"{parser.prog}: error: {err}\n")
     print(f"updated {path}")
 
 
@@ -328,13 +362,16 @@ class ModelCardMixin:
         if info is None:
             return super().create_model_card(model_name, dataset_name, tags)
         extra = [tags] if isinstance(tags, str) else list(tags or [])
+        hub_model_id = getattr(self, "hub_model_id", None) or self.args.hub_model_id  # full id once pushed
+        # TRL titles the card "Model Card for {model_name}"; named as transformers' push_to_hub names it.
+        model_name = model_name or (hub_model_id or str(Path(self.args.output_dir).resolve())).split("/")[-1]
         super().create_model_card(model_name, dataset_name or info.dataset, [*info.tags, *extra])
         if not self.is_world_process_zero():
             return None
         path = Path(self.args.output_dir) / "README.md"
-        hub_model_id = getattr(self, "hub_model_id", None) or self.args.hub_model_id  # full id once pushed
         ours = render_model_card(
             info, self.args.output_dir, self.state.global_step, self.state.log_history, hub_model_id
         )
-        path.write_text(extend_trl_card(path.read_text(), ours, info.base_model))
+        load_from = hub_model_id or str(self.args.output_dir)
+        path.write_text(extend_trl_card(path.read_text(), ours, info.base_model, load_from))
         return None

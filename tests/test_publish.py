@@ -26,6 +26,7 @@ from prompt_aug import train
 from prompt_aug.model_card import (
     EVAL_TABLE_PATH,
     ModelCardInfo,
+    extend_trl_card,
     final_metrics,
     render_model_card,
     weights_fingerprint,
@@ -78,7 +79,11 @@ def _log_history(out: Path) -> list[dict]:
 def test_card_has_base_model_recipe_templates_steps_and_final_metrics(wandb_run):
     out, _ = wandb_run
     card = (out / "README.md").read_text()
-    assert card.startswith("---\nbase_model: tiny-random-qwen2\n")
+    # A model built in code has no Hub id: no base_model in the front matter (the Hub refuses one that is no
+    # id); the text names it, TRL's title names this run's folder, and the quick start loads from it.
+    assert "base_model:" not in card.split("---")[1]
+    assert "# Model Card for out\n" in card and "fine-tuned version of `tiny-random-qwen2`" in card
+    assert f'model="{out}"' in card and "None" not in card.replace("None yet", "")
     assert SMOKE.read_text().strip() in card  # the recipe, verbatim
     assert "# command-line overrides: --output_dir" in card and "--report_to wandb" in card
     for name in load_templates():
@@ -130,6 +135,24 @@ def test_card_includes_eval_results_when_present(tmp_path):
     assert "| qwen-math | 0.750 |" in card and "| abel | 0.250 |" in card
     assert "| templates/abel/accuracy | 0.5 | 80 |" in card
     assert "```yaml\nlearning_rate: 1.0e-6\n```" in card
+
+
+def test_trls_card_gets_base_model_only_as_a_hub_id_and_loses_its_nones():
+    """`extend_trl_card` on TRL's card as TRL writes it without a Hub repository or a base model id: the
+    front matter gets ``base_model`` where it is a Hub id only, and the "None" of TRL's link and quick start
+    become the base model's name and where the model loads from."""
+    trl_card = (
+        "---\nlibrary_name: transformers\ntags:\n- grpo\n---\n\n# Model Card for run\n\n"
+        "This model is a fine-tuned version of [None](https://huggingface.co/None).\n\n## Quick start\n\n"
+        'generator = pipeline("text-generation", model="None", device_map="auto")\n'
+    )
+    ours = "---\nlicense: other\n---\n# ours\n\n## Training\n"
+    hub = extend_trl_card(trl_card, ours, "Qwen/Qwen2.5-Math-1.5B", "/runs/run")
+    assert hub.startswith("---\nbase_model: Qwen/Qwen2.5-Math-1.5B\nlibrary_name: transformers\n")
+    local = extend_trl_card(trl_card, ours, "/models/base", "/runs/run")
+    assert "base_model" not in local.split("---")[1]
+    assert "fine-tuned version of `/models/base`." in local and 'model="/runs/run"' in local
+    assert "None" not in local and local.index("## Training") < local.index("## Quick start")
 
 
 def _card_info() -> ModelCardInfo:
@@ -189,6 +212,29 @@ def test_card_leaves_out_an_evaluation_of_other_weights(tmp_path, made_by):
     assert "--output <this model>/eval --overwrite" in card
     _evaluated(tmp_path, EVAL_TABLE_PATH, table)
     assert table in render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.1, "step": 4}])
+
+
+def test_refresh_adds_the_section_to_trls_card_and_a_folder_without_a_card_is_one_line(tmp_path, capsys):
+    """A card of TRL's alone (a trainer given no model_card) gets the evaluation section at its end; a
+    folder with no card (a checkpoint) stops the command in one line that says where the card is."""
+    from prompt_aug import model_card
+
+    trl_card = "---\nlibrary_name: transformers\n---\n\n# Model Card for run\n\n## Quick start\n"
+    (tmp_path / "README.md").write_text(trl_card)
+    table = "| Model | MATH500 |\n|---|---:|\n| run | 50.0 |"
+    _evaluated(tmp_path, EVAL_TABLE_PATH, table)
+    model_card.main([str(tmp_path)])
+    card = (tmp_path / "README.md").read_text()
+    assert card.startswith(trl_card) and card.index("## Evaluation") < card.index(table)
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        model_card.main([str(checkpoint)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1
+    assert (
+        f"error: no model card {checkpoint / 'README.md'}: training writes it into its output folder" in err
+    )
 
 
 # ---------------------------------------------------------------------------------------------
