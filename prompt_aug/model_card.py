@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,7 @@ class ModelCardInfo:
     dataset: str
     num_rows: int
     eval_template: str = "qwen-math"
+    dataset_id: str | None = None  # the Hub id the card's metadata names, where the data has exactly one
     tags: list[str] = field(default_factory=lambda: ["trl", "grpo", "prompt-augmentation", "math"])
 
 
@@ -87,6 +89,8 @@ def model_card_info(
     config = f" ({script_args.dataset_config})" if script_args.dataset_config else ""
     mixture = script_args.dataset_mixture
     dataset = " + ".join(s.path for s in mixture.datasets) if mixture else script_args.dataset_name + config
+    paths = [s.path for s in mixture.datasets] if mixture else [script_args.dataset_name]
+    ids = {hub_id_of(path) for path in paths} - {None}
     return ModelCardInfo(
         base_model=model_args.model_name_or_path,
         recipe=recipe,
@@ -95,6 +99,7 @@ def model_card_info(
         dataset=dataset,
         num_rows=num_rows,
         eval_template=args.eval_template,
+        dataset_id=ids.pop() if len(ids) == 1 else None,
     )
 
 
@@ -226,30 +231,36 @@ def _split_front_matter(card: str) -> tuple[list[str], list[str]]:
     return [], lines
 
 
-def hub_model_id_of(base_model: str) -> str | None:
-    """``base_model`` where it names a model on the Hub (``owner/name``), else None: a local folder or a
-    model built in code has no Hub page, and the Hub refuses a card whose ``base_model`` is not an id.
+def hub_id_of(value: str | None) -> str | None:
+    """``value`` where it names a model or dataset on the Hub (``owner/name``), else None: a local path or a
+    model or set built in code has no Hub page, and the Hub refuses a card whose ``base_model`` or
+    ``datasets`` is not an id.
 
-    >>> [hub_model_id_of(v) for v in ["Qwen/Qwen2.5-Math-1.5B", "/data/run/model", "tiny-random-qwen2"]]
-    ['Qwen/Qwen2.5-Math-1.5B', None, None]
+    >>> [hub_id_of(v) for v in ["Qwen/Qwen2.5-Math-1.5B", "/data/run/model", "tiny-random-qwen2", "a/b c"]]
+    ['Qwen/Qwen2.5-Math-1.5B', None, None, None]
     """
     from .sources import looks_local
 
-    if base_model.count("/") != 1 or looks_local(base_model):
+    if (
+        not value
+        or value.count("/") != 1
+        or looks_local(value)
+        or not re.fullmatch(r"[\w.-]+/[\w.-]+", value)
+    ):
         return None
-    return base_model
+    return value
 
 
 def extend_trl_card(trl_card: str, ours: str, base_model: str, load_from: str) -> str:
     """TRL's card with ours (`render_model_card`) inside it: TRL's front matter (with ``base_model`` added
-    where TRL left it out and it is a Hub id, `hub_model_id_of`), title and introduction, then our sections
+    where TRL left it out and it is a Hub id, `hub_id_of`), title and introduction, then our sections
     (training, metrics, evaluation, template bank, how to prompt, recipe), then TRL's own sections (quick
     start, training procedure with the W&B link, framework versions, citations). TRL's tags already include
     ours: the trainer passes them to TRL. Where TRL had no base model id or no Hub id for this model, its
     introduction names the base model as text and its quick start loads from ``load_from``, where it wrote
     "None"."""
     front, body = _split_front_matter(trl_card)
-    hub_base = hub_model_id_of(base_model)
+    hub_base = hub_id_of(base_model)
     if front and hub_base and not any(line.startswith("base_model:") for line in front):
         front = [front[0], f"base_model: {hub_base}", *front[1:]]
     body = [
@@ -365,7 +376,9 @@ class ModelCardMixin:
         hub_model_id = getattr(self, "hub_model_id", None) or self.args.hub_model_id  # full id once pushed
         # TRL titles the card "Model Card for {model_name}"; named as transformers' push_to_hub names it.
         model_name = model_name or (hub_model_id or str(Path(self.args.output_dir).resolve())).split("/")[-1]
-        super().create_model_card(model_name, dataset_name or info.dataset, [*info.tags, *extra])
+        # TRL puts the dataset into the card's metadata, which the Hub checks: a Hub id or none (our section
+        # names the data as the recipe gave it).
+        super().create_model_card(model_name, dataset_name or info.dataset_id, [*info.tags, *extra])
         if not self.is_world_process_zero():
             return None
         path = Path(self.args.output_dir) / "README.md"

@@ -81,7 +81,7 @@ def test_card_has_base_model_recipe_templates_steps_and_final_metrics(wandb_run)
     card = (out / "README.md").read_text()
     # A model built in code has no Hub id: no base_model in the front matter (the Hub refuses one that is no
     # id); the text names it, TRL's title names this run's folder, and the quick start loads from it.
-    assert "base_model:" not in card.split("---")[1]
+    assert "base_model:" not in card.split("---")[1] and "datasets:" not in card.split("---")[1]
     assert "# Model Card for out\n" in card and "fine-tuned version of `tiny-random-qwen2`" in card
     assert f'model="{out}"' in card and "None" not in card.replace("None yet", "")
     assert SMOKE.read_text().strip() in card  # the recipe, verbatim
@@ -153,6 +153,38 @@ def test_trls_card_gets_base_model_only_as_a_hub_id_and_loses_its_nones():
     assert "base_model" not in local.split("---")[1]
     assert "fine-tuned version of `/models/base`." in local and 'model="/runs/run"' in local
     assert "None" not in local and local.index("## Training") < local.index("## Quick start")
+
+
+@pytest.mark.parametrize(
+    ("dataset_name", "sources", "expected"),
+    [
+        ("hkust-nlp/SimpleRL-Zoo-Data", None, "hkust-nlp/SimpleRL-Zoo-Data"),  # its config is not in the id
+        ("/data/simplerl_level3to5", None, None),
+        ("synthetic", None, None),
+        (None, ["me/train-a", "/data/b.jsonl"], "me/train-a"),
+        (None, ["me/train-a", "me/train-b"], None),  # TRL's card names one dataset
+    ],
+)
+def test_the_cards_metadata_names_the_data_only_by_a_hub_id(dataset_name, sources, expected):
+    """What TRL's card gets as its dataset (its metadata's ``datasets``, which the Hub checks): the Hub id
+    of the recipe's one Hub source, never a local path, a built-in set or the id with its subset."""
+    from types import SimpleNamespace
+
+    from prompt_aug.model_card import model_card_info
+
+    mixture = (
+        None if sources is None else SimpleNamespace(datasets=[SimpleNamespace(path=p) for p in sources])
+    )
+    script_args = SimpleNamespace(
+        dataset_name=dataset_name, dataset_config="simplelr_qwen_level3to5", dataset_mixture=mixture
+    )
+    info = model_card_info(
+        script_args, SimpleNamespace(model_name_or_path="Qwen/Qwen2.5-Math-1.5B"),
+        SimpleNamespace(eval_template="qwen-math"), "seed: 1\n", [], [], 10,
+    )  # fmt: skip
+    assert info.dataset_id == expected
+    if dataset_name and sources is None:
+        assert info.dataset == f"{dataset_name} (simplelr_qwen_level3to5)"  # the card's own text keeps it
 
 
 def _card_info() -> ModelCardInfo:
