@@ -353,6 +353,21 @@ def test_the_paper_protocol_is_recognised_and_any_departure_named():
     assert "stop turn (paper: eos)" in protocol_line({**PAPER_PROTOCOL, "stop": "turn"})
     line = protocol_line({**PAPER_PROTOCOL, "dtype": "auto"})
     assert "**Not the paper's protocol**: dtype auto (paper: bfloat16)." in line
+    # Everything the paper's but the benchmarks: one of the five, or a question set of one's own.
+    for benchmarks in ("aime24", "/data/sums.jsonl"):
+        line = protocol_line({**PAPER_PROTOCOL, "benchmarks": benchmarks})
+        assert f"**Not the paper's protocol**: benchmarks {benchmarks} (paper: aime24,amc," in line
+
+
+def test_a_table_of_a_question_set_does_not_pass_for_the_papers(tiny_model_dir, tmp_path):
+    """The command's own verdict (``results.json``'s ``paper_protocol``) on a question set of one's own."""
+    questions = tmp_path / "sums.jsonl"
+    questions.write_text(json.dumps({"question": "What is $1 + 1$?", "answer": "2"}) + "\n")
+    results = _eval(
+        tiny_model_dir, tmp_path, tmp_path / "out", "--benchmarks", str(questions), "--max_tokens", "2"
+    )
+    assert results["paper_protocol"] is False
+    assert f"benchmarks {questions} (paper: aime24," in (tmp_path / "out" / "results.md").read_text()
 
 
 def test_training_evaluation_refuses_sharded_models_naming_the_keys():

@@ -315,7 +315,8 @@ def _summary(
     names = [t.name for t in templates]
     summary = summarize(records, benchmarks, names)
     main_template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in names else names[0]
-    protocol = {**settings, "runs": args.runs, "limit": args.limit, "template": main_template}
+    protocol = {**settings, "runs": args.runs, "limit": args.limit, "template": main_template,
+                "benchmarks": ",".join(benchmarks)}  # fmt: skip
     table = render_tables(summary, benchmarks, model_name, protocol)
     results = {
         "model": args.model,
