@@ -40,7 +40,16 @@ import datasets
 from rewards.grading.extract import last_boxed
 
 from .collator import FORMAT_COLUMNS
-from .sources import ReadSource, SourceError, builtin_names, builtin_rows, builtin_tokenizer, read_dataset
+from .sources import (
+    ReadSource,
+    SourceError,
+    builtin_names,
+    builtin_rows,
+    builtin_tokenizer,
+    question_text,
+    read_dataset,
+    user_turn,
+)
 from .templates import TemplateError
 
 MATH_HUB_ID = "DigitalLearningGmbH/MATH-lighteval"
@@ -163,21 +172,6 @@ class DataReport:
         return "; ".join([self.summary(), *self.drops()])
 
 
-def _user_turn(messages: Any) -> str:
-    users = [m["content"] for m in messages if m.get("role") == "user"]
-    return users[-1].strip() if users else ""
-
-
-def _question_text(value: Any) -> str:
-    """A question cell as text: a conversation's last user turn; empty for a missing value (None, NaN), so the
-    row is dropped as an empty question rather than asked as "None"."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value):
-        return _user_turn(value)
-    return str(value).strip()
-
-
 def _require(ds: datasets.Dataset, column: str, what: str) -> None:
     if column not in ds.column_names:
         raise DataError(f"{what} column {column!r} not found; the dataset has columns {ds.column_names}")
@@ -278,7 +272,7 @@ def to_rows(
     if question_column is None and answer_column is None and "reward_model" in cols and "prompt" in cols:
         q_col, a_col = "prompt", "reward_model.ground_truth"
         consumed = {"prompt", "reward_model", "question"}  # SimpleRL-Zoo's file also holds the raw question
-        questions = [_user_turn(m) for m in ds["prompt"]]
+        questions = [user_turn(m) for m in ds["prompt"]]
         answers = [(rm or {}).get("ground_truth") for rm in ds["reward_model"]]
         if "extra_info" in cols:
             ids = [(info or {}).get("index") for info in ds["extra_info"]]
@@ -297,7 +291,7 @@ def to_rows(
             )
         _require(ds, q_col, "question")
         _require(ds, a_col, "answer")
-        questions = [_question_text(q) for q in ds[q_col]]
+        questions = [question_text(q) for q in ds[q_col]]
         answers = list(ds[a_col])
         if a_col == "solution":  # MATH: the gold is the boxed answer of the worked solution
             boxed = [last_boxed(s or "") for s in answers]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import os
 import re
 import urllib.error
@@ -163,6 +164,31 @@ def check_mixture(mixture: Any) -> None:
             if not Path(name).expanduser().exists():
                 resolved = Path(name).expanduser().resolve()
                 raise SourceError(f"{key}.data_files: no such file {name!r} (resolved to {resolved})")
+
+
+# -- Reading a cell ---------------------------------------------------------------------------------------
+
+
+def user_turn(messages: Any) -> str:
+    """The last user turn of a conversation (a list of ``{"role", "content"}``), stripped; empty if none."""
+    users = [m["content"] for m in messages if m.get("role") == "user"]
+    return users[-1].strip() if users else ""
+
+
+def question_text(value: Any) -> str:
+    """A question cell as text: a conversation's last user turn; empty for a missing value (None, NaN), so the
+    row is dropped as an empty question rather than asked as "None".
+
+    >>> question_text([{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 1 + 2? "}])
+    '1 + 2?'
+    >>> question_text(None), question_text(float("nan")), question_text(" 3 + 4? ")
+    ('', '', '3 + 4?')
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value):
+        return user_turn(value)
+    return str(value).strip()
 
 
 # -- Reading a dataset as stored --------------------------------------------------------------------------

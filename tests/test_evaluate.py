@@ -542,6 +542,28 @@ def test_flags_out_of_range_are_refused_before_anything_loads(flags, expected, t
     assert exit_info.value.code == 2 and expected in capsys.readouterr().err
 
 
+def test_a_question_set_is_read_as_training_reads_it(tmp_path, caplog):
+    """A conversation column gives its user turn; a row with no gold answer (an empty CSV cell) or no
+    question is left out, counted in the log, where it used to be asked and graded against "None"; the
+    rows kept keep their row numbers."""
+    conversations = tmp_path / "chats.jsonl"
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Compute $1 + 2$."}]
+    conversations.write_text(json.dumps({"prompt": chat, "answer": "3"}) + "\n")
+    (problem,) = load_benchmark(str(conversations), question_column="prompt")
+    assert problem.question == "Compute $1 + 2$." and problem.gold == ["3"]
+    gaps = tmp_path / "gaps.csv"
+    gaps.write_text("question,answer\nCompute $1 + 1$.,2\nCompute $2 + 2$.,\n,5\nCompute $3 + 3$.,6\n")
+    with caplog.at_level("WARNING", logger="prompt_aug.evaluate"):
+        problems = load_benchmark(str(gaps))
+    assert [(p.index, p.question, p.gold) for p in problems] == [
+        (0, "Compute $1 + 1$.", ["2"]), (3, "Compute $3 + 3$.", ["6"])
+    ]  # fmt: skip
+    assert "2 of 4 rows have no question or no gold answer and are left out" in caplog.text
+    gaps.write_text("question,answer\nCompute $2 + 2$.,\n")
+    with pytest.raises(EvalError, match="no row has both a question and a gold answer"):
+        load_benchmark(str(gaps))
+
+
 def test_a_question_set_with_other_column_names_is_evaluated_through_the_mapping(tiny_model_dir, tmp_path):
     rows = [
         {"statement": "Compute $2 + 3$.", "final": 5, "worked": "So $2 + 3 = \\boxed{5}$."},

@@ -3,6 +3,8 @@ sets of one's own, loaded as `Problem` rows; the evaluation templates by name; `
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,8 +13,11 @@ from typing import Any
 
 from rewards.grading.extract import last_boxed
 
-from ..sources import hub_offline, is_data_file_name, load_saved, read_dataset
+from ..sources import hub_offline, is_data_file_name, load_saved, question_text, read_dataset
 from ..templates import Template, load_templates
+
+# One logger for all of evaluation.
+logger = logging.getLogger("prompt_aug.evaluate")
 
 HUB_SUITE = "lkevinzc/math-eval"
 # Our benchmark name -> (split of the suite, column header in the tables).
@@ -45,10 +50,14 @@ def normalize_gold(answer: Any) -> list[str]:
 
     >>> normalize_gold(142.0), normalize_gold(["9.6\\n"]), normalize_gold("\\\\frac{1}{2}")
     (['142'], ['9.6'], ['\\\\frac{1}{2}'])
+    >>> normalize_gold(None), normalize_gold(float("nan")), normalize_gold(["", None])
+    ([], [], [])
     """
     values = answer if isinstance(answer, (list, tuple)) else [answer]
     golds = []
     for value in values:
+        if value is None or (isinstance(value, float) and math.isnan(value)):  # a missing gold: none
+            continue
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         golds.append(str(value).strip())
@@ -224,15 +233,26 @@ def load_benchmark(
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     boxed = answers == "solution" and name not in BENCHMARKS  # a worked solution: its boxed answer
-    return [
+    problems = [
         Problem(
             name,
             i,
-            str(row[questions]),
+            # The suite's question as stored (the paper's prompts); a question set's read as training reads
+            # it (a conversation's user turn, stripped).
+            str(row[questions]) if name in BENCHMARKS else question_text(row[questions]),
             normalize_gold(last_boxed(row[answers] or "") if boxed else row[answers]),
         )
         for i, row in enumerate(ds)
     ]
+    kept = [p for p in problems if p.question and p.gold]  # each keeps its row index, for resumes
+    if len(kept) < len(problems):
+        logger.warning(
+            "%s: %d of %d rows have no question or no gold answer and are left out", where,
+            len(problems) - len(kept), len(problems),
+        )  # fmt: skip
+    if not kept:
+        raise EvalError(f"{where}: no row has both a question and a gold answer")
+    return kept
 
 
 def parse_templates(spec: str, templates_file: str | Path | None = None) -> list[Template]:
