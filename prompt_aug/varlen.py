@@ -386,6 +386,10 @@ def _run_kernel(
     q = query.transpose(1, 2).reshape(batch * width, heads, dim)
     k = key.transpose(1, 2).reshape(batch * width, kv_heads, key.size(-1))
     v = value.transpose(1, 2).reshape(batch * width, kv_heads, value.size(-1))
+    cu_q, cu_k, max_k = found.cu_seqlens, found.cu_seqlens, found.max_length
+    if found.key_index is not None:  # shared prefixes: each sequence's keys are its prefix, then itself
+        k, v = k.index_select(0, found.key_index), v.index_select(0, found.key_index)
+        cu_k, max_k = found.cu_seqlens_k, found.max_length_k
     options: dict[str, Any] = {}
     if "window_size" in params:
         options["window_size"] = (-1, 0)  # causal
@@ -403,10 +407,6 @@ def _run_kernel(
         options["scale"] = scaling
     elif scaling is not None and scaling != dim**-0.5:
         q = q * (scaling * dim**0.5)  # the kernel scales by 1 / sqrt(dim)
-    cu_q, cu_k, max_k = found.cu_seqlens, found.cu_seqlens, found.max_length
-    if found.key_index is not None:  # shared prefixes: each sequence's keys are its prefix, then itself
-        k, v = k.index_select(0, found.key_index), v.index_select(0, found.key_index)
-        cu_k, max_k = found.cu_seqlens_k, found.max_length_k
     out = kernel(q, k, v, cu_q, cu_k, found.max_length, max_k, **options)
     return out.view(batch, width, heads, -1)
 
