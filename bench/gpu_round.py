@@ -506,6 +506,7 @@ def main(argv: list[str] | None = None) -> dict:
                 continue
             try:
                 model.load_state_dict(start_weights)
+                model.zero_grad(set_to_none=True)  # a mode that failed mid-step may have left gradients
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
                 print(f"\n{mode} (attention {attention})\n{header}")
                 results[mode] = []

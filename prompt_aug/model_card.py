@@ -26,9 +26,10 @@ NO_EVALUATION = (
     "No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."
 )
 OTHER_WEIGHTS = (
-    "`{folder}/` holds an evaluation of other weights than these (an earlier state of this run?); run "
-    "`prompt-aug-eval --model <this model> --output <this model>/{folder} --overwrite`."
+    "`{folder}/` holds an evaluation of other weights than these (an earlier state of this run?): run the "
+    "command that made it again with `--overwrite`."
 )
+UNRECORDED_WEIGHTS = "(`{folder}/settings.json` does not record which weights this evaluation was made by.)"
 # The files a model folder keeps its weights in (full weights or a PEFT adapter).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -277,21 +278,19 @@ def extend_trl_card(trl_card: str, ours: str, base_model: str, load_from: str) -
     return "\n".join([*front, *body[:first], *ours_lines[title + 1 :], *body[first:]])
 
 
-def _made_by_other_weights(table: Path, weights: str | None) -> bool:
-    """Whether the evaluation whose ``results.md`` is ``table`` was made by weights other than ``weights``
-    (its ``settings.json`` records theirs; one without that record is taken as other weights)."""
-    settings = table.parent / "settings.json"
+def _made_by(table: Path) -> str | None:
+    """The weights that made the evaluation whose ``results.md`` is ``table``, as its ``settings.json``
+    records them; None where it does not (an evaluation of an older version, or no settings file)."""
     try:
-        made_by = json.loads(settings.read_text()).get("weights")
-    except (OSError, ValueError):
-        made_by = None
-    return made_by is None or made_by != weights
+        return json.loads((table.parent / "settings.json").read_text()).get("weights")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _evaluation_section(output_dir: Path) -> list[str]:
     """The card's evaluation: the tables in ``eval/`` and ``eval-templates/`` made by the weights in
     ``output_dir``; a table made by other weights (an earlier state of a run trained further) is left out,
-    saying so."""
+    saying so, and one whose weights are not recorded (an older version's) is shown with a note."""
     weights = weights_fingerprint(output_dir)
     lines = ["## Evaluation", ""]
     tables = ((EVAL_TABLE_PATH, None), (ROBUSTNESS_TABLE_PATH, "### Robustness across templates"))
@@ -302,10 +301,13 @@ def _evaluation_section(output_dir: Path) -> list[str]:
                 lines.append(NO_EVALUATION)
             continue
         lines += ["", heading, ""] if heading else []
-        if _made_by_other_weights(table, weights):
+        made_by = _made_by(table)
+        if made_by is not None and made_by != weights:
             lines.append(OTHER_WEIGHTS.format(folder=path.parent))
-        else:
-            lines.append(table.read_text().strip())
+            continue
+        lines.append(table.read_text().strip())
+        if made_by is None:
+            lines += ["", UNRECORDED_WEIGHTS.format(folder=path.parent)]
     return lines
 
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 _TRUE = ("1", "ON", "YES", "TRUE")
-_DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}  # suffix: loader
+# The data files read: suffix -> the datasets loader that reads it.
+DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 
 
 class SourceError(ValueError):
@@ -56,7 +57,7 @@ def looks_local(value: str) -> bool:
 def is_data_file_name(value: str) -> bool:
     """Whether ``value`` ends like a data file the package reads (``.jsonl``, ``.json``, ``.csv``,
     ``.parquet``)."""
-    return Path(value).suffix.lower() in _DATA_FILES
+    return Path(value).suffix.lower() in DATA_FILES
 
 
 def require_local(key: str, value: str) -> bool:
@@ -293,7 +294,7 @@ def _split_files(folder: Path, split: str) -> list[Path]:
 def _read_files(files: list[Path]) -> Any:
     """``files``, all of one type, as one `datasets.Dataset`. A file that does not parse is named."""
     names = ", ".join(p.name for p in files)
-    kinds = {_DATA_FILES.get(p.suffix.lower()) for p in files}
+    kinds = {DATA_FILES.get(p.suffix.lower()) for p in files}
     if None in kinds:  # a file given by its path
         raise SourceError(
             f"dataset {str(files[0])!r}: not a file type the package reads; give a .jsonl, .json, .csv or "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import torch
@@ -19,6 +20,20 @@ def run_bench(argv: list[str], timeout: int = 300, code: str | None = None) -> s
     return subprocess.run(
         command, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def run_patched_bench(script: str, patch: str, call: str) -> subprocess.CompletedProcess:
+    """``bench/<script>`` loaded as the module ``bench`` in a fresh Python (one torch thread), then ``patch``
+    run (statements that replace some of its functions, to make a failure happen; ``os``, ``signal``,
+    ``sys`` and ``torch`` are imported), then ``call`` (how the bench is started, e.g. ``bench.main()``)."""
+    code = (
+        "import importlib.util, os, signal, sys, torch\n"
+        f"spec = importlib.util.spec_from_file_location('bench', 'bench/{script}')\n"
+        "bench = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(bench)\n"
+        f"{textwrap.dedent(patch)}\n{call}\n"
+    )
+    return run_bench([], code=code)
 
 
 def printed_losses(stdout: str) -> dict[str, torch.Tensor]:

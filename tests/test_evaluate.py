@@ -152,7 +152,7 @@ def test_template_all_writes_robustness_table(tiny_model_dir, suite_dir, tmp_pat
 
 
 def test_completions_of_other_weights_in_a_folder_of_the_same_name_are_not_resumed(
-    tiny_model_dir, suite_dir, tmp_path
+    tiny_model_dir, suite_dir, tmp_path, caplog
 ):
     """The output folder holds completions of ``first/model``; ``second/model`` (the same name, other
     weights, as a run trained further or another run's model) is refused, not resumed from them; the same
@@ -175,6 +175,14 @@ def test_completions_of_other_weights_in_a_folder_of_the_same_name_are_not_resum
         _eval(second, suite_dir, out, "--benchmarks", "amc", "--limit", "1")
     shutil.copytree(first, copy)
     assert _eval(copy, suite_dir, out, "--benchmarks", "amc", "--limit", "1")["new_completions"] == 0
+    # A folder written before the weights were recorded resumes, with a warning, and records them from then.
+    settings = json.loads((out / "settings.json").read_text())
+    del settings["weights"]
+    (out / "settings.json").write_text(json.dumps(settings))
+    with caplog.at_level("WARNING", logger="prompt_aug.evaluate"):
+        assert _eval(copy, suite_dir, out, "--benchmarks", "amc", "--limit", "1")["new_completions"] == 0
+    assert "does not record which weights made its completions" in caplog.text
+    assert json.loads((out / "settings.json").read_text())["weights"] is not None
 
 
 def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, suite_dir, tmp_path):
@@ -652,12 +660,16 @@ def test_a_resume_grades_again_against_a_corrected_gold_and_asks_an_edited_quest
     assert results["results"]["qwen-math"]["micro"] == 0.0
     rows[0]["answer"] = "9"  # the gold corrected
     results, records = run(rows)
-    assert results["new_completions"] == 0 and len(records) == 2
-    assert results["results"]["qwen-math"]["micro"] == 0.5
+    assert results["new_completions"] == 0 and results["results"]["qwen-math"]["micro"] == 0.5
+    # The file says so too: the record's gold and verdict are today's.
+    assert [(r["gold"], r["correct"]) for r in records] == [(["9"], True), (["6"], False)]
     rows[1]["question"] = "What is $4 + 4$?"  # the question edited
     results, records = run(rows)
-    assert results["new_completions"] == 1 and records[-1]["prompt"].count("What is $4 + 4$?") == 1
-    assert results["results"]["qwen-math"]["n"] == 2 and results["results"]["qwen-math"]["micro"] == 0.5
+    assert results["new_completions"] == 1 and results["results"]["qwen-math"]["n"] == 2
+    assert results["results"]["qwen-math"]["micro"] == 0.5
+    # The old question's completion is gone from the file, the new one's is there.
+    assert len(records) == 2 and "What is $3 + 3$?" not in "".join(r["prompt"] for r in records)
+    assert records[-1]["prompt"].count("What is $4 + 4$?") == 1
 
 
 def test_help_names_the_papers_stop_rule_and_a_folder_keeps_its_stop_rule(

@@ -23,6 +23,7 @@ from prompt_aug.evaluate import (
     EvalError,
     Processes,
     deal,
+    fold_shards,
     join_processes,
     main,
     parse_args,
@@ -128,6 +129,21 @@ def test_a_shard_left_by_an_interrupted_launch_is_kept_on_resume(tiny_model_dir,
     results = json.loads((out / "results.json").read_text())
     assert results["new_completions"] == 0  # nothing generated again
     assert read_records(records_path) == records and not shard_path(records_path, 1).exists()
+
+
+def test_a_shards_record_replaces_the_files_record_of_the_same_completion(tmp_path):
+    """A shard is left by the latest run, an interrupted launch: where it holds a completion the file also
+    holds (that question asked again, say after an edit), the shard's replaces the file's; the rest is
+    appended and the shard deleted."""
+    records_path = tmp_path / "completions.jsonl"
+    key = {"benchmark": "sums", "template": "qwen-math", "run": 0, "sample": 0}
+    old, other = {**key, "index": 0, "prompt": "OLD"}, {**key, "index": 1, "prompt": "KEPT"}
+    records_path.write_text(json.dumps(old) + "\n" + json.dumps(other) + "\n")
+    new, more = {**key, "index": 0, "prompt": "NEW"}, {**key, "index": 2, "prompt": "ADDED"}
+    shard_path(records_path, 1).write_text(json.dumps(new) + "\n" + json.dumps(more) + "\n")
+    assert fold_shards(records_path) == 1
+    assert [r["prompt"] for r in read_records(records_path)] == ["NEW", "KEPT", "ADDED"]
+    assert not shard_path(records_path, 1).exists()
 
 
 def test_the_batches_are_dealt_whole_for_hf_and_question_by_question_for_vllm():

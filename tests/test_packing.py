@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from bench_tools import printed_losses, run_bench
+from bench_tools import printed_losses, run_bench, run_patched_bench
 from transformers import AttentionInterface, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from trl.trainer.utils import add_fused_lm_head
@@ -482,25 +482,23 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
     assert lines[-2] == "not run (--budget_s, a stop or a failure): padded: every round; trim: every round"
 
 
+TINY_MODES = "bench.main(['--tiny', '--modes', 'padded,packed-balanced,trim'])"
+
+
 def _bench_with_a_seventh_round_that(action: str):
     """bench/gpu_round.py --tiny over padded, packed-balanced and trim, run in a subprocess, doing ``action``
     (a Python statement; ``os``, ``signal`` and ``torch`` imported) as its 7th round begins: padded has run
     its 5 rounds, packed-balanced 1."""
-    code = (
-        "import importlib.util, os, signal, torch\n"
-        "spec = importlib.util.spec_from_file_location('gpu_round', 'bench/gpu_round.py')\n"
-        "bench = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(bench)\n"
-        "rounds, began = bench.train_round, []\n"
-        "def train_round(*args, **kwargs):\n"
-        "    began.append(1)\n"
-        "    if len(began) == 7:\n"
-        f"        {action}\n"
-        "    return rounds(*args, **kwargs)\n"
-        "bench.train_round = train_round\n"
-        "bench.main(['--tiny', '--modes', 'padded,packed-balanced,trim'])\n"
-    )
-    return run_bench([], code=code)
+    patch = f"""
+        rounds, began = bench.train_round, []
+        def train_round(*args, **kwargs):
+            began.append(1)
+            if len(began) == 7:
+                {action}
+            return rounds(*args, **kwargs)
+        bench.train_round = train_round
+    """
+    return run_patched_bench("gpu_round.py", patch, TINY_MODES)
 
 
 def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
@@ -517,6 +515,31 @@ def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
     assert len(losses["padded"]) == 20 and len(losses["packed-balanced"]) == 4  # 4 steps a round
     assert any(line.startswith("packed-balanced vs padded: losses differ by at most ") for line in lines)
     assert "trim (attention sdpa)" not in lines
+
+
+def test_gpu_round_bench_mode_that_fails_mid_step_leaves_no_gradient_to_the_next():
+    """A mode that fails after a backward, inside an optimizer step, leaves gradients on the model; the next
+    mode starts from none, so its losses are padded's to float32 rounding as without the failure."""
+    patch = """
+        loss, rounds, began = bench.dapo_loss, bench.train_round, []
+        def train_round(*args, **kwargs):
+            began.append(0)
+            return rounds(*args, **kwargs)
+        def dapo_loss(*args):
+            began[-1] += 1
+            if len(began) == 6 and began[-1] == 2:  # packed-balanced's first round, one backward done
+                raise torch.OutOfMemoryError('CUDA out of memory')
+            return loss(*args)
+        bench.train_round, bench.dapo_loss = train_round, dapo_loss
+    """
+    result = run_patched_bench("gpu_round.py", patch, TINY_MODES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "packed-balanced: failed (OutOfMemoryError: CUDA out of memory)" in result.stdout
+    line = next(
+        x for x in result.stdout.splitlines() if x.startswith("trim vs padded: losses differ by at most ")
+    )
+    gap = float(line.split("at most ")[1].split()[0])
+    assert gap < 1e-6, line  # about 1e-7 apart; the leftover gradient moved them by about 3e-6
 
 
 def test_gpu_round_bench_mode_that_fails_ends_alone_and_the_others_run():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from bench_tools import printed_losses, run_bench
+from bench_tools import printed_losses, run_bench, run_patched_bench
 from datasets import Dataset
 from launch import torchrun
 from rows import padded_masks
@@ -472,22 +472,17 @@ def test_padding_bench_trains_each_path_on_the_same_losses_over_two_rounds():
 def test_padding_bench_path_that_fails_is_reported_and_the_others_compared():
     """A path that fails (here trim, out of memory) is reported with its error; the next path runs and is
     compared with padded as usual."""
-    code = (
-        "import importlib.util, sys, torch\n"
-        "spec = importlib.util.spec_from_file_location('padding_bench', 'bench/padding.py')\n"
-        "bench = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(bench)\n"
-        "run = bench.run\n"
-        "def failing(model_path, out, trim_padding, *args):\n"
-        "    if trim_padding == 'trim':\n"
-        "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
-        "    return run(model_path, out, trim_padding, *args)\n"
-        "bench.run = failing\n"
-        "sys.argv = ['padding.py', '--cap', '32', '--hidden', '64', '--layers', '1', '--paths',\n"
-        "            'padded,trim,packed']\n"
-        "bench.main()\n"
-    )
-    result = run_bench([], code=code)
+    patch = """
+        run = bench.run
+        def failing(model_path, out, trim_padding, *args):
+            if trim_padding == 'trim':
+                raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')
+            return run(model_path, out, trim_padding, *args)
+        bench.run = failing
+        sys.argv = ['padding.py', '--cap', '32', '--hidden', '64', '--layers', '1',
+                    '--paths', 'padded,trim,packed']
+    """
+    result = run_patched_bench("padding.py", patch, "bench.main()")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     failed = "trim: failed (OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)"

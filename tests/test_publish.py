@@ -231,19 +231,23 @@ def test_card_includes_the_robustness_table_when_eval_templates_exists(tmp_path)
     assert card.index("## Evaluation") < card.index(robustness) < card.index("## Template bank")
 
 
-@pytest.mark.parametrize("made_by", ["0123456789abcdef", None])
-def test_card_leaves_out_an_evaluation_of_other_weights(tmp_path, made_by):
-    """An evaluation made by other weights (a run trained further since; ``None``: no record of them) is not
-    shown as this model's: the card says so and how to evaluate again. The same evaluation shows once its
-    record matches the weights."""
+def test_card_leaves_out_an_evaluation_of_other_weights(tmp_path):
+    """An evaluation made by other weights (a run trained further since) is not shown as this model's: the
+    card says so and how to evaluate again. One that does not record its weights (made by an older version)
+    is shown, with a note; one made by these weights is shown as it is."""
     table = "| Model | MATH500 |\n|---|---:|\n| base | 50.0 |"
-    _evaluated(tmp_path, EVAL_TABLE_PATH, table, weights=made_by)
-    card = render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.1, "step": 4}])
+    history = [{"reward": 0.1, "step": 4}]
+    _evaluated(tmp_path, EVAL_TABLE_PATH, table, weights="0123456789abcdef")
+    card = render_model_card(_card_info(), tmp_path, 4, history)
     assert table not in card and "No evaluation results yet" not in card
     assert "`eval/` holds an evaluation of other weights than these" in card
-    assert "--output <this model>/eval --overwrite" in card
+    assert "run the command that made it again with `--overwrite`" in card
+    _evaluated(tmp_path, EVAL_TABLE_PATH, table, weights=None)
+    card = render_model_card(_card_info(), tmp_path, 4, history)
+    assert table in card and "`eval/settings.json` does not record which weights" in card
     _evaluated(tmp_path, EVAL_TABLE_PATH, table)
-    assert table in render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.1, "step": 4}])
+    card = render_model_card(_card_info(), tmp_path, 4, history)
+    assert table in card and "does not record" not in card and "other weights" not in card
 
 
 def test_refresh_adds_the_section_to_trls_card_and_a_folder_without_a_card_is_one_line(tmp_path, capsys):

@@ -13,12 +13,14 @@ from typing import Any
 
 from rewards.grading.extract import last_boxed
 
-from ..sources import hub_offline, is_data_file_name, load_saved, question_text, read_dataset
+from ..sources import DATA_FILES, hub_offline, is_data_file_name, load_saved, question_text, read_dataset
 from ..templates import Template, load_templates
 
 # One logger for all of evaluation.
 logger = logging.getLogger("prompt_aug.evaluate")
 
+# The files a question set may be: those training reads (suffix -> datasets loader).
+QUESTION_SET_FILES = DATA_FILES
 HUB_SUITE = "lkevinzc/math-eval"
 # Our benchmark name -> (split of the suite, column header in the tables).
 BENCHMARKS: dict[str, tuple[str, str]] = {

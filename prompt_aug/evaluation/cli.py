@@ -46,7 +46,15 @@ from .backends import (
 )
 from .benchmarks import BENCHMARKS, HUB_SUITE, EvalError, load_benchmark, parse_benchmarks, parse_templates
 from .report import protocol_differences, render_tables, summarize
-from .runner import Processes, fold_shards, generate_and_grade, join_processes, read_records, shard_paths
+from .runner import (
+    Processes,
+    completions_made,
+    fold_shards,
+    generate_and_grade,
+    join_processes,
+    read_records,
+    shard_paths,
+)
 
 # One logger for all of evaluation, under the name it had before the split.
 logger = logging.getLogger("prompt_aug.evaluate")
@@ -170,6 +178,12 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
             old.unlink(missing_ok=True)
     elif path.is_file() and (records.is_file() or shard_paths(records)):
         before = {**SETTINGS_BEFORE_STOP_FLAG, **json.loads(path.read_text())}
+        if "weights" not in before:  # written before the weights were recorded: nothing to compare
+            before["weights"] = settings["weights"]
+            logger.warning(
+                "%s does not record which weights made its completions (written by an older version): they "
+                "are taken as %s's; pass --overwrite if the model changed since", path, settings["model"],
+            )  # fmt: skip
         changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
         if changed:
             raise EvalError(
@@ -236,7 +250,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         f" (on {processes.size} processes)" if processes.size > 1 else "",
     )
 
-    before = len(read_records(output / RECORDS_FILE)) if processes.main else 0
+    before = completions_made(read_records(output / RECORDS_FILE)) if processes.main else set()
     records = generate_and_grade(
         backend,
         tokenizer,
@@ -256,7 +270,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     results = None
     if processes.main:
         results, table = _summary(args, records, benchmarks, templates, settings, model_name)
-        results["new_completions"] = len(read_records(output / RECORDS_FILE)) - before
+        results["new_completions"] = len(completions_made(read_records(output / RECORDS_FILE)) - before)
         results["seconds"] = round(time.perf_counter() - started, 2)
         (output / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
         (output / TABLE_FILE).write_text(table)

@@ -209,21 +209,45 @@ def _record_id(record: dict[str, Any]) -> tuple[str, str, int, int, int]:
     return (*_key(record), int(record.get("sample", 0)))
 
 
+def completions_made(records: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    """What identifies each completion in ``records``: which question, template, run and sample, the prompt
+    and the text (a completion graded again is the same completion)."""
+    return {(*_record_id(r), r.get("prompt"), r.get("completion")) for r in records}
+
+
+def write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """``records`` as ``path``'s whole content, written beside it and moved into place, so that an
+    interruption leaves the old file or the new one, never part of either."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    os.replace(partial, path)
+
+
 def fold_shards(records_path: Path) -> int:
-    """Append the records of leftover shard files (an interrupted multi-process run) that ``records_path``
-    lacks to it, then delete the shards; returns how many records were added."""
+    """Fold the records of leftover shard files (an interrupted multi-process run, the latest run) into
+    ``records_path``: one it lacks is appended, one that differs from its record of the same completion
+    replaces it (that question was asked again); then delete the shards. Returns how many were added."""
     shards = shard_paths(records_path)
     if not shards:
         return 0
-    seen = {_record_id(r) for r in read_records(records_path)}
-    added = []
+    records = read_records(records_path)
+    position = {_record_id(r): k for k, r in enumerate(records)}
+    added, replaced = [], 0
     for shard in shards:
         for record in read_records(shard):
-            if _record_id(record) not in seen:
-                seen.add(_record_id(record))
+            at = position.get(_record_id(record))
+            if at is None:
+                position[_record_id(record)] = len(records)
+                records.append(record)
                 added.append(record)
-    with records_path.open("a") as sink:
-        sink.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in added)
+            elif records[at] != record:  # the shard's is the newer (a question asked again since)
+                records[at] = record
+                replaced += 1
+    if replaced:
+        write_records(records_path, records)
+    else:
+        with records_path.open("a") as sink:
+            sink.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in added)
     for shard in shards:
         shard.unlink()
     if added:
@@ -289,7 +313,7 @@ def generate_and_grade(
     existing: list[dict[str, Any]] = []
     if processes.main:
         fold_shards(records_path)
-        existing = _still_valid(read_records(records_path), rendered, problems, templates, records_path)
+        existing = _refresh_stored(records_path, rendered, problems, templates)
     counts: dict[RecordKey, int] = defaultdict(int)
     for record in existing:
         counts[_key(record)] += 1
@@ -379,17 +403,18 @@ def generate_and_grade(
     return [r for (*key, sample), r in latest.items() if tuple(key) in wanted and sample < n]
 
 
-def _still_valid(
-    records: list[dict[str, Any]],
+def _refresh_stored(
+    records_path: Path,
     rendered: dict[tuple[str, str, int], str],
     problems: list[Problem],
     templates: list[Template],
-    records_path: Path,
 ) -> list[dict[str, Any]]:
-    """The stored ``records`` that still answer today's questions: one whose prompt is not today's rendering
-    of its question and template (the question set, its order or a template changed since) is dropped, to
-    be asked again; one whose gold answer changed since (a corrected gold) is graded again against today's.
-    Records of questions or templates not asked now are kept as they are."""
+    """The stored records that still answer today's questions, with ``records_path`` rewritten to hold
+    them: one whose prompt is not today's rendering of its question and template (the question set, its
+    order or a template changed since) is dropped, to be asked again; one whose gold answer changed since
+    (a corrected gold) is graded again against today's. Records of questions or templates not asked now
+    are kept as they are."""
+    records = read_records(records_path)
     golds = {(p.benchmark, p.index): p.gold for p in problems}
     by_name = {t.name: t for t in templates}
     kept, regrade = [], []
@@ -402,11 +427,6 @@ def _still_valid(
             record = {**record, "gold": gold}
             regrade.append(record)
         kept.append(record)
-    if len(kept) < len(records):
-        logger.info(
-            "%d completions in %s were made for other prompts (the questions or a template changed since): "
-            "asked again", len(records) - len(kept), records_path,
-        )  # fmt: skip
     if regrade:
         verdicts = score_completions(
             [r["completion"] for r in regrade],
@@ -415,9 +435,13 @@ def _still_valid(
         )
         for record, verdict in zip(regrade, verdicts, strict=True):
             record.update(verdict)
+    if len(kept) < len(records) or regrade:
+        write_records(records_path, kept)
         logger.info(
-            "%d completions in %s graded again: their gold answer changed", len(regrade), records_path
-        )
+            "%s: %d completions made for other prompts dropped (the questions or a template changed since; "
+            "asked again), %d graded again (their gold answer changed)", records_path,
+            len(records) - len(kept), len(regrade),
+        )  # fmt: skip
     return kept
 
 
