@@ -127,8 +127,9 @@ class PromptAugGRPOConfig(GRPOConfig):
     # > Rewards and stopping
     stop_tokens: list[str] = _key(
         list(STOP_TOKENS),
-        "Tokens that end a completion, beside the model's EOS (those missing from the vocabulary are "
-        "skipped). The paper's run: [<|endoftext|>], the EOS of Qwen2.5-Math-1.5B only.",
+        "Tokens that end a completion, beside the model's EOS; each must be one token of the vocabulary "
+        "(one that is not is skipped, with a warning unless it is the default). The paper's run: "
+        "[<|endoftext|>], the EOS of Qwen2.5-Math-1.5B only.",
         trl=[],
     )
     reward_cut_tokens: list[str] = _key(

@@ -288,14 +288,30 @@ def main(argv: list[str] | None = None) -> None:
 
 def resolve_model_path(model_args: Any, args: Any) -> str:
     """The model to load: a known local model's name (`LOCAL_MODELS`) becomes its fetched folder; a built-in
-    random model is built once, on the main process, in the output folder; anything else is used as is."""
+    random model is built once, on the main process, in the output folder; a local folder becomes its
+    absolute path (a LoRA adapter records its base model as this path, and must find it from any folder);
+    a Hub id is used as is.
+
+    Raises:
+        ModelArgsError: the folder is a PEFT adapter and ``use_peft`` is off (nothing would train).
+    """
     from accelerate import PartialState
 
     name = model_args.model_name_or_path
     if name not in builtin_names("model"):
-        return resolve(name)
-    with PartialState().main_process_first():
-        return build_model(name, args.output_dir, args.seed)
+        path = resolve(name)
+    else:
+        with PartialState().main_process_first():
+            path = build_model(name, args.output_dir, args.seed)
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        return path
+    if (local / "adapter_config.json").is_file() and not model_args.use_peft:
+        raise ModelArgsError(
+            f"model_name_or_path {name}: a PEFT adapter folder, and use_peft is off, so nothing would train; "
+            "set use_peft: true to train a new adapter on it, or merge it into its base model first"
+        )
+    return str(local.resolve())
 
 
 class ModelArgsError(ValueError):

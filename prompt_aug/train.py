@@ -200,6 +200,22 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     return Recipe(*parse_recipe(parser, args))
 
 
+def _lora_target_error(err: ValueError, model: Any, model_args: ModelConfig) -> UsageError | None:
+    """The one-line error for PEFT's refusal of ``lora_target_modules`` that match no module of ``model``,
+    naming the model's linear layers; None for any other error."""
+    from peft.utils.error import NoMatchingPeftModuleError
+
+    if not isinstance(err, NoMatchingPeftModuleError):
+        return None
+    linear = sorted(
+        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    )
+    return UsageError(
+        f"lora_target_modules {model_args.lora_target_modules}: no module of the model matches; its linear "
+        f"layers are {linear} (or give all-linear)"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Train with a recipe. Bad input (a recipe key, a path, a used output folder) exits with one line; so do
     a faulty reward function, a full disk and a failed Hub push. A preempted run exits with status 75."""
@@ -289,8 +305,8 @@ def run(
         raise UsageError(str(err)) from None
 
     # Tokenizer, data, model.
-    model_path = resolve_model_path(model_args, args)
     try:
+        model_path = resolve_model_path(model_args, args)
         tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
         check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
         dataset, report = load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
@@ -316,16 +332,19 @@ def run(
         logging.getLogger("trl.trainer.grpo_trainer").addFilter(_not_the_model_init_kwargs_note)
     card = model_card_info(script_args, model_args, args, recipe, templates, weights, len(dataset))
     wait_for_vllm_server(args, model_path)  # server mode: logs what it waits for; one line at the timeout
-    trainer = PromptAugGRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-        features=features,
-        model_card=card,
-    )
+    try:
+        trainer = PromptAugGRPOTrainer(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+            features=features,
+            model_card=card,
+        )
+    except ValueError as err:  # PEFT's, for target modules the model lacks: one line naming the key
+        raise _lora_target_error(err, model, model_args) or err
     use_compact_log(trainer)
 
     # Train.

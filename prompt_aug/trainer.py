@@ -11,6 +11,7 @@ above it, and nowhere else.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sized
 from functools import partial
 from typing import Any
@@ -37,8 +38,23 @@ from .records import (
     without_wandb_table,
 )
 from .sampler import EpochRepeatSampler
-from .templates import TemplateError, check_renders, templates_for
+from .templates import STOP_TOKENS, TemplateError, check_renders, templates_for
 from .trl_seam import Generation, TRLSeam
+
+logger = logging.getLogger("prompt_aug")
+
+
+def _warn_missing_tokens(key: str, tokens: list[str], vocab: dict[str, int]) -> None:
+    """One warning naming ``key`` for the tokens of a value the recipe set that are not one token of the
+    vocabulary (a misspelt special token, a tag such as ``</answer>`` that splits into several): they are
+    skipped. The default, ChatML's two, is skipped quietly where a model lacks them."""
+    missing = [t for t in tokens if t not in vocab]
+    if missing and tuple(tokens) != STOP_TOKENS:
+        verb = "is" if len(missing) == 1 else "are"
+        logger.warning(
+            "%s: %s %s not one token of this tokenizer's vocabulary and %s skipped; give tokens the "
+            "vocabulary has (tokenizer.get_vocab())", key, missing, verb, verb,
+        )  # fmt: skip
 
 
 class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
@@ -117,6 +133,8 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         # text they grade ends at the first reward-cut token.
         self._checked_reward_funcs = checked_reward_funcs(self.reward_funcs, self.reward_func_names)
         vocab = self.text_tokenizer.get_vocab()
+        for key in ("stop_tokens", "reward_cut_tokens"):
+            _warn_missing_tokens(key, getattr(config, key), vocab)
         self.reward_cut_ids = {vocab[t] for t in config.reward_cut_tokens if t in vocab}
         self._round_rewards: torch.Tensor | None = None  # this round's reward matrix (compute_rewards)
         self._conversational = False  # this round's dataset is conversational (compute_rewards)

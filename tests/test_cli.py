@@ -129,6 +129,18 @@ def test_data_that_fills_no_round_stops_before_the_model_loads(tmp_path, capsys)
     assert "lower heldout_questions" in message and not list(out.glob("*.safetensors"))
 
 
+def test_lora_target_modules_the_model_lacks_are_one_line_naming_its_layers(tmp_path, capsys):
+    argv = ["--config", str(SMOKE), "--output_dir", str(tmp_path / "out"), "--use_peft", "true",
+            "--lora_target_modules", "qproj"]  # fmt: skip
+    message = _error(argv, capsys)
+    assert (
+        "lora_target_modules" in message
+        and "qproj" in message
+        and "no module of the model matches" in message
+    )
+    assert "'q_proj'" in message and "all-linear" in message
+
+
 @pytest.mark.parametrize(
     ("option", "expected"),
     [

@@ -60,3 +60,29 @@ def test_a_folder_that_is_not_a_fetched_model_is_not_overwritten(tmp_path):
     with pytest.raises(models.FetchError, match="not a fetched model"):
         models.fetch(NAME, target)
     assert (target / "notes.txt").read_text() == "keep"
+
+
+def test_a_local_model_folder_is_loaded_by_its_absolute_path_and_an_adapter_needs_use_peft(
+    tmp_path, monkeypatch
+):
+    """A relative folder becomes its absolute path (a LoRA adapter records its base by the path it was loaded
+    from, and must find it from any folder); a PEFT adapter folder without use_peft is refused in one line
+    (nothing would train); a Hub id is left as it is."""
+    from types import SimpleNamespace
+
+    from trl import ModelConfig
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    args = SimpleNamespace(output_dir=str(tmp_path / "out"), seed=0)
+    path = models.resolve_model_path(ModelConfig(model_name_or_path="./base"), args)
+    assert path == str(tmp_path.resolve() / "base")
+    with pytest.raises(models.ModelArgsError, match=r"^model_name_or_path adapter: a PEFT adapter folder"):
+        models.resolve_model_path(ModelConfig(model_name_or_path="adapter"), args)
+    with_peft = ModelConfig(model_name_or_path="adapter", use_peft=True)
+    assert models.resolve_model_path(with_peft, args) == str(tmp_path.resolve() / "adapter")
+    assert models.resolve_model_path(ModelConfig(model_name_or_path="Qwen/Qwen2.5-Math-1.5B"), args) == (
+        "Qwen/Qwen2.5-Math-1.5B"
+    )

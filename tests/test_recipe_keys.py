@@ -491,6 +491,23 @@ def build_trainer(tmp_path_factory, tiny_model_dir):
     return build
 
 
+def test_stop_and_cut_tokens_the_vocabulary_lacks_are_named_in_a_warning(build_trainer, caplog):
+    """A value the recipe set whose tokens are not single tokens of the vocabulary (a tag that splits, a
+    misspelt special token) is skipped with one warning naming the key; the ChatML default is quiet."""
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        trainer = build_trainer(
+            {"stop_tokens": ["<|im_end|>", "</answer>"], "reward_cut_tokens": ["<|eot_id|>"]}
+        )
+    lines = [r.getMessage() for r in caplog.records if "vocabulary" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith("stop_tokens: ['</answer>'] is not one token")
+    assert lines[1].startswith("reward_cut_tokens: ['<|eot_id|>'] is not one token")
+    assert trainer.reward_cut_ids == set()  # skipped
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        build_trainer({})
+    assert not [r for r in caplog.records if "vocabulary" in r.getMessage()]
+
+
 @pytest.mark.parametrize("field", sorted(TRAINER_CASES))
 def test_a_trainer_key_changes_what_the_trainer_sets_up(field, build_trainer):
     needs, value, observe = TRAINER_CASES[field]
