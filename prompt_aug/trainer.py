@@ -170,6 +170,14 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             self.generation_config.eos_token_id = ids
             self.generation_kwargs["eos_token_id"] = ids
 
+    # Why: a PEFT model saves its adapter alone, so the generation config (with the recipe's stop_tokens)
+    # would be lost: `prompt-aug-eval` of the folder, or of a checkpoint, would stop elsewhere than training.
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call)
+        model = self.accelerator.unwrap_model(self.model)
+        if self.args.should_save and hasattr(model, "peft_config"):
+            model.generation_config.save_pretrained(output_dir or self.args.output_dir)
+
     def _default_collator(self) -> PromptAugmentationCollator:
         templates, weights, eval_template = templates_for(self.config)
         try:

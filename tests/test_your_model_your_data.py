@@ -545,3 +545,20 @@ def test_the_example_recipe_sets_what_the_doc_explains():
     keys = ("chat_template", "system_prompt", "dataset_mixture", "question_column", "templates_file")
     for key in (*keys, *TRL_REWARDS):
         assert f"`{key}`" in doc or f"{key}:" in doc, key
+
+
+def test_a_lora_runs_saved_adapter_keeps_the_recipes_stop_tokens(tmp_path):
+    """A PEFT model saves its adapter alone; its folder (and each checkpoint's) also gets the generation
+    config with the recipe's stop_tokens, and the evaluation's hf backend stops where training stopped."""
+    from prompt_aug.evaluation.backends import HFBackend
+
+    out = tmp_path / "lora"
+    train.main(["--config", str(SMOKE), "--output_dir", str(out), "--use_peft", "true", "--lora_r", "4",
+                "--lora_target_modules", "q_proj", "v_proj", "--stop_tokens", "<|im_start|>",
+                "--save_strategy", "steps", "--save_steps", "2"])  # fmt: skip
+    checkpoint = next(out.glob("checkpoint-*"))
+    for folder in (out, checkpoint):
+        assert (folder / "adapter_config.json").is_file() and (folder / "generation_config.json").is_file()
+        backend = HFBackend.load(str(folder), "float32", stop="eos")
+        start = backend.tokenizer.convert_tokens_to_ids("<|im_start|>")
+        assert start in backend.stop_ids, folder

@@ -77,14 +77,20 @@ class HFBackend:
     def load(
         cls, model: str, dtype: str = "auto", stop: str = "turn", device: str | None = None
     ) -> HFBackend:
-        """``model`` loaded on ``device`` (default: the current GPU if there is one, else the CPU)."""
+        """``model`` loaded on ``device`` (default: the current GPU if there is one, else the CPU). A folder's
+        own ``generation_config.json`` (its stop tokens) stands, also for a PEFT adapter folder, whose base
+        model would otherwise bring its own."""
+        from pathlib import Path
+
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         loaded = AutoModelForCausalLM.from_pretrained(
             model, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
         )
+        if (Path(model) / "generation_config.json").is_file():
+            loaded.generation_config = GenerationConfig.from_pretrained(model)
         return cls(loaded.to(device), load_tokenizer(model), stop)
 
     def generate(
