@@ -296,6 +296,45 @@ def resolve_resume(value: str | None, output_dir: str, log: bool = True) -> str 
     return value
 
 
+def check_resume_peft(checkpoint: str, model_args: Any) -> None:
+    """A checkpoint resumes only under the recipe's own PEFT settings: full weights without ``use_peft``, a
+    LoRA adapter with it and with the ``lora_r``, ``lora_target_modules`` (where the recipe names them) and
+    ``use_dora`` it was trained with. Otherwise the Trainer fails deep in loading weights or the optimizer.
+
+    Raises:
+        UsageError: one line naming the checkpoint and the keys that differ.
+    """
+    adapter = Path(checkpoint) / "adapter_config.json"
+    if adapter.is_file() != bool(model_args.use_peft):
+        held, peft = ("a LoRA adapter", "off") if adapter.is_file() else ("full weights", "on")
+        raise UsageError(
+            f"resume_from_checkpoint: {checkpoint} holds {held}, but use_peft is {peft}; resume with the "
+            "settings the run was started with"
+        )
+    if not adapter.is_file():
+        return
+    saved = json.loads(adapter.read_text())
+    given = model_args.lora_target_modules  # TRL makes a list of one its item
+    given = [given] if isinstance(given, str) else given
+    differ = {}
+    if saved.get("r") != model_args.lora_r:
+        differ["lora_r"] = (model_args.lora_r, saved.get("r"))
+    if (
+        isinstance(given, list)
+        and "all-linear" not in given
+        and set(given) != set(saved.get("target_modules") or [])
+    ):
+        differ["lora_target_modules"] = (sorted(given), sorted(saved.get("target_modules") or []))
+    if bool(saved.get("use_dora")) != bool(model_args.use_dora):
+        differ["use_dora"] = (bool(model_args.use_dora), bool(saved.get("use_dora")))
+    if differ:
+        keys = "; ".join(f"{k} {now} (the checkpoint's: {then})" for k, (now, then) in differ.items())
+        raise UsageError(
+            f"resume_from_checkpoint: {checkpoint}'s adapter was trained with other LoRA settings: {keys}; "
+            "resume with the settings the run was started with"
+        )
+
+
 def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: PartialState) -> str | None:
     """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
     the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
@@ -306,6 +345,8 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     if args.eval_data_dir:
         check_source("eval_data_dir", args.eval_data_dir)
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, log=state.is_main_process)
+    if resume is not None:
+        check_resume_peft(resume, model_args)
     stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
     if script_args.dataset_mixture is not None:
         check_mixture(script_args.dataset_mixture)

@@ -562,3 +562,37 @@ def test_a_lora_runs_saved_adapter_keeps_the_recipes_stop_tokens(tmp_path):
         backend = HFBackend.load(str(folder), "float32", stop="eos")
         start = backend.tokenizer.convert_tokens_to_ids("<|im_start|>")
         assert start in backend.stop_ids, folder
+
+
+def test_a_checkpoint_resumes_only_under_the_peft_settings_it_was_trained_with(tmp_path):
+    """A LoRA run's checkpoint resumed without use_peft, or with another lora_r, stops before loading in one
+    line naming the keys (the Trainer failed deep in loading weights or the optimizer); full weights
+    resumed with use_peft too; the run's own settings resume."""
+    from prompt_aug.cli import UsageError, check_resume_peft
+
+    out = tmp_path / "lora"
+    lora = ["--use_peft", "true", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"]
+    base = ["--config", str(SMOKE), "--output_dir", str(out), "--save_strategy", "steps", "--save_steps", "2"]
+    train.main([*base, *lora])
+    resume = ["--resume_from_checkpoint", "true", "--max_steps", "6"]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*base, *resume])
+    message = str(exit_info.value.code)
+    assert "holds a LoRA adapter, but use_peft is off" in message and "\n" not in message
+    with pytest.raises(SystemExit, match=r"lora_r 8 \(the checkpoint's: 4\)"):
+        train.main([*base, *resume, *lora[:2], "--lora_r", "8", *lora[4:]])
+    checkpoint = str(next(out.glob("checkpoint-*")))
+    with pytest.raises(
+        UsageError, match=r"lora_target_modules \['k_proj'\] \(the checkpoint's: \['q_proj', 'v_proj'\]\)"
+    ):
+        check_resume_peft(checkpoint, ModelConfig(use_peft=True, lora_r=4, lora_target_modules=["k_proj"]))
+    check_resume_peft(
+        checkpoint, ModelConfig(use_peft=True, lora_r=4, lora_target_modules=["v_proj", "q_proj"])
+    )
+    check_resume_peft(checkpoint, ModelConfig(use_peft=True, lora_r=4, lora_target_modules=["all-linear"]))
+    full = tmp_path / "full" / "checkpoint-2"
+    full.mkdir(parents=True)
+    with pytest.raises(UsageError, match="holds full weights, but use_peft is on"):
+        check_resume_peft(str(full), ModelConfig(use_peft=True))
+    train.main([*base, *resume, *lora])  # the run's own settings
+    assert (out / "checkpoint-6").is_dir()
