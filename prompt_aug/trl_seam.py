@@ -15,6 +15,7 @@ lacks a member listed here fails then, in one line naming the missing members.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -77,6 +78,14 @@ def untested_version_message(version: str) -> str | None:
     )
 
 
+@functools.cache
+def _warn_once(message: str) -> None:
+    """``message`` as a warning, once a process. Python's own once-per-place rule does not hold here: a
+    trainer's construction changes the warning filters (transformers and TRL set some), which makes Python
+    forget what it has shown."""
+    warnings.warn(message, stacklevel=3)  # the trainer's constructor that built the seam
+
+
 def missing_private_names(trainer: Any) -> list[str]:
     """The members of `PRIVATE_TRL_NAMES` that a built trainer (or TRL's class) does not have."""
     on_class = [n for n in PRIVATE_TRL_NAMES if n not in _INSTANCE_NAMES]
@@ -107,7 +116,7 @@ class TRLSeam(GRPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         message = untested_version_message(trl.__version__)
         if message is not None:
-            warnings.warn(message, stacklevel=2)  # Python shows a warning from one place once
+            _warn_once(message)
         super().__init__(*args, **kwargs)
         missing = missing_private_names(self)
         if missing:
