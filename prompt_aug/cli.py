@@ -314,17 +314,14 @@ def check_resume_peft(checkpoint: str, model_args: Any) -> None:
     if not adapter.is_file():
         return
     saved = json.loads(adapter.read_text())
+    saved_targets = sorted(set(saved.get("target_modules") or []))
     given = model_args.lora_target_modules  # TRL makes a list of one its item
     given = [given] if isinstance(given, str) else given
     differ = {}
     if saved.get("r") != model_args.lora_r:
         differ["lora_r"] = (model_args.lora_r, saved.get("r"))
-    if (
-        isinstance(given, list)
-        and "all-linear" not in given
-        and set(given) != set(saved.get("target_modules") or [])
-    ):
-        differ["lora_target_modules"] = (sorted(given), sorted(saved.get("target_modules") or []))
+    if isinstance(given, list) and "all-linear" not in given and sorted(set(given)) != saved_targets:
+        differ["lora_target_modules"] = (sorted(given), saved_targets)
     if bool(saved.get("use_dora")) != bool(model_args.use_dora):
         differ["use_dora"] = (bool(model_args.use_dora), bool(saved.get("use_dora")))
     if differ:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,8 +88,8 @@ def model_card_info(
     """What the card says about a recipe's run: base model, recipe text, template bank, dataset."""
     config = f" ({script_args.dataset_config})" if script_args.dataset_config else ""
     mixture = script_args.dataset_mixture
-    dataset = " + ".join(s.path for s in mixture.datasets) if mixture else script_args.dataset_name + config
     paths = [s.path for s in mixture.datasets] if mixture else [script_args.dataset_name]
+    dataset = " + ".join(paths) if mixture else paths[0] + config
     ids = {hub_id_of(path) for path in paths} - {None}
     return ModelCardInfo(
         base_model=model_args.model_name_or_path,
@@ -240,16 +239,9 @@ def hub_id_of(value: str | None) -> str | None:
     >>> [hub_id_of(v) for v in ["Qwen/Qwen2.5-Math-1.5B", "/data/run/model", "tiny-random-qwen2", "a/b c"]]
     ['Qwen/Qwen2.5-Math-1.5B', None, None, None]
     """
-    from .sources import looks_local
+    from .sources import is_hub_id, looks_local
 
-    if (
-        not value
-        or value.count("/") != 1
-        or looks_local(value)
-        or not re.fullmatch(r"[\w.-]+/[\w.-]+", value)
-    ):
-        return None
-    return value
+    return value if value and is_hub_id(value) and not looks_local(value) else None
 
 
 def extend_trl_card(trl_card: str, ours: str, base_model: str, load_from: str) -> str:
@@ -291,9 +283,11 @@ def _evaluation_section(output_dir: Path) -> list[str]:
     """The card's evaluation: the tables in ``eval/`` and ``eval-templates/`` made by the weights in
     ``output_dir``; a table made by other weights (an earlier state of a run trained further) is left out,
     saying so, and one whose weights are not recorded (an older version's) is shown with a note."""
-    weights = weights_fingerprint(output_dir)
     lines = ["## Evaluation", ""]
     tables = ((EVAL_TABLE_PATH, None), (ROBUSTNESS_TABLE_PATH, "### Robustness across templates"))
+    made_by = {path: _made_by(Path(output_dir) / path) for path, _ in tables}
+    # The weights beside the card, read only where an evaluation records the weights that made it.
+    weights = weights_fingerprint(output_dir) if any(made_by.values()) else None
     for path, heading in tables:
         table = Path(output_dir) / path
         if not table.is_file():
@@ -301,12 +295,11 @@ def _evaluation_section(output_dir: Path) -> list[str]:
                 lines.append(NO_EVALUATION)
             continue
         lines += ["", heading, ""] if heading else []
-        made_by = _made_by(table)
-        if made_by is not None and made_by != weights:
+        if made_by[path] is not None and made_by[path] != weights:
             lines.append(OTHER_WEIGHTS.format(folder=path.parent))
             continue
         lines.append(table.read_text().strip())
-        if made_by is None:
+        if made_by[path] is None:
             lines += ["", UNRECORDED_WEIGHTS.format(folder=path.parent)]
     return lines
 

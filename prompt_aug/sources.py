@@ -54,6 +54,19 @@ def looks_local(value: str) -> bool:
     return "/" in value and Path(value.split("/")[0]).is_dir()
 
 
+# A Hub repository id as the Hub writes it: owner/name, of letters, digits, "_", "." and "-".
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def is_hub_id(value: str) -> bool:
+    """Whether ``value`` has the form of a Hub repository id, ``owner/name``.
+
+    >>> [is_hub_id(v) for v in ["Qwen/Qwen2.5-Math-1.5B", "gpt2", "a/b/c", "a/b c"]]
+    [True, False, False, False]
+    """
+    return _HUB_ID.fullmatch(value) is not None
+
+
 def is_data_file_name(value: str) -> bool:
     """Whether ``value`` ends like a data file the package reads (``.jsonl``, ``.json``, ``.csv``,
     ``.parquet``)."""

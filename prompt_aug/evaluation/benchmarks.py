@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,15 @@ from typing import Any
 
 from rewards.grading.extract import last_boxed
 
-from ..sources import DATA_FILES, hub_offline, is_data_file_name, load_saved, question_text, read_dataset
+from ..sources import (
+    DATA_FILES,
+    hub_offline,
+    is_data_file_name,
+    is_hub_id,
+    load_saved,
+    question_text,
+    read_dataset,
+)
 from ..templates import Template, load_templates
 
 # One logger for all of evaluation.
@@ -90,7 +97,6 @@ def parse_benchmarks(spec: str | list[str]) -> list[str]:
 
 
 _QUESTION_COLUMNS = ("question", QUESTION_FIELD)
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 def is_question_set(name: str) -> bool:
@@ -103,7 +109,7 @@ def is_question_set(name: str) -> bool:
     if name in BENCHMARKS:
         return False
     path = Path(name).expanduser()
-    return is_data_file_name(name) or path.exists() or bool(_HUB_ID.match(name))
+    return is_data_file_name(name) or path.exists() or is_hub_id(name)
 
 
 def benchmark_title(name: str) -> str:
