@@ -31,9 +31,9 @@ step() {
 #    packed-balanced, the trainer's default path, and packed-shared, each group's prompt run once; the
 #    bench's own default adds packed-varlen, packed-sdpa and trim), 2 rounds of new lengths and 1 repeat
 #    each; no round is begun after ROUND_BUDGET seconds, and what that skips is printed (the step limit
-#    stops the rounds, and a mode that fails ends alone: what ran is still summarised). PROFILE=1 adds the per-phase profiles (new lengths
-#    against the same round again) of PROFILE_MODES (default: every mode run), one file a mode under
-#    $OUT/profile (packed-flex compiles for minutes).
+#    stops the rounds, and a mode that fails ends alone: what ran is still summarised). PROFILE=1 adds the
+#    per-phase profiles (new lengths against the same round again) of PROFILE_MODES (default: every mode
+#    run), one file a mode under $OUT/profile (packed-flex compiles for minutes).
 step gpu_round "${LIMIT_ROUND:-210}" python3 bench/gpu_round.py --budget_s "${ROUND_BUDGET:-175}" \
   --rounds "${ROUNDS:-2}" --modes "${ROUND_MODES:-padded,packed-balanced,packed-shared}" \
   ${PROFILE:+--profile "$OUT/profile"} ${PROFILE_MODES:+--profile_modes "$PROFILE_MODES"}
@@ -44,8 +44,8 @@ step gpu_round "${LIMIT_ROUND:-210}" python3 bench/gpu_round.py --budget_s "${RO
 # 3. The trainer's padding paths at the paper's shapes, two rounds each, the first warming up: off (TRL's
 #    padded calls), packed (what trim_padding: auto picks on CUDA; varlen attention and token-balanced
 #    micro-batches where they apply, the log says which) and packed-shared (packing_share_prompts: whether
-#    it should be on by default). TRAINER_PATHS=padded,trim,packed adds trim (raise LIMIT_TRAINER). Each path
-#    prints its rounds' seconds as it ends, so the log keeps them if the limit stops the step.
+#    it should be on by default). TRAINER_PATHS=padded,trim,packed adds trim (raise LIMIT_TRAINER). Each
+#    path prints its rounds' seconds as it ends, so the log keeps them if the limit stops the step.
 step trainer_paths "${LIMIT_TRAINER:-160}" python3 bench/padding.py --device cuda --shape paper \
   --paths "${TRAINER_PATHS:-padded,packed,packed-shared}"
 # 4. The tests that need a GPU (the real varlen kernel against SDPA through the wrapper, shared prompts
