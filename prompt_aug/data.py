@@ -41,11 +41,14 @@ from rewards.grading.extract import last_boxed
 
 from .collator import FORMAT_COLUMNS
 from .sources import (
+    ANSWER_GUESSES,
+    QUESTION_GUESSES,
     ReadSource,
     SourceError,
     builtin_names,
     builtin_rows,
     builtin_tokenizer,
+    pick_column,
     question_text,
     read_dataset,
     user_turn,
@@ -53,8 +56,6 @@ from .sources import (
 from .templates import TemplateError
 
 MATH_HUB_ID = "DigitalLearningGmbH/MATH-lighteval"
-_QUESTION_GUESSES = ("question", "problem", "query", "input")
-_ANSWER_GUESSES = ("answer", "ground_truth", "final_answer", "target", "solution")
 
 
 class DataError(ValueError):
@@ -278,16 +279,15 @@ def to_rows(
             ids = [(info or {}).get("index") for info in ds["extra_info"]]
             ids = ids if all(i is not None for i in ids) else None
     else:
-        q_col = question_column or next((c for c in _QUESTION_GUESSES if c in cols), None)
-        a_col = answer_column or next((c for c in _ANSWER_GUESSES if c in cols), None)
+        q_col = pick_column(cols, question_column, QUESTION_GUESSES)
+        a_col = pick_column(cols, answer_column, ANSWER_GUESSES)
         if q_col is None:
             raise DataError(
-                f"no question column (tried {list(_QUESTION_GUESSES)}); set `question_column`. "
-                f"Columns: {cols}"
+                f"no question column (tried {list(QUESTION_GUESSES)}); set `question_column`. Columns: {cols}"
             )
         if a_col is None:
             raise DataError(
-                f"no answer column (tried {list(_ANSWER_GUESSES)}); set `answer_column`. Columns: {cols}"
+                f"no answer column (tried {list(ANSWER_GUESSES)}); set `answer_column`. Columns: {cols}"
             )
         _require(ds, q_col, "question")
         _require(ds, a_col, "answer")

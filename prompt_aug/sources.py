@@ -183,6 +183,24 @@ def check_mixture(mixture: Any) -> None:
 # -- Reading a cell ---------------------------------------------------------------------------------------
 
 
+# The columns a question and its gold are looked for in, in order, when a recipe or a command names none.
+QUESTION_GUESSES = ("question", "problem", "query", "input")
+ANSWER_GUESSES = ("answer", "ground_truth", "final_answer", "target", "solution")
+
+
+def pick_column(columns: list[str], given: str | None, guesses: tuple[str, ...]) -> str | None:
+    """``given`` if named, else the first of ``guesses`` among ``columns``; None if there is none.
+
+    >>> pick_column(["id", "problem", "solution"], None, QUESTION_GUESSES)
+    'problem'
+    >>> pick_column(["id", "problem"], "prompt_text", QUESTION_GUESSES)
+    'prompt_text'
+    >>> pick_column(["id"], None, ANSWER_GUESSES) is None
+    True
+    """
+    return given or next((c for c in guesses if c in columns), None)
+
+
 def user_turn(messages: Any) -> str:
     """The last user turn of a conversation (a list of ``{"role", "content"}``), stripped; empty if none."""
     users = [m["content"] for m in messages if m.get("role") == "user"]

@@ -13,11 +13,14 @@ from typing import Any
 from rewards.grading.extract import last_boxed
 
 from ..sources import (
+    ANSWER_GUESSES,
     DATA_FILES,
+    QUESTION_GUESSES,
     hub_offline,
     is_data_file_name,
     is_hub_id,
     load_saved,
+    pick_column,
     question_text,
     read_dataset,
 )
@@ -77,8 +80,7 @@ def parse_benchmarks(spec: str | list[str]) -> list[str]:
     """Benchmark names from ``"amc,aime24"`` (or a list): the suite's in its order, then question sets.
 
     A question set of one's own is a local file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``), a
-    ``save_to_disk`` folder or a Hub dataset id, with a question column (``question`` or ``problem``)
-    and an ``answer`` column; see `load_benchmark`.
+    ``save_to_disk`` folder or a Hub dataset id, with a question and a gold column; see `load_benchmark`.
 
     >>> parse_benchmarks("math500, aime24")
     ['aime24', 'math500']
@@ -94,9 +96,6 @@ def parse_benchmarks(spec: str | list[str]) -> list[str]:
             "(a .jsonl/.json/.parquet/.csv file, a save_to_disk folder or a Hub dataset id)"
         )
     return [b for b in BENCHMARKS if b in names] + [n for n in names if n not in BENCHMARKS]
-
-
-_QUESTION_COLUMNS = ("question", QUESTION_FIELD)
 
 
 def is_question_set(name: str) -> bool:
@@ -214,8 +213,8 @@ def load_benchmark(
     """The questions of benchmark ``name`` (first ``limit`` only, if given).
 
     A suite benchmark comes from the Hub or ``data_dir``; a question set (see `parse_benchmarks`) from
-    its file, folder or Hub id, with its question in ``question_column`` (default: ``question``, else
-    ``problem``) and its gold in ``answer_column`` (default: ``answer``), as training maps columns: a
+    its file, folder or Hub id, with its question in ``question_column`` and its gold in ``answer_column``,
+    found as training finds them when not named (`sources.QUESTION_GUESSES`, `sources.ANSWER_GUESSES`): a
     ``solution`` column gives the last ``\\boxed{}`` of each solution. The suite's columns are fixed, so the
     mapping applies to question sets only.
     """
@@ -230,10 +229,17 @@ def load_benchmark(
         )
     else:
         ds, where = _load_question_set(name), f"question set {name}"
-        questions = question_column or next(
-            (c for c in _QUESTION_COLUMNS if c in ds.column_names), _QUESTION_COLUMNS[0]
-        )
-        answers = answer_column or ANSWER_FIELD
+        for given, guesses, flag in (
+            (question_column, QUESTION_GUESSES, "--question_column"),
+            (answer_column, ANSWER_GUESSES, "--answer_column"),
+        ):
+            if pick_column(ds.column_names, given, guesses) is None:
+                raise EvalError(
+                    f"{where}: none of the columns {list(guesses)} is there (it has {ds.column_names}); "
+                    f"name the column with {flag}"
+                )
+        questions = pick_column(ds.column_names, question_column, QUESTION_GUESSES)
+        answers = pick_column(ds.column_names, answer_column, ANSWER_GUESSES)
     missing = [f for f in (questions, answers) if f not in ds.column_names]
     if missing:
         hint = "" if name in BENCHMARKS else "; name the columns with --question_column and --answer_column"

@@ -74,18 +74,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--benchmarks",
         default=",".join(BENCHMARKS),
         help=f"Comma list of {', '.join(BENCHMARKS)}, or question sets: a .jsonl/.json/.parquet/.csv file, a "
-        "save_to_disk folder or a Hub dataset id, with question (or problem) and answer columns.",
+        "save_to_disk folder or a Hub dataset id, with a question and a gold column (see below).",
     )
     parser.add_argument(
         "--question_column",
         default=None,
-        help="The question column of the question sets (default: question, else problem), as in training.",
+        help="The question column of the question sets (default: the first of question, problem, query, "
+        "input), as in training.",
     )
     parser.add_argument(
         "--answer_column",
         default=None,
-        help="The gold column of the question sets (default: answer); a solution column is read for its "
-        "last \\boxed{}, as in training.",
+        help="The gold column of the question sets (default: the first of answer, ground_truth, "
+        "final_answer, target, solution); a solution column is read for its last \\boxed{}, as in training.",
     )
     parser.add_argument(
         "--template", default=DEFAULT_EVAL_TEMPLATE, help="A template, a comma list, or `all`."
