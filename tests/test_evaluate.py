@@ -253,6 +253,29 @@ def test_summary_macro_micro_and_spread():
     assert "| **spread (max − min)** | 50.0 | 50.0 | 50.0 | 50.0 |" in table
 
 
+def test_pass_at_n_has_its_own_table_in_results_md():
+    # one run, 2 samples per question: aime24 q0 any-correct, q1 none; amc q0 any-correct
+    records = [
+        {"template": "t", "benchmark": b, "run": 0, "index": i, "correct": c}
+        for b, i, c in [
+            ("aime24", 0, False),
+            ("aime24", 0, True),
+            ("aime24", 1, False),
+            ("aime24", 1, False),
+            ("amc", 0, True),
+            ("amc", 0, True),
+        ]
+    ]
+    summary = summarize(records, ["aime24", "amc"], ["t"])
+    settings = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 10, "n": 2, "runs": 1}
+    table = render_tables(summary, ["aime24", "amc"], "m", settings)
+    assert "| m | 25.0 | 100.0 | **62.5** | **50.0** |" in table  # accuracy over every sample
+    assert "pass@2 (%)" in table
+    assert "| t | 50.0 | 100.0 | **75.0** |" in table
+    single = render_tables(summary, ["aime24", "amc"], "m", {**settings, "n": 1})
+    assert "pass@" not in single
+
+
 def test_torn_last_line_is_dropped(tmp_path):
     path = tmp_path / "completions.jsonl"
     path.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
@@ -458,8 +481,13 @@ def test_a_question_set_of_ones_own_from_jsonl_parquet_csv_or_a_saved_folder(tin
 
 def test_question_set_errors_name_the_file_and_column(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"q": "Compute $2 + 3$.", "answer": "5"}\n')
-    with pytest.raises(EvalError, match=r"lacks column\(s\) \['question'\].*'q'"):
+    with pytest.raises(
+        EvalError, match=r"bad.jsonl: none of the columns \['question', .*'q'.*--question_column"
+    ):
         load_benchmark(str(tmp_path / "bad.jsonl"))
+    (tmp_path / "nogold.jsonl").write_text('{"question": "Compute $2 + 3$.", "gold": "5"}\n')
+    with pytest.raises(EvalError, match=r"none of the columns \['answer', .*'gold'.*--answer_column"):
+        load_benchmark(str(tmp_path / "nogold.jsonl"))
     with pytest.raises(EvalError, match="missing.jsonl: no such file"):
         load_benchmark(str(tmp_path / "missing.jsonl"))
     with pytest.raises(EvalError, match="unknown benchmark"):
@@ -579,7 +607,9 @@ def test_a_question_set_with_other_column_names_is_evaluated_through_the_mapping
     ]
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with pytest.raises(EvalError, match=r"lacks column\(s\) \['question', 'answer'\].*--question_column"):
+    with pytest.raises(
+        EvalError, match=r"none of the columns \['question', .*'statement'.*--question_column"
+    ):
         load_benchmark(str(path))
     problems = load_benchmark(str(path), question_column="statement", answer_column="final")
     assert [(p.question, p.gold) for p in problems] == [
@@ -601,6 +631,27 @@ def test_a_question_set_with_other_column_names_is_evaluated_through_the_mapping
     records = read_records(out / "completions.jsonl")
     assert sorted(r["index"] for r in records) == [0, 1]
     assert "| Model | mine | **Macro** | **Micro** |" in (out / "results.md").read_text()
+
+
+def test_a_question_set_is_read_with_the_column_names_training_guesses(tmp_path):
+    from prompt_aug.data import load_math_dataset
+
+    path = tmp_path / "qa.jsonl"
+    rows = [
+        {"query": "Compute $2 + 3$.", "ground_truth": "5"},
+        {"query": "Compute $1 + 1$.", "ground_truth": "2"},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    problems = load_benchmark(str(path))
+    assert [(p.question, p.gold) for p in problems] == [
+        ("Compute $2 + 3$.", ["5"]),
+        ("Compute $1 + 1$.", ["2"]),
+    ]
+    rows, _ = load_math_dataset(str(path))  # training reads the same file to the same questions and golds
+    assert [(r["question"], r["answer"]) for r in rows] == [
+        ("Compute $2 + 3$.", "5"),
+        ("Compute $1 + 1$.", "2"),
+    ]
 
 
 def test_callback_evaluates_a_question_set(tiny_model_dir, tokenizer, tmp_path):

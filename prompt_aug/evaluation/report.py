@@ -144,7 +144,8 @@ def protocol_line(settings: dict[str, Any]) -> str:
 def render_tables(
     summary: dict[str, Any], benchmarks: list[str], model_name: str, settings: dict[str, Any]
 ) -> str:
-    """``results.md``: the paper-layout table, then the robustness table when several templates ran."""
+    """``results.md``: the paper-layout table, the robustness table when several templates ran, and pass@n
+    per template when each question was sampled n > 1 times."""
     per_template = summary["results"]
     templates = list(per_template)
     main = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in per_template else templates[0]
@@ -192,4 +193,21 @@ def render_tables(
             values = summary[key]
             cells = [_pct(values[b]) for b in [*benchmarks, "macro", "micro"]]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    n = settings["n"]
+    if n > 1:
+        key = f"pass@{n}"
+        lines += [
+            "",
+            (
+                f"{key} (%): a question counts when any of its {n} samples is correct, averaged over runs. "
+                "Macro: mean of the benchmarks."
+            ),
+            "",
+            "| Template | " + " | ".join(heads) + " | **Macro** |",
+            "|---|" + "---:|" * (len(heads) + 1),
+        ]
+        for name in templates:
+            values = [per_template[name]["benchmarks"][b].get(key, float("nan")) for b in benchmarks]
+            cells = [_pct(v) for v in values]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | **{_pct(_mean(values))}** |")
     return "\n".join(lines) + "\n"
