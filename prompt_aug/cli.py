@@ -24,6 +24,7 @@ import yaml
 from accelerate import PartialState
 from trl import TrlParser
 
+from .adapters import ADAPTER_FILE
 from .faults import (
     PREEMPTED_FILE,
     FaultError,
@@ -304,7 +305,7 @@ def check_resume_peft(checkpoint: str, model_args: Any) -> None:
     Raises:
         UsageError: one line naming the checkpoint and the keys that differ.
     """
-    adapter = Path(checkpoint) / "adapter_config.json"
+    adapter = Path(checkpoint) / ADAPTER_FILE
     if adapter.is_file() != bool(model_args.use_peft):
         held, peft = ("a LoRA adapter", "off") if adapter.is_file() else ("full weights", "on")
         raise UsageError(

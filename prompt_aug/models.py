@@ -29,6 +29,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .adapters import AdapterError, check_adapter_base, is_adapter
 from .sources import SourceError, build_model, builtin_names, hub_offline
 from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
 
@@ -306,11 +307,17 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
     local = Path(path).expanduser()
     if not local.is_dir():
         return path
-    if (local / "adapter_config.json").is_file() and not model_args.use_peft:
-        raise ModelArgsError(
-            f"model_name_or_path {name}: a PEFT adapter folder, and use_peft is off, so nothing would train; "
-            "set use_peft: true to train a new adapter on it, or merge it into its base model first"
-        )
+    if is_adapter(local):
+        if not model_args.use_peft:
+            raise ModelArgsError(
+                f"model_name_or_path {name}: a PEFT adapter folder, and use_peft is off, so nothing would "
+                f"train; set use_peft: true to train a new adapter on it, or merge it into its base model "
+                f"first (python -m prompt_aug.adapters merge {name})"
+            )
+        try:
+            check_adapter_base("model_name_or_path", name)
+        except AdapterError as err:
+            raise ModelArgsError(str(err)) from None
     return str(local.resolve())
 
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..adapters import AdapterError, check_adapter_base, is_adapter
 from ..model_card import weights_fingerprint
 from ..models import resolve as resolve_local_model
 from ..sources import SourceError, check_source
@@ -206,10 +207,21 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     args.model = resolve_local_model(args.model, key="--model")
     # A missing folder, an unreachable Hub or (offline) an uncached Hub id fails before any load.
     check_source("--model", args.model, model=True)
+    backend_name = args.backend or default_backend()
+    if is_adapter(args.model):
+        try:
+            check_adapter_base("--model", args.model)
+        except AdapterError as err:
+            raise EvalError(str(err)) from None
+        if backend_name == "vllm":
+            raise EvalError(
+                f"--model {args.model}: a LoRA adapter, which vLLM does not load as a model; merge it first "
+                f"(python -m prompt_aug.adapters merge {args.model}) and evaluate the merged folder, or pass "
+                "--backend hf"
+            )
     columns = (args.question_column, args.answer_column)
     problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit, *columns)]
     sampling = args.temperature > 0
-    backend_name = args.backend or default_backend()
     settings = {
         "model": model_name,
         "weights": weights_fingerprint(args.model),  # None for a Hub id

@@ -1,0 +1,122 @@
+"""LoRA adapter folders: the base model an adapter records, and merging it into that base.
+
+``python -m prompt_aug.adapters merge OUTPUT_DIR [--base MODEL] [--output DIR]`` writes a full model (the
+base with the adapter folded in, the tokenizer and the run's generation config, which holds the recipe's
+stop tokens) that vLLM and any ``from_pretrained`` can load. It prints the new folder.
+
+A LoRA run (``use_peft: true``) saves only its adapter. The hf evaluation backend loads such a folder as it
+is; vLLM needs the merged model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from .sources import SourceError, check_source, looks_local
+
+ADAPTER_FILE = "adapter_config.json"
+# What a merged folder takes from the adapter folder: the run's tokenizer and chat template, and its
+# generation config (the recipe's stop tokens; the merged model would otherwise bring its base's).
+_CARRIED = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
+    "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json",
+)  # fmt: skip
+
+
+class AdapterError(ValueError):
+    """An adapter folder that cannot be used as asked; the message names the folder and what to do."""
+
+
+def is_adapter(folder: str | Path) -> bool:
+    """Whether ``folder`` is a PEFT adapter folder (it holds ``adapter_config.json``)."""
+    return (Path(folder).expanduser() / ADAPTER_FILE).is_file()
+
+
+def adapter_base(folder: str | Path) -> str:
+    """The base model the adapter in ``folder`` was trained on, as its ``adapter_config.json`` records it."""
+    config = json.loads((Path(folder).expanduser() / ADAPTER_FILE).read_text())
+    return str(config.get("base_model_name_or_path") or "")
+
+
+def check_adapter_base(key: str, folder: str | Path) -> None:
+    """Fail in one line when the adapter in ``folder`` records a local base model that is not there (a
+    relative path read from another folder, or a base moved since), before transformers fails deep in
+    loading it.
+
+    Raises:
+        AdapterError: names the folder, the recorded base, and the two ways out.
+    """
+    base = adapter_base(folder)
+    if base and looks_local(base) and not Path(base).expanduser().exists():
+        raise AdapterError(
+            f"{key} {folder}: a LoRA adapter whose base model {base!r} is not there (resolved to "
+            f"{Path(base).expanduser().resolve()}); run from the folder it was trained in, or merge it with "
+            f"`python -m prompt_aug.adapters merge {folder} --base <the base model>`"
+        )
+
+
+def merge(folder: str | Path, base: str | None = None, output: str | Path | None = None) -> Path:
+    """Fold the adapter in ``folder`` into its base model (``base``, default the one it records) and save the
+    full model, with the adapter folder's tokenizer and generation config, in ``output`` (default
+    ``<folder>-merged``), written under a temporary name and renamed when complete. Returns ``output``.
+
+    Raises:
+        AdapterError: ``folder`` is not an adapter, its base cannot be found, or ``output`` is not empty.
+    """
+    folder = Path(folder).expanduser()
+    if not is_adapter(folder):
+        raise AdapterError(f"{folder}: no {ADAPTER_FILE} there, so not a LoRA adapter folder")
+    if base is None:
+        check_adapter_base("merge", folder)
+        base = adapter_base(folder)
+    check_source("--base", base, model=True)  # a missing folder, or an unreachable or uncached Hub id
+    target = Path(output).expanduser() if output else folder.with_name(folder.name + "-merged")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise AdapterError(f"--output {target} exists and is not empty; remove it or pass another --output")
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
+    with torch.no_grad():
+        merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        merged.save_pretrained(work)
+        for name in _CARRIED:
+            if (folder / name).is_file():
+                shutil.copy2(folder / name, work / name)
+        if target.exists():
+            target.rmdir()  # empty (checked above)
+        work.rename(target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m prompt_aug.adapters merge FOLDER [--base MODEL] [--output DIR]``; prints the new folder."""
+    parser = argparse.ArgumentParser(
+        prog="python -m prompt_aug.adapters", description=__doc__.split("\n\n")[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    join = commands.add_parser(
+        "merge", help="fold a LoRA adapter into its base model and save the full model"
+    )
+    join.add_argument("folder", help="the adapter folder (a LoRA run's output_dir or one of its checkpoints)")
+    join.add_argument("--base", default=None, help="the base model (default: the one the adapter records)")
+    join.add_argument("--output", default=None, help="the folder to write (default: FOLDER-merged)")
+    args = parser.parse_args(argv)
+    try:
+        print(merge(args.folder, args.base, args.output))
+    except (AdapterError, SourceError) as err:
+        raise SystemExit(f"prompt_aug.adapters: error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()
