@@ -2,38 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from lora_tools import save_lora_adapter
 
 from prompt_aug.adapters import AdapterError, main, merge
-
-
-def _adapter(base: Path, folder: Path, recorded: str | None = None) -> Path:
-    """A LoRA adapter on ``base`` with non-zero weights (a fresh one is a no-op), saved with the run's
-    tokenizer and a generation config of its own, as a LoRA run saves its output folder."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
-    )
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
-    GenerationConfig(eos_token_id=[2, 5], max_new_tokens=7).save_pretrained(folder)
-    if recorded is not None:
-        config = json.loads((folder / "adapter_config.json").read_text())
-        config["base_model_name_or_path"] = recorded
-        (folder / "adapter_config.json").write_text(json.dumps(config))
-    return folder
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
@@ -47,7 +23,7 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_and_keeps_the
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    folder = _adapter(tiny_model_dir, tmp_path / "run")
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
     out = merge(folder)
     assert out == tmp_path / "run-merged" and not (out / "adapter_config.json").exists()
     ids = torch.tensor([[1, 7, 9, 3, 11]])
@@ -72,7 +48,7 @@ def test_a_relative_base_read_from_elsewhere_is_one_line_and_base_gives_the_way_
 ):
     shutil.copytree(tiny_model_dir, tmp_path / "base")
     monkeypatch.chdir(tmp_path)
-    folder = _adapter(Path("base"), tmp_path / "run", recorded="./base")
+    folder = save_lora_adapter(Path("base"), tmp_path / "run", recorded="./base")
     monkeypatch.chdir(tmp_path / "run")  # ./base is not here
     with pytest.raises(SystemExit) as exit_info:
         main(["merge", str(folder)])
@@ -88,7 +64,7 @@ def test_a_relative_base_read_from_elsewhere_is_one_line_and_base_gives_the_way_
 def test_merge_refuses_a_folder_that_is_no_adapter_and_an_output_that_is_not_empty(tiny_model_dir, tmp_path):
     with pytest.raises(AdapterError, match="no adapter_config.json there"):
         merge(tiny_model_dir)
-    folder = _adapter(tiny_model_dir, tmp_path / "run")
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "notes.txt").write_text("keep me")
@@ -100,13 +76,13 @@ def test_merge_refuses_a_folder_that_is_no_adapter_and_an_output_that_is_not_emp
 def test_evaluating_an_adapter_refuses_vllm_and_a_missing_base_before_loading(tiny_model_dir, tmp_path):
     from prompt_aug.evaluate import main as evaluate
 
-    folder = _adapter(tiny_model_dir, tmp_path / "run")
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
     rest = ["--benchmarks", "aime24", "--output", str(tmp_path / "eval"), "--no_progress"]
     with pytest.raises(
         SystemExit, match=r"a LoRA adapter, which vLLM does not load.*prompt_aug.adapters merge"
     ):
         evaluate(["--model", str(folder), *rest, "--backend", "vllm"])
-    moved = _adapter(tiny_model_dir, tmp_path / "moved", recorded=str(tmp_path / "gone"))
+    moved = save_lora_adapter(tiny_model_dir, tmp_path / "moved", recorded=str(tmp_path / "gone"))
     with pytest.raises(SystemExit, match=r"base model '.*gone' is not there"):
         evaluate(["--model", str(moved), *rest, "--backend", "hf"])
     assert not (tmp_path / "eval").exists()
@@ -117,7 +93,7 @@ def test_training_on_an_adapter_whose_base_is_gone_stops_in_one_line(tiny_model_
 
     from prompt_aug.models import ModelArgsError, resolve_model_path
 
-    folder = _adapter(tiny_model_dir, tmp_path / "run", recorded=str(tmp_path / "gone"))
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run", recorded=str(tmp_path / "gone"))
     args = type("Args", (), {"output_dir": str(tmp_path / "out"), "seed": 0})()
     with pytest.raises(ModelArgsError, match=r"model_name_or_path .*run: a LoRA adapter whose base model"):
         resolve_model_path(ModelConfig(model_name_or_path=str(folder), use_peft=True), args)

@@ -141,6 +141,11 @@ def protocol_line(settings: dict[str, Any]) -> str:
     return f"{ran} **Not the paper's protocol**: {differs}. Do not compare with the paper's table."
 
 
+def _section(caption: str, columns: list[str]) -> list[str]:
+    """A blank line, ``caption``, a blank line and the head of a table of templates by ``columns``."""
+    return ["", caption, "", "| Template | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+
+
 def render_tables(
     summary: dict[str, Any], benchmarks: list[str], model_name: str, settings: dict[str, Any]
 ) -> str:
@@ -175,16 +180,11 @@ def render_tables(
         f"| {label} | " + " | ".join(cells) + f" | **{_pct(row['macro'])}** | **{_pct(row['micro'])}** |"
     )
     if len(templates) > 1:
-        lines += [
-            "",
-            (
-                f"Robustness across {len(templates)} templates: accuracy (%) per evaluation template; "
-                "spread is max − min, std the population standard deviation across templates."
-            ),
-            "",
-            "| Template | " + " | ".join(heads) + " | **Macro** | **Micro** |",
-            "|---|" + "---:|" * (len(heads) + 2),
-        ]
+        lines += _section(
+            f"Robustness across {len(templates)} templates: accuracy (%) per evaluation template; "
+            "spread is max − min, std the population standard deviation across templates.",
+            [*heads, "**Macro**", "**Micro**"],
+        )
         for name in templates:
             t = per_template[name]
             cells = [_pct(t["benchmarks"][b]["accuracy"]) for b in benchmarks]
@@ -196,16 +196,11 @@ def render_tables(
     n = settings["n"]
     if n > 1:
         key = f"pass@{n}"
-        lines += [
-            "",
-            (
-                f"{key} (%): a question counts when any of its {n} samples is correct, averaged over runs. "
-                "Macro: mean of the benchmarks."
-            ),
-            "",
-            "| Template | " + " | ".join(heads) + " | **Macro** |",
-            "|---|" + "---:|" * (len(heads) + 1),
-        ]
+        lines += _section(
+            f"{key} (%): a question counts when any of its {n} samples is correct, averaged over runs. "
+            "Macro: mean of the benchmarks.",
+            [*heads, "**Macro**"],
+        )
         for name in templates:
             values = [per_template[name]["benchmarks"][b].get(key, float("nan")) for b in benchmarks]
             cells = [_pct(v) for v in values]

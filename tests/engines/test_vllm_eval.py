@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -162,3 +163,30 @@ def test_vllm_results_have_the_hf_format(evals):
     assert [line for line in v_table[:4] if line != v_protocol] == [
         line for line in h_table[:4] if line != h_protocol
     ]
+
+
+@pytest.fixture(scope="module")
+def merged(evals):
+    """A LoRA adapter on the eval model, evaluated unmerged by the hf backend and, merged with
+    ``python -m prompt_aug.adapters merge``, by vLLM (which does not load an adapter folder)."""
+    from lora_tools import save_lora_adapter
+
+    root = evals["root"]
+    adapter = save_lora_adapter(evals["model"], root / "lora")
+    shutil.copy(evals["model"] / "generation_config.json", adapter)  # the base's stop rule, for both runs
+    run([sys.executable, "-m", "prompt_aug.adapters", "merge", str(adapter)], root / "merge.log", timeout=300)
+    runs = (("lora_hf", adapter, "hf"), ("merged_vllm", root / "lora-merged", "vllm"))
+    for name, model, backend in runs:
+        cmd = [sys.executable, "-m", "prompt_aug.evaluate", "--model", str(model), "--data_dir",
+               str(root / "suite"), *COMMON, "--backend", backend, "--dtype", "float32", "--output",
+               str(root / name), "--no_progress"]  # fmt: skip
+        run(cmd, root / f"{name}.log", timeout=600)
+    return evals
+
+
+def test_vllm_on_the_merged_adapter_generates_what_hf_generates_on_the_adapter(merged):
+    lora, vllm, base = (_records(merged, name) for name in ("lora_hf", "merged_vllm", "hf"))
+    assert [r["finish_reason"] for r in vllm] == [r["finish_reason"] for r in lora]
+    assert [r["completion"] for r in vllm] == [r["completion"].rstrip("\ufffd") for r in lora]
+    # the adapter changed what the model writes, so the agreement is the adapter's, not the base's
+    assert sum(a["completion"] != b["completion"] for a, b in zip(lora, base, strict=True)) >= 3
