@@ -358,6 +358,16 @@ def hub_push_failed(args: Any, repo_id: str, err: BaseException) -> HubPushError
     )
 
 
+class Preempted(SystemExit):
+    """What `train()` raises after a preemption signal stopped it at a saved checkpoint: a `SystemExit` with
+    status `EXIT_PREEMPTED` (75), so a script that does not catch it ends there, with the status a requeue
+    looks for. ``signal`` is the signal's name, ``step`` the step saved, ``output_dir`` where."""
+
+    def __init__(self, signal: str, step: int, output_dir: str) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.signal, self.step, self.output_dir = signal, step, output_dir
+
+
 class HubAndPreemption:
     """A `transformers.Trainer` mixin: preemption signals caught while training, a full disk in one line, and
     a Hub that cannot be reached or refuses in one line. ``self.preemption`` is the run's `PreemptionCallback`
@@ -374,11 +384,16 @@ class HubAndPreemption:
 
     # Why: a preemption signal is caught only while training (the handlers are restored after), and a write
     # that fails for want of disk space, in a checkpoint save or elsewhere, is one line naming output_dir
-    # instead of a stack trace from deep inside the save.
+    # instead of a stack trace from deep inside the save. A run stopped by a signal does not return as if it
+    # had finished: `Preempted` ends the caller's script with status 75 unless it is caught, so that nothing
+    # saves, evaluates or pushes the unfinished model as final.
     def train(self, *args: Any, **kwargs: Any) -> Any:
         catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
         with catching, disk_full_is_one_line(self.args.output_dir):
-            return super().train(*args, **kwargs)
+            result = super().train(*args, **kwargs)
+        if self.preempted:
+            raise Preempted(self.preempted, self.state.global_step, self.args.output_dir)
+        return result
 
     # Why: transformers creates the Hub repository while the trainer is built, so a Hub that could not be
     # reached then (offline, the network) stopped the run before it trained. Now the run trains without

@@ -47,7 +47,7 @@ from .config import PromptAugGRPOConfig, help_field
 from .data import DataError, load_train_dataset
 from .evaluation.benchmarks import EvalError
 from .extensions import build_features
-from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, disk_full_is_one_line
+from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, Preempted, disk_full_is_one_line
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .mixture import dataset_mixture
 from .model_card import model_card_info
@@ -357,7 +357,7 @@ def run(
             step, max_steps = trainer.state.global_step, trainer.state.max_steps
             print(interrupted_message(args.output_dir, step, max_steps, argv), file=sys.stderr, flush=True)
         raise SystemExit(130) from None
-    if trainer.preempted:  # saved at a step end on every rank; not finished, so no final model, card or push
+    except Preempted:  # saved at a step end on every rank; not finished, so no final model, card or push
         state.wait_for_everyone()  # every rank has written its part of the checkpoint before any exits
         if state.is_main_process:
             step, max_steps = trainer.state.global_step, trainer.state.max_steps

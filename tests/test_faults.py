@@ -299,6 +299,62 @@ def test_preemption_is_a_config_key_the_trainer_applies(tiny_model_dir, tmp_path
     )
 
 
+_SIGNAL_SCRIPT = """
+import os, signal, sys
+import datasets
+from transformers import TrainerCallback
+from trl import GRPOConfig
+from prompt_aug import PromptAugGRPOConfig, PromptAugGRPOTrainer
+
+
+class Cluster(TrainerCallback):  # what a cluster does before it stops a job
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+kind, model, out = sys.argv[1:]
+config = {"plain": GRPOConfig, "ours": PromptAugGRPOConfig}[kind](
+    output_dir=out, report_to="none", use_cpu=True, bf16=False, max_steps=4, per_device_train_batch_size=2,
+    num_generations=2, max_completion_length=4, save_strategy="no",
+)
+rows = {"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}
+trainer = PromptAugGRPOTrainer(
+    model=model, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions], args=config,
+    train_dataset=datasets.Dataset.from_dict(rows), callbacks=[Cluster()],
+)
+trainer.train()
+print("AFTER TRAIN: the script goes on to save a final model", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["ours", "plain"])
+def test_a_signal_ends_a_script_of_ones_own_at_a_checkpoint_or_at_once_under_a_plain_grpo_config(
+    kind, tiny_model_dir, tmp_path
+):
+    """With a `PromptAugGRPOConfig`, `train()` saves a checkpoint and raises `Preempted`, which ends the
+    script with status 75 before anything after `train()` runs, so that nothing saves the unfinished model
+    as final. Under a plain `GRPOConfig` the signal keeps its default action, as under TRL: the process ends
+    at once, with nothing saved."""
+    script = tmp_path / "script.py"
+    script.write_text(_SIGNAL_SCRIPT)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(script), kind, str(tiny_model_dir), str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO, check=False,
+    )  # fmt: skip
+    assert "AFTER TRAIN" not in done.stdout, done.stdout + done.stderr[-2000:]
+    if kind == "plain":
+        assert done.returncode == -signal.SIGTERM, done.stderr[-2000:]
+        assert not list(out.glob("checkpoint-*"))
+        return
+    assert done.returncode == faults.EXIT_PREEMPTED, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    marker = json.loads((out / faults.PREEMPTED_FILE).read_text())
+    assert marker["signal"] == "SIGTERM" and (out / f"checkpoint-{marker['step']}").is_dir()
+    assert marker["step"] < 4
+
+
 # ---------------------------------------------------------------------------------------------
 # Incomplete checkpoints
 
