@@ -353,6 +353,45 @@ def test_two_processes_agree_and_keep_straddling_groups_whole(tmp_path):
 # The recipe
 
 
+def _spread_on_even_questions(completions, prompts, **kwargs):
+    """Spread (0, 1, 0, 1 within a group) on the questions with an even number, none on the others."""
+    even = ["is 0+" in str(p) or "is 2+" in str(p) or "is 4+" in str(p) for p in prompts]
+    return [float(i % 2) if e else 0.0 for i, e in enumerate(even)]
+
+
+def test_a_dataset_without_ids_draws_extra_questions_by_the_ids_the_collator_derives(
+    tiny_model_dir, tmp_path
+):
+    """A plain TRL dataset (a ``prompt`` column, no ``uid``) under dynamic sampling: a round short of spread
+    groups draws extra questions, identified as the collator identifies them (from the question)."""
+    import datasets
+
+    from prompt_aug import PromptAugGRPOConfig
+    from prompt_aug.collator import row_uid
+    from prompt_aug.extensions.dynamic_sampling import dataset_uids
+
+    rows = datasets.Dataset.from_list([{"prompt": f"What is {a}+1?", "level": a % 3} for a in range(6)])
+    assert dataset_uids(rows) == [row_uid({}, f"What is {a}+1?") for a in range(6)]
+    with_ids = rows.add_column("uid", [f"u{a}" for a in range(6)])
+    assert dataset_uids(with_ids) == [f"u{a}" for a in range(6)]
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, max_steps=2, seed=1,
+        per_device_train_batch_size=8, num_generations=4, max_completion_length=4, save_strategy="no",
+        dynamic_sampling=True, dynamic_sampling_max_passes=4,
+    )  # fmt: skip
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=_spread_on_even_questions, args=args, train_dataset=rows
+    )
+    trainer.train()
+    passes = [
+        h["dynamic_sampling/generation_passes"]
+        for h in trainer.state.log_history
+        if "dynamic_sampling/generation_passes" in h
+    ]
+    assert passes and max(passes) >= 2, passes  # half the questions are flat: some round drew extra ones
+    assert trainer.state.global_step == 2
+
+
 def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
     import yaml
 

@@ -49,7 +49,7 @@ from trl.trainer.utils import nanstd
 from rewards.registry import CORRECTNESS_REWARDS, REGISTRY
 
 from .. import trl_seam as seam
-from ..collator import stable_uniform
+from ..collator import row_question, row_uid, stable_uniform
 from ..metrics import reward_column
 from ..records import rounds_generated
 from ..trl_seam import Generation, SamplingTrainer
@@ -111,6 +111,15 @@ def extra_question_indices(
     if len(picked) < count:  # a training set smaller than the round: repeat questions rather than stall
         picked += [order[j % len(order)] for j in range(count - len(picked))]
     return picked
+
+
+def dataset_uids(dataset: Any) -> list[str]:
+    """Each row's id as the collator gives it: its ``uid`` column, else one derived from its question
+    (`collator.row_uid`), so that a dataset without ids draws extra questions as one with them does."""
+    if "uid" in (getattr(dataset, "column_names", None) or ()):
+        return [str(u) for u in dataset["uid"]]
+    rows = (dataset[i] for i in range(len(dataset)))
+    return [row_uid(row, row_question(row)) for row in rows]
 
 
 @dataclass
@@ -310,7 +319,7 @@ class DynamicSampler:
     ) -> list[dict]:
         dataset = trainer.train_dataset
         if self._uids is None:
-            self._uids = [str(u) for u in dataset["uid"]]
+            self._uids = dataset_uids(dataset)
         num_gen, process = trainer.num_generations, trainer.accelerator.process_index
         questions = per_process * trainer.accelerator.num_processes // num_gen
         indices = extra_question_indices(trainer.args.seed, round_index, k, self._uids, questions, seen)
