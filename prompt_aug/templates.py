@@ -109,7 +109,12 @@ def chat_template_text(value: str) -> str:
 def _parse_entry(entry: Any, index: int, source: str) -> Template:
     if not isinstance(entry, dict) or "name" not in entry:
         raise TemplateError(f"{source}: entry #{index} must be a mapping with a `name`, got {entry!r}")
-    name = str(entry["name"])
+    name = entry["name"]
+    if not isinstance(name, str) or not name.strip() or "/" in name:
+        raise TemplateError(
+            f"{source}: entry #{index} has `name` {name!r}; it must be non-empty text without '/' (it names "
+            "the template's metrics, templates/<name>/...)"
+        )
     unknown = set(entry) - _FIELDS
     if unknown:
         raise TemplateError(
@@ -138,9 +143,24 @@ def _parse_entry(entry: Any, index: int, source: str) -> Template:
         raise TemplateError(
             f"template {name!r} ({source}): `answer` must be one of {ANSWER_RULES}, got {answer!r}"
         )
+    if QUESTION_SLOT in str(entry.get("system") or "") + str(entry.get("prefill") or ""):
+        raise TemplateError(
+            f"template {name!r} ({source}): {QUESTION_SLOT} is filled in `user` only; remove it from "
+            "`system` and `prefill`"
+        )
     markers = entry.get("markers") or []
     if not isinstance(markers, list) or not all(isinstance(m, str) and m for m in markers):
         raise TemplateError(f"template {name!r} ({source}): `markers` must be a list of non-empty strings")
+    repeated = sorted({m for m in markers if markers.count(m) > 1})
+    if repeated:
+        raise TemplateError(f"template {name!r} ({source}): `markers` lists {repeated} more than once")
+    prefilled = [m for m in markers if m in str(entry.get("prefill") or "")]
+    if prefilled:
+        raise TemplateError(
+            f"template {name!r} ({source}): marker(s) {prefilled} are in the prefill, which the completion "
+            "continues rather than repeats, so only a completion that writes them again would score; "
+            "remove them from `markers`"
+        )
     return Template(
         name=name,
         system=str(entry.get("system") or ""),

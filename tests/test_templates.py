@@ -74,6 +74,21 @@ def _write(tmp_path, body: str):
         # Unquoted, YAML reads {question} as a mapping: the message says to quote it.
         ("- name: f\n  user: {question}\n", "'f'.*`user` must be text, got dict.*quote it"),
         ("- {name: g, user: '{question}', system: [one, two]}\n", "'g'.*`system` must be text, got list"),
+        # A marker the prefill already holds would pay only a completion that repeats the prefill.
+        (
+            "- {name: h, user: '{question}', prefill: 'Key question:', markers: ['Key question:']}\n",
+            r"'h'.*\['Key question:'\] are in the prefill",
+        ),
+        ("- {name: i, user: '{question}', markers: [Plan, Plan]}\n", r"'i'.*lists \['Plan'\] more than once"),
+        ("- {name: j, user: '{question}', system: 'About {question}'}\n", r"'j'.*remove it from `system`"),
+        # The name keys the template's metrics: null, empty, a list or a '/' would give odd keys.
+        ("- {name: null, user: '{question}'}\n", "entry #0 has `name` None"),
+        ("- {name: '', user: '{question}'}\n", "entry #0 has `name` ''"),
+        (
+            "- {name: a, user: '{question}'}\n- {name: [x], user: '{question}'}\n",
+            r"entry #1 has `name` \['x'\]",
+        ),
+        ("- {name: a/b, user: '{question}'}\n", "entry #0 has `name` 'a/b'.*without '/'"),
     ],
 )
 def test_broken_templates_fail_naming_the_template(tmp_path, body, message):
@@ -104,7 +119,7 @@ def test_a_template_the_tokenizer_cannot_render_is_named(tmp_path, tokenizer):
 
 def test_custom_bank_file_and_subset_with_weights(tmp_path, tokenizer):
     path = _write(
-        tmp_path, "- {name: mine, user: 'Solve: {question}', prefill: 'Answer:', markers: ['Answer:']}\n"
+        tmp_path, "- {name: mine, user: 'Solve: {question}', prefill: 'Answer:', markers: ['Therefore']}\n"
     )
     bank = load_templates(path, tokenizer=tokenizer)
     assert (
