@@ -328,6 +328,31 @@ def test_zero_optimizer_state_zeroes_adamw_through_a_wrapper():
     assert float(state["step"]) == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
 
 
+def test_an_8bit_optimizer_zeroed_trains_on_as_a_fresh_one():
+    """bitsandbytes' 8-bit AdamW keeps its quantization maps in each parameter's state; zeroing them too made
+    every later moment decode to 0. Zeroed in place, it must train on exactly as a new optimizer would."""
+    bnb = pytest.importorskip(
+        "bitsandbytes", reason="bitsandbytes is not installed (pip install bitsandbytes, as for QLoRA)"
+    )
+
+    def weights_after(reset: str) -> torch.Tensor:
+        torch.manual_seed(0)
+        layer, x = torch.nn.Linear(64, 64), torch.randn(8, 64)
+        opt = bnb.optim.AdamW8bit(layer.parameters(), lr=1e-3, min_8bit_size=0)
+        for step in range(12):
+            if step == 4:
+                if reset == "zeroed":
+                    zero_optimizer_state(opt)
+                else:
+                    opt = bnb.optim.AdamW8bit(layer.parameters(), lr=1e-3, min_8bit_size=0)
+            opt.zero_grad()
+            (layer(x) - 1).pow(2).mean().backward()
+            opt.step()
+        return layer.weight.detach().clone()
+
+    torch.testing.assert_close(weights_after("zeroed"), weights_after("new"), rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_reference_sync_zeroes_the_optimizer_state_at_the_sync_step_and_only_then(tmp_path, spread):
     out = tmp_path / "run"

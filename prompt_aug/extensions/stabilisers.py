@@ -19,12 +19,17 @@ logger = logging.getLogger("prompt_aug.collapse")
 # -- ProRL: the optimizer reset at each reference sync ---------------------------------------------------
 
 
+_CODEBOOKS = ("qmap",)  # bitsandbytes' quantization maps: what its 8-bit states decode through
+
+
 def zero_optimizer_state(optimizer: Any) -> int:
     """Zero every tensor of ``optimizer``'s state in place (AdamW: moments and step count); returns how many.
 
     Follows wrappers through their ``.optimizer`` attribute (accelerate's, DeepSpeed's). Zeroed in place
     rather than cleared, so an optimizer or a checkpoint writer that expects the entries still finds them;
-    for Adam(W) a zeroed state is exactly a fresh one (the next step counts as step 1).
+    for Adam(W) a zeroed state is exactly a fresh one (the next step counts as step 1), and so for
+    bitsandbytes' 8-bit optimizers, whose quantization maps (``qmap1``, ``qmap2``: constants, shared by
+    every parameter) are left as they are.
     """
     zeroed, seen, obj = 0, set(), optimizer
     while obj is not None and id(obj) not in seen:
@@ -36,6 +41,8 @@ def zero_optimizer_state(optimizer: Any) -> int:
                 if not isinstance(per_param, dict):
                     continue
                 for key, value in per_param.items():
+                    if str(key).startswith(_CODEBOOKS):
+                        continue
                     if torch.is_tensor(value):
                         value.zero_()
                         zeroed += 1
