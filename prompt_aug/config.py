@@ -103,8 +103,11 @@ class PromptAugGRPOConfig(GRPOConfig):
     # > Prompt augmentation
     prompt_augmentation: bool = _key(
         True,
-        "false: no augmentation; every question is asked under `eval_template` through TRL's own chat "
-        "handling (its messages as a conversational prompt), as plain GRPO would.",
+        "false: no augmentation. prompt-aug-train asks every question under `eval_template` (with "
+        "`system_prompt`) through TRL's own chat handling (its messages as a conversational prompt), as "
+        "plain GRPO would; a trainer built in code trains on the dataset's own `prompt`, as GRPOTrainer "
+        "does (prompt_aug.data.plain_prompts(dataset, prompt_aug.templates.templates_for(config)[2]) "
+        "gives it the former).",
     )
     templates: list[str] | None = _key(
         None, "Template names to draw from (default: the whole bank).", "prompt augmentation"

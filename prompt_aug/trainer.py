@@ -184,8 +184,8 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             check_renders(templates, self.text_tokenizer)
         except TemplateError as err:
             raise TemplateError(
-                f"{err}\nPromptAugGRPOTrainer renders the built-in templates "
-                "through the processing class's chat template; "
+                f"{err}\nPromptAugGRPOTrainer renders the templates (templates_file's, else the built-in "
+                "bank) through the processing class's chat template; "
                 "pass prompt_augmentation=False to train on the dataset's prompts as GRPOTrainer does."
             ) from err
         return PromptAugmentationCollator(
