@@ -23,7 +23,7 @@ class TemplateMetrics:
 
     Beside TRL's ``entropy``, ``reward`` and ``completions/*``, per template: ``templates/<name>/accuracy``,
     ``/format``, ``/mean_length``, ``/truncated_ratio``, ``/count``, ``/entropy`` and ``/repetition``, and
-    ``templates/<name>/<reward function name>`` for every reward function (named as in TRL's
+    ``templates/<name>/rewards/<reward function name>`` for every reward function (named as in TRL's
     ``rewards/<reward function name>/mean``, e.g. ``correctness_reward``); with dynamic sampling also
     ``templates/<name>/kept``. Overall: ``completions/repetition_ratio`` (completions ending in an n-gram
     loop).
@@ -68,13 +68,15 @@ class TemplateMetrics:
         self, trainer: Any, names: list[str], rewards: torch.Tensor | None, lengths: torch.Tensor,
         truncated: torch.Tensor, mode: str, kept: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
-        """Per-template metrics of gathered rows (`per_template_metrics`); ``kept`` (bool per row) adds
+        """Per-template metrics of gathered rows (`per_template_metrics`): ``accuracy``, ``format``, each
+        reward function's mean as ``rewards/<function>``, and with ``kept`` (bool per row)
         ``templates/<name>/kept``."""
         funcs = trainer.reward_funcs
         columns = {
             "accuracy": reward_column(funcs, *CORRECTNESS_REWARDS),
             "format": reward_column(funcs, format_reward),
-            **{name: column for column, name in enumerate(trainer.reward_func_names)},
+            # under rewards/, so that a function named like a metric of ours (count, format) is not mixed in
+            **{f"rewards/{name}": column for column, name in enumerate(trainer.reward_func_names)},
         }
         buffer = trainer.metric_buffer(mode)
         for key, value in per_template_metrics(names, rewards, columns, lengths, truncated, kept).items():

@@ -68,8 +68,34 @@ def test_per_template_metrics_follow_a_reward_named_by_import_path(tmp_path):
     history = {h["step"]: h for h in json.loads((out / "trainer_state.json").read_text())["log_history"]}
     records = pd.read_parquet(out / "completions" / "completions_00001.parquet")
     for name, group in records.groupby("template"):
-        logged = history[1][f"templates/{name}/shuffled_format_reward"]
+        logged = history[1][f"templates/{name}/rewards/shuffled_format_reward"]
         assert logged == pytest.approx(group["shuffled_format_reward"].mean())
+
+
+def test_a_reward_named_like_a_per_template_metric_keeps_its_own_key():
+    """Reward means go under ``rewards/``: a function named ``count`` neither replaces the template's row
+    count nor is averaged into another metric."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from prompt_aug.metrics import TemplateMetrics
+
+    def count(completions, **kwargs):
+        return [0.5] * len(completions)
+
+    buffers: dict = defaultdict(lambda: defaultdict(list))
+    trainer = SimpleNamespace(
+        reward_funcs=[count], reward_func_names=["count"], metric_buffer=lambda mode: buffers[mode]
+    )
+    rewards = torch.tensor([[0.5], [0.5], [0.5]])
+    TemplateMetrics(["a"]).append(
+        trainer, ["a", "a", "a"], rewards, torch.tensor([3.0, 5, 4]), torch.zeros(3), "train"
+    )
+    logged = buffers["train"]
+    assert logged["templates/a/count"] == [3.0] and logged["templates/a/rewards/count"] == [0.5]
+    assert logged["templates/a/mean_length"] == [4.0]
 
 
 def test_completion_records_have_one_template_per_step_and_uid(smoke_run):
