@@ -14,6 +14,7 @@ import argparse
 import difflib
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -132,6 +133,25 @@ def wants_dry_run(argv: list[str]) -> bool:
             following = argv[i + 1] if i + 1 < len(argv) else ""
             return following.startswith("--") or following.lower() in _TRUE
     return False
+
+
+def dry_run_processes(argv: list[str]) -> int | None:
+    """The process count a dry run plans for: ``--num_processes N`` on the command line, else the launch's
+    ``WORLD_SIZE``, else None (one process).
+
+    >>> dry_run_processes(["--dry_run", "--num_processes", "16"]), dry_run_processes(["--num_processes=4"])
+    (16, 4)
+    """
+    for i, arg in enumerate(argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--num_processes=") else None
+        if arg == "--num_processes" and i + 1 < len(argv):
+            value = argv[i + 1]
+        if value is not None:
+            return (
+                int(value) if value.isdigit() and int(value) > 0 else None
+            )  # a bad value: the parser says so
+    world = os.environ.get("WORLD_SIZE", "")
+    return int(world) if world.isdigit() and int(world) > 0 else None
 
 
 def _closest(key: str, known: set[str]) -> str:

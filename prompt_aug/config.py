@@ -9,8 +9,10 @@ feature that reads it, its checks and, where it differs from our default, its va
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -294,6 +296,13 @@ class PromptAugGRPOConfig(GRPOConfig):
         trl=False,
     )
 
+    # Why: `--dry_run --num_processes N` runs in one process but must check TRL's batch arithmetic (its
+    # divisibility checks, generation_batch_size and steps_per_generation) as N processes will; only
+    # `planned_processes`, around a dry run's parse, sets the number.
+    @property
+    def world_size(self) -> int:
+        return _PLANNED_PROCESSES.get() or super().world_size
+
     def __post_init__(self) -> None:
         super().__post_init__()
         mode = padding_mode(self.trim_padding)
@@ -305,6 +314,22 @@ class PromptAugGRPOConfig(GRPOConfig):
             )
         self.trim_padding = mode
         check_config(self)
+
+
+_PLANNED_PROCESSES: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "planned_processes", default=None
+)
+
+
+@contextlib.contextmanager
+def planned_processes(count: int | None) -> Iterator[None]:
+    """Within it, a `PromptAugGRPOConfig` is built as a launch of ``count`` processes would build it (its
+    ``world_size``); None leaves the real process count."""
+    token = _PLANNED_PROCESSES.set(count)
+    try:
+        yield
+    finally:
+        _PLANNED_PROCESSES.reset(token)
 
 
 # Every key of ours (`PromptAugGRPOConfig`'s fields beyond `GRPOConfig`'s) -> its `KeyInfo`.

@@ -37,13 +37,14 @@ from .cli import (
     RecipeParser,
     UsageError,
     checkpoint_step,
+    dry_run_processes,
     interrupted_message,
     parse_recipe,
     prepare_output_dir,
     recipe_text,
     wants_dry_run,
 )
-from .config import PromptAugGRPOConfig, help_field
+from .config import PromptAugGRPOConfig, help_field, planned_processes
 from .data import DataError, load_train_dataset
 from .evaluation.benchmarks import EvalError
 from .extensions import build_features
@@ -195,9 +196,11 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
     (`cli.UsageError`)."""
     parser = make_parser()
     args = list(argv) if argv is not None else sys.argv[1:]
-    if wants_dry_run(args):  # bf16 recipes must parse on a CPU-only machine; see cli.DRY_RUN_OVERRIDES
-        args += DRY_RUN_OVERRIDES
-    return Recipe(*parse_recipe(parser, args))
+    if not wants_dry_run(args):
+        return Recipe(*parse_recipe(parser, args))
+    args += DRY_RUN_OVERRIDES  # bf16 recipes must parse on a CPU-only machine; see cli.DRY_RUN_OVERRIDES
+    with planned_processes(dry_run_processes(args)):  # TRL's batch checks as the launch will run them
+        return Recipe(*parse_recipe(parser, args))
 
 
 def _lora_target_error(err: ValueError, model: Any, model_args: ModelConfig) -> UsageError | None:

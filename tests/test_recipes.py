@@ -268,6 +268,25 @@ def test_wants_dry_run_forms():
     assert not wants_dry_run(["--config", "r.yaml"])
 
 
+def test_a_dry_run_checks_the_batch_keys_as_its_process_count_will_run_them():
+    """TRL derives steps_per_generation from generation_batch_size and checks divisibility by its own process
+    count, which is 1 in a dry run; ``--num_processes N`` must give what N processes will get."""
+    smoke = ["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--dry_run"]
+    keys = ["--per_device_train_batch_size", "2", "--steps_per_generation", "1", "--num_generations", "4"]
+    with pytest.raises(
+        SystemExit, match=r"num_generations \(4\) must divide the completions per round.* = 2;"
+    ):
+        train.main([*smoke, *keys, "--num_processes", "1"])  # 2 completions a round: not one group of 4
+    args = train.parse_args([*smoke, *keys, "--num_processes", "2"]).training_args  # 4: one group
+    assert (args.generation_batch_size, args.steps_per_generation) == (4, 1)
+    paper = ["--config", str(PAPER / "prompt_aug.yaml"), "--dry_run", "--num_processes", "8"]
+    global_batch = ["--steps_per_generation", "null", "--generation_batch_size", "1024"]
+    parsed = train.parse_args([*paper, *global_batch])
+    assert parsed.training_args.steps_per_generation == 16  # 1024 / (8 per device x 8 processes)
+    assert batch_arithmetic(parsed.training_args, parsed.script_args).completions_per_round == 1024
+    assert parsed.training_args.world_size == 1  # the planned count holds only while the recipe parses
+
+
 def test_unknown_recipe_key_is_an_error_naming_the_key(tmp_path):
     recipe = tmp_path / "typo.yaml"
     recipe.write_text((PAPER / "prompt_aug.yaml").read_text() + "\nlora_rnak: 16\n")
