@@ -135,6 +135,21 @@ def hub_model_cached(repo_id: str) -> bool:
     return snapshots.is_dir() and any(snapshots.iterdir())
 
 
+def downloads_model(value: str) -> bool:
+    """Whether loading model ``value`` downloads it: a Hub id with no snapshot in the Hugging Face cache (a
+    local folder, or a model cached before, is read where it is).
+
+    >>> downloads_model("./run/model")
+    False
+    """
+    return (
+        is_hub_id(value)
+        and not looks_local(value)
+        and not Path(value).exists()
+        and not hub_model_cached(value)
+    )
+
+
 def check_source(key: str, value: str | None, builtin: tuple[str, ...] = (), model: bool = False) -> None:
     """Check a model or dataset value before loading: a missing local path or an unreachable Hub fails at
     once, and so, for a ``model``, does a Hub id offline (``HF_HUB_OFFLINE``) with no copy in the Hugging

@@ -20,6 +20,7 @@ import gc
 import json
 import logging
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -53,7 +54,7 @@ from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .mixture import dataset_mixture
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
-from .sources import builtin_names, demo_stage, read_training_data
+from .sources import builtin_names, demo_stage, downloads_model, read_training_data
 from .stack import check_before_parse, check_stack, wait_for_vllm_server
 from .templates import TemplateError, check_renders, resolve_eval_template, templates_for
 from .trainer import PromptAugGRPOTrainer
@@ -310,7 +311,11 @@ def run(
     # Tokenizer, data, model.
     try:
         model_path = resolve_model_path(model_args, args)
-        tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
+        # A Hub model not in the cache yet is downloaded by the main process alone, then read from the cache
+        # by the others, rather than fetched by every process at once into the shared cache.
+        download_once = downloads_model(model_path)
+        with state.main_process_first() if download_once else nullcontext():
+            tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
         check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
         dataset, report = load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
     except (ModelArgsError, TemplateError, DataError) as err:
@@ -326,7 +331,8 @@ def run(
             "the round (--dry_run)"
         )
     logger.info("batch arithmetic:\n%s", arithmetic.table())
-    model = load_model(model_path, model_args, args)
+    with state.main_process_first() if download_once else nullcontext():
+        model = load_model(model_path, model_args, args)
     # Learning demo: held-out questions set aside, supervised warm start, "before" scores (off by default).
     dataset, before_after = demo_stage().before_grpo(demo_args, model, tokenizer, dataset, templates, args)
 

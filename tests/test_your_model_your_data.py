@@ -98,6 +98,22 @@ def test_offline_a_hub_model_is_looked_for_in_the_cache_before_the_run_starts(tm
     check_source("model_name_or_path", "nobody-here/no-such-model", model=True)
 
 
+def test_only_an_uncached_hub_model_is_downloaded_by_the_main_process_first(tmp_path, monkeypatch):
+    """The training command loads a model main-process-first only when loading downloads it: a Hub id with no
+    snapshot in the cache; a cached one, a local folder or a folder named like an id is read where it is."""
+    from huggingface_hub import constants
+
+    from prompt_aug.sources import downloads_model
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert downloads_model("nobody-here/no-such-model")
+    (tmp_path / "hub" / "models--nobody-here--no-such-model" / "snapshots" / "0123abc").mkdir(parents=True)
+    assert not downloads_model("nobody-here/no-such-model")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org" / "model").mkdir(parents=True)
+    assert not downloads_model("org/model") and not downloads_model(str(tmp_path / "org" / "model"))
+
+
 @pytest.mark.parametrize("form", ["name", "file", "jinja"])
 def test_chat_template_is_set_on_the_tokenizer_by_name_file_or_text(form, base_model_dir, tmp_path):
     jinja = tmp_path / "mine.jinja"
