@@ -32,6 +32,7 @@ from .faults import (
     RewardFunctionError,
     checkpoint_problem,
     last_complete_checkpoint,
+    resume_launch_problem,
 )
 from .models import LOCAL_MODELS
 from .models import resolve as resolve_local_model
@@ -365,6 +366,9 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, log=state.is_main_process)
     if resume is not None:
         check_resume_peft(resume, model_args)
+        problem = resume_launch_problem(resume, state.num_processes)
+        if problem:
+            raise UsageError(problem)
     stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
     if script_args.dataset_mixture is not None:
         check_mixture(script_args.dataset_mixture)
@@ -414,12 +418,16 @@ def interrupted_message(
             f"No checkpoint was saved in {output_dir} yet; start over with --overwrite_output_dir true."
         )
     else:
+        # Under a launcher only the script's arguments are known here; the launch (processes, machines,
+        # engine config) must be the same as the run's, or the rounds and the optimizer state differ.
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        launch = "python" if world <= 1 else f"<the same launcher, on {world} processes>"
         lines += [
             (
                 f"Last checkpoint: {last}. "
                 "Resume with the same launch command plus --resume_from_checkpoint true:"
             ),
-            "  python -m prompt_aug.train " + " ".join([*kept, "--resume_from_checkpoint", "true"]),
+            f"  {launch} -m prompt_aug.train " + " ".join([*kept, "--resume_from_checkpoint", "true"]),
         ]
     return "\n".join(lines)
 

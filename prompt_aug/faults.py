@@ -76,6 +76,36 @@ def one_line(err: BaseException, limit: int = 300) -> str:
 # Preemption
 
 
+LAUNCH_FILE = "launch.json"  # in each checkpoint: the process count that saved it
+
+
+class LaunchRecord(TrainerCallback):
+    """Writes into each checkpoint the number of processes that trained it (``launch.json``), which a resume
+    checks (`resume_launch_problem`): the recipe's batch keys are per process, so another count is another
+    round size and another optimizer state layout."""
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            (folder / LAUNCH_FILE).write_text(json.dumps({"processes": args.world_size}) + "\n")
+
+
+def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
+    """Why ``checkpoint`` should not be resumed on ``processes`` processes (it was saved by another count),
+    or None; a checkpoint without ``launch.json`` (saved by TRL alone, or an older version) is not checked."""
+    try:
+        saved = json.loads((Path(checkpoint) / LAUNCH_FILE).read_text()).get("processes")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(saved, int) or saved == processes:
+        return None
+    return (
+        f"resume_from_checkpoint: {checkpoint} was trained on {saved} process(es), and this launch has "
+        f"{processes}; the batch keys are per process, so the round would change. Relaunch on {saved} "
+        "processes, or start a new run (another output_dir)"
+    )
+
+
 class PreemptionCallback(TrainerCallback):
     """Stop at a step end, saved, when the job is told to stop (SIGTERM, SIGUSR1).
 

@@ -24,7 +24,7 @@ from .config import trainer_settings
 from .evaluation.backends import stop_token_ids
 from .evaluation.callback import EvalCallback
 from .extensions import Features, build_features
-from .faults import HubAndPreemption, checked_reward_funcs
+from .faults import HubAndPreemption, LaunchRecord, checked_reward_funcs
 from .metrics import TemplateMetrics
 from .model_card import ModelCardInfo, ModelCardMixin
 from .padding import PaddingFreePasses
@@ -156,6 +156,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         self.features = features
         self.preemption = features.preemption  # saving on preemption (`HubAndPreemption`)
         features.attach(self)
+        self.add_callback(LaunchRecord())  # each checkpoint records its process count, which a resume checks
 
     def _apply_stop_tokens(self, tokens: list[str]) -> None:
         """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's

@@ -153,6 +153,12 @@ def test_two_process_resume_in_the_second_epoch_sees_the_uninterrupted_sequence(
     _torchrun(d, *run)
     e.mkdir()
     shutil.copytree(d / "checkpoint-8", e / "checkpoint-8")
+    assert json.loads((e / "checkpoint-8" / "launch.json").read_text()) == {"processes": 2}
+    # On one process the round would be half as large: refused before the model loads, in one line.
+    with pytest.raises(
+        SystemExit, match=r"checkpoint-8 was trained on 2 process\(es\), and this launch has 1;"
+    ):
+        _train(e, *run, "--resume_from_checkpoint", "true")
     _torchrun(e, *run, "--resume_from_checkpoint", "true")
     expected = _all_records(d).query("step > 8").reset_index(drop=True)
     got = _all_records(e).reset_index(drop=True)
