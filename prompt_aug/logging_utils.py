@@ -133,7 +133,8 @@ class JsonlLogCallback(TrainerCallback):
     """Append every log entry, all keys, to ``OUTPUT_DIR/logs.jsonl`` on the main process.
 
     A resumed run first drops the entries an interrupted run logged after its checkpoint, so each step
-    appears once, as the resumed run logged it.
+    appears once, as the resumed run logged it, and the end-of-training summary (``train_runtime``, ...)
+    of the earlier start, so the file ends with one summary, the run's.
     """
 
     def __init__(self) -> None:
@@ -146,10 +147,11 @@ class JsonlLogCallback(TrainerCallback):
             path = Path(args.output_dir) / LOG_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
             if not self._started and path.is_file():
+                entries = [(line, json.loads(line)) for line in path.read_text().splitlines()]
                 kept = [
                     line
-                    for line in path.read_text().splitlines()
-                    if json.loads(line)["step"] < state.global_step
+                    for line, entry in entries
+                    if entry["step"] < state.global_step and "train_runtime" not in entry
                 ]
                 path.write_text("".join(line + "\n" for line in kept))
             self._started = True

@@ -313,7 +313,9 @@ def test_resume_says_which_checkpoint_it_loaded(two_step_run, tmp_path, caplog):
     assert f"resuming from {run / 'checkpoint-2'} (step 2)" in caplog.text
     assert _state(run)["global_step"] == 3
     entries = [json.loads(line) for line in (run / "logs.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in entries] == [1, 2, 2, 3, 3] and not any("stale" in e for e in entries)
+    # each step once, and one end-of-training summary: the resumed run's (the first start's is dropped)
+    assert [e["step"] for e in entries] == [1, 2, 3, 3] and not any("stale" in e for e in entries)
+    assert ["train_runtime" in e for e in entries] == [False, False, False, True]
 
 
 @pytest.mark.slow
