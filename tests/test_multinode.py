@@ -641,7 +641,8 @@ def test_usr1_reaches_the_workers_however_slurm_delivers_it(tmp_path, prefix, de
     (tmp_path / "worker.py").write_text(WORKER)
     launch = [
         str(VENV_BIN / "accelerate"), "launch", "--config_file", str(REPO / "accelerate_configs/ddp.yaml"),
-        "--num_processes", "2", "--mixed_precision", "no", str(tmp_path / "worker.py"), str(tmp_path),
+        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+        str(tmp_path / "worker.py"), str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.Popen(
         ["bash", "-c", prefix + " ".join(launch)], env=_real_env(), cwd=tmp_path, start_new_session=True

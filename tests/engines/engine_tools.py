@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parent / "harness.py"
@@ -28,7 +29,9 @@ def require(module: str) -> None:
 
 
 def engine_env(**extra: str) -> dict[str, str]:
-    """The environment of an engine subprocess: this tree first on the path, offline, a small KV cache."""
+    """The environment of an engine subprocess: this tree first on the path, offline, a small KV cache, and a
+    rendezvous port of its own (``MASTER_PORT``: torch's default 29500 is taken by any other run on the
+    machine that uses it)."""
     env = dict(os.environ)
     # Importing TRL in the test process sets VLLM_LOGGING_LEVEL=ERROR there; a subprocess must start from the
     # user's environment, not from what an earlier test's import left in this one.
@@ -41,6 +44,7 @@ def engine_env(**extra: str) -> dict[str, str]:
             "VLLM_CPU_KVCACHE_SPACE", "1"
         ),  # GiB; vLLM's default asks for most of RAM
         TOKENIZERS_PARALLELISM="false",
+        MASTER_PORT=env.get("MASTER_PORT") or str(free_port()),
     )
     env.update(extra)
     return env

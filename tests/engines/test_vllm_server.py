@@ -11,21 +11,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 from engine_tools import REPO, engine_env, require
+from launch import free_port
 
 START_TIMEOUT = 420
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +27,7 @@ def server(engines_tmp, tiny_model_dir):
     require("vllm")
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
-    port = _free_port()
+    port = free_port()
     cmd = build_command(
         ScriptArguments(model=str(tiny_model_dir), host="127.0.0.1", port=port, max_model_len=256)
     )
@@ -108,7 +102,7 @@ def test_server_mode_with_no_server_ends_in_one_line_naming_the_port(engines_tmp
     saying what it waits for, then ends in one line naming the host and port (TRL alone waits 240 s
     silently)."""
     require("vllm")
-    port = _free_port()  # nothing listens on it
+    port = free_port()  # nothing listens on it
     cmd = [
         sys.executable, "-m", "prompt_aug.train", "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"),
         "--output_dir", str(engines_tmp / "no-server"), "--use_vllm", "true", "--vllm_mode", "server",
