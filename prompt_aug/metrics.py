@@ -144,7 +144,7 @@ def per_template_metrics(
     """``templates/<name>/<metric>`` of gathered rows.
 
     ``rewards`` is the (rows x reward functions) matrix TRL trains on (NaN where a function gave None);
-    ``reward_columns`` maps a metric name (``accuracy``, ``format``, each reward function's name) to its
+    ``reward_columns`` maps a metric name (``accuracy``, ``format``, ``rewards/<function>``) to its
     column, or ``None`` when no reward function gives it. Besides those: ``mean_length``,
     ``truncated_ratio``, ``count`` and, with ``kept`` (bool per row), ``kept``.
 

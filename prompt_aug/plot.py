@@ -48,7 +48,7 @@ CURVES: list[tuple[str, str, list[str], bool]] = [
     ("Completion length", "tokens", ["completions/mean_length"], False),
     ("Truncation rate", "fraction cut at the length limit", ["completions/clipped_ratio"], True),
 ]
-_TEMPLATE_ACCURACY = re.compile(r"^templates/(.+)/accuracy$")
+_TEMPLATE_ACCURACY = re.compile(r"^templates/([^/]+)/accuracy$")  # not templates/<name>/rewards/accuracy
 
 
 class PlotError(ValueError):

@@ -41,7 +41,7 @@ def test_log_history_has_entropy_finite_loss_and_per_template_metrics(smoke_run)
         for metric in ("accuracy", "format", "mean_length", "truncated_ratio", "count"):
             assert f"templates/{name}/{metric}" in keys, (name, metric)
         for reward_name in ("correctness_reward", "format_reward"):  # every reward function, by TRL's name
-            assert f"templates/{name}/{reward_name}" in keys, (name, reward_name)
+            assert f"templates/{name}/rewards/{reward_name}" in keys, (name, reward_name)
 
 
 def test_per_template_metrics_match_the_completion_records(smoke_run):
