@@ -92,7 +92,7 @@ class LaunchRecord(TrainerCallback):
 
 def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
     """Why ``checkpoint`` should not be resumed on ``processes`` processes (it was saved by another count),
-    or None; a checkpoint without ``launch.json`` (saved by TRL alone, or an older version) is not checked."""
+    or None; a checkpoint without ``launch.json`` (saved by TRL's trainer alone) is not checked."""
     try:
         saved = json.loads((Path(checkpoint) / LAUNCH_FILE).read_text()).get("processes")
     except (OSError, ValueError, AttributeError):
@@ -422,6 +422,9 @@ class HubAndPreemption:
         with catching, disk_full_is_one_line(self.args.output_dir):
             result = super().train(*args, **kwargs)
         if self.preempted:
+            # Every rank has written its part of the checkpoint before any leaves: a launcher stops the
+            # others once one process exits, and rank 0 may still be saving.
+            self.accelerator.wait_for_everyone()
             raise Preempted(self.preempted, self.state.global_step, self.args.output_dir)
         return result
 

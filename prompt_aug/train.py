@@ -19,13 +19,16 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import signal
 import sys
+import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 from accelerate import PartialState
+from accelerate.utils import broadcast_object_list
 from trl import ModelConfig, get_peft_config
 from trl.trainer.utils import get_callable_name
 
@@ -311,9 +314,10 @@ def run(
     # Tokenizer, data, model.
     try:
         model_path = resolve_model_path(model_args, args)
-        # A Hub model not in the cache yet is downloaded by the main process alone, then read from the cache
-        # by the others, rather than fetched by every process at once into the shared cache.
-        download_once = downloads_model(model_path)
+        # A Hub model not in the main process's cache yet is downloaded by the main process alone, then read
+        # from the cache by the others, rather than fetched by every process at once into a shared cache.
+        # Decided once, on the main process, for all: each process entering the barriers or none.
+        (download_once,) = broadcast_object_list([state.is_main_process and downloads_model(model_path)])
         with state.main_process_first() if download_once else nullcontext():
             tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
         check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
@@ -378,6 +382,10 @@ def run(
         # exits, which could cut that message.
         state.wait_for_everyone()
         return EXIT_PREEMPTED
+    # Trained: a late time-limit warning (SIGUSR1; train() catches it only while it trains) must not kill the
+    # final save, card or push; the job script waits for the run to end and then does not requeue it.
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
