@@ -406,6 +406,21 @@ def test_a_requeued_start_resumes_instead_of_repeating_the_first_starts_flags(fa
     assert "applied to the first start only" in result.stderr
 
 
+def test_a_requeued_warm_start_that_had_not_saved_starts_from_the_same_checkpoint_again(fake_slurm):
+    """A first start from another run's checkpoint, requeued before its own first save: the dropped PATH is
+    given again (not --overwrite_output_dir, which would start over from the base model)."""
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    other = _complete_checkpoint(fake_slurm["tmp"] / "other" / "checkpoint-100", 100)
+    out_dir.mkdir()
+    (out_dir / "logs.jsonl").write_text("{}\n")  # what the interrupted start wrote
+    for flags in (["--resume_from_checkpoint", str(other)], [f"--resume_from_checkpoint={other}"]):
+        line = _train_line(dict(env, SLURM_RESTART_COUNT="1"), out_dir, *flags)
+        assert line.endswith(f"--resume_from_checkpoint {other}") and "--overwrite_output_dir" not in line
+    _complete_checkpoint(out_dir / "checkpoint-104", 104)  # once it has saved, it resumes its own
+    line = _train_line(dict(env, SLURM_RESTART_COUNT="2"), out_dir, "--resume_from_checkpoint", str(other))
+    assert line.endswith("--resume_from_checkpoint true") and str(other) not in line
+
+
 # ---------------------------------------------------------------------------------------------
 # Running it: srun, the server, signals and requeue (stand-in accelerate).
 
