@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -59,22 +60,35 @@ def check_adapter_base(key: str, folder: str | Path) -> None:
         )
 
 
+def default_output(folder: Path) -> Path:
+    """Where `merge` writes by default: ``<folder>-merged`` beside the folder; for a run's ``checkpoint-N``,
+    ``<run>-checkpoint-N-merged`` beside the run, outside its output folder, where checkpoint rotation and
+    ``--overwrite_output_dir`` would take a ``checkpoint-N-merged`` for one of the run's checkpoints.
+
+    >>> default_output(Path("/r/run")), default_output(Path("/r/run/checkpoint-500"))
+    (PosixPath('/r/run-merged'), PosixPath('/r/run-checkpoint-500-merged'))
+    """
+    if re.fullmatch(r"checkpoint-\d+", folder.name):
+        return folder.parent.with_name(f"{folder.parent.name}-{folder.name}-merged")
+    return folder.with_name(folder.name + "-merged")
+
+
 def merge(folder: str | Path, base: str | None = None, output: str | Path | None = None) -> Path:
     """Fold the adapter in ``folder`` into its base model (``base``, default the one it records) and save the
     full model, with the adapter folder's tokenizer and generation config, in ``output`` (default
-    ``<folder>-merged``), written under a temporary name and renamed when complete. Returns ``output``.
+    `default_output`), written under a temporary name and renamed when complete. Returns ``output``.
 
     Raises:
         AdapterError: ``folder`` is not an adapter, its base cannot be found, or ``output`` is not empty.
     """
-    folder = Path(folder).expanduser()
+    folder = Path(folder).expanduser().resolve()
     if not is_adapter(folder):
         raise AdapterError(f"{folder}: no {ADAPTER_FILE} there, so not a LoRA adapter folder")
     if base is None:
         check_adapter_base("merge", folder)
         base = adapter_base(folder)
     check_source("--base", base, model=True)  # a missing folder, or an unreachable or uncached Hub id
-    target = Path(output).expanduser() if output else folder.with_name(folder.name + "-merged")
+    target = Path(output).expanduser() if output else default_output(folder)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise AdapterError(f"--output {target} exists and is not empty; remove it or pass another --output")
     import torch
@@ -110,7 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     join.add_argument("folder", help="the adapter folder (a LoRA run's output_dir or one of its checkpoints)")
     join.add_argument("--base", default=None, help="the base model (default: the one the adapter records)")
-    join.add_argument("--output", default=None, help="the folder to write (default: FOLDER-merged)")
+    join.add_argument(
+        "--output", default=None, help="the folder to write (default: FOLDER-merged; RUN-checkpoint-N-merged)"
+    )
     args = parser.parse_args(argv)
     try:
         print(merge(args.folder, args.base, args.output))

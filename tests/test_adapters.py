@@ -73,6 +73,18 @@ def test_merge_refuses_a_folder_that_is_no_adapter_and_an_output_that_is_not_emp
     assert (taken / "notes.txt").read_text() == "keep me" and len(list(taken.iterdir())) == 1
 
 
+def test_a_checkpoints_merge_goes_beside_the_run_and_a_relative_folder_works(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Merged into the run's folder, ``checkpoint-N-merged`` would be taken for a checkpoint (rotation and
+    --overwrite_output_dir delete it): it goes beside the run. ``.`` names the folder one stands in."""
+    checkpoint = save_lora_adapter(tiny_model_dir, tmp_path / "run" / "checkpoint-4")
+    assert merge(checkpoint) == tmp_path / "run-checkpoint-4-merged"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-4"]
+    monkeypatch.chdir(save_lora_adapter(tiny_model_dir, tmp_path / "mine"))
+    assert merge(".") == tmp_path / "mine-merged" and (tmp_path / "mine-merged" / "config.json").is_file()
+
+
 def test_evaluating_an_adapter_refuses_vllm_and_a_missing_base_before_loading(tiny_model_dir, tmp_path):
     from prompt_aug.evaluate import main as evaluate
 
