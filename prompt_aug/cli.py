@@ -136,23 +136,35 @@ def wants_dry_run(argv: list[str]) -> bool:
     return False
 
 
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` on a command line (``--flag V`` or ``--flag=V``; the last one wins), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+        elif arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
 def dry_run_processes(argv: list[str]) -> int | None:
-    """The process count a dry run plans for: ``--num_processes N`` on the command line, else the launch's
-    ``WORLD_SIZE``, else None (one process).
+    """The process count a dry run plans for: ``--num_processes N`` on the command line, else the recipe
+    file's ``num_processes``, else the launch's ``WORLD_SIZE``, else None (one process).
 
     >>> dry_run_processes(["--dry_run", "--num_processes", "16"]), dry_run_processes(["--num_processes=4"])
     (16, 4)
     """
-    for i, arg in enumerate(argv):
-        value = arg.split("=", 1)[1] if arg.startswith("--num_processes=") else None
-        if arg == "--num_processes" and i + 1 < len(argv):
-            value = argv[i + 1]
-        if value is not None:
-            return (
-                int(value) if value.isdigit() and int(value) > 0 else None
-            )  # a bad value: the parser says so
-    world = os.environ.get("WORLD_SIZE", "")
-    return int(world) if world.isdigit() and int(world) > 0 else None
+    value = _flag_value(argv, "--num_processes")
+    config = _flag_value(argv, "--config")
+    if value is None and config and Path(config).is_file():
+        try:
+            recipe = yaml.safe_load(Path(config).read_text())
+        except yaml.YAMLError:
+            recipe = None  # the parser names the file and the error
+        found = recipe.get("num_processes") if isinstance(recipe, dict) else None
+        value = None if found is None else str(found)
+    value = value if value is not None else os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None  # a bad value: the parser says so
 
 
 def _closest(key: str, known: set[str]) -> str:

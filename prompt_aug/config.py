@@ -163,14 +163,15 @@ class PromptAugGRPOConfig(GRPOConfig):
     eval_limit: int | None = _key(None, "First N questions per benchmark only.", "evaluation during training")
     eval_question_column: str | None = _key(
         None,
-        "Question column of eval_benchmarks' own question sets (default: question, else problem), as "
-        "prompt-aug-eval's --question_column; the suite's benchmarks keep theirs.",
+        "Question column of eval_benchmarks' own question sets (default: the first of question, problem, "
+        "query, input), as prompt-aug-eval's --question_column; the suite's benchmarks keep theirs.",
         "evaluation during training",
     )
     eval_answer_column: str | None = _key(
         None,
-        "Gold column of eval_benchmarks' own question sets (default: answer; a solution column gives its "
-        "boxed answer), as prompt-aug-eval's --answer_column.",
+        "Gold column of eval_benchmarks' own question sets (default: the first of answer, ground_truth, "
+        "final_answer, target, solution; a solution column gives its boxed answer), as prompt-aug-eval's "
+        "--answer_column.",
         "evaluation during training",
     )
     eval_max_tokens: int = _key(1024, "New tokens per evaluation completion.", "evaluation during training")

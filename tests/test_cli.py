@@ -206,12 +206,15 @@ def test_a_missing_local_dataset_fails_at_once_naming_the_key(tmp_path, capsys, 
             "someone/missing-questions",
             "question set someone/missing-questions: could not load it from the Hugging Face Hub (",
         ),
+        # a set whose question column has another name: the recipe key to set, not the command's flag
+        ("{tmp}/odd.jsonl", "question set {tmp}/odd.jsonl: none of the columns"),
     ],
 )
 def test_an_evaluation_set_that_cannot_load_fails_before_the_model_is_built(tmp_path, capsys, name, expected):
-    # Offline (HF_HUB_OFFLINE=1, tests/conftest.py), the Hub set fails at once; both used to fail at the
-    # first evaluation, after training had run that long.
+    # Offline (HF_HUB_OFFLINE=1, tests/conftest.py), the Hub set fails at once: before the model is built,
+    # not at the first evaluation, after training has run that long.
     name, expected = name.format(tmp=tmp_path), expected.format(tmp=tmp_path)
+    (tmp_path / "odd.jsonl").write_text('{"statement": "Compute $1 + 1$.", "answer": "2"}\n')
     out = tmp_path / "o"
     message = _error(
         [
@@ -227,6 +230,7 @@ def test_an_evaluation_set_that_cannot_load_fails_before_the_model_is_built(tmp_
         capsys,
     )
     assert message.startswith("prompt-aug-train: error: " + expected), message
+    assert "--question_column" not in message and ("odd" not in name or "eval_question_column" in message)
     assert not (out / "tiny-random-qwen2").exists()
 
 

@@ -329,8 +329,9 @@ def test_zero_optimizer_state_zeroes_adamw_through_a_wrapper():
 
 
 def test_an_8bit_optimizer_zeroed_trains_on_as_a_fresh_one():
-    """bitsandbytes' 8-bit AdamW keeps its quantization maps in each parameter's state; zeroing them too made
-    every later moment decode to 0. Zeroed in place, it must train on exactly as a new optimizer would."""
+    """bitsandbytes' 8-bit AdamW keeps its quantization maps (``qmap1``, ``qmap2``) in each parameter's state,
+    and every moment decodes through them: zeroed in place, the optimizer must train on exactly as a new one
+    would. Needs bitsandbytes, which no extra of this package installs."""
     bnb = pytest.importorskip(
         "bitsandbytes", reason="bitsandbytes is not installed (pip install bitsandbytes, as for QLoRA)"
     )

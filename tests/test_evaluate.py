@@ -580,8 +580,8 @@ def test_flags_out_of_range_are_refused_before_anything_loads(flags, expected, t
 
 def test_a_question_set_is_read_as_training_reads_it(tmp_path, caplog):
     """A conversation column gives its user turn; a row with no gold answer (an empty CSV cell) or no
-    question is left out, counted in the log, where it used to be asked and graded against "None"; the
-    rows kept keep their row numbers."""
+    question is left out and counted in the log, not asked or graded against "None"; the rows kept keep
+    their row numbers."""
     conversations = tmp_path / "chats.jsonl"
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Compute $1 + 2$."}]
     conversations.write_text(json.dumps({"prompt": chat, "answer": "3"}) + "\n")

@@ -602,7 +602,7 @@ def test_math_verify_logs_are_truncated(caplog):
 
 # -- no false negative where math-verify's reading agrees ------------------------------------
 
-# (gold, boxed answer, right?) for each kind of answer the grader used to get wrong; the wrong ones are
+# (gold, boxed answer, right?) for each kind of answer that needs a rule of the grader's; the wrong ones are
 # the same forms with a changed value, so that a rule that accepts everything fails.
 KINDS = {
     "thousands mark and a space": [

@@ -268,7 +268,7 @@ def test_wants_dry_run_forms():
     assert not wants_dry_run(["--config", "r.yaml"])
 
 
-def test_a_dry_run_checks_the_batch_keys_as_its_process_count_will_run_them():
+def test_a_dry_run_checks_the_batch_keys_as_its_process_count_will_run_them(tmp_path):
     """TRL derives steps_per_generation from generation_batch_size and checks divisibility by its own process
     count, which is 1 in a dry run; ``--num_processes N`` must give what N processes will get."""
     smoke = ["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--dry_run"]
@@ -279,6 +279,10 @@ def test_a_dry_run_checks_the_batch_keys_as_its_process_count_will_run_them():
         train.main([*smoke, *keys, "--num_processes", "1"])  # 2 completions a round: not one group of 4
     args = train.parse_args([*smoke, *keys, "--num_processes", "2"]).training_args  # 4: one group
     assert (args.generation_batch_size, args.steps_per_generation) == (4, 1)
+    recipe = tmp_path / "two.yaml"  # the count may come from the recipe file too
+    recipe.write_text((REPO / "recipes/smoke/tiny_cpu.yaml").read_text() + "\nnum_processes: 2\n")
+    args = train.parse_args(["--config", str(recipe), "--dry_run", *keys]).training_args
+    assert args.generation_batch_size == 4
     paper = ["--config", str(PAPER / "prompt_aug.yaml"), "--dry_run", "--num_processes", "8"]
     global_batch = ["--steps_per_generation", "null", "--generation_batch_size", "1024"]
     parsed = train.parse_args([*paper, *global_batch])

@@ -209,6 +209,7 @@ def load_benchmark(
     limit: int | None = None,
     question_column: str | None = None,
     answer_column: str | None = None,
+    column_keys: tuple[str, str] = ("--question_column", "--answer_column"),
 ) -> list[Problem]:
     """The questions of benchmark ``name`` (first ``limit`` only, if given).
 
@@ -216,7 +217,8 @@ def load_benchmark(
     its file, folder or Hub id, with its question in ``question_column`` and its gold in ``answer_column``,
     found as training finds them when not named (`sources.QUESTION_GUESSES`, `sources.ANSWER_GUESSES`): a
     ``solution`` column gives the last ``\\boxed{}`` of each solution. The suite's columns are fixed, so the
-    mapping applies to question sets only.
+    mapping applies to question sets only. ``column_keys`` are the settings an error tells to set (the
+    command's flags, or the recipe keys during training).
     """
     name = parse_benchmarks(name)[0]
     if name in BENCHMARKS:
@@ -230,8 +232,8 @@ def load_benchmark(
     else:
         ds, where = _load_question_set(name), f"question set {name}"
         for given, guesses, flag in (
-            (question_column, QUESTION_GUESSES, "--question_column"),
-            (answer_column, ANSWER_GUESSES, "--answer_column"),
+            (question_column, QUESTION_GUESSES, column_keys[0]),
+            (answer_column, ANSWER_GUESSES, column_keys[1]),
         ):
             if pick_column(ds.column_names, given, guesses) is None:
                 raise EvalError(
@@ -242,7 +244,7 @@ def load_benchmark(
         answers = pick_column(ds.column_names, answer_column, ANSWER_GUESSES)
     missing = [f for f in (questions, answers) if f not in ds.column_names]
     if missing:
-        hint = "" if name in BENCHMARKS else "; name the columns with --question_column and --answer_column"
+        hint = "" if name in BENCHMARKS else f"; name the columns with {column_keys[0]} and {column_keys[1]}"
         raise EvalError(f"{where} lacks column(s) {missing}; it has {ds.column_names}{hint}")
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))

@@ -78,7 +78,11 @@ class EvalCallback(TrainerCallback):
     def problems(self) -> list[Problem]:
         """The questions of every chosen benchmark, loaded on first use."""
         if self._problems is None:
-            loaded = (load_benchmark(b, self.data_dir, self.limit, *self.columns) for b in self.benchmarks)
+            keys = ("eval_question_column", "eval_answer_column")  # the recipe keys that name them
+            loaded = (
+                load_benchmark(b, self.data_dir, self.limit, *self.columns, column_keys=keys)
+                for b in self.benchmarks
+            )
             self._problems = [p for problems in loaded for p in problems]
         return self._problems
 

@@ -28,6 +28,15 @@ def require(module: str) -> None:
         )
 
 
+def accelerate_launch(config: str, processes: int) -> list[str]:
+    """``accelerate launch`` with ``accelerate_configs/<config>.yaml`` on ``processes`` CPU processes, in
+    float32, on a free rendezvous port (``accelerate launch`` takes 29500 unless told, and reads no
+    ``MASTER_PORT``); the script and its arguments follow."""
+    return [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
+            str(REPO / "accelerate_configs" / f"{config}.yaml"), "--num_processes", str(processes),
+            "--mixed_precision", "no", "--main_process_port", str(free_port())]  # fmt: skip
+
+
 def engine_env(**extra: str) -> dict[str, str]:
     """The environment of an engine subprocess: this tree first on the path, offline, a small KV cache, and a
     rendezvous port of its own (``MASTER_PORT``: torch's default 29500 is taken by any other run on the

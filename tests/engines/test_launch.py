@@ -16,22 +16,19 @@ About 1 minute per config (the first DeepSpeed launch compiles an op, about 70 s
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from engine_tools import HARNESS, REPO, require, run
+from engine_tools import HARNESS, REPO, accelerate_launch, require, run
 
 SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
 CONFIGS = {"ddp": 2, "zero2": 2, "zero3": 2, "fsdp": 2, "single_gpu": 1}  # config -> processes
 
 
 def _launch(config: str, processes: int, out: Path, probe: str, *extra: str) -> str:
-    accelerate = str(Path(sys.executable).parent / "accelerate")
-    cmd = [accelerate, "launch", "--config_file", str(REPO / "accelerate_configs" / f"{config}.yaml"),
-           "--num_processes", str(processes), "--mixed_precision", "no", str(HARNESS),
-           "--config", SMOKE, "--output_dir", str(out), "--per_device_train_batch_size", str(6 // processes),
+    cmd = [*accelerate_launch(config, processes), str(HARNESS), "--config", SMOKE, "--output_dir", str(out),
+           "--per_device_train_batch_size", str(6 // processes),
            "--learning_rate", "1e-3", "--reward_funcs", "correctness", "engine_rewards:char_length",
            *extra]  # fmt: skip
     return run(cmd, out.parent / f"{config}-{probe}.log", timeout=600, ENGINE_PROBE_DIR=str(out / probe))

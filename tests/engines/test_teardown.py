@@ -22,12 +22,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from engine_tools import HARNESS, REPO, engine_env, require, run
+from engine_tools import HARNESS, REPO, accelerate_launch, engine_env, require, run
 
 from prompt_aug import faults
 
@@ -37,9 +36,7 @@ CEILING_S = 600
 
 
 def _command(config: str, out: Path, *extra: str) -> list[str]:
-    accelerate = str(Path(sys.executable).parent / "accelerate")
-    return [accelerate, "launch", "--config_file", str(REPO / "accelerate_configs" / f"{config}.yaml"),
-            "--num_processes", "2", "--mixed_precision", "no", str(HARNESS), "--config", SMOKE,
+    return [*accelerate_launch(config, 2), str(HARNESS), "--config", SMOKE,
             "--output_dir", str(out), "--per_device_train_batch_size", "3", "--learning_rate", "1e-3",
             "--reward_funcs", "correctness", "engine_rewards:char_length", *extra]  # fmt: skip
 
