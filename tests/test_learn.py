@@ -88,7 +88,7 @@ def test_each_seed_raises_the_heldout_format_score(seed, tmp_path_factory):
     learned = _run(tmp_path_factory, seed, "recipe")
     assert learned["heldout_format_rise"] >= FORMAT_RISE, _report(learned)
     # Per-template metrics follow whatever reward functions the recipe names.
-    assert "templates/open-r1/correctness_reward" in learned["keys"]
+    assert "templates/open-r1/rewards/correctness_reward" in learned["keys"]
 
 
 def test_correctness_rises_on_average_over_seeds(tmp_path_factory):
@@ -104,4 +104,4 @@ def test_shuffled_control_raises_nothing(tmp_path_factory):
     assert control["log_correctness_rise"] < CORRECTNESS_RISE, _report(control)
     assert control["table_correctness_rise"] < CORRECTNESS_RISE, _report(control)
     assert control["heldout_format_rise"] < FORMAT_RISE, _report(control)
-    assert "templates/open-r1/shuffled_correctness_reward" in control["keys"]
+    assert "templates/open-r1/rewards/shuffled_correctness_reward" in control["keys"]
