@@ -388,6 +388,22 @@ def hub_push_failed(args: Any, repo_id: str, err: BaseException) -> HubPushError
     )
 
 
+@contextmanager
+def signal_ignored(name: str) -> Iterator[None]:
+    """Signal ``name`` (``"SIGUSR1"``) ignored while the block runs, where the platform has it and this is the
+    main thread (Python's rule); the previous handler is restored after, so that the process, and what it
+    starts later, keep their own."""
+    signum = getattr(signal, name, None)
+    if signum is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
 class Preempted(SystemExit):
     """What `train()` raises after a preemption signal stopped it at a saved checkpoint: a `SystemExit` with
     status `EXIT_PREEMPTED` (75), so a script that does not catch it ends there, with the status a requeue

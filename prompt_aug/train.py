@@ -19,9 +19,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import signal
 import sys
-import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -52,7 +50,7 @@ from .config import PromptAugGRPOConfig, help_field, planned_processes
 from .data import DataError, load_train_dataset
 from .evaluation.benchmarks import EvalError
 from .extensions import build_features
-from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, Preempted, disk_full_is_one_line
+from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, Preempted, disk_full_is_one_line, signal_ignored
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .mixture import dataset_mixture
 from .model_card import model_card_info
@@ -384,25 +382,24 @@ def run(
         return EXIT_PREEMPTED
     # Trained: a late time-limit warning (SIGUSR1; train() catches it only while it trains) must not kill the
     # final save, card or push; the job script waits for the run to end and then does not requeue it.
-    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    trainer.log_metrics("train", result.metrics)
-    trainer.save_metrics("train", result.metrics)
-    trainer.save_state()
-    if before_after is not None:
-        before_after.measure("after", trainer.model, tokenizer)
-        if trainer.is_world_process_zero():
-            print(before_after.table())
-            logger.info("wrote %s", before_after.write(args.output_dir))
+    with signal_ignored("SIGUSR1"):
+        trainer.log_metrics("train", result.metrics)
+        trainer.save_metrics("train", result.metrics)
+        trainer.save_state()
+        if before_after is not None:
+            before_after.measure("after", trainer.model, tokenizer)
+            if trainer.is_world_process_zero():
+                print(before_after.table())
+                logger.info("wrote %s", before_after.write(args.output_dir))
 
-    # Save, card, push (a failed push leaves both on disk and says how to push later).
-    with disk_full_is_one_line(args.output_dir):
-        trainer.save_model(args.output_dir)
-        trainer.create_model_card()
-    if args.push_to_hub:
-        # Every rank calls it, as accelerate expects; only the main process uploads.
-        trainer.push_to_hub(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")
-    return 0
+        # Save, card, push (a failed push leaves both on disk and says how to push later).
+        with disk_full_is_one_line(args.output_dir):
+            trainer.save_model(args.output_dir)
+            trainer.create_model_card()
+        if args.push_to_hub:
+            # Every rank calls it, as accelerate expects; only the main process uploads.
+            trainer.push_to_hub(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")
+        return 0
 
 
 if __name__ == "__main__":

@@ -299,6 +299,28 @@ def test_preemption_is_a_config_key_the_trainer_applies(tiny_model_dir, tmp_path
     )
 
 
+def test_the_final_save_ignores_a_late_warning_and_the_process_keeps_its_own_handler(tmp_path, monkeypatch):
+    """After training, SIGUSR1 is ignored while the model, card and push are written (it would kill them),
+    and the process's own handler is back afterwards: a test process, or a script, that trains in-process
+    and then starts a job script must not pass an ignored SIGUSR1 on to it."""
+    seen = []
+    save_model = train.PromptAugGRPOTrainer.save_model
+
+    def recording_save_model(self, *args, **kwargs):
+        seen.append(signal.getsignal(signal.SIGUSR1))
+        return save_model(self, *args, **kwargs)
+
+    monkeypatch.setattr(train.PromptAugGRPOTrainer, "save_model", recording_save_model)
+    own = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    try:
+        mine = signal.getsignal(signal.SIGUSR1)
+        _train(tmp_path / "run", "--max_steps", "1")
+        assert signal.getsignal(signal.SIGUSR1) is mine
+    finally:
+        signal.signal(signal.SIGUSR1, own)
+    assert seen and seen[-1] == signal.SIG_IGN  # the final save_model call
+
+
 _SIGNAL_SCRIPT = """
 import os, signal, sys
 import datasets
