@@ -106,6 +106,22 @@ def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
     )
 
 
+@contextmanager
+def signals_handled(signums: list[int], handler: Any) -> Iterator[bool]:
+    """``handler`` for each of ``signums`` while the block runs, and the previous handlers after (the default
+    action where Python had none). Only the main thread may set handlers (Python's rule): elsewhere nothing is
+    set, and the block gets False."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in signums}
+    try:
+        yield True
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+
+
 class PreemptionCallback(TrainerCallback):
     """Stop at a step end, saved, when the job is told to stop (SIGTERM, SIGUSR1).
 
@@ -126,18 +142,12 @@ class PreemptionCallback(TrainerCallback):
         """Record the preemption signals while the block runs (main thread only: Python's rule); each
         ``train()`` call starts with no signal received."""
         self.received, self.stopped_by = None, None
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning(
-                "save_on_preemption: training runs outside the main thread; signals are not caught"
-            )
+        with signals_handled(self.signals, self._on_signal) as installed:
+            if not installed:
+                logger.warning(
+                    "save_on_preemption: training runs outside the main thread; signals are not caught"
+                )
             yield
-            return
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in self.signals}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.received is None:
@@ -390,18 +400,12 @@ def hub_push_failed(args: Any, repo_id: str, err: BaseException) -> HubPushError
 
 @contextmanager
 def signal_ignored(name: str) -> Iterator[None]:
-    """Signal ``name`` (``"SIGUSR1"``) ignored while the block runs, where the platform has it and this is the
-    main thread (Python's rule); the previous handler is restored after, so that the process, and what it
-    starts later, keep their own."""
+    """Signal ``name`` (``"SIGUSR1"``) ignored while the block runs, where the platform has it
+    (`signals_handled`: main thread only, the previous handler restored after, so that the process, and what
+    it starts later, keep their own)."""
     signum = getattr(signal, name, None)
-    if signum is None or threading.current_thread() is not threading.main_thread():
+    with signals_handled([signum] if signum is not None else [], signal.SIG_IGN):
         yield
-        return
-    previous = signal.signal(signum, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signum, previous)
 
 
 class Preempted(SystemExit):
