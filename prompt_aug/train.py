@@ -368,15 +368,15 @@ def run(
             step, max_steps = trainer.state.global_step, trainer.state.max_steps
             print(interrupted_message(args.output_dir, step, max_steps, argv), file=sys.stderr, flush=True)
         raise SystemExit(130) from None
-    except Preempted:  # saved at a step end on every rank; not finished, so no final model, card or push
-        state.wait_for_everyone()  # every rank has written its part of the checkpoint before any exits
+    except Preempted:  # saved at a step end on every rank (train() waits for all); not finished, so no
+        # final model, card or push
         if state.is_main_process:
             step, max_steps = trainer.state.global_step, trainer.state.max_steps
             why = f"Preempted by {trainer.preempted} (exit status {EXIT_PREEMPTED}, {PREEMPTED_FILE} written)"
             print(
                 interrupted_message(args.output_dir, step, max_steps, argv, why), file=sys.stderr, flush=True
             )
-        # and no rank exits before the main process has said so: torchrun stops the other ranks as soon as one
+        # No rank exits before the main process has said so: torchrun stops the other ranks as soon as one
         # exits, which could cut that message.
         state.wait_for_everyone()
         return EXIT_PREEMPTED

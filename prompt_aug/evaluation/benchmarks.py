@@ -231,17 +231,17 @@ def load_benchmark(
         )
     else:
         ds, where = _load_question_set(name), f"question set {name}"
-        for given, guesses, flag in (
-            (question_column, QUESTION_GUESSES, column_keys[0]),
-            (answer_column, ANSWER_GUESSES, column_keys[1]),
-        ):
-            if pick_column(ds.column_names, given, guesses) is None:
-                raise EvalError(
-                    f"{where}: none of the columns {list(guesses)} is there (it has {ds.column_names}); "
-                    f"name the column with {flag}"
-                )
         questions = pick_column(ds.column_names, question_column, QUESTION_GUESSES)
         answers = pick_column(ds.column_names, answer_column, ANSWER_GUESSES)
+        for found, guesses, key in (
+            (questions, QUESTION_GUESSES, column_keys[0]),
+            (answers, ANSWER_GUESSES, column_keys[1]),
+        ):
+            if found is None:
+                raise EvalError(
+                    f"{where}: none of the columns {list(guesses)} is there (it has {ds.column_names}); "
+                    f"name the column with {key}"
+                )
     missing = [f for f in (questions, answers) if f not in ds.column_names]
     if missing:
         hint = "" if name in BENCHMARKS else f"; name the columns with {column_keys[0]} and {column_keys[1]}"
