@@ -43,6 +43,21 @@ def short_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return [0.0] * (len(completions) - 1)
 
 
+def tiny_checkpoint(folder: Path, step: int) -> Path:
+    """A checkpoint folder `prompt_aug.faults.checkpoint_problem` takes as complete: weights, optimizer state
+    and ``trainer_state.json`` at ``step``, each a real file of its format (tiny)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.zeros(4)}, str(folder / "model.safetensors"))
+    torch.save({"state": {}}, folder / "optimizer.pt")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from prompt_aug import faults, train

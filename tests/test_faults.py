@@ -429,19 +429,9 @@ def test_resume_skips_a_checkpoint_a_kill_left_incomplete_and_says_so(
     assert faults.checkpoint_problem(run / "checkpoint-3") is None  # saved again, complete
 
 
-def _tiny_checkpoint(folder: Path, step: int) -> Path:
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True)
-    save_file({"w": torch.zeros(4)}, str(folder / "model.safetensors"))
-    torch.save({"state": {}}, folder / "optimizer.pt")
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    return folder
-
-
 def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
-    good = _tiny_checkpoint(tmp_path / "checkpoint-2", 2)
-    bad = _tiny_checkpoint(tmp_path / "checkpoint-10", 10)  # newer: numbers sort as numbers
+    good = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-2", 2)
+    bad = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-10", 10)  # newer: numbers sort as numbers
     (bad / "trainer_state.json").write_text('{"global_st')
     assert cli.resolve_resume("true", str(tmp_path)) == str(good)
     with pytest.raises(

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fault_harness import tiny_checkpoint
 from launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -341,19 +342,6 @@ def _train_line(env: dict, out_dir: Path, *extra: str) -> str:
     return _plan(env, "--recipe", SMOKE, "--output_dir", str(out_dir), *extra)["train on gpu07"]
 
 
-def _complete_checkpoint(folder: Path, step: int) -> Path:
-    """A checkpoint folder `prompt_aug.faults.checkpoint_problem` takes as complete: weights, optimizer state
-    and ``trainer_state.json``, each a real file of its format (tiny)."""
-    import torch
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True)
-    save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
-    torch.save({"state": {}}, folder / "optimizer.pt")
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    return folder
-
-
 def test_a_checkpoint_in_output_dir_makes_the_run_resume(fake_slurm):
     env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
     assert "--resume_from_checkpoint" not in _train_line(env, out_dir)  # no folder yet
@@ -367,7 +355,7 @@ def test_a_checkpoint_in_output_dir_makes_the_run_resume(fake_slurm):
     assert _train_line(dict(env, SLURM_RESTART_COUNT="1"), out_dir).endswith("--overwrite_output_dir true")
     (out_dir / "checkpoint-4").mkdir()
     assert _train_line(dict(env, SLURM_RESTART_COUNT="1"), out_dir).endswith("--overwrite_output_dir true")
-    _complete_checkpoint(out_dir / "checkpoint-2", 2)
+    tiny_checkpoint(out_dir / "checkpoint-2", 2)
     for restarts in ("0", "3"):
         line = _train_line(dict(env, SLURM_RESTART_COUNT=restarts), out_dir)
         assert line.endswith("--resume_from_checkpoint true")
@@ -392,8 +380,8 @@ def test_a_requeued_start_resumes_instead_of_repeating_the_first_starts_flags(fa
     """Kept on every requeue, --overwrite_output_dir would wipe the run and --resume_from_checkpoint PATH roll
     it back to PATH each time: a requeued start drops both and resumes from the last complete checkpoint."""
     env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
-    _complete_checkpoint(out_dir / "checkpoint-2", 2)
-    _complete_checkpoint(out_dir / "checkpoint-6", 6)
+    tiny_checkpoint(out_dir / "checkpoint-2", 2)
+    tiny_checkpoint(out_dir / "checkpoint-6", 6)
     flags = [f.replace("CHECKPOINT", str(out_dir / "checkpoint-2")) for f in first_start]
     result = _launcher(
         dict(env, SLURM_RESTART_COUNT="2"), "--print-command", "--recipe", SMOKE, "--output_dir",
@@ -410,13 +398,13 @@ def test_a_requeued_warm_start_that_had_not_saved_starts_from_the_same_checkpoin
     """A first start from another run's checkpoint, requeued before its own first save: the dropped PATH is
     given again (not --overwrite_output_dir, which would start over from the base model)."""
     env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
-    other = _complete_checkpoint(fake_slurm["tmp"] / "other" / "checkpoint-100", 100)
+    other = tiny_checkpoint(fake_slurm["tmp"] / "other" / "checkpoint-100", 100)
     out_dir.mkdir()
     (out_dir / "logs.jsonl").write_text("{}\n")  # what the interrupted start wrote
     for flags in (["--resume_from_checkpoint", str(other)], [f"--resume_from_checkpoint={other}"]):
         line = _train_line(dict(env, SLURM_RESTART_COUNT="1"), out_dir, *flags)
         assert line.endswith(f"--resume_from_checkpoint {other}") and "--overwrite_output_dir" not in line
-    _complete_checkpoint(out_dir / "checkpoint-104", 104)  # once it has saved, it resumes its own
+    tiny_checkpoint(out_dir / "checkpoint-104", 104)  # once it has saved, it resumes its own
     line = _train_line(dict(env, SLURM_RESTART_COUNT="2"), out_dir, "--resume_from_checkpoint", str(other))
     assert line.endswith("--resume_from_checkpoint true") and str(other) not in line
 
