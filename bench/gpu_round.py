@@ -64,6 +64,7 @@ import argparse
 import contextlib
 import copy
 import importlib.util
+import logging
 import signal
 import sys
 import threading
@@ -436,6 +437,9 @@ def main(argv: list[str] | None = None) -> dict:
     )  # fmt: skip
     args = parser.parse_args(argv)
     began = time.perf_counter()
+    # The packed attention's one line per model (varlen kernel or SDPA fallback) goes to the log.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("prompt_aug").setLevel(logging.INFO)
     chosen = args.modes or ",".join(MODES if args.tiny else DEFAULT_MODES)
     modes = [m.strip() for m in chosen.split(",") if m.strip()]
     if unknown := [m for m in modes if m not in MODES]:
