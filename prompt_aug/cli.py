@@ -32,6 +32,8 @@ from .faults import (
     RewardFunctionError,
     checkpoint_problem,
     last_complete_checkpoint,
+    launch_engine,
+    resume_engine_problem,
     resume_launch_problem,
 )
 from .models import LOCAL_MODELS
@@ -378,7 +380,9 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, log=state.is_main_process)
     if resume is not None:
         check_resume_peft(resume, model_args)
-        problem = resume_launch_problem(resume, state.num_processes)
+        problem = resume_launch_problem(resume, state.num_processes) or resume_engine_problem(
+            resume, launch_engine(args)
+        )
         if problem:
             raise UsageError(problem)
     stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)

@@ -21,6 +21,7 @@ import errno
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import signal
@@ -103,6 +104,52 @@ def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
         f"resume_from_checkpoint: {checkpoint} was trained on {saved} process(es), and this launch has "
         f"{processes}; the batch keys are per process, so the round would change. Relaunch on {saved} "
         "processes, or start a new run (another output_dir)"
+    )
+
+
+def checkpoint_engine(folder: str | Path) -> str:
+    """The engine whose layout a checkpoint's optimizer state is in: ``"DeepSpeed ZeRO-3"`` or ``"DeepSpeed
+    ZeRO-1/2"`` (a ``global_step*/`` folder; ZeRO-3's model states are per rank), ``"FSDP"``
+    (``pytorch_model_fsdp*``, ``optimizer.bin`` or ``optimizer_0/``), or ``"DDP or one process"``."""
+    folder = Path(folder)
+    if any(folder.glob("global_step*/zero_pp_rank_*_model_states.pt")):
+        return "DeepSpeed ZeRO-3"
+    if any(folder.glob("global_step*")):
+        return "DeepSpeed ZeRO-1/2"
+    if (
+        any(folder.glob("pytorch_model_fsdp*"))
+        or any(folder.glob("optimizer.bin"))
+        or any(folder.glob("optimizer_0"))
+    ):
+        return "FSDP"
+    return "DDP or one process"
+
+
+def launch_engine(args: Any) -> str:
+    """`checkpoint_engine`'s name for the engine a run with these TrainingArguments trains under: DeepSpeed
+    from ``--deepspeed`` or a DeepSpeed accelerate config, FSDP from ``--fsdp`` or an FSDP accelerate config
+    (which accelerate reports only once the Trainer has built its state, hence the environment)."""
+    plugin = getattr(args, "deepspeed_plugin", None)
+    if plugin is not None:
+        return "DeepSpeed ZeRO-3" if plugin.zero_stage == 3 else "DeepSpeed ZeRO-1/2"
+    if getattr(args, "fsdp", None) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("true", "1"):
+        return "FSDP"
+    return "DDP or one process"
+
+
+def resume_engine_problem(checkpoint: str | Path, engine: str) -> str | None:
+    """Why ``checkpoint`` should not be resumed under ``engine`` (a `launch_engine` name), or None.
+
+    Each engine saves the optimizer state in its own layout, and none reads another's: the Trainer resumes a
+    DeepSpeed checkpoint without DeepSpeed on a new optimizer, without a word, and the other ways round fails
+    deep in loading."""
+    saved = checkpoint_engine(checkpoint)
+    if saved == engine:
+        return None
+    return (
+        f"resume_from_checkpoint: {checkpoint} was saved under {saved}, and this launch runs {engine}, which "
+        "cannot read its optimizer state. Relaunch with the accelerate config the run was trained with, or "
+        "start a new run (another output_dir)"
     )
 
 

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import fault_harness
@@ -444,6 +445,55 @@ def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
     ):
         cli.resolve_resume("true", str(tmp_path))
     assert faults.checkpoint_problem(bad, optimizer=False) is not None
+
+
+def _deepspeed_layout(folder: Path, zero3: bool) -> Path:
+    """A complete checkpoint as the Trainer saves one under DeepSpeed: the optimizer state per rank under
+    ``global_step2/`` (ZeRO-3 keeps the model states per rank too), no ``optimizer.pt``."""
+    (folder / "optimizer.pt").unlink()
+    shards = folder / "global_step2"
+    shards.mkdir()
+    model_states = "zero_pp_rank_{}_mp_rank_00_model_states.pt" if zero3 else "mp_rank_00_model_states.pt"
+    for rank in range(2):
+        torch.save({}, shards / model_states.format(rank))
+        torch.save({}, shards / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    (folder / "latest").write_text("global_step2")
+    return folder
+
+
+def test_a_checkpoint_resumes_only_under_the_engine_whose_layout_it_holds(tmp_path, monkeypatch):
+    # Without DeepSpeed the Trainer would take the weights and start a new optimizer without a word;
+    # refused before the model loads, in one line naming the checkpoint and both engines.
+    run = tmp_path / "run"
+    zero2 = _deepspeed_layout(fault_harness.tiny_checkpoint(run / "checkpoint-2", 2), zero3=False)
+    assert faults.checkpoint_problem(zero2) is None  # complete: only the engine differs
+    with pytest.raises(
+        SystemExit,
+        match=r"checkpoint-2 was saved under DeepSpeed ZeRO-1/2, and this launch runs DDP or one process, "
+        r"which cannot read its optimizer state\. Relaunch with the accelerate config",
+    ):
+        _train(run, "--max_steps", "4", "--resume_from_checkpoint", "true")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-2"]  # nothing written, nothing lost
+
+    plain = fault_harness.tiny_checkpoint(tmp_path / "plain" / "checkpoint-2", 2)
+    zero3 = _deepspeed_layout(fault_harness.tiny_checkpoint(tmp_path / "z3" / "checkpoint-2", 2), zero3=True)
+    fsdp = fault_harness.tiny_checkpoint(tmp_path / "fsdp" / "checkpoint-2", 2)
+    (fsdp / "optimizer.pt").rename(fsdp / "optimizer.bin")
+    torch.save({}, fsdp / "pytorch_model_fsdp.bin")
+    # What TrainingArguments hold under each engine (the engine tier launches the real ones).
+    one = faults.launch_engine(SimpleNamespace(deepspeed_plugin=None, fsdp=[]))
+    zero2_now, zero3_now = (
+        faults.launch_engine(SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=stage), fsdp=[]))
+        for stage in (2, 3)
+    )
+    fsdp_now = faults.launch_engine(SimpleNamespace(deepspeed_plugin=None, fsdp=["full_shard"]))
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # an FSDP accelerate config
+    assert faults.launch_engine(SimpleNamespace(deepspeed_plugin=None, fsdp=[])) == fsdp_now
+    for folder, fits in ((plain, one), (zero2, zero2_now), (zero3, zero3_now), (fsdp, fsdp_now)):
+        for engine in {one, zero2_now, zero3_now, fsdp_now}:
+            problem = faults.resume_engine_problem(folder, engine)
+            assert (problem is None) == (engine == fits), (folder, engine, problem)
+            assert problem is None or f"this launch runs {engine}," in problem
 
 
 # ---------------------------------------------------------------------------------------------

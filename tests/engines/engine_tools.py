@@ -59,9 +59,10 @@ def engine_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], log: Path, timeout: float, **extra_env: str) -> str:
+def run(cmd: list[str], log: Path, timeout: float, expect: int = 0, **extra_env: str) -> str:
     """Run ``cmd`` in the repo root with `engine_env`, output to ``log``; kill its whole process group
-    after ``timeout`` seconds. Fails the test on a non-zero exit, showing the log's tail."""
+    after ``timeout`` seconds. Fails the test on an exit status other than ``expect``, showing the log's
+    tail."""
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with log.open("w") as sink:
@@ -81,7 +82,7 @@ def run(cmd: list[str], log: Path, timeout: float, **extra_env: str) -> str:
             code = None
     text = log.read_text(errors="replace")
     print(f"{' '.join(cmd[:6])} ...: {time.monotonic() - started:.0f} s, log {log}")
-    if code != 0:
-        what = f"timed out after {timeout:.0f} s" if code is None else f"exited {code}"
+    if code != expect:
+        what = f"timed out after {timeout:.0f} s" if code is None else f"exited {code}, not {expect}"
         pytest.fail(f"{' '.join(cmd)} {what}; last lines of {log}:\n{text[-4000:]}")
     return text

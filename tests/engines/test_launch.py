@@ -26,12 +26,13 @@ SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
 CONFIGS = {"ddp": 2, "zero2": 2, "zero3": 2, "fsdp": 2, "single_gpu": 1}  # config -> processes
 
 
-def _launch(config: str, processes: int, out: Path, probe: str, *extra: str) -> str:
+def _launch(config: str, processes: int, out: Path, probe: str, *extra: str, expect: int = 0) -> str:
     cmd = [*accelerate_launch(config, processes), str(HARNESS), "--config", SMOKE, "--output_dir", str(out),
            "--per_device_train_batch_size", str(6 // processes),
            "--learning_rate", "1e-3", "--reward_funcs", "correctness", "engine_rewards:char_length",
            *extra]  # fmt: skip
-    return run(cmd, out.parent / f"{config}-{probe}.log", timeout=600, ENGINE_PROBE_DIR=str(out / probe))
+    log = out.parent / f"{config}-{probe}.log"
+    return run(cmd, log, timeout=600, expect=expect, ENGINE_PROBE_DIR=str(out / probe))
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -115,6 +116,30 @@ def test_the_checkpoint_resumes_and_training_continues(launched):
     steps = [h for h in state["log_history"] if "grad_norm" in h]
     assert [h["step"] for h in steps] == [1, 2, 3, 4]
     assert all(h["grad_norm"] > 0 for h in steps)  # the reward has spread: real gradients
+
+
+# Each engine keeps the optimizer state in its own layout; resumed under another, the Trainer would start a
+# new optimizer without a word (DeepSpeed's checkpoint without DeepSpeed) or fail deep in loading.
+OTHER_ENGINE = {
+    "ddp": ("zero2", "DDP or one process", "DeepSpeed ZeRO-1/2"),
+    "zero2": ("ddp", "DeepSpeed ZeRO-1/2", "DDP or one process"),
+    "zero3": ("zero2", "DeepSpeed ZeRO-3", "DeepSpeed ZeRO-1/2"),
+    "fsdp": ("ddp", "FSDP", "DDP or one process"),
+}
+
+
+def test_the_checkpoint_is_refused_under_another_engine_in_one_line(launched):
+    config, out = launched["config"], launched["out"]
+    if config not in OTHER_ENGINE:
+        pytest.skip("single_gpu runs one process: another engine is another process count, refused as such")
+    other, saved, running = OTHER_ENGINE[config]
+    if other.startswith("zero"):
+        require("deepspeed")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    text = _launch(other, 2, out, "refused", "--max_steps", "6", "--resume_from_checkpoint", "true", expect=1)
+    line = f"checkpoint-4 was saved under {saved}, and this launch runs {running}, which cannot read"
+    assert line in text and "Traceback" not in text, text[-3000:]
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # nothing written, nothing lost
 
 
 def _weights(path: Path) -> dict:
