@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy
 
-from rewards.grading.extract import last_boxed
+from rewards.grading.extract import last_boxed, number_text
 
 from .collator import FORMAT_COLUMNS
 from .sources import (
@@ -199,8 +200,23 @@ def _gold(answer: Any) -> str | list[str] | None:
     if answer is None:
         return None
     if isinstance(answer, (list, tuple)):
-        return [text for text in (str(a).strip() for a in answer if a is not None and not _is_nan(a)) if text]
-    return str(answer).strip()
+        return [
+            text
+            for text in (number_text(a).strip() for a in answer if a is not None and not _is_nan(a))
+            if text
+        ]
+    return number_text(answer).strip()
+
+
+def _as_stored(values: list[Any], feature: Any) -> list[Any]:
+    """A float32 or float16 column's values in their own precision (Arrow hands them over as float64, so
+    float32's 0.1 would be written 0.10000000149011612)."""
+    dtype = getattr(feature, "dtype", None) or getattr(getattr(feature, "feature", None), "dtype", None)
+    if dtype not in ("float32", "float16"):
+        return values
+    narrow = getattr(numpy, dtype)
+    cast = lambda v: narrow(v) if isinstance(v, float) else v
+    return [[cast(v) for v in value] if isinstance(value, list) else cast(value) for value in values]
 
 
 def _gold_problem(answer: Any) -> str | None:
@@ -292,7 +308,7 @@ def to_rows(
         _require(ds, q_col, "question")
         _require(ds, a_col, "answer")
         questions = [question_text(q) for q in ds[q_col]]
-        answers = list(ds[a_col])
+        answers = _as_stored(list(ds[a_col]), ds.features[a_col])
         if a_col == "solution":  # MATH: the gold is the boxed answer of the worked solution
             boxed = [last_boxed(s or "") for s in answers]
             unboxed = {i for i, (s, box) in enumerate(zip(answers, boxed, strict=True)) if s and not box}

@@ -490,3 +490,26 @@ def test_a_hub_snapshot_folder_is_read_from_its_data_folder(tmp_path):
     )
     rows, _ = load_math_dataset(str(tmp_path))
     assert rows["question"] == ["q1", "q2"]
+
+
+def test_number_golds_are_written_without_an_exponent_and_graded_as_numbers(tmp_path):
+    # Python writes 0.00005 as 5e-05, which a grader reads with Euler's e: the answer 0.00005 then scored 0
+    # and "e-5" scored 1. Numbers from a JSON file, a float32 parquet column and exponent text alike.
+    from prompt_aug.evaluation.benchmarks import normalize_gold
+    from rewards.registry import correctness_reward
+
+    path = tmp_path / "numbers.jsonl"
+    path.write_text(
+        '{"question": "a?", "answer": 0.00005}\n{"question": "b?", "answer": 1e16}\n'
+        '{"question": "c?", "answer": "2.5e-7"}\n{"question": "d?", "answer": 142.0}\n'
+    )
+    golds = load_math_dataset(str(path))[0]["answer"]
+    assert golds == ["0.00005", "10000000000000000", "0.00000025", "142"]
+    pd.DataFrame({"question": ["e?"], "answer": pd.Series([0.1], dtype="float32")}).to_parquet(
+        tmp_path / "f32.parquet"
+    )
+    assert load_math_dataset(str(tmp_path / "f32.parquet"))[0]["answer"] == ["0.1"]
+    assert normalize_gold([5e-05, "1e-7"]) == ["0.00005", "0.0000001"]
+    answers = ["\\boxed{0.00005}", "\\boxed{e-5}", "\\boxed{0.0000001}", "\\boxed{e-7}"]
+    golds = ["5e-05", "5e-05", 1e-07, 1e-07]  # the gold as text in exponent form, and as a number
+    assert correctness_reward(answers, answer=golds) == [1.0, 0.0, 1.0, 0.0]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rewards.grading.extract import last_boxed
+from rewards.grading.extract import last_boxed, number_text
 
 from ..sources import (
     ANSWER_GUESSES,
@@ -70,9 +70,7 @@ def normalize_gold(answer: Any) -> list[str]:
     for value in values:
         if value is None or (isinstance(value, float) and math.isnan(value)):  # a missing gold: none
             continue
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        golds.append(str(value).strip())
+        golds.append(number_text(value).strip())
     return [g for g in golds if g]
 
 

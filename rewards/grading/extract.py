@@ -11,7 +11,11 @@ Two rules read an answer out of a completion:
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
+from decimal import Decimal
+from typing import Any
 
 STOP_STRINGS = ("</answer>", "<|im_end|>", "<|endoftext|>", "</s>", "[END]")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
@@ -276,3 +280,28 @@ def _occurrences(text: str, needle: str) -> list[int]:
         found.append(index)
         index = text.find(needle, index + 1)
     return found
+
+
+_EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE]([+-]?\d+)")
+
+
+def number_text(value: Any) -> str:
+    """A gold given as a number, as text in positional notation; anything else as ``str`` gives it. Python
+    writes ``5e-05`` and ``1e+16``, which a grader reads with Euler's e; a whole float loses its ``.0``.
+    Text in that exponent form (as a column of mixed numbers and text becomes) is rewritten the same way.
+
+    >>> number_text(5e-05), number_text(1e16), number_text(142.0), number_text(0.1), number_text("2e-3")
+    ('0.00005', '10000000000000000', '142', '0.1', '0.002')
+    >>> number_text(7), number_text("e-7"), number_text("x^2")
+    ('7', 'e-7', 'x^2')
+    """
+    if isinstance(value, str):
+        found = _EXPONENT.fullmatch(value.strip())
+        if not found or abs(int(found.group(2))) > 100:
+            return value
+        return format(Decimal(value.strip()).normalize(), "f")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        return str(value)
+    if float(value).is_integer():
+        return str(int(value))
+    return format(Decimal(str(value)), "f")  # str: the shortest digits that round-trip (float32's too)

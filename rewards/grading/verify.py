@@ -25,7 +25,7 @@ from typing import Any
 
 from math_verify import LatexExtractionConfig, parse, verify
 
-from .extract import normalize
+from .extract import normalize, number_text
 
 _EXTRACTION = [LatexExtractionConfig(boxed_match_priority=0)]
 # math-verify's own timeouts use signal.alarm (main thread only, whole seconds). The grading workers
@@ -99,9 +99,7 @@ def normalize_gold(gold: Any) -> str:
     """
     if gold is None or (isinstance(gold, float) and math.isnan(gold)):
         return ""
-    if isinstance(gold, float) and gold.is_integer():
-        return str(int(gold))
-    text = normalize(str(gold))
+    text = number_text(normalize(number_text(gold)))  # a number, then exponent text inside ``$...$``
     return text if braces_balanced(text) else ""
 
 
