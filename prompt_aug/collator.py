@@ -15,6 +15,7 @@ import hashlib
 from itertools import accumulate
 from typing import Any
 
+from .sources import content_text
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
 # Columns the collator writes: the template's name and its format rules, which the reward functions
@@ -48,10 +49,7 @@ def row_question(row: dict[str, Any]) -> str:
     if isinstance(prompt, list):
         for message in reversed(prompt):
             if isinstance(message, dict) and message.get("role") == "user":
-                content = message.get("content")
-                if isinstance(content, list):  # content blocks: keep the text parts
-                    content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
-                return str(content)
+                return content_text(message.get("content"))
         raise ValueError(f"the row's `prompt` has no user turn to augment: {prompt!r}")
     raise KeyError(f"row has neither a `question` nor a `prompt` column; it has {sorted(row)}")
 

@@ -216,9 +216,24 @@ def pick_column(columns: list[str], given: str | None, guesses: tuple[str, ...])
     return given or next((c for c in guesses if c in columns), None)
 
 
+def content_text(content: Any) -> str:
+    """A message's content as text: a string as it is, a list of content blocks (TRL's typed content) as
+    the concatenation of its text blocks.
+
+    >>> content_text([{"type": "text", "text": "1 + "}, {"type": "image"}, {"type": "text", "text": "2?"}])
+    '1 + 2?'
+    """
+    if isinstance(content, list):
+        return "".join(
+            str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text"
+        )
+    return "" if content is None else str(content)
+
+
 def user_turn(messages: Any) -> str:
-    """The last user turn of a conversation (a list of ``{"role", "content"}``), stripped; empty if none."""
-    users = [m["content"] for m in messages if m.get("role") == "user"]
+    """The last user turn of a conversation (a list of ``{"role", "content"}``, the content text or content
+    blocks), stripped; empty if none."""
+    users = [content_text(m.get("content")) for m in messages if m.get("role") == "user"]
     return users[-1].strip() if users else ""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -187,6 +188,18 @@ def test_a_missing_question_is_an_empty_one_and_a_conversation_gives_its_user_tu
         ]
     )  # fmt: skip
     assert to_rows(chats, question_column="prompt")[0]["question"] == ["2+2?"]
+
+
+def test_a_conversation_of_content_blocks_gives_the_text_of_its_user_turn(tmp_path):
+    # TRL's typed content: a list of blocks, of which the text ones make the question.
+    path = tmp_path / "blocks.jsonl"
+    turn = {
+        "role": "user",
+        "content": [{"type": "text", "text": " What is "}, {"type": "text", "text": "2+2? "}],
+    }
+    path.write_text(json.dumps({"messages": [turn], "answer": "4"}) + "\n")
+    rows, _ = load_math_dataset(str(path), question_column="messages")
+    assert rows["question"] == ["What is 2+2?"] and rows["answer"] == ["4"]
 
 
 def test_a_solution_without_a_box_is_dropped_saying_the_box_is_read():
