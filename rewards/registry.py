@@ -230,14 +230,19 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
 class TRLConvention:
     """A reward function written for TRL's datasets, made to read this package's rows: its completions as
     TRL's conversational messages (``[{"role": "assistant", "content": text}]``, as TRL's rewards index
-    them), and its ``solution`` column from ``answer`` when the rows have no ``solution`` (with several
-    acceptable golds, the best score over them, as any gold counts). Everything else passes through; the
-    name (``__name__``, which TRL logs under) is the function's own.
+    them), and its ``solution`` column from ``answer``, the gold, as the package's own rewards grade (with
+    several acceptable golds, the best score over them, as any gold counts). A dataset's own ``solution``
+    column, where the gold was read from another (a worked solution beside an ``answer``), is not what
+    they get: TRL's rewards would parse the gold out of the working. Rows without ``answer`` pass as they
+    are. Everything else passes through; the name (``__name__``, which TRL logs under) is the function's
+    own.
 
     >>> def exact(completions, solution, **kwargs):
     ...     return [float(c[0]["content"] == s) for c, s in zip(completions, solution)]
     >>> TRLConvention(exact)(["4", "5", "6"], answer=["4", "4", ["7", "6"]])
     [1.0, 0.0, 1.0]
+    >>> TRLConvention(exact)(["4"], answer=["4"], solution=["2 + 2 = 4, so the answer is 4."])
+    [1.0]
     """
 
     def __init__(self, func: Callable[..., list[float | None]]) -> None:
@@ -248,8 +253,9 @@ class TRLConvention:
     def __call__(self, completions: list[Any], **columns: Any) -> list[float | None]:
         messages = [c if isinstance(c, list) else [{"role": "assistant", "content": c}] for c in completions]
         golds = columns.get("answer")
-        if "solution" in columns or golds is None:
+        if golds is None:
             return self.func(completions=messages, **columns)
+        columns = {k: v for k, v in columns.items() if k != "solution"}
         if not any(isinstance(g, list) for g in golds):
             return self.func(completions=messages, solution=list(golds), **columns)
         best: list[float | None] | None = None

@@ -437,8 +437,11 @@ def test_trls_rewards_by_name_are_trls_and_read_this_packages_rows():
     assert reasoning(["<think>hm</think> \\boxed{4}"], answer=["4"]) == [1.0]
     assert think(["<think>\nx\n</think>\nSo 4.", "So 4."], answer=["4", "4"]) == [1.0, 0.0]
     assert overlong(["x", "y"], completion_ids=[[1] * 1152, [1] * 10], answer=["4", "4"]) == [-0.5, 0.0]
-    # Conversational completions and a `solution` column pass through untouched.
-    assert accuracy([[{"content": "\\boxed{3}"}]], solution=["3"], answer=["9"]) == [1.0]
+    # Conversational completions pass through untouched. A dataset's own worked `solution` beside the gold
+    # is not what TRL's reward grades against: it would take the first expression of the working, $x = 2$.
+    worked = ["We have $x = 2$, so $x^2 + 8 = 12$."]
+    assert accuracy([[{"content": "\\boxed{12}"}]], solution=worked, answer=["12"]) == [1.0]
+    assert trl.rewards.accuracy_reward([[{"content": "\\boxed{12}"}]], solution=worked) == [0.0]
     assert pickle.loads(pickle.dumps(accuracy)).func is trl.rewards.accuracy_reward  # spawned workers
 
 
