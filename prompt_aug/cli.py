@@ -304,6 +304,20 @@ def clear_run(paths: list[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
+def check_reward_weights(weights: list[float] | None, names: list[str]) -> None:
+    """One ``reward_weights`` entry per ``reward_funcs`` entry, in their order (TRL checks it only once the
+    model has loaded).
+
+    Raises:
+        UsageError: one line with both lists.
+    """
+    if weights is not None and len(weights) != len(names):
+        raise UsageError(
+            f"reward_weights: {len(weights)} weights {list(weights)} for {len(names)} reward_funcs {names}; "
+            "give one weight per reward function, in their order, or leave reward_weights out (all 1)"
+        )
+
+
 def resolve_resume(value: str | None, output_dir: str, log: bool = True) -> str | None:
     """``true`` means the last complete checkpoint in ``output_dir`` (a newer folder that a kill during a save
     left incomplete is skipped, with one log line naming it and why); a path is used as is, if complete."""

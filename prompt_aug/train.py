@@ -38,6 +38,7 @@ from .cli import (
     USER_ERRORS,
     RecipeParser,
     UsageError,
+    check_reward_weights,
     checkpoint_step,
     dry_run_processes,
     interrupted_message,
@@ -287,17 +288,20 @@ def run(
     except ModelArgsError as err:
         raise UsageError(str(err)) from None
     arithmetic = batch_arithmetic(args, script_args)
+    # Reward functions and templates by name: a bad name fails before anything is read or deleted, and in
+    # the dry run too.
+    try:
+        reward_funcs = get_reward_funcs(script_args.reward_funcs)
+        names = [get_callable_name(f) for f in reward_funcs]  # as TRL names a reward function
+        check_reward_weights(args.reward_weights, names)
+        templates, weights, eval_template = templates_for(args)
+    except (ValueError, TemplateError) as err:  # each message names the key and what there is
+        raise UsageError(str(err)) from None
     if script_args.dry_run:  # arithmetic only
         print(arithmetic.table())
         return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
-    try:  # reward functions and templates by name: a bad name fails before anything is read or deleted
-        reward_funcs = get_reward_funcs(script_args.reward_funcs)
-        names = [get_callable_name(f) for f in reward_funcs]  # as TRL names a reward function
-        templates, weights, eval_template = templates_for(args)
-    except (ValueError, TemplateError) as err:  # each message names the key and what there is
-        raise UsageError(str(err)) from None
     recipe = recipe_text(argv)  # for the model card
     resume = prepare_output_dir(script_args, args, model_args, state)  # and where model and data come from
     with state.main_process_first():  # the data as stored, downloaded once; mapped to rows below

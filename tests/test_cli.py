@@ -418,3 +418,23 @@ def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_c
     # The full metrics are in the log file.
     first = json.loads((out / "logs.jsonl").read_text().splitlines()[0])
     assert first["step"] == 1 and any(k.startswith("templates/") for k in first) and "entropy" in first
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--reward_funcs", "corectness"], "reward_funcs"),
+        (["--reward_funcs", "my_rewards_absent.brevity"], "my_rewards_absent"),
+        (["--templates_file", "absent_templates.yaml"], "absent_templates.yaml"),
+        (["--eval_template", "no-such-template"], "no-such-template"),
+        (
+            ["--reward_funcs", "correctness", "format", "--reward_weights", "1", "2", "3"],
+            "reward_weights: 3 weights [1.0, 2.0, 3.0] for 2 reward_funcs ['correctness_reward', "
+            "'format_reward']; give one weight per reward function",
+        ),
+    ],
+)
+def test_the_dry_run_refuses_what_the_launch_would(extra, expected, capsys):
+    # The dry run is how a recipe is checked without a GPU: a name the launch refuses, it refuses too.
+    message = _error(["--config", str(SMOKE), "--dry_run", *extra], capsys)
+    assert expected in message and "Traceback" not in message
