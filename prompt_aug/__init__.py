@@ -51,6 +51,25 @@ if TYPE_CHECKING:
     from .trainer import PromptAugGRPOTrainer
 
 
+def _check_rewards_is_ours() -> None:
+    """``rewards`` must be the package installed beside this one. A ``rewards.py`` (open-r1's name for its
+    reward file) or ``rewards/`` in the folder Python runs from comes first on the import path and would
+    hide it, and every command would then fail on an import far from the cause."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("rewards")
+    ours = Path(__file__).resolve().parent.parent / "rewards" / "__init__.py"
+    if spec is not None and spec.origin and Path(spec.origin).resolve() != ours:
+        raise ImportError(
+            f"{spec.origin} hides prompt-aug-grpo's own `rewards` package ({ours.parent}); rename it (for "
+            "example to my_rewards.py) and name its functions my_rewards.function in reward_funcs"
+        )
+
+
+_check_rewards_is_ours()
+
+
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -17,6 +17,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .formats import row_rules
@@ -217,6 +218,14 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
     try:
         func = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as err:
+        top = module_name.split(".")[0]
+        loaded = getattr(sys.modules.get(top), "__file__", None) or ""
+        mine = next((p for p in (Path(top + ".py"), Path(top)) if p.exists()), None)
+        if mine is not None and loaded and not Path(loaded).resolve().is_relative_to(mine.resolve()):
+            raise ValueError(
+                f"reward_funcs: cannot load {path!r}: {top!r} is the installed {loaded}, not your "
+                f"{mine.resolve()}; rename yours (for example to my_{top}) and name it so in reward_funcs"
+            ) from None
         raise ValueError(
             f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function or "
             "package.module.function"

@@ -429,8 +429,10 @@ def test_console_shows_compact_lines_each_warning_once_and_how_to_resume_after_c
         (["--eval_template", "no-such-template"], "no-such-template"),
         (
             ["--reward_funcs", "correctness", "format", "--reward_weights", "1", "2", "3"],
-            "reward_weights: 3 weights [1.0, 2.0, 3.0] for 2 reward_funcs ['correctness_reward', "
-            "'format_reward']; give one weight per reward function",
+            (
+                "reward_weights: 3 weights [1.0, 2.0, 3.0] for 2 reward_funcs ['correctness_reward', "
+                "'format_reward']; give one weight per reward function"
+            ),
         ),
     ],
 )

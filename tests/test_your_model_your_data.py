@@ -421,6 +421,25 @@ def test_a_reward_module_in_the_launch_folder_is_found_by_dotted_path(tmp_path, 
     assert func(["abc"]) == [0.25]
 
 
+def test_a_rewards_py_in_the_launch_folder_is_named_as_what_hides_or_is_hidden(tmp_path):
+    # open-r1 calls its reward file rewards.py; ours is an installed package of that name. Run from that
+    # folder, `python -m` puts the file first (it hides the package); the console script does not (the
+    # recipe's rewards.brevity is then looked up in the package). Each says so in one line.
+    mine = tmp_path / "rewards.py"
+    mine.write_text("def brevity(completions, **kwargs):\n    return [0.0 for c in completions]\n")
+    argv = ["--config", str(SMOKE), "--reward_funcs", "rewards.brevity", "--dry_run"]
+    scripts = Path(sys.executable).parent
+    run = lambda cmd: subprocess.run(
+        cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+    module = run([sys.executable, "-m", "prompt_aug.train", *argv])
+    assert module.returncode != 0
+    assert f"{mine} hides prompt-aug-grpo's own `rewards` package" in module.stderr.strip().splitlines()[-1]
+    script = run([str(scripts / "prompt-aug-train"), *argv])
+    assert script.returncode != 0 and "Traceback" not in script.stderr, script.stderr[-2000:]
+    assert f"'rewards' is the installed {REPO / 'rewards' / '__init__.py'}, not your {mine};" in script.stderr
+
+
 def test_trls_rewards_by_name_are_trls_and_read_this_packages_rows():
     import trl.rewards
 
