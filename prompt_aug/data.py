@@ -256,6 +256,11 @@ def check_bad_rows(dropped: Counter, kept: int, max_share: float | None) -> None
         for reason, n in dropped.items()
         if reason in dropped.columns
     )
+    if not kept:  # no share lets a run go on: the columns or the data are wrong
+        raise DataError(
+            f"all {considered} rows are unusable ({details}): check question_column and answer_column "
+            "(python -m prompt_aug.data --dataset ... previews them), or fix the data"
+        )
     raise DataError(
         f"{share:.1%} of the {considered} rows are unusable ({details}), more than max_bad_row_share "
         f"{max_share:g}: fix the data, or allow them with --max_bad_row_share {enough:g}"
@@ -309,8 +314,10 @@ def to_rows(
         _require(ds, a_col, "answer")
         questions = [question_text(q) for q in ds[q_col]]
         answers = _as_stored(list(ds[a_col]), ds.features[a_col])
-        if a_col == "solution":  # MATH: the gold is the boxed answer of the worked solution
-            boxed = [last_boxed(s or "") for s in answers]
+        # MATH: the gold is the boxed answer of the worked solution. A `solution` column without a box
+        # in any row holds plain answers, as TRL's datasets have them.
+        if a_col == "solution" and any(isinstance(s, str) and "\\boxed" in s for s in answers):
+            boxed = [last_boxed(s) if isinstance(s, str) else None for s in answers]
             unboxed = {i for i, (s, box) in enumerate(zip(answers, boxed, strict=True)) if s and not box}
             answers = boxed
         if "uid" in cols:

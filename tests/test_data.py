@@ -212,6 +212,14 @@ def test_a_solution_without_a_box_is_dropped_saying_the_box_is_read():
     )
 
 
+def test_a_solution_column_without_a_box_in_any_row_holds_plain_answers():
+    # TRL's datasets keep the final answer in `solution`: nothing to extract, every row kept.
+    raw = datasets_from({"prompt": ["q1", "q2"], "solution": ["4", "\\frac{1}{2}"]})
+    for column in (None, "solution"):  # guessed or named
+        rows, dropped = to_rows(raw, "prompt", column)
+        assert rows["answer"] == ["4", "\\frac{1}{2}"] and not dropped.bad()
+
+
 def test_a_column_trl_reads_as_images_stops_the_load_in_one_line():
     raw = datasets_from({"question": ["q"], "answer": ["1"], "image": [None]})
     with pytest.raises(DataError, match="^column 'image': TRL reads it as the row's images"):
@@ -526,3 +534,13 @@ def test_number_golds_are_written_without_an_exponent_and_graded_as_numbers(tmp_
     answers = ["\\boxed{0.00005}", "\\boxed{e-5}", "\\boxed{0.0000001}", "\\boxed{e-7}"]
     golds = ["5e-05", "5e-05", 1e-07, 1e-07]  # the gold as text in exponent form, and as a number
     assert correctness_reward(answers, answer=golds) == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_when_no_row_is_usable_no_share_is_offered_and_the_columns_are_named(tmp_path):
+    # Allowing 100% bad rows would leave nothing to train on: the columns are what to check.
+    path = tmp_path / "numbers.jsonl"
+    path.write_text('{"question": "a?", "answer": [1, {"x": 2}]}\n{"question": "b?", "answer": {"y": 1}}\n')
+    with pytest.raises(
+        DataError, match="^all 2 rows are unusable .*: check question_column and answer_column"
+    ):
+        load_math_dataset(str(path), max_bad_row_share=0.01)
