@@ -608,6 +608,23 @@ def answer_form(answer: str) -> str:
     return "expression"
 
 
+def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
+    """The recipe's data keys for ``dataset``: those of its ``dataset_mixture`` source of that ``path``
+    (each unset one from the top level, as training reads them), else the top-level keys."""
+    keys = {k: recipe.get(k) for k in ("dataset_config", "dataset_split", "question_column", "answer_column")}
+    keys["dataset_levels"] = recipe.get("dataset_levels")
+    entries = (recipe.get("dataset_mixture") or {}).get("datasets") or []
+    source = next((e for e in entries if isinstance(e, dict) and e.get("path") == dataset), {})
+    own = {
+        "dataset_config": source.get("name"),
+        "dataset_split": source.get("split"),
+        "question_column": source.get("question_column"),
+        "answer_column": source.get("answer_column"),
+        "dataset_levels": source.get("dataset_levels"),
+    }
+    return {k: own[k] if own[k] is not None else keys[k] for k in keys}
+
+
 def preview(args: argparse.Namespace) -> str:
     """The preview report as text (see `main`)."""
     from transformers import AutoTokenizer
@@ -619,13 +636,15 @@ def preview(args: argparse.Namespace) -> str:
         import yaml
 
         recipe = yaml.safe_load(Path(args.config).read_text()) or {}
+    keys = _source_keys(recipe, args.dataset)
+    levels = keys.get("dataset_levels")
     rows, report = load_math_dataset(
         args.dataset,
-        config=args.dataset_config or recipe.get("dataset_config"),
-        split=args.split or recipe.get("dataset_split", "train"),
-        question_column=recipe.get("question_column"),
-        answer_column=recipe.get("answer_column"),
-        levels=recipe.get("dataset_levels"),
+        config=args.dataset_config or keys.get("dataset_config"),
+        split=args.split or keys.get("dataset_split") or "train",
+        question_column=keys.get("question_column"),
+        answer_column=keys.get("answer_column"),
+        levels=None if levels is None else [str(level) for level in levels],  # YAML's 4 is the level "4"
     )
     tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
     lines = []

@@ -272,6 +272,20 @@ def test_preview_cli_with_a_recipe_uses_its_templates_and_prompt_limit(tmp_path,
     assert out.count("----- template") == 2 and "----- template abel -----" in out
 
 
+def test_preview_reads_a_mixture_sources_own_columns_and_levels_as_training_does(tmp_path, capsys):
+    path = tmp_path / "mine.jsonl"
+    rows = [{"prompt_text": f"q{i}?", "gold": str(i), "level": i % 5 + 1} for i in range(10)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(
+        "model_name_or_path: tiny-random-qwen2\ndataset_levels: [4, 5]\ndataset_mixture:\n  datasets:\n"
+        f"    - {{path: {path}, question_column: prompt_text, answer_column: gold}}\n"
+    )
+    data.main(["--dataset", str(path), "--config", str(recipe)])
+    out = capsys.readouterr().out
+    assert "10 rows read, 4 kept" in out and "q3?" in out  # levels 4 and 5, as YAML numbers
+
+
 def test_preview_without_the_recipes_tokenizer_skips_the_length_limit_and_says_so(tmp_path, capsys):
     # Offline, the recipe's Hub tokenizer cannot load; the built-in one counts tokens differently, so a
     # limit applied with it would report drops that training would not make.
