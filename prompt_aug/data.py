@@ -129,6 +129,7 @@ class Drops(Counter):
         super().__init__(*args, **kwargs)
         self.rows: dict[str, list[int]] = {}
         self.columns: dict[str, str] = {}
+        self.notes: list[str] = []  # what loading changed without dropping a row
 
     def add(self, reason: str, index: int, column: str) -> None:
         self[reason] += 1
@@ -167,7 +168,8 @@ class DataReport:
     def drops(self) -> list[str]:
         """One line per reason rows were dropped: the count, the reason and, for bad data, the first rows."""
         shown = self.dropped.shown if isinstance(self.dropped, Drops) else lambda why: ""
-        return [f"dropped {n}: {why}{shown(why)}" for why, n in self.dropped.items() if n]
+        notes = [f"note: {note}" for note in getattr(self.dropped, "notes", [])]
+        return [f"dropped {n}: {why}{shown(why)}" for why, n in self.dropped.items() if n] + notes
 
     def one_line(self) -> str:
         """The report on one line (for an error message)."""
@@ -177,6 +179,18 @@ class DataReport:
 def _require(ds: datasets.Dataset, column: str, what: str) -> None:
     if column not in ds.column_names:
         raise DataError(f"{what} column {column!r} not found; the dataset has columns {ds.column_names}")
+
+
+def _repeated_ids_note(ids: list[Any] | None, column: str) -> list[str]:
+    """A note when ``ids`` repeat (the rows then get ids from their questions, `_stable_uids`)."""
+    if ids is None or len(set(ids)) == len(ids):
+        return []
+    repeated = [i for i, n in Counter(ids).items() if n > 1]
+    note = (
+        f"{len(repeated)} value(s) of column {column!r} repeat (e.g. {repeated[0]!r}), so each row's uid is "
+        "a hash of its question; make them unique to keep them as uids"
+    )
+    return [note]
 
 
 def _stable_uids(questions: list[str], ids: list[str] | None) -> list[str]:
@@ -340,6 +354,7 @@ def to_rows(
             keep.append(i)
     answers = [_gold(a) for a in answers]
     uids = _stable_uids(questions, ids)
+    dropped.notes += _repeated_ids_note(ids, "uid" if "uid" in consumed else "extra_info.index")
     columns = {
         "question": [questions[i] for i in keep],
         # A list-valued answer column keeps every gold (any of them counts, as in evaluation); then the whole
@@ -466,18 +481,24 @@ def mix_sources(
         reports.append(report)
     sources = [source for _, source, _, _ in read]
     fractions = [source.fraction for source in sources]
+    beyond = [0] * len(parts)
     if fractions[0] is not None:  # TRL's rule (`get_dataset`): the largest mixture with these shares
         weights = [f / sum(fractions) for f in fractions]
         total = min(len(part) / w for part, w in zip(parts, weights, strict=True) if w > 0)
-        parts = [part.select(range(round(w * total))) for part, w in zip(parts, weights, strict=True)]
+        kept = [round(w * total) for w in weights]
+        beyond = [len(part) - n for part, n in zip(parts, kept, strict=True)]
+        parts = [part.select(range(n)) for part, n in zip(parts, kept, strict=True)]
     if len({repr(part.features["answer"]) for part in parts}) > 1:  # list golds in some sources only
         parts = [part.map(lambda row: {"answer": _as_list(row["answer"])}) for part in parts]
     parts = align_columns(parts, [source.path for source in sources])
     mixed = datasets.concatenate_datasets(parts)
-    dropped: Counter = Counter()
-    for report in reports:
+    dropped = Drops()
+    for report, extra in zip(reports, beyond, strict=True):
         for why, n in report.dropped.items():
             dropped[f"{report.source}: {why}"] += n
+        if extra:
+            dropped[f"{report.source}: beyond its fraction of the mixture"] += extra
+        dropped.notes += [f"{report.source}: {note}" for note in getattr(report.dropped, "notes", [])]
     names = ", ".join(f"{r.source} ({len(p)} rows)" for r, p in zip(reports, parts, strict=True))
     return mixed, DataReport(f"mixture of {names}", sum(r.read for r in reports), len(mixed), dropped)
 

@@ -87,9 +87,17 @@ def test_verl_layout_in_a_config_subfolder(tmp_path, verl_dir):
 def test_verl_layout_without_unique_index_gets_stable_hash_uids(tmp_path):
     frame = _verl_frame([("Q one?", "1", "same"), ("Q two?", "2", "same")])
     frame.to_parquet(tmp_path / "d.train.parquet")
-    first, _ = load_math_dataset(str(tmp_path))
+    first, report = load_math_dataset(str(tmp_path))
     again, _ = load_math_dataset(str(tmp_path))
     assert first["uid"] == again["uid"] and len(set(first["uid"])) == 2 and "same" not in first["uid"]
+    # The report says the ids were not kept, and why.
+    assert "note: 1 value(s) of column 'extra_info.index' repeat (e.g. 'same'), so each row's uid" in str(
+        report
+    )
+    frame = pd.DataFrame({"question": ["a?", "b?", "c?"], "answer": ["1", "2", "3"], "uid": [7, 7, 8]})
+    frame.to_json(tmp_path / "u.jsonl", orient="records", lines=True)
+    rows, report = load_math_dataset(str(tmp_path / "u.jsonl"))
+    assert "7" not in rows["uid"] and "note: 1 value(s) of column 'uid' repeat (e.g. 7)" in str(report)
 
 
 def test_math_layout_with_level_filter_reads_the_boxed_answer(tmp_path):

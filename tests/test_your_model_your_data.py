@@ -270,10 +270,12 @@ dataset_mixture:
       fraction: 1
 """,
     )
-    rows, _ = _load(recipe, tokenizer)
+    rows, report = _load(recipe, tokenizer)
     # 4 algebra rows at a share of 3/4 allow a mixture of 5 (geometry's 3 rows would allow 12): 4 + 1.
     sources = [u.split(":")[0] for u in rows["uid"]]
     assert sources.count("0") == 4 and sources.count("1") == 1
+    # The 2 geometry rows left out are counted, as every other row not trained on is.
+    assert f"dropped 2: {two_sets['geometry']}: beyond its fraction of the mixture" in str(report)
 
 
 def test_a_mixture_from_the_command_line_as_json(two_sets, tmp_path, tokenizer):
