@@ -308,8 +308,16 @@ def read_dataset(
     return _load_dataset(f"Hub dataset {path!r}", path, name, split=split)
 
 
+# JSON files of a dataset's metadata (a Hub repository's, or save_to_disk's), not its rows.
+_METADATA_FILES = {"dataset_infos.json", "dataset_info.json", "dataset_dict.json", "state.json"}
+
+
 def _data_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and is_data_file_name(p.name))
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file() and is_data_file_name(p.name) and p.name not in _METADATA_FILES
+    )
 
 
 def _data_folder(where: Path, name: str | None, split: str) -> Path:
@@ -349,6 +357,9 @@ def _split_files(folder: Path, split: str) -> list[Path]:
         hint = (
             f"; {files[0].name} is named for the {other[0]!r} split (ask for that split, or rename the file)"
         )
+    subs = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not files and subs:  # a snapshot with one folder per subset
+        hint = f"; its sub-folders: {subs}. Name one with dataset_config (or a mixture source's name)"
     raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}{hint}")
 
 

@@ -566,3 +566,23 @@ def test_when_no_row_is_usable_no_share_is_offered_and_the_columns_are_named(tmp
         DataError, match="^all 2 rows are unusable .*: check question_column and answer_column"
     ):
         load_math_dataset(str(path), max_bad_row_share=0.01)
+
+
+def test_a_hub_snapshot_reads_its_rows_not_its_metadata_and_lists_its_subsets(tmp_path):
+    # Older Hub repositories keep dataset_infos.json at the top and the rows under data/.
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "data").mkdir(parents=True)
+    (snapshot / "dataset_infos.json").write_text(json.dumps({"default": {"features": {}}}))
+    pd.DataFrame({"question": ["1+1?"], "answer": ["2"]}).to_parquet(snapshot / "data" / "train.parquet")
+    rows, _ = load_math_dataset(str(snapshot))
+    assert rows["question"] == ["1+1?"]
+    # One folder per subset and none named: the error lists them and names the key.
+    subsets = tmp_path / "subsets"
+    for name in ("main", "socratic"):
+        (subsets / name).mkdir(parents=True)
+        pd.DataFrame({"question": ["q"], "answer": ["1"]}).to_parquet(subsets / name / "train.parquet")
+    with pytest.raises(
+        Exception, match=r"its sub-folders: \['main', 'socratic'\]\. Name one with dataset_config"
+    ):
+        load_math_dataset(str(subsets))
+    assert load_math_dataset(str(subsets), config="main")[0]["answer"] == ["1"]
