@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -32,6 +33,8 @@ from typing import Any
 from .adapters import AdapterError, check_adapter_base, is_adapter
 from .sources import SourceError, build_model, builtin_names, hub_offline
 from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
+
+logger = logging.getLogger("prompt_aug")
 
 HOME_ENV = "PROMPT_AUG_HOME"
 MARKER_FILE = "prompt_aug_model.json"  # written last: a folder without it is not a fetched model
@@ -410,6 +413,14 @@ def load_tokenizer(model_path: str, model_args: Any, args: Any, chat_template: s
         tokenizer.pad_token = tokenizer.eos_token
     if chat_template:
         tokenizer.chat_template = chat_template_text(chat_template)
+    lacking = [t for t in ("<|im_start|>", "<|im_end|>") if t not in tokenizer.get_vocab()]
+    if chat_template == "chatml" and lacking:
+        logger.warning(
+            "chat_template: chatml writes %s, which are not single tokens of %s's vocabulary: generation "
+            "will not stop at the end of a turn, nor will the rewards cut the text there; give a template in "
+            "the model's own tokens, with stop_tokens and reward_cut_tokens to match",
+            lacking, model_args.model_name_or_path,
+        )  # fmt: skip
     if tokenizer.chat_template is None:
         raise ModelArgsError(
             f"model_name_or_path {model_args.model_name_or_path}: its tokenizer has no chat template (a base "

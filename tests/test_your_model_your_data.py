@@ -129,6 +129,34 @@ def test_chat_template_is_set_on_the_tokenizer_by_name_file_or_text(form, base_m
     assert "What is 2 + 2?" in text
 
 
+def test_chatml_on_a_vocabulary_without_its_markers_warns_that_turns_will_not_stop(
+    tiny_model_dir, tmp_path, caplog
+):
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as token_models
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "</s>", "What", "is", "2", "+", "?"]
+    core = Tokenizer(token_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder = tmp_path / "plain-vocab"
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="</s>").save_pretrained(
+        folder
+    )
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        models.load_tokenizer(
+            str(folder), ModelConfig(model_name_or_path=str(folder)), _args(tmp_path), "chatml"
+        )
+    assert (
+        "chat_template: chatml writes ['<|im_start|>', '<|im_end|>'], which are not single tokens"
+        in caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="prompt_aug"):  # a vocabulary that has them: nothing to say
+        models.load_tokenizer(str(tiny_model_dir), ModelConfig(), _args(tmp_path), "chatml")
+    assert "chat_template" not in caplog.text
+
+
 def test_chat_template_replaces_a_chat_models_own(tiny_model_dir, tmp_path):
     plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     tokenizer = models.load_tokenizer(str(tiny_model_dir), ModelConfig(), _args(tmp_path), plain)
