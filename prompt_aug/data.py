@@ -514,7 +514,10 @@ def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datas
     owner: dict[str, int] = {}
     for i, part in enumerate(parts):
         for column, feature in part.features.items():
-            if column not in features:
+            if _all_null(feature):  # no value in this source: as if it lacked the column
+                features.setdefault(column, feature)
+                owner.setdefault(column, i)
+            elif column not in features or _all_null(features[column]):
                 features[column], owner[column] = feature, i
             elif column != "answer" and repr(feature) != repr(features[column]):
                 first = owner[column]
@@ -528,8 +531,15 @@ def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datas
         for column, feature in features.items():
             if column not in part.column_names:
                 part = part.add_column(column, [None] * len(part), feature=feature)
+            elif _all_null(part.features[column]) and not _all_null(feature):
+                part = part.cast_column(column, feature)
         aligned.append(part.select_columns(list(features)))
     return aligned
+
+
+def _all_null(feature: Any) -> bool:
+    """Whether a column's type is Arrow's null: every value of it in that source is missing."""
+    return isinstance(feature, datasets.Value) and feature.dtype == "null"
 
 
 def _type_name(feature: Any) -> str:

@@ -431,6 +431,15 @@ def test_a_column_only_some_sources_have_is_none_in_the_others_and_one_type_is_r
     body = f"dataset_mixture:\n  datasets:\n    - path: {graded}\n    - path: {worded}\n"
     with pytest.raises(DataError, match=r"^dataset_mixture: column 'difficulty' is int64 in datasets\[0\]"):
         _load(_recipe(tmp_path, body), tokenizer)
+    # A column with no value in one source (Arrow's null type) is as if that source lacked it, first or not.
+    unrated = tmp_path / "unrated.jsonl"
+    unrated.write_text(json.dumps({"question": "What is 3 + 3?", "answer": "6", "difficulty": None}) + "\n")
+    for order in ([unrated, graded], [graded, unrated]):
+        body = "dataset_mixture:\n  datasets:\n" + "".join(f"    - path: {p}\n" for p in order)
+        rows, _ = _load(_recipe(tmp_path, body), tokenizer)
+        assert (
+            sorted(rows["difficulty"], key=str) == [3, None] and rows.features["difficulty"].dtype == "int64"
+        )
 
 
 # -- Rewards ------------------------------------------------------------------------------------------
