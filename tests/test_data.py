@@ -586,3 +586,11 @@ def test_a_hub_snapshot_reads_its_rows_not_its_metadata_and_lists_its_subsets(tm
     ):
         load_math_dataset(str(subsets))
     assert load_math_dataset(str(subsets), config="main")[0]["answer"] == ["1"]
+
+
+def test_a_csv_gold_written_none_or_na_is_text_and_only_an_empty_cell_is_missing(tmp_path):
+    path = tmp_path / "q.csv"
+    path.write_text("question,answer,points\nWhich is odd?,None,1\nUnit?,NA,\nBlank?,,3\n")
+    rows, report = load_math_dataset(str(path))
+    assert rows["answer"] == ["None", "NA"] and rows["points"] == [1, None]
+    assert "dropped 1: empty gold answer" in str(report)
