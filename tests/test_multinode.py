@@ -521,7 +521,9 @@ def test_the_time_limit_warning_reaches_training_and_requeues(fake_slurm, mode, 
         output = _finish(fake_slurm, proc, timeout=60)
     out = fake_slurm["out"]
     assert [(out / f"accelerate-{r}.json.done").read_text() for r in (0, 1)] == ["usr1", "usr1"]
-    assert proc.returncode == code, output
+    # Saved and stopped: each rank exits 1, unless the other's exit reached srun first, whose
+    # --kill-on-bad-exit then ends it with SIGTERM (143), as Slurm's own does on a loaded machine.
+    assert proc.returncode in ({1, 143} if code else {0}), output
     assert ("requeue 4242" in _slurm_log(out)) == requeued, output
 
 
