@@ -271,12 +271,22 @@ def extend_trl_card(trl_card: str, ours: str, base_model: str, load_from: str) -
 
 
 def _made_by(table: Path) -> str | None:
-    """The weights that made the evaluation whose ``results.md`` is ``table``, as its ``settings.json``
-    records them; None where it does not (an evaluation of an older version, or no settings file)."""
-    try:
-        return json.loads((table.parent / "settings.json").read_text()).get("weights")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The weights that made the evaluation whose ``results.md`` is ``table``, as the ``results.json``
+    written with it records them (else its folder's ``settings.json``); None where neither does (an
+    evaluation of an older version)."""
+    for path, keys in (
+        (table.parent / "results.json", ("settings", "weights")),
+        (table.parent / "settings.json", ("weights",)),
+    ):
+        try:
+            value = json.loads(path.read_text())
+            for key in keys:
+                value = value.get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if value is not None:
+            return value
+    return None
 
 
 def _evaluation_section(output_dir: Path) -> list[str]:

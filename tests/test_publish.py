@@ -250,6 +250,32 @@ def test_card_leaves_out_an_evaluation_of_other_weights(tmp_path):
     assert table in card and "does not record" not in card and "other weights" not in card
 
 
+def test_an_evaluation_started_again_takes_the_old_tables_away_and_the_card_reads_the_tables_own_record(
+    tmp_path,
+):
+    # Evaluated, trained further, evaluated again with --overwrite and stopped before it wrote its tables:
+    # the old tables must not be shown as the new weights' (settings.json already names the new ones).
+    from prompt_aug.evaluation.cli import _check_settings
+
+    table = "| Model | MATH500 |\n|---|---:|\n| run | 50.0 |"
+    _evaluated(tmp_path, EVAL_TABLE_PATH, table)
+    eval_dir = (tmp_path / EVAL_TABLE_PATH).parent
+    old = json.loads((eval_dir / "settings.json").read_text())
+    (eval_dir / "results.json").write_text(json.dumps({"settings": old}))
+    (tmp_path / "model.safetensors").write_bytes(bytes(range(255, -1, -1)) * 64)  # trained further
+    new = {**old, "weights": weights_fingerprint(tmp_path)}
+    card = render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.1, "step": 4}])
+    assert table not in card  # the table's own record names the old weights
+    (eval_dir / "settings.json").write_text(json.dumps(new))  # as a stopped re-run leaves it
+    card = render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.1, "step": 4}])
+    assert table not in card and "`eval/` holds an evaluation of other weights than these" in card
+    _check_settings(eval_dir, new, overwrite=True)
+    assert not (eval_dir / "results.json").exists() and not (eval_dir / "results.md").exists()
+    (eval_dir / "results.md").write_text(table)  # other settings, no completions yet: the same
+    _check_settings(eval_dir, {**new, "max_tokens": 8}, overwrite=False)
+    assert not (eval_dir / "results.md").exists()
+
+
 def test_refresh_adds_the_section_to_trls_card_and_a_folder_without_a_card_is_one_line(tmp_path, capsys):
     """A card of TRL's alone (a trainer given no model_card) gets the evaluation section at its end; a
     folder with no card (a checkpoint) stops the command in one line that says where the card is."""
