@@ -222,6 +222,20 @@ def _gold(answer: Any) -> str | list[str] | None:
     return number_text(answer).strip()
 
 
+def solution_golds(values: list[Any]) -> tuple[list[Any], set[int]]:
+    """The golds of a ``solution`` column, and the rows that have none. MATH's worked solutions give their
+    last ``\\boxed{}`` (a row without one has none); a column with no box in any row holds plain answers,
+    as TRL's datasets have them, and gives them as they are.
+
+    >>> solution_golds(["So $\\\\boxed{4}$.", "7"]), solution_golds(["4", 7])
+    ((['4', None], {1}), (['4', 7], set()))
+    """
+    if not any(isinstance(v, str) and "\\boxed" in v for v in values):
+        return values, set()
+    golds = [last_boxed(v) if isinstance(v, str) else None for v in values]
+    return golds, {i for i, (v, gold) in enumerate(zip(values, golds, strict=True)) if v and not gold}
+
+
 def _as_stored(values: list[Any], feature: Any) -> list[Any]:
     """A float32 or float16 column's values in their own precision (Arrow hands them over as float64, so
     float32's 0.1 would be written 0.10000000149011612)."""
@@ -328,12 +342,8 @@ def to_rows(
         _require(ds, a_col, "answer")
         questions = [question_text(q) for q in ds[q_col]]
         answers = _as_stored(list(ds[a_col]), ds.features[a_col])
-        # MATH: the gold is the boxed answer of the worked solution. A `solution` column without a box
-        # in any row holds plain answers, as TRL's datasets have them.
-        if a_col == "solution" and any(isinstance(s, str) and "\\boxed" in s for s in answers):
-            boxed = [last_boxed(s) if isinstance(s, str) else None for s in answers]
-            unboxed = {i for i, (s, box) in enumerate(zip(answers, boxed, strict=True)) if s and not box}
-            answers = boxed
+        if a_col == "solution":
+            answers, unboxed = solution_golds(answers)
         if "uid" in cols:
             ids = list(ds["uid"])
         consumed = {q_col, a_col, "uid"}

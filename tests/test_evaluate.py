@@ -756,3 +756,22 @@ def test_evaluation_during_training_takes_the_eval_template_from_the_recipes_tem
     args.eval_template = "nowhere"
     with pytest.raises(EvalError, match="eval_template 'nowhere' is not in"):
         evaluator_from_args(args)
+
+
+def test_a_question_set_in_training_layouts_gives_training_golds_and_a_dict_is_no_gold(tmp_path):
+    import pandas as pd
+
+    # verl's layout (SimpleRL-Zoo's files): the user turn, and the reward model's ground truth.
+    chat = [{"role": "user", "content": "Compute $6 + 7$."}]
+    verl = pd.DataFrame({"prompt": [chat], "reward_model": [{"ground_truth": "13", "style": "rule"}]})
+    verl.to_parquet(tmp_path / "verl.parquet")
+    (problem,) = load_benchmark(str(tmp_path / "verl.parquet"))
+    assert (problem.question, problem.gold) == ("Compute $6 + 7$.", ["13"])
+    # A column of dicts named as the gold is refused, not graded against its text.
+    with pytest.raises(EvalError, match=r"column 'reward_model' holds dict values .*--answer_column"):
+        load_benchmark(str(tmp_path / "verl.parquet"), question_column="prompt", answer_column="reward_model")
+    # A solution column of plain answers, text or numbers, as training reads it.
+    (tmp_path / "plain.csv").write_text("problem,solution\nWhat is 1+1?,2\n")
+    (tmp_path / "text.jsonl").write_text(json.dumps({"problem": "Half?", "solution": "\\frac{1}{2}"}) + "\n")
+    assert [p.gold for p in load_benchmark(str(tmp_path / "plain.csv"))] == [["2"]]
+    assert [p.gold for p in load_benchmark(str(tmp_path / "text.jsonl"))] == [["\\frac{1}{2}"]]

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rewards.grading.extract import last_boxed, number_text
+from rewards.grading.extract import number_text
 
+from ..data import solution_golds
 from ..sources import (
     ANSWER_GUESSES,
     DATA_FILES,
@@ -229,6 +230,14 @@ def load_benchmark(
         )
     else:
         ds, where = _load_question_set(name), f"question set {name}"
+        if (
+            question_column is None
+            and answer_column is None
+            and {"prompt", "reward_model"} <= set(ds.column_names)
+        ):
+            # verl's layout (SimpleRL-Zoo's files), as training reads it: the gold is the reward model's
+            ds = ds.map(lambda row: {"answer": (row["reward_model"] or {}).get("ground_truth")})
+            question_column, answer_column = "prompt", "answer"
         questions = pick_column(ds.column_names, question_column, QUESTION_GUESSES)
         answers = pick_column(ds.column_names, answer_column, ANSWER_GUESSES)
         for found, guesses, key in (
@@ -246,7 +255,16 @@ def load_benchmark(
         raise EvalError(f"{where} lacks column(s) {missing}; it has {ds.column_names}{hint}")
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    boxed = answers == "solution" and name not in BENCHMARKS  # a worked solution: its boxed answer
+    golds = list(ds[answers])
+    if name not in BENCHMARKS:
+        if answers == "solution":  # a worked solution: its boxed answer, as training reads it
+            golds, _ = solution_golds(golds)
+        odd = next((g for g in golds if g is not None and not _gold_like(g)), None)
+        if odd is not None:
+            raise EvalError(
+                f"{where}: column {answers!r} holds {type(odd).__name__} values ({str(odd)[:80]}), not "
+                f"answers; name the gold column with {column_keys[1]}"
+            )
     problems = [
         Problem(
             name,
@@ -254,9 +272,9 @@ def load_benchmark(
             # The suite's question as stored (the paper's prompts); a question set's read as training reads
             # it (a conversation's user turn, stripped).
             str(row[questions]) if name in BENCHMARKS else question_text(row[questions]),
-            normalize_gold(last_boxed(row[answers] or "") if boxed else row[answers]),
+            normalize_gold(gold),
         )
-        for i, row in enumerate(ds)
+        for i, (row, gold) in enumerate(zip(ds, golds, strict=True))
     ]
     kept = [p for p in problems if p.question and p.gold]  # each keeps its row index, for resumes
     if len(kept) < len(problems):
@@ -267,6 +285,12 @@ def load_benchmark(
     if not kept:
         raise EvalError(f"{where}: no row has both a question and a gold answer")
     return kept
+
+
+def _gold_like(value: Any) -> bool:
+    """Whether ``value`` is a gold answer: text, a number, or a list of them."""
+    values = value if isinstance(value, list) else [value]
+    return all(v is None or (isinstance(v, (str, int, float)) and not isinstance(v, bool)) for v in values)
 
 
 def parse_templates(spec: str, templates_file: str | Path | None = None) -> list[Template]:

@@ -178,11 +178,6 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
     if overwrite:
         for old in (records, *shard_paths(records)):
             old.unlink(missing_ok=True)
-    if overwrite or (path.is_file() and json.loads(path.read_text()) != settings):
-        # The old evaluation's tables go with its completions: a card or a plot must not show them as this
-        # one's, should this one stop before it writes its own.
-        for old in (output / RESULTS_FILE, output / TABLE_FILE):
-            old.unlink(missing_ok=True)
     elif path.is_file() and (records.is_file() or shard_paths(records)):
         before = {**SETTINGS_BEFORE_STOP_FLAG, **json.loads(path.read_text())}
         if "weights" not in before:  # written before the weights were recorded: nothing to compare
@@ -197,6 +192,11 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
                 f"{output} holds completions made with other settings ({changed}, as (before, now)); "
                 "pass another --output or --overwrite"
             )
+    if overwrite or (path.is_file() and json.loads(path.read_text()) != settings):
+        # The old evaluation's tables go with its completions: a card or a plot must not show them as this
+        # one's, should this one stop before it writes its own.
+        for old in (output / RESULTS_FILE, output / TABLE_FILE):
+            old.unlink(missing_ok=True)
     output.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(settings, indent=2) + "\n")
 
