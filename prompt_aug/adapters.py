@@ -45,13 +45,18 @@ def adapter_base(folder: str | Path) -> str:
 
 def check_adapter_base(key: str, folder: str | Path) -> None:
     """Fail in one line when the adapter in ``folder`` records a local base model that is not there (a
-    relative path read from another folder, or a base moved since), before transformers fails deep in
-    loading it.
+    relative path read from another folder, or a base moved since), or a Hub id that cannot be had (offline,
+    not in the cache), before transformers fails deep in loading it.
 
     Raises:
         AdapterError: names the folder, the recorded base, and the two ways out.
     """
     base = adapter_base(folder)
+    if base and not looks_local(base):  # a Hub id: offline, it must be in the cache
+        try:
+            check_source(f"{key} {folder}: its LoRA adapter's base model", base, model=True)
+        except SourceError as err:
+            raise AdapterError(str(err)) from None
     if base and looks_local(base) and not Path(base).expanduser().exists():
         raise AdapterError(
             f"{key} {folder}: a LoRA adapter whose base model {base!r} is not there (resolved to "

@@ -97,6 +97,10 @@ def test_evaluating_an_adapter_refuses_vllm_and_a_missing_base_before_loading(ti
     moved = save_lora_adapter(tiny_model_dir, tmp_path / "moved", recorded=str(tmp_path / "gone"))
     with pytest.raises(SystemExit, match=r"base model '.*gone' is not there"):
         evaluate(["--model", str(moved), *rest, "--backend", "hf"])
+    # Offline (conftest), a Hub id the cache does not hold: one line too, before anything is written.
+    hub = save_lora_adapter(tiny_model_dir, tmp_path / "hub", recorded="nobody-here/no-such-base")
+    with pytest.raises(SystemExit, match=r"^prompt-aug-eval: error: --model .*hub: its LoRA adapter's base"):
+        evaluate(["--model", str(hub), *rest, "--backend", "hf"])
     assert not (tmp_path / "eval").exists()
 
 
