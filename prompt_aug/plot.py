@@ -304,12 +304,20 @@ def build_figure(
     return fig
 
 
+IMAGE_TYPES = ("png", "pdf", "svg")
+
+
 def plot_runs(run_dirs: list[str | Path], output: str | Path, **options: Any) -> Path:
     """Draw the training curves of ``run_dirs`` into the image ``output`` (PNG, PDF, SVG by suffix);
     ``options`` are `build_figure`'s (``smooth``, ``title``, ``x``, ``names``, ``groups``, ``templates``).
     """
-    fig = build_figure(run_dirs, **options)
     output = Path(output)
+    if output.suffix.lower().lstrip(".") not in IMAGE_TYPES:
+        raise PlotError(
+            f"--output {output}: give a file name ending in .{', .'.join(IMAGE_TYPES)} (its type is read "
+            "from the ending)"
+        )
+    fig = build_figure(run_dirs, **options)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=120)
     plt.close(fig)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -775,3 +780,26 @@ def test_a_question_set_in_training_layouts_gives_training_golds_and_a_dict_is_n
     (tmp_path / "text.jsonl").write_text(json.dumps({"problem": "Half?", "solution": "\\frac{1}{2}"}) + "\n")
     assert [p.gold for p in load_benchmark(str(tmp_path / "plain.csv"))] == [["2"]]
     assert [p.gold for p in load_benchmark(str(tmp_path / "text.jsonl"))] == [["\\frac{1}{2}"]]
+
+
+def test_ctrl_c_keeps_the_completions_and_says_the_same_command_resumes(tiny_model_dir, suite_dir, tmp_path):
+    out = tmp_path / "eval"
+    cmd = [sys.executable, "-m", "prompt_aug.evaluate", "--model", str(tiny_model_dir), "--data_dir",
+           str(suite_dir), "--benchmarks", "aime24,amc,minerva", "--backend", "hf", "--max_tokens", "512",
+           "--n", "16", "--temperature", "1", "--batch_size", "1", "--output", str(out),
+           "--no_progress"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    records = out / "completions.jsonl"
+    while (
+        not (records.is_file() and records.read_text())
+        and time.monotonic() < deadline
+        and proc.poll() is None
+    ):
+        time.sleep(0.2)  # 7 questions x 16 samples of up to 512 tokens: interrupted after the first
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("prompt-aug-eval: interrupted; the completions written")
+    assert 0 < len(records.read_text().splitlines()) < 7 * 16

@@ -95,6 +95,11 @@ def test_folder_without_trainer_state_is_a_clear_error(tmp_path):
         main([str(tmp_path / "empty"), "-o", str(tmp_path / "x.png")])
     with pytest.raises(SystemExit, match=r"no such folder"):
         main([str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")])
+    for name in ("x.foo", "noext"):  # matplotlib would raise, or write noext.png and say "wrote noext"
+        with pytest.raises(
+            SystemExit, match=rf"^prompt-aug-plot: error: --output .*{name}: give a file name"
+        ):
+            main([str(tmp_path / "empty"), "-o", str(tmp_path / name)])
 
 
 # ---------------------------------------------------------------------------------------------

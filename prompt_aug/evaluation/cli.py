@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -370,7 +371,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO if main_process else logging.WARNING, format="%(asctime)s %(name)s: %(message)s"
     )
+    args = parse_args(argv)
     try:
-        run_evaluation(parse_args(argv))
+        run_evaluation(args)
     except (EvalError, SourceError, TemplateError) as err:
         raise SystemExit(f"prompt-aug-eval: error: {err}") from None
+    except KeyboardInterrupt:  # the completions written so far are kept; the same command goes on
+        if main_process:
+            print(
+                "\nprompt-aug-eval: interrupted; the completions written so far are kept, and the same "
+                "command resumes from them",
+                file=sys.stderr,
+            )
+        raise SystemExit(130) from None
