@@ -121,7 +121,8 @@ def series(
     """The (x, values) of ``key`` where logged; ``smooth > 1`` takes a trailing mean over that many points.
 
     ``gaps``: a round that logged other templates' metrics but not this one gives a NaN, so the line breaks
-    there instead of joining the rounds around it. ``x="round"`` puts points at their generation round.
+    there instead of joining the rounds around it. ``x="round"`` puts points at their generation round, one
+    per round: the mean of its optimizer steps' values.
 
     >>> series([{"step": 1, "a": 1.0}, {"step": 2}, {"step": 3, "a": 3.0}], "a", smooth=2)
     ([1, 3], [1.0, 2.0])
@@ -130,6 +131,9 @@ def series(
     ...      {"step": 5, "round": 3, "templates/a/accuracy": 0.7}]
     >>> series(h, "templates/a/accuracy", gaps=True, x="round")
     ([1.0, 2.0, 3.0], [0.5, nan, 0.7])
+    >>> series([{"step": 1, "round": 1, "a": 1.0}, {"step": 2, "a": 3.0}, {"step": 3, "round": 2, "a": 5.0}],
+    ...        "a", x="round")
+    ([1.0, 2.0], [2.0, 5.0])
     """
     rounds = round_axis(history) if x == "round" else {}
     points = []
@@ -141,6 +145,15 @@ def series(
             points.append((int(e["step"]), math.nan))
     xs = [rounds.get(s, math.nan) for s, _ in points] if x == "round" else [s for s, _ in points]
     values = [v for _, v in points]
+    if x == "round":  # a round's optimizer steps make one point, their mean (a gap only if all are gaps)
+        merged: dict[float, list[float]] = {}
+        for at, v in zip(xs, values, strict=True):
+            merged.setdefault(at, []).append(v)
+        xs = list(merged)
+        values = [
+            sum(f) / len(f) if (f := [v for v in vs if not math.isnan(v)]) else math.nan
+            for vs in merged.values()
+        ]
     if smooth > 1:  # the mean over the window's logged values; a gap stays a gap
         windows = [
             [w for w in values[max(0, i - smooth + 1) : i + 1] if not math.isnan(w)]
