@@ -244,7 +244,7 @@ def build_figure(
             panels.append((panel_title, (ylabel, drawn, fraction)))
     has_eval = any(series(r.history, "eval/macro")[0] or _final_eval(r) for r in runs)
     if has_eval:
-        panels.append(("Evaluation (strict, greedy)", None))
+        panels.append(("Evaluation (strict grading)", None))
     panels += [
         (f"Per-template training accuracy: {r.name}", r) for r in runs if templates and r.template_keys
     ]
@@ -423,17 +423,31 @@ def _eval_sources(runs: list[Run]) -> str:
     parts = []
     if during:
         parts.append(f"lines: logged during training ({', '.join(during)}; recipe eval_benchmarks)")
-    finals = [(r, (r.eval_results or {})) for r in runs if _final_eval(r)]
-    if finals:
-        results = finals[0][1]
-        template = _final_eval(finals[0][0])[0]
-        detail = [f"template {template}"]
-        if results.get("runs"):
-            detail.append(f"{results['runs']} run{'s' if results['runs'] != 1 else ''}")
-        if results.get("limit"):
-            detail.append(f"first {results['limit']} per benchmark")
-        parts.append(f"markers: RUN/eval/results.json from prompt-aug-eval ({', '.join(detail)})")
+    described = {r.name: _eval_protocol(r) for r in runs if _final_eval(r)}
+    if len(set(described.values())) == 1:
+        parts.append(
+            f"markers: RUN/eval/results.json from prompt-aug-eval ({next(iter(described.values()))})"
+        )
+    elif described:  # markers of different protocols: each says its own, and that they do not compare
+        parts.append("markers: RUN/eval/results.json, not comparable across runs:")
+        parts += [f"  {name}: {protocol}" for name, protocol in described.items()]
     return "\n".join(parts)
+
+
+def _eval_protocol(run: Run) -> str:
+    """How a run's final evaluation was made, in a few words: template, decoding, runs, benchmarks, limit."""
+    results = run.eval_results or {}
+    settings = results.get("settings") or {}
+    detail = [f"template {_final_eval(run)[0]}"]
+    if settings.get("temperature"):
+        detail.append(f"sampled at temperature {settings['temperature']:g}")
+    if results.get("runs"):
+        detail.append(f"{results['runs']} run{'s' if results['runs'] != 1 else ''}")
+    if results.get("benchmarks"):
+        detail.append(", ".join(results["benchmarks"]))
+    if results.get("limit"):
+        detail.append(f"first {results['limit']} per benchmark")
+    return ", ".join(detail)
 
 
 def _draw_eval(ax: Any, runs: list[Run], colors: dict[str, Any], x: str) -> None:

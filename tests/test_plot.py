@@ -191,6 +191,25 @@ def test_the_eval_panel_says_where_its_points_come_from(tmp_path):
     assert (
         "eval/results.json from prompt-aug-eval (template qwen-math, 5 runs, first 50 per benchmark)" in text
     )
+    # A second run evaluated otherwise (sampled, one benchmark): each run's markers say their own protocol.
+    _write_rounds(tmp_path / "s", {1: ["abel"], 2: ["abel"]}, eval_at=2)
+    (tmp_path / "s" / "eval").mkdir()
+    (tmp_path / "s" / "eval" / "results.json").write_text(
+        json.dumps(
+            {
+                "runs": 1,
+                "benchmarks": ["aime24"],
+                "settings": {"temperature": 1.0},
+                "results": {"qwen-math": {"macro": 0.1, "micro": 0.1}},
+            }
+        )
+    )
+    figure = build_figure([tmp_path / "r", tmp_path / "s"])
+    (ax,) = [a for a in figure.axes if a.get_title() == "Evaluation (strict grading)"]
+    text = " ".join(t.get_text() for t in ax.texts)
+    assert "not comparable across runs" in text
+    assert "r: template qwen-math, 5 runs, first 50 per benchmark" in text
+    assert "s: template qwen-math, sampled at temperature 1, 1 run, aime24" in text
 
 
 def test_x_axis_in_generation_rounds(tmp_path):
