@@ -25,6 +25,7 @@ ADAPTER_FILE = "adapter_config.json"
 _CARRIED = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
     "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json",
+    "README.md",  # the run's model card, which `python -m prompt_aug.model_card` fills with an evaluation
 )  # fmt: skip
 
 
@@ -80,7 +81,7 @@ def default_output(folder: Path) -> Path:
 
 def merge(folder: str | Path, base: str | None = None, output: str | Path | None = None) -> Path:
     """Fold the adapter in ``folder`` into its base model (``base``, default the one it records) and save the
-    full model, with the adapter folder's tokenizer and generation config, in ``output`` (default
+    full model, with the adapter folder's tokenizer, generation config and model card, in ``output`` (default
     `default_output`), written under a temporary name and renamed when complete. Returns ``output``.
 
     Raises:
