@@ -1,6 +1,6 @@
 #!/bin/bash
-# The GPU benches of record and the CLI on CUDA, in one call on a one-GPU machine: at most 7.8 minutes of steps
-# (190 + 60 + 200 + 40 s limits), so one device call of 8 minutes holds it.
+# The GPU benches of record and the CLI on CUDA, in one call on a one-GPU machine: at most 8 minutes of steps
+# (190 + 60 + 190 + 40 s limits) and about 15 s of set-up, so one device call with a 540 s limit holds it.
 # Run from the project root. The machine needs torch and transformers; trl, datasets, dill, multiprocess,
 # math-verify, latex2sympy2_extended and antlr4-python3-runtime may travel as wheels in .whl/ (about 2 MB):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl \
@@ -48,7 +48,7 @@ step gpu_round "${LIMIT_ROUND:-190}" python3 bench/gpu_round.py --budget_s "${RO
 #    micro-batches where they apply, the log says which) and packed-shared (packing_share_prompts: whether
 #    it should be on by default). TRAINER_PATHS=padded,trim,packed adds trim (raise LIMIT_TRAINER). Each
 #    path prints its rounds' seconds as it ends, so the log keeps them if the limit stops the step.
-step trainer_paths "${LIMIT_TRAINER:-200}" python3 bench/padding.py --device cuda --shape paper \
+step trainer_paths "${LIMIT_TRAINER:-190}" python3 bench/padding.py --device cuda --shape paper \
   --paths "${TRAINER_PATHS:-padded,packed,packed-shared}"
 # 4. The tests that need a GPU (the real varlen kernel against SDPA through the wrapper, shared prompts
 #    included; the waits for the device a packed call adds), by node id (the CPU ones run in CI); TESTS=

@@ -79,6 +79,21 @@ def default_output(folder: Path) -> Path:
     return folder.with_name(folder.name + "-merged")
 
 
+def merged_card(card: str, target: Path) -> str:
+    """The run's model card for its merged folder ``target``: titled with the folder's name, and its
+    snippets loading the model from there (a card names the folder it was written in).
+
+    >>> print(merged_card('# run\\nm = f.from_pretrained("outputs/run")\\np = pipeline(model="outputs/run")',
+    ...                   Path("/o/run-merged")))
+    # run-merged
+    m = f.from_pretrained("/o/run-merged")
+    p = pipeline(model="/o/run-merged")
+    """
+    card = re.sub(r"^# .*$", lambda _: f"# {target.name}", card, count=1, flags=re.MULTILINE)
+    card = re.sub(r'from_pretrained\("[^"]*"\)', lambda _: f'from_pretrained("{target}")', card)
+    return re.sub(r'\bmodel="[^"]*"', lambda _: f'model="{target}"', card)
+
+
 def merge(folder: str | Path, base: str | None = None, output: str | Path | None = None) -> Path:
     """Fold the adapter in ``folder`` into its base model (``base``, default the one it records) and save the
     full model, with the adapter folder's tokenizer, generation config and model card, in ``output`` (default
@@ -111,6 +126,8 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
         for name in _CARRIED:
             if (folder / name).is_file():
                 shutil.copy2(folder / name, work / name)
+        if (work / "README.md").is_file():
+            (work / "README.md").write_text(merged_card((work / "README.md").read_text(), target))
         if target.exists():
             target.rmdir()  # empty (checked above)
         work.rename(target)

@@ -224,21 +224,29 @@ def _gold(answer: Any) -> str | list[str] | None:
 
 def solution_golds(values: list[Any]) -> tuple[list[Any], set[int]]:
     """The golds of a ``solution`` column, and the rows that have none. MATH's worked solutions give their
-    last ``\\boxed{}`` (a row without one has none); a column with no box in any row holds plain answers,
-    as TRL's datasets have them, and gives them as they are.
+    last ``\\boxed{}`` (a row without one has none). A column whose rows are all short one-line answers
+    with no box (as TRL's datasets keep them) gives them as they are.
 
     >>> solution_golds(["So $\\\\boxed{4}$.", "7"]), solution_golds(["4", 7])
     ((['4', None], {1}), (['4', 7], set()))
+    >>> solution_golds(["First 3 + 4 = 7.\\n#### 7"])  # worked, with no box: no gold
+    ([None], {0})
     """
-    if not any(isinstance(v, str) and "\\boxed" in v for v in values):
-        return values, set()
     golds = [last_boxed(v) if isinstance(v, str) else None for v in values]
+    plain = not any(golds) and all(
+        not isinstance(v, str) or ("\n" not in v.strip() and len(v) <= PLAIN_ANSWER_CHARS) for v in values
+    )
+    if plain:
+        return values, set()
     return golds, {i for i, (v, gold) in enumerate(zip(values, golds, strict=True)) if v and not gold}
 
 
-def _as_stored(values: list[Any], feature: Any) -> list[Any]:
-    """A float32 or float16 column's values in their own precision (Arrow hands them over as float64, so
-    float32's 0.1 would be written 0.10000000149011612)."""
+PLAIN_ANSWER_CHARS = 100  # longer, or over several lines, a `solution` cell is a worked solution
+
+
+def as_stored(values: list[Any], feature: Any) -> list[Any]:
+    """A float32 or float16 column's values (``feature``: its type) in their own precision (Arrow hands them
+    over as float64, so float32's 0.1 would be written 0.10000000149011612)."""
     dtype = getattr(feature, "dtype", None) or getattr(getattr(feature, "feature", None), "dtype", None)
     if dtype not in ("float32", "float16"):
         return values
@@ -341,7 +349,7 @@ def to_rows(
         _require(ds, q_col, "question")
         _require(ds, a_col, "answer")
         questions = [question_text(q) for q in ds[q_col]]
-        answers = _as_stored(list(ds[a_col]), ds.features[a_col])
+        answers = as_stored(list(ds[a_col]), ds.features[a_col])
         if a_col == "solution":
             answers, unboxed = solution_golds(answers)
         if "uid" in cols:

@@ -29,6 +29,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: no display needed
 import matplotlib.pyplot as plt
+from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.ticker import MaxNLocator
 
 from rewards.controls import ACCURACY_MEAN_KEYS
@@ -317,18 +318,16 @@ def build_figure(
     return fig
 
 
-IMAGE_TYPES = ("png", "pdf", "svg")
-
-
 def plot_runs(run_dirs: list[str | Path], output: str | Path, **options: Any) -> Path:
     """Draw the training curves of ``run_dirs`` into the image ``output`` (PNG, PDF, SVG by suffix);
     ``options`` are `build_figure`'s (``smooth``, ``title``, ``x``, ``names``, ``groups``, ``templates``).
     """
     output = Path(output)
-    if output.suffix.lower().lstrip(".") not in IMAGE_TYPES:
+    kinds = sorted(FigureCanvasBase.get_supported_filetypes())
+    if output.suffix.lower().lstrip(".") not in kinds:
         raise PlotError(
-            f"--output {output}: give a file name ending in .{', .'.join(IMAGE_TYPES)} (its type is read "
-            "from the ending)"
+            f"--output {output}: give a file name ending in an image type matplotlib writes "
+            f"({', '.join(kinds)}); the type is read from the ending"
         )
     fig = build_figure(run_dirs, **options)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -478,7 +477,12 @@ def _draw_templates(ax: Any, run: Run, smooth: int, x: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="prompt-aug-plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="Training output folders.")
-    parser.add_argument("-o", "--output", default="curves.png", help="Image file (PNG, PDF or SVG).")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="curves.png",
+        help="Image file: PNG, PDF, SVG or another type matplotlib writes, by its ending.",
+    )
     parser.add_argument("--smooth", type=int, default=1, help="Trailing mean over this many logged points.")
     parser.add_argument("--title", default=None)
     parser.add_argument(

@@ -379,15 +379,12 @@ def _read_files(files: list[Path]) -> Any:
         )
     kind = kinds.pop()
     what = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({names})"
-    # CSV: only an empty cell is missing. pandas would also read the text None, NA, null or nan as missing,
-    # and a gold answer "None" would be dropped as empty.
-    options = {"keep_default_na": False, "na_values": [""]} if kind == "csv" else {}
     try:
-        return _load_dataset(what, kind, data_files=[str(p) for p in files], split="train", **options)
+        return _load_dataset(what, kind, data_files=[str(p) for p in files], split="train")
     except SourceError:
         if len(files) > 1:  # name the file that does not parse, where one alone does not
             for file in files:
-                _load_dataset(str(file), kind, data_files=[str(file)], split="train", **options)
+                _load_dataset(str(file), kind, data_files=[str(file)], split="train")
         raise
 
 

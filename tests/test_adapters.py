@@ -24,10 +24,12 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_and_keeps_the
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
-    (folder / "README.md").write_text("---\nlibrary_name: transformers\n---\n\n# run\n")  # the run's card
+    card = f'---\nlibrary_name: transformers\n---\n\n# run\n\nm = A.from_pretrained("{folder}")\n'
+    (folder / "README.md").write_text(card)  # the run's card
     out = merge(folder)
     assert out == tmp_path / "run-merged" and not (out / "adapter_config.json").exists()
-    assert (out / "README.md").read_text() == (folder / "README.md").read_text()
+    expected = f'---\nlibrary_name: transformers\n---\n\n# run-merged\n\nm = A.from_pretrained("{out}")\n'
+    assert (out / "README.md").read_text() == expected  # its own title, and loading from the merged folder
     ids = torch.tensor([[1, 7, 9, 3, 11]])
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     expected = _logits(

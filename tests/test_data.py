@@ -536,8 +536,9 @@ def test_a_hub_snapshot_folder_is_read_from_its_data_folder(tmp_path):
 
 
 def test_number_golds_are_written_without_an_exponent_and_graded_as_numbers(tmp_path):
-    # Python writes 0.00005 as 5e-05, which a grader reads with Euler's e: the answer 0.00005 then scored 0
-    # and "e-5" scored 1. Numbers from a JSON file, a float32 parquet column and exponent text alike.
+    # Python writes 0.00005 as 5e-05, which math-verify reads with Euler's e: golds are written in positional
+    # digits, so 0.00005 is graded right and "e-5" wrong; numbers from a JSON file, a float32 parquet column
+    # and exponent text alike.
     from prompt_aug.evaluation.benchmarks import normalize_gold
     from rewards.registry import correctness_reward
 
@@ -556,6 +557,10 @@ def test_number_golds_are_written_without_an_exponent_and_graded_as_numbers(tmp_
     answers = ["\\boxed{0.00005}", "\\boxed{e-5}", "\\boxed{0.0000001}", "\\boxed{e-7}"]
     golds = ["5e-05", "5e-05", 1e-07, 1e-07]  # the gold as text in exponent form, and as a number
     assert correctness_reward(answers, answer=golds) == [1.0, 0.0, 1.0, 0.0]
+    # An answer in exponent form is written in positional digits too: it still matches a gold written so.
+    exponent = ["\\boxed{5e-05}", "\\boxed{6.02e23}", "\\boxed{5e-5}"]
+    assert correctness_reward(exponent, answer=["5e-05", "6.02e23", 5e-05]) == [1.0, 1.0, 1.0]
+    assert normalize_gold([10**400]) == [str(10**400)]  # an integer too large for a float stays whole
 
 
 def test_when_no_row_is_usable_no_share_is_offered_and_the_columns_are_named(tmp_path):
@@ -582,15 +587,7 @@ def test_a_hub_snapshot_reads_its_rows_not_its_metadata_and_lists_its_subsets(tm
         (subsets / name).mkdir(parents=True)
         pd.DataFrame({"question": ["q"], "answer": ["1"]}).to_parquet(subsets / name / "train.parquet")
     with pytest.raises(
-        Exception, match=r"its sub-folders: \['main', 'socratic'\]\. Name one with dataset_config"
+        DataError, match=r"its sub-folders: \['main', 'socratic'\]\. Name one with dataset_config"
     ):
         load_math_dataset(str(subsets))
     assert load_math_dataset(str(subsets), config="main")[0]["answer"] == ["1"]
-
-
-def test_a_csv_gold_written_none_or_na_is_text_and_only_an_empty_cell_is_missing(tmp_path):
-    path = tmp_path / "q.csv"
-    path.write_text("question,answer,points\nWhich is odd?,None,1\nUnit?,NA,\nBlank?,,3\n")
-    rows, report = load_math_dataset(str(path))
-    assert rows["answer"] == ["None", "NA"] and rows["points"] == [1, None]
-    assert "dropped 1: empty gold answer" in str(report)

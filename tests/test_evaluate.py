@@ -780,6 +780,11 @@ def test_a_question_set_in_training_layouts_gives_training_golds_and_a_dict_is_n
     (tmp_path / "text.jsonl").write_text(json.dumps({"problem": "Half?", "solution": "\\frac{1}{2}"}) + "\n")
     assert [p.gold for p in load_benchmark(str(tmp_path / "plain.csv"))] == [["2"]]
     assert [p.gold for p in load_benchmark(str(tmp_path / "text.jsonl"))] == [["\\frac{1}{2}"]]
+    # A float32 column's 0.1 is the gold 0.1, as training reads it (Arrow hands it over as float64).
+    pd.DataFrame({"question": ["Tenth?"], "answer": pd.Series([0.1], dtype="float32")}).to_parquet(
+        tmp_path / "f32.parquet"
+    )
+    assert [p.gold for p in load_benchmark(str(tmp_path / "f32.parquet"))] == [["0.1"]]
 
 
 def test_ctrl_c_keeps_the_completions_and_says_the_same_command_resumes(tiny_model_dir, suite_dir, tmp_path):

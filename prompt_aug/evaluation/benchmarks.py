@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 from rewards.grading.extract import number_text
 
-from ..data import solution_golds
+from ..data import as_stored, solution_golds
 from ..sources import (
     ANSWER_GUESSES,
     DATA_FILES,
@@ -255,7 +256,7 @@ def load_benchmark(
         raise EvalError(f"{where} lacks column(s) {missing}; it has {ds.column_names}{hint}")
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    golds = list(ds[answers])
+    golds = as_stored(list(ds[answers]), ds.features[answers])
     if name not in BENCHMARKS:
         if answers == "solution":  # a worked solution: its boxed answer, as training reads it
             golds, _ = solution_golds(golds)
@@ -290,7 +291,7 @@ def load_benchmark(
 def _gold_like(value: Any) -> bool:
     """Whether ``value`` is a gold answer: text, a number, or a list of them."""
     values = value if isinstance(value, list) else [value]
-    return all(v is None or (isinstance(v, (str, int, float)) and not isinstance(v, bool)) for v in values)
+    return all(v is None or (isinstance(v, (str, numbers.Real)) and not isinstance(v, bool)) for v in values)
 
 
 def parse_templates(spec: str, templates_file: str | Path | None = None) -> list[Template]:

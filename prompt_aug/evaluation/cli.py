@@ -378,9 +378,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"prompt-aug-eval: error: {err}") from None
     except KeyboardInterrupt:  # the completions written so far are kept; the same command goes on
         if main_process:
+            again = "the same command without --overwrite" if args.overwrite else "the same command"
             print(
-                "\nprompt-aug-eval: interrupted; the completions written so far are kept, and the same "
-                "command resumes from them",
+                f"\nprompt-aug-eval: interrupted; the completions written so far are kept, and {again} "
+                "resumes from them",
                 file=sys.stderr,
             )
         raise SystemExit(130) from None

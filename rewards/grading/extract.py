@@ -186,7 +186,7 @@ def normalize(answer: str) -> str:
     match = _BASE_NUMERAL.fullmatch(answer)
     if match:
         answer = f"{match.group(1)}_{{{match.group(2)}}}"
-    return answer
+    return number_text(answer)  # 5e-05 in positional digits, as a gold written so is (math-verify reads e)
 
 
 def extract_lenient(completion: str) -> str | None:
@@ -292,14 +292,16 @@ def number_text(value: Any) -> str:
 
     >>> number_text(5e-05), number_text(1e16), number_text(142.0), number_text(0.1), number_text("2e-3")
     ('0.00005', '10000000000000000', '142', '0.1', '0.002')
-    >>> number_text(7), number_text("e-7"), number_text("x^2")
-    ('7', 'e-7', 'x^2')
+    >>> number_text(7), number_text("e-7"), number_text("x^2"), len(number_text(10**400))
+    ('7', 'e-7', 'x^2', 401)
     """
     if isinstance(value, str):
         found = _EXPONENT.fullmatch(value.strip())
         if not found or abs(int(found.group(2))) > 100:
             return value
         return format(Decimal(value.strip()).normalize(), "f")
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         return str(value)
     if float(value).is_integer():
