@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import numpy
 
-from rewards.grading.extract import last_boxed, number_text
+from rewards.grading.extract import number_text
 
 from .collator import FORMAT_COLUMNS
 from .sources import (
@@ -46,12 +45,14 @@ from .sources import (
     QUESTION_GUESSES,
     ReadSource,
     SourceError,
+    as_stored,
     builtin_names,
     builtin_rows,
     builtin_tokenizer,
     pick_column,
     question_text,
     read_dataset,
+    solution_golds,
     user_turn,
 )
 from .templates import TemplateError
@@ -220,39 +221,6 @@ def _gold(answer: Any) -> str | list[str] | None:
             if text
         ]
     return number_text(answer).strip()
-
-
-def solution_golds(values: list[Any]) -> tuple[list[Any], set[int]]:
-    """The golds of a ``solution`` column, and the rows that have none. MATH's worked solutions give their
-    last ``\\boxed{}`` (a row without one has none). A column whose rows are all short one-line answers
-    with no box (as TRL's datasets keep them) gives them as they are.
-
-    >>> solution_golds(["So $\\\\boxed{4}$.", "7"]), solution_golds(["4", 7])
-    ((['4', None], {1}), (['4', 7], set()))
-    >>> solution_golds(["First 3 + 4 = 7.\\n#### 7"])  # worked, with no box: no gold
-    ([None], {0})
-    """
-    golds = [last_boxed(v) if isinstance(v, str) else None for v in values]
-    plain = not any(golds) and all(
-        not isinstance(v, str) or ("\n" not in v.strip() and len(v) <= PLAIN_ANSWER_CHARS) for v in values
-    )
-    if plain:
-        return values, set()
-    return golds, {i for i, (v, gold) in enumerate(zip(values, golds, strict=True)) if v and not gold}
-
-
-PLAIN_ANSWER_CHARS = 100  # longer, or over several lines, a `solution` cell is a worked solution
-
-
-def as_stored(values: list[Any], feature: Any) -> list[Any]:
-    """A float32 or float16 column's values (``feature``: its type) in their own precision (Arrow hands them
-    over as float64, so float32's 0.1 would be written 0.10000000149011612)."""
-    dtype = getattr(feature, "dtype", None) or getattr(getattr(feature, "feature", None), "dtype", None)
-    if dtype not in ("float32", "float16"):
-        return values
-    narrow = getattr(numpy, dtype)
-    cast = lambda v: narrow(v) if isinstance(v, float) else v
-    return [[cast(v) for v in value] if isinstance(value, list) else cast(value) for value in values]
 
 
 def _gold_problem(answer: Any) -> str | None:

@@ -28,6 +28,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy
+
+from rewards.grading.extract import last_boxed
+
 _TRUE = ("1", "ON", "YES", "TRUE")
 # The data files read: suffix -> the datasets loader that reads it.
 DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
@@ -235,6 +239,39 @@ def user_turn(messages: Any) -> str:
     blocks), stripped; empty if none."""
     users = [content_text(m.get("content")) for m in messages if m.get("role") == "user"]
     return users[-1].strip() if users else ""
+
+
+def solution_golds(values: list[Any]) -> tuple[list[Any], set[int]]:
+    """The golds of a ``solution`` column, and the rows that have none. MATH's worked solutions give their
+    last ``\\boxed{}`` (a row without one has none). A column whose rows are all short one-line answers
+    with no box (as TRL's datasets keep them) gives them as they are.
+
+    >>> solution_golds(["So $\\\\boxed{4}$.", "7"]), solution_golds(["4", 7])
+    ((['4', None], {1}), (['4', 7], set()))
+    >>> solution_golds(["First 3 + 4 = 7.\\n#### 7"])  # worked, with no box: no gold
+    ([None], {0})
+    """
+    golds = [last_boxed(v) if isinstance(v, str) else None for v in values]
+    plain = not any(golds) and all(
+        not isinstance(v, str) or ("\n" not in v.strip() and len(v) <= PLAIN_ANSWER_CHARS) for v in values
+    )
+    if plain:
+        return values, set()
+    return golds, {i for i, (v, gold) in enumerate(zip(values, golds, strict=True)) if v and not gold}
+
+
+PLAIN_ANSWER_CHARS = 100  # longer, or over several lines, a `solution` cell is a worked solution
+
+
+def as_stored(values: list[Any], feature: Any) -> list[Any]:
+    """A float32 or float16 column's values (``feature``: its type) in their own precision (Arrow hands them
+    over as float64, so float32's 0.1 would be written 0.10000000149011612)."""
+    dtype = getattr(feature, "dtype", None) or getattr(getattr(feature, "feature", None), "dtype", None)
+    if dtype not in ("float32", "float16"):
+        return values
+    narrow = getattr(numpy, dtype)
+    cast = lambda v: narrow(v) if isinstance(v, float) else v
+    return [[cast(v) for v in value] if isinstance(value, list) else cast(value) for value in values]
 
 
 def question_text(value: Any) -> str:

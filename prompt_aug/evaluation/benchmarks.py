@@ -13,11 +13,11 @@ from typing import Any
 
 from rewards.grading.extract import number_text
 
-from ..data import as_stored, solution_golds
 from ..sources import (
     ANSWER_GUESSES,
     DATA_FILES,
     QUESTION_GUESSES,
+    as_stored,
     hub_offline,
     is_data_file_name,
     is_hub_id,
@@ -25,6 +25,7 @@ from ..sources import (
     pick_column,
     question_text,
     read_dataset,
+    solution_golds,
 )
 from ..templates import Template, load_templates
 
