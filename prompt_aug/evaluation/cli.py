@@ -176,11 +176,12 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
     """Completions already in ``output`` must come from the same model (its folder's name and its weights,
     `weights_fingerprint`) and decoding settings."""
     path, records = output / SETTINGS_FILE, output / RECORDS_FILE
+    previous = json.loads(path.read_text()) if path.is_file() and not overwrite else None
     if overwrite:
         for old in (records, *shard_paths(records)):
             old.unlink(missing_ok=True)
-    elif path.is_file() and (records.is_file() or shard_paths(records)):
-        before = {**SETTINGS_BEFORE_STOP_FLAG, **json.loads(path.read_text())}
+    elif previous is not None and (records.is_file() or shard_paths(records)):
+        before = {**SETTINGS_BEFORE_STOP_FLAG, **previous}
         if "weights" not in before:  # written before the weights were recorded: nothing to compare
             before["weights"] = settings["weights"]
             logger.warning(
@@ -193,7 +194,7 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
                 f"{output} holds completions made with other settings ({changed}, as (before, now)); "
                 "pass another --output or --overwrite"
             )
-    if overwrite or (path.is_file() and json.loads(path.read_text()) != settings):
+    if overwrite or (previous is not None and previous != settings):
         # The old evaluation's tables go with its completions: a card or a plot must not show them as this
         # one's, should this one stop before it writes its own.
         for old in (output / RESULTS_FILE, output / TABLE_FILE):

@@ -99,7 +99,7 @@ def normalize_gold(gold: Any) -> str:
     """
     if gold is None or (isinstance(gold, float) and math.isnan(gold)):
         return ""
-    text = number_text(normalize(number_text(gold)))  # a number, then exponent text inside ``$...$``
+    text = normalize(number_text(gold))  # normalize ends with number_text too: exponent text inside ``$``
     return text if braces_balanced(text) else ""
 
 
