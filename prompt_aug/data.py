@@ -49,11 +49,13 @@ from .sources import (
     builtin_names,
     builtin_rows,
     builtin_tokenizer,
+    is_verl_layout,
     pick_column,
     question_text,
     read_dataset,
     solution_golds,
     user_turn,
+    verl_gold,
 )
 from .templates import TemplateError
 
@@ -295,11 +297,11 @@ def to_rows(
         read_index = [i for i, lv in enumerate(ds["level"]) if str(lv) in levels or f"Level {lv}" in levels]
         dropped[f"level not in {levels}"] = len(ds) - len(read_index)
         ds = ds.select(read_index)
-    if question_column is None and answer_column is None and "reward_model" in cols and "prompt" in cols:
+    if is_verl_layout(cols, question_column, answer_column):
         q_col, a_col = "prompt", "reward_model.ground_truth"
         consumed = {"prompt", "reward_model", "question"}  # SimpleRL-Zoo's file also holds the raw question
         questions = [user_turn(m) for m in ds["prompt"]]
-        answers = [(rm or {}).get("ground_truth") for rm in ds["reward_model"]]
+        answers = [verl_gold(rm) for rm in ds["reward_model"]]
         if "extra_info" in cols:
             ids = [(info or {}).get("index") for info in ds["extra_info"]]
             ids = ids if all(i is not None for i in ids) else None

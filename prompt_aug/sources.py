@@ -220,6 +220,21 @@ def pick_column(columns: list[str], given: str | None, guesses: tuple[str, ...])
     return given or next((c for c in guesses if c in columns), None)
 
 
+def is_verl_layout(columns: list[str], question_column: str | None, answer_column: str | None) -> bool:
+    """Whether a dataset is in verl's layout (SimpleRL-Zoo's files: ``prompt`` messages, the gold in
+    ``reward_model.ground_truth``), read so when no column is named.
+
+    >>> is_verl_layout(["prompt", "reward_model"], None, None), is_verl_layout(["prompt"], None, None)
+    (True, False)
+    """
+    return question_column is None and answer_column is None and {"prompt", "reward_model"} <= set(columns)
+
+
+def verl_gold(reward_model: Any) -> Any:
+    """The gold of a verl-layout row: its ``reward_model``'s ``ground_truth`` (None when there is none)."""
+    return (reward_model or {}).get("ground_truth")
+
+
 def content_text(content: Any) -> str:
     """A message's content as text: a string as it is, a list of content blocks (TRL's typed content) as
     the concatenation of its text blocks.

@@ -21,11 +21,13 @@ from ..sources import (
     hub_offline,
     is_data_file_name,
     is_hub_id,
+    is_verl_layout,
     load_saved,
     pick_column,
     question_text,
     read_dataset,
     solution_golds,
+    verl_gold,
 )
 from ..templates import Template, load_templates
 
@@ -232,13 +234,8 @@ def load_benchmark(
         )
     else:
         ds, where = _load_question_set(name), f"question set {name}"
-        if (
-            question_column is None
-            and answer_column is None
-            and {"prompt", "reward_model"} <= set(ds.column_names)
-        ):
-            # verl's layout (SimpleRL-Zoo's files), as training reads it: the gold is the reward model's
-            ds = ds.map(lambda row: {"answer": (row["reward_model"] or {}).get("ground_truth")})
+        if is_verl_layout(ds.column_names, question_column, answer_column):  # as training reads it
+            ds = ds.map(lambda row: {"answer": verl_gold(row["reward_model"])})
             question_column, answer_column = "prompt", "answer"
         questions = pick_column(ds.column_names, question_column, QUESTION_GUESSES)
         answers = pick_column(ds.column_names, answer_column, ANSWER_GUESSES)
