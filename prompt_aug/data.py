@@ -40,6 +40,7 @@ import datasets
 from rewards.grading.extract import number_text
 
 from .collator import FORMAT_COLUMNS
+from .mixture import dataset_mixture
 from .sources import (
     ANSWER_GUESSES,
     QUESTION_GUESSES,
@@ -628,20 +629,27 @@ def answer_form(answer: str) -> str:
 
 
 def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
-    """The recipe's data keys for ``dataset``: those of its ``dataset_mixture`` source of that ``path``
-    (each unset one from the top level, as training reads them), else the top-level keys."""
+    """The recipe's data keys for ``dataset`` as training reads them: for its ``dataset_mixture`` source of
+    that ``path``, the source's subset and split, and its column and level keys where set (else the top-level
+    ones); otherwise the top-level keys."""
     keys = {k: recipe.get(k) for k in ("dataset_config", "dataset_split", "question_column", "answer_column")}
     keys["dataset_levels"] = recipe.get("dataset_levels")
-    entries = (recipe.get("dataset_mixture") or {}).get("datasets") or []
-    source = next((e for e in entries if isinstance(e, dict) and e.get("path") == dataset), {})
-    own = {
-        "dataset_config": source.get("name"),
-        "dataset_split": source.get("split"),
-        "question_column": source.get("question_column"),
-        "answer_column": source.get("answer_column"),
-        "dataset_levels": source.get("dataset_levels"),
+    if not recipe.get("dataset_mixture"):
+        return keys
+    try:
+        sources = dataset_mixture(recipe["dataset_mixture"]).datasets
+    except ValueError as err:
+        raise DataError(str(err)) from None
+    source = next((s for s in sources if s.path == dataset), None)
+    if source is None:
+        return keys
+    return {
+        "dataset_config": source.name,
+        "dataset_split": source.split,
+        "question_column": source.question_column or keys["question_column"],
+        "answer_column": source.answer_column or keys["answer_column"],
+        "dataset_levels": source.dataset_levels or keys["dataset_levels"],
     }
-    return {k: own[k] if own[k] is not None else keys[k] for k in keys}
 
 
 def preview(args: argparse.Namespace) -> str:

@@ -292,6 +292,10 @@ def test_preview_reads_a_mixture_sources_own_columns_and_levels_as_training_does
     data.main(["--dataset", str(path), "--config", str(recipe)])
     out = capsys.readouterr().out
     assert "10 rows read, 4 kept" in out and "q3?" in out  # levels 4 and 5, as YAML numbers
+    # A source's subset and split are its own (TRL's default split "train"), never the top-level keys.
+    mixed = {"dataset_split": "test", "dataset_config": "x", "dataset_mixture": {"datasets": [{"path": "p"}]}}
+    keys = data._source_keys(mixed, "p")
+    assert (keys["dataset_split"], keys["dataset_config"]) == ("train", None)
 
 
 def test_preview_without_the_recipes_tokenizer_skips_the_length_limit_and_says_so(tmp_path, capsys):
