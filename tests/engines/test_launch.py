@@ -29,9 +29,14 @@ SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
 CONFIGS = {"ddp": 2, "zero2": 2, "zero3": 2, "fsdp": 2, "single_gpu": 1}  # config -> processes
 
 
+def _threads_folder(out: Path, config: str, probe: str) -> Path:
+    """Where a launch's ranks write the native threads they still had at exit (beside ``out``)."""
+    return out.parent / f"{config}-{probe}-threads"
+
+
 def _launch(config: str, processes: int, out: Path, probe: str, *extra: str, expect: int = 0) -> str:
     """One launch: its rank probes go to ``out/<probe>``, the native threads each rank still had at exit to
-    ``<config>-<probe>-threads`` beside ``out``. Returns its log."""
+    `_threads_folder`. Returns its log."""
     cmd = [*accelerate_launch(config, processes), str(HARNESS), "--config", SMOKE, "--output_dir", str(out),
            "--per_device_train_batch_size", str(6 // processes),
            "--learning_rate", "1e-3", "--reward_funcs", "correctness", "engine_rewards:char_length",
@@ -43,7 +48,7 @@ def _launch(config: str, processes: int, out: Path, probe: str, *extra: str, exp
         timeout=600,
         expect=expect,
         ENGINE_PROBE_DIR=str(out / probe),
-        ENGINE_THREADS_AT_EXIT=str(out.parent / f"{config}-{probe}-threads"),
+        ENGINE_THREADS_AT_EXIT=str(_threads_folder(out, config, probe)),
     )
 
 
@@ -64,7 +69,7 @@ def launched(request, engines_tmp):
         for name in logs
     }
     threads = {
-        name: {r: (out.parent / f"{config}-{name}-threads" / f"threads_rank{r}.txt").read_text().split()
+        name: {r: (_threads_folder(out, config, name) / f"threads_rank{r}.txt").read_text().split()
                for r in range(processes)}
         for name in logs
     }  # fmt: skip
