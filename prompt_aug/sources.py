@@ -35,6 +35,10 @@ from rewards.grading.extract import last_boxed
 _TRUE = ("1", "ON", "YES", "TRUE")
 # The data files read: suffix -> the datasets loader that reads it.
 DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+# A CSV cell is missing only when it is empty: pandas' default reading (which `datasets` keeps) also takes
+# "None", "NA", "null", "nan" and a dozen other words for missing, which would drop a question whose gold
+# answer is one of them ("None" of the options, say) as having no answer.
+CSV_OPTIONS = {"keep_default_na": False, "na_values": [""]}
 
 
 class SourceError(ValueError):
@@ -334,9 +338,11 @@ def read_dataset(
 
     if data_dir is not None or data_files is not None:
         given = f"data_files {data_files}" if data_files is not None else f"data_dir {data_dir}"
+        options = CSV_OPTIONS if path == "csv" else {}
         return _load_dataset(
-            f"{path} with {given}", path, name, data_dir=data_dir, data_files=data_files, split=split
-        )
+            f"{path} with {given}", path, name, data_dir=data_dir, data_files=data_files, split=split,
+            **options,
+        )  # fmt: skip
     where = Path(path).expanduser()
     if where.is_dir():
         if (where / "dataset_info.json").is_file() or (where / "dataset_dict.json").is_file():
@@ -431,12 +437,13 @@ def _read_files(files: list[Path]) -> Any:
         )
     kind = kinds.pop()
     what = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({names})"
+    options = CSV_OPTIONS if kind == "csv" else {}
     try:
-        return _load_dataset(what, kind, data_files=[str(p) for p in files], split="train")
+        return _load_dataset(what, kind, data_files=[str(p) for p in files], split="train", **options)
     except SourceError:
         if len(files) > 1:  # name the file that does not parse, where one alone does not
             for file in files:
-                _load_dataset(str(file), kind, data_files=[str(file)], split="train")
+                _load_dataset(str(file), kind, data_files=[str(file)], split="train", **options)
         raise
 
 

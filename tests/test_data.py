@@ -142,6 +142,18 @@ def test_column_mapping(tmp_path):
     assert report.rows == 2
 
 
+def test_a_csv_answer_spelt_like_a_missing_value_is_kept_and_only_an_empty_cell_is_missing(tmp_path):
+    """pandas reads "None", "NA", "null" and "nan" as missing by default; in a question set, answers."""
+    path = tmp_path / "words.csv"
+    path.write_text(
+        "question,answer\nWhich option holds?,None\nIs it defined?,NA\nWhat does it return?,null\n"
+        "What is 0/0?,nan\nWhat is 1 + 1?,\n"
+    )
+    rows, report = load_math_dataset(str(path))
+    assert rows["answer"] == ["None", "NA", "null", "nan"]
+    assert (report.read, report.rows) == (5, 4)  # the empty cell alone is dropped
+
+
 def test_missing_column_names_it_and_lists_the_present_ones(tmp_path):
     path = tmp_path / "custom.csv"
     pd.DataFrame({"statement": ["q"], "final": [1]}).to_csv(path, index=False)

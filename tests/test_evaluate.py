@@ -603,6 +603,9 @@ def test_a_question_set_is_read_as_training_reads_it(tmp_path, caplog):
     gaps.write_text("question,answer\nCompute $2 + 2$.,\n")
     with pytest.raises(EvalError, match="no row has both a question and a gold answer"):
         load_benchmark(str(gaps))
+    words = tmp_path / "words.csv"  # words pandas takes for missing by default are answers here
+    words.write_text("question,answer\nWhich option holds?,None\nIs the limit defined?,NA\n")
+    assert [p.gold for p in load_benchmark(str(words))] == [["None"], ["NA"]]
 
 
 def test_a_question_set_with_other_column_names_is_evaluated_through_the_mapping(tiny_model_dir, tmp_path):
