@@ -1,8 +1,8 @@
 """The model card (``README.md`` in the output folder) written at the end of training and pushed to the Hub.
 
 After ``prompt-aug-eval --model OUT`` has written ``OUT/eval/results.md`` (and, for the robustness run,
-``OUT/eval-templates/results.md``), refresh the card's evaluation section with
-``python -m prompt_aug.model_card OUT``.
+``OUT/eval-templates/results.md``), refresh the card's evaluation section, and the ``model-index`` the Hub
+shows on the model's page, with ``python -m prompt_aug.model_card OUT``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .templates import Template
+from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
 # The evaluation entry point writes its markdown table here, under the trained model's folder.
 EVAL_TABLE_PATH = Path("eval") / "results.md"
@@ -219,7 +219,7 @@ def render_model_card(
         "```",
         "",
     ]
-    return "\n".join(lines)
+    return with_model_index("\n".join(lines), output_dir, name)
 
 
 def _split_front_matter(card: str) -> tuple[list[str], list[str]]:
@@ -270,6 +270,60 @@ def extend_trl_card(trl_card: str, ours: str, base_model: str, load_from: str) -
     return "\n".join([*front, *body[:first], *ours_lines[title + 1 :], *body[first:]])
 
 
+def evaluation_results(output_dir: str | Path) -> list[Any]:
+    """The Hub's evaluation metadata (``huggingface_hub.EvalResult``s, the card's ``model-index``) from
+    ``output_dir/eval/results.json``: accuracy in percent on each benchmark under the evaluation's main
+    template (``qwen-math`` where it ran), as its table shows it. Empty where there is no such file, where
+    it does not record that the weights in ``output_dir`` made it, and for a benchmark with no Hub dataset
+    (a question set in a local file: the evaluation records ``hub_datasets``)."""
+    from huggingface_hub import EvalResult
+
+    path = Path(output_dir) / EVAL_TABLE_PATH.parent / "results.json"
+    try:
+        results = json.loads(path.read_text())
+        made_by, templates = results["settings"]["weights"], results["templates"]
+        datasets = results.get("hub_datasets") or {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if made_by is None or made_by != weights_fingerprint(output_dir):
+        return []
+    template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in templates else templates[0]
+    runs = results.get("runs") or 1
+    how = f"accuracy, {template} template" + (f", mean of {runs} runs" if runs > 1 else "")
+    found = []
+    for benchmark, entry in results["results"][template]["benchmarks"].items():
+        dataset = datasets.get(benchmark)
+        if dataset and entry["n"]:
+            found.append(
+                EvalResult(
+                    task_type="text-generation",
+                    dataset_type=dataset["type"],
+                    dataset_name=dataset["name"],
+                    dataset_split=dataset.get("split"),
+                    metric_type="accuracy",
+                    metric_value=round(100 * entry["accuracy"], 1),
+                    metric_name=how,
+                )
+            )
+    return found
+
+
+def with_model_index(card: str, output_dir: str | Path, model_name: str) -> str:
+    """``card`` with its ``model-index`` (the Hub's evaluation metadata) made from `evaluation_results`:
+    written, replaced, or taken away where the evaluation beside it no longer holds for these weights. The
+    rest of the front matter and the text are kept; a card with no index before or after is unchanged."""
+    from huggingface_hub import ModelCard
+
+    parsed = ModelCard(card, ignore_metadata_errors=True)
+    name = parsed.data.model_name or model_name
+    results = evaluation_results(output_dir)
+    if not results and parsed.data.eval_results is None:
+        return card
+    parsed.data.eval_results = results or None
+    parsed.data.model_name = name if results else None
+    return parsed.content
+
+
 def _made_by(table: Path) -> str | None:
     """The weights that made the evaluation whose ``results.md`` is ``table``, as the ``results.json``
     written with it records them (else its folder's ``settings.json``); None where neither does (an
@@ -318,7 +372,8 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
     """Rewrite the ``## Evaluation`` section of ``output_dir/README.md`` from ``output_dir/eval/results.md``
     and ``output_dir/eval-templates/results.md`` (the robustness table), whichever exist.
 
-    Everything else in the card (recipe, metrics, template bank) is kept as written at the end of training.
+    The front matter's ``model-index`` follows the evaluation (`with_model_index`); everything else in the
+    card (recipe, metrics, template bank) is kept as written at the end of training.
     """
     output_dir = Path(output_dir)
     card_path = output_dir / "README.md"
@@ -340,7 +395,8 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
     else:  # a card of TRL's alone (a trainer given no model_card): the section goes at its end
         start = end = len(lines)
         section = ["", *section]
-    card_path.write_text("\n".join(lines[:start] + section + lines[end:]))
+    card = "\n".join(lines[:start] + section + lines[end:])
+    card_path.write_text(with_model_index(card, output_dir, output_dir.resolve().name))
     return card_path
 
 
@@ -391,5 +447,6 @@ class ModelCardMixin:
             info, self.args.output_dir, self.state.global_step, self.state.log_history, hub_model_id
         )
         load_from = hub_model_id or str(self.args.output_dir)
-        path.write_text(extend_trl_card(path.read_text(), ours, info.base_model, load_from))
+        card = extend_trl_card(path.read_text(), ours, info.base_model, load_from)
+        path.write_text(with_model_index(card, self.args.output_dir, model_name))
         return None

@@ -140,6 +140,47 @@ def test_end_to_end_results_records_table_and_resume(tiny_model_dir, suite_dir, 
     assert "**44.4** | **42.9** |" in (out / "results.md").read_text()
 
 
+def test_the_model_cards_index_carries_the_evaluation_of_its_own_weights_and_no_other(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    """`python -m prompt_aug.model_card RUN` puts RUN/eval's accuracies into the front matter the Hub reads
+    (``model-index``), each under the suite's dataset and split; once the weights change, it takes them
+    out."""
+    import shutil
+
+    from huggingface_hub import ModelCard
+
+    from prompt_aug import model_card
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, run)
+    (run / "README.md").write_text("---\nlibrary_name: transformers\n---\n\n# Model Card for run\n")
+    _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc")
+    records = _lines(run / "eval" / "completions.jsonl")
+    for record in records:  # the random model gets none right: mark 1 of AIME's 3 and both of AMC's
+        record["correct"] = (record["benchmark"], record["index"]) in {("aime24", 2), ("amc", 0), ("amc", 1)}
+    (run / "eval" / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc")
+    model_card.main([str(run)])
+    card = ModelCard((run / "README.md").read_text())
+    assert card.data.library_name == "transformers" and card.data.model_name == "run"
+    index = {
+        (r.dataset_type, r.dataset_split, r.dataset_name): (r.task_type, r.metric_type, r.metric_value)
+        for r in card.data.eval_results
+    }
+    assert index == {
+        ("lkevinzc/math-eval", "aime", "AIME24"): ("text-generation", "accuracy", 33.3),
+        ("lkevinzc/math-eval", "amc", "AMC"): ("text-generation", "accuracy", 100.0),
+    }
+    assert "| **66.7** | **60.0** |" in card.text  # the table beside it: macro and micro
+    weights = next(run.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[::-1])  # trained further since
+    model_card.main([str(run)])
+    card = ModelCard((run / "README.md").read_text())
+    assert card.data.eval_results is None and "model-index" not in card.content
+    assert card.data.library_name == "transformers" and "holds an evaluation of other weights" in card.text
+
+
 def test_template_all_writes_robustness_table(tiny_model_dir, suite_dir, tmp_path):
     out = tmp_path / "eval"
     results = _eval(

@@ -23,6 +23,7 @@ from ..sources import (
     is_hub_id,
     is_verl_layout,
     load_saved,
+    looks_local,
     pick_column,
     question_text,
     read_dataset,
@@ -119,6 +120,23 @@ def benchmark_title(name: str) -> str:
     if name in BENCHMARKS:
         return BENCHMARKS[name][1]
     return Path(name).stem if is_data_file_name(name) else name.rstrip("/").split("/")[-1]
+
+
+def hub_dataset(name: str) -> dict[str, str] | None:
+    """Where benchmark ``name`` lives on the Hub, for the card's ``model-index``: the suite's dataset and
+    split, or a question set's own Hub id; None for a local file or folder (it has no page to link). The
+    suite read from a local copy (``--data_dir``) is still the suite.
+
+    >>> hub_dataset("aime24"), hub_dataset("my-org/my-questions"), hub_dataset("/data/sums.jsonl")
+    ({'type': 'lkevinzc/math-eval', 'split': 'aime', 'name': 'AIME24'}, {'type': 'my-org/my-questions', \
+'name': 'my-questions'}, None)
+    """
+    if name in BENCHMARKS:
+        split, title = BENCHMARKS[name]
+        return {"type": HUB_SUITE, "split": split, "name": title}
+    if is_hub_id(name) and not looks_local(name):
+        return {"type": name, "name": benchmark_title(name)}
+    return None
 
 
 def metric_name(name: str) -> str:

@@ -46,7 +46,15 @@ from .backends import (
     model_context_length,
     vllm_max_model_len,
 )
-from .benchmarks import BENCHMARKS, HUB_SUITE, EvalError, load_benchmark, parse_benchmarks, parse_templates
+from .benchmarks import (
+    BENCHMARKS,
+    HUB_SUITE,
+    EvalError,
+    hub_dataset,
+    load_benchmark,
+    parse_benchmarks,
+    parse_templates,
+)
 from .report import protocol_differences, render_tables, summarize
 from .runner import (
     Processes,
@@ -369,6 +377,7 @@ def _summary(
         "limit": args.limit,
         "settings": settings,
         "paper_protocol": not protocol_differences(protocol),
+        "hub_datasets": {b: hub_dataset(b) for b in benchmarks},  # the card's model-index
         **summary,
     }
     return results, table
