@@ -29,6 +29,7 @@ OTHER_WEIGHTS = (
     "command that made it again with `--overwrite`."
 )
 UNRECORDED_WEIGHTS = "(`{folder}/settings.json` does not record which weights this evaluation was made by.)"
+_EXAMPLE_QUESTION = "What is the remainder when 2024 is divided by 7?"  # the card's "How to prompt"
 # The files a model folder keeps its weights in (full weights or a PEFT adapter).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -72,6 +73,9 @@ class ModelCardInfo:
     dataset: str
     num_rows: int
     eval_template: str = "qwen-math"
+    # The evaluation template as training resolved it (from the bank in use or the built-in one, with the
+    # recipe's system_prompt): the card's "How to prompt". None: the bank's template named eval_template.
+    prompt_template: Template | None = None
     dataset_id: str | None = None  # the Hub id the card's metadata names, where the data has exactly one
     tags: list[str] = field(default_factory=lambda: ["trl", "grpo", "prompt-augmentation", "math"])
 
@@ -84,8 +88,10 @@ def model_card_info(
     templates: list[Template],
     weights: list[float],
     num_rows: int,
+    prompt_template: Template | None = None,
 ) -> ModelCardInfo:
-    """What the card says about a recipe's run: base model, recipe text, template bank, dataset."""
+    """What the card says about a recipe's run: base model, recipe text, template bank, dataset, and the
+    evaluation template as training resolved it (``prompt_template``, `templates.templates_for`)."""
     config = f" ({script_args.dataset_config})" if script_args.dataset_config else ""
     mixture = script_args.dataset_mixture
     paths = [s.path for s in mixture.datasets] if mixture else [script_args.dataset_name]
@@ -100,6 +106,7 @@ def model_card_info(
         num_rows=num_rows,
         eval_template=args.eval_template,
         dataset_id=ids.pop() if len(ids) == 1 else None,
+        prompt_template=prompt_template,
     )
 
 
@@ -144,7 +151,9 @@ def render_model_card(
     metrics = latest_metrics(log_history)
     name = hub_model_id or output_dir.name
     load_from = hub_model_id or str(output_dir)  # where `from_pretrained` finds it: the Hub, or this folder
-    template = next((t for t in info.templates if t.name == info.eval_template), info.templates[0])
+    template = info.prompt_template or next(
+        (t for t in info.templates if t.name == info.eval_template), info.templates[0]
+    )
     lines = [
         "---",
         f"base_model: {info.base_model}",
@@ -192,10 +201,7 @@ def render_model_card(
         "",
         "## How to prompt",
         "",
-        (
-            f"Evaluation uses the `{template.name}` template: the system turn below, "
-            "the question as the user turn."
-        ),
+        f"As the evaluation template `{template.name}` lays a question out in training:",
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
@@ -203,8 +209,7 @@ def render_model_card(
         f'tok = AutoTokenizer.from_pretrained("{load_from}")',
         f'model = AutoModelForCausalLM.from_pretrained("{load_from}")',
         "messages = [",
-        f"    {{'role': 'system', 'content': {template.system!r}}},",
-        "    {'role': 'user', 'content': 'What is the remainder when 2024 is divided by 7?'},",
+        *[f"    {turn!r}," for turn in template.messages(_EXAMPLE_QUESTION)],
         "]",
         "text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)"
         + (f" + {template.prefill!r}" if template.prefill else ""),
@@ -274,8 +279,10 @@ def evaluation_results(output_dir: str | Path) -> list[Any]:
     """The Hub's evaluation metadata (``huggingface_hub.EvalResult``s, the card's ``model-index``) from
     ``output_dir/eval/results.json``: accuracy in percent on each benchmark under the evaluation's main
     template (``qwen-math`` where it ran), as its table shows it. Empty where there is no such file, where
-    it does not record that the weights in ``output_dir`` made it, and for a benchmark with no Hub dataset
-    (a question set in a local file: the evaluation records ``hub_datasets``)."""
+    it does not record that the weights in ``output_dir`` made it, where it ran on the first questions only
+    (``--limit``: not the benchmark's accuracy), and for a benchmark with no Hub dataset (a question set in a
+    local file: the evaluation records ``hub_datasets``). Each metric's name says how the answers were
+    made: template, sampling, new-token budget, samples and runs."""
     from huggingface_hub import EvalResult
 
     path = Path(output_dir) / EVAL_TABLE_PATH.parent / "results.json"
@@ -285,11 +292,20 @@ def evaluation_results(output_dir: str | Path) -> list[Any]:
         datasets = results.get("hub_datasets") or {}
     except (OSError, ValueError, KeyError, TypeError):
         return []
-    if made_by is None or made_by != weights_fingerprint(output_dir):
+    if made_by is None or made_by != weights_fingerprint(output_dir) or results.get("limit") is not None:
         return []
     template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in templates else templates[0]
-    runs = results.get("runs") or 1
-    how = f"accuracy, {template} template" + (f", mean of {runs} runs" if runs > 1 else "")
+    settings, runs = results["settings"], results.get("runs") or 1
+    temperature, n = settings.get("temperature") or 0, settings.get("n") or 1
+    how = (
+        ", ".join(
+            [f"accuracy ({template} template", "greedy" if not temperature else f"temperature {temperature}"]
+            + [f"at most {settings['max_tokens']} new tokens"] * bool(settings.get("max_tokens"))
+            + [f"{n} samples a question"] * (n > 1)
+            + [f"{runs} runs"] * (runs > 1)
+        )
+        + ")"
+    )
     found = []
     for benchmark, entry in results["results"][template]["benchmarks"].items():
         dataset = datasets.get(benchmark)

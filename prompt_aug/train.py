@@ -345,7 +345,9 @@ def run(
     # Trainer: it draws the templates and applies the features; this script adds none.
     if args.model_init_kwargs:  # load_model applied them; TRL, given a loaded model, would call them ignored
         logging.getLogger("trl.trainer.grpo_trainer").addFilter(_not_the_model_init_kwargs_note)
-    card = model_card_info(script_args, model_args, args, recipe, templates, weights, len(dataset))
+    card = model_card_info(
+        script_args, model_args, args, recipe, templates, weights, len(dataset), eval_template
+    )
     wait_for_vllm_server(args, model_path)  # server mode: logs what it waits for; one line at the timeout
     try:
         trainer = PromptAugGRPOTrainer(

@@ -172,7 +172,17 @@ def test_the_model_cards_index_carries_the_evaluation_of_its_own_weights_and_no_
         ("lkevinzc/math-eval", "aime", "AIME24"): ("text-generation", "accuracy", 33.3),
         ("lkevinzc/math-eval", "amc", "AMC"): ("text-generation", "accuracy", 100.0),
     }
+    assert {r.metric_name for r in card.data.eval_results} == {
+        "accuracy (qwen-math template, greedy, at most 16 new tokens)"
+    }
     assert "| **66.7** | **60.0** |" in card.text  # the table beside it: macro and micro
+    # The first question of each benchmark is not the benchmark's accuracy: no index, until the whole again.
+    _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc", "--limit", "1")
+    model_card.main([str(run)])
+    assert ModelCard((run / "README.md").read_text()).data.eval_results is None
+    _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc")
+    model_card.main([str(run)])
+    assert len(ModelCard((run / "README.md").read_text()).data.eval_results) == 2
     weights = next(run.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[::-1])  # trained further since
     model_card.main([str(run)])

@@ -209,6 +209,31 @@ def test_card_snippet_loads_from_the_hub_id_or_the_folder_path(tmp_path):
     assert 'AutoModelForCausalLM.from_pretrained("someone/prompt-aug-1.5b")' in pushed
 
 
+def test_card_prompts_as_training_laid_out_its_evaluation_template_whatever_the_bank_draws(tmp_path):
+    """The bank draws abel and simplerl, training evaluates under qwen-math: the card's snippet is
+    qwen-math's. Under simplerl, the question goes into the template's user text, as training put it."""
+    from types import SimpleNamespace
+
+    from prompt_aug.templates import templates_for
+
+    args = SimpleNamespace(
+        templates_file=None, templates=["abel", "simplerl"], template_weights=None, eval_template="qwen-math",
+        prompt_augmentation=True, system_prompt="Be brief.",
+    )  # fmt: skip
+    templates, weights, eval_template = templates_for(args)
+    info = ModelCardInfo(
+        "base", "seed: 1\n", templates, weights, "synthetic", 3, prompt_template=eval_template
+    )
+    how = render_model_card(info, tmp_path, 1, []).split("## How to prompt")[1].split("## Recipe")[0]
+    assert "evaluation template `qwen-math`" in how and "Please reason step by step" in how
+    assert "Be brief." in how and "one step at a time" not in how  # abel's system text
+    args.eval_template = "simplerl"
+    info.prompt_template = templates_for(args)[2]
+    how = render_model_card(info, tmp_path, 1, []).split("## How to prompt")[1].split("## Recipe")[0]
+    question = "What is the remainder when 2024 is divided by 7?"
+    assert f"'content': '{question}\\nReason through it step by step" in how
+
+
 def test_card_rows_say_which_step_each_metric_is_from(tmp_path):
     # abel was last drawn at step 3; the card must not present it as the step-8 value.
     history = [
