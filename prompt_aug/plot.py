@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import math
 import re
 import zlib
@@ -34,7 +35,10 @@ from matplotlib.ticker import MaxNLocator
 
 from rewards.controls import ACCURACY_MEAN_KEYS
 
+from .model_card import weights_fingerprint
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
+
+logger = logging.getLogger("prompt_aug.plot")
 
 # (panel title, y label, metric keys: the first key a run has is drawn, whether the values are fractions)
 CURVES: list[tuple[str, str, list[str], bool]] = [
@@ -85,17 +89,44 @@ def find_trainer_state(run_dir: str | Path) -> Path:
     return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) / "trainer_state.json"
 
 
+def _read_json(path: Path, again: str) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise PlotError(f"{path}: cannot be read ({type(err).__name__}: {err}); {again}") from None
+
+
+def final_evaluation(run_dir: str | Path) -> dict[str, Any] | None:
+    """``run_dir/eval/results.json``, where the weights in ``run_dir`` made it (or it does not say which
+    weights did, or the folder holds none to compare); None where there is none, or where it is an
+    evaluation of other weights (an earlier state of a run trained further), said in one warning."""
+    path = Path(run_dir) / "eval" / "results.json"
+    if not path.is_file():
+        return None
+    results = _read_json(path, f"evaluate again: prompt-aug-eval --model {run_dir} --overwrite")
+    made_by, these = (results.get("settings") or {}).get("weights"), weights_fingerprint(run_dir)
+    if made_by and these and made_by != these:
+        logger.warning(
+            "%s holds an evaluation of other weights than those in %s (trained further since?): not drawn; "
+            "evaluate again with prompt-aug-eval --model %s --overwrite", path.parent, run_dir, run_dir
+        )  # fmt: skip
+        return None
+    return results
+
+
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
-    """Read a run folder's trainer state and, when present, ``eval/results.json``."""
-    state = json.loads(find_trainer_state(run_dir).read_text())
+    """Read a run folder's trainer state and, when present, its evaluation (`final_evaluation`)."""
+    state_path = find_trainer_state(run_dir)
+    state = _read_json(
+        state_path, "a file cut short? Plot a checkpoint's, or the run once it has saved again"
+    )
     history = [e for e in state.get("log_history", []) if "step" in e]
-    results_path = Path(run_dir) / "eval" / "results.json"
     keys = sorted({k for e in history for k in e if _TEMPLATE_ACCURACY.match(k)})
     return Run(
         name=name or Path(run_dir).resolve().name,
         path=Path(run_dir),
         history=history,
-        eval_results=json.loads(results_path.read_text()) if results_path.is_file() else None,
+        eval_results=final_evaluation(run_dir),
         final_step=int(state.get("global_step") or max((e["step"] for e in history), default=0)),
         template_keys=keys,
     )

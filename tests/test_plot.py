@@ -102,6 +102,32 @@ def test_folder_without_trainer_state_is_a_clear_error(tmp_path):
             main([str(tmp_path / "empty"), "-o", str(tmp_path / name)])
 
 
+def test_an_evaluation_of_other_weights_is_not_drawn_as_the_runs_and_a_cut_file_is_one_line(tmp_path, caplog):
+    from prompt_aug.model_card import weights_fingerprint
+    from prompt_aug.plot import load_run
+
+    run = tmp_path / "run"
+    _write_state(run, 4)
+    (run / "model.safetensors").write_bytes(bytes(range(256)) * 16)
+    (run / "eval").mkdir()
+    results = {"settings": {"weights": weights_fingerprint(run)}, "results": {"qwen-math": {"macro": 0.4}}}
+    (run / "eval" / "results.json").write_text(json.dumps(results))
+    assert load_run(run).eval_results == results
+    (run / "model.safetensors").write_bytes(bytes(range(255, -1, -1)) * 16)  # trained further since
+    with caplog.at_level("WARNING", logger="prompt_aug.plot"):
+        assert load_run(run).eval_results is None
+    assert "holds an evaluation of other weights than those in" in caplog.text
+    (run / "eval" / "results.json").write_text('{"settings": {"wei')  # cut short
+    with pytest.raises(
+        SystemExit, match=r"^prompt-aug-plot: error: .*results.json: cannot be read .*evaluate again"
+    ):
+        main([str(run), "-o", str(tmp_path / "x.png")])
+    (run / "eval" / "results.json").unlink()
+    (run / "trainer_state.json").write_text('{"global_step": 4, "log_hi')
+    with pytest.raises(SystemExit, match=r"^prompt-aug-plot: error: .*trainer_state.json: cannot be read"):
+        main([str(run), "-o", str(tmp_path / "x.png")])
+
+
 # ---------------------------------------------------------------------------------------------
 # Template colours, gaps, legends, eval sources, rounds
 
