@@ -158,13 +158,24 @@ def downloads_model(value: str) -> bool:
     )
 
 
+# A folder holds a model if it holds one of these: a full model's configuration, or a PEFT adapter's.
+MODEL_FILES = ("config.json", "adapter_config.json")
+
+
 def check_source(key: str, value: str | None, builtin: tuple[str, ...] = (), model: bool = False) -> None:
     """Check a model or dataset value before loading: a missing local path or an unreachable Hub fails at
-    once, and so, for a ``model``, does a Hub id offline (``HF_HUB_OFFLINE``) with no copy in the Hugging
-    Face cache. A name of `BUILTINS` or of ``builtin`` is not looked for."""
+    once, and so, for a ``model``, do a local folder with no model in it (`MODEL_FILES`) and a Hub id
+    offline (``HF_HUB_OFFLINE``) with no copy in the Hugging Face cache. A name of `BUILTINS` or of
+    ``builtin`` is not looked for."""
     if not value or value in builtin or value in BUILTINS:
         return
     if require_local(key, value):
+        folder = Path(value).expanduser()
+        if model and folder.is_dir() and not any((folder / f).is_file() for f in MODEL_FILES):
+            raise SourceError(
+                f"{key} {value}: a folder with no {' or '.join(MODEL_FILES)}, so no model saved there; give "
+                "the folder a run saved its model in (its output folder, or one of its checkpoint-N)"
+            )
         return
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id

@@ -190,6 +190,18 @@ def test_a_missing_local_model_fails_at_once_with_no_such_folder(tmp_path, capsy
     assert f"model_name_or_path: no such folder '{path}'" in message
 
 
+def test_a_local_model_folder_with_no_model_in_it_fails_at_once(tmp_path, capsys):
+    (tmp_path / "outputs").mkdir()  # the runs' parent folder, say, not a run
+    message = _error(
+        ["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), "--model_name_or_path",
+         str(tmp_path / "outputs")], capsys,
+    )  # fmt: skip
+    assert (
+        f"model_name_or_path {tmp_path / 'outputs'}: a folder with no config.json or adapter_config"
+        in message
+    )
+
+
 @pytest.mark.parametrize("key", ["dataset_name", "eval_data_dir"])
 def test_a_missing_local_dataset_fails_at_once_naming_the_key(tmp_path, capsys, key):
     message = _error(

@@ -260,6 +260,13 @@ def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, su
     _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--limit", "1")
     with pytest.raises(SystemExit, match=r"other settings.*max_tokens"):
         _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--max_tokens", "8")
+    with pytest.raises(  # an evaluation's folder given as the model: one line, and nothing written in it
+        SystemExit,
+        match=rf"^prompt-aug-eval: error: --model {tmp_path / 'b'}: a folder with no config.json or "
+        "adapter_config.json, so no model saved there",
+    ):
+        main(["--model", str(tmp_path / "b"), "--data_dir", str(suite_dir), "--backend", "hf"])
+    assert not (tmp_path / "b" / "eval").exists()
 
 
 def score_completion(completion, gold, template):
