@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
+from .model_card import CardError, full_model_card
 from .sources import SourceError, check_source, looks_local
+
+logger = logging.getLogger("prompt_aug")
 
 ADAPTER_FILE = "adapter_config.json"
 # What a merged folder takes from the adapter folder: the run's tokenizer and chat template, and its
@@ -96,8 +100,9 @@ def merged_card(card: str, target: Path) -> str:
 
 def merge(folder: str | Path, base: str | None = None, output: str | Path | None = None) -> Path:
     """Fold the adapter in ``folder`` into its base model (``base``, default the one it records) and save the
-    full model, with the adapter folder's tokenizer, generation config and model card, in ``output`` (default
-    `default_output`), written under a temporary name and renamed when complete. Returns ``output``.
+    full model, with the adapter folder's tokenizer, generation config and model card (a full model's:
+    `model_card.full_model_card`), in ``output`` (default `default_output`), written under a temporary name
+    and renamed when complete. Returns ``output``.
 
     Raises:
         AdapterError: ``folder`` is not an adapter, its base cannot be found, or ``output`` is not empty.
@@ -127,7 +132,12 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
             if (folder / name).is_file():
                 shutil.copy2(folder / name, work / name)
         if (work / "README.md").is_file():
-            (work / "README.md").write_text(merged_card((work / "README.md").read_text(), target))
+            card = merged_card((work / "README.md").read_text(), target)
+            try:
+                card = full_model_card(card, target)
+            except CardError as err:  # a hand-edited card: the merge stands, the card keeps its metadata
+                logger.warning("%s; its evaluation section and metadata were left as they were", err)
+            (work / "README.md").write_text(card)
         if target.exists():
             target.rmdir()  # empty (checked above)
         work.rename(target)

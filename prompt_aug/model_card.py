@@ -324,19 +324,89 @@ def evaluation_results(output_dir: str | Path) -> list[Any]:
     return found
 
 
+class CardError(ValueError):
+    """A model card that cannot be read; the message names the file and what to fix."""
+
+
+def _parsed(card: str, where: str | Path) -> Any:
+    """``card`` as a ``huggingface_hub.ModelCard``: its front matter parsed, the text kept as it is.
+
+    Raises:
+        CardError: the front matter is not YAML (a hand edit gone wrong); names ``where``.
+    """
+    import yaml
+    from huggingface_hub import ModelCard
+
+    try:
+        return ModelCard(card, ignore_metadata_errors=True)
+    except (yaml.YAMLError, ValueError) as err:
+        first = str(err).strip().split("\n")[0]
+        raise CardError(
+            f"{where}: its front matter (the YAML between the first two --- lines) does not parse ({first}); "
+            "fix it and run again"
+        ) from None
+
+
 def with_model_index(card: str, output_dir: str | Path, model_name: str) -> str:
     """``card`` with its ``model-index`` (the Hub's evaluation metadata) made from `evaluation_results`:
     written, replaced, or taken away where the evaluation beside it no longer holds for these weights. The
-    rest of the front matter and the text are kept; a card with no index before or after is unchanged."""
-    from huggingface_hub import ModelCard
+    rest of the front matter and the text are kept; a card with no index before or after is unchanged.
 
-    parsed = ModelCard(card, ignore_metadata_errors=True)
+    Raises:
+        CardError: the card's front matter does not parse.
+    """
+    parsed = _parsed(card, Path(output_dir) / "README.md")
     name = parsed.data.model_name or model_name
     results = evaluation_results(output_dir)
     if not results and parsed.data.eval_results is None:
         return card
     parsed.data.eval_results = results or None
     parsed.data.model_name = name if results else None
+    return parsed.content
+
+
+def with_evaluation(card: str, output_dir: str | Path, add: bool = True) -> str:
+    """``card`` with its ``## Evaluation`` section and its ``model-index`` made anew from the evaluations in
+    ``output_dir`` (`_evaluation_section`, `with_model_index`); a card without the section (TRL's alone) gets
+    it at its end where ``add``. The rest of the card is kept.
+
+    Raises:
+        CardError: the card's front matter does not parse.
+    """
+    output_dir = Path(output_dir)
+    lines = card.split("\n")
+    section = _evaluation_section(output_dir) + [""]
+    if "## Evaluation" in lines:
+        start = lines.index("## Evaluation")
+        # The section the renderer writes next ends it (an eval table may carry headings of its own).
+        end = lines.index("## Template bank") if "## Template bank" in lines[start:] else len(lines)
+    elif add:  # a card of TRL's alone (a trainer given no model_card): the section goes at its end
+        start = end = len(lines)
+        section = ["", *section]
+    else:
+        start = end = len(lines)
+        section = []
+    return with_model_index("\n".join(lines[:start] + section + lines[end:]), output_dir, output_dir.name)
+
+
+def full_model_card(card: str, target: Path) -> str:
+    """A LoRA run's card (``card``) for the full model merged from it into ``target``: its evaluation section
+    and model-index made anew for ``target`` (which holds no evaluation yet: the adapter's numbers are
+    another model's), and its front matter a full model's: ``library_name: transformers``, no
+    ``base_model:adapter:`` tag (the Hub's model tree would list it as an adapter), and ``base_model`` only
+    as a Hub id (`hub_id_of`: the Hub refuses a local path there).
+
+    Raises:
+        CardError: the card's front matter does not parse.
+    """
+    parsed = _parsed(with_evaluation(card, target, add=False), target / "README.md")
+    parsed.data.library_name = "transformers"
+    tags = [t for t in parsed.data.tags or [] if not str(t).startswith("base_model:adapter:")]
+    parsed.data.tags = tags or None
+    base = parsed.data.base_model
+    if base is not None:
+        kept = [b for b in ([base] if isinstance(base, str) else base) if hub_id_of(b)]
+        parsed.data.base_model = (kept[0] if len(kept) == 1 else kept) if kept else None
     return parsed.content
 
 
@@ -390,6 +460,10 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
 
     The front matter's ``model-index`` follows the evaluation (`with_model_index`); everything else in the
     card (recipe, metrics, template bank) is kept as written at the end of training.
+
+    Raises:
+        FileNotFoundError: no card, or no evaluation, in ``output_dir``.
+        CardError: the card's front matter does not parse.
     """
     output_dir = Path(output_dir)
     card_path = output_dir / "README.md"
@@ -402,17 +476,7 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
         raise FileNotFoundError(
             f"no {output_dir / EVAL_TABLE_PATH}: run prompt-aug-eval --model {output_dir}"
         )
-    lines = card_path.read_text().split("\n")
-    section = _evaluation_section(output_dir) + [""]
-    if "## Evaluation" in lines:
-        start = lines.index("## Evaluation")
-        # The section the renderer writes next ends it (an eval table may carry headings of its own).
-        end = lines.index("## Template bank") if "## Template bank" in lines[start:] else len(lines)
-    else:  # a card of TRL's alone (a trainer given no model_card): the section goes at its end
-        start = end = len(lines)
-        section = ["", *section]
-    card = "\n".join(lines[:start] + section + lines[end:])
-    card_path.write_text(with_model_index(card, output_dir, output_dir.resolve().name))
+    card_path.write_text(with_evaluation(card_path.read_text(), output_dir.resolve()))
     return card_path
 
 
@@ -423,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("output_dir", help="a training output folder (README.md and eval/results.md)")
     try:
         path = refresh_evaluation(parser.parse_args(argv).output_dir)
-    except OSError as err:  # no card, no evaluation, or one that cannot be read or written
+    except (OSError, CardError) as err:  # no card or evaluation, one that cannot be read or written or parsed
         parser.exit(1, f"{parser.prog}: error: {err}\n")
     print(f"updated {path}")
 

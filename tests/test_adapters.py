@@ -47,6 +47,27 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_and_keeps_the
     assert not list(tmp_path.glob(".run-merged.partial-*"))
 
 
+def test_a_merged_models_card_is_a_full_models_with_no_evaluation_of_the_adapters(tiny_model_dir, tmp_path):
+    """The adapter's evaluation is another model's: the merged card has none until the merged folder is
+    evaluated; its metadata is a full model's (no adapter tag, no local base_model the Hub would refuse)."""
+    from huggingface_hub import ModelCard
+
+    from prompt_aug.model_card import NO_EVALUATION
+
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    (folder / "README.md").write_text(
+        f"---\nbase_model: {tiny_model_dir}\nlibrary_name: peft\ntags:\n"
+        f"- base_model:adapter:{tiny_model_dir}\n- lora\n- trl\n"
+        "model-index:\n- name: run\n  results:\n  - task:\n      type: text-generation\n"
+        "    dataset:\n      name: AIME24\n      type: lkevinzc/math-eval\n    metrics:\n"
+        "    - type: accuracy\n      value: 40.0\n---\n\n# run\n\n## Evaluation\n\n| Model | AIME24 |\n"
+        "|---|---:|\n| run | 40.0 |\n\n## Template bank\n\nabel\n"
+    )
+    card = ModelCard((merge(folder) / "README.md").read_text())
+    assert card.data.to_dict() == {"library_name": "transformers", "tags": ["lora", "trl"]}
+    assert card.text == f"\n# run-merged\n\n## Evaluation\n\n{NO_EVALUATION}\n\n## Template bank\n\nabel\n"
+
+
 def test_a_relative_base_read_from_elsewhere_is_one_line_and_base_gives_the_way_out(
     tiny_model_dir, tmp_path, monkeypatch, capsys
 ):

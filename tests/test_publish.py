@@ -322,6 +322,14 @@ def test_refresh_adds_the_section_to_trls_card_and_a_folder_without_a_card_is_on
     assert (
         f"error: no model card {checkpoint / 'README.md'}: training writes it into its output folder" in err
     )
+    broken = "---\nlicense: [apache-2.0\n---\n\n# run\n"  # a hand edit gone wrong
+    (tmp_path / "README.md").write_text(broken)
+    with pytest.raises(SystemExit) as exit_info:
+        model_card.main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1
+    assert "README.md: its front matter (the YAML between the first two --- lines) does not parse" in err
+    assert (tmp_path / "README.md").read_text() == broken
 
 
 # ---------------------------------------------------------------------------------------------
