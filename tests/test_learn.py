@@ -1,7 +1,9 @@
 """It learns: the learning demo (recipes/smoke/learn_cpu.yaml) against the shuffled-reward control.
 
 Each run is the recipe as a user launches it (``python -m prompt_aug.train``: warm start, 200 GRPO steps,
-the before/after table), each in a process of its own, all of a test's runs at once. Two tiers:
+the before/after table), each in a process of its own, all of a test's runs at once; the runs of a seed
+share its warm start through ``warmstart_cache`` (one trains it, the others load the same floats). Two
+tiers:
 
 * by default, seed 0 and the control (both rewards shuffled inside each round; seed 0), about 13 minutes
   of one core: seed 0's format score on the held-out questions, over the templates with format markers,
@@ -51,7 +53,8 @@ def _train(root: Path, runs: list[tuple[str, int]]) -> dict[tuple[str, int], dic
         for kind, seed in runs:
             out, log = root / f"{kind}-seed{seed}", root / f"{kind}-seed{seed}.log"
             cmd = [sys.executable, "-m", "prompt_aug.train", "--config", RECIPE, "--output_dir", str(out),
-                   "--seed", str(seed)] + CONTROL * (kind == "control")  # fmt: skip
+                   "--seed", str(seed), "--warmstart_cache", str(root / "warmstart")]  # fmt: skip
+            cmd += CONTROL * (kind == "control")
             logs.append(log.open("w"))
             procs[kind, seed] = (
                 out,
@@ -61,6 +64,12 @@ def _train(root: Path, runs: list[tuple[str, int]]) -> dict[tuple[str, int], dic
         for (kind, seed), (out, log, proc) in procs.items():
             code = proc.wait(timeout=3600)
             assert code == 0, f"{kind} seed {seed} exited {code}:\n{log.read_text()[-3000:]}"
+        # Runs of one seed share its warm start: one trains it, the others wait for it and load it.
+        for seed in {seed for _, seed in runs}:
+            loaded = [
+                kind for kind, s in runs if s == seed and "(loaded from" in procs[kind, s][1].read_text()
+            ]
+            assert len(loaded) == sum(s == seed for _, s in runs) - 1, (seed, loaded)
     finally:
         for _, _, proc in procs.values():
             if proc.poll() is None:

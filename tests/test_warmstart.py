@@ -67,6 +67,32 @@ def test_warm_start_changes_the_weights_and_lowers_the_loss(tiny_model_dir, toke
     assert not torch.equal(model.model.embed_tokens.weight, before)
 
 
+def test_a_cached_warm_start_leaves_what_training_it_again_leaves(tiny_model_dir, tokenizer, tmp_path):
+    """The second run of the same warm start loads the first's weights: the same floats, losses and random
+    stream as training it would leave; another seed is another warm start."""
+    from prompt_aug.demo.warmstart import cached_warm_start
+
+    rows = addition_problems()
+    settings = {"steps": 12, "batch_size": 4, "learning_rate": 1e-2, "wellformed": 0.5, "seed": 0}
+    trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    losses = warm_start(trained, tokenizer, rows, TEMPLATES, **settings)
+    stream = torch.random.get_rng_state()
+    first = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert cached_warm_start(first, tokenizer, rows, TEMPLATES, tmp_path, **settings) == (losses, None)
+    second = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    torch.manual_seed(123)
+    again, loaded = cached_warm_start(second, tokenizer, rows, TEMPLATES, tmp_path, **settings)
+    assert again == losses and loaded is not None and loaded.parent == tmp_path
+    for (name, value), expected in zip(second.state_dict().items(), trained.state_dict().values()):
+        assert torch.equal(value, expected), name
+    assert torch.equal(torch.random.get_rng_state(), stream) and second.training
+    other = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert (
+        cached_warm_start(other, tokenizer, rows, TEMPLATES, tmp_path, **{**settings, "seed": 1})[1] is None
+    )
+    assert len(list(tmp_path.glob("warmstart-*.pt"))) == 2
+
+
 def test_before_after_table_has_every_template_and_both_question_sets(tiny_model_dir, tokenizer, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     rows = addition_problems()

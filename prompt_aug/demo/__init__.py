@@ -35,6 +35,14 @@ class DemoArguments:
             "help": "Share of warm-start targets whose boxed answer is right (the rest box another answer)."
         },
     )
+    warmstart_cache: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder keeping warm-started weights, a file per model, questions, templates, settings, "
+            "seed and stack: a run that finds its own there loads it instead of training it again (the "
+            "control run of the same seed, a rerun); one making it meanwhile is waited for. None: no cache."
+        },
+    )
     heldout_questions: int = field(
         default=0, metadata={"help": "Questions kept out of warm start and GRPO, scored by before_after."}
     )

@@ -189,6 +189,63 @@ def warm_start(
     return losses
 
 
+def warm_start_key(model: Any, tokenizer: Any, rows: list[dict[str, Any]], templates: list[Template],
+                   **settings: Any) -> str:  # fmt: skip
+    """A digest of everything `warm_start` reads: the model's weights, the tokenizer's vocabulary and chat
+    template, the questions and answers, the templates, the settings (seed included), this file and the
+    versions of torch and transformers (another stack trains to other floats)."""
+    import hashlib
+
+    import transformers
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    facts = {
+        "vocabulary": sorted(tokenizer.get_vocab().items()),
+        "chat_template": tokenizer.chat_template,
+        "rows": [(row["question"], row["answer"]) for row in rows],
+        "templates": [repr(t) for t in templates],
+        "settings": sorted(settings.items()),
+        "code": Path(__file__).read_text(),
+        "stack": [torch.__version__, transformers.__version__],
+    }
+    digest.update(json.dumps(facts, default=str).encode())
+    return digest.hexdigest()[:20]
+
+
+def cached_warm_start(
+    model: Any, tokenizer: Any, rows: list[dict[str, Any]], templates: list[Template], cache: str | Path,
+    **settings: Any,
+) -> tuple[list[float], Path | None]:  # fmt: skip
+    """`warm_start` through the folder ``cache``: the weights it leaves (its losses, torch's random state) are
+    saved there
+    under `warm_start_key`, and a later run with the same key loads them instead of training. A run making
+    the same key holds a lock on it, so a run started beside it (the control of the same seed) waits and
+    then loads. Returns the losses and the file loaded from (None: trained here)."""
+    import fcntl
+
+    folder = Path(cache).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    key = warm_start_key(model, tokenizer, rows, templates, **settings)
+    path = folder / f"warmstart-{key}.pt"
+    with open(folder / f"warmstart-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its process dies
+        if path.is_file():
+            saved = torch.load(path, map_location=next(model.parameters()).device, weights_only=True)
+            model.load_state_dict(saved["weights"])
+            model.train()  # as warm_start leaves it, and torch's random stream too
+            torch.random.set_rng_state(saved["rng"])
+            return saved["losses"], path
+        losses = warm_start(model, tokenizer, rows, templates, **settings)
+        partial = path.with_suffix(".partial")
+        saved = {"weights": model.state_dict(), "losses": losses, "rng": torch.random.get_rng_state()}
+        torch.save(saved, partial)
+        partial.replace(path)  # whole or absent: a run killed while saving leaves no file to load
+        return losses, None
+
+
 def score(
     model: Any,
     tokenizer: Any,
@@ -328,23 +385,27 @@ def prepare(
     dataset, heldout = split_heldout(dataset, script_args.heldout_questions, training_args.seed)
     rows = dataset.to_list()
     if script_args.warmstart_steps > 0:
-        losses = warm_start(
-            model,
-            tokenizer,
-            rows,
-            templates,
-            steps=script_args.warmstart_steps,
-            batch_size=script_args.warmstart_batch_size,
-            learning_rate=script_args.warmstart_learning_rate,
-            wellformed=script_args.warmstart_wellformed,
-            answer_correct=script_args.warmstart_answer_correct,
-            seed=training_args.seed,
-        )
+        settings = {
+            "steps": script_args.warmstart_steps,
+            "batch_size": script_args.warmstart_batch_size,
+            "learning_rate": script_args.warmstart_learning_rate,
+            "wellformed": script_args.warmstart_wellformed,
+            "answer_correct": script_args.warmstart_answer_correct,
+            "seed": training_args.seed,
+        }
+        loaded = None
+        if script_args.warmstart_cache:
+            losses, loaded = cached_warm_start(
+                model, tokenizer, rows, templates, script_args.warmstart_cache, **settings
+            )
+        else:
+            losses = warm_start(model, tokenizer, rows, templates, **settings)
         logger.info(
-            "warm start: %d steps, loss %.3f → %.3f",
+            "warm start: %d steps, loss %.3f → %.3f%s",
             len(losses),
             losses[0],
             sum(losses[-10:]) / len(losses[-10:]),
+            f" (loaded from {loaded}: the same model, questions and settings)" if loaded else "",
         )
     if not script_args.before_after:
         return dataset, None
