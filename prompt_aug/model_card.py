@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
@@ -154,12 +157,10 @@ def render_model_card(
     template = info.prompt_template or next(
         (t for t in info.templates if t.name == info.eval_template), info.templates[0]
     )
+    front = {"base_model": info.base_model, "library_name": "transformers", "tags": list(info.tags)}
     lines = [
         "---",
-        f"base_model: {info.base_model}",
-        "library_name: transformers",
-        "tags:",
-        *[f"- {tag}" for tag in info.tags],
+        yaml.safe_dump(front, sort_keys=False, allow_unicode=True).strip(),
         "---",
         "",
         f"# {name}",
@@ -224,7 +225,7 @@ def render_model_card(
         "```",
         "",
     ]
-    return with_model_index("\n".join(lines), output_dir, name)
+    return "\n".join(lines)
 
 
 def _split_front_matter(card: str) -> tuple[list[str], list[str]]:
@@ -281,21 +282,27 @@ def evaluation_results(output_dir: str | Path) -> list[Any]:
     template (``qwen-math`` where it ran), as its table shows it. Empty where there is no such file, where
     it does not record that the weights in ``output_dir`` made it, where it ran on the first questions only
     (``--limit``: not the benchmark's accuracy), and for a benchmark with no Hub dataset (a question set in a
-    local file: the evaluation records ``hub_datasets``). Each metric's name says how the answers were
-    made: template, sampling, new-token budget, samples and runs."""
+    local file: the evaluation records ``hub_datasets``; one written before it did has none, and running
+    the same ``prompt-aug-eval`` again rewrites it from its completions). Each metric's name says how the
+    answers were made: template, sampling, new-token budget, samples and runs."""
     from huggingface_hub import EvalResult
 
-    path = Path(output_dir) / EVAL_TABLE_PATH.parent / "results.json"
+    folder = Path(output_dir) / EVAL_TABLE_PATH.parent
+    if weights_match(output_dir, evaluation_made_by(folder)) is not True:
+        return []
     try:
-        results = json.loads(path.read_text())
-        made_by, templates = results["settings"]["weights"], results["templates"]
+        results = json.loads((folder / "results.json").read_text())
+        templates, settings = results["templates"], results["settings"]
+        template = results.get("main_template") or (  # recorded since the model-index; else the same rule
+            DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in templates else templates[0]
+        )
+        benchmarks = results["results"][template]["benchmarks"]
         datasets = results.get("hub_datasets") or {}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, LookupError, TypeError):  # none, cut short, or not the evaluation's
         return []
-    if made_by is None or made_by != weights_fingerprint(output_dir) or results.get("limit") is not None:
+    if results.get("limit") is not None:
         return []
-    template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in templates else templates[0]
-    settings, runs = results["settings"], results.get("runs") or 1
+    runs = results.get("runs") or 1
     temperature, n = settings.get("temperature") or 0, settings.get("n") or 1
     how = (
         ", ".join(
@@ -307,7 +314,7 @@ def evaluation_results(output_dir: str | Path) -> list[Any]:
         + ")"
     )
     found = []
-    for benchmark, entry in results["results"][template]["benchmarks"].items():
+    for benchmark, entry in benchmarks.items():
         dataset = datasets.get(benchmark)
         if dataset and entry["n"]:
             found.append(
@@ -356,12 +363,12 @@ def with_model_index(card: str, output_dir: str | Path, model_name: str) -> str:
         CardError: the card's front matter does not parse.
     """
     parsed = _parsed(card, Path(output_dir) / "README.md")
-    name = parsed.data.model_name or model_name
     results = evaluation_results(output_dir)
     if not results and parsed.data.eval_results is None:
         return card
     parsed.data.eval_results = results or None
-    parsed.data.model_name = name if results else None
+    # The card's name (TRL's ``model_name``), which the Hub's format keeps in the index while there is one.
+    parsed.data.model_name = parsed.data.model_name or (model_name if results else None)
     return parsed.content
 
 
@@ -392,7 +399,8 @@ def with_evaluation(card: str, output_dir: str | Path, add: bool = True) -> str:
 def full_model_card(card: str, target: Path) -> str:
     """A LoRA run's card (``card``) for the full model merged from it into ``target``: its evaluation section
     and model-index made anew for ``target`` (which holds no evaluation yet: the adapter's numbers are
-    another model's), and its front matter a full model's: ``library_name: transformers``, no
+    another model's), and its front matter a full model's: its ``model_name`` the folder's,
+    ``library_name: transformers``, no
     ``base_model:adapter:`` tag (the Hub's model tree would list it as an adapter), and ``base_model`` only
     as a Hub id (`hub_id_of`: the Hub refuses a local path there).
 
@@ -401,6 +409,8 @@ def full_model_card(card: str, target: Path) -> str:
     """
     parsed = _parsed(with_evaluation(card, target, add=False), target / "README.md")
     parsed.data.library_name = "transformers"
+    if parsed.data.model_name:
+        parsed.data.model_name = target.name
     tags = [t for t in parsed.data.tags or [] if not str(t).startswith("base_model:adapter:")]
     parsed.data.tags = tags or None
     base = parsed.data.base_model
@@ -410,13 +420,13 @@ def full_model_card(card: str, target: Path) -> str:
     return parsed.content
 
 
-def _made_by(table: Path) -> str | None:
-    """The weights that made the evaluation whose ``results.md`` is ``table``, as the ``results.json``
-    written with it records them (else its folder's ``settings.json``); None where neither does (an
+def evaluation_made_by(folder: Path) -> str | None:
+    """The weights that made the evaluation in ``folder`` (``eval/``, ``eval-templates/``), as its
+    ``results.json`` records them (else its ``settings.json``, written first); None where neither does (an
     evaluation of an older version)."""
     for path, keys in (
-        (table.parent / "results.json", ("settings", "weights")),
-        (table.parent / "settings.json", ("weights",)),
+        (folder / "results.json", ("settings", "weights")),
+        (folder / "settings.json", ("weights",)),
     ):
         try:
             value = json.loads(path.read_text())
@@ -429,15 +439,19 @@ def _made_by(table: Path) -> str | None:
     return None
 
 
+def weights_match(output_dir: str | Path, made_by: str | None) -> bool | None:
+    """Whether the weights in ``output_dir`` are the ones ``made_by`` (`weights_fingerprint`) names; None
+    where that cannot be told: no record, or no weights in ``output_dir`` to compare."""
+    these = weights_fingerprint(output_dir) if made_by is not None else None
+    return None if these is None else made_by == these
+
+
 def _evaluation_section(output_dir: Path) -> list[str]:
     """The card's evaluation: the tables in ``eval/`` and ``eval-templates/`` made by the weights in
     ``output_dir``; a table made by other weights (an earlier state of a run trained further) is left out,
     saying so, and one whose weights are not recorded (an older version's) is shown with a note."""
     lines = ["## Evaluation", ""]
     tables = ((EVAL_TABLE_PATH, None), (ROBUSTNESS_TABLE_PATH, "### Robustness across templates"))
-    made_by = {path: _made_by(Path(output_dir) / path) for path, _ in tables}
-    # The weights beside the card, read only where an evaluation records the weights that made it.
-    weights = weights_fingerprint(output_dir) if any(made_by.values()) else None
     for path, heading in tables:
         table = Path(output_dir) / path
         if not table.is_file():
@@ -445,11 +459,12 @@ def _evaluation_section(output_dir: Path) -> list[str]:
                 lines.append(NO_EVALUATION)
             continue
         lines += ["", heading, ""] if heading else []
-        if made_by[path] is not None and made_by[path] != weights:
+        made_by = evaluation_made_by(table.parent)
+        if made_by is not None and weights_match(output_dir, made_by) is not True:
             lines.append(OTHER_WEIGHTS.format(folder=path.parent))
             continue
         lines.append(table.read_text().strip())
-        if made_by[path] is None:
+        if made_by is None:
             lines += ["", UNRECORDED_WEIGHTS.format(folder=path.parent)]
     return lines
 
@@ -528,5 +543,9 @@ class ModelCardMixin:
         )
         load_from = hub_model_id or str(self.args.output_dir)
         card = extend_trl_card(path.read_text(), ours, info.base_model, load_from)
-        path.write_text(with_model_index(card, self.args.output_dir, model_name))
+        try:
+            card = with_model_index(card, self.args.output_dir, model_name)
+        except CardError as err:  # at a checkpoint save: the card goes without its index, the run on
+            logging.getLogger("prompt_aug").warning("%s; the card is written without its model-index", err)
+        path.write_text(card)
         return None

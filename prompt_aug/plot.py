@@ -35,7 +35,7 @@ from matplotlib.ticker import MaxNLocator
 
 from rewards.controls import ACCURACY_MEAN_KEYS
 
-from .model_card import weights_fingerprint
+from .model_card import evaluation_made_by, weights_match
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
 logger = logging.getLogger("prompt_aug.plot")
@@ -104,8 +104,7 @@ def final_evaluation(run_dir: str | Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     results = _read_json(path, f"evaluate again: prompt-aug-eval --model {run_dir} --overwrite")
-    made_by, these = (results.get("settings") or {}).get("weights"), weights_fingerprint(run_dir)
-    if made_by and these and made_by != these:
+    if weights_match(run_dir, evaluation_made_by(path.parent)) is False:
         logger.warning(
             "%s holds an evaluation of other weights than those in %s (trained further since?): not drawn; "
             "evaluate again with prompt-aug-eval --model %s --overwrite", path.parent, run_dir, run_dir

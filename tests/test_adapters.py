@@ -64,7 +64,11 @@ def test_a_merged_models_card_is_a_full_models_with_no_evaluation_of_the_adapter
         "|---|---:|\n| run | 40.0 |\n\n## Template bank\n\nabel\n"
     )
     card = ModelCard((merge(folder) / "README.md").read_text())
-    assert card.data.to_dict() == {"library_name": "transformers", "tags": ["lora", "trl"]}
+    assert card.data.to_dict() == {
+        "library_name": "transformers",
+        "tags": ["lora", "trl"],
+        "model_name": "run-merged",
+    }
     assert card.text == f"\n# run-merged\n\n## Evaluation\n\n{NO_EVALUATION}\n\n## Template bank\n\nabel\n"
 
 

@@ -154,7 +154,9 @@ def test_the_model_cards_index_carries_the_evaluation_of_its_own_weights_and_no_
 
     run = tmp_path / "run"
     shutil.copytree(tiny_model_dir, run)
-    (run / "README.md").write_text("---\nlibrary_name: transformers\n---\n\n# Model Card for run\n")
+    (run / "README.md").write_text(
+        "---\nlibrary_name: transformers\nmodel_name: run\n---\n\n# Model Card for run\n"
+    )
     _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc")
     records = _lines(run / "eval" / "completions.jsonl")
     for record in records:  # the random model gets none right: mark 1 of AIME's 3 and both of AMC's
@@ -188,7 +190,8 @@ def test_the_model_cards_index_carries_the_evaluation_of_its_own_weights_and_no_
     model_card.main([str(run)])
     card = ModelCard((run / "README.md").read_text())
     assert card.data.eval_results is None and "model-index" not in card.content
-    assert card.data.library_name == "transformers" and "holds an evaluation of other weights" in card.text
+    assert (card.data.library_name, card.data.model_name) == ("transformers", "run")  # the rest is kept
+    assert "holds an evaluation of other weights" in card.text
 
 
 def test_template_all_writes_robustness_table(tiny_model_dir, suite_dir, tmp_path):

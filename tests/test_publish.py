@@ -234,6 +234,26 @@ def test_card_prompts_as_training_laid_out_its_evaluation_template_whatever_the_
     assert f"'content': '{question}\\nReason through it step by step" in how
 
 
+def test_a_base_model_path_yaml_would_misread_and_a_results_file_of_another_shape_leave_the_card_whole(
+    tmp_path,
+):
+    from huggingface_hub import ModelCard
+
+    from prompt_aug.model_card import evaluation_results
+
+    info = _card_info()
+    info.base_model = "/models/qwen: v2"  # a colon and a space: plain YAML would read a mapping
+    card = ModelCard(render_model_card(info, tmp_path, 1, []))
+    assert card.data.base_model == "/models/qwen: v2" and "- grpo" in card.content
+    table = "| Model | MATH500 |\n|---|---:|\n| run | 50.0 |"
+    _evaluated(tmp_path, EVAL_TABLE_PATH, table)
+    made_by = json.loads((tmp_path / "eval" / "settings.json").read_text())
+    for shape in ({"templates": []}, {"templates": ["abel"], "results": {}}, {"templates": ["abel"]}):
+        (tmp_path / "eval" / "results.json").write_text(json.dumps({"settings": made_by, **shape}))
+        assert evaluation_results(tmp_path) == []
+        assert table in render_model_card(_card_info(), tmp_path, 1, [])
+
+
 def test_card_rows_say_which_step_each_metric_is_from(tmp_path):
     # abel was last drawn at step 3; the card must not present it as the step-8 value.
     history = [

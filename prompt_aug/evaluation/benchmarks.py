@@ -13,6 +13,7 @@ from typing import Any
 
 from rewards.grading.extract import number_text
 
+from ..model_card import hub_id_of
 from ..sources import (
     ANSWER_GUESSES,
     DATA_FILES,
@@ -23,7 +24,6 @@ from ..sources import (
     is_hub_id,
     is_verl_layout,
     load_saved,
-    looks_local,
     pick_column,
     question_text,
     read_dataset,
@@ -134,7 +134,7 @@ def hub_dataset(name: str) -> dict[str, str] | None:
     if name in BENCHMARKS:
         split, title = BENCHMARKS[name]
         return {"type": HUB_SUITE, "split": split, "name": title}
-    if is_hub_id(name) and not looks_local(name):
+    if hub_id_of(name):
         return {"type": name, "name": benchmark_title(name)}
     return None
 

@@ -377,6 +377,7 @@ def _summary(
         "limit": args.limit,
         "settings": settings,
         "paper_protocol": not protocol_differences(protocol),
+        "main_template": main_template,  # the table's and the card's model-index
         "hub_datasets": {b: hub_dataset(b) for b in benchmarks},  # the card's model-index
         **summary,
     }
