@@ -65,6 +65,7 @@ def run(
         "--max_steps", str(rounds * steps_per_round), "--save_strategy", "no", "--log_completions", "false",
         "--logging_steps", "1", "--dynamic_sampling", str(dynamic).lower(),
         "--dynamic_sampling_max_passes", str(max_passes), "--dynamic_sampling_signal", signal,
+        "--warmstart_cache", "none",  # each arm's CPU time holds its own warm start, if the recipe has one
     ])  # fmt: skip
     cpu = time.process_time() - cpu_start
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]

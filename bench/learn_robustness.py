@@ -93,6 +93,8 @@ def run(seed: int, perturb: str, control: bool, root: Path, std: float) -> tuple
         str(seed),
         "--overwrite_output_dir",
         "true",
+        "--warmstart_cache",  # a seed's runs share its warm start (its control; threads:N is another key)
+        str(root / "warmstart"),
     ]
     if perturb.startswith("noise:"):
         model = perturbed_model(root / "models" / name, seed, int(perturb.split(":")[1]), std)

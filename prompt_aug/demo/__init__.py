@@ -40,7 +40,8 @@ class DemoArguments:
         metadata={
             "help": "Folder keeping warm-started weights, a file per model, questions, templates, settings, "
             "seed and stack: a run that finds its own there loads it instead of training it again (the "
-            "control run of the same seed, a rerun); one making it meanwhile is waited for. None: no cache."
+            "control run of the same seed, a rerun); one making it meanwhile is waited for. Unset, '' or "
+            "none: no cache."
         },
     )
     heldout_questions: int = field(

@@ -125,6 +125,14 @@ def draw_targets(
         yield i, j, target_text(templates[j], rows[i]["question"], gold, good, boxed=boxed)
 
 
+def prompt_ids(
+    tokenizer: Any, rows: list[dict[str, Any]], templates: list[Template]
+) -> list[list[list[int]]]:
+    """The token ids of every row's question under every template, ``[row][template]``: each prompt is
+    tokenized once (rendering through the chat template is the slow part)."""
+    return [tokenizer([t.render(row["question"], tokenizer) for t in templates]).input_ids for row in rows]
+
+
 def warm_start(
     model: Any,
     tokenizer: Any,
@@ -149,8 +157,7 @@ def warm_start(
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
 
-    # Every prompt is tokenized once (rendering through the chat template is the slow part).
-    prompts = [tokenizer([t.render(row["question"], tokenizer) for t in templates]).input_ids for row in rows]
+    prompts = prompt_ids(tokenizer, rows, templates)
     targets = draw_targets(rows, templates, wellformed=wellformed, answer_correct=answer_correct, seed=seed)
     completions: dict[str, list[int]] = {}
 
@@ -191,9 +198,10 @@ def warm_start(
 
 def warm_start_key(model: Any, tokenizer: Any, rows: list[dict[str, Any]], templates: list[Template],
                    **settings: Any) -> str:  # fmt: skip
-    """A digest of everything `warm_start` reads: the model's weights, the tokenizer's vocabulary and chat
-    template, the questions and answers, the templates, the settings (seed included), this file and the
-    versions of torch and transformers (another stack trains to other floats)."""
+    """A digest of everything `warm_start` reads or that changes its floats: the model (class, configuration,
+    attention, weights), the tokenizer (the whole of a fast one's definition, its special ids), the prompts as
+    token ids and the answers, the settings (seed included), this file, and where it runs (device, the CPU's
+    instruction set, torch's threads, the versions of torch and transformers)."""
     import hashlib
 
     import transformers
@@ -201,18 +209,40 @@ def warm_start_key(model: Any, tokenizer: Any, rows: list[dict[str, Any]], templ
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
     facts = {
-        "vocabulary": sorted(tokenizer.get_vocab().items()),
-        "chat_template": tokenizer.chat_template,
-        "rows": [(row["question"], row["answer"]) for row in rows],
-        "templates": [repr(t) for t in templates],
+        "model": [
+            type(model).__name__,
+            model.config.to_json_string(),
+            getattr(model.config, "_attn_implementation", None),
+        ],
+        "tokenizer": backend.to_str() if backend is not None else sorted(tokenizer.get_vocab().items()),
+        "special": [tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id],
+        "prompts": prompt_ids(tokenizer, rows, templates),
+        "answers": [row["answer"] for row in rows],
+        "templates": [repr(t) for t in templates],  # draw_targets writes the targets from them
         "settings": sorted(settings.items()),
         "code": Path(__file__).read_text(),
-        "stack": [torch.__version__, transformers.__version__],
+        "where": [
+            next(model.parameters()).device.type,
+            torch.backends.cpu.get_cpu_capability(),
+            torch.get_num_threads(),
+            torch.__version__,
+            transformers.__version__,
+        ],
     }
     digest.update(json.dumps(facts, default=str).encode())
     return digest.hexdigest()[:20]
+
+
+def cache_folder(value: str | None) -> str | None:
+    """``warmstart_cache`` as a folder, or None for no cache: unset, empty, ``none`` or ``false``.
+
+    >>> [cache_folder(v) for v in [None, "", "None", "false", "outputs/warmstart"]]
+    [None, None, None, None, 'outputs/warmstart']
+    """
+    return None if value is None or value.strip().lower() in ("", "none", "false") else value
 
 
 def cached_warm_start(
@@ -235,12 +265,16 @@ def cached_warm_start(
         if path.is_file():
             saved = torch.load(path, map_location=next(model.parameters()).device, weights_only=True)
             model.load_state_dict(saved["weights"])
-            model.train()  # as warm_start leaves it, and torch's random stream too
+            model.train()  # as warm_start leaves it, and torch's random streams too
             torch.random.set_rng_state(saved["rng"])
+            if saved.get("cuda_rng"):
+                torch.cuda.set_rng_state_all(saved["cuda_rng"])
             return saved["losses"], path
         losses = warm_start(model, tokenizer, rows, templates, **settings)
         partial = path.with_suffix(".partial")
-        saved = {"weights": model.state_dict(), "losses": losses, "rng": torch.random.get_rng_state()}
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+        saved = {"weights": model.state_dict(), "losses": losses, "rng": torch.random.get_rng_state(),
+                 "cuda_rng": cuda_rng}  # fmt: skip
         torch.save(saved, partial)
         partial.replace(path)  # whole or absent: a run killed while saving leaves no file to load
         return losses, None
@@ -394,7 +428,7 @@ def prepare(
             "seed": training_args.seed,
         }
         loaded = None
-        if script_args.warmstart_cache:
+        if cache_folder(script_args.warmstart_cache):
             losses, loaded = cached_warm_start(
                 model, tokenizer, rows, templates, script_args.warmstart_cache, **settings
             )
