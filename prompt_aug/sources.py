@@ -349,11 +349,9 @@ def read_dataset(
 
     if data_dir is not None or data_files is not None:
         given = f"data_files {data_files}" if data_files is not None else f"data_dir {data_dir}"
-        options = CSV_OPTIONS if path == "csv" else {}
         return _load_dataset(
-            f"{path} with {given}", path, name, data_dir=data_dir, data_files=data_files, split=split,
-            **options,
-        )  # fmt: skip
+            f"{path} with {given}", path, name, data_dir=data_dir, data_files=data_files, split=split
+        )
     where = Path(path).expanduser()
     if where.is_dir():
         if (where / "dataset_info.json").is_file() or (where / "dataset_dict.json").is_file():
@@ -448,13 +446,12 @@ def _read_files(files: list[Path]) -> Any:
         )
     kind = kinds.pop()
     what = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({names})"
-    options = CSV_OPTIONS if kind == "csv" else {}
     try:
-        return _load_dataset(what, kind, data_files=[str(p) for p in files], split="train", **options)
+        return _load_dataset(what, kind, data_files=[str(p) for p in files], split="train")
     except SourceError:
         if len(files) > 1:  # name the file that does not parse, where one alone does not
             for file in files:
-                _load_dataset(str(file), kind, data_files=[str(file)], split="train", **options)
+                _load_dataset(str(file), kind, data_files=[str(file)], split="train")
         raise
 
 
@@ -469,6 +466,8 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
     import datasets
     from datasets.exceptions import DatasetGenerationError
 
+    if args and args[0] == "csv":  # CSV files read by their loader's name (a Hub dataset of CSV files is not)
+        kwargs = {**CSV_OPTIONS, **kwargs}
     try:
         return datasets.load_dataset(*args, **kwargs)
     except StopIteration:  # what datasets raises for an empty JSON Lines file
