@@ -145,11 +145,13 @@ def warm_start(
     wellformed: float,
     seed: int,
     answer_correct: float = 1.0,
+    prompts: list[list[list[int]]] | None = None,
 ) -> list[float]:
     """Supervised steps on ``rows`` (``question``, ``answer``) under random templates; returns the losses.
 
     The targets come from `draw_targets` (``wellformed``, ``answer_correct``). AdamW with cosine decay
-    to 0; the loss is on the completion tokens (and the closing EOS) only.
+    to 0; the loss is on the completion tokens (and the closing EOS) only. ``prompts``: `prompt_ids` of
+    ``rows`` and ``templates`` when the caller has them already.
     """
     from transformers import get_cosine_schedule_with_warmup
 
@@ -157,7 +159,7 @@ def warm_start(
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
 
-    prompts = prompt_ids(tokenizer, rows, templates)
+    prompts = prompt_ids(tokenizer, rows, templates) if prompts is None else prompts
     targets = draw_targets(rows, templates, wellformed=wellformed, answer_correct=answer_correct, seed=seed)
     completions: dict[str, list[int]] = {}
 
@@ -196,12 +198,13 @@ def warm_start(
     return losses
 
 
-def warm_start_key(model: Any, tokenizer: Any, rows: list[dict[str, Any]], templates: list[Template],
-                   **settings: Any) -> str:  # fmt: skip
+def warm_start_key(model: Any, tokenizer: Any, rows: list[dict[str, Any]], templates: list[Template], *,
+                   prompts: list[list[list[int]]] | None = None, **settings: Any) -> str:  # fmt: skip
     """A digest of everything `warm_start` reads or that changes its floats: the model (class, configuration,
     attention, weights), the tokenizer (the whole of a fast one's definition, its special ids), the prompts as
-    token ids and the answers, the settings (seed included), this file, and where it runs (device, the CPU's
-    instruction set, torch's threads, the versions of torch and transformers)."""
+    token ids (``prompts``, or `prompt_ids` made here) and the answers, the settings (seed included), this
+    file, and where it runs (device, the CPU's instruction set, torch's threads, the versions of torch and
+    transformers)."""
     import hashlib
 
     import transformers
@@ -219,7 +222,7 @@ def warm_start_key(model: Any, tokenizer: Any, rows: list[dict[str, Any]], templ
         ],
         "tokenizer": backend.to_str() if backend is not None else sorted(tokenizer.get_vocab().items()),
         "special": [tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id],
-        "prompts": prompt_ids(tokenizer, rows, templates),
+        "prompts": prompt_ids(tokenizer, rows, templates) if prompts is None else prompts,
         "answers": [row["answer"] for row in rows],
         "templates": [repr(t) for t in templates],  # draw_targets writes the targets from them
         "settings": sorted(settings.items()),
@@ -258,7 +261,8 @@ def cached_warm_start(
 
     folder = Path(cache).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
-    key = warm_start_key(model, tokenizer, rows, templates, **settings)
+    prompts = prompt_ids(tokenizer, rows, templates)  # for the key, and for training on a miss
+    key = warm_start_key(model, tokenizer, rows, templates, prompts=prompts, **settings)
     path = folder / f"warmstart-{key}.pt"
     with open(folder / f"warmstart-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its process dies
@@ -270,7 +274,7 @@ def cached_warm_start(
             if saved.get("cuda_rng"):
                 torch.cuda.set_rng_state_all(saved["cuda_rng"])
             return saved["losses"], path
-        losses = warm_start(model, tokenizer, rows, templates, **settings)
+        losses = warm_start(model, tokenizer, rows, templates, prompts=prompts, **settings)
         partial = path.with_suffix(".partial")
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
         saved = {"weights": model.state_dict(), "losses": losses, "rng": torch.random.get_rng_state(),
