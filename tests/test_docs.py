@@ -242,3 +242,13 @@ def test_the_readme_gpu_commands_parse_as_written():
             known = ("python3", "python", "pip", "trl", "wandb")
             assert tokens[0] in known, f"a README GPU command this test does not check: {tokens}"
     assert launches >= 3 and evaluations >= 1
+
+
+def test_the_license_file_is_the_one_pyproject_declares():
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"]
+    text = (REPO / "LICENSE").read_text()
+    assert declared == "Apache-2.0"
+    assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text  # the whole text, not a header alone
