@@ -374,6 +374,21 @@ def round_seconds(result: dict) -> float:
     return sum(result["times"].values())
 
 
+def _attention_lines() -> set[str]:
+    """A set that fills with the packed attention's log lines (`prompt_aug.varlen`'s: which path ran, and
+    why) until cleared."""
+    lines: set[str] = set()
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith("packed attention:"):
+                lines.add(message)
+
+    logging.getLogger("prompt_aug").addHandler(Collect(logging.INFO))
+    return lines
+
+
 class Stopped(Exception):
     """The bench was told to stop (SIGTERM, as ``timeout`` sends) in the middle of its rounds."""
 
@@ -478,6 +493,8 @@ def main(argv: list[str] | None = None) -> dict:
     header = (f"{'round':>14} " + " ".join(f"{p + ' s':>20}" for p in phases)
               + f" {'total s':>9} {'peak GiB':>9} {'real share':>11} {'calls':>6}")  # fmt: skip
     results: dict[str, list[dict]] = {}
+    ran: dict[str, list[str]] = {}  # per mode, the packed attention's lines: which path really ran
+    attention_lines = _attention_lines()
     skipped: list[str] = []
     longest = 0.0  # the longest round so far, the estimate for a mode's first round
 
@@ -508,12 +525,13 @@ def main(argv: list[str] | None = None) -> dict:
             except (ImportError, ValueError) as error:
                 print(f"{mode}: skipped (attention {attention!r}: {str(error).splitlines()[0]})")
                 continue
+            results[mode], optimizer = [], None
+            attention_lines.clear()
             try:
                 model.load_state_dict(start_weights)
                 model.zero_grad(set_to_none=True)  # a mode that failed mid-step may have left gradients
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
                 print(f"\n{mode} (attention {attention})\n{header}")
-                results[mode] = []
                 for index, (seed, label) in enumerate(zip(seeds, labels, strict=True)):
                     estimate = round_seconds(results[mode][-1]) if results[mode] else longest
                     if over_budget(estimate, f"{label:>14}"):
@@ -545,19 +563,23 @@ def main(argv: list[str] | None = None) -> dict:
                         )
                         profiles.on = False
                         print(f"{label:>24} {round_seconds(r):>9.2f} s with the profiler on", flush=True)
-            except (RuntimeError, AssertionError, ValueError) as error:  # out of memory, a kernel error:
-                # that mode ends, the others run, and the summary has what ran
+            except Stopped:
+                raise
+            except Exception as error:  # noqa: BLE001 (out of memory, a kernel error, a signature: that mode
+                # ends, the others run, and the summary has what ran)
                 profiles.on = False
                 traceback.print_exc()
                 message = (str(error).strip().splitlines() or [""])[0]
                 print(f"{mode}: failed ({type(error).__name__}: {message}); its rounds before that are kept")
                 skipped.append(f"{mode}: the rest, after {type(error).__name__}")
                 optimizer = None
+            ran[mode] = sorted(attention_lines) or ["the model's own attention (no line from prompt_aug's)"]
             if not results[mode]:
                 del results[mode]
             del optimizer
             if device.type == "cuda":
-                torch.cuda.empty_cache()
+                with contextlib.suppress(RuntimeError):  # after a sticky CUDA error: the summary still prints
+                    torch.cuda.empty_cache()
 
     except Stopped as stop:
         print(f"\nstopped by {stop} after {time.perf_counter() - began:.0f} s: the summary of the rounds run")
@@ -595,6 +617,13 @@ def main(argv: list[str] | None = None) -> dict:
                 base = sum(round_seconds(r) for r in results["padded"][steady])
                 ratio = sum(round_seconds(r) for r in results[mode][steady]) / base
                 print(f"{mode}/padded training-side time: {ratio:.2f} (rounds after the first)")
+    for mode, lines in ran.items():
+        # A packed mode on CUDA that should have run the varlen kernel and ran a fallback: its times are not
+        # the kernel's (the first H100 call timed the fallback without noticing).
+        expected = device.type == "cuda" and attention_of(mode, device) == VARLEN_ATTENTION
+        fallback = expected and lines != ["packed attention: varlen"]
+        print(f"{'!!! ' if fallback else ''}{mode} ran: {'; '.join(lines)}"
+              + (" (not the varlen kernel: its times are a fallback's)" if fallback else ""))  # fmt: skip
     for line in profiles.summary():
         print(line)
     if skipped:

@@ -130,10 +130,15 @@ def remember_positions(position_ids: torch.Tensor, host: torch.Tensor) -> None:
 def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A CPU tensor on ``device`` without waiting for the kernels queued there: torch's host-to-device copy
     synchronises the stream unless ``non_blocking``; on CUDA the tensor is pinned first, so the copy is
-    truly asynchronous (torch's host allocator keeps the pinned buffer until the copy has run)."""
+    truly asynchronous (torch's host allocator keeps the pinned buffer until the copy has run). Where
+    memory cannot be pinned, the copy is the ordinary one, which waits."""
     if device.type != "cuda":  # elsewhere (MPS) a non-blocking copy from pageable memory may read it freed
         return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+    try:
+        pinned = tensor.pin_memory()
+    except RuntimeError:  # no page-locked memory to be had (a sandboxed or containerised host): wait instead
+        return tensor.to(device)
+    return pinned.to(device, non_blocking=True)
 
 
 def sequences(position_ids: torch.Tensor) -> Sequences:

@@ -480,6 +480,10 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
     assert any(line.startswith("padded: skipped (--budget_s 0.001: ") for line in lines)
     assert any(line.startswith("packed-sdpa: skipped (not in --modes)") for line in lines)
     assert lines[-2] == "not run (--budget_s, a stop or a failure): padded: every round; trim: every round"
+    assert "padded ran: the model's own attention (no line from prompt_aug's)" in stdout.splitlines()
+    # The path each packed mode really ran, from the attention's own log line; on CPU no kernel is expected.
+    cpu = "packed attention: sdpa on each sequence, not varlen: the kernel does not run on cpu"
+    assert f"packed-balanced ran: {cpu}" in stdout.splitlines()
 
 
 TINY_MODES = "bench.main(['--tiny', '--modes', 'padded,packed-balanced,trim'])"
@@ -540,6 +544,28 @@ def test_gpu_round_bench_mode_that_fails_mid_step_leaves_no_gradient_to_the_next
     )
     gap = float(line.split("at most ")[1].split()[0])
     assert gap < 1e-6, line  # about 1e-7 apart; the leftover gradient moved them by about 3e-6
+
+
+def test_gpu_round_bench_mode_that_fails_before_its_first_round_ends_alone():
+    """A mode that fails before any round of its own (here a TypeError as its optimizer is made, as a kernel's
+    changed signature would raise) is reported as failed; the next mode runs and the summary prints."""
+    patch = """
+        made, adamw = [], torch.optim.AdamW
+        def failing(*args, **kwargs):
+            made.append(1)
+            if len(made) == 2:  # packed-balanced's
+                raise TypeError("varlen_attn() got an unexpected keyword argument 'window_size'")
+            return adamw(*args, **kwargs)
+        torch.optim.AdamW = failing
+    """
+    result = run_patched_bench("gpu_round.py", patch, TINY_MODES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("packed-balanced: failed (TypeError: varlen_attn() got ") for line in lines)
+    assert set(printed_losses(result.stdout)) == {"padded", "trim"}
+    assert any(line.startswith("trim/padded training-side time: ") for line in lines)
+    skipped = "not run (--budget_s, a stop or a failure): packed-balanced: the rest, after TypeError"
+    assert lines[-2] == skipped
 
 
 def test_gpu_round_bench_mode_that_fails_ends_alone_and_the_others_run():
