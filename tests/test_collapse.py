@@ -126,6 +126,23 @@ def test_windows_count_rounds_not_log_lines():
     assert _feed(guard, stream) == {5: ["entropy"]}
 
 
+def test_a_log_line_spanning_several_rounds_counts_for_each_of_them():
+    # TRL's logging_steps of 10 at 4 optimizer steps a round: a log line every 2.5 rounds, its metrics the
+    # mean over them. A window of 20 rounds is the 8 lines up to round 20, not 20 lines (round 50).
+    below = SignalSpec("entropy", ("entropy",), "below", 0.05, 20, "stop")
+    rounds = [int(2.5 * i) for i in range(1, 30)]  # 2, 5, 7, 10, ...
+    stream = [{"step": 10 * i, "round": r, "entropy": 0.01} for i, r in enumerate(rounds, 1)]
+    fired = _feed(_guard(below), stream)
+    assert fired == {80: ["entropy"]} and rounds[7] == 20
+    # A drop over 4 rounds with a line every 2 rounds: the mean of the last two lines.
+    drop = SignalSpec("accuracy", ACCURACY_KEYS, "drop", 0.2, 4, "log")
+    values = [0.5, 0.5, 0.5, 0.5, 0.2, 0.2]
+    stream = [{"step": 2 * i, "round": 2 * i, "reward": v} for i, v in enumerate(values, 1)]
+    # Round 10: mean(0.5, 0.2) is 0.15 below the best 0.5 (allowed); round 12: 0.3 below, it fires.
+    # Counting lines, the window would be the last four: 0.425, then 0.35 (allowed), never firing.
+    assert _feed(_guard(drop), stream) == {12: ["accuracy"]}
+
+
 def test_a_noisy_but_healthy_run_trips_nothing():
     rng = random.Random(0)
     guard = _guard(

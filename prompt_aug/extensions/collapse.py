@@ -18,14 +18,15 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   ========== ========================================= ===============================================
 
   A window counts generation rounds (the ``round`` key of a log line, else the step divided by the
-  optimizer steps per round); several log lines of one round are averaged. Each signal fires once when
-  its condition starts to hold and again only after it has stopped holding. It logs ``collapse/<signal>``
-  (rounds in a row past the threshold, or the fall from the best mean) on every log line, and
-  ``collapse/fired/<signal>`` = 1 on the line where it fired. ``checkpoint`` saves a full checkpoint
-  named ``collapse-<signal>-round<N>`` in ``output_dir``: the Trainer's rotation (``save_total_limit``)
-  only deletes ``checkpoint-*`` folders, so it is kept. ``stop`` saves it too and ends the run cleanly,
-  with a message naming the signal, the values and the checkpoint. Resuming replays the restored log
-  history, so smoothed bests and counts carry over.
+  optimizer steps per round); several log lines of one round are averaged, and a log line that comes
+  several rounds after the one before it (``logging_steps`` longer than a round) counts for each of them.
+  Each signal fires once when its condition starts to hold and again only after it has stopped holding.
+  It logs ``collapse/<signal>`` (rounds in a row past the threshold, or the fall from the best mean) on
+  every log line, and ``collapse/fired/<signal>`` = 1 on the line where it fired. ``checkpoint`` saves a
+  full checkpoint named ``collapse-<signal>-round<N>`` in ``output_dir``: the Trainer's rotation
+  (``save_total_limit``) only deletes ``checkpoint-*`` folders, so it is kept. ``stop`` saves it too and
+  ends the run cleanly, with a message naming the signal, the values and the checkpoint. Resuming replays
+  the restored log history, so smoothed bests and counts carry over.
 
 ProRL's optimizer reset and RLinf's mini-batch skip are in `prompt_aug.extensions.stabilisers`.
 """
@@ -100,65 +101,86 @@ class Firing:
 
 
 class _Watch:
-    """The running state of one signal: the per-round means of its window and whether it is firing."""
+    """The running state of one signal: the log lines of its window and whether it is firing.
+
+    A log line stands for the rounds since the previous one (TRL averages a line's metrics over its
+    ``logging_steps``, which may span several rounds), so a window of ``window`` rounds holds the fewest
+    latest lines that together stand for that many; for ``eval`` each evaluation counts one.
+    """
 
     def __init__(self, spec: SignalSpec) -> None:
         self.spec = spec
-        self.rounds: deque[list[float]] = deque(maxlen=spec.window)  # [round, sum, count]
+        self.lines: deque[list[float]] = deque()  # [round, sum, count, rounds it stands for]
+        self.last = 0  # the latest line's round, kept when its line leaves the window
         self.best = -math.inf  # best window mean over completed rounds (kind "drop")
         self.active = False
         self.stat = 0.0
 
+    def _covered(self) -> int:
+        return int(sum(line[3] for line in self.lines))
+
     def add(self, round_: int, value: float, step: int, key: str) -> Firing | None:
         spec = self.spec
-        if self.rounds and round_ <= self.rounds[-1][0]:
-            self.rounds[-1][1] += value
-            self.rounds[-1][2] += 1
+        if self.lines and round_ <= self.lines[-1][0]:  # another line of the same round: averaged in
+            self.lines[-1][1] += value
+            self.lines[-1][2] += 1
         else:
-            if spec.kind == "drop" and len(self.rounds) == spec.window:
+            if spec.kind == "drop" and self._covered() >= spec.window:
                 self.best = max(self.best, self._window_mean())
-            self.rounds.append([round_, value, 1])
-        means = [total / count for _, total, count in self.rounds]
-        first, last = int(self.rounds[0][0]), int(self.rounds[-1][0])
+            span = 1 if spec.name == "eval" else max(1, round_ - self.last)
+            self.lines.append([round_, value, 1, span])
+            self.last = round_
+            while len(self.lines) > 1 and self._covered() - self.lines[0][3] >= spec.window:
+                self.lines.popleft()
+        unit = "evaluations" if spec.name == "eval" else "rounds"
 
         if spec.kind == "drop":
-            if len(self.rounds) < spec.window:
+            if self._covered() < spec.window:
                 return self._settle(False, step, "")
             current = self._window_mean()
             best = max(self.best, current)
             self.stat = best - current
-            unit = "evaluations" if spec.name == "eval" else "rounds"
             detail = (
-                f"{spec.name} ({key}) averaged {current:.4g} over {unit} {first}-{last}, "
-                f"{self.stat:.4g} below "
-                f"its best {best:.4g}, more than the allowed {spec.threshold:g}"
+                f"{spec.name} ({key}) averaged {current:.4g} over {unit} {self._first(len(self.lines))}-"
+                f"{self.last}, {self.stat:.4g} below its best {best:.4g}, more than the allowed "
+                f"{spec.threshold:g}"
             )
             return self._settle(self.stat > spec.threshold, step, detail)
 
         past = (lambda v: v < spec.threshold) if spec.kind == "below" else (lambda v: v > spec.threshold)
-        run = 0
-        for mean in reversed(means):
-            if not past(mean):
+        run, lines = 0, 0  # rounds in a row past the threshold, and the lines that stand for them
+        for _, total, count, span in reversed(self.lines):
+            if not past(total / count):
                 break
-            run += 1
+            run, lines = run + int(span), lines + 1
         self.stat = float(run)
         word = "below the floor" if spec.kind == "below" else "above the ceiling"
+        means = ", ".join(f"{total / count:.4g}" for _, total, count, _ in list(self.lines)[-max(lines, 1) :])
         detail = (
-            f"{spec.name} ({key}) {word} {spec.threshold:g} "
-            f"for {spec.window} round{'s' * (spec.window > 1)} in a row "
-            f"(rounds {first}-{last}: {', '.join(f'{m:.4g}' for m in means)})"
+            f"{spec.name} ({key}) {word} {spec.threshold:g} for {run} {unit} in a row, "
+            f"{spec.window} or more asked (rounds {self._first(lines)}-{self.last}: {means})"
         )
         return self._settle(run >= spec.window, step, detail)
 
+    def _first(self, lines: int) -> int:
+        """The first round the latest ``lines`` log lines stand for."""
+        round_, _, _, span = self.lines[-max(lines, 1)]
+        return int(round_ - span + 1)
+
     def _window_mean(self) -> float:
-        return sum(total / count for _, total, count in self.rounds) / len(self.rounds)
+        """The mean over the window's rounds: each line weighs the rounds it stands for, the oldest only those
+        inside the window."""
+        weights = [line[3] for line in self.lines]
+        weights[0] -= max(0, self._covered() - self.spec.window)
+        means = [total / count for _, total, count, _ in self.lines]
+        return sum(w * m for w, m in zip(weights, means, strict=True)) / sum(weights)
 
     def _settle(self, holds: bool, step: int, detail: str) -> Firing | None:
         fired = holds and not self.active
         self.active = holds
         if not fired:
             return None
-        return Firing(self.spec.name, int(self.rounds[-1][0]), step, self.spec.action, detail)
+        return Firing(self.spec.name, int(self.lines[-1][0]), step, self.spec.action, detail)
 
 
 class CollapseGuard(TrainerCallback):
