@@ -57,8 +57,12 @@ class TemplateMetrics:
         rewards = rewards.cpu() if rewards is not None else None
         gathered = accelerator.gather(full.float()).cpu(), accelerator.gather((~ended).float()).cpu()
         self.append(trainer, names, rewards, *gathered, mode)
-        # Collapse watch: completions that end in an n-gram loop, overall and per template.
-        looping = accelerator.gather(loop_flags(ids, lengths)).cpu()
+        self.append_repetition(trainer, names, accelerator.gather(loop_flags(ids, lengths)).cpu(), mode)
+
+    def append_repetition(self, trainer: Any, names: list[str], looping: torch.Tensor, mode: str) -> None:
+        """The collapse watch's ``completions/repetition_ratio`` and ``templates/<name>/repetition``: the
+        share of gathered rows (``looping``, 1.0 per row ending in an n-gram loop) that loop, overall and per
+        template (``names``, per row)."""
         metrics = trainer.metric_buffer(mode)
         metrics["completions/repetition_ratio"].append(looping.mean().item())
         for name, where in template_rows(names).items():

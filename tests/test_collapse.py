@@ -221,6 +221,25 @@ def test_guard_is_off_unless_a_threshold_is_set():
     assert {s.name for s in smoke.specs} == {"entropy", "accuracy", "repetition"}
 
 
+def test_with_dynamic_sampling_the_guard_reads_accuracy_over_everything_generated():
+    # Dynamic sampling trains only groups with a spread, so TRL's accuracy over the trained rows stays near
+    # a half while the model fails more and more of what it generates: the guard reads the latter.
+    def guard(*extra):
+        args = train.parse_args(["--config", SMOKE, "--dry_run", *extra]).training_args
+        return guard_from_args(args, 1)
+
+    generated = "dynamic_sampling/generated/rewards/correctness_reward/mean"
+    stream = [
+        {"step": r, "round": r, "rewards/correctness_reward/mean": 0.5, generated: 0.6 if r < 4 else 0.0}
+        for r in range(1, 8)
+    ]
+    assert _feed(guard("--dynamic_sampling", "true"), stream) == {5: ["accuracy"]}
+    assert _feed(guard(), stream) == {}  # without dynamic sampling the trained rows are everything generated
+    trained = "rewards/correctness_reward/mean"
+    chosen = guard("--dynamic_sampling", "true", "--collapse_accuracy_metric", trained)
+    assert next(s for s in chosen.specs if s.name == "accuracy").keys == (trained,)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # End to end: a collapsing CPU run trips the guard, keeps named checkpoints through rotation, stops cleanly
 

@@ -210,6 +210,15 @@ def test_metrics_match_the_records(dynamic_run, step):
         assert logged[f"templates/{name}/kept"] == rows["kept"].sum()
     # TRL's reward metrics are over the trained rows: none of them is zero-spread.
     assert logged["frac_reward_zero_std"] == 0
+    assert logged["reward"] == pytest.approx(records.loc[records["kept"], "flat_half_reward"].mean())
+    # The same metrics over every generated row, dropped groups included (what the collapse guard reads),
+    # and the repetition the guard watches (the smoke recipe sets its ceiling).
+    everything = records["flat_half_reward"].mean()
+    assert logged[METRICS + "generated/reward"] == pytest.approx(everything)
+    assert logged[METRICS + "generated/rewards/flat_half_reward/mean"] == pytest.approx(everything)
+    assert 0 <= logged[METRICS + "generated/completions/clipped_ratio"] <= 1
+    assert 0 <= logged["completions/repetition_ratio"] <= 1 and "collapse/repetition" in logged
+    assert all(f"templates/{name}/repetition" in logged for name in records["template"].unique())
 
 
 @pytest.mark.slow

@@ -17,6 +17,9 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   eval       ``eval/macro``                            like accuracy, over the last ``window`` evaluations
   ========== ========================================= ===============================================
 
+  With dynamic sampling on, accuracy and truncation read those keys under ``dynamic_sampling/generated/``
+  first: over every generated completion, where TRL's cover only the trained groups.
+
   A window counts generation rounds (the ``round`` key of a log line, else the step divided by the
   optimizer steps per round); several log lines of one round are averaged, and a log line that comes
   several rounds after the one before it (``logging_steps`` longer than a round) counts for each of them.
@@ -49,6 +52,7 @@ from rewards.controls import ACCURACY_MEAN_KEYS
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
 from ..records import generation_round
+from .dynamic_sampling import GENERATED
 
 logger = logging.getLogger("prompt_aug.collapse")
 
@@ -357,6 +361,12 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
         "repetition": ((REPETITION_KEY,), "above"),
         "eval": (("eval/macro",), "drop"),
     }
+    if getattr(a, "dynamic_sampling", False):
+        # TRL's reward and truncation metrics then cover the trained groups only, never those every rollout
+        # got right or wrong: read them over everything generated first (a chosen metric stays as chosen).
+        for name in ("accuracy", "truncation") if not a.collapse_accuracy_metric else ("truncation",):
+            keys, kind = watched[name]
+            watched[name] = (tuple(GENERATED + key for key in keys) + keys, kind)
     specs = []
     for name, (threshold_key, window_key) in SIGNAL_KEYS.items():
         keys, kind = watched[name]

@@ -28,7 +28,10 @@ Logged per round: ``dynamic_sampling/groups_generated``, ``groups_kept`` (traine
 ``groups_filled`` (trained, zero spread, cap hit), ``groups_surplus`` (spread, beyond the round),
 ``dropped_all_right`` / ``dropped_all_wrong`` (every rollout scored 1 / 0 on correctness, or on the signal
 without a correctness reward), ``dropped_no_spread`` (other flat groups), ``generation_passes``, ``cap_hit``
-and ``kept_share``; per-template metrics over everything generated plus ``templates/<name>/kept``. The
+and ``kept_share``; per-template metrics and ``completions/repetition_ratio`` over everything generated,
+plus ``templates/<name>/kept``; and ``dynamic_sampling/generated/reward``, ``.../rewards/<function>/mean``
+and ``.../completions/clipped_ratio``: TRL's metrics of those names, which cover the trained rows only,
+over everything generated (what the collapse guard reads with dynamic sampling on). The
 completion records hold every generated completion (trained rows first, in training order) with ``kept``,
 ``group_status`` and ``generation_pass``; rows not trained have a NaN ``advantage``.
 """
@@ -47,6 +50,7 @@ from accelerate.utils import gather_object
 from trl.trainer.utils import nanstd
 
 from rewards.registry import CORRECTNESS_REWARDS, REGISTRY
+from rewards.repetition import ends_in_loop
 
 from .. import trl_seam as seam
 from ..collator import row_question, row_uid, stable_uniform
@@ -58,6 +62,7 @@ SIGNAL_TOTAL = "total"
 KEPT, FILLED, SURPLUS = "kept", "filled", "surplus"
 ALL_RIGHT, ALL_WRONG, OTHER = "all_right", "all_wrong", "no_spread"
 METRIC = "dynamic_sampling/"
+GENERATED = METRIC + "generated/"  # TRL's reward and truncation metrics, over every generated completion
 
 
 def group_spread(signal: torch.Tensor, num_generations: int, std_tol: float) -> list[bool]:
@@ -177,6 +182,7 @@ class _Pass:
     templates: list[str]  # gathered
     lengths: torch.Tensor  # gathered
     truncated: torch.Tensor  # gathered
+    looping: torch.Tensor  # gathered: 1.0 where a completion ends in an n-gram loop
     # Completion-record columns logged (by reward functions) for this process's rows.
     extras: dict[str, list] = field(default_factory=dict)
 
@@ -310,9 +316,7 @@ class DynamicSampler:
     def _signal(self, trainer: SamplingTrainer, rewards: torch.Tensor) -> torch.Tensor:
         if self.signal_index is not None:
             return rewards[:, self.signal_index]
-        total = (rewards * trainer.reward_weights.cpu().unsqueeze(0)).nansum(dim=1)
-        total[torch.isnan(rewards).all(dim=1)] = torch.nan  # as TRL: a row no function scored has no reward
-        return total
+        return total_reward(rewards, trainer.reward_weights.cpu())
 
     def _extra_rows(
         self, trainer: SamplingTrainer, round_index: int, k: int, seen: set[str], per_process: int
@@ -346,6 +350,7 @@ class DynamicSampler:
             [len(ids) or trainer.max_completion_length for ids in completion_ids], device=acc.device
         )
         truncated = torch.tensor([not ids or ids[-1] not in eos for ids in completion_ids], device=acc.device)
+        looping = torch.tensor([float(ends_in_loop(ids)) for ids in completion_ids], device=acc.device)
         names = gather_object([(str(row["uid"]), row["template"]) for row in rows])
         return _Pass(
             rows=rows,
@@ -355,6 +360,7 @@ class DynamicSampler:
             templates=[template for _, template in names],
             lengths=acc.gather(lengths.float()).cpu(),
             truncated=acc.gather(truncated.float()).cpu(),
+            looping=acc.gather(looping).cpu(),
             extras=extras,
         )
 
@@ -476,15 +482,37 @@ class DynamicSampler:
                 for q in range(len(p.uids))
             ]
         )
-        trainer.template_metrics.append(
-            trainer,
-            [name for p in passes for name in p.templates],
-            torch.cat([p.rewards for p in passes]),
-            torch.cat([p.lengths for p in passes]),
-            torch.cat([p.truncated for p in passes]),
-            "train",
-            kept=kept,
-        )
+        names = [name for p in passes for name in p.templates]
+        rewards, truncated = torch.cat([p.rewards for p in passes]), torch.cat([p.truncated for p in passes])
+        lengths = torch.cat([p.lengths for p in passes])
+        trainer.template_metrics.append(trainer, names, rewards, lengths, truncated, "train", kept=kept)
+        looping = torch.cat([p.looping for p in passes])
+        trainer.template_metrics.append_repetition(trainer, names, looping, "train")
+        # TRL's reward and truncation metrics cover the trained rows only, which leave out the groups every
+        # rollout got right or wrong: the same metrics over everything generated, for the collapse guard.
+        generated = {
+            "reward": torch.nanmean(total_reward(rewards, trainer.reward_weights.cpu())).item(),
+            **{
+                f"rewards/{name}/mean": torch.nanmean(rewards[:, i]).item()
+                for i, name in enumerate(trainer.reward_func_names)
+            },
+            "completions/clipped_ratio": truncated.float().mean().item(),
+        }
+        for name, value in generated.items():
+            metrics[GENERATED + name].append(value)
+
+
+def total_reward(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each row's weighted sum of its reward functions' scores (``rewards``: rows x functions), NaN where
+    no function scored it, as TRL sums them.
+
+    >>> nan = float("nan")
+    >>> total_reward(torch.tensor([[1.0, 0.5], [nan, 1.0], [nan, nan]]), torch.tensor([1.0, 2.0]))
+    tensor([2., 2., nan])
+    """
+    total = (rewards * weights.unsqueeze(0)).nansum(dim=1)
+    total[torch.isnan(rewards).all(dim=1)] = torch.nan
+    return total
 
 
 def signal_column(signal: str, reward_funcs: list[Any], reward_func_names: list[str]) -> int | None:
