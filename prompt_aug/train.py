@@ -136,6 +136,12 @@ class PromptAugScriptArguments:
         "Reward names from rewards.REGISTRY, or functions by import path "
         "(package.module:function). The paper: correctness + format.",
     )
+    soft_punish_cache: int = help_field(
+        256,
+        "For the reward get_soft_overlong_punishment (DAPO's soft overlong penalty): completions within "
+        "this many tokens of max_completion_length lose reward linearly, down to -1 at the limit (DAPO: "
+        "4096 of 20480). The limit is the recipe's max_completion_length (trl grpo fixes 1280 and 256).",
+    )
     # > The run
     overwrite_output_dir: bool = help_field(
         False,
@@ -275,6 +281,26 @@ def train(argv: list[str] | None = None) -> int:
     return run(script_args, args, model_args, demo_args, argv)
 
 
+def reward_functions(
+    script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig
+) -> tuple[list[Any], list[str]]:
+    """The recipe's reward functions (``reward_funcs``; TRL's overlong penalty made for its
+    ``max_completion_length`` and ``soft_punish_cache``) and their names, as TRL names them; checked against
+    ``reward_weights``.
+
+    Raises:
+        ValueError: a name, an import path, the penalty's lengths or the weights; the message names the key.
+    """
+    funcs = get_reward_funcs(
+        script_args.reward_funcs,
+        max_completion_length=args.max_completion_length,
+        soft_punish_cache=script_args.soft_punish_cache,
+    )
+    names = [get_callable_name(f) for f in funcs]
+    check_reward_weights(args.reward_weights, names)
+    return funcs, names
+
+
 def run(
     script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig, model_args: ModelConfig, demo_args: Any,
     argv: list[str] | None = None,
@@ -291,9 +317,7 @@ def run(
     # Reward functions and templates by name: a bad name fails before anything is read or deleted, and in
     # the dry run too.
     try:
-        reward_funcs = get_reward_funcs(script_args.reward_funcs)
-        names = [get_callable_name(f) for f in reward_funcs]  # as TRL names a reward function
-        check_reward_weights(args.reward_weights, names)
+        reward_funcs, names = reward_functions(script_args, args)
         templates, weights, eval_template = templates_for(args)
     except (ValueError, TemplateError) as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None

@@ -173,11 +173,14 @@ TRL_REWARDS: dict[str, tuple[str, dict[str, Any] | None]] = {
 }
 
 
-def get_reward_funcs(names: list[str]) -> list[Callable[..., list[float | None]]]:
+def get_reward_funcs(
+    names: list[str], *, max_completion_length: int | None = None, soft_punish_cache: int | None = None
+) -> list[Callable[..., list[float | None]]]:
     """The reward functions for ``names``: registered names (`REGISTRY`), TRL's by name (`TRL_REWARDS`), or
     import paths ``package.module:function`` / ``package.module.function`` (the folder the run starts in is
     searched too, as ``trl grpo`` does). A function of TRL (by name or path) reads this package's rows through
-    `TRLConvention`.
+    `TRLConvention`. ``get_soft_overlong_punishment`` (DAPO's soft overlong penalty) is made for the run's
+    ``max_completion_length`` and ``soft_punish_cache`` where given (``trl grpo`` fixes 1280 and 256).
 
     An unknown name raises and lists the registered ones; a bad import path raises and says why.
 
@@ -200,12 +203,36 @@ def get_reward_funcs(names: list[str]) -> list[Callable[..., list[float | None]]
             funcs.append(REGISTRY[name])
             continue
         path, factory_args = TRL_REWARDS.get(name, (name, None))
+        if name == "get_soft_overlong_punishment":
+            factory_args = _overlong_args(max_completion_length, soft_punish_cache)
         func = _import_reward(path)
         if factory_args is not None:
             func = func(**factory_args)
         module = getattr(func, "__module__", None) or ""
         funcs.append(TRLConvention(func) if module.split(".")[0] == "trl" else func)
     return funcs
+
+
+def _overlong_args(max_completion_length: int | None, soft_punish_cache: int | None) -> dict[str, int]:
+    """``get_soft_overlong_punishment``'s arguments: ``trl grpo``'s, with the run's lengths where given.
+
+    >>> _overlong_args(3072, 512)
+    {'max_completion_len': 3072, 'soft_punish_cache': 512}
+    >>> _overlong_args(None, None)
+    {'max_completion_len': 1280, 'soft_punish_cache': 256}
+    """
+    args = dict(TRL_REWARDS["get_soft_overlong_punishment"][1] or {})
+    if max_completion_length is not None:
+        args["max_completion_len"] = max_completion_length
+    if soft_punish_cache is not None:
+        args["soft_punish_cache"] = soft_punish_cache
+    if not 0 < args["soft_punish_cache"] < args["max_completion_len"]:
+        raise ValueError(
+            f"get_soft_overlong_punishment: soft_punish_cache {args['soft_punish_cache']} must be above 0 "
+            f"and below max_completion_length {args['max_completion_len']} (the penalty ramps over the "
+            "last soft_punish_cache tokens); set soft_punish_cache"
+        )
+    return args
 
 
 def _import_reward(path: str) -> Callable[..., list[float | None]]:

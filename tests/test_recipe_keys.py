@@ -298,6 +298,15 @@ def _script_cases(data: Path) -> dict[str, tuple[dict, dict, Any]]:
             {"reward_funcs": ["strict_correctness", "think_format_reward"]},
             lambda S, A, tok: [f.__name__ for f in get_reward_funcs(S.reward_funcs)],
         ),
+        "soft_punish_cache": (
+            {"reward_funcs": ["get_soft_overlong_punishment"]},
+            {"reward_funcs": ["get_soft_overlong_punishment"], "soft_punish_cache": 300},
+            lambda S, A, tok: train.reward_functions(S, A)[0][0](
+                ["x"] * 3,
+                completion_ids=[[1] * (A.max_completion_length - k) for k in (0, 100, 280)],
+                answer=["4"] * 3,
+            ),
+        ),
         "overwrite_output_dir": (
             {"dataset_name": a},
             {"dataset_name": a, "overwrite_output_dir": True},

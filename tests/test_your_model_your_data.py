@@ -609,6 +609,19 @@ def test_the_example_recipe_dry_runs_from_the_command_line():
     )
 
 
+def test_the_soft_overlong_penalty_follows_the_recipes_completion_length():
+    # trl grpo fixes 1280 and 256: at a limit of 3072 every answer past 1024 tokens would lose reward.
+    (overlong,) = get_reward_funcs(
+        ["get_soft_overlong_punishment"], max_completion_length=3072, soft_punish_cache=512
+    )
+    lengths = [2000, 2560, 2816, 3072]
+    scores = overlong(["x"] * 4, completion_ids=[[1] * n for n in lengths], answer=["4"] * 4)
+    assert scores == [0.0, 0.0, -0.5, -1.0]
+    # Through the recipe: the key is checked against the length, in the dry run too.
+    with pytest.raises(SystemExit, match="soft_punish_cache 4096 must be above 0 and below max_completion"):
+        train.main(["--config", str(EXAMPLE), "--dry_run", "--soft_punish_cache", "4096"])
+
+
 def test_the_example_recipe_sets_what_the_doc_explains():
     script_args, args, _, _ = train.parse_args(["--config", str(EXAMPLE), "--dry_run"])
     first, second = script_args.dataset_mixture.datasets
@@ -616,7 +629,7 @@ def test_the_example_recipe_sets_what_the_doc_explains():
     assert second.dataset_levels == ["Level 4", "Level 5"] and first.fraction == second.fraction == 0.5
     assert script_args.chat_template == "chatml" and args.system_prompt
     assert "get_soft_overlong_punishment" in script_args.reward_funcs
-    assert args.max_completion_length == TRL_REWARDS["get_soft_overlong_punishment"][1]["max_completion_len"]
+    assert args.max_completion_length == 1280 and script_args.soft_punish_cache == 256
     doc = DOC.read_text()
     assert "recipes/examples/your_model_your_data.yaml" in doc
     keys = ("chat_template", "system_prompt", "dataset_mixture", "question_column", "templates_file")
