@@ -481,6 +481,11 @@ PRORL_KEYS = {
     "beta": 1e-4, "epsilon": 0.2, "epsilon_high": 0.4, "temperature": 1.2, "num_generations": 16,
     "sync_ref_model": True, "ref_model_mixup_alpha": 1.0, "ref_model_sync_steps": 400,
     "reset_optimizer_on_ref_sync": True, "num_train_epochs": 30,
+    # ProRL runs on verl: its KL is the k3 estimator without the importance ratio TRL weighs it by by default
+    "use_bias_correction_kl": False,
+    # ProRL takes DAPO's dynamic sampling with its decoupled clip; DAPO filters on accuracy
+    "dynamic_sampling": True, "dynamic_sampling_signal": "correctness", "dynamic_sampling_max_passes": 4,
+    "dynamic_sampling_std_tol": 1e-4,
 }  # fmt: skip
 # The paper recipe's fidelity settings, which the ProRL recipe keeps.
 MIRRORED = {
