@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field, fields
@@ -55,6 +56,7 @@ class KeyInfo(NamedTuple):
     trl: Any  # its value under a plain `GRPOConfig` (TRL's behaviour); `MISSING`: our default
     low: float | None  # its smallest allowed value
     choices: tuple[str, ...] | None  # its allowed values
+    high: float | None = None  # its largest allowed value
 
 
 _PENDING: dict[int, KeyInfo] = {}  # filled while the class body runs; read into `KEYS` below it
@@ -69,12 +71,12 @@ def help_field(default: Any, help: str) -> Any:
 
 def _key(
     default: Any, help: str, feature: str | None = None, trl: Any = MISSING, low: float | None = None,
-    choices: tuple[str, ...] | None = None,
+    choices: tuple[str, ...] | None = None, high: float | None = None,
 ) -> Any:  # fmt: skip
     """A field of ours: its default (a list is copied per instance) and help, as TRL declares its own; the
     rest goes to `KEYS` (dataclass metadata reaches argparse, which takes only its own words)."""
     made = help_field(default, help)
-    _PENDING[id(made)] = KeyInfo(feature, trl, low, choices)
+    _PENDING[id(made)] = KeyInfo(feature, trl, low, choices, high)
     return made
 
 
@@ -213,15 +215,21 @@ class PromptAugGRPOConfig(GRPOConfig):
         _guard("accuracy"),
     )
     collapse_entropy_floor: float | None = _key(
-        None, "Fire when `entropy` stays below this for collapse_entropy_rounds rounds."
+        None, "Fire when `entropy` stays below this for collapse_entropy_rounds rounds.", low=0
     )
     collapse_truncation_ceiling: float | None = _key(
-        None, "Fire when completions/clipped_ratio stays above this for collapse_truncation_rounds."
+        None,
+        "Fire when completions/clipped_ratio (a share, 0 to 1) stays above this for "
+        "collapse_truncation_rounds.",
+        low=0,
+        high=1,
     )
     collapse_repetition_ceiling: float | None = _key(
         None,
-        "Fire when the share of completions ending in an n-gram loop stays above this for "
+        "Fire when the share of completions ending in an n-gram loop (0 to 1) stays above this for "
         "collapse_repetition_rounds rounds.",
+        low=0,
+        high=1,
     )
     collapse_eval_drop: float | None = _key(
         None,
@@ -345,13 +353,22 @@ def check_config(args: Any) -> None:
     then warn on keys that do nothing (`inert_keys`). The dynamic-sampling signal is checked against the
     reward functions the trainer is given."""
     check_keys(args)
+    if args.sync_ref_model and args.ref_model_sync_steps < 1:  # TRL's callback divides by it at every step
+        raise ValueError(
+            f"ref_model_sync_steps: must be at least 1 with sync_ref_model, got {args.ref_model_sync_steps}"
+        )
+    if args.sync_ref_model and not args.beta:  # TRL refuses it only once the trainer is built
+        raise ValueError(
+            "sync_ref_model: true needs beta > 0 (with beta 0 there is no reference model to sync); "
+            "set beta, or sync_ref_model: false"
+        )
     if args.reset_optimizer_on_ref_sync and not args.sync_ref_model:
         raise ValueError(
             "reset_optimizer_on_ref_sync: true needs sync_ref_model: true (TRL then syncs the "
             "reference every ref_model_sync_steps steps; it also needs beta > 0)"
         )
     threshold = args.skip_minibatch_ratio_above
-    if threshold is not None and threshold < 1.0:
+    if threshold is not None and not threshold >= 1.0:  # NaN too
         raise ValueError(
             f"skip_minibatch_ratio_above: {threshold} is below 1, the smallest value the mean of "
             "max(r, 1/r) can take; use 1.0 to skip every mini-batch, or leave it unset"
@@ -374,8 +391,12 @@ def check_keys(args: Any, prefix: str = "") -> None:
         value = getattr(args, name)
         if info.choices is not None and value is not None and value not in info.choices:
             raise ValueError(f"{name}: {value!r} is not one of {', '.join(info.choices)}")
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"{name}: is NaN; give a number, or leave it unset")
         if info.low is not None and value is not None and value < info.low:
             raise ValueError(f"{name}: must be at least {info.low}, got {value}")
+        if info.high is not None and value is not None and value > info.high:
+            raise ValueError(f"{name}: must be at most {info.high}, got {value}")
 
 
 def _default(name: str) -> Any:

@@ -51,6 +51,7 @@ from .config import PromptAugGRPOConfig, help_field, planned_processes
 from .data import DataError, load_train_dataset
 from .evaluation.benchmarks import EvalError
 from .extensions import build_features
+from .extensions.dynamic_sampling import signal_column
 from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, Preempted, disk_full_is_one_line, signal_ignored
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .mixture import dataset_mixture
@@ -286,10 +287,11 @@ def reward_functions(
 ) -> tuple[list[Any], list[str]]:
     """The recipe's reward functions (``reward_funcs``; TRL's overlong penalty made for its
     ``max_completion_length`` and ``soft_punish_cache``) and their names, as TRL names them; checked against
-    ``reward_weights``.
+    ``reward_weights`` and ``dynamic_sampling_signal``.
 
     Raises:
-        ValueError: a name, an import path, the penalty's lengths or the weights; the message names the key.
+        ValueError: a name, an import path, the penalty's lengths, the weights or the dynamic-sampling
+            signal; the message names the key.
     """
     funcs = get_reward_funcs(
         script_args.reward_funcs,
@@ -298,6 +300,8 @@ def reward_functions(
     )
     names = [get_callable_name(f) for f in funcs]
     check_reward_weights(args.reward_weights, names)
+    if args.dynamic_sampling:
+        signal_column(args.dynamic_sampling_signal, funcs, names)  # its reward function is among them
     return funcs, names
 
 

@@ -214,6 +214,28 @@ def test_bad_guard_keys_name_the_key():
         train.main(["--config", SMOKE, "--dry_run", "--collapse_entropy_action", "halt"])
 
 
+def test_stabiliser_and_guard_values_that_cannot_work_are_refused_at_parse_or_dry_run():
+    def parse(*extra):
+        return train.parse_args(["--config", SMOKE, "--dry_run", *extra]).training_args
+
+    # TRL's reference sync divides by its interval at every step, and needs a reference (beta > 0).
+    with pytest.raises(ValueError, match="ref_model_sync_steps: must be at least 1 with sync_ref_model"):
+        parse("--sync_ref_model", "true", "--beta", "0.001", "--ref_model_sync_steps", "0")
+    with pytest.raises(ValueError, match="sync_ref_model: true needs beta > 0"):
+        parse("--sync_ref_model", "true", "--beta", "0")
+    # A share written as a percentage could never fire; NaN never compares.
+    with pytest.raises(ValueError, match="collapse_truncation_ceiling: must be at most 1, got 90"):
+        parse("--collapse_truncation_ceiling", "90")
+    with pytest.raises(ValueError, match="collapse_entropy_floor: must be at least 0, got -0.1"):
+        parse("--collapse_entropy_floor", "-0.1")
+    with pytest.raises(ValueError, match="skip_minibatch_ratio_above: is NaN"):
+        parse("--skip_minibatch_ratio_above", "nan")
+    # The dynamic-sampling signal names a reward function: checked in the dry run, not at the first round.
+    with pytest.raises(SystemExit, match="dynamic_sampling_signal: 'corectness' is neither 'total' nor one"):
+        train.main(["--config", SMOKE, "--dry_run", "--dynamic_sampling", "true",
+                    "--dynamic_sampling_signal", "corectness"])  # fmt: skip
+
+
 def test_guard_is_off_unless_a_threshold_is_set():
     paper = train.parse_args(["--config", str(PAPER / "prompt_aug.yaml"), "--dry_run"]).training_args
     assert guard_from_args(paper, 4) is None
