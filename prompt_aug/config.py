@@ -184,7 +184,8 @@ class PromptAugGRPOConfig(GRPOConfig):
     )
     dynamic_sampling_signal: str = _key(
         "total",
-        "What must differ within a group: `total` (weighted reward) or one reward_funcs name.",
+        "What must differ within a group: `total` (weighted reward) or one reward_funcs name. DAPO "
+        "filters on accuracy: `correctness`; `total` also keeps groups that differ in format only.",
         "dynamic sampling",
     )
     dynamic_sampling_max_passes: int = _key(

@@ -12,8 +12,9 @@ from passes:
    so a resumed run draws the same ones. Each new row goes through the same augmenting collator as the
    sampler's rows (one template per group).
 4. The round is the first spread groups in generation order. If the cap of ``max_passes`` is hit first,
-   the remaining places are filled with zero-spread groups, in generation order. They have zero advantage
-   (with ``beta: 0`` they add no policy gradient), so the round keeps TRL's shapes (per-process slices,
+   the remaining places are filled with zero-spread groups, in generation order. They are flat on the signal
+   (with ``total``, zero advantage: with ``beta: 0`` no policy gradient; with one reward function as the
+   signal, another may still differ in them), so the round keeps TRL's shapes (per-process slices,
    gradient accumulation, the token count of the loss) without repeating a kept group, which would
    double its weight.
 5. TRL's own scoring then runs on exactly those rows: the trainer's ``_generate`` and ``_calculate_rewards``
