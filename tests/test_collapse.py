@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from launch import torchrun
 
 from prompt_aug import train
 from prompt_aug.config import PromptAugGRPOConfig
@@ -268,6 +269,38 @@ def test_with_dynamic_sampling_the_guard_reads_accuracy_over_everything_generate
 
 def _history(run: Path) -> list[dict]:
     return json.loads((run / "trainer_state.json").read_text())["log_history"]
+
+
+SLOW_SECOND_RANK = """
+import sys, time
+from transformers import Trainer
+from prompt_aug import train
+
+save = Trainer._save_rng_state
+def slow(self, output_dir):  # the second process writes its part of the checkpoint last
+    if self.args.process_index == 1:
+        time.sleep(3)
+    return save(self, output_dir)
+Trainer._save_rng_state = slow
+train.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_on_two_processes_the_collapse_checkpoint_holds_every_processs_part(tmp_path):
+    """Each process writes its random state into the checkpoint; the guard renames the folder only once all
+    have, so the collapse checkpoint holds both and no stray checkpoint-1 holds the late one."""
+    script = tmp_path / "slow_second_rank.py"
+    script.write_text(SLOW_SECOND_RANK)
+    out = tmp_path / "run"
+    flags = ["--temperature", "0.05", "--collapse_repetition_rounds", "1", "--collapse_repetition_action",
+             "checkpoint", "--max_steps", "1", "--save_strategy", "no"]  # fmt: skip
+    command = [*torchrun(2), str(script), "--config", SMOKE, "--output_dir", str(out), *flags]
+    result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = out / "collapse-repetition-round1"
+    assert sorted(p.name for p in saved.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    assert not list(out.glob("checkpoint-*"))
 
 
 @pytest.mark.slow

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 
@@ -303,6 +304,10 @@ class CollapseGuard(TrainerCallback):
         if not self._pending:
             return control
         firings, self._pending = self._pending, []
+        # Every process writes its part of the checkpoint (its random state; ZeRO its optimizer shard) and
+        # the Trainer does not wait for the others before this event: a late one would otherwise write into
+        # a new checkpoint folder after the rename. Every process gets here (the firings were broadcast).
+        PartialState().wait_for_everyone()
         source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         target = _free_path(
             Path(args.output_dir)
