@@ -155,8 +155,10 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             features = build_features(config, self.reward_funcs, self.reward_func_names, given)
         self.features = features
         self.preemption = features.preemption  # saving on preemption (`HubAndPreemption`)
+        # Each checkpoint records its process count, which a resume checks; first, so that it has written it
+        # before any other callback's on_save moves the checkpoint (the collapse guard's).
+        self.callback_handler.callbacks.insert(0, LaunchRecord())
         features.attach(self)
-        self.add_callback(LaunchRecord())  # each checkpoint records its process count, which a resume checks
 
     def _apply_stop_tokens(self, tokens: list[str]) -> None:
         """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's

@@ -144,6 +144,19 @@ def test_a_log_line_spanning_several_rounds_counts_for_each_of_them():
     assert _feed(_guard(drop), stream) == {12: ["accuracy"]}
 
 
+def test_a_signal_missing_from_earlier_lines_counts_from_the_previous_line_not_from_round_0():
+    # A resumed run whose history never logged the repetition ratio (or a gap in it): the first line that
+    # has it stands for one round, the rounds since the previous log line, not for all rounds before it.
+    history = [{"step": r, "round": r, "entropy": 1.0} for r in range(1, 501)]
+    looping = [{"step": r, "round": r, REPETITION_KEY: 0.9} for r in range(501, 520)]
+    guard = _guard(SignalSpec("repetition", (REPETITION_KEY,), "above", 0.5, 10, "log"))
+    assert _feed(guard, history + looping) == {510: ["repetition"]}
+    gap = [{"step": 1, "round": 1, REPETITION_KEY: 0.1}] + [{"step": r, "round": r} for r in range(2, 11)]
+    guard = _guard(SignalSpec("repetition", (REPETITION_KEY,), "above", 0.5, 3, "log"))
+    after = [{"step": r, "round": r, REPETITION_KEY: 0.9} for r in range(11, 15)]
+    assert _feed(guard, gap + after) == {13: ["repetition"]}  # rounds 11-13, not 2-11 on the first line
+
+
 def test_a_noisy_but_healthy_run_trips_nothing():
     rng = random.Random(0)
     guard = _guard(
@@ -301,6 +314,8 @@ def test_on_two_processes_the_collapse_checkpoint_holds_every_processs_part(tmp_
     saved = out / "collapse-repetition-round1"
     assert sorted(p.name for p in saved.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
     assert not list(out.glob("checkpoint-*"))
+    # The process count a resume checks was written before the rename.
+    assert json.loads((saved / "launch.json").read_text()) == {"processes": 2}
 
 
 @pytest.mark.slow

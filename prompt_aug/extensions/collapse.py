@@ -108,15 +108,16 @@ class Firing:
 class _Watch:
     """The running state of one signal: the log lines of its window and whether it is firing.
 
-    A log line stands for the rounds since the previous one (TRL averages a line's metrics over its
-    ``logging_steps``, which may span several rounds), so a window of ``window`` rounds holds the fewest
-    latest lines that together stand for that many; for ``eval`` each evaluation counts one.
+    A log line stands for the rounds since the previous log line (TRL averages a line's metrics over its
+    ``logging_steps``, which may span several rounds; `CollapseGuard.observe` counts them, over every line,
+    so a signal missing from some lines is not stretched over the gap), so a window of ``window`` rounds
+    holds the fewest latest lines that together stand for that many; for ``eval`` each evaluation counts one.
     """
 
     def __init__(self, spec: SignalSpec) -> None:
         self.spec = spec
         self.lines: deque[list[float]] = deque()  # [round, sum, count, rounds it stands for]
-        self.last = 0  # the latest line's round, kept when its line leaves the window
+        self.last = 0  # the latest line's round
         self.best = -math.inf  # best window mean over completed rounds (kind "drop")
         self.active = False
         self.stat = 0.0
@@ -124,7 +125,9 @@ class _Watch:
     def _covered(self) -> int:
         return int(sum(line[3] for line in self.lines))
 
-    def add(self, round_: int, value: float, step: int, key: str) -> Firing | None:
+    def add(self, round_: int, value: float, step: int, key: str, span: int = 1) -> Firing | None:
+        """A log line of round ``round_`` standing for ``span`` rounds (ignored for another line of the
+        latest round, and for ``eval``); returns the firing it causes, if any."""
         spec = self.spec
         if self.lines and round_ <= self.lines[-1][0]:  # another line of the same round: averaged in
             self.lines[-1][1] += value
@@ -132,8 +135,7 @@ class _Watch:
         else:
             if spec.kind == "drop" and self._covered() >= spec.window:
                 self.best = max(self.best, self._window_mean())
-            span = 1 if spec.name == "eval" else max(1, round_ - self.last)
-            self.lines.append([round_, value, 1, span])
+            self.lines.append([round_, value, 1, 1 if spec.name == "eval" else max(1, span)])
             self.last = round_
             while len(self.lines) > 1 and self._covered() - self.lines[0][3] >= spec.window:
                 self.lines.popleft()
@@ -145,19 +147,19 @@ class _Watch:
             current = self._window_mean()
             best = max(self.best, current)
             self.stat = best - current
+            first = max(self._first(len(self.lines)), self.last - spec.window + 1)
             detail = (
-                f"{spec.name} ({key}) averaged {current:.4g} over {unit} {self._first(len(self.lines))}-"
-                f"{self.last}, {self.stat:.4g} below its best {best:.4g}, more than the allowed "
-                f"{spec.threshold:g}"
+                f"{spec.name} ({key}) averaged {current:.4g} over {unit} {first}-{self.last}, "
+                f"{self.stat:.4g} below its best {best:.4g}, more than the allowed {spec.threshold:g}"
             )
             return self._settle(self.stat > spec.threshold, step, detail)
 
         past = (lambda v: v < spec.threshold) if spec.kind == "below" else (lambda v: v > spec.threshold)
         run, lines = 0, 0  # rounds in a row past the threshold, and the lines that stand for them
-        for _, total, count, span in reversed(self.lines):
+        for _, total, count, stands_for in reversed(self.lines):
             if not past(total / count):
                 break
-            run, lines = run + int(span), lines + 1
+            run, lines = run + int(stands_for), lines + 1
         self.stat = float(run)
         word = "below the floor" if spec.kind == "below" else "above the ceiling"
         means = ", ".join(f"{total / count:.4g}" for _, total, count, _ in list(self.lines)[-max(lines, 1) :])
@@ -216,16 +218,19 @@ class CollapseGuard(TrainerCallback):
 
     def _reset(self) -> None:
         self._watches = {spec.name: _Watch(spec) for spec in self.specs}
+        self._last_round = 0  # the round of the latest log line, whichever signals it carried
         self._pending: list[Firing] = []
         self._regular_save_due = False
 
     def attach(self, trainer: Any) -> CollapseGuard:
         """Add the guard ahead of the trainer's loggers (W&B sees ``collapse/*``) but after any evaluation
-        callback placed there (the guard sees ``eval/*``); returns ``self``."""
+        callback placed there (the guard sees ``eval/*``) and the launch record; returns ``self``."""
         from ..evaluation.callback import EvalCallback
+        from ..faults import LaunchRecord
 
         callbacks = trainer.callback_handler.callbacks
-        after = [i for i, cb in enumerate(callbacks) if isinstance(cb, EvalCallback)]
+        # After the launch record too: it writes launch.json into the checkpoint the guard may rename.
+        after = [i for i, cb in enumerate(callbacks) if isinstance(cb, (EvalCallback, LaunchRecord))]
         callbacks.insert(after[-1] + 1 if after else 0, self)
         return self
 
@@ -243,13 +248,15 @@ class CollapseGuard(TrainerCallback):
         """Feed one log line; returns the ``collapse/*`` metrics for it and the signals that fired on it."""
         step = int(entry.get("step", step or 0))
         round_ = self.round_of(entry, step)
+        span = round_ - self._last_round  # the rounds since the previous log line: what this one stands for
+        self._last_round = max(self._last_round, round_)
         metrics: dict[str, float] = {}
         firings: list[Firing] = []
         for name, watch in self._watches.items():
             key = next((k for k in watch.spec.keys if _is_number(entry.get(k))), None)
             if key is None:
                 continue
-            firing = watch.add(round_, float(entry[key]), step, key)
+            firing = watch.add(round_, float(entry[key]), step, key, span)
             metrics[f"collapse/{name}"] = watch.stat
             if firing is not None:
                 metrics[f"collapse/fired/{name}"] = 1.0
@@ -304,15 +311,15 @@ class CollapseGuard(TrainerCallback):
         if not self._pending:
             return control
         firings, self._pending = self._pending, []
+        source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        target = _free_path(  # named on every process before any renames
+            Path(args.output_dir)
+            / f"{CHECKPOINT_PREFIX}-{'_'.join(f.signal for f in firings)}-round{firings[0].round}"
+        )
         # Every process writes its part of the checkpoint (its random state; ZeRO its optimizer shard) and
         # the Trainer does not wait for the others before this event: a late one would otherwise write into
         # a new checkpoint folder after the rename. Every process gets here (the firings were broadcast).
         PartialState().wait_for_everyone()
-        source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        target = _free_path(
-            Path(args.output_dir)
-            / f"{CHECKPOINT_PREFIX}-{'_'.join(f.signal for f in firings)}-round{firings[0].round}"
-        )
         if args.should_save:
             if not source.is_dir():
                 logger.error("collapse guard: expected the checkpoint %s, found nothing to keep", source)
@@ -371,7 +378,7 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
         # got right or wrong: read them over everything generated first (a chosen metric stays as chosen).
         for name in ("accuracy", "truncation") if not a.collapse_accuracy_metric else ("truncation",):
             keys, kind = watched[name]
-            watched[name] = (tuple(GENERATED + key for key in keys) + keys, kind)
+            watched[name] = (tuple(k for key in keys for k in (GENERATED + key, key)), kind)
     specs = []
     for name, (threshold_key, window_key) in SIGNAL_KEYS.items():
         keys, kind = watched[name]
