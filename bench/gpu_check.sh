@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU tests, the GPU benches of record and the CLI on CUDA, in one call on a one-GPU machine: at most 8
-# minutes of steps (45 + 190 + 60 + 190 s limits, each step killed 10 s after its limit if SIGTERM does not
-# end it) and about 15 s of set-up, so one device call with a 540 s limit holds it.
+# minutes of steps (40 + 190 + 60 + 190 s limits; a step that SIGTERM does not end is killed 10 s later) and
+# about 15 s of set-up, so one device call with a 540 s limit holds it.
 # Run from the project root. The machine needs torch and transformers; trl, datasets, dill, multiprocess,
 # math-verify, latex2sympy2_extended and antlr4-python3-runtime may travel as wheels in .whl/ (about 2 MB):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl \
@@ -37,7 +37,7 @@ step() {
 #    TESTS=tests/test_varlen.py runs the whole file.
 GPU_TESTS="tests/test_varlen.py::test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16
   tests/test_varlen.py::test_on_a_gpu_packing_adds_one_wait_for_the_device_to_the_models_own"
-[ -n "${TESTS-$GPU_TESTS}" ] && step tests "${LIMIT_TESTS:-45}" python3 -m pytest -q -p no:cacheprovider \
+[ -n "${TESTS-$GPU_TESTS}" ] && step tests "${LIMIT_TESTS:-40}" python3 -m pytest -q -p no:cacheprovider \
   ${TESTS-$GPU_TESTS}
 # 2. The training side alone (torch and transformers only), the bench of record: ROUND_MODES (default padded,
 #    packed-balanced, the trainer's default path, and packed-shared, each group's prompt run once; the

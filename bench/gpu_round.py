@@ -573,7 +573,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"{mode}: failed ({type(error).__name__}: {message}); its rounds before that are kept")
                 skipped.append(f"{mode}: the rest, after {type(error).__name__}")
                 optimizer = None
-            ran[mode] = sorted(attention_lines) or ["the model's own attention (no line from prompt_aug's)"]
+            finally:  # a mode that a stop cut short has rounds in the summary: say what it ran too
+                ran[mode] = sorted(attention_lines) or ["the model's own attention (no line of prompt_aug's)"]
             if not results[mode]:
                 del results[mode]
             del optimizer

@@ -57,7 +57,9 @@ class TemplateMetrics:
         rewards = rewards.cpu() if rewards is not None else None
         gathered = accelerator.gather(full.float()).cpu(), accelerator.gather((~ended).float()).cpu()
         self.append(trainer, names, rewards, *gathered, mode)
-        self.append_repetition(trainer, names, accelerator.gather(loop_flags(ids, lengths)).cpu(), mode)
+        # Over each completion's own tokens (``full``): a loop cut at the length limit is the common collapse,
+        # and mask_truncated_completions zeroes its mask.
+        self.append_repetition(trainer, names, accelerator.gather(loop_flags(ids, full)).cpu(), mode)
 
     def append_repetition(self, trainer: Any, names: list[str], looping: torch.Tensor, mode: str) -> None:
         """The collapse watch's ``completions/repetition_ratio`` and ``templates/<name>/repetition``: the

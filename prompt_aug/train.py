@@ -137,11 +137,12 @@ class PromptAugScriptArguments:
         "Reward names from rewards.REGISTRY, or functions by import path "
         "(package.module:function). The paper: correctness + format.",
     )
-    soft_punish_cache: int = help_field(
-        256,
+    soft_punish_cache: int | None = help_field(
+        None,
         "For the reward get_soft_overlong_punishment (DAPO's soft overlong penalty): completions within "
         "this many tokens of max_completion_length lose reward linearly, down to -1 at the limit (DAPO: "
-        "4096 of 20480). The limit is the recipe's max_completion_length (trl grpo fixes 1280 and 256).",
+        "4096 of 20480). Unset: 256, or a quarter of max_completion_length where that is less (trl grpo "
+        "fixes 256 of 1280).",
     )
     # > The run
     overwrite_output_dir: bool = help_field(

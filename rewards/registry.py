@@ -214,18 +214,21 @@ def get_reward_funcs(
 
 
 def _overlong_args(max_completion_length: int | None, soft_punish_cache: int | None) -> dict[str, int]:
-    """``get_soft_overlong_punishment``'s arguments: ``trl grpo``'s, with the run's lengths where given.
+    """``get_soft_overlong_punishment``'s arguments: ``trl grpo``'s, with the run's lengths where given; an
+    unset ``soft_punish_cache`` is 256, or a quarter of the length where that is less.
 
-    >>> _overlong_args(3072, 512)
-    {'max_completion_len': 3072, 'soft_punish_cache': 512}
-    >>> _overlong_args(None, None)
-    {'max_completion_len': 1280, 'soft_punish_cache': 256}
+    >>> [tuple(_overlong_args(*lengths).values()) for lengths in [(3072, 512), (3072, None), (None, None)]]
+    [(3072, 512), (3072, 256), (1280, 256)]
+    >>> _overlong_args(32, None)
+    {'max_completion_len': 32, 'soft_punish_cache': 8}
     """
     args = dict(TRL_REWARDS["get_soft_overlong_punishment"][1] or {})
     if max_completion_length is not None:
         args["max_completion_len"] = max_completion_length
     if soft_punish_cache is not None:
         args["soft_punish_cache"] = soft_punish_cache
+    else:
+        args["soft_punish_cache"] = min(args["soft_punish_cache"], args["max_completion_len"] // 4)
     if not 0 < args["soft_punish_cache"] < args["max_completion_len"]:
         raise ValueError(
             f"get_soft_overlong_punishment: soft_punish_cache {args['soft_punish_cache']} must be above 0 "

@@ -526,6 +526,16 @@ def test_per_template_entropy_and_repetition_are_logged_and_agree_with_the_total
         assert min(parts) - 1e-6 <= entry["entropy"] <= max(parts) + 1e-6
 
 
+def test_loops_cut_at_the_length_limit_count_when_truncated_completions_are_masked(tmp_path):
+    # mask_truncated_completions zeroes a truncated completion's mask; the loop it ends in is still there.
+    out = tmp_path / "run"
+    train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "1", "--save_strategy", "no",
+                "--temperature", "0.05", "--mask_truncated_completions", "true"])  # fmt: skip
+    first = next(e for e in _history(out) if e["step"] == 1)
+    clipped = first["completions/clipped_ratio"]
+    assert clipped > 0.5 and first[REPETITION_KEY] >= clipped
+
+
 # ---------------------------------------------------------------------------------------------------------
 # RLinf's reward, the ProRL recipe, the plot
 

@@ -480,7 +480,7 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
     assert any(line.startswith("padded: skipped (--budget_s 0.001: ") for line in lines)
     assert any(line.startswith("packed-sdpa: skipped (not in --modes)") for line in lines)
     assert lines[-2] == "not run (--budget_s, a stop or a failure): padded: every round; trim: every round"
-    assert "padded ran: the model's own attention (no line from prompt_aug's)" in stdout.splitlines()
+    assert "padded ran: the model's own attention (no line of prompt_aug's)" in stdout.splitlines()
     # The path each packed mode really ran, from the attention's own log line; on CPU no kernel is expected.
     cpu = "packed attention: sdpa on each sequence, not varlen: the kernel does not run on cpu"
     assert f"packed-balanced ran: {cpu}" in stdout.splitlines()
@@ -519,6 +519,9 @@ def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
     assert len(losses["padded"]) == 20 and len(losses["packed-balanced"]) == 4  # 4 steps a round
     assert any(line.startswith("packed-balanced vs padded: losses differ by at most ") for line in lines)
     assert "trim (attention sdpa)" not in lines
+    # The mode the stop cut short still says which attention it ran.
+    cpu = "packed attention: sdpa on each sequence, not varlen: the kernel does not run on cpu"
+    assert f"packed-balanced ran: {cpu}" in lines
 
 
 def test_gpu_round_bench_mode_that_fails_mid_step_leaves_no_gradient_to_the_next():

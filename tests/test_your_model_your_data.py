@@ -617,6 +617,10 @@ def test_the_soft_overlong_penalty_follows_the_recipes_completion_length():
     lengths = [2000, 2560, 2816, 3072]
     scores = overlong(["x"] * 4, completion_ids=[[1] * n for n in lengths], answer=["4"] * 4)
     assert scores == [0.0, 0.0, -0.5, -1.0]
+    # Unset, the ramp is 256 tokens, or a quarter of a shorter limit: 8 of 32.
+    (short,) = get_reward_funcs(["get_soft_overlong_punishment"], max_completion_length=32)
+    scores = short(["x"] * 3, completion_ids=[[1] * n for n in (24, 28, 32)], answer=["4"] * 3)
+    assert scores == [0.0, -0.5, -1.0]
     # Through the recipe: the key is checked against the length, in the dry run too.
     with pytest.raises(SystemExit, match="soft_punish_cache 4096 must be above 0 and below max_completion"):
         train.main(["--config", str(EXAMPLE), "--dry_run", "--soft_punish_cache", "4096"])
