@@ -117,10 +117,14 @@ class _Watch:
     def __init__(self, spec: SignalSpec) -> None:
         self.spec = spec
         self.lines: deque[list[float]] = deque()  # [round, sum, count, rounds it stands for]
-        self.last = 0  # the latest line's round
         self.best = -math.inf  # best window mean over completed rounds (kind "drop")
         self.active = False
         self.stat = 0.0
+
+    @property
+    def last(self) -> int:
+        """The latest line's round."""
+        return int(self.lines[-1][0])
 
     def _covered(self) -> int:
         return int(sum(line[3] for line in self.lines))
@@ -136,7 +140,6 @@ class _Watch:
             if spec.kind == "drop" and self._covered() >= spec.window:
                 self.best = max(self.best, self._window_mean())
             self.lines.append([round_, value, 1, 1 if spec.name == "eval" else max(1, span)])
-            self.last = round_
             while len(self.lines) > 1 and self._covered() - self.lines[0][3] >= spec.window:
                 self.lines.popleft()
         unit = "evaluations" if spec.name == "eval" else "rounds"
