@@ -569,6 +569,8 @@ def test_numeric_golds_from_datasets():
         ("1357", "20412_5", False),
         ("-37_7", "-37_8", False),
         ("10_2", "2_{10}", True),
+        ("0.0011_{3}", "0.0011_{2}", False),  # fractional digits: values decide too
+        ("0.1_2", "0.5_{10}", True),
         # tiny numbers: rounding to 6 decimal places would make them all equal
         ("10.224 \\times 10^{-19}", "8.224 \\times 10^{-19}", False),
         ("0.8224 \\times 10^{-18}", "8.224 \\times 10^{-19}", True),
@@ -614,11 +616,35 @@ KINDS = {
     "decimal comma": [
         ("3.14", "3,14", True),
         ("0.5", "0,5", True),
-        ("0,5", "0.5", True),
         ("2.75", "2,75", True),
         ("3.14", "3,15", False),
         ("2, 6", "2.6", False),
         ("1000", "1,000", True),
+        # a gold with a comma is a list ("enter all the values, separated by commas"), never a decimal
+        ("8,12", "8.12", False),
+        ("0,5", "0.5", False),
+        ("-1,1", "-1.1", False),
+    ],
+    "unit after a closed form or with a slash": [
+        ("9\\pi", "9\\pi \\text{ cm}^2", True),
+        ("2\\sqrt{5}", "2\\sqrt{5}\\text{ cm}", True),
+        ("\\frac{3}{4}", "\\frac{3}{4} \\text{ cm}", True),
+        ("\\frac{\\pi}{3}", "\\frac{\\pi}{3}\\text{ rad}", True),
+        ("12", "12 \\text{ m/s}", True),
+        ("12", "12\\text{ cm}.", True),
+        ("8\\pi", "9\\pi \\text{ cm}^2", False),
+        ("2\\sqrt{6}", "2\\sqrt{5}\\text{ cm}", False),
+        ("5", "2+3\\mathrm{i}", False),  # the imaginary unit is no unit
+    ],
+    "several equations against a tuple or a list": [
+        ("(3, 4)", "a = 3, b = 4", True),
+        ("2, 3", "x=2, x=3", True),
+        ("(3, 5)", "a = 3, b = 4", False),
+        ("4", "a = 3, b = 4", False),
+    ],
+    "a sentence that denies": [
+        ("3", "\\text{not } 3", False),
+        ("3", "\\text{The answer is } 3", True),
     ],
     "relation commands": [
         ("x \\neq \\pm 1", "x != \\pm 1", True),
@@ -723,6 +749,12 @@ def test_a_recipe_opts_into_the_set_reading_by_naming_its_reward():
     golds = ["\\{1, -2\\}", "-2"]
     assert plain([SEVERAL_BOXES] * 2, answer=golds) == [0.0, 1.0]
     assert joined([SEVERAL_BOXES] * 2, answer=golds) == [1.0, 1.0]
+
+
+def test_several_boxes_option_keeps_the_last_box_when_a_box_is_a_list_itself():
+    # The same tuple boxed twice is one answer, not the pair of tuples.
+    assert grade("The point is \\boxed{(3, 4)}, i.e. \\boxed{(3,4)}.", "(3, 4)", join_boxes=True).correct
+    assert grade("So \\boxed{\\{1,2\\}}, that is \\boxed{\\{1, 2\\}}.", "\\{1, 2\\}", join_boxes=True).correct
 
 
 def test_several_boxes_option_keeps_the_last_box_for_a_single_gold():

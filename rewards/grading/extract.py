@@ -70,8 +70,11 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: the box never closes
 
 
+# A unit at the end, after a number, a closing brace or `\pi` (`9\pi \text{ cm}^2`, `\frac{\pi}{3}\text{rad}`,
+# `12\text{ m/s}.`), but not a time (`9\text{ a.m.}`) or the imaginary unit (`3\mathrm{i}`).
 _UNIT = re.compile(
-    r"(\d)\s*\\(?:text|mbox|mathrm)\{\s*(?![ap]\.?\s*m\.?\s*\})[A-Za-z][A-Za-z. ]*\}(?:\^\{?\d\}?)?\s*$"
+    r"(\d|\}|\\pi)\s*\\(?:text|mbox|mathrm)\{\s*(?![ap]\.?\s*m\.?\s*\}|i\s*\})[A-Za-z][A-Za-z. /]*\}"
+    r"(?:\^\{?\d\}?)?[\s.]*$"
 )
 _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 # `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
@@ -94,8 +97,10 @@ _RELATION_TEXT = {
     "lt": "<",
 }
 # A sentence that introduces the answer inside the box: `\text{The vector is } M`, `\text{all } x \geq 3`.
+# Not one that denies it: `\text{not } 3` is not 3.
 _LEADING_SENTENCE = re.compile(
-    r"^\\(?:text|textbf|mbox|mathrm)\{\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])"
+    r"^\\(?:text|textbf|mbox|mathrm)\{(?![^{}]*\b(?:[Nn]o|[Nn]ot|[Nn]ever|[Nn]one)\b)"
+    r"\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])"
 )
 # Words (and `\\mathbf{v} =`) before a matrix or vector: the matrix is the answer.
 _MATRIX_START = re.compile(r"\\begin\{[pbBvV]?matrix\}")
@@ -110,7 +115,7 @@ _ARG = r"(\{[^{}]*\}|\\[A-Za-z]+|[0-9A-Za-z])"
 _FRAC_SHORTHAND = re.compile(r"\\frac\s*" + _ARG + r"\s*" + _ARG)
 _SQRT_SHORTHAND = re.compile(r"\\sqrt\s*(?=[^\s{\[])(\\[A-Za-z]+|[0-9A-Za-z])")
 _ASSIGNMENT = re.compile(r"[A-Za-z](?:_\{[^{}=]*\}|_[A-Za-z0-9])?\s*=\s*([^=]+)")
-_BASE_NUMERAL = re.compile(r"(-?[0-9A-Fa-f]+)_\{?(\d{1,2})\}?")
+_BASE_NUMERAL = re.compile(r"(-?[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)_\{?(\d{1,2})\}?")
 
 
 def _strip_text_wrappers(answer: str) -> str:

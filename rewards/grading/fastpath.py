@@ -39,7 +39,7 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
   (``(4, 4)``), are different when what they cover differs by more than finitely many points;
 * a multiple-choice letter (``(A)``, not E or I) is different from a number or an expression;
 * sums of plain integers (``0-14``) are exact numbers;
-* a decimal comma (``3,14``) equals the same number with a point (`decimal_comma_verdict`), where
+* an answer with a decimal comma (``3,14``) equals the gold with a point (`decimal_comma_verdict`), where
   math-verify reads a set of two numbers; a numeral in a base with decimal digits is, where no
   bare numeral is on the other side, compared by its digits only to say "different".
 
@@ -659,8 +659,12 @@ def _equation_against_constant(answer: str, gold: str) -> bool | None:
     (False, False)
     >>> _equation_against_constant("y = 2x", "2x"), _equation_against_constant("x < 2", "5")
     (None, None)
+    >>> _equation_against_constant("a = 3, b = 4", "(3, 4)") is None
+    True
     """
-    if "=" not in answer or "=" in gold or _RELATION_SIGNS.search(answer) or _RELATION_SIGNS.search(gold):
+    if answer.count("=") != 1 or "=" in gold:  # several (`a = 3, b = 4`) are read as a list: ask
+        return None
+    if _RELATION_SIGNS.search(answer) or _RELATION_SIGNS.search(gold):
         return None
     right = answer.rsplit("=", 1)[1].strip()
     return False if right and fast_verdict(right, gold) is False else None
@@ -876,18 +880,31 @@ def _decimal_places(text: str) -> int:
     return len(text) - text.index(".") - 1 if "." in text else 0
 
 
-_BASE_NUMERAL = re.compile(r"(-?[0-9A-Fa-f]+)_\{(\d{1,2})\}")  # as `normalize` writes it: `20412_{5}`
+# As `normalize` writes it: `20412_{5}`, `0.0011_{2}`.
+_BASE_NUMERAL = re.compile(r"(-?[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)_\{(\d{1,2})\}")
 _BARE_NUMERAL = re.compile(r"-?[0-9A-Fa-f]+")
 
 
 def base_numeral(text: str) -> tuple[str, int] | None:
     """``(digits, base)`` of a numeral written in a base (``20412_{5}``), or ``None``.
 
-    >>> base_numeral("20412_{5}"), base_numeral("20412")
-    (('20412', 5), None)
+    >>> base_numeral("20412_{5}"), base_numeral("0.01_{2}"), base_numeral("20412")
+    (('20412', 5), ('0.01', 2), None)
     """
     match = _BASE_NUMERAL.fullmatch(text)
     return (match.group(1), int(match.group(2))) if match else None
+
+
+def _numeral_value(digits: str, base: int) -> Fraction:
+    """The value of ``digits`` (with an optional sign and fractional part) in ``base``; ``ValueError``
+    for a digit not valid in it.
+
+    >>> _numeral_value("-10.1", 2)
+    Fraction(-5, 2)
+    """
+    whole, _, fraction = digits.lstrip("-").partition(".")
+    value = Fraction(int(whole + fraction, base), base ** len(fraction))
+    return -value if digits.startswith("-") else value
 
 
 def base_verdict(answer: str, gold: str) -> bool | None:
@@ -900,13 +917,15 @@ def base_verdict(answer: str, gold: str) -> bool | None:
     (False, True, True)
     >>> base_verdict("1357", "20412_{5}"), base_verdict("7", "8") is None, base_verdict("1200_{7}", "0.20")
     (False, True, False)
+    >>> base_verdict("0.0011_{3}", "0.0011_{2}"), base_verdict("0.1_{2}", "0.5_{10}")
+    (False, True)
     """
     a, g = base_numeral(answer), base_numeral(gold)
     if a is None and g is None:
         return None
     if a is not None and g is not None:
         try:
-            return int(a[0], a[1]) == int(g[0], g[1])
+            return _numeral_value(*a) == _numeral_value(*g)
         except ValueError:  # a digit not valid in its base
             return a == g
     based, other = (a, gold) if a is not None else (g, answer)
@@ -923,22 +942,19 @@ _COMMA_DECIMAL = re.compile(r"-?\d+,(?:\d{1,2}|\d{4,})")  # `3,14`, `0,5`: not a
 
 
 def decimal_comma_verdict(answer: str, gold: str) -> bool | None:
-    """``True`` for a number written with a decimal comma against the same number written with a
+    """``True`` for an answer written with a decimal comma against the same number written with a
     point: ``3,14`` for ``3.14`` (math-verify reads ``3,14`` as the set {3, 14}, which no single
-    number equals), and the reverse when the answer has exactly the gold's digits (``0.5`` for
-    ``0,5``: such a gold may also be a list, ``2,6``, so only the same digits count). Else ``None``.
+    number equals). Else ``None``. Only the answer is read so: a gold such as ``8,12`` or ``0,1`` is a
+    list in every dataset we know ("enter all the values, separated by commas").
 
-    >>> (decimal_comma_verdict("3,14", "3.14"), decimal_comma_verdict("0,50", "0.5"),
-    ...  decimal_comma_verdict("0.5", "0,5"))
-    (True, True, True)
+    >>> decimal_comma_verdict("3,14", "3.14"), decimal_comma_verdict("0,50", "0.5")
+    (True, True)
     >>> (decimal_comma_verdict("3,15", "3.14"), decimal_comma_verdict("1,000", "1.0"),
-    ...  decimal_comma_verdict("0.50", "0,5"))
+    ...  decimal_comma_verdict("3.4", "3,4"))
     (None, None, None)
     """
     if _COMMA_DECIMAL.fullmatch(answer) and "." in gold and _DECIMAL.fullmatch(gold):
         return True if fast_verdict(answer.replace(",", "."), gold) else None
-    if _COMMA_DECIMAL.fullmatch(gold) and answer == gold.replace(",", "."):
-        return True
     return None
 
 

@@ -163,15 +163,18 @@ def _extract(
 
 def joined_boxes(boxes: list[str], golds: tuple[str, ...]) -> str | None:
     """Several boxed answers written as one, in the shape of the first gold that is a set
-    (``\\{...\\}``), a tuple (``(...)``) or a bare list; ``None`` for fewer than two boxes or no such gold.
+    (``\\{...\\}``), a tuple (``(...)``) or a bare list; ``None`` for fewer than two boxes, a box that is
+    itself a list (``\\boxed{(3, 4)}``, boxed again: the last box is the answer) or no such gold.
 
     >>> (joined_boxes(["1", "-2"], ("\\\\{-2, 1\\\\}",)), joined_boxes(["3", "4"], ("(3, 4)",)),
     ...  joined_boxes(["1", "2"], ("1, 2",)))
     ('\\\\{1, -2\\\\}', '(3, 4)', '1, 2')
     >>> joined_boxes(["1", "2"], ("2",)) is None, joined_boxes(["1"], ("1, 2",)) is None
     (True, True)
+    >>> joined_boxes(["(3, 4)", "(3,4)"], ("(3, 4)",)) is None
+    True
     """
-    if len(boxes) < 2:
+    if len(boxes) < 2 or any("," in box for box in boxes):
         return None
     body = ", ".join(boxes)
     for gold in golds:
