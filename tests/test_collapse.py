@@ -318,13 +318,50 @@ def test_on_two_processes_the_collapse_checkpoint_holds_every_processs_part(tmp_
     assert json.loads((saved / "launch.json").read_text()) == {"processes": 2}
 
 
+def _save_as_the_trainer_does(guard: CollapseGuard, args, step: int, scheduled: bool) -> None:
+    """The guard fires on a log line at ``step``; the Trainer writes checkpoint-<step>, rotates with
+    transformers' own function, then calls ``on_save``."""
+    from transformers import TrainerControl, TrainerState
+    from transformers.trainer_utils import rotate_checkpoints
+
+    state = TrainerState(global_step=step)
+    control = TrainerControl(should_save=scheduled)
+    guard.on_log(args, state, control, logs={"step": step, "entropy": 0.0})
+    assert control.should_save
+    (Path(args.output_dir) / f"checkpoint-{step}").mkdir()
+    rotate_checkpoints(args.output_dir, save_total_limit=args.save_total_limit, use_mtime=False)
+    guard.on_save(args, state, control)
+
+
+@pytest.mark.parametrize("limit", [1, 2, None])
+def test_a_collapse_save_never_costs_a_regular_checkpoint_and_a_scheduled_one_is_kept_too(tmp_path, limit):
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), save_total_limit=limit, report_to=[])
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"))
+    regular = ["checkpoint-2", "checkpoint-4"][-(limit or 2) :]  # what the rotation has left so far
+    for name in regular:
+        (tmp_path / name).mkdir()
+
+    _save_as_the_trainer_does(guard, args, 5, scheduled=False)  # renamed away, nothing rotated out for it
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == regular
+    assert args.save_total_limit == limit
+    assert (tmp_path / "collapse-entropy-round5").is_dir()
+
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"))  # fires again
+    _save_as_the_trainer_does(guard, args, 6, scheduled=True)  # kept as checkpoint-6 and copied
+    kept = (regular + ["checkpoint-6"])[-(limit or 3) :]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == kept
+    assert (tmp_path / "collapse-entropy-round6").is_dir()
+
+
 @pytest.mark.slow
 def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_path):
     out = tmp_path / "run"
     flags = [
         "--temperature", "0.05",  # near-greedy: entropy ~0.005, every completion loops on "\n"
         "--collapse_repetition_rounds", "1", "--collapse_repetition_action", "checkpoint",
-        "--save_steps", "3", "--save_total_limit", "1",
+        "--save_steps", "2", "--save_total_limit", "1",
     ]  # fmt: skip
     cmd = [
         sys.executable,
@@ -351,13 +388,14 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     fired = {(e["step"], k) for e in history for k in e if k.startswith("collapse/fired/")}
     assert fired == {(1, "collapse/fired/repetition"), (3, "collapse/fired/entropy")}
 
-    # Both named checkpoints are full checkpoints; the one from step 1 survived the rotation at step 3
-    # (save_total_limit 1 keeps one checkpoint-* folder: the scheduled checkpoint-3).
+    # Both named checkpoints are full checkpoints; the one from step 1 survived the rotation at step 2, and
+    # the unscheduled save at step 3 did not count against save_total_limit 1: the scheduled checkpoint-2
+    # is still there.
     for name, step in (("collapse-repetition-round1", 1), ("collapse-entropy-round2", 3)):
         folder = out / name
         assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == step
         assert (folder / "optimizer.pt").is_file() and (folder / "model.safetensors").is_file()
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
 
     # Resume from the named checkpoint with the same flags: the replayed history keeps the guard's state
     # (entropy already 2 rounds below, already fired), so it neither re-stops nor forgets.

@@ -27,7 +27,8 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   It logs ``collapse/<signal>`` (rounds in a row past the threshold, or the fall from the best mean) on
   every log line, and ``collapse/fired/<signal>`` = 1 on the line where it fired. ``checkpoint`` saves a
   full checkpoint named ``collapse-<signal>-round<N>`` in ``output_dir``: the Trainer's rotation
-  (``save_total_limit``) only deletes ``checkpoint-*`` folders, so it is kept. ``stop`` saves it too and
+  (``save_total_limit``) only deletes ``checkpoint-*`` folders, so it is kept, and it does not count against
+  the limit: no regular checkpoint is deleted early to make room for it. ``stop`` saves it too and
   ends the run cleanly, with a message naming the signal, the values and the checkpoint. Resuming replays
   the restored log history, so smoothed bests and counts carry over.
 
@@ -224,6 +225,7 @@ class CollapseGuard(TrainerCallback):
         self._last_round = 0  # the round of the latest log line, whichever signals it carried
         self._pending: list[Firing] = []
         self._regular_save_due = False
+        self._save_total_limit: int | None = None  # the user's limit while an unscheduled save is made
 
     def attach(self, trainer: Any) -> CollapseGuard:
         """Add the guard ahead of the trainer's loggers (W&B sees ``collapse/*``) but after any evaluation
@@ -305,12 +307,19 @@ class CollapseGuard(TrainerCallback):
         if acting:
             self._pending = acting
             self._regular_save_due = bool(control.should_save)
+            if not self._regular_save_due and args.save_total_limit:
+                # The Trainer rotates before `on_save` renames the folder, so an unscheduled save would
+                # count against the limit and delete one regular checkpoint too early: make room for it.
+                self._save_total_limit = args.save_total_limit
+                args.save_total_limit += 1
             control.should_save = True
             if any(f.action == "stop" for f in acting):
                 control.should_training_stop = True
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._save_total_limit is not None:
+            args.save_total_limit, self._save_total_limit = self._save_total_limit, None
         if not self._pending:
             return control
         firings, self._pending = self._pending, []
