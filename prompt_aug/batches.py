@@ -47,8 +47,10 @@ def batch_arithmetic(
     args: Any,
     script_args: Any = None,
     num_processes: int | None = None,
+    rows: int | None = None,
 ) -> BatchArithmetic:
-    """The effective batch arithmetic of a parsed recipe (no model, no data).
+    """The effective batch arithmetic of a parsed recipe (no model, no data; ``rows``, the questions a
+    loaded dataset holds, where known).
 
     Mirrors TRL 1.16: a round generates ``generation_batch_size`` completions (``per_device_train_batch_size
     × processes × steps_per_generation`` unless set), its questions are ``/ num_generations``, and the
@@ -63,7 +65,8 @@ def batch_arithmetic(
     completions = per_step * steps_per_generation
     questions = completions // args.num_generations
     optimizer_steps = optimizer_steps_per_round(args)
-    rows = script_args.dataset_num_rows if script_args else None
+    if rows is None:
+        rows = script_args.dataset_num_rows if script_args else None
     source = builtin(script_args.dataset_name, "dataset") if script_args is not None else None
     if rows is None and source is not None:
         rows = source.rows or script_args.num_synthetic

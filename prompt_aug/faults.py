@@ -12,12 +12,15 @@ the fault in one line.
 * A full disk (`disk_full_is_one_line`) and a failed Hub push (`hub_push_failed`) end the run with one line
   naming the output folder, the last complete checkpoint and what to do.
 * A reward function that raises, returns NaN or returns a list of the wrong length (`checked_reward_funcs`)
-  is named in one line with the row (uid and template) it failed on.
+  is named in one line with the row (uid and template) it failed on; one that needs an argument no column
+  gives (`missing_reward_arguments`) is named with the argument and the columns there are, before the
+  model loads when `prompt-aug-train` runs it.
 """
 
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import logging
 import math
@@ -631,6 +634,8 @@ def checked_reward(func: Callable[..., Any], name: str) -> Callable[..., Any]:
         try:
             output = func(**kwargs)
         except Exception as err:
+            if isinstance(err, TypeError) and (missing := missing_reward_arguments(func, kwargs)):
+                raise RewardFunctionError(missing_arguments_message(name, missing, kwargs)) from err
             raise _raised(name, err, kwargs, _culprit(func, err, kwargs)) from err
         _check_output(name, output, kwargs)
         return output
@@ -662,6 +667,56 @@ async def _culprit_async(func: Callable[..., Any], err: Exception, kwargs: dict[
         except Exception as row_err:  # noqa: BLE001 (any exception: the same type is the culprit)
             return index if type(row_err) is type(err) else None
     return None
+
+
+# What TRL passes every reward function besides the data's columns (it withholds `prompt` and `completion`).
+TRL_REWARD_ARGUMENTS = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+)
+
+
+def missing_reward_arguments(func: Callable[..., Any], available: Any) -> list[str]:
+    """The arguments ``func`` requires (no default) that are not among ``available`` (names).
+
+    >>> def reward(completions, difficulty, scale=1.0, **kwargs): ...
+    >>> missing_reward_arguments(reward, ["completions", "answer"])
+    ['difficulty']
+    """
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin, some callables)
+        return []
+    required = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        p.name for p in parameters if p.kind in required and p.default is p.empty and p.name not in available
+    ]
+
+
+def missing_arguments_message(name: str, missing: list[str], available: Any) -> str:
+    """One line: reward function ``name`` needs ``missing``, which no column gives; what there is."""
+    columns = sorted(set(available) - set(TRL_REWARD_ARGUMENTS) - {"environments"})
+    needs = ", ".join(f"`{m}`" for m in missing)
+    return (
+        f"reward function {name!r} needs {needs}, which no column of the training data gives; reward "
+        f"functions receive the columns {columns} and TRL's {', '.join(TRL_REWARD_ARGUMENTS)}: add the "
+        "column to the data (or to a mixture source's `columns`) or give the argument a default"
+    )
+
+
+def check_reward_arguments(funcs: list[Any], names: list[str], columns: list[str]) -> None:
+    """Raise `RewardFunctionError` for the first reward function that needs an argument neither ``columns``
+    (what each row will carry to the rewards) nor TRL gives."""
+    available = (set(columns) - {"prompt", "completion"}) | set(TRL_REWARD_ARGUMENTS)
+    for func, name in zip(funcs, names, strict=True):
+        if isinstance(func, torch.nn.Module):
+            continue
+        if missing := missing_reward_arguments(func, available):
+            raise RewardFunctionError(missing_arguments_message(name, missing, available))
 
 
 def checked_reward_funcs(funcs: list[Any], names: list[str]) -> list[Any]:

@@ -47,12 +47,21 @@ from .cli import (
     recipe_text,
     wants_dry_run,
 )
+from .collator import FORMAT_COLUMNS
 from .config import PromptAugGRPOConfig, help_field, planned_processes
 from .data import DataError, load_train_dataset
 from .evaluation.benchmarks import EvalError
 from .extensions import build_features
 from .extensions.dynamic_sampling import signal_column
-from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, Preempted, disk_full_is_one_line, signal_ignored
+from .faults import (
+    EXIT_PREEMPTED,
+    PREEMPTED_FILE,
+    Preempted,
+    RewardFunctionError,
+    check_reward_arguments,
+    disk_full_is_one_line,
+    signal_ignored,
+)
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .mixture import dataset_mixture
 from .model_card import model_card_info
@@ -353,7 +362,8 @@ def run(
             tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
         check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
         dataset, report = load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
-    except (ModelArgsError, TemplateError, DataError) as err:
+        check_reward_arguments(reward_funcs, names, [*dataset.column_names, *FORMAT_COLUMNS])
+    except (ModelArgsError, TemplateError, DataError, RewardFunctionError) as err:
         raise UsageError(str(err)) from None
     logger.info("%s", report)  # main process only (logger level above)
     held_out = demo_args.heldout_questions  # the learning demo keeps these out of training
@@ -365,6 +375,7 @@ def run(
             f"{found}: fewer questions than one round's {arithmetic.questions_per_round}; {fix}, or shrink "
             "the round (--dry_run)"
         )
+    arithmetic = batch_arithmetic(args, script_args, rows=len(dataset) - held_out)  # the rows as loaded
     logger.info("batch arithmetic:\n%s", arithmetic.table())
     with state.main_process_first() if download_once else nullcontext():
         model = load_model(model_path, model_args, args)

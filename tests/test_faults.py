@@ -598,6 +598,27 @@ def test_a_checked_reward_names_the_function_and_the_row_it_fails_on():
         faults.checked_reward(batch_only, "batch_only")(**_reward_kwargs())
 
 
+def test_a_reward_needing_an_argument_no_column_gives_is_named_with_the_columns_there_are():
+    def need_difficulty(completions, difficulty, scale=1.0, **kwargs):
+        return [scale * d for d in difficulty]
+
+    with pytest.raises(faults.RewardFunctionError) as err:
+        faults.checked_reward(need_difficulty, "need_difficulty")(**_reward_kwargs())
+    assert str(err.value) == (
+        "reward function 'need_difficulty' needs `difficulty`, which no column of the training data gives; "
+        "reward functions receive the columns ['template', 'uid'] and TRL's prompts, completions, "
+        "completion_ids, trainer_state, log_extra, log_metric: add the column to the data (or to a mixture "
+        "source's `columns`) or give the argument a default"
+    )
+
+    # A TypeError of the function's own is reported as a fault of the function, with its row.
+    def typo(completions, **kwargs):
+        return [len(c) + "1" for c in completions]
+
+    with pytest.raises(faults.RewardFunctionError, match=r"raised TypeError: .* on the completion of row"):
+        faults.checked_reward(typo, "typo")(**_reward_kwargs())
+
+
 @pytest.mark.parametrize(
     "func, expected",
     [

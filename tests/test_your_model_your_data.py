@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -530,7 +531,7 @@ half_difficulty = functools.partial(scaled_difficulty, scale=0.5)  # TRL names i
 
 
 def test_a_reward_by_import_path_reads_the_datasets_own_columns_and_trls_reward_by_name_trains(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, caplog
 ):
     (tmp_path / "column_rewards.py").write_text(DIFFICULTY_REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -555,6 +556,33 @@ def test_a_reward_by_import_path_reads_the_datasets_own_columns_and_trls_reward_
     assert {"difficulty_reward", "accuracy_reward", "correctness_reward"} <= set(records)
     assert set(records["difficulty_reward"]) <= {float(i) for i in range(1, 9)}
     assert (records["scaled_difficulty"] == records["difficulty_reward"] / 2).all()
+    # The batch arithmetic logged before training counts the rows as loaded (no dataset_num_rows here).
+    assert re.search(r"rounds per epoch +\d+\n", caplog.text), caplog.text[-2000:]
+
+
+def test_a_reward_needing_a_column_the_data_lacks_stops_before_the_model_loads(tmp_path, monkeypatch):
+    (tmp_path / "column_rewards.py").write_text(DIFFICULTY_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    questions = tmp_path / "plain.jsonl"
+    questions.write_text(
+        "".join(json.dumps({"problem": f"{i} + {i}?", "solution": str(2 * i)}) + "\n" for i in range(8))
+    )
+    recipe = _recipe(
+        tmp_path,
+        f"dataset_name: {questions}\nquestion_column: problem\nanswer_column: solution\n"
+        "reward_funcs: [correctness, column_rewards:difficulty_reward]\n",
+    )
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(train, "load_model", no_model)
+    with pytest.raises(
+        SystemExit,
+        match=r"reward function 'difficulty_reward' needs `difficulty`, `tests`, "
+        r"which no column .* receive the columns \['answer', .*'question', .*\]",
+    ):
+        train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--max_steps", "1"])
 
 
 # -- All together: the tiny model as a base model, trained for one round ------------------------------
