@@ -40,6 +40,7 @@ import datasets
 from rewards.grading.extract import number_text
 
 from .collator import FORMAT_COLUMNS
+from .faults import TRL_REWARD_ARGUMENTS
 from .mixture import dataset_mixture
 from .sources import (
     ANSWER_GUESSES,
@@ -50,10 +51,13 @@ from .sources import (
     builtin_names,
     builtin_rows,
     builtin_tokenizer,
+    check_source,
+    is_hub_id,
     is_verl_layout,
     pick_column,
     question_text,
     read_dataset,
+    require_hub,
     solution_golds,
     user_turn,
     verl_gold,
@@ -70,10 +74,7 @@ class DataError(ValueError):
 # Names a dataset column may not have, because the reward functions already receive something under them:
 # ours (the row's question, gold and id, TRL's ``prompt``, which the run writes, and the template's format
 # rules) and TRL's own reward-function arguments (``completion`` is a column TRL withholds from them).
-_TRL_REWARD_ARGUMENTS = (
-    "prompts", "completions", "completion", "completion_ids", "trainer_state", "log_extra", "log_metric",
-    "environments",
-)  # fmt: skip
+_TRL_REWARD_ARGUMENTS = (*TRL_REWARD_ARGUMENTS, "completion", "environments")
 RESERVED_COLUMNS: dict[str, str] = {
     "question": "the question",
     "answer": "the gold answer",
@@ -628,10 +629,20 @@ def answer_form(answer: str) -> str:
     return "expression"
 
 
+def _files_of(data_files: Any) -> list[str]:
+    """The paths a ``data_files`` value names (a path, a list of them, or a split -> path(s) mapping)."""
+    if isinstance(data_files, dict):
+        return [f for value in data_files.values() for f in _files_of(value)]
+    if isinstance(data_files, (list, tuple)):
+        return [str(f) for f in data_files]
+    return [str(data_files)] if data_files else []
+
+
 def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
     """The recipe's data keys for ``dataset`` as training reads them: for its ``dataset_mixture`` source of
-    that ``path``, the source's subset and split, and its column and level keys where set (else the top-level
-    ones); otherwise the top-level keys."""
+    that ``path`` (or, for one in TRL's form, ``path: json`` with ``data_files``, of that data file), the
+    source's subset and split, and its column and level keys where set (else the top-level ones); otherwise
+    the top-level keys."""
     keys = {k: recipe.get(k) for k in ("dataset_config", "dataset_split", "question_column", "answer_column")}
     keys["dataset_levels"] = recipe.get("dataset_levels")
     if not recipe.get("dataset_mixture"):
@@ -640,7 +651,7 @@ def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
         sources = dataset_mixture(recipe["dataset_mixture"]).datasets
     except ValueError as err:
         raise DataError(str(err)) from None
-    source = next((s for s in sources if s.path == dataset), None)
+    source = next((s for s in sources if dataset == s.path or dataset in _files_of(s.data_files)), None)
     if source is None:
         return keys
     return {
@@ -664,6 +675,8 @@ def preview(args: argparse.Namespace) -> str:
 
         recipe = yaml.safe_load(Path(args.config).read_text()) or {}
     keys = _source_keys(recipe, args.dataset)
+    if is_hub_id(args.dataset) and not Path(args.dataset).exists():
+        require_hub("--dataset", args.dataset)  # at once, rather than after the client's retries
     levels = keys.get("dataset_levels")
     rows, report = load_math_dataset(
         args.dataset,
@@ -681,8 +694,9 @@ def preview(args: argparse.Namespace) -> str:
         tokenizer = builtin_tokenizer()
     elif tokenizer_name:
         try:
+            check_source("--tokenizer", tokenizer_name, model=True)  # no minute of retries to fall back
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError) as err:  # SourceError is a ValueError
             lines.append(f"(could not load tokenizer {tokenizer_name!r}: {str(err).splitlines()[0]})")
     if tokenizer is None:
         tokenizer = builtin_tokenizer()
@@ -732,7 +746,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_prompt_length", type=int, help="drop prompts longer than this many tokens")
     try:
         print(preview(parser.parse_args(argv)))
-    except (DataError, TemplateError) as err:
+    except (DataError, TemplateError, SourceError) as err:
         raise SystemExit(f"prompt-aug-data: error: {err}") from None
 
 

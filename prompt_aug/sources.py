@@ -122,9 +122,14 @@ def _reachable(endpoint: str, timeout: float) -> bool:
     return True
 
 
+def hub_reachable(timeout: float = 5.0) -> bool:
+    """Whether the Hub endpoint answers one short request (cached per endpoint)."""
+    return _reachable(hub_endpoint(), timeout)
+
+
 def require_hub(key: str, repo_id: str, timeout: float = 5.0) -> None:
     """Raise `SourceError` at once when ``repo_id`` must come from the Hub and the Hub cannot be reached."""
-    if hub_offline() or _reachable(hub_endpoint(), timeout):
+    if hub_offline() or hub_reachable(timeout):
         return
     raise SourceError(
         f"{key}: cannot reach the Hugging Face Hub ({hub_endpoint()}) to fetch {repo_id!r}. Offline? Set "

@@ -47,3 +47,13 @@ def smollm2_dir():
             pytest.fail(why + "; PROMPT_AUG_REAL_MODEL=1 says it must be there")
         pytest.skip(why)
     return path
+
+
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    """Hub clients online, but the endpoint is a closed local port: connections are refused at once."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")

@@ -246,16 +246,6 @@ def test_an_evaluation_set_that_cannot_load_fails_before_the_model_is_built(tmp_
     assert not (out / "tiny-random-qwen2").exists()
 
 
-@pytest.fixture
-def unreachable_hub(monkeypatch):
-    """Hub clients online, but the endpoint is a closed local port: connections are refused at once."""
-    from huggingface_hub import constants
-
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-
-
 @pytest.mark.parametrize("key", ["model_name_or_path", "dataset_name"])
 def test_an_unreachable_hub_fails_fast_and_suggests_offline_mode(tmp_path, capsys, unreachable_hub, key):
     started = time.monotonic()

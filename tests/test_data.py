@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -308,6 +309,14 @@ def test_preview_reads_a_mixture_sources_own_columns_and_levels_as_training_does
     mixed = {"dataset_split": "test", "dataset_config": "x", "dataset_mixture": {"datasets": [{"path": "p"}]}}
     keys = data._source_keys(mixed, "p")
     assert (keys["dataset_split"], keys["dataset_config"]) == ("train", None)
+    # A source in TRL's form (`path: json` with `data_files`) is found by its file.
+    recipe.write_text(
+        "model_name_or_path: tiny-random-qwen2\ndataset_mixture:\n  datasets:\n"
+        f"    - {{path: json, data_files: {{train: [{path}]}}, question_column: prompt_text, "
+        "answer_column: gold}\n"
+    )
+    data.main(["--dataset", str(path), "--config", str(recipe)])
+    assert "10 rows read, 10 kept" in capsys.readouterr().out
 
 
 def test_preview_without_the_recipes_tokenizer_skips_the_length_limit_and_says_so(tmp_path, capsys):
@@ -331,6 +340,21 @@ def test_a_missing_local_dataset_fails_at_once_naming_the_path(name):
         SystemExit, match=f"prompt-aug-data: error: dataset '{re.escape(name)}': no such folder"
     ):
         data.main(["--dataset", name])
+
+
+def test_the_preview_reports_an_unreachable_hub_at_once(tmp_path, capsys, unreachable_hub):
+    started = time.monotonic()
+    with pytest.raises(
+        SystemExit,
+        match=r"^prompt-aug-data: error: --dataset: cannot reach the Hugging Face Hub \(http://127",
+    ):
+        data.main(["--dataset", "someone/questions"])
+    _jsonl(tmp_path / "train.jsonl", [("q1", "1")])
+    data.main(["--dataset", str(tmp_path), "--tokenizer", "someone/model"])  # falls back to ChatML
+    out = capsys.readouterr().out
+    assert "(could not load tokenizer 'someone/model': --tokenizer: cannot reach the Hugging Face Hub" in out
+    assert "rendering with the built-in ChatML tokenizer" in out
+    assert time.monotonic() - started < 30  # not the clients' retries
 
 
 def test_list_valued_answer_column_keeps_every_gold_any_of():

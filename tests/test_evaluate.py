@@ -591,6 +591,25 @@ def test_a_folder_that_is_no_whole_save_to_disk_copy_is_one_line_naming_it(tiny_
 
 
 @pytest.mark.parametrize(
+    ("benchmarks", "what"),
+    [("aime24", "suite lkevinzc/math-eval"), ("someone/questions", "question set someone/questions")],
+)
+def test_an_unreachable_hub_fails_the_evaluation_at_once(
+    benchmarks, what, tiny_model_dir, tmp_path, unreachable_hub
+):
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(tiny_model_dir), "--benchmarks", benchmarks, "--backend", "hf",
+              "--output", str(tmp_path / "out"), "--no_progress"])  # fmt: skip
+    message = str(exit_info.value.code)
+    assert message.startswith(
+        f"prompt-aug-eval: error: {what}: cannot reach the Hugging Face Hub (http://127.0.0.1:9)"
+    ), message
+    assert "HF_HUB_OFFLINE=1" in message
+    assert time.monotonic() - started < 30  # not the client's retries
+
+
+@pytest.mark.parametrize(
     ("case", "expected"),
     [
         ("templates_file", r"^templates_file: no such file .*nosuch\.yaml"),

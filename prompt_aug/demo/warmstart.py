@@ -432,6 +432,11 @@ def prepare(
             "seed": training_args.seed,
         }
         loaded = None
+        logger.info(  # it runs for a minute or more on a CPU before GRPO logs anything
+            "warm start: %d supervised steps of %d rows before GRPO (or loaded from warmstart_cache)",
+            script_args.warmstart_steps,
+            script_args.warmstart_batch_size,
+        )
         if cache_folder(script_args.warmstart_cache):
             losses, loaded = cached_warm_start(
                 model, tokenizer, rows, templates, script_args.warmstart_cache, **settings
@@ -453,5 +458,6 @@ def prepare(
     check = BeforeAfter(
         templates, sets, training_args.max_completion_length, training_args.temperature, training_args.seed
     )
+    logger.info("before_after: scoring the model before GRPO on %s", ", ".join(sets))
     check.measure("before", model, tokenizer)
     return dataset, check

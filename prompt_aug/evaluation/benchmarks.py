@@ -19,7 +19,9 @@ from ..sources import (
     DATA_FILES,
     QUESTION_GUESSES,
     as_stored,
+    hub_endpoint,
     hub_offline,
+    hub_reachable,
     is_data_file_name,
     is_hub_id,
     is_verl_layout,
@@ -149,11 +151,17 @@ def metric_name(name: str) -> str:
     return name if name in BENCHMARKS else benchmark_title(name)
 
 
-def _from_hub(what: str, load: Callable[[], Any], local: str) -> Any:
-    """``load()``; any failure (offline, a missing or private repo) is one `EvalError` naming ``what``.
+def _from_hub(what: str, repo_id: str, load: Callable[[], Any], local: str) -> Any:
+    """``load()`` of ``repo_id``; any failure (an unreachable Hub, at once; offline without a cached copy, a
+    missing or private repo) is one `EvalError` naming ``what``.
 
     ``local`` says how to give a local copy instead.
     """
+    if not hub_offline() and not hub_reachable():  # at once, rather than after the client's retries
+        raise EvalError(
+            f"{what}: cannot reach the Hugging Face Hub ({hub_endpoint()}) to fetch {repo_id!r}; set "
+            f"HF_HUB_OFFLINE=1 to use a copy in the Hugging Face cache, or {local}"
+        )
     try:
         return load()
     except EvalError:
@@ -183,7 +191,7 @@ def _load_question_set(name: str) -> Any:
         loaded = load_saved(path, f"question set {name}")
     else:
         loaded = _from_hub(
-            f"question set {name}", lambda: datasets.load_dataset(name), "give a file or folder"
+            f"question set {name}", name, lambda: datasets.load_dataset(name), "give a file or folder"
         )
     if isinstance(loaded, datasets.DatasetDict):
         if "test" not in loaded and len(loaded) != 1:
@@ -209,7 +217,10 @@ def _load_split(split: str, data_dir: str | Path | None) -> Any:
                 raise EvalError(f"{HUB_SUITE} has no split {split!r}: {err}") from err
 
         return _from_hub(
-            f"suite {HUB_SUITE}", load, "give a local copy of the suite (--data_dir, eval_data_dir)"
+            f"suite {HUB_SUITE}",
+            HUB_SUITE,
+            load,
+            "give a local copy of the suite (--data_dir, eval_data_dir)",
         )
     key = str(Path(data_dir).resolve())
     if key not in _SUITES:
