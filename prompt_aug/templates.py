@@ -154,7 +154,11 @@ def _parse_entry(entry: Any, index: int, source: str) -> Template:
     repeated = sorted({m for m in markers if markers.count(m) > 1})
     if repeated:
         raise TemplateError(f"template {name!r} ({source}): `markers` lists {repeated} more than once")
-    prefilled = [m for m in markers if m in str(entry.get("prefill") or "")]
+    prefill = str(entry.get("prefill") or "")
+    # In the prefill, or opening with it (prefill `<think>`, marker `<think>\n`): only a repeat would score.
+    prefilled = [
+        m for m in markers if m in prefill or (prefill.strip() and m.lstrip().startswith(prefill.strip()))
+    ]
     if prefilled:
         raise TemplateError(
             f"template {name!r} ({source}): marker(s) {prefilled} are in the prefill, which the completion "

@@ -79,6 +79,11 @@ def _write(tmp_path, body: str):
             "- {name: h, user: '{question}', prefill: 'Key question:', markers: ['Key question:']}\n",
             r"'h'.*\['Key question:'\] are in the prefill",
         ),
+        # ... and so would one that opens with the prefill and runs on past it.
+        (
+            "- {name: h2, user: '{question}', prefill: '<think>', markers: [\"<think>\\n\", '</think>']}\n",
+            r"'h2'.*\['<think>\\n'\] are in the prefill",
+        ),
         ("- {name: i, user: '{question}', markers: [Plan, Plan]}\n", r"'i'.*lists \['Plan'\] more than once"),
         ("- {name: j, user: '{question}', system: 'About {question}'}\n", r"'j'.*remove it from `system`"),
         # The name keys the template's metrics: null, empty, a list or a '/' would give odd keys.

@@ -90,9 +90,9 @@ def grade(
 
     ``gold`` may be a list of acceptable answers (Minerva, OlympiadBench): any match counts.
 
-    Lenient mode (default) is the paper's training rule; strict mode requires the template's format
-    (a boxed answer, inside ``<answer>`` for tag templates). With no template, the last boxed answer is
-    read. Returns within the pool's time limit on any input (see `grade_batch`).
+    Lenient mode (default) is the paper's training rule; strict mode requires the template's answer
+    rule (a boxed answer, inside ``<answer>`` for tag templates; markers count in the format reward
+    only). With no template, the last boxed answer is read. Returns within the pool's time limit on any input (see `grade_batch`).
 
     ``join_boxes=True`` (off by default: the paper reads the last box only) reads several boxes in
     the last box's paragraph as one answer when the gold is a set, tuple or list: ``\\boxed{1}`` and
