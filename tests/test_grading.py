@@ -571,6 +571,7 @@ def test_numeric_golds_from_datasets():
         ("10_2", "2_{10}", True),
         ("0.0011_{3}", "0.0011_{2}", False),  # fractional digits: values decide too
         ("0.1_2", "0.5_{10}", True),
+        ("1.1_0", "1011_{2}", False),  # no base 0: a verdict, not a crash
         # tiny numbers: rounding to 6 decimal places would make them all equal
         ("10.224 \\times 10^{-19}", "8.224 \\times 10^{-19}", False),
         ("0.8224 \\times 10^{-18}", "8.224 \\times 10^{-19}", True),
@@ -634,7 +635,10 @@ KINDS = {
         ("12", "12\\text{ cm}.", True),
         ("8\\pi", "9\\pi \\text{ cm}^2", False),
         ("2\\sqrt{6}", "2\\sqrt{5}\\text{ cm}", False),
-        ("5", "2+3\\mathrm{i}", False),  # the imaginary unit is no unit
+        ("5", "2+3\\mathrm{i}", False),  # the imaginary unit is no unit, nor is e
+        ("\\frac{1}{2}", "\\frac{1}{2}\\mathrm{e}^{2}", False),
+        ("\\frac{1}{2}\\mathrm{e}^{2}", "\\frac{e^{2}}{2}", True),
+        ("\\sqrt{2}", "\\sqrt{2}\\text{ is not possible}", False),  # nor are words that deny
     ],
     "several equations against a tuple or a list": [
         ("(3, 4)", "a = 3, b = 4", True),
@@ -751,8 +755,11 @@ def test_a_recipe_opts_into_the_set_reading_by_naming_its_reward():
     assert joined([SEVERAL_BOXES] * 2, answer=golds) == [1.0, 1.0]
 
 
-def test_several_boxes_option_keeps_the_last_box_when_a_box_is_a_list_itself():
-    # The same tuple boxed twice is one answer, not the pair of tuples.
+def test_several_boxes_option_keeps_the_last_box_when_the_boxes_repeat_one_answer():
+    # The same tuple boxed twice is one answer, not the pair of tuples; two different tuples are a list.
+    points = "The points are \\boxed{(1, 2)} and \\boxed{(3, 4)}."
+    assert grade(points, "(1, 2), (3, 4)", join_boxes=True).correct
+    assert grade("So \\boxed{15600}, that is \\boxed{15,600}.", "15,600", join_boxes=True).correct
     assert grade("The point is \\boxed{(3, 4)}, i.e. \\boxed{(3,4)}.", "(3, 4)", join_boxes=True).correct
     assert grade("So \\boxed{\\{1,2\\}}, that is \\boxed{\\{1, 2\\}}.", "\\{1, 2\\}", join_boxes=True).correct
 

@@ -71,10 +71,12 @@ def last_boxed(text: str) -> str | None:
 
 
 # A unit at the end, after a number, a closing brace or `\pi` (`9\pi \text{ cm}^2`, `\frac{\pi}{3}\text{rad}`,
-# `12\text{ m/s}.`), but not a time (`9\text{ a.m.}`) or the imaginary unit (`3\mathrm{i}`).
+# `12\text{ m/s}.`), but not a time (`9\text{ a.m.}`), a constant (`3\mathrm{i}`, `2\pi\mathrm{e}`) or words
+# that deny (`\sqrt{2}\text{ is not possible}`).
+_DENIAL = r"(?![^{}]*\b(?:[Nn]o|[Nn]ot|[Nn]ever|[Nn]one)\b)"
 _UNIT = re.compile(
-    r"(\d|\}|\\pi)\s*\\(?:text|mbox|mathrm)\{\s*(?![ap]\.?\s*m\.?\s*\}|i\s*\})[A-Za-z][A-Za-z. /]*\}"
-    r"(?:\^\{?\d\}?)?[\s.]*$"
+    r"(\d|\}|\\pi)\s*\\(?:text|mbox|mathrm)\{" + _DENIAL + r"\s*(?![ap]\.?\s*m\.?\s*\}|[ie]\s*\})"
+    r"[A-Za-z][A-Za-z. /]*\}(?:\^\{?\d\}?)?[\s.]*$"
 )
 _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 # `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
@@ -99,8 +101,7 @@ _RELATION_TEXT = {
 # A sentence that introduces the answer inside the box: `\text{The vector is } M`, `\text{all } x \geq 3`.
 # Not one that denies it: `\text{not } 3` is not 3.
 _LEADING_SENTENCE = re.compile(
-    r"^\\(?:text|textbf|mbox|mathrm)\{(?![^{}]*\b(?:[Nn]o|[Nn]ot|[Nn]ever|[Nn]one)\b)"
-    r"\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])"
+    r"^\\(?:text|textbf|mbox|mathrm)\{" + _DENIAL + r"\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])"
 )
 # Words (and `\\mathbf{v} =`) before a matrix or vector: the matrix is the answer.
 _MATRIX_START = re.compile(r"\\begin\{[pbBvV]?matrix\}")

@@ -902,6 +902,8 @@ def _numeral_value(digits: str, base: int) -> Fraction:
     >>> _numeral_value("-10.1", 2)
     Fraction(-5, 2)
     """
+    if not 2 <= base <= 36:
+        raise ValueError(f"no numerals in base {base}")
     whole, _, fraction = digits.lstrip("-").partition(".")
     value = Fraction(int(whole + fraction, base), base ** len(fraction))
     return -value if digits.startswith("-") else value
@@ -919,6 +921,8 @@ def base_verdict(answer: str, gold: str) -> bool | None:
     (False, True, False)
     >>> base_verdict("0.0011_{3}", "0.0011_{2}"), base_verdict("0.1_{2}", "0.5_{10}")
     (False, True)
+    >>> base_verdict("1.1_{0}", "1011_{2}")  # no base 0: the texts differ
+    False
     """
     a, g = base_numeral(answer), base_numeral(gold)
     if a is None and g is None:

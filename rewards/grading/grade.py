@@ -10,6 +10,7 @@ the time limit whatever the completion holds.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,7 +93,8 @@ def grade(
 
     Lenient mode (default) is the paper's training rule; strict mode requires the template's answer
     rule (a boxed answer, inside ``<answer>`` for tag templates; markers count in the format reward
-    only). With no template, the last boxed answer is read. Returns within the pool's time limit on any input (see `grade_batch`).
+    only). With no template, the last boxed answer is read. Returns within the pool's time limit on
+    any input (see `grade_batch`).
 
     ``join_boxes=True`` (off by default: the paper reads the last box only) reads several boxes in
     the last box's paragraph as one answer when the gold is a set, tuple or list: ``\\boxed{1}`` and
@@ -161,21 +163,24 @@ def _extract(
     return extract_strict(text, answer_rule) if strict else extract_lenient(text)
 
 
+_THOUSANDS_OR_SPACE = re.compile(r"\s+|(?<=\d),(?=\d{3}(?!\d))")
+
+
 def joined_boxes(boxes: list[str], golds: tuple[str, ...]) -> str | None:
     """Several boxed answers written as one, in the shape of the first gold that is a set
-    (``\\{...\\}``), a tuple (``(...)``) or a bare list; ``None`` for fewer than two boxes, a box that is
-    itself a list (``\\boxed{(3, 4)}``, boxed again: the last box is the answer) or no such gold.
+    (``\\{...\\}``), a tuple (``(...)``) or a bare list; ``None`` for fewer than two boxes, boxes that all
+    hold one answer (``\\boxed{(3, 4)}``, boxed again) or no such gold.
 
     >>> (joined_boxes(["1", "-2"], ("\\\\{-2, 1\\\\}",)), joined_boxes(["3", "4"], ("(3, 4)",)),
     ...  joined_boxes(["1", "2"], ("1, 2",)))
     ('\\\\{1, -2\\\\}', '(3, 4)', '1, 2')
     >>> joined_boxes(["1", "2"], ("2",)) is None, joined_boxes(["1"], ("1, 2",)) is None
     (True, True)
-    >>> joined_boxes(["(3, 4)", "(3,4)"], ("(3, 4)",)) is None
-    True
+    >>> joined_boxes(["(3, 4)", "(3,4)"], ("(3, 4)",)) is None, joined_boxes(["15600", "15,600"], ("1, 2",))
+    (True, None)
     """
-    if len(boxes) < 2 or any("," in box for box in boxes):
-        return None
+    if len(boxes) < 2 or len({_THOUSANDS_OR_SPACE.sub("", box) for box in boxes}) == 1:
+        return None  # one answer written again (`(3, 4)`, then `(3,4)`): the last box is it
     body = ", ".join(boxes)
     for gold in golds:
         if "," not in gold:
