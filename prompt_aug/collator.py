@@ -21,6 +21,15 @@ from .templates import DEFAULT_EVAL_TEMPLATE, Template
 # Columns the collator writes: the template's name and its format rules, which the reward functions
 # read (see `rewards.formats`). A row that already has one of them is refused rather than overwritten.
 FORMAT_COLUMNS = ("template", "answer_rule", "format_markers")
+# What TRL passes every reward function besides a row's columns (it withholds `prompt` and `completion`).
+TRL_REWARD_ARGUMENTS = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+)
 
 
 def stable_uniform(seed: int, epoch: int, uid: str) -> float:

@@ -39,8 +39,7 @@ import datasets
 
 from rewards.grading.extract import number_text
 
-from .collator import FORMAT_COLUMNS
-from .faults import TRL_REWARD_ARGUMENTS
+from .collator import FORMAT_COLUMNS, TRL_REWARD_ARGUMENTS
 from .mixture import dataset_mixture
 from .sources import (
     ANSWER_GUESSES,
@@ -51,7 +50,6 @@ from .sources import (
     builtin_names,
     builtin_rows,
     builtin_tokenizer,
-    check_source,
     is_hub_id,
     is_verl_layout,
     pick_column,
@@ -638,6 +636,12 @@ def _files_of(data_files: Any) -> list[str]:
     return [str(data_files)] if data_files else []
 
 
+def _same_path(dataset: str, names: list[str]) -> bool:
+    """Whether ``dataset`` is one of ``names``, as written or as the same local path (``./a`` is ``a``)."""
+    here = Path(dataset).expanduser().resolve()
+    return any(dataset == name or Path(name).expanduser().resolve() == here for name in names)
+
+
 def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
     """The recipe's data keys for ``dataset`` as training reads them: for its ``dataset_mixture`` source of
     that ``path`` (or, for one in TRL's form, ``path: json`` with ``data_files``, of that data file), the
@@ -651,7 +655,7 @@ def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
         sources = dataset_mixture(recipe["dataset_mixture"]).datasets
     except ValueError as err:
         raise DataError(str(err)) from None
-    source = next((s for s in sources if dataset == s.path or dataset in _files_of(s.data_files)), None)
+    source = next((s for s in sources if _same_path(dataset, [s.path, *_files_of(s.data_files)])), None)
     if source is None:
         return keys
     return {
@@ -694,7 +698,8 @@ def preview(args: argparse.Namespace) -> str:
         tokenizer = builtin_tokenizer()
     elif tokenizer_name:
         try:
-            check_source("--tokenizer", tokenizer_name, model=True)  # no minute of retries to fall back
+            if is_hub_id(tokenizer_name) and not Path(tokenizer_name).exists():
+                require_hub("--tokenizer", tokenizer_name)  # no minute of retries before the fallback
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
         except (OSError, ValueError) as err:  # SourceError is a ValueError
             lines.append(f"(could not load tokenizer {tokenizer_name!r}: {str(err).splitlines()[0]})")

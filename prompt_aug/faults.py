@@ -41,6 +41,8 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import HubStrategy
 from trl.trainer.utils import is_async_callable
 
+from .collator import TRL_REWARD_ARGUMENTS
+
 logger = logging.getLogger("prompt_aug")
 
 # sysexits.h's EX_TEMPFAIL: "a temporary failure, the user is invited to retry".
@@ -624,6 +626,8 @@ def checked_reward(func: Callable[..., Any], name: str) -> Callable[..., Any]:
             try:
                 output = await func(**kwargs)
             except Exception as err:
+                if isinstance(err, TypeError) and (missing := missing_reward_arguments(func, kwargs)):
+                    raise RewardFunctionError(missing_arguments_message(name, missing, kwargs)) from err
                 raise _raised(name, err, kwargs, await _culprit_async(func, err, kwargs)) from err
             _check_output(name, output, kwargs)
             return output
@@ -669,17 +673,6 @@ async def _culprit_async(func: Callable[..., Any], err: Exception, kwargs: dict[
     return None
 
 
-# What TRL passes every reward function besides the data's columns (it withholds `prompt` and `completion`).
-TRL_REWARD_ARGUMENTS = (
-    "prompts",
-    "completions",
-    "completion_ids",
-    "trainer_state",
-    "log_extra",
-    "log_metric",
-)
-
-
 def missing_reward_arguments(func: Callable[..., Any], available: Any) -> list[str]:
     """The arguments ``func`` requires (no default) that are not among ``available`` (names).
 
@@ -688,7 +681,8 @@ def missing_reward_arguments(func: Callable[..., Any], available: Any) -> list[s
     ['difficulty']
     """
     try:
-        parameters = inspect.signature(func).parameters.values()
+        # The function's own signature: a wrapper (functools.wraps) is called with what it takes.
+        parameters = inspect.signature(func, follow_wrapped=False).parameters.values()
     except (TypeError, ValueError):  # no signature to read (a builtin, some callables)
         return []
     required = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

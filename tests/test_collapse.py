@@ -355,6 +355,22 @@ def test_a_collapse_save_never_costs_a_regular_checkpoint_and_a_scheduled_one_is
     assert (tmp_path / "collapse-entropy-round6").is_dir()
 
 
+def test_the_room_made_for_a_collapse_save_is_made_once_and_given_back_if_the_save_never_comes(tmp_path):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), save_total_limit=2, report_to=[])
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"),
+                   SignalSpec("accuracy", ACCURACY_KEYS, "drop", 0.1, 1, "checkpoint"))  # fmt: skip
+    state = TrainerState(global_step=1)
+    guard.on_log(args, state, TrainerControl(), logs={"step": 1, "entropy": 0.0, "reward": 0.9})
+    assert args.save_total_limit == 3
+    state.global_step = 2  # the save did not come (save_strategy "best" skips it); the next firing
+    guard.on_log(args, state, TrainerControl(), logs={"step": 2, "entropy": 1.0, "reward": 0.1})
+    assert args.save_total_limit == 3  # not 4
+    guard.on_train_begin(args, TrainerState(), TrainerControl())  # train() again after a failed save
+    assert args.save_total_limit == 2
+
+
 @pytest.mark.slow
 def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_path):
     out = tmp_path / "run"

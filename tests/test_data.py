@@ -12,6 +12,7 @@ import pytest
 
 from prompt_aug import data
 from prompt_aug.data import DataError, filter_long_prompts, load_math_dataset, to_rows
+from prompt_aug.sources import builtin_tokenizer
 from prompt_aug.templates import load_templates, select_templates
 
 SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -293,7 +294,9 @@ def test_preview_cli_with_a_recipe_uses_its_templates_and_prompt_limit(tmp_path,
     assert out.count("----- template") == 2 and "----- template abel -----" in out
 
 
-def test_preview_reads_a_mixture_sources_own_columns_and_levels_as_training_does(tmp_path, capsys):
+def test_preview_reads_a_mixture_sources_own_columns_and_levels_as_training_does(
+    tmp_path, capsys, monkeypatch
+):
     path = tmp_path / "mine.jsonl"
     rows = [{"prompt_text": f"q{i}?", "gold": str(i), "level": i % 5 + 1} for i in range(10)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -316,6 +319,9 @@ def test_preview_reads_a_mixture_sources_own_columns_and_levels_as_training_does
         "answer_column: gold}\n"
     )
     data.main(["--dataset", str(path), "--config", str(recipe)])
+    assert "10 rows read, 10 kept" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)  # ... and as the same path written another way
+    data.main(["--dataset", "./mine.jsonl", "--config", str(recipe)])
     assert "10 rows read, 10 kept" in capsys.readouterr().out
 
 
@@ -355,6 +361,11 @@ def test_the_preview_reports_an_unreachable_hub_at_once(tmp_path, capsys, unreac
     assert "(could not load tokenizer 'someone/model': --tokenizer: cannot reach the Hugging Face Hub" in out
     assert "rendering with the built-in ChatML tokenizer" in out
     assert time.monotonic() - started < 30  # not the clients' retries
+    # A local folder holding a tokenizer alone (no model) is read as it is.
+    builtin_tokenizer().save_pretrained(tmp_path / "tok")
+    data.main(["--dataset", str(tmp_path), "--tokenizer", str(tmp_path / "tok")])
+    out = capsys.readouterr().out
+    assert "could not load tokenizer" not in out and "built-in ChatML" not in out
 
 
 def test_list_valued_answer_column_keeps_every_gold_any_of():

@@ -611,6 +611,30 @@ def test_a_reward_needing_an_argument_no_column_gives_is_named_with_the_columns_
         "source's `columns`) or give the argument a default"
     )
 
+    # The same for an async reward function.
+    async def need_difficulty_async(completions, difficulty, **kwargs):
+        return [float(d) for d in difficulty]
+
+    import asyncio
+
+    checked = faults.checked_reward(need_difficulty_async, "need_difficulty_async")
+    with pytest.raises(
+        faults.RewardFunctionError, match=r"'need_difficulty_async' needs `difficulty`, which"
+    ):
+        asyncio.run(checked(**_reward_kwargs()))
+
+    # Before the model loads, a wrapper is read for what it takes, not for what it wraps.
+    def exact(completions, solution, **kwargs):
+        return [float(c == s) for c, s in zip(completions, solution, strict=True)]
+
+    @functools.wraps(exact)
+    def adapted(completions, answer, **kwargs):
+        return exact(completions, solution=answer)
+
+    faults.check_reward_arguments([adapted], ["exact"], ["question", "answer", "uid"])
+    with pytest.raises(faults.RewardFunctionError, match=r"'exact' needs `solution`"):
+        faults.check_reward_arguments([exact], ["exact"], ["question", "answer", "uid"])
+
     # A TypeError of the function's own is reported as a fault of the function, with its row.
     def typo(completions, **kwargs):
         return [len(c) + "1" for c in completions]

@@ -271,6 +271,8 @@ class CollapseGuard(TrainerCallback):
     # -- TrainerCallback events ------------------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._save_total_limit is not None:  # a save that never came (it failed): the user's limit back
+            args.save_total_limit = self._save_total_limit
         # A resumed run restores log_history: replay it so windows, bests and firing states carry over.
         self._reset()
         for entry in state.log_history:
@@ -307,7 +309,7 @@ class CollapseGuard(TrainerCallback):
         if acting:
             self._pending = acting
             self._regular_save_due = bool(control.should_save)
-            if not self._regular_save_due and args.save_total_limit:
+            if not self._regular_save_due and args.save_total_limit and self._save_total_limit is None:
                 # The Trainer rotates before `on_save` renames the folder, so an unscheduled save would
                 # count against the limit and delete one regular checkpoint too early: make room for it.
                 self._save_total_limit = args.save_total_limit
