@@ -246,8 +246,8 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
     if os.getcwd() not in sys.path:  # a module beside the recipe, as `trl grpo` finds it
         sys.path.append(os.getcwd())
     try:
-        func = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as err:
+        module = importlib.import_module(module_name)
+    except (ImportError, ValueError) as err:
         top = module_name.split(".")[0]
         loaded = getattr(sys.modules.get(top), "__file__", None) or ""
         mine = next((p for p in (Path(top + ".py"), Path(top)) if p.exists()), None)
@@ -260,6 +260,11 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
             f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function or "
             "package.module.function"
         ) from None
+    func = getattr(module, attr, None)
+    if func is None:
+        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        where = getattr(module, "__file__", None) or module_name
+        raise ValueError(f"reward_funcs: {path!r}: {where} has no {attr!r}; its functions are {found}")
     if not callable(func):
         # TRY004: a bad recipe value, like the other reward_funcs errors (so a ValueError, not a TypeError)
         raise ValueError(f"reward_funcs: {path!r} is a {type(func).__name__}, not a function")  # noqa: TRY004

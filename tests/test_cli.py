@@ -150,11 +150,18 @@ def test_lora_target_modules_the_model_lacks_are_one_line_naming_its_layers(tmp_
         ),
         (["--reward_funcs", "correctnes"], "unknown reward_funcs ['correctnes']; registered: ['correctness'"),
         (["--reward_funcs", "no_such_module:f"], "reward_funcs: cannot load 'no_such_module:f'"),
+        (  # the module loads, the function is misspelt: what the module has instead
+            ["--reward_funcs", "rewards.registry:format_rewrd"],
+            "reward_funcs: 'rewards.registry:format_rewrd': ",
+        ),
     ],
 )
 def test_a_bad_template_or_reward_name_is_one_line_before_anything_loads(tmp_path, capsys, option, expected):
     message = _error(["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), *option], capsys)
     assert expected in message
+    if "format_rewrd" in expected:
+        assert "registry.py has no 'format_rewrd'; its functions are [" in message
+        assert "'format_reward'" in message and "package.module" not in message
     assert not (tmp_path / "o").exists()
 
 
