@@ -248,20 +248,14 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
     try:
         module = importlib.import_module(module_name)
     except (ImportError, ValueError) as err:
-        top = module_name.split(".")[0]
-        loaded = getattr(sys.modules.get(top), "__file__", None) or ""
-        mine = next((p for p in (Path(top + ".py"), Path(top)) if p.exists()), None)
-        if mine is not None and loaded and not Path(loaded).resolve().is_relative_to(mine.resolve()):
-            raise ValueError(
-                f"reward_funcs: cannot load {path!r}: {top!r} is the installed {loaded}, not your "
-                f"{mine.resolve()}; rename yours (for example to my_{top}) and name it so in reward_funcs"
-            ) from None
+        _refuse_if_shadowed(path, module_name)
         raise ValueError(
             f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function or "
             "package.module.function"
         ) from None
     func = getattr(module, attr, None)
     if func is None:
+        _refuse_if_shadowed(path, module_name)
         found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
         where = getattr(module, "__file__", None) or module_name
         raise ValueError(f"reward_funcs: {path!r}: {where} has no {attr!r}; its functions are {found}")
@@ -269,6 +263,19 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
         # TRY004: a bad recipe value, like the other reward_funcs errors (so a ValueError, not a TypeError)
         raise ValueError(f"reward_funcs: {path!r} is a {type(func).__name__}, not a function")  # noqa: TRY004
     return func
+
+
+def _refuse_if_shadowed(path: str, module_name: str) -> None:
+    """Refuse ``path`` when the module it names is an installed one and a file or folder of that name in the
+    launch folder was meant (open-r1's `rewards.py` beside an installed `rewards` package)."""
+    top = module_name.split(".")[0]
+    loaded = getattr(sys.modules.get(top), "__file__", None) or ""
+    mine = next((p for p in (Path(top + ".py"), Path(top)) if p.exists()), None)
+    if mine is not None and loaded and not Path(loaded).resolve().is_relative_to(mine.resolve()):
+        raise ValueError(
+            f"reward_funcs: cannot load {path!r}: {top!r} is the installed {loaded}, not your "
+            f"{mine.resolve()}; rename yours (for example to my_{top}) and name it so in reward_funcs"
+        )
 
 
 class TRLConvention:
