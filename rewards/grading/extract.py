@@ -116,7 +116,10 @@ _ARG = r"(\{[^{}]*\}|\\[A-Za-z]+|[0-9A-Za-z])"
 _FRAC_SHORTHAND = re.compile(r"\\frac\s*" + _ARG + r"\s*" + _ARG)
 _SQRT_SHORTHAND = re.compile(r"\\sqrt\s*(?=[^\s{\[])(\\[A-Za-z]+|[0-9A-Za-z])")
 _ASSIGNMENT = re.compile(r"[A-Za-z](?:_\{[^{}=]*\}|_[A-Za-z0-9])?\s*=\s*([^=]+)")
-_BASE_NUMERAL = re.compile(r"(-?[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)_\{?(\d{1,2})\}?")
+# The digits of a numeral in a base (`20412`, `-0.0011`); `normalize` writes the base braced, `20412_{5}`,
+# which is how `rewards.grading.fastpath.base_numeral` reads it back.
+BASE_NUMERAL_DIGITS = r"-?[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?"
+_BASE_NUMERAL = re.compile(rf"({BASE_NUMERAL_DIGITS})_\{{?(\d{{1,2}})\}}?")
 
 
 def _strip_text_wrappers(answer: str) -> str:

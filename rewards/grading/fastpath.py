@@ -63,6 +63,8 @@ import math
 import re
 from fractions import Fraction
 
+from .extract import BASE_NUMERAL_DIGITS
+
 # Integers: plain digits (leading zeros are fine: AIME's `025`) or groups of three after a comma.
 _INT = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
 _INTEGER = re.compile(rf"[+-]?{_INT}")
@@ -880,8 +882,7 @@ def _decimal_places(text: str) -> int:
     return len(text) - text.index(".") - 1 if "." in text else 0
 
 
-# As `normalize` writes it: `20412_{5}`, `0.0011_{2}`.
-_BASE_NUMERAL = re.compile(r"(-?[0-9A-Fa-f]+(?:\.[0-9A-Fa-f]+)?)_\{(\d{1,2})\}")
+_BASE_NUMERAL = re.compile(rf"({BASE_NUMERAL_DIGITS})_\{{(\d{{1,2}})\}}")  # as `normalize` writes it
 _BARE_NUMERAL = re.compile(r"-?[0-9A-Fa-f]+")
 
 
