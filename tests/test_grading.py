@@ -646,9 +646,14 @@ KINDS = {
         ("(3, 5)", "a = 3, b = 4", False),
         ("4", "a = 3, b = 4", False),
     ],
-    "a sentence that denies": [
+    "a sentence that denies or bounds": [
         ("3", "\\text{not } 3", False),
+        ("3", "\\text{cannot be } 3", False),
+        ("3", "\\text{Less than } 3", False),
+        ("3", "\\text{at least } 3", False),
         ("3", "\\text{The answer is } 3", True),
+        ("3", "\\text{The greater root is } 3", True),
+        ("5", "5\\text{ more}", True),  # "how many more": after the number it is a unit
     ],
     "relation commands": [
         ("x \\neq \\pm 1", "x != \\pm 1", True),

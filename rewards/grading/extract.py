@@ -73,7 +73,7 @@ def last_boxed(text: str) -> str | None:
 # A unit at the end, after a number, a closing brace or `\pi` (`9\pi \text{ cm}^2`, `\frac{\pi}{3}\text{rad}`,
 # `12\text{ m/s}.`), but not a time (`9\text{ a.m.}`), a constant (`3\mathrm{i}`, `2\pi\mathrm{e}`) or words
 # that deny (`\sqrt{2}\text{ is not possible}`).
-_DENIAL = r"(?![^{}]*\b(?:[Nn]o|[Nn]ot|[Nn]ever|[Nn]one)\b)"
+_DENIAL = r"(?![^{}]*\b(?:[Nn]o|[Nn]ot|[Nn]ever|[Nn]one|[Cc]annot|[Cc]an't)\b)"
 _UNIT = re.compile(
     r"(\d|\}|\\pi)\s*\\(?:text|mbox|mathrm)\{" + _DENIAL + r"\s*(?![ap]\.?\s*m\.?\s*\}|[ie]\s*\})"
     r"[A-Za-z][A-Za-z. /]*\}(?:\^\{?\d\}?)?[\s.]*$"
@@ -99,9 +99,14 @@ _RELATION_TEXT = {
     "lt": "<",
 }
 # A sentence that introduces the answer inside the box: `\text{The vector is } M`, `\text{all } x \geq 3`.
-# Not one that denies it: `\text{not } 3` is not 3.
+# Not one that denies it (`\text{not } 3`, `\text{cannot be } 3`) or bounds it (`\text{less than } 3`,
+# `\text{at least } 3`): neither is 3. After a number such words stay a unit (`5\text{ more}`: how many more).
+_BOUND = r"(?i:(?![^{}]*\b(?:(?:less|more|greater|fewer|larger|smaller) than|at (?:least|most)|except)\b))"
 _LEADING_SENTENCE = re.compile(
-    r"^\\(?:text|textbf|mbox|mathrm)\{" + _DENIAL + r"\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])"
+    r"^\\(?:text|textbf|mbox|mathrm)\{"
+    + _DENIAL
+    + _BOUND
+    + r"\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])"
 )
 # Words (and `\\mathbf{v} =`) before a matrix or vector: the matrix is the answer.
 _MATRIX_START = re.compile(r"\\begin\{[pbBvV]?matrix\}")
