@@ -14,17 +14,32 @@ Why it exists (facts of TRL 1.16 and transformers 5.23):
   and the call does not reach it.
 
 So this sampler takes the epoch from a callable (the trainer passes ``int(state.epoch)``), read when an
-epoch's iteration starts, and draws that epoch's permutation from a generator seeded with
-``seed + epoch``. Epoch 0 is exactly TRL's order (same generator, same seed); every epoch depends only
-on (seed, epoch), so a resumed run sees the same order as an uninterrupted one.
+epoch's iteration starts, and draws that epoch's permutation from a generator seeded with `epoch_seed`.
+Epoch 0 is exactly TRL's order (same generator, same seed); every epoch depends only on (seed, epoch), so a
+resumed run sees the same order as an uninterrupted one. Later epochs' seeds are hashed from (seed, epoch),
+not ``seed + epoch``: a sweep over seeds 42, 43, ... would otherwise train seed 43 on seed 42's orders,
+one epoch early.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Sized
 
 import torch
 from trl.trainer.utils import RepeatSampler
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of ``epoch``: ``seed`` itself in epoch 0 (TRL's order), a hash of both after.
+
+    >>> epoch_seed(42, 0), epoch_seed(42, 1) == epoch_seed(43, 0), epoch_seed(42, 1) == epoch_seed(42, 1)
+    (42, False, True)
+    """
+    if epoch == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}\x1fepoch\x1f{epoch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # below 2**63: manual_seed's range
 
 
 class EpochRepeatSampler(RepeatSampler):
@@ -65,11 +80,11 @@ class EpochRepeatSampler(RepeatSampler):
         """The dataset order of ``epoch`` (before chunking and repeating)."""
         if not self.shuffle:
             return list(range(self.num_samples))
-        self.generator.manual_seed(self.seed + epoch)
+        self.generator.manual_seed(epoch_seed(self.seed, epoch))
         return torch.randperm(self.num_samples, generator=self.generator).tolist()
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
             # RepeatSampler draws its permutation from self.generator: reseed it for this epoch.
-            self.generator.manual_seed(self.seed + int(self.epoch()))
+            self.generator.manual_seed(epoch_seed(self.seed, int(self.epoch())))
         return super().__iter__()

@@ -38,3 +38,10 @@ def test_iteration_reads_the_epoch_when_it_starts_and_shuffle_false_keeps_order(
     sampler = _sampler(epoch)
     assert sampler.permutation(1)[:3] == list(sampler)[0:12:4]
     assert _sampler([3], shuffle=False).permutation(3) == list(range(10))
+
+
+def test_seeds_next_to_each_other_do_not_share_epoch_orders():
+    # A seed sweep (42, 43, ...): seed 43 must not train on seed 42's later orders, nor the reverse.
+    orders = {(seed, e): _sampler([e], seed=seed).permutation(e) for seed in (42, 43) for e in (0, 1, 2)}
+    assert len({tuple(order) for order in orders.values()}) == len(orders)
+    assert sorted(orders[(43, 1)]) == list(range(10))
