@@ -30,11 +30,8 @@ from .faults import (
     PREEMPTED_FILE,
     FaultError,
     RewardFunctionError,
-    checkpoint_problem,
+    check_resume,
     last_complete_checkpoint,
-    launch_engine,
-    resume_engine_problem,
-    resume_launch_problem,
 )
 from .models import LOCAL_MODELS
 from .models import resolve as resolve_local_model
@@ -318,34 +315,6 @@ def check_reward_weights(weights: list[float] | None, names: list[str]) -> None:
         )
 
 
-def resolve_resume(value: str | None, output_dir: str, log: bool = True) -> str | None:
-    """``true`` means the last complete checkpoint in ``output_dir`` (a newer folder that a kill during a save
-    left incomplete is skipped, with one log line naming it and why); a path is used as is, if complete."""
-    if value is None or str(value).lower() in ("", "false", "none"):
-        return None
-    if str(value).lower() == "true":
-        last, skipped = last_complete_checkpoint(output_dir) if Path(output_dir).is_dir() else (None, [])
-        for path, why in skipped if log else []:
-            logger.warning("resume: skipping %s: %s", path, why)
-        if last is None and skipped:
-            raise UsageError(
-                f"resume_from_checkpoint: true, but no checkpoint in {output_dir} is complete "
-                f"({Path(skipped[0][0]).name}: {skipped[0][1]}); start over with --overwrite_output_dir true"
-            )
-        if last is None:
-            raise UsageError(
-                f"resume_from_checkpoint: true, but there is no checkpoint-* folder in {output_dir}; "
-                "check --output_dir, or start without --resume_from_checkpoint"
-            )
-        return last
-    if not Path(value).is_dir():
-        raise UsageError(f"resume_from_checkpoint: no such checkpoint folder {value}")
-    problem = checkpoint_problem(value)
-    if problem is not None:
-        raise UsageError(f"resume_from_checkpoint: {value} is not a complete checkpoint: {problem}")
-    return value
-
-
 def check_resume_peft(checkpoint: str, model_args: Any) -> None:
     """A checkpoint resumes only under the recipe's own PEFT settings: full weights without ``use_peft``, a
     LoRA adapter with it and with the ``lora_r``, ``lora_target_modules`` (where the recipe names them) and
@@ -391,14 +360,9 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     check_source("model_name_or_path", model_args.model_name_or_path, builtin=tuple(LOCAL_MODELS), model=True)
     if args.eval_data_dir:
         check_source("eval_data_dir", args.eval_data_dir)
-    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir, log=state.is_main_process)
+    resume = check_resume(args.resume_from_checkpoint, args, state.num_processes, log=state.is_main_process)
     if resume is not None:
         check_resume_peft(resume, model_args)
-        problem = resume_launch_problem(resume, state.num_processes) or resume_engine_problem(
-            resume, launch_engine(args)
-        )
-        if problem:
-            raise UsageError(problem)
     stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
     if script_args.dataset_mixture is not None:
         check_mixture(script_args.dataset_mixture)

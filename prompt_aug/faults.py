@@ -354,6 +354,60 @@ def last_complete_checkpoint(output_dir: str | Path) -> tuple[str | None, list[t
     return None, skipped
 
 
+class ResumeError(FaultError):
+    """A checkpoint that cannot be resumed from; the message names it and says what to do."""
+
+
+def resolve_resume(value: str | bool | None, output_dir: str | Path, log: bool = True) -> str | None:
+    """The checkpoint ``resume_from_checkpoint`` names: ``true`` the last complete one in ``output_dir`` (a
+    newer folder that a kill during a save left incomplete is skipped, with one log line naming it and why), a
+    path itself if it is complete; ``None`` for none.
+
+    Raises:
+        ResumeError: no checkpoint, or an incomplete one, named with what to do.
+    """
+    if value is None or value is False or str(value).lower() in ("", "false", "none"):
+        return None
+    if str(value).lower() == "true":
+        last, skipped = last_complete_checkpoint(output_dir) if Path(output_dir).is_dir() else (None, [])
+        for path, why in skipped if log else []:
+            logger.warning("resume: skipping %s: %s", path, why)
+        if last is None and skipped:
+            raise ResumeError(
+                f"resume_from_checkpoint: true, but no checkpoint in {output_dir} is complete "
+                f"({Path(skipped[0][0]).name}: {skipped[0][1]}); start over with --overwrite_output_dir true"
+            )
+        if last is None:
+            raise ResumeError(
+                f"resume_from_checkpoint: true, but there is no checkpoint-* folder in {output_dir}; "
+                "check --output_dir, or start without --resume_from_checkpoint"
+            )
+        return last
+    if not Path(value).is_dir():
+        raise ResumeError(f"resume_from_checkpoint: no such checkpoint folder {value}")
+    problem = checkpoint_problem(value)
+    if problem is not None:
+        raise ResumeError(f"resume_from_checkpoint: {value} is not a complete checkpoint: {problem}")
+    return str(value)
+
+
+def check_resume(value: str | bool | None, args: Any, processes: int, log: bool = True) -> str | None:
+    """`resolve_resume` under these TrainingArguments, and the checkpoint refused when this launch has
+    another process count or engine than the one that saved it.
+
+    Raises:
+        ResumeError: the checkpoint, what differs and what to do.
+    """
+    checkpoint = resolve_resume(value, args.output_dir, log=log)
+    if checkpoint is not None:
+        problem = resume_launch_problem(checkpoint, processes) or resume_engine_problem(
+            checkpoint, launch_engine(args)
+        )
+        if problem:
+            raise ResumeError(problem)
+    return checkpoint
+
+
 # ---------------------------------------------------------------------------------------------
 # A full disk
 
@@ -488,11 +542,16 @@ class HubAndPreemption:
     # that fails for want of disk space, in a checkpoint save or elsewhere, is one line naming output_dir
     # instead of a stack trace from deep inside the save. A run stopped by a signal does not return as if it
     # had finished: `Preempted` ends the caller's script with status 75 unless it is caught, so that nothing
-    # saves, evaluates or pushes the unfinished model as final.
-    def train(self, *args: Any, **kwargs: Any) -> Any:
+    # saves, evaluates or pushes the unfinished model as final. ``resume_from_checkpoint`` is checked as
+    # `prompt-aug-train` checks it: transformers' ``True`` takes the newest folder even when a kill during its
+    # save left it incomplete, and resumes under another process count or engine.
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        resume_from_checkpoint = check_resume(
+            resume_from_checkpoint, self.args, self.accelerator.num_processes, self.is_world_process_zero()
+        )
         catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
         with catching, disk_full_is_one_line(self.args.output_dir):
-            result = super().train(*args, **kwargs)
+            result = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.preempted:
             # Every rank has written its part of the checkpoint before any leaves: a launcher stops the
             # others once one process exits, and rank 0 may still be saving.

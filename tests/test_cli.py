@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from launch import train_command
 
-from prompt_aug import cli, train
+from prompt_aug import faults, train
 from prompt_aug.templates import TemplateError, load_templates
 
 REPO = Path(__file__).resolve().parents[1]
@@ -312,7 +312,7 @@ def test_overwrite_replaces_the_whole_earlier_run(two_step_run, tmp_path):
     assert sorted(p.name for p in (run / "completions").iterdir()) == ["completions_00001.parquet"]
     assert _state(run)["global_step"] == 1 and len(_state(run)["log_history"]) == 2  # 1 step + the summary
     assert [json.loads(line)["step"] for line in (run / "logs.jsonl").read_text().splitlines()] == [1, 1]
-    assert cli.resolve_resume("true", str(run)) == str(run / "checkpoint-1")
+    assert faults.resolve_resume("true", str(run)) == str(run / "checkpoint-1")
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import errno
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -32,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import datasets
 import fault_harness
@@ -41,8 +43,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from launch import torchrun
+from transformers import TrainerCallback
 
-from prompt_aug import cli, faults, train
+from prompt_aug import faults, train
 from prompt_aug.data import DataError, load_math_dataset, to_rows
 from prompt_aug.templates import load_templates
 
@@ -273,24 +276,26 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_saved(tmp_path):
     assert json.loads((out / faults.PREEMPTED_FILE).read_text())["step"] == 2
 
 
-def test_preemption_is_a_config_key_the_trainer_applies(tiny_model_dir, tmp_path):
+def _built(model_dir: Path, out: Path, **keys: Any) -> Any:
+    """A trainer built in code, as a script of one's own builds it, on two questions."""
     from prompt_aug import PromptAugGRPOConfig
     from prompt_aug.trainer import PromptAugGRPOTrainer
 
+    args = PromptAugGRPOConfig(
+        output_dir=str(out), report_to="none", use_cpu=True, bf16=False,
+        per_device_train_batch_size=2, num_generations=2, max_completion_length=4, **keys,
+    )  # fmt: skip
+    dataset = datasets.Dataset.from_dict(
+        {"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}
+    )
+    return PromptAugGRPOTrainer(
+        model=str(model_dir), reward_funcs=fault_harness.text_hash_reward, args=args, train_dataset=dataset
+    )
+
+
+def test_preemption_is_a_config_key_the_trainer_applies(tiny_model_dir, tmp_path):
     def build(**keys):
-        args = PromptAugGRPOConfig(
-            output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
-            per_device_train_batch_size=2, num_generations=2, max_completion_length=4, **keys,
-        )  # fmt: skip
-        dataset = datasets.Dataset.from_dict(
-            {"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}
-        )
-        return PromptAugGRPOTrainer(
-            model=str(tiny_model_dir),
-            reward_funcs=fault_harness.text_hash_reward,
-            args=args,
-            train_dataset=dataset,
-        )
+        return _built(tiny_model_dir, tmp_path, **keys)
 
     on, off = build(), build(save_on_preemption=False)
     assert isinstance(on.preemption, faults.PreemptionCallback) and on.preempted is None
@@ -298,6 +303,34 @@ def test_preemption_is_a_config_key_the_trainer_applies(tiny_model_dir, tmp_path
     assert off.preemption is None and not any(
         isinstance(c, faults.PreemptionCallback) for c in off.callback_handler.callbacks
     )
+
+
+class _StepCount(TrainerCallback):
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+
+@pytest.mark.slow
+def test_train_true_in_code_resumes_from_the_last_complete_checkpoint(tiny_model_dir, tmp_path, caplog):
+    # transformers' own `True` takes the newest folder, complete or not; a script of one's own gets the
+    # checks `prompt-aug-train` makes.
+    keys = {"save_steps": 1, "logging_steps": 1}
+    with pytest.raises(faults.ResumeError, match="no checkpoint-\\* folder in"):
+        _built(tiny_model_dir, tmp_path, max_steps=1, **keys).train(resume_from_checkpoint=True)
+    _built(tiny_model_dir, tmp_path, max_steps=2, **keys).train()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").unlink()  # a kill during its save
+    trainer, count = _built(tiny_model_dir, tmp_path, max_steps=3, **keys), _StepCount()
+    trainer.add_callback(count)
+    with caplog.at_level(logging.WARNING, logger="prompt_aug"):
+        trainer.train(resume_from_checkpoint=True)
+    assert f"resume: skipping {tmp_path / 'checkpoint-2'}: trainer_state.json is missing" in caplog.text
+    assert count.steps == 2 and trainer.state.global_step == 3  # from step 1, not from 0
+    (tmp_path / "checkpoint-3" / faults.LAUNCH_FILE).write_text(json.dumps({"processes": 2}) + "\n")
+    with pytest.raises(faults.ResumeError, match="trained on 2 process\\(es\\), and this launch has 1"):
+        _built(tiny_model_dir, tmp_path, max_steps=4, **keys).train(resume_from_checkpoint=True)
 
 
 def test_the_final_save_ignores_a_late_warning_and_the_process_keeps_its_own_handler(tmp_path, monkeypatch):
@@ -434,16 +467,16 @@ def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
     good = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-2", 2)
     bad = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-10", 10)  # newer: numbers sort as numbers
     (bad / "trainer_state.json").write_text('{"global_st')
-    assert cli.resolve_resume("true", str(tmp_path)) == str(good)
+    assert faults.resolve_resume("true", str(tmp_path)) == str(good)
     with pytest.raises(
-        cli.UsageError, match="checkpoint-10 is not a complete checkpoint: trainer_state.json is not"
+        faults.ResumeError, match="checkpoint-10 is not a complete checkpoint: trainer_state.json is not"
     ):
-        cli.resolve_resume(str(bad), str(tmp_path))
+        faults.resolve_resume(str(bad), str(tmp_path))
     shutil.rmtree(good)
     with pytest.raises(
-        cli.UsageError, match=r"no checkpoint in .* is complete \(checkpoint-10: trainer_state"
+        faults.ResumeError, match=r"no checkpoint in .* is complete \(checkpoint-10: trainer_state"
     ):
-        cli.resolve_resume("true", str(tmp_path))
+        faults.resolve_resume("true", str(tmp_path))
     assert faults.checkpoint_problem(bad, optimizer=False) is not None
 
 

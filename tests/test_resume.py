@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 from launch import torchrun
 
-from prompt_aug import cli, train
+from prompt_aug import faults, train
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
@@ -50,7 +50,7 @@ def runs(tmp_path_factory):
     shutil.copytree(b, c)
     shutil.rmtree(c / "checkpoint-2")
     _train(b, "--max_steps", "4", "--resume_from_checkpoint", str(b / "checkpoint-2"))
-    assert cli.resolve_resume("true", str(c)) == str(c / "checkpoint-1")
+    assert faults.resolve_resume("true", str(c)) == str(c / "checkpoint-1")
     _train(c, "--max_steps", "4", "--resume_from_checkpoint", "true")
     return {"A": a, "B": b, "C": c}
 
