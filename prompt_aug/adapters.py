@@ -43,26 +43,45 @@ def is_adapter(folder: str | Path) -> bool:
 
 
 def adapter_base(folder: str | Path) -> str:
-    """The base model the adapter in ``folder`` was trained on, as its ``adapter_config.json`` records it."""
-    config = json.loads((Path(folder).expanduser() / ADAPTER_FILE).read_text())
+    """The base model the adapter in ``folder`` was trained on, as its ``adapter_config.json`` records it
+    (``""`` where it records none).
+
+    Raises:
+        AdapterError: the file is not a JSON object; names it.
+    """
+    path = Path(folder).expanduser() / ADAPTER_FILE
+    try:
+        config = json.loads(path.read_text())
+    except ValueError as err:
+        raise AdapterError(
+            f"{path}: not valid JSON ({err}); save the adapter again or fix the file"
+        ) from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{path}: not a JSON object; save the adapter again or fix the file")
     return str(config.get("base_model_name_or_path") or "")
 
 
 def check_adapter_base(key: str, folder: str | Path) -> None:
-    """Fail in one line when the adapter in ``folder`` records a local base model that is not there (a
-    relative path read from another folder, or a base moved since), or a Hub id that cannot be had (offline,
-    not in the cache), before transformers fails deep in loading it.
+    """Fail in one line when the adapter in ``folder`` records no base model, a local base model that is not
+    there (a relative path read from another folder, or a base moved since), or a Hub id that cannot be had
+    (offline, not in the cache), before transformers fails deep in loading it.
 
     Raises:
-        AdapterError: names the folder, the recorded base, and the two ways out.
+        AdapterError: names the folder, the recorded base, and the ways out.
     """
     base = adapter_base(folder)
-    if base and not looks_local(base):  # a Hub id: offline, it must be in the cache
+    if not base:
+        raise AdapterError(
+            f"{key} {folder}: a LoRA adapter whose {ADAPTER_FILE} records no base model "
+            f"(base_model_name_or_path); merge it with `python -m prompt_aug.adapters merge {folder} --base "
+            "<the base model>`"
+        )
+    if not looks_local(base):  # a Hub id: offline, it must be in the cache
         try:
             check_source(f"{key} {folder}: its LoRA adapter's base model", base, model=True)
         except SourceError as err:
             raise AdapterError(str(err)) from None
-    if base and looks_local(base) and not Path(base).expanduser().exists():
+    if looks_local(base) and not Path(base).expanduser().exists():
         raise AdapterError(
             f"{key} {folder}: a LoRA adapter whose base model {base!r} is not there (resolved to "
             f"{Path(base).expanduser().resolve()}); run from the folder it was trained in, or merge it with "
@@ -105,11 +124,13 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
     and renamed when complete. Returns ``output``.
 
     Raises:
-        AdapterError: ``folder`` is not an adapter, its base cannot be found, or ``output`` is not empty.
+        AdapterError: ``folder`` is not an adapter, its ``adapter_config.json`` does not parse, its base is
+            not recorded or cannot be found, or ``output`` is not empty.
     """
     folder = Path(folder).expanduser().resolve()
     if not is_adapter(folder):
         raise AdapterError(f"{folder}: no {ADAPTER_FILE} there, so not a LoRA adapter folder")
+    adapter_base(folder)  # a file that does not parse fails here, naming it, with or without ``base``
     if base is None:
         check_adapter_base("merge", folder)
         base = adapter_base(folder)

@@ -6,14 +6,20 @@ as one dict. `use_compact_log` swaps its printing callback for one that prints::
     round 3 | step 6/8 | reward 1.250 | accuracy 0.312 | format 0.938 | entropy 0.412 | length 312 \
 | truncated 0.062 | 1.9 s/step
 
+With dynamic sampling, reward, accuracy, format and truncation are over every generated completion
+(``dynamic_sampling/generated/...``), as the collapse guard reads them, not TRL's over the trained groups.
+
 The full metrics still reach ``trainer_state.json``, W&B and ``OUTPUT_DIR/logs.jsonl`` (one JSON object per
-logged step, written as training goes, so it survives a crash between checkpoints).
+logged step, written as training goes, so it survives a crash between checkpoints; a resumed run skips a last
+line cut short by a crash, with a warning).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +27,34 @@ from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from rewards.controls import ACCURACY_MEAN_KEYS, FORMAT_MEAN_KEYS
 
+from .faults import FaultError
 from .records import generation_round
 
 LOG_FILE = "logs.jsonl"
+# Dynamic sampling (`prompt_aug.extensions.dynamic_sampling`) logs TRL's reward and truncation metrics again
+# under this prefix, over every generated completion (TRL's cover the trained groups only).
+GENERATED = "dynamic_sampling/generated/"
+
+logger = logging.getLogger("prompt_aug")
+
+
+def generated_first(keys: Iterable[str]) -> tuple[str, ...]:
+    """Each key preceded by its dynamic-sampling variant over every generated completion.
+
+    >>> generated_first(["reward"])
+    ('dynamic_sampling/generated/reward', 'reward')
+    """
+    return tuple(k for key in keys for k in (GENERATED + key, key))
+
 
 # (label, keys: the first present is shown, format)
 _STEP_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("reward", ("reward",), "{:.3f}"),
-    ("accuracy", ACCURACY_MEAN_KEYS, "{:.3f}"),
-    ("format", FORMAT_MEAN_KEYS, "{:.3f}"),
+    ("reward", generated_first(["reward"]), "{:.3f}"),
+    ("accuracy", generated_first(ACCURACY_MEAN_KEYS), "{:.3f}"),
+    ("format", generated_first(FORMAT_MEAN_KEYS), "{:.3f}"),
     ("entropy", ("entropy",), "{:.3f}"),
     ("length", ("completions/mean_length",), "{:.0f}"),
-    ("truncated", ("completions/clipped_ratio",), "{:.3f}"),
+    ("truncated", generated_first(["completions/clipped_ratio"]), "{:.3f}"),
 )
 
 
@@ -86,6 +108,9 @@ def compact_line(logs: dict[str, Any], step: int, max_steps: int, args: Any) -> 
     >>> logs = {"loss": 0.0, "eval/macro": 0.41, "eval/micro": 0.45, "eval/math500/accuracy": 0.5}
     >>> compact_line(logs, 4, 8, args)
     'round 2 | step 4/8 | eval macro 0.410 micro 0.450'
+    >>> dapo = {"reward": 1.0, "dynamic_sampling/generated/reward": 0.5, "loss": 0.1}  # dynamic sampling
+    >>> compact_line(dapo, 3, 8, args)
+    'round 2 | step 3/8 | reward 0.500'
     """
     where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"
     if "train_runtime" in logs:
@@ -129,12 +154,47 @@ class CompactPrinterCallback(TrainerCallback):
             print(compact_line(logs, state.global_step, state.max_steps, args), flush=True)
 
 
+class LogFileError(FaultError):
+    """``logs.jsonl`` holds a line that is no log entry; the message names the file and the line."""
+
+
+def read_log_entries(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each line of the ``logs.jsonl`` at ``path`` with its entry; a last line that does not parse (a crash
+    cut it short) is left out, with a warning naming the file.
+
+    Raises:
+        LogFileError: another line is not a JSON object with a ``step``; names the file and the line.
+    """
+    lines = path.read_text().splitlines()
+    entries = []
+    for number, line in enumerate(lines, 1):
+        try:
+            entry = json.loads(line)
+        except ValueError as err:
+            if number == len(lines):
+                logger.warning(
+                    "%s: its last line (%d) is cut short, a crash mid-write; left out", path, number
+                )
+                break
+            raise LogFileError(
+                f"{path}, line {number}: not JSON ({err}); delete that line (or the file) and resume again"
+            ) from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
+            raise LogFileError(
+                f"{path}, line {number}: not a log entry (a JSON object with an integer step); delete that "
+                "line (or the file) and resume again"
+            )
+        entries.append((line, entry))
+    return entries
+
+
 class JsonlLogCallback(TrainerCallback):
     """Append every log entry, all keys, to ``OUTPUT_DIR/logs.jsonl`` on the main process.
 
     A resumed run first drops the entries an interrupted run logged after its checkpoint, so each step
     appears once, as the resumed run logged it, and the end-of-training summary (``train_runtime``, ...)
-    of the earlier start, so the file ends with one summary, the run's.
+    of the earlier start, so the file ends with one summary, the run's; and a last line a crash cut short
+    (`read_log_entries`).
     """
 
     def __init__(self) -> None:
@@ -147,7 +207,7 @@ class JsonlLogCallback(TrainerCallback):
             path = Path(args.output_dir) / LOG_FILE
             path.parent.mkdir(parents=True, exist_ok=True)
             if not self._started and path.is_file():
-                entries = [(line, json.loads(line)) for line in path.read_text().splitlines()]
+                entries = read_log_entries(path)
                 kept = [
                     line
                     for line, entry in entries

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,22 @@ class ModelCardInfo:
     # recipe's system_prompt): the card's "How to prompt". None: the bank's template named eval_template.
     prompt_template: Template | None = None
     dataset_id: str | None = None  # the Hub id the card's metadata names, where the data has exactly one
-    tags: list[str] = field(default_factory=lambda: ["trl", "grpo", "prompt-augmentation", "math"])
+    # Off: the baseline arm, every question under the one template in ``templates``.
+    prompt_augmentation: bool = True
+    tags: list[str] | None = None  # None: `default_tags`
+
+    def __post_init__(self) -> None:
+        if self.tags is None:
+            self.tags = default_tags(self.prompt_augmentation)
+
+
+def default_tags(prompt_augmentation: bool) -> list[str]:
+    """The card's tags: ``prompt-augmentation`` only for a run that trained with it.
+
+    >>> default_tags(True), default_tags(False)
+    (['trl', 'grpo', 'prompt-augmentation', 'math'], ['trl', 'grpo', 'math'])
+    """
+    return ["trl", "grpo", "prompt-augmentation", "math"] if prompt_augmentation else ["trl", "grpo", "math"]
 
 
 def model_card_info(
@@ -93,8 +108,9 @@ def model_card_info(
     num_rows: int,
     prompt_template: Template | None = None,
 ) -> ModelCardInfo:
-    """What the card says about a recipe's run: base model, recipe text, template bank, dataset, and the
-    evaluation template as training resolved it (``prompt_template``, `templates.templates_for`)."""
+    """What the card says about a recipe's run: base model, recipe text, template bank, dataset, whether
+    prompt augmentation was on (``args.prompt_augmentation``), and the evaluation template as training
+    resolved it (``prompt_template``, `templates.templates_for`)."""
     config = f" ({script_args.dataset_config})" if script_args.dataset_config else ""
     mixture = script_args.dataset_mixture
     paths = [s.path for s in mixture.datasets] if mixture else [script_args.dataset_name]
@@ -110,6 +126,7 @@ def model_card_info(
         eval_template=args.eval_template,
         dataset_id=ids.pop() if len(ids) == 1 else None,
         prompt_template=prompt_template,
+        prompt_augmentation=args.prompt_augmentation,
     )
 
 
@@ -165,10 +182,7 @@ def render_model_card(
         "",
         f"# {name}",
         "",
-        f"`{info.base_model}` fine-tuned with GRPO and prompt augmentation (Lu, Huang, Balestriero 2026,",
-        "arXiv 2602.03190): each training question was rewritten under a reasoning template drawn at",
-        "random from the bank below, with one template per GRPO group. Trained with prompt-aug-grpo",
-        "on TRL.",
+        *_introduction(info),
         "",
         "## Training",
         "",
@@ -191,6 +205,11 @@ def render_model_card(
         "",
         "## Template bank",
         "",
+        *(
+            []
+            if info.prompt_augmentation
+            else ["Prompt augmentation off: every training question was asked under this one template.", ""]
+        ),
         "| template | weight | prefill | format markers |",
         "|---|---|---|---|",
     ]
@@ -226,6 +245,23 @@ def render_model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _introduction(info: ModelCardInfo) -> list[str]:
+    """The card's first paragraph: how the training questions were laid out."""
+    if not info.prompt_augmentation:
+        return [
+            f"`{info.base_model}` fine-tuned with GRPO, every training question asked under one template,",
+            f"`{info.templates[0].name}`: the single-template baseline of prompt augmentation (Lu, Huang,",
+            "Balestriero 2026, arXiv 2602.03190), which was off (`prompt_augmentation: false`). Trained with",
+            "prompt-aug-grpo on TRL.",
+        ]
+    return [
+        f"`{info.base_model}` fine-tuned with GRPO and prompt augmentation (Lu, Huang, Balestriero 2026,",
+        "arXiv 2602.03190): each training question was rewritten under a reasoning template drawn at",
+        "random from the bank below, with one template per GRPO group. Trained with prompt-aug-grpo",
+        "on TRL.",
+    ]
 
 
 def _split_front_matter(card: str) -> tuple[list[str], list[str]]:
@@ -420,6 +456,30 @@ def full_model_card(card: str, target: Path) -> str:
     return parsed.content
 
 
+def with_adapter_metadata(card: str, model: Any, where: str | Path) -> str:
+    """``card`` (TRL's, ours in it) with the metadata PEFT gives an adapter's card, where ``model`` is a PEFT
+    model: ``library_name: peft``, the tag ``lora`` for a LoRA adapter, and ``base_model:adapter:<id>``
+    where the card's ``base_model`` is a Hub id (the Hub's model tree lists the model as its adapter; a
+    local path has no page). Any other ``card`` is returned as it is.
+
+    Raises:
+        CardError: the card's front matter does not parse; names ``where``.
+    """
+    config = getattr(model, "active_peft_config", None)
+    if config is None:
+        return card
+    parsed = _parsed(card, where)
+    parsed.data.library_name = "peft"
+    tags = list(parsed.data.tags or [])
+    method = str(getattr(config.peft_type, "value", config.peft_type))
+    base = parsed.data.base_model
+    extra = ["lora"] if method == "LORA" else []
+    if isinstance(base, str) and hub_id_of(base):
+        extra.append(f"base_model:adapter:{base}")
+    parsed.data.tags = tags + [t for t in extra if t not in tags]
+    return parsed.content
+
+
 def evaluation_made_by(folder: Path) -> str | None:
     """The weights that made the evaluation in ``folder`` (``eval/``, ``eval-templates/``), as its
     ``results.json`` records them (else its ``settings.json``, written first); None where neither does (an
@@ -513,7 +573,8 @@ if __name__ == "__main__":
 
 class ModelCardMixin:
     """A `transformers.Trainer` mixin whose model card is TRL's plus ours (``self.model_card_info``: the
-    recipe, the template bank, the metrics and the evaluation table); without that info, TRL's card alone."""
+    recipe, the template bank, the metrics and the evaluation table); without that info, TRL's card alone.
+    A PEFT model's card keeps PEFT's metadata, which TRL's card would overwrite (`with_adapter_metadata`)."""
 
     model_card_info: ModelCardInfo | None = None
 
@@ -526,8 +587,12 @@ class ModelCardMixin:
         tags: str | list[str] | None = None,
     ) -> None:
         info = self.model_card_info
+        path = Path(self.args.output_dir) / "README.md"
         if info is None:
-            return super().create_model_card(model_name, dataset_name, tags)
+            super().create_model_card(model_name, dataset_name, tags)
+            if self.is_world_process_zero() and path.is_file():
+                path.write_text(with_adapter_metadata(path.read_text(), self.model, path))
+            return
         extra = [tags] if isinstance(tags, str) else list(tags or [])
         hub_model_id = getattr(self, "hub_model_id", None) or self.args.hub_model_id  # full id once pushed
         # TRL titles the card "Model Card for {model_name}"; named as transformers' push_to_hub names it.
@@ -536,16 +601,18 @@ class ModelCardMixin:
         # names the data as the recipe gave it).
         super().create_model_card(model_name, dataset_name or info.dataset_id, [*info.tags, *extra])
         if not self.is_world_process_zero():
-            return None
-        path = Path(self.args.output_dir) / "README.md"
+            return
         ours = render_model_card(
             info, self.args.output_dir, self.state.global_step, self.state.log_history, hub_model_id
         )
         load_from = hub_model_id or str(self.args.output_dir)
         card = extend_trl_card(path.read_text(), ours, info.base_model, load_from)
         try:
-            card = with_model_index(card, self.args.output_dir, model_name)
+            card = with_model_index(
+                with_adapter_metadata(card, self.model, path), self.args.output_dir, model_name
+            )
         except CardError as err:  # at a checkpoint save: the card goes without its index, the run on
-            logging.getLogger("prompt_aug").warning("%s; the card is written without its model-index", err)
+            logging.getLogger("prompt_aug").warning(
+                "%s; the card is written without its model-index (and a PEFT model's adapter metadata)", err
+            )
         path.write_text(card)
-        return None

@@ -1,16 +1,23 @@
 """Training curves as pictures: ``python -m prompt_aug.plot RUN_DIR [RUN_DIR ...] -o curves.png``.
 
-Also the ``prompt-aug-plot`` script. Each RUN_DIR is a training output folder; its
-``trainer_state.json`` (or that of its last ``checkpoint-*``) gives the logged metrics, and
-``eval/results.json`` (written by ``prompt-aug-eval``) the final evaluation. Several runs are overlaid,
-one colour per run, named by their folders (``--names`` to relabel; ``--groups``, one per run, to give an
-arm's seeds one colour and a line style each). Panels without data in any run are left out.
+Also the ``prompt-aug-plot`` script. Each RUN_DIR is a training output folder; the ``trainer_state.json``
+with the highest ``global_step``, its own or a ``checkpoint-*`` folder's (a finished run resumed to train
+further has newer checkpoints than its own state), gives the logged metrics, and ``eval/results.json``
+(written by ``prompt-aug-eval``) the final evaluation. Several runs are overlaid, one colour per run, named
+by their folders (``--names`` to relabel; ``--groups``, one per run, to give an arm's seeds one colour and a
+line style each). Panels without data in any run are left out.
 
-Per-template panels give each template the same colour in every panel and every picture (bank order, then a
-hash of the name), leave a gap where a round did not draw the template, and share one legend below the
+Per-template panels give each template one colour in every panel, a different one for each name drawn
+(built-in templates keep theirs in every picture; other names take the colours left, in the sorted order of
+the names drawn), leave a gap where a round did not draw the template, and share one legend below the
 panels. ``--x round`` counts generation rounds (the logged ``round`` key) instead of optimizer steps.
 Where the collapse guard fired (``collapse/fired/<signal>`` in the log), every panel has a dotted
 line, labelled with the signal on the first panel.
+
+With dynamic sampling, the training accuracy, total reward and truncation panels draw those metrics over
+every generated completion (``dynamic_sampling/generated/...``), as the per-template panels and the collapse
+guard read them, not TRL's over the trained groups only, so a DAPO run compares with a GRPO one; their y
+label says so.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import json
 import logging
 import math
 import re
-import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,28 +38,38 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display needed
 import matplotlib.pyplot as plt
 from matplotlib.backend_bases import FigureCanvasBase
+from matplotlib.colors import hsv_to_rgb
 from matplotlib.ticker import MaxNLocator
 
 from rewards.controls import ACCURACY_MEAN_KEYS
 
+from .logging_utils import GENERATED, generated_first
 from .model_card import evaluation_made_by, weights_match
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
 logger = logging.getLogger("prompt_aug.plot")
 
-# (panel title, y label, metric keys: the first key a run has is drawn, whether the values are fractions)
+# (panel title, y label, metric keys: the first key a run has is drawn, whether the values are fractions).
+# A dynamic-sampling run's metrics over every generated completion come before TRL's over the trained rows.
 CURVES: list[tuple[str, str, list[str], bool]] = [
     ("Entropy", "nats / token", ["entropy"], False),
     (
         "Training accuracy",
         "correctness reward",
-        list(ACCURACY_MEAN_KEYS),
+        list(generated_first(ACCURACY_MEAN_KEYS)),
         True,
     ),
-    ("Total reward", "reward", ["reward"], False),
+    ("Total reward", "reward", list(generated_first(["reward"])), False),
     ("Completion length", "tokens", ["completions/mean_length"], False),
-    ("Truncation rate", "fraction cut at the length limit", ["completions/clipped_ratio"], True),
+    (
+        "Truncation rate",
+        "fraction cut at the length limit",
+        list(generated_first(["completions/clipped_ratio"])),
+        True,
+    ),
 ]
+# The y label's second line where a run draws a dynamic-sampling key: every rollout, kept or dropped.
+GENERATED_NOTE = "(all generated, dynamic sampling)"
 _TEMPLATE_ACCURACY = re.compile(r"^templates/([^/]+)/accuracy$")  # not templates/<name>/rewards/accuracy
 
 
@@ -73,20 +90,47 @@ class Run:
 
 
 def find_trainer_state(run_dir: str | Path) -> Path:
-    """``run_dir/trainer_state.json``, else the one in the highest-numbered ``checkpoint-*`` folder."""
+    """The ``trainer_state.json`` with the highest ``global_step``: ``run_dir``'s or a ``checkpoint-*``
+    folder's (``run_dir``'s on a tie: it holds the end-of-training summary). See `latest_state`."""
+    return latest_state(run_dir)[0]
+
+
+def latest_state(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The path and contents of the newest trainer state in ``run_dir`` (`find_trainer_state`). A state that
+    cannot be read (a checkpoint being written) is skipped with a warning while another can be.
+
+    Raises:
+        PlotError: no such folder, no trainer state in it, or none that can be read; names the folder or file.
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise PlotError(f"{run_dir}: no such folder")
-    if (run_dir / "trainer_state.json").is_file():
-        return run_dir / "trainer_state.json"
-    checkpoints = [
-        p
-        for p in run_dir.glob("checkpoint-*")
-        if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").is_file()
+    checkpoints = sorted(
+        (p for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
+        key=lambda p: -int(p.name.split("-")[-1]),
+    )
+    candidates = [
+        f / "trainer_state.json" for f in (run_dir, *checkpoints) if (f / "trainer_state.json").is_file()
     ]
-    if not checkpoints:
+    if not candidates:
         raise PlotError(f"{run_dir}: no trainer_state.json, in the folder or in a checkpoint-* folder")
-    return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) / "trainer_state.json"
+    states, failures = [], []
+    for path in candidates:
+        try:
+            states.append((path, _read_json(path, "a file cut short? Plot the run once it has saved again")))
+        except PlotError as err:
+            failures.append(err)
+    if not states:
+        raise failures[0]
+    for err in failures:
+        logger.warning("%s; drawn from another trainer_state.json", err)
+    return max(states, key=lambda found: _state_step(found[1]))
+
+
+def _state_step(state: dict[str, Any]) -> int:
+    """A trainer state's ``global_step``, else the last step its log history has."""
+    steps = [e["step"] for e in state.get("log_history", []) if isinstance(e.get("step"), (int, float))]
+    return int(state.get("global_step") or max(steps, default=0))
 
 
 def _read_json(path: Path, again: str) -> dict[str, Any]:
@@ -115,10 +159,7 @@ def final_evaluation(run_dir: str | Path) -> dict[str, Any] | None:
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     """Read a run folder's trainer state and, when present, its evaluation (`final_evaluation`)."""
-    state_path = find_trainer_state(run_dir)
-    state = _read_json(
-        state_path, "a file cut short? Plot a checkpoint's, or the run once it has saved again"
-    )
+    _, state = latest_state(run_dir)
     history = [e for e in state.get("log_history", []) if "step" in e]
     keys = sorted({k for e in history for k in e if _TEMPLATE_ACCURACY.match(k)})
     return Run(
@@ -126,7 +167,7 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
         path=Path(run_dir),
         history=history,
         eval_results=final_evaluation(run_dir),
-        final_step=int(state.get("global_step") or max((e["step"] for e in history), default=0)),
+        final_step=_state_step(state),
         template_keys=keys,
     )
 
@@ -194,12 +235,29 @@ def series(
     return xs, values
 
 
-def template_color(name: str) -> Any:
-    """The colour of a template, the same in every panel and picture: built-in templates by bank order, others
-    by a hash of the name."""
-    bank = _builtin_names()
-    index = bank.index(name) if name in bank else len(bank) + zlib.crc32(name.encode()) % (20 - len(bank))
-    return plt.get_cmap("tab20")(_TAB20_ORDER[index % 20])
+def template_colors(names: Iterable[str]) -> dict[str, Any]:
+    """A colour for each template name drawn in one picture, each name its own: a built-in template's by its
+    bank order (the same in every picture), the others the colours left in the sorted order of ``names``.
+
+    >>> colors = template_colors(["mine", "abel", "yours"])
+    >>> colors["abel"] == template_colors(["abel"])["abel"], len(set(colors.values()))
+    (True, 3)
+    """
+    bank, names = _builtin_names(), set(names)
+    others = sorted(names - set(bank))
+    palette = _palette(len(bank) + len(others))
+    colors = {name: palette[bank.index(name)] for name in names & set(bank)}
+    return colors | {name: palette[len(bank) + i] for i, name in enumerate(others)}
+
+
+def _palette(size: int) -> list[Any]:
+    """``size`` distinct colours: tab20 (its strong colours first), then tab20b and tab20c, then hues spread
+    by the golden ratio."""
+    colors = [plt.get_cmap("tab20")(i) for i in _TAB20_ORDER]
+    colors += [plt.get_cmap(name)(i) for name in ("tab20b", "tab20c") for i in range(20)]
+    extra = max(0, size - len(colors))
+    colors += [hsv_to_rgb(((k * 0.618034) % 1.0, 0.75, 0.8)) for k in range(extra)]
+    return [tuple(float(c) for c in color[:3]) + (1.0,) for color in colors]
 
 
 # Line styles of the runs of one group (the fifth run of a group starts again).
@@ -271,6 +329,8 @@ def build_figure(
     panels: list[tuple[str, Any]] = []
     for panel_title, ylabel, keys, fraction in CURVES:
         drawn = {run.name: next((k for k in keys if series(run.history, k)[0]), None) for run in runs}
+        if any(str(k).startswith(GENERATED) for k in drawn.values()):
+            ylabel = f"{ylabel}\n{GENERATED_NOTE}"
         if any(drawn.values()):
             panels.append((panel_title, (ylabel, drawn, fraction)))
     has_eval = any(series(r.history, "eval/macro")[0] or _final_eval(r) for r in runs)
@@ -279,6 +339,7 @@ def build_figure(
     panels += [
         (f"Per-template training accuracy: {r.name}", r) for r in runs if templates and r.template_keys
     ]
+    shades = template_colors(_template_name(k) for r in runs if templates for k in r.template_keys)
     if not panels:
         raise PlotError(f"nothing to plot: no known metric in {[str(r.path) for r in runs]}")
 
@@ -295,7 +356,7 @@ def build_figure(
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.set_xlim(0, max(last, 1) * 1.03)
         if isinstance(spec, Run):
-            _draw_templates(ax, spec, smooth, x)
+            _draw_templates(ax, spec, shades, smooth, x)
             _fraction_axis(ax)
         elif spec is None:
             _draw_eval(ax, runs, colors, x)
@@ -321,7 +382,7 @@ def build_figure(
 
     # Legends live outside the panels: runs above them, templates and eval markers below.
     # Sizes in inches turned into figure fractions.
-    below = _below_legend(runs if templates else [], has_eval)
+    below = _below_legend(shades, has_eval)
     title_h, legend_h = (0.4 if title else 0.0), 0.3 * math.ceil(len(runs) / 4)
     below_h = 0.25 * math.ceil(len(below) / 6) + (0.1 if below else 0.0)
     if title:
@@ -373,13 +434,19 @@ def _final_x(run: Run, x: str) -> float:
     return max(steps)
 
 
-def _below_legend(runs: list[Run], has_eval: bool) -> list[Any]:
-    """Legend entries shared by the panels: each template drawn (its one colour), then the eval markers."""
+def _template_name(key: str) -> str:
+    """``abel`` from ``templates/abel/accuracy``."""
+    return _TEMPLATE_ACCURACY.match(key).group(1)
+
+
+def _below_legend(shades: dict[str, Any], has_eval: bool) -> list[Any]:
+    """Legend entries shared by the panels: each template drawn (``shades``: its one colour), built-in ones
+    in bank order, then the eval markers."""
     names = sorted(
-        {_TEMPLATE_ACCURACY.match(k).group(1) for r in runs for k in r.template_keys},
+        shades,
         key=lambda n: (_builtin_names().index(n) if n in _builtin_names() else len(_builtin_names()), n),
     )
-    handles = [plt.Line2D([], [], color=template_color(n), marker=".", label=n) for n in names]
+    handles = [plt.Line2D([], [], color=shades[n], marker=".", label=n) for n in names]
     if has_eval:
         handles += [
             plt.Line2D([], [], color="gray", linestyle="-", label="eval macro (during training)"),
@@ -495,13 +562,14 @@ def _draw_eval(ax: Any, runs: list[Run], colors: dict[str, Any], x: str) -> None
     ax.text(0.0, -0.3, _eval_sources(runs), transform=ax.transAxes, fontsize=7, va="top", color="dimgray")
 
 
-def _draw_templates(ax: Any, run: Run, smooth: int, x: str) -> None:
-    """One line per template: the fraction of its rollouts graded correct, broken where it was not drawn."""
+def _draw_templates(ax: Any, run: Run, shades: dict[str, Any], smooth: int, x: str) -> None:
+    """One line per template in its colour (``shades``): the fraction of its rollouts graded correct, broken
+    where it was not drawn."""
     ax.set_ylabel("correctness reward")
     for key in run.template_keys:
         xs, values = series(run.history, key, smooth, gaps=True, x=x)
-        name = _TEMPLATE_ACCURACY.match(key).group(1)
-        ax.plot(xs, values, color=template_color(name), label=name, linewidth=1, marker=".", markersize=3)
+        name = _template_name(key)
+        ax.plot(xs, values, color=shades[name], label=name, linewidth=1, marker=".", markersize=3)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -142,3 +143,80 @@ def test_training_on_an_adapter_whose_base_is_gone_stops_in_one_line(tiny_model_
     args = type("Args", (), {"output_dir": str(tmp_path / "out"), "seed": 0})()
     with pytest.raises(ModelArgsError, match=r"model_name_or_path .*run: a LoRA adapter whose base model"):
         resolve_model_path(ModelConfig(model_name_or_path=str(folder), use_peft=True), args)
+
+
+def test_an_adapter_config_without_a_base_or_that_does_not_parse_is_one_line_naming_it(
+    tiny_model_dir, tmp_path, capsys
+):
+    """No recorded base: merge names the folder and says to pass --base, which then works; the evaluation
+    refuses it before loading. A config that does not parse: the error names the file."""
+    from prompt_aug.evaluate import main as evaluate
+
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["merge", str(folder)])
+    message = str(exit_info.value.code)
+    assert f"merge {folder}: a LoRA adapter whose adapter_config.json records no base model" in message
+    assert "--base <the base model>" in message and "\n" not in message
+    assert not (tmp_path / "run-merged").exists()
+    rest = ["--benchmarks", "aime24", "--output", str(tmp_path / "eval"), "--no_progress", "--backend", "hf"]
+    with pytest.raises(SystemExit, match=r"^prompt-aug-eval: error: --model .*run: .* records no base model"):
+        evaluate(["--model", str(folder), *rest])
+    main(["merge", str(folder), "--base", str(tiny_model_dir)])
+    assert capsys.readouterr().out.strip() == str(tmp_path / "run-merged")
+    (folder / "adapter_config.json").write_text('{"peft_type": "LORA", "base_model_name_or_pa')  # cut short
+    for argv in (["merge", str(folder)], ["merge", str(folder), "--base", str(tiny_model_dir)]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*argv, "--output", str(tmp_path / "again")])
+        message = str(exit_info.value.code)
+        assert message.startswith(
+            f"prompt_aug.adapters: error: {folder / 'adapter_config.json'}: not valid JSON"
+        )
+        assert "\n" not in message
+    assert not (tmp_path / "again").exists()
+
+
+def test_a_lora_runs_card_keeps_peft_metadata_and_its_merged_card_a_full_models(tiny_model_dir, tmp_path):
+    """TRL writes its card after PEFT has written its own: the trainer's card of a PEFT model still says
+    ``library_name: peft`` with the ``lora`` tag and, for a base with a Hub id, ``base_model:adapter:<id>``
+    (never a local path); merged, the card is a full model's."""
+    from datasets import Dataset
+    from huggingface_hub import ModelCard
+    from peft import LoraConfig
+
+    from prompt_aug import PromptAugGRPOConfig, PromptAugGRPOTrainer
+    from prompt_aug.model_card import ModelCardInfo
+    from prompt_aug.templates import load_templates, select_templates
+    from rewards import correctness_reward
+
+    out = tmp_path / "run"
+    args = PromptAugGRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+        max_completion_length=8, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
+    )  # fmt: skip
+    templates, weights = select_templates(load_templates(), ["qwen-math", "abel"])
+    hub_base = "Qwen/Qwen2.5-Math-1.5B"  # as a recipe names its base; the weights are the tiny model's
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=correctness_reward, args=args,
+        train_dataset=Dataset.from_dict({"question": ["What is 1 + 1?"] * 4, "answer": ["2"] * 4}),
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+        model_card=ModelCardInfo(hub_base, "use_peft: true\n", templates, weights, "synthetic", 4),
+    )  # fmt: skip
+    trainer.save_model(str(out))  # as prompt-aug-train ends a run: PEFT's card, then the trainer's
+    trainer.create_model_card()
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "peft" and card.data.base_model == hub_base
+    assert {"lora", f"base_model:adapter:{hub_base}", "trl", "grpo", "prompt-augmentation"} <= set(
+        card.data.tags
+    )
+    assert "## Template bank" in card.text and "# Model Card for run" in card.text  # ours and TRL's
+    merged = ModelCard.load(merge(out) / "README.md")
+    assert merged.data.library_name == "transformers"
+    assert not [t for t in merged.data.tags if t.startswith("base_model:adapter:")]
+    trainer.model_card_info.base_model = str(tiny_model_dir)  # a base known by its local path only
+    trainer.create_model_card()
+    card = ModelCard.load(out / "README.md")
+    assert card.data.library_name == "peft" and "lora" in card.data.tags
+    assert card.data.base_model is None and not [t for t in card.data.tags if "base_model:" in t]

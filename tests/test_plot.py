@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -313,3 +314,90 @@ def test_names_or_groups_that_do_not_match_the_runs_are_refused(tmp_path, capsys
         main([str(tmp_path / "a"), str(tmp_path / "b"), flag, *values, "-o", str(tmp_path / "c.png")])
     assert message in str(exc.value) and "prompt-aug-plot" in str(exc.value)
     assert not (tmp_path / "c.png").exists()
+
+
+def test_a_run_trained_further_is_drawn_from_its_newest_state(tmp_path, caplog):
+    """A finished run resumed with a larger max_steps keeps its old root trainer_state.json until it
+    finishes again: its newer checkpoints' state is drawn. On a tie the root's (it has the summary)."""
+    from prompt_aug.plot import build_figure, load_run
+
+    run = tmp_path / "run"
+    _write_state(run, 4, with_eval=False)  # the first training's save_state()
+    _write_state(run / "checkpoint-4", 4, with_eval=False)
+    _write_state(run / "checkpoint-6", 6, with_eval=False)  # resumed to 8 steps, still running
+    assert find_trainer_state(run) == run / "checkpoint-6" / "trainer_state.json"
+    assert load_run(run).final_step == 6
+    (entropy,) = [a for a in build_figure([run]).axes if a.get_title() == "Entropy"]
+    assert list(entropy.get_lines()[0].get_xdata()) == [1, 2, 3, 4, 5, 6]
+    # A checkpoint being written is passed over, with a warning naming it.
+    (run / "checkpoint-8").mkdir()
+    (run / "checkpoint-8" / "trainer_state.json").write_text('{"global_step": 8, "log_hi')
+    with caplog.at_level("WARNING", logger="prompt_aug.plot"):
+        assert find_trainer_state(run) == run / "checkpoint-6" / "trainer_state.json"
+    assert "checkpoint-8/trainer_state.json: cannot be read" in caplog.text
+    shutil.rmtree(run / "checkpoint-8")
+    _write_state(run, 6, with_eval=False)  # finished again at the checkpoint's step
+    assert find_trainer_state(run) == run / "trainer_state.json"
+
+
+def test_templates_of_a_custom_bank_each_get_their_own_colour(tmp_path):
+    """Names outside the built-in bank, across the runs of one picture, never share a colour, nor take a
+    built-in template's; a built-in template keeps its colour; the same runs give the same colours."""
+    from prompt_aug.plot import build_figure
+
+    mine = ["cot", "direct", "socratic", "pot", "short", "verify", "t1", "t2", "t3", "t4"]
+    _write_rounds(tmp_path / "a", {1: [*mine[:6], "abel"], 2: [*mine[:6], "abel"]})
+    _write_rounds(tmp_path / "b", {1: mine[4:], 2: mine[4:]})
+    figure = build_figure([tmp_path / "a", tmp_path / "b"])
+    a, b = _template_lines(figure, "a"), _template_lines(figure, "b")
+    colours = {name: tuple(line.get_color()) for lines in (a, b) for name, line in lines.items()}
+    assert len(colours) == 11 and len(set(colours.values())) == 11
+    assert tuple(a["short"].get_color()) == tuple(b["short"].get_color())
+    _write_rounds(tmp_path / "builtin", {1: ["abel", "qwen-math"], 2: ["abel", "qwen-math"]})
+    builtin = _template_lines(build_figure([tmp_path / "builtin"]), "builtin")
+    assert tuple(builtin["abel"].get_color()) == colours["abel"]
+    again = build_figure([tmp_path / "a", tmp_path / "b"])
+    assert {n: tuple(line.get_color()) for n, line in _template_lines(again, "b").items()} == {
+        n: colours[n] for n in mine[4:]
+    }
+    legend = {
+        t.get_text(): tuple(h.get_color())
+        for t, h in zip(figure.legends[1].get_texts(), figure.legends[1].legend_handles)
+    }
+    assert legend == colours
+
+
+def test_a_dynamic_sampling_run_is_drawn_over_everything_it_generated(tmp_path):
+    """TRL's reward, accuracy and truncation keys of a dynamic-sampling run cover the trained groups only;
+    the panels and the console line take the same metrics over every generated completion, which a run
+    without dynamic sampling (every group trained) logs under TRL's keys."""
+    from types import SimpleNamespace
+
+    from prompt_aug.logging_utils import compact_line
+    from prompt_aug.plot import build_figure
+
+    dapo, grpo = tmp_path / "dapo", tmp_path / "grpo"
+    generated = "dynamic_sampling/generated/"
+    history = [
+        {
+            "step": s, "round": s, "rewards/correctness_reward/mean": 0.5, "reward": 0.6,
+            "completions/clipped_ratio": 0.0, f"{generated}rewards/correctness_reward/mean": 0.25,
+            f"{generated}reward": 0.35, f"{generated}completions/clipped_ratio": 0.3,
+        }
+        for s in range(1, 5)
+    ]  # fmt: skip
+    dapo.mkdir()
+    (dapo / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": history}))
+    _write_state(grpo, 4, with_eval=False)
+    panels = {a.get_title(): a for a in build_figure([dapo, grpo]).axes}
+    expected = {"Training accuracy": 0.25, "Total reward": 0.35, "Truncation rate": 0.3}
+    for title, value in expected.items():
+        dapo_line, grpo_line = panels[title].get_lines()
+        assert list(dapo_line.get_ydata()) == [value] * 4, title
+        assert "all generated" in panels[title].get_ylabel(), title
+    assert list(grpo_line.get_ydata()) == [0.1 / s for s in range(1, 5)]  # TRL's key where it is all
+    alone = {a.get_title(): a.get_ylabel() for a in build_figure([grpo]).axes}
+    assert alone["Training accuracy"] == "correctness reward"
+    args = SimpleNamespace(steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1)
+    line = compact_line({**history[0], "loss": 0.0}, 1, 4, args)
+    assert line == "round 1 | step 1/4 | reward 0.350 | accuracy 0.250 | truncated 0.300"

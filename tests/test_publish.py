@@ -180,11 +180,50 @@ def test_the_cards_metadata_names_the_data_only_by_a_hub_id(dataset_name, source
     )
     info = model_card_info(
         script_args, SimpleNamespace(model_name_or_path="Qwen/Qwen2.5-Math-1.5B"),
-        SimpleNamespace(eval_template="qwen-math"), "seed: 1\n", [], [], 10,
+        SimpleNamespace(eval_template="qwen-math", prompt_augmentation=True), "seed: 1\n", [], [], 10,
     )  # fmt: skip
     assert info.dataset_id == expected
     if dataset_name and sources is None:
         assert info.dataset == f"{dataset_name} (simplelr_qwen_level3to5)"  # the card's own text keeps it
+
+
+def test_a_baseline_runs_card_says_it_trained_on_one_template_and_is_not_tagged_prompt_augmentation(
+    tmp_path,
+):
+    """A ``prompt_augmentation: false`` run (the paper's baseline arm) asks every question under its
+    evaluation template: its card says that, draws from no bank, and lacks the ``prompt-augmentation`` tag
+    that an augmented run of the same recipe has."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import ModelCard
+
+    from prompt_aug.model_card import model_card_info
+    from prompt_aug.templates import templates_for
+
+    cards = {}
+    for augmented in (True, False):
+        args = SimpleNamespace(
+            templates_file=None, templates=None, template_weights=None, eval_template="qwen-math",
+            system_prompt=None, prompt_augmentation=augmented,
+        )  # fmt: skip
+        templates, weights, eval_template = templates_for(args)
+        info = model_card_info(
+            SimpleNamespace(dataset_name="synthetic", dataset_config=None, dataset_mixture=None),
+            SimpleNamespace(model_name_or_path="Qwen/Qwen2.5-Math-1.5B"), args, "seed: 1\n", templates,
+            weights, 3, eval_template,
+        )  # fmt: skip
+        cards[augmented] = render_model_card(info, tmp_path / str(augmented), 1, [])
+    baseline, augmented = ModelCard(cards[False]), ModelCard(cards[True])
+    assert baseline.data.tags == ["trl", "grpo", "math"]
+    assert augmented.data.tags == ["trl", "grpo", "prompt-augmentation", "math"]
+    intro = baseline.text.split("## Training")[0]
+    assert "every training question asked under one template,\n`qwen-math`" in intro
+    assert "prompt augmentation (Lu, Huang,\nBalestriero 2026, arXiv 2602.03190), which was off" in intro
+    assert "drawn at" not in baseline.text and "fine-tuned with GRPO and prompt augmentation" not in intro
+    bank = baseline.text.split("## Template bank")[1].split("## How to prompt")[0]
+    assert "every training question was asked under this one template" in bank
+    assert [row.split(" | ")[0] for row in bank.splitlines() if row.startswith("| ")][1:] == ["| qwen-math"]
+    assert "drawn at\nrandom from the bank below" in augmented.text
 
 
 def _card_info() -> ModelCardInfo:
@@ -498,3 +537,31 @@ def test_refresh_puts_eval_results_into_an_existing_card(tmp_path, capsys):
         "61.0" in (tmp_path / "README.md").read_text() and "50.0" not in (tmp_path / "README.md").read_text()
     )
     assert "updated" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# The training log, logs.jsonl
+
+
+def test_a_resumed_run_skips_a_last_log_line_cut_short_and_names_any_other_bad_line(tmp_path, caplog):
+    """A crash mid-write leaves the last line of logs.jsonl cut short: the resumed run drops it with a
+    warning naming the file and goes on. A bad line elsewhere stops it, naming the file and the line."""
+    import re
+    from types import SimpleNamespace
+
+    from prompt_aug.logging_utils import JsonlLogCallback, LogFileError
+
+    log = tmp_path / "logs.jsonl"
+    lines = [json.dumps({"step": s, "reward": s / 10}) for s in (4, 8, 12)]
+    args = SimpleNamespace(output_dir=str(tmp_path))
+    state = SimpleNamespace(is_world_process_zero=True, global_step=16)  # resumed from checkpoint-12
+    log.write_text("\n".join(lines) + '\n{"step": 16, "rew')
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        JsonlLogCallback().on_log(args, state, None, {"reward": 1.6})
+    assert f"{log}: its last line (4) is cut short" in caplog.text
+    assert log.read_text().splitlines() == [*lines, '{"step": 16, "reward": 1.6}']
+    for bad, what in (("{oops", "not JSON"), ('{"reward": 0.5}', "not a log entry")):
+        log.write_text(f"{lines[0]}\n{bad}\n{lines[1]}\n")
+        with pytest.raises(LogFileError, match=rf"^{re.escape(str(log))}, line 2: {what}"):
+            JsonlLogCallback().on_log(args, state, None, {"reward": 1.6})
+        assert log.read_text() == f"{lines[0]}\n{bad}\n{lines[1]}\n"  # left for the user to look at

@@ -55,6 +55,7 @@ from rewards.repetition import ends_in_loop
 
 from .. import trl_seam as seam
 from ..collator import row_question, row_uid, stable_uniform
+from ..logging_utils import GENERATED  # TRL's reward and truncation metrics, over every generated completion
 from ..metrics import reward_column
 from ..records import rounds_generated
 from ..trl_seam import Generation, SamplingTrainer
@@ -63,7 +64,6 @@ SIGNAL_TOTAL = "total"
 KEPT, FILLED, SURPLUS = "kept", "filled", "surplus"
 ALL_RIGHT, ALL_WRONG, OTHER = "all_right", "all_wrong", "no_spread"
 METRIC = "dynamic_sampling/"
-GENERATED = METRIC + "generated/"  # TRL's reward and truncation metrics, over every generated completion
 
 
 def group_spread(signal: torch.Tensor, num_generations: int, std_tol: float) -> list[bool]:
