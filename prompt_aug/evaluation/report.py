@@ -12,18 +12,22 @@ from ..templates import DEFAULT_EVAL_TEMPLATE
 from .benchmarks import BENCHMARKS, benchmark_title
 
 # The paper's evaluation (its evaluate_model.py, run 5 times): vLLM in bfloat16, greedy, the qwen-math
-# template, at most 3,000 new tokens, one sample per question, every question, the mean of 5 runs, and
-# generation that stops only at the model's EOS, on the suite's five benchmarks.
+# template through the model's own chat template, at most 3,000 new tokens, one sample per question, every
+# question, the mean of 5 runs, and generation that stops only at the model's EOS, on the suite's five
+# benchmarks. Its vLLM context was 4,096 tokens; what counts is that the context leaves every prompt room for
+# max_tokens, so that no completion is cut short.
 PAPER_PROTOCOL: dict[str, Any] = {
     "backend": "vllm",
     "dtype": "bfloat16",
     "template": DEFAULT_EVAL_TEMPLATE,
     "temperature": 0.0,
     "max_tokens": 3000,
+    "max_model_len": None,  # recorded only when it leaves a prompt less room than max_tokens
     "n": 1,
     "runs": 5,
     "limit": None,
     "templates_file": None,
+    "chat_template": None,  # --chat_template: the tokenizer's own replaced
     "stop": "eos",
     "benchmarks": ",".join(BENCHMARKS),  # the five of the suite, as --benchmarks lists them
 }
@@ -31,6 +35,14 @@ PAPER_PROTOCOL: dict[str, Any] = {
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
+
+
+# How `protocol_differences` names a paper setting that is None.
+PAPER_NONE = {
+    "limit": "every question",
+    "max_model_len": "room for max_tokens after every prompt",
+    "chat_template": "the model's own",
+}
 
 
 def summarize(records: list[dict[str, Any]], benchmarks: list[str], templates: list[str]) -> dict[str, Any]:
@@ -107,12 +119,14 @@ def protocol_differences(settings: dict[str, Any]) -> list[str]:
     ['runs 1 (paper: 5)', 'limit 50 (paper: every question)']
     >>> protocol_differences({**PAPER_PROTOCOL, "benchmarks": "aime24"})
     ['benchmarks aime24 (paper: aime24,amc,math500,minerva,olympiadbench)']
+    >>> protocol_differences({**PAPER_PROTOCOL, "max_model_len": 1024})
+    ['max_model_len 1024 (paper: room for max_tokens after every prompt)']
     """
     out = []
     for key, paper in PAPER_PROTOCOL.items():
         value = settings.get(key)
         if value != paper:
-            shown = "every question" if key == "limit" and paper is None else paper
+            shown = PAPER_NONE.get(key, paper) if paper is None else paper
             out.append(f"{key} {value} (paper: {shown})")
     return out
 
