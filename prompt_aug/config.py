@@ -299,10 +299,11 @@ class PromptAugGRPOConfig(GRPOConfig):
     save_on_preemption: bool = _key(
         True,
         "On SIGTERM or SIGUSR1 (what a cluster sends before it stops a job), finish the optimizer step, save "
-        "a checkpoint on every process and stop; prompt-aug-train then writes output_dir/preempted.json and "
-        "exits with status 75 (docs/reproduce.md, 'Preemption and requeue'), and train() in a script of your "
-        "own raises prompt_aug.faults.Preempted, a SystemExit with status 75. false (and a plain GRPOConfig, "
-        "as in TRL): the signals keep their default action (the process ends at once).",
+        "a checkpoint on every process (an evaluation due at that step is skipped) and stop; "
+        "prompt-aug-train then writes output_dir/preempted.json and exits with status 75 (docs/reproduce.md, "
+        "'Preemption and requeue'), and train() in a script of your own raises prompt_aug.faults.Preempted, "
+        "a SystemExit with status 75. false (and a plain GRPOConfig, as in TRL): the signals keep their "
+        "default action (the process ends at once).",
         trl=False,
     )
 

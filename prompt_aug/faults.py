@@ -189,6 +189,17 @@ class PreemptionCallback(TrainerCallback):
         self.received: int | None = None  # set by the handler (any rank)
         self.stopped_by: str | None = None  # the agreed signal's name, once training stopped for it
 
+    def attach(self, trainer: Any) -> PreemptionCallback:
+        """Add this callback first, so that the stop is decided before an evaluation due at the same step
+        (which could outlast the grace period a cluster gives before it kills the job), and a second one last,
+        which drops the Trainer's own due evaluation (set by its flow callback) when the run stops for a
+        signal; returns ``self``."""
+        callbacks = trainer.callback_handler.callbacks
+        callbacks[:] = [c for c in callbacks if c is not self and getattr(c, "preemption", None) is not self]
+        callbacks.insert(0, self)
+        callbacks.append(_NoEvaluationWhenPreempted(self))
+        return self
+
     @contextmanager
     def catching_signals(self) -> Iterator[None]:
         """Record the preemption signals while the block runs (main thread only: Python's rule); each
@@ -252,6 +263,17 @@ class PreemptionCallback(TrainerCallback):
             "resume": "the same command plus --resume_from_checkpoint true",
         }
         (Path(args.output_dir) / PREEMPTED_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+class _NoEvaluationWhenPreempted(TrainerCallback):
+    """The Trainer's due evaluation dropped at the step a preemption signal stops, before the save."""
+
+    def __init__(self, preemption: PreemptionCallback) -> None:
+        self.preemption = preemption
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.preemption.stopped_by is not None:
+            control.should_evaluate = False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -318,9 +318,12 @@ def test_on_two_processes_the_collapse_checkpoint_holds_every_processs_part(tmp_
     assert json.loads((saved / "launch.json").read_text()) == {"processes": 2}
 
 
-def _save_as_the_trainer_does(guard: CollapseGuard, args, step: int, scheduled: bool) -> None:
+def _save_as_the_trainer_does(
+    guard: CollapseGuard, args, step: int, scheduled: bool, signal_in_save: bool = False
+) -> None:
     """The guard fires on a log line at ``step``; the Trainer writes checkpoint-<step>, rotates with
-    transformers' own function, then calls ``on_save``."""
+    transformers' own function, then calls ``on_save`` (after the preemption callback, which stops the run
+    there when ``signal_in_save``)."""
     from transformers import TrainerControl, TrainerState
     from transformers.trainer_utils import rotate_checkpoints
 
@@ -330,6 +333,7 @@ def _save_as_the_trainer_does(guard: CollapseGuard, args, step: int, scheduled: 
     assert control.should_save
     (Path(args.output_dir) / f"checkpoint-{step}").mkdir()
     rotate_checkpoints(args.output_dir, save_total_limit=args.save_total_limit, use_mtime=False)
+    control.should_training_stop = signal_in_save
     guard.on_save(args, state, control)
 
 
@@ -353,6 +357,16 @@ def test_a_collapse_save_never_costs_a_regular_checkpoint_and_a_scheduled_one_is
     kept = (regular + ["checkpoint-6"])[-(limit or 3) :]
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == kept
     assert (tmp_path / "collapse-entropy-round6").is_dir()
+
+
+def test_a_collapse_save_that_a_preemption_signal_stops_at_keeps_the_checkpoint_a_resume_takes(tmp_path):
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), save_total_limit=None, report_to=[])
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"))
+    _save_as_the_trainer_does(guard, args, 5, scheduled=False, signal_in_save=True)
+    # preempted.json names checkpoint-5, and --resume_from_checkpoint true takes it: copied, not renamed
+    assert (tmp_path / "checkpoint-5").is_dir() and (tmp_path / "collapse-entropy-round5").is_dir()
 
 
 def test_the_room_made_for_a_collapse_save_is_made_once_and_given_back_if_the_save_never_comes(tmp_path):

@@ -276,7 +276,7 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_saved(tmp_path):
     assert json.loads((out / faults.PREEMPTED_FILE).read_text())["step"] == 2
 
 
-def _built(model_dir: Path, out: Path, **keys: Any) -> Any:
+def _built(model_dir: Path, out: Path, eval_dataset: Any = None, **keys: Any) -> Any:
     """A trainer built in code, as a script of one's own builds it, on two questions."""
     from prompt_aug import PromptAugGRPOConfig
     from prompt_aug.trainer import PromptAugGRPOTrainer
@@ -289,7 +289,11 @@ def _built(model_dir: Path, out: Path, **keys: Any) -> Any:
         {"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}
     )
     return PromptAugGRPOTrainer(
-        model=str(model_dir), reward_funcs=fault_harness.text_hash_reward, args=args, train_dataset=dataset
+        model=str(model_dir),
+        reward_funcs=fault_harness.text_hash_reward,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=eval_dataset,
     )
 
 
@@ -311,6 +315,44 @@ class _StepCount(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps += 1
+
+
+class _SignalInStep(TrainerCallback):
+    """SIGTERM to this process as step ``step`` begins; counts the Trainer's evaluations."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.evaluations = step, 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.evaluations += 1
+
+
+@pytest.mark.slow
+def test_a_signal_saves_before_an_evaluation_due_at_the_same_step(tiny_model_dir, tmp_path):
+    # A cluster kills the job a grace period after its signal: an evaluation run first could outlast it and
+    # lose the checkpoint. Neither ours (eval_every_steps) nor the Trainer's (eval_strategy) runs first.
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    out, held_out = (
+        tmp_path / "run",
+        datasets.Dataset.from_dict({"question": ["What is 3 + 3?"], "answer": ["6"]}),
+    )
+    trainer = _built(
+        tiny_model_dir, out, eval_dataset=held_out,
+        max_steps=4, save_strategy="no", logging_steps=1, eval_strategy="steps", eval_steps=2,
+        per_device_eval_batch_size=2, eval_benchmarks=[str(questions)], eval_every_steps=2, eval_max_tokens=4,
+    )  # fmt: skip
+    watch = _SignalInStep(2)
+    trainer.add_callback(watch)
+    with pytest.raises(faults.Preempted) as stopped:
+        trainer.train()
+    assert stopped.value.step == 2 and faults.checkpoint_problem(out / "checkpoint-2") is None
+    assert watch.evaluations == 0
+    assert not any(k.startswith("eval") for entry in trainer.state.log_history for k in entry)
 
 
 @pytest.mark.slow

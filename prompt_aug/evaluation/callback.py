@@ -10,7 +10,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from ..templates import DEFAULT_EVAL_TEMPLATE, Template, TemplateError, load_templates, resolve_eval_template
-from .backends import HFBackend
+from .backends import HFBackend, stop_rule_tokens
 from .benchmarks import EvalError, Problem, load_benchmark, metric_name, parse_benchmarks, parse_templates
 from .report import summarize
 from .runner import score_completions
@@ -43,6 +43,11 @@ class EvalCallback(TrainerCallback):
         batch_size: Prompts per ``generate`` call.
         columns: The question and gold columns of question sets of one's own (``None``: the defaults of
             `load_benchmark`).
+        stop: The stop rule, as ``prompt-aug-eval --stop``: ``turn`` also stops at `STOP_TOKENS`, ``eos``
+            only at the model's EOS (tokenizer and generation config). During training the model's generation
+            config holds the recipe's ``stop_tokens`` (the trainer puts them there), so ``eos``, which
+            `evaluator_from_args` passes, stops where the training rollouts stop, and where
+            ``prompt-aug-eval --stop eos`` stops on the saved model.
     """
 
     def __init__(
@@ -55,8 +60,11 @@ class EvalCallback(TrainerCallback):
         limit: int | None = None,
         batch_size: int = 16,
         columns: tuple[str | None, str | None] = (None, None),
+        stop: str = "turn",
     ) -> None:
         self.benchmarks = parse_benchmarks(benchmarks)
+        stop_rule_tokens(stop)  # an unknown rule fails here, not at the first evaluation
+        self.stop = stop
         self.columns = columns
         names = [metric_name(b) for b in self.benchmarks]
         clashes = sorted({b for b, n in zip(self.benchmarks, names) if names.count(n) > 1})
@@ -95,7 +103,7 @@ class EvalCallback(TrainerCallback):
         questions, and the verdicts of all processes are gathered before the accuracy is computed.
         """
         mine = self.problems()[process_index::num_processes]
-        backend = HFBackend(model, tokenizer)
+        backend = HFBackend(model, tokenizer, self.stop)
         records = []
         for start in range(0, len(mine), self.batch_size):
             batch = mine[start : start + self.batch_size]
@@ -142,6 +150,10 @@ class EvalCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.every_n_steps <= 0 or state.global_step % self.every_n_steps:
             return control
+        if (
+            control.should_training_stop
+        ):  # stopped early in this step (a preemption signal): save, not evaluate
+            return control
         tokenizer = kwargs.get("processing_class") or kwargs.get("tokenizer")
         self._pending = self.evaluate_model(
             kwargs["model"], tokenizer, getattr(args, "process_index", 0), getattr(args, "world_size", 1)
@@ -180,6 +192,7 @@ def evaluator_from_args(args: Any) -> EvalCallback | None:
         max_tokens=args.eval_max_tokens,
         limit=args.eval_limit,
         columns=(args.eval_question_column, args.eval_answer_column),
+        stop="eos",  # the recipe's stop_tokens, which the trainer sets in the model's generation config
     )
     evaluator.problems()
     return evaluator

@@ -34,8 +34,9 @@ class Features:
     minibatch_skip: MinibatchSkip | None = None
 
     def attach(self, trainer: Any) -> None:
-        """Check each feature against the built trainer and add the callbacks: evaluation first (W&B sees
-        ``eval/*``), then the guard (it watches ``eval/macro``), then the optimizer reset and preemption."""
+        """Check each feature against the built trainer and add the callbacks: preemption first (a stop is
+        decided before a due evaluation runs), then evaluation (W&B sees ``eval/*``), the guard (it watches
+        ``eval/macro``) and the optimizer reset."""
         if self.dynamic_sampling is not None:
             if getattr(trainer, "prompt_collator", None) is None:
                 raise ValueError(
@@ -51,9 +52,10 @@ class Features:
             self.evaluator.attach(trainer)
         if self.guard is not None:
             self.guard.attach(trainer)
-        for callback in (self.optimizer_reset, self.preemption):
-            if callback is not None:
-                trainer.add_callback(callback)
+        if self.optimizer_reset is not None:
+            trainer.add_callback(self.optimizer_reset)
+        if self.preemption is not None:
+            self.preemption.attach(trainer)
 
 
 def build_features(

@@ -53,8 +53,8 @@ from rewards.controls import ACCURACY_MEAN_KEYS
 
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
+from ..logging_utils import generated_first
 from ..records import generation_round
-from .dynamic_sampling import GENERATED
 
 logger = logging.getLogger("prompt_aug.collapse")
 
@@ -334,17 +334,20 @@ class CollapseGuard(TrainerCallback):
         # the Trainer does not wait for the others before this event: a late one would otherwise write into
         # a new checkpoint folder after the rename. Every process gets here (the firings were broadcast).
         PartialState().wait_for_everyone()
+        stops = [f for f in firings if f.action == "stop"]
+        # A scheduled checkpoint, or one a run stopping for another reason (a preemption signal) resumes
+        # from: keep it and copy.
+        keep = self._regular_save_due or (control.should_training_stop and not stops)
         if args.should_save:
             if not source.is_dir():
                 logger.error("collapse guard: expected the checkpoint %s, found nothing to keep", source)
                 return control
-            if self._regular_save_due:  # a scheduled checkpoint: keep it and copy
+            if keep:
                 shutil.copytree(source, target)
             else:
                 source.rename(target)
             logger.warning("collapse guard: saved %s", target)
         self.checkpoints.append(target)
-        stops = [f for f in firings if f.action == "stop"]
         if stops:
             self.stop_message = (
                 f"collapse guard stopped training at step {state.global_step} (round {stops[0].round}): "
@@ -392,7 +395,7 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
         # got right or wrong: read them over everything generated first (a chosen metric stays as chosen).
         for name in ("accuracy", "truncation") if not a.collapse_accuracy_metric else ("truncation",):
             keys, kind = watched[name]
-            watched[name] = (tuple(k for key in keys for k in (GENERATED + key, key)), kind)
+            watched[name] = (generated_first(keys), kind)
     specs = []
     for name, (threshold_key, window_key) in SIGNAL_KEYS.items():
         keys, kind = watched[name]
