@@ -655,6 +655,14 @@ KINDS = {
         ("3", "\\text{The greater root is } 3", True),
         ("5", "5\\text{ more}", True),  # "how many more": after the number it is a unit
     ],
+    "a gold that is a word": [
+        ("\\text{Evelyn}", "\\text{Evelyn}", True),
+        ("\\text{Evelyn}", "evelyn", True),
+        ("\\text{Sunday}", "\\textbf{Sunday}", True),
+        ("\\text{Evelyn}", "Evelyn1", False),  # not the word times one
+        ("\\text{CBAD}", "ABCD", False),  # not a product of letters: an anagram is another answer
+        ("\\text{MAKE}", "KAME", False),
+    ],
     "relation commands": [
         ("x \\neq \\pm 1", "x != \\pm 1", True),
         ("x \\gt 1000", "x > 1,000", True),

@@ -910,6 +910,25 @@ def _numeral_value(digits: str, base: int) -> Fraction:
     return -value if digits.startswith("-") else value
 
 
+_WORD = re.compile(r"[A-Za-z]{3,}")
+
+
+def word_verdict(answer: str, gold: str) -> bool | None:
+    """A gold that is one word of three letters or more (a name, a weekday, ``odd``, points in an order such
+    as ``CBAD``) is text, as math-verify reads ``\\text{Evelyn}``; once normalised, it would read a product of
+    letters, equal to any anagram or to the word times one (``Evelyn1``). The answer must be the word, case
+    and spaces aside. Else ``None``.
+
+    >>> word_verdict("evelyn", "Evelyn"), word_verdict("Evelyn1", "Evelyn"), word_verdict("ABCD", "CBAD")
+    (True, False, False)
+    >>> word_verdict("2", "4") is None, word_verdict("yx", "xy") is None
+    (True, True)
+    """
+    if not _WORD.fullmatch(gold):
+        return None
+    return answer.replace(" ", "").lower() == gold.lower()
+
+
 def base_verdict(answer: str, gold: str) -> bool | None:
     """Numerals in a base, where math-verify is wrong: it drops the subscript, so it accepts
     ``20412_6`` for ``20412_5``. Two based numerals are equal iff their values are; a based numeral

@@ -25,6 +25,7 @@ from .fastpath import (
     fast_verdict,
     reads_as_prose,
     surely_parseable,
+    word_verdict,
 )
 from .verify import check, normalize_gold
 
@@ -220,8 +221,9 @@ def _screen(answer: str | None, golds: tuple[str, ...]) -> str:
 
 def _verdict(answer: str, gold: str) -> bool | None:
     """The in-process verdict: numerals in a base first (math-verify ignores the base), a decimal comma
-    (math-verify reads ``3,14`` as a set), then the fast path."""
-    for rule in (base_verdict, decimal_comma_verdict, fast_verdict):
+    (math-verify reads ``3,14`` as a set), a gold that is a word (math-verify, given it normalised, reads
+    a product of letters), then the fast path."""
+    for rule in (base_verdict, decimal_comma_verdict, word_verdict, fast_verdict):
         verdict = rule(answer, gold)
         if verdict is not None:
             return verdict
