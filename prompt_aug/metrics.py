@@ -51,7 +51,7 @@ class TemplateMetrics:
         lengths = mask.sum(dim=1)
         # Last generated token; a row whose mask TRL zeroed (mask_truncated_completions) was truncated.
         last = ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-        ended = torch.isin(last, torch.tensor(trainer.eos_token_ids, device=ids.device)) & (lengths > 0)
+        ended = torch.isin(last, torch.tensor(ending_ids(trainer), device=ids.device)) & (lengths > 0)
         full = torch.where(lengths > 0, lengths, torch.full_like(lengths, trainer.max_completion_length))
         names = gather_object([row["template"] for row in rows])
         rewards = rewards.cpu() if rewards is not None else None
@@ -105,6 +105,13 @@ class TemplateMetrics:
                     trainer.metric_buffer(mode)[f"templates/{name}/entropy"].append(
                         (sums[0, i] / sums[1, i]).item()
                     )
+
+
+def ending_ids(trainer: Any) -> list[int]:
+    """The tokens a completion that was not cut at the length limit ends with: the stop tokens and the pad
+    token, as TRL's ``completions/clipped_ratio`` counts them."""
+    pad = trainer.text_tokenizer.pad_token_id
+    return [*trainer.eos_token_ids, *([pad] if pad is not None else [])]
 
 
 def reward_column(reward_funcs: list[Any], *funcs: Any) -> int | None:

@@ -273,6 +273,7 @@ class SamplingTrainer(Protocol):
     reward_func_names: list[str]
     reward_weights: torch.Tensor
     eos_token_ids: list[int]
+    text_tokenizer: Any
     max_completion_length: int
     log_completions: bool
     rollout_func: Any

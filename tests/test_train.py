@@ -166,3 +166,29 @@ def test_wandb_gets_a_sampled_completions_table_and_parquet_keeps_every_row(tmp_
     assert {"template", "uid", "round", "completion"} <= set(columns)
     for step in (1, 2):
         assert len(pd.read_parquet(out / "completions" / f"completions_{step:05d}.parquet")) == 16
+
+
+def test_a_completion_ending_in_the_pad_token_is_not_counted_as_truncated():
+    """As TRL's ``completions/clipped_ratio``: a completion ends at a stop token or at the pad token."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate import Accelerator
+
+    from prompt_aug.metrics import TemplateMetrics
+
+    eos, pad = 2, 0
+    buffers: dict = defaultdict(lambda: defaultdict(list))
+    trainer = SimpleNamespace(
+        accelerator=Accelerator(cpu=True), eos_token_ids=[eos], max_completion_length=4,
+        text_tokenizer=SimpleNamespace(pad_token_id=pad), reward_funcs=[], reward_func_names=[],
+        metric_buffer=lambda mode: buffers[mode],
+    )  # fmt: skip
+    ids = torch.tensor([[5, 6, eos, pad], [5, pad, 7, 8], [5, 6, 7, pad], [5, 6, 7, 8]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
+    rows = [{"template": "a"}] * 4
+    TemplateMetrics(["a"]).log_round(
+        trainer, rows, {"completion_ids": ids, "completion_mask": mask}, None, "train"
+    )
+    assert buffers["train"]["templates/a/truncated_ratio"] == [0.5]  # the second and the last

@@ -56,7 +56,7 @@ from rewards.repetition import ends_in_loop
 from .. import trl_seam as seam
 from ..collator import row_question, row_uid, stable_uniform
 from ..logging_utils import GENERATED  # TRL's reward and truncation metrics, over every generated completion
-from ..metrics import reward_column
+from ..metrics import ending_ids, reward_column
 from ..records import rounds_generated
 from ..trl_seam import Generation, SamplingTrainer
 
@@ -346,7 +346,7 @@ class DynamicSampler:
             )
         rewards = trainer.compute_rewards(rows, prompts, completions, completion_ids)
         extras = seam.take_pending_columns(trainer)  # what reward functions logged
-        eos = set(trainer.eos_token_ids)
+        eos = set(ending_ids(trainer))
         lengths = torch.tensor(
             [len(ids) or trainer.max_completion_length for ids in completion_ids], device=acc.device
         )
