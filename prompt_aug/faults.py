@@ -329,7 +329,7 @@ def _optimizer_problem(folder: Path) -> str | None:
         )
     if any(folder.glob("optimizer*")) or any(folder.glob("global_step*/*optim_states.pt")):
         return None  # FSDP or DeepSpeed optimizer state
-    return "no optimizer state (optimizer.pt)"
+    return "no optimizer state (optimizer.pt; a run with save_only_model saves none, and cannot resume)"
 
 
 def checkpoint_problem(folder: str | Path, optimizer: bool = True) -> str | None:
