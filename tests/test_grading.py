@@ -654,14 +654,16 @@ KINDS = {
         ("3", "\\text{The answer is } 3", True),
         ("3", "\\text{The greater root is } 3", True),
         ("5", "5\\text{ more}", True),  # "how many more": after the number it is a unit
+        ("15", "\\text{The number of primes less than fifty is } 15", True),  # bounds a word, not 15
+        ("99", "\\text{The largest n with at most two digits is } 99", True),
     ],
     "a gold that is a word": [
         ("\\text{Evelyn}", "\\text{Evelyn}", True),
         ("\\text{Evelyn}", "evelyn", True),
         ("\\text{Sunday}", "\\textbf{Sunday}", True),
         ("\\text{Evelyn}", "Evelyn1", False),  # not the word times one
-        ("\\text{CBAD}", "ABCD", False),  # not a product of letters: an anagram is another answer
-        ("\\text{MAKE}", "KAME", False),
+        ("\\text{Sunday}", "Sundya", False),  # not a product of letters: an anagram is another answer
+        ("xyz", "zyx", True),  # a product is
     ],
     "relation commands": [
         ("x \\neq \\pm 1", "x != \\pm 1", True),

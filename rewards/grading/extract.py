@@ -100,8 +100,11 @@ _RELATION_TEXT = {
 }
 # A sentence that introduces the answer inside the box: `\text{The vector is } M`, `\text{all } x \geq 3`.
 # Not one that denies it (`\text{not } 3`, `\text{cannot be } 3`) or bounds it (`\text{less than } 3`,
-# `\text{at least } 3`): neither is 3. After a number such words stay a unit (`5\text{ more}`: how many more).
-_BOUND = r"(?i:(?![^{}]*\b(?:(?:less|more|greater|fewer|larger|smaller) than|at (?:least|most)|except)\b))"
+# `\text{at least } 3`): neither is 3. Bounding words must end the sentence
+# (`\text{primes less than ten are } 4` is 4); after a number they are a unit (`5\text{ more}`).
+_BOUND = (
+    r"(?i:(?![^{}]*\b(?:(?:less|more|greater|fewer|larger|smaller) than|at (?:least|most)|except)\s*:?\s*\}))"
+)
 _LEADING_SENTENCE = re.compile(
     r"^\\(?:text|textbf|mbox|mathrm)\{"
     + _DENIAL

@@ -910,19 +910,20 @@ def _numeral_value(digits: str, base: int) -> Fraction:
     return -value if digits.startswith("-") else value
 
 
-_WORD = re.compile(r"[A-Za-z]{3,}")
+# A word: four letters or more, lower case after the first (`Evelyn`, `Sunday`, `empty`, `None`); not a
+# product (`xy`, `abc`) nor capital letters, which may name options or points in any order (`ACF`, `CBAD`).
+_WORD = re.compile(r"[A-Za-z][a-z]{3,}")
 
 
 def word_verdict(answer: str, gold: str) -> bool | None:
-    """A gold that is one word of three letters or more (a name, a weekday, ``odd``, points in an order such
-    as ``CBAD``) is text, as math-verify reads ``\\text{Evelyn}``; once normalised, it would read a product of
-    letters, equal to any anagram or to the word times one (``Evelyn1``). The answer must be the word, case
-    and spaces aside. Else ``None``.
+    """A gold that is a word (a name, a weekday) is text, as math-verify reads ``\\text{Evelyn}``; once
+    normalised, it would read a product of letters, equal to an anagram or to the word times one
+    (``Evelyn1``). The answer must be the word, case and spaces aside. Else ``None``.
 
-    >>> word_verdict("evelyn", "Evelyn"), word_verdict("Evelyn1", "Evelyn"), word_verdict("ABCD", "CBAD")
+    >>> word_verdict("evelyn", "Evelyn"), word_verdict("Evelyn1", "Evelyn"), word_verdict("Evelny", "Evelyn")
     (True, False, False)
-    >>> word_verdict("2", "4") is None, word_verdict("yx", "xy") is None
-    (True, True)
+    >>> word_verdict("2", "4") is None, word_verdict("yx", "xy") is None, word_verdict("ABCD", "CBAD") is None
+    (True, True, True)
     """
     if not _WORD.fullmatch(gold):
         return None
