@@ -329,7 +329,7 @@ def _optimizer_problem(folder: Path) -> str | None:
         )
     if any(folder.glob("optimizer*")) or any(folder.glob("global_step*/*optim_states.pt")):
         return None  # FSDP or DeepSpeed optimizer state
-    return "no optimizer state (optimizer.pt; a run with save_only_model saves none, and cannot resume)"
+    return "no optimizer state (optimizer.pt)"
 
 
 def checkpoint_problem(folder: str | Path, optimizer: bool = True) -> str | None:
@@ -358,18 +358,20 @@ def _checkpoint_number(path: Path) -> int:
     return int(found.group(1)) if found else -1
 
 
-def last_complete_checkpoint(output_dir: str | Path) -> tuple[str | None, list[tuple[str, str]]]:
+def checkpoint_folders(output_dir: str | Path) -> list[Path]:
+    """The ``checkpoint-N`` folders of ``output_dir``, newest (highest N) first."""
+    found = (p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and _checkpoint_number(p) >= 0)
+    return sorted(found, key=_checkpoint_number, reverse=True)
+
+
+def last_complete_checkpoint(
+    output_dir: str | Path, optimizer: bool = True
+) -> tuple[str | None, list[tuple[str, str]]]:
     """The newest complete ``checkpoint-N`` folder of ``output_dir`` (or None), and the newer folders skipped,
-    each with why."""
-    folder = Path(output_dir)
-    found = sorted(
-        (p for p in folder.glob("checkpoint-*") if p.is_dir() and _checkpoint_number(p) >= 0),
-        key=_checkpoint_number,
-        reverse=True,
-    )
+    each with why (``optimizer``: as `checkpoint_problem`)."""
     skipped = []
-    for path in found:
-        problem = checkpoint_problem(path)
+    for path in checkpoint_folders(output_dir):
+        problem = checkpoint_problem(path, optimizer)
         if problem is None:
             return str(path), skipped
         skipped.append((str(path), problem))
@@ -380,10 +382,13 @@ class ResumeError(FaultError):
     """A checkpoint that cannot be resumed from; the message names it and says what to do."""
 
 
-def resolve_resume(value: str | bool | None, output_dir: str | Path, log: bool = True) -> str | None:
+def resolve_resume(
+    value: str | bool | None, output_dir: str | Path, log: bool = True, optimizer: bool = True
+) -> str | None:
     """The checkpoint ``resume_from_checkpoint`` names: ``true`` the last complete one in ``output_dir`` (a
     newer folder that a kill during a save left incomplete is skipped, with one log line naming it and why), a
-    path itself if it is complete; ``None`` for none.
+    path itself if it is complete; ``None`` for none. ``optimizer=False`` (a run with ``save_only_model``,
+    which transformers resumes on a fresh optimizer) does not ask for optimizer state.
 
     Raises:
         ResumeError: no checkpoint, or an incomplete one, named with what to do.
@@ -391,7 +396,9 @@ def resolve_resume(value: str | bool | None, output_dir: str | Path, log: bool =
     if value is None or value is False or str(value).lower() in ("", "false", "none"):
         return None
     if str(value).lower() == "true":
-        last, skipped = last_complete_checkpoint(output_dir) if Path(output_dir).is_dir() else (None, [])
+        last, skipped = (
+            last_complete_checkpoint(output_dir, optimizer) if Path(output_dir).is_dir() else (None, [])
+        )
         for path, why in skipped if log else []:
             logger.warning("resume: skipping %s: %s", path, why)
         if last is None and skipped:
@@ -407,7 +414,7 @@ def resolve_resume(value: str | bool | None, output_dir: str | Path, log: bool =
         return last
     if not Path(value).is_dir():
         raise ResumeError(f"resume_from_checkpoint: no such checkpoint folder {value}")
-    problem = checkpoint_problem(value)
+    problem = checkpoint_problem(value, optimizer)
     if problem is not None:
         raise ResumeError(f"resume_from_checkpoint: {value} is not a complete checkpoint: {problem}")
     return str(value)
@@ -420,7 +427,9 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
     Raises:
         ResumeError: the checkpoint, what differs and what to do.
     """
-    checkpoint = resolve_resume(value, args.output_dir, log=log)
+    checkpoint = resolve_resume(
+        value, args.output_dir, log, optimizer=not getattr(args, "save_only_model", False)
+    )
     if checkpoint is not None:
         problem = resume_launch_problem(checkpoint, processes) or resume_engine_problem(
             checkpoint, launch_engine(args)

@@ -43,6 +43,7 @@ from matplotlib.ticker import MaxNLocator
 
 from rewards.controls import ACCURACY_MEAN_KEYS
 
+from .faults import checkpoint_folders
 from .logging_utils import GENERATED, generated_first
 from .model_card import evaluation_made_by, weights_match
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
@@ -105,12 +106,10 @@ def latest_state(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise PlotError(f"{run_dir}: no such folder")
-    checkpoints = sorted(
-        (p for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
-        key=lambda p: -int(p.name.split("-")[-1]),
-    )
     candidates = [
-        f / "trainer_state.json" for f in (run_dir, *checkpoints) if (f / "trainer_state.json").is_file()
+        f / "trainer_state.json"
+        for f in (run_dir, *checkpoint_folders(run_dir))
+        if (f / "trainer_state.json").is_file()
     ]
     if not candidates:
         raise PlotError(f"{run_dir}: no trainer_state.json, in the folder or in a checkpoint-* folder")

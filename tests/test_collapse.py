@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 import yaml
@@ -327,7 +328,7 @@ def _save_as_the_trainer_does(
     from transformers import TrainerControl, TrainerState
     from transformers.trainer_utils import rotate_checkpoints
 
-    state = TrainerState(global_step=step)
+    state = TrainerState(global_step=step, max_steps=100)
     control = TrainerControl(should_save=scheduled)
     guard.on_log(args, state, control, logs={"step": step, "entropy": 0.0})
     assert control.should_save
@@ -367,6 +368,25 @@ def test_a_collapse_save_that_a_preemption_signal_stops_at_keeps_the_checkpoint_
     _save_as_the_trainer_does(guard, args, 5, scheduled=False, signal_in_save=True)
     # preempted.json names checkpoint-5, and --resume_from_checkpoint true takes it: copied, not renamed
     assert (tmp_path / "checkpoint-5").is_dir() and (tmp_path / "collapse-entropy-round5").is_dir()
+
+
+def test_a_signal_during_a_save_is_seen_before_the_guard_moves_the_checkpoint(tiny_model_dir, tmp_path):
+    from prompt_aug.faults import PreemptionCallback
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, per_device_train_batch_size=2,
+        num_generations=2, max_completion_length=4, collapse_entropy_floor=0.5,
+    )  # fmt: skip
+    dataset = datasets.Dataset.from_dict(
+        {"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}
+    )
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args, train_dataset=dataset,
+    )  # fmt: skip
+    kinds = [type(c) for c in trainer.callback_handler.callbacks]
+    assert kinds.index(PreemptionCallback) < kinds.index(CollapseGuard)  # its on_save runs first
 
 
 def test_the_room_made_for_a_collapse_save_is_made_once_and_given_back_if_the_save_never_comes(tmp_path):

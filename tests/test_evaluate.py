@@ -494,7 +494,7 @@ def test_the_paper_protocol_is_recognised_and_any_departure_named():
     line = protocol_line({**PAPER_PROTOCOL, "dtype": "auto"})
     assert "**Not the paper's protocol**: dtype auto (paper: bfloat16)." in line
     line = protocol_line({**PAPER_PROTOCOL, "max_model_len": 1024})
-    assert "**Not the paper's protocol**: max_model_len 1024 (paper: room for max_tokens after every" in line
+    assert "**Not the paper's protocol**: max_model_len 1024 (paper: 4096, or room for" in line
     # Everything the paper's but the benchmarks: one of the five, or a question set of one's own.
     for benchmarks in ("aime24", "/data/sums.jsonl"):
         line = protocol_line({**PAPER_PROTOCOL, "benchmarks": benchmarks})
@@ -606,12 +606,16 @@ def test_a_context_that_can_cut_a_completion_short_is_recorded_and_not_the_paper
     results, table = run(tmp_path / "cut", "--max_model_len", "512")
     assert len(asked) == 1 and asked[0] < 1000  # the prompt's room in 512 tokens
     assert results["settings"]["max_model_len"] == 512 and results["paper_protocol"] is False
-    assert "max_model_len 512 (paper: room for max_tokens after every prompt)" in table
+    assert "max_model_len 512 (paper: 4096, or room for max_tokens after every prompt)" in table
     with pytest.raises(EvalError, match=r"other settings \(\{'max_model_len': \(None, 512\)\}"):
         run(tmp_path / "whole", "--max_model_len", "512")
     with pytest.raises(EvalError, match=r"other settings \(\{'max_model_len': \(512, 256\)\}"):
         run(tmp_path / "cut", "--max_model_len", "256")
     run(tmp_path / "whole", "--max_model_len", "4096")  # a larger context cuts nothing either: it resumes
+    # The paper's context, 4096 tokens, cuts a completion of 4090 tokens after any prompt, as the paper did.
+    results, table = run(tmp_path / "paper", "--max_model_len", "4096", "--max_tokens", "4090")
+    assert len(asked) == 1 and asked[0] < 4090 and results["settings"]["max_model_len"] is None
+    assert "max_model_len" not in table
 
 
 def test_a_question_set_of_ones_own_from_jsonl_parquet_csv_or_a_saved_folder(tiny_model_dir, tmp_path):

@@ -522,6 +522,16 @@ def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
     assert faults.checkpoint_problem(bad, optimizer=False) is not None
 
 
+def test_a_save_only_model_run_resumes_from_a_checkpoint_without_optimizer_state(tmp_path):
+    # transformers resumes such a run on a fresh optimizer; a run that saves its optimizer does not skip it.
+    only_model = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-3", 3)
+    (only_model / "optimizer.pt").unlink()
+    args = SimpleNamespace(output_dir=str(tmp_path), save_only_model=True)
+    assert faults.check_resume("true", args, processes=1) == str(only_model)
+    with pytest.raises(faults.ResumeError, match="no optimizer state"):
+        faults.check_resume("true", SimpleNamespace(output_dir=str(tmp_path), save_only_model=False), 1)
+
+
 def _deepspeed_layout(folder: Path, zero3: bool) -> Path:
     """A complete checkpoint as the Trainer saves one under DeepSpeed: the optimizer state per rank under
     ``global_step2/`` (ZeRO-3 keeps the model states per rank too), no ``optimizer.pt``."""

@@ -150,10 +150,8 @@ class EvalCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.every_n_steps <= 0 or state.global_step % self.every_n_steps:
             return control
-        if (
-            control.should_training_stop
-        ):  # stopped early in this step (a preemption signal): save, not evaluate
-            return control
+        if control.should_training_stop and state.global_step < state.max_steps:
+            return control  # stopping early at this step (a preemption signal): save, do not evaluate first
         tokenizer = kwargs.get("processing_class") or kwargs.get("tokenizer")
         self._pending = self.evaluate_model(
             kwargs["model"], tokenizer, getattr(args, "process_index", 0), getattr(args, "world_size", 1)

@@ -56,7 +56,7 @@ from .benchmarks import (
     parse_benchmarks,
     parse_templates,
 )
-from .report import protocol_differences, render_tables, summarize
+from .report import PAPER_MAX_MODEL_LEN, protocol_differences, render_tables, summarize
 from .runner import (
     Processes,
     completions_made,
@@ -270,9 +270,10 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit, *columns)]
     vllm = backend_name == "vllm"
     max_model_len, longest = _vllm_context(args, tokenizer, templates, problems) if vllm else (None, 0)
-    # The context is recorded when it leaves the longest prompt less room than max_tokens, so that it can cut
-    # a completion short; None when it cuts none (the hf backend never does).
+    # The context is recorded when it can cut a completion shorter than the paper's would (its context was
+    # PAPER_MAX_MODEL_LEN); None when it cuts none or no more (the hf backend never cuts).
     cuts = max_model_len is not None and longest + args.max_tokens > max_model_len
+    shorter = cuts and max_model_len < min(PAPER_MAX_MODEL_LEN, longest + args.max_tokens)
     sampling = args.temperature > 0
     settings = {
         "model": model_name,
@@ -287,7 +288,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "templates_file": args.templates_file,
         "chat_template": args.chat_template,
         "stop": args.stop,
-        "max_model_len": max_model_len if cuts else None,
+        "max_model_len": max_model_len if shorter else None,
         "question_column": args.question_column,
         "answer_column": args.answer_column,
     }
@@ -295,8 +296,9 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     if cuts and processes.main:
         logger.warning(
             "max_model_len %d leaves the longest prompt (%d tokens) room for %d new tokens, fewer than "
-            "--max_tokens %d: completions can be cut short, and the results are not the paper's protocol",
+            "--max_tokens %d: completions can be cut short%s",
             max_model_len, longest, max_model_len - longest, args.max_tokens,
+            ", more than in the paper's protocol" if shorter else " (as in the paper's, at 4096)",
         )  # fmt: skip
     # The main process checks the folder; every process stops with its verdict.
     error = None

@@ -14,15 +14,16 @@ from .benchmarks import BENCHMARKS, benchmark_title
 # The paper's evaluation (its evaluate_model.py, run 5 times): vLLM in bfloat16, greedy, the qwen-math
 # template through the model's own chat template, at most 3,000 new tokens, one sample per question, every
 # question, the mean of 5 runs, and generation that stops only at the model's EOS, on the suite's five
-# benchmarks. Its vLLM context was 4,096 tokens; what counts is that the context leaves every prompt room for
-# max_tokens, so that no completion is cut short.
+# benchmarks. Its vLLM context was 4,096 tokens (`PAPER_MAX_MODEL_LEN`), Qwen2.5-Math-1.5B's own: a context
+# that cuts a completion shorter than that one would is recorded, and is not the paper's protocol.
+PAPER_MAX_MODEL_LEN = 4096
 PAPER_PROTOCOL: dict[str, Any] = {
     "backend": "vllm",
     "dtype": "bfloat16",
     "template": DEFAULT_EVAL_TEMPLATE,
     "temperature": 0.0,
     "max_tokens": 3000,
-    "max_model_len": None,  # recorded only when it leaves a prompt less room than max_tokens
+    "max_model_len": None,  # recorded only when it cuts a completion shorter than the paper's context would
     "n": 1,
     "runs": 5,
     "limit": None,
@@ -40,7 +41,7 @@ def _mean(values: list[float]) -> float:
 # How `protocol_differences` names a paper setting that is None.
 PAPER_NONE = {
     "limit": "every question",
-    "max_model_len": "room for max_tokens after every prompt",
+    "max_model_len": f"{PAPER_MAX_MODEL_LEN}, or room for max_tokens after every prompt",
     "chat_template": "the model's own",
 }
 
@@ -120,7 +121,7 @@ def protocol_differences(settings: dict[str, Any]) -> list[str]:
     >>> protocol_differences({**PAPER_PROTOCOL, "benchmarks": "aime24"})
     ['benchmarks aime24 (paper: aime24,amc,math500,minerva,olympiadbench)']
     >>> protocol_differences({**PAPER_PROTOCOL, "max_model_len": 1024})
-    ['max_model_len 1024 (paper: room for max_tokens after every prompt)']
+    ['max_model_len 1024 (paper: 4096, or room for max_tokens after every prompt)']
     """
     out = []
     for key, paper in PAPER_PROTOCOL.items():

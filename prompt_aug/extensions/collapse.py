@@ -335,9 +335,10 @@ class CollapseGuard(TrainerCallback):
         # a new checkpoint folder after the rename. Every process gets here (the firings were broadcast).
         PartialState().wait_for_everyone()
         stops = [f for f in firings if f.action == "stop"]
-        # A scheduled checkpoint, or one a run stopping for another reason (a preemption signal) resumes
+        # A scheduled checkpoint, or one a run stopping early for another reason (a preemption signal) resumes
         # from: keep it and copy.
-        keep = self._regular_save_due or (control.should_training_stop and not stops)
+        early = control.should_training_stop and state.global_step < state.max_steps
+        keep = self._regular_save_due or (early and not stops)
         if args.should_save:
             if not source.is_dir():
                 logger.error("collapse guard: expected the checkpoint %s, found nothing to keep", source)
