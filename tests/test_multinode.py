@@ -122,7 +122,7 @@ record["env"] = {{k: os.environ.get(k) for k in ("PYTHONUNBUFFERED", "TORCH_ELAS
                                                    "WANDB_RUN_ID", "WANDB_RESUME", "PET_SIGNALS_TO_HANDLE")}}
 mode = os.environ.get("FAKE_MODE", "exit0")
 got = []
-if mode in ("save_on_usr1", "finish_on_usr1"):  # as the training processes do: a handler of their own
+if mode in ("save_on_usr1", "finish_on_usr1", "finish_launcher_1"):  # a handler of their own, as training has
     signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
 elif mode == "ignore":  # a run that does not act on the warning (save_on_preemption: false elsewhere)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
@@ -136,7 +136,13 @@ if mode != "exit0":
         time.sleep(0.05)
 with open(path + ".done", "w") as f:
     f.write("usr1" if got else "end")
-sys.exit(1 if mode == "save_on_usr1" and got else 0)  # accelerate exits 1 when a process exits non-zero
+if mode == "finish_launcher_1" and record["procid"] == "0":  # trained to the end after the warning
+    argv = sys.argv[1:]
+    run_dir = argv[argv.index("--output_dir") + 1]
+    os.makedirs(run_dir, exist_ok=True)
+    open(os.path.join(run_dir, "train_results.json"), "w").close()
+# accelerate exits 1 when a process exits non-zero, and torch's launcher after a signal it handled
+sys.exit(1 if mode in ("save_on_usr1", "finish_launcher_1") and got else 0)
 """
 
 TRL = """#!{python}
@@ -359,6 +365,9 @@ def test_a_checkpoint_in_output_dir_makes_the_run_resume(fake_slurm):
     for restarts in ("0", "3"):
         line = _train_line(dict(env, SLURM_RESTART_COUNT=restarts), out_dir)
         assert line.endswith("--resume_from_checkpoint true")
+    # --output-dir is --output_dir: the run's folder, whose checkpoint it resumes from.
+    line = _train_line(env, fake_slurm["tmp"] / "elsewhere", "--output-dir", str(out_dir))
+    assert line.endswith("--resume_from_checkpoint true")
     # What the command line says wins on the job's first start.
     line = _train_line(env, out_dir, "--overwrite_output_dir", "true")
     assert "--resume_from_checkpoint" not in line
@@ -374,6 +383,8 @@ def test_a_checkpoint_in_output_dir_makes_the_run_resume(fake_slurm):
         ["--overwrite_output_dir"],  # a bare boolean, followed by another key
         ["--resume_from_checkpoint", "CHECKPOINT"],
         ["--resume_from_checkpoint=CHECKPOINT"],
+        ["--overwrite-output-dir", "true"],  # prompt-aug-train takes dashes too
+        ["--resume-from-checkpoint=CHECKPOINT"],
     ],
 )
 def test_a_requeued_start_resumes_instead_of_repeating_the_first_starts_flags(fake_slurm, first_start):
@@ -389,7 +400,11 @@ def test_a_requeued_start_resumes_instead_of_repeating_the_first_starts_flags(fa
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     line = dict(row.split(": ", 1) for row in result.stdout.splitlines())["train on gpu07"]
-    assert "--overwrite_output_dir" not in line and str(out_dir / "checkpoint-2") not in line
+    assert (
+        "output_dir true" not in line
+        and "output-dir" not in line
+        and str(out_dir / "checkpoint-2") not in line
+    )
     assert line.endswith("--max_steps 9 --resume_from_checkpoint true")
     assert "applied to the first start only" in result.stderr
 
@@ -510,6 +525,7 @@ def test_server_layout_waits_for_the_server_and_stops_it_at_the_end(fake_slurm):
     [
         ("save_on_usr1", True, 1),  # saved and stopped early (non-zero): requeue
         ("finish_on_usr1", False, 0),  # finished anyway: done, nothing to requeue
+        ("finish_launcher_1", False, 1),  # finished, though the launcher exits 1 for the signal: done too
     ],
 )
 def test_the_time_limit_warning_reaches_training_and_requeues(fake_slurm, mode, requeued, code):
