@@ -229,7 +229,7 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
     path.write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def _tokenizer(args: argparse.Namespace) -> Any:
+def _model_tokenizer(args: argparse.Namespace) -> Any:
     """The model's tokenizer with ``--chat_template``; `EvalError` when it has no chat template to render the
     prompts through."""
     tokenizer = load_tokenizer(args.model, args.chat_template)
@@ -265,7 +265,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
                 f"(python -m prompt_aug.adapters merge {args.model}) and evaluate the merged folder, or pass "
                 "--backend hf"
             )
-    tokenizer = _tokenizer(args)
+    tokenizer = _model_tokenizer(args)
     columns = (args.question_column, args.answer_column)
     problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit, *columns)]
     vllm = backend_name == "vllm"
