@@ -118,6 +118,7 @@ record = {{"argv": sys.argv[1:], "procid": os.environ["SLURM_PROCID"], "node": o
 with open("/proc/self/status") as f:
     ignored = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
 record["usr1_ignored"] = bool(ignored >> (signal.SIGUSR1 - 1) & 1)
+record["no_proxy"] = os.environ.get("no_proxy")
 record["env"] = {{k: os.environ.get(k) for k in ("PYTHONUNBUFFERED", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
                                                    "WANDB_RUN_ID", "WANDB_RESUME", "PET_SIGNALS_TO_HANDLE")}}
 mode = os.environ.get("FAKE_MODE", "exit0")
@@ -503,8 +504,9 @@ def test_each_node_runs_its_launcher_under_srun(fake_slurm):
 def test_server_layout_waits_for_the_server_and_stops_it_at_the_end(fake_slurm):
     port = str(free_port())
     proc = _start(
-        fake_slurm, "--layout", "server", SLURM_JOB_NODELIST="127.0.0.1,localhost", VLLM_SERVER_PORT=port
-    )
+        fake_slurm, "--layout", "server", SLURM_JOB_NODELIST="127.0.0.1,localhost", VLLM_SERVER_PORT=port,
+        http_proxy="http://127.0.0.1:9", VLLM_SERVER_WAIT="30",  # a site's proxy, which cannot reach the node
+    )  # fmt: skip
     output = _finish(fake_slurm, proc, timeout=90)
     assert proc.returncode == 0, output
     out = fake_slurm["out"]
@@ -513,6 +515,7 @@ def test_server_layout_waits_for_the_server_and_stops_it_at_the_end(fake_slurm):
     assert record["node"] == "127.0.0.1"
     assert argv[argv.index("--vllm_server_host") + 1] == "localhost"
     assert argv[argv.index("--vllm_server_port") + 1] == port
+    assert record["no_proxy"].split(",")[0] == "localhost"  # training reaches the server past the proxy too
     assert json.loads((out / "trl.json").read_text())[:3] == ["vllm-serve", "--model", "tiny-random-qwen2"]
     assert "vLLM server up after" in output
     # The launcher exits only once the server has stopped (its SIGTERM handler has run).
