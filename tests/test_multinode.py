@@ -500,6 +500,13 @@ def test_each_node_runs_its_launcher_under_srun(fake_slurm):
     assert not any(line.startswith("requeue") for line in _slurm_log(out))
 
 
+def test_the_wandb_run_of_a_job_is_named_with_its_cluster(fake_slurm):
+    proc = _start(fake_slurm, SLURM_CLUSTER_NAME="alps")  # job 4242 of another cluster is another run
+    output = _finish(fake_slurm, proc, timeout=60)
+    assert proc.returncode == 0, output
+    assert {r["env"]["WANDB_RUN_ID"] for r in _records(fake_slurm["out"])} == {"prompt-aug-alps-4242"}
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the server layout's health check uses curl")
 def test_server_layout_waits_for_the_server_and_stops_it_at_the_end(fake_slurm):
     port = str(free_port())
