@@ -199,6 +199,10 @@ class JsonlLogCallback(TrainerCallback):
 
     def __init__(self) -> None:
         self._started = False
+        self._resumed_at: int | None = None  # the checkpoint's step, once training has begun
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._resumed_at = state.global_step  # the Trainer has loaded the checkpoint's state by now
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
@@ -208,10 +212,11 @@ class JsonlLogCallback(TrainerCallback):
             path.parent.mkdir(parents=True, exist_ok=True)
             if not self._started and path.is_file():
                 entries = read_log_entries(path)
+                # Up to the checkpoint's step (its own entry too: a run resumed at its last step logs only the
+                # summary), else before this log's step.
+                last = self._resumed_at if self._resumed_at is not None else state.global_step - 1
                 kept = [
-                    line
-                    for line, entry in entries
-                    if entry["step"] < state.global_step and "train_runtime" not in entry
+                    line for line, entry in entries if entry["step"] <= last and "train_runtime" not in entry
                 ]
                 path.write_text("".join(line + "\n" for line in kept))
             self._started = True

@@ -565,3 +565,23 @@ def test_a_resumed_run_skips_a_last_log_line_cut_short_and_names_any_other_bad_l
         with pytest.raises(LogFileError, match=rf"^{re.escape(str(log))}, line 2: {what}"):
             JsonlLogCallback().on_log(args, state, None, {"reward": 1.6})
         assert log.read_text() == f"{lines[0]}\n{bad}\n{lines[1]}\n"  # left for the user to look at
+
+
+def test_a_run_resumed_at_its_last_step_keeps_that_steps_entry_and_one_summary(tmp_path):
+    from types import SimpleNamespace
+
+    from prompt_aug.logging_utils import JsonlLogCallback
+
+    log = tmp_path / "logs.jsonl"
+    steps = [json.dumps({"step": s, "reward": s / 10}) for s in (2, 4)]
+    log.write_text(
+        "\n".join([*steps, json.dumps({"step": 4, "train_runtime": 9.0}), '{"step": 5, "reward": 1}'])
+    )
+    args, state = (
+        SimpleNamespace(output_dir=str(tmp_path)),
+        SimpleNamespace(is_world_process_zero=True, global_step=4),
+    )
+    callback = JsonlLogCallback()
+    callback.on_train_begin(args, state, None)  # from checkpoint-4, the last step: it trains none
+    callback.on_log(args, state, None, {"train_runtime": 1.0})
+    assert log.read_text().splitlines() == [*steps, '{"step": 4, "train_runtime": 1.0}']
