@@ -73,8 +73,9 @@ def test_a_local_model_folder_is_loaded_by_its_absolute_path_and_an_adapter_need
     from trl import ModelConfig
 
     (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text("{}")
     (tmp_path / "adapter").mkdir()
-    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    (tmp_path / "adapter" / "adapter_config.json").write_text('{"base_model_name_or_path": "base"}')
     monkeypatch.chdir(tmp_path)
     args = SimpleNamespace(output_dir=str(tmp_path / "out"), seed=0)
     path = models.resolve_model_path(ModelConfig(model_name_or_path="./base"), args)
