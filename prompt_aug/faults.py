@@ -332,13 +332,37 @@ def _optimizer_problem(folder: Path) -> str | None:
     return "no optimizer state (optimizer.pt)"
 
 
-def checkpoint_problem(folder: str | Path, optimizer: bool = True) -> str | None:
+def _rng_problem(folder: Path, processes: int | None) -> str | None:
+    """Why a checkpoint of several processes lacks one's RNG state (``rng_state_R.pth``), or None. The count
+    is the checkpoint's own (``launch.json``), else ``processes``; one process is not checked (its RNG state
+    is written before ``trainer_state.json``), nor is an unknown count."""
+    try:
+        saved = json.loads((folder / LAUNCH_FILE).read_text()).get("processes")
+    except (OSError, ValueError, AttributeError):
+        saved = None
+    count = saved if isinstance(saved, int) else processes
+    for rank in range(count if count is not None and count > 1 else 0):
+        path = folder / f"rng_state_{rank}.pth"
+        if not path.is_file():
+            return f"{path.name} is missing (process {rank} was killed while saving?)"
+        if not zipfile.is_zipfile(path):
+            return f"{path.name} is cut short (half-written?)"
+    return None
+
+
+def checkpoint_problem(
+    folder: str | Path, optimizer: bool = True, processes: int | None = None
+) -> str | None:
     """Why ``folder`` is not a complete checkpoint to resume from, or None when it is.
 
     The Trainer writes the model, then the optimizer, scheduler and RNG states, and ``trainer_state.json``
     last; a kill during a save leaves the folder without it, or with a half-written one. The model and
     optimizer files are checked too (a safetensors file against the length its header gives, ``optimizer.pt``
-    as the zip archive torch writes), for a folder whose files were removed or cut short.
+    as the zip archive torch writes), for a folder whose files were removed or cut short. With several
+    processes, each writes its own RNG state while process 0 writes ``trainer_state.json``, with no wait
+    between them, so each ``rng_state_R.pth`` is checked too: for the count the checkpoint records, else
+    ``processes`` (the launch's). ``optimizer=False`` (``save_only_model``, which writes neither) checks
+    neither.
     """
     folder = Path(folder)
     state = folder / "trainer_state.json"
@@ -350,7 +374,9 @@ def checkpoint_problem(folder: str | Path, optimizer: bool = True) -> str | None
         return "trainer_state.json is not valid JSON (half-written?)"
     if not isinstance(step, int):
         return "trainer_state.json has no global_step"
-    return _model_problem(folder) or (_optimizer_problem(folder) if optimizer else None)
+    if not optimizer:
+        return _model_problem(folder)
+    return _model_problem(folder) or _optimizer_problem(folder) or _rng_problem(folder, processes)
 
 
 def _checkpoint_number(path: Path) -> int:
@@ -365,13 +391,13 @@ def checkpoint_folders(output_dir: str | Path) -> list[Path]:
 
 
 def last_complete_checkpoint(
-    output_dir: str | Path, optimizer: bool = True
+    output_dir: str | Path, optimizer: bool = True, processes: int | None = None
 ) -> tuple[str | None, list[tuple[str, str]]]:
     """The newest complete ``checkpoint-N`` folder of ``output_dir`` (or None), and the newer folders skipped,
-    each with why (``optimizer``: as `checkpoint_problem`)."""
+    each with why (``optimizer``, ``processes``: as `checkpoint_problem`)."""
     skipped = []
     for path in checkpoint_folders(output_dir):
-        problem = checkpoint_problem(path, optimizer)
+        problem = checkpoint_problem(path, optimizer, processes)
         if problem is None:
             return str(path), skipped
         skipped.append((str(path), problem))
@@ -383,12 +409,17 @@ class ResumeError(FaultError):
 
 
 def resolve_resume(
-    value: str | bool | None, output_dir: str | Path, log: bool = True, optimizer: bool = True
+    value: str | bool | None,
+    output_dir: str | Path,
+    log: bool = True,
+    optimizer: bool = True,
+    processes: int | None = None,
 ) -> str | None:
     """The checkpoint ``resume_from_checkpoint`` names: ``true`` the last complete one in ``output_dir`` (a
     newer folder that a kill during a save left incomplete is skipped, with one log line naming it and why), a
     path itself if it is complete; ``None`` for none. ``optimizer=False`` (a run with ``save_only_model``,
-    which transformers resumes on a fresh optimizer) does not ask for optimizer state.
+    which transformers resumes on a fresh optimizer) does not ask for optimizer state; ``processes`` (the
+    launch's count) is as in `checkpoint_problem`.
 
     Raises:
         ResumeError: no checkpoint, or an incomplete one, named with what to do.
@@ -397,7 +428,9 @@ def resolve_resume(
         return None
     if str(value).lower() == "true":
         last, skipped = (
-            last_complete_checkpoint(output_dir, optimizer) if Path(output_dir).is_dir() else (None, [])
+            last_complete_checkpoint(output_dir, optimizer, processes)
+            if Path(output_dir).is_dir()
+            else (None, [])
         )
         for path, why in skipped if log else []:
             logger.warning("resume: skipping %s: %s", path, why)
@@ -414,7 +447,7 @@ def resolve_resume(
         return last
     if not Path(value).is_dir():
         raise ResumeError(f"resume_from_checkpoint: no such checkpoint folder {value}")
-    problem = checkpoint_problem(value, optimizer)
+    problem = checkpoint_problem(value, optimizer, processes)
     if problem is not None:
         raise ResumeError(f"resume_from_checkpoint: {value} is not a complete checkpoint: {problem}")
     return str(value)
@@ -428,7 +461,7 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
         ResumeError: the checkpoint, what differs and what to do.
     """
     checkpoint = resolve_resume(
-        value, args.output_dir, log, optimizer=not getattr(args, "save_only_model", False)
+        value, args.output_dir, log, not getattr(args, "save_only_model", False), processes
     )
     if checkpoint is not None:
         problem = resume_launch_problem(checkpoint, processes) or resume_engine_problem(

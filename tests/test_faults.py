@@ -522,6 +522,37 @@ def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
     assert faults.checkpoint_problem(bad, optimizer=False) is not None
 
 
+def test_a_checkpoint_of_two_processes_needs_each_ones_rng_state(tmp_path):
+    # Process 0 writes trainer_state.json while process 1 may still be writing rng_state_1.pth: a kill then
+    # leaves a folder that looks complete. transformers resumes it and restores no RNG state on process 1.
+    import torch
+
+    older, newer = (fault_harness.tiny_checkpoint(tmp_path / f"checkpoint-{n}", n) for n in (2, 4))
+    for folder in (older, newer):
+        (folder / faults.LAUNCH_FILE).write_text('{"processes": 2}\n')
+        torch.save({"cpu": torch.random.get_rng_state()}, folder / "rng_state_0.pth")
+    torch.save({"cpu": torch.random.get_rng_state()}, older / "rng_state_1.pth")
+    assert (
+        faults.checkpoint_problem(newer) == "rng_state_1.pth is missing (process 1 was killed while saving?)"
+    )
+    args = SimpleNamespace(output_dir=str(tmp_path), save_only_model=False)
+    assert faults.check_resume("true", args, processes=2) == str(older)
+    (newer / "rng_state_1.pth").write_bytes((older / "rng_state_1.pth").read_bytes()[:100])
+    with pytest.raises(
+        faults.ResumeError, match="checkpoint-4 is not a complete checkpoint: rng_state_1.pth is cut"
+    ):
+        faults.check_resume(str(newer), args, processes=2)
+    shutil.copy(older / "rng_state_1.pth", newer / "rng_state_1.pth")
+    assert faults.check_resume("true", args, processes=2) == str(newer)
+    # Without launch.json (killed before it was written) the launch's count is taken.
+    (older / faults.LAUNCH_FILE).unlink()
+    (older / "rng_state_1.pth").unlink()
+    assert faults.checkpoint_problem(older, processes=2) == (
+        "rng_state_1.pth is missing (process 1 was killed while saving?)"
+    )
+    assert faults.checkpoint_problem(older) is None  # count unknown: not checked
+
+
 def test_a_save_only_model_run_resumes_from_a_checkpoint_without_optimizer_state(tmp_path):
     # transformers resumes such a run on a fresh optimizer; a run that saves its optimizer does not skip it.
     only_model = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-3", 3)
