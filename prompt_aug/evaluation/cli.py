@@ -312,7 +312,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     if error:
         raise EvalError(error)
 
-    backend, tokenizer = _load_backend(args, backend_name, max_model_len, processes)
+    backend = _load_backend(args, backend_name, max_model_len, processes, tokenizer)
     logger.info(
         "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s%s",
         args.model,
@@ -371,10 +371,14 @@ def _vllm_context(
 
 
 def _load_backend(
-    args: argparse.Namespace, backend_name: str, max_model_len: int | None, processes: Processes
-) -> tuple[Backend, Any]:
-    """The generation backend and its tokenizer (with ``--chat_template``); with several processes, each on
-    its own GPU."""
+    args: argparse.Namespace,
+    backend_name: str,
+    max_model_len: int | None,
+    processes: Processes,
+    tokenizer: Any,
+) -> Backend:
+    """The generation backend, with ``tokenizer`` (the model's, with ``--chat_template``); with several
+    processes, each on its own GPU."""
     if backend_name == "vllm":
         backend: Backend = VLLMBackend(
             args.model,
@@ -386,16 +390,13 @@ def _load_backend(
             stop=args.stop,
             external_launcher=processes.size > 1,
             enforce_eager=args.enforce_eager,
-            chat_template=args.chat_template,
+            tokenizer=tokenizer,
         )
-        return backend, backend.tokenizer
+        return backend
     import torch
 
     device = f"cuda:{processes.local_rank}" if processes.size > 1 and torch.cuda.is_available() else None
-    loaded = HFBackend.load(
-        args.model, args.dtype, args.stop, device=device, chat_template=args.chat_template
-    )
-    return loaded, loaded.tokenizer
+    return HFBackend.load(args.model, args.dtype, args.stop, device=device, tokenizer=tokenizer)
 
 
 def _summary(
