@@ -130,9 +130,8 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
     folder = Path(folder).expanduser().resolve()
     if not is_adapter(folder):
         raise AdapterError(f"{folder}: no {ADAPTER_FILE} there, so not a LoRA adapter folder")
-    recorded = adapter_base(
-        folder
-    )  # a file that does not parse fails here, naming it, with or without ``base``
+    # A file that does not parse fails here, naming it, with or without ``base``.
+    recorded = adapter_base(folder)
     if base is None:
         check_adapter_base("merge", folder)
         base = recorded
