@@ -117,6 +117,40 @@ def test_eval_fires_on_the_evaluation_whose_2_eval_mean_falls_more_than_0_05():
     assert _feed(_guard(EVAL), stream) == {30: ["eval"]}
 
 
+def test_each_evaluation_counts_one_even_when_several_fall_in_one_round():
+    # eval_every_steps 2 at 4 optimizer steps a round: two evaluations a round, each one of the window's 2.
+    guard = _guard(SignalSpec("eval", ("eval/macro",), "drop", 0.04, 2, "stop"), steps_per_round=4)
+    evals = {2: 0.4, 4: 0.4, 6: 0.4, 8: 0.3}
+    stream = [
+        {"step": s, "entropy": 0.5, **({"eval/macro": evals[s]} if s in evals else {})} for s in range(1, 9)
+    ]
+    # The last 2 evaluations average 0.35, 0.05 below the best 0.4: it fires at step 8. Averaged by round
+    # (0.4, then 0.35) the fall would be 0.025, and it would not.
+    assert _feed(guard, stream) == {8: ["eval"]}
+
+
+def test_the_eval_message_names_the_evaluations_and_their_rounds():
+    guard = _guard(SignalSpec("eval", ("eval/macro",), "drop", 0.05, 2, "stop"))
+    firings = []
+    for r, v in [(5, 0.3), (10, 0.32), (15, 0.36), (20, 0.36), (25, 0.2)]:
+        firings += guard.observe({"step": r, "round": r, "eval/macro": v})[1]
+    (firing,) = firings
+    assert "averaged 0.28 over the last 2 evaluations (rounds 20-25)" in firing.detail, firing.detail
+
+
+def test_the_logged_run_keeps_counting_past_the_window_and_restarts_after_a_recovery():
+    # collapse/entropy is the rounds in a row below the floor: it does not stop at the window's 3.
+    guard = _guard(ENTROPY)
+    values = [0.01] * 6 + [0.5] + [0.01] * 2
+    stream = [{"step": r, "round": r, "entropy": v} for r, v in enumerate(values, 1)]
+    logged = [guard.observe(entry)[0]["collapse/entropy"] for entry in stream]
+    assert logged == [1, 2, 3, 4, 5, 6, 0, 1, 2]
+    # A line standing for several rounds counts for each of them.
+    guard = _guard(ENTROPY)
+    stream = [{"step": 4 * r, "round": 2 * r, "entropy": 0.01} for r in range(1, 5)]
+    assert [guard.observe(e)[0]["collapse/entropy"] for e in stream] == [2, 4, 6, 8]
+
+
 def test_windows_count_rounds_not_log_lines():
     # 2 optimizer steps per round, a log line per step: rounds are steps (1,2), (3,4), (5,6), ...
     guard = _guard(ENTROPY, steps_per_round=2)
@@ -403,6 +437,32 @@ def test_the_room_made_for_a_collapse_save_is_made_once_and_given_back_if_the_sa
     assert args.save_total_limit == 3  # not 4
     guard.on_train_begin(args, TrainerState(), TrainerControl())  # train() again after a failed save
     assert args.save_total_limit == 2
+
+
+def test_a_collapse_save_that_never_came_leaves_the_next_regular_checkpoint_alone(tmp_path, caplog):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), save_total_limit=None, report_to=[])
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"))
+    guard.on_log(args, TrainerState(global_step=1, max_steps=100), TrainerControl(), logs={"entropy": 0.0})
+    # The Trainer skipped the save the guard asked for (save_strategy "best": no new best at step 1). At
+    # step 4 a regular save comes; entropy is still low, so nothing fires again.
+    state, control = TrainerState(global_step=4, max_steps=100), TrainerControl(should_save=True)
+    guard.on_log(args, state, control, logs={"entropy": 0.0})
+    (tmp_path / "checkpoint-4").mkdir()
+    guard.on_save(args, state, control)
+    assert (tmp_path / "checkpoint-4").is_dir() and not list(tmp_path.glob("collapse-*"))
+    assert guard.checkpoints == []
+    # A stop whose save never came still ends the run with a message naming the signal.
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "stop"))
+    state = TrainerState(global_step=7, max_steps=100)
+    control = TrainerControl()
+    guard.on_log(args, state, control, logs={"entropy": 0.0})
+    assert control.should_training_stop
+    with caplog.at_level("WARNING", logger="prompt_aug.collapse"):
+        guard.on_train_end(args, state, control)
+    assert guard.stop_message and "stopped training at step 7 (round 7): entropy" in guard.stop_message
+    assert "no checkpoint" in guard.stop_message and guard.stop_message in caplog.text
 
 
 @pytest.mark.slow

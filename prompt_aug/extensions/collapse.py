@@ -112,7 +112,8 @@ class _Watch:
     A log line stands for the rounds since the previous log line (TRL averages a line's metrics over its
     ``logging_steps``, which may span several rounds; `CollapseGuard.observe` counts them, over every line,
     so a signal missing from some lines is not stretched over the gap), so a window of ``window`` rounds
-    holds the fewest latest lines that together stand for that many; for ``eval`` each evaluation counts one.
+    holds the fewest latest lines that together stand for that many; for ``eval`` each evaluation counts one,
+    however many fall in one round.
     """
 
     def __init__(self, spec: SignalSpec) -> None:
@@ -121,6 +122,9 @@ class _Watch:
         self.best = -math.inf  # best window mean over completed rounds (kind "drop")
         self.active = False
         self.stat = 0.0
+        # Rounds in a row past the threshold before the latest line (kinds "below" / "above"): the run logged
+        # keeps counting after the window's lines are gone.
+        self.run_before = 0
 
     @property
     def last(self) -> int:
@@ -134,12 +138,15 @@ class _Watch:
         """A log line of round ``round_`` standing for ``span`` rounds (ignored for another line of the
         latest round, and for ``eval``); returns the firing it causes, if any."""
         spec = self.spec
-        if self.lines and round_ <= self.lines[-1][0]:  # another line of the same round: averaged in
+        same_round = self.lines and round_ <= self.lines[-1][0]
+        if same_round and spec.name != "eval":  # another line of the same round: averaged in
             self.lines[-1][1] += value
             self.lines[-1][2] += 1
         else:
             if spec.kind == "drop" and self._covered() >= spec.window:
                 self.best = max(self.best, self._window_mean())
+            if spec.kind != "drop":
+                self.run_before = self._run()
             self.lines.append([round_, value, 1, 1 if spec.name == "eval" else max(1, span)])
             while len(self.lines) > 1 and self._covered() - self.lines[0][3] >= spec.window:
                 self.lines.popleft()
@@ -151,27 +158,39 @@ class _Watch:
             current = self._window_mean()
             best = max(self.best, current)
             self.stat = best - current
-            first = max(self._first(len(self.lines)), self.last - spec.window + 1)
+            if spec.name == "eval":
+                where = f"the last {len(self.lines)} evaluations (rounds {int(self.lines[0][0])}-{self.last})"
+            else:
+                where = f"rounds {max(self._first(len(self.lines)), self.last - spec.window + 1)}-{self.last}"
             detail = (
-                f"{spec.name} ({key}) averaged {current:.4g} over {unit} {first}-{self.last}, "
+                f"{spec.name} ({key}) averaged {current:.4g} over {where}, "
                 f"{self.stat:.4g} below its best {best:.4g}, more than the allowed {spec.threshold:g}"
             )
             return self._settle(self.stat > spec.threshold, step, detail)
 
-        past = (lambda v: v < spec.threshold) if spec.kind == "below" else (lambda v: v > spec.threshold)
-        run, lines = 0, 0  # rounds in a row past the threshold, and the lines that stand for them
-        for _, total, count, stands_for in reversed(self.lines):
-            if not past(total / count):
+        run, lines = self._run(), 0  # rounds in a row past the threshold; the window's lines among them
+        for _, total, count, _ in reversed(self.lines):
+            if not self._past(total / count):
                 break
-            run, lines = run + int(stands_for), lines + 1
+            lines += 1
         self.stat = float(run)
         word = "below the floor" if spec.kind == "below" else "above the ceiling"
         means = ", ".join(f"{total / count:.4g}" for _, total, count, _ in list(self.lines)[-max(lines, 1) :])
         detail = (
             f"{spec.name} ({key}) {word} {spec.threshold:g} for {run} {unit} in a row, "
-            f"{spec.window} or more asked (rounds {self._first(lines)}-{self.last}: {means})"
+            f"{spec.window} or more asked (rounds {self.last - run + 1}-{self.last}: {means})"
         )
         return self._settle(run >= spec.window, step, detail)
+
+    def _past(self, value: float) -> bool:
+        return value < self.spec.threshold if self.spec.kind == "below" else value > self.spec.threshold
+
+    def _run(self) -> int:
+        """Rounds in a row past the threshold, through the latest line (0 before any)."""
+        if not self.lines:
+            return 0
+        _, total, count, stands_for = self.lines[-1]
+        return self.run_before + int(stands_for) if self._past(total / count) else 0
 
     def _first(self, lines: int) -> int:
         """The first round the latest ``lines`` log lines stand for."""
@@ -324,6 +343,12 @@ class CollapseGuard(TrainerCallback):
             args.save_total_limit, self._save_total_limit = self._save_total_limit, None
         if not self._pending:
             return control
+        if self._pending[0].step != state.global_step:
+            # The save asked for at that step never came (save_strategy "best" skips one that is no new best):
+            # this save is another, which must not be renamed after those firings.
+            self._unsaved(self._pending, state.is_world_process_zero)
+            self._pending = []
+            return control
         firings, self._pending = self._pending, []
         source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         target = _free_path(  # named on every process before any renames
@@ -358,9 +383,30 @@ class CollapseGuard(TrainerCallback):
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._save_total_limit is not None:
+            args.save_total_limit, self._save_total_limit = self._save_total_limit, None
+        if self._pending:  # the save asked for at the last firing never came
+            self._unsaved(self._pending, state.is_world_process_zero)
+            self._pending = []
         if self.stop_message and state.is_world_process_zero:
             logger.warning("%s", self.stop_message)
         return control
+
+    def _unsaved(self, firings: list[Firing], main: bool) -> None:
+        """Firings whose checkpoint the Trainer never saved: said so, and for a stop, why the run stopped."""
+        stops = [f for f in firings if f.action == "stop"]
+        if stops and self.stop_message is None:
+            self.stop_message = (
+                f"collapse guard stopped training at step {stops[0].step} (round {stops[0].round}): "
+                + "; ".join(f.detail for f in stops)
+                + ". The Trainer saved no checkpoint at that step (save_strategy skipped it)"
+            )
+        elif main:
+            logger.warning(
+                "collapse guard: no checkpoint was saved for %s at step %d: the Trainer skipped the save",
+                ", ".join(f.signal for f in firings),
+                firings[0].step,
+            )
 
 
 def _is_number(value: Any) -> bool:
