@@ -32,7 +32,7 @@ from .records import generation_round
 
 LOG_FILE = "logs.jsonl"
 # Dynamic sampling (`prompt_aug.extensions.dynamic_sampling`) logs TRL's reward and truncation metrics again
-# under this prefix, over every generated completion (TRL's cover the trained groups only).
+# under this prefix, over every generated completion (TRL's reward metrics cover the trained groups only).
 GENERATED = "dynamic_sampling/generated/"
 
 logger = logging.getLogger("prompt_aug")

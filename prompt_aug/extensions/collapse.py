@@ -438,8 +438,9 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
         "eval": (("eval/macro",), "drop"),
     }
     if getattr(a, "dynamic_sampling", False):
-        # TRL's reward and truncation metrics then cover the trained groups only, never those every rollout
-        # got right or wrong: read them over everything generated first (a chosen metric stays as chosen).
+        # TRL's reward metrics then cover the trained groups only, never those every rollout got right or
+        # wrong: read them over everything generated first (a chosen metric stays as chosen). Truncation
+        # reads the same key set; TRL's own already covers every generation pass.
         for name in ("accuracy", "truncation") if not a.collapse_accuracy_metric else ("truncation",):
             keys, kind = watched[name]
             watched[name] = (generated_first(keys), kind)

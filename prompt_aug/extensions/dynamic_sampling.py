@@ -31,8 +31,11 @@ Logged per round: ``dynamic_sampling/groups_generated``, ``groups_kept`` (traine
 without a correctness reward), ``dropped_no_spread`` (other flat groups), ``generation_passes``, ``cap_hit``
 and ``kept_share``; per-template metrics and ``completions/repetition_ratio`` over everything generated,
 plus ``templates/<name>/kept``; and ``dynamic_sampling/generated/reward``, ``.../rewards/<function>/mean``
-and ``.../completions/clipped_ratio``: TRL's metrics of those names, which cover the trained rows only,
-over everything generated (what the collapse guard reads with dynamic sampling on). The
+and ``.../completions/clipped_ratio``: TRL's metrics of those names over everything generated (what the
+collapse guard reads with dynamic sampling on). TRL's reward metrics cover the trained rows only; its length
+and truncation metrics (``completions/*``, ``num_tokens``) are taken in each generation pass, so they
+already cover everything generated, and ``.../completions/clipped_ratio`` equals TRL's (each pass is one
+round's size); it is logged so that every ``generated/`` metric a reader needs is under one prefix. The
 completion records hold every generated completion (trained rows first, in training order) with ``kept``,
 ``group_status`` and ``generation_pass``; rows not trained have a NaN ``advantage``.
 """
@@ -489,8 +492,9 @@ class DynamicSampler:
         trainer.template_metrics.append(trainer, names, rewards, lengths, truncated, "train", kept=kept)
         looping = torch.cat([p.looping for p in passes])
         trainer.template_metrics.append_repetition(trainer, names, looping, "train")
-        # TRL's reward and truncation metrics cover the trained rows only, which leave out the groups every
-        # rollout got right or wrong: the same metrics over everything generated, for the collapse guard.
+        # TRL's reward metrics cover the trained rows only, which leave out the groups every rollout got right
+        # or wrong: the same metrics over everything generated, for the collapse guard. (TRL's truncation
+        # metric, taken in each generation pass, already covers them; it is repeated under the same prefix.)
         generated = {
             "reward": torch.nanmean(total_reward(rewards, trainer.reward_weights.cpu())).item(),
             **{
