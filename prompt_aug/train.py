@@ -164,7 +164,9 @@ class PromptAugScriptArguments:
         "Print the batch arithmetic and exit; loads neither model nor data. Pass it on the "
         "command line: it then parses with use_cpu on, so bf16 recipes parse on a machine without a GPU.",
     )
-    num_processes: int | None = help_field(None, "Processes for --dry_run (default: WORLD_SIZE, else 1).")
+    num_processes: int | None = help_field(
+        None, "Processes for --dry_run (default: WORLD_SIZE, else 1); a real run counts its launch's."
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.dataset_mixture, str):  # from the command line, as JSON
@@ -340,6 +342,8 @@ def run(
         return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
+    # A real run's round is this launch's; the recipe's num_processes plans dry runs only.
+    arithmetic = batch_arithmetic(args, script_args, num_processes=state.num_processes)
     recipe = recipe_text(argv)  # for the model card
     resume = prepare_output_dir(script_args, args, model_args, state)  # and where model and data come from
     with state.main_process_first():  # the data as stored, downloaded once; mapped to rows below
@@ -375,7 +379,7 @@ def run(
             f"{found}: fewer questions than one round's {arithmetic.questions_per_round}; {fix}, or shrink "
             "the round (--dry_run)"
         )
-    arithmetic = batch_arithmetic(args, script_args, rows=len(dataset) - held_out)  # the rows as loaded
+    arithmetic = batch_arithmetic(args, script_args, state.num_processes, rows=len(dataset) - held_out)
     logger.info("batch arithmetic:\n%s", arithmetic.table())
     with state.main_process_first() if download_once else nullcontext():
         model = load_model(model_path, model_args, args)

@@ -10,6 +10,7 @@ The numbers must equal `prompt_aug.batches.batch_arithmetic` for that process co
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -289,6 +290,34 @@ def test_a_dry_run_checks_the_batch_keys_as_its_process_count_will_run_them(tmp_
     assert parsed.training_args.steps_per_generation == 16  # 1024 / (8 per device x 8 processes)
     assert batch_arithmetic(parsed.training_args, parsed.script_args).completions_per_round == 1024
     assert parsed.training_args.world_size == 1  # the planned count holds only while the recipe parses
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--num_processes", "0"], "num_processes: must be at least 1, got 0"),
+        (["--num_processes", "-2"], "num_processes: must be at least 1, got -2"),
+        (["--dataset_num_rows", "-10"], "dataset_num_rows: must be at least 1, got -10"),
+        (["--num_synthetic", "-5"], "num_synthetic: must be at least 1, got -5"),
+    ],
+)
+def test_a_count_the_batch_arithmetic_reads_below_one_is_refused_not_shown_as_negative_rounds(extra, message):
+    smoke = ["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--dry_run"]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*smoke, *extra])
+    assert message in str(exit_info.value.code)
+
+
+def test_a_real_run_counts_its_own_processes_not_the_recipes_dry_run_count(tmp_path, caplog):
+    # num_processes plans a dry run; 128 would make a round of 512 questions, more than the 256 rows.
+    out = tmp_path / "run"
+    with caplog.at_level("INFO", logger="prompt_aug"):
+        status = train.train(["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--output_dir", str(out),
+                              "--max_steps", "1", "--num_processes", "128"])  # fmt: skip
+    assert status == 0
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 1
+    table = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("batch arithmetic"))
+    assert re.search(r"questions per round +4\b", table), table
 
 
 def test_unknown_recipe_key_is_an_error_naming_the_key(tmp_path):
