@@ -18,6 +18,9 @@ import os
 import re
 import shutil
 import sys
+import types
+import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,11 @@ class RecipeParser(TrlParser):
         super().__init__(*args, **kwargs)
         self._config_path: str | None = None
         self._cli_keys: set[str] = set()
+        self._field_types = {
+            name: kind
+            for dtype in self.dataclass_types
+            for name, kind in typing.get_type_hints(dtype).items()
+        }
 
     def error(self, message: str) -> None:  # argparse calls this for a bad value; it would print the usage
         found = re.match(r"argument --([\w-]+)(?:/--[\w-]+)*: (.*)", message, re.DOTALL)
@@ -65,11 +73,19 @@ class RecipeParser(TrlParser):
     # Why: TRL sets a recipe's values as the parser's defaults, and argparse converts a default only when it
     # is text. A list key given one value (``reward_funcs: correctness``) reached the config as a string,
     # later read letter by letter (the command line makes it a list of one), and list items kept YAML's
-    # types (``dataset_levels: [3, 4]``: numbers).
+    # types (``dataset_levels: [3, 4]``: numbers). A one-value key given a list, a mapping, nothing
+    # (``key:``) or a boolean for a number reached TRL's checks as it was: a traceback, or silently taken.
     def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
+        where = self._config_path or "recipe"
         for action in self._actions:
-            if action.nargs in ("+", "*") and kwargs.get(action.dest) is not None:
-                kwargs[action.dest] = _list_value(action, kwargs[action.dest], self._config_path or "recipe")
+            if action.dest not in kwargs:
+                continue
+            if action.nargs in ("+", "*"):
+                if kwargs[action.dest] is not None:
+                    kwargs[action.dest] = _list_value(action, kwargs[action.dest], where)
+            elif action.type is not None:  # not a ``--no_*`` switch, which shares its key's dest
+                kind = self._field_types.get(action.dest, Any)
+                kwargs[action.dest] = _scalar_value(action, kwargs[action.dest], kind, where)
         return super().set_defaults_with_config(**kwargs)
 
     def option_names(self) -> set[str]:
@@ -84,6 +100,40 @@ class RecipeParser(TrlParser):
             for s in action.option_strings
             if s[:2] == "--"
         }
+
+
+def _admits(kind: Any, cls: type) -> bool:
+    """Whether the field type ``kind`` (``int | None``, ``dict | str``, ...) takes values of ``cls``."""
+    options = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+    return kind is Any or any(o is cls or typing.get_origin(o) is cls for o in options)
+
+
+def _scalar_value(action: argparse.Action, value: Any, kind: Any, where: str) -> Any:
+    """A recipe's value for a one-value key, checked as the command line would check its text: a list or a
+    mapping is not one value, ``key:`` with nothing after it is no value (unless the key takes null), a
+    boolean is not a number, and a number with a point is an int only when whole (``8.0``: 8).
+
+    >>> import argparse
+    >>> steps = argparse.Action(["--max_steps"], "max_steps", type=int, default=-1)
+    >>> _scalar_value(steps, 8.0, int, "r.yaml")
+    8
+    """
+    key = action.dest
+    if value is None:
+        if action.default is not None and not _admits(kind, type(None)):
+            raise UsageError(f"{where}: {key}: no value; give one, or remove the line")
+        return value
+    if _admits(kind, dict) or _admits(kind, list):
+        return value  # a key that takes a mapping or a list as well (``model_init_kwargs``, ``report_to``)
+    if isinstance(value, (list, dict)):
+        shape = "a list" if isinstance(value, list) else "a mapping"
+        raise UsageError(f"{where}: {key}: one value, got {shape} {value!r}")
+    number = getattr(action.type, "__name__", None)  # TRL wraps an optional key's type, keeping its name
+    if number in ("int", "float") and (
+        isinstance(value, bool) or (number == "int" and isinstance(value, float) and not value.is_integer())
+    ):
+        raise UsageError(f"{where}: {key}: {value!r} is not a{'n' if number == 'int' else ''} {number}")
+    return int(value) if number == "int" and isinstance(value, float) else value
 
 
 def _list_value(action: argparse.Action, value: Any, where: str) -> list:
@@ -135,7 +185,7 @@ def wants_dry_run(argv: list[str]) -> bool:
     return False
 
 
-def _flag_value(argv: list[str], flag: str) -> str | None:
+def flag_value(argv: list[str], flag: str) -> str | None:
     """The value of ``flag`` on a command line (``--flag V`` or ``--flag=V``; the last one wins), or None."""
     value = None
     for i, arg in enumerate(argv):
@@ -153,8 +203,8 @@ def dry_run_processes(argv: list[str]) -> int | None:
     >>> dry_run_processes(["--dry_run", "--num_processes", "16"]), dry_run_processes(["--num_processes=4"])
     (16, 4)
     """
-    value = _flag_value(argv, "--num_processes")
-    config = _flag_value(argv, "--config")
+    value = flag_value(argv, "--num_processes")
+    config = flag_value(argv, "--config")
     if value is None and config and Path(config).is_file():
         try:
             recipe = yaml.safe_load(Path(config).read_text())
@@ -163,7 +213,29 @@ def dry_run_processes(argv: list[str]) -> int | None:
         found = recipe.get("num_processes") if isinstance(recipe, dict) else None
         value = None if found is None else str(found)
     value = value if value is not None else os.environ.get("WORLD_SIZE", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None  # a bad value: the parser says so
+    return int(value) if value.isdigit() and int(value) > 0 else None  # a bad value: parse_recipe says so
+
+
+def config_args(args: list[str]) -> tuple[list[str], str | None]:
+    """``args`` with ``--config=PATH`` written as ``--config PATH`` (the parser reads that form only), and the
+    recipe's path (None: no ``--config``).
+
+    Raises:
+        UsageError: ``--config`` without a path after it, or given twice.
+
+    >>> config_args(["--config=r.yaml", "--max_steps", "2"])
+    (['--config', 'r.yaml', '--max_steps', '2'], 'r.yaml')
+    """
+    spread = []
+    for arg in args:
+        spread += ["--config", arg.split("=", 1)[1]] if arg.startswith("--config=") else [arg]
+    at = [i for i, arg in enumerate(spread) if arg == "--config"]
+    paths = [spread[i + 1] for i in at if i + 1 < len(spread) and spread[i + 1][:2] not in ("", "--")]
+    if len(paths) < len(at):
+        raise UsageError("--config: give the recipe's path, as --config RECIPE.yaml")
+    if len(paths) > 1:
+        raise UsageError(f"--config is given twice ({', '.join(paths)}); give one recipe")
+    return spread, (paths[0] if paths else None)
 
 
 def _closest(key: str, known: set[str]) -> str:
@@ -171,20 +243,52 @@ def _closest(key: str, known: set[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else "; see --help for the keys"
 
 
+class _KeysTwiceLoader(yaml.SafeLoader):
+    """YAML's safe loader, noting each key given twice in a mapping (YAML keeps the last one, silently)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.twice: list[str] = []
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                if key in lines:
+                    self.twice.append(f"{key} is set twice (lines {lines[key]} and {line})")
+                lines[key] = line
+            except TypeError:  # an unhashable key: construction refuses it with YAML's own error
+                pass
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_config(path: str) -> dict[str, Any]:
+    """The recipe's mapping; a key given twice warns, naming both lines (the later one counts, as in YAML;
+    appending overrides to a copy of a recipe is common enough not to refuse it)."""
+    if Path(path).is_dir():
+        raise UsageError(f"--config: {path} is a folder; give the recipe file in it")
     if not Path(path).is_file():
         raise UsageError(f"--config: no such file {path}")
     try:
         with open(path) as handle:  # a stream, so YAML's errors name the file
-            config = yaml.safe_load(handle)
+            loader = _KeysTwiceLoader(handle)
+            try:
+                config = loader.get_single_data()
+            finally:
+                loader.dispose()
     except yaml.YAMLError as err:
         raise UsageError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
+    for twice in loader.twice:
+        warnings.warn(f"{path}: {twice}; the later one counts, remove the other", UserWarning, stacklevel=3)
     if not isinstance(config, dict):
         raise UsageError(f"{path}: a recipe is a YAML mapping of keys to values")
     return config
 
 
-def _batch_message(message: str, where: str, set_keys: set[str]) -> str | None:
+def _batch_message(message: str, set_keys: set[str]) -> str | None:
     """TRL's divisibility error, rephrased with the keys the user can change."""
     found = re.search(
         r"generation_batch_size \((\d+)\) must be divisible by num_generations \((\d+)\)", message
@@ -199,10 +303,29 @@ def _batch_message(message: str, where: str, set_keys: set[str]) -> str | None:
         "(default: gradient_accumulation_steps)"
     )
     return (
-        f"{where}: num_generations ({generations}) must divide the completions per round, {source} = "
+        f"num_generations ({generations}) must divide the completions per round, {source} = "
         f"{completions}; change num_generations, per_device_train_batch_size or steps_per_generation "
         "(check with --dry_run)"
     )
+
+
+# Script keys that count processes or rows: below 1, the batch arithmetic (prompt_aug.batches) goes negative.
+AT_LEAST_ONE = ("num_processes", "dataset_num_rows", "num_synthetic")
+
+
+def _where(message: str, config_path: str | None, config_keys: set[str], cli_keys: set[str]) -> str:
+    """Where the keys an error names were set: the recipe file, the command line (overriding the file, where
+    it sets them too), or both (a ``--flag`` the message suggests is no key it names)."""
+    if not config_path:
+        return "command line"
+    named = {k for k in config_keys | cli_keys if re.search(rf"(?<![\w-]){re.escape(k)}\b", message)}
+    from_cli = sorted(named & cli_keys)
+    flags = " ".join(f"--{k}" for k in from_cli)
+    if not from_cli:
+        return config_path
+    if not named <= cli_keys:
+        return f"{config_path} and command line {flags}"
+    return f"command line {flags}, overriding {config_path}" if named & config_keys else "command line"
 
 
 def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
@@ -210,11 +333,11 @@ def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
 
     Raises:
         UsageError: a key no dataclass has (with the closest one), a value that does not convert, a batch
-            that does not split into whole groups; the message names the file or the command line.
+            that does not split into whole groups, a count of `AT_LEAST_ONE` below 1; the message names the
+            file or the command line.
     """
-    args = list(args)
+    args, config_path = config_args(list(args))
     known = parser.option_names()
-    config_path = args[args.index("--config") + 1] if "--config" in args[:-1] else None
     config = _read_config(config_path) if config_path else {}
     for key in config:
         if key != "env" and key not in known:
@@ -228,15 +351,18 @@ def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
             cli_keys.add(key)
     parser._config_path, parser._cli_keys = config_path, cli_keys
     try:
-        return parser.parse_args_and_config(args)
+        parsed = parser.parse_args_and_config(args)
     except ValueError as err:
         if isinstance(err, UsageError):
             raise
-        where = config_path or "command line"
-        message = str(err)
-        raise UsageError(
-            _batch_message(message, where, set(config) | cli_keys) or f"{where}: {message}"
-        ) from None
+        message = _batch_message(str(err), set(config) | cli_keys) or str(err)
+        raise UsageError(f"{_where(message, config_path, set(config), cli_keys)}: {message}") from None
+    for key in AT_LEAST_ONE:
+        value = next((getattr(p, key) for p in parsed if hasattr(p, key)), None)
+        if value is not None and value < 1:
+            where = _where(key, config_path, set(config), cli_keys)
+            raise UsageError(f"{where}: {key}: must be at least 1, got {value}")
+    return parsed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,10 +554,10 @@ def interrupted_message(
 
 def recipe_text(argv: list[str] | None) -> str:
     """The recipe file's text, with the command-line overrides as a last comment line."""
-    args = list(argv) if argv is not None else sys.argv[1:]
+    args, config_path = config_args(list(argv) if argv is not None else sys.argv[1:])
     text = ""
-    if "--config" in args:
-        text = Path(args[args.index("--config") + 1]).read_text()
+    if config_path:
+        text = Path(config_path).read_text()
     overrides = [a for i, a in enumerate(args) if a != "--config" and (i == 0 or args[i - 1] != "--config")]
     if overrides:
         text += "\n# command-line overrides: " + " ".join(overrides) + "\n"

@@ -23,6 +23,14 @@ from .padding import padding_mode
 from .templates import STOP_TOKENS  # defined there so that evaluation need not import TRL
 
 ACTIONS = ("log", "checkpoint", "stop")  # what the collapse guard does when a signal fires
+# TRL's batch keys and their smallest values: TRL divides by them (a traceback at 0), a negative one gives
+# a negative batch, and GRPO compares the completions of a question (TRL refuses 1 itself); the optional
+# ones may be unset.
+BATCH_LOW = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "num_generations": 2}
+BATCH_LOW_IF_SET = {"steps_per_generation": 1, "generation_batch_size": 1}
+# What TRL 1.16's GRPOTrainer accepts; it checks them only inside the first training step.
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none")  # and true / false, TRL's group / none
 SIGNALS = {  # the collapse guard's signals: the key whose value turns each on, and its window key
     "entropy": ("collapse_entropy_floor", "collapse_entropy_rounds"),
     "accuracy": ("collapse_accuracy_drop", "collapse_accuracy_rounds"),
@@ -155,14 +163,16 @@ class PromptAugGRPOConfig(GRPOConfig):
         "evaluation during training",
     )
     eval_every_steps: int = _key(
-        0, "Evaluate every N optimizer steps (0: off).", "evaluation during training"
+        0, "Evaluate every N optimizer steps (0: off).", "evaluation during training", low=0
     )
     eval_data_dir: str | None = _key(
         None,
         "Local evaluation suite folder (default: the Hub's lkevinzc/math-eval).",
         "evaluation during training",
     )
-    eval_limit: int | None = _key(None, "First N questions per benchmark only.", "evaluation during training")
+    eval_limit: int | None = _key(
+        None, "First N questions per benchmark only.", "evaluation during training", low=1
+    )
     eval_question_column: str | None = _key(
         None,
         "Question column of eval_benchmarks' own question sets (default: the first of question, problem, "
@@ -176,7 +186,9 @@ class PromptAugGRPOConfig(GRPOConfig):
         "--answer_column.",
         "evaluation during training",
     )
-    eval_max_tokens: int = _key(1024, "New tokens per evaluation completion.", "evaluation during training")
+    eval_max_tokens: int = _key(
+        1024, "New tokens per evaluation completion.", "evaluation during training", low=1
+    )
 
     # > Dynamic sampling (DAPO): train each round only on groups whose rewards differ
     dynamic_sampling: bool = _key(
@@ -315,6 +327,7 @@ class PromptAugGRPOConfig(GRPOConfig):
         return _PLANNED_PROCESSES.get() or super().world_size
 
     def __post_init__(self) -> None:
+        check_trl_keys(self)  # before TRL's own checks, which fail on some with a traceback
         super().__post_init__()
         mode = padding_mode(self.trim_padding)
         if mode != str(self.trim_padding).strip().lower():  # one of the old booleans' spellings
@@ -382,6 +395,19 @@ def check_config(args: Any) -> None:
         )
     for line in inert_keys(args):
         warnings.warn(line, UserWarning, stacklevel=2)
+
+
+def check_trl_keys(args: Any) -> None:
+    """TRL's batch keys (`BATCH_LOW`), ``loss_type`` and ``scale_rewards``, which TRL checks late or not at
+    all (`ValueError`, one line naming the key)."""
+    for name, low in {**BATCH_LOW, **BATCH_LOW_IF_SET}.items():
+        value = getattr(args, name)
+        if (value is not None or name in BATCH_LOW) and not (isinstance(value, int) and value >= low):
+            raise ValueError(f"{name}: must be at least {low}, got {value}")
+    if args.loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type: {args.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
+    if not isinstance(args.scale_rewards, bool) and args.scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards: {args.scale_rewards!r} is not one of {', '.join(SCALE_REWARDS)}")
 
 
 def check_keys(args: Any, prefix: str = "") -> None:

@@ -61,8 +61,10 @@ def dataset_mixture(value: Any) -> DatasetMixtureConfig:
             raise ValueError(
                 f"{where}.datasets[{i}]: unknown key(s) {unknown}; a source takes {sorted(keys)}"
             )
+        _check_types(entry, f"{where}.datasets[{i}]")
         levels = entry.get("dataset_levels")
-        if levels is not None:
+        if levels is not None:  # as the top-level key: one value is a list of one, numbers match str(level)
+            levels = levels if isinstance(levels, list) else [levels]
             entry = {**entry, "dataset_levels": [str(level) for level in levels]}
         sources.append(MixtureSource(**entry))
     fractions = [s.fraction for s in sources]
@@ -79,6 +81,37 @@ def dataset_mixture(value: Any) -> DatasetMixtureConfig:
             f"{where}.datasets[i].fraction: every one is 0; give at least one source a share above 0"
         )
     return DatasetMixtureConfig(datasets=sources)
+
+
+_TEXT = ("name", "data_dir", "split", "question_column", "answer_column")  # a source's keys that take text
+
+
+def _check_types(entry: dict[str, Any], where: str) -> None:
+    """A source's keys of the wrong shape (a list for a path, a number for a column), which TRL would pass on
+    as they are to fail deep in `datasets`, or take silently (``columns: question``: its letters)."""
+    path = entry["path"]
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{where}.path: text (a path or a Hub id), got {path!r}; give one source per entry")
+    for key in _TEXT:
+        value = entry.get(key)
+        if value is not None and not isinstance(value, str):
+            quote = "; quote it in YAML" if isinstance(value, (int, float)) else ""
+            raise ValueError(f"{where}.{key}: text, got {value!r}{quote}")
+    columns = entry.get("columns")
+    if columns is not None and not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
+        raise ValueError(f"{where}.columns: a list of column names, e.g. [question, answer], got {columns!r}")
+    files = entry.get("data_files")
+    if files is not None and not isinstance(files, (str, list, dict)):
+        raise ValueError(
+            f"{where}.data_files: a file, a list of files or a split -> files mapping, got {files!r}"
+        )
+    levels = entry.get("dataset_levels")
+    if isinstance(levels, dict) or (
+        isinstance(levels, list) and any(isinstance(v, (list, dict)) for v in levels)
+    ):
+        raise ValueError(
+            f"{where}.dataset_levels: a list of `level` values, e.g. [Level 4, Level 5], got {levels!r}"
+        )
 
 
 def _share(value: Any) -> bool:

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageError
+from .cli import UsageError, flag_value
 
 logger = logging.getLogger("prompt_aug")
 
@@ -150,12 +150,13 @@ def _setting(argv: list[str], key: str) -> Any:
             value = "true" if not following or following.startswith("--") else following
         elif arg.startswith(f"--{key}="):
             value = arg.split("=", 1)[1]
-    if value is not None or "--config" not in argv[:-1]:
+    config = flag_value(argv, "--config")
+    if value is not None or config is None:
         return value
     import yaml
 
     try:
-        recipe = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text())
+        recipe = yaml.safe_load(Path(config).read_text())
     except (OSError, yaml.YAMLError):
         return None
     return recipe.get(key) if isinstance(recipe, dict) else None

@@ -85,14 +85,90 @@ def test_a_wrong_list_item_names_key_and_file(tmp_path, capsys, line, expected):
     assert f"{recipe}: {expected}" in _error(["--config", str(recipe), "--dry_run"], capsys)
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("num_generations: 4", "num_generations: [4, 8]", "num_generations: one value, got a list [4, 8]"),
+        (
+            "num_generations: 4",
+            "num_generations: {per_question: 4}",
+            "num_generations: one value, got a mapping",
+        ),
+        ("dataset_name: synthetic", "dataset_name: [synthetic, x]", "dataset_name: one value, got a list"),
+        ("log_completions: true", "log_completions: [true]", "log_completions: one value, got a list"),
+        ("num_generations: 4", "num_generations: 4.5", "num_generations: 4.5 is not an int"),
+        ("max_steps: 4", "max_steps: true", "max_steps: True is not an int"),
+        ("learning_rate: 1.0e-4", "learning_rate: false", "learning_rate: False is not a float"),
+        ("learning_rate: 1.0e-4", "learning_rate:", "learning_rate: no value; give one, or remove the line"),
+        (
+            "per_device_train_batch_size: 8",
+            "per_device_train_batch_size:",
+            "per_device_train_batch_size: no value",
+        ),
+    ],
+)
+def test_a_scalar_key_given_a_list_a_mapping_or_no_value_names_key_and_file(
+    tmp_path, capsys, old, new, expected
+):
+    # YAML hands these over unconverted (argparse converts text only): a traceback, or silently taken.
+    recipe = _recipe(tmp_path, old, new)
+    assert f"{recipe}: {expected}" in _error(["--config", str(recipe), "--dry_run"], capsys)
+
+
+def test_a_whole_number_written_with_a_point_is_an_int(tmp_path):
+    from prompt_aug.train import parse_args
+
+    recipe = _recipe(tmp_path, "per_device_train_batch_size: 8", "per_device_train_batch_size: 8.0")
+    args = parse_args(["--config", str(recipe), "--dry_run"]).training_args
+    assert args.per_device_train_batch_size == 8 and type(args.per_device_train_batch_size) is int
+
+
+def test_a_key_given_twice_in_a_recipe_warns_naming_both_lines(tmp_path):
+    from prompt_aug.train import parse_args
+
+    recipe = _recipe(tmp_path, extra="\nnum_generations: 8\n")  # YAML keeps the last one, silently
+    text = recipe.read_text().splitlines()
+    first, last = [i for i, line in enumerate(text, 1) if line.startswith("num_generations:")]
+    expected = f"{recipe}: num_generations is set twice (lines {first} and {last}); the later one counts"
+    with pytest.warns(UserWarning, match=re.escape(expected)):
+        args = parse_args(["--config", str(recipe), "--dry_run"]).training_args
+    assert args.num_generations == 8
+
+
+def test_a_value_from_the_command_line_is_blamed_on_the_command_line(capsys):
+    message = _error(["--config", str(SMOKE), "--dry_run", "--trim_padding", "nonsense"], capsys)
+    assert "error: command line: trim_padding: 'nonsense' is not one of" in message
+    # The file sets num_generations too (4); then one that does not divide the file's batch keys.
+    message = _error(["--config", str(SMOKE), "--dry_run", "--num_generations", "0"], capsys)
+    assert f"error: command line --num_generations, overriding {SMOKE}: num_generations: must be" in message
+    message = _error(["--config", str(SMOKE), "--dry_run", "--num_generations", "3"], capsys)
+    assert f"error: {SMOKE} and command line --num_generations: num_generations (3) must divide" in message
+
+
+def test_the_config_flag_takes_its_path_either_way_and_once(tmp_path, capsys):
+    from prompt_aug.cli import recipe_text
+
+    train.main([f"--config={SMOKE}", "--dry_run"])
+    assert "questions per round             4" in capsys.readouterr().out
+    assert SMOKE.read_text() in recipe_text([f"--config={SMOKE}", "--max_steps", "2"])  # the model card's
+    message = _error(["--dry_run", "--config"], capsys)
+    assert "--config: give the recipe's path, as --config RECIPE.yaml" in message
+    other = REPO / "recipes/smoke/learn_cpu.yaml"
+    message = _error(["--config", str(SMOKE), "--dry_run", "--config", str(other)], capsys)
+    assert f"--config is given twice ({SMOKE}, {other}); give one recipe" in message
+    message = _error(["--config", str(tmp_path), "--dry_run"], capsys)
+    assert f"--config: {tmp_path} is a folder; give the recipe file in it" in message
+
+
 def test_list_keys_in_a_recipe_are_read_as_on_the_command_line(tmp_path):
     from prompt_aug.train import parse_args
 
     # One value is a list of one (it was read letter by letter); items convert (levels match str(level)).
     recipe = _recipe(
         tmp_path,
-        extra='\nreward_funcs: format\nstop_tokens: "<|im_end|>"\ntemplate_weights: 1\ntemplates: abel\n'
-        "dataset_levels: [3, 4]\n",
+        "reward_funcs: [correctness, format]",
+        "reward_funcs: format",
+        extra='\nstop_tokens: "<|im_end|>"\ntemplate_weights: 1\ntemplates: abel\ndataset_levels: [3, 4]\n',
     )
     script_args, args, _, _ = parse_args(["--config", str(recipe)])
     assert script_args.reward_funcs == ["format"] and args.stop_tokens == ["<|im_end|>"]

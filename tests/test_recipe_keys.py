@@ -370,6 +370,72 @@ def test_script_keys_that_cannot_work_together_are_refused(keys, message):
     _refused(lambda: PromptAugScriptArguments(**keys), message)
 
 
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (
+            {"path": ["a.jsonl", "b.jsonl"]},
+            "dataset_mixture.datasets[0].path: text (a path or a Hub id), got [",
+        ),
+        ({"path": None}, "dataset_mixture.datasets[0].path: text (a path or a Hub id), got None"),
+        ({"path": "y", "split": ["train"]}, "dataset_mixture.datasets[0].split: text, got ['train']"),
+        ({"path": "y", "question_column": 3}, "dataset_mixture.datasets[0].question_column: text, got 3"),
+        ({"path": "y", "columns": "question"}, "dataset_mixture.datasets[0].columns: a list of column names"),
+        ({"path": "y", "dataset_levels": {"a": 1}}, "dataset_mixture.datasets[0].dataset_levels: a list"),
+    ],
+)
+def test_a_mixture_source_key_of_the_wrong_type_is_refused_naming_it(source, message):
+    _refused(lambda: PromptAugScriptArguments(dataset_mixture={"datasets": [source]}), message)
+
+
+def test_a_mixture_sources_levels_are_read_as_the_top_level_key_is():
+    # One value is a list of one, not its letters; numbers match str(level).
+    mixture = {"datasets": [{"path": "y", "dataset_levels": "Level 3"}, {"path": "z", "dataset_levels": 3}]}
+    sources = PromptAugScriptArguments(dataset_mixture=mixture).dataset_mixture.datasets
+    assert [s.dataset_levels for s in sources] == [["Level 3"], ["3"]]
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("num_generations", 0, "num_generations: must be at least 2, got 0"),
+        ("num_generations", None, "num_generations: must be at least 2, got None"),
+        ("per_device_train_batch_size", 0, "per_device_train_batch_size: must be at least 1, got 0"),
+        ("per_device_train_batch_size", -8, "per_device_train_batch_size: must be at least 1, got -8"),
+        ("gradient_accumulation_steps", 0, "gradient_accumulation_steps: must be at least 1, got 0"),
+        ("steps_per_generation", -2, "steps_per_generation: must be at least 1, got -2"),
+        ("loss_type", "dapoo", "loss_type: 'dapoo' is not one of grpo, dr_grpo, dapo, bnpo, cispo"),
+        ("scale_rewards", "grp", "scale_rewards: 'grp' is not one of group, batch, none"),
+        ("eval_every_steps", -1, "eval_every_steps: must be at least 0, got -1"),
+        ("eval_limit", -3, "eval_limit: must be at least 1, got -3"),
+        ("eval_max_tokens", 0, "eval_max_tokens: must be at least 1, got 0"),
+    ],
+)
+def test_a_batch_loss_or_evaluation_key_that_cannot_run_is_refused_when_parsed(key, value, message, tmp_path):
+    # Else a traceback in TRL's own checks, a negative batch, or a failure only after the model has loaded.
+    def parse():
+        PromptAugGRPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **{key: value}
+        )
+
+    _refused(parse, message)
+
+
+def test_the_loss_types_accepted_are_those_trls_trainer_knows():
+    # The list is TRL's, written down because TRL has no list of them; its trainer's branches must agree.
+    import re
+
+    import trl.trainer.grpo_trainer as grpo
+
+    from prompt_aug.config import LOSS_TYPES
+
+    source = Path(grpo.__file__).read_text()
+    named = set(re.findall(r'loss_type == "(\w+)"', source))
+    for listed in re.findall(r"loss_type in \[([^\]]*)\]", source):
+        named |= set(re.findall(r'"(\w+)"', listed))
+    assert named == set(LOSS_TYPES)
+
+
 # -- PromptAugGRPOConfig's own fields: what the trainer sets up from them ------------------------------
 
 BANK, SUMS, SUITE = "<bank.yaml>", "<sums.jsonl>", "<suite>"  # files the `build_trainer` fixture writes

@@ -134,6 +134,7 @@ def test_a_driver_without_usable_cuda_stops_the_run_in_one_line_naming_both(tmp_
     # A CPU run (the smoke recipe's use_cpu) and a dry run are not checked.
     stack.check_before_parse(["--config", SMOKE])
     stack.check_before_parse(["--config", SMOKE, "--use_cpu", "false", "--dry_run"])
+    stack.check_before_parse([f"--config={SMOKE}"])  # the recipe's use_cpu, read from either form
 
 
 def test_the_start_of_a_run_logs_torchs_cuda_build_beside_the_driver(caplog):
