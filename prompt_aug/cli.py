@@ -389,7 +389,8 @@ def run_artifacts(output_dir: str | Path) -> list[Path]:
         return []
     found = sorted(p for p in folder.glob("checkpoint-*") if p.is_dir())
     found += [folder / n for n in _RUN_FILES if (folder / n).is_file()]
-    found += [folder / n for n in _RUN_DIRS if (folder / n).is_dir()]
+    # TRL makes completions/ when the trainer is built: empty, a run that failed before its first round.
+    found += [folder / n for n in _RUN_DIRS if (folder / n).is_dir() and any((folder / n).iterdir())]
     found += sorted(folder.glob("model-*-of-*.safetensors"))
     return found
 
@@ -480,9 +481,8 @@ def check_resume_peft(checkpoint: str, model_args: Any) -> None:
 def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: PartialState) -> str | None:
     """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
     the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
-    resolve_local_model(
-        model_args.model_name_or_path
-    )  # a known local model not fetched yet: its fetch command
+    # A known local model not fetched yet: its fetch command.
+    resolve_local_model(model_args.model_name_or_path)
     check_source("model_name_or_path", model_args.model_name_or_path, builtin=tuple(LOCAL_MODELS), model=True)
     if args.eval_data_dir:
         check_source("eval_data_dir", args.eval_data_dir)

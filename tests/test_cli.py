@@ -353,6 +353,17 @@ def test_built_in_datasets_are_generated_not_fetched(tmp_path, capsys, unreachab
 # The run folder
 
 
+def test_a_run_that_failed_before_its_first_round_leaves_a_folder_that_takes_a_new_run(tmp_path):
+    from prompt_aug.cli import UsageError, check_output_dir
+
+    # TRL makes completions/ when the trainer is built; a run that failed before it logged left it empty.
+    (tmp_path / "completions").mkdir()
+    assert check_output_dir(tmp_path, resume=False, overwrite=False) == []
+    (tmp_path / "completions" / "completions_00001.parquet").write_bytes(b"rows")
+    with pytest.raises(UsageError, match=r"already holds a run \(completions\)"):
+        check_output_dir(tmp_path, resume=False, overwrite=False)
+
+
 def _train(out: Path, *extra: str) -> None:
     train.main(["--config", str(SMOKE), "--output_dir", str(out), *extra])
 
