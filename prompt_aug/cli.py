@@ -309,10 +309,6 @@ def _batch_message(message: str, set_keys: set[str]) -> str | None:
     )
 
 
-# Script keys that count processes or rows: below 1, the batch arithmetic (prompt_aug.batches) goes negative.
-AT_LEAST_ONE = ("num_processes", "dataset_num_rows", "num_synthetic")
-
-
 def _where(message: str, config_path: str | None, config_keys: set[str], cli_keys: set[str]) -> str:
     """Where the keys an error names were set: the recipe file, the command line (overriding the file, where
     it sets them too), or both (a ``--flag`` the message suggests is no key it names)."""
@@ -333,8 +329,8 @@ def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
 
     Raises:
         UsageError: a key no dataclass has (with the closest one), a value that does not convert, a batch
-            that does not split into whole groups, a count of `AT_LEAST_ONE` below 1; the message names the
-            file or the command line.
+            that does not split into whole groups, a key's `__post_init__` check; the message names the file
+            or the command line.
     """
     args, config_path = config_args(list(args))
     known = parser.option_names()
@@ -351,18 +347,12 @@ def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
             cli_keys.add(key)
     parser._config_path, parser._cli_keys = config_path, cli_keys
     try:
-        parsed = parser.parse_args_and_config(args)
+        return parser.parse_args_and_config(args)
     except ValueError as err:
         if isinstance(err, UsageError):
             raise
         message = _batch_message(str(err), set(config) | cli_keys) or str(err)
         raise UsageError(f"{_where(message, config_path, set(config), cli_keys)}: {message}") from None
-    for key in AT_LEAST_ONE:
-        value = next((getattr(p, key) for p in parsed if hasattr(p, key)), None)
-        if value is not None and value < 1:
-            where = _where(key, config_path, set(config), cli_keys)
-            raise UsageError(f"{where}: {key}: must be at least 1, got {value}")
-    return parsed
 
 
 # ---------------------------------------------------------------------------------------------

@@ -169,6 +169,16 @@ class PromptAugScriptArguments:
     )
 
     def __post_init__(self) -> None:
+        # Counts the batch arithmetic and the data read take: below 1 a dry run showed negative rounds.
+        for key in ("num_processes", "dataset_num_rows", "num_synthetic", "max_prompt_length"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"{key}: must be at least 1, got {value}")
+        if not 0 <= self.max_bad_row_share <= 1:
+            raise ValueError(
+                f"max_bad_row_share: a share of the rows read, from 0 to 1 (1: never stop), got "
+                f"{self.max_bad_row_share}"
+            )
         if isinstance(self.dataset_mixture, str):  # from the command line, as JSON
             try:
                 self.dataset_mixture = json.loads(self.dataset_mixture)
