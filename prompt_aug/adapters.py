@@ -119,9 +119,9 @@ def merged_card(card: str, target: Path) -> str:
 
 def merge(folder: str | Path, base: str | None = None, output: str | Path | None = None) -> Path:
     """Fold the adapter in ``folder`` into its base model (``base``, default the one it records) and save the
-    full model, with the adapter folder's tokenizer, generation config and model card (a full model's:
-    `model_card.full_model_card`), in ``output`` (default `default_output`), written under a temporary name
-    and renamed when complete. Returns ``output``.
+    full model, with the adapter folder's tokenizer (else the base's), generation config and model card (a
+    full model's: `model_card.full_model_card`), in ``output`` (default `default_output`), written under a
+    temporary name and renamed when complete. Returns ``output``.
 
     Raises:
         AdapterError: ``folder`` is not an adapter, its ``adapter_config.json`` does not parse, its base is
@@ -141,7 +141,7 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
         raise AdapterError(f"--output {target} exists and is not empty; remove it or pass another --output")
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
     with torch.no_grad():
@@ -153,6 +153,8 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
         for name in _CARRIED:
             if (folder / name).is_file():
                 shutil.copy2(folder / name, work / name)
+        if not (folder / "tokenizer_config.json").is_file():  # an adapter saved without one: the base's
+            AutoTokenizer.from_pretrained(base).save_pretrained(work)
         if (work / "README.md").is_file():
             card = merged_card((work / "README.md").read_text(), target)
             try:

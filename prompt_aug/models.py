@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .adapters import AdapterError, check_adapter_base, is_adapter
+from .adapters import is_adapter
 from .sources import SourceError, build_model, builtin_names, hub_offline
 from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
 
@@ -297,7 +298,9 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
     a Hub id is used as is.
 
     Raises:
-        ModelArgsError: the folder is a PEFT adapter and ``use_peft`` is off (nothing would train).
+        ModelArgsError: the folder is a PEFT adapter. Without ``use_peft`` nothing would train; with it, the
+            model loads as the base with that adapter, TRL's new adapter takes the same name, and the saved
+            adapter records the base alone: it computes another model than the one trained.
     """
     from accelerate import PartialState
 
@@ -311,16 +314,12 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
     if not local.is_dir():
         return path
     if is_adapter(local):
-        if not model_args.use_peft:
-            raise ModelArgsError(
-                f"model_name_or_path {name}: a PEFT adapter folder, and use_peft is off, so nothing would "
-                f"train; set use_peft: true to train a new adapter on it, or merge it into its base model "
-                f"first (python -m prompt_aug.adapters merge {name})"
-            )
-        try:
-            check_adapter_base("model_name_or_path", name)
-        except AdapterError as err:
-            raise ModelArgsError(str(err)) from None
+        raise ModelArgsError(
+            f"model_name_or_path {name}: a PEFT adapter folder, not a full model (an adapter trained on it "
+            f"would record its base model alone); merge it into its base first (python -m "
+            f"prompt_aug.adapters merge {name}) and train on the merged folder, or continue its own run with "
+            "--resume_from_checkpoint"
+        )
     return str(local.resolve())
 
 
@@ -341,11 +340,17 @@ _NEEDS = {
 def check_model_args(model_args: Any, devices: bool = True) -> None:
     """Refuse, in one line naming the key, a `ModelConfig` key this run would not honour: a LoRA key without
     ``use_peft``, a 4-bit key without ``load_in_4bit``, a task type other than a causal LM's, and 4/8-bit
-    loading without LoRA, or (``devices``: not for a dry run) without bitsandbytes or a CUDA GPU.
+    loading without LoRA, or (``devices``: not for a dry run) without bitsandbytes or a CUDA GPU. One
+    ``lora_target_modules`` name, which TRL has made a string, becomes a list of it again.
 
     Raises:
         ModelArgsError: the key, and what to set, install or remove.
     """
+    # TRL's ModelConfig makes a list of one module its item, which PEFT reads as a regular expression the
+    # module's full name must match whole: [q_proj] would match no module. A plain name goes back in a list.
+    targets = model_args.lora_target_modules
+    if isinstance(targets, str) and re.fullmatch(r"[\w.]+", targets):
+        model_args.lora_target_modules = [targets]
     defaults = {f.name: f.default for f in fields(model_args) if f.default is not MISSING}
     for key, needed in _NEEDS.items():
         if getattr(model_args, key) != defaults.get(key) and not getattr(model_args, needed):

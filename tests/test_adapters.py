@@ -91,6 +91,21 @@ def test_a_relative_base_read_from_elsewhere_is_one_line_and_base_gives_the_way_
     assert (tmp_path / "run-merged" / "config.json").is_file()
 
 
+def test_an_adapter_saved_without_a_tokenizer_merges_with_its_bases(tiny_model_dir, tmp_path):
+    """An adapter saved by PEFT alone holds no tokenizer: the merged model takes its base's (chat template
+    included), so vLLM and ``from_pretrained`` load it."""
+    from transformers import AutoTokenizer
+
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    for path in folder.iterdir():
+        if path.name.startswith(("tokenizer", "chat_template", "special_tokens", "vocab", "merges")):
+            path.unlink()
+    out = merge(folder)
+    base = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template == base.chat_template and tokenizer.get_vocab() == base.get_vocab()
+
+
 def test_merge_refuses_a_folder_that_is_no_adapter_and_an_output_that_is_not_empty(tiny_model_dir, tmp_path):
     with pytest.raises(AdapterError, match="no adapter_config.json there"):
         merge(tiny_model_dir)
@@ -134,15 +149,29 @@ def test_evaluating_an_adapter_refuses_vllm_and_a_missing_base_before_loading(ti
     assert not (tmp_path / "eval").exists()
 
 
-def test_training_on_an_adapter_whose_base_is_gone_stops_in_one_line(tiny_model_dir, tmp_path):
+def test_training_on_an_adapter_folder_stops_in_one_line_and_its_merged_folder_trains(
+    tiny_model_dir, tmp_path
+):
+    """Loaded from an adapter folder, the model is the base with that adapter, and TRL's new LoRA adapter
+    takes its name: the saved adapter records the base alone and computes another model than the one
+    trained. The folder is refused, with use_peft or without, whether its base is there or gone; merged, it
+    trains."""
     from trl import ModelConfig
 
     from prompt_aug.models import ModelArgsError, resolve_model_path
 
-    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run", recorded=str(tmp_path / "gone"))
     args = type("Args", (), {"output_dir": str(tmp_path / "out"), "seed": 0})()
-    with pytest.raises(ModelArgsError, match=r"model_name_or_path .*run: a LoRA adapter whose base model"):
-        resolve_model_path(ModelConfig(model_name_or_path=str(folder), use_peft=True), args)
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    gone = save_lora_adapter(tiny_model_dir, tmp_path / "moved", recorded=str(tmp_path / "gone"))
+    for adapter in (folder, gone):
+        for use_peft in (True, False):
+            with pytest.raises(ModelArgsError) as err:
+                resolve_model_path(ModelConfig(model_name_or_path=str(adapter), use_peft=use_peft), args)
+            message = str(err.value)
+            assert message.startswith(f"model_name_or_path {adapter}: a PEFT adapter folder"), message
+            assert f"python -m prompt_aug.adapters merge {adapter}" in message and "\n" not in message
+    merged = merge(folder)
+    assert resolve_model_path(ModelConfig(model_name_or_path=str(merged), use_peft=True), args) == str(merged)
 
 
 def test_an_adapter_config_without_a_base_or_that_does_not_parse_is_one_line_naming_it(

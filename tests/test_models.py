@@ -62,12 +62,13 @@ def test_a_folder_that_is_not_a_fetched_model_is_not_overwritten(tmp_path):
     assert (target / "notes.txt").read_text() == "keep"
 
 
-def test_a_local_model_folder_is_loaded_by_its_absolute_path_and_an_adapter_needs_use_peft(
+def test_a_local_model_folder_is_loaded_by_its_absolute_path_and_an_adapter_folder_is_refused(
     tmp_path, monkeypatch
 ):
     """A relative folder becomes its absolute path (a LoRA adapter records its base by the path it was loaded
-    from, and must find it from any folder); a PEFT adapter folder without use_peft is refused in one line
-    (nothing would train); a Hub id is left as it is."""
+    from, and must find it from any folder); a PEFT adapter folder is refused in one line, without use_peft
+    (nothing would train) and with it (the new adapter would record the base alone, not the adapter it was
+    trained on top of); a Hub id is left as it is."""
     from types import SimpleNamespace
 
     from trl import ModelConfig
@@ -83,7 +84,31 @@ def test_a_local_model_folder_is_loaded_by_its_absolute_path_and_an_adapter_need
     with pytest.raises(models.ModelArgsError, match=r"^model_name_or_path adapter: a PEFT adapter folder"):
         models.resolve_model_path(ModelConfig(model_name_or_path="adapter"), args)
     with_peft = ModelConfig(model_name_or_path="adapter", use_peft=True)
-    assert models.resolve_model_path(with_peft, args) == str(tmp_path.resolve() / "adapter")
+    with pytest.raises(
+        models.ModelArgsError, match=r"^model_name_or_path adapter: a PEFT adapter folder"
+    ) as err:
+        models.resolve_model_path(with_peft, args)
+    assert "python -m prompt_aug.adapters merge adapter" in str(err.value) and "\n" not in str(err.value)
     assert models.resolve_model_path(ModelConfig(model_name_or_path="Qwen/Qwen2.5-Math-1.5B"), args) == (
         "Qwen/Qwen2.5-Math-1.5B"
     )
+
+
+@pytest.mark.parametrize("targets", [["q_proj"], r".*\.q_proj"])
+def test_one_lora_target_module_adapts_that_module(targets, tiny_model_dir):
+    """TRL's ModelConfig makes a list of one module its item, which PEFT reads as a regular expression that
+    the module's full name (``model.layers.0.self_attn.q_proj``) must match whole: ``lora_target_modules:
+    [q_proj]`` matched no module. As prompt-aug-train does: check the keys, then TRL's LoRA config on the
+    model. A regular expression given as one string stays one."""
+    from peft import get_peft_model
+    from peft.tuners.lora import LoraLayer
+    from transformers import AutoModelForCausalLM
+    from trl import ModelConfig, get_peft_config
+
+    model_args = ModelConfig(
+        model_name_or_path=str(tiny_model_dir), use_peft=True, lora_target_modules=targets
+    )
+    models.check_model_args(model_args)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), get_peft_config(model_args))
+    adapted = {name for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    assert adapted and {name.rsplit(".", 1)[-1] for name in adapted} == {"q_proj"}
