@@ -50,6 +50,7 @@ from .sources import (
     builtin_names,
     builtin_rows,
     builtin_tokenizer,
+    is_conversation,
     is_hub_id,
     is_verl_layout,
     pick_column,
@@ -57,7 +58,6 @@ from .sources import (
     read_dataset,
     require_hub,
     solution_golds,
-    user_turn,
     verl_gold,
 )
 from .templates import TemplateError
@@ -240,6 +240,14 @@ def _gold_problem(answer: Any) -> str | None:
     return None
 
 
+def _question_problem(question: Any) -> str | None:
+    """Why a raw question cell cannot be asked, or None: a mapping, or a list that is not a conversation
+    (ShareGPT's ``{from, value}`` turns, say), would be asked as its Python text."""
+    if isinstance(question, dict) or (isinstance(question, list) and not is_conversation(question)):
+        return f"question of type {type(question).__name__} (not text, nor {{role, content}} messages)"
+    return None
+
+
 def check_bad_rows(dropped: Counter, kept: int, max_share: float | None) -> None:
     """Stop when more than ``max_share`` of the rows considered (kept + bad) are bad data.
 
@@ -300,7 +308,7 @@ def to_rows(
     if is_verl_layout(cols, question_column, answer_column):
         q_col, a_col = "prompt", "reward_model.ground_truth"
         consumed = {"prompt", "reward_model", "question"}  # SimpleRL-Zoo's file also holds the raw question
-        questions = [user_turn(m) for m in ds["prompt"]]
+        raw_questions = list(ds["prompt"])
         answers = [verl_gold(rm) for rm in ds["reward_model"]]
         if "extra_info" in cols:
             ids = [(info or {}).get("index") for info in ds["extra_info"]]
@@ -318,13 +326,14 @@ def to_rows(
             )
         _require(ds, q_col, "question")
         _require(ds, a_col, "answer")
-        questions = [question_text(q) for q in ds[q_col]]
+        raw_questions = list(ds[q_col])
         answers = as_stored(list(ds[a_col]), ds.features[a_col])
         if a_col == "solution":
             answers, unboxed = solution_golds(answers)
         if "uid" in cols:
             ids = list(ds["uid"])
         consumed = {q_col, a_col, "uid"}
+    questions = [question_text(q) for q in raw_questions]
     check_column_names(cols, consumed, {"question": q_col, "answer": a_col})
     check_no_images(ds)
     keep = []
@@ -336,6 +345,8 @@ def to_rows(
             )
         if problem is not None:
             dropped.add(problem, read_index[i], a_col)
+        elif (problem := _question_problem(raw_questions[i])) is not None:
+            dropped.add(problem, read_index[i], q_col)
         elif not question:
             dropped.add("empty question", read_index[i], q_col)
         else:
@@ -391,9 +402,11 @@ def load_math_dataset(
     num_synthetic: int = 256,
     seed: int = 0,
     max_bad_row_share: float | None = None,
+    columns: list[str] | None = None,
 ) -> tuple[datasets.Dataset, DataReport]:
     """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows.
-    With ``max_bad_row_share``, more bad rows than that share is a `DataError` (`check_bad_rows`)."""
+    With ``max_bad_row_share``, more bad rows than that share is a `DataError` (`check_bad_rows`). With
+    ``columns`` (a mixture source's), only those columns are read."""
     built = builtin_rows(name, num_synthetic, seed)
     if built is not None:
         return _builtin_set(name, built)
@@ -401,6 +414,9 @@ def load_math_dataset(
         raw = read_dataset(name, config, split)
     except SourceError as err:  # a missing path, split or file: the message lists what is there
         raise DataError(str(err)) from None
+    if columns is not None:
+        _require_all(raw, columns)
+        raw = raw.select_columns(columns)
     return rows_of(name, raw, question_column, answer_column, levels, max_bad_row_share)
 
 
@@ -502,24 +518,26 @@ def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datas
     owner: dict[str, int] = {}
     for i, part in enumerate(parts):
         for column, feature in part.features.items():
-            if _all_null(feature):  # no value in this source: as if it lacked the column
-                features.setdefault(column, feature)
-                owner.setdefault(column, i)
-            elif column not in features or _all_null(features[column]):
+            if column not in features:
                 features[column], owner[column] = feature, i
-            elif column != "answer" and repr(feature) != repr(features[column]):
-                first = owner[column]
-                raise DataError(
-                    f"dataset_mixture: column {column!r} is {_type_name(features[column])} in "
-                    f"datasets[{first}] ({names[first]}) but {_type_name(feature)} in datasets[{i}] "
-                    f"({names[i]}); give it one type in both, or leave it out of one with `columns`"
-                )
+            elif column != "answer":  # the golds are made one type before (lists where any source has some)
+                merged = _one_type(features[column], feature)
+                if merged is None:
+                    first = owner[column]
+                    raise DataError(
+                        f"dataset_mixture: column {column!r} is {_type_name(features[column])} in "
+                        f"datasets[{first}] ({names[first]}) but {_type_name(feature)} in datasets[{i}] "
+                        f"({names[i]}); give it one type in both, or leave it out of one with `columns`"
+                    )
+                if repr(merged) != repr(features[column]):  # the source that gave the type names it
+                    owner[column] = i
+                features[column] = merged
     aligned = []
     for part in parts:
         for column, feature in features.items():
             if column not in part.column_names:
                 part = part.add_column(column, [None] * len(part), feature=feature)
-            elif _all_null(part.features[column]) and not _all_null(feature):
+            elif column != "answer" and repr(part.features[column]) != repr(feature):
                 part = part.cast_column(column, feature)
         aligned.append(part.select_columns(list(features)))
     return aligned
@@ -528,6 +546,25 @@ def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datas
 def _all_null(feature: Any) -> bool:
     """Whether a column's type is Arrow's null: every value of it in that source is missing."""
     return isinstance(feature, datasets.Value) and feature.dtype == "null"
+
+
+def _one_type(known: Any, other: Any) -> Any:
+    """The type of a column that is ``known`` in one source and ``other`` in another, or None where they
+    differ. Arrow's null type holds no value, so it takes the other's type, also inside lists and mappings
+    (a source whose lists are all empty, or whose field is always missing)."""
+    if _all_null(other):
+        return known
+    if _all_null(known):
+        return other
+    if isinstance(known, dict) and isinstance(other, dict):
+        if list(known) != list(other):
+            return None
+        fields = {key: _one_type(known[key], other[key]) for key in known}
+        return None if any(f is None for f in fields.values()) else fields
+    if isinstance(known, datasets.List) and isinstance(other, datasets.List):
+        inner = _one_type(known.feature, other.feature)
+        return None if inner is None or known.length != other.length else datasets.List(inner, known.length)
+    return known if repr(known) == repr(other) else None
 
 
 def _type_name(feature: Any) -> str:
@@ -645,10 +682,11 @@ def _same_path(dataset: str, names: list[str]) -> bool:
 def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
     """The recipe's data keys for ``dataset`` as training reads them: for its ``dataset_mixture`` source of
     that ``path`` (or, for one in TRL's form, ``path: json`` with ``data_files``, of that data file), the
-    source's subset and split, and its column and level keys where set (else the top-level ones); otherwise
-    the top-level keys."""
+    source's subset, split and ``columns``, and its column and level keys where set (else the top-level
+    ones); otherwise the top-level keys."""
     keys = {k: recipe.get(k) for k in ("dataset_config", "dataset_split", "question_column", "answer_column")}
     keys["dataset_levels"] = recipe.get("dataset_levels")
+    keys["columns"] = None
     if not recipe.get("dataset_mixture"):
         return keys
     try:
@@ -664,6 +702,7 @@ def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
         "question_column": source.question_column or keys["question_column"],
         "answer_column": source.answer_column or keys["answer_column"],
         "dataset_levels": source.dataset_levels or keys["dataset_levels"],
+        "columns": source.columns,
     }
 
 
@@ -689,6 +728,7 @@ def preview(args: argparse.Namespace) -> str:
         question_column=keys.get("question_column"),
         answer_column=keys.get("answer_column"),
         levels=None if levels is None else [str(level) for level in levels],  # YAML's 4 is the level "4"
+        columns=keys["columns"],
     )
     tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
     lines = []

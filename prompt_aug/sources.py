@@ -320,9 +320,18 @@ def question_text(value: Any) -> str:
     """
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value):
+    if is_conversation(value):
         return user_turn(value)
     return str(value).strip()
+
+
+def is_conversation(value: Any) -> bool:
+    """Whether a cell is a conversation: a list of ``{"role", "content"}`` messages.
+
+    >>> is_conversation([{"role": "user", "content": "1 + 2?"}]), is_conversation([{"from": "human"}])
+    (True, False)
+    """
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
 
 
 # -- Reading a dataset as stored --------------------------------------------------------------------------

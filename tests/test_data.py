@@ -212,6 +212,31 @@ def test_a_missing_question_is_an_empty_one_and_a_conversation_gives_its_user_tu
     assert to_rows(chats, question_column="prompt")[0]["question"] == ["2+2?"]
 
 
+def test_a_question_cell_that_is_no_text_and_no_conversation_is_bad_data_not_its_repr():
+    import datasets
+
+    # ShareGPT's turns ({from, value}) and a mapping are not {role, content} messages: rather than train on
+    # "[{'from': 'human', ...}]", such a row is dropped as bad data in its column, and counted.
+    sharegpt = [{"from": "human", "value": "What is 2+2?"}]
+    raw = datasets.Dataset.from_list(
+        [
+            {"conversations": sharegpt, "answer": "4"},
+            {"conversations": sharegpt, "answer": "5"},
+        ]
+    )
+    with pytest.raises(
+        DataError, match=r"^all 2 rows are unusable \(2 question of type list .*'conversations'"
+    ):
+        data.rows_of("mine", raw, question_column="conversations", max_bad_row_share=0.05)
+    rows, dropped = to_rows(
+        datasets_from({"question": [{"text": "1+1?"}, {"text": "2+2?"}], "answer": ["2", "4"]})
+    )
+    assert len(rows) == 0 and dropped.bad() == 2
+    # A verl-layout `prompt` of text (not a conversation) is read as the question, not a traceback.
+    raw = datasets.Dataset.from_list([{"prompt": " 1 + 1? ", "reward_model": {"ground_truth": "2"}}])
+    assert to_rows(raw)[0]["question"] == ["1 + 1?"]
+
+
 def test_a_conversation_of_content_blocks_gives_the_text_of_its_user_turn(tmp_path):
     # TRL's typed content: a list of blocks, of which the text ones make the question.
     path = tmp_path / "blocks.jsonl"
@@ -323,6 +348,23 @@ def test_preview_reads_a_mixture_sources_own_columns_and_levels_as_training_does
     monkeypatch.chdir(tmp_path)  # ... and as the same path written another way
     data.main(["--dataset", "./mine.jsonl", "--config", str(recipe)])
     assert "10 rows read, 10 kept" in capsys.readouterr().out
+
+
+def test_preview_keeps_only_a_mixture_sources_columns_as_training_does(tmp_path, capsys):
+    # A column with a reserved name, left out with the source's `columns` as the error advises: training
+    # reads the source, and so does the preview.
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2", "template": "short"}) + "\n")
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(
+        "model_name_or_path: tiny-random-qwen2\ndataset_mixture:\n  datasets:\n"
+        f"    - {{path: {path}, columns: [question, answer]}}\n"
+    )
+    data.main(["--dataset", str(path), "--config", str(recipe)])
+    assert "1 rows read, 1 kept" in capsys.readouterr().out
+    recipe.write_text(recipe.read_text().replace("[question, answer]", "[question, answer, notes]"))
+    with pytest.raises(SystemExit, match=r"columns \['notes'\] not found"):
+        data.main(["--dataset", str(path), "--config", str(recipe)])
 
 
 def test_preview_without_the_recipes_tokenizer_skips_the_length_limit_and_says_so(tmp_path, capsys):
