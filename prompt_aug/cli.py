@@ -434,8 +434,9 @@ def check_reward_weights(weights: list[float] | None, names: list[str]) -> None:
 
 def check_resume_peft(checkpoint: str, model_args: Any) -> None:
     """A checkpoint resumes only under the recipe's own PEFT settings: full weights without ``use_peft``, a
-    LoRA adapter with it and with the ``lora_r``, ``lora_target_modules`` (where the recipe names them) and
-    ``use_dora`` it was trained with. Otherwise the Trainer fails deep in loading weights or the optimizer.
+    LoRA adapter with it and with the ``lora_target_modules`` (where the recipe names them), ``lora_r``,
+    ``lora_alpha``, ``use_rslora``, ``use_dora`` and ``lora_modules_to_save`` it was trained with.
+    Otherwise the Trainer fails deep in loading weights or the optimizer, or silently rescales the adapter.
 
     Raises:
         UsageError: one line naming the checkpoint and the keys that differ.
@@ -454,12 +455,21 @@ def check_resume_peft(checkpoint: str, model_args: Any) -> None:
     given = model_args.lora_target_modules  # TRL makes a list of one its item
     given = [given] if isinstance(given, str) else given
     differ = {}
-    if saved.get("r") != model_args.lora_r:
-        differ["lora_r"] = (model_args.lora_r, saved.get("r"))
     if isinstance(given, list) and "all-linear" not in given and sorted(set(given)) != saved_targets:
         differ["lora_target_modules"] = (sorted(given), saved_targets)
-    if bool(saved.get("use_dora")) != bool(model_args.use_dora):
-        differ["use_dora"] = (bool(model_args.use_dora), bool(saved.get("use_dora")))
+    # The adapter's shape (r, the extra modules trained whole) or its scale (alpha, rsLoRA, DoRA): PEFT keeps
+    # the recipe's config and loads only the weights, so another scale would rescale the trained adapter.
+    for key, saved_key, read in (
+        ("lora_r", "r", None),
+        ("lora_alpha", "lora_alpha", None),
+        ("use_rslora", "use_rslora", bool),
+        ("use_dora", "use_dora", bool),
+        ("lora_modules_to_save", "modules_to_save", lambda v: sorted(set(v or []))),
+    ):
+        now, then = getattr(model_args, key), saved.get(saved_key)
+        now, then = (read(now), read(then)) if read else (now, then)
+        if now != then:
+            differ[key] = (now, then)
     if differ:
         keys = "; ".join(f"{k} {now} (the checkpoint's: {then})" for k, (now, then) in differ.items())
         raise UsageError(

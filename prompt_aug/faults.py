@@ -814,6 +814,24 @@ def missing_reward_arguments(func: Callable[..., Any], available: Any) -> list[s
     ]
 
 
+def unaccepted_reward_arguments(func: Callable[..., Any], available: Any) -> list[str]:
+    """The names among ``available`` that ``func`` cannot be called with: all it does not name, where it takes
+    no ``**kwargs`` (TRL passes every one); none where it does.
+
+    >>> def brevity(completions, difficulty): ...
+    >>> unaccepted_reward_arguments(brevity, ["completions", "difficulty", "prompts"])
+    ['prompts']
+    """
+    try:
+        parameters = inspect.signature(func, follow_wrapped=False).parameters
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return []
+    named = {n for n, p in parameters.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    return sorted(set(available) - named)
+
+
 def missing_arguments_message(name: str, missing: list[str], available: Any) -> str:
     """One line: reward function ``name`` needs ``missing``, which no column gives; what there is."""
     columns = sorted(set(available) - set(TRL_REWARD_ARGUMENTS) - {"environments"})
@@ -827,13 +845,19 @@ def missing_arguments_message(name: str, missing: list[str], available: Any) -> 
 
 def check_reward_arguments(funcs: list[Any], names: list[str], columns: list[str]) -> None:
     """Raise `RewardFunctionError` for the first reward function that needs an argument neither ``columns``
-    (what each row will carry to the rewards) nor TRL gives."""
+    (what each row will carry to the rewards) nor TRL gives, or that cannot take all of them."""
     available = (set(columns) - {"prompt", "completion"}) | set(TRL_REWARD_ARGUMENTS)
     for func, name in zip(funcs, names, strict=True):
         if isinstance(func, torch.nn.Module):
             continue
         if missing := missing_reward_arguments(func, available):
             raise RewardFunctionError(missing_arguments_message(name, missing, available))
+        if unaccepted := unaccepted_reward_arguments(func, available):
+            raise RewardFunctionError(
+                f"reward function {name!r} takes no **kwargs, and TRL calls it with every column and its own "
+                f"arguments, so it would refuse {', '.join(f'`{u}`' for u in unaccepted)}; add **kwargs to "
+                "its signature"
+            )
 
 
 def checked_reward_funcs(funcs: list[Any], names: list[str]) -> list[Any]:

@@ -104,6 +104,11 @@ def test_an_adapter_saved_without_a_tokenizer_merges_with_its_bases(tiny_model_d
     base = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.chat_template == base.chat_template and tokenizer.get_vocab() == base.get_vocab()
+    # Evaluated as it is, the adapter takes its base's tokenizer too.
+    from prompt_aug.evaluation.backends import load_tokenizer
+
+    tokenizer = load_tokenizer(str(folder))
+    assert tokenizer.chat_template == base.chat_template and tokenizer.get_vocab() == base.get_vocab()
 
 
 def test_merge_refuses_a_folder_that_is_no_adapter_and_an_output_that_is_not_empty(tiny_model_dir, tmp_path):

@@ -751,6 +751,16 @@ def test_a_reward_needing_an_argument_no_column_gives_is_named_with_the_columns_
     with pytest.raises(faults.RewardFunctionError, match=r"'exact' needs `solution`"):
         faults.check_reward_arguments([exact], ["exact"], ["question", "answer", "uid"])
 
+    # Without **kwargs, a function refuses what TRL passes besides what it names: said before the model loads.
+    def brevity(completions, difficulty):
+        return [-len(c) / d for c, d in zip(completions, difficulty, strict=True)]
+
+    with pytest.raises(faults.RewardFunctionError) as err:
+        faults.check_reward_arguments([brevity], ["brevity"], ["question", "answer", "uid", "difficulty"])
+    assert str(err.value).startswith("reward function 'brevity' takes no **kwargs")
+    assert "`answer`, `completion_ids`, `log_extra`" in str(err.value)
+    assert str(err.value).endswith("add **kwargs to its signature")
+
     # A TypeError of the function's own is reported as a fault of the function, with its row.
     def typo(completions, **kwargs):
         return [len(c) + "1" for c in completions]

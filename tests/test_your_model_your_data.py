@@ -443,6 +443,34 @@ def test_a_column_only_some_sources_have_is_none_in_the_others_and_one_type_is_r
         )
 
 
+def test_a_column_of_empty_lists_or_null_fields_in_one_source_takes_the_others_type(tmp_path, tokenizer):
+    # Every `tests` list of one source is empty, and every `meta.unit` is null: Arrow types them as lists
+    # of null and a null field, which hold no value of another type; the reward gets each row's own values.
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(
+        json.dumps({"question": "What is 1 + 1?", "answer": "2", "tests": [], "meta": {"unit": None}}) + "\n"
+    )
+    full = tmp_path / "full.jsonl"
+    full.write_text(
+        json.dumps({"question": "What is 2 + 2?", "answer": "4", "tests": ["x"], "meta": {"unit": "m"}})
+        + "\n"
+    )
+    for order in ([empty, full], [full, empty]):
+        body = "dataset_mixture:\n  datasets:\n" + "".join(f"    - path: {p}\n" for p in order)
+        rows, _ = _load(_recipe(tmp_path, body), tokenizer)
+        by_question = {row["question"]: row for row in rows}
+        assert by_question["What is 1 + 1?"]["tests"] == []
+        assert by_question["What is 2 + 2?"]["tests"] == ["x"]
+        assert by_question["What is 1 + 1?"]["meta"] == {"unit": None}
+        assert by_question["What is 2 + 2?"]["meta"] == {"unit": "m"}
+    # Lists of one type and of another still differ.
+    worded = tmp_path / "worded.jsonl"
+    worded.write_text(json.dumps({"question": "What is 3 + 3?", "answer": "6", "tests": [3]}) + "\n")
+    body = f"dataset_mixture:\n  datasets:\n    - path: {full}\n    - path: {worded}\n"
+    with pytest.raises(DataError, match=r"^dataset_mixture: column 'tests' is List\(Value\('string'\)\)"):
+        _load(_recipe(tmp_path, body), tokenizer)
+
+
 # -- Rewards ------------------------------------------------------------------------------------------
 
 
@@ -712,6 +740,13 @@ def test_a_checkpoint_resumes_only_under_the_peft_settings_it_was_trained_with(t
         checkpoint, ModelConfig(use_peft=True, lora_r=4, lora_target_modules=["v_proj", "q_proj"])
     )
     check_resume_peft(checkpoint, ModelConfig(use_peft=True, lora_r=4, lora_target_modules=["all-linear"]))
+    # PEFT keeps the recipe's config on resume and loads only the weights: another scale would rescale them.
+    for key, now, then in (("lora_alpha", 64, 32), ("use_rslora", True, False), ("lora_modules_to_save",
+                           ["lm_head"], [])):  # fmt: skip
+        with pytest.raises(
+            UsageError, match=rf"{key} {re.escape(str(now))} \(the checkpoint's: {re.escape(str(then))}\)"
+        ):
+            check_resume_peft(checkpoint, ModelConfig(use_peft=True, lora_r=4, **{key: now}))
     full = tmp_path / "full" / "checkpoint-2"
     full.mkdir(parents=True)
     with pytest.raises(UsageError, match="holds full weights, but use_peft is on"):
