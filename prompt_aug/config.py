@@ -368,6 +368,11 @@ def check_config(args: Any) -> None:
     then warn on keys that do nothing (`inert_keys`). The dynamic-sampling signal is checked against the
     reward functions the trainer is given."""
     check_keys(args)
+    if args.remove_unused_columns:  # the Trainer would refuse the dataset only once the model has loaded
+        raise ValueError(
+            "remove_unused_columns: true would drop every column but prompt, and the rewards read the "
+            "answer, the template and your extra columns; remove the key (GRPO's default is false)"
+        )
     if args.sync_ref_model and args.ref_model_sync_steps < 1:  # TRL's callback divides by it at every step
         raise ValueError(
             f"ref_model_sync_steps: must be at least 1 with sync_ref_model, got {args.ref_model_sync_steps}"
