@@ -339,6 +339,13 @@ def run(
         check_model_args(model_args, devices=not script_args.dry_run)
     except ModelArgsError as err:
         raise UsageError(str(err)) from None
+    if demo_args.warmstart_steps > 0 and model_args.use_peft:
+        # The warm start trains the base in memory; the saved adapter records the base on disk, without it.
+        raise UsageError(
+            "warmstart_steps with use_peft: the warm start trains the whole base model in memory, and the "
+            "saved LoRA adapter records the base as stored, so it would evaluate and merge without the warm "
+            "start; set warmstart_steps: 0, or train without use_peft"
+        )
     arithmetic = batch_arithmetic(args, script_args)
     # Reward functions and templates by name: a bad name fails before anything is read or deleted, and in
     # the dry run too.

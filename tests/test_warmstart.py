@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,3 +146,16 @@ def test_before_after_table_of_templates_without_markers_has_no_marker_mean(tiny
     check.measure("after", model, tokenizer)
     table = check.table()
     assert "| **all templates** |" in table and "marker templates" not in table and "nan" not in table
+
+
+def test_a_warm_start_with_lora_is_refused_before_anything_loads(tmp_path):
+    # The warm start trains the base in memory; a LoRA adapter records the base on disk, without it.
+    from prompt_aug import train
+
+    out = tmp_path / "run"
+    recipe = Path(__file__).resolve().parents[1] / "recipes/smoke/tiny_cpu.yaml"
+    with pytest.raises(SystemExit) as err:
+        train.main(["--config", str(recipe), "--output_dir", str(out), "--warmstart_steps", "5",
+                    "--use_peft", "true"])  # fmt: skip
+    assert str(err.value.code).startswith("prompt-aug-train: error: warmstart_steps with use_peft:")
+    assert not out.exists()
