@@ -314,7 +314,7 @@ def _where(message: str, config_path: str | None, config_keys: set[str], cli_key
     it sets them too), or both (a ``--flag`` the message suggests is no key it names)."""
     if not config_path:
         return "command line"
-    named = {k for k in config_keys | cli_keys if re.search(rf"(?<![\w-]){re.escape(k)}\b", message)}
+    named = {k for k in config_keys | cli_keys if re.search(rf"(?<![\w.-]){re.escape(k)}\b", message)}
     from_cli = sorted(named & cli_keys)
     flags = " ".join(f"--{k}" for k in from_cli)
     if not from_cli:

@@ -412,7 +412,10 @@ def check_trl_keys(args: Any) -> None:
     if args.loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type: {args.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
     if not isinstance(args.scale_rewards, bool) and args.scale_rewards not in SCALE_REWARDS:
-        raise ValueError(f"scale_rewards: {args.scale_rewards!r} is not one of {', '.join(SCALE_REWARDS)}")
+        raise ValueError(
+            f"scale_rewards: {args.scale_rewards!r} is not one of {', '.join(SCALE_REWARDS)} (or, in a "
+            "recipe file, true for group and false for none)"
+        )
 
 
 def check_keys(args: Any, prefix: str = "") -> None:

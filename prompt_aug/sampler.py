@@ -23,12 +23,11 @@ one epoch early.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Sized
 
 import torch
 from trl.trainer.utils import RepeatSampler
-
-from .collator import stable_uniform
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -37,7 +36,11 @@ def epoch_seed(seed: int, epoch: int) -> int:
     >>> epoch_seed(42, 0), epoch_seed(42, 1) == epoch_seed(43, 0), epoch_seed(42, 1) == epoch_seed(42, 1)
     (42, False, True)
     """
-    return seed if epoch == 0 else int(stable_uniform(seed, epoch, "sampler") * 2**53)
+    if epoch == 0:
+        return seed
+    # Kept as released: a checkpoint resumed in a later epoch must get the order its run began with.
+    digest = hashlib.blake2b(f"{seed}\x1fepoch\x1f{epoch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # below 2**63: manual_seed's range
 
 
 class EpochRepeatSampler(RepeatSampler):

@@ -124,7 +124,7 @@ class PromptAugScriptArguments:
     )
     num_synthetic: int = help_field(NUM_SYNTHETIC, "Rows of the `synthetic` dataset.")
     max_prompt_length: int | None = help_field(
-        1024, "Drop questions whose prompt under the longest template exceeds this."
+        1024, "Drop questions whose prompt under the longest template exceeds this (0 or null: no limit)."
     )
     max_bad_row_share: float = help_field(
         0.05,
@@ -170,10 +170,14 @@ class PromptAugScriptArguments:
 
     def __post_init__(self) -> None:
         # Counts the batch arithmetic and the data read take: below 1 a dry run showed negative rounds.
-        for key in ("num_processes", "dataset_num_rows", "num_synthetic", "max_prompt_length"):
+        for key in ("num_processes", "dataset_num_rows", "num_synthetic"):
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ValueError(f"{key}: must be at least 1, got {value}")
+        if self.max_prompt_length is not None and self.max_prompt_length < 0:
+            raise ValueError(
+                f"max_prompt_length: a token count (0 or null: no limit), got {self.max_prompt_length}"
+            )
         if not 0 <= self.max_bad_row_share <= 1:
             raise ValueError(
                 f"max_bad_row_share: a share of the rows read, from 0 to 1 (1: never stop), got "

@@ -135,7 +135,7 @@ def test_a_key_given_twice_in_a_recipe_warns_naming_both_lines(tmp_path):
     assert args.num_generations == 8
 
 
-def test_a_value_from_the_command_line_is_blamed_on_the_command_line(capsys):
+def test_a_value_from_the_command_line_is_blamed_on_the_command_line(tmp_path, capsys):
     message = _error(["--config", str(SMOKE), "--dry_run", "--trim_padding", "nonsense"], capsys)
     assert "error: command line: trim_padding: 'nonsense' is not one of" in message
     # The file sets num_generations too (4); then one that does not divide the file's batch keys.
@@ -143,6 +143,11 @@ def test_a_value_from_the_command_line_is_blamed_on_the_command_line(capsys):
     assert f"error: command line --num_generations, overriding {SMOKE}: num_generations: must be" in message
     message = _error(["--config", str(SMOKE), "--dry_run", "--num_generations", "3"], capsys)
     assert f"error: {SMOKE} and command line --num_generations: num_generations (3) must divide" in message
+    # A mixture source's own key is the file's, though the command line sets the top-level key of its name.
+    mixture = "dataset_mixture: {datasets: [{path: a.jsonl, question_column: 3}]}"
+    recipe = _recipe(tmp_path, "dataset_name: synthetic", mixture)
+    message = _error(["--config", str(recipe), "--dry_run", "--question_column", "problem"], capsys)
+    assert f"error: {recipe}: dataset_mixture.datasets[0].question_column: text, got 3" in message
 
 
 def test_the_config_flag_takes_its_path_either_way_and_once(tmp_path, capsys):

@@ -299,7 +299,7 @@ def test_a_dry_run_checks_the_batch_keys_as_its_process_count_will_run_them(tmp_
         (["--num_processes", "-2"], "num_processes: must be at least 1, got -2"),
         (["--dataset_num_rows", "-10"], "dataset_num_rows: must be at least 1, got -10"),
         (["--num_synthetic", "-5"], "num_synthetic: must be at least 1, got -5"),
-        (["--max_prompt_length", "-1"], "max_prompt_length: must be at least 1, got -1"),
+        (["--max_prompt_length", "-1"], "max_prompt_length: a token count (0 or null: no limit), got -1"),
         (["--max_bad_row_share", "2"], "max_bad_row_share: a share of the rows read, from 0 to 1"),
     ],
 )

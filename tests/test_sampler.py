@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from trl.trainer.utils import RepeatSampler
 
-from prompt_aug.sampler import EpochRepeatSampler
+from prompt_aug.sampler import EpochRepeatSampler, epoch_seed
 
 SHAPE = {"mini_repeat_count": 4, "batch_size": 3, "repeat_count": 2}
 
@@ -45,3 +46,13 @@ def test_seeds_next_to_each_other_do_not_share_epoch_orders():
     orders = {(seed, e): _sampler([e], seed=seed).permutation(e) for seed in (42, 43) for e in (0, 1, 2)}
     assert len({tuple(order) for order in orders.values()}) == len(orders)
     assert sorted(orders[(43, 1)]) == list(range(10))
+
+
+def test_a_later_epochs_order_is_the_one_released_checkpoints_began_with():
+    # Runs checkpointed in epoch 1 or later resume into the order they were drawing: its seed is pinned to
+    # the value the released sampler used, and the order is torch's permutation under that seed.
+    assert epoch_seed(42, 1) == 7846152634477663787
+    order = list(_sampler([1]))
+    generator = torch.Generator().manual_seed(7846152634477663787)
+    first = torch.randperm(10, generator=generator).tolist()[:3]
+    assert order[:12:4] == first
