@@ -370,7 +370,11 @@ def test_train_true_in_code_resumes_from_the_last_complete_checkpoint(tiny_model
         trainer.train(resume_from_checkpoint=True)
     assert f"resume: skipping {tmp_path / 'checkpoint-2'}: trainer_state.json is missing" in caplog.text
     assert count.steps == 2 and trainer.state.global_step == 3  # from step 1, not from 0
-    (tmp_path / "checkpoint-3" / faults.LAUNCH_FILE).write_text(json.dumps({"processes": 2}) + "\n")
+    # As 2 processes would have saved it: their count, and each one's RNG state.
+    saved = tmp_path / "checkpoint-3"
+    (saved / faults.LAUNCH_FILE).write_text(json.dumps({"processes": 2}) + "\n")
+    for rank in (0, 1):
+        shutil.copy(saved / "rng_state.pth", saved / f"rng_state_{rank}.pth")
     with pytest.raises(faults.ResumeError, match="trained on 2 process\\(es\\), and this launch has 1"):
         _built(tiny_model_dir, tmp_path, max_steps=4, **keys).train(resume_from_checkpoint=True)
 
