@@ -42,6 +42,12 @@ def is_adapter(folder: str | Path) -> bool:
     return (Path(folder).expanduser() / ADAPTER_FILE).is_file()
 
 
+def has_tokenizer(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a tokenizer (``tokenizer_config.json``); an adapter saved by PEFT alone does
+    not, and takes its base model's."""
+    return (Path(folder).expanduser() / "tokenizer_config.json").is_file()
+
+
 def adapter_base(folder: str | Path) -> str:
     """The base model the adapter in ``folder`` was trained on, as its ``adapter_config.json`` records it
     (``""`` where it records none).
@@ -153,7 +159,7 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
         for name in _CARRIED:
             if (folder / name).is_file():
                 shutil.copy2(folder / name, work / name)
-        if not (folder / "tokenizer_config.json").is_file():  # an adapter saved without one: the base's
+        if not has_tokenizer(folder):
             AutoTokenizer.from_pretrained(base).save_pretrained(work)
         if (work / "README.md").is_file():
             card = merged_card((work / "README.md").read_text(), target)

@@ -96,14 +96,21 @@ class LaunchRecord(TrainerCallback):
             (folder / LAUNCH_FILE).write_text(json.dumps({"processes": args.world_size}) + "\n")
 
 
-def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
-    """Why ``checkpoint`` should not be resumed on ``processes`` processes (it was saved by another count),
-    or None; a checkpoint without ``launch.json`` (saved by TRL's trainer alone) is not checked."""
+def saved_processes(checkpoint: str | Path) -> int | None:
+    """The process count ``checkpoint``'s ``launch.json`` records; None without a readable one (a checkpoint
+    saved by TRL's trainer alone, or killed before the file was written)."""
     try:
         saved = json.loads((Path(checkpoint) / LAUNCH_FILE).read_text()).get("processes")
     except (OSError, ValueError, AttributeError):
         return None
-    if not isinstance(saved, int) or saved == processes:
+    return saved if isinstance(saved, int) else None
+
+
+def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
+    """Why ``checkpoint`` should not be resumed on ``processes`` processes (it was saved by another count),
+    or None; a checkpoint without ``launch.json`` (saved by TRL's trainer alone) is not checked."""
+    saved = saved_processes(checkpoint)
+    if saved is None or saved == processes:
         return None
     return (
         f"resume_from_checkpoint: {checkpoint} was trained on {saved} process(es), and this launch has "
@@ -336,11 +343,8 @@ def _rng_problem(folder: Path, processes: int | None) -> str | None:
     """Why a checkpoint of several processes lacks one's RNG state (``rng_state_R.pth``), or None. The count
     is the checkpoint's own (``launch.json``), else ``processes``; one process is not checked (its RNG state
     is written before ``trainer_state.json``), nor is an unknown count."""
-    try:
-        saved = json.loads((folder / LAUNCH_FILE).read_text()).get("processes")
-    except (OSError, ValueError, AttributeError):
-        saved = None
-    count = saved if isinstance(saved, int) else processes
+    saved = saved_processes(folder)
+    count = saved if saved is not None else processes
     for rank in range(count if count is not None and count > 1 else 0):
         path = folder / f"rng_state_{rank}.pth"
         if not path.is_file():

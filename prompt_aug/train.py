@@ -350,7 +350,6 @@ def run(
             "saved LoRA adapter records the base as stored, so it would evaluate and merge without the warm "
             "start; set warmstart_steps: 0, or train without use_peft"
         )
-    arithmetic = batch_arithmetic(args, script_args)
     # Reward functions and templates by name: a bad name fails before anything is read or deleted, and in
     # the dry run too.
     try:
@@ -358,8 +357,8 @@ def run(
         templates, weights, eval_template = templates_for(args)
     except (ValueError, TemplateError) as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None
-    if script_args.dry_run:  # arithmetic only
-        print(arithmetic.table())
+    if script_args.dry_run:  # arithmetic only, for the recipe's num_processes
+        print(batch_arithmetic(args, script_args).table())
         return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)

@@ -275,13 +275,11 @@ def load_tokenizer(model: str, chat_template: str | None = None) -> Any:
     ``chatml``, a Jinja template or the path of a .jinja file, as the training recipe's ``chat_template``
     (`prompt_aug.templates.chat_template_text`). A LoRA adapter folder saved without a tokenizer (by PEFT
     alone) gives its base model's."""
-    from pathlib import Path
-
     from transformers import AutoTokenizer
 
-    from ..adapters import adapter_base, is_adapter
+    from ..adapters import adapter_base, has_tokenizer, is_adapter
 
-    if is_adapter(model) and not (Path(model).expanduser() / "tokenizer_config.json").is_file():
+    if is_adapter(model) and not has_tokenizer(model):
         model = adapter_base(model) or model
     tokenizer = AutoTokenizer.from_pretrained(model)
     if tokenizer.pad_token is None:
