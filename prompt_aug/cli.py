@@ -29,15 +29,10 @@ from accelerate import PartialState
 from trl import TrlParser
 
 from .adapters import ADAPTER_FILE
-from .faults import (
-    PREEMPTED_FILE,
-    FaultError,
-    RewardFunctionError,
-    check_resume,
-    last_complete_checkpoint,
-)
+from .faults import PREEMPTED_FILE, FaultError, check_resume, last_complete_checkpoint
 from .models import LOCAL_MODELS
 from .models import resolve as resolve_local_model
+from .reward_checks import RewardFunctionError
 from .sources import SourceError, check_mixture, check_source
 
 logger = logging.getLogger("prompt_aug")

@@ -53,19 +53,12 @@ from .data import DataError, load_train_dataset
 from .evaluation.benchmarks import EvalError
 from .extensions import build_features
 from .extensions.dynamic_sampling import signal_column
-from .faults import (
-    EXIT_PREEMPTED,
-    PREEMPTED_FILE,
-    Preempted,
-    RewardFunctionError,
-    check_reward_arguments,
-    disk_full_is_one_line,
-    signal_ignored,
-)
+from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, Preempted, disk_full_is_one_line, signal_ignored
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .mixture import dataset_mixture
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
+from .reward_checks import RewardFunctionError, check_reward_arguments
 from .sources import builtin_names, demo_stage, downloads_model, read_training_data
 from .stack import check_before_parse, check_stack, wait_for_vllm_server
 from .templates import TemplateError, check_renders, resolve_eval_template, templates_for

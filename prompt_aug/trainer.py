@@ -24,7 +24,7 @@ from .config import trainer_settings
 from .evaluation.backends import stop_token_ids
 from .evaluation.callback import EvalCallback
 from .extensions import Features, build_features
-from .faults import HubAndPreemption, LaunchRecord, checked_reward_funcs
+from .faults import HubAndPreemption, LaunchRecord
 from .metrics import TemplateMetrics
 from .model_card import ModelCardInfo, ModelCardMixin
 from .padding import PaddingFreePasses
@@ -37,6 +37,7 @@ from .records import (
     upload_sampled_table,
     without_wandb_table,
 )
+from .reward_checks import checked_reward_funcs
 from .sampler import EpochRepeatSampler
 from .templates import STOP_TOKENS, TemplateError, check_renders, templates_for
 from .trl_seam import Generation, TRLSeam
