@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import pytest
@@ -155,11 +156,41 @@ def test_windows_count_rounds_not_log_lines():
     # 2 optimizer steps per round, a log line per step: rounds are steps (1,2), (3,4), (5,6), ...
     guard = _guard(ENTROPY, steps_per_round=2)
     stream = [{"step": s, "entropy": 1.0 if s <= 2 else 0.01} for s in range(1, 11)]
-    assert _feed(guard, stream) == {7: ["entropy"]}  # rounds 2, 3, 4 below: the first line of round 4
+    assert _feed(guard, stream) == {8: ["entropy"]}  # rounds 2, 3, 4 below: the last line of round 4
     # A `round` key (logged by the trainer) wins over the step.
     guard = _guard(ENTROPY, steps_per_round=2)
     stream = [{"step": s, "round": s, "entropy": 1.0 if s <= 2 else 0.01} for s in range(1, 11)]
     assert _feed(guard, stream) == {5: ["entropy"]}
+
+
+def test_a_round_is_judged_once_on_the_mean_of_all_its_lines():
+    # 4 optimizer steps a round, a line a step. Round 3 starts below the floor of 0.2 but its mean (0.38) is
+    # not; round 4's mean (0.13) is. Judged line by line, round 3 fired at step 9 on its first line, and
+    # round 4 twice, at steps 13 and 15, as its running mean crossed the floor and back.
+    floor = SignalSpec("entropy", ("entropy",), "below", 0.2, 1, "checkpoint")
+    values = [0.5] * 8 + [0.01, 0.5, 0.5, 0.5] + [0.01, 0.5, 0.01, 0.01]
+    stream = [{"step": s, "round": (s + 3) // 4, "entropy": v} for s, v in enumerate(values, 1)]
+    assert _feed(_guard(floor, steps_per_round=4), stream) == {16: ["entropy"]}
+    # Where no line falls on a round's last step (a line every 3 steps), the next round's line ends it.
+    stream = [{"step": s, "round": (s + 3) // 4, "entropy": 0.01} for s in (3, 6, 9)]
+    assert _feed(_guard(floor, steps_per_round=4), stream) == {6: ["entropy"]}
+
+
+def test_a_firing_on_the_end_of_training_line_is_logged_and_asks_for_no_save_or_stop():
+    from transformers import TrainerControl
+
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.2, 1, "stop"), steps_per_round=4)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=6, max_steps=6, log_history=[])
+    args = SimpleNamespace(save_total_limit=2, output_dir="unused")
+    control = TrainerControl()
+    guard.on_log(args, state, control, logs={"step": 4, "round": 1, "entropy": 0.5})
+    # logging_steps 4 does not divide max_steps 6: steps 5-6 are in the Trainer's last line only.
+    final = {"step": 6, "round": 2, "entropy": 0.01, "train_runtime": 12.0}
+    guard.on_log(args, state, control, logs=final)
+    assert [f.signal for f in guard.fired] == ["entropy"] and final["collapse/fired/entropy"] == 1.0
+    assert not control.should_save and not control.should_training_stop and args.save_total_limit == 2
+    guard.on_train_end(args, state, control)
+    assert guard.stop_message is None and guard.checkpoints == []
 
 
 def test_a_log_line_spanning_several_rounds_counts_for_each_of_them():

@@ -21,9 +21,13 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   first: over every generated completion, where TRL's cover only the trained groups.
 
   A window counts generation rounds (the ``round`` key of a log line, else the step divided by the
-  optimizer steps per round); several log lines of one round are averaged, and a log line that comes
-  several rounds after the one before it (``logging_steps`` longer than a round) counts for each of them.
+  optimizer steps per round). A round is judged once, on the mean of all its log lines, at the line of its
+  last optimizer step (or, where no line falls there, at the next round's first line), so a round is never
+  judged on its first lines alone; a log line that comes several rounds after the one before it
+  (``logging_steps`` longer than a round) counts for each of them. Each evaluation is judged as it comes.
   Each signal fires once when its condition starts to hold and again only after it has stopped holding.
+  A firing on the end-of-training log line (what TRL logged after the last ``logging_steps``) is logged
+  only: the run has ended, and its final model is saved anyway.
   It logs ``collapse/<signal>`` (rounds in a row past the threshold, or the fall from the best mean) on
   every log line, and ``collapse/fired/<signal>`` = 1 on the line where it fired. ``checkpoint`` saves a
   full checkpoint named ``collapse-<signal>-round<N>`` in ``output_dir``: the Trainer's rotation
@@ -63,6 +67,7 @@ KINDS = ("below", "above", "drop")
 ACCURACY_KEYS = (*ACCURACY_MEAN_KEYS, "reward")
 REPETITION_KEY = "completions/repetition_ratio"
 CHECKPOINT_PREFIX = "collapse"
+FINAL_KEY = "train_runtime"  # in the Trainer's end-of-training log line only
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,8 @@ class _Watch:
     ``logging_steps``, which may span several rounds; `CollapseGuard.observe` counts them, over every line,
     so a signal missing from some lines is not stretched over the gap), so a window of ``window`` rounds
     holds the fewest latest lines that together stand for that many; for ``eval`` each evaluation counts one,
-    however many fall in one round.
+    however many fall in one round. The lines of a round not yet over are held apart (``open``) and judged
+    together once it is.
     """
 
     def __init__(self, spec: SignalSpec) -> None:
@@ -125,6 +131,7 @@ class _Watch:
         # Rounds in a row past the threshold before the latest line (kinds "below" / "above"): the run logged
         # keeps counting after the window's lines are gone.
         self.run_before = 0
+        self.open: list[Any] | None = None  # the round not yet judged: [round, sum, count, span]
 
     @property
     def last(self) -> int:
@@ -134,20 +141,40 @@ class _Watch:
     def _covered(self) -> int:
         return int(sum(line[3] for line in self.lines))
 
-    def add(self, round_: int, value: float, step: int, key: str, span: int = 1) -> Firing | None:
-        """A log line of round ``round_`` standing for ``span`` rounds (ignored for another line of the
-        latest round, and for ``eval``); returns the firing it causes, if any."""
+    def add(
+        self, round_: int, value: float, step: int, key: str, span: int = 1, ends_round: bool = True
+    ) -> Firing | None:
+        """A log line of round ``round_`` standing for ``span`` rounds (ignored for another line of the same
+        round, and for ``eval``); ``ends_round``: no later line of that round is to come. A round is judged
+        when it is over: at its last line, or at a line of a later round. Returns the firing, if any."""
+        firing = None
+        if self.open is not None and round_ > self.open[0]:  # a later round: the open one is over
+            firing = self._judge(*self.open, step=step, key=key)
+            self.open = None
+        if self.open is None:
+            self.open = [round_, 0.0, 0, span]
+        self.open[1] += value
+        self.open[2] += 1
+        if ends_round or self.spec.name == "eval":
+            firing = self._judge(*self.open, step=step, key=key) or firing
+            self.open = None
+        return firing
+
+    def _judge(
+        self, round_: int, value_sum: float, lines: int, span: int, step: int, key: str
+    ) -> Firing | None:
+        """Judge the window with round ``round_`` (the mean of its ``lines`` log lines) as the latest."""
         spec = self.spec
         same_round = self.lines and round_ <= self.lines[-1][0]
-        if same_round and spec.name != "eval":  # another line of the same round: averaged in
-            self.lines[-1][1] += value
-            self.lines[-1][2] += 1
+        if same_round and spec.name != "eval":  # a late line of a judged round (the end-of-training line)
+            self.lines[-1][1] += value_sum
+            self.lines[-1][2] += lines
         else:
             if spec.kind == "drop" and self._covered() >= spec.window:
                 self.best = max(self.best, self._window_mean())
             if spec.kind != "drop":
                 self.run_before = self._run()
-            self.lines.append([round_, value, 1, 1 if spec.name == "eval" else max(1, span)])
+            self.lines.append([round_, value_sum, lines, 1 if spec.name == "eval" else max(1, span)])
             while len(self.lines) > 1 and self._covered() - self.lines[0][3] >= spec.window:
                 self.lines.popleft()
         unit = "evaluations" if spec.name == "eval" else "rounds"
@@ -266,6 +293,12 @@ class CollapseGuard(TrainerCallback):
         step = int(entry.get("step", step or 0))
         return max(1, generation_round(step, self.steps_per_round))
 
+    def _ends_round(self, step: int, round_: int) -> bool:
+        """Whether optimizer step ``step`` is the last of round ``round_``. Where the line's ``round`` key is
+        not the step's round by `steps_per_round` (an epoch's short step), the line is judged at once."""
+        by_step = generation_round(step, self.steps_per_round)
+        return round_ != by_step or generation_round(step + 1, self.steps_per_round) > by_step
+
     def observe(
         self, entry: dict[str, Any], step: int | None = None
     ) -> tuple[dict[str, float], list[Firing]]:
@@ -276,11 +309,12 @@ class CollapseGuard(TrainerCallback):
         self._last_round = max(self._last_round, round_)
         metrics: dict[str, float] = {}
         firings: list[Firing] = []
+        ends_round = FINAL_KEY in entry or self._ends_round(step, round_)
         for name, watch in self._watches.items():
             key = next((k for k in watch.spec.keys if _is_number(entry.get(k))), None)
             if key is None:
                 continue
-            firing = watch.add(round_, float(entry[key]), step, key, span)
+            firing = watch.add(round_, float(entry[key]), step, key, span, ends_round)
             metrics[f"collapse/{name}"] = watch.stat
             if firing is not None:
                 metrics[f"collapse/fired/{name}"] = 1.0
@@ -324,7 +358,8 @@ class CollapseGuard(TrainerCallback):
                     firing.action,
                 )
         self.fired += firings
-        acting = [f for f in firings if f.action != "log"]
+        # The end-of-training line comes after the last step: nothing is left to save or stop.
+        acting = [f for f in firings if f.action != "log"] if FINAL_KEY not in (logs or {}) else []
         if acting:
             self._pending = acting
             self._regular_save_due = bool(control.should_save)
