@@ -407,7 +407,9 @@ def check_trl_keys(args: Any) -> None:
     all (`ValueError`, one line naming the key)."""
     for name, low in {**BATCH_LOW, **BATCH_LOW_IF_SET}.items():
         value = getattr(args, name)
-        if (value is not None or name in BATCH_LOW) and not (isinstance(value, int) and value >= low):
+        if value is None and name in BATCH_LOW:  # ``num_generations:`` with nothing after it
+            raise ValueError(f"{name}: no value; give a whole number of at least {low}, or remove the line")
+        if value is not None and not (isinstance(value, int) and value >= low):
             raise ValueError(f"{name}: must be at least {low}, got {value}")
     if args.loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type: {args.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")

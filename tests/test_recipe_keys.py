@@ -399,7 +399,7 @@ def test_a_mixture_sources_levels_are_read_as_the_top_level_key_is():
     "key, value, message",
     [
         ("num_generations", 0, "num_generations: must be at least 2, got 0"),
-        ("num_generations", None, "num_generations: must be at least 2, got None"),
+        ("num_generations", None, "num_generations: no value; give a whole number of at least 2, or remove"),
         ("per_device_train_batch_size", 0, "per_device_train_batch_size: must be at least 1, got 0"),
         ("per_device_train_batch_size", -8, "per_device_train_batch_size: must be at least 1, got -8"),
         ("gradient_accumulation_steps", 0, "gradient_accumulation_steps: must be at least 1, got 0"),
