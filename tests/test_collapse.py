@@ -373,11 +373,11 @@ def test_on_two_processes_the_collapse_checkpoint_holds_every_processs_part(tmp_
     script.write_text(SLOW_SECOND_RANK)
     out = tmp_path / "run"
     flags = ["--temperature", "0.05", "--collapse_repetition_rounds", "1", "--collapse_repetition_action",
-             "checkpoint", "--max_steps", "1", "--save_strategy", "no"]  # fmt: skip
+             "checkpoint", "--max_steps", "2", "--save_strategy", "no"]  # fmt: skip
     command = [*torchrun(2), str(script), "--config", SMOKE, "--output_dir", str(out), *flags]
     result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    saved = out / "collapse-repetition-round1"
+    saved = out / "collapse-repetition-round1"  # judged at step 2, the end of round 1
     assert sorted(p.name for p in saved.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
     assert not list(out.glob("checkpoint-*"))
     # The process count a resume checks was written before the rename.
@@ -502,7 +502,7 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     flags = [
         "--temperature", "0.05",  # near-greedy: entropy ~0.005, every completion loops on "\n"
         "--collapse_repetition_rounds", "1", "--collapse_repetition_action", "checkpoint",
-        "--save_steps", "2", "--save_total_limit", "1",
+        "--save_steps", "3", "--save_total_limit", "1",
     ]  # fmt: skip
     cmd = [
         sys.executable,
@@ -518,35 +518,35 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     result = subprocess.run(cmd + flags, check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
 
-    # Repetition fired at round 1 (step 1): checkpoint; entropy below 1.0 for 2 rounds at round 2 (step 3):
-    # stop.
-    message = re.search(r"collapse guard stopped training at step 3 \(round 2\): entropy .*", result.stderr)
+    # 2 optimizer steps a round; each round is judged at its last step. Repetition fired at round 1 (step
+    # 2): checkpoint; entropy below 1.0 for 2 rounds at round 2 (step 4): stop.
+    message = re.search(r"collapse guard stopped training at step 4 \(round 2\): entropy .*", result.stderr)
     assert message, result.stderr[-3000:]
     assert "below the floor 1 for 2 rounds" in message.group(0)
     assert str(out / "collapse-entropy-round2") in message.group(0)
     history = _history(out)
-    assert max(e["step"] for e in history) == 3
+    assert max(e["step"] for e in history) == 4
     fired = {(e["step"], k) for e in history for k in e if k.startswith("collapse/fired/")}
-    assert fired == {(1, "collapse/fired/repetition"), (3, "collapse/fired/entropy")}
+    assert fired == {(2, "collapse/fired/repetition"), (4, "collapse/fired/entropy")}
 
-    # Both named checkpoints are full checkpoints; the one from step 1 survived the rotation at step 2, and
-    # the unscheduled save at step 3 did not count against save_total_limit 1: the scheduled checkpoint-2
+    # Both named checkpoints are full checkpoints; the one from step 2 survived the rotation at step 3, and
+    # the unscheduled save at step 4 did not count against save_total_limit 1: the scheduled checkpoint-3
     # is still there.
-    for name, step in (("collapse-repetition-round1", 1), ("collapse-entropy-round2", 3)):
+    for name, step in (("collapse-repetition-round1", 2), ("collapse-entropy-round2", 4)):
         folder = out / name
         assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == step
         assert (folder / "optimizer.pt").is_file() and (folder / "model.safetensors").is_file()
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
 
     # Resume from the named checkpoint with the same flags: the replayed history keeps the guard's state
     # (entropy already 2 rounds below, already fired), so it neither re-stops nor forgets.
-    train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "4", *flags,
+    train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "6", *flags,
                 "--resume_from_checkpoint", str(out / "collapse-entropy-round2")])  # fmt: skip
     history = _history(out)
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
-    step4 = [e for e in history if e["step"] == 4 and "collapse/entropy" in e]
-    assert step4 and step4[0]["collapse/entropy"] == 2.0
-    assert not any(k.startswith("collapse/fired/") for e in history if e["step"] == 4 for k in e)
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+    step6 = [e for e in history if e["step"] == 6 and "collapse/entropy" in e]
+    assert step6 and step6[0]["collapse/entropy"] == 3.0  # round 3 is the third below the floor
+    assert not any(k.startswith("collapse/fired/") for e in history if e["step"] > 4 for k in e)
 
 
 @pytest.mark.slow

@@ -131,7 +131,7 @@ class _Watch:
         # Rounds in a row past the threshold before the latest line (kinds "below" / "above"): the run logged
         # keeps counting after the window's lines are gone.
         self.run_before = 0
-        self.open: list[Any] | None = None  # the round not yet judged: [round, sum, count, span]
+        self.open: list[Any] | None = None  # the round not yet judged: [round, sum, count, span, key]
 
     @property
     def last(self) -> int:
@@ -147,18 +147,21 @@ class _Watch:
         """A log line of round ``round_`` standing for ``span`` rounds (ignored for another line of the same
         round, and for ``eval``); ``ends_round``: no later line of that round is to come. A round is judged
         when it is over: at its last line, or at a line of a later round. Returns the firing, if any."""
-        firing = None
-        if self.open is not None and round_ > self.open[0]:  # a later round: the open one is over
-            firing = self._judge(*self.open, step=step, key=key)
-            self.open = None
+        firing = self.close(step) if self.open is not None and round_ > self.open[0] else None
         if self.open is None:
-            self.open = [round_, 0.0, 0, span]
+            self.open = [round_, 0.0, 0, span, key]
         self.open[1] += value
         self.open[2] += 1
         if ends_round or self.spec.name == "eval":
-            firing = self._judge(*self.open, step=step, key=key) or firing
-            self.open = None
+            firing = self.close(step) or firing
         return firing
+
+    def close(self, step: int) -> Firing | None:
+        """Judge the open round, if any, at optimizer step ``step``: it is over."""
+        if self.open is None:
+            return None
+        (round_, value_sum, lines, span, key), self.open = self.open, None
+        return self._judge(round_, value_sum, lines, span, step, key)
 
     def _judge(
         self, round_: int, value_sum: float, lines: int, span: int, step: int, key: str
@@ -312,9 +315,14 @@ class CollapseGuard(TrainerCallback):
         ends_round = FINAL_KEY in entry or self._ends_round(step, round_)
         for name, watch in self._watches.items():
             key = next((k for k in watch.spec.keys if _is_number(entry.get(k))), None)
-            if key is None:
+            if key is not None:
+                firing = watch.add(round_, float(entry[key]), step, key, span, ends_round)
+            elif ends_round and watch.open is not None and watch.open[0] <= round_:
+                # TRL logs a round's generation metrics (rewards, lengths) on its first line only: the line
+                # that ends the round judges them.
+                firing = watch.close(step)
+            else:
                 continue
-            firing = watch.add(round_, float(entry[key]), step, key, span, ends_round)
             metrics[f"collapse/{name}"] = watch.stat
             if firing is not None:
                 metrics[f"collapse/fired/{name}"] = 1.0
