@@ -126,6 +126,24 @@ def reward_column(reward_funcs: list[Any], *funcs: Any) -> int | None:
     return None
 
 
+def correctness_scores(reward_funcs: list[Any]) -> tuple[int, float, float] | None:
+    """The column of the run's correctness reward (`CORRECTNESS_REWARDS`, or one of them mapped to other
+    values by `rewards.mapped.mapped_correctness`) and the scores it gives a right and a wrong answer; None
+    without one.
+
+    >>> from rewards.registry import REGISTRY
+    >>> correctness_scores([REGISTRY["format"], REGISTRY["correctness_pm5"]])
+    (1, 5.0, -5.0)
+    """
+    column = reward_column(reward_funcs, *CORRECTNESS_REWARDS)
+    if column is not None:
+        return column, 1.0, 0.0
+    for index, func in enumerate(reward_funcs):
+        if any(getattr(func, "base", None) is f for f in CORRECTNESS_REWARDS):
+            return index, float(func.correct), float(func.incorrect)
+    return None
+
+
 def loop_flags(completion_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """1.0 for each completion (a row of ``completion_ids``, its first ``lengths`` tokens) that ends in an
     n-gram loop (`rewards.repetition.ends_in_loop`), else 0.0."""

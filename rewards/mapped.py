@@ -15,13 +15,16 @@ def mapped_correctness(
     ``incorrect``; ``None`` (a gold that cannot be parsed) stays ``None``. Every argument TRL passes
     (completions, dataset columns, ``log_metric``, ...) goes to ``base`` untouched.
 
-    ``name`` becomes the function's ``__name__``, which TRL uses in ``rewards/<name>/mean``.
+    ``name`` becomes the function's ``__name__``, which TRL uses in ``rewards/<name>/mean``. The function
+    keeps ``base``, ``correct`` and ``incorrect`` as attributes, for a reader of its scores.
 
     >>> def exact(completions, answer, **kwargs):
     ...     return [None if a == "?" else float(c == a) for c, a in zip(completions, answer)]
     >>> rlinf = mapped_correctness(exact, 5.0, -5.0, name="exact_pm5")
     >>> rlinf(["4", "5", "6"], answer=["4", "4", "?"]), rlinf.__name__
     ([5.0, -5.0, None], 'exact_pm5')
+    >>> rlinf.base is exact, rlinf.correct, rlinf.incorrect
+    (True, 5.0, -5.0)
     """
 
     def reward(*args: Any, **kwargs: Any) -> list[float | None]:
@@ -30,4 +33,5 @@ def mapped_correctness(
 
     reward.__name__ = reward.__qualname__ = name or f"{base.__name__}_mapped"
     reward.__doc__ = f"`{base.__name__}` with correct -> {correct:g}, incorrect -> {incorrect:g}, None kept."
+    reward.base, reward.correct, reward.incorrect = base, correct, incorrect  # type: ignore[attr-defined]
     return reward

@@ -32,6 +32,7 @@ from prompt_aug.extensions.dynamic_sampling import (
     plan_round,
     signal_column,
 )
+from prompt_aug.metrics import correctness_scores
 from prompt_aug.trainer import PromptAugGRPOTrainer
 from rewards import get_reward_funcs
 
@@ -65,6 +66,15 @@ def test_spread_uses_a_tolerance_not_exact_zero():
 
 def test_outcome_names_all_right_and_all_wrong():
     assert group_outcome(torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0, 0.0, 0.0, 0.0]), 4, 1e-4) == [
+        "all_right",
+        "all_wrong",
+        "no_spread",
+    ]
+    # With correctness_pm5 (RLinf's +5 / -5), right and wrong are its scores, read from the reward function.
+    funcs = get_reward_funcs(["format", "correctness_pm5"])
+    column, right, wrong = correctness_scores(funcs)
+    pm5 = torch.tensor([[1.0, 5.0], [1.0, 5.0], [0.0, -5.0], [0.0, -5.0], [1.0, 5.0], [0.0, -5.0]])
+    assert column == 1 and group_outcome(pm5[:, column], 2, 1e-4, right, wrong) == [
         "all_right",
         "all_wrong",
         "no_spread",

@@ -27,17 +27,18 @@ Unsupported: tools, environments, ``rollout_func``, images, iterable datasets (a
 
 Logged per round: ``dynamic_sampling/groups_generated``, ``groups_kept`` (trained, with spread),
 ``groups_filled`` (trained, zero spread, cap hit), ``groups_surplus`` (spread, beyond the round),
-``dropped_all_right`` / ``dropped_all_wrong`` (every rollout scored 1 / 0 on correctness, or on the signal
-without a correctness reward), ``dropped_no_spread`` (other flat groups), ``generation_passes``, ``cap_hit``
-and ``kept_share``; per-template metrics and ``completions/repetition_ratio`` over everything generated,
-plus ``templates/<name>/kept``; and ``dynamic_sampling/generated/reward``, ``.../rewards/<function>/mean``
-and ``.../completions/clipped_ratio``: TRL's metrics of those names over everything generated (what the
-collapse guard reads with dynamic sampling on). TRL's reward metrics cover the trained rows only; its length
-and truncation metrics (``completions/*``, ``num_tokens``) are taken in each generation pass, so they
-already cover everything generated, and ``.../completions/clipped_ratio`` equals TRL's (each pass is one
-round's size); it is logged so that every ``generated/`` metric a reader needs is under one prefix. The
-completion records hold every generated completion (trained rows first, in training order) with ``kept``,
-``group_status`` and ``generation_pass``; rows not trained have a NaN ``advantage``.
+``dropped_all_right`` / ``dropped_all_wrong`` (every rollout right / wrong by the correctness reward,
+``correctness_pm5``'s +5 / -5 included, or scored 1 / 0 on the signal without one), ``dropped_no_spread``
+(other flat groups), ``generation_passes``, ``cap_hit`` and ``kept_share``; per-template metrics and
+``completions/repetition_ratio`` over everything generated, plus ``templates/<name>/kept``; and
+``dynamic_sampling/generated/reward``, ``.../rewards/<function>/mean`` and ``.../completions/clipped_ratio``:
+TRL's metrics of those names over everything generated (what the collapse guard reads with dynamic sampling
+on). TRL's reward metrics cover the trained rows only; its length and truncation metrics (``completions/*``,
+``num_tokens``) are taken in each generation pass, so they already cover everything generated, and
+``.../completions/clipped_ratio`` equals TRL's (each pass is one round's size); it is logged so that every
+``generated/`` metric a reader needs is under one prefix. The completion records hold every generated
+completion (trained rows first, in training order) with ``kept``, ``group_status`` and ``generation_pass``;
+rows not trained have a NaN ``advantage``.
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ import torch
 from accelerate.utils import gather_object
 from trl.trainer.utils import nanstd
 
-from rewards.registry import CORRECTNESS_REWARDS, REGISTRY
+from rewards.registry import REGISTRY
 from rewards.repetition import ends_in_loop
 
 from .. import trl_seam as seam
 from ..collator import row_question, row_uid, stable_uniform
 from ..logging_utils import GENERATED  # TRL's reward and truncation metrics, over every generated completion
-from ..metrics import ending_ids, reward_column
+from ..metrics import correctness_scores, ending_ids
 from ..records import rounds_generated
 from ..trl_seam import Generation, SamplingTrainer
 
@@ -80,21 +81,27 @@ def group_spread(signal: torch.Tensor, num_generations: int, std_tol: float) -> 
     return [bool(s > std_tol) for s in torch.nan_to_num(std, nan=0.0)]
 
 
-def group_outcome(correct: torch.Tensor | None, num_generations: int, std_tol: float) -> list[str]:
-    """``all_right`` / ``all_wrong`` when every rollout of a group scored 1 / 0, else ``no_spread``.
+def group_outcome(
+    correct: torch.Tensor | None, num_generations: int, std_tol: float, right: float = 1.0, wrong: float = 0.0
+) -> list[str]:
+    """``all_right`` / ``all_wrong`` when every rollout of a group scored ``right`` / ``wrong``, else
+    ``no_spread``.
 
-    The round passes the correctness reward's column when the recipe has one, else the spread signal.
+    The round passes the correctness reward's column and its scores when the recipe has one (`+5 / -5` for
+    ``correctness_pm5``), else the spread signal, judged against 1 / 0.
 
     >>> group_outcome(torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0]), 2, 1e-4)
     ['all_right', 'all_wrong', 'no_spread']
+    >>> group_outcome(torch.tensor([5.0, 5.0, -5.0, -5.0]), 2, 1e-4, right=5.0, wrong=-5.0)
+    ['all_right', 'all_wrong']
     """
     if correct is None:
         return []
     out = []
     for group in correct.float().view(-1, num_generations):
-        if bool(torch.all((group - 1.0).abs() <= std_tol)):
+        if bool(torch.all((group - right).abs() <= std_tol)):
             out.append(ALL_RIGHT)
-        elif bool(torch.all(group.abs() <= std_tol)):
+        elif bool(torch.all((group - wrong).abs() <= std_tol)):
             out.append(ALL_WRONG)
         else:
             out.append(OTHER)
@@ -285,7 +292,7 @@ class DynamicSampler:
         passes: list[_Pass] = []
         spread: list[list[bool]] = []
         outcome: list[list[str]] = []
-        correct_column = reward_column(trainer.reward_funcs, *CORRECTNESS_REWARDS)
+        column, right, wrong = correctness_scores(trainer.reward_funcs) or (None, 1.0, 0.0)
         seen: set[str] = set()
         for k in range(self.max_passes):
             if k > 0:
@@ -297,8 +304,8 @@ class DynamicSampler:
             seen.update(step.uids)
             signal = self._signal(trainer, step.rewards)
             spread.append(group_spread(signal, num_gen, self.std_tol))
-            correct = step.rewards[:, correct_column] if correct_column is not None else signal
-            outcome.append(group_outcome(correct, num_gen, self.std_tol))
+            correct = step.rewards[:, column] if column is not None else signal
+            outcome.append(group_outcome(correct, num_gen, self.std_tol, right, wrong))
             if sum(sum(s) for s in spread) >= groups_needed:
                 break
         plan = plan_round(spread, outcome, groups_needed)
