@@ -174,6 +174,12 @@ def test_a_round_is_judged_once_on_the_mean_of_all_its_lines():
     # Where no line falls on a round's last step (a line every 3 steps), the next round's line ends it.
     stream = [{"step": s, "round": (s + 3) // 4, "entropy": 0.01} for s in (3, 6, 9)]
     assert _feed(_guard(floor, steps_per_round=4), stream) == {6: ["entropy"]}
+    # TRL logs a round's rewards on its first line only: the round's last line, without them, judges them.
+    drop = SignalSpec("accuracy", ACCURACY_KEYS, "drop", 0.1, 1, "checkpoint")
+    rewards = {1: 0.5, 3: 0.5, 5: 0.2}  # rounds of 2 steps
+    stream = [{"step": s, "round": (s + 1) // 2, **({"reward": rewards[s]} if s in rewards else {})}
+              for s in range(1, 7)]  # fmt: skip
+    assert _feed(_guard(drop, steps_per_round=2), stream) == {6: ["accuracy"]}
 
 
 def test_a_firing_on_the_end_of_training_line_is_logged_and_asks_for_no_save_or_stop():
