@@ -233,15 +233,23 @@ def parse_args(argv: list[str] | None = None) -> Recipe:
 
 
 def _lora_target_error(err: ValueError, model: Any, model_args: ModelConfig) -> UsageError | None:
-    """The one-line error for PEFT's refusal of ``lora_target_modules`` that match no module of ``model``,
-    naming the model's linear layers; None for any other error."""
+    """The one-line error for PEFT's refusal of ``lora_target_modules``: names that match no module of
+    ``model``, or none given for a model type PEFT has no default modules for; it names the model's linear
+    layers. None for any other error."""
     from peft.utils.error import NoMatchingPeftModuleError
 
-    if not isinstance(err, NoMatchingPeftModuleError):
+    unset = model_args.lora_target_modules is None and "target_modules" in str(err)
+    if not isinstance(err, NoMatchingPeftModuleError) and not unset:
         return None
     linear = sorted(
         {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     )
+    if unset:
+        return UsageError(
+            f"lora_target_modules: not set, and PEFT has no default modules for model type "
+            f"{getattr(model.config, 'model_type', None)!r}; set lora_target_modules: all-linear, or some of "
+            f"its linear layers {linear}"
+        )
     return UsageError(
         f"lora_target_modules {model_args.lora_target_modules}: no module of the model matches; its linear "
         f"layers are {linear} (or give all-linear)"

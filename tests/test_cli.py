@@ -222,6 +222,27 @@ def test_lora_target_modules_the_model_lacks_are_one_line_naming_its_layers(tmp_
     assert "'q_proj'" in message and "all-linear" in message
 
 
+def test_lora_without_target_modules_on_a_model_type_peft_has_no_defaults_for_is_one_line(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, Olmo2Config
+
+    from prompt_aug.sources import builtin_tokenizer
+
+    tokenizer = builtin_tokenizer()
+    config = Olmo2Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    model_dir = tmp_path / "tiny-olmo2"
+    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    argv = ["--config", str(SMOKE), "--output_dir", str(tmp_path / "out"), "--use_peft", "true",
+            "--model_name_or_path", str(model_dir)]  # fmt: skip
+    message = _error(argv, capsys)
+    assert "lora_target_modules: not set, and PEFT has no default modules for model type 'olmo2'" in message
+    assert "all-linear" in message and "'q_proj'" in message
+
+
 @pytest.mark.parametrize(
     ("option", "expected"),
     [
