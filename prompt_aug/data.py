@@ -53,6 +53,7 @@ from .sources import (
     is_conversation,
     is_hub_id,
     is_verl_layout,
+    json_field,
     pick_column,
     question_text,
     read_dataset,
@@ -184,9 +185,23 @@ def _require(ds: datasets.Dataset, column: str, what: str) -> None:
         raise DataError(f"{what} column {column!r} not found; the dataset has columns {ds.column_names}")
 
 
-def _repeated_ids_note(ids: list[Any] | None, column: str) -> list[str]:
-    """A note when ``ids`` repeat (the rows then get ids from their questions, `_stable_uids`)."""
-    if ids is None or len(set(ids)) == len(ids):
+def _is_id(value: Any) -> bool:
+    """Whether a row's id value can be its uid: text or a number (not NaN)."""
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool) and not _is_nan(value)
+
+
+def _ids_note(ids: list[Any] | None, column: str) -> list[str]:
+    """A note when ``ids`` cannot be the rows' uids, because one is not text or a number (a list, a mapping,
+    missing) or because they repeat: the rows then get ids from their questions (`_stable_uids`)."""
+    if ids is None:
+        return []
+    odd = [i for i in ids if not _is_id(i)]
+    if odd:
+        first = odd[0]
+        kind = "a missing value" if first is None or _is_nan(first) else f"{type(first).__name__} {first!r}"
+        note = f"column {column!r} holds {kind[:80]}, not an id (text or a number), so each row's uid is "
+        return [note + "a hash of its question"]
+    if len(set(ids)) == len(ids):
         return []
     repeated = [i for i, n in Counter(ids).items() if n > 1]
     note = (
@@ -311,8 +326,7 @@ def to_rows(
         raw_questions = list(ds["prompt"])
         answers = [verl_gold(rm) for rm in ds["reward_model"]]
         if "extra_info" in cols:
-            ids = [(info or {}).get("index") for info in ds["extra_info"]]
-            ids = ids if all(i is not None for i in ids) else None
+            ids = [json_field(info, "index") for info in ds["extra_info"]]
     else:
         q_col = pick_column(cols, question_column, QUESTION_GUESSES)
         a_col = pick_column(cols, answer_column, ANSWER_GUESSES)
@@ -352,8 +366,10 @@ def to_rows(
         else:
             keep.append(i)
     answers = [_gold(a) for a in answers]
+    id_column = "uid" if "uid" in consumed else "extra_info.index"
+    dropped.notes += _ids_note(ids, id_column)
+    ids = ids if ids is not None and all(_is_id(i) for i in ids) else None
     uids = _stable_uids(questions, ids)
-    dropped.notes += _repeated_ids_note(ids, "uid" if "uid" in consumed else "extra_info.index")
     columns = {
         "question": [questions[i] for i in keep],
         # A list-valued answer column keeps every gold (any of them counts, as in evaluation); then the whole
@@ -551,11 +567,22 @@ def _all_null(feature: Any) -> bool:
 def _one_type(known: Any, other: Any) -> Any:
     """The type of a column that is ``known`` in one source and ``other`` in another, or None where they
     differ. Arrow's null type holds no value, so it takes the other's type, also inside lists and mappings
-    (a source whose lists are all empty, or whose field is always missing)."""
+    (a source whose lists are all empty, or whose field is always missing). Numbers of two widths or kinds
+    take the wider: integers ``int64``, with a float ``float64`` (``3`` in one file, ``2.5`` in another).
+
+    >>> _one_type(datasets.Value("int64"), datasets.Value("float32"))
+    Value('float64')
+    >>> _one_type(datasets.Value("int64"), datasets.Value("string")) is None
+    True
+    """
     if _all_null(other):
         return known
     if _all_null(known):
         return other
+    if isinstance(known, datasets.Value) and isinstance(other, datasets.Value) and known.dtype != other.dtype:
+        kinds = {value.dtype.rstrip("0123456789") for value in (known, other)}
+        if kinds <= {"int", "uint", "float"}:
+            return datasets.Value("float64" if "float" in kinds else "int64")
     if isinstance(known, dict) and isinstance(other, dict):
         if list(known) != list(other):
             return None

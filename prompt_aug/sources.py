@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import math
 import os
 import re
@@ -251,8 +252,28 @@ def is_verl_layout(columns: list[str], question_column: str | None, answer_colum
 
 
 def verl_gold(reward_model: Any) -> Any:
-    """The gold of a verl-layout row: its ``reward_model``'s ``ground_truth`` (None when there is none)."""
-    return (reward_model or {}).get("ground_truth")
+    """The gold of a verl-layout row: its ``reward_model``'s ``ground_truth``, the mapping stored as it is or
+    as JSON text; None when there is none (the row is then dropped as having no gold).
+
+    >>> verl_gold({"ground_truth": "4"}), verl_gold('{"ground_truth": "4"}'), verl_gold("4"), verl_gold(None)
+    ('4', '4', None, None)
+    """
+    return json_field(reward_model, "ground_truth")
+
+
+def json_field(value: Any, key: str) -> Any:
+    """``value[key]`` for a mapping, or for JSON text of one; None for anything else (None, other text, a
+    list) or a missing key.
+
+    >>> json_field({"index": 7}, "index"), json_field('{"index": 7}', "index"), json_field("[7]", "index")
+    (7, 7, None)
+    """
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value.get(key) if isinstance(value, dict) else None
 
 
 def content_text(content: Any) -> str:

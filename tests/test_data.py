@@ -102,6 +102,23 @@ def test_verl_layout_without_unique_index_gets_stable_hash_uids(tmp_path):
     assert "7" not in rows["uid"] and "note: 1 value(s) of column 'uid' repeat (e.g. 7)" in str(report)
 
 
+def test_ids_that_are_not_ids_and_a_verl_reward_model_stored_as_text_are_read(tmp_path):
+    # A uid column of lists is no set of ids: the rows get hashes of their questions, and the report says why.
+    frame = pd.DataFrame({"question": ["a?", "b?"], "answer": ["1", "2"], "uid": [[1], [2]]})
+    frame.to_json(tmp_path / "lists.jsonl", orient="records", lines=True)
+    rows, report = load_math_dataset(str(tmp_path / "lists.jsonl"))
+    assert len(set(rows["uid"])) == 2 and "[1]" not in rows["uid"]
+    assert "note: column 'uid' holds list [1], not an id (text or a number)" in str(report)
+    # verl's reward_model and extra_info written as JSON text (a CSV or a JSON-lines export) read as mappings.
+    frame = _verl_frame(VERL_ROWS[:2])
+    for column in ("reward_model", "extra_info"):
+        frame[column] = [json.dumps(value) for value in frame[column]]
+    (tmp_path / "text").mkdir()
+    frame.to_parquet(tmp_path / "text" / "d.train.parquet")
+    rows, _ = load_math_dataset(str(tmp_path / "text"))
+    assert rows["answer"] == ["2", "\\frac{5}{6}"] and rows["uid"] == ["id-a", "id-b"]
+
+
 def test_math_layout_with_level_filter_reads_the_boxed_answer(tmp_path):
     frame = pd.DataFrame(
         {

@@ -432,6 +432,12 @@ def test_a_column_only_some_sources_have_is_none_in_the_others_and_one_type_is_r
     body = f"dataset_mixture:\n  datasets:\n    - path: {graded}\n    - path: {worded}\n"
     with pytest.raises(DataError, match=r"^dataset_mixture: column 'difficulty' is int64 in datasets\[0\]"):
         _load(_recipe(tmp_path, body), tokenizer)
+    # Numbers of two kinds take the wider: 3 in one file, 2.5 in another are both float64.
+    halves = tmp_path / "halves.jsonl"
+    halves.write_text(json.dumps({"question": "What is 5 + 5?", "answer": "10", "difficulty": 2.5}) + "\n")
+    body = f"dataset_mixture:\n  datasets:\n    - path: {graded}\n    - path: {halves}\n"
+    rows, _ = _load(_recipe(tmp_path, body), tokenizer)
+    assert sorted(rows["difficulty"]) == [2.5, 3.0] and rows.features["difficulty"].dtype == "float64"
     # A column with no value in one source (Arrow's null type) is as if that source lacked it, first or not.
     unrated = tmp_path / "unrated.jsonl"
     unrated.write_text(json.dumps({"question": "What is 3 + 3?", "answer": "6", "difficulty": None}) + "\n")
