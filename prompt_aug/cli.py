@@ -30,6 +30,7 @@ from trl import TrlParser
 
 from .adapters import ADAPTER_FILE
 from .faults import PREEMPTED_FILE, FaultError, check_resume, last_complete_checkpoint
+from .logging_utils import check_log_file
 from .models import LOCAL_MODELS
 from .models import resolve as resolve_local_model
 from .reward_checks import RewardFunctionError
@@ -484,6 +485,7 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     resume = check_resume(args.resume_from_checkpoint, args, state.num_processes, log=state.is_main_process)
     if resume is not None:
         check_resume_peft(resume, model_args)
+        check_log_file(args.output_dir)
     stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
     if script_args.dataset_mixture is not None:
         check_mixture(script_args.dataset_mixture)

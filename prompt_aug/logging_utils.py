@@ -188,6 +188,18 @@ def read_log_entries(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return entries
 
 
+def check_log_file(output_dir: str | Path) -> None:
+    """Read the ``logs.jsonl`` of a run about to resume, so that a bad line stops it now, in one line on every
+    process, rather than at its first log line, a round later, on the main process alone.
+
+    Raises:
+        LogFileError: as `read_log_entries`.
+    """
+    path = Path(output_dir) / LOG_FILE
+    if path.is_file():
+        read_log_entries(path)
+
+
 class JsonlLogCallback(TrainerCallback):
     """Append every log entry, all keys, to ``OUTPUT_DIR/logs.jsonl`` on the main process.
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -164,6 +165,20 @@ def test_two_process_resume_in_the_second_epoch_sees_the_uninterrupted_sequence(
     got = _all_records(e).reset_index(drop=True)
     assert len(got) == 2 * 32
     pd.testing.assert_frame_equal(got, expected)
+
+
+def test_a_bad_line_in_the_log_file_stops_a_resume_before_the_model_loads(runs, tmp_path, monkeypatch):
+    run = tmp_path / "B"
+    shutil.copytree(runs["B"], run)
+    log = run / "logs.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join([lines[0], "{oops", *lines[1:]]) + "\n")
+    loads = []
+    monkeypatch.setattr(train, "load_model", lambda *a, **k: loads.append(a))  # a probe: never to be called
+    expected = rf"^prompt-aug-train: error: {re.escape(str(log))}, line 2: not JSON"
+    with pytest.raises(SystemExit, match=expected):
+        _train(run, "--max_steps", "4", "--resume_from_checkpoint", "true")
+    assert loads == []
 
 
 def test_resume_true_without_checkpoint_is_a_clear_error(tmp_path):
