@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import logging
 import math
 import os
 import re
@@ -32,6 +33,8 @@ from typing import Any, NamedTuple
 import numpy
 
 from rewards.grading.extract import last_boxed
+
+logger = logging.getLogger("prompt_aug")
 
 _TRUE = ("1", "ON", "YES", "TRUE")
 # The data files read: suffix -> the datasets loader that reads it.
@@ -147,6 +150,21 @@ def hub_model_cached(repo_id: str) -> bool:
         Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model") / "snapshots"
     )
     return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def hub_revision(repo_id: str) -> str | None:
+    """The commit of Hub model ``repo_id`` that loading it now reads: its ``main`` on the Hub, or offline
+    (``HF_HUB_OFFLINE``, or the Hub not answering) the commit the Hugging Face cache holds for ``main``; None
+    when neither is known."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    if not hub_offline():
+        try:
+            return HfApi().model_info(repo_id, timeout=10).sha
+        except Exception as err:  # noqa: BLE001 (unreachable, gated, rate-limited: loading takes the cache's)
+            logger.debug("hub_revision %s: %s; reading the cache", repo_id, err)
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    return Path(cached).parent.name if isinstance(cached, str) else None
 
 
 def downloads_model(value: str) -> bool:

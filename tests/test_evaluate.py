@@ -245,6 +245,49 @@ def test_completions_of_other_weights_in_a_folder_of_the_same_name_are_not_resum
     assert json.loads((out / "settings.json").read_text())["weights"] is not None
 
 
+def test_completions_of_another_commit_of_a_hub_model_are_not_resumed(
+    tiny_model_dir, suite_dir, tmp_path, monkeypatch, caplog
+):
+    """Offline (conftest), a Hub model is read from the Hugging Face cache at the commit its ``main`` names:
+    the evaluation records that commit, and completions of another one are refused, not resumed."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--nobody-here--tiny"
+
+    def cache(commit: str) -> None:  # what a download of that commit leaves in the cache
+        shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+
+    first, second = "1" * 40, "2" * 40
+    cache(first)
+    out = tmp_path / "eval"
+    _eval("nobody-here/tiny", suite_dir, out, "--benchmarks", "amc", "--limit", "1")
+    assert json.loads((out / "settings.json").read_text())["weights"] == f"revision {first}"
+    assert (
+        _eval("nobody-here/tiny", suite_dir, out, "--benchmarks", "amc", "--limit", "1")["new_completions"]
+        == 0
+    )
+    cache(second)
+    changed = rf"other settings \(\{{'weights': \('revision {first}', 'revision {second}'\)"
+    with pytest.raises(SystemExit, match=changed):
+        _eval("nobody-here/tiny", suite_dir, out, "--benchmarks", "amc", "--limit", "1")
+    # A folder written when a Hub model's commit was not recorded resumes, with a warning, as before.
+    settings = json.loads((out / "settings.json").read_text())
+    (out / "settings.json").write_text(json.dumps({**settings, "weights": None}))
+    with caplog.at_level("WARNING", logger="prompt_aug.evaluate"):
+        assert (
+            _eval("nobody-here/tiny", suite_dir, out, "--benchmarks", "amc", "--limit", "1")[
+                "new_completions"
+            ]
+            == 0
+        )
+    assert "does not record which weights made its completions" in caplog.text
+
+
 def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, suite_dir, tmp_path):
     with pytest.raises(SystemExit, match=r"unknown benchmark\(s\) \['gsm8k'\].*aime24, amc, math500"):
         main(["--model", str(tiny_model_dir), "--benchmarks", "aime24,gsm8k", "--data_dir", str(suite_dir)])

@@ -34,7 +34,7 @@ from typing import Any
 from ..adapters import AdapterError, check_adapter_base, is_adapter
 from ..model_card import weights_fingerprint
 from ..models import resolve as resolve_local_model
-from ..sources import SourceError, check_source
+from ..sources import SourceError, check_source, hub_revision, is_hub_id
 from ..templates import DEFAULT_EVAL_TEMPLATE, TemplateError
 from .backends import (
     STOP_RULES,
@@ -198,6 +198,15 @@ def default_output(model: str) -> Path:
 SETTINGS_BEFORE_STOP_FLAG = {"stop": "turn"}
 
 
+def weights_of(model: str) -> str | None:
+    """What tells the weights of ``model`` apart: a local folder's `weights_fingerprint`, a Hub model's commit
+    (``revision <sha>``, `hub_revision`); None when neither is known."""
+    if Path(model).expanduser().is_dir() or not is_hub_id(model):  # a folder named like an id is read there
+        return weights_fingerprint(model)
+    revision = hub_revision(model)
+    return f"revision {revision}" if revision else None
+
+
 def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> None:
     """Completions already in ``output`` must come from the same model (its folder's name and its weights,
     `weights_fingerprint`) and decoding settings."""
@@ -208,7 +217,7 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
             old.unlink(missing_ok=True)
     elif previous is not None and (records.is_file() or shard_paths(records)):
         before = {**SETTINGS_BEFORE_STOP_FLAG, **previous}
-        if "weights" not in before:  # written before the weights were recorded: nothing to compare
+        if before.get("weights") is None:  # written before the weights (or a Hub commit) were recorded
             before["weights"] = settings["weights"]
             logger.warning(
                 "%s does not record which weights made its completions (written by an older version): they "
@@ -277,7 +286,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     sampling = args.temperature > 0
     settings = {
         "model": model_name,
-        "weights": weights_fingerprint(args.model),  # None for a Hub id
+        "weights": weights_of(args.model),
         "backend": backend_name,
         "dtype": args.dtype,
         "max_tokens": args.max_tokens,
