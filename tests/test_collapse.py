@@ -34,6 +34,7 @@ from prompt_aug.extensions.collapse import (
     guard_from_args,
 )
 from prompt_aug.extensions.stabilisers import zero_optimizer_state
+from prompt_aug.records import generation_round
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
@@ -157,8 +158,10 @@ def test_windows_count_rounds_not_log_lines():
     guard = _guard(ENTROPY, steps_per_round=2)
     stream = [{"step": s, "entropy": 1.0 if s <= 2 else 0.01} for s in range(1, 11)]
     assert _feed(guard, stream) == {8: ["entropy"]}  # rounds 2, 3, 4 below: the last line of round 4
-    # A `round` key (logged by the trainer) wins over the step.
+    # A `round` key (logged by the trainer) wins over the step; attached, the guard counts rounds as the
+    # trainer does (here a round a step).
     guard = _guard(ENTROPY, steps_per_round=2)
+    guard.round_of_step = lambda step: step
     stream = [{"step": s, "round": s, "entropy": 1.0 if s <= 2 else 0.01} for s in range(1, 11)]
     assert _feed(guard, stream) == {5: ["entropy"]}
 
@@ -171,9 +174,23 @@ def test_a_round_is_judged_once_on_the_mean_of_all_its_lines():
     values = [0.5] * 8 + [0.01, 0.5, 0.5, 0.5] + [0.01, 0.5, 0.01, 0.01]
     stream = [{"step": s, "round": (s + 3) // 4, "entropy": v} for s, v in enumerate(values, 1)]
     assert _feed(_guard(floor, steps_per_round=4), stream) == {16: ["entropy"]}
-    # Where no line falls on a round's last step (a line every 3 steps), the next round's line ends it.
-    stream = [{"step": s, "round": (s + 3) // 4, "entropy": 0.01} for s in (3, 6, 9)]
-    assert _feed(_guard(floor, steps_per_round=4), stream) == {6: ["entropy"]}
+    # A line every 6 steps: each is its round's last line (the next falls in a later round), judged at once.
+    guard = _guard(floor, steps_per_round=4)
+    guard.on_train_begin(None, SimpleNamespace(logging_steps=6, log_history=[]), None)
+    stream = [{"step": s, "round": (s + 3) // 4, "entropy": 0.01} for s in (6, 12, 18)]
+    assert _feed(guard, stream) == {6: ["entropy"]}
+    # The trainer's round count knows an epoch's short step (2 micro-steps a step, 3 a round, 9 an epoch):
+    # round 5 is steps 7-8, whose mean (0.255) is above the floor though its first line is not.
+    args = SimpleNamespace(gradient_accumulation_steps=2, steps_per_generation=3, num_iterations=1)
+    guard = _guard(floor, steps_per_round=1.5)
+    guard.round_of_step = lambda step: generation_round(step, args, 9)
+    low = {7: 0.01}
+    stream = [{"step": s, "round": guard.round_of_step(s), "entropy": low.get(s, 0.5)} for s in range(1, 16)]
+    assert _feed(guard, stream) == {}
+    # A line that closes an earlier round below the floor and judges its own, above it, fires for neither.
+    guard = _guard(floor, steps_per_round=4)
+    stream = [{"step": 6, "round": 2, "entropy": 0.01}, {"step": 12, "round": 3, "entropy": 0.9}]
+    assert _feed(guard, stream) == {}
     # TRL logs a round's rewards on its first line only: the round's last line, without them, judges them.
     drop = SignalSpec("accuracy", ACCURACY_KEYS, "drop", 0.1, 1, "checkpoint")
     rewards = {1: 0.5, 3: 0.5, 5: 0.2}  # rounds of 2 steps
@@ -445,12 +462,14 @@ def test_a_signal_during_a_save_is_seen_before_the_guard_moves_the_checkpoint(ti
     from prompt_aug.faults import PreemptionCallback
     from prompt_aug.trainer import PromptAugGRPOTrainer
 
+    # 3 micro-steps a round, 2 a step: a round an epoch of 3 questions ends on a short step.
     args = PromptAugGRPOConfig(
         output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, per_device_train_batch_size=2,
-        num_generations=2, max_completion_length=4, collapse_entropy_floor=0.5,
+        num_generations=2, max_completion_length=4, collapse_entropy_floor=0.5, gradient_accumulation_steps=2,
+        steps_per_generation=3,
     )  # fmt: skip
     dataset = datasets.Dataset.from_dict(
-        {"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}
+        {"question": ["What is 1 + 1?", "What is 2 + 2?", "What is 3 + 3?"], "answer": ["2", "4", "6"]}
     )
     trainer = PromptAugGRPOTrainer(
         model=str(tiny_model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
@@ -458,6 +477,9 @@ def test_a_signal_during_a_save_is_seen_before_the_guard_moves_the_checkpoint(ti
     )  # fmt: skip
     kinds = [type(c) for c in trainer.callback_handler.callbacks]
     assert kinds.index(PreemptionCallback) < kinds.index(CollapseGuard)  # its on_save runs first
+    # The guard counts rounds as the trainer's `round` key does: steps 2k-1 and 2k are round k (by 1.5
+    # optimizer steps a round alone, step 2 would be round 2).
+    assert [trainer.features.guard.round_of_step(s) for s in range(1, 7)] == [1, 1, 2, 2, 3, 3]
 
 
 def test_the_room_made_for_a_collapse_save_is_made_once_and_given_back_if_the_save_never_comes(tmp_path):

@@ -20,16 +20,18 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   With dynamic sampling on, accuracy and truncation read those keys under ``dynamic_sampling/generated/``
   first: over every generated completion, where TRL's cover only the trained groups.
 
-  A window counts generation rounds (the ``round`` key of a log line, else the step divided by the
-  optimizer steps per round). A round is judged once, on the mean of all its log lines, at the line of its
-  last optimizer step (or, where no line falls there, at the next round's first line), so a round is never
-  judged on its first lines alone; a log line that comes several rounds after the one before it
-  (``logging_steps`` longer than a round) counts for each of them. Each evaluation is judged as it comes.
-  Each signal fires once when its condition starts to hold and again only after it has stopped holding.
-  A firing on the end-of-training log line (what TRL logged after the last ``logging_steps``) is logged
-  only: the run has ended, and its final model is saved anyway.
+  A window counts generation rounds (the ``round`` key of a log line; the trainer's count of its steps,
+  which knows the short step that ends an epoch). A round is judged once, on the mean of all its log lines,
+  at the last line that falls in it (the next regular line, ``logging_steps`` on, is in a later round), so
+  it is never judged on its first lines alone; that line judges it even without the signal's key (TRL logs
+  a round's reward and length metrics on its first line only). A log line that comes several rounds after
+  the one before it (``logging_steps`` longer than a round) counts for each of them. Each evaluation is
+  judged as it comes. Each signal fires once when its condition starts to hold and again only after it has
+  stopped holding. A firing on the end-of-training log line (what TRL logged after the last
+  ``logging_steps``) is logged only: the run has ended, and its final model is saved anyway.
   It logs ``collapse/<signal>`` (rounds in a row past the threshold, or the fall from the best mean) on
-  every log line, and ``collapse/fired/<signal>`` = 1 on the line where it fired. ``checkpoint`` saves a
+  every log line that carries the signal or judges it, and ``collapse/fired/<signal>`` = 1 on the line
+  where it fired. ``checkpoint`` saves a
   full checkpoint named ``collapse-<signal>-round<N>`` in ``output_dir``: the Trainer's rotation
   (``save_total_limit``) only deletes ``checkpoint-*`` folders, so it is kept, and it does not count against
   the limit: no regular checkpoint is deleted early to make room for it. ``stop`` saves it too and
@@ -45,7 +47,9 @@ import logging
 import math
 import shutil
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +158,8 @@ class _Watch:
         self.open[2] += 1
         if ends_round or self.spec.name == "eval":
             firing = self.close(step) or firing
-        return firing
+        # An earlier round closed by this line fired, but the latest has cleared: nothing to act on now.
+        return firing if self.active else None
 
     def close(self, step: int) -> Firing | None:
         """Judge the open round, if any, at optimizer step ``step``: it is over."""
@@ -264,6 +269,10 @@ class CollapseGuard(TrainerCallback):
             raise ValueError(f"CollapseGuard: steps_per_round must be positive, got {steps_per_round}")
         self.specs = list(specs)
         self.steps_per_round = steps_per_round
+        # The round of an optimizer step: by steps_per_round, or once attached, the trainer's own count (which
+        # knows the short step that ends an epoch), as its log lines' `round` key gives it.
+        self.round_of_step: Callable[[int], int] = partial(generation_round, steps_per_round=steps_per_round)
+        self.logging_steps = 1  # the Trainer's, read at on_train_begin: where the next regular log line falls
         self.fired: list[Firing] = []
         self.checkpoints: list[Path] = []
         self.stop_message: str | None = None
@@ -282,6 +291,9 @@ class CollapseGuard(TrainerCallback):
         from ..evaluation.callback import EvalCallback
         from ..faults import LaunchRecord
 
+        if hasattr(trainer, "micro_steps_per_epoch"):  # a PromptAugGRPOTrainer: its own round count
+            args = trainer.args
+            self.round_of_step = lambda step: generation_round(step, args, trainer.micro_steps_per_epoch)
         callbacks = trainer.callback_handler.callbacks
         # After the launch record too: it writes launch.json into the checkpoint the guard may rename.
         after = [i for i, cb in enumerate(callbacks) if isinstance(cb, (EvalCallback, LaunchRecord))]
@@ -294,13 +306,13 @@ class CollapseGuard(TrainerCallback):
         if isinstance(entry.get("round"), (int, float)):
             return int(entry["round"])
         step = int(entry.get("step", step or 0))
-        return max(1, generation_round(step, self.steps_per_round))
+        return max(1, self.round_of_step(step))
 
     def _ends_round(self, step: int, round_: int) -> bool:
-        """Whether optimizer step ``step`` is the last of round ``round_``. Where the line's ``round`` key is
-        not the step's round by `steps_per_round` (an epoch's short step), the line is judged at once."""
-        by_step = generation_round(step, self.steps_per_round)
-        return round_ != by_step or generation_round(step + 1, self.steps_per_round) > by_step
+        """Whether no later regular log line (every ``logging_steps``) falls in round ``round_``: the line at
+        ``step`` is the round's last."""
+        following = (step // self.logging_steps + 1) * self.logging_steps
+        return self.round_of_step(following) > round_
 
     def observe(
         self, entry: dict[str, Any], step: int | None = None
@@ -334,6 +346,7 @@ class CollapseGuard(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self._save_total_limit is not None:  # a save that never came (it failed): the user's limit back
             args.save_total_limit = self._save_total_limit
+        self.logging_steps = max(1, int(getattr(state, "logging_steps", 1) or 1))
         # A resumed run restores log_history: replay it so windows, bests and firing states carry over.
         self._reset()
         for entry in state.log_history:
