@@ -201,9 +201,10 @@ def _ids_note(ids: list[Any] | None, column: str) -> list[str]:
         kind = "a missing value" if first is None or _is_nan(first) else f"{type(first).__name__} {first!r}"
         note = f"column {column!r} holds {kind[:80]}, not an id (text or a number), so each row's uid is "
         return [note + "a hash of its question"]
-    if len(set(ids)) == len(ids):
+    texts = [str(i) for i in ids]  # what the uids would be: 1 and "1" are the same uid
+    if len(set(texts)) == len(texts):
         return []
-    repeated = [i for i, n in Counter(ids).items() if n > 1]
+    repeated = [i for i, n in Counter(texts).items() if n > 1]
     note = (
         f"{len(repeated)} value(s) of column {column!r} repeat (e.g. {repeated[0]!r}), so each row's uid is "
         "a hash of its question; make them unique to keep them as uids"
@@ -212,8 +213,9 @@ def _ids_note(ids: list[Any] | None, column: str) -> list[str]:
 
 
 def _stable_uids(questions: list[str], ids: list[str] | None) -> list[str]:
-    if ids is not None and len(set(ids)) == len(ids):
-        return [str(i) for i in ids]
+    texts = [str(i) for i in ids] if ids is not None else None
+    if texts is not None and len(set(texts)) == len(texts):
+        return texts
     seen: Counter = Counter()
     uids = []
     for question in questions:
@@ -549,12 +551,19 @@ def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datas
                     owner[column] = i
                 features[column] = merged
     aligned = []
-    for part in parts:
+    for i, part in enumerate(parts):
         for column, feature in features.items():
             if column not in part.column_names:
                 part = part.add_column(column, [None] * len(part), feature=feature)
             elif column != "answer" and repr(part.features[column]) != repr(feature):
-                part = part.cast_column(column, feature)
+                try:
+                    part = part.cast_column(column, feature)
+                except (ValueError, TypeError) as err:  # Arrow's safe cast: a value the wider type can't hold
+                    raise DataError(
+                        f"dataset_mixture: column {column!r} of datasets[{i}] ({names[i]}) cannot be read as "
+                        f"{_type_name(feature)}, the type the mixture gives it ({str(err).splitlines()[0]}); "
+                        "give it one type in every source, or leave it out of one with `columns`"
+                    ) from None
         aligned.append(part.select_columns(list(features)))
     return aligned
 
@@ -581,7 +590,8 @@ def _one_type(known: Any, other: Any) -> Any:
         return other
     if isinstance(known, datasets.Value) and isinstance(other, datasets.Value) and known.dtype != other.dtype:
         kinds = {value.dtype.rstrip("0123456789") for value in (known, other)}
-        if kinds <= {"int", "uint", "float"}:
+        unsigned64 = "uint64" in (known.dtype, other.dtype)  # wider than int64 and float64 hold exactly
+        if kinds <= {"int", "uint", "float"} and not unsigned64:
             return datasets.Value("float64" if "float" in kinds else "int64")
     if isinstance(known, dict) and isinstance(other, dict):
         if list(known) != list(other):

@@ -139,7 +139,8 @@ def correctness_scores(reward_funcs: list[Any]) -> tuple[int, float, float] | No
     if column is not None:
         return column, 1.0, 0.0
     for index, func in enumerate(reward_funcs):
-        if any(getattr(func, "base", None) is f for f in CORRECTNESS_REWARDS):
+        mapped = any(getattr(func, "base", None) is f for f in CORRECTNESS_REWARDS)
+        if mapped and func.correct != func.incorrect:  # equal scores tell no right from wrong
             return index, float(func.correct), float(func.incorrect)
     return None
 

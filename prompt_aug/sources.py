@@ -153,18 +153,16 @@ def hub_model_cached(repo_id: str) -> bool:
 
 
 def hub_revision(repo_id: str) -> str | None:
-    """The commit of Hub model ``repo_id`` that loading it now reads: its ``main`` on the Hub, or offline
-    (``HF_HUB_OFFLINE``, or the Hub not answering) the commit the Hugging Face cache holds for ``main``; None
-    when neither is known."""
-    from huggingface_hub import HfApi, try_to_load_from_cache
+    """The commit of Hub model ``repo_id`` that loading it now reads, resolved as transformers resolves it:
+    ``main`` on the Hub, or, offline or when the Hub does not answer, the commit the Hugging Face cache holds
+    for ``main`` (the snapshot folder its ``config.json`` is in); None when neither can be had."""
+    from huggingface_hub import hf_hub_download
 
-    if not hub_offline():
-        try:
-            return HfApi().model_info(repo_id, timeout=10).sha
-        except Exception as err:  # noqa: BLE001 (unreachable, gated, rate-limited: loading takes the cache's)
-            logger.debug("hub_revision %s: %s; reading the cache", repo_id, err)
-    cached = try_to_load_from_cache(repo_id, "config.json")
-    return Path(cached).parent.name if isinstance(cached, str) else None
+    try:
+        return Path(hf_hub_download(repo_id, "config.json")).parent.name
+    except Exception as err:  # noqa: BLE001 (not cached offline, gated, no config: the commit is unknown)
+        logger.debug("hub_revision %s: %s", repo_id, err)
+        return None
 
 
 def downloads_model(value: str) -> bool:

@@ -238,7 +238,12 @@ def _lora_target_error(err: ValueError, model: Any, model_args: ModelConfig) -> 
     layers. None for any other error."""
     from peft.utils.error import NoMatchingPeftModuleError
 
-    unset = model_args.lora_target_modules is None and "target_modules" in str(err)
+    # PEFT's words for a model type it has no default modules for (and LoRA's, with target_parameters)
+    unset = (
+        model_args.use_peft
+        and model_args.lora_target_modules is None
+        and str(err).startswith("Please specify `target_modules`")
+    )
     if not isinstance(err, NoMatchingPeftModuleError) and not unset:
         return None
     linear = sorted(

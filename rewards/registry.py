@@ -129,7 +129,8 @@ def format_reward(
 
 
 # The 0/1 correctness rewards: the trainer's per-template accuracy, the console log, the plot, the collapse
-# guard's accuracy signal and dynamic sampling's all-right/all-wrong split read whichever of these a run uses.
+# guard's accuracy signal and dynamic sampling's all-right/all-wrong split read whichever of these a run uses
+# (dynamic sampling also one mapped to other scores, `mapped.mapped_correctness`, by its attributes).
 CORRECTNESS_REWARDS: tuple[Callable[..., list[float | None]], ...] = (
     correctness_reward,
     strict_correctness_reward,

@@ -217,11 +217,17 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
             old.unlink(missing_ok=True)
     elif previous is not None and (records.is_file() or shard_paths(records)):
         before = {**SETTINGS_BEFORE_STOP_FLAG, **previous}
-        if before.get("weights") is None:  # written before the weights (or a Hub commit) were recorded
-            before["weights"] = settings["weights"]
+        then, now = before.get("weights"), settings["weights"]
+        if then != now and None in (then, now):  # nothing to compare the weights with
+            unknown = (
+                "does not record which weights made its completions (written by an older version)"
+                if then is None
+                else f"records the weights {then}, and which weights {settings['model']} has now is unknown"
+            )
+            before["weights"] = now
             logger.warning(
-                "%s does not record which weights made its completions (written by an older version): they "
-                "are taken as %s's; pass --overwrite if the model changed since", path, settings["model"],
+                "%s %s: they are taken as %s's; pass --overwrite if the model changed since",
+                path, unknown, settings["model"],
             )  # fmt: skip
         changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
         if changed:
