@@ -158,9 +158,9 @@ class LogFileError(FaultError):
     """``logs.jsonl`` holds a line that is no log entry; the message names the file and the line."""
 
 
-def read_log_entries(path: Path) -> list[tuple[str, dict[str, Any]]]:
+def read_log_entries(path: Path, warn: bool = True) -> list[tuple[str, dict[str, Any]]]:
     """Each line of the ``logs.jsonl`` at ``path`` with its entry; a last line that does not parse (a crash
-    cut it short) is left out, with a warning naming the file.
+    cut it short) is left out, with a warning naming the file (``warn``).
 
     Raises:
         LogFileError: another line is not a JSON object with a ``step``; names the file and the line.
@@ -172,9 +172,10 @@ def read_log_entries(path: Path) -> list[tuple[str, dict[str, Any]]]:
             entry = json.loads(line)
         except ValueError as err:
             if number == len(lines):
-                logger.warning(
-                    "%s: its last line (%d) is cut short, a crash mid-write; left out", path, number
-                )
+                if warn:
+                    logger.warning(
+                        "%s: its last line (%d) is cut short, a crash mid-write; left out", path, number
+                    )
                 break
             raise LogFileError(
                 f"{path}, line {number}: not JSON ({err}); delete that line (or the file) and resume again"
@@ -196,8 +197,8 @@ def check_log_file(output_dir: str | Path) -> None:
         LogFileError: as `read_log_entries`.
     """
     path = Path(output_dir) / LOG_FILE
-    if path.is_file():
-        read_log_entries(path)
+    if path.is_file():  # a last line cut short is said when the run drops it (`JsonlLogCallback`)
+        read_log_entries(path, warn=False)
 
 
 class JsonlLogCallback(TrainerCallback):

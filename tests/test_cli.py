@@ -241,6 +241,15 @@ def test_lora_without_target_modules_on_a_model_type_peft_has_no_defaults_for_is
     message = _error(argv, capsys)
     assert "lora_target_modules: not set, and PEFT has no default modules for model type 'olmo2'" in message
     assert "all-linear" in message and "'q_proj'" in message
+    # Another error that mentions target_modules, or one without LoRA, is not taken for it.
+    from trl import ModelConfig
+
+    from prompt_aug.train import _lora_target_error
+
+    other = ValueError("`target_modules` and `lm_head`: cast_lm_head_to_fp32 needs ...")
+    assert _lora_target_error(other, None, ModelConfig(use_peft=True)) is None
+    peft_words = ValueError("Please specify `target_modules` in `peft_config`")
+    assert _lora_target_error(peft_words, None, ModelConfig(use_peft=False)) is None
 
 
 @pytest.mark.parametrize(

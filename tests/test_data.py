@@ -117,6 +117,12 @@ def test_ids_that_are_not_ids_and_a_verl_reward_model_stored_as_text_are_read(tm
     frame.to_parquet(tmp_path / "text" / "d.train.parquet")
     rows, _ = load_math_dataset(str(tmp_path / "text"))
     assert rows["answer"] == ["2", "\\frac{5}{6}"] and rows["uid"] == ["id-a", "id-b"]
+    # JSON text keeps no type: indices 1 and "1" would be one uid, so neither is kept.
+    frame["extra_info"] = [json.dumps({"index": 1}), json.dumps({"index": "1"})]
+    frame.to_parquet(tmp_path / "text" / "d.train.parquet")
+    rows, report = load_math_dataset(str(tmp_path / "text"))
+    assert len(set(rows["uid"])) == 2 and "1" not in rows["uid"]
+    assert "note: 1 value(s) of column 'extra_info.index' repeat (e.g. '1')" in str(report)
 
 
 def test_math_layout_with_level_filter_reads_the_boxed_answer(tmp_path):

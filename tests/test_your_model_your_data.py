@@ -438,6 +438,13 @@ def test_a_column_only_some_sources_have_is_none_in_the_others_and_one_type_is_r
     body = f"dataset_mixture:\n  datasets:\n    - path: {graded}\n    - path: {halves}\n"
     rows, _ = _load(_recipe(tmp_path, body), tokenizer)
     assert sorted(rows["difficulty"]) == [2.5, 3.0] and rows.features["difficulty"].dtype == "float64"
+    # ... unless a value does not fit the wider type (an integer past 2**53 as a float): one line, naming it.
+    huge = tmp_path / "huge.jsonl"
+    big = {"question": "What is 6 + 6?", "answer": "12", "difficulty": 2**53 + 1}
+    huge.write_text(json.dumps(big) + "\n")
+    body = f"dataset_mixture:\n  datasets:\n    - path: {huge}\n    - path: {halves}\n"
+    with pytest.raises(DataError, match=r"^dataset_mixture: column 'difficulty' of datasets\[0\] \(.*huge"):
+        _load(_recipe(tmp_path, body), tokenizer)
     # A column with no value in one source (Arrow's null type) is as if that source lacked it, first or not.
     unrated = tmp_path / "unrated.jsonl"
     unrated.write_text(json.dumps({"question": "What is 3 + 3?", "answer": "6", "difficulty": None}) + "\n")
