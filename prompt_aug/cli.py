@@ -245,20 +245,25 @@ class _KeysTwiceLoader(yaml.SafeLoader):
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self.twice: list[str] = []
+        self._read: set[int] = set()  # the mapping nodes checked, before YAML merged ``<<`` keys into them
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        lines: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden
-                continue
-            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-            try:
-                if key in lines:
-                    self.twice.append(f"{key} is set twice (lines {lines[key]} and {line})")
-                lines[key] = line
-            except TypeError:  # an unhashable key: construction refuses it with YAML's own error
-                pass
-        return super().construct_mapping(node, deep=deep)
+    # Why: YAML's loader folds a ``<<: *base`` mapping's keys into the node itself (here, for every mapping,
+    # nested ones first), so a node is read for keys given twice once, as written, before that.
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        if id(node) not in self._read:
+            self._read.add(id(node))
+            lines: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    if key in lines:
+                        self.twice.append(f"{key} is set twice (lines {lines[key]} and {line})")
+                    lines[key] = line
+                except TypeError:  # an unhashable key: construction refuses it with YAML's own error
+                    pass
+        super().flatten_mapping(node)
 
 
 def _read_config(path: str) -> dict[str, Any]:

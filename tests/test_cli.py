@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,15 @@ def test_a_key_given_twice_in_a_recipe_warns_naming_both_lines(tmp_path):
     with pytest.warns(UserWarning, match=re.escape(expected)):
         args = parse_args(["--config", str(recipe), "--dry_run"]).training_args
     assert args.num_generations == 8
+    # A key a `<<:` merge brings into a mapping is no key given twice, though YAML folds it into the mapping
+    # (here the anchored one, used again after).
+    from prompt_aug.cli import _read_config
+
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("x: {<<: &a {k: 1, <<: {k: 2}}}\ny: *a\nz: {<<: *a, k: 3}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _read_config(str(merged)) == {"x": {"k": 2}, "y": {"k": 1}, "z": {"k": 3}}
 
 
 def test_a_value_from_the_command_line_is_blamed_on_the_command_line(tmp_path, capsys):
