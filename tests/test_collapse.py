@@ -564,6 +564,8 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
         folder = out / name
         assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == step
         assert (folder / "optimizer.pt").is_file() and (folder / "model.safetensors").is_file()
+        # The arguments saved with it are the run's, not the room made for the unscheduled save.
+        assert torch.load(folder / "training_args.bin", weights_only=False).save_total_limit == 1
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
 
     # Resume from the named checkpoint with the same flags: the replayed history keeps the guard's state

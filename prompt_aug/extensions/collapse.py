@@ -53,9 +53,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
+from transformers.trainer import TRAINING_ARGS_NAME
 
 from rewards.controls import ACCURACY_MEAN_KEYS
 
@@ -395,7 +397,8 @@ class CollapseGuard(TrainerCallback):
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self._save_total_limit is not None:
+        made_room = self._save_total_limit is not None
+        if made_room:
             args.save_total_limit, self._save_total_limit = self._save_total_limit, None
         if not self._pending:
             return control
@@ -428,6 +431,10 @@ class CollapseGuard(TrainerCallback):
                 shutil.copytree(source, target)
             else:
                 source.rename(target)
+            if made_room:  # the Trainer saved the arguments with the room made for this save: the user's now
+                for folder in (target, source) if keep else (target,):
+                    if (folder / TRAINING_ARGS_NAME).is_file():
+                        torch.save(args, folder / TRAINING_ARGS_NAME)
             logger.warning("collapse guard: saved %s", target)
         self.checkpoints.append(target)
         if stops:
