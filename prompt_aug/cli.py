@@ -29,7 +29,7 @@ from accelerate import PartialState
 from trl import TrlParser
 
 from .adapters import ADAPTER_FILE
-from .faults import PREEMPTED_FILE, FaultError, check_resume, last_complete_checkpoint
+from .faults import COLLAPSE_PREFIX, PREEMPTED_FILE, FaultError, check_resume, last_complete_checkpoint
 from .logging_utils import check_log_file
 from .models import LOCAL_MODELS
 from .models import resolve as resolve_local_model
@@ -379,6 +379,7 @@ def run_artifacts(output_dir: str | Path) -> list[Path]:
     if not folder.is_dir():
         return []
     found = sorted(p for p in folder.glob("checkpoint-*") if p.is_dir())
+    found += sorted(p for p in folder.glob(f"{COLLAPSE_PREFIX}-*") if p.is_dir())
     found += [folder / n for n in _RUN_FILES if (folder / n).is_file()]
     # TRL makes completions/ when the trainer is built: empty, a run that failed before its first round.
     found += [folder / n for n in _RUN_DIRS if (folder / n).is_dir() and any((folder / n).iterdir())]

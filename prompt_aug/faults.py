@@ -272,6 +272,9 @@ class _NoEvaluationWhenPreempted(TrainerCallback):
 # ---------------------------------------------------------------------------------------------
 # Checkpoints
 
+# The collapse guard's checkpoints, ``_collapse-<signal>-round<N>``: the leading underscore keeps them out of
+# every Hub push (transformers leaves out ``_*`` and ``checkpoint-*``): each holds a whole optimizer state.
+COLLAPSE_PREFIX = "_collapse"
 _MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 

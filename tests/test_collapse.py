@@ -400,7 +400,7 @@ def test_on_two_processes_the_collapse_checkpoint_holds_every_processs_part(tmp_
     command = [*torchrun(2), str(script), "--config", SMOKE, "--output_dir", str(out), *flags]
     result = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    saved = out / "collapse-repetition-round1"  # judged at step 2, the end of round 1
+    saved = out / "_collapse-repetition-round1"  # judged at step 2, the end of round 1
     assert sorted(p.name for p in saved.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
     assert not list(out.glob("checkpoint-*"))
     # The process count a resume checks was written before the rename.
@@ -439,13 +439,39 @@ def test_a_collapse_save_never_costs_a_regular_checkpoint_and_a_scheduled_one_is
     _save_as_the_trainer_does(guard, args, 5, scheduled=False)  # renamed away, nothing rotated out for it
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == regular
     assert args.save_total_limit == limit
-    assert (tmp_path / "collapse-entropy-round5").is_dir()
+    assert (tmp_path / "_collapse-entropy-round5").is_dir()
 
     guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"))  # fires again
     _save_as_the_trainer_does(guard, args, 6, scheduled=True)  # kept as checkpoint-6 and copied
     kept = (regular + ["checkpoint-6"])[-(limit or 3) :]
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == kept
-    assert (tmp_path / "collapse-entropy-round6").is_dir()
+    assert (tmp_path / "_collapse-entropy-round6").is_dir()
+
+
+def test_a_collapse_checkpoint_is_left_out_of_hub_pushes_and_goes_with_the_run_on_overwrite(tmp_path):
+    import inspect
+
+    import transformers.trainer
+    from huggingface_hub.utils import filter_repo_objects
+    from transformers import TrainingArguments
+
+    from prompt_aug.cli import UsageError, check_output_dir
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"))
+    _save_as_the_trainer_does(guard, args, 5, scheduled=False)
+    assert guard.checkpoints == [tmp_path / "_collapse-entropy-round5"]
+    # Each push of the output folder by transformers' Trainer (at the end, and of each save) leaves out `_*`
+    # and `checkpoint-*`.
+    patterns = re.findall(r"ignore_patterns=(\[.*?\])", inspect.getsource(transformers.trainer))
+    assert len(patterns) >= 2 and set(patterns) == {'["_*", f"{PREFIX_CHECKPOINT_DIR}-*"]'}
+    files = [f"{guard.checkpoints[0].name}/{name}" for name in ("optimizer.pt", "model.safetensors")]
+    kept = filter_repo_objects([*files, "model.safetensors"], ignore_patterns=["_*", "checkpoint-*"])
+    assert list(kept) == ["model.safetensors"]
+    # A folder holding only a collapse checkpoint holds a run; an overwrite deletes it.
+    with pytest.raises(UsageError, match="already holds a run \\(_collapse-entropy-round5\\)"):
+        check_output_dir(tmp_path, resume=False, overwrite=False)
+    assert tmp_path / "_collapse-entropy-round5" in check_output_dir(tmp_path, resume=False, overwrite=True)
 
 
 def test_a_collapse_save_that_a_preemption_signal_stops_at_keeps_the_checkpoint_a_resume_takes(tmp_path):
@@ -455,7 +481,7 @@ def test_a_collapse_save_that_a_preemption_signal_stops_at_keeps_the_checkpoint_
     guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"))
     _save_as_the_trainer_does(guard, args, 5, scheduled=False, signal_in_save=True)
     # preempted.json names checkpoint-5, and --resume_from_checkpoint true takes it: copied, not renamed
-    assert (tmp_path / "checkpoint-5").is_dir() and (tmp_path / "collapse-entropy-round5").is_dir()
+    assert (tmp_path / "checkpoint-5").is_dir() and (tmp_path / "_collapse-entropy-round5").is_dir()
 
 
 def test_a_signal_during_a_save_is_seen_before_the_guard_moves_the_checkpoint(tiny_model_dir, tmp_path):
@@ -510,7 +536,7 @@ def test_a_collapse_save_that_never_came_leaves_the_next_regular_checkpoint_alon
     guard.on_log(args, state, control, logs={"entropy": 0.0})
     (tmp_path / "checkpoint-4").mkdir()
     guard.on_save(args, state, control)
-    assert (tmp_path / "checkpoint-4").is_dir() and not list(tmp_path.glob("collapse-*"))
+    assert (tmp_path / "checkpoint-4").is_dir() and not list(tmp_path.glob("_collapse-*"))
     assert guard.checkpoints == []
     # A stop whose save never came still ends the run with a message naming the signal.
     guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "stop"))
@@ -551,7 +577,7 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     message = re.search(r"collapse guard stopped training at step 4 \(round 2\): entropy .*", result.stderr)
     assert message, result.stderr[-3000:]
     assert "below the floor 1 for 2 rounds" in message.group(0)
-    assert str(out / "collapse-entropy-round2") in message.group(0)
+    assert str(out / "_collapse-entropy-round2") in message.group(0)
     history = _history(out)
     assert max(e["step"] for e in history) == 4
     fired = {(e["step"], k) for e in history for k in e if k.startswith("collapse/fired/")}
@@ -560,7 +586,7 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     # Both named checkpoints are full checkpoints; the one from step 2 survived the rotation at step 3, and
     # the unscheduled save at step 4 did not count against save_total_limit 1: the scheduled checkpoint-3
     # is still there.
-    for name, step in (("collapse-repetition-round1", 2), ("collapse-entropy-round2", 4)):
+    for name, step in (("_collapse-repetition-round1", 2), ("_collapse-entropy-round2", 4)):
         folder = out / name
         assert json.loads((folder / "trainer_state.json").read_text())["global_step"] == step
         assert (folder / "optimizer.pt").is_file() and (folder / "model.safetensors").is_file()
@@ -571,7 +597,7 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     # Resume from the named checkpoint with the same flags: the replayed history keeps the guard's state
     # (entropy already 2 rounds below, already fired), so it neither re-stops nor forgets.
     train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "6", *flags,
-                "--resume_from_checkpoint", str(out / "collapse-entropy-round2")])  # fmt: skip
+                "--resume_from_checkpoint", str(out / "_collapse-entropy-round2")])  # fmt: skip
     history = _history(out)
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
     step6 = [e for e in history if e["step"] == 6 and "collapse/entropy" in e]

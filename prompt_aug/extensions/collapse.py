@@ -32,7 +32,8 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   It logs ``collapse/<signal>`` (rounds in a row past the threshold, or the fall from the best mean) on
   every log line that carries the signal or judges it, and ``collapse/fired/<signal>`` = 1 on the line
   where it fired. ``checkpoint`` saves a
-  full checkpoint named ``collapse-<signal>-round<N>`` in ``output_dir``: the Trainer's rotation
+  full checkpoint named ``_collapse-<signal>-round<N>`` in ``output_dir`` (the underscore keeps it out of Hub
+  pushes, as transformers leaves out ``_*``): the Trainer's rotation
   (``save_total_limit``) only deletes ``checkpoint-*`` folders, so it is kept, and it does not count against
   the limit: no regular checkpoint is deleted early to make room for it. ``stop`` saves it too and
   ends the run cleanly, with a message naming the signal, the values and the checkpoint. Resuming replays
@@ -63,6 +64,7 @@ from rewards.controls import ACCURACY_MEAN_KEYS
 
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
+from ..faults import COLLAPSE_PREFIX, LaunchRecord
 from ..logging_utils import generated_first
 from ..records import generation_round
 
@@ -72,7 +74,6 @@ SIGNALS = tuple(SIGNAL_KEYS)  # entropy, accuracy, truncation, repetition, eval
 KINDS = ("below", "above", "drop")
 ACCURACY_KEYS = (*ACCURACY_MEAN_KEYS, "reward")
 REPETITION_KEY = "completions/repetition_ratio"
-CHECKPOINT_PREFIX = "collapse"
 FINAL_KEY = "train_runtime"  # in the Trainer's end-of-training log line only
 
 
@@ -291,7 +292,6 @@ class CollapseGuard(TrainerCallback):
         """Add the guard ahead of the trainer's loggers (W&B sees ``collapse/*``) but after any evaluation
         callback placed there (the guard sees ``eval/*``) and the launch record; returns ``self``."""
         from ..evaluation.callback import EvalCallback
-        from ..faults import LaunchRecord
 
         if hasattr(trainer, "micro_steps_per_epoch"):  # a PromptAugGRPOTrainer: its own round count
             args = trainer.args
@@ -412,7 +412,7 @@ class CollapseGuard(TrainerCallback):
         source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         target = _free_path(  # named on every process before any renames
             Path(args.output_dir)
-            / f"{CHECKPOINT_PREFIX}-{'_'.join(f.signal for f in firings)}-round{firings[0].round}"
+            / f"{COLLAPSE_PREFIX}-{'_'.join(f.signal for f in firings)}-round{firings[0].round}"
         )
         # Every process writes its part of the checkpoint (its random state; ZeRO its optimizer shard) and
         # the Trainer does not wait for the others before this event: a late one would otherwise write into
