@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +27,12 @@ from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 from rewards.controls import ACCURACY_MEAN_KEYS, FORMAT_MEAN_KEYS
 
 from .faults import FaultError
+from .metrics import generated_first
 from .records import generation_round
 
 LOG_FILE = "logs.jsonl"
-# Dynamic sampling (`prompt_aug.extensions.dynamic_sampling`) logs TRL's reward and truncation metrics again
-# under this prefix, over every generated completion (TRL's reward metrics cover the trained groups only).
-GENERATED = "dynamic_sampling/generated/"
 
 logger = logging.getLogger("prompt_aug")
-
-
-def generated_first(keys: Iterable[str]) -> tuple[str, ...]:
-    """Each key preceded by its dynamic-sampling variant over every generated completion.
-
-    >>> generated_first(["reward"])
-    ('dynamic_sampling/generated/reward', 'reward')
-    """
-    return tuple(k for key in keys for k in (GENERATED + key, key))
 
 
 # (label, keys: the first present is shown, format)

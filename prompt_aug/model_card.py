@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from .metrics import generated_first
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
 # The evaluation entry point writes its markdown table here, under the trained model's folder.
@@ -23,7 +24,12 @@ EVAL_TABLE_PATH = Path("eval") / "results.md"
 # ... and here for the robustness run over all templates (README: ``--template all --output
 # OUT/eval-templates``).
 ROBUSTNESS_TABLE_PATH = Path("eval-templates") / "results.md"
-_CARD_METRICS = ("reward", "entropy", "completions/mean_length", "completions/clipped_ratio")
+# Each row shows the first of its keys logged: with dynamic sampling, TRL's reward and truncation cover only
+# the trained groups, and the same metrics over everything generated come first.
+_CARD_METRICS = (
+    generated_first(["reward"]), ("entropy",), ("completions/mean_length",),
+    generated_first(["completions/clipped_ratio"]),
+)  # fmt: skip
 NO_EVALUATION = (
     "No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."
 )
@@ -165,8 +171,10 @@ def render_model_card(
     global_step: int,
     log_history: list[dict[str, Any]],
     hub_model_id: str | None = None,
+    stopped: str | None = None,
 ) -> str:
-    """The card's markdown: base model, recipe, templates, data, steps, final metrics, eval table, usage."""
+    """The card's markdown: base model, recipe, templates, data, steps (and the collapse guard's firings, and
+    ``stopped``: why training stopped early), final metrics, eval table, usage."""
     output_dir = Path(output_dir)
     metrics = latest_metrics(log_history)
     name = hub_model_id or output_dir.name
@@ -188,6 +196,7 @@ def render_model_card(
         "",
         f"- Dataset: {info.dataset}, {info.num_rows} questions after filtering",
         f"- Optimizer steps: {global_step}",
+        *_collapse_lines(log_history, stopped),
         "",
         "### Final training metrics",
         "",
@@ -196,7 +205,9 @@ def render_model_card(
         "| metric | value | step |",
         "|---|---|---|",
     ]
-    shown = [k for k in _CARD_METRICS if k in metrics] + sorted(k for k in metrics if k.endswith("/accuracy"))
+    logged = [[k for k in keys if k in metrics] for keys in _CARD_METRICS]
+    shown = [keys[0] for keys in logged if keys]
+    shown += sorted(k for k in metrics if k.startswith("templates/") and k.endswith("/accuracy"))
     lines += [f"| {key} | {metrics[key][0]:.4g} | {metrics[key][1]} |" for key in shown] or [
         "| (none logged) | | |"
     ]
@@ -245,6 +256,23 @@ def render_model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _collapse_lines(log_history: list[dict[str, Any]], stopped: str | None) -> list[str]:
+    """The card's lines on the collapse guard: where each signal fired (``collapse/fired/<signal>`` in the
+    log), and ``stopped``, why training stopped before ``max_steps``.
+
+    >>> _collapse_lines([{"step": 8, "round": 2, "collapse/fired/entropy": 1.0}], "entropy below 0.05")
+    ['- Collapse guard fired: entropy at step 8 (round 2)', '- Stopped early: entropy below 0.05']
+    """
+    fired = [
+        f"{key.split('/', 2)[2]} at step {entry.get('step')} (round {entry.get('round')})"
+        for entry in log_history
+        for key in entry
+        if key.startswith("collapse/fired/")
+    ]
+    lines = [f"- Collapse guard fired: {', '.join(fired)}"] if fired else []
+    return lines + ([f"- Stopped early: {stopped}"] if stopped else [])
 
 
 def _introduction(info: ModelCardInfo) -> list[str]:
@@ -602,8 +630,10 @@ class ModelCardMixin:
         super().create_model_card(model_name, dataset_name or info.dataset_id, [*info.tags, *extra])
         if not self.is_world_process_zero():
             return
+        guard = getattr(getattr(self, "features", None), "guard", None)
+        stopped = guard.stop_message.split(". Checkpoint:")[0] if guard and guard.stop_message else None
         ours = render_model_card(
-            info, self.args.output_dir, self.state.global_step, self.state.log_history, hub_model_id
+            info, self.args.output_dir, self.state.global_step, self.state.log_history, hub_model_id, stopped
         )
         load_from = hub_model_id or str(self.args.output_dir)
         card = extend_trl_card(path.read_text(), ours, info.base_model, load_from)

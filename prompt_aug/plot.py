@@ -44,7 +44,7 @@ from matplotlib.ticker import MaxNLocator
 from rewards.controls import ACCURACY_MEAN_KEYS
 
 from .faults import checkpoint_folders
-from .logging_utils import GENERATED, generated_first
+from .metrics import GENERATED, generated_first
 from .model_card import evaluation_made_by, weights_match
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 

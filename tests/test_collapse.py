@@ -593,6 +593,10 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
         # The arguments saved with it are the run's, not the room made for the unscheduled save.
         assert torch.load(folder / "training_args.bin", weights_only=False).save_total_limit == 1
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
+    # The final model's card says where the guard fired and why training stopped early.
+    card = (out / "README.md").read_text()
+    assert "- Collapse guard fired: repetition at step 2 (round 1), entropy at step 4 (round 2)" in card
+    assert "- Stopped early: collapse guard stopped training at step 4 (round 2): entropy" in card
 
     # Resume from the named checkpoint with the same flags: the replayed history keeps the guard's state
     # (entropy already 2 rounds below, already fired), so it neither re-stops nor forgets.

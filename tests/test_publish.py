@@ -305,6 +305,26 @@ def test_card_rows_say_which_step_each_metric_is_from(tmp_path):
     assert "| templates/qwen-math/accuracy | 0.75 | 8 |" in card and "| reward | 0.4 | 8 |" in card
 
 
+def test_card_metrics_cover_everything_generated_and_name_the_collapse_guards_firings(tmp_path):
+    # With dynamic sampling, TRL's reward and truncation cover the trained groups only: the card shows those
+    # over everything generated. Accuracy rows are the templates' only (not the guard's statistic, nor an
+    # evaluation during training, which may be of earlier weights and a subset).
+    history = [
+        {"step": 4, "round": 1, "reward": 0.5, "dynamic_sampling/generated/reward": 0.9,
+         "completions/clipped_ratio": 0.0, "dynamic_sampling/generated/completions/clipped_ratio": 0.3,
+         "templates/abel/accuracy": 0.25, "eval/math500/accuracy": 0.4, "collapse/accuracy": 0.2},
+        {"step": 8, "round": 2, "entropy": 0.01, "collapse/entropy": 2.0, "collapse/fired/entropy": 1.0},
+    ]  # fmt: skip
+    stopped = "collapse guard stopped training at step 8 (round 2): entropy below the floor"
+    card = render_model_card(_card_info(), tmp_path, 8, history, stopped=stopped)
+    assert "| dynamic_sampling/generated/reward | 0.9 | 4 |" in card and "| reward |" not in card
+    assert "| dynamic_sampling/generated/completions/clipped_ratio | 0.3 | 4 |" in card
+    assert "| templates/abel/accuracy | 0.25 | 4 |" in card
+    assert "eval/math500/accuracy" not in card and "collapse/accuracy" not in card
+    assert "- Collapse guard fired: entropy at step 8 (round 2)" in card
+    assert f"- Stopped early: {stopped}" in card
+
+
 def test_card_includes_the_robustness_table_when_eval_templates_exists(tmp_path):
     from prompt_aug.model_card import ROBUSTNESS_TABLE_PATH
 

@@ -65,7 +65,7 @@ from rewards.controls import ACCURACY_MEAN_KEYS
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
 from ..faults import COLLAPSE_PREFIX, LaunchRecord
-from ..logging_utils import generated_first
+from ..metrics import generated_first
 from ..records import generation_round
 
 logger = logging.getLogger("prompt_aug.collapse")

@@ -59,8 +59,7 @@ from rewards.repetition import ends_in_loop
 
 from .. import trl_seam as seam
 from ..collator import row_question, row_uid, stable_uniform
-from ..logging_utils import GENERATED  # TRL's reward and truncation metrics, over every generated completion
-from ..metrics import correctness_scores, ending_ids
+from ..metrics import GENERATED, correctness_scores, ending_ids
 from ..records import rounds_generated
 from ..trl_seam import Generation, SamplingTrainer
 
