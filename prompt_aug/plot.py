@@ -88,6 +88,7 @@ class Run:
     eval_results: dict[str, Any] | None = None
     final_step: int = 0
     template_keys: list[str] = field(default_factory=list)
+    eval_step: int | None = None  # the step of the weights the evaluation was made by (the folder's own)
 
 
 def find_trainer_state(run_dir: str | Path) -> Path:
@@ -146,7 +147,14 @@ def final_evaluation(run_dir: str | Path) -> dict[str, Any] | None:
     path = Path(run_dir) / "eval" / "results.json"
     if not path.is_file():
         return None
-    results = _read_json(path, f"evaluate again: prompt-aug-eval --model {run_dir} --overwrite")
+    again = f"evaluate again: prompt-aug-eval --model {run_dir} --overwrite"
+    results = _read_json(path, again)
+    per_template = results.get("results") if isinstance(results, dict) else None
+    if not isinstance(per_template, dict) or not all(
+        isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) for k in ("macro", "micro"))
+        for r in per_template.values()
+    ):
+        raise PlotError(f"{path}: not prompt-aug-eval's results (no macro and micro per template); {again}")
     if weights_match(run_dir, evaluation_made_by(path.parent)) is False:
         logger.warning(
             "%s holds an evaluation of other weights than those in %s (trained further since?): not drawn; "
@@ -161,6 +169,8 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     _, state = latest_state(run_dir)
     history = [e for e in state.get("log_history", []) if "step" in e]
     keys = sorted({k for e in history for k in e if _TEMPLATE_ACCURACY.match(k)})
+    own = Path(run_dir) / "trainer_state.json"  # the folder's own weights' state: what its evaluation graded
+    own_step = _state_step(_read_json(own, "plot the run once it has saved again")) if own.is_file() else None
     return Run(
         name=name or Path(run_dir).resolve().name,
         path=Path(run_dir),
@@ -168,6 +178,7 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
         eval_results=final_evaluation(run_dir),
         final_step=_state_step(state),
         template_keys=keys,
+        eval_step=own_step,
     )
 
 
@@ -281,10 +292,29 @@ def _final_eval(run: Run) -> tuple[str, float, float] | None:
 
 
 def _unique_names(run_dirs: list[str | Path]) -> list[str]:
-    names = [Path(d).resolve().name for d in run_dirs]
-    return [
-        f"{Path(d).resolve().parent.name}/{n}" if names.count(n) > 1 else n for d, n in zip(run_dirs, names)
-    ]
+    """Each run's folder name, with as many folders above it as tell it from the others'.
+
+    >>> _unique_names(["/x/s0/arm/train", "/x/s1/arm/train", "/x/base"])
+    ['s0/arm/train', 's1/arm/train', 'base']
+
+    Raises:
+        PlotError: one folder is given twice.
+    """
+    paths = [Path(d).resolve() for d in run_dirs]
+    if len(set(paths)) < len(paths):
+        twice = next(str(d) for d, p in zip(run_dirs, paths) if paths.count(p) > 1)
+        raise PlotError(f"{twice}: given twice; give each run once")
+
+    def tail(path: Path, depth: int) -> str:
+        return "/".join(path.parts[-depth:])
+
+    names = []
+    for path in paths:
+        depth = 1
+        while any(tail(other, depth) == tail(path, depth) for other in paths if other != path):
+            depth += 1
+        names.append(tail(path, depth))
+    return names
 
 
 def _one_per_run(values: list[str] | None, run_dirs: list[str | Path], what: str) -> None:
@@ -433,6 +463,17 @@ def _final_x(run: Run, x: str) -> float:
     return max(steps)
 
 
+def _eval_x(run: Run, x: str) -> float:
+    """Where the final evaluation's markers go: at the step of the weights it graded (the folder's own state;
+    a run resumed since, still training, has newer checkpoints), else the run's end."""
+    if run.eval_step is None:
+        return _final_x(run, x)
+    if x == "round":
+        rounds = round_axis(run.history)
+        return max((r for s, r in rounds.items() if s <= run.eval_step), default=0.0)
+    return float(run.eval_step)
+
+
 def _template_name(key: str) -> str:
     """``abel`` from ``templates/abel/accuracy``."""
     return _TEMPLATE_ACCURACY.match(key).group(1)
@@ -555,7 +596,7 @@ def _draw_eval(ax: Any, runs: list[Run], colors: dict[str, Any], x: str) -> None
                 ax.plot(xs, values, style, color=colors[run.name], marker=".")
         final = _final_eval(run)
         if final:
-            at = _final_x(run, x)
+            at = _eval_x(run, x)
             ax.plot([at], [final[1]], "*", color=colors[run.name], markersize=12)
             ax.plot([at], [final[2]], "P", color=colors[run.name], markersize=8)
     ax.text(0.0, -0.3, _eval_sources(runs), transform=ax.transAxes, fontsize=7, va="top", color="dimgray")

@@ -111,7 +111,8 @@ def test_an_evaluation_of_other_weights_is_not_drawn_as_the_runs_and_a_cut_file_
     _write_state(run, 4)
     (run / "model.safetensors").write_bytes(bytes(range(256)) * 16)
     (run / "eval").mkdir()
-    results = {"settings": {"weights": weights_fingerprint(run)}, "results": {"qwen-math": {"macro": 0.4}}}
+    weights = {"weights": weights_fingerprint(run)}
+    results = {"settings": weights, "results": {"qwen-math": {"macro": 0.4, "micro": 0.5}}}
     (run / "eval" / "results.json").write_text(json.dumps(results))
     assert load_run(run).eval_results == results
     (run / "model.safetensors").write_bytes(bytes(range(255, -1, -1)) * 16)  # trained further since
@@ -123,6 +124,10 @@ def test_an_evaluation_of_other_weights_is_not_drawn_as_the_runs_and_a_cut_file_
         SystemExit, match=r"^prompt-aug-plot: error: .*results.json: cannot be read .*evaluate again"
     ):
         main([str(run), "-o", str(tmp_path / "x.png")])
+    for other in ("[1, 2]", '{"results": {"qwen-math": {"accuracy": 0.4}}}'):  # not prompt-aug-eval's
+        (run / "eval" / "results.json").write_text(other)
+        with pytest.raises(SystemExit, match=r"results.json: not prompt-aug-eval's results .*evaluate again"):
+            main([str(run), "-o", str(tmp_path / "x.png")])
     (run / "eval" / "results.json").unlink()
     (run / "trainer_state.json").write_text('{"global_step": 4, "log_hi')
     with pytest.raises(SystemExit, match=r"^prompt-aug-plot: error: .*trainer_state.json: cannot be read"):
@@ -193,7 +198,8 @@ def test_legends_do_not_cover_any_panel(tmp_path):
     (tmp_path / "a" / "eval" / "results.json").write_text(
         json.dumps({"results": {"qwen-math": {"macro": 0.4, "micro": 0.5}}})
     )
-    fig = build_figure([tmp_path / "a", tmp_path / "a"])
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    fig = build_figure([tmp_path / "a", tmp_path / "b"])
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
@@ -338,6 +344,37 @@ def test_a_run_trained_further_is_drawn_from_its_newest_state(tmp_path, caplog):
     shutil.rmtree(run / "checkpoint-8")
     _write_state(run, 6, with_eval=False)  # finished again at the checkpoint's step
     assert find_trainer_state(run) == run / "trainer_state.json"
+
+
+def test_the_final_evaluation_is_drawn_at_the_step_of_the_weights_it_graded(tmp_path):
+    # Finished and evaluated at step 4, then resumed and still training: checkpoint-6 is newer, and the
+    # evaluation is still of the step-4 weights in the folder.
+    from prompt_aug.plot import build_figure
+
+    run = tmp_path / "run"
+    _write_state(run, 4, with_eval=False)
+    _write_state(run / "checkpoint-6", 6, with_eval=False)
+    (run / "eval").mkdir()
+    (run / "eval" / "results.json").write_text(
+        json.dumps({"results": {"qwen-math": {"macro": 0.4, "micro": 0.5}}})
+    )
+    (panel,) = [a for a in build_figure([run]).axes if a.get_title() == "Evaluation (strict grading)"]
+    markers = [line for line in panel.get_lines() if line.get_marker() in ("*", "P")]
+    assert [list(line.get_xdata()) for line in markers] == [[4], [4]]
+
+
+def test_runs_in_folders_of_one_name_are_told_apart_and_a_run_given_twice_is_refused(tmp_path):
+    from prompt_aug.plot import build_figure
+
+    dirs = [tmp_path / seed / "arm" / "train" for seed in ("s0", "s1")]
+    for i, folder in enumerate(dirs):
+        _write_state(folder, 3, offset=0.1 * i, with_eval=False)
+    fig = build_figure(dirs)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["s0/arm/train", "s1/arm/train"]
+    (entropy,) = [a for a in fig.axes if a.get_title() == "Entropy"]
+    assert len(entropy.get_lines()) == 2  # before, the second run's curves replaced the first's
+    with pytest.raises(SystemExit, match=r"^prompt-aug-plot: error: .*s0/arm/train: given twice"):
+        main([str(dirs[0]), str(dirs[0]), "-o", str(tmp_path / "c.png")])
 
 
 def test_templates_of_a_custom_bank_each_get_their_own_colour(tmp_path):
