@@ -142,22 +142,29 @@ def test_end_to_end_results_records_table_and_resume(tiny_model_dir, suite_dir, 
 
 
 def test_the_model_cards_index_carries_the_evaluation_of_its_own_weights_and_no_other(
-    tiny_model_dir, suite_dir, tmp_path
+    tiny_model_dir, suite_dir, tmp_path, monkeypatch
 ):
     """`python -m prompt_aug.model_card RUN` puts RUN/eval's accuracies into the front matter the Hub reads
     (``model-index``), each under the suite's dataset and split; once the weights change, it takes them
-    out."""
+    out. A copy of the suite with other question counts is not the suite: no index."""
     import shutil
 
     from huggingface_hub import ModelCard
 
     from prompt_aug import model_card
+    from prompt_aug.evaluation import benchmarks
 
     run = tmp_path / "run"
     shutil.copytree(tiny_model_dir, run)
     (run / "README.md").write_text(
         "---\nlibrary_name: transformers\nmodel_name: run\n---\n\n# Model Card for run\n"
     )
+    _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc")  # 3 and 2 questions, not 30 and 83
+    model_card.main([str(run)])
+    assert ModelCard((run / "README.md").read_text()).data.eval_results is None
+    # Below, this test's suite stands for the real one.
+    monkeypatch.setitem(benchmarks.SUITE_QUESTIONS, "aime24", 3)
+    monkeypatch.setitem(benchmarks.SUITE_QUESTIONS, "amc", 2)
     _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc")
     records = _lines(run / "eval" / "completions.jsonl")
     for record in records:  # the random model gets none right: mark 1 of AIME's 3 and both of AMC's

@@ -48,6 +48,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "minerva": ("minerva", "Minerva"),
     "olympiadbench": ("olympiad_bench", "Olympiad"),
 }
+# Questions in each benchmark of the suite (1,560 in all): a copy that holds other counts is not the suite.
+SUITE_QUESTIONS = {"aime24": 30, "amc": 83, "math500": 500, "minerva": 272, "olympiadbench": 675}
 QUESTION_FIELD, ANSWER_FIELD = "problem", "answer"
 
 
@@ -144,16 +146,21 @@ def benchmark_title(name: str) -> str:
     return Path(name).stem if is_data_file_name(name) else name.rstrip("/").split("/")[-1]
 
 
-def hub_dataset(name: str) -> dict[str, str] | None:
+def hub_dataset(name: str, questions: int | None = None) -> dict[str, str] | None:
     """Where benchmark ``name`` lives on the Hub, for the card's ``model-index``: the suite's dataset and
     split, or a question set's own Hub id; None for a local file or folder (it has no page to link). The
-    suite read from a local copy (``--data_dir``) is still the suite.
+    suite read from a local copy (``--data_dir``) is still the suite where it holds the suite's number of
+    ``questions`` (`SUITE_QUESTIONS`); a copy with others is not.
 
     >>> hub_dataset("aime24"), hub_dataset("my-org/my-questions"), hub_dataset("/data/sums.jsonl")
     ({'type': 'lkevinzc/math-eval', 'split': 'aime', 'name': 'AIME24'}, {'type': 'my-org/my-questions', \
 'name': 'my-questions'}, None)
+    >>> hub_dataset("aime24", questions=2) is None
+    True
     """
     if name in BENCHMARKS:
+        if questions is not None and questions != SUITE_QUESTIONS[name]:
+            return None
         split, title = BENCHMARKS[name]
         return {"type": HUB_SUITE, "split": split, "name": title}
     if hub_id_of(name):

@@ -426,6 +426,7 @@ def _summary(
     names = [t.name for t in templates]
     summary = summarize(records, benchmarks, names)
     main_template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in names else names[0]
+    asked = summary["results"][main_template]["benchmarks"]
     protocol = {**settings, "runs": args.runs, "limit": args.limit, "template": main_template,
                 "benchmarks": ",".join(benchmarks)}  # fmt: skip
     table = render_tables(summary, benchmarks, model_name, protocol)
@@ -439,7 +440,8 @@ def _summary(
         "settings": settings,
         "paper_protocol": not protocol_differences(protocol),
         "main_template": main_template,  # the table's and the card's model-index
-        "hub_datasets": {b: hub_dataset(b) for b in benchmarks},  # the card's model-index
+        # The card's model-index: where each benchmark lives on the Hub, if these are its questions.
+        "hub_datasets": {b: hub_dataset(b, asked[b]["questions"]) for b in benchmarks},
         **summary,
     }
     return results, table
