@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -154,6 +155,9 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
         merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    umask = os.umask(0o022)  # read, and put back: mkdtemp's folder is the owner's alone
+    os.umask(umask)
+    work.chmod(0o777 & ~umask)  # the merged folder opens as any folder made here would (a vLLM server's user)
     try:
         merged.save_pretrained(work)
         for name in _CARRIED:

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import threading
@@ -534,23 +535,15 @@ def hub_unreachable(err: BaseException) -> bool:
 
 
 def push_later_command(args: Any, repo_id: str) -> str:
-    """The ``hf upload`` command that pushes the output folder as the Trainer would (no checkpoints)."""
-    parts = [
-        "hf",
-        "upload",
-        repo_id,
-        str(args.output_dir),
-        ".",
-        "--exclude",
-        "'checkpoint-*'",
-        "--exclude",
-        "'_*'",
-    ]
+    """The ``hf upload`` command that pushes the output folder as the Trainer would (no checkpoints), quoted
+    for a shell."""
+    parts = ["hf", "upload", repo_id, str(args.output_dir), "."]
+    parts += ["--exclude", "checkpoint-*", "--exclude", "_*"]
     if getattr(args, "hub_revision", None):
         parts += ["--revision", args.hub_revision]
     if getattr(args, "hub_private_repo", None):
         parts.append("--private")
-    return " ".join(parts)
+    return shlex.join(parts)
 
 
 def hub_push_failed(args: Any, repo_id: str, err: BaseException) -> HubPushError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -46,6 +47,9 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_and_keeps_the
         == AutoTokenizer.from_pretrained(folder).chat_template
     )
     assert not list(tmp_path.glob(".run-merged.partial-*"))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # as any folder made here, not the owner's alone
 
 
 def test_a_merged_models_card_is_a_full_models_with_no_evaluation_of_the_adapters(tiny_model_dir, tmp_path):

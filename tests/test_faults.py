@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -778,6 +779,14 @@ def test_a_failed_push_keeps_model_and_card_on_disk_and_says_how_to_push_later(t
     )
     assert f"The trained model and its model card are in {out}; push them later with: " in line
     assert line.endswith(f"hf upload someone/x {out} . --exclude 'checkpoint-*' --exclude '_*'")
+    # The command is quoted for a shell: a folder with a space is one argument.
+    from prompt_aug.faults import push_later_command
+
+    spaced = SimpleNamespace(output_dir="/runs/my run", hub_revision=None, hub_private_repo=True)
+    assert shlex.split(push_later_command(spaced, "someone/x")) == [
+        "hf", "upload", "someone/x", "/runs/my run", ".", "--exclude", "checkpoint-*", "--exclude", "_*",
+        "--private",
+    ]  # fmt: skip
     assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
 
