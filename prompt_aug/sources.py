@@ -193,6 +193,10 @@ def check_source(key: str, value: str | None, builtin: tuple[str, ...] = (), mod
         return
     if require_local(key, value):
         folder = Path(value).expanduser()
+        if model and folder.is_file():
+            raise SourceError(
+                f"{key} {value}: a file; give the folder the model was saved in ({folder.parent})"
+            )
         if model and folder.is_dir() and not any((folder / f).is_file() for f in MODEL_FILES):
             raise SourceError(
                 f"{key} {value}: a folder with no {' or '.join(MODEL_FILES)}, so no model saved there; give "

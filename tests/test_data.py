@@ -99,7 +99,7 @@ def test_verl_layout_without_unique_index_gets_stable_hash_uids(tmp_path):
     frame = pd.DataFrame({"question": ["a?", "b?", "c?"], "answer": ["1", "2", "3"], "uid": [7, 7, 8]})
     frame.to_json(tmp_path / "u.jsonl", orient="records", lines=True)
     rows, report = load_math_dataset(str(tmp_path / "u.jsonl"))
-    assert "7" not in rows["uid"] and "note: 1 value(s) of column 'uid' repeat (e.g. 7)" in str(report)
+    assert "7" not in rows["uid"] and "note: 1 value(s) of column 'uid' repeat (e.g. '7')" in str(report)
 
 
 def test_ids_that_are_not_ids_and_a_verl_reward_model_stored_as_text_are_read(tmp_path):

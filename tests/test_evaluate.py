@@ -186,13 +186,13 @@ def test_the_model_cards_index_carries_the_evaluation_of_its_own_weights_and_no_
         "accuracy (qwen-math template, greedy, at most 16 new tokens)"
     }
     assert "| **66.7** | **60.0** |" in card.text  # the table beside it: macro and micro
-    # The first question of each benchmark is not the benchmark's accuracy: no index, until the whole again.
-    _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc", "--limit", "1")
-    model_card.main([str(run)])
-    assert ModelCard((run / "README.md").read_text()).data.eval_results is None
-    _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc")
-    model_card.main([str(run)])
-    assert len(ModelCard((run / "README.md").read_text()).data.eval_results) == 2
+    # The first question of each benchmark is not the benchmark's accuracy: no index (a copy of the model
+    # evaluated so; into the folder of the whole evaluation, such a run is refused).
+    limited = tmp_path / "limited"
+    shutil.copytree(run, limited, ignore=shutil.ignore_patterns("eval"))
+    _eval(limited, suite_dir, limited / "eval", "--benchmarks", "aime24,amc", "--limit", "1")
+    model_card.main([str(limited)])
+    assert ModelCard((limited / "README.md").read_text()).data.eval_results is None
     weights = next(run.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[::-1])  # trained further since
     model_card.main([str(run)])
@@ -293,6 +293,52 @@ def test_completions_of_another_commit_of_a_hub_model_are_not_resumed(
             == 0
         )
     assert "does not record which weights made its completions" in caplog.text
+
+
+def test_a_smaller_evaluation_does_not_replace_a_larger_ones_tables_and_a_bad_record_is_one_line(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    out = tmp_path / "eval"
+    _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc")
+    table = (out / "results.md").read_text()
+    for extra, lost in (
+        (["--benchmarks", "aime24"], "benchmarks ['amc']"),
+        (["--benchmarks", "aime24,amc", "--limit", "1"], "limit None"),
+    ):
+        with pytest.raises(
+            SystemExit, match=rf"holds the tables of a larger evaluation \({re.escape(lost)}\)"
+        ):
+            _eval(tiny_model_dir, suite_dir, out, *extra)
+    assert (out / "results.md").read_text() == table  # a quick check goes to another --output
+    assert _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc", "--runs", "2")["runs"] == 2
+    with pytest.raises(SystemExit, match=r"larger evaluation \(runs 2\)"):
+        _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc")
+    # A line of the records cut short in the middle of the file (not the last, which a resume cuts off).
+    records = out / "completions.jsonl"
+    lines = records.read_text().splitlines()
+    records.write_text("\n".join([lines[0], lines[1][:20], *lines[2:]]) + "\n")
+    with pytest.raises(SystemExit, match=r"completions.jsonl, line 2: not JSON .*delete that line"):
+        _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc", "--runs", "2")
+
+
+def test_decoding_values_a_model_file_and_a_json_file_of_columns_are_refused_in_one_line(
+    tiny_model_dir, suite_dir, tmp_path, capsys
+):
+    for flag, value, expected in (
+        ("--temperature", "-1", "--temperature must be at least 0"),
+        ("--top_p", "1.5", "--top_p must be in (0, 1]"),
+    ):
+        with pytest.raises(SystemExit):
+            _eval(tiny_model_dir, suite_dir, tmp_path / "a", flag, value)
+        assert expected in capsys.readouterr().err
+    with pytest.raises(
+        SystemExit, match=r"--model .*config.json: a file; give the folder the model was saved in"
+    ):
+        _eval(tiny_model_dir / "config.json", suite_dir, tmp_path / "a")
+    columns = tmp_path / "columns.json"  # one row whose cells are the whole columns
+    columns.write_text(json.dumps({"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}))
+    with pytest.raises(SystemExit, match=r"column 'question' holds list values .*one record a line"):
+        _eval(tiny_model_dir, suite_dir, tmp_path / "a", "--benchmarks", str(columns))
 
 
 def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, suite_dir, tmp_path):

@@ -22,6 +22,7 @@ from ..sources import (
     hub_endpoint,
     hub_offline,
     hub_reachable,
+    is_conversation,
     is_data_file_name,
     is_hub_id,
     is_verl_layout,
@@ -320,6 +321,13 @@ def load_benchmark(
                 f"{where}: column {answers!r} holds {type(odd).__name__} values ({str(odd)[:80]}), not "
                 f"answers; name the gold column with {column_keys[1]}"
             )
+        asked = next((q for q in ds[questions] if not _question_like(q)), None)
+        if asked is not None:
+            raise EvalError(
+                f"{where}: column {questions!r} holds {type(asked).__name__} values ({str(asked)[:80]}), not "
+                "questions (text or a conversation); a JSON file of columns is one row: write one record a "
+                f"line (JSON Lines) or a list of records, or name the question column with {column_keys[0]}"
+            )
     problems = [
         Problem(
             name,
@@ -340,6 +348,11 @@ def load_benchmark(
     if not kept:
         raise EvalError(f"{where}: no row has both a question and a gold answer")
     return kept
+
+
+def _question_like(value: Any) -> bool:
+    """Whether ``value`` is a question: text, a conversation, or missing (the row is left out)."""
+    return value is None or isinstance(value, (str, numbers.Real)) or is_conversation(value)
 
 
 def _gold_like(value: Any) -> bool:

@@ -65,6 +65,7 @@ from .runner import (
     join_processes,
     read_records,
     shard_paths,
+    write_atomically,
 )
 
 # One logger for all of evaluation, under the name it had before the split.
@@ -184,6 +185,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{flag} must be at least 1 (got {value})")
     if args.output is not None and Path(args.output).is_file():
         parser.error(f"--output {args.output} is a file; give a folder (it is made if missing)")
+    if not args.temperature >= 0:  # also NaN
+        parser.error(f"--temperature must be at least 0 (got {args.temperature}); 0 is greedy")
+    if not 0 < args.top_p <= 1:
+        parser.error(f"--top_p must be in (0, 1] (got {args.top_p})")
     if args.n > 1 and args.temperature == 0:
         parser.error("--n > 1 needs sampling: set --temperature > 0")
     return args
@@ -241,7 +246,32 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
         for old in (output / RESULTS_FILE, output / TABLE_FILE):
             old.unlink(missing_ok=True)
     output.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(settings, indent=2) + "\n")
+    write_atomically(path, json.dumps(settings, indent=2) + "\n")
+
+
+def _check_coverage(
+    output: Path, args: argparse.Namespace, benchmarks: list[str], templates: list[str]
+) -> None:
+    """An evaluation into a folder whose tables cover more (other benchmarks or templates, more runs, more
+    questions: no ``--limit``, or a larger one) would replace them with its smaller ones: refused, in one
+    line (the completions there are kept either way)."""
+    try:
+        before = json.loads((output / RESULTS_FILE).read_text())
+        covered = {
+            "benchmarks": set(before["benchmarks"]) - set(benchmarks),
+            "templates": set(before["templates"]) - set(templates),
+        }
+        runs, limit = before["runs"], before["limit"]
+    except (OSError, ValueError, LookupError, TypeError):  # none, or not one to keep
+        return
+    lost = [f"{key} {sorted(names)}" for key, names in covered.items() if names]
+    lost += [f"runs {runs}"] * (args.runs < runs)
+    lost += [f"limit {limit}"] * (args.limit is not None and (limit is None or args.limit < limit))
+    if lost and not args.overwrite:
+        raise EvalError(
+            f"{output} holds the tables of a larger evaluation ({', '.join(lost)}), which this one would "
+            "replace with its own: pass another --output (for a quick check), or that evaluation's flags"
+        )
 
 
 def _model_tokenizer(args: argparse.Namespace) -> Any:
@@ -320,6 +350,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     if processes.main:
         try:
             _check_settings(output, settings, args.overwrite)
+            _check_coverage(output, args, benchmarks, [t.name for t in templates])
             fold_shards(output / RECORDS_FILE)
         except EvalError as err:
             error = str(err)
@@ -361,8 +392,8 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         results, table = _summary(args, records, benchmarks, templates, settings, model_name)
         results["new_completions"] = len(completions_made(read_records(output / RECORDS_FILE)) - before)
         results["seconds"] = round(time.perf_counter() - started, 2)
-        (output / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
-        (output / TABLE_FILE).write_text(table)
+        write_atomically(output / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+        write_atomically(output / TABLE_FILE, table)
         print(table)
         print(f"wrote {output / RESULTS_FILE}, {output / TABLE_FILE}, {output / RECORDS_FILE}")
     results = processes.broadcast(results)

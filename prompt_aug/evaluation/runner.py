@@ -53,14 +53,41 @@ def _key(record: dict[str, Any]) -> RecordKey:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records in a JSONL file; a torn last line (an interrupted write) is cut off the file."""
+    """The records in a JSONL file; a torn last line (an interrupted write) is cut off the file.
+
+    Raises:
+        EvalError: another line is not a JSON record, naming the file and the line.
+    """
     if not path.is_file():
         return []
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
-        path.write_text(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+        path.write_text(text, encoding="utf-8")
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            record, why = None, f"not JSON ({err})"
+        else:
+            why = "not a record"
+        if not isinstance(record, dict):
+            raise EvalError(
+                f"{path}, line {number}: {why}; delete that line (it is asked again) or pass --overwrite"
+            )
+        records.append(record)
+    return records
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` as ``path``'s whole content, written beside it and moved into place, so that an interruption
+    leaves the old file or the new one, never part of either."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
 
 
 # How long a process that has finished its share waits for the others at a collective. A process that fails
@@ -216,11 +243,8 @@ def completions_made(records: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
 
 
 def write_records(path: Path, records: list[dict[str, Any]]) -> None:
-    """``records`` as ``path``'s whole content, written beside it and moved into place, so that an
-    interruption leaves the old file or the new one, never part of either."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    os.replace(partial, path)
+    """``records`` as ``path``'s whole content (`write_atomically`)."""
+    write_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 def fold_shards(records_path: Path) -> int:
