@@ -193,7 +193,7 @@ def _is_id(value: Any) -> bool:
 def _ids_note(ids: list[Any] | None, column: str) -> list[str]:
     """A note when ``ids`` cannot be the rows' uids, because one is not text or a number (a list, a mapping,
     missing) or because they repeat: the rows then get ids from their questions (`_stable_uids`)."""
-    if ids is None:
+    if ids is None or all(i is None for i in ids):  # no ids at all (verl's extra_info without an index)
         return []
     odd = [i for i in ids if not _is_id(i)]
     if odd:

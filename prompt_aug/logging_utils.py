@@ -27,8 +27,7 @@ from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 from rewards.controls import ACCURACY_MEAN_KEYS, FORMAT_MEAN_KEYS
 
 from .faults import FaultError
-from .metrics import generated_first
-from .records import generation_round
+from .records import generated_first, generation_round
 
 LOG_FILE = "logs.jsonl"
 

@@ -9,7 +9,6 @@ gathered values.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -113,20 +112,6 @@ def ending_ids(trainer: Any) -> list[int]:
     token, as TRL's ``completions/clipped_ratio`` counts them."""
     pad = trainer.text_tokenizer.pad_token_id
     return [*trainer.eos_token_ids, *([pad] if pad is not None else [])]
-
-
-# Dynamic sampling (`prompt_aug.extensions.dynamic_sampling`) logs TRL's reward and truncation metrics again
-# under this prefix, over every generated completion (TRL's reward metrics cover the trained groups only).
-GENERATED = "dynamic_sampling/generated/"
-
-
-def generated_first(keys: Iterable[str]) -> tuple[str, ...]:
-    """Each key preceded by its dynamic-sampling variant over every generated completion.
-
-    >>> generated_first(["reward"])
-    ('dynamic_sampling/generated/reward', 'reward')
-    """
-    return tuple(k for key in keys for k in (GENERATED + key, key))
 
 
 def reward_column(reward_funcs: list[Any], *funcs: Any) -> int | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from .metrics import generated_first
+from .records import generated_first
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
 # The evaluation entry point writes its markdown table here, under the trained model's folder.

@@ -44,8 +44,8 @@ from matplotlib.ticker import MaxNLocator
 from rewards.controls import ACCURACY_MEAN_KEYS
 
 from .faults import checkpoint_folders
-from .metrics import GENERATED, generated_first
 from .model_card import evaluation_made_by, weights_match
+from .records import GENERATED, generated_first
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
 logger = logging.getLogger("prompt_aug.plot")
@@ -170,7 +170,10 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     history = [e for e in state.get("log_history", []) if "step" in e]
     keys = sorted({k for e in history for k in e if _TEMPLATE_ACCURACY.match(k)})
     own = Path(run_dir) / "trainer_state.json"  # the folder's own weights' state: what its evaluation graded
-    own_step = _state_step(_read_json(own, "plot the run once it has saved again")) if own.is_file() else None
+    try:
+        own_step = _state_step(json.loads(own.read_text())) if own.is_file() else None
+    except (OSError, ValueError):  # being written: `latest_state` has warned of it
+        own_step = None
     return Run(
         name=name or Path(run_dir).resolve().name,
         path=Path(run_dir),

@@ -26,9 +26,22 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+# Dynamic sampling (`prompt_aug.extensions.dynamic_sampling`) logs TRL's reward and truncation metrics again
+# under this prefix, over every generated completion (TRL's reward metrics cover the trained groups only).
+GENERATED = "dynamic_sampling/generated/"
+
+
+def generated_first(keys: Iterable[str]) -> tuple[str, ...]:
+    """Each key preceded by its dynamic-sampling variant over every generated completion.
+
+    >>> generated_first(["reward"])
+    ('dynamic_sampling/generated/reward', 'reward')
+    """
+    return tuple(k for key in keys for k in (GENERATED + key, key))
 
 
 def micro_steps_per_round(args: Any) -> int:

@@ -168,8 +168,8 @@ def test_windows_count_rounds_not_log_lines():
 
 def test_a_round_is_judged_once_on_the_mean_of_all_its_lines():
     # 4 optimizer steps a round, a line a step. Round 3 starts below the floor of 0.2 but its mean (0.38) is
-    # not; round 4's mean (0.13) is. Judged line by line, round 3 fired at step 9 on its first line, and
-    # round 4 twice, at steps 13 and 15, as its running mean crossed the floor and back.
+    # not; round 4's mean (0.13) is, though its running mean crosses the floor and back (steps 13-15). Only
+    # round 4 fires, once, at its last step.
     floor = SignalSpec("entropy", ("entropy",), "below", 0.2, 1, "checkpoint")
     values = [0.5] * 8 + [0.01, 0.5, 0.5, 0.5] + [0.01, 0.5, 0.01, 0.01]
     stream = [{"step": s, "round": (s + 3) // 4, "entropy": v} for s, v in enumerate(values, 1)]

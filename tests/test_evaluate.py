@@ -282,7 +282,7 @@ def test_completions_of_another_commit_of_a_hub_model_are_not_resumed(
     changed = rf"other settings \(\{{'weights': \('revision {first}', 'revision {second}'\)"
     with pytest.raises(SystemExit, match=changed):
         _eval("nobody-here/tiny", suite_dir, out, "--benchmarks", "amc", "--limit", "1")
-    # A folder written when a Hub model's commit was not recorded resumes, with a warning, as before.
+    # A folder that does not record a Hub model's commit resumes, with a warning.
     settings = json.loads((out / "settings.json").read_text())
     (out / "settings.json").write_text(json.dumps({**settings, "weights": None}))
     with caplog.at_level("WARNING", logger="prompt_aug.evaluate"):
@@ -303,15 +303,18 @@ def test_a_smaller_evaluation_does_not_replace_a_larger_ones_tables_and_a_bad_re
     table = (out / "results.md").read_text()
     for extra, lost in (
         (["--benchmarks", "aime24"], "benchmarks ['amc']"),
-        (["--benchmarks", "aime24,amc", "--limit", "1"], "limit None"),
+        (["--benchmarks", "aime24,amc", "--limit", "1"], "3 questions of a benchmark"),
     ):
         with pytest.raises(
-            SystemExit, match=rf"holds the tables of a larger evaluation \({re.escape(lost)}\)"
+            SystemExit,
+            match=rf"holds the tables of an evaluation this one does not cover \({re.escape(lost)}\)",
         ):
             _eval(tiny_model_dir, suite_dir, out, *extra)
     assert (out / "results.md").read_text() == table  # a quick check goes to another --output
+    # A limit that cuts no benchmark short is the same evaluation.
+    assert _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc", "--limit", "3")["limit"] == 3
     assert _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc", "--runs", "2")["runs"] == 2
-    with pytest.raises(SystemExit, match=r"larger evaluation \(runs 2\)"):
+    with pytest.raises(SystemExit, match=r"does not cover \(runs 2\)"):
         _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc")
     # A line of the records cut short in the middle of the file (not the last, which a resume cuts off).
     records = out / "completions.jsonl"

@@ -372,7 +372,7 @@ def test_runs_in_folders_of_one_name_are_told_apart_and_a_run_given_twice_is_ref
     fig = build_figure(dirs)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["s0/arm/train", "s1/arm/train"]
     (entropy,) = [a for a in fig.axes if a.get_title() == "Entropy"]
-    assert len(entropy.get_lines()) == 2  # before, the second run's curves replaced the first's
+    assert len(entropy.get_lines()) == 2  # each run's own curve
     with pytest.raises(SystemExit, match=r"^prompt-aug-plot: error: .*s0/arm/train: given twice"):
         main([str(dirs[0]), str(dirs[0]), "-o", str(tmp_path / "c.png")])
 

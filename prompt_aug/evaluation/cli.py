@@ -252,25 +252,29 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
 def _check_coverage(
     output: Path, args: argparse.Namespace, benchmarks: list[str], templates: list[str]
 ) -> None:
-    """An evaluation into a folder whose tables cover more (other benchmarks or templates, more runs, more
-    questions: no ``--limit``, or a larger one) would replace them with its smaller ones: refused, in one
-    line (the completions there are kept either way)."""
+    """An evaluation into a folder whose tables cover what this one does not (other benchmarks or templates,
+    more runs, more questions than its ``--limit``) would replace them with its own: refused, in one line
+    (the completions there are kept either way; ``--overwrite`` has deleted the tables before this)."""
     try:
         before = json.loads((output / RESULTS_FILE).read_text())
-        covered = {
-            "benchmarks": set(before["benchmarks"]) - set(benchmarks),
-            "templates": set(before["templates"]) - set(templates),
-        }
-        runs, limit = before["runs"], before["limit"]
+        lost = [
+            f"{key} {sorted(set(before[key]) - set(now))}"
+            for key, now in (("benchmarks", benchmarks), ("templates", templates))
+            if set(before[key]) - set(now)
+        ]
+        if args.runs < int(before["runs"]):
+            lost.append(f"runs {before['runs']}")
+        asked = before["results"][before.get("main_template") or before["templates"][0]]["benchmarks"]
+        most = max(int(entry["questions"]) for entry in asked.values())
+        if args.limit is not None and args.limit < most:
+            lost.append(f"{most} questions of a benchmark")
     except (OSError, ValueError, LookupError, TypeError):  # none, or not one to keep
         return
-    lost = [f"{key} {sorted(names)}" for key, names in covered.items() if names]
-    lost += [f"runs {runs}"] * (args.runs < runs)
-    lost += [f"limit {limit}"] * (args.limit is not None and (limit is None or args.limit < limit))
-    if lost and not args.overwrite:
+    if lost:
         raise EvalError(
-            f"{output} holds the tables of a larger evaluation ({', '.join(lost)}), which this one would "
-            "replace with its own: pass another --output (for a quick check), or that evaluation's flags"
+            f"{output} holds the tables of an evaluation this one does not cover ({', '.join(lost)}), which "
+            "it would replace: pass another --output (for a quick check), that evaluation's flags, or "
+            "--overwrite"
         )
 
 
@@ -352,6 +356,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
             _check_settings(output, settings, args.overwrite)
             _check_coverage(output, args, benchmarks, [t.name for t in templates])
             fold_shards(output / RECORDS_FILE)
+            read_records(output / RECORDS_FILE)  # a bad line stops every process now, before the model loads
         except EvalError as err:
             error = str(err)
     error = processes.broadcast(error)

@@ -65,8 +65,7 @@ from rewards.controls import ACCURACY_MEAN_KEYS
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
 from ..faults import COLLAPSE_PREFIX, LaunchRecord
-from ..metrics import generated_first
-from ..records import generation_round
+from ..records import generated_first, generation_round
 
 logger = logging.getLogger("prompt_aug.collapse")
 
@@ -256,12 +255,14 @@ class CollapseGuard(TrainerCallback):
 
     Args:
         specs: The signals to watch (see `SignalSpec` and `guard_from_args`).
-        steps_per_round: Optimizer steps per generation round, to count rounds from the step when a log
-            line has no ``round`` key.
+        steps_per_round: Optimizer steps per generation round, to count rounds from the step (a log line
+            with no ``round`` key, and where a round ends) until `attach` hands the count to the trainer's.
 
     Use `attach` to add it to a trainer (after `EvalCallback.attach`, so it sees the ``eval/*`` keys).
-    `observe` is the whole decision, usable on its own on a stream of log lines. After training,
-    ``fired`` lists every firing, ``checkpoints`` the folders saved and ``stop_message`` why it stopped.
+    `observe` is the whole decision, usable on its own on a stream of log lines; ``round_of_step`` (the round
+    of an optimizer step) and ``logging_steps`` (the Trainer's, set at ``on_train_begin``; 1 until then) say
+    where each round's last line falls. After training, ``fired`` lists every firing, ``checkpoints`` the
+    folders saved and ``stop_message`` why it stopped.
     """
 
     def __init__(self, specs: list[SignalSpec], steps_per_round: float = 1.0) -> None:

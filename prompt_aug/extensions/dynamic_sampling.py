@@ -59,8 +59,8 @@ from rewards.repetition import ends_in_loop
 
 from .. import trl_seam as seam
 from ..collator import row_question, row_uid, stable_uniform
-from ..metrics import GENERATED, correctness_scores, ending_ids
-from ..records import rounds_generated
+from ..metrics import correctness_scores, ending_ids
+from ..records import GENERATED, rounds_generated
 from ..trl_seam import Generation, SamplingTrainer
 
 SIGNAL_TOTAL = "total"
