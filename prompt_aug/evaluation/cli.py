@@ -350,13 +350,14 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
             ", more than in the paper's protocol" if shorter else " (as in the paper's, at 4096)",
         )  # fmt: skip
     # The main process checks the folder; every process stops with its verdict.
-    error = None
+    error, before = None, set()
     if processes.main:
         try:
             _check_settings(output, settings, args.overwrite)
             _check_coverage(output, args, benchmarks, [t.name for t in templates])
             fold_shards(output / RECORDS_FILE)
-            read_records(output / RECORDS_FILE)  # a bad line stops every process now, before the model loads
+            # What the folder holds; a bad line stops every process now, before the model loads.
+            before = completions_made(read_records(output / RECORDS_FILE))
         except EvalError as err:
             error = str(err)
     error = processes.broadcast(error)
@@ -375,7 +376,6 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         f" (on {processes.size} processes)" if processes.size > 1 else "",
     )
 
-    before = completions_made(read_records(output / RECORDS_FILE)) if processes.main else set()
     records = generate_and_grade(
         backend,
         tokenizer,
