@@ -190,39 +190,38 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, (str, int, float)) and not isinstance(value, bool) and not _is_nan(value)
 
 
-def _ids_note(ids: list[Any] | None, column: str) -> list[str]:
-    """A note when ``ids`` cannot be the rows' uids, because one is not text or a number (a list, a mapping,
-    missing) or because they repeat: the rows then get ids from their questions (`_stable_uids`)."""
-    if ids is None or all(i is None for i in ids):  # no ids at all (verl's extra_info without an index)
-        return []
-    odd = [i for i in ids if not _is_id(i)]
-    if odd:
-        first = odd[0]
-        kind = "a missing value" if first is None or _is_nan(first) else f"{type(first).__name__} {first!r}"
-        note = f"column {column!r} holds {kind[:80]}, not an id (text or a number), so each row's uid is "
-        return [note + "a hash of its question"]
-    texts = [str(i) for i in ids]  # what the uids would be: 1 and "1" are the same uid
-    if len(set(texts)) == len(texts):
-        return []
-    repeated = [i for i, n in Counter(texts).items() if n > 1]
-    note = (
-        f"{len(repeated)} value(s) of column {column!r} repeat (e.g. {repeated[0]!r}), so each row's uid is "
-        "a hash of its question; make them unique to keep them as uids"
-    )
-    return [note]
-
-
-def _stable_uids(questions: list[str], ids: list[str] | None) -> list[str]:
-    texts = [str(i) for i in ids] if ids is not None else None
-    if texts is not None and len(set(texts)) == len(texts):
-        return texts
+def _row_uids(questions: list[str], ids: list[Any] | None, column: str) -> tuple[list[str], list[str]]:
+    """Each row's uid, and a note when the rows' ids (``column``'s values) were not kept. The ids are kept as
+    text where every row has one (text or a number) and no two are the same text (1 and "1" are one uid);
+    else each row's uid is a hash of its question, numbered where questions repeat. No ids at all (none, or
+    all missing, as verl's ``extra_info`` without an index) need no note."""
+    notes: list[str] = []
+    if ids is not None and any(i is not None for i in ids):
+        odd = [i for i in ids if not _is_id(i)]
+        texts = [str(i) for i in ids]
+        repeated = [t for t, n in Counter(texts).items() if n > 1]
+        if odd:
+            first = odd[0]
+            missing = first is None or _is_nan(first)
+            kind = "a missing value" if missing else f"{type(first).__name__} {first!r}"
+            notes.append(
+                f"column {column!r} holds {kind[:80]}, not an id (text or a number), so each row's uid is a "
+                "hash of its question"
+            )
+        elif repeated:
+            notes.append(
+                f"{len(repeated)} value(s) of column {column!r} repeat (e.g. {repeated[0]!r}), so each row's "
+                "uid is a hash of its question; make them unique to keep them as uids"
+            )
+        else:
+            return texts, notes
     seen: Counter = Counter()
     uids = []
     for question in questions:
         digest = hashlib.sha1(question.encode()).hexdigest()[:16]
         uids.append(f"{digest}-{seen[digest]}")
         seen[digest] += 1
-    return uids
+    return uids, notes
 
 
 def _is_nan(value: Any) -> bool:
@@ -368,10 +367,8 @@ def to_rows(
         else:
             keep.append(i)
     answers = [_gold(a) for a in answers]
-    id_column = "uid" if "uid" in consumed else "extra_info.index"
-    dropped.notes += _ids_note(ids, id_column)
-    ids = ids if ids is not None and all(_is_id(i) for i in ids) else None
-    uids = _stable_uids(questions, ids)
+    uids, notes = _row_uids(questions, ids, "uid" if "uid" in consumed else "extra_info.index")
+    dropped.notes += notes
     columns = {
         "question": [questions[i] for i in keep],
         # A list-valued answer column keeps every gold (any of them counts, as in evaluation); then the whole
