@@ -98,8 +98,22 @@ def find_trainer_state(run_dir: str | Path) -> Path:
 
 
 def latest_state(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
-    """The path and contents of the newest trainer state in ``run_dir`` (`find_trainer_state`). A state that
-    cannot be read (a checkpoint being written) is skipped with a warning while another can be.
+    """The path and contents of the newest trainer state in ``run_dir`` (`find_trainer_state`).
+
+    Raises:
+        PlotError: as `trainer_states`.
+    """
+    return _newest(trainer_states(run_dir))
+
+
+def _newest(states: list[tuple[Path, dict[str, Any]]]) -> tuple[Path, dict[str, Any]]:
+    """The state with the highest step; the first listed (the folder's own) on a tie."""
+    return max(states, key=lambda found: _state_step(found[1]))
+
+
+def trainer_states(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The path and contents of each trainer state in ``run_dir``: its own, then its checkpoints'. A state
+    that cannot be read (a checkpoint being written) is skipped with a warning while another can be.
 
     Raises:
         PlotError: no such folder, no trainer state in it, or none that can be read; names the folder or file.
@@ -124,7 +138,7 @@ def latest_state(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
         raise failures[0]
     for err in failures:
         logger.warning("%s; drawn from another trainer_state.json", err)
-    return max(states, key=lambda found: _state_step(found[1]))
+    return states
 
 
 def _state_step(state: dict[str, Any]) -> int:
@@ -166,14 +180,13 @@ def final_evaluation(run_dir: str | Path) -> dict[str, Any] | None:
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     """Read a run folder's trainer state and, when present, its evaluation (`final_evaluation`)."""
-    _, state = latest_state(run_dir)
+    states = trainer_states(run_dir)
+    _, state = _newest(states)
     history = [e for e in state.get("log_history", []) if "step" in e]
     keys = sorted({k for e in history for k in e if _TEMPLATE_ACCURACY.match(k)})
-    own = Path(run_dir) / "trainer_state.json"  # the folder's own weights' state: what its evaluation graded
-    try:
-        own_step = _state_step(json.loads(own.read_text())) if own.is_file() else None
-    except (OSError, ValueError):  # being written: `latest_state` has warned of it
-        own_step = None
+    # The folder's own weights' state (what its evaluation graded), where it could be read.
+    own = Path(run_dir) / "trainer_state.json"
+    own_step = next((_state_step(s) for path, s in states if path == own), None)
     return Run(
         name=name or Path(run_dir).resolve().name,
         path=Path(run_dir),
