@@ -631,7 +631,7 @@ class ModelCardMixin:
         if not self.is_world_process_zero():
             return
         guard = getattr(getattr(self, "features", None), "guard", None)
-        stopped = guard.stop_message.split(". Checkpoint:")[0] if guard and guard.stop_message else None
+        stopped = guard.stop_reason if guard is not None else None
         ours = render_model_card(
             info, self.args.output_dir, self.state.global_step, self.state.log_history, hub_model_id, stopped
         )

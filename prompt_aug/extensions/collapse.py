@@ -262,7 +262,7 @@ class CollapseGuard(TrainerCallback):
     `observe` is the whole decision, usable on its own on a stream of log lines; ``round_of_step`` (the round
     of an optimizer step) and ``logging_steps`` (the Trainer's, set at ``on_train_begin``; 1 until then) say
     where each round's last line falls. After training, ``fired`` lists every firing, ``checkpoints`` the
-    folders saved and ``stop_message`` why it stopped.
+    folders saved, ``stop_message`` why it stopped and where it saved, ``stop_reason`` only why.
     """
 
     def __init__(self, specs: list[SignalSpec], steps_per_round: float = 1.0) -> None:
@@ -280,6 +280,7 @@ class CollapseGuard(TrainerCallback):
         self.fired: list[Firing] = []
         self.checkpoints: list[Path] = []
         self.stop_message: str | None = None
+        self.stop_reason: str | None = None  # the stop message without what was saved (the model card's)
         self._reset()
 
     def _reset(self) -> None:
@@ -439,10 +440,10 @@ class CollapseGuard(TrainerCallback):
             logger.warning("collapse guard: saved %s", target)
         self.checkpoints.append(target)
         if stops:
-            self.stop_message = (
-                f"collapse guard stopped training at step {state.global_step} (round {stops[0].round}): "
-                + "; ".join(f.detail for f in stops)
-                + f". Checkpoint: {target} (resume with --resume_from_checkpoint {target})"
+            self._stopped(
+                state.global_step,
+                stops,
+                f"Checkpoint: {target} (resume with --resume_from_checkpoint {target})",
             )
         return control
 
@@ -456,14 +457,22 @@ class CollapseGuard(TrainerCallback):
             logger.warning("%s", self.stop_message)
         return control
 
+    def _stopped(self, step: int, stops: list[Firing], saved: str) -> None:
+        """Record why the run stopped at ``step`` (``stop_reason``), and with ``saved`` (``stop_message``)."""
+        details = "; ".join(f.detail for f in stops)
+        self.stop_reason = (
+            f"collapse guard stopped training at step {step} (round {stops[0].round}): {details}"
+        )
+        self.stop_message = f"{self.stop_reason}. {saved}"
+
     def _unsaved(self, firings: list[Firing], main: bool) -> None:
         """Firings whose checkpoint the Trainer never saved: said so, and for a stop, why the run stopped."""
         stops = [f for f in firings if f.action == "stop"]
         if stops and self.stop_message is None:
-            self.stop_message = (
-                f"collapse guard stopped training at step {stops[0].step} (round {stops[0].round}): "
-                + "; ".join(f.detail for f in stops)
-                + ". The Trainer saved no checkpoint at that step (save_strategy skipped it)"
+            self._stopped(
+                stops[0].step,
+                stops,
+                "The Trainer saved no checkpoint at that step (save_strategy skipped it)",
             )
         elif main:
             logger.warning(
