@@ -31,12 +31,11 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   ``logging_steps``) is logged only: the run has ended, and its final model is saved anyway.
   It logs ``collapse/<signal>`` (rounds in a row past the threshold, or the fall from the best mean) on
   every log line that carries the signal or judges it, and ``collapse/fired/<signal>`` = 1 on the line
-  where it fired. ``checkpoint`` saves a
-  full checkpoint named ``_collapse-<signal>-round<N>`` in ``output_dir`` (the underscore keeps it out of Hub
-  pushes, as transformers leaves out ``_*``): the Trainer's rotation
-  (``save_total_limit``) only deletes ``checkpoint-*`` folders, so it is kept, and it does not count against
-  the limit: no regular checkpoint is deleted early to make room for it. ``stop`` saves it too and
-  ends the run cleanly, with a message naming the signal, the values and the checkpoint. Resuming replays
+  where it fired. ``checkpoint`` saves a full checkpoint named ``_collapse-<signal>-round<N>`` in
+  ``output_dir`` (the underscore keeps it out of Hub pushes, as transformers leaves out ``_*``): the Trainer's
+  rotation (``save_total_limit``) only deletes ``checkpoint-*`` folders, so it is kept, and it does not
+  count against the limit: no regular checkpoint is deleted early to make room for it. ``stop`` saves it too
+  and ends the run cleanly, with a message naming the signal, the values and the checkpoint. Resuming replays
   the restored log history, so smoothed bests and counts carry over.
 
 ProRL's optimizer reset and RLinf's mini-batch skip are in `prompt_aug.extensions.stabilisers`.
