@@ -74,16 +74,23 @@ class TemplateMetrics:
         self, trainer: Any, names: list[str], rewards: torch.Tensor | None, lengths: torch.Tensor,
         truncated: torch.Tensor, mode: str, kept: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
-        """Per-template metrics of gathered rows (`per_template_metrics`): ``accuracy``, ``format``, each
-        reward function's mean as ``rewards/<function>``, and with ``kept`` (bool per row)
-        ``templates/<name>/kept``."""
+        """Per-template metrics of gathered rows (`per_template_metrics`): ``accuracy`` (the share right, also
+        under a correctness reward mapped to other scores), ``format``, each reward function's mean as
+        ``rewards/<function>``, and with ``kept`` (bool per row) ``templates/<name>/kept``."""
         funcs = trainer.reward_funcs
         columns = {
-            "accuracy": reward_column(funcs, *CORRECTNESS_REWARDS),
+            "accuracy": None,
             "format": reward_column(funcs, format_reward),
             # under rewards/, so that a function named like a metric of ours (count, format) is not mixed in
             **{f"rewards/{name}": column for column, name in enumerate(trainer.reward_func_names)},
         }
+        scores = correctness_scores(funcs)
+        if scores is not None and rewards is not None:
+            column, right, wrong = scores
+            # 1 right, 0 wrong, NaN ungraded: correctness_pm5's +5 / -5 read as the share right
+            share = (rewards[:, column] - wrong) / (right - wrong)
+            rewards = torch.cat([rewards, share.unsqueeze(1)], dim=1)
+            columns["accuracy"] = rewards.shape[1] - 1
         buffer = trainer.metric_buffer(mode)
         for key, value in per_template_metrics(names, rewards, columns, lengths, truncated, kept).items():
             buffer[key].append(value)

@@ -98,6 +98,34 @@ def test_a_reward_named_like_a_per_template_metric_keeps_its_own_key():
     assert logged["templates/a/mean_length"] == [4.0]
 
 
+def test_per_template_accuracy_under_the_plus_minus_5_reward_is_the_share_right():
+    """``correctness_pm5`` scores +5 / -5; the template's accuracy is still the share of right answers, and
+    its own mean stays in its units under ``rewards/``."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import torch
+
+    from prompt_aug.metrics import TemplateMetrics
+    from rewards.registry import REGISTRY
+
+    buffers: dict = defaultdict(lambda: defaultdict(list))
+    trainer = SimpleNamespace(
+        reward_funcs=[REGISTRY["format"], REGISTRY["correctness_pm5"]],
+        reward_func_names=["format_reward", "correctness_pm5_reward"],
+        metric_buffer=lambda mode: buffers[mode],
+    )
+    rewards = torch.tensor([[1.0, 5.0], [0.0, -5.0], [1.0, -5.0], [1.0, 5.0], [1.0, float("nan")]])
+    TemplateMetrics(["a", "b"]).append(
+        trainer, ["a", "a", "a", "b", "b"], rewards, torch.ones(5), torch.zeros(5), "train"
+    )
+    logged = buffers["train"]
+    assert logged["templates/a/accuracy"] == [pytest.approx(1 / 3)]
+    assert logged["templates/b/accuracy"] == [1.0]  # the ungraded row (None, NaN) is left out
+    assert logged["templates/a/rewards/correctness_pm5_reward"] == [pytest.approx(-5 / 3)]
+    assert logged["templates/a/format"] == [pytest.approx(2 / 3)]
+
+
 def test_completion_records_have_one_template_per_step_and_uid(smoke_run):
     records = pd.concat(pd.read_parquet(p) for p in sorted((smoke_run / "completions").glob("*.parquet")))
     assert {"template", "uid", "step", "prompt", "completion"} <= set(records.columns)
