@@ -943,6 +943,9 @@ def test_a_question_set_is_read_as_training_reads_it(tmp_path, caplog):
         (0, "Compute $1 + 1$.", ["2"]), (3, "Compute $3 + 3$.", ["6"])
     ]  # fmt: skip
     assert "2 of 4 rows have no question or no gold answer and are left out" in caplog.text
+    # --limit counts the questions kept, not the rows read
+    assert [p.index for p in load_benchmark(str(gaps), limit=2)] == [0, 3]
+    assert [p.index for p in load_benchmark(str(gaps), limit=1)] == [0]
     gaps.write_text("question,answer\nCompute $2 + 2$.,\n")
     with pytest.raises(EvalError, match="no row has both a question and a gold answer"):
         load_benchmark(str(gaps))

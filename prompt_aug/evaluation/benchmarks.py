@@ -271,7 +271,8 @@ def load_benchmark(
     answer_column: str | None = None,
     column_keys: tuple[str, str] = ("--question_column", "--answer_column"),
 ) -> list[Problem]:
-    """The questions of benchmark ``name`` (first ``limit`` only, if given).
+    """The questions of benchmark ``name`` (the first ``limit`` of them only, if given; rows without a
+    question or a gold answer are left out before the count).
 
     A suite benchmark comes from the Hub or ``data_dir``; a question set (see `parse_benchmarks`) from
     its file, folder or Hub id, with its question in ``question_column`` and its gold in ``answer_column``,
@@ -309,8 +310,6 @@ def load_benchmark(
     if missing:
         hint = "" if name in BENCHMARKS else f"; name the columns with {column_keys[0]} and {column_keys[1]}"
         raise EvalError(f"{where} lacks column(s) {missing}; it has {ds.column_names}{hint}")
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
     golds = as_stored(list(ds[answers]), ds.features[answers])
     if name not in BENCHMARKS:
         if answers == "solution":  # a worked solution: its boxed answer, as training reads it
@@ -347,7 +346,7 @@ def load_benchmark(
         )  # fmt: skip
     if not kept:
         raise EvalError(f"{where}: no row has both a question and a gold answer")
-    return kept
+    return kept if limit is None else kept[:limit]  # the first questions kept, not the first rows
 
 
 def _question_like(value: Any) -> bool:

@@ -171,7 +171,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--data_dir", default=None, help=f"A local save_to_disk copy of {HUB_SUITE}.")
     parser.add_argument(
-        "--limit", type=int, default=None, help="Only the first N questions of each benchmark."
+        "--limit",
+        type=int,
+        default=None,
+        help="Only the first N questions of each benchmark (rows with no question or gold are not counted).",
     )
     parser.add_argument(
         "--output", default=None, help="Default: <model>/eval (local model) or eval/<model name>."
