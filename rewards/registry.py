@@ -80,6 +80,7 @@ def joined_boxes_correctness_reward(
 ) -> list[float | None]:
     """Like `correctness_reward`, but several boxes in the last box's paragraph may together form the
     gold's set or tuple (beyond the paper's rule, which reads the last box only; opt in by naming it).
+    The last box alone still counts: a completion is right if either reading is.
 
     >>> joined_boxes_correctness_reward(
     ...     ["The solutions are \\\\boxed{1} and \\\\boxed{-2}."], answer=["-2, 1"]

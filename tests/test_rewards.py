@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prompt_aug.templates import load_templates
-from rewards import REGISTRY, correctness_reward, format_reward, grade
+from rewards import REGISTRY, correctness_reward, extract_lenient, format_reward, grade
 
 BOXED = "We add them: 3 + 4 = 7. So the result is \\boxed{7}."
 
@@ -178,3 +178,24 @@ def test_shuffled_control_keeps_the_round_values_but_not_their_owners():
     tagged = ["<think>\nx\n</think>\n<answer>\n\\boxed{1}\n</answer>"] * 8 + ["\\boxed{1}"] * 24
     fmt = shuffled_format_reward(tagged, template=["open-r1"] * 32)
     assert sorted(fmt) == sorted(format_reward(tagged, template=["open-r1"] * 32)) and fmt[:8] != [1.0] * 8
+
+
+def test_lenient_minerva_form_reads_one_sentence():
+    completion = "The final answer is $3$, wait no. The final answer is $5$. I hope it is correct."
+    assert extract_lenient(completion) == "5"
+    assert grade(completion, "5").correct
+    assert extract_lenient("The final answer is $\\$18.90$. I hope it is correct.") == "18.90"
+
+
+def test_lenient_answer_is_reads_to_the_end_of_its_sentence():
+    assert extract_lenient("The final answer is 5. I hope it is correct.") == "5"
+    assert extract_lenient("So the answer is **7**.") == "7"
+    assert extract_lenient("So the answer is 3.25. Done") == "3.25"
+    assert grade("The final answer is 5. I hope it is correct.", "5").correct
+    assert grade("So the answer is **7**.", "7").correct
+
+
+def test_lenient_last_number_keeps_a_unicode_minus():
+    assert extract_lenient("so we get \u22125") == "-5"
+    assert grade("so we get \u22125", "-5").correct
+    assert not grade("so we get \u22125", "5").correct

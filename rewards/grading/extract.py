@@ -3,8 +3,8 @@
 Two rules read an answer out of a completion:
 
 * **lenient** (the paper's training rule): cut at the first stop string, then take the Minerva
-  form ``final answer is $X$. I hope``, else the last ``\\boxed{}``, else the text after the last
-  "the answer is" / "final answer is", else the last number.
+  form ``final answer is $X$. I hope``, else the last ``\\boxed{}``, else the rest of the sentence after
+  the last "the answer is" / "final answer is", else the last number.
 * **strict** (the evaluation rule): the last ``\\boxed{}`` (or ``\\fbox{}``); for tag templates it
   must sit inside the ``<answer>...</answer>`` block. No boxed answer means no answer.
 """
@@ -19,9 +19,11 @@ from typing import Any
 
 STOP_STRINGS = ("</answer>", "<|im_end|>", "<|endoftext|>", "</s>", "[END]")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-_MINERVA = re.compile(r"final answer is \$(.+?)\$\. I hope", re.DOTALL)
+# One `$...$` (an escaped `\$` inside is a dollar sign), so that a match never spans an earlier sentence.
+_MINERVA = re.compile(r"final answer is \$((?:[^$\\]|\\.)+)\$\. I hope", re.DOTALL)
 _ANSWER_IS = re.compile(r"(?:[Tt]he answer is|[Ff]inal answer is)")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_SENTENCE_END = re.compile(r"\.(?=\s|$)")  # a full stop, not a decimal point
+_NUMBER = re.compile(r"[-\u2212]?\d[\d,]*(?:\.\d+)?|[-\u2212]?\.\d+")  # U+2212 is the Unicode minus
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -74,9 +76,14 @@ def last_boxed(text: str) -> str | None:
 # `12\text{ m/s}.`), but not a time (`9\text{ a.m.}`), a constant (`3\mathrm{i}`, `2\pi\mathrm{e}`) or words
 # that deny (`\sqrt{2}\text{ is not possible}`).
 _DENIAL = r"(?![^{}]*\b(?:[Nn]o|[Nn]ot|[Nn]ever|[Nn]one|[Cc]annot|[Cc]an't)\b)"
+_SPACE = r"(?:\s|~|\\ )*"  # spaces, ties (`5\mathrm{~cm}`) and `\ `
 _UNIT = re.compile(
-    r"(\d|\}|\\pi)\s*\\(?:text|mbox|mathrm)\{" + _DENIAL + r"\s*(?![ap]\.?\s*m\.?\s*\}|[ie]\s*\})"
-    r"[A-Za-z][A-Za-z. /]*\}(?:\^\{?\d\}?)?[\s.]*$"
+    r"(\d|\}|\\pi)"
+    + _SPACE
+    + r"\\(?:text|mbox|mathrm)\{"
+    + _DENIAL
+    + _SPACE
+    + r"(?![ap]\.?\s*m\.?\s*\}|[ie]\s*\})[A-Za-z][A-Za-z. /]*\}(?:\^\{?\d\}?)?[\s.]*$"
 )
 _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 # `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
@@ -215,6 +222,8 @@ def extract_lenient(completion: str) -> str | None:
     '7'
     >>> extract_lenient("we get 3 apples and 1,250 pears")
     '1250'
+    >>> extract_lenient("The final answer is 5. I hope it is correct.")
+    '5'
     """
     text = cut_at_stop(completion)
     found = _MINERVA.findall(text)
@@ -223,12 +232,14 @@ def extract_lenient(completion: str) -> str | None:
     elif (boxed := last_boxed(text)) is not None:
         answer = boxed
     elif matches := list(_ANSWER_IS.finditer(text)):
-        answer = text[matches[-1].end() :].lstrip(" :").split("\n")[0]
+        line = text[matches[-1].end() :].lstrip(" :").split("\n")[0]
+        end = _SENTENCE_END.search(line)  # the sentence, without markdown emphasis (`**7**`)
+        answer = (line[: end.start()] if end else line).strip().strip("*")
     else:
         numbers = _NUMBER.findall(text)
         if not numbers:
             return None
-        answer = numbers[-1].replace(",", "")
+        answer = numbers[-1].replace(",", "").replace("\u2212", "-")
     answer = normalize(answer)
     return answer or None
 

@@ -21,7 +21,9 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
 * expressions in lowercase variables (``2x^2+3x``) are different when their values clearly differ at
   one of two fixed points: their difference is then not identically zero.
 * a constant, or a tuple, interval or set of constants, is different from an expression in variables
-  whose value clearly changes between the two points (it is not constant);
+  whose value clearly changes between the two points (it is not constant); but a number followed by
+  letters (``5 cm``, ``6 days``) against the same number is left to math-verify, which drops the units
+  it knows;
 * ``A + Bi`` is different from a real constant (``B`` not 0) and from ``C + Di`` with other parts,
   whether math-verify reads ``i`` as the imaginary unit or as a variable;
 * an equation is compared with a gold that is no relation by its right side (as math-verify does);
@@ -37,7 +39,8 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
 * a bare list or set of constants (finitely many points) is different from a union of intervals;
 * an inequality is different from a constant; unions of intervals, one with a degenerate piece
   (``(4, 4)``), are different when what they cover differs by more than finitely many points;
-* a multiple-choice letter (``(A)``, not E or I) is different from a number or an expression;
+* a multiple-choice letter (``(A)``, not E or I) is different from a number or an expression (a letter
+  in lower case, ``(a)``, is left to math-verify, which ignores the case);
 * sums of plain integers (``0-14``) are exact numbers;
 * an answer with a decimal comma (``3,14``) equals the gold with a point (`decimal_comma_verdict`), where
   math-verify reads a set of two numbers; a numeral in a base with decimal digits is, where no
@@ -498,6 +501,8 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
         return verdict if verdict is not None else _different_covers(answer, gold)
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
+        if _same_number_before_a_unit(answer, gold):
+            return None
         for rule in (
             _different_functions,
             _constants_against_function,
@@ -518,6 +523,30 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
     if any(not any(_close(x, y) for y in g) for x in a) or any(not any(_close(x, y) for x in a) for y in g):
         return False
     return None
+
+
+# A number followed by letters (`5 cm`, `6days`, `5 m^2`), not by the imaginary unit or e alone (`5i`).
+_QUANTITY = re.compile(r"([+-]?(?:\d[\d,]*(?:\.\d+)?|\.\d+))\s*(?![eEiI](?:\^|$))[A-Za-z]+(?:\^\{?\d\}?)?")
+
+
+def _same_number_before_a_unit(answer: str, gold: str) -> bool:
+    """Whether one side is a number followed by letters (``5 cm``, ``6 days``, a unit written without
+    ``\\text``) and the other is the same number, alone or so followed. math-verify drops the units it
+    knows (``5 cm`` is 5), so here the letters may not be read as variables: math-verify decides. With
+    another number, no reading makes the two equal.
+
+    >>> (_same_number_before_a_unit("5 cm", "5"), _same_number_before_a_unit("6days", "6.0"),
+    ...  _same_number_before_a_unit("5 m", "5 cm"))
+    (True, True, True)
+    >>> (_same_number_before_a_unit("7 cm", "5"), _same_number_before_a_unit("2x + 1", "2"),
+    ...  _same_number_before_a_unit("5i", "5"))
+    (False, False, False)
+    """
+    quantities = _QUANTITY.fullmatch(answer), _QUANTITY.fullmatch(gold)
+    if not any(quantities):
+        return False
+    values = [_value(q.group(1) if q else side) for q, side in zip(quantities, (answer, gold))]
+    return None not in values and _close(*values)  # type: ignore[arg-type]
 
 
 def _different_unions(answer: str, gold: str) -> bool | None:
@@ -703,10 +732,12 @@ def _choice_against_number(answer: str, gold: str) -> bool | None:
     """``False`` for a multiple-choice letter (``(A)``) against a number, either way round.
 
     >>> (_choice_against_number("(A)", "39"), _choice_against_number("7", "C"),
-    ...  _choice_against_number("(E)", "3"))
-    (False, False, None)
+    ...  _choice_against_number("(E)", "3"), _choice_against_number("(b)", "B"))
+    (False, False, None, None)
     """
     for one, other in ((answer, gold), (gold, answer)):
+        if _CHOICE.fullmatch(one) and _CHOICE.fullmatch(other.upper()):
+            return None  # a letter in lower case (`(b)`): math-verify ignores the case, left to it
         if _CHOICE.fullmatch(one) and (_value(other) is not None or _non_constant(other) or _readings(other)):
             return False
     return None

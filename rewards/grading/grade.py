@@ -99,7 +99,8 @@ def grade(
 
     ``join_boxes=True`` (off by default: the paper reads the last box only) reads several boxes in
     the last box's paragraph as one answer when the gold is a set, tuple or list: ``\\boxed{1}`` and
-    ``\\boxed{2}`` for ``\\{1, 2\\}``.
+    ``\\boxed{2}`` for ``\\{1, 2\\}``. The last box alone is still read too: the completion is right
+    if either reading is (``a = \\boxed{3}``, then ``\\boxed{(3, 4)}``, for ``(3, 4)``).
 
     >>> grade("so \\\\boxed{\\\\dfrac{1}{2}}", "\\\\frac12").correct
     True
@@ -154,14 +155,17 @@ def _learn(golds: tuple[str, ...], parseable: tuple[bool, ...]) -> None:
     _PARSEABLE.update(zip(golds, parseable))
 
 
-def _extract(
+def _readings(
     text: str, strict: bool, answer_rule: str, golds: tuple[str, ...] = (), join_boxes: bool = False
-) -> str | None:
+) -> list[str | None]:
+    """The answers read from a completion: the rule's answer; with ``join_boxes``, first the boxes of the
+    last box's paragraph joined (`joined_boxes`), where that reads something else."""
+    answer = extract_strict(text, answer_rule) if strict else extract_lenient(text)
     if join_boxes:
         joined = joined_boxes(final_boxes(text, strict, answer_rule), golds)
-        if joined is not None:
-            return joined
-    return extract_strict(text, answer_rule) if strict else extract_lenient(text)
+        if joined is not None and joined != answer:
+            return [joined, answer]
+    return [answer]
 
 
 _THOUSANDS_OR_SPACE = re.compile(r"\s+|(?<=\d),(?=\d{3}(?!\d))")
@@ -230,6 +234,10 @@ def _verdict(answer: str, gold: str) -> bool | None:
     return None
 
 
+def _verdicts(answer: str, golds: tuple[str, ...]) -> tuple[bool | None, ...]:
+    return tuple(_verdict(answer, g) for g in golds)
+
+
 def _settle(answer: str | None, golds: tuple[str, ...]) -> _Settled | None:
     """Decide in-process what can be decided without math-verify; ``None`` means ask a worker."""
     known = [_parseable(g) for g in golds]
@@ -240,7 +248,7 @@ def _settle(answer: str | None, golds: tuple[str, ...]) -> _Settled | None:
         if all(k is False for k in known):
             return _Settled(False, False, screen == "costly")
         return None  # only the golds need parsing
-    verdicts = [_verdict(answer, g) for g in golds]
+    verdicts = _verdicts(answer, golds)
     if any(v is True and k is True for v, k in zip(verdicts, known)):
         return _Settled(True, True)
     if all(v is False for v in verdicts):
@@ -252,7 +260,8 @@ def remote_task(task: tuple[Any, ...]) -> tuple[bool, tuple[bool, ...], bool, st
     """What a worker runs for one completion: ``(correct, parseable golds, refused, extracted)``.
 
     ``("check", answer, golds)`` compares an answer extracted by the caller (an empty answer only
-    parses the golds); ``("full", completion, golds, strict, answer_rule, join_boxes)`` also extracts it.
+    parses the golds); ``("full", completion, golds, strict, answer_rule, join_boxes)`` also extracts it
+    (and is right if any reading is).
 
     >>> remote_task(("full", "so \\\\boxed{0.5}", ("\\\\frac{1}{2}",), False, "boxed", False))
     (True, (True,), False, '0.5')
@@ -261,15 +270,25 @@ def remote_task(task: tuple[Any, ...]) -> tuple[bool, tuple[bool, ...], bool, st
         _, answer, golds = task
         return (*check((answer, golds)), None)
     _, completion, golds, strict, answer_rule, join_boxes = task
-    answer = _extract(completion, strict, answer_rule, golds, join_boxes)
+    results = [
+        _remote_reading(a, golds) for a in _readings(completion, strict, answer_rule, golds, join_boxes)
+    ]
+    return max(results, key=lambda result: result[0])  # the first reading unless only another is right
+
+
+def _remote_reading(
+    answer: str | None, golds: tuple[str, ...]
+) -> tuple[bool, tuple[bool, ...], bool, str | None]:
+    """One reading of a ``"full"`` task, graded as `grade_batch` grades it once the golds are known."""
     screen = _screen(answer, golds)
+    _, parseable, _ = check(("", golds))
     if screen != "ok":
-        _, parseable, _ = check(("", golds))
         return False, parseable, screen == "costly", answer
     settled = _settle(answer, golds)
     if settled is not None:
-        _, parseable, _ = check(("", golds))
         return settled.correct, parseable, False, answer
+    if any(p and v is True for p, v in zip(parseable, _verdicts(answer, golds))):
+        return True, parseable, False, answer  # as `_settle` says once the golds are known to parse
     return (*check((answer, golds)), answer)
 
 
@@ -342,51 +361,61 @@ def grade_batch(
             f"grade_batch: {n} completions, {len(golds)} golds, {len(templates or [])} templates"
         )
     templates = list(templates) if templates is not None else [None] * n
-    grades: list[Grade | None] = [None] * n
-    remote: dict[tuple[Any, ...], list[int]] = {}  # identical tasks are sent once
+    # The grades of each completion's readings (two with `join_boxes`), in `_readings`' order.
+    readings: list[list[Grade | None]] = [[] for _ in range(n)]
+    # Identical tasks are sent once; each waits with (completion, reading, answer, refused, verdicts).
+    remote: dict[tuple[Any, ...], list[tuple[int, int, str | None, bool, tuple[bool | None, ...]]]] = {}
     scores: list[float] = []
-    answers: list[str | None] = []
-    refused = [False] * n  # refused here as too costly: counted as timeouts
-    equal = [False] * n  # identical to a gold not yet known to be parseable
     for i, (completion, gold, template) in enumerate(zip(completions, golds, templates)):
         completion = completion if isinstance(completion, str) else str(completion)
         template = _resolve(template)
         rule = template.answer if (strict and template is not None) else "boxed"
         scores.append(format_score(completion, template))
         gold_texts = _gold_texts(_gold_key(gold))
-        if not _in_process_ok(completion):
-            answers.append(None)
-            if gold_texts:
-                remote.setdefault(("full", completion, gold_texts, strict, rule, join_boxes), []).append(i)
-                continue
-        else:
-            answers.append(_extract(completion, strict, rule, gold_texts, join_boxes))
         if not gold_texts:
-            grades[i] = Grade(correct=False, format_score=scores[i], extracted=answers[i], gold_ok=False)
+            answer = _readings(completion, strict, rule)[0] if _in_process_ok(completion) else None
+            readings[i].append(Grade(correct=False, format_score=scores[i], extracted=answer, gold_ok=False))
             continue
-        settled = _settle(answers[i], gold_texts)
-        if settled is not None:
-            grades[i] = Grade(
-                settled.correct, scores[i], answers[i], settled.gold_ok, timed_out=settled.refused
+        if not _in_process_ok(completion):
+            readings[i].append(None)
+            task = ("full", completion, gold_texts, strict, rule, join_boxes)
+            remote.setdefault(task, []).append((i, 0, None, False, ()))
+            continue
+        for k, answer in enumerate(_readings(completion, strict, rule, gold_texts, join_boxes)):
+            readings[i].append(None)
+            settled = _settle(answer, gold_texts)
+            if settled is not None:
+                readings[i][k] = Grade(
+                    settled.correct, scores[i], answer, settled.gold_ok, timed_out=settled.refused
+                )
+                continue
+            screen = _screen(answer, gold_texts)
+            # In-process verdicts count once the worker says their gold parses (as `_settle` counts them);
+            # an answer identical to a gold, or right by every gold's verdict, needs only that: an empty
+            # answer asks for it.
+            verdicts = _verdicts(answer, gold_texts) if screen == "ok" else ()
+            only_parse = answer in gold_texts or all(v is True for v in verdicts)
+            ask = answer if screen == "ok" and not only_parse else ""
+            remote.setdefault(("check", ask, gold_texts), []).append(
+                (i, k, answer, screen == "costly", verdicts)
             )
-            continue
-        screen = _screen(answers[i], gold_texts)
-        refused[i] = screen == "costly"
-        # An answer identical to a gold needs only the gold's parseability: an empty answer asks for that.
-        equal[i] = screen == "ok" and answers[i] in gold_texts
-        ask = answers[i] if screen == "ok" and not equal[i] else ""
-        remote.setdefault(("check", ask, gold_texts), []).append(i)
     if remote:
         # Grouped by gold, so that one worker parses each gold (chunks are consecutive tasks).
         tasks = sorted(remote, key=lambda task: task[2])
         for task, outcome in zip(tasks, pool.get_pool().map(_REMOTE, tasks)):
-            for i in remote[task]:
-                grades[i] = _from_outcome(task, outcome, scores[i], answers[i], refused[i], equal[i])
-    return grades  # type: ignore[return-value]
+            for i, k, answer, refused, verdicts in remote[task]:
+                readings[i][k] = _from_outcome(task, outcome, scores[i], answer, refused, verdicts)
+    # The first reading's grade, unless only another reading is right.
+    return [max(graded, key=lambda g: g.correct) for graded in readings]  # type: ignore[arg-type]
 
 
 def _from_outcome(
-    task: tuple[Any, ...], outcome: pool.Outcome, score: float, answer: str | None, refused: bool, equal: bool
+    task: tuple[Any, ...],
+    outcome: pool.Outcome,
+    score: float,
+    answer: str | None,
+    refused: bool,
+    verdicts: tuple[bool | None, ...],
 ) -> Grade:
     status, value = outcome
     golds = task[2]
@@ -394,8 +423,7 @@ def _from_outcome(
         correct, parseable, refused_there, extracted = value
         _learn(golds, parseable)
         answer = extracted if task[0] == "full" else answer
-        if equal:  # math-verify reads identical texts identically: equal iff that gold parses
-            correct = any(p and g == answer for g, p in zip(golds, parseable))
+        correct = correct or any(p and v is True for p, v in zip(parseable, verdicts))
         return Grade(correct, score, answer, any(parseable), timed_out=refused or refused_there)
     gold_ok = any(_parseable(g) is not False for g in golds)
     return Grade(False, score, answer, gold_ok, timed_out=status == pool.TIMEOUT, error=status == pool.ERROR)
