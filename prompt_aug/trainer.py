@@ -218,6 +218,8 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
                 self.log_completion_column(column, [row[column] for row in inputs])
             self.log_completion_column("process", [self.accelerator.process_index] * len(inputs))
             self.log_completion_column("round", [self.round_number()] * len(inputs))
+            if self.features.dynamic_sampling is not None:
+                self.features.dynamic_sampling.log_blank_columns(self, len(inputs))
             output = self._score_rows(inputs)
         finally:
             self._conversational = False

@@ -415,6 +415,30 @@ def test_a_dataset_without_ids_draws_extra_questions_by_the_ids_the_collator_der
     assert trainer.state.global_step == 2
 
 
+def test_trl_evaluation_with_completion_logs_runs_beside_dynamic_sampling(tiny_model_dir, tmp_path):
+    """An ``eval_dataset`` evaluated during training, with ``log_completions``: the evaluation round's
+    records share TRL's completions table with the training rounds' (which carry ``kept``,
+    ``group_status`` and ``generation_pass``), so they need those columns too."""
+    import datasets
+
+    from prompt_aug import PromptAugGRPOConfig
+
+    rows = datasets.Dataset.from_list([{"prompt": f"What is {a}+1?"} for a in range(6)])
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, max_steps=2, seed=1,
+        per_device_train_batch_size=8, per_device_eval_batch_size=8, num_generations=4,
+        max_completion_length=4, save_strategy="no", dynamic_sampling=True, log_completions=True,
+        num_completions_to_print=0, eval_strategy="steps", eval_steps=1, logging_steps=1,
+    )  # fmt: skip
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=_spread_on_even_questions, args=args, train_dataset=rows,
+        eval_dataset=rows.select(range(4)),
+    )  # fmt: skip
+    trainer.train()
+    evaluated = [h["step"] for h in trainer.state.log_history if "eval_reward" in h]
+    assert evaluated == [1, 2] and trainer.state.global_step == 2
+
+
 def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
     import yaml
 

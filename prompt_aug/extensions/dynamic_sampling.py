@@ -65,6 +65,8 @@ from ..trl_seam import Generation, SamplingTrainer
 
 SIGNAL_TOTAL = "total"
 KEPT, FILLED, SURPLUS = "kept", "filled", "surplus"
+# The completion-record columns a training round adds beside the trainer's own (template, uid, ...).
+RECORD_COLUMNS = ("kept", "group_status", "generation_pass")
 ALL_RIGHT, ALL_WRONG, OTHER = "all_right", "all_wrong", "no_spread"
 METRIC = "dynamic_sampling/"
 
@@ -322,6 +324,12 @@ class DynamicSampler:
         self._log_dropped_records(trainer, dropped)
         self._log_metrics(trainer, passes, plan, groups_needed)
         return output
+
+    def log_blank_columns(self, trainer: SamplingTrainer, rows: int) -> None:
+        """Give a round it does not build (an evaluation round) empty `RECORD_COLUMNS`: TRL's completions
+        table needs every column as long as the others when training and evaluation rounds share it."""
+        for column in RECORD_COLUMNS:
+            trainer.log_completion_column(column, [None] * rows)
 
     def _signal(self, trainer: SamplingTrainer, rewards: torch.Tensor) -> torch.Tensor:
         if self.signal_index is not None:
