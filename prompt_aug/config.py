@@ -273,9 +273,11 @@ class PromptAugGRPOConfig(GRPOConfig):
     trim_padding: str = _key(
         "auto",
         "How training passes skip TRL's padding: `auto` (packed on CUDA and CPU, trim elsewhere; logged "
-        "once), `packed` (each call's real tokens in one row, position ids restarting per sequence; varlen "
-        "attention on CUDA where torch has it, SDPA a sequence on CPU), `trim` (each call cut to its own "
-        "longest prompt and completion; the fallback when packing cannot serve the model), `off` (TRL's "
+        "once; on CUDA, trim from the first call where a packed call would compute a dense mask: no varlen "
+        "kernel, not fp16 / bf16, attention dropout, eager attention), `packed` (each call's real tokens in "
+        "one row, position ids restarting per sequence; varlen attention on CUDA where torch has it, SDPA a "
+        "sequence on CPU), `trim` (each call cut to its own longest prompt and completion; the fallback "
+        "when packing cannot serve the model), `off` (TRL's "
         "padded calls). The update is the same on every path (prompt_aug/padding.py) for a model whose "
         "positions do not count left padding (rotary, ALiBi, or numbered from the mask as in generation); "
         "one that numbers them from the row's start, as GPT-2 does, sees its prompts at other positions "

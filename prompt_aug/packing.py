@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 
 from .balance import shared_prefix
-from .varlen import VARLEN_ATTENTION, host_to_device, remember_positions
+from .varlen import VARLEN_ATTENTION, host_to_device, remember_positions, sdpa_reference
 
 IGNORE_INDEX = -100
 
@@ -488,6 +488,7 @@ def packing_check(
     max_row_tokens: int = 64,
     atol: float = 1e-4,
     rtol: float = 0.1,
+    runs: torch.nn.Module | None = None,
 ) -> PackingCheck:
     """Run the model on two rows of a live batch (the last ``max_row_tokens`` real tokens of its first two
     rows with at least two; the same row twice if there is one; two of the batch's tokens if there is none):
@@ -495,12 +496,17 @@ def packing_check(
     second row's tokens after its first is scored.
 
     ``call_or_model`` is a `PackCall` (such as `fused_head_call`'s, which the trainer uses) or a model with
-    TRL's fused head (then called under no autocast, in eval mode for the check). Runs without gradients.
+    TRL's fused head (then called under no autocast, in eval mode for the check). ``runs``: the transformers
+    model the call runs (default: ``call_or_model``'s, when it is a model); where it is on an attention of
+    `prompt_aug.varlen`, the row alone and the rows as one sequence run on SDPA (`sdpa_reference`), so that
+    the packed call is checked against SDPA, not against the same attention. Runs without gradients.
     ``atol`` is for float32 (packing is exact to rounding there); under bf16 rounding, ``rtol`` asks the error
     to be a small part of what running the rows together costs.
     """
     model = call_or_model if isinstance(call_or_model, torch.nn.Module) else None
     call = fused_head_call(model) if model is not None else call_or_model
+    if runs is None and model is not None:
+        runs = unwrap_model(model)[0]
     lengths = attention_mask.sum(dim=1).tolist()
     usable = [i for i, n in enumerate(lengths) if n >= 2]
     if usable:
@@ -518,15 +524,16 @@ def packing_check(
     packed_positions = torch.cat([torch.arange(len(a), device=device), positions_b])[None]
     one_sequence = torch.arange(len(a) + len(b), device=device)[None]
     with eval_mode(model) if model is not None else contextlib.nullcontext(), torch.no_grad():
-        alone = call({"input_ids": b[None], "position_ids": positions_b[None], "labels": labels_b[None]})[0]
+        with sdpa_reference(runs):  # the references on SDPA
+            alone = call({"input_ids": b[None], "position_ids": positions_b[None], "labels": labels_b[None]})
+            leaked = call({"input_ids": ids, "position_ids": one_sequence, "labels": labels})
         packed = call({"input_ids": ids, "position_ids": packed_positions, "labels": labels})[0]
-        leaked = call({"input_ids": ids, "position_ids": one_sequence, "labels": labels})[0]
     # Entry j scores token j + 1; the second row's tokens 1.. are the last len(b) - 1 scored entries.
     n = len(b) - 1
-    alone = alone.reshape(-1)[: len(b) - 1].float()
+    alone = alone[0].reshape(-1)[: len(b) - 1].float()
     end = len(a) + len(b) - 1
     packed = packed.reshape(-1)[end - n : end].float()
-    leaked = leaked.reshape(-1)[end - n : end].float()
+    leaked = leaked[0].reshape(-1)[end - n : end].float()
     error = float((packed - alone).abs().mean())
     leak = float((leaked - alone).abs().mean())
     return PackingCheck.judge(error, leak, n, atol, rtol)

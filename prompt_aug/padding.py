@@ -6,7 +6,9 @@ completion (on the right), and runs the old-log-prob pass and every training mic
 Each path keeps TRL's calls (one per micro-batch, one per ``batch_size`` rows of a round) and its update:
 
 * ``auto`` (default): ``packed`` on CUDA and CPU (`PACKED_DEVICES`), ``trim`` elsewhere (unmeasured there),
-  chosen once by `PaddingFreePasses.choose` and logged.
+  chosen once by `PaddingFreePasses.choose` and logged; on CUDA, ``trim`` from the first call where a packed
+  call would compute a dense T x T mask (no varlen kernel, a dtype it does not take, attention dropout, eager
+  attention), in one more log line.
 * ``packed``: each call's real tokens run as one packed row (`prompt_aug.packing`), padding-free; on CUDA
   with torch's ``varlen_attn``, and on CPU with SDPA a sequence, the attention runs only each sequence's own
   triangle (`prompt_aug.varlen`).
@@ -28,10 +30,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from accelerate.utils import reduce
 
 from .balance import balanced_groups, shared_prefix
 from .packing import (
-    PackingCheck,
     eval_mode,
     fused_head_call,
     host_rows,
@@ -43,7 +45,15 @@ from .packing import (
     unwrap_model,
 )
 from .records import micro_steps_per_round, optimizer_step_of
-from .varlen import VARLEN_ATTENTION, restore_sdpa, use_varlen_attention
+from .varlen import (
+    VARLEN_ATTENTION,
+    attention_of,
+    dense_mask_reason,
+    restore_sdpa,
+    set_varlen_attention,
+    use_varlen_attention,
+    varlen_kernel,
+)
 
 logger = logging.getLogger("prompt_aug")
 
@@ -288,7 +298,7 @@ def long_tailed_lengths(rows: int, cap: int, generator: torch.Generator) -> list
 
 def _attention_of(model: torch.nn.Module) -> str | None:
     """The attention implementation of the transformers model inside ``model``'s wrappers."""
-    return getattr(getattr(unwrap_model(model)[0], "config", None), "_attn_implementation", None)
+    return attention_of(unwrap_model(model)[0])
 
 
 class PaddingFreePasses:
@@ -299,13 +309,17 @@ class PaddingFreePasses:
     paths; the ``packed`` path calls ``model`` itself with TRL's fused head (`prompt_aug.packing`). Packing is
     checked twice before it is trusted: on the model's configuration when the model is first seen
     (`packing_unsupported_reason`), and on each live model (the policy, a reference model) at its first call
-    (`packing_check`: two rows packed against each alone). Either failure falls back to ``trim`` with one log
-    line saying why; the path chosen is logged once.
+    (`packing_check`: two rows packed against each alone, on SDPA where the model is on varlen attention).
+    Either failure falls back to ``trim`` with one log line saying why; the path chosen is logged once. With
+    several processes, each judges its own batch and a failure on any process counts on all (`_everywhere`),
+    so that all take the same path and make as many calls.
 
-    ``auto`` becomes ``packed`` or ``trim`` in `choose`, by the device. On the packed path, `choose` also
-    gives the model varlen attention where `prompt_aug.varlen.packed_attention` picks it (a model on SDPA,
-    on CUDA with torch's ``varlen_attn`` or on CPU); if the live check then fails, SDPA is put back and
-    checked in turn.
+    ``auto`` becomes ``packed`` or ``trim`` in `choose`, by the device; on CUDA it becomes ``trim`` at the
+    first call where a packed call would compute a dense T x T mask there (`_judge_auto`). On the packed
+    path, `choose` also gives the model varlen attention where `prompt_aug.varlen.packed_attention` picks it
+    (a model on SDPA, on CUDA with torch's ``varlen_attn`` or on CPU), and a second model on SDPA (TRL's
+    reference model) gets it at its first call; if the live check then fails, SDPA is put back and checked
+    in turn.
 
     Args:
         mode: ``auto``, ``packed``, ``trim`` or ``off``.
@@ -339,7 +353,11 @@ class PaddingFreePasses:
             )
         self.mode = padding_mode(mode)
         self.max_tokens, self.pad_to_multiple_of, self.autocast = max_tokens, pad_to_multiple_of, autocast
+        self.processes = processes
         self.device = torch.device(device) if device is not None else None
+        self._auto_pending = False  # `auto` chose packed on CUDA: judged again at the first call
+        # The model `choose` was given (unwrapped): the policy, the one model that shares prompts.
+        self._policy: torch.nn.Module | None = None
         self.attention: str | None = None  # the packed path's attention, once `choose` has run
         self.share_prompts = share_prompts
         self._shared_checked = not share_prompts
@@ -354,14 +372,17 @@ class PaddingFreePasses:
         ``packed`` to ``trim`` when the model's configuration rules packing out, and on the packed path give
         the model varlen attention where it can run; returns the path and logs it, with the attention, in
         one line."""
-        device = self.device or next((p.device for p in model.parameters()), torch.device("cpu"))
+        device = self._device_of(model)
+        self._policy = unwrap_model(model)[0]
         how = ""
         if self.mode == "auto":
             self.mode = "packed" if device.type in PACKED_DEVICES else "trim"
             self._checked = self.mode != "packed"
+            self._auto_pending = self.mode == "packed" and device.type == "cuda"
             how = f"auto on {device.type}"
         reason = packing_unsupported_reason(model) if self.mode == "packed" else None
         if reason is not None:
+            self._auto_pending = False
             self._fall_back(reason if not how else f"{reason} ({how})")
             return self.mode
         if self.mode == "packed":
@@ -374,9 +395,45 @@ class PaddingFreePasses:
         logger.info("padding-free passes: %s%s", self.mode, f" ({how})" if how else "")
         return self.mode
 
+    def _device_of(self, model: torch.nn.Module) -> torch.device:
+        return self.device or next((p.device for p in model.parameters()), torch.device("cpu"))
+
     def _fall_back(self, reason: str) -> None:
         self.mode, self._checked = "trim", True
         logger.warning("padding-free passes: trim, not packed: %s", reason)
+
+    def _judge_auto(self, model: torch.nn.Module) -> None:
+        """``auto`` on CUDA, at the first call, when the model runs as it trains (DeepSpeed casts it to its
+        dtype only when it wraps it): ``trim`` where a packed call would compute a dense T x T mask
+        (`prompt_aug.varlen.dense_mask_reason`: no varlen kernel, a dtype it does not take, attention dropout,
+        eager attention), which grows with the square of a call's tokens where a trimmed call's grows with
+        its rows' lengths; one log line says why."""
+        self._auto_pending = False
+        unwrapped = self._policy if self._policy is not None else unwrap_model(model)[0]
+        device_type = self._device_of(model).type
+        dropout = float(getattr(getattr(unwrapped, "config", None), "attention_dropout", 0.0) or 0.0)
+        reason = dense_mask_reason(
+            device_type, self._run_dtype(unwrapped, device_type), dropout, varlen_kernel() is not None,
+            attention_of(unwrapped),
+        )  # fmt: skip
+        if reason is None:
+            return
+        restore_sdpa(unwrapped)
+        self.attention, self.share_prompts = attention_of(unwrapped), False
+        self.mode, self._checked = "trim", True
+        note = (
+            "padding-free passes: trim, not packed (auto on %s: a packed call would compute a dense mask: %s)"
+        )
+        logger.info(note, device_type, reason)
+
+    def _run_dtype(self, model: torch.nn.Module, device_type: str) -> torch.dtype:
+        """The dtype attention runs in: the autocast dtype where the trainer's autocast turns it on for
+        ``device_type``, else the model's (its first floating-point parameter's)."""
+        if self.autocast is not None:
+            with self.autocast():
+                if torch.is_autocast_enabled(device_type):
+                    return torch.get_autocast_dtype(device_type)
+        return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
     def forward(
         self,
@@ -392,6 +449,8 @@ class PaddingFreePasses:
         ``logits_to_keep`` columns, in TRL's (rows, logits_to_keep) layout and calls."""
         if self.mode == "auto":
             self.choose(model)
+        if self._auto_pending:
+            self._judge_auto(model)
         rows = batch_size or input_ids.size(0)
         if self.mode == "off":
             self._count(int(attention_mask.sum()), attention_mask.numel(), -(-input_ids.size(0) // rows))
@@ -417,25 +476,46 @@ class PaddingFreePasses:
     ) -> None:
         """`packing_check` on ``model`` at its first packed call (each model: the policy, a reference model);
         a model on varlen attention that fails goes back to SDPA and is checked again, and a failure on SDPA
-        falls back to ``trim``, one log line each."""
+        falls back to ``trim``, one log line each. A second model on SDPA (TRL builds the reference model
+        there) first gets the policy's varlen attention, where the policy has it."""
         unwrapped = unwrap_model(model)[0]
         if id(unwrapped) in self._live_checked:
             return
         self._live_checked.add(id(unwrapped))
+        if self.attention == VARLEN_ATTENTION and attention_of(unwrapped) == "sdpa":
+            attention, why = set_varlen_attention(unwrapped, "the policy's attention")
+            logger.info(
+                "padding-free passes: a second model (the reference) gets attention %s: %s", attention, why
+            )
 
-        def check() -> PackingCheck:
+        def check() -> tuple[bool, str]:
             with eval_mode(model):
-                return packing_check(fused_head_call(model, self.autocast), input_ids, attention_mask)
+                found = packing_check(
+                    fused_head_call(model, self.autocast), input_ids, attention_mask, runs=unwrapped
+                )
+            ok = self._everywhere(found.ok, input_ids.device)
+            if found.ok and not ok:
+                return ok, f"it failed on another process (here: {found.describe()})"
+            return ok, found.describe()
 
-        found = check()
-        if not found and _attention_of(unwrapped) == VARLEN_ATTENTION:
+        ok, why = check()
+        if not ok and attention_of(unwrapped) == VARLEN_ATTENTION:
             note = "padding-free passes: varlen attention failed the live check, back to sdpa: %s"
-            logger.warning(note, found.describe())
+            logger.warning(note, why)
             restore_sdpa(unwrapped)
             self.attention, self.share_prompts = "sdpa", False  # only varlen reads shared prompts
-            found = check()
-        if not found:
-            self._fall_back(found.describe())
+            ok, why = check()
+        if not ok:
+            self._fall_back(why)
+
+    def _everywhere(self, ok: bool, device: torch.device) -> bool:
+        """Whether ``ok`` holds on every process of the run: each process checks its own batch, and a process
+        that went another way would make another number of model calls, on which DDP, FSDP and ZeRO-3 hang.
+        Every process must call it at the same point."""
+        if self.processes <= 1:
+            return ok
+        failed = reduce(torch.tensor([0.0 if ok else 1.0], device=device), reduction="sum")
+        return float(failed.item()) == 0.0
 
     def micro_batch(self, trainer: Any, inputs: dict, step: int, new_round: bool) -> dict:
         """The micro-batch to train on: ``inputs`` (TRL's, prepared at micro-step ``step``) trimmed; on a new
@@ -485,10 +565,12 @@ class PaddingFreePasses:
         return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
 
     def _shares(self, model, call, input_ids, attention_mask, logits_to_keep) -> bool:
-        """Whether this call shares prompts: only a model on `prompt_aug.varlen`'s attention reads that layout
-        (not a reference model TRL built on SDPA), and only once a live check on it has passed (else sharing
-        stops, in one log line)."""
+        """Whether this call shares prompts: only the policy (the model `choose` was given) does, on
+        `prompt_aug.varlen`'s attention, the one attention that reads that layout, and only once a live check
+        on it has passed (else sharing stops, in one log line); a reference model runs unshared."""
         if not self.share_prompts or _attention_of(model) != VARLEN_ATTENTION:
+            return False
+        if self._policy is not None and unwrap_model(model)[0] is not self._policy:
             return False
         if not self._shared_checked:
             with eval_mode(model):

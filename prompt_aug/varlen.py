@@ -14,10 +14,14 @@ triangle, forward and backward, with no flash-attn package.
   transformers' SDPA with the mask transformers built for it. Where the kernel cannot run (no kernel, a
   device or dtype it does not take, attention dropout), a packed call runs SDPA on each sequence alone on
   CPU, whose SDPA would compute every entry of a T x T mask, and elsewhere SDPA over the whole row with the
-  block-diagonal mask built here; it says so once in the log.
+  block-diagonal mask built here; it says so once in the log. A packed call with an argument that changes
+  the attention (a sliding window, a softcap, gpt-oss's sinks) is refused.
 * `packed_attention` (pure: which attention a packed model gets, and why) and `use_varlen_attention`
-  (applies that choice to a model) select it for a model on SDPA: on CUDA where torch has the kernel, and on
-  CPU (SDPA a sequence); otherwise the model keeps its attention.
+  (applies that choice to a model, and reports the attention transformers then gives it) select it for a
+  model on SDPA: on CUDA where torch has the kernel, and on CPU (SDPA a sequence); otherwise the model keeps
+  its attention. `dense_mask_reason` (pure) says where a packed call would still compute a dense mask.
+* `sdpa_reference`: a model on this attention switched to SDPA for a block, what the live packing check
+  compares a packed call with (`prompt_aug.packing.packing_check`).
 
 Packed rows may also share prompts (`prompt_aug.packing`, ``share_prompts``): a group's prompt, less its last
 token, runs once, and each completion follows as a sequence whose positions continue the prompt's, so it sees
@@ -34,10 +38,11 @@ attention where it lacks ``enable_gqa`` (and the query pre-scaled where it lacks
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -51,6 +56,15 @@ KERNEL_DEVICES = ("cuda",)
 # Where a packed call the kernel cannot run is SDPA on each sequence alone (`sequence_kernel`) rather than on
 # the whole row with a block-diagonal mask: on CPU, whose SDPA computes every entry of a mask given to it.
 SEQUENCE_DEVICES = ("cpu",)
+# What transformers passes an attention function besides the tensors, ``dropout`` and ``scaling``, that a
+# packed call may carry and still be full causal attention (Qwen2 and Llama, transformers 5.17 and 5.24,
+# pass ``position_ids``, ``use_cache`` and ``sliding_window`` as None). Any other key with a value
+# (``sliding_window``, ``softcap``, gpt-oss's ``s_aux``, ``position_bias``) changes the attention, which the
+# kernel would ignore.
+PACKED_CALL_KWARGS = frozenset(
+    {"position_ids", "use_cache", "cache_position", "output_attentions", "is_causal", "past_key_values",
+     "past_key_value"}
+)  # fmt: skip
 
 Kernel = Callable[..., Any]
 
@@ -284,8 +298,12 @@ def make_varlen_attention(
             return sdpa_attention_forward(
                 module, query, key, value, attention_mask, dropout, scaling, **kwargs
             )
-        if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
-            raise ValueError(f"{VARLEN_ATTENTION}: packed calls take full causal attention only")
+        other = sorted(k for k, v in kwargs.items() if v is not None and k not in PACKED_CALL_KWARGS)
+        if other:
+            raise ValueError(
+                f"{VARLEN_ATTENTION}: packed calls take full causal attention only, and this one has "
+                f"{', '.join(other)}; run this model with trim_padding: trim"
+            )
         device_type = query.device.type
         if torch.is_autocast_enabled(device_type):
             # Under autocast the rotary embedding leaves query and key in float32 (its cos / sin follow the
@@ -439,9 +457,35 @@ def register(
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(name, make_varlen_attention(kernel, devices, dtypes, sequence_devices))
+    attention = make_varlen_attention(kernel, devices, dtypes, sequence_devices)
+    attention.packs_sequences = True  # type: ignore[attr-defined]  # how `sdpa_reference` knows it
+    AttentionInterface.register(name, attention)
     AttentionMaskInterface.register(name, _varlen_mask)
     return name
+
+
+def attention_of(model: torch.nn.Module | None) -> str | None:
+    """The attention implementation of a transformers model (unwrapped), as its config says."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
+@contextlib.contextmanager
+def sdpa_reference(model: torch.nn.Module | None) -> Iterator[None]:
+    """``model`` (a transformers model, unwrapped) on transformers' SDPA for the block where it is on an
+    attention `register` made, then back: what a packed call through that attention is checked against, as
+    the same function on both sides of a check agrees with itself however wrong it is."""
+    from transformers import AttentionInterface
+
+    attention = attention_of(model)
+    ours = getattr(AttentionInterface().get(attention or ""), "packs_sequences", False)
+    if model is None or not ours:
+        yield
+        return
+    model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(attention)
 
 
 def packed_attention(device_type: str, has_kernel: bool, attention: str | None) -> tuple[str, str]:
@@ -472,17 +516,58 @@ def use_varlen_attention(
     for ``device`` and this torch, or, with ``shared_prompts``, wherever the model is on SDPA (only this
     attention reads shared prompts; without the kernel it runs SDPA on each sequence or with their mask);
     returns the attention the model then has and why."""
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    attention = attention_of(model)
     chosen, why = packed_attention(device.type, varlen_kernel() is not None, attention)
     if shared_prompts and chosen == "sdpa":
         chosen, why = VARLEN_ATTENTION, f"shared prompts ({why}: sdpa with their mask)"
     if chosen == VARLEN_ATTENTION and attention != VARLEN_ATTENTION:
         register()
-        model.set_attn_implementation(VARLEN_ATTENTION)
+        return set_varlen_attention(model, why)
     return chosen, why
+
+
+def set_varlen_attention(model: torch.nn.Module, why: str) -> tuple[str, str]:
+    """Give ``model`` (unwrapped) `VARLEN_ATTENTION` as registered (chosen for ``why``); returns the
+    attention it then has, read back from its config, and why: transformers keeps a model's attention, with a
+    warning, where its modeling code does not go through ``AttentionInterface``."""
+    model.set_attn_implementation(VARLEN_ATTENTION)
+    now = attention_of(model)
+    if now == VARLEN_ATTENTION:
+        return now, why
+    return str(now), f"transformers kept {now!r} for {type(model).__name__} (not {VARLEN_ATTENTION}: {why})"
+
+
+def dense_mask_reason(
+    device_type: str, dtype: torch.dtype, dropout: float, has_kernel: bool, attention: str | None
+) -> str | None:
+    """Why a packed call on ``device_type`` would compute a dense (T, T) mask, running in ``dtype`` with
+    attention ``dropout`` (training), where torch has the varlen kernel or not (``has_kernel``), on the
+    model's ``attention``; None where it computes only each sequence's own attention: `VARLEN_ATTENTION`
+    where the kernel runs or on `SEQUENCE_DEVICES` (SDPA a sequence), and flash and flex attention, which
+    take no dense mask. transformers' SDPA and eager build one.
+
+    >>> dense_mask_reason("cuda", torch.float32, 0.0, True, VARLEN_ATTENTION)
+    'the kernel does not take torch.float32'
+    """
+    if attention is not None and (attention.startswith("flash_attention") or attention == "flex_attention"):
+        return None
+    if attention not in ("sdpa", VARLEN_ATTENTION):
+        return f"attention {attention!r} masks packed rows with a dense mask"
+    if attention == VARLEN_ATTENTION and device_type in SEQUENCE_DEVICES:
+        return None
+    why = (
+        f"the kernel does not run on {device_type}" if device_type not in KERNEL_DEVICES
+        else "torch has no varlen_attn" if not has_kernel
+        else f"the kernel does not take {dtype}" if dtype not in KERNEL_DTYPES
+        else "attention dropout is on" if dropout
+        else None
+    )  # fmt: skip
+    if why is None and attention == "sdpa":
+        return f"the model is on transformers' sdpa, not {VARLEN_ATTENTION}"
+    return why
 
 
 def restore_sdpa(model: torch.nn.Module) -> None:
     """Put SDPA back on a model `use_varlen_attention` changed (after a failed live check)."""
-    if getattr(model.config, "_attn_implementation", None) == VARLEN_ATTENTION:
+    if attention_of(model) == VARLEN_ATTENTION:
         model.set_attn_implementation("sdpa")

@@ -378,6 +378,69 @@ def test_two_processes_get_the_same_update(tmp_path):
             torch.testing.assert_close(params_on[name], value, rtol=1e-4, atol=1e-6, msg=f"{flag} {name}")
 
 
+# Run by the test below on 2 processes (gloo): rank 1's varlen attention drops causality, so its live check
+# fails where rank 0's passes. Each rank writes its path, attention and model calls to rank<i>.json in the
+# folder it is given.
+LIVE_CHECK_SCRIPT = """
+import json
+import sys
+from pathlib import Path
+
+import torch
+from accelerate import PartialState
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from trl.trainer.utils import add_fused_lm_head
+
+from prompt_aug.padding import PaddingFreePasses
+from prompt_aug.varlen import VARLEN_ATTENTION, register, sequence_kernel
+
+
+def non_causal(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    return sequence_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, enable_gqa=enable_gqa)
+
+
+state = PartialState(cpu=True)
+if state.process_index == 1:
+    register(non_causal, devices=("cpu",), dtypes=(torch.float32,))
+else:
+    register()
+torch.manual_seed(0)
+config = Qwen2Config(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+    vocab_size=97, attn_implementation=VARLEN_ATTENTION,
+)
+model = Qwen2ForCausalLM(config)
+add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+calls = []
+model.register_forward_pre_hook(lambda module, args: calls.append(1))
+mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+ids = torch.randint(1, 97, mask.shape, generator=torch.Generator().manual_seed(state.process_index)) * mask
+passes = PaddingFreePasses("packed", device="cpu", processes=state.num_processes)
+passes.choose(model)
+passes.forward(None, model, ids, mask, 3, None, False)
+found = {"mode": passes.mode, "attention": passes.attention, "calls": len(calls)}
+Path(sys.argv[1], f"rank{state.process_index}.json").write_text(json.dumps(found))
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_processes_whose_live_checks_differ_all_take_the_path_of_the_one_that_failed(tmp_path):
+    """Each process checks its own batch: where one fails (rank 1's kernel drops causality), every process
+    goes back to SDPA, so all make as many model calls (DDP, FSDP and ZeRO-3 would hang otherwise)."""
+    script = tmp_path / "live_check.py"
+    script.write_text(LIVE_CHECK_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*torchrun(2), str(script), str(tmp_path)], check=False, cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Each rank: the check's 3 calls on varlen, 3 again on SDPA, then the packed call.
+    for rank in (0, 1):
+        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert found == {"mode": "packed", "attention": "sdpa", "calls": 7}, (rank, found)
+
+
 def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_model_dir, tmp_path, caplog):
     model = _float64_model(tiny_model_dir)
     layers = model.config.num_hidden_layers

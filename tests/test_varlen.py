@@ -11,9 +11,12 @@ a GPU: the last test runs it there and is skipped elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib.util
 import itertools
 import logging
+import sys
 import warnings
 from typing import Any
 
@@ -35,6 +38,7 @@ from prompt_aug.padding import PaddingFreePasses
 from prompt_aug.varlen import (
     VARLEN_ATTENTION,
     block_causal_mask,
+    dense_mask_reason,
     make_varlen_attention,
     packed_attention,
     register,
@@ -446,40 +450,236 @@ def _leaky_kernel(
     return out.transpose(0, 1)
 
 
-def test_each_model_is_checked_live_so_a_policy_whose_varlen_fails_goes_back_to_sdpa(caplog):
-    """With beta > 0 TRL may score the reference model (on SDPA, which packs fine) before the policy: the
-    policy still gets its own live check, and its varlen attention, here a kernel that lets the sequences see
-    each other, fails it, goes back to SDPA (checked in turn) and the packed values are right."""
+@contextlib.contextmanager
+def _as_varlen(kernel: Any):
+    """``kernel`` registered as `VARLEN_ATTENTION` (run on CPU in float32) for the block, then the
+    registration as it was, for the other tests."""
     registries = (AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping)
     previous = [registry.get(VARLEN_ATTENTION) for registry in registries]
     try:
-        register(_leaky_kernel, devices=("cpu",), dtypes=(torch.float32,))
-        policy, reference = _model(VARLEN_ATTENTION), _model("sdpa")
-        passes = PaddingFreePasses("packed", device="cpu")
-        assert passes.choose(policy) == "packed" and passes.attention == VARLEN_ATTENTION
-        ids, mask = _rows()
-
-        def unused(*args):
-            raise AssertionError("the packed path runs the model itself")
-
-        with caplog.at_level(logging.INFO, logger="prompt_aug"):
-            passes.forward(unused, reference, ids, mask, 7, None, False)
-            logps, _ = passes.forward(unused, policy, ids, mask, 7, None, False)
-    finally:  # the registration as it was, for the other tests
+        register(kernel, devices=("cpu",), dtypes=(torch.float32,))
+        yield
+    finally:
         for registry, function in zip(registries, previous, strict=True):
             if function is None:
                 registry.pop(VARLEN_ATTENTION, None)
             else:
                 registry[VARLEN_ATTENTION] = function
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and warned[0].startswith(
-        "padding-free passes: varlen attention failed the live check, back to sdpa: packed rows do NOT match"
-    )
+
+
+def _unused(*args):
+    raise AssertionError("the packed path runs the model itself")
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+BACK_TO_SDPA = (
+    "padding-free passes: varlen attention failed the live check, back to sdpa: packed rows do NOT match"
+)
+
+
+def test_each_model_is_checked_live_so_a_policy_whose_varlen_fails_goes_back_to_sdpa(caplog):
+    """With beta > 0 TRL may score the reference model (built on SDPA) before the policy: the reference gets
+    the policy's varlen attention, here a kernel that lets the sequences see each other; each model gets its
+    own live check, fails it, goes back to SDPA (checked in turn), and the packed values are right."""
+    with _as_varlen(_leaky_kernel):
+        policy, reference = _model(VARLEN_ATTENTION), _model("sdpa")
+        passes = PaddingFreePasses("packed", device="cpu")
+        assert passes.choose(policy) == "packed" and passes.attention == VARLEN_ATTENTION
+        ids, mask = _rows()
+        with caplog.at_level(logging.INFO, logger="prompt_aug"):
+            passes.forward(_unused, reference, ids, mask, 7, None, False)
+            logps, _ = passes.forward(_unused, policy, ids, mask, 7, None, False)
+    warned = _warnings(caplog)
+    assert len(warned) == 2 and all(w.startswith(BACK_TO_SDPA) for w in warned)  # the reference, the policy
     assert passes.mode == "packed" and passes.attention == "sdpa"
-    assert policy.config._attn_implementation == "sdpa"
+    assert policy.config._attn_implementation == reference.config._attn_implementation == "sdpa"
     with torch.no_grad():
         want = packed_forward(fused_head_call(reference), ids, mask, 7).log_probs  # SDPA, the same weights
     torch.testing.assert_close(logps, want, rtol=0, atol=1e-5)
+
+
+class _NonCausal(NewKernel):
+    """A varlen kernel that keeps each sequence to itself but lets each query see its sequence's later keys:
+    packed rows then agree with the rows run alone through the same kernel, not with SDPA."""
+
+    def __call__(
+        self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+        window_size=(-1, -1), enable_gqa=False,
+    ):  # fmt: skip
+        return self._reference(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, False, scale, enable_gqa)
+
+
+def test_the_live_check_compares_varlen_with_sdpa_so_a_kernel_that_drops_causality_goes_back_to_sdpa(caplog):
+    ids, mask = _rows()
+    with _as_varlen(_NonCausal()):
+        assert not packing_check(_model(VARLEN_ATTENTION), ids, mask)
+        policy = _model(VARLEN_ATTENTION)
+        passes = PaddingFreePasses("packed", device="cpu")
+        passes.choose(policy)
+        with caplog.at_level(logging.INFO, logger="prompt_aug"):
+            logps, _ = passes.forward(_unused, policy, ids, mask, 7, None, False)
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and warned[0].startswith(BACK_TO_SDPA)
+    assert passes.mode == "packed" and passes.attention == "sdpa"
+    assert policy.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        want = packed_forward(fused_head_call(_model("sdpa")), ids, mask, 7).log_probs
+    torch.testing.assert_close(logps, want, rtol=0, atol=1e-5)
+    # A right kernel passes the same check and stays (the CPU fallback's is in the tests above).
+    caplog.clear()
+    with _as_varlen(NewKernel()):
+        assert packing_check(_model(VARLEN_ATTENTION), ids, mask)
+        policy = _model(VARLEN_ATTENTION)
+        passes = PaddingFreePasses("packed", device="cpu")
+        passes.choose(policy)
+        with caplog.at_level(logging.INFO, logger="prompt_aug"):
+            passes.forward(_unused, policy, ids, mask, 7, None, False)
+    assert not _warnings(caplog) and policy.config._attn_implementation == VARLEN_ATTENTION
+
+
+def test_a_reference_model_on_sdpa_gets_the_policys_varlen_attention_at_its_first_call(caplog):
+    """TRL builds the reference model on SDPA: at its first call it gets the policy's varlen attention (on
+    CPU, SDPA on each sequence), passes its own live check, and its packed values are SDPA's."""
+    policy, reference = _model("sdpa"), _model("sdpa")
+    passes = PaddingFreePasses("packed", device="cpu")
+    passes.choose(policy)
+    ids, mask = _rows()
+    with caplog.at_level(logging.INFO, logger="prompt_aug"):
+        logps, _ = passes.forward(_unused, reference, ids, mask, 7, None, False)
+    assert reference.config._attn_implementation == VARLEN_ATTENTION
+    assert not _warnings(caplog) and passes.mode == "packed"
+    with torch.no_grad():
+        want = packed_forward(fused_head_call(_model("sdpa")), ids, mask, 7).log_probs
+    torch.testing.assert_close(logps, want, rtol=0, atol=1e-5)
+    # A reference on another attention keeps it.
+    eager = _model("eager")
+    passes.forward(_unused, eager, ids, mask, 7, None, False)
+    assert eager.config._attn_implementation == "eager"
+
+
+def test_a_packed_call_with_an_attention_argument_the_kernel_ignores_is_refused():
+    """gpt-oss passes its sinks as ``s_aux``: a packed call refuses them (and any other argument that
+    changes the attention) instead of running plain causal attention; the arguments transformers passes a
+    Qwen2 or Llama layer (``position_ids``, ``use_cache``, ``sliding_window=None``) go through."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, POSITIONS.size(1), 8, generator=generator)
+    k, v = torch.randn(2, 1, 2, POSITIONS.size(1), 8, generator=generator)
+    attention = make_varlen_attention(devices=())
+    common = {"position_ids": POSITIONS, "use_cache": False, "sliding_window": None}
+    out, _ = attention(_Module(), q, k, v, None, **common)
+    assert out.shape == (1, POSITIONS.size(1), 4, 8)
+    for extra in ({"s_aux": torch.zeros(4)}, {"position_bias": torch.zeros(1, 4, 15, 15)}, {"softcap": 30.0}):
+        name = next(iter(extra))
+        with pytest.raises(ValueError, match=f"packed calls take full causal attention only, .*{name}"):
+            attention(_Module(), q, k, v, None, **common, **extra)
+
+
+# A model whose modeling code has an attention layer of its own, outside transformers' AttentionInterface:
+# transformers then keeps its attention when asked to set another (with a warning).
+OWN_ATTENTION_MODEL = """
+from torch import nn
+from transformers import Qwen2ForCausalLM
+from transformers.masking_utils import create_causal_mask  # what packing_unsupported_reason looks for
+
+
+class OwnAttention(nn.Module):
+    pass
+
+
+class OwnAttentionForCausalLM(Qwen2ForCausalLM):
+    _can_set_attn_implementation_cached_value = None  # transformers caches its verdict per class
+"""
+
+
+def test_where_transformers_keeps_the_models_attention_the_attention_that_runs_is_logged(tmp_path, caplog):
+    path = tmp_path / "own_attention_model.py"
+    path.write_text(OWN_ATTENTION_MODEL)
+    spec = importlib.util.spec_from_file_location("own_attention_model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where transformers reads the class's source
+    try:
+        spec.loader.exec_module(module)
+        config = _model("sdpa").config
+        chosen, why = use_varlen_attention(module.OwnAttentionForCausalLM(config), torch.device("cpu"))
+        assert chosen == "sdpa" and why.startswith("transformers kept 'sdpa' for OwnAttentionForCausalLM")
+        model = module.OwnAttentionForCausalLM(config)
+        with caplog.at_level(logging.INFO, logger="prompt_aug"):
+            passes = PaddingFreePasses("packed", device="cpu", share_prompts=True)
+            assert passes.choose(model) == "packed"
+    finally:
+        del sys.modules[spec.name]
+    assert model.config._attn_implementation == "sdpa" and passes.attention == "sdpa"
+    assert not passes.share_prompts  # only varlen attention reads shared prompts
+    lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(
+        "padding-free passes: packed (attention sdpa: transformers kept"
+    )
+
+
+def test_dense_mask_reason_names_what_makes_a_packed_call_build_a_dense_mask():
+    bf16, fp32 = torch.bfloat16, torch.float32
+    # The kernel runs: CUDA, torch has it, a half dtype, no dropout; so do flash and flex attention.
+    assert dense_mask_reason("cuda", bf16, 0.0, True, VARLEN_ATTENTION) is None
+    assert dense_mask_reason("cuda", torch.float16, 0.0, True, VARLEN_ATTENTION) is None
+    assert dense_mask_reason("cuda", fp32, 0.1, False, "flash_attention_2") is None
+    assert dense_mask_reason("cuda", fp32, 0.0, True, "flex_attention") is None
+    # On CPU the varlen attention runs SDPA on each sequence, whatever the dtype.
+    assert dense_mask_reason("cpu", fp32, 0.1, False, VARLEN_ATTENTION) is None
+    assert (
+        dense_mask_reason("cuda", fp32, 0.0, True, VARLEN_ATTENTION)
+        == "the kernel does not take torch.float32"
+    )
+    assert dense_mask_reason("cuda", bf16, 0.1, True, VARLEN_ATTENTION) == "attention dropout is on"
+    assert dense_mask_reason("cuda", bf16, 0.0, False, VARLEN_ATTENTION) == "torch has no varlen_attn"
+    assert dense_mask_reason("cuda", bf16, 0.0, False, "sdpa") == "torch has no varlen_attn"
+    assert dense_mask_reason("cuda", bf16, 0.0, True, "sdpa") == (
+        f"the model is on transformers' sdpa, not {VARLEN_ATTENTION}"
+    )
+    assert (
+        dense_mask_reason("cuda", bf16, 0.0, True, "eager")
+        == "attention 'eager' masks packed rows with a dense mask"
+    )
+
+
+def _padded_call(model, ids, mask, keep, rows, compute_entropy):
+    """A stand-in for TRL's padded log-prob call (the trim path's): zeros of its shape."""
+    return torch.zeros(ids.size(0), keep), None, None
+
+
+@pytest.mark.parametrize(
+    ("dtype", "dropout", "why"),
+    [
+        (torch.float32, 0.0, "the kernel does not take torch.float32"),
+        (torch.bfloat16, 0.1, "attention dropout is on"),
+    ],
+)
+def test_auto_on_cuda_trims_at_the_first_call_where_packed_attention_would_build_a_dense_mask(
+    caplog, dtype, dropout, why
+):
+    """``auto`` on CUDA with torch's kernel (the device the trainer passes; the tensors here are on the CPU):
+    a model that runs in float32, or with attention dropout, would get a dense T x T mask in every packed
+    call, so the first call turns ``auto`` to ``trim``, in one log line, and SDPA is put back."""
+    model = _model("sdpa").to(dtype)
+    model.config.attention_dropout = dropout
+    passes = PaddingFreePasses("auto", device="cuda")
+    assert passes.choose(model) == "packed"
+    ids, mask = _rows()
+    with caplog.at_level(logging.INFO, logger="prompt_aug"):
+        passes.forward(_padded_call, model, ids, mask, 7, None, False)
+    lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
+    reason = why if varlen_kernel() is not None else "torch has no varlen_attn"
+    dense = "a packed call would compute a dense mask"
+    assert lines == [f"padding-free passes: trim, not packed (auto on cuda: {dense}: {reason})"]
+    assert passes.mode == "trim" and model.config._attn_implementation == "sdpa"
+    # Asked for by name, packed stays packed.
+    model = _model("sdpa").to(dtype)
+    passes = PaddingFreePasses("packed", device="cuda")
+    passes.choose(model)
+    passes.forward(_unused, model, ids, mask, 7, None, False)
+    assert passes.mode == "packed"
 
 
 GPU = pytest.mark.skipif(
@@ -516,6 +716,22 @@ def test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16(share_prompts):
     scale = want_logps.abs().mean()
     assert (logps - want_logps).abs().max() <= 2e-2 * scale
     assert (grad - want_grad).norm() <= 2e-2 * want_grad.norm()
+
+
+@GPU
+def test_on_a_gpu_auto_keeps_the_real_kernel_which_passes_the_live_check_against_sdpa(caplog):
+    """On a GPU only: float32 weights under bf16 autocast (the recipes' precision), ``auto``: the first call
+    keeps packed (the kernel runs), and the live check, torch's varlen_attn against SDPA, passes."""
+    ids, mask = (t.cuda() for t in _rows())
+    model = _model("sdpa").cuda()
+    passes = PaddingFreePasses(
+        "auto", device="cuda", autocast=lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    )
+    assert passes.choose(model) == "packed" and passes.attention == VARLEN_ATTENTION
+    with caplog.at_level(logging.INFO, logger="prompt_aug"):
+        passes.forward(_unused, model, ids, mask, 7, None, False)
+    assert not _warnings(caplog), _warnings(caplog)
+    assert passes.mode == "packed" and model.config._attn_implementation == VARLEN_ATTENTION
 
 
 def _device_waits(run) -> int:
