@@ -33,10 +33,11 @@ step() {
 }
 # 1. The tests that need a GPU, first: the only check on the device of the code written since the last call
 #    (the real varlen kernel against SDPA through the wrapper, shared prompts included; the waits for the
-#    device a packed call adds), by node id (the CPU ones run in CI); TESTS= skips them,
+#    device a packed call adds; auto keeping packed on the real kernel, whose live check is against SDPA), by node id (the CPU ones run in CI); TESTS= skips them,
 #    TESTS=tests/test_varlen.py runs the whole file.
 GPU_TESTS="tests/test_varlen.py::test_the_real_kernel_matches_sdpa_on_a_packed_row_in_bf16
-  tests/test_varlen.py::test_on_a_gpu_packing_adds_one_wait_for_the_device_to_the_models_own"
+  tests/test_varlen.py::test_on_a_gpu_packing_adds_one_wait_for_the_device_to_the_models_own
+  tests/test_varlen.py::test_on_a_gpu_auto_keeps_the_real_kernel_which_passes_the_live_check_against_sdpa"
 [ -n "${TESTS-$GPU_TESTS}" ] && step tests "${LIMIT_TESTS:-40}" python3 -m pytest -q -p no:cacheprovider \
   ${TESTS-$GPU_TESTS}
 # 2. The training side alone (torch and transformers only), the bench of record: ROUND_MODES (default padded,
