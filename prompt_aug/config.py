@@ -395,6 +395,11 @@ def check_config(args: Any) -> None:
             f"skip_minibatch_ratio_above: {threshold} is below 1, the smallest value the mean of "
             "max(r, 1/r) can take; use 1.0 to skip every mini-batch, or leave it unset"
         )
+    if args.dynamic_sampling and not args.prompt_augmentation:
+        raise ValueError(  # the trainer would refuse it only once the model has loaded
+            "dynamic_sampling: true needs prompt_augmentation: true (it builds each round's groups from the "
+            "augmented rows); set prompt_augmentation to true or drop dynamic_sampling"
+        )
     if args.collapse_eval_drop is not None and not (args.eval_benchmarks and args.eval_every_steps):
         raise ValueError(
             "collapse_eval_drop is set but evaluation during training is off: set eval_benchmarks "
