@@ -582,6 +582,25 @@ def test_a_limited_run_says_so_in_the_table(tiny_model_dir, suite_dir, tmp_path)
     assert "limit 1 (paper: every question)" in table
 
 
+def test_a_second_evaluation_into_a_folder_in_use_is_refused(tiny_model_dir, suite_dir, tmp_path):
+    """While an evaluation holds its folder (here: a lock taken as one takes it), another into the same
+    folder stops in one line and writes nothing; once the folder is free, the same command runs."""
+    import fcntl
+
+    out = tmp_path / "eval"
+    out.mkdir()
+    folder = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit, match="another evaluation is writing there"):
+            _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24", "--limit", "1")
+        assert list(out.iterdir()) == []
+    finally:
+        os.close(folder)
+    _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24", "--limit", "1")
+    assert (out / "results.json").is_file()
+
+
 def test_the_paper_protocol_is_recognised_and_any_departure_named():
     from prompt_aug.evaluate import PAPER_PROTOCOL, protocol_line
 

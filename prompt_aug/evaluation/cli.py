@@ -23,11 +23,13 @@ questions and the main process writes the same files as one process would (see `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +217,29 @@ def weights_of(model: str) -> str | None:
     return f"revision {revision}" if revision else None
 
 
+@contextlib.contextmanager
+def _folder_held(output: Path) -> Iterator[None]:
+    """Hold ``output`` (created if missing) for one evaluation: a second one started into the same folder,
+    whose records and tables this one writes, is refused in one line. A lock on the folder itself, so no file
+    is left there; where the file system takes no such lock (some network file systems), nothing is held."""
+    import fcntl
+
+    output.mkdir(parents=True, exist_ok=True)
+    folder = os.open(output, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise EvalError(
+                f"{output}: another evaluation is writing there; wait for it to end, or pass another --output"
+            ) from None
+        except OSError as err:
+            logger.debug("%s: not locked (%s)", output, err)
+        yield
+    finally:
+        os.close(folder)  # releases the lock
+
+
 def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> None:
     """Completions already in ``output`` must come from the same model (its folder's name and its weights,
     `weights_fingerprint`) and decoding settings."""
@@ -352,61 +377,63 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
             max_model_len, longest, max_model_len - longest, args.max_tokens,
             ", more than in the paper's protocol" if shorter else " (as in the paper's, at 4096)",
         )  # fmt: skip
-    # The main process checks the folder; every process stops with its verdict.
-    error, before = None, set()
-    if processes.main:
-        try:
-            _check_settings(output, settings, args.overwrite)
-            _check_coverage(output, args, benchmarks, [t.name for t in templates])
-            fold_shards(output / RECORDS_FILE)
-            # What the folder holds; a bad line stops every process now, before the model loads.
-            before = completions_made(read_records(output / RECORDS_FILE))
-        except EvalError as err:
-            error = str(err)
-    error = processes.broadcast(error)
-    if error:
-        raise EvalError(error)
+    with contextlib.ExitStack() as held:  # the folder, held by the main process until the end
+        # The main process checks the folder; every process stops with its verdict.
+        error, before = None, set()
+        if processes.main:
+            try:
+                held.enter_context(_folder_held(output))
+                _check_settings(output, settings, args.overwrite)
+                _check_coverage(output, args, benchmarks, [t.name for t in templates])
+                fold_shards(output / RECORDS_FILE)
+                # What the folder holds; a bad line stops every process now, before the model loads.
+                before = completions_made(read_records(output / RECORDS_FILE))
+            except EvalError as err:
+                error = str(err)
+        error = processes.broadcast(error)
+        if error:
+            raise EvalError(error)
 
-    backend = _load_backend(args, backend_name, max_model_len, processes, tokenizer)
-    logger.info(
-        "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s%s",
-        args.model,
-        backend_name,
-        len(problems),
-        len(templates),
-        args.runs,
-        output,
-        f" (on {processes.size} processes)" if processes.size > 1 else "",
-    )
+        backend = _load_backend(args, backend_name, max_model_len, processes, tokenizer)
+        logger.info(
+            "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s%s",
+            args.model,
+            backend_name,
+            len(problems),
+            len(templates),
+            args.runs,
+            output,
+            f" (on {processes.size} processes)" if processes.size > 1 else "",
+        )
 
-    records = generate_and_grade(
-        backend,
-        tokenizer,
-        problems,
-        templates,
-        output / RECORDS_FILE,
-        runs=args.runs,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        n=args.n,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        progress=not args.no_progress,
-        processes=processes,
-    )
-    results = None
-    if processes.main:
-        results, table = _summary(args, records, benchmarks, templates, settings, model_name)
-        results["new_completions"] = len(completions_made(read_records(output / RECORDS_FILE)) - before)
-        results["seconds"] = round(time.perf_counter() - started, 2)
-        write_atomically(output / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
-        write_atomically(output / TABLE_FILE, table)
-        print(table)
-        print(f"wrote {output / RESULTS_FILE}, {output / TABLE_FILE}, {output / RECORDS_FILE}")
-    results = processes.broadcast(results)
-    processes.close()
-    return results
+        records = generate_and_grade(
+            backend,
+            tokenizer,
+            problems,
+            templates,
+            output / RECORDS_FILE,
+            runs=args.runs,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            n=args.n,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            progress=not args.no_progress,
+            processes=processes,
+        )
+        results = None
+        if processes.main:
+            results, table = _summary(args, records, benchmarks, templates, settings, model_name)
+            results["new_completions"] = len(completions_made(read_records(output / RECORDS_FILE)) - before)
+            results["seconds"] = round(time.perf_counter() - started, 2)
+            write_atomically(output / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
+            write_atomically(output / TABLE_FILE, table)
+            print(table)
+            print(f"wrote {output / RESULTS_FILE}, {output / TABLE_FILE}, {output / RECORDS_FILE}")
+        results = processes.broadcast(results)
+        processes.close()
+        return results
 
 
 def _vllm_context(
