@@ -980,6 +980,8 @@ def test_a_choice_letter_in_lower_case_is_the_letter():
         assert _math_verify(normalize(answer), normalize_gold(gold)), answer
     for answer, gold in [("b", "C"), ("(a)", "(B)"), ("c", "3")]:
         assert not grade(f"\\boxed{{{answer}}}", gold).correct, answer
+    # Other letters are still told apart here, whatever their case.
+    assert fast_verdict("b", "C") is False and fast_verdict("(a)", "(B)") is False
 
 
 def test_golds_newly_known_parseable_are_parseable():

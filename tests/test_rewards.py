@@ -193,6 +193,9 @@ def test_lenient_answer_is_reads_to_the_end_of_its_sentence():
     assert extract_lenient("So the answer is 3.25. Done") == "3.25"
     assert grade("The final answer is 5. I hope it is correct.", "5").correct
     assert grade("So the answer is **7**.", "7").correct
+    # a full stop after an abbreviation does not end the sentence
+    assert extract_lenient("The answer is St. Louis") == "St. Louis"
+    assert extract_lenient("The answer is Mt. Everest. I hope it is correct.") == "Mt. Everest"
 
 
 def test_lenient_last_number_keeps_a_unicode_minus():

@@ -23,6 +23,8 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _MINERVA = re.compile(r"final answer is \$((?:[^$\\]|\\.)+)\$\. I hope", re.DOTALL)
 _ANSWER_IS = re.compile(r"(?:[Tt]he answer is|[Ff]inal answer is)")
 _SENTENCE_END = re.compile(r"\.(?=\s|$)")  # a full stop, not a decimal point
+# A full stop that ends an abbreviation, not the sentence (`St. Louis`, `e.g. 5`).
+_ABBREVIATION = re.compile(r"\b(?:St|Mt|Ft|Dr|Mr|Mrs|Ms|Jr|Sr|No|Fig|vs|ca|approx|etc|e\.g|i\.e)$")
 _NUMBER = re.compile(r"[-\u2212]?\d[\d,]*(?:\.\d+)?|[-\u2212]?\.\d+")  # U+2212 is the Unicode minus
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -233,7 +235,10 @@ def extract_lenient(completion: str) -> str | None:
         answer = boxed
     elif matches := list(_ANSWER_IS.finditer(text)):
         line = text[matches[-1].end() :].lstrip(" :").split("\n")[0]
-        end = _SENTENCE_END.search(line)  # the sentence, without markdown emphasis (`**7**`)
+        # the sentence, without markdown emphasis (`**7**`)
+        end = next(
+            (m for m in _SENTENCE_END.finditer(line) if not _ABBREVIATION.search(line[: m.start()])), None
+        )
         answer = (line[: end.start()] if end else line).strip().strip("*")
     else:
         numbers = _NUMBER.findall(text)

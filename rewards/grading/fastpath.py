@@ -736,8 +736,9 @@ def _choice_against_number(answer: str, gold: str) -> bool | None:
     (False, False, None, None)
     """
     for one, other in ((answer, gold), (gold, answer)):
-        if _CHOICE.fullmatch(one) and _CHOICE.fullmatch(other.upper()):
-            return None  # a letter in lower case (`(b)`): math-verify ignores the case, left to it
+        same_letter = _CHOICE.fullmatch(other.upper()) and other.strip("()").upper() == one.strip("()")
+        if _CHOICE.fullmatch(one) and other != one and same_letter:
+            return None  # the letter in lower case (`(b)`): math-verify ignores the case, left to it
         if _CHOICE.fullmatch(one) and (_value(other) is not None or _non_constant(other) or _readings(other)):
             return False
     return None
