@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import json
 import logging
@@ -234,7 +235,24 @@ def config_args(args: list[str]) -> tuple[list[str], str | None]:
     return spread, (paths[0] if paths else None)
 
 
+# Keys of recipes written for other stacks, under the name this one gives them: (new name, whose rename).
+RENAMED_KEYS = {
+    "torch_dtype": ("dtype", "in this transformers and TRL"),
+    "dataset_prompt_column": ("question_column", "here (open-r1 calls it dataset_prompt_column)"),
+    "dataset_train_split": ("dataset_split", "here (TRL's scripts call it dataset_train_split)"),
+}
+
+
 def _closest(key: str, known: set[str]) -> str:
+    """What to write instead of the unknown ``key``: its new name if it is a known rename, else the closest
+    known key.
+
+    >>> _closest("torch_dtype", {"dtype", "torch_compile"})
+    "; 'torch_dtype' is 'dtype' in this transformers and TRL"
+    """
+    renamed = RENAMED_KEYS.get(key)
+    if renamed and renamed[0] in known:
+        return f"; {key!r} is {renamed[0]!r} {renamed[1]}"
     match = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
     return f"; did you mean {match[0]!r}?" if match else "; see --help for the keys"
 
@@ -289,6 +307,20 @@ def _read_config(path: str) -> dict[str, Any]:
     return config
 
 
+def read_recipe(path: str, known: set[str]) -> dict[str, Any]:
+    """The recipe file's mapping, as training reads it: one line for a missing file, invalid YAML or a key
+    not in ``known`` (with its new name or the closest key).
+
+    Raises:
+        UsageError: the file and what is wrong with it.
+    """
+    config = _read_config(path)
+    for key in config:
+        if key != "env" and key not in known:
+            raise UsageError(f"{path}: unknown key {key!r}{_closest(key, known)}")
+    return config
+
+
 def _batch_message(message: str, set_keys: set[str]) -> str | None:
     """TRL's divisibility error, rephrased with the keys the user can change."""
     found = re.search(
@@ -329,16 +361,16 @@ def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
     """Parse ``--config FILE`` and command-line overrides into the parser's dataclasses.
 
     Raises:
-        UsageError: a key no dataclass has (with the closest one), a value that does not convert, a batch
+        UsageError: no ``--config`` and no flag either, a key no dataclass has (with its new name
+            or the closest one), a word on the command line that no option takes, a value that does not
+            convert, a batch
             that does not split into whole groups, a key's `__post_init__` check; the message names the file
             or the command line.
     """
     args, config_path = config_args(list(args))
-    known = parser.option_names()
-    config = _read_config(config_path) if config_path else {}
-    for key in config:
-        if key != "env" and key not in known:
-            raise UsageError(f"{config_path}: unknown key {key!r}{_closest(key, known)}")
+    if config_path is None and not args:  # a run given by flags alone, as TRL's scripts take it, stays
+        raise UsageError("no recipe: give one with --config RECIPE.yaml (recipes/ has examples)")
+    config = read_recipe(config_path, parser.option_names()) if config_path else {}
     cli_keys, flags = set(), parser.flag_names()
     for token in args:
         if token.startswith("--") and token != "--config":
@@ -352,6 +384,13 @@ def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
     except ValueError as err:
         if isinstance(err, UsageError):
             raise
+        stray = re.match(r"Some specified arguments are not used by the HfArgumentParser: (\[.*\])", str(err))
+        if stray:  # words on the command line that no --key takes
+            words = ast.literal_eval(stray.group(1))
+            raise UsageError(
+                f"command line: {', '.join(map(repr, words))} "
+                f"{'belongs' if len(words) == 1 else 'belong'} to no option; give keys as --key value"
+            ) from None
         message = _batch_message(str(err), set(config) | cli_keys) or str(err)
         raise UsageError(f"{_where(message, config_path, set(config), cli_keys)}: {message}") from None
 
@@ -480,6 +519,22 @@ def check_resume_peft(checkpoint: str, model_args: Any) -> None:
         )
 
 
+def check_resume_steps(checkpoint: str, max_steps: int) -> None:
+    """A checkpoint to resume must be short of ``max_steps``: one at or past it would train on past the end
+    and overwrite the finished run's model and results. (``max_steps`` -1, epochs, is left to the Trainer,
+    which counts the steps from the data.)
+
+    Raises:
+        UsageError: one line naming the checkpoint, its step and the key to raise.
+    """
+    step = checkpoint_step(checkpoint)
+    if 0 < max_steps <= step:
+        raise UsageError(
+            f"resume_from_checkpoint: {checkpoint} is already at step {step} of max_steps {max_steps}, the "
+            "run's end (its weights are there): raise max_steps (the recipe's or --max_steps) to train on"
+        )
+
+
 def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: PartialState) -> str | None:
     """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
     the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
@@ -491,6 +546,7 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     resume = check_resume(args.resume_from_checkpoint, args, state.num_processes, log=state.is_main_process)
     if resume is not None:
         check_resume_peft(resume, model_args)
+        check_resume_steps(resume, args.max_steps)
         check_log_file(args.output_dir)
     stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
     if script_args.dataset_mixture is not None:

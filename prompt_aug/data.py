@@ -54,6 +54,7 @@ from .sources import (
     is_hub_id,
     is_verl_layout,
     json_field,
+    looks_local,
     pick_column,
     question_text,
     read_dataset,
@@ -747,12 +748,15 @@ def preview(args: argparse.Namespace) -> str:
     from .templates import chat_template_text, load_templates, select_templates, with_system_prompt
 
     recipe: dict[str, Any] = {}
-    if args.config:
-        import yaml
+    if args.config:  # read as training reads it: a missing file, bad YAML or unknown key is one line
+        from .cli import read_recipe
+        from .train import make_parser
 
-        recipe = yaml.safe_load(Path(args.config).read_text()) or {}
+        recipe = read_recipe(args.config, make_parser().option_names())
     keys = _source_keys(recipe, args.dataset)
-    if is_hub_id(args.dataset) and not Path(args.dataset).exists():
+    for key in ("question_column", "answer_column"):  # the command line's, over the recipe's
+        keys[key] = getattr(args, key) or keys[key]
+    if is_hub_id(args.dataset) and not looks_local(args.dataset) and not Path(args.dataset).exists():
         require_hub("--dataset", args.dataset)  # at once, rather than after the client's retries
     levels = keys.get("dataset_levels")
     rows, report = load_math_dataset(
@@ -772,7 +776,11 @@ def preview(args: argparse.Namespace) -> str:
         tokenizer = builtin_tokenizer()
     elif tokenizer_name:
         try:
-            if is_hub_id(tokenizer_name) and not Path(tokenizer_name).exists():
+            if (
+                is_hub_id(tokenizer_name)
+                and not looks_local(tokenizer_name)
+                and not Path(tokenizer_name).exists()
+            ):
                 require_hub("--tokenizer", tokenizer_name)  # no minute of retries before the fallback
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
         except (OSError, ValueError) as err:  # SourceError is a ValueError
@@ -811,7 +819,8 @@ def preview(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m prompt_aug.data --dataset PATH_OR_ID [--config RECIPE.yaml]``: preview a dataset."""
+    """``python -m prompt_aug.data --dataset PATH_OR_ID [--config RECIPE.yaml] [--question_column COL]
+    [--answer_column COL]``: preview a dataset."""
     parser = argparse.ArgumentParser(prog="python -m prompt_aug.data", description=main.__doc__)
     parser.add_argument("--dataset", required=True, help="`synthetic`, a Hub id, or a local path")
     parser.add_argument(
@@ -821,12 +830,19 @@ def main(argv: list[str] | None = None) -> None:
         "--dataset_config", help="Hub subset / local sub-folder (e.g. simplelr_qwen_level3to5)"
     )
     parser.add_argument("--split", help="split to load (default: train)")
+    parser.add_argument("--question_column", help="the question column (default: the recipe's, else guessed)")
+    parser.add_argument(
+        "--answer_column", help="the gold-answer column (default: the recipe's, else guessed)"
+    )
     parser.add_argument("--tokenizer", help="tokenizer to render prompts with (default: the recipe's model)")
     parser.add_argument("--max_prompt_length", type=int, help="drop prompts longer than this many tokens")
+    from .cli import UsageError
+
     try:
         print(preview(parser.parse_args(argv)))
-    except (DataError, TemplateError, SourceError) as err:
-        raise SystemExit(f"prompt-aug-data: error: {err}") from None
+    except (DataError, TemplateError, SourceError, UsageError) as err:
+        message = re.sub(r"set `(\w+_column)`", r"pass --\1 (or set \1 in the recipe)", str(err))
+        raise SystemExit(f"prompt-aug-data: error: {message}") from None
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ does not exist is rejected as a malformed repo id. Two checks avoid both:
 
 * `require_local`: a value that is clearly meant as a path (absolute, ``./``, ``../``, ``~``, more than one
   ``/``, a first component that is a folder here, or a data file's name: ``.jsonl``, ``.json``, ``.csv``,
-  ``.parquet``) must exist, else "no such folder" (or "no such file") naming the key.
+  ``.parquet``) must exist, else "no such folder" (or "no such file") naming the key; so must a name without
+  ``/`` that ends like a file's (``mine.jsonnl``), else "no file or folder ... in" the current folder. Each
+  names the closest name in that folder, where one is close.
 * `require_hub`: for a Hub id, one short request to the Hub endpoint; unreachable means a short error that
   suggests ``HF_HUB_OFFLINE=1`` (use the local cache) or a local path. Skipped when offline mode is on.
 
@@ -18,6 +20,7 @@ module, does without.)
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import json
@@ -85,19 +88,60 @@ def is_data_file_name(value: str) -> bool:
     return Path(value).suffix.lower() in DATA_FILES
 
 
+# A file name's suffix (``.jsonl``, ``.arrow``, ``.jsonnl``), as a Hub id without an owner never ends
+# (``gpt2``; a version such as ``-1.5B`` starts with a digit).
+_FILE_SUFFIX = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,7}")
+
+
+def looks_like_file_name(value: str) -> bool:
+    """Whether ``value``, a name without ``/``, ends like a file's name rather than a Hub id's.
+
+    >>> [looks_like_file_name(v) for v in ["mine.jsonnl", "q.arrow", "gpt2", "Qwen2.5-Math-1.5B", "a/b.csv"]]
+    [True, True, False, False, False]
+    """
+    return "/" not in value and _FILE_SUFFIX.fullmatch(Path(value).suffix) is not None
+
+
+def close_local_name(value: str) -> str | None:
+    """The entry of ``value``'s folder whose name is closest to ``value``'s (a misspelt file), written as
+    ``value`` is (with its folder); None when no name is close or the folder does not exist."""
+    path = Path(value).expanduser()
+    folder = path.parent
+    try:
+        names = sorted(p.name for p in folder.iterdir())
+    except OSError:
+        return None
+    match = difflib.get_close_matches(path.name, names, n=1, cutoff=0.75)
+    if not match:
+        return None
+    head = value[: len(value) - len(path.name)] if value.endswith(path.name) else ""
+    return head + match[0]
+
+
+def _did_you_mean(value: str) -> str:
+    match = close_local_name(value)
+    return f"; did you mean {match!r}?" if match else ""
+
+
 def require_local(key: str, value: str) -> bool:
-    """Raise `SourceError` if ``value`` looks like a local path that does not exist; return whether it is
-    local."""
+    """Raise `SourceError` if ``value`` looks like a local path that does not exist (naming a close name in
+    its folder, where one is); return whether it is local."""
     if not looks_local(value):
-        return Path(value).exists()
+        if Path(value).exists():
+            return True
+        if looks_like_file_name(value):  # a misspelt file here, not a Hub id
+            raise SourceError(
+                f"{key}: no file or folder {value!r} in {Path.cwd()}"
+                + (_did_you_mean(value) or "; fix the name, or give a Hub id (owner/name)")
+            )
+        return False
     if not Path(value).expanduser().exists():
         resolved = Path(value).expanduser().resolve()
         if is_data_file_name(value):
-            raise SourceError(f"{key}: no such file {value!r} (resolved to {resolved}); fix the path")
-        raise SourceError(
-            f"{key}: no such folder {value!r} (resolved to {resolved}); fix the path, or give a Hub id "
-            "(owner/name)"
-        )
+            fix = _did_you_mean(value) or "; fix the path"
+            raise SourceError(f"{key}: no such file {value!r} (resolved to {resolved}){fix}")
+        fix = _did_you_mean(value) or "; fix the path, or give a Hub id (owner/name)"
+        raise SourceError(f"{key}: no such folder {value!r} (resolved to {resolved}){fix}")
     return True
 
 
@@ -137,8 +181,15 @@ def require_hub(key: str, repo_id: str, timeout: float = 5.0) -> None:
         return
     raise SourceError(
         f"{key}: cannot reach the Hugging Face Hub ({hub_endpoint()}) to fetch {repo_id!r}. Offline? Set "
-        f"HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache, or set {key} to a local folder."
+        f"HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache, or set {key} to a local folder"
+        f"{_local_hint(repo_id)}."
     )
+
+
+def _local_hint(value: str) -> str:
+    """For a Hub id that failed, the local file or folder of a close name, if there is one."""
+    match = None if "/" in value else close_local_name(value)
+    return f" (no file or folder {value!r} here; did you mean {match!r}?)" if match else ""
 
 
 def hub_model_cached(repo_id: str) -> bool:
@@ -217,7 +268,7 @@ def check_source(key: str, value: str | None, builtin: tuple[str, ...] = (), mod
     if model and hub_offline() and not hub_model_cached(value):
         raise SourceError(
             f"{key} {value}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once online or give a "
-            "local path"
+            f"local path{_local_hint(value)}"
         )
 
 
@@ -421,10 +472,13 @@ def read_dataset(
         return _read_files([where])
     if looks_local(path):  # not a Hub id: do not let the Hub client retry for half a minute
         if is_data_file_name(path):
-            raise SourceError(f"dataset {path!r}: no such file ({where.resolve()}); fix the path")
-        raise SourceError(
-            f"dataset {path!r}: no such folder or file ({where.resolve()}); fix the path or give a Hub id"
-        )
+            fix = _did_you_mean(path) or "; fix the path"
+            raise SourceError(f"dataset {path!r}: no such file ({where.resolve()}){fix}")
+        fix = _did_you_mean(path) or "; fix the path or give a Hub id"
+        raise SourceError(f"dataset {path!r}: no such folder or file ({where.resolve()}){fix}")
+    if looks_like_file_name(path):  # a misspelt file here, not a Hub id
+        fix = _did_you_mean(path) or "; fix the name, or give a Hub id (owner/name)"
+        raise SourceError(f"dataset {path!r}: no such file or folder in {Path.cwd()}{fix}")
     if path == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
         return _load_dataset(f"Hub dataset {path!r}", path, data_dir=name or SIMPLERL_CONFIG, split=split)
     return _load_dataset(f"Hub dataset {path!r}", path, name, split=split)

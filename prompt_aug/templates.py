@@ -98,6 +98,12 @@ def chat_template_text(value: str) -> str:
     if "{" in value:  # Jinja
         return value
     path = Path(value).expanduser()
+    if not path.is_file() and (path.suffix == ".jinja" or "/" in value or path.exists()):
+        what = "a folder" if path.is_dir() else "no such file"
+        raise TemplateError(
+            f"chat_template: {what} {value!r} (resolved to {path.resolve()}); give the path of a .jinja "
+            f"file, a named template ({', '.join(NAMED_CHAT_TEMPLATES)}) or the Jinja text"
+        )
     if not path.is_file():
         raise TemplateError(
             f"chat_template: {value!r} is neither a named template ({', '.join(NAMED_CHAT_TEMPLATES)}), a "

@@ -61,7 +61,13 @@ from .models import ModelArgsError, check_model_args, load_model, load_tokenizer
 from .reward_checks import RewardFunctionError, check_reward_arguments
 from .sources import builtin_names, demo_stage, downloads_model, read_training_data
 from .stack import check_before_parse, check_stack, wait_for_vllm_server
-from .templates import TemplateError, check_renders, resolve_eval_template, templates_for
+from .templates import (
+    TemplateError,
+    chat_template_text,
+    check_renders,
+    resolve_eval_template,
+    templates_for,
+)
 from .trainer import PromptAugGRPOTrainer
 
 __all__ = [
@@ -217,7 +223,14 @@ def make_parser() -> RecipeParser:
     """The parser of a recipe: our script's keys, the trainer's config, TRL's `ModelConfig` and the learning
     demo's keys, each error one line naming the key and where it was set."""
     demo_args = demo_stage().DemoArguments
-    return RecipeParser((PromptAugScriptArguments, PromptAugGRPOConfig, ModelConfig, demo_args))
+    return RecipeParser(
+        (PromptAugScriptArguments, PromptAugGRPOConfig, ModelConfig, demo_args),
+        usage="%(prog)s --config RECIPE.yaml [--key value ...]",
+        description=(
+            "Train with a recipe: --config RECIPE.yaml (recipes/ has examples). Every option below "
+            "is a recipe key; given on the command line it overrides the recipe's value."
+        ),
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> Recipe:
@@ -361,6 +374,8 @@ def run(
     try:
         reward_funcs, names = reward_functions(script_args, args)
         templates, weights, eval_template = templates_for(args)
+        if script_args.chat_template:  # a missing file fails here, not after the model is fetched
+            chat_template_text(script_args.chat_template)
     except (ValueError, TemplateError) as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None
     if script_args.dry_run:  # arithmetic only, for the recipe's num_processes

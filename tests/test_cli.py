@@ -65,6 +65,51 @@ def test_misspelled_key_names_the_key_the_file_and_the_closest_key(tmp_path, cap
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("torch_dtype: bfloat16", "'torch_dtype' is 'dtype' in this transformers and TRL"),
+        (
+            "dataset_prompt_column: problem",
+            "'dataset_prompt_column' is 'question_column' here (open-r1 calls it dataset_prompt_column)",
+        ),
+        (
+            "dataset_train_split: train",
+            "'dataset_train_split' is 'dataset_split' here (TRL's scripts call it dataset_train_split)",
+        ),
+    ],
+)
+def test_a_key_renamed_since_open_r1_or_older_recipes_gives_its_new_name(tmp_path, capsys, line, says):
+    recipe = _recipe(tmp_path, extra=f"\n{line}\n")
+    key = line.split(":")[0]
+    message = _error(["--config", str(recipe), "--dry_run"], capsys)
+    assert message.endswith(f"error: {recipe}: unknown key {key!r}; {says}"), message
+    message = _error(["--config", str(SMOKE), "--dry_run", f"--{key}", line.split(": ")[1]], capsys)
+    assert message.endswith(f"error: command line: unknown option --{key}; {says}"), message
+
+
+def test_no_recipe_or_a_stray_word_says_what_to_give(capsys):
+    message = _error([], capsys)
+    assert (
+        message
+        == "prompt-aug-train: error: no recipe: give one with --config RECIPE.yaml (recipes/ has examples)"
+    )
+    message = _error(["--config", str(SMOKE), "extra_positional"], capsys)
+    assert message == (
+        "prompt-aug-train: error: command line: 'extra_positional' belongs to no option; give keys as "
+        "--key value"
+    )
+
+
+def test_help_starts_with_the_recipe_flag(capsys):
+    with pytest.raises(SystemExit) as done:
+        train.main(["--help"])
+    assert done.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("usage: ") and lines[0].endswith(" --config RECIPE.yaml [--key value ...]")
+    assert "Train with a recipe: --config RECIPE.yaml (recipes/ has examples)." in " ".join(lines[:6])
+
+
 def test_a_value_of_the_wrong_type_names_key_value_and_file(tmp_path, capsys):
     recipe = _recipe(tmp_path, "num_generations: 4", 'num_generations: "eight"')
     message = _error(["--config", str(recipe)], capsys)
@@ -386,6 +431,47 @@ def test_an_unreachable_hub_fails_fast_and_suggests_offline_mode(tmp_path, capsy
     assert not (tmp_path / "o").exists()
 
 
+def test_a_misspelt_local_file_is_named_not_blamed_on_the_hub(tmp_path, capsys, unreachable_hub, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
+    argv = ["--config", str(SMOKE), "--output_dir", str(tmp_path / "o"), "--dataset_name"]
+    message = _error([*argv, "mine.jsonnl"], capsys)
+    assert message.endswith(
+        f"error: dataset_name: no file or folder 'mine.jsonnl' in {tmp_path}; did you mean 'mine.jsonl'?"
+    )
+    message = _error([*argv, "questions.arrow"], capsys)
+    assert message.endswith(
+        f"error: dataset_name: no file or folder 'questions.arrow' in {tmp_path}; fix the name, or give a "
+        "Hub id (owner/name)"
+    )
+    message = _error([*argv, "./mine.json"], capsys)
+    assert message.endswith(
+        f"error: dataset_name: no such file './mine.json' (resolved to {tmp_path / 'mine.json'}); did you "
+        "mean './mine.jsonl'?"
+    )
+
+
+def test_a_chat_template_file_that_is_missing_is_named_before_the_model_is_built(tmp_path, capsys):
+    out = tmp_path / "o"
+    message = _error(
+        [
+            "--config",
+            str(SMOKE),
+            "--output_dir",
+            str(out),
+            "--chat_template",
+            str(tmp_path / "missing.jinja"),
+        ],
+        capsys,
+    )
+    assert message.endswith(
+        f"error: chat_template: no such file '{tmp_path / 'missing.jinja'}' (resolved to "
+        f"{tmp_path / 'missing.jinja'}); give the path of a .jinja file, a named template (chatml) or the "
+        "Jinja text"
+    )
+    assert not (out / "tiny-random-qwen2").exists()
+
+
 @pytest.mark.parametrize("name", ["synthetic", "synthetic-addition", "synthetic-digit-sums"])
 def test_built_in_datasets_are_generated_not_fetched(tmp_path, capsys, unreachable_hub, name):
     run = tmp_path / "o"
@@ -461,6 +547,29 @@ def test_resume_says_which_checkpoint_it_loaded(two_step_run, tmp_path, caplog):
     # each step once, and one end-of-training summary: the resumed run's (the first start's is dropped)
     assert [e["step"] for e in entries] == [1, 2, 3, 3] and not any("stale" in e for e in entries)
     assert ["train_runtime" in e for e in entries] == [False, False, False, True]
+
+
+@pytest.mark.slow
+def test_resuming_a_checkpoint_already_at_max_steps_is_refused_before_the_model_loads(
+    two_step_run, tmp_path, capsys, monkeypatch
+):
+    run = tmp_path / "run"
+    shutil.copytree(two_step_run, run)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    loads = []
+    monkeypatch.setattr(train, "load_model", lambda *a, **k: loads.append(a))  # a probe: never to be called
+    argv = ["--config", str(SMOKE), "--output_dir", str(run)]
+    message = _error([*argv, "--max_steps", "2", "--resume_from_checkpoint", "true"], capsys)
+    assert message.endswith(
+        f"error: resume_from_checkpoint: {run / 'checkpoint-2'} is already at step 2 of max_steps 2, the "
+        "run's end (its weights are there): raise max_steps (the recipe's or --max_steps) to train on"
+    )
+    message = _error(
+        [*argv, "--max_steps", "1", "--resume_from_checkpoint", str(run / "checkpoint-2")], capsys
+    )
+    assert f"{run / 'checkpoint-2'} is already at step 2 of max_steps 1, the run's end" in message
+    assert loads == []
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.slow

@@ -403,6 +403,58 @@ def test_preview_without_the_recipes_tokenizer_skips_the_length_limit_and_says_s
     assert "6 rows read, 5 kept" in out and "prompt longer than" not in out
 
 
+def test_the_preview_reads_its_recipe_as_training_does(tmp_path):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    missing, bad, typo = tmp_path / "nonexist.yaml", tmp_path / "bad.yaml", tmp_path / "typo.yaml"
+    bad.write_text("templates: [abel,\n")
+    typo.write_text("question_colum: problem\n")
+    expected = {
+        missing: f"--config: no such file {missing}",
+        bad: f"{bad}: not valid YAML: ",
+        typo: f"{typo}: unknown key 'question_colum'; did you mean 'question_column'?",
+    }
+    for recipe, says in expected.items():
+        with pytest.raises(SystemExit) as done:
+            data.main(["--dataset", str(questions), "--config", str(recipe)])
+        assert str(done.value.code).startswith(f"prompt-aug-data: error: {says}"), done.value.code
+        assert "\n" not in str(done.value.code)
+
+
+def test_the_preview_takes_the_columns_on_its_command_line(tmp_path, capsys):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"statement": "What is 1 + 1?", "gold": "2"}) + "\n")
+    with pytest.raises(SystemExit) as done:
+        data.main(["--dataset", str(questions)])
+    assert "no question column (tried ['question', 'problem', 'query', 'input']); pass --question_column " \
+        "(or set question_column in the recipe)" in str(done.value.code)  # fmt: skip
+    data.main(["--dataset", str(questions), "--question_column", "statement", "--answer_column", "gold"])
+    out = capsys.readouterr().out
+    assert "1 rows read, 1 kept" in out and "What is 1 + 1?" in out
+    recipe = tmp_path / "r.yaml"  # the command line's columns over the recipe's
+    recipe.write_text("question_column: problem\nanswer_column: solution\n")
+    data.main(["--dataset", str(questions), "--config", str(recipe), "--question_column", "statement",
+               "--answer_column", "gold"])  # fmt: skip
+    assert "1 rows read, 1 kept" in capsys.readouterr().out
+
+
+def test_a_misspelt_file_name_is_named_in_the_preview(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.jsonl").write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    with pytest.raises(SystemExit) as done:
+        data.main(["--dataset", "mine.jsonnl"])
+    assert done.value.code == (
+        f"prompt-aug-data: error: dataset 'mine.jsonnl': no such file or folder in {tmp_path}; did you mean "
+        "'mine.jsonl'?"
+    )
+    with pytest.raises(SystemExit) as done:
+        data.main(["--dataset", "./mine.json"])
+    assert done.value.code == (
+        f"prompt-aug-data: error: dataset './mine.json': no such file ({tmp_path / 'mine.json'}); did you "
+        "mean './mine.jsonl'?"
+    )
+
+
 @pytest.mark.parametrize("name", ["./no-such-data", "../no/such", "/no/such/data"])
 def test_a_missing_local_dataset_fails_at_once_naming_the_path(name):
     with pytest.raises(DataError, match="no such folder"):

@@ -349,8 +349,9 @@ def _train_line(env: dict, out_dir: Path, *extra: str) -> str:
     return _plan(env, "--recipe", SMOKE, "--output_dir", str(out_dir), *extra)["train on gpu07"]
 
 
-def test_a_checkpoint_in_output_dir_makes_the_run_resume(fake_slurm):
+def test_a_checkpoint_in_output_dir_makes_a_requeued_start_resume(fake_slurm):
     env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    requeued = dict(env, SLURM_RESTART_COUNT="3")
     assert "--resume_from_checkpoint" not in _train_line(env, out_dir)  # no folder yet
     (out_dir / "completions").mkdir(parents=True)
     (out_dir / "logs.jsonl").write_text("{}\n")
@@ -363,17 +364,29 @@ def test_a_checkpoint_in_output_dir_makes_the_run_resume(fake_slurm):
     (out_dir / "checkpoint-4").mkdir()
     assert _train_line(dict(env, SLURM_RESTART_COUNT="1"), out_dir).endswith("--overwrite_output_dir true")
     tiny_checkpoint(out_dir / "checkpoint-2", 2)
-    for restarts in ("0", "3"):
-        line = _train_line(dict(env, SLURM_RESTART_COUNT=restarts), out_dir)
-        assert line.endswith("--resume_from_checkpoint true")
+    assert _train_line(requeued, out_dir).endswith("--resume_from_checkpoint true")
     # --output-dir is --output_dir: the run's folder, whose checkpoint it resumes from.
-    line = _train_line(env, fake_slurm["tmp"] / "elsewhere", "--output-dir", str(out_dir))
+    line = _train_line(requeued, fake_slurm["tmp"] / "elsewhere", "--output-dir", str(out_dir))
     assert line.endswith("--resume_from_checkpoint true")
     # What the command line says wins on the job's first start.
     line = _train_line(env, out_dir, "--overwrite_output_dir", "true")
     assert "--resume_from_checkpoint" not in line
     line = _train_line(env, out_dir, "--resume_from_checkpoint", f"{out_dir}/checkpoint-2")
     assert line.count("--resume_from_checkpoint") == 1
+
+
+def test_a_new_job_into_a_folder_that_holds_a_run_does_not_resume_it(fake_slurm):
+    """A job's first start adds nothing, even where output_dir holds a finished run's checkpoints: the trainer
+    then refuses the folder, and continuing the run is the user's choice (--resume_from_checkpoint true)."""
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    tiny_checkpoint(out_dir / "checkpoint-2", 2)
+    tiny_checkpoint(out_dir / "checkpoint-4", 4)
+    (out_dir / "train_results.json").write_text("{}\n")
+    for first in (env, dict(env, SLURM_RESTART_COUNT="0")):
+        line = _train_line(first, out_dir, "--max_steps", "4")
+        assert line.endswith("--output_dir " + str(out_dir) + " --max_steps 4"), line
+    line = _train_line(env, out_dir, "--resume_from_checkpoint", "true")
+    assert line.endswith("--resume_from_checkpoint true") and line.count("--resume_from_checkpoint") == 1
 
 
 @pytest.mark.parametrize(
@@ -756,7 +769,7 @@ def test_the_slurm_launcher_resumes_the_two_node_run(two_node_run):
 # docs/multinode.md: the recipe column of the verl table is what the paper recipe parses to.
 
 ITEM = re.compile(r"`([A-Za-z_]\w*): ([^`]*)`")
-ARITHMETIC = ("questions_per_round", "completions_per_optimizer_step")
+DRY_RUN = re.compile(r"^dry run: ([a-z ]+?) (\d+)\b")  # a line of the dry run's table, no recipe key
 
 
 def _verl_rows() -> list[dict[str, str]]:
@@ -784,14 +797,18 @@ def test_the_verl_table_names_the_recipes_values():
     needed = {"learning rate", "questions per round", "rollouts per question", "optimizer step", "clip", "KL",
               "completion length", "prompt length", "sampling", "entropy bonus"}  # fmt: skip
     assert needed <= settings, needed - settings
-    expected = {k: yaml.safe_load(v) for row in rows for k, v in ITEM.findall(row["recipe key"])}
+    expected = {k: yaml.safe_load(v) for row in rows for k, v in ITEM.findall(row["recipe"])}
     assert len(expected) >= 30
     script_args, args, model_args, _ = train.parse_args(
         ["--config", PAPER, "--dry_run", "--num_processes", "8"]
     )
     got = {**vars(model_args), **vars(args), **vars(script_args)}
-    arithmetic = batch_arithmetic(args, script_args)
-    got.update({k: getattr(arithmetic, k) for k in ARITHMETIC})
     assert not [k for k in expected if k not in got], "docs/multinode.md names keys the recipe does not have"
     wrong = {k: (v, got[k]) for k, v in expected.items() if got[k] != v}
     assert not wrong, f"docs/multinode.md's verl table differs from {PAPER} (table, recipe): {wrong}"
+    # The dry run's lines are its table's, under its own names, which are no recipe keys.
+    printed = dict(line.rsplit(None, 1) for line in batch_arithmetic(args, script_args).table().splitlines())
+    dry_run = dict(m.groups() for row in rows if (m := DRY_RUN.match(row["recipe"])))
+    assert dry_run == {"questions per round": "128", "completions per optimizer step": "256"}
+    assert {name: printed[name] for name in dry_run} == dry_run
+    assert not set(expected) & {name.replace(" ", "_") for name in printed}

@@ -177,7 +177,7 @@ def test_a_bad_line_in_the_log_file_stops_a_resume_before_the_model_loads(runs, 
     monkeypatch.setattr(train, "load_model", lambda *a, **k: loads.append(a))  # a probe: never to be called
     expected = rf"^prompt-aug-train: error: {re.escape(str(log))}, line 2: not JSON"
     with pytest.raises(SystemExit, match=expected):
-        _train(run, "--max_steps", "4", "--resume_from_checkpoint", "true")
+        _train(run, "--max_steps", "6", "--resume_from_checkpoint", "true")
     assert loads == []
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from prompt_aug.templates import TemplateError, load_templates, select_templates
@@ -136,3 +139,23 @@ def test_custom_bank_file_and_subset_with_weights(tmp_path, tokenizer):
         select_templates(load_templates(), ["qwen-math", "nope"])
     with pytest.raises(TemplateError, match="2 templates"):
         select_templates(load_templates(), ["qwen-math", "abel"], [1.0])
+
+
+@pytest.mark.parametrize("value", ["missing.jinja", "templates/chat", "~/no-such-folder/chat.jinja"])
+def test_a_chat_template_path_that_is_not_there_is_named_as_a_missing_file(value):
+    from prompt_aug.templates import chat_template_text
+
+    resolved = Path(value).expanduser().resolve()
+    with pytest.raises(TemplateError) as err:
+        chat_template_text(value)
+    assert str(err.value) == (
+        f"chat_template: no such file {value!r} (resolved to {resolved}); give the path of a .jinja file, a "
+        "named template (chatml) or the Jinja text"
+    )
+
+
+def test_a_chat_template_that_names_a_folder_says_so(tmp_path):
+    from prompt_aug.templates import chat_template_text
+
+    with pytest.raises(TemplateError, match=f"^chat_template: a folder '{re.escape(str(tmp_path))}'"):
+        chat_template_text(str(tmp_path))
