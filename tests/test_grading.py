@@ -65,6 +65,7 @@ PATHOLOGICAL = {
     "40 nested parentheses": ("\\boxed{" + "(" * 40 + "1" + ")" * 40 + "}", True),
     "20 nested fractions": ("\\boxed{" + "\\frac{" * 20 + "1}{2}" * 20 + "}", True),
     "a megabyte boxed": ("\\boxed{" + "9" * 1_000_000 + "}", True),
+    "40,000 digits read in-process": ("the value is " + "1" * 40_000, True),  # a digit loop, no exponent
     "a megabyte of prose": ("lorem ipsum dolor " * 60_000, False),
     "many Minerva openers": ("final answer is $1 " * 10_000, False),  # each `$...$` is read once: linear
     "unclosed boxes": ("\\boxed{" * 200_000, False),

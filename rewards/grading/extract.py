@@ -315,7 +315,9 @@ def _occurrences(text: str, needle: str) -> list[int]:
     return found
 
 
-_EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE]([+-]?\d+)")
+# One way to split the digits (`\d+(?:\.\d*)?`, not `\d+\.?\d*`): a long run of digits with no exponent
+# then fails in linear time, not quadratic.
+_EXPONENT = re.compile(r"[+-]?(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)")
 
 
 def number_text(value: Any) -> str:
