@@ -667,6 +667,7 @@ def test_auto_on_cuda_trims_at_the_first_call_where_packed_attention_would_build
     passes = PaddingFreePasses("auto", device="cuda")
     assert passes.choose(model) == "packed"
     ids, mask = _rows()
+    caplog.clear()  # choose's own line, caught where an earlier test left the logger at INFO
     with caplog.at_level(logging.INFO, logger="prompt_aug"):
         passes.forward(_padded_call, model, ids, mask, 7, None, False)
     lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
