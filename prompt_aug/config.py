@@ -1,6 +1,6 @@
 """`PromptAugGRPOConfig`: TRL's `GRPOConfig` plus the trainer's keys, grouped as TRL groups its own and
 checked in `__post_init__`, each failure one line naming the key. (What only the training script reads is
-`prompt_aug.train.PromptAugScriptArguments`, as TRL's `GRPOScriptArguments` lives in its GRPO script.)
+`prompt_aug.recipe.PromptAugScriptArguments`, as TRL's `GRPOScriptArguments` lives beside its GRPO script.)
 
 `KEYS` is the one table of our trainer's keys: each field gives the default and help, and its `KeyInfo` the
 feature that reads it, its checks and, where it differs from our default, its value under a plain `GRPOConfig`

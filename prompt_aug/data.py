@@ -750,7 +750,7 @@ def preview(args: argparse.Namespace) -> str:
     recipe: dict[str, Any] = {}
     if args.config:  # read as training reads it: a missing file, bad YAML or unknown key is one line
         from .cli import read_recipe
-        from .train import make_parser
+        from .recipe import make_parser
 
         recipe = read_recipe(args.config, make_parser().option_names())
     keys = _source_keys(recipe, args.dataset)

@@ -3,26 +3,24 @@
 Also ``accelerate launch --config_file accelerate_configs/ddp.yaml -m prompt_aug.train --config ...``,
 ``torchrun --nproc_per_node N -m prompt_aug.train --config ...`` or the ``prompt-aug-train`` script.
 
-As TRL's GRPO script: `make_parser` builds the parser of a recipe's four key groups, and `run` reads top to
-bottom, as TRL's and open-r1's ``main`` do: check → data as stored → rewards and features → tokenizer → rows
-→ model → trainer → train → save → card → push. `main` is the command: parse, `run`, and one line for bad
-input. Before anything heavy loads, the recipe, the output folder (a folder holding a run needs
-``--resume_from_checkpoint`` or ``--overwrite_output_dir true``), where the model and data come from, and the
-reward, template and evaluation keys are checked; such errors end the command with one line. The features
-are built once, by `prompt_aug.extensions.build_features`, and handed to the trainer. The learning demo is
-reached only through `prompt_aug.sources`, so a run on a real model and dataset imports no demo module beyond
-its keys.
+As TRL's GRPO script: `prompt_aug.recipe.make_parser` builds the parser of a recipe's four key groups, and
+`run` reads top to bottom, as TRL's and open-r1's ``main`` do: check → data as stored → rewards and features
+→ tokenizer → rows → model → trainer → train → save → card → push. `main` is the command: parse, `run`, and
+one line for bad input. Before anything heavy loads, the recipe, the output folder (a folder holding a run
+needs ``--resume_from_checkpoint`` or ``--overwrite_output_dir true``), where the model and data come from,
+and the reward, template and evaluation keys are checked; such errors end the command with one line. The
+features are built once, by `prompt_aug.extensions.build_features`, and handed to the trainer. The learning
+demo is reached only through `prompt_aug.sources`, so a run on a real model and dataset imports no demo module
+beyond its keys.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from accelerate import PartialState
@@ -34,32 +32,27 @@ from rewards import get_reward_funcs
 
 from .batches import batch_arithmetic
 from .cli import (
-    DRY_RUN_OVERRIDES,
     USER_ERRORS,
-    RecipeParser,
     UsageError,
     check_reward_weights,
     checkpoint_step,
-    dry_run_processes,
     interrupted_message,
-    parse_recipe,
     prepare_output_dir,
     recipe_text,
-    wants_dry_run,
 )
 from .collator import FORMAT_COLUMNS
-from .config import PromptAugGRPOConfig, help_field, planned_processes
+from .config import PromptAugGRPOConfig
 from .data import DataError, load_train_dataset
 from .evaluation.benchmarks import EvalError
 from .extensions import build_features
 from .extensions.dynamic_sampling import signal_column
 from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, Preempted, disk_full_is_one_line, signal_ignored
 from .logging_utils import quiet_repeated_warnings, use_compact_log
-from .mixture import dataset_mixture
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
+from .recipe import PromptAugScriptArguments, Recipe, make_parser, parse_args
 from .reward_checks import RewardFunctionError, check_reward_arguments
-from .sources import builtin_names, demo_stage, downloads_model, read_training_data
+from .sources import demo_stage, downloads_model, read_training_data
 from .stack import check_before_parse, check_stack, wait_for_vllm_server
 from .templates import (
     TemplateError,
@@ -82,167 +75,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("prompt_aug")
-
-
-NUM_SYNTHETIC = 256  # rows of the built-in `synthetic` set unless num_synthetic says otherwise
-
-
-@dataclass
-class PromptAugScriptArguments:
-    """What ``prompt-aug-train`` reads beside the trainer's config, as TRL's `GRPOScriptArguments`: the data
-    (``dataset_*``, the column mapping, ``num_synthetic``, the prompt-length and bad-row limits), the model's
-    chat template, the reward functions by name, and how the run starts (``overwrite_output_dir``,
-    ``dry_run``, ``num_processes``). The trainer never sees these: it is given a dataset and reward functions.
-    """
-
-    # > Data
-    dataset_name: str | None = help_field(
-        None,
-        "A Hub id (e.g. hkust-nlp/SimpleRL-Zoo-Data), a local folder or file, or a built-in "
-        "set of the demo (synthetic, synthetic-addition, synthetic-digit-sums). Required.",
-    )
-    dataset_config: str | None = help_field(
-        None, "Hub subset or local sub-folder, e.g. simplelr_qwen_level3to5."
-    )
-    dataset_split: str = help_field("train", "Split to train on.")
-    question_column: str | None = help_field(None, "Question column (guessed if unset).")
-    answer_column: str | None = help_field(None, "Gold-answer column (guessed if unset).")
-    dataset_levels: list[str] | None = help_field(
-        None, "Keep only these `level` values (MATH), e.g. ['Level 3', 'Level 4']."
-    )
-    dataset_mixture: dict[str, Any] | str | None = help_field(
-        None,
-        "Several datasets mixed, instead of dataset_name: TRL's DatasetMixtureConfig, "
-        "{datasets: [{path, name, data_dir, data_files, split, columns, fraction, question_column, "
-        "answer_column, dataset_levels}, ...]}. Each source is mapped onto question/answer/uid as "
-        "dataset_name is (its uids prefixed with its position); the top-level question_column, "
-        "answer_column and dataset_levels apply to sources that do not set their own.",
-    )
-    dataset_num_rows: int | None = help_field(
-        None, "Row count of the dataset; used only by --dry_run for rounds per epoch."
-    )
-    num_synthetic: int = help_field(NUM_SYNTHETIC, "Rows of the `synthetic` dataset.")
-    max_prompt_length: int | None = help_field(
-        1024, "Drop questions whose prompt under the longest template exceeds this (0 or null: no limit)."
-    )
-    max_bad_row_share: float = help_field(
-        0.05,
-        "Stop when more than this share of the rows read is unusable (empty question; missing, "
-        "empty, NaN or oddly typed answer); below it such rows are dropped and reported. 1.0: never stop.",
-    )
-
-    # > Model
-    chat_template: str | None = help_field(
-        None,
-        "The chat template prompts render through, set on the tokenizer when it loads (and "
-        "saved with the model): `chatml`, a Jinja template, or the path of a .jinja file. Needed for a "
-        "base model whose tokenizer has none; replaces the tokenizer's own otherwise.",
-    )
-
-    # > Rewards
-    reward_funcs: list[str] = help_field(
-        ["correctness", "format"],
-        "Reward names from rewards.REGISTRY, or functions by import path "
-        "(package.module:function). The paper: correctness + format.",
-    )
-    soft_punish_cache: int | None = help_field(
-        None,
-        "For the reward get_soft_overlong_punishment (DAPO's soft overlong penalty): completions within "
-        "this many tokens of max_completion_length lose reward linearly, down to -1 at the limit (DAPO: "
-        "4096 of 20480). Unset: 256, or a quarter of max_completion_length where that is less (trl grpo "
-        "fixes 256 of 1280).",
-    )
-    # > The run
-    overwrite_output_dir: bool = help_field(
-        False,
-        "Train into an output_dir that already holds a run: first delete its checkpoints, model, "
-        "logs and completions (without it such a folder is refused unless you resume).",
-    )
-    dry_run: bool = help_field(
-        False,
-        "Print the batch arithmetic and exit; loads neither model nor data. Pass it on the "
-        "command line: it then parses with use_cpu on, so bf16 recipes parse on a machine without a GPU.",
-    )
-    num_processes: int | None = help_field(
-        None, "Processes for --dry_run (default: WORLD_SIZE, else 1); a real run counts its launch's."
-    )
-
-    def __post_init__(self) -> None:
-        # Counts the batch arithmetic and the data read take: below 1 a dry run showed negative rounds.
-        for key in ("num_processes", "dataset_num_rows", "num_synthetic"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ValueError(f"{key}: must be at least 1, got {value}")
-        if self.max_prompt_length is not None and self.max_prompt_length < 0:
-            raise ValueError(
-                f"max_prompt_length: a token count (0 or null: no limit), got {self.max_prompt_length}"
-            )
-        if not 0 <= self.max_bad_row_share <= 1:
-            raise ValueError(
-                f"max_bad_row_share: a share of the rows read, from 0 to 1 (1: never stop), got "
-                f"{self.max_bad_row_share}"
-            )
-        if isinstance(self.dataset_mixture, str):  # from the command line, as JSON
-            try:
-                self.dataset_mixture = json.loads(self.dataset_mixture)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"dataset_mixture: not a JSON mapping ({err})") from None
-        if self.dataset_mixture is not None:
-            self.dataset_mixture = dataset_mixture(self.dataset_mixture)
-            clashes = [
-                key
-                for key, value, default in (
-                    ("dataset_name", self.dataset_name, None),
-                    ("dataset_config", self.dataset_config, None),
-                    ("dataset_split", self.dataset_split, "train"),
-                )
-                if value != default
-            ]
-            if clashes:
-                raise ValueError(
-                    f"dataset_mixture and {clashes[0]} are both set: a mixture names its sources itself "
-                    "(path, name, split per source); remove " + clashes[0]
-                )
-        if self.num_synthetic != NUM_SYNTHETIC and self.dataset_name not in builtin_names("dataset"):
-            raise ValueError(
-                f"num_synthetic sizes only the built-in sets ({', '.join(builtin_names('dataset'))}), and "
-                f"dataset_name is {self.dataset_name!r}: remove num_synthetic"
-            )
-
-
-class Recipe(NamedTuple):
-    """A parsed recipe: the script's keys, the trainer's config, TRL's `ModelConfig` and the demo's keys."""
-
-    script_args: PromptAugScriptArguments
-    training_args: PromptAugGRPOConfig
-    model_args: ModelConfig
-    demo_args: Any  # `prompt_aug.demo.DemoArguments`
-
-
-def make_parser() -> RecipeParser:
-    """The parser of a recipe: our script's keys, the trainer's config, TRL's `ModelConfig` and the learning
-    demo's keys, each error one line naming the key and where it was set."""
-    demo_args = demo_stage().DemoArguments
-    return RecipeParser(
-        (PromptAugScriptArguments, PromptAugGRPOConfig, ModelConfig, demo_args),
-        usage="%(prog)s --config RECIPE.yaml [--key value ...]",
-        description=(
-            "Train with a recipe: --config RECIPE.yaml (recipes/ has examples). Every option below "
-            "is a recipe key; given on the command line it overrides the recipe's value."
-        ),
-    )
-
-
-def parse_args(argv: list[str] | None = None) -> Recipe:
-    """Parse a recipe and command-line overrides; a bad key or value fails here in one line
-    (`cli.UsageError`)."""
-    parser = make_parser()
-    args = list(argv) if argv is not None else sys.argv[1:]
-    if not wants_dry_run(args):
-        return Recipe(*parse_recipe(parser, args))
-    args += DRY_RUN_OVERRIDES  # bf16 recipes must parse on a CPU-only machine; see cli.DRY_RUN_OVERRIDES
-    with planned_processes(dry_run_processes(args)):  # TRL's batch checks as the launch will run them
-        return Recipe(*parse_recipe(parser, args))
 
 
 def _lora_target_error(err: ValueError, model: Any, model_args: ModelConfig) -> UsageError | None:

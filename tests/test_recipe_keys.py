@@ -36,9 +36,9 @@ from prompt_aug.data import DataError, load_train_dataset
 from prompt_aug.evaluation.callback import EvalCallback
 from prompt_aug.extensions.collapse import CollapseGuard
 from prompt_aug.extensions.stabilisers import OptimizerResetCallback
+from prompt_aug.recipe import PromptAugScriptArguments
 from prompt_aug.sources import SourceError, read_training_data
 from prompt_aug.templates import load_templates, templates_for
-from prompt_aug.train import PromptAugScriptArguments
 from prompt_aug.trainer import PromptAugGRPOTrainer
 from rewards import correctness_reward, format_reward, get_reward_funcs
 

@@ -18,9 +18,9 @@ from trl import ModelConfig
 
 from prompt_aug import models, train
 from prompt_aug.data import DataError, load_train_dataset
+from prompt_aug.recipe import PromptAugScriptArguments
 from prompt_aug.sources import SourceError, read_training_data
 from prompt_aug.templates import CHATML_TEMPLATE, TemplateError, load_templates, templates_for
-from prompt_aug.train import PromptAugScriptArguments
 from rewards.registry import TRL_REWARDS, TRLConvention, format_reward, get_reward_funcs
 
 REPO = Path(__file__).resolve().parents[1]
