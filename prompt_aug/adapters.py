@@ -1,8 +1,8 @@
 """LoRA adapter folders: the base model an adapter records, and merging it into that base.
 
-``python -m prompt_aug.adapters merge OUTPUT_DIR [--base MODEL] [--output DIR]`` writes a full model (the
-base with the adapter folded in, the tokenizer and the run's generation config, which holds the recipe's
-stop tokens) that vLLM and any ``from_pretrained`` can load. It prints the new folder.
+``python -m prompt_aug.adapters merge OUTPUT_DIR [--base MODEL] [--output DIR] [--dtype D]`` writes a full
+model (the base with the adapter folded in, the tokenizer and the run's generation config, which holds the
+recipe's stop tokens) that vLLM and any ``from_pretrained`` can load. It prints the new folder.
 
 A LoRA run (``use_peft: true``) saves only its adapter. The hf evaluation backend loads such a folder as it
 is; vLLM needs the merged model.
@@ -18,20 +18,32 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .model_card import CardError, full_model_card
-from .sources import SourceError, check_source, looks_local
+from .sources import (
+    SourceError,
+    check_source,
+    hub_endpoint,
+    hub_model_cached,
+    hub_offline,
+    hub_reachable,
+    looks_local,
+)
 
 logger = logging.getLogger("prompt_aug")
 
 ADAPTER_FILE = "adapter_config.json"
 # What a merged folder takes from the adapter folder: the run's tokenizer and chat template, and its
-# generation config (the recipe's stop tokens; the merged model would otherwise bring its base's).
+# generation config (the recipe's stop tokens; the merged model would otherwise bring its base's). The run's
+# model card goes too, where it is the trainer's (`is_trainer_card`).
 _CARRIED = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
     "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json",
-    "README.md",  # the run's model card, which `python -m prompt_aug.model_card` fills with an evaluation
 )  # fmt: skip
+# The dtypes `merge` computes in: ``auto`` is the base's stored dtype.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+PASS_BASE = "pass --base <folder or Hub id>"  # the way out of a recorded base that cannot be had
 
 
 class AdapterError(ValueError):
@@ -68,32 +80,59 @@ def adapter_base(folder: str | Path) -> str:
     return str(config.get("base_model_name_or_path") or "")
 
 
-def check_adapter_base(key: str, folder: str | Path) -> None:
+def _repo_id(value: str) -> bool:
+    """Whether ``value`` is a valid Hub repository id (``gpt2``, ``owner/name``)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return False
+    return True
+
+
+def check_adapter_base(key: str, folder: str | Path, way_out: str | None = None) -> None:
     """Fail in one line when the adapter in ``folder`` records no base model, a local base model that is not
     there (a relative path read from another folder, or a base moved since), or a Hub id that cannot be had
-    (offline, not in the cache), before transformers fails deep in loading it.
+    (offline, not in the cache), before transformers fails deep in loading it. ``way_out`` ends the message
+    (default: merge the adapter with ``--base``).
 
     Raises:
         AdapterError: names the folder, the recorded base, and the ways out.
     """
     base = adapter_base(folder)
+    way_out = (
+        way_out or f"merge it with `python -m prompt_aug.adapters merge {folder} --base <folder or Hub id>`"
+    )
     if not base:
         raise AdapterError(
             f"{key} {folder}: a LoRA adapter whose {ADAPTER_FILE} records no base model "
-            f"(base_model_name_or_path); merge it with `python -m prompt_aug.adapters merge {folder} --base "
-            "<the base model>`"
+            f"(base_model_name_or_path); {way_out}"
         )
-    if not looks_local(base):  # a Hub id: offline, it must be in the cache
-        try:
-            check_source(f"{key} {folder}: its LoRA adapter's base model", base, model=True)
-        except SourceError as err:
-            raise AdapterError(str(err)) from None
+    label = f"{key} {folder}: its LoRA adapter's base model"
     if looks_local(base) and not Path(base).expanduser().exists():
+        # Only a relative path depends on the folder it is read from.
+        here = "" if Path(base).expanduser().is_absolute() else "run from the folder it was trained in, or "
         raise AdapterError(
             f"{key} {folder}: a LoRA adapter whose base model {base!r} is not there (resolved to "
-            f"{Path(base).expanduser().resolve()}); run from the folder it was trained in, or merge it with "
-            f"`python -m prompt_aug.adapters merge {folder} --base <the base model>`"
+            f"{Path(base).expanduser().resolve()}); {here}{way_out}"
         )
+    if not looks_local(base) and _repo_id(base):  # a Hub id: offline, it must be in the cache
+        if hub_offline() and not hub_model_cached(base):
+            raise AdapterError(
+                f"{label} {base}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once online, or "
+                f"{way_out}"
+            )
+        if not hub_offline() and not hub_reachable():
+            raise AdapterError(
+                f"{label} {base}: cannot reach the Hugging Face Hub ({hub_endpoint()}); set HF_HUB_OFFLINE=1 "
+                f"to use a copy in the Hugging Face cache, or {way_out}"
+            )
+    try:  # a file, or a folder with no model in it
+        check_source(label, base, model=True)
+    except SourceError as err:
+        raise AdapterError(f"{err}; or {way_out}") from None
 
 
 def default_output(folder: Path) -> Path:
@@ -124,25 +163,98 @@ def merged_card(card: str, target: Path) -> str:
     return re.sub(r'\bmodel="[^"]*"', lambda _: f'model="{target}"', card)
 
 
-def merge(folder: str | Path, base: str | None = None, output: str | Path | None = None) -> Path:
-    """Fold the adapter in ``folder`` into its base model (``base``, default the one it records) and save the
-    full model, with the adapter folder's tokenizer (else the base's), generation config and model card (a
-    full model's: `model_card.full_model_card`), in ``output`` (default `default_output`), written under a
-    temporary name and renamed when complete. Returns ``output``.
+def _untie_embeddings(model: Any) -> bool:
+    """Give the output embedding of ``model`` a copy of the weight it shares with the input embedding (a base
+    with ``tie_word_embeddings``), so that a delta merged into one leaves the other as the adapter-applied
+    model computes it. Returns whether they were tied."""
+    import torch
+
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if inputs is None or outputs is None or outputs.weight is not inputs.weight:
+        return False
+    outputs.weight = torch.nn.Parameter(inputs.weight.detach().clone(), requires_grad=False)
+    model.config.tie_word_embeddings = False
+    return True
+
+
+def _retie_embeddings(model: Any) -> None:
+    """Tie the embeddings of ``model`` again where the merge left them equal (an adapter that touched
+    neither): the merged model is then saved as its base was."""
+    import torch
+
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if torch.equal(outputs.weight, inputs.weight):
+        outputs.weight = inputs.weight
+        model.config.tie_word_embeddings = True
+
+
+def _size_mismatch(error: str) -> str | None:
+    """The first weight that PEFT's ``size mismatch`` error names, shortened, with its two shapes; None for
+    another error.
+
+    >>> _size_mismatch("Error(s) in loading state_dict for PeftModel:\\n\\tsize mismatch for base_model."
+    ...     "model.model.layers.0.self_attn.q_proj.lora_A.default.weight: copying a param with shape torch."
+    ...     "Size([4, 64]) from checkpoint, the shape in current model is torch.Size([4, 128]).")
+    'model.layers.0.self_attn.q_proj.lora_A is [4, 64] in the adapter, [4, 128] in the base'
+    """
+    found = re.search(
+        r"size mismatch for (?:base_model\.model\.)?(\S+?)(?:\.default)?(?:\.weight)?: copying a param with "
+        r"shape torch\.Size\((\[[^\]]*\])\) from checkpoint, the shape in current model is "
+        r"torch\.Size\((\[[^\]]*\])\)",
+        error,
+    )
+    if found is None:
+        line = next((line.strip() for line in error.splitlines() if "size mismatch" in line), None)
+        return line.rstrip(".") if line else None
+    name, adapter, base = found.groups()
+    return f"{name} is {adapter} in the adapter, {base} in the base"
+
+
+def is_trainer_card(card: str) -> bool:
+    """Whether ``card`` is the card a run's trainer wrote (TRL's, with ours in it), not PEFT's placeholder,
+    which a checkpoint's adapter folder holds.
+
+    >>> is_trainer_card("It has been trained using [TRL](https://github.com/huggingface/trl).")
+    True
+    >>> is_trainer_card("# Model Card for Model ID")
+    False
+    """
+    return "trained using [TRL](" in card or "## Template bank" in card.split("\n")
+
+
+def merge(
+    folder: str | Path, base: str | None = None, output: str | Path | None = None, dtype: str = "auto"
+) -> Path:
+    """Fold the adapter in ``folder`` into its base model (``base``: a folder or a Hub id; default the one it
+    records) and save the full model, with the adapter folder's tokenizer (else the base's), generation config
+    and model card (the trainer's card only, made a full model's: `model_card.full_model_card`), in ``output``
+    (default `default_output`), written under a temporary name and renamed when complete. The merge is
+    computed in ``dtype`` (``auto``: the base's stored dtype; ``float32`` keeps a small delta that bf16 would
+    round away). Returns ``output``.
+
+    A base with tied input and output embeddings is loaded untied, so that a LoRA on ``lm_head`` (or on the
+    embeddings) changes that layer alone, as the adapter-applied model does; the merged model is saved
+    untied where they then differ.
 
     Raises:
         AdapterError: ``folder`` is not an adapter, its ``adapter_config.json`` does not parse, its base is
-            not recorded or cannot be found, or ``output`` is not empty.
+            not recorded, cannot be found or has other shapes than the adapter's, ``output`` is not empty, or
+            ``dtype`` is not one of `DTYPES`.
+        SourceError: ``base`` cannot be found (a missing folder, an unreachable or uncached Hub id).
     """
     folder = Path(folder).expanduser().resolve()
     if not is_adapter(folder):
         raise AdapterError(f"{folder}: no {ADAPTER_FILE} there, so not a LoRA adapter folder")
+    if dtype not in DTYPES:
+        raise AdapterError(f"--dtype {dtype!r}: not one of {', '.join(DTYPES)}")
     # A file that does not parse fails here, naming it, with or without ``base``.
     recorded = adapter_base(folder)
     if base is None:
-        check_adapter_base("merge", folder)
-        base = recorded
-    check_source("--base", base, model=True)  # a missing folder, or an unreachable or uncached Hub id
+        check_adapter_base("merge", folder, way_out=PASS_BASE)
+        base, label = recorded, f"merge {folder}: its LoRA adapter's base model {recorded}"
+    else:
+        label = f"--base {base}"
+        check_source("--base", base, model=True)  # a missing folder, or an unreachable or uncached Hub id
     target = Path(output).expanduser() if output else default_output(folder)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise AdapterError(f"--output {target} exists and is not empty; remove it or pass another --output")
@@ -150,9 +262,24 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
+    model = AutoModelForCausalLM.from_pretrained(
+        base, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
+    )
+    tied = _untie_embeddings(model)
+    try:
+        adapted = PeftModel.from_pretrained(model, str(folder))
+    except RuntimeError as err:  # another model than the one the adapter was trained on
+        mismatch = _size_mismatch(str(err))
+        if mismatch is None:
+            raise
+        raise AdapterError(
+            f"{label}: not the model the adapter in {folder} was trained on ({mismatch}); pass --base the "
+            "model it was trained on"
+        ) from None
     with torch.no_grad():
-        merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+        merged = adapted.merge_and_unload()
+        if tied:
+            _retie_embeddings(merged)
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     umask = os.umask(0o022)  # read, and put back: mkdtemp's folder is the owner's alone
@@ -165,8 +292,10 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
                 shutil.copy2(folder / name, work / name)
         if not has_tokenizer(folder):
             AutoTokenizer.from_pretrained(base).save_pretrained(work)
-        if (work / "README.md").is_file():
-            card = merged_card((work / "README.md").read_text(), target)
+        card = (folder / "README.md").read_text() if (folder / "README.md").is_file() else ""
+        # A checkpoint's card is PEFT's placeholder, which would describe an adapter: only the trainer's goes.
+        if is_trainer_card(card):
+            card = merged_card(card, target)
             try:
                 card = full_model_card(card, target)
             except CardError as err:  # a hand-edited card: the merge stands, the card keeps its metadata
@@ -181,7 +310,8 @@ def merge(folder: str | Path, base: str | None = None, output: str | Path | None
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m prompt_aug.adapters merge FOLDER [--base MODEL] [--output DIR]``; prints the new folder."""
+    """``python -m prompt_aug.adapters merge FOLDER [--base MODEL] [--output DIR] [--dtype D]``; prints the
+    new folder."""
     parser = argparse.ArgumentParser(
         prog="python -m prompt_aug.adapters", description=__doc__.split("\n\n")[0]
     )
@@ -194,9 +324,13 @@ def main(argv: list[str] | None = None) -> None:
     join.add_argument(
         "--output", default=None, help="the folder to write (default: FOLDER-merged; RUN-checkpoint-N-merged)"
     )
+    join.add_argument(
+        "--dtype", default="auto", choices=DTYPES,
+        help="the dtype to merge and save in (default: the base's; float32 keeps a small LoRA delta exactly)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        print(merge(args.folder, args.base, args.output))
+        print(merge(args.folder, args.base, args.output, args.dtype))
     except (AdapterError, SourceError) as err:
         raise SystemExit(f"prompt_aug.adapters: error: {err}") from None
 

@@ -464,9 +464,9 @@ def full_model_card(card: str, target: Path) -> str:
     """A LoRA run's card (``card``) for the full model merged from it into ``target``: its evaluation section
     and model-index made anew for ``target`` (which holds no evaluation yet: the adapter's numbers are
     another model's), and its front matter a full model's: its ``model_name`` the folder's,
-    ``library_name: transformers``, no
-    ``base_model:adapter:`` tag (the Hub's model tree would list it as an adapter), and ``base_model`` only
-    as a Hub id (`hub_id_of`: the Hub refuses a local path there).
+    ``library_name: transformers``, no ``base_model:adapter:`` tag (the Hub's model tree would list it as an
+    adapter) nor ``lora`` tag (its search would list it among adapters), and ``base_model`` only as a Hub id
+    (`hub_id_of`: the Hub refuses a local path there).
 
     Raises:
         CardError: the card's front matter does not parse.
@@ -475,7 +475,7 @@ def full_model_card(card: str, target: Path) -> str:
     parsed.data.library_name = "transformers"
     if parsed.data.model_name:
         parsed.data.model_name = target.name
-    tags = [t for t in parsed.data.tags or [] if not str(t).startswith("base_model:adapter:")]
+    tags = [t for t in parsed.data.tags or [] if t != "lora" and not str(t).startswith("base_model:adapter:")]
     parsed.data.tags = tags or None
     base = parsed.data.base_model
     if base is not None:

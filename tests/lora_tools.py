@@ -6,22 +6,29 @@ import json
 from pathlib import Path
 
 
-def save_lora_adapter(base: Path, folder: Path, recorded: str | None = None) -> Path:
-    """A rank-4 LoRA adapter on ``base``'s ``q_proj`` and ``v_proj`` with non-zero weights (a fresh one is a
-    no-op), saved in ``folder`` with ``base``'s tokenizer and a generation config of its own (EOS ids 2 and 5,
-    at most 7 new tokens). ``recorded`` replaces the base model path its ``adapter_config.json`` records."""
+def save_lora_adapter(
+    base: Path,
+    folder: Path,
+    recorded: str | None = None,
+    targets: tuple[str, ...] = ("q_proj", "v_proj"),
+    scale: float = 0.5,
+) -> Path:
+    """A rank-4 LoRA adapter on ``base``'s ``targets`` with non-zero weights (``lora_B`` drawn with standard
+    deviation ``scale``; a fresh one is a no-op), saved in ``folder`` with ``base``'s tokenizer and a
+    generation config of its own (EOS ids 2 and 5, at most 7 new tokens). ``recorded`` replaces the base
+    model path its ``adapter_config.json`` records."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules=list(targets))
     )
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(base).save_pretrained(folder)
     GenerationConfig(eos_token_id=[2, 5], max_new_tokens=7).save_pretrained(folder)

