@@ -115,6 +115,8 @@ class PromptAugmentationCollator:
         weights = list(weights) if weights is not None else [1.0] * len(templates)
         if len(weights) != len(templates):
             raise ValueError(f"{len(weights)} weights for {len(templates)} templates")
+        if any(not w >= 0 for w in weights) or not sum(weights) > 0:  # `not >=`: NaN is refused too
+            raise ValueError(f"weights {weights}: give non-negative numbers with a positive sum")
         self.templates = list(templates)
         self.tokenizer = tokenizer
         self.seed = seed

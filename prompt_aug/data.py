@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import numbers
 import re
@@ -391,18 +392,25 @@ def to_rows(
 
 
 def filter_long_prompts(
-    rows: datasets.Dataset, templates: list[Any], tokenizer: Any, max_prompt_length: int | None
+    rows: datasets.Dataset,
+    templates: list[Any],
+    tokenizer: Any,
+    max_prompt_length: int | None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[datasets.Dataset, int]:
-    """Drop rows whose prompt, rendered with the longest template, exceeds ``max_prompt_length`` tokens.
+    """Drop rows whose prompt, rendered with the longest template (and ``chat_template_kwargs``, as training
+    renders it), exceeds ``max_prompt_length`` tokens.
 
     TRL has no prompt-length limit, so this is where over-long prompts are removed.
     """
     if not max_prompt_length or len(rows) == 0:
         return rows, 0
+    kwargs = chat_template_kwargs or {}
     probe = rows[0]["question"]
-    longest = max(templates, key=lambda t: len(tokenizer(t.render(probe, tokenizer)).input_ids))
+    longest = max(templates, key=lambda t: len(tokenizer(t.render(probe, tokenizer, **kwargs)).input_ids))
     lengths = [
-        len(ids) for ids in tokenizer([longest.render(q, tokenizer) for q in rows["question"]]).input_ids
+        len(ids)
+        for ids in tokenizer([longest.render(q, tokenizer, **kwargs) for q in rows["question"]]).input_ids
     ]
     keep = [i for i, n in enumerate(lengths) if n <= max_prompt_length]
     return rows.select(keep), len(rows) - len(keep)
@@ -678,7 +686,9 @@ def load_train_dataset(
                 raise DataError(f"{read[0].key}: {err}") from None
         if not args.prompt_augmentation:
             dataset = plain_prompts(dataset, eval_template)
-        dataset, n_long = filter_long_prompts(dataset, templates, tokenizer, script_args.max_prompt_length)
+        dataset, n_long = filter_long_prompts(
+            dataset, templates, tokenizer, script_args.max_prompt_length, args.chat_template_kwargs
+        )
     report.rows = len(dataset)
     report.dropped[f"prompt longer than {script_args.max_prompt_length} tokens"] += n_long
     return dataset, report
@@ -745,7 +755,13 @@ def preview(args: argparse.Namespace) -> str:
     """The preview report as text (see `main`)."""
     from transformers import AutoTokenizer
 
-    from .templates import chat_template_text, load_templates, select_templates, with_system_prompt
+    from .templates import (
+        chat_template_text,
+        check_renders,
+        load_templates,
+        select_templates,
+        with_system_prompt,
+    )
 
     recipe: dict[str, Any] = {}
     if args.config:  # read as training reads it: a missing file, bad YAML or unknown key is one line
@@ -795,11 +811,13 @@ def preview(args: argparse.Namespace) -> str:
             max_len = None
     elif recipe.get("chat_template"):  # as the training run sets it
         tokenizer.chat_template = chat_template_text(recipe["chat_template"])
-    bank = load_templates(recipe.get("templates_file"), tokenizer=tokenizer)
+    kwargs = _chat_template_kwargs(recipe.get("chat_template_kwargs"))  # as training renders with them
+    bank = load_templates(recipe.get("templates_file"))
+    check_renders(bank.values(), tokenizer, kwargs)
     templates, _ = select_templates(bank, recipe.get("templates"), recipe.get("template_weights"))
     templates = [with_system_prompt(t, recipe.get("system_prompt")) for t in templates]
     n_gold = len(rows)
-    rows, n_long = filter_long_prompts(rows, templates, tokenizer, max_len)
+    rows, n_long = filter_long_prompts(rows, templates, tokenizer, max_len, kwargs)
     report.dropped[f"prompt longer than {max_len} tokens (longest template)"] += n_long
     report.rows = len(rows)
     lines.append(str(report))
@@ -814,8 +832,22 @@ def preview(args: argparse.Namespace) -> str:
         question = rows[0]["question"]
         for template in templates:
             lines.append(f"\n----- template {template.name} -----")
-            lines.append(template.render(question, tokenizer))
+            lines.append(template.render(question, tokenizer, **kwargs))
     return "\n".join(lines)
+
+
+def _chat_template_kwargs(value: Any) -> dict[str, Any]:
+    """The recipe's ``chat_template_kwargs``: a mapping, or its JSON text (as TRL's config takes it)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass  # refused below, by what it is
+    if value is not None and not isinstance(value, dict):
+        raise DataError(
+            f"chat_template_kwargs: {value!r} is not a mapping; give one, e.g. {{enable_thinking: false}}"
+        )
+    return dict(value or {})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,8 +6,9 @@
 * `check_stack`: vLLM for ``use_vllm`` and liger-kernel for ``use_liger_kernel``, each line naming the extra
   that installs it; and the log line of torch's CUDA build beside the driver's version.
 * `wait_for_vllm_server`: in vLLM server mode, wait for the server's health endpoint with a line every 15 s
-  (host, port, time left, the command that starts it), and end the run in one line at
-  ``vllm_server_timeout``. TRL's own wait (in `VLLMClient`) then finds the server up at once.
+  (host, port, time left, its last answer, the command that starts it), and end the run in one line at
+  ``vllm_server_timeout``; the main process waits, as it alone talks to the server, and tells the others.
+  TRL's own wait (in `VLLMClient`) then finds the server up at once.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class StackError(UsageError):
 
 def check_before_parse(argv: list[str] | None = None) -> None:
     """Refuse, before the recipe is parsed, a DeepSpeed launch without DeepSpeed, and a torch whose CUDA
-    build the NVIDIA driver cannot run (not checked for a dry run or a CPU run, ``use_cpu``). ``argv``: the
-    command line (default: ``sys.argv[1:]``).
+    build the NVIDIA driver cannot run (not checked for a dry run or a CPU run: ``use_cpu``, or
+    ``accelerate launch --cpu``). ``argv``: the command line (default: ``sys.argv[1:]``).
 
     Raises:
         StackError: the missing package and its extra, or torch's CUDA build and the driver's version.
@@ -68,6 +69,8 @@ def check_before_parse(argv: list[str] | None = None) -> None:
             "accelerate_configs/ddp.yaml"
         )
     if _flag(_setting(argv, "dry_run")) or _flag(_setting(argv, "use_cpu")):
+        return
+    if _flag(os.environ.get("ACCELERATE_USE_CPU")):  # `accelerate launch --cpu`, which transformers honours
         return
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):  # GPUs hidden on purpose
         return
@@ -141,14 +144,16 @@ def _major(version: str) -> int:
 
 
 def _setting(argv: list[str], key: str) -> Any:
-    """``key``'s value as the command line (``--key v``, ``--key=v``, a bare ``--key``) or else the recipe
-    (``--config``) gives it; ``None`` when unset or unreadable (the parser then says why)."""
+    """``key``'s value as the command line (``--key v``, ``--key=v``, a bare ``--key``; ``--dry-run`` for
+    ``dry_run`` too, as the parser takes it) or else the recipe (``--config``) gives it; ``None`` when unset
+    or unreadable (the parser then says why)."""
     value: Any = None
+    flags = (f"--{key}", f"--{key.replace('_', '-')}")
     for i, arg in enumerate(argv):
-        if arg == f"--{key}":
+        if arg in flags:
             following = argv[i + 1] if i + 1 < len(argv) else ""
             value = "true" if not following or following.startswith("--") else following
-        elif arg.startswith(f"--{key}="):
+        elif arg.startswith(tuple(f"{flag}=" for flag in flags)):
             value = arg.split("=", 1)[1]
     config = flag_value(argv, "--config")
     if value is not None or config is None:
@@ -167,16 +172,26 @@ def _flag(value: Any) -> bool:
 
 
 def _installed(package: str, min_version: str | None = None) -> bool:
+    """Whether the module ``package`` imports, from a distribution of at least ``min_version``: the one named
+    like it, else any that ships it (``liger-kernel-nightly`` ships ``liger_kernel``)."""
     if importlib.util.find_spec(package) is None:
         return False
     if min_version is None:
         return True
-    from packaging.version import Version
+    from packaging.version import InvalidVersion, Version
 
-    try:
-        return Version(importlib.metadata.version(package.replace("_", "-"))) >= Version(min_version)
-    except importlib.metadata.PackageNotFoundError:
-        return False
+    def shipping() -> Any:  # the distributions that ship it, read only where the usual name is missing
+        yield package.replace("_", "-")
+        yield from importlib.metadata.packages_distributions().get(package, [])
+
+    for name in shipping():
+        try:
+            return Version(importlib.metadata.version(name)) >= Version(min_version)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        except InvalidVersion:
+            return False
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,17 +261,42 @@ def wait_for_vllm_server(args: Any, model: str, report_every: float = 15.0) -> N
     """In vLLM server mode (``use_vllm``, ``vllm_mode: server``), wait up to ``vllm_server_timeout`` seconds
     for the server's ``/health`` to answer, logging every ``report_every`` seconds what it waits for.
 
+    Only the main process waits: it alone talks to the server (TRL builds its `VLLMClient` there), so a
+    ``localhost`` server is the main machine's. The other processes wait for its verdict (a collective, within
+    ``ddp_timeout``), and every process stops with the same line.
+
     Raises:
-        StackError: no answer in time; the line names the host, the port and the command that starts it.
+        StackError: no answer in time; the line names the host, the port, the last answer or error, and the
+            command that starts the server.
     """
     if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
         return
+    from accelerate import PartialState
+
+    state = PartialState()
+    error = None
+    if state.is_main_process:
+        try:
+            _wait_for_health(args, model, report_every)
+        except StackError as err:
+            error = str(err)
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        (error,) = broadcast_object_list([error])
+    if error:
+        raise StackError(error)
+
+
+def _wait_for_health(args: Any, model: str, report_every: float) -> None:
+    """`wait_for_vllm_server`'s wait, on this process."""
     base, host, port = server_address(args)
     timeout = float(args.vllm_server_timeout)
     start = time.monotonic()
     next_report = start
     while True:
-        if _healthy(f"{base}/health", min(5.0, max(0.5, timeout - (time.monotonic() - start)))):
+        answer = _health(f"{base}/health", min(5.0, max(0.5, timeout - (time.monotonic() - start))))
+        if answer is None:
             if next_report > start:  # it had to wait: say that the wait is over
                 logger.info("vLLM server at %s:%s is up", host, port)
             return
@@ -268,22 +308,30 @@ def wait_for_vllm_server(args: Any, model: str, report_every: float = 15.0) -> N
             )
             raise StackError(
                 f"no vLLM server answered at {host}:{port} ({where}) within vllm_server_timeout "
-                f"{timeout:g} s; start it there with `{serve_command(model, port)}`, or raise "
-                "vllm_server_timeout"
+                f"{timeout:g} s (last: {answer}); start it there with `{serve_command(model, port)}`, or "
+                "raise vllm_server_timeout"
             )
         if now >= next_report:
             logger.info(
-                "waiting for the vLLM server at %s:%s (%d s left of vllm_server_timeout); start it with `%s`",
-                host, port, round(left), serve_command(model, port),
+                "waiting for the vLLM server at %s:%s (%d s left of vllm_server_timeout; last: %s); start it "
+                "with `%s`", host, port, round(left), answer, serve_command(model, port),
             )  # fmt: skip
             next_report = now + report_every
         time.sleep(min(1.0, max(0.0, left)))
 
 
-def _healthy(url: str, timeout: float) -> bool:
-    """Whether ``url`` answers 200 (redirects followed, as TRL's client follows them)."""
+def _health(url: str, timeout: float) -> str | None:
+    """``None`` when ``url`` answers 200 (redirects followed, as TRL's client follows them), else what it
+    answered or why it did not."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+            if response.status == 200:
+                return None
+            return f"/health answered HTTP {response.status}"
+    except urllib.error.HTTPError as err:
+        hint = "still loading?" if err.code == 503 else "another service on that port?"
+        return f"/health answered HTTP {err.code} {err.reason}, {hint}"
+    except urllib.error.URLError as err:
+        return str(getattr(err.reason, "strerror", None) or err.reason)
+    except (OSError, ValueError) as err:  # a timeout, a reset connection, a malformed URL
+        return str(err) or type(err).__name__

@@ -213,8 +213,9 @@ def load_templates(path: str | Path | None = None, tokenizer: Any = None) -> dic
     return bank
 
 
-def check_renders(templates: Any, tokenizer: Any) -> None:
-    """Render each template with a probe question; raise `TemplateError` naming the first that fails."""
+def check_renders(templates: Any, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    """Render each template with a probe question (with ``chat_template_kwargs``, as training renders); raise
+    `TemplateError` naming the first that fails."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError(
             f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, and templates "
@@ -223,7 +224,7 @@ def check_renders(templates: Any, tokenizer: Any) -> None:
         )
     for template in templates:
         try:
-            text = template.render("What is 1 + 1?", tokenizer)
+            text = template.render("What is 1 + 1?", tokenizer, **(chat_template_kwargs or {}))
         except Exception as err:  # the tokenizer's Jinja template can raise anything
             raise TemplateError(
                 f"template {template.name!r} failed to render with the tokenizer: {err}"

@@ -237,7 +237,8 @@ def run(
         (download_once,) = broadcast_object_list([state.is_main_process and downloads_model(model_path)])
         with state.main_process_first() if download_once else nullcontext():
             tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
-        check_renders(templates, tokenizer)  # each template must render with this tokenizer's chat template
+        # Each template must render with this tokenizer's chat template and the chat_template_kwargs.
+        check_renders(templates, tokenizer, args.chat_template_kwargs)
         dataset, report = load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
         check_reward_arguments(reward_funcs, names, [*dataset.column_names, *FORMAT_COLUMNS])
     except (ModelArgsError, TemplateError, DataError, RewardFunctionError) as err:

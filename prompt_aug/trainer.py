@@ -185,7 +185,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     def _default_collator(self) -> PromptAugmentationCollator:
         templates, weights, eval_template = templates_for(self.config)
         try:
-            check_renders(templates, self.text_tokenizer)
+            check_renders(templates, self.text_tokenizer, self.chat_template_kwargs)
         except TemplateError as err:
             raise TemplateError(
                 f"{err}\nPromptAugGRPOTrainer renders the templates (templates_file's, else the built-in "

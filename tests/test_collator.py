@@ -67,6 +67,16 @@ def test_weighted_draws_follow_the_weights(bank, tokenizer):
     assert abs(counts["qwen-math"] / 8000 - 0.75) < 0.03
 
 
+@pytest.mark.parametrize("weights", [[-1, 2], [0, 0], [float("nan"), 1]])
+def test_weights_that_cannot_be_drawn_from_are_refused_in_one_line(bank, tokenizer, weights):
+    templates = [bank["qwen-math"], bank["open-r1"]]
+    with pytest.raises(ValueError) as err:
+        PromptAugmentationCollator(templates, tokenizer, weights=weights)
+    assert str(err.value).startswith(f"weights {weights}: give non-negative numbers")
+    assert "\n" not in str(err.value)
+    assert PromptAugmentationCollator(templates, tokenizer, weights=[0, 1]).draw("q").name == "open-r1"
+
+
 def test_draws_do_not_depend_on_the_process(bank, tokenizer):
     # A fresh interpreter with another hash salt stands in for another rank or a resumed run.
     here = [

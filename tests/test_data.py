@@ -342,6 +342,31 @@ def test_preview_cli_with_a_recipe_uses_its_templates_and_prompt_limit(tmp_path,
     assert out.count("----- template") == 2 and "----- template abel -----" in out
 
 
+def test_preview_renders_and_limits_prompts_with_the_recipes_chat_template_kwargs(tmp_path, capsys):
+    # ChatML with a thinking switch (as Qwen3's template has); without `enable_thinking` it cannot render.
+    (tmp_path / "thinking.jinja").write_text(
+        "{% if enable_thinking is not defined %}{{ raise_exception('no enable_thinking') }}{% endif %}"
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+        "{% endfor %}{{ '<|im_start|>assistant\\n' }}"
+        "{% if not enable_thinking %}{{ '<think>' + ' thinking is off.' * 40 + '</think>' }}{% endif %}"
+    )
+    tokenizer = builtin_tokenizer()
+    tokenizer.chat_template = (tmp_path / "thinking.jinja").read_text()
+    (template,) = select_templates(load_templates(), ["qwen-math"])[0]
+    limit = max(
+        len(tokenizer(template.render(q, tokenizer, enable_thinking=True)).input_ids) for q, _, _ in VERL_ROWS
+    )
+    out = _preview_with_a_long_question(
+        tmp_path,
+        capsys,
+        f"model_name_or_path: tiny-random-qwen2\ntemplates: [qwen-math]\nmax_prompt_length: {limit}\n"
+        f"chat_template: {tmp_path / 'thinking.jinja'}\nchat_template_kwargs: {{enable_thinking: false}}\n",
+    )
+    # Every prompt fits the limit without the thinking text, and none with it, as training renders them.
+    assert f"dropped 5: prompt longer than {limit} tokens (longest template)" in out
+    assert "6 rows read, 0 kept" in out
+
+
 def test_preview_reads_a_mixture_sources_own_columns_and_levels_as_training_does(
     tmp_path, capsys, monkeypatch
 ):

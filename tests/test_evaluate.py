@@ -1131,6 +1131,94 @@ def test_evaluation_during_training_takes_the_eval_template_from_the_recipes_tem
         evaluator_from_args(args)
 
 
+# A ChatML template with a thinking switch, as Qwen3's has: rendering without `enable_thinking` is an error,
+# so a prompt made without the recipe's chat_template_kwargs cannot pass unnoticed.
+THINKING_TEMPLATE = (
+    "{% if enable_thinking is not defined %}{{ raise_exception('enable_thinking not passed') }}{% endif %}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if not enable_thinking %}{{ '<think>\\n' + 'thinking is off. ' * 20 + '</think>\\n\\n' }}{% endif %}"
+    "{% endif %}"
+)
+
+
+def test_training_and_evaluation_prompts_render_with_the_recipes_chat_template_kwargs(
+    tiny_model_dir, tmp_path
+):
+    """The evaluation during training, the prompt-length filter and the trainer's collator render a question
+    alike, with the recipe's chat_template_kwargs."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerControl, TrainerState
+
+    from prompt_aug.collator import PromptAugmentationCollator
+    from prompt_aug.config import PromptAugGRPOConfig
+    from prompt_aug.data import filter_long_prompts
+    from prompt_aug.evaluation.callback import evaluator_from_args
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    question = "Compute $1 + 1$."
+    questions = tmp_path / "sums.jsonl"
+    questions.write_text(json.dumps({"question": question, "answer": "2"}) + "\n")
+    off = {"enable_thinking": False}
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none",
+        eval_benchmarks=[str(questions)], eval_every_steps=1, eval_max_tokens=2, chat_template_kwargs=off,
+    )  # fmt: skip
+    evaluator = evaluator_from_args(args)
+    template = evaluator.template
+    collator = PromptAugmentationCollator(
+        [template], tokenizer, eval_template=template, chat_template_kwargs=args.chat_template_kwargs
+    )
+    prompt = collator([{"question": question}], training=False)[0]["prompt"]
+    assert "thinking is off." in prompt and evaluator.prompt(question, tokenizer) == prompt
+    length = len(tokenizer(prompt).input_ids)
+    shorter = template.render(question, tokenizer, enable_thinking=True)
+    assert len(tokenizer(shorter).input_ids) < length - 1  # the kwargs change what the limit sees
+    rows = Dataset.from_dict({"question": [question], "answer": ["2"], "uid": ["a"]})
+    assert filter_long_prompts(rows, [template], tokenizer, length, args.chat_template_kwargs)[1] == 0
+    assert filter_long_prompts(rows, [template], tokenizer, length - 1, args.chat_template_kwargs)[1] == 1
+    # Generating: the evaluator built from the recipe, and one passed in (the training arguments' kwargs).
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert evaluator.evaluate_model(model, tokenizer)["eval/questions"] == 1.0
+    given = EvalCallback(str(questions), every_n_steps=1, max_tokens=2)
+    state, control = TrainerState(), TrainerControl()
+    state.global_step = 1
+    given.on_step_end(args, state, control, model=model, processing_class=tokenizer)
+    assert control.should_log
+
+
+def test_prompt_aug_eval_renders_with_chat_template_kwargs_and_records_them(
+    tiny_model_dir, suite_dir, tmp_path, capsys
+):
+    chat_template = tmp_path / "thinking.jinja"
+    chat_template.write_text(THINKING_TEMPLATE)
+    out = tmp_path / "eval"
+    flags = (
+        "--benchmarks",
+        "amc",
+        "--limit",
+        "1",
+        "--max_tokens",
+        "2",
+        "--chat_template",
+        str(chat_template),
+    )
+    results = _eval(
+        tiny_model_dir, suite_dir, out, *flags, "--chat_template_kwargs", '{"enable_thinking": false}'
+    )
+    assert results["settings"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert all("thinking is off." in r["prompt"] for r in _lines(out / "completions.jsonl"))
+    assert "chat_template_kwargs {'enable_thinking': False}" in (out / "results.md").read_text()
+    with pytest.raises(SystemExit, match="other settings.*chat_template_kwargs"):
+        _eval(tiny_model_dir, suite_dir, out, *flags, "--chat_template_kwargs", '{"enable_thinking": true}')
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "m", "--chat_template_kwargs", "[1]"])
+    assert "--chat_template_kwargs: not a JSON object" in capsys.readouterr().err
+
+
 def test_evaluation_during_training_stops_where_the_recipes_rollouts_stop(tmp_path):
     """With the paper's stop_tokens (the model's EOS alone) the evaluation generates past <|im_end|>, as the
     rollouts and `prompt-aug-eval --stop eos` do; with the default stop_tokens it ends there."""

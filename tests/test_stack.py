@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import torchrun
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -84,6 +85,30 @@ def test_use_liger_kernel_without_liger_kernel_is_refused_by_the_dry_run_too(dry
     assert "liger" in PYPROJECT["project"]["optional-dependencies"]
 
 
+def _fake_liger(folder: Path, distribution: str, version: str) -> None:
+    """An installed ``liger_kernel`` module from the distribution ``distribution`` at ``version``."""
+    (folder / "liger_kernel").mkdir(parents=True)
+    (folder / "liger_kernel" / "__init__.py").write_text("")
+    info = folder / f"{distribution.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("liger_kernel\n")
+
+
+@_absent("liger_kernel")
+def test_use_liger_kernel_takes_the_nightly_distribution_at_a_version_trl_supports(tmp_path, monkeypatch):
+    config = PromptAugGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
+    config.use_liger_kernel = True
+    _fake_liger(tmp_path / "new", "liger-kernel-nightly", "0.9.0.dev20260101")
+    monkeypatch.syspath_prepend(str(tmp_path / "new"))
+    stack.check_stack(config, dry_run=True)
+    monkeypatch.undo()
+    _fake_liger(tmp_path / "old", "liger-kernel-nightly", "0.5.0.dev20250101")
+    monkeypatch.syspath_prepend(str(tmp_path / "old"))
+    with pytest.raises(stack.StackError, match=r"^use_liger_kernel: needs liger-kernel >= 0\.8\.2"):
+        stack.check_stack(config, dry_run=True)
+
+
 @_absent("deepspeed")
 def test_a_deepspeed_launch_without_deepspeed_is_one_line_before_the_recipe_is_parsed(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # what `accelerate launch` sets for a ZeRO config
@@ -137,6 +162,26 @@ def test_a_driver_without_usable_cuda_stops_the_run_in_one_line_naming_both(tmp_
     stack.check_before_parse([f"--config={SMOKE}"])  # the recipe's use_cpu, read from either form
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_a_cpu_or_dry_run_in_any_spelling_is_not_checked_against_the_driver(tmp_path, monkeypatch):
+    version = tmp_path / "version"
+    version.write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+    )
+    monkeypatch.setattr(stack, "NVIDIA_VERSION_FILE", version)  # a CPU container that sees the host's driver
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    for argv in (["--use-cpu"], ["--use-cpu", "true"], ["--use-cpu=true"], ["--dry-run"]):  # the parser's too
+        stack.check_before_parse(argv)
+    with pytest.raises(stack.StackError, match="CUDA is not available"):
+        stack.check_before_parse(["--config", SMOKE, "--use-cpu", "false"])
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what `accelerate launch --cpu` exports
+    stack.check_before_parse(["--config", SMOKE, "--use-cpu", "false"])
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "False")  # what every other accelerate launch exports
+    with pytest.raises(stack.StackError, match="CUDA is not available"):
+        stack.check_before_parse(["--config", SMOKE, "--use_cpu", "false"])
+
+
 def test_the_start_of_a_run_logs_torchs_cuda_build_beside_the_driver(caplog):
     with caplog.at_level(logging.INFO, logger="prompt_aug"):
         stack.check_stack(
@@ -173,6 +218,7 @@ def test_server_mode_against_a_closed_port_says_what_it_waits_for_and_ends_in_on
     assert (
         f"`trl vllm-serve --model my/model --port {port}`" in message and "vllm_server_timeout 3 s" in message
     )
+    assert "(last: Connection refused)" in message  # what the last try met
     waits = [r.getMessage() for r in caplog.records if "waiting for the vLLM server" in r.getMessage()]
     assert len(waits) >= 2, waits  # the first at once, then one per report_every
     assert all(
@@ -187,6 +233,79 @@ class _Health(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+class _Loading(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # http.server calls it by this name
+        self.send_response(503)  # what a vLLM server answers while its model loads
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _serving(port: int, handler: type) -> http.server.HTTPServer:
+    server = http.server.HTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_server_that_answers_but_not_200_is_named_by_its_status():
+    port = _closed_port()
+    server = _serving(port, _Loading)
+    try:
+        with pytest.raises(stack.StackError) as err:
+            stack.wait_for_vllm_server(_server_config(port, 2), "my/model", report_every=1.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(err.value)
+    assert message.startswith(f"no vLLM server answered at 127.0.0.1:{port}") and "\n" not in message
+    assert "(last: /health answered HTTP 503 Service Unavailable, still loading?)" in message
+
+
+# Each process is given its own `localhost` port, as processes on other machines see their own loopback.
+_TWO_PROCESS_WAIT = """
+import os, sys
+from prompt_aug import stack
+from prompt_aug.config import PromptAugGRPOConfig
+
+rank = int(os.environ["RANK"])
+for main_port, other_port in ((int(sys.argv[1]), int(sys.argv[2])), (int(sys.argv[2]), int(sys.argv[1]))):
+    config = PromptAugGRPOConfig(
+        output_dir="unused", use_cpu=True, bf16=False, report_to="none", use_vllm=True, vllm_mode="server",
+        vllm_server_host="127.0.0.1", vllm_server_port=main_port if rank == 0 else other_port,
+        vllm_server_timeout=2,
+    )
+    try:
+        stack.wait_for_vllm_server(config, "my/model", report_every=1.0)
+        print(f"rank {rank}: up", flush=True)
+    except stack.StackError as err:
+        print(f"rank {rank}: {err}", flush=True)
+"""
+
+
+def test_only_the_main_process_waits_for_the_server_and_every_process_takes_its_verdict(tmp_path):
+    script = tmp_path / "wait.py"
+    script.write_text(_TWO_PROCESS_WAIT)
+    up, down = _closed_port(), _closed_port()
+    server = _serving(up, _Health)
+    try:
+        done = subprocess.run(
+            [*torchrun(2), str(script), str(up), str(down)],
+            cwd=REPO, capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = [line for line in done.stdout.splitlines() if line.startswith("rank ")]
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The main process's server is up: the other process goes on though its own port is closed.
+    assert sorted(lines[:2]) == ["rank 0: up", "rank 1: up"], lines
+    # The main process's port is closed: both stop with its line, though the other's own server answers.
+    verdicts = sorted(lines[2:])
+    assert len(verdicts) == 2 and verdicts[0][len("rank 0: ") :] == verdicts[1][len("rank 1: ") :], verdicts
+    assert verdicts[0].startswith(f"rank 0: no vLLM server answered at 127.0.0.1:{down}")
 
 
 def test_server_mode_goes_on_as_soon_as_the_server_answers():

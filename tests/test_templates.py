@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from prompt_aug.templates import TemplateError, load_templates, select_templates
+from prompt_aug.templates import TemplateError, check_renders, load_templates, select_templates
 
 EXPECTED = {
     # name: (prefill, markers) as specified for the paper's bank
@@ -123,6 +123,20 @@ def test_a_template_the_tokenizer_cannot_render_is_named(tmp_path, tokenizer):
     )
     with pytest.raises(TemplateError, match="'chatty'"):
         load_templates(path, tokenizer=strict)
+
+
+def test_templates_are_checked_with_the_chat_template_kwargs_training_renders_with(tokenizer):
+    from transformers import AutoTokenizer
+
+    switched = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    switched.chat_template = (
+        "{% if enable_thinking is not defined %}{{ raise_exception('no enable_thinking') }}{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    bank = load_templates()
+    check_renders(bank.values(), switched, {"enable_thinking": False})
+    with pytest.raises(TemplateError, match="no enable_thinking"):
+        check_renders(bank.values(), switched)
 
 
 def test_custom_bank_file_and_subset_with_weights(tmp_path, tokenizer):

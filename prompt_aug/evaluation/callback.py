@@ -48,6 +48,8 @@ class EvalCallback(TrainerCallback):
             config holds the recipe's ``stop_tokens`` (the trainer puts them there), so ``eos``, which
             `evaluator_from_args` passes, stops where the training rollouts stop, and where
             ``prompt-aug-eval --stop eos`` stops on the saved model.
+        chat_template_kwargs: Extra arguments for ``apply_chat_template``, as the training prompts render
+            with them. ``None``: the training arguments' ``chat_template_kwargs`` at each evaluation.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class EvalCallback(TrainerCallback):
         batch_size: int = 16,
         columns: tuple[str | None, str | None] = (None, None),
         stop: str = "turn",
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.benchmarks = parse_benchmarks(benchmarks)
         stop_rule_tokens(stop)  # an unknown rule fails here, not at the first evaluation
@@ -75,6 +78,7 @@ class EvalCallback(TrainerCallback):
         self.every_n_steps, self.data_dir, self.limit = every_n_steps, data_dir, limit
         self.template = template if isinstance(template, Template) else parse_templates(template)[0]
         self.max_tokens, self.batch_size = max_tokens, batch_size
+        self.chat_template_kwargs = None if chat_template_kwargs is None else dict(chat_template_kwargs)
         self._problems: list[Problem] | None = None
         self._pending: dict[str, float] = {}
 
@@ -94,10 +98,24 @@ class EvalCallback(TrainerCallback):
             self._problems = [p for problems in loaded for p in problems]
         return self._problems
 
+    def prompt(
+        self, question: str, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None
+    ) -> str:
+        """``question`` rendered under the evaluation template, with this callback's ``chat_template_kwargs``
+        (else ``chat_template_kwargs``, the training arguments')."""
+        kwargs = self.chat_template_kwargs if self.chat_template_kwargs is not None else chat_template_kwargs
+        return self.template.render(question, tokenizer, **(kwargs or {}))
+
     def evaluate_model(
-        self, model: Any, tokenizer: Any, process_index: int = 0, num_processes: int = 1
+        self,
+        model: Any,
+        tokenizer: Any,
+        process_index: int = 0,
+        num_processes: int = 1,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, float]:
-        """Greedy strict accuracy of ``model`` on the chosen benchmarks, as ``eval/*`` metrics.
+        """Greedy strict accuracy of ``model`` on the chosen benchmarks, as ``eval/*`` metrics; prompts as
+        `prompt` renders them.
 
         With ``num_processes > 1`` every process must call it: each generates for its share of the
         questions, and the verdicts of all processes are gathered before the accuracy is computed.
@@ -107,7 +125,7 @@ class EvalCallback(TrainerCallback):
         records = []
         for start in range(0, len(mine), self.batch_size):
             batch = mine[start : start + self.batch_size]
-            prompts = [self.template.render(p.question, tokenizer) for p in batch]
+            prompts = [self.prompt(p.question, tokenizer, chat_template_kwargs) for p in batch]
             outputs = backend.generate(
                 prompts, [0] * len(batch), max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, n=1
             )
@@ -154,8 +172,9 @@ class EvalCallback(TrainerCallback):
             return control  # stopping early at this step (a preemption signal): save, do not evaluate first
         tokenizer = kwargs.get("processing_class") or kwargs.get("tokenizer")
         self._pending = self.evaluate_model(
-            kwargs["model"], tokenizer, getattr(args, "process_index", 0), getattr(args, "world_size", 1)
-        )
+            kwargs["model"], tokenizer, getattr(args, "process_index", 0), getattr(args, "world_size", 1),
+            getattr(args, "chat_template_kwargs", None),  # the rollouts' prompts render with them
+        )  # fmt: skip
         logger.info("step %d: %s", state.global_step, {k: round(v, 4) for k, v in self._pending.items()})
         control.should_log = True
         return control
@@ -191,6 +210,7 @@ def evaluator_from_args(args: Any) -> EvalCallback | None:
         limit=args.eval_limit,
         columns=(args.eval_question_column, args.eval_answer_column),
         stop="eos",  # the recipe's stop_tokens, which the trainer sets in the model's generation config
+        chat_template_kwargs=args.chat_template_kwargs or {},  # as the training prompts render
     )
     evaluator.problems()
     return evaluator

@@ -116,6 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "none (a base model); replaces the tokenizer's own otherwise. A model trained with chat_template "
         "keeps it in its folder.",
     )
+    parser.add_argument(
+        "--chat_template_kwargs",
+        type=_json_mapping,
+        default=None,
+        help="Extra arguments for the chat template, as JSON, e.g. '{\"enable_thinking\": false}' for Qwen3 "
+        "(as the recipe key chat_template_kwargs): evaluate with the training run's to ask as it asked.",
+    )
     parser.add_argument("--runs", type=int, default=1, help="Runs to average (the paper: 5).")
     parser.add_argument(
         "--n",
@@ -197,6 +204,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.n > 1 and args.temperature == 0:
         parser.error("--n > 1 needs sampling: set --temperature > 0")
     return args
+
+
+def _json_mapping(text: str) -> dict[str, Any]:
+    """A ``--chat_template_kwargs`` value: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"not a JSON object: {text!r}; give e.g. '{{\"enable_thinking\": false}}'"
+        )
+    return value
 
 
 def default_output(model: str) -> Path:
@@ -364,6 +384,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed if sampling else None,
         "templates_file": args.templates_file,
         "chat_template": args.chat_template,
+        "chat_template_kwargs": args.chat_template_kwargs or None,
         "stop": args.stop,
         "max_model_len": max_model_len if shorter else None,
         "question_column": args.question_column,
@@ -421,6 +442,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
             batch_size=args.batch_size,
             progress=not args.no_progress,
             processes=processes,
+            chat_template_kwargs=args.chat_template_kwargs,
         )
         results = None
         if processes.main:
@@ -440,7 +462,8 @@ def _vllm_context(
     args: argparse.Namespace, tokenizer: Any, templates: list[Any], problems: list[Any]
 ) -> tuple[int, int]:
     """The ``max_model_len`` vLLM is asked for (`vllm_max_model_len`) and the longest prompt, in tokens."""
-    prompts = [t.render(p.question, tokenizer) for t in templates for p in problems]
+    kwargs = args.chat_template_kwargs or {}
+    prompts = [t.render(p.question, tokenizer, **kwargs) for t in templates for p in problems]
     longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
     context = model_context_length(args.model)
     max_model_len = vllm_max_model_len(args.max_model_len, longest, args.max_tokens, context)

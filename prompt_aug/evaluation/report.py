@@ -29,6 +29,7 @@ PAPER_PROTOCOL: dict[str, Any] = {
     "limit": None,
     "templates_file": None,
     "chat_template": None,  # --chat_template: the tokenizer's own replaced
+    "chat_template_kwargs": None,  # --chat_template_kwargs: the chat template's defaults changed
     "stop": "eos",
     "benchmarks": ",".join(BENCHMARKS),  # the five of the suite, as --benchmarks lists them
 }
@@ -43,6 +44,7 @@ PAPER_NONE = {
     "limit": "every question",
     "max_model_len": f"{PAPER_MAX_MODEL_LEN}, or room for max_tokens after every prompt",
     "chat_template": "the model's own",
+    "chat_template_kwargs": "the chat template's defaults",
 }
 
 

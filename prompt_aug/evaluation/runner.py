@@ -318,8 +318,10 @@ def generate_and_grade(
     batch_size: int | None = None,
     progress: bool = True,
     processes: Processes | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Generate and grade every (problem, template, run) not yet in ``records_path``; return all of them.
+    Prompts render with ``chat_template_kwargs`` (extra arguments for ``apply_chat_template``).
 
     Records are appended after each batch, so an interrupted evaluation resumes where it stopped.
 
@@ -331,8 +333,11 @@ def generate_and_grade(
     from tqdm.auto import tqdm
 
     processes = processes or Processes()
+    kwargs = chat_template_kwargs or {}
     rendered = {
-        (p.benchmark, t.name, p.index): t.render(p.question, tokenizer) for t in templates for p in problems
+        (p.benchmark, t.name, p.index): t.render(p.question, tokenizer, **kwargs)
+        for t in templates
+        for p in problems
     }
     existing: list[dict[str, Any]] = []
     if processes.main:
