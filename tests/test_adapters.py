@@ -385,3 +385,30 @@ def test_a_checkpoints_placeholder_card_is_not_carried(tiny_model_dir, tmp_path)
     checkpoint = save_lora_adapter(tiny_model_dir, tmp_path / "run" / "checkpoint-4")
     assert "Model Card for Model ID" in (checkpoint / "README.md").read_text()
     assert not (merge(checkpoint) / "README.md").exists()
+
+
+def test_base_takes_a_fetched_models_short_name_as_training_and_evaluation_do(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """``--base smollm2-135m-instruct`` is the folder that ``python -m prompt_aug.models fetch`` wrote (here a
+    tiny model put there, with the fetch's marker), not a Hub id to reach; unfetched, the fetch command is
+    named."""
+    from prompt_aug.sources import HOME_ENV, MARKER_FILE, default_dir
+
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["merge", str(folder), "--base", "smollm2-135m-instruct"])
+    message = str(exit_info.value.code)
+    assert "'smollm2-135m-instruct' is not fetched yet" in message
+    assert "python -m prompt_aug.models fetch smollm2-135m-instruct" in message and "\n" not in message
+    fetched = default_dir("smollm2-135m-instruct")
+    shutil.copytree(tiny_model_dir, fetched)
+    (fetched / MARKER_FILE).write_text("{}")
+    out = merge(folder, base="smollm2-135m-instruct", output=tmp_path / "merged")
+    ids = torch.tensor([[1, 7, 9, 3, 11]])
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    expected = _logits(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(fetched), folder), ids)
+    torch.testing.assert_close(_logits(AutoModelForCausalLM.from_pretrained(out), ids), expected)

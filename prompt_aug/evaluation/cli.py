@@ -35,8 +35,7 @@ from typing import Any
 
 from ..adapters import AdapterError, check_adapter_base, is_adapter
 from ..model_card import weights_fingerprint
-from ..models import resolve as resolve_local_model
-from ..sources import SourceError, check_source, hub_revision, is_hub_id
+from ..sources import SourceError, check_source, hub_revision, is_hub_id, resolve_local_model
 from ..templates import DEFAULT_EVAL_TEMPLATE, TemplateError
 from .backends import (
     STOP_RULES,
