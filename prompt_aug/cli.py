@@ -3,9 +3,10 @@
 * `parse_recipe`: a misspelled key, a value of the wrong type or an impossible batch gives one line that
   names the key, the file (or the command line) and what to change, instead of a traceback or argparse's
   full usage text.
-* `prepare_output_dir`: a folder that already holds a run is refused unless the run is resumed
-  (``--resume_from_checkpoint``) or replaced (``--overwrite_output_dir true``, which first deletes the old
-  run's checkpoints, weights, logs and completions, so the folder never mixes two runs).
+* `prepare_output_dir`: a folder that already holds a run is refused unless the run is resumed from a
+  checkpoint in it (``--resume_from_checkpoint``) or replaced (``--overwrite_output_dir true``, which first
+  deletes the old run's checkpoints, weights, logs and completions, so the folder never mixes two runs). A
+  resume from an earlier checkpoint than the folder's last is refused while the later ones are there.
 """
 
 from __future__ import annotations
@@ -30,12 +31,18 @@ from accelerate import PartialState
 from trl import TrlParser
 
 from .adapters import ADAPTER_FILE
-from .faults import COLLAPSE_PREFIX, PREEMPTED_FILE, FaultError, check_resume, last_complete_checkpoint
+from .faults import (
+    COLLAPSE_PREFIX,
+    PREEMPTED_FILE,
+    FaultError,
+    check_resume,
+    checkpoint_folders,
+    checkpoint_problem,
+    last_complete_checkpoint,
+)
 from .logging_utils import check_log_file
-from .models import LOCAL_MODELS
-from .models import resolve as resolve_local_model
 from .reward_checks import RewardFunctionError
-from .sources import SourceError, check_mixture, check_source
+from .sources import LOCAL_MODELS, SourceError, check_mixture, check_source, resolve_local_model
 
 logger = logging.getLogger("prompt_aug")
 
@@ -426,8 +433,12 @@ def run_artifacts(output_dir: str | Path) -> list[Path]:
     return found
 
 
-def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> list[Path]:
+def check_output_dir(
+    output_dir: str | Path, resume: bool, overwrite: bool, warm_start: str | None = None
+) -> list[Path]:
     """What to delete before training into ``output_dir`` (empty: nothing); refuse to mix two runs.
+    ``resume``: the run in ``output_dir`` is resumed; ``warm_start``: a checkpoint outside it that the run
+    starts from, which does not continue the folder's run.
 
     Raises:
         UsageError: the folder holds a run and neither resuming nor overwriting was asked for, or both were.
@@ -439,8 +450,15 @@ def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> l
         )
     if not found or resume:
         return []
+    names = ", ".join(p.name for p in found[:6]) + (", ..." if len(found) > 6 else "")
+    if warm_start and not overwrite:
+        # The two runs' checkpoints would mix, and save_total_limit would delete the other run's.
+        raise UsageError(
+            f"output_dir {output_dir} already holds a run ({names}), and resume_from_checkpoint {warm_start} "
+            "lies outside it; to start from that checkpoint here, add --overwrite_output_dir true (deletes "
+            "the folder's run), or choose another --output_dir."
+        )
     if not overwrite:
-        names = ", ".join(p.name for p in found[:6]) + (", ..." if len(found) > 6 else "")
         raise UsageError(
             f"output_dir {output_dir} already holds a run ({names}). To continue it, add "
             "--resume_from_checkpoint true; to replace it, add --overwrite_output_dir true (deletes its "
@@ -535,6 +553,36 @@ def check_resume_steps(checkpoint: str, max_steps: int) -> None:
         )
 
 
+def is_inside(path: str | Path, folder: str | Path) -> bool:
+    """Whether ``path`` lies inside ``folder`` (links resolved)."""
+    return Path(path).resolve().is_relative_to(Path(folder).resolve())
+
+
+def check_later_checkpoints(checkpoint: str, args: Any, processes: int) -> None:
+    """A resume from ``checkpoint`` in ``args.output_dir`` must not leave complete ``checkpoint-N`` folders
+    of later steps there (an earlier checkpoint or a collapse guard's folder resumed): the next
+    ``--resume_from_checkpoint true``, as every Slurm requeue gives, would take the newest of them and
+    continue the abandoned line instead. (A later folder a kill left incomplete is what a resume skips.)
+
+    Raises:
+        UsageError: one line naming the later folders and what to do.
+    """
+    step = checkpoint_step(checkpoint)
+    optimizer, entropy = not args.save_only_model, getattr(args, "use_adaptive_entropy", False)
+    later = [
+        p.name
+        for p in reversed(checkpoint_folders(args.output_dir))  # oldest first
+        if int(p.name.split("-")[1]) > step and checkpoint_problem(p, optimizer, processes, entropy) is None
+    ]
+    if later:
+        names = ", ".join(later[:6]) + (", ..." if len(later) > 6 else "")
+        raise UsageError(
+            f"resume_from_checkpoint: {checkpoint} is at step {step}, but {args.output_dir} holds later "
+            f"checkpoints ({names}), which the next --resume_from_checkpoint true would resume instead; move "
+            "them out of output_dir (or delete them) first, or resume into another --output_dir"
+        )
+
+
 def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: PartialState) -> str | None:
     """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
     the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
@@ -544,11 +592,17 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
     if args.eval_data_dir:
         check_source("eval_data_dir", args.eval_data_dir)
     resume = check_resume(args.resume_from_checkpoint, args, state.num_processes, log=state.is_main_process)
+    # A checkpoint outside output_dir starts a new run there (a warm start): the folder must be free.
+    inside = resume is not None and is_inside(resume, args.output_dir)
     if resume is not None:
         check_resume_peft(resume, model_args)
         check_resume_steps(resume, args.max_steps)
+    if inside:
         check_log_file(args.output_dir)
-    stale = check_output_dir(args.output_dir, resume is not None, script_args.overwrite_output_dir)
+        if state.is_main_process:  # the others wait at the barrier below, which a refusal ends
+            check_later_checkpoints(resume, args, state.num_processes)
+    warm_start = resume if resume is not None and not inside else None
+    stale = check_output_dir(args.output_dir, inside, script_args.overwrite_output_dir, warm_start)
     if script_args.dataset_mixture is not None:
         check_mixture(script_args.dataset_mixture)
     elif script_args.dataset_name is None:
@@ -577,20 +631,36 @@ def checkpoint_step(checkpoint: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
+# The flags that say how a run starts, which the command that resumes it replaces.
+_START_FLAGS = ("resume_from_checkpoint", "overwrite_output_dir")
+
+
 def interrupted_message(
-    output_dir: str, step: int, max_steps: int, argv: list[str] | None, headline: str = "Interrupted"
+    output_dir: str,
+    step: int,
+    max_steps: int,
+    argv: list[str] | None,
+    headline: str = "Interrupted",
+    save_only_model: bool = False,
 ) -> str:
-    """Where training stopped and the command that continues it."""
+    """Where training stopped and the command that continues it. ``save_only_model``: the run's checkpoints
+    hold no optimizer state (and are complete without it)."""
     args = list(argv) if argv is not None else sys.argv[1:]
-    kept, skip = [], False
-    for arg in args:  # drop the flags that the resume command replaces
-        if skip:
-            skip = False
-        elif arg.split("=")[0] in ("--resume_from_checkpoint", "--overwrite_output_dir"):
-            skip = "=" not in arg
+    kept, i = [], 0
+    while i < len(args):  # drop the flags that the resume command replaces
+        name = args[i].split("=")[0]
+        if name.startswith("--") and name[2:].replace("-", "_") in _START_FLAGS:
+            # a value follows unless given with = or the flag stands alone (a bare boolean)
+            alone = "=" in args[i] or i + 1 == len(args) or args[i + 1].startswith("--")
+            i += 1 if alone else 2
         else:
-            kept.append(arg)
-    last = last_complete_checkpoint(output_dir)[0] if Path(output_dir).is_dir() else None
+            kept.append(args[i])
+            i += 1
+    last = (
+        last_complete_checkpoint(output_dir, optimizer=not save_only_model)[0]
+        if Path(output_dir).is_dir()
+        else None
+    )
     lines = [f"{headline} at step {step}/{max_steps}."]
     if last is None:
         lines.append(

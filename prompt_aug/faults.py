@@ -93,15 +93,33 @@ def saved_processes(checkpoint: str | Path) -> int | None:
     return saved if isinstance(saved, int) else None
 
 
+def rng_processes(checkpoint: str | Path) -> int | None:
+    """The process count ``checkpoint``'s RNG state files show, or None without any: one process writes
+    ``rng_state.pth``, several ``rng_state_R.pth`` each, so the highest R found plus one (at least 2)."""
+    folder = Path(checkpoint)
+    ranks = [
+        int(m.group(1))
+        for p in folder.glob("rng_state_*.pth")
+        if (m := re.fullmatch(r"rng_state_(\d+)\.pth", p.name))
+    ]
+    if ranks:
+        return max(2, max(ranks) + 1)
+    return 1 if (folder / "rng_state.pth").is_file() else None
+
+
 def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
     """Why ``checkpoint`` should not be resumed on ``processes`` processes (it was saved by another count),
-    or None; a checkpoint without ``launch.json`` (saved by TRL's trainer alone) is not checked."""
-    saved = saved_processes(checkpoint)
+    or None. The count is ``launch.json``'s, else (a checkpoint saved by TRL's trainer alone, or killed
+    before the file was written) the one its RNG state files show (`rng_processes`); with neither, not
+    checked."""
+    saved, source = saved_processes(checkpoint), ""
+    if saved is None:
+        saved, source = rng_processes(checkpoint), " (as its rng_state files show)"
     if saved is None or saved == processes:
         return None
     return (
-        f"resume_from_checkpoint: {checkpoint} was trained on {saved} process(es), and this launch has "
-        f"{processes}; the batch keys are per process, so the round would change. Relaunch on {saved} "
+        f"resume_from_checkpoint: {checkpoint} was trained on {saved} process(es){source}, and this launch "
+        f"has {processes}; the batch keys are per process, so the round would change. Relaunch on {saved} "
         "processes, or start a new run (another output_dir)"
     )
 
@@ -260,7 +278,8 @@ class PreemptionCallback(TrainerCallback):
 
 
 class _NoEvaluationWhenPreempted(TrainerCallback):
-    """The Trainer's due evaluation dropped at the step a preemption signal stops, before the save."""
+    """The Trainer's due evaluation dropped at the step a preemption signal stops, before the save, and the
+    evaluation and second save an epoch strategy asks for as the stopped epoch ends."""
 
     def __init__(self, preemption: PreemptionCallback) -> None:
         self.preemption = preemption
@@ -269,6 +288,13 @@ class _NoEvaluationWhenPreempted(TrainerCallback):
         if self.preemption.stopped_by is not None:
             control.should_evaluate = False
 
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # The Trainer ends the stopped epoch too: under an epoch eval or save strategy its flow callback
+        # would evaluate inside the grace period and save the checkpoint saved at the step end again.
+        if self.preemption.stopped_by is not None:
+            control.should_evaluate = False
+            control.should_save = False
+
 
 # ---------------------------------------------------------------------------------------------
 # Checkpoints
@@ -276,6 +302,8 @@ class _NoEvaluationWhenPreempted(TrainerCallback):
 # The collapse guard's checkpoints, ``_collapse-<signal>-round<N>``: the leading underscore keeps them out of
 # every Hub push (transformers leaves out ``_*`` and ``checkpoint-*``): each holds a whole optimizer state.
 COLLAPSE_PREFIX = "_collapse"
+# TRL's adaptive entropy control (``use_adaptive_entropy``) writes its coefficient after trainer_state.json.
+ENTROPY_FILE = "entropy_ctrl_state.json"
 _MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
@@ -331,10 +359,13 @@ def _optimizer_problem(folder: Path) -> str | None:
 
 def _rng_problem(folder: Path, processes: int | None) -> str | None:
     """Why a checkpoint of several processes lacks one's RNG state (``rng_state_R.pth``), or None. The count
-    is the checkpoint's own (``launch.json``), else ``processes``; one process is not checked (its RNG state
-    is written before ``trainer_state.json``), nor is an unknown count."""
-    saved = saved_processes(folder)
-    count = saved if saved is not None else processes
+    is the checkpoint's own (``launch.json``), else, with ``processes`` given, the one its RNG state files
+    show (`rng_processes`: another count than the launch's is `resume_launch_problem`'s to name), else
+    ``processes``; one process is not checked (its RNG state is written before ``trainer_state.json``), nor
+    is an unknown count."""
+    count = saved_processes(folder)
+    if count is None and processes is not None:
+        count = rng_processes(folder) or processes
     for rank in range(count if count is not None and count > 1 else 0):
         path = folder / f"rng_state_{rank}.pth"
         if not path.is_file():
@@ -344,8 +375,18 @@ def _rng_problem(folder: Path, processes: int | None) -> str | None:
     return None
 
 
+def _entropy_problem(folder: Path) -> str | None:
+    try:
+        json.loads((folder / ENTROPY_FILE).read_text())["entropy_coef"]
+    except FileNotFoundError:
+        return f"{ENTROPY_FILE} is missing (killed while saving?)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{ENTROPY_FILE} is not valid JSON (half-written?)"
+    return None
+
+
 def checkpoint_problem(
-    folder: str | Path, optimizer: bool = True, processes: int | None = None
+    folder: str | Path, optimizer: bool = True, processes: int | None = None, entropy: bool = False
 ) -> str | None:
     """Why ``folder`` is not a complete checkpoint to resume from, or None when it is.
 
@@ -355,8 +396,10 @@ def checkpoint_problem(
     as the zip archive torch writes), for a folder whose files were removed or cut short. With several
     processes, each writes its own RNG state while process 0 writes ``trainer_state.json``, with no wait
     between them, so each ``rng_state_R.pth`` is checked too: for the count the checkpoint records, else
-    ``processes`` (the launch's). ``optimizer=False`` (``save_only_model``, which writes neither) checks
-    neither.
+    (with ``processes``, the launch's, given) the one its RNG state files show, else ``processes``.
+    ``optimizer=False`` (``save_only_model``, which writes neither) checks
+    neither. ``entropy`` (``use_adaptive_entropy``) asks for TRL's ``entropy_ctrl_state.json``, which it
+    writes after ``trainer_state.json``.
     """
     folder = Path(folder)
     state = folder / "trainer_state.json"
@@ -368,9 +411,10 @@ def checkpoint_problem(
         return "trainer_state.json is not valid JSON (half-written?)"
     if not isinstance(step, int):
         return "trainer_state.json has no global_step"
-    if not optimizer:
-        return _model_problem(folder)
-    return _model_problem(folder) or _optimizer_problem(folder) or _rng_problem(folder, processes)
+    problem = _model_problem(folder)
+    if optimizer:
+        problem = problem or _optimizer_problem(folder) or _rng_problem(folder, processes)
+    return problem or (_entropy_problem(folder) if entropy else None)
 
 
 def _checkpoint_number(path: Path) -> int:
@@ -385,13 +429,13 @@ def checkpoint_folders(output_dir: str | Path) -> list[Path]:
 
 
 def last_complete_checkpoint(
-    output_dir: str | Path, optimizer: bool = True, processes: int | None = None
+    output_dir: str | Path, optimizer: bool = True, processes: int | None = None, entropy: bool = False
 ) -> tuple[str | None, list[tuple[str, str]]]:
     """The newest complete ``checkpoint-N`` folder of ``output_dir`` (or None), and the newer folders skipped,
-    each with why (``optimizer``, ``processes``: as `checkpoint_problem`)."""
+    each with why (``optimizer``, ``processes``, ``entropy``: as `checkpoint_problem`)."""
     skipped = []
     for path in checkpoint_folders(output_dir):
-        problem = checkpoint_problem(path, optimizer, processes)
+        problem = checkpoint_problem(path, optimizer, processes, entropy)
         if problem is None:
             return str(path), skipped
         skipped.append((str(path), problem))
@@ -408,12 +452,13 @@ def resolve_resume(
     log: bool = True,
     optimizer: bool = True,
     processes: int | None = None,
+    entropy: bool = False,
 ) -> str | None:
     """The checkpoint ``resume_from_checkpoint`` names: ``true`` the last complete one in ``output_dir`` (a
     newer folder that a kill during a save left incomplete is skipped, with one log line naming it and why), a
     path itself if it is complete; ``None`` for none. ``optimizer=False`` (a run with ``save_only_model``,
     which transformers resumes on a fresh optimizer) does not ask for optimizer state; ``processes`` (the
-    launch's count) is as in `checkpoint_problem`.
+    launch's count) and ``entropy`` are as in `checkpoint_problem`.
 
     Raises:
         ResumeError: no checkpoint, or an incomplete one, named with what to do.
@@ -422,7 +467,7 @@ def resolve_resume(
         return None
     if str(value).lower() == "true":
         last, skipped = (
-            last_complete_checkpoint(output_dir, optimizer, processes)
+            last_complete_checkpoint(output_dir, optimizer, processes, entropy)
             if Path(output_dir).is_dir()
             else (None, [])
         )
@@ -441,7 +486,7 @@ def resolve_resume(
         return last
     if not Path(value).is_dir():
         raise ResumeError(f"resume_from_checkpoint: no such checkpoint folder {value}")
-    problem = checkpoint_problem(value, optimizer, processes)
+    problem = checkpoint_problem(value, optimizer, processes, entropy)
     if problem is not None:
         raise ResumeError(f"resume_from_checkpoint: {value} is not a complete checkpoint: {problem}")
     return str(value)
@@ -455,7 +500,12 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
         ResumeError: the checkpoint, what differs and what to do.
     """
     checkpoint = resolve_resume(
-        value, args.output_dir, log, not getattr(args, "save_only_model", False), processes
+        value,
+        args.output_dir,
+        log,
+        not getattr(args, "save_only_model", False),
+        processes,
+        getattr(args, "use_adaptive_entropy", False),
     )
     if checkpoint is not None:
         problem = resume_launch_problem(checkpoint, processes) or resume_engine_problem(
@@ -495,9 +545,12 @@ def is_disk_full(err: BaseException, output_dir: str | Path) -> bool:
     return False
 
 
-def disk_full_message(output_dir: str | Path, err: BaseException) -> str:
-    """One line: where the disk is full, what is safe, what to do."""
-    last, skipped = last_complete_checkpoint(output_dir) if Path(output_dir).is_dir() else (None, [])
+def disk_full_message(output_dir: str | Path, err: BaseException, optimizer: bool = True) -> str:
+    """One line: where the disk is full, what is safe, what to do. ``optimizer=False``: the run saves only
+    the model (``save_only_model``), so its checkpoints hold no optimizer state."""
+    last, skipped = (
+        last_complete_checkpoint(output_dir, optimizer) if Path(output_dir).is_dir() else (None, [])
+    )
     where = f" while writing {err.filename}" if isinstance(err, OSError) and err.filename else ""
     message = f"no space left on the disk of output_dir {output_dir}{where} ({one_line(err, 160)}). "
     message += f"The last complete checkpoint, {last}, is intact. " if last else "No checkpoint is complete. "
@@ -507,14 +560,15 @@ def disk_full_message(output_dir: str | Path, err: BaseException) -> str:
 
 
 @contextmanager
-def disk_full_is_one_line(output_dir: str | Path) -> Iterator[None]:
-    """Turn a write that failed for want of space into a `DiskFullError` naming ``output_dir``."""
+def disk_full_is_one_line(output_dir: str | Path, optimizer: bool = True) -> Iterator[None]:
+    """Turn a write that failed for want of space into a `DiskFullError` naming ``output_dir``
+    (``optimizer``: as `disk_full_message`)."""
     try:
         yield
     except Exception as err:
         if isinstance(err, FaultError) or not is_disk_full(err, output_dir):
             raise
-        raise DiskFullError(disk_full_message(output_dir, err)) from err
+        raise DiskFullError(disk_full_message(output_dir, err, optimizer)) from err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -600,7 +654,7 @@ class HubAndPreemption:
             resume_from_checkpoint, self.args, self.accelerator.num_processes, self.is_world_process_zero()
         )
         catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
-        with catching, disk_full_is_one_line(self.args.output_dir):
+        with catching, disk_full_is_one_line(self.args.output_dir, not self.args.save_only_model):
             result = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.preempted:
             # Every rank has written its part of the checkpoint before any leaves: a launcher stops the

@@ -499,6 +499,60 @@ def _train(out: Path, *extra: str) -> None:
     train.main(["--config", str(SMOKE), "--output_dir", str(out), *extra])
 
 
+def test_a_warm_start_into_a_folder_that_holds_a_run_is_refused_unless_it_is_replaced(tmp_path):
+    from prompt_aug.cli import UsageError, check_output_dir
+
+    # Only a checkpoint inside the folder continues its run; one from elsewhere would mix two runs there,
+    # and save_total_limit would delete the other run's checkpoints.
+    (tmp_path / "logs.jsonl").write_text("{}\n")
+    other = str(tmp_path.parent / "other" / "checkpoint-100")
+    with pytest.raises(
+        UsageError,
+        match=r"already holds a run \(logs.jsonl\), and resume_from_checkpoint .*checkpoint-100 "
+        r"lies outside it; to start from that checkpoint here, add --overwrite_output_dir true",
+    ):
+        check_output_dir(tmp_path, resume=False, overwrite=False, warm_start=other)
+    assert check_output_dir(tmp_path, resume=False, overwrite=True, warm_start=other) == [
+        tmp_path / "logs.jsonl"
+    ]
+    assert check_output_dir(tmp_path / "new", resume=False, overwrite=False, warm_start=other) == []
+
+
+def test_the_resume_command_after_an_interruption_drops_a_bare_overwrite_flag_alone(tmp_path):
+    from fault_harness import tiny_checkpoint
+
+    from prompt_aug.cli import interrupted_message
+
+    run = tmp_path / "run"
+    argv = ["--config", str(SMOKE), "--output_dir", str(run)]
+    # A bare --overwrite_output_dir (a boolean) does not take the next flag with it.
+    message = interrupted_message(str(run), 3, 10, [*argv, "--overwrite_output_dir", "--max_steps", "10"])
+    assert "No checkpoint was saved" in message
+    tiny_checkpoint(run / "checkpoint-2", 2)
+    for dropped in (
+        ["--overwrite_output_dir"],
+        ["--overwrite_output_dir", "true"],
+        ["--overwrite-output-dir=1"],
+    ):
+        message = interrupted_message(str(run), 3, 10, [*argv, *dropped, "--max_steps", "10"])
+        assert message.endswith(f"--output_dir {run} --max_steps 10 --resume_from_checkpoint true"), message
+
+
+def test_the_interruption_message_finds_the_checkpoint_of_a_run_that_saves_only_the_model(tmp_path):
+    from fault_harness import tiny_checkpoint
+
+    from prompt_aug.cli import interrupted_message
+
+    # save_only_model writes no optimizer state: the run's checkpoint is complete without it, and the
+    # message must not say that none was saved (and suggest --overwrite_output_dir true).
+    run = tmp_path / "run"
+    argv = ["--config", str(SMOKE), "--output_dir", str(run)]
+    (tiny_checkpoint(run / "checkpoint-2", 2) / "optimizer.pt").unlink()
+    assert "No checkpoint was saved" in interrupted_message(str(run), 3, 10, argv)
+    message = interrupted_message(str(run), 3, 10, argv, save_only_model=True)
+    assert f"Last checkpoint: {run / 'checkpoint-2'}." in message
+
+
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "run"

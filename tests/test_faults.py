@@ -355,6 +355,37 @@ def test_a_signal_saves_before_an_evaluation_due_at_the_same_step(tiny_model_dir
     assert not any(k.startswith("eval") for entry in trainer.state.log_history for k in entry)
 
 
+class _SavesCounted(_SignalInStep):
+    """`_SignalInStep`, counting the checkpoint saves too."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.saves = 0
+
+    def on_save(self, args, state, control, **kwargs):
+        self.saves += 1
+
+
+@pytest.mark.slow
+def test_a_signal_under_epoch_strategies_neither_evaluates_nor_saves_again_as_the_epoch_ends(
+    tiny_model_dir, tmp_path
+):
+    # The Trainer ends the stopped epoch too, and its flow callback asks for the epoch's evaluation and save:
+    # the evaluation would run inside the grace period and the checkpoint would be written twice.
+    out = tmp_path / "run"
+    held_out = datasets.Dataset.from_dict({"question": ["What is 3 + 3?"], "answer": ["6"]})
+    trainer = _built(
+        tiny_model_dir, out, eval_dataset=held_out,
+        max_steps=4, save_strategy="epoch", eval_strategy="epoch", per_device_eval_batch_size=2,
+    )  # fmt: skip
+    watch = _SavesCounted(1)
+    trainer.add_callback(watch)
+    with pytest.raises(faults.Preempted) as stopped:
+        trainer.train()
+    assert stopped.value.step == 1 and faults.checkpoint_problem(out / "checkpoint-1") is None
+    assert (watch.evaluations, watch.saves) == (0, 1)
+
+
 @pytest.mark.slow
 def test_train_true_in_code_resumes_from_the_last_complete_checkpoint(tiny_model_dir, tmp_path, caplog):
     # transformers' own `True` takes the newest folder, complete or not; a script of one's own gets the
@@ -565,6 +596,62 @@ def test_a_save_only_model_run_resumes_from_a_checkpoint_without_optimizer_state
     assert faults.check_resume("true", args, processes=1) == str(only_model)
     with pytest.raises(faults.ResumeError, match="no optimizer state"):
         faults.check_resume("true", SimpleNamespace(output_dir=str(tmp_path), save_only_model=False), 1)
+
+
+def test_a_checkpoint_without_launch_json_is_counted_by_its_rng_states(tmp_path):
+    # TRL's trainer alone writes no launch.json: the rng_state_R.pth files tell the process count, so a
+    # resume on another count is that count's one line, not a missing rng_state file and an overwrite.
+    folder = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-4", 4)
+    for rank in range(2):
+        torch.save({"cpu": torch.random.get_rng_state()}, folder / f"rng_state_{rank}.pth")
+    args = SimpleNamespace(output_dir=str(tmp_path), save_only_model=False)
+    assert faults.checkpoint_problem(folder, processes=4) is None
+    for processes in (4, 1):
+        with pytest.raises(
+            faults.ResumeError,
+            match=rf"checkpoint-4 was trained on 2 process\(es\) \(as its rng_state files show\), and this "
+            rf"launch has {processes}; .* Relaunch on 2 processes",
+        ):
+            faults.check_resume("true", args, processes=processes)
+    assert faults.check_resume("true", args, processes=2) == str(folder)
+    (folder / "rng_state_1.pth").unlink()  # rng_state_0 is one of several processes': one is missing
+    assert faults.checkpoint_problem(folder, processes=4) == (
+        "rng_state_1.pth is missing (process 1 was killed while saving?)"
+    )
+    (folder / "rng_state_0.pth").rename(folder / "rng_state.pth")  # what one process writes
+    with pytest.raises(faults.ResumeError, match=r"trained on 1 process\(es\) .*, and this launch has 2"):
+        faults.check_resume(str(folder), args, processes=2)
+
+
+def test_adaptive_entropy_needs_its_state_in_the_checkpoint(tmp_path):
+    # TRL writes entropy_ctrl_state.json after trainer_state.json: a kill between them leaves a folder
+    # that resumes the entropy coefficient from its initial value.
+    older, newer = (fault_harness.tiny_checkpoint(tmp_path / f"checkpoint-{n}", n) for n in (2, 4))
+    (older / faults.ENTROPY_FILE).write_text('{"entropy_coef": 0.01, "last_world_entropy": 0.5}')
+    args = SimpleNamespace(output_dir=str(tmp_path), save_only_model=False, use_adaptive_entropy=True)
+    assert faults.checkpoint_problem(newer, entropy=True) == (
+        "entropy_ctrl_state.json is missing (killed while saving?)"
+    )
+    assert faults.check_resume("true", args, processes=1) == str(older)
+    (newer / faults.ENTROPY_FILE).write_text('{"entropy_co')
+    with pytest.raises(faults.ResumeError, match="entropy_ctrl_state.json is not valid JSON"):
+        faults.check_resume(str(newer), args, processes=1)
+    assert faults.check_resume(
+        "true", SimpleNamespace(**{**vars(args), "use_adaptive_entropy": False}), 1
+    ) == (str(newer))
+
+
+def test_a_full_disk_names_a_save_only_model_checkpoint_intact(tmp_path):
+    # A run with save_only_model saves no optimizer state: its checkpoint is complete without it, and must not
+    # be called incomplete (to be deleted to free space).
+    out = tmp_path / "run"
+    only_model = fault_harness.tiny_checkpoint(out / "checkpoint-2", 2)
+    (only_model / "optimizer.pt").unlink()
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "model.safetensors"))
+    with pytest.raises(faults.DiskFullError) as raised, faults.disk_full_is_one_line(out, optimizer=False):
+        raise full
+    assert f"The last complete checkpoint, {only_model}, is intact." in str(raised.value)
+    assert "incomplete" not in str(raised.value)
 
 
 def _deepspeed_layout(folder: Path, zero3: bool) -> Path:

@@ -425,17 +425,46 @@ def test_a_requeued_start_resumes_instead_of_repeating_the_first_starts_flags(fa
 
 def test_a_requeued_warm_start_that_had_not_saved_starts_from_the_same_checkpoint_again(fake_slurm):
     """A first start from another run's checkpoint, requeued before its own first save: the dropped PATH is
-    given again (not --overwrite_output_dir, which would start over from the base model)."""
+    given again, with --overwrite_output_dir true for what the interrupted start wrote (the trainer refuses
+    a warm start into a used folder)."""
     env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
     other = tiny_checkpoint(fake_slurm["tmp"] / "other" / "checkpoint-100", 100)
     out_dir.mkdir()
-    (out_dir / "logs.jsonl").write_text("{}\n")  # what the interrupted start wrote
     for flags in (["--resume_from_checkpoint", str(other)], [f"--resume_from_checkpoint={other}"]):
         line = _train_line(dict(env, SLURM_RESTART_COUNT="1"), out_dir, *flags)
-        assert line.endswith(f"--resume_from_checkpoint {other}") and "--overwrite_output_dir" not in line
+        assert line.endswith(f"--resume_from_checkpoint {other}"), line  # nothing written yet
+    (out_dir / "logs.jsonl").write_text("{}\n")  # what the interrupted start wrote
+    line = _train_line(dict(env, SLURM_RESTART_COUNT="1"), out_dir, "--resume_from_checkpoint", str(other))
+    assert line.endswith(f"--resume_from_checkpoint {other} --overwrite_output_dir true"), line
+    # A checkpoint of the run's own folder (the collapse guard's) continues that run: nothing replaced.
+    own = tiny_checkpoint(out_dir / "_collapse-entropy-round3", 6)
+    line = _train_line(dict(env, SLURM_RESTART_COUNT="1"), out_dir, "--resume_from_checkpoint", str(own))
+    assert line.endswith(f"--resume_from_checkpoint {own}"), line
     tiny_checkpoint(out_dir / "checkpoint-104", 104)  # once it has saved, it resumes its own
     line = _train_line(dict(env, SLURM_RESTART_COUNT="2"), out_dir, "--resume_from_checkpoint", str(other))
     assert line.endswith("--resume_from_checkpoint true") and str(other) not in line
+
+
+@pytest.mark.parametrize(
+    "only_model",
+    [["--save_only_model", "true"], ["--save_only_model"], ["--save-only-model=True"], "recipe"],
+)
+def test_a_requeued_run_that_saves_only_the_model_resumes_from_its_checkpoint(fake_slurm, only_model):
+    """save_only_model checkpoints hold no optimizer state: complete all the same, resumed, not wiped."""
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    (tiny_checkpoint(out_dir / "checkpoint-2", 2) / "optimizer.pt").unlink()
+    recipe = SMOKE
+    if only_model == "recipe":
+        recipe = fake_slurm["tmp"] / "only_model.yaml"
+        recipe.write_text((REPO / SMOKE).read_text() + "\nsave_only_model: true\n")
+        only_model = []
+    requeued = dict(env, SLURM_RESTART_COUNT="1")
+    plan = _plan(
+        requeued, "--recipe", str(recipe), "--output_dir", str(out_dir), *only_model, "--max_steps", "9"
+    )
+    assert plan["train on gpu07"].endswith("--max_steps 9 --resume_from_checkpoint true"), plan
+    line = _plan(requeued, "--recipe", SMOKE, "--output_dir", str(out_dir))["train on gpu07"]
+    assert line.endswith("--overwrite_output_dir true")  # a run that saves its optimizer: incomplete
 
 
 # ---------------------------------------------------------------------------------------------

@@ -197,3 +197,59 @@ def test_resume_true_without_checkpoint_is_a_clear_error(tmp_path):
                 str(tmp_path / "x"),
             ]
         )
+
+
+def _tiny_run(run: Path, *steps: int) -> None:
+    from fault_harness import tiny_checkpoint
+
+    for step in steps:
+        tiny_checkpoint(run / f"checkpoint-{step}", step)
+
+
+def test_a_resume_from_an_earlier_checkpoint_is_refused_while_later_ones_are_there(tmp_path):
+    # Training on from checkpoint-2 beside checkpoint-4 and -6: the next --resume_from_checkpoint true (every
+    # Slurm requeue) would take checkpoint-6, the abandoned line. Nothing is deleted.
+    run = tmp_path / "run"
+    _tiny_run(run, 2, 4, 6)
+    shutil.copytree(run / "checkpoint-2", run / "_collapse-entropy-round1")
+    before = sorted(p.name for p in run.iterdir())
+    for resume in (run / "checkpoint-2", run / "_collapse-entropy-round1"):
+        with pytest.raises(
+            SystemExit,
+            match=rf"error: resume_from_checkpoint: {re.escape(str(resume))} is at step 2, but "
+            rf"{re.escape(str(run))} holds later checkpoints \(checkpoint-4, checkpoint-6\), which the next "
+            r"--resume_from_checkpoint true would resume instead; move them out of output_dir",
+        ):
+            _train(run, "--max_steps", "8", "--resume_from_checkpoint", str(resume))
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_only_complete_later_checkpoints_hold_a_resume_back(tmp_path):
+    from types import SimpleNamespace
+
+    from prompt_aug.cli import UsageError, check_later_checkpoints
+
+    run = tmp_path / "run"
+    _tiny_run(run, 2, 4, 6)
+    args = SimpleNamespace(output_dir=str(run), save_only_model=False)
+    (run / "checkpoint-6" / "trainer_state.json").unlink()  # a kill during its save: a resume skips it
+    check_later_checkpoints(str(run / "checkpoint-4"), args, processes=1)
+    with pytest.raises(UsageError, match=r"holds later checkpoints \(checkpoint-4\)"):
+        check_later_checkpoints(str(run / "checkpoint-2"), args, processes=1)
+
+
+def test_a_warm_start_into_a_folder_that_holds_a_run_is_refused(tmp_path):
+    # Another run's checkpoint into a used folder would mix the runs, and save_total_limit would rotate the
+    # folder's own checkpoints away.
+    run, other = tmp_path / "run", tmp_path / "other"
+    _tiny_run(run, 2)
+    _tiny_run(other, 2)
+    (run / "logs.jsonl").write_text('{"step": 2}\n')
+    before = sorted(p.name for p in run.iterdir())
+    with pytest.raises(
+        SystemExit,
+        match=rf"output_dir {re.escape(str(run))} already holds a run \(checkpoint-2, logs.jsonl\), "
+        r"and resume_from_checkpoint .*other/checkpoint-2 lies outside it",
+    ):
+        _train(run, "--max_steps", "4", "--resume_from_checkpoint", str(other / "checkpoint-2"))
+    assert sorted(p.name for p in run.iterdir()) == before
