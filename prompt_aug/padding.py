@@ -573,11 +573,14 @@ class PaddingFreePasses:
         if self._policy is not None and unwrap_model(model)[0] is not self._policy:
             return False
         if not self._shared_checked:
+            # Checked against the unshared varlen call, which the live check has compared with SDPA. A failure
+            # on any process stops sharing on all, which keeps their pack lengths from the same rules.
             with eval_mode(model):
                 check = shared_prompts_check(call, input_ids, attention_mask, logits_to_keep)
-            if not check:
+            if not self._everywhere(check.ok, input_ids.device):
                 self.share_prompts = False
-                logger.warning("padding-free passes: prompts not shared: %s", check.describe())
+                why = check.describe() if not check.ok else "it failed on another process"
+                logger.warning("padding-free passes: prompts not shared: %s", why)
             self._shared_checked = True
         return self.share_prompts
 

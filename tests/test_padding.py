@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.padding import chunked_forward, optimizer_step_segments, regroup, trim
 from prompt_aug.trainer import PromptAugGRPOTrainer
+from prompt_aug.varlen import VARLEN_ATTENTION
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = [f"What is {a} + {b}?" for a in range(1, 5) for b in range(1, 4)]
@@ -439,6 +440,46 @@ def test_processes_whose_live_checks_differ_all_take_the_path_of_the_one_that_fa
     for rank in (0, 1):
         found = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert found == {"mode": "packed", "attention": "sdpa", "calls": 7}, (rank, found)
+
+
+# Rank 1's kernel reads separate query and key offsets as if they were one (it drops a shared prompt), so
+# its check of shared prompts fails where rank 0's passes; unshared calls stay exact on both.
+NO_SHARED_KERNEL = """
+def no_shared(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    if not torch.equal(cu_q, cu_k):  # keep each sequence's own last keys only: its prompt is not seen
+        ends, sizes = cu_k[1:].tolist(), (cu_q[1:] - cu_q[:-1]).tolist()
+        keep = torch.cat([torch.arange(end - size, end) for end, size in zip(ends, sizes)])
+        k, v, cu_k, max_k = k[keep], v[keep], cu_q, max_q
+    return sequence_kernel(
+        q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=window_size, enable_gqa=enable_gqa
+    )
+"""
+
+
+def test_processes_whose_shared_prompt_checks_differ_all_stop_sharing(tmp_path):
+    """Where one process's check of shared prompts fails, no process shares them: every process packs its
+    rows by the same rules."""
+    script = tmp_path / "shared_check.py"
+    script.write_text(
+        LIVE_CHECK_SCRIPT.replace(
+            "state = PartialState(cpu=True)", NO_SHARED_KERNEL + "\nstate = PartialState(cpu=True)"
+        )
+        .replace("register(non_causal,", "register(no_shared,")
+        .replace("processes=state.num_processes)", "processes=state.num_processes, share_prompts=True)")
+        .replace('"calls": len(calls)}', '"calls": len(calls), "shares": passes.share_prompts}')
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*torchrun(2), str(script), str(tmp_path)], check=False, cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert (found["mode"], found["attention"], found["shares"]) == ("packed", VARLEN_ATTENTION, False), (
+            rank, found,
+        )  # fmt: skip
+    assert "prompts not shared: it failed on another process" in result.stderr + result.stdout
 
 
 def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_model_dir, tmp_path, caplog):
