@@ -81,15 +81,33 @@ def test_outcome_names_all_right_and_all_wrong():
     ]
 
 
-def test_plan_keeps_the_first_spread_groups_and_fills_a_shortfall_in_generation_order():
+def test_plan_keeps_the_first_spread_groups_and_fills_a_shortfall_in_generation_order_spaced_among_them():
     full = plan_round([[True, False, True], [True, True, False]], [[], []], 3)
     assert full.trained == [(0, 0), (0, 2), (1, 0)]
     assert full.status[(1, 1)] == "surplus" and "filled" not in full.status.values()
     short = plan_round(
         [[False, True, False], [False, False, False]], [["all_right", "", "all_wrong"], ["all_wrong"] * 3], 3
     )
-    assert short.trained == [(0, 1), (0, 0), (0, 2)]
+    assert short.trained == [(0, 0), (0, 1), (0, 2)]  # the fillers (0, 0) and (0, 2) spaced around the kept
     assert short.counts() == Counter({"kept": 1, "filled": 2, "all_wrong": 3})
+
+
+def test_filler_groups_are_shared_evenly_by_the_processes():
+    """Two kept groups and six fillers in a round of 8 groups on 2 processes (4 each, cut in order): each
+    process trains 3 fillers, not the second process 4 and the first 2 (a per-micro-batch token mean would
+    scale the second's kept rows down). Kept and fillers each stay in generation order."""
+    plan = plan_round([[True, True, False, False, False, False, False, False]], [[]], 8)
+    fillers = [plan.status[key] == "filled" for key in plan.trained]
+    assert sum(fillers[:4]) == sum(fillers[4:]) == 3
+    assert [key for key in plan.trained if plan.status[key] == "kept"] == [(0, 0), (0, 1)]
+    assert [key for key in plan.trained if plan.status[key] == "filled"] == [(0, g) for g in range(2, 8)]
+    for processes in (2, 4):
+        plan = plan_round([[g < 3 for g in range(16)]], [[]], 16)
+        counts = [
+            sum(plan.status[key] == "filled" for key in share)
+            for share in (plan.trained[i : i + 16 // processes] for i in range(0, 16, 16 // processes))
+        ]
+        assert max(counts) - min(counts) <= 1, (processes, counts)
 
 
 def test_extra_questions_depend_on_seed_round_and_pass_only():

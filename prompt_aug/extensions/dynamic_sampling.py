@@ -12,7 +12,8 @@ from passes:
    so a resumed run draws the same ones. Each new row goes through the same augmenting collator as the
    sampler's rows (one template per group).
 4. The round is the first spread groups in generation order. If the cap of ``max_passes`` is hit first,
-   the remaining places are filled with zero-spread groups, in generation order. They are flat on the signal
+   the remaining places are filled with zero-spread groups, in generation order, spaced evenly through the
+   round so that every process trains about as many. They are flat on the signal
    (with ``total``, zero advantage: with ``beta: 0`` no policy gradient; with one reward function as the
    signal, another may still differ in them), so the round keeps TRL's shapes (per-process slices,
    gradient accumulation, the token count of the loss) without repeating a kept group, which would
@@ -155,7 +156,7 @@ class RoundPlan:
 
 def plan_round(spread: list[list[bool]], outcome: list[list[str]], groups_needed: int) -> RoundPlan:
     """Keep the first ``groups_needed`` spread groups in generation order; fill any shortfall with
-    zero-spread ones.
+    zero-spread ones, spaced evenly among them (`_spread`).
 
     ``spread[k][g]`` / ``outcome[k][g]`` describe group ``g`` of pass ``k`` (``outcome`` may hold empty
     lists).
@@ -163,8 +164,8 @@ def plan_round(spread: list[list[bool]], outcome: list[list[str]], groups_needed
     >>> plan = plan_round([[True, False], [False, True]], [[], []], 2)
     >>> plan.trained, plan.status[(1, 0)]
     ([(0, 0), (1, 1)], 'no_spread')
-    >>> plan_round([[False, True]], [["all_wrong", "no_spread"]], 2).trained
-    [(0, 1), (0, 0)]
+    >>> plan_round([[False, True]], [["all_wrong", "no_spread"]], 2).trained  # the filler (0, 0) first
+    [(0, 0), (0, 1)]
     """
     status: dict[tuple[int, int], str] = {}
     kept, flat = [], []
@@ -182,7 +183,25 @@ def plan_round(spread: list[list[bool]], outcome: list[list[str]], groups_needed
     fillers = flat[: groups_needed - len(kept)]
     for key in fillers:
         status[key] = FILLED
-    return RoundPlan(trained=kept + fillers, status=status)
+    return RoundPlan(trained=_spread(kept, fillers), status=status)
+
+
+def _spread(kept: list, fillers: list) -> list:
+    """``kept`` and ``fillers`` in one order, each in its own order, the fillers evenly spaced: the round's
+    slots are cut into the processes' shares in order, so fillers placed last would all land on the last
+    processes, whose losses a per-micro-batch normalisation (``bnpo``) would then scale down.
+
+    >>> _spread(["a", "b"], [1, 2])
+    [1, 'a', 2, 'b']
+    >>> _spread(["a", "b", "c"], [1])
+    ['a', 1, 'b', 'c']
+    """
+    total, left, filling = len(kept) + len(fillers), iter(kept), iter(fillers)
+
+    def due(slot: int) -> int:  # the fillers due by the middle of ``slot``, rounded
+        return (2 * slot * len(fillers) + total) // (2 * total)
+
+    return [next(filling) if due(slot + 1) > due(slot) else next(left) for slot in range(total)]
 
 
 @dataclass
