@@ -36,8 +36,7 @@ from .faults import (
     PREEMPTED_FILE,
     FaultError,
     check_resume,
-    checkpoint_folders,
-    checkpoint_problem,
+    is_inside,
     last_complete_checkpoint,
 )
 from .logging_utils import check_log_file
@@ -553,36 +552,6 @@ def check_resume_steps(checkpoint: str, max_steps: int) -> None:
         )
 
 
-def is_inside(path: str | Path, folder: str | Path) -> bool:
-    """Whether ``path`` lies inside ``folder`` (links resolved)."""
-    return Path(path).resolve().is_relative_to(Path(folder).resolve())
-
-
-def check_later_checkpoints(checkpoint: str, args: Any, processes: int) -> None:
-    """A resume from ``checkpoint`` in ``args.output_dir`` must not leave complete ``checkpoint-N`` folders
-    of later steps there (an earlier checkpoint or a collapse guard's folder resumed): the next
-    ``--resume_from_checkpoint true``, as every Slurm requeue gives, would take the newest of them and
-    continue the abandoned line instead. (A later folder a kill left incomplete is what a resume skips.)
-
-    Raises:
-        UsageError: one line naming the later folders and what to do.
-    """
-    step = checkpoint_step(checkpoint)
-    optimizer, entropy = not args.save_only_model, getattr(args, "use_adaptive_entropy", False)
-    later = [
-        p.name
-        for p in reversed(checkpoint_folders(args.output_dir))  # oldest first
-        if int(p.name.split("-")[1]) > step and checkpoint_problem(p, optimizer, processes, entropy) is None
-    ]
-    if later:
-        names = ", ".join(later[:6]) + (", ..." if len(later) > 6 else "")
-        raise UsageError(
-            f"resume_from_checkpoint: {checkpoint} is at step {step}, but {args.output_dir} holds later "
-            f"checkpoints ({names}), which the next --resume_from_checkpoint true would resume instead; move "
-            "them out of output_dir (or delete them) first, or resume into another --output_dir"
-        )
-
-
 def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: PartialState) -> str | None:
     """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
     the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
@@ -599,8 +568,6 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
         check_resume_steps(resume, args.max_steps)
     if inside:
         check_log_file(args.output_dir)
-        if state.is_main_process:  # the others wait at the barrier below, which a refusal ends
-            check_later_checkpoints(resume, args, state.num_processes)
     warm_start = resume if resume is not None and not inside else None
     stale = check_output_dir(args.output_dir, inside, script_args.overwrite_output_dir, warm_start)
     if script_args.dataset_mixture is not None:

@@ -110,11 +110,15 @@ def rng_processes(checkpoint: str | Path) -> int | None:
 def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
     """Why ``checkpoint`` should not be resumed on ``processes`` processes (it was saved by another count),
     or None. The count is ``launch.json``'s, else (a checkpoint saved by TRL's trainer alone, or killed
-    before the file was written) the one its RNG state files show (`rng_processes`); with neither, not
-    checked."""
+    before the file was written) the one its RNG state files show (`rng_processes`) where that is sure: more
+    processes than this launch's, or one process (``rng_state.pth``) where this launch has several. Fewer
+    files than this launch's processes may be a kill during the save: `checkpoint_problem` names that case.
+    With neither, not checked."""
     saved, source = saved_processes(checkpoint), ""
     if saved is None:
-        saved, source = rng_processes(checkpoint), " (as its rng_state files show)"
+        shown = rng_processes(checkpoint)
+        sure = shown is not None and (shown > processes or (shown == 1 and processes > 1))
+        saved, source = (shown if sure else None), " (as its rng_state files show)"
     if saved is None or saved == processes:
         return None
     return (
@@ -359,16 +363,22 @@ def _optimizer_problem(folder: Path) -> str | None:
 
 def _rng_problem(folder: Path, processes: int | None) -> str | None:
     """Why a checkpoint of several processes lacks one's RNG state (``rng_state_R.pth``), or None. The count
-    is the checkpoint's own (``launch.json``), else, with ``processes`` given, the one its RNG state files
-    show (`rng_processes`: another count than the launch's is `resume_launch_problem`'s to name), else
-    ``processes``; one process is not checked (its RNG state is written before ``trainer_state.json``), nor
-    is an unknown count."""
-    count = saved_processes(folder)
-    if count is None and processes is not None:
-        count = rng_processes(folder) or processes
+    is the checkpoint's own (``launch.json``), else ``processes`` (the launch's); one process is not checked
+    (its RNG state is written before ``trainer_state.json``), nor is an unknown count. Without
+    ``launch.json``, fewer files may also mean fewer processes saved it, and the line says so."""
+    recorded = saved_processes(folder)
+    if recorded is None and rng_processes(folder) == 1:
+        return None  # one process's whole state: another launch count is `resume_launch_problem`'s
+    count = recorded if recorded is not None else processes
     for rank in range(count if count is not None and count > 1 else 0):
         path = folder / f"rng_state_{rank}.pth"
         if not path.is_file():
+            shown = rng_processes(folder) if recorded is None else None
+            if shown is not None and shown < count:  # TRL's own checkpoints record no process count
+                return (
+                    f"{path.name} is missing (process {rank} was killed while saving, or the run had "
+                    f"{shown} process(es): then relaunch on {shown})"
+                )
             return f"{path.name} is missing (process {rank} was killed while saving?)"
         if not zipfile.is_zipfile(path):
             return f"{path.name} is cut short (half-written?)"
@@ -376,10 +386,13 @@ def _rng_problem(folder: Path, processes: int | None) -> str | None:
 
 
 def _entropy_problem(folder: Path) -> str | None:
+    """Why TRL's adaptive-entropy state in ``folder`` cannot be read, or None. A missing file is accepted, as
+    TRL accepts it (the coefficient then starts from its initial value): a run that turns the flag on at a
+    resume has none in any checkpoint. A file cut short would stop TRL's resume."""
     try:
         json.loads((folder / ENTROPY_FILE).read_text())["entropy_coef"]
     except FileNotFoundError:
-        return f"{ENTROPY_FILE} is missing (killed while saving?)"
+        return None
     except (OSError, ValueError, KeyError, TypeError):
         return f"{ENTROPY_FILE} is not valid JSON (half-written?)"
     return None
@@ -398,8 +411,8 @@ def checkpoint_problem(
     between them, so each ``rng_state_R.pth`` is checked too: for the count the checkpoint records, else
     (with ``processes``, the launch's, given) the one its RNG state files show, else ``processes``.
     ``optimizer=False`` (``save_only_model``, which writes neither) checks
-    neither. ``entropy`` (``use_adaptive_entropy``) asks for TRL's ``entropy_ctrl_state.json``, which it
-    writes after ``trainer_state.json``.
+    neither. ``entropy`` (``use_adaptive_entropy``) checks that TRL's ``entropy_ctrl_state.json``, which it
+    writes after ``trainer_state.json``, is whole where it is there.
     """
     folder = Path(folder)
     state = folder / "trainer_state.json"
@@ -492,9 +505,41 @@ def resolve_resume(
     return str(value)
 
 
+def is_inside(path: str | Path, folder: str | Path) -> bool:
+    """Whether ``path`` lies inside ``folder`` (links resolved)."""
+    return Path(path).resolve().is_relative_to(Path(folder).resolve())
+
+
+def later_checkpoints_problem(
+    checkpoint: str, output_dir: str | Path, optimizer: bool, processes: int, entropy: bool
+) -> str | None:
+    """Why resuming from ``checkpoint`` in ``output_dir`` would leave complete ``checkpoint-N`` folders of
+    later steps there (an earlier checkpoint or a collapse guard's folder resumed), or None: the next
+    ``--resume_from_checkpoint true``, as every Slurm requeue gives, would take the newest of them and
+    continue the abandoned line. A later folder a kill left incomplete is what a resume skips anyway."""
+    if not is_inside(checkpoint, output_dir):
+        return None  # a warm start: the folder must hold no run (`prompt_aug.cli.check_output_dir`)
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    step = int(state.get("global_step", 0))
+    later = [
+        p.name
+        for p in reversed(checkpoint_folders(output_dir))  # oldest first
+        if _checkpoint_number(p) > step and checkpoint_problem(p, optimizer, processes, entropy) is None
+    ]
+    if not later:
+        return None
+    names = ", ".join(later[:6]) + (", ..." if len(later) > 6 else "")
+    return (
+        f"resume_from_checkpoint: {checkpoint} is at step {step}, but {output_dir} holds later checkpoints "
+        f"({names}), which the next --resume_from_checkpoint true would resume instead; move them out of "
+        "output_dir (or delete them) first, or resume into another --output_dir"
+    )
+
+
 def check_resume(value: str | bool | None, args: Any, processes: int, log: bool = True) -> str | None:
     """`resolve_resume` under these TrainingArguments, and the checkpoint refused when this launch has
-    another process count or engine than the one that saved it.
+    another process count or engine than the one that saved it, or when later complete checkpoints of
+    ``output_dir`` would take over at the next resume (`later_checkpoints_problem`).
 
     Raises:
         ResumeError: the checkpoint, what differs and what to do.
@@ -508,8 +553,16 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
         getattr(args, "use_adaptive_entropy", False),
     )
     if checkpoint is not None:
-        problem = resume_launch_problem(checkpoint, processes) or resume_engine_problem(
-            checkpoint, launch_engine(args)
+        problem = (
+            resume_launch_problem(checkpoint, processes)
+            or resume_engine_problem(checkpoint, launch_engine(args))
+            or later_checkpoints_problem(
+                checkpoint,
+                args.output_dir,
+                not getattr(args, "save_only_model", False),
+                processes,
+                getattr(args, "use_adaptive_entropy", False),
+            )
         )
         if problem:
             raise ResumeError(problem)

@@ -227,15 +227,15 @@ def test_a_resume_from_an_earlier_checkpoint_is_refused_while_later_ones_are_the
 def test_only_complete_later_checkpoints_hold_a_resume_back(tmp_path):
     from types import SimpleNamespace
 
-    from prompt_aug.cli import UsageError, check_later_checkpoints
+    from prompt_aug.faults import ResumeError, check_resume
 
     run = tmp_path / "run"
     _tiny_run(run, 2, 4, 6)
     args = SimpleNamespace(output_dir=str(run), save_only_model=False)
     (run / "checkpoint-6" / "trainer_state.json").unlink()  # a kill during its save: a resume skips it
-    check_later_checkpoints(str(run / "checkpoint-4"), args, processes=1)
-    with pytest.raises(UsageError, match=r"holds later checkpoints \(checkpoint-4\)"):
-        check_later_checkpoints(str(run / "checkpoint-2"), args, processes=1)
+    assert check_resume(str(run / "checkpoint-4"), args, processes=1) == str(run / "checkpoint-4")
+    with pytest.raises(ResumeError, match=r"holds later checkpoints \(checkpoint-4\)"):
+        check_resume(str(run / "checkpoint-2"), args, processes=1)  # as a script's own train() checks it
 
 
 def test_a_warm_start_into_a_folder_that_holds_a_run_is_refused(tmp_path):

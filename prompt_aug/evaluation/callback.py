@@ -210,7 +210,7 @@ def evaluator_from_args(args: Any) -> EvalCallback | None:
         limit=args.eval_limit,
         columns=(args.eval_question_column, args.eval_answer_column),
         stop="eos",  # the recipe's stop_tokens, which the trainer sets in the model's generation config
-        chat_template_kwargs=args.chat_template_kwargs or {},  # as the training prompts render
+        chat_template_kwargs=args.chat_template_kwargs,  # as the training prompts render (None: none)
     )
     evaluator.problems()
     return evaluator
