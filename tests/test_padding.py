@@ -425,21 +425,27 @@ torch.distributed.destroy_process_group()
 """
 
 
+def _on_two_processes(script: Path, folder: Path) -> tuple[list[dict], str]:
+    """Run ``script`` on 2 processes (gloo) with ``folder``; each rank's rank<i>.json, and the output."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [*torchrun(2), str(script), str(folder)], check=False, cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [
+        json.loads((folder / f"rank{rank}.json").read_text()) for rank in (0, 1)
+    ], result.stderr + result.stdout
+
+
 def test_processes_whose_live_checks_differ_all_take_the_path_of_the_one_that_failed(tmp_path):
     """Each process checks its own batch: where one fails (rank 1's kernel drops causality), every process
     goes back to SDPA, so all make as many model calls (DDP, FSDP and ZeRO-3 would hang otherwise)."""
     script = tmp_path / "live_check.py"
     script.write_text(LIVE_CHECK_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [*torchrun(2), str(script), str(tmp_path)], check=False, cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    found, _ = _on_two_processes(script, tmp_path)
     # Each rank: the check's 3 calls on varlen, 3 again on SDPA, then the packed call.
-    for rank in (0, 1):
-        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert found == {"mode": "packed", "attention": "sdpa", "calls": 7}, (rank, found)
+    assert found == [{"mode": "packed", "attention": "sdpa", "calls": 7}] * 2
 
 
 # Rank 1's kernel reads separate query and key offsets as if they were one (it drops a shared prompt), so
@@ -468,18 +474,11 @@ def test_processes_whose_shared_prompt_checks_differ_all_stop_sharing(tmp_path):
         .replace("processes=state.num_processes)", "processes=state.num_processes, share_prompts=True)")
         .replace('"calls": len(calls)}', '"calls": len(calls), "shares": passes.share_prompts}')
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [*torchrun(2), str(script), str(tmp_path)], check=False, cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    for rank in (0, 1):
-        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert (found["mode"], found["attention"], found["shares"]) == ("packed", VARLEN_ATTENTION, False), (
-            rank, found,
-        )  # fmt: skip
-    assert "prompts not shared: it failed on another process" in result.stderr + result.stdout
+    found, output = _on_two_processes(script, tmp_path)
+    assert [(f["mode"], f["attention"], f["shares"]) for f in found] == [
+        ("packed", VARLEN_ATTENTION, False)
+    ] * 2
+    assert "prompts not shared: it failed on another process" in output
 
 
 def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_model_dir, tmp_path, caplog):
