@@ -503,7 +503,8 @@ class PaddingFreePasses:
             note = "padding-free passes: varlen attention failed the live check, back to sdpa: %s"
             logger.warning(note, why)
             restore_sdpa(unwrapped)
-            self.attention, self.share_prompts = "sdpa", False  # only varlen reads shared prompts
+            if self._policy is None or unwrapped is self._policy:  # a reference's failure leaves the policy's
+                self.attention, self.share_prompts = "sdpa", False  # only varlen reads shared prompts
             ok, why = check()
         if not ok:
             self._fall_back(why)

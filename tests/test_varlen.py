@@ -501,6 +501,39 @@ def test_each_model_is_checked_live_so_a_policy_whose_varlen_fails_goes_back_to_
     torch.testing.assert_close(logps, want, rtol=0, atol=1e-5)
 
 
+def _leaky_for_wide_heads(query, key, value, *offsets, window_size=(-1, -1), **options):
+    """The exact kernel for heads of 16, `_leaky_kernel` for wider ones (a reference of other shapes)."""
+    if query.size(-1) > 16:
+        return _leaky_kernel(query, key, value, *offsets, window_size=window_size, **options)
+    return NewKernel()(query, key, value, *offsets, window_size=window_size, **options)
+
+
+def test_a_reference_whose_varlen_fails_goes_back_to_sdpa_alone_and_the_policy_keeps_varlen(caplog):
+    """Where the policy passed its live check on varlen and the reference model fails it, the reference goes
+    back to SDPA and the policy keeps varlen: the path's attention (logged, and what shared prompts need)
+    stays the policy's."""
+    with _as_varlen(_leaky_for_wide_heads):
+        policy = _model(VARLEN_ATTENTION)
+        torch.manual_seed(0)
+        wide = Qwen2Config(
+            hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=97, attn_implementation="sdpa",
+        )  # fmt: skip
+        reference = Qwen2ForCausalLM(wide).float()
+        add_fused_lm_head(reference, temperature=0.7, outputs=("log_probs", "entropy"))
+        passes = PaddingFreePasses("packed", device="cpu", share_prompts=True)
+        passes.choose(policy)
+        ids, mask = _rows()
+        with caplog.at_level(logging.INFO, logger="prompt_aug"):
+            passes.forward(_unused, policy, ids, mask, 7, None, False)
+            passes.forward(_unused, reference, ids, mask, 7, None, False)
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and warned[0].startswith(BACK_TO_SDPA)  # the reference's
+    assert passes.mode == "packed" and passes.attention == VARLEN_ATTENTION and passes.share_prompts
+    assert policy.config._attn_implementation == VARLEN_ATTENTION
+    assert reference.config._attn_implementation == "sdpa"
+
+
 class _NonCausal(NewKernel):
     """A varlen kernel that keeps each sequence to itself but lets each query see its sequence's later keys:
     packed rows then agree with the rows run alone through the same kernel, not with SDPA."""
