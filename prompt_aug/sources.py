@@ -1,5 +1,6 @@
-"""Where a model or dataset comes from: a local folder, the Hugging Face Hub, several datasets mixed, or a
-name built in code; decided before anything loads.
+"""Where a model or dataset comes from: a local folder, the Hugging Face Hub, several datasets mixed, a name
+built in code, or the name of a model fetched from the package index (`LOCAL_MODELS`, fetched by
+`prompt_aug.models`); decided before anything loads.
 
 Offline, the Hub clients retry for about a minute and then blame the connection, and an absolute path that
 does not exist is rejected as a malformed repo id. Two checks avoid both:
