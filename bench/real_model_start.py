@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_aug.demo.smoke import digit_sum_problems
-from prompt_aug.models import resolve
+from prompt_aug.sources import resolve_local_model
 from prompt_aug.templates import load_templates
 from rewards import grade_batch
 
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=26)
     args = parser.parse_args()
 
-    path = resolve(args.model, key="--model")
+    path = resolve_local_model(args.model, key="--model")
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -9,7 +9,7 @@ The folder is a cache: a second fetch finds it and returns at once. It is writte
 beside its final place and renamed when complete, so an interrupted fetch leaves no half-made folder.
 By default it lives in ``$PROMPT_AUG_HOME/models/<name>`` (``PROMPT_AUG_HOME`` defaults to
 ``~/.cache/prompt_aug``); a recipe's ``model_name_or_path: <name>`` and ``prompt-aug-eval --model <name>``
-resolve to it (`resolve`).
+resolve to it (`prompt_aug.sources.resolve_local_model`).
 
 These copies are 4-bit quantized then de-quantized: weaker than the full-precision model on the
 Hugging Face Hub (`LocalModel.hub_id`), which a user who can reach the Hub should use instead.
@@ -42,8 +42,8 @@ from .sources import (  # the catalog of fetched models lives there, below the a
     default_dir,
     hub_offline,
     is_fetched,
+    resolve_local_model,
 )
-from .sources import resolve_local_model as resolve
 from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
 
 logger = logging.getLogger("prompt_aug")
@@ -243,7 +243,7 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
 
     name = model_args.model_name_or_path
     if name not in builtin_names("model"):
-        path = resolve(name)
+        path = resolve_local_model(name)
     else:
         with PartialState().main_process_first():
             path = build_model(name, args.output_dir, args.seed)

@@ -37,7 +37,7 @@ def tokenizer(tiny_model_dir):
 def smollm2_dir():
     """The folder `python -m prompt_aug.models fetch smollm2-135m-instruct` writes; a test using it is skipped
     when it is absent, and fails instead with ``PROMPT_AUG_REAL_MODEL=1`` (CI, whose `.ci/run` fetches it)."""
-    from prompt_aug.models import default_dir, fetch_command, is_fetched
+    from prompt_aug.sources import default_dir, fetch_command, is_fetched
 
     name = "smollm2-135m-instruct"
     path = default_dir(name)

