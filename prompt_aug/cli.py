@@ -36,6 +36,7 @@ from .faults import (
     PREEMPTED_FILE,
     FaultError,
     check_resume,
+    checkpoint_step,
     is_inside,
     last_complete_checkpoint,
 )
@@ -587,15 +588,6 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
         (Path(args.output_dir) / PREEMPTED_FILE).unlink(missing_ok=True)
     state.wait_for_everyone()
     return resume
-
-
-def checkpoint_step(checkpoint: str) -> int:
-    """The optimizer step a checkpoint folder was saved at."""
-    state = Path(checkpoint) / "trainer_state.json"
-    if state.is_file():
-        return int(json.loads(state.read_text()).get("global_step", 0))
-    digits = Path(checkpoint).name.split("-")[-1]
-    return int(digits) if digits.isdigit() else 0
 
 
 # The flags that say how a run starts, which the command that resumes it replaces.

@@ -367,14 +367,14 @@ def _rng_problem(folder: Path, processes: int | None) -> str | None:
     (its RNG state is written before ``trainer_state.json``), nor is an unknown count. Without
     ``launch.json``, fewer files may also mean fewer processes saved it, and the line says so."""
     recorded = saved_processes(folder)
-    if recorded is None and rng_processes(folder) == 1:
+    shown = rng_processes(folder) if recorded is None else None  # TRL's own checkpoints record no count
+    if shown == 1:
         return None  # one process's whole state: another launch count is `resume_launch_problem`'s
     count = recorded if recorded is not None else processes
     for rank in range(count if count is not None and count > 1 else 0):
         path = folder / f"rng_state_{rank}.pth"
         if not path.is_file():
-            shown = rng_processes(folder) if recorded is None else None
-            if shown is not None and shown < count:  # TRL's own checkpoints record no process count
+            if shown is not None and shown < count:
                 return (
                     f"{path.name} is missing (process {rank} was killed while saving, or the run had "
                     f"{shown} process(es): then relaunch on {shown})"
@@ -505,6 +505,15 @@ def resolve_resume(
     return str(value)
 
 
+def checkpoint_step(checkpoint: str | Path) -> int:
+    """The optimizer step a checkpoint folder was saved at."""
+    state = Path(checkpoint) / "trainer_state.json"
+    if state.is_file():
+        return int(json.loads(state.read_text()).get("global_step", 0))
+    digits = Path(checkpoint).name.split("-")[-1]
+    return int(digits) if digits.isdigit() else 0
+
+
 def is_inside(path: str | Path, folder: str | Path) -> bool:
     """Whether ``path`` lies inside ``folder`` (links resolved)."""
     return Path(path).resolve().is_relative_to(Path(folder).resolve())
@@ -519,8 +528,7 @@ def later_checkpoints_problem(
     continue the abandoned line. A later folder a kill left incomplete is what a resume skips anyway."""
     if not is_inside(checkpoint, output_dir):
         return None  # a warm start: the folder must hold no run (`prompt_aug.cli.check_output_dir`)
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
-    step = int(state.get("global_step", 0))
+    step = checkpoint_step(checkpoint)
     later = [
         p.name
         for p in reversed(checkpoint_folders(output_dir))  # oldest first

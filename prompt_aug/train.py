@@ -35,7 +35,6 @@ from .cli import (
     USER_ERRORS,
     UsageError,
     check_reward_weights,
-    checkpoint_step,
     interrupted_message,
     prepare_output_dir,
     recipe_text,
@@ -46,7 +45,14 @@ from .data import DataError, load_train_dataset
 from .evaluation.benchmarks import EvalError
 from .extensions import build_features
 from .extensions.dynamic_sampling import signal_column
-from .faults import EXIT_PREEMPTED, PREEMPTED_FILE, Preempted, disk_full_is_one_line, signal_ignored
+from .faults import (
+    EXIT_PREEMPTED,
+    PREEMPTED_FILE,
+    Preempted,
+    checkpoint_step,
+    disk_full_is_one_line,
+    signal_ignored,
+)
 from .logging_utils import quiet_repeated_warnings, use_compact_log
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
