@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 from accelerate import PartialState
+from transformers.hf_argparser import string_to_bool
 from trl import TrlParser
 
 from .adapters import ADAPTER_FILE
@@ -170,34 +171,77 @@ def _list_value(action: argparse.Action, value: Any, where: str) -> list:
 # A dry run only prints arithmetic, so it parses as if on CPU: `TrainingArguments` rejects `bf16: true` at
 # parse time on a machine without a bf16 GPU unless `use_cpu` is set. The real run never gets this override.
 DRY_RUN_OVERRIDES = ("--use_cpu", "true")
-_TRUE = ("", "1", "true", "yes", "y", "t", "on")
+
+
+def command_line_flags(argv: list[str]) -> list[tuple[str, str, int, int]]:
+    """Each ``--key`` on a command line as ``(key, value, start, stop)``, ``argv[start:stop]`` being its
+    words. ``--key v``, ``--key=v`` and a bare ``--key`` (value ``"true"``) are read; dashes in a key
+    read as underscores, as the parser takes them.
+
+    >>> command_line_flags(["--dry-run", "--max_steps=2", "--seed", "3"])
+    [('dry_run', 'true', 0, 1), ('max_steps', '2', 1, 2), ('seed', '3', 2, 4)]
+    """
+    found, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("--") or len(word) == 2:
+            i += 1
+            continue
+        name, equals, value = word[2:].partition("=")
+        key = name.replace("-", "_")
+        if equals:
+            found.append((key, value, i, i + 1))
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            found.append((key, argv[i + 1], i, i + 2))
+        else:
+            found.append((key, "true", i, i + 1))
+        i = found[-1][3]
+    return found
+
+
+def setting(argv: list[str], key: str) -> Any:
+    """``key``'s value as the command line gives it (the last one wins), else as the recipe file
+    (``--config``) gives it; ``None`` when unset or unreadable (the parser then says why). Read before
+    the recipe is parsed, to choose how to parse it.
+
+    >>> setting(["--config", "missing.yaml", "--dry-run"], "dry_run"), setting([], "seed")
+    ('true', None)
+    """
+    flags = command_line_flags(argv)
+    given = [value for name, value, _, _ in flags if name == key]
+    config = [value for name, value, _, _ in flags if name == "config"]
+    if given or not config:
+        return given[-1] if given else None
+    try:
+        recipe = yaml.safe_load(Path(config[-1]).read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # the parser names the file and the error
+    return recipe.get(key) if isinstance(recipe, dict) else None
+
+
+def is_true(value: Any) -> bool:
+    """Whether a setting read by `setting` (a YAML value or a command-line word) means true, as the parser
+    reads booleans; a word it would refuse counts as false here, and the parser then says why.
+
+    >>> is_true("True"), is_true(True), is_true("0"), is_true("maybe"), is_true(None)
+    (True, True, False, False, False)
+    """
+    if isinstance(value, bool):
+        return value
+    try:
+        return isinstance(value, str) and string_to_bool(value)
+    except argparse.ArgumentTypeError:
+        return False
 
 
 def wants_dry_run(argv: list[str]) -> bool:
-    """Whether the command line asks for ``--dry_run`` (``--dry_run``, ``--dry_run true`` or
-    ``--dry_run=true``).
+    """Whether the command line or the recipe asks for ``dry_run`` (``--dry_run``, ``--dry-run``,
+    ``--dry_run true``, ``--dry_run=true``, or ``dry_run: true`` in the recipe).
 
-    >>> wants_dry_run(["--config", "r.yaml", "--dry_run"]), wants_dry_run(["--dry_run", "false"])
+    >>> wants_dry_run(["--config", "r.yaml", "--dry-run"]), wants_dry_run(["--dry_run", "false"])
     (True, False)
     """
-    for i, arg in enumerate(argv):
-        if arg.startswith("--dry_run="):
-            return arg.split("=", 1)[1].lower() in _TRUE
-        if arg == "--dry_run":
-            following = argv[i + 1] if i + 1 < len(argv) else ""
-            return following.startswith("--") or following.lower() in _TRUE
-    return False
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value of ``flag`` on a command line (``--flag V`` or ``--flag=V``; the last one wins), or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-        elif arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-    return value
+    return is_true(setting(argv, "dry_run"))
 
 
 def dry_run_processes(argv: list[str]) -> int | None:
@@ -207,16 +251,8 @@ def dry_run_processes(argv: list[str]) -> int | None:
     >>> dry_run_processes(["--dry_run", "--num_processes", "16"]), dry_run_processes(["--num_processes=4"])
     (16, 4)
     """
-    value = flag_value(argv, "--num_processes")
-    config = flag_value(argv, "--config")
-    if value is None and config and Path(config).is_file():
-        try:
-            recipe = yaml.safe_load(Path(config).read_text())
-        except yaml.YAMLError:
-            recipe = None  # the parser names the file and the error
-        found = recipe.get("num_processes") if isinstance(recipe, dict) else None
-        value = None if found is None else str(found)
-    value = value if value is not None else os.environ.get("WORLD_SIZE", "")
+    found = setting(argv, "num_processes")
+    value = str(found) if found is not None else os.environ.get("WORLD_SIZE", "")
     return int(value) if value.isdigit() and int(value) > 0 else None  # a bad value: parse_recipe says so
 
 
@@ -605,16 +641,13 @@ def interrupted_message(
     """Where training stopped and the command that continues it. ``save_only_model``: the run's checkpoints
     hold no optimizer state (and are complete without it)."""
     args = list(argv) if argv is not None else sys.argv[1:]
-    kept, i = [], 0
-    while i < len(args):  # drop the flags that the resume command replaces
-        name = args[i].split("=")[0]
-        if name.startswith("--") and name[2:].replace("-", "_") in _START_FLAGS:
-            # a value follows unless given with = or the flag stands alone (a bare boolean)
-            alone = "=" in args[i] or i + 1 == len(args) or args[i + 1].startswith("--")
-            i += 1 if alone else 2
-        else:
-            kept.append(args[i])
-            i += 1
+    dropped = {
+        i
+        for key, _, start, stop in command_line_flags(args)
+        if key in _START_FLAGS
+        for i in range(start, stop)
+    }
+    kept = [word for i, word in enumerate(args) if i not in dropped]  # the resume command replaces these
     last = (
         last_complete_checkpoint(output_dir, optimizer=not save_only_model)[0]
         if Path(output_dir).is_dir()

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageError, flag_value
+from .cli import UsageError, is_true, setting
 
 logger = logging.getLogger("prompt_aug")
 
@@ -39,7 +39,6 @@ NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
 # CUDA major version -> the lowest driver (major) that runs its builds (CUDA's minor-version compatibility).
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
 CUDA12_ROUTE = 'the README\'s "CUDA 12 drivers" install'
-_TRUE = ("1", "true", "yes", "y", "on", "t")
 
 
 class StackError(UsageError):
@@ -59,8 +58,8 @@ def check_before_parse(argv: list[str] | None = None) -> None:
         StackError: the missing package and its extra, or torch's CUDA build and the driver's version.
     """
     argv = list(argv) if argv is not None else sys.argv[1:]
-    deepspeed_key = _setting(argv, "deepspeed")
-    launched = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in _TRUE
+    deepspeed_key = setting(argv, "deepspeed")
+    launched = is_true(os.environ.get("ACCELERATE_USE_DEEPSPEED"))
     if (launched or deepspeed_key) and not _installed("deepspeed"):
         culprit = "ACCELERATE_USE_DEEPSPEED (a DeepSpeed accelerate config)" if launched else "deepspeed"
         raise StackError(
@@ -68,9 +67,9 @@ def check_before_parse(argv: list[str] | None = None) -> None:
             f'pip install "prompt-aug-grpo[deepspeed]" {GPU_CONSTRAINTS}, or launch with '
             "accelerate_configs/ddp.yaml"
         )
-    if _flag(_setting(argv, "dry_run")) or _flag(_setting(argv, "use_cpu")):
+    if is_true(setting(argv, "dry_run")) or is_true(setting(argv, "use_cpu")):
         return
-    if _flag(os.environ.get("ACCELERATE_USE_CPU")):  # `accelerate launch --cpu`, which transformers honours
+    if is_true(os.environ.get("ACCELERATE_USE_CPU")):  # `accelerate launch --cpu`, which transformers honours
         return
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):  # GPUs hidden on purpose
         return
@@ -141,34 +140,6 @@ def nvidia_driver() -> str | None:
 
 def _major(version: str) -> int:
     return int(version.split(".")[0])
-
-
-def _setting(argv: list[str], key: str) -> Any:
-    """``key``'s value as the command line (``--key v``, ``--key=v``, a bare ``--key``; ``--dry-run`` for
-    ``dry_run`` too, as the parser takes it) or else the recipe (``--config``) gives it; ``None`` when unset
-    or unreadable (the parser then says why)."""
-    value: Any = None
-    flags = (f"--{key}", f"--{key.replace('_', '-')}")
-    for i, arg in enumerate(argv):
-        if arg in flags:
-            following = argv[i + 1] if i + 1 < len(argv) else ""
-            value = "true" if not following or following.startswith("--") else following
-        elif arg.startswith(tuple(f"{flag}=" for flag in flags)):
-            value = arg.split("=", 1)[1]
-    config = flag_value(argv, "--config")
-    if value is not None or config is None:
-        return value
-    import yaml
-
-    try:
-        recipe = yaml.safe_load(Path(config).read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return recipe.get(key) if isinstance(recipe, dict) else None
-
-
-def _flag(value: Any) -> bool:
-    return value is True or (isinstance(value, str) and value.lower() in _TRUE)
 
 
 def _installed(package: str, min_version: str | None = None) -> bool:

@@ -267,6 +267,19 @@ def test_wants_dry_run_forms():
     assert wants_dry_run(["--dry_run", "true"]) and wants_dry_run(["--dry_run=True"])
     assert not wants_dry_run(["--dry_run", "false"]) and not wants_dry_run(["--dry_run=no"])
     assert not wants_dry_run(["--config", "r.yaml"])
+    assert wants_dry_run(["--dry-run"]) and not wants_dry_run(["--dry-run=false"])  # the parser takes dashes
+
+
+def test_a_dry_run_asked_by_a_dashed_flag_or_by_the_recipe_parses_a_bf16_recipe_on_cpu(tmp_path):
+    """Both spellings the parser accepts, and a ``dry_run: true`` key in the recipe, get the CPU parse."""
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only parse failure the dry run avoids")
+    paper = ["--config", str(PAPER / "prompt_aug.yaml"), "--num_processes", "8"]
+    assert train.parse_args([*paper, "--dry-run"]).training_args.bf16
+    recipe = tmp_path / "dry.yaml"
+    recipe.write_text((PAPER / "prompt_aug.yaml").read_text() + "\ndry_run: true\nnum_processes: 8\n")
+    parsed = train.parse_args(["--config", str(recipe)])
+    assert parsed.training_args.bf16 and parsed.training_args.use_cpu
 
 
 def test_a_dry_run_checks_the_batch_keys_as_its_process_count_will_run_them(tmp_path):
