@@ -224,7 +224,7 @@ class PromptAugGRPOConfig(GRPOConfig):
     )
     collapse_accuracy_metric: str | None = _key(
         None,
-        "Log key of the accuracy signal (default: the correctness reward's mean, else `reward`).",
+        "Log key of the accuracy signal (default: `completions/accuracy`, the share graded right).",
         _guard("accuracy"),
     )
     collapse_entropy_floor: float | None = _key(

@@ -24,10 +24,10 @@ from typing import Any
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-from rewards.controls import ACCURACY_MEAN_KEYS, FORMAT_MEAN_KEYS
+from rewards.controls import FORMAT_MEAN_KEYS
 
 from .faults import FaultError
-from .records import generated_first, generation_round
+from .records import ACCURACY_KEYS, generated_first, generation_round
 
 LOG_FILE = "logs.jsonl"
 
@@ -37,7 +37,7 @@ logger = logging.getLogger("prompt_aug")
 # (label, keys: the first present is shown, format)
 _STEP_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("reward", generated_first(["reward"]), "{:.3f}"),
-    ("accuracy", generated_first(ACCURACY_MEAN_KEYS), "{:.3f}"),
+    ("accuracy", generated_first(ACCURACY_KEYS), "{:.3f}"),
     ("format", generated_first(FORMAT_MEAN_KEYS), "{:.3f}"),
     ("entropy", ("entropy",), "{:.3f}"),
     ("length", ("completions/mean_length",), "{:.0f}"),

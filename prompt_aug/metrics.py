@@ -17,6 +17,8 @@ from accelerate.utils import gather_object
 from rewards.registry import CORRECTNESS_REWARDS, format_reward
 from rewards.repetition import ends_in_loop
 
+from .records import ACCURACY_KEY, GENERATED
+
 
 class TemplateMetrics:
     """``templates/<name>/*`` and ``completions/repetition_ratio`` for a trainer whose rows carry a template.
@@ -76,7 +78,8 @@ class TemplateMetrics:
     ) -> None:  # fmt: skip
         """Per-template metrics of gathered rows (`per_template_metrics`): ``accuracy`` (the share right, also
         under a correctness reward mapped to other scores), ``format``, each reward function's mean as
-        ``rewards/<function>``, and with ``kept`` (bool per row) ``templates/<name>/kept``."""
+        ``rewards/<function>``, and with ``kept`` (bool per row) ``templates/<name>/kept``; and the round's
+        share right as `ACCURACY_KEY` (``kept`` given: over every generated row, under `GENERATED`)."""
         funcs = trainer.reward_funcs
         columns = {
             "accuracy": None,
@@ -91,6 +94,9 @@ class TemplateMetrics:
             share = (rewards[:, column] - wrong) / (right - wrong)
             rewards = torch.cat([rewards, share.unsqueeze(1)], dim=1)
             columns["accuracy"] = rewards.shape[1] - 1
+            if not share.isnan().all():  # the round's share; under dynamic sampling (``kept``) all generated
+                key = (GENERATED if kept is not None else "") + ACCURACY_KEY
+                trainer.metric_buffer(mode)[key].append(torch.nanmean(share).item())
         buffer = trainer.metric_buffer(mode)
         for key, value in per_template_metrics(names, rewards, columns, lengths, truncated, kept).items():
             buffer[key].append(value)

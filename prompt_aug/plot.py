@@ -41,11 +41,9 @@ from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.colors import hsv_to_rgb
 from matplotlib.ticker import MaxNLocator
 
-from rewards.controls import ACCURACY_MEAN_KEYS
-
 from .faults import checkpoint_folders
 from .model_card import evaluation_made_by, weights_match
-from .records import GENERATED, generated_first
+from .records import ACCURACY_KEYS, GENERATED, generated_first
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
 logger = logging.getLogger("prompt_aug.plot")
@@ -56,8 +54,8 @@ CURVES: list[tuple[str, str, list[str], bool]] = [
     ("Entropy", "nats / token", ["entropy"], False),
     (
         "Training accuracy",
-        "correctness reward",
-        list(generated_first(ACCURACY_MEAN_KEYS)),
+        "share graded right",
+        list(generated_first(ACCURACY_KEYS)),
         True,
     ),
     ("Total reward", "reward", list(generated_first(["reward"])), False),

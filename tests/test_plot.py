@@ -434,7 +434,7 @@ def test_a_dynamic_sampling_run_is_drawn_over_everything_it_generated(tmp_path):
         assert "all generated" in panels[title].get_ylabel(), title
     assert list(grpo_line.get_ydata()) == [0.1 / s for s in range(1, 5)]  # TRL's key where it is all
     alone = {a.get_title(): a.get_ylabel() for a in build_figure([grpo]).axes}
-    assert alone["Training accuracy"] == "correctness reward"
+    assert alone["Training accuracy"] == "share graded right"
     args = SimpleNamespace(steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1)
     line = compact_line({**history[0], "loss": 0.0}, 1, 4, args)
     assert line == "round 1 | step 1/4 | reward 0.350 | accuracy 0.250 | truncated 0.300"

@@ -59,6 +59,7 @@ def test_per_template_metrics_match_the_completion_records(smoke_run):
             assert logged[f"templates/{name}/accuracy"] == pytest.approx(group["correctness_reward"].mean())
             assert 1 <= logged[f"templates/{name}/mean_length"] <= 32
         assert sum(v for k, v in history[step].items() if k.endswith("/count")) == 16
+        assert history[step]["completions/accuracy"] == pytest.approx(records["correctness_reward"].mean())
 
 
 def test_per_template_metrics_follow_a_reward_named_by_import_path(tmp_path):
@@ -124,6 +125,32 @@ def test_per_template_accuracy_under_the_plus_minus_5_reward_is_the_share_right(
     assert logged["templates/b/accuracy"] == [1.0]  # the ungraded row (None, NaN) is left out
     assert logged["templates/a/rewards/correctness_pm5_reward"] == [pytest.approx(-5 / 3)]
     assert logged["templates/a/format"] == [pytest.approx(2 / 3)]
+    assert logged["completions/accuracy"] == [0.5]  # the round's share right: 2 of the 4 graded rows
+    # Under dynamic sampling (``kept`` given) the rows are everything generated, and the key says so.
+    TemplateMetrics(["a", "b"]).append(
+        trainer, ["a", "a", "a", "b", "b"], rewards, torch.ones(5), torch.zeros(5), "eval", kept=torch.ones(5)
+    )
+    assert buffers["eval"]["dynamic_sampling/generated/completions/accuracy"] == [0.5]
+    assert "completions/accuracy" not in buffers["eval"]
+
+
+def test_the_console_plot_and_collapse_guard_read_the_share_right_not_the_plus_minus_5_total():
+    """A ``correctness_pm5`` run's ``reward`` is on a +5 / -5 scale; the run's accuracy is the share right."""
+    from types import SimpleNamespace
+
+    from prompt_aug.extensions.collapse import guard_from_args
+    from prompt_aug.logging_utils import compact_line
+    from prompt_aug.plot import CURVES
+
+    logs = {"reward": -1.25, "rewards/correctness_pm5_reward/mean": -1.25, "completions/accuracy": 0.375}
+    args = SimpleNamespace(steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1)
+    assert "accuracy 0.375" in compact_line(logs, 1, 2, args)
+    accuracy_curve = next(keys for title, _, keys, _ in CURVES if title == "Training accuracy")
+    assert next(k for k in accuracy_curve if k in logs) == "completions/accuracy"
+    pm5 = ["--config", SMOKE, "--dry_run", "--reward_funcs", "correctness_pm5", "format"]
+    guard = guard_from_args(train.parse_args(pm5).training_args, 1.0)
+    spec = next(spec for spec in guard.specs if spec.name == "accuracy")
+    assert next(k for k in spec.keys if k in logs) == "completions/accuracy"
 
 
 def test_completion_records_have_one_template_per_step_and_uid(smoke_run):

@@ -9,8 +9,8 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   signal     log key read                              fires when
   ========== ========================================= ===============================================
   entropy    ``entropy``                               below the floor for ``window`` rounds in a row
-  accuracy   ``rewards/correctness_reward/mean`` (or   its mean over the last ``window`` rounds falls
-             another of ``ACCURACY_MEAN_KEYS``, else   more than the threshold below its best such mean
+  accuracy   ``completions/accuracy`` (older logs: the   its mean over the last ``window`` rounds falls
+             correctness reward's mean; else           more than the threshold below its best such mean
              ``reward``; or a chosen key)
   truncation ``completions/clipped_ratio``             above the ceiling for ``window`` rounds in a row
   repetition ``completions/repetition_ratio``          above the ceiling for ``window`` rounds in a row
@@ -59,18 +59,17 @@ from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 from transformers.trainer import TRAINING_ARGS_NAME
 
-from rewards.controls import ACCURACY_MEAN_KEYS
-
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
 from ..faults import COLLAPSE_PREFIX, LaunchRecord
+from ..records import ACCURACY_KEYS as SHARE_KEYS
 from ..records import generated_first, generation_round
 
 logger = logging.getLogger("prompt_aug.collapse")
 
 SIGNALS = tuple(SIGNAL_KEYS)  # entropy, accuracy, truncation, repetition, eval
 KINDS = ("below", "above", "drop")
-ACCURACY_KEYS = (*ACCURACY_MEAN_KEYS, "reward")
+ACCURACY_KEYS = (*SHARE_KEYS, "reward")
 REPETITION_KEY = "completions/repetition_ratio"
 FINAL_KEY = "train_runtime"  # in the Trainer's end-of-training log line only
 
