@@ -24,10 +24,6 @@ from .model_card import CardError, full_model_card
 from .sources import (
     SourceError,
     check_source,
-    hub_endpoint,
-    hub_model_cached,
-    hub_offline,
-    hub_reachable,
     looks_local,
     resolve_local_model,
 )
@@ -81,18 +77,6 @@ def adapter_base(folder: str | Path) -> str:
     return str(config.get("base_model_name_or_path") or "")
 
 
-def _repo_id(value: str) -> bool:
-    """Whether ``value`` is a valid Hub repository id (``gpt2``, ``owner/name``)."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(value)
-    except HFValidationError:
-        return False
-    return True
-
-
 def check_adapter_base(key: str, folder: str | Path, way_out: str | None = None) -> None:
     """Fail in one line when the adapter in ``folder`` records no base model, a local base model that is not
     there (a relative path read from another folder, or a base moved since), or a Hub id that cannot be had
@@ -111,7 +95,6 @@ def check_adapter_base(key: str, folder: str | Path, way_out: str | None = None)
             f"{key} {folder}: a LoRA adapter whose {ADAPTER_FILE} records no base model "
             f"(base_model_name_or_path); {way_out}"
         )
-    label = f"{key} {folder}: its LoRA adapter's base model"
     if looks_local(base) and not Path(base).expanduser().exists():
         # Only a relative path depends on the folder it is read from.
         here = "" if Path(base).expanduser().is_absolute() else "run from the folder it was trained in, or "
@@ -119,21 +102,10 @@ def check_adapter_base(key: str, folder: str | Path, way_out: str | None = None)
             f"{key} {folder}: a LoRA adapter whose base model {base!r} is not there (resolved to "
             f"{Path(base).expanduser().resolve()}); {here}{way_out}"
         )
-    if not looks_local(base) and _repo_id(base):  # a Hub id: offline, it must be in the cache
-        if hub_offline() and not hub_model_cached(base):
-            raise AdapterError(
-                f"{label} {base}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once online, or "
-                f"{way_out}"
-            )
-        if not hub_offline() and not hub_reachable():
-            raise AdapterError(
-                f"{label} {base}: cannot reach the Hugging Face Hub ({hub_endpoint()}); set HF_HUB_OFFLINE=1 "
-                f"to use a copy in the Hugging Face cache, or {way_out}"
-            )
-    try:  # a file, or a folder with no model in it
-        check_source(label, base, model=True)
+    try:  # a file, a folder with no model in it, a Hub id that cannot be had
+        check_source(f"{key} {folder}: its LoRA adapter's base model", base, model=True, way_out=way_out)
     except SourceError as err:
-        raise AdapterError(f"{err}; or {way_out}") from None
+        raise AdapterError(str(err)) from None
 
 
 def default_output(folder: Path) -> Path:

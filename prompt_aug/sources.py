@@ -177,14 +177,15 @@ def hub_reachable(timeout: float = 5.0) -> bool:
     return _reachable(hub_endpoint(), timeout)
 
 
-def require_hub(key: str, repo_id: str, timeout: float = 5.0) -> None:
-    """Raise `SourceError` at once when ``repo_id`` must come from the Hub and the Hub cannot be reached."""
+def require_hub(key: str, repo_id: str, timeout: float = 5.0, way_out: str | None = None) -> None:
+    """Raise `SourceError` at once when ``repo_id`` must come from the Hub and the Hub cannot be reached;
+    ``way_out`` ends the message (default: set ``key`` to a local folder)."""
     if hub_offline() or hub_reachable(timeout):
         return
+    way_out = way_out or f"set {key} to a local folder{_local_hint(repo_id)}"
     raise SourceError(
         f"{key}: cannot reach the Hugging Face Hub ({hub_endpoint()}) to fetch {repo_id!r}. Offline? Set "
-        f"HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache, or set {key} to a local folder"
-        f"{_local_hint(repo_id)}."
+        f"HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache, or {way_out}"
     )
 
 
@@ -320,23 +321,31 @@ def resolve_local_model(value: str | None, key: str = "model_name_or_path") -> s
     return str(path)
 
 
-def check_source(key: str, value: str | None, builtin: tuple[str, ...] = (), model: bool = False) -> None:
+def check_source(
+    key: str,
+    value: str | None,
+    builtin: tuple[str, ...] = (),
+    model: bool = False,
+    way_out: str | None = None,
+) -> None:
     """Check a model or dataset value before loading: a missing local path or an unreachable Hub fails at
     once, and so, for a ``model``, do a local folder with no model in it (`MODEL_FILES`) and a Hub id
     offline (``HF_HUB_OFFLINE``) with no copy in the Hugging Face cache. A name of `BUILTINS` or of
-    ``builtin`` is not looked for."""
+    ``builtin`` is not looked for. ``way_out`` ends each message, in place of giving ``key`` another value
+    (for a value read from a file, such as an adapter's base model)."""
     if not value or value in builtin or value in BUILTINS:
         return
+    also = f"; or {way_out}" if way_out else ""
     if require_local(key, value):
         folder = Path(value).expanduser()
         if model and folder.is_file():
             raise SourceError(
-                f"{key} {value}: a file; give the folder the model was saved in ({folder.parent})"
+                f"{key} {value}: a file; give the folder the model was saved in ({folder.parent}){also}"
             )
         if model and folder.is_dir() and not any((folder / f).is_file() for f in MODEL_FILES):
             raise SourceError(
                 f"{key} {value}: a folder with no {' or '.join(MODEL_FILES)}, so no model saved there; give "
-                "the folder a run saved its model in (its output folder, or one of its checkpoint-N)"
+                f"the folder a run saved its model in (its output folder, or one of its checkpoint-N){also}"
             )
         return
     from huggingface_hub.errors import HFValidationError
@@ -347,13 +356,13 @@ def check_source(key: str, value: str | None, builtin: tuple[str, ...] = (), mod
     except HFValidationError:
         raise SourceError(
             f"{key} {value!r}: neither a local path nor a Hub id (owner/name); fix it, or start a local path "
-            "with ./"
+            f"with ./{also}"
         ) from None
-    require_hub(key, value)
+    require_hub(key, value, way_out=way_out)
     if model and hub_offline() and not hub_model_cached(value):
         raise SourceError(
-            f"{key} {value}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once online or give a "
-            f"local path{_local_hint(value)}"
+            f"{key} {value}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once online, or "
+            f"{way_out or 'give a local path' + _local_hint(value)}"
         )
 
 
