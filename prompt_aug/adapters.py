@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from .faults import staged_folder
 from .model_card import CardError, full_model_card
 from .sources import (
     SourceError,
@@ -255,11 +254,7 @@ def merge(
         if tied:
             _retie_embeddings(merged)
     target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    umask = os.umask(0o022)  # read, and put back: mkdtemp's folder is the owner's alone
-    os.umask(umask)
-    work.chmod(0o777 & ~umask)  # the merged folder opens as any folder made here would (a vLLM server's user)
-    try:
+    with staged_folder(target) as work:
         merged.save_pretrained(work)
         for name in _CARRIED:
             if (folder / name).is_file():
@@ -278,8 +273,6 @@ def merge(
         if target.exists():
             target.rmdir()  # empty (checked above)
         work.rename(target)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return target
 
 

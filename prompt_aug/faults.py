@@ -16,6 +16,7 @@ the fault in one line.
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import logging
 import os
@@ -23,6 +24,8 @@ import re
 import shlex
 import shutil
 import signal
+import socket
+import tempfile
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -630,6 +633,43 @@ def disk_full_is_one_line(output_dir: str | Path, optimizer: bool = True) -> Ite
         if isinstance(err, FaultError) or not is_disk_full(err, output_dir):
             raise
         raise DiskFullError(disk_full_message(output_dir, err, optimizer)) from err
+
+
+# ---------------------------------------------------------------------------------------------
+# A folder written whole or not at all
+
+
+@contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A new hidden folder beside ``target`` (``.NAME.partial-HOST-PID-XXXX``) to build it in; the caller
+    renames it to ``target`` once complete, and it is removed on the way out otherwise. Such folders that a
+    killed process left (this host, its process gone) are removed first. It opens to other users as any
+    folder made here would (a vLLM server's user reads a merged model), not as ``mkdtemp``'s owner-only one.
+    """
+    host, prefix = socket.gethostname(), f".{target.name}.partial-"
+    for old in target.parent.glob(f"{glob.escape(prefix)}*"):
+        owner = old.name[len(prefix) :].rsplit("-", 2)  # mkdtemp's suffix has no dash
+        if len(owner) == 3 and owner[0] == host and owner[1].isdigit() and not _alive(int(owner[1])):
+            logger.info("removing %s, left by a process that was killed while writing %s", old, target)
+            shutil.rmtree(old, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{prefix}{host}-{os.getpid()}-", dir=target.parent))
+    umask = os.umask(0o022)  # read, and put back
+    os.umask(umask)
+    work.chmod(0o777 & ~umask)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

