@@ -636,10 +636,11 @@ def interrupted_message(
     max_steps: int,
     argv: list[str] | None,
     headline: str = "Interrupted",
-    save_only_model: bool = False,
+    optimizer: bool = True,
+    entropy: bool = False,
 ) -> str:
-    """Where training stopped and the command that continues it. ``save_only_model``: the run's checkpoints
-    hold no optimizer state (and are complete without it)."""
+    """Where training stopped and the command that continues it. ``optimizer``, ``entropy``: what the run's
+    checkpoints hold (`prompt_aug.faults.saved_parts`)."""
     args = list(argv) if argv is not None else sys.argv[1:]
     dropped = {
         i
@@ -649,7 +650,7 @@ def interrupted_message(
     }
     kept = [word for i, word in enumerate(args) if i not in dropped]  # the resume command replaces these
     last = (
-        last_complete_checkpoint(output_dir, optimizer=not save_only_model)[0]
+        last_complete_checkpoint(output_dir, optimizer, entropy=entropy)[0]
         if Path(output_dir).is_dir()
         else None
     )

@@ -433,6 +433,21 @@ def checkpoint_problem(
     return problem or (_entropy_problem(folder) if entropy else None)
 
 
+def saved_parts(args: Any) -> dict[str, bool]:
+    """What a complete checkpoint of a run under ``args`` (TrainingArguments) holds besides its model and
+    trainer state, as `checkpoint_problem`'s keywords: ``optimizer`` (unless ``save_only_model``) and
+    ``entropy`` (``use_adaptive_entropy``).
+
+    >>> from types import SimpleNamespace
+    >>> saved_parts(SimpleNamespace(save_only_model=True))
+    {'optimizer': False, 'entropy': False}
+    """
+    return {
+        "optimizer": not getattr(args, "save_only_model", False),
+        "entropy": bool(getattr(args, "use_adaptive_entropy", False)),
+    }
+
+
 def _checkpoint_number(path: Path) -> int:
     found = re.fullmatch(r"checkpoint-(\d+)", path.name)
     return int(found.group(1)) if found else -1
@@ -555,25 +570,13 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
     Raises:
         ResumeError: the checkpoint, what differs and what to do.
     """
-    checkpoint = resolve_resume(
-        value,
-        args.output_dir,
-        log,
-        not getattr(args, "save_only_model", False),
-        processes,
-        getattr(args, "use_adaptive_entropy", False),
-    )
+    parts = saved_parts(args)
+    checkpoint = resolve_resume(value, args.output_dir, log, processes=processes, **parts)
     if checkpoint is not None:
         problem = (
             resume_launch_problem(checkpoint, processes)
             or resume_engine_problem(checkpoint, launch_engine(args))
-            or later_checkpoints_problem(
-                checkpoint,
-                args.output_dir,
-                not getattr(args, "save_only_model", False),
-                processes,
-                getattr(args, "use_adaptive_entropy", False),
-            )
+            or later_checkpoints_problem(checkpoint, args.output_dir, processes=processes, **parts)
         )
         if problem:
             raise ResumeError(problem)
@@ -609,11 +612,15 @@ def is_disk_full(err: BaseException, output_dir: str | Path) -> bool:
     return False
 
 
-def disk_full_message(output_dir: str | Path, err: BaseException, optimizer: bool = True) -> str:
-    """One line: where the disk is full, what is safe, what to do. ``optimizer=False``: the run saves only
-    the model (``save_only_model``), so its checkpoints hold no optimizer state."""
+def disk_full_message(
+    output_dir: str | Path, err: BaseException, optimizer: bool = True, entropy: bool = False
+) -> str:
+    """One line: where the disk is full, what is safe, what to do. ``optimizer``, ``entropy``: what the run's
+    checkpoints hold (`saved_parts`)."""
     last, skipped = (
-        last_complete_checkpoint(output_dir, optimizer) if Path(output_dir).is_dir() else (None, [])
+        last_complete_checkpoint(output_dir, optimizer, entropy=entropy)
+        if Path(output_dir).is_dir()
+        else (None, [])
     )
     where = f" while writing {err.filename}" if isinstance(err, OSError) and err.filename else ""
     message = f"no space left on the disk of output_dir {output_dir}{where} ({one_line(err, 160)}). "
@@ -624,15 +631,17 @@ def disk_full_message(output_dir: str | Path, err: BaseException, optimizer: boo
 
 
 @contextmanager
-def disk_full_is_one_line(output_dir: str | Path, optimizer: bool = True) -> Iterator[None]:
+def disk_full_is_one_line(
+    output_dir: str | Path, optimizer: bool = True, entropy: bool = False
+) -> Iterator[None]:
     """Turn a write that failed for want of space into a `DiskFullError` naming ``output_dir``
-    (``optimizer``: as `disk_full_message`)."""
+    (``optimizer``, ``entropy``: as `disk_full_message`)."""
     try:
         yield
     except Exception as err:
         if isinstance(err, FaultError) or not is_disk_full(err, output_dir):
             raise
-        raise DiskFullError(disk_full_message(output_dir, err, optimizer)) from err
+        raise DiskFullError(disk_full_message(output_dir, err, optimizer, entropy)) from err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -755,7 +764,7 @@ class HubAndPreemption:
             resume_from_checkpoint, self.args, self.accelerator.num_processes, self.is_world_process_zero()
         )
         catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
-        with catching, disk_full_is_one_line(self.args.output_dir, not self.args.save_only_model):
+        with catching, disk_full_is_one_line(self.args.output_dir, **saved_parts(self.args)):
             result = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.preempted:
             # Every rank has written its part of the checkpoint before any leaves: a launcher stops the

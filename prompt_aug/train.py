@@ -51,6 +51,7 @@ from .faults import (
     Preempted,
     checkpoint_step,
     disk_full_is_one_line,
+    saved_parts,
     signal_ignored,
 )
 from .logging_utils import quiet_repeated_warnings, use_compact_log
@@ -296,9 +297,7 @@ def run(
     except KeyboardInterrupt:
         if state.is_main_process:
             step, max_steps = trainer.state.global_step, trainer.state.max_steps
-            message = interrupted_message(
-                args.output_dir, step, max_steps, argv, save_only_model=args.save_only_model
-            )
+            message = interrupted_message(args.output_dir, step, max_steps, argv, **saved_parts(args))
             print(message, file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except Preempted:  # saved at a step end on every rank (train() waits for all); not finished, so no
@@ -306,9 +305,7 @@ def run(
         if state.is_main_process:
             step, max_steps = trainer.state.global_step, trainer.state.max_steps
             why = f"Preempted by {trainer.preempted} (exit status {EXIT_PREEMPTED}, {PREEMPTED_FILE} written)"
-            message = interrupted_message(
-                args.output_dir, step, max_steps, argv, why, save_only_model=args.save_only_model
-            )
+            message = interrupted_message(args.output_dir, step, max_steps, argv, why, **saved_parts(args))
             print(message, file=sys.stderr, flush=True)
         # No rank exits before the main process has said so: torchrun stops the other ranks as soon as one
         # exits, which could cut that message.
@@ -327,7 +324,7 @@ def run(
                 logger.info("wrote %s", before_after.write(args.output_dir))
 
         # Save, card, push (a failed push leaves both on disk and says how to push later).
-        with disk_full_is_one_line(args.output_dir, optimizer=not args.save_only_model):
+        with disk_full_is_one_line(args.output_dir, **saved_parts(args)):
             trainer.save_model(args.output_dir)
             trainer.create_model_card()
         if args.push_to_hub:

@@ -549,7 +549,22 @@ def test_the_interruption_message_finds_the_checkpoint_of_a_run_that_saves_only_
     argv = ["--config", str(SMOKE), "--output_dir", str(run)]
     (tiny_checkpoint(run / "checkpoint-2", 2) / "optimizer.pt").unlink()
     assert "No checkpoint was saved" in interrupted_message(str(run), 3, 10, argv)
-    message = interrupted_message(str(run), 3, 10, argv, save_only_model=True)
+    message = interrupted_message(str(run), 3, 10, argv, optimizer=False)
+    assert f"Last checkpoint: {run / 'checkpoint-2'}." in message
+
+
+def test_the_interruption_message_skips_a_checkpoint_whose_adaptive_entropy_state_was_cut_short(tmp_path):
+    from fault_harness import tiny_checkpoint
+
+    from prompt_aug.cli import interrupted_message
+    from prompt_aug.faults import ENTROPY_FILE
+
+    run = tmp_path / "run"
+    argv = ["--config", str(SMOKE), "--output_dir", str(run)]
+    tiny_checkpoint(run / "checkpoint-2", 2)
+    (tiny_checkpoint(run / "checkpoint-4", 4) / ENTROPY_FILE).write_text('{"entropy_co')
+    assert f"Last checkpoint: {run / 'checkpoint-4'}." in interrupted_message(str(run), 5, 10, argv)
+    message = interrupted_message(str(run), 5, 10, argv, entropy=True)  # a use_adaptive_entropy run
     assert f"Last checkpoint: {run / 'checkpoint-2'}." in message
 
 

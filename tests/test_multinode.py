@@ -467,6 +467,20 @@ def test_a_requeued_run_that_saves_only_the_model_resumes_from_its_checkpoint(fa
     assert line.endswith("--overwrite_output_dir true")  # a run that saves its optimizer: incomplete
 
 
+def test_a_requeued_adaptive_entropy_run_resumes_from_the_checkpoint_before_one_with_its_state_cut_short(
+    fake_slurm,
+):
+    """The requeue judges a checkpoint as the trainer will: a cut-short entropy_ctrl_state.json makes the
+    newest folder incomplete for a use_adaptive_entropy run; with an older complete one, it resumes."""
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    (tiny_checkpoint(out_dir / "checkpoint-2", 2) / "entropy_ctrl_state.json").write_text('{"entropy_co')
+    requeued = dict(env, SLURM_RESTART_COUNT="1")
+    run = ["--recipe", SMOKE, "--output_dir", str(out_dir)]
+    assert _plan(requeued, *run)["train on gpu07"].endswith("--resume_from_checkpoint true")
+    line = _plan(requeued, *run, "--use_adaptive_entropy", "true")["train on gpu07"]
+    assert line.endswith("--overwrite_output_dir true")  # its only checkpoint cannot be resumed
+
+
 # ---------------------------------------------------------------------------------------------
 # Running it: srun, the server, signals and requeue (stand-in accelerate).
 
