@@ -286,12 +286,15 @@ class PreemptionCallback(TrainerCallback):
 
 class _NoEvaluationWhenPreempted(TrainerCallback):
     """The Trainer's due evaluation dropped at the step a preemption signal stops, before the save, and the
-    evaluation and second save an epoch strategy asks for as the stopped epoch ends."""
+    evaluation and second save an epoch strategy asks for as the stopped epoch ends. Last among the step-end
+    callbacks, it asks again for a signal that came while they ran (a benchmark evaluation can take minutes),
+    so that the run stops at this step, not after another round."""
 
     def __init__(self, preemption: PreemptionCallback) -> None:
         self.preemption = preemption
 
     def on_step_end(self, args, state, control, **kwargs):
+        self.preemption.on_step_end(args, state, control)
         if self.preemption.stopped_by is not None:
             control.should_evaluate = False
 

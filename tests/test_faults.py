@@ -276,7 +276,9 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_saved(tmp_path):
     assert json.loads((out / faults.PREEMPTED_FILE).read_text())["step"] == 2
 
 
-def _built(model_dir: Path, out: Path, eval_dataset: Any = None, **keys: Any) -> Any:
+def _built(
+    model_dir: Path, out: Path, eval_dataset: Any = None, callbacks: list | None = None, **keys: Any
+) -> Any:
     """A trainer built in code, as a script of one's own builds it, on two questions."""
     from prompt_aug import PromptAugGRPOConfig
     from prompt_aug.trainer import PromptAugGRPOTrainer
@@ -294,6 +296,7 @@ def _built(model_dir: Path, out: Path, eval_dataset: Any = None, **keys: Any) ->
         args=args,
         train_dataset=dataset,
         eval_dataset=eval_dataset,
+        callbacks=callbacks,
     )
 
 
@@ -353,6 +356,29 @@ def test_a_signal_saves_before_an_evaluation_due_at_the_same_step(tiny_model_dir
     assert stopped.value.step == 2 and faults.checkpoint_problem(out / "checkpoint-2") is None
     assert watch.evaluations == 0
     assert not any(k.startswith("eval") for entry in trainer.state.log_history for k in entry)
+
+
+def test_a_signal_during_a_benchmark_evaluation_stops_the_run_at_that_step_saved(tiny_model_dir, tmp_path):
+    """A signal that comes while the in-training benchmark evaluation runs (minutes on a real suite) stops
+    the run at that step, saved, not after another generation round."""
+    from prompt_aug.evaluation.callback import EvalCallback
+
+    class SignalledWhileEvaluating(EvalCallback):
+        def evaluate_model(self, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return super().evaluate_model(*args, **kwargs)
+
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    out = tmp_path / "run"
+    evaluator = SignalledWhileEvaluating([str(questions)], 2, max_tokens=4)
+    trainer = _built(
+        tiny_model_dir, out, callbacks=[evaluator], max_steps=4, save_strategy="no", logging_steps=1
+    )
+    with pytest.raises(faults.Preempted) as stopped:
+        trainer.train()
+    assert stopped.value.step == 2 and faults.checkpoint_problem(out / "checkpoint-2") is None
+    assert not (out / "checkpoint-3").exists()
 
 
 class _SavesCounted(_SignalInStep):
