@@ -444,8 +444,9 @@ def test_pass_at_n_has_its_own_table_in_results_md():
 
 def test_torn_last_line_is_dropped(tmp_path):
     path = tmp_path / "completions.jsonl"
-    path.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
-    assert read_records(path) == [{"a": 1}, {"a": 2}]
+    first, second = ({"benchmark": "amc", "template": "qwen-math", "run": 0, "index": i} for i in (0, 1))
+    path.write_text(json.dumps(first) + "\n" + json.dumps(second) + '\n{"benchmark": ')
+    assert read_records(path) == [first, second]
     assert path.read_text().endswith("}\n")
 
 
@@ -1299,3 +1300,144 @@ def test_ctrl_c_keeps_the_completions_and_says_the_same_command_resumes(tiny_mod
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("prompt-aug-eval: interrupted; the completions written")
     assert 0 < len(records.read_text().splitlines()) < 7 * 16
+
+
+def test_a_model_given_as_dot_is_named_by_its_folder_and_resumed_under_its_path(
+    tiny_model_dir, suite_dir, tmp_path, monkeypatch
+):
+    out, flags = tmp_path / "eval", ("--benchmarks", "amc")
+    monkeypatch.chdir(tiny_model_dir)
+    _eval(Path("."), suite_dir, out, *flags)
+    assert json.loads((out / "settings.json").read_text())["model"] == tiny_model_dir.name
+    assert f"| {tiny_model_dir.name} |" in (out / "results.md").read_text()
+    assert _eval(tiny_model_dir, suite_dir, out, *flags)["new_completions"] == 0
+
+
+def test_a_question_set_and_a_templates_file_spelled_two_ways_are_one_evaluation(
+    tiny_model_dir, suite_dir, tmp_path, monkeypatch
+):
+    from prompt_aug.templates import DEFAULT_TEMPLATES_FILE
+
+    (tmp_path / "x").mkdir()
+    questions = tmp_path / "x" / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question": f"Compute {k}+1.", "answer": str(k + 1)}) + "\n"
+                                 for k in range(2)))  # fmt: skip
+    bank = tmp_path / "bank.yaml"
+    shutil.copy(DEFAULT_TEMPLATES_FILE, bank)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    out = tmp_path / "eval"
+    relative = ("--benchmarks", "../x/q.jsonl", "--templates_file", "../bank.yaml")
+    absolute = ("--benchmarks", str(questions.resolve()), "--templates_file", str(bank.resolve()))
+    first = _eval(tiny_model_dir, suite_dir, out, *relative)
+    assert first["benchmarks"] == [str(questions.resolve())]
+    assert first["settings"]["templates_file"] == str(bank.resolve())
+    assert {r["benchmark"] for r in _lines(out / "completions.jsonl")} == {str(questions.resolve())}
+    assert _eval(tiny_model_dir, suite_dir, out, *absolute)["new_completions"] == 0
+    # A folder that kept the relative spellings resumes too, and its records take the absolute path.
+    for name in ("completions.jsonl", "settings.json", "results.json"):
+        text = (out / name).read_text()
+        for path, spelling in ((questions, "../x/q.jsonl"), (bank, "../bank.yaml")):
+            text = text.replace(json.dumps(str(path.resolve())), json.dumps(spelling))
+        (out / name).write_text(text)
+    assert _eval(tiny_model_dir, suite_dir, out, *absolute)["new_completions"] == 0
+    assert {r["benchmark"] for r in _lines(out / "completions.jsonl")} == {str(questions.resolve())}
+
+
+def test_a_prompt_longer_than_max_model_len_fails_before_the_vllm_engine_loads(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    out = tmp_path / "eval"
+    with pytest.raises(
+        SystemExit,
+        match=r"^prompt-aug-eval: error: the longest prompt \(\d+ tokens, amc question \d, template "
+        r"qwen-math\) leaves no room for a completion in --max_model_len 8: pass --max_model_len \d+ .*"
+        r"or leave amc out of --benchmarks",
+    ):  # vLLM is not installed here: the engine is never reached
+        _eval(
+            tiny_model_dir, suite_dir, out, "--benchmarks", "amc", "--backend", "vllm", "--max_model_len", "8"
+        )
+    assert not out.exists()
+
+
+def test_leftover_world_size_without_a_launcher_is_one_line(tiny_model_dir, suite_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(
+        SystemExit,
+        match=r"^prompt-aug-eval: error: WORLD_SIZE is 2 but MASTER_ADDR and MASTER_PORT not set: launch "
+        r"with torchrun or accelerate launch, or unset WORLD_SIZE",
+    ):
+        _eval(tiny_model_dir, suite_dir, tmp_path / "eval", "--benchmarks", "amc", "--limit", "1")
+
+
+def test_processes_that_never_come_are_waited_for_a_bounded_time(monkeypatch, caplog):
+    import socket
+    from datetime import timedelta
+
+    from prompt_aug.evaluation import runner
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(runner, "JOIN_WAIT", timedelta(seconds=1))
+    caplog.set_level("INFO", logger="prompt_aug.evaluate")
+    with pytest.raises(EvalError, match=rf"could not join the others via 127.0.0.1:{port} within 0:00:01"):
+        runner.join_processes()
+    assert f"joining 2 processes via 127.0.0.1:{port}" in caplog.text
+
+
+def test_a_damaged_settings_file_or_record_is_one_line_naming_it(tiny_model_dir, suite_dir, tmp_path):
+    out, flags = tmp_path / "eval", ("--benchmarks", "amc", "--limit", "1")
+    _eval(tiny_model_dir, suite_dir, out, *flags)
+    settings = out / "settings.json"
+    kept = settings.read_text()
+    settings.write_text(kept[:10])
+    with pytest.raises(
+        SystemExit, match=rf"^prompt-aug-eval: error: {re.escape(str(settings))}: not JSON .*pass --overwrite"
+    ):
+        _eval(tiny_model_dir, suite_dir, out, *flags)
+    settings.write_text(kept)
+    records = out / "completions.jsonl"
+    records.write_text(records.read_text() + json.dumps({"question": "?"}) + "\n")
+    with pytest.raises(
+        SystemExit,
+        match=rf"^prompt-aug-eval: error: {re.escape(str(records))}, line 2: not a record \(no benchmark, "
+        r"template, run, index\); delete that line",
+    ):
+        _eval(tiny_model_dir, suite_dir, out, *flags)
+
+
+def test_a_question_with_samples_written_twice_by_torn_attempts_gets_all_its_samples(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    out, flags = tmp_path / "eval", ("--benchmarks", "amc", "--n", "3", "--temperature", "1")
+    assert (
+        _eval(tiny_model_dir, suite_dir, out, *flags)["results"]["qwen-math"]["benchmarks"]["amc"]["n"] == 6
+    )
+    records = _lines(out / "completions.jsonl")
+    torn = [r for r in records if r["index"] == 0 and r["sample"] < 2]  # two attempts, each cut after 2
+    rest = [r for r in records if r["index"] != 0]
+    (out / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rest + torn + torn))
+    again = _eval(tiny_model_dir, suite_dir, out, *flags)
+    assert again["new_completions"] == 3
+    amc = again["results"]["qwen-math"]["benchmarks"]["amc"]
+    assert amc["n"] == 6 and amc["questions"] == 2
+
+
+def test_a_folder_whose_settings_lack_newer_keys_keeps_its_tables_covered(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    out = tmp_path / "eval"
+    _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc")
+    settings = json.loads((out / "settings.json").read_text())
+    del settings["stop"], settings["weights"]  # as written before those keys
+    (out / "settings.json").write_text(json.dumps(settings))
+    with pytest.raises(SystemExit, match=r"does not cover \(3 questions of a benchmark\)"):
+        _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc", "--limit", "1")
+    assert (out / "results.md").is_file()

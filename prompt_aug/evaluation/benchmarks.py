@@ -113,10 +113,7 @@ def check_distinct(benchmarks: list[str]) -> None:
     places: dict[str, str] = {}
     titles: dict[str, str] = {}
     for name in benchmarks:
-        path = Path(name).expanduser()
-        local = name not in BENCHMARKS and (is_data_file_name(name) or path.exists())
-        place = str(path.resolve()) if local else name
-        title = benchmark_title(name)
+        place, title = benchmark_place(name), benchmark_title(name)
         if place in places:
             raise EvalError(f"--benchmarks: {places[place]} and {name} are one question set; give it once")
         if title in titles:
@@ -125,6 +122,20 @@ def check_distinct(benchmarks: list[str]) -> None:
                 "rename a file to tell them apart"
             )
         places[place], titles[title] = name, name
+
+
+def benchmark_place(name: str) -> str:
+    """What ``name`` is kept as in records and results: a local question set's absolute path (resolved from
+    the working folder, so any spelling of one file gives one), anything else as it is.
+
+    >>> benchmark_place("amc"), benchmark_place("my-org/my-questions")
+    ('amc', 'my-org/my-questions')
+    >>> benchmark_place("sums.jsonl") == str(Path.cwd().resolve() / "sums.jsonl")
+    True
+    """
+    path = Path(name).expanduser()
+    local = name not in BENCHMARKS and (is_data_file_name(name) or path.exists())
+    return str(path.resolve()) if local else name
 
 
 def is_question_set(name: str) -> bool:

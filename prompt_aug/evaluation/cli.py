@@ -51,6 +51,7 @@ from .benchmarks import (
     BENCHMARKS,
     HUB_SUITE,
     EvalError,
+    benchmark_place,
     check_distinct,
     hub_dataset,
     load_benchmark,
@@ -65,6 +66,7 @@ from .runner import (
     generate_and_grade,
     join_processes,
     read_records,
+    respell_question_sets,
     shard_paths,
     write_atomically,
 )
@@ -225,6 +227,20 @@ def default_output(model: str) -> Path:
 
 # Settings that folders written before the `--stop` flag lack: they were made with the `turn` rule.
 SETTINGS_BEFORE_STOP_FLAG = {"stop": "turn"}
+# Settings that may name a local file: kept as its absolute path, so that any spelling of it is the same.
+FILE_SETTINGS = ("templates_file", "chat_template")
+
+
+def file_place(value: str | None) -> str | None:
+    """A flag's value that names a local file as that file's absolute path; any other value as it is.
+
+    >>> file_place("chatml"), file_place(None)
+    ('chatml', None)
+    """
+    if not isinstance(value, str) or "{" in value:  # None, or a Jinja template
+        return value
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.is_file() else value
 
 
 def weights_of(model: str) -> str | None:
@@ -263,12 +279,15 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
     """Completions already in ``output`` must come from the same model (its folder's name and its weights,
     `weights_fingerprint`) and decoding settings."""
     path, records = output / SETTINGS_FILE, output / RECORDS_FILE
-    previous = json.loads(path.read_text()) if path.is_file() and not overwrite else None
+    previous = _read_settings(path) if path.is_file() and not overwrite else None
+    # The previous settings as today's would state them: an older folder's lack newer keys, and may name a
+    # file by a relative path (resolved from the working folder).
+    before = {**SETTINGS_BEFORE_STOP_FLAG, **(previous or {})}
+    before.update({key: file_place(before.get(key)) for key in FILE_SETTINGS})
     if overwrite:
         for old in (records, *shard_paths(records)):
             old.unlink(missing_ok=True)
     elif previous is not None and (records.is_file() or shard_paths(records)):
-        before = {**SETTINGS_BEFORE_STOP_FLAG, **previous}
         then, now = before.get("weights"), settings["weights"]
         if then != now and None in (then, now):  # nothing to compare the weights with
             unknown = (
@@ -287,13 +306,29 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
                 f"{output} holds completions made with other settings ({changed}, as (before, now)); "
                 "pass another --output or --overwrite"
             )
-    if overwrite or (previous is not None and previous != settings):
+    if overwrite or (previous is not None and any(before.get(k) != v for k, v in settings.items())):
         # The old evaluation's tables go with its completions: a card or a plot must not show them as this
         # one's, should this one stop before it writes its own.
         for old in (output / RESULTS_FILE, output / TABLE_FILE):
             old.unlink(missing_ok=True)
     output.mkdir(parents=True, exist_ok=True)
     write_atomically(path, json.dumps(settings, indent=2) + "\n")
+
+
+def _read_settings(path: Path) -> dict[str, Any]:
+    """The settings an earlier evaluation wrote to ``path``; `EvalError` naming it when it is damaged."""
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        settings, why = None, f"not JSON ({err})"
+    else:
+        why = "not a JSON object"
+    if not isinstance(settings, dict):
+        raise EvalError(
+            f"{path}: {why}; delete it (the completions beside it are then resumed as this evaluation's) or "
+            "pass --overwrite"
+        )
+    return settings
 
 
 def _check_coverage(
@@ -304,6 +339,7 @@ def _check_coverage(
     (the completions there are kept either way; ``--overwrite`` has deleted the tables before this)."""
     try:
         before = json.loads((output / RESULTS_FILE).read_text())
+        before["benchmarks"] = [benchmark_place(b) for b in before["benchmarks"]]  # as today's are given
         lost = [
             f"{key} {sorted(set(before[key]) - set(now))}"
             for key, now in (("benchmarks", benchmarks), ("templates", templates))
@@ -342,10 +378,11 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     benchmarks = parse_benchmarks(args.benchmarks)
     check_distinct(benchmarks)
+    benchmarks = [benchmark_place(b) for b in benchmarks]  # a local question set by its absolute path
     templates = parse_templates(args.template, args.templates_file)
     # A known local model's name (prompt_aug.models) is its fetched folder, but results go to eval/<name>.
     output = Path(args.output) if args.output else default_output(args.model)
-    model_name = Path(args.model).name if Path(args.model).is_dir() else args.model
+    model_name = Path(args.model).resolve().name if Path(args.model).is_dir() else args.model
     args.model = resolve_local_model(args.model, key="--model")
     # A missing folder, an unreachable Hub or (offline) an uncached Hub id fails before any load.
     check_source("--model", args.model, model=True)
@@ -381,8 +418,8 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "top_p": args.top_p if sampling else 1.0,
         "n": args.n,
         "seed": args.seed if sampling else None,
-        "templates_file": args.templates_file,
-        "chat_template": args.chat_template,
+        "templates_file": file_place(args.templates_file),
+        "chat_template": file_place(args.chat_template),
         "chat_template_kwargs": args.chat_template_kwargs or None,
         "stop": args.stop,
         "max_model_len": max_model_len if shorter else None,
@@ -406,6 +443,7 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
                 _check_settings(output, settings, args.overwrite)
                 _check_coverage(output, args, benchmarks, [t.name for t in templates])
                 fold_shards(output / RECORDS_FILE)
+                respell_question_sets(output / RECORDS_FILE, benchmarks)
                 # What the folder holds; a bad line stops every process now, before the model loads.
                 before = completions_made(read_records(output / RECORDS_FILE))
             except EvalError as err:
@@ -460,16 +498,31 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
 def _vllm_context(
     args: argparse.Namespace, tokenizer: Any, templates: list[Any], problems: list[Any]
 ) -> tuple[int, int]:
-    """The ``max_model_len`` vLLM is asked for (`vllm_max_model_len`) and the longest prompt, in tokens."""
+    """The ``max_model_len`` vLLM is asked for (`vllm_max_model_len`) and the longest prompt, in tokens.
+
+    Raises:
+        EvalError: a prompt leaves no room for a completion in that context (before the engine loads).
+    """
     kwargs = args.chat_template_kwargs or {}
-    prompts = [t.render(p.question, tokenizer, **kwargs) for t in templates for p in problems]
-    longest = max((len(ids) for ids in tokenizer(prompts)["input_ids"]), default=0)
+    asked = [(t, p) for t in templates for p in problems]
+    prompts = [t.render(p.question, tokenizer, **kwargs) for t, p in asked]
+    lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
+    longest = max(lengths, default=0)
     context = model_context_length(args.model)
     max_model_len = vllm_max_model_len(args.max_model_len, longest, args.max_tokens, context)
     logger.info(
         "vLLM max_model_len %s (model context %s; longest prompt %d + --max_tokens %d)",
         max_model_len, context, longest, args.max_tokens,
     )  # fmt: skip
+    if longest >= max_model_len:
+        template, problem = asked[lengths.index(longest)]
+        given = "--max_model_len" if args.max_model_len else "the model's context, max_model_len"
+        raise EvalError(
+            f"the longest prompt ({longest} tokens, {problem.benchmark} question {problem.index}, template "
+            f"{template.name}) leaves no room for a completion in {given} {max_model_len}: pass "
+            f"--max_model_len {longest + args.max_tokens} (the prompt + --max_tokens), or leave "
+            f"{problem.benchmark} out of --benchmarks"
+        )
     return max_model_len, longest
 
 

@@ -22,7 +22,7 @@ from rewards.grading.grade import grade_batch
 
 from ..templates import Template
 from .backends import Backend
-from .benchmarks import EvalError, Problem
+from .benchmarks import EvalError, Problem, benchmark_place
 
 # One logger for all of evaluation, under the name it had before the split.
 logger = logging.getLogger("prompt_aug.evaluate")
@@ -73,13 +73,28 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         except ValueError as err:
             record, why = None, f"not JSON ({err})"
         else:
-            why = "not a record"
-        if not isinstance(record, dict):
+            why = _not_a_record(record)
+        if why:
             raise EvalError(
                 f"{path}, line {number}: {why}; delete that line (it is asked again) or pass --overwrite"
             )
         records.append(record)
     return records
+
+
+def _not_a_record(value: Any) -> str | None:
+    """Why a JSON value is no record of a completion (None when it is one): not an object, or no benchmark,
+    template, run and index (whole numbers) to say which question it answers."""
+    if not isinstance(value, dict):
+        return "not a record"
+    missing = [k for k in ("benchmark", "template", "run", "index") if k not in value]
+    if missing:
+        return f"not a record (no {', '.join(missing)})"
+    try:
+        _key(value)
+    except (TypeError, ValueError):
+        return f"not a record (run {value['run']!r}, index {value['index']!r})"
+    return None
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -93,6 +108,8 @@ def write_atomically(path: Path, text: str) -> None:
 # How long a process that has finished its share waits for the others at a collective. A process that fails
 # ends the launch (torchrun stops the others), so this only bounds a process that hangs.
 WAIT = timedelta(hours=24)
+# How long a process waits for the others to join (at MASTER_ADDR:MASTER_PORT) before it gives up.
+JOIN_WAIT = timedelta(minutes=10)
 
 
 @dataclass
@@ -102,7 +119,8 @@ class Processes:
     `gather` and `barrier` do nothing.
 
     ``ranks_per_engine`` processes drive one engine together (vLLM's tensor parallelism across processes):
-    they take the same share of the work, and only the first of them keeps the records.
+    they take the same share of the work, and only the first of them keeps the records. ``owns_default``: the
+    default process group was set up for this evaluation alone, and `close` ends it.
     """
 
     rank: int = 0
@@ -110,6 +128,7 @@ class Processes:
     local_rank: int = 0
     group: Any = None
     ranks_per_engine: int = 1
+    owns_default: bool = False
 
     @property
     def main(self) -> bool:
@@ -158,15 +177,16 @@ class Processes:
         """After a run that ended normally: leave the process group the records travelled over, joining
         gloo's worker threads before Python exits (as `prompt_aug.train.close_process_group` does after
         training: a gloo thread that still holds a collective's tensor while Python finalizes aborts the
-        process). When that group is the default one, every group goes with it; a default group that an engine
-        built its groups on, or that was there before, is left to its owner and to the end of the process."""
+        process). When the default group was set up for this evaluation alone (`owns_default`), every group
+        goes with it; a default group that an engine built its groups on, or that was there before, is left
+        to its owner and to the end of the process."""
         if self.group is None:
             return
         import torch.distributed as dist
 
         handle = self.group
         self.group = None
-        if handle is dist.group.WORLD:
+        if self.owns_default:
             dist.destroy_process_group()
         else:
             dist.destroy_process_group(handle)
@@ -178,12 +198,16 @@ def join_processes(engine: bool = False, ranks_per_engine: int = 1) -> Processes
     """The processes this one was launched with, joined; `Processes` () when it runs alone.
 
     ``torchrun`` and ``accelerate launch`` say how many there are in the environment (``WORLD_SIZE``,
-    ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``). The records travel over a gloo group: it
-    carries Python objects on CPUs and GPUs alike, and waits `WAIT` for the slowest process. It is the
-    default group, unless ``engine`` says that an engine will build its own groups on the default group
-    (vLLM's external launcher): the default group is then NCCL on GPUs, as under ``accelerate``, and the
-    records get a gloo group of their own. A default group that is already there (a caller's own launch) is
-    used as it is, beside a gloo group of the records.
+    ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); joining them waits `JOIN_WAIT` at most
+    (`WAIT` for an engine's NCCL group, whose timeout also bounds the engine's collectives).
+    The records travel over a gloo group of their own: it carries Python objects on CPUs and GPUs alike, and
+    waits `WAIT` for the slowest process. The default group is gloo, or NCCL on GPUs when ``engine`` says
+    that an engine will build its own groups on it (vLLM's external launcher), as under ``accelerate``. A
+    default group that is already there (a caller's own launch) is used as it is.
+
+    Raises:
+        EvalError: ``WORLD_SIZE`` says several processes but the others cannot be joined (no ``RANK``,
+            ``MASTER_ADDR`` or ``MASTER_PORT``, or none came within `JOIN_WAIT`).
     """
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
@@ -204,20 +228,32 @@ def join_processes(engine: bool = False, ranks_per_engine: int = 1) -> Processes
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     owns = not dist.is_initialized()
     if owns:
+        unset = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+        if unset:
+            raise EvalError(
+                f"WORLD_SIZE is {size} but {' and '.join(unset)} not set: launch with torchrun or accelerate "
+                "launch, or unset WORLD_SIZE (and RANK) to evaluate in a single process"
+            )
+        place = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        logger.info("joining %d processes via %s", size, place)
         nccl = engine and torch.cuda.is_available()
         if nccl:
             torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl" if nccl else "gloo", timeout=WAIT)
+        try:  # an engine's NCCL group keeps the long wait: its collectives run as long as generation does
+            dist.init_process_group("nccl" if nccl else "gloo", timeout=WAIT if nccl else JOIN_WAIT)
+        except dist.DistError as err:
+            raise EvalError(
+                f"process {rank} of {size} could not join the others via {place} within {JOIN_WAIT} "
+                f"({type(err).__name__}); unset WORLD_SIZE (and RANK) to evaluate in a single process"
+            ) from err
     elif dist.get_world_size() != size or dist.get_rank() != rank:
         raise EvalError(
             f"a process group of {dist.get_world_size()} processes (rank {dist.get_rank()}) is already set "
             f"up, but the environment says rank {rank} of {size}"
         )
-    if owns and not engine and dist.get_backend() == "gloo":
-        group = dist.group.WORLD
-    else:
-        group = dist.new_group(backend="gloo", timeout=WAIT)
-    return Processes(rank, size, local_rank, group, ranks_per_engine)
+    # The records get a gloo group of their own, which waits `WAIT` for the slowest process.
+    group = dist.new_group(backend="gloo", timeout=WAIT)
+    return Processes(rank, size, local_rank, group, ranks_per_engine, owns and not engine)
 
 
 def shard_path(records_path: Path, rank: int) -> Path:
@@ -279,6 +315,23 @@ def fold_shards(records_path: Path) -> int:
             "kept %d completions of an interrupted multi-process run (%s)", len(added), shards[0].name
         )
     return len(added)
+
+
+def respell_question_sets(records_path: Path, benchmarks: list[str]) -> int:
+    """Give the records of a question set kept under another spelling of its path (a relative one, resolved
+    from the working folder) the name it has in ``benchmarks`` (`benchmark_place`), so that they are resumed;
+    returns how many were renamed."""
+    names, records, renamed = set(benchmarks), read_records(records_path), 0
+    for record in records:
+        place = benchmark_place(str(record["benchmark"]))
+        if record["benchmark"] not in names and place in names:
+            record["benchmark"], renamed = place, renamed + 1
+    if renamed:
+        write_records(records_path, records)
+        logger.info(
+            "%s: %d completions of question sets renamed to their absolute paths", records_path, renamed
+        )
+    return renamed
 
 
 def deal(order: list[int], batch_size: int, share: int, shares: int, whole_batches: bool) -> list[list[int]]:
@@ -343,16 +396,17 @@ def generate_and_grade(
     if processes.main:
         fold_shards(records_path)
         existing = _refresh_stored(records_path, rendered, problems, templates)
-    counts: dict[RecordKey, int] = defaultdict(int)
+    # The distinct samples each question has: a question asked again after a torn write holds some twice.
+    made: dict[RecordKey, set[int]] = defaultdict(set)
     for record in existing:
-        counts[_key(record)] += 1
-    counts = processes.broadcast(counts)
+        made[_key(record)].add(int(record.get("sample", 0)))
+    made = processes.broadcast(made)
     todo = [
         (problem, template, run)
         for run in range(runs)
         for template in templates
         for problem in problems
-        if counts[(problem.benchmark, template.name, run, problem.index)] < n
+        if len(made[(problem.benchmark, template.name, run, problem.index)] & set(range(n))) < n
     ]
     total = runs * len(templates) * len(problems)
     if total - len(todo):
