@@ -26,6 +26,7 @@ Preview what a recipe will train on::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -61,6 +62,7 @@ from .sources import (
     read_dataset,
     require_hub,
     solution_golds,
+    source_label,
     verl_gold,
 )
 from .templates import TemplateError
@@ -136,6 +138,7 @@ class Drops(Counter):
         self.rows: dict[str, list[int]] = {}
         self.columns: dict[str, str] = {}
         self.notes: list[str] = []  # what loading changed without dropping a row
+        self.answer_column: str | None = None  # the column the golds are read from
 
     def add(self, reason: str, index: int, column: str) -> None:
         self[reason] += 1
@@ -154,6 +157,10 @@ class Drops(Counter):
     def bad(self) -> int:
         return sum(self[reason] for reason in self.columns)
 
+    def bad_golds(self) -> int:
+        """Rows dropped for their gold answer: empty, NaN, of another type, or no ``\\boxed{}``."""
+        return sum(self[reason] for reason, column in self.columns.items() if column == self.answer_column)
+
 
 @dataclass
 class DataReport:
@@ -165,7 +172,7 @@ class DataReport:
     dropped: Counter
 
     def __str__(self) -> str:
-        return "\n  ".join([self.summary(), *self.drops()])
+        return "\n  ".join([self.summary(), *self.drops(), *self.notes()])
 
     def summary(self) -> str:
         """The first line: the source, rows read and rows kept."""
@@ -174,12 +181,15 @@ class DataReport:
     def drops(self) -> list[str]:
         """One line per reason rows were dropped: the count, the reason and, for bad data, the first rows."""
         shown = self.dropped.shown if isinstance(self.dropped, Drops) else lambda why: ""
-        notes = [f"note: {note}" for note in getattr(self.dropped, "notes", [])]
-        return [f"dropped {n}: {why}{shown(why)}" for why, n in self.dropped.items() if n] + notes
+        return [f"dropped {n}: {why}{shown(why)}" for why, n in self.dropped.items() if n]
+
+    def notes(self) -> list[str]:
+        """One line per thing loading changed without dropping a row, or worth knowing about the data."""
+        return [f"note: {note}" for note in getattr(self.dropped, "notes", [])]
 
     def one_line(self) -> str:
         """The report on one line (for an error message)."""
-        return "; ".join([self.summary(), *self.drops()])
+        return "; ".join([self.summary(), *self.drops(), *self.notes()])
 
 
 def _require(ds: datasets.Dataset, column: str, what: str) -> None:
@@ -299,6 +309,15 @@ def check_bad_rows(dropped: Counter, kept: int, max_share: float | None) -> None
     )
 
 
+def level_key(level: Any) -> str:
+    """A ``level`` value as levels are compared: 4, "4" and "Level 4" are one level.
+
+    >>> [level_key(v) for v in [4, "4", "Level 4", " level 4 ", 4.0, "Level ?"]]
+    ['4', '4', '4', '4', '4', '?']
+    """
+    return re.sub(r"(?i)^level\s*", "", number_text(level).strip())
+
+
 def to_rows(
     ds: datasets.Dataset,
     question_column: str | None = None,
@@ -320,8 +339,15 @@ def to_rows(
     read_index = list(range(len(ds)))  # each row's index in the dataset as read
     if levels:
         _require(ds, "level", "level")
-        read_index = [i for i, lv in enumerate(ds["level"]) if str(lv) in levels or f"Level {lv}" in levels]
+        wanted = {level_key(level) for level in levels}
+        read_index = [i for i, lv in enumerate(ds["level"]) if level_key(lv) in wanted]
         dropped[f"level not in {levels}"] = len(ds) - len(read_index)
+        if not read_index and len(ds):
+            held = sorted({str(lv) for lv in ds["level"]}, key=lambda lv: (level_key(lv), lv))
+            shown = ", ".join(map(repr, held[:SHOWN_ROWS])) + (", ..." if len(held) > SHOWN_ROWS else "")
+            dropped.notes.append(
+                f"no row has a level in {levels}; column 'level' holds {shown} (fix dataset_levels)"
+            )
         ds = ds.select(read_index)
     if is_verl_layout(cols, question_column, answer_column):
         q_col, a_col = "prompt", "reward_model.ground_truth"
@@ -350,6 +376,7 @@ def to_rows(
         if "uid" in cols:
             ids = list(ds["uid"])
         consumed = {q_col, a_col, "uid"}
+    dropped.answer_column = a_col
     questions = [question_text(q) for q in raw_questions]
     check_column_names(cols, consumed, {"question": q_col, "answer": a_col})
     check_no_images(ds)
@@ -478,7 +505,8 @@ def mix_sources(
     ``question``/``answer``/``uid`` rows.
 
     Each source's ``columns`` are selected, then it is mapped with its own column keys (the arguments here are
-    the defaults). ``fraction`` keeps TRL's meaning (shares of the mixture, no source oversampled), applied to
+    the defaults; a source in verl layout that sets neither and lacks the default columns is read as verl
+    layout). ``fraction`` keeps TRL's meaning (shares of the mixture, no source oversampled), applied to
     the mapped rows. Uids get the source's position as a prefix (``0:...``, ``1:...``), so two sources never
     share one. ``max_bad_row_share`` applies to each source (`check_bad_rows`). Each source keeps its other
     columns; a column that only some sources have is ``None`` in the rows of the others (`align_columns`).
@@ -493,15 +521,20 @@ def mix_sources(
             if source.columns is not None:
                 _require_all(raw, source.columns)
                 raw = raw.select_columns(source.columns)
+            q_col, a_col = source.question_column or question_column, source.answer_column or answer_column
+            inherited = source.question_column is None and source.answer_column is None
+            missing = any(c not in raw.column_names for c in (q_col, a_col) if c is not None)
+            if inherited and missing and is_verl_layout(raw.column_names, None, None):
+                q_col = a_col = None  # the top-level columns are the other sources'; this one is verl's
             rows, report = rows_of(
-                source.path, raw, source.question_column or question_column,
-                source.answer_column or answer_column, source.dataset_levels or levels, max_bad_row_share,
-            )  # fmt: skip
+                source.path, raw, q_col, a_col, source.dataset_levels or levels, max_bad_row_share
+            )
             if not len(rows):  # else it would surface as a column typed null in the mixture
                 why = "; ".join(report.drops()) or "empty"
+                notes = "".join(f"; {note}" for note in report.notes())
                 raise DataError(
-                    f"kept 0 of its {report.read} rows ({why}); fix the source or its filter, or leave it "
-                    "out of the mixture"
+                    f"kept 0 of its {report.read} rows ({why}){notes}; fix the source or its filter, or "
+                    "leave it out of the mixture"
                 )
         except DataError as err:  # a missing column, too many bad rows, or none left
             raise DataError(f"{key}: {err}") from None
@@ -518,16 +551,21 @@ def mix_sources(
         parts = [part.select(range(n)) for part, n in zip(parts, kept, strict=True)]
     if len({repr(part.features["answer"]) for part in parts}) > 1:  # list golds in some sources only
         parts = [part.map(lambda row: {"answer": _as_list(row["answer"])}) for part in parts]
-    parts = align_columns(parts, [source.path for source in sources])
+    # Each source by its path or data files, or, where two have the same, by its recipe key too.
+    labels = [source_label(source) for source in sources]
+    labels = [
+        label if labels.count(label) == 1 else key for label, (key, *_) in zip(labels, read, strict=True)
+    ]
+    parts = align_columns(parts, labels)
     mixed = datasets.concatenate_datasets(parts)
     dropped = Drops()
-    for report, extra in zip(reports, beyond, strict=True):
+    for label, report, extra in zip(labels, reports, beyond, strict=True):
         for why, n in report.dropped.items():
-            dropped[f"{report.source}: {why}"] += n
+            dropped[f"{label}: {why}"] += n
         if extra:
-            dropped[f"{report.source}: beyond its fraction of the mixture"] += extra
-        dropped.notes += [f"{report.source}: {note}" for note in getattr(report.dropped, "notes", [])]
-    names = ", ".join(f"{r.source} ({len(p)} rows)" for r, p in zip(reports, parts, strict=True))
+            dropped[f"{label}: beyond its fraction of the mixture"] += extra
+        dropped.notes += [f"{label}: {note}" for note in getattr(report.dropped, "notes", [])]
+    names = ", ".join(f"{label} ({len(p)} rows)" for label, p in zip(labels, parts, strict=True))
     return mixed, DataReport(f"mixture of {names}", sum(r.read for r in reports), len(mixed), dropped)
 
 
@@ -755,13 +793,9 @@ def preview(args: argparse.Namespace) -> str:
     """The preview report as text (see `main`)."""
     from transformers import AutoTokenizer
 
-    from .templates import (
-        chat_template_text,
-        check_renders,
-        load_templates,
-        select_templates,
-        with_system_prompt,
-    )
+    from .config import PromptAugGRPOConfig
+    from .recipe import PromptAugScriptArguments
+    from .templates import chat_template_text, check_renders, load_templates, templates_for
 
     recipe: dict[str, Any] = {}
     if args.config:  # read as training reads it: a missing file, bad YAML or unknown key is one line
@@ -784,6 +818,14 @@ def preview(args: argparse.Namespace) -> str:
         levels=None if levels is None else [str(level) for level in levels],  # YAML's 4 is the level "4"
         columns=keys["columns"],
     )
+    # Too many bad rows stop training: said here, so that the rest of the preview still shows them.
+    share = recipe.get("max_bad_row_share", _default(PromptAugScriptArguments, "max_bad_row_share"))
+    try:
+        check_bad_rows(report.dropped, report.rows, share)
+    except DataError as err:
+        stop = f"training would stop here: {err}"
+    else:
+        stop = None
     tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
     lines = []
     tokenizer = None
@@ -812,17 +854,20 @@ def preview(args: argparse.Namespace) -> str:
     elif recipe.get("chat_template"):  # as the training run sets it
         tokenizer.chat_template = chat_template_text(recipe["chat_template"])
     kwargs = _chat_template_kwargs(recipe.get("chat_template_kwargs"))  # as training renders with them
-    bank = load_templates(recipe.get("templates_file"))
-    check_renders(bank.values(), tokenizer, kwargs)
-    templates, _ = select_templates(bank, recipe.get("templates"), recipe.get("template_weights"))
-    templates = [with_system_prompt(t, recipe.get("system_prompt")) for t in templates]
+    check_renders(load_templates(recipe.get("templates_file")).values(), tokenizer, kwargs)
+    # The templates training asks under (the evaluation template alone without prompt augmentation).
+    names = ("prompt_augmentation", "templates", "template_weights", "templates_file", "eval_template")
+    asked = {key: recipe.get(key, _default(PromptAugGRPOConfig, key)) for key in names}
+    templates, _, _ = templates_for(argparse.Namespace(**asked, system_prompt=recipe.get("system_prompt")))
     n_gold = len(rows)
     rows, n_long = filter_long_prompts(rows, templates, tokenizer, max_len, kwargs)
     report.dropped[f"prompt longer than {max_len} tokens (longest template)"] += n_long
     report.rows = len(rows)
     lines.append(str(report))
-    no_gold = report.dropped.get("empty gold answer", 0)
+    no_gold = report.dropped.bad_golds() if isinstance(report.dropped, Drops) else 0
     lines.append(f"golds: {n_gold} rows with a gold answer, {no_gold} without one (dropped)")
+    if stop:
+        lines.append(stop)
     forms = Counter(answer_form(a) for a in rows["answer"])
     lines.append("answer forms:")
     width = max(forms.values(), default=1)
@@ -834,6 +879,11 @@ def preview(args: argparse.Namespace) -> str:
             lines.append(f"\n----- template {template.name} -----")
             lines.append(template.render(question, tokenizer, **kwargs))
     return "\n".join(lines)
+
+
+def _default(config: type, key: str) -> Any:
+    """The default of ``config``'s field ``key``, as a recipe without the key trains with."""
+    return next(f.default for f in dataclasses.fields(config) if f.name == key)
 
 
 def _chat_template_kwargs(value: Any) -> dict[str, Any]:

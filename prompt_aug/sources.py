@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import glob
 import importlib
 import json
 import logging
@@ -368,7 +369,8 @@ def check_source(
 
 def check_mixture(mixture: Any) -> None:
     """`check_source` for each source of a ``dataset_mixture``; a source read from ``data_files`` must have
-    them (globs and URLs are left to ``datasets``)."""
+    them, and each of its patterns must match a file (where it is absolute, or the source is a builder such as
+    ``json`` that reads it from here; URLs are left to ``datasets``)."""
     for i, source in enumerate(mixture.datasets):
         key = f"dataset_mixture.datasets[{i}]"
         if source.data_files is None and source.data_dir is None:
@@ -377,8 +379,15 @@ def check_mixture(mixture: Any) -> None:
         files = source.data_files
         if isinstance(files, dict):
             files = [f for value in files.values() for f in ([value] if isinstance(value, str) else value)]
+        builder = source.data_dir is None and "/" not in source.path and not Path(source.path).is_dir()
         for name in [files] if isinstance(files, str) else files or []:
-            if "://" in name or any(c in name for c in "*?["):
+            if "://" in name:
+                continue
+            if any(c in name for c in "*?["):
+                pattern = os.path.expanduser(name)
+                if (builder or os.path.isabs(pattern)) and not glob.glob(pattern, recursive=True):
+                    where = "" if os.path.isabs(pattern) else f" (from {Path.cwd()})"
+                    raise SourceError(f"{key}.data_files: pattern {name!r} matches no file{where}; fix it")
                 continue
             if not Path(name).expanduser().exists():
                 resolved = Path(name).expanduser().resolve()
@@ -538,15 +547,19 @@ def read_dataset(
     (`_data_folder`: its sub-folder ``name``, or its ``data`` sub-folder as a Hub snapshot keeps it;
     `_split_files`: the files whose names hold ``split``, or a lone file named for no other split); one such
     file; or a Hub id (``name`` its subset; SimpleRL-Zoo's subsets are folders). With ``data_dir`` or
-    ``data_files`` it goes to ``datasets.load_dataset`` as TRL's ``get_dataset`` passes them.
+    ``data_files`` it goes to ``datasets.load_dataset`` as TRL's ``get_dataset`` passes them. ``split`` may
+    take part of a split as ``datasets`` does (``train[:100]``, ``train[10%:]``): its name chooses the files,
+    and ``datasets`` takes the part.
 
     Raises:
-        SourceError: a local path that does not exist, a sub-folder or split with no file (the message lists
-            what is there), files of two types for one split, a file that does not parse (the message names
-            it and quotes the parser), or a Hub dataset that cannot be fetched or is not in the cache offline.
+        SourceError: a local path that does not exist, a split ``datasets`` does not read (`split_name`), a
+            sub-folder or split with no file (the message lists what is there), files of two types for one
+            split, a file that holds no rows or does not parse (the message names it and quotes the parser),
+            or a Hub dataset that cannot be fetched or is not in the cache offline.
     """
     import datasets
 
+    base = split_name(split)
     if data_dir is not None or data_files is not None:
         given = f"data_files {data_files}" if data_files is not None else f"data_dir {data_dir}"
         return _load_dataset(
@@ -557,13 +570,13 @@ def read_dataset(
         if (where / "dataset_info.json").is_file() or (where / "dataset_dict.json").is_file():
             loaded = load_saved(where, f"dataset {path!r}")
             if isinstance(loaded, datasets.DatasetDict):
-                if split not in loaded:
-                    raise SourceError(f"split {split!r} not in {where}; splits: {list(loaded)}")
-                loaded = loaded[split]
-            return loaded
-        return _read_files(_split_files(_data_folder(where, name, split), split))
+                if base not in loaded:
+                    raise SourceError(f"split {base!r} not in {where}; splits: {list(loaded)}")
+                return loaded[split] if base == split else _take(loaded, split)
+            return loaded if base == split else _take({base: loaded}, split)
+        return _read_files(_split_files(_data_folder(where, name, base), base), split)
     if where.is_file():
-        return _read_files([where])
+        return _read_files([where], split)
     if looks_local(path):  # not a Hub id: do not let the Hub client retry for half a minute
         if is_data_file_name(path):
             fix = _did_you_mean(path) or "; fix the path"
@@ -576,6 +589,44 @@ def read_dataset(
     if path == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
         return _load_dataset(f"Hub dataset {path!r}", path, data_dir=name or SIMPLERL_CONFIG, split=split)
     return _load_dataset(f"Hub dataset {path!r}", path, name, split=split)
+
+
+def split_name(split: str, key: str = "split") -> str:
+    """The name of the split that ``split``, as ``datasets`` takes it, reads from (``train`` of
+    ``train[:100]`` or ``train[10%:]``); a name alone is returned as it is.
+
+    >>> split_name("train"), split_name("train[:100]"), split_name("test[10%:]")
+    ('train', 'train', 'test')
+
+    Raises:
+        SourceError: ``split`` asks for a part in a form ``datasets`` does not read; the message names
+            ``key`` and quotes it.
+    """
+    import datasets
+
+    if not any(c in split for c in "[+"):
+        return split
+    try:
+        datasets.ReadInstruction.from_spec(split)
+    except (ValueError, AssertionError) as err:
+        raise SourceError(
+            f"{key} {split!r}: not a split datasets reads ({_first_line(err)}); write a split name, or part "
+            "of one as train[:100] or train[10%:]"
+        ) from None
+    return re.match(r"\s*(\w+(\.\w+)*)", split).group(1)
+
+
+def _take(splits: Any, split: str) -> Any:
+    """The part of ``splits`` (split name -> `datasets.Dataset`, or a `datasets.DatasetDict`) that ``split``
+    names, as ``datasets`` reads it (``train[:100]``, ``train[10%:]``, ``train+test``)."""
+    import datasets
+
+    try:
+        parts = datasets.ReadInstruction.from_spec(split).to_absolute({k: len(v) for k, v in splits.items()})
+    except ValueError as err:  # a split not there
+        raise SourceError(f"split {split!r}: {_first_line(err)}") from None
+    taken = [splits[p.splitname].select(range(p.from_, max(p.from_, p.to))) for p in parts]
+    return taken[0] if len(taken) == 1 else datasets.concatenate_datasets(taken)
 
 
 # JSON files of a dataset's metadata (a Hub repository's, or save_to_disk's), not its rows.
@@ -633,8 +684,9 @@ def _split_files(folder: Path, split: str) -> list[Path]:
     raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}{hint}")
 
 
-def _read_files(files: list[Path]) -> Any:
-    """``files``, all of one type, as one `datasets.Dataset`. A file that does not parse is named."""
+def _read_files(files: list[Path], split: str = "train") -> Any:
+    """``files``, all of one type, as one `datasets.Dataset`: the part ``split`` names (``train[:100]``), as
+    ``datasets`` takes it. A file that holds no rows or does not parse is named."""
     names = ", ".join(p.name for p in files)
     kinds = {DATA_FILES.get(p.suffix.lower()) for p in files}
     if None in kinds:  # a file given by its path
@@ -649,13 +701,37 @@ def _read_files(files: list[Path]) -> Any:
         )
     kind = kinds.pop()
     what = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({names})"
+    base = split_name(split)
+    if "+" in split:  # the files are one split's
+        raise SourceError(
+            f"split {split!r}: splits are joined in a Hub dataset or a save_to_disk folder, not in data "
+            "files; give each split as a source of a dataset_mixture"
+        )
+    # A part of the split (train[:100]) is taken by datasets; a split's name alone reads every row.
+    data_files = [str(p) for p in files] if base == split else {base: [str(p) for p in files]}
     try:
-        return _load_dataset(what, kind, data_files=[str(p) for p in files], split="train")
+        return _load_dataset(what, kind, data_files=data_files, split="train" if base == split else split)
     except SourceError:
-        if len(files) > 1:  # name the file that does not parse, where one alone does not
+        for file in files:  # name the file that holds no rows (a parser may not say so) or does not parse
+            if kind == "parquet" and _parquet_rows(file) == 0:
+                raise SourceError(f"{file}: {_NO_ROWS}") from None
+        if len(files) > 1:
             for file in files:
                 _load_dataset(str(file), kind, data_files=[str(file)], split="train")
         raise
+
+
+def _parquet_rows(file: Path) -> int | None:
+    """The rows a parquet file holds, from its footer; None when it has none to read."""
+    import pyarrow.parquet
+
+    try:
+        return pyarrow.parquet.read_metadata(file).num_rows
+    except (OSError, ValueError):  # not parquet: the parser's complaint says so
+        return None
+
+
+_NO_ROWS = "holds no rows (an empty file?); give data with rows"
 
 
 def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
@@ -674,7 +750,7 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
     try:
         return datasets.load_dataset(*args, **kwargs)
     except StopIteration:  # what datasets raises for an empty JSON Lines file
-        raise SourceError(f"{what}: holds no rows (an empty file?); give data with rows") from None
+        raise SourceError(f"{what}: {_NO_ROWS}") from None
     except ConnectionError as err:  # also the Hub client's answer, offline, for a dataset it has not cached
         if hub_offline():
             raise SourceError(
@@ -689,6 +765,8 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
         # "An error occurred while generating the dataset": the parser's error, its cause, says why
         while isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
             err = err.__cause__
+        if "corresponds to no data" in str(err):  # datasets' word for a split of no rows (a CSV header alone)
+            raise SourceError(f"{what}: {_NO_ROWS}") from None
         raise SourceError(
             f"{what}: cannot be read: {type(err).__name__}: {_first_line(err)}; fix the data or leave it out"
         ) from None
@@ -751,17 +829,29 @@ def read_training_data(script_args: Any, seed: int) -> list[ReadSource]:
         ]  # fmt: skip
     else:
         sources = [
-            (f"dataset_mixture.datasets[{i}]", f"dataset_mixture.datasets[{i}] ({s.path})", s,
+            (f"dataset_mixture.datasets[{i}]", f"dataset_mixture.datasets[{i}] ({source_label(s)})", s,
              (s.path, s.name, s.split, s.data_dir, s.data_files))
             for i, s in enumerate(mixture.datasets)
         ]  # fmt: skip
     read = []
     for recipe_key, key, source, where in sources:
+        split_name(where[2], "dataset_split" if source is None else f"{recipe_key}.split")
         try:
             read.append(ReadSource(key, source, read_dataset(*where)))
         except SourceError as err:  # which names the path, folder or file: the recipe key goes before it
             raise SourceError(f"{recipe_key}: {err}") from None
     return read
+
+
+def source_label(source: Any) -> str:
+    """A ``dataset_mixture`` source as messages name it: its ``data_files`` as the recipe gives them, else its
+    ``path`` (with its ``data_dir``)."""
+    files = source.data_files
+    if files is None:
+        return source.path if source.data_dir is None else f"{source.path}, data_dir {source.data_dir}"
+    if isinstance(files, dict):
+        files = [f for value in files.values() for f in ([value] if isinstance(value, str) else value)]
+    return ", ".join([files] if isinstance(files, str) else map(str, files))
 
 
 # -- Built in code ------------------------------------------------------------------------------------------

@@ -784,3 +784,183 @@ def test_a_hub_snapshot_reads_its_rows_not_its_metadata_and_lists_its_subsets(tm
     ):
         load_math_dataset(str(subsets))
     assert load_math_dataset(str(subsets), config="main")[0]["answer"] == ["1"]
+
+
+# -- Parts of a split, levels, empty files, previews and mixtures, as training reads them ------------------
+
+
+def _mixture_read(sources: list[dict]):
+    """A recipe's ``dataset_mixture`` of ``sources``, read as training reads it."""
+    from types import SimpleNamespace
+
+    from prompt_aug.mixture import dataset_mixture
+    from prompt_aug.sources import read_training_data
+
+    return read_training_data(SimpleNamespace(dataset_mixture=dataset_mixture({"datasets": sources})), seed=0)
+
+
+def test_a_part_of_a_split_is_read_from_a_file_and_a_folder_as_datasets_reads_it(tmp_path):
+    from types import SimpleNamespace
+
+    import datasets
+
+    from prompt_aug.sources import SourceError, read_training_data
+
+    rows = [(f"q{i}", str(i)) for i in range(10)]
+    file = _jsonl(tmp_path / "q.jsonl", rows)
+    assert load_math_dataset(str(file), split="train[:2]")[0]["question"] == ["q0", "q1"]
+    _jsonl(tmp_path / "d" / "train.jsonl", rows)
+    _jsonl(tmp_path / "d" / "test.jsonl", rows[:3])
+    assert load_math_dataset(str(tmp_path / "d"), split="train[10%:]")[1].read == 9
+    assert load_math_dataset(str(tmp_path / "d"), split="test[-1:]")[0]["question"] == ["q2"]
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(
+        [{"question": q, "answer": a} for q, a in rows]
+    )}).save_to_disk(str(saved))  # fmt: skip
+    assert load_math_dataset(str(saved), split="train[:30%]")[1].read == 3
+    # A part datasets cannot read is one line naming the recipe key and the value.
+    with pytest.raises(DataError, match=r"^split 'train\[:x\]': not a split datasets reads"):
+        load_math_dataset(str(file), split="train[:x]")
+    recipe = SimpleNamespace(
+        dataset_mixture=None,
+        dataset_name=str(file),
+        dataset_config=None,
+        dataset_split="train[:1",
+        num_synthetic=0,
+    )
+    with pytest.raises(SourceError, match=r"^dataset_split 'train\[:1': not a split datasets reads"):
+        read_training_data(recipe, seed=0)
+    with pytest.raises(SourceError, match=r"^dataset_mixture.datasets\[0\].split 'train\[200%:\]': not a"):
+        _mixture_read([{"path": str(file), "split": "train[200%:]"}])
+    # Files hold one split each: joining two is refused in one line, not left to a parser's complaint.
+    with pytest.raises(DataError, match=r"^split 'train\+test': splits are joined in a Hub dataset or a"):
+        load_math_dataset(str(tmp_path / "d"), split="train+test")
+    assert load_math_dataset(str(saved), split="train[:1]+train[-1:]")[1].read == 2  # datasets joins these
+
+
+def test_levels_match_however_they_are_written_and_none_kept_lists_the_datas_levels(tmp_path):
+    path = tmp_path / "math.jsonl"
+    pd.DataFrame(
+        {
+            "problem": ["a?", "b?", "c?"],
+            "solution": ["$\\boxed{1}$", "$\\boxed{2}$", "$\\boxed{3}$"],
+            "level": ["Level 3", "Level 4", "Level 5"],
+        }
+    ).to_json(path, orient="records", lines=True)
+    assert load_math_dataset(str(path), levels=["4", "5"])[0]["question"] == ["b?", "c?"]  # YAML's [4, 5]
+    numbered = tmp_path / "numbered.jsonl"
+    pd.DataFrame({"question": ["a?", "b?"], "answer": ["1", "2"], "level": [4, 5]}).to_json(
+        numbered, orient="records", lines=True
+    )
+    assert load_math_dataset(str(numbered), levels=["Level 4"])[0]["question"] == ["a?"]
+    rows, report = load_math_dataset(str(path), levels=["9"])
+    assert len(rows) == 0
+    assert "column 'level' holds 'Level 3', 'Level 4', 'Level 5' (fix dataset_levels)" in str(report)
+
+
+def test_a_verl_source_in_a_mixture_is_read_as_verl_beside_top_level_columns_it_lacks(tmp_path, verl_dir):
+    from prompt_aug.data import mix_sources
+
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps({"problem": "What is 2 + 2?", "final_answer": "4"}) + "\n")
+    read = _mixture_read([{"path": str(mine)}, {"path": str(verl_dir)}])
+    rows, _ = mix_sources(read, "problem", "final_answer")
+    assert rows["question"][:2] == ["What is 2 + 2?", "What is $1+1$?"] and len(rows) == 1 + 4
+    assert rows["answer"][1] == "2"  # reward_model.ground_truth
+
+
+@pytest.mark.parametrize("name", ["empty.parquet", "empty.csv"])
+def test_an_empty_parquet_file_or_a_csv_header_alone_holds_no_rows(tmp_path, name):
+    path = tmp_path / name
+    empty = pd.DataFrame({"question": pd.Series([], dtype=str), "answer": pd.Series([], dtype=str)})
+    empty.to_parquet(path) if name.endswith(".parquet") else path.write_text("question,answer\n")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: holds no rows \(an empty file\?\)"):
+        load_math_dataset(str(path))
+
+
+def test_a_mixture_pattern_that_matches_no_file_is_named(tmp_path):
+    from prompt_aug.mixture import dataset_mixture
+    from prompt_aug.sources import SourceError, check_mixture
+
+    pattern = str(tmp_path / "nothing" / "*.parquet")
+    mixture = dataset_mixture({"datasets": [{"path": "parquet", "data_files": [pattern]}]})
+    with pytest.raises(
+        SourceError,
+        match=rf"^dataset_mixture.datasets\[0\].data_files: pattern '{re.escape(pattern)}' matches no",
+    ):
+        check_mixture(mixture)
+    _jsonl(tmp_path / "some" / "train.jsonl", [("q", "1")])
+    check_mixture(
+        dataset_mixture({"datasets": [{"path": "json", "data_files": str(tmp_path / "some" / "*")}]})
+    )
+
+
+def test_the_preview_without_augmentation_asks_under_the_eval_template_alone(tmp_path, capsys):
+    # Questions that fit the limit under qwen-math, the template training asks them under, but not under
+    # the longest template of the bank.
+    _verl_frame(VERL_ROWS).to_parquet(tmp_path / "d.train.parquet")
+    tokenizer = builtin_tokenizer()
+    (qwen_math,) = select_templates(load_templates(), ["qwen-math"])[0]
+    limit = max(len(tokenizer(qwen_math.render(q, tokenizer)).input_ids) for q, _, _ in VERL_ROWS)
+    assert filter_long_prompts(
+        load_math_dataset(str(tmp_path))[0], list(load_templates().values()), tokenizer, limit
+    )[1]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "model_name_or_path: tiny-random-qwen2\nprompt_augmentation: false\neval_template: qwen-math\n"
+        f"max_prompt_length: {limit}\n"
+    )
+    data.main(["--dataset", str(tmp_path), "--config", str(recipe)])
+    out = capsys.readouterr().out
+    assert "5 rows read, 4 kept" in out and "prompt longer than" not in out
+    assert out.count("----- template") == 1 and "----- template qwen-math -----" in out
+
+
+@pytest.mark.parametrize(
+    "rows, reason",
+    [
+        (
+            [{"problem": "a?", "solution": "$\\boxed{1}$"}, {"problem": "b?", "solution": "1.\n2."}],
+            "no \\boxed{}",
+        ),
+        ([{"question": "a?", "answer": 1.5}, {"question": "b?", "answer": float("nan")}], "NaN gold answer"),
+    ],
+)
+def test_the_previews_golds_count_every_row_dropped_for_its_gold(tmp_path, capsys, rows, reason):
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))  # a NaN as Python writes it
+    data.main(["--dataset", str(path)])
+    out = capsys.readouterr().out
+    assert f"dropped 1: {reason}" in out
+    assert "golds: 1 rows with a gold answer, 1 without one (dropped)" in out
+
+
+def test_the_preview_says_when_training_would_stop_for_bad_rows(tmp_path, capsys):
+    path = _jsonl(tmp_path / "q.jsonl", [("a?", "1"), ("b?", "2"), ("c?", "3"), ("d?", "")])
+    data.main(["--dataset", str(path)])  # training's default max_bad_row_share, 0.05
+    out = capsys.readouterr().out
+    assert "4 rows read, 3 kept" in out and "answer forms:" in out  # the rest of the preview follows
+    assert (
+        "training would stop here: 25.0% of the 4 rows are unusable (1 empty gold answer in column 'answer' "
+        "(rows 3)), more than max_bad_row_share 0.05: fix the data, or allow them with --max_bad_row_share "
+        "0.25"
+    ) in out
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("max_bad_row_share: 0.25\n")
+    data.main(["--dataset", str(path), "--config", str(recipe)])
+    assert "training would stop" not in capsys.readouterr().out
+
+
+def test_mixture_sources_of_one_builder_or_one_file_are_reported_apart(tmp_path):
+    from prompt_aug.data import mix_sources
+
+    a = _jsonl(tmp_path / "a.jsonl", [("a1?", "1"), ("a2?", "2")])
+    b = _jsonl(tmp_path / "b.jsonl", [("b1?", "1"), ("b2?", "")])
+    read = _mixture_read([{"path": "json", "data_files": [str(a)]}, {"path": "json", "data_files": [str(b)]}])
+    text = str(mix_sources(read, max_bad_row_share=0.5)[1])
+    assert f"mixture of {a} (2 rows), {b} (1 rows)" in text
+    assert f"dropped 1: {b}: empty gold answer" in text
+    read = _mixture_read([{"path": str(b)}, {"path": str(b)}])  # the same file twice: by its recipe key
+    text = str(mix_sources(read, max_bad_row_share=0.5)[1])
+    for i in (0, 1):
+        assert f"dropped 1: dataset_mixture.datasets[{i}] ({b}): empty gold answer" in text
