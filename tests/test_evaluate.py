@@ -1097,6 +1097,30 @@ def test_a_resume_grades_again_against_a_corrected_gold_and_asks_an_edited_quest
     assert records[-1]["prompt"].count("What is $4 + 4$?") == 1
 
 
+def test_a_resume_grades_again_what_another_grader_graded_and_keeps_its_own_verdicts(tmp_path):
+    """A verdict stored by another grader (an older package or math-verify) is graded again on resume, with
+    no new generation; one of today's grader stands as stored."""
+    from prompt_aug.evaluation.runner import grader_version
+
+    model = build_turn_then_eos_model(tmp_path / "turn-then-eos")  # answers \boxed{9} to anything
+    questions, out = tmp_path / "sums.jsonl", tmp_path / "eval"
+    questions.write_text("".join(json.dumps({"question": f"What is $4 + {k}$?", "answer": "9"}) + "\n"
+                                 for k in (5, 6)))  # fmt: skip
+    flags = ("--benchmarks", str(questions), "--dtype", "float32", "--stop", "eos")
+    _eval(model, tmp_path, out, *flags)
+    records = _lines(out / "completions.jsonl")
+    assert [(r["correct"], r["grader"]) for r in records] == [(True, grader_version())] * 2
+    records[0].update(correct=False, grader="math-verify 0.0.1")  # an old grader's verdict
+    records[1].update(correct=False)  # today's grader's, as stored
+    (out / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    again = _eval(model, tmp_path, out, *flags)
+    assert again["new_completions"] == 0 and again["results"]["qwen-math"]["micro"] == 0.5
+    assert [(r["correct"], r["grader"]) for r in _lines(out / "completions.jsonl")] == [
+        (True, grader_version()),
+        (False, grader_version()),
+    ]
+
+
 def test_help_names_the_papers_stop_rule_and_a_folder_keeps_its_stop_rule(
     tiny_model_dir, suite_dir, tmp_path, capsys
 ):

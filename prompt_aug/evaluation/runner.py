@@ -7,7 +7,10 @@ the order one process would have written it."""
 
 from __future__ import annotations
 
+import functools
 import gc
+import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -39,10 +42,35 @@ def score_completions(
     [True, False]
     """
     verdicts = grade_batch(completions, golds, templates, strict=True)
+    grader = grader_version()
     return [
-        {"extracted": v.extracted, "correct": bool(v.correct), "format_score": v.format_score}
+        {
+            "extracted": v.extracted,
+            "correct": bool(v.correct),
+            "format_score": v.format_score,
+            "grader": grader,
+        }
         for v in verdicts
     ]
+
+
+@functools.cache
+def grader_version() -> str:
+    """Which grader a verdict comes from: the versions of math-verify and its LaTeX parser, and a digest of
+    the grading code (``rewards.grading``). A stored verdict of another grader is graded again on resume.
+
+    >>> grader_version().startswith("math-verify ")
+    True
+    """
+    import rewards.grading
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(rewards.grading.__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    versions = [
+        f"{name} {importlib.metadata.version(name)}" for name in ("math-verify", "latex2sympy2_extended")
+    ]
+    return ", ".join([*versions, f"grading {digest.hexdigest()[:12]}"])
 
 
 RecordKey = tuple[str, str, int, int]  # (benchmark, template, run, index)
@@ -495,8 +523,8 @@ def _refresh_stored(
     """The stored records that still answer today's questions, with ``records_path`` rewritten to hold
     them: one whose prompt is not today's rendering of its question and template (the question set, its
     order or a template changed since) is dropped, to be asked again; one whose gold answer changed since
-    (a corrected gold) is graded again against today's. Records of questions or templates not asked now
-    are kept as they are."""
+    (a corrected gold), or that another grader graded (`grader_version`), is graded again. Records of
+    questions or templates not asked now are kept as they are."""
     records = read_records(records_path)
     golds = {(p.benchmark, p.index): p.gold for p in problems}
     by_name = {t.name: t for t in templates}
@@ -506,7 +534,8 @@ def _refresh_stored(
         if prompt is not None and record.get("prompt") != prompt:
             continue
         gold = golds.get((record["benchmark"], int(record["index"])))
-        if prompt is not None and gold is not None and record.get("gold") != gold:
+        stale = record.get("gold") != gold or record.get("grader") != grader_version()
+        if prompt is not None and gold is not None and stale:
             record = {**record, "gold": gold}
             regrade.append(record)
         kept.append(record)
@@ -522,7 +551,7 @@ def _refresh_stored(
         write_records(records_path, kept)
         logger.info(
             "%s: %d completions made for other prompts dropped (the questions or a template changed since; "
-            "asked again), %d graded again (their gold answer changed)", records_path,
+            "asked again), %d graded again (their gold answer or the grader changed)", records_path,
             len(records) - len(kept), len(regrade),
         )  # fmt: skip
     return kept
