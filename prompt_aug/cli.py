@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 from accelerate import PartialState
-from transformers.hf_argparser import string_to_bool
+from accelerate.utils import str_to_bool
 from trl import TrlParser
 
 from .adapters import ADAPTER_FILE
@@ -220,17 +220,20 @@ def setting(argv: list[str], key: str) -> Any:
 
 
 def is_true(value: Any) -> bool:
-    """Whether a setting read by `setting` (a YAML value or a command-line word) means true, as the parser
-    reads booleans; a word it would refuse counts as false here, and the parser then says why.
+    """Whether a setting read by `setting` (a YAML value, a command-line word) or an environment variable
+    means true, as the parser and accelerate read them (``on`` too, and a YAML number by its truth); a word
+    neither reads counts as false here, and the parser then says why.
 
-    >>> is_true("True"), is_true(True), is_true("0"), is_true("maybe"), is_true(None)
-    (True, True, False, False, False)
+    >>> is_true("True"), is_true(True), is_true(1), is_true("on")
+    (True, True, True, True)
+    >>> is_true("0"), is_true("maybe"), is_true(None)
+    (False, False, False)
     """
-    if isinstance(value, bool):
-        return value
+    if isinstance(value, (bool, int, float)):
+        return bool(value)
     try:
-        return isinstance(value, str) and string_to_bool(value)
-    except argparse.ArgumentTypeError:
+        return isinstance(value, str) and str_to_bool(value.strip(), to_bool=True)
+    except ValueError:
         return False
 
 

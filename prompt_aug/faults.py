@@ -653,12 +653,13 @@ def disk_full_is_one_line(
 
 @contextmanager
 def staged_folder(target: Path) -> Iterator[Path]:
-    """A new hidden folder beside ``target`` (``.NAME.partial-HOST-PID-XXXX``) to build it in; the caller
+    """A new hidden folder beside ``target`` (``.NAME.partial-HOST-NS-PID-XXXX``) to build it in; the caller
     renames it to ``target`` once complete, and it is removed on the way out otherwise. Such folders that a
-    killed process left (this host, its process gone) are removed first. It opens to other users as any
-    folder made here would (a vLLM server's user reads a merged model), not as ``mkdtemp``'s owner-only one.
+    killed process left are removed first: those of this host and PID namespace (``NS``: a container with the
+    host's name has its own process ids) whose process is gone. It opens to other users as any folder made
+    here would (a vLLM server's user reads a merged model), not as ``mkdtemp``'s owner-only one.
     """
-    host, prefix = socket.gethostname(), f".{target.name}.partial-"
+    host, prefix = f"{socket.gethostname()}-{_pid_namespace()}", f".{target.name}.partial-"
     for old in target.parent.glob(f"{glob.escape(prefix)}*"):
         owner = old.name[len(prefix) :].rsplit("-", 2)  # mkdtemp's suffix has no dash
         if len(owner) == 3 and owner[0] == host and owner[1].isdigit() and not _alive(int(owner[1])):
@@ -672,6 +673,14 @@ def staged_folder(target: Path) -> Iterator[Path]:
         yield work
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _pid_namespace() -> int:
+    """This process's PID namespace (its inode; 0 where the system does not say)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _alive(pid: int) -> bool:

@@ -369,8 +369,8 @@ def check_source(
 
 def check_mixture(mixture: Any) -> None:
     """`check_source` for each source of a ``dataset_mixture``; a source read from ``data_files`` must have
-    them, and each of its patterns must match a file (where it is absolute, or the source is a builder such as
-    ``json`` that reads it from here; URLs are left to ``datasets``)."""
+    them, and each of its patterns must match a file (where it is absolute, or the source is a file builder
+    such as ``json`` that reads it from here; URLs are left to ``datasets``)."""
     for i, source in enumerate(mixture.datasets):
         key = f"dataset_mixture.datasets[{i}]"
         if source.data_files is None and source.data_dir is None:
@@ -379,7 +379,8 @@ def check_mixture(mixture: Any) -> None:
         files = source.data_files
         if isinstance(files, dict):
             files = [f for value in files.values() for f in ([value] if isinstance(value, str) else value)]
-        builder = source.data_dir is None and "/" not in source.path and not Path(source.path).is_dir()
+        # datasets' file builders read patterns from here; a Hub id (gsm8k too) or a folder reads them in it
+        builder = source.data_dir is None and source.path in {*DATA_FILES.values(), "text", "arrow"}
         for name in [files] if isinstance(files, str) else files or []:
             if "://" in name:
                 continue

@@ -893,6 +893,9 @@ def test_a_mixture_pattern_that_matches_no_file_is_named(tmp_path):
     check_mixture(
         dataset_mixture({"datasets": [{"path": "json", "data_files": str(tmp_path / "some" / "*")}]})
     )
+    # A Hub id, with or without its owner, reads its patterns in its repository: not looked for here.
+    for hub_id in ("gsm8k", "openai/gsm8k"):
+        check_mixture(dataset_mixture({"datasets": [{"path": hub_id, "data_files": "main/train-*.parquet"}]}))
 
 
 def test_the_preview_without_augmentation_asks_under_the_eval_template_alone(tmp_path, capsys):

@@ -1357,6 +1357,8 @@ def test_a_question_set_and_a_templates_file_spelled_two_ways_are_one_evaluation
     assert first["benchmarks"] == [str(questions.resolve())]
     assert first["settings"]["templates_file"] == str(bank.resolve())
     assert {r["benchmark"] for r in _lines(out / "completions.jsonl")} == {str(questions.resolve())}
+    table = (out / "results.md").read_text()  # it goes into the model card: file names, no home folder
+    assert "templates_file bank.yaml" in table and "q.jsonl" in table and str(tmp_path) not in table
     assert _eval(tiny_model_dir, suite_dir, out, *absolute)["new_completions"] == 0
     # A folder that kept the relative spellings resumes too, and its records take the absolute path.
     for name in ("completions.jsonl", "settings.json", "results.json"):
@@ -1382,6 +1384,10 @@ def test_a_prompt_longer_than_max_model_len_fails_before_the_vllm_engine_loads(
             tiny_model_dir, suite_dir, out, "--benchmarks", "amc", "--backend", "vllm", "--max_model_len", "8"
         )
     assert not out.exists()
+    # Where the prompt and --max_tokens exceed the model's own context, no longer --max_model_len is offered.
+    vllm = ("--benchmarks", "amc", "--backend", "vllm", "--max_model_len", "8", "--max_tokens", "100000")
+    with pytest.raises(SystemExit, match=r"in --max_model_len 8: leave amc out of --benchmarks$"):
+        main(["--model", str(tiny_model_dir), "--data_dir", str(suite_dir), "--output", str(out), *vllm])
 
 
 def test_leftover_world_size_without_a_launcher_is_one_line(tiny_model_dir, suite_dir, tmp_path, monkeypatch):

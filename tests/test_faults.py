@@ -933,19 +933,21 @@ def test_a_staged_folder_left_by_a_killed_process_is_removed_by_the_next_write_a
     target = tmp_path / "model"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    host = socket.gethostname()
+    host = f"{socket.gethostname()}-{os.stat('/proc/self/ns/pid').st_ino}"
     left = tmp_path / f".model.partial-{host}-{dead.pid}-abc123"
     live = tmp_path / f".model.partial-{host}-{os.getppid()}-def456"
-    elsewhere = tmp_path / f".model.partial-other-host-{dead.pid}-ghi789"
+    elsewhere = tmp_path / f".model.partial-other-host-1-{dead.pid}-ghi789"
+    # A container with this host's name has its own process ids: not judged from here.
+    other_namespace = tmp_path / f".model.partial-{socket.gethostname()}-1-{dead.pid}-mno345"
     other_target = tmp_path / f".merged.partial-{host}-{dead.pid}-jkl012"
-    for folder in (left, live, elsewhere, other_target):
+    for folder in (left, live, elsewhere, other_namespace, other_target):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"half")
     with staged_folder(target) as work:
         assert work.parent == tmp_path and work.name.startswith(f".model.partial-{host}-{os.getpid()}-")
         (work / "config.json").write_text("{}")
         work.rename(target)
-    assert not left.exists() and {live, elsewhere, other_target} <= set(tmp_path.iterdir())
+    assert not left.exists() and {live, elsewhere, other_namespace, other_target} <= set(tmp_path.iterdir())
     assert (target / "config.json").is_file()
     with pytest.raises(RuntimeError, match="killed"), staged_folder(tmp_path / "merged") as work:
         raise RuntimeError("killed")

@@ -280,6 +280,8 @@ def test_a_dry_run_asked_by_a_dashed_flag_or_by_the_recipe_parses_a_bf16_recipe_
     recipe.write_text((PAPER / "prompt_aug.yaml").read_text() + "\ndry_run: true\nnum_processes: 8\n")
     parsed = train.parse_args(["--config", str(recipe)])
     assert parsed.training_args.bf16 and parsed.training_args.use_cpu
+    recipe.write_text((PAPER / "prompt_aug.yaml").read_text() + "\ndry_run: 1\nnum_processes: 8\n")
+    assert train.parse_args(["--config", str(recipe)]).training_args.use_cpu  # YAML's 1, true to the parser
 
 
 def test_a_dry_run_checks_the_batch_keys_as_its_process_count_will_run_them(tmp_path):

@@ -175,8 +175,9 @@ def test_a_cpu_or_dry_run_in_any_spelling_is_not_checked_against_the_driver(tmp_
         stack.check_before_parse(argv)
     with pytest.raises(stack.StackError, match="CUDA is not available"):
         stack.check_before_parse(["--config", SMOKE, "--use-cpu", "false"])
-    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what `accelerate launch --cpu` exports
-    stack.check_before_parse(["--config", SMOKE, "--use-cpu", "false"])
+    for value in ("True", "on"):  # what `accelerate launch --cpu` exports; accelerate reads "on" as true too
+        monkeypatch.setenv("ACCELERATE_USE_CPU", value)
+        stack.check_before_parse(["--config", SMOKE, "--use-cpu", "false"])
     monkeypatch.setenv("ACCELERATE_USE_CPU", "False")  # what every other accelerate launch exports
     with pytest.raises(stack.StackError, match="CUDA is not available"):
         stack.check_before_parse(["--config", SMOKE, "--use_cpu", "false"])

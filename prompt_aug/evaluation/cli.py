@@ -517,10 +517,15 @@ def _vllm_context(
     if longest >= max_model_len:
         template, problem = asked[lengths.index(longest)]
         given = "--max_model_len" if args.max_model_len else "the model's context, max_model_len"
+        wider = longest + args.max_tokens
+        fix = (
+            f"pass --max_model_len {wider} (the prompt + --max_tokens), or "
+            if context is None or wider <= context
+            else ""  # the model cannot hold it
+        )
         raise EvalError(
             f"the longest prompt ({longest} tokens, {problem.benchmark} question {problem.index}, template "
-            f"{template.name}) leaves no room for a completion in {given} {max_model_len}: pass "
-            f"--max_model_len {longest + args.max_tokens} (the prompt + --max_tokens), or leave "
+            f"{template.name}) leaves no room for a completion in {given} {max_model_len}: {fix}leave "
             f"{problem.benchmark} out of --benchmarks"
         )
     return max_model_len, longest

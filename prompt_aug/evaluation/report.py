@@ -4,8 +4,10 @@ how a run departs from it, and ``results.md`` (`render_tables`)."""
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from ..templates import DEFAULT_EVAL_TEMPLATE
@@ -130,8 +132,20 @@ def protocol_differences(settings: dict[str, Any]) -> list[str]:
         value = settings.get(key)
         if value != paper:
             shown = PAPER_NONE.get(key, paper) if paper is None else paper
-            out.append(f"{key} {value} (paper: {shown})")
+            out.append(f"{key} {_file_names(value)} (paper: {shown})")
     return out
+
+
+def _file_names(value: Any) -> Any:
+    """``value`` with each absolute path in it (a local question set or templates file, comma-separated
+    where several) shown by its file name: the tables go into a model card, which names no home folder.
+
+    >>> _file_names("amc,/home/me/sums.jsonl"), _file_names(4096)
+    ('amc,sums.jsonl', 4096)
+    """
+    if not isinstance(value, str):
+        return value
+    return ",".join(Path(part).name if os.path.isabs(part) else part for part in value.split(","))
 
 
 def protocol_line(settings: dict[str, Any]) -> str:
