@@ -405,6 +405,16 @@ def check_config(args: Any) -> None:
             "collapse_eval_drop is set but evaluation during training is off: set eval_benchmarks "
             "and eval_every_steps, or unset collapse_eval_drop"
         )
+    evaluating = bool(args.eval_benchmarks and args.eval_every_steps)  # each evaluation logs a line
+    if args.logging_strategy == "no" and not evaluating:  # the guard reads log lines: it would never act
+        for name, (threshold_key, _) in SIGNALS.items():
+            action = getattr(args, f"collapse_{name}_action")
+            if getattr(args, threshold_key) is not None and action != "log":
+                raise ValueError(
+                    f"collapse_{name}_action: {action} with {threshold_key} set, but logging_strategy is no: "
+                    "the collapse guard reads the log lines and would never fire; set logging_strategy: "
+                    f"steps, or unset {threshold_key}"
+                )
     for line in inert_keys(args):
         warnings.warn(line, UserWarning, stacklevel=2)
 

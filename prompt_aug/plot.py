@@ -1,11 +1,14 @@
 """Training curves as pictures: ``python -m prompt_aug.plot RUN_DIR [RUN_DIR ...] -o curves.png``.
 
-Also the ``prompt-aug-plot`` script. Each RUN_DIR is a training output folder; the ``trainer_state.json``
-with the highest ``global_step``, its own or a ``checkpoint-*`` folder's (a finished run resumed to train
-further has newer checkpoints than its own state), gives the logged metrics, and ``eval/results.json``
-(written by ``prompt-aug-eval``) the final evaluation. Several runs are overlaid, one colour per run, named
-by their folders (``--names`` to relabel; ``--groups``, one per run, to give an arm's seeds one colour and a
-line style each). Panels without data in any run are left out.
+Also the ``prompt-aug-plot`` script. Each RUN_DIR is a training output folder. Its metrics come from the
+history written last among its own ``trainer_state.json``, its ``checkpoint-*`` folders' and its
+``logs.jsonl`` (written line by line, so a live or crashed run is drawn past its last checkpoint), or from a
+longer one that agrees with it at every step both logged (a finished run resumed to train further has newer
+checkpoints than its own state); a longer one that disagrees, a line abandoned by a resume from an earlier
+checkpoint, is set aside with a warning. ``eval/results.json`` (written by ``prompt-aug-eval``) gives the
+final evaluation. Several runs are overlaid, one colour per run, named by their folders (``--names`` to
+relabel; ``--groups``, one per run, to give an arm's seeds one colour and a line style each). Panels without
+data in any run are left out.
 
 Per-template panels give each template one colour in every panel, a different one for each name drawn
 (built-in templates keep theirs in every picture; other names take the colours left, in the sorted order of
@@ -42,6 +45,7 @@ from matplotlib.colors import hsv_to_rgb
 from matplotlib.ticker import MaxNLocator
 
 from .faults import checkpoint_folders
+from .logging_utils import LOG_FILE, LogFileError, read_log_entries
 from .model_card import evaluation_made_by, weights_match
 from .records import ACCURACY_KEYS, GENERATED, generated_first
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
@@ -90,8 +94,7 @@ class Run:
 
 
 def find_trainer_state(run_dir: str | Path) -> Path:
-    """The ``trainer_state.json`` with the highest ``global_step``: ``run_dir``'s or a ``checkpoint-*``
-    folder's (``run_dir``'s on a tie: it holds the end-of-training summary). See `latest_state`."""
+    """The newest ``trainer_state.json``, ``run_dir``'s or a ``checkpoint-*`` folder's (`latest_state`)."""
     return latest_state(run_dir)[0]
 
 
@@ -105,16 +108,62 @@ def latest_state(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
 
 
 def _newest(states: list[tuple[Path, dict[str, Any]]]) -> tuple[Path, dict[str, Any]]:
-    """The state with the highest step; the first listed (the folder's own) on a tie."""
-    return max(states, key=lambda found: _state_step(found[1]))
+    """The newest history: the last written (modification time; the highest step, then the first listed, on
+    a tie), or the one reaching furthest among those that agree with it at every step both logged (the
+    folder's own first on a tie: it holds the end-of-training summary). A history reaching further that
+    disagrees (a line abandoned by a resume from an earlier checkpoint) is set aside, in one warning."""
+    times = [path.stat().st_mtime_ns for path, _ in states]
+    last = max(range(len(states)), key=lambda i: (times[i], _state_step(states[i][1]), -i))
+    steps = _steps(states[last][1])
+    same_line = [found for found in states if _agree(steps, _steps(found[1]))]
+    chosen = max(same_line, key=lambda found: _state_step(found[1]))
+    aside = [found for found in states if _state_step(found[1]) > _state_step(chosen[1])]
+    if aside:
+        longest = max(aside, key=lambda found: _state_step(found[1]))
+        logger.warning(
+            "drawn from %s (to step %d); %s reaches step %d but logs other values at the steps both have "
+            "(a line a resume from an earlier checkpoint abandoned?), set aside",
+            chosen[0], _state_step(chosen[1]), longest[0], _state_step(longest[1]),
+        )  # fmt: skip
+    return chosen
 
 
-def trainer_states(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
-    """The path and contents of each trainer state in ``run_dir``: its own, then its checkpoints'. A state
-    that cannot be read (a checkpoint being written) is skipped with a warning while another can be.
+def _steps(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Step -> the keys a history logged at that step, the end-of-training summary left out."""
+    merged: dict[int, dict[str, Any]] = {}
+    for entry in state["log_history"]:
+        if "train_runtime" not in entry:
+            merged.setdefault(int(entry["step"]), {}).update(entry)
+    return merged
+
+
+def _agree(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]]) -> bool:
+    """Whether two histories (`_steps`) log the same value of every key both have at every step both have.
+
+    >>> _agree({1: {"x": 1.0, "y": 2.0}, 2: {"x": 3.0}}, {1: {"x": 1.0}, 3: {"x": 9.0}})
+    True
+    >>> _agree({1: {"x": 1.0}}, {1: {"x": 1.5}}), _agree({1: {"x": math.nan}}, {1: {"x": math.nan}})
+    (False, True)
+    """
+    for step in a.keys() & b.keys():
+        for key in a[step].keys() & b[step].keys():
+            x, y = a[step][key], b[step][key]
+            if x != y and not (
+                isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)
+            ):
+                return False
+    return True
+
+
+def trainer_states(run_dir: str | Path, logs: bool = False) -> list[tuple[Path, dict[str, Any]]]:
+    """The path and contents of each trainer state in ``run_dir``: its own, then its checkpoints'; with
+    ``logs``, then its ``logs.jsonl`` as a state (its lines the log history, its last step the global step;
+    a last line cut short, being written, left out). A file that cannot be read (a checkpoint being written)
+    is skipped with a warning while another can be.
 
     Raises:
-        PlotError: no such folder, no trainer state in it, or none that can be read; names the folder or file.
+        PlotError: no such folder, no trainer state (nor, with ``logs``, log) in it, or none that can be read;
+            names the folder or file.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -124,12 +173,18 @@ def trainer_states(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
         for f in (run_dir, *checkpoint_folders(run_dir))
         if (f / "trainer_state.json").is_file()
     ]
+    log = run_dir / LOG_FILE
+    if logs and log.is_file():
+        candidates.append(log)
     if not candidates:
-        raise PlotError(f"{run_dir}: no trainer_state.json, in the folder or in a checkpoint-* folder")
+        raise PlotError(
+            f"{run_dir}: no trainer_state.json, in the folder or in a checkpoint-* folder"
+            + (f", and no {LOG_FILE}" if logs else "")
+        )
     states, failures = [], []
     for path in candidates:
         try:
-            states.append((path, _read_json(path, "a file cut short? Plot the run once it has saved again")))
+            states.append((path, _read_log(path) if path == log else _read_state(path)))
         except PlotError as err:
             failures.append(err)
     if not states:
@@ -141,8 +196,46 @@ def trainer_states(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
 
 def _state_step(state: dict[str, Any]) -> int:
     """A trainer state's ``global_step``, else the last step its log history has."""
-    steps = [e["step"] for e in state.get("log_history", []) if isinstance(e.get("step"), (int, float))]
-    return int(state.get("global_step") or max(steps, default=0))
+    return int(state.get("global_step") or max((e["step"] for e in state["log_history"]), default=0))
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    """A ``trainer_state.json``: its ``log_history`` kept to the entries with a numeric ``step``.
+
+    Raises:
+        PlotError: it cannot be read, or is not a trainer state; names the file.
+    """
+    state = _read_json(path, "a file cut short? Plot the run once it has saved again")
+    history = state.get("log_history", []) if isinstance(state, dict) else None
+    if (
+        not isinstance(history, list)
+        or not all(isinstance(e, dict) for e in history)
+        or not isinstance(state.get("global_step", 0), (int, type(None)))
+    ):
+        raise PlotError(
+            f"{path}: not a trainer state (a JSON object with an integer global_step and a log_history list "
+            "of objects); restore or delete it"
+        )
+    return {**state, "log_history": [e for e in history if _is_number(e.get("step"))]}
+
+
+def _read_log(path: Path) -> dict[str, Any]:
+    """A ``logs.jsonl`` as a trainer state: its entries the log history, its last step the global step.
+
+    Raises:
+        PlotError: a line other than the last is no log entry; names the file and the line.
+    """
+    try:
+        entries = [entry for _, entry in read_log_entries(path, warn=False)]
+    except OSError as err:
+        raise PlotError(f"{path}: cannot be read ({err})") from None
+    except LogFileError as err:
+        raise PlotError(str(err)) from None
+    return {"global_step": max((e["step"] for e in entries), default=0), "log_history": entries}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _read_json(path: Path, again: str) -> dict[str, Any]:
@@ -167,6 +260,17 @@ def final_evaluation(run_dir: str | Path) -> dict[str, Any] | None:
         for r in per_template.values()
     ):
         raise PlotError(f"{path}: not prompt-aug-eval's results (no macro and micro per template); {again}")
+    settings, benchmarks = results.get("settings") or {}, results.get("benchmarks") or []
+    fits = {  # what the eval panel reads beside the results
+        "settings": isinstance(settings, dict),
+        "settings.temperature": isinstance(settings, dict) and _is_number(settings.get("temperature") or 0),
+        "runs": _is_number(results.get("runs") or 0),
+        "limit": _is_number(results.get("limit") or 0),
+        "benchmarks": isinstance(benchmarks, list) and all(isinstance(b, str) for b in benchmarks),
+    }
+    wrong = [key for key, fit in fits.items() if not fit]
+    if wrong:
+        raise PlotError(f"{path}: not prompt-aug-eval's results ({wrong[0]} is of another type); {again}")
     if weights_match(run_dir, evaluation_made_by(path.parent)) is False:
         logger.warning(
             "%s holds an evaluation of other weights than those in %s (trained further since?): not drawn; "
@@ -177,10 +281,11 @@ def final_evaluation(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
-    """Read a run folder's trainer state and, when present, its evaluation (`final_evaluation`)."""
-    states = trainer_states(run_dir)
+    """Read a run folder's newest history (trainer states and ``logs.jsonl``, `trainer_states`) and, when
+    present, its evaluation (`final_evaluation`)."""
+    states = trainer_states(run_dir, logs=True)
     _, state = _newest(states)
-    history = [e for e in state.get("log_history", []) if "step" in e]
+    history = state["log_history"]
     keys = sorted({k for e in history for k in e if _TEMPLATE_ACCURACY.match(k)})
     # The folder's own weights' state (what its evaluation graded), where it could be read.
     own = Path(run_dir) / "trainer_state.json"

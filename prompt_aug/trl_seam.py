@@ -310,3 +310,10 @@ def reset_completion_logs(trainer: Any, size: int) -> None:
     new: Callable[[], deque] = lambda: deque(maxlen=size)
     logs["rewards"] = defaultdict(new)
     logs["extra"] = defaultdict(new)
+
+
+def hub_push_running(trainer: Any) -> bool:
+    """Whether transformers' background Hub upload started at the last save (the Trainer's
+    ``push_in_progress``) is still running; False where the trainer pushes nothing."""
+    push = getattr(trainer, "push_in_progress", None)
+    return push is not None and not push.is_done()

@@ -107,6 +107,42 @@ def test_truncation_and_repetition_fire_after_their_windows_above_the_ceiling():
     assert fired == {5: ["truncation"], 9: ["repetition"]}
 
 
+def test_a_diverged_run_logging_nan_or_inf_counts_as_past_the_threshold_and_the_message_says_so():
+    nan, inf = float("nan"), float("inf")
+
+    def fired(spec: SignalSpec, stream: list[dict]) -> dict[int, str]:
+        guard = _guard(spec)
+        return {e["step"]: f.detail for e in stream for f in guard.observe(e)[1]}
+
+    entropy = fired(ENTROPY, [{"step": i, "entropy": 0.5 if i <= 3 else nan} for i in range(1, 10)])
+    assert list(entropy) == [6]  # the third NaN round: a stop
+    assert "below the floor 0.05 or not finite" in entropy[6] and "NaN, NaN, NaN" in entropy[6]
+    stream = [{"step": i, "completions/clipped_ratio": 0.1 if i <= 2 else inf} for i in range(1, 6)]
+    truncation = fired(TRUNCATION, stream)
+    assert list(truncation) == [4] and "inf, inf" in truncation[4]
+    key = "rewards/correctness_reward/mean"  # read even when NaN, not the finite reward behind it
+    accuracy = fired(
+        ACCURACY, [{"step": i, key: 0.6 if i <= 5 else nan, "reward": 0.6} for i in range(1, 12)]
+    )
+    assert list(accuracy) == [6] and "averaged NaN over rounds 4-6: not finite" in accuracy[6]
+    values = [
+        0.5,
+        0.5,
+        0.5,
+        inf,
+        0.5,
+        0.5,
+        0.5,
+        0.5,
+        0.5,
+        0.5,
+        0.1,
+        0.1,
+        0.1,
+    ]  # an infinite best hides no fall
+    assert list(fired(ACCURACY, [{"step": i + 1, key: v} for i, v in enumerate(values)])) == [4, 12]
+
+
 def test_eval_fires_on_the_evaluation_whose_2_eval_mean_falls_more_than_0_05():
     evals = [0.30, 0.32, 0.34, 0.36, 0.25, 0.20]
     stream = []
@@ -339,6 +375,24 @@ def test_stabiliser_and_guard_values_that_cannot_work_are_refused_at_parse_or_dr
                     "--dynamic_sampling_signal", "corectness"])  # fmt: skip
 
 
+def test_a_guard_that_saves_or_stops_is_refused_when_no_log_line_would_reach_it():
+    def parse(*extra):
+        return train.parse_args(["--config", SMOKE, "--dry_run", *extra]).training_args
+
+    # The smoke recipe's entropy signal stops, its accuracy signal saves; the guard reads log lines.
+    with pytest.raises(ValueError, match=r"collapse_entropy_action: stop .* logging_strategy is no.* steps"):
+        parse("--logging_strategy", "no")
+    with pytest.raises(ValueError, match=r"collapse_accuracy_action: checkpoint .* logging_strategy is no"):
+        parse("--logging_strategy", "no", "--collapse_entropy_action", "log")
+    logged_only = parse(
+        "--logging_strategy", "no", "--collapse_entropy_action", "log", "--collapse_accuracy_action", "log"
+    )
+    assert guard_from_args(logged_only, 1) is not None
+    # Evaluation during training logs a line at each evaluation, with the training metrics since the last.
+    with_eval = parse("--logging_strategy", "no", "--eval_benchmarks", "math500", "--eval_every_steps", "2")
+    assert with_eval.logging_strategy == "no"
+
+
 def test_guard_is_off_unless_a_threshold_is_set():
     paper = train.parse_args(["--config", str(PAPER / "prompt_aug.yaml"), "--dry_run"]).training_args
     assert guard_from_args(paper, 4) is None
@@ -472,6 +526,51 @@ def test_a_collapse_checkpoint_is_left_out_of_hub_pushes_and_goes_with_the_run_o
     with pytest.raises(UsageError, match="already holds a run \\(_collapse-entropy-round5\\)"):
         check_output_dir(tmp_path, resume=False, overwrite=False)
     assert tmp_path / "_collapse-entropy-round5" in check_output_dir(tmp_path, resume=False, overwrite=True)
+
+
+@pytest.mark.parametrize("strategy", ["checkpoint", "all_checkpoints", "every_save"])
+def test_a_checkpoint_the_hub_upload_is_still_reading_is_copied_not_moved(tmp_path, strategy):
+    """transformers uploads checkpoint-<step> in a background job before ``on_save`` (hub_strategy checkpoint
+    or all_checkpoints; every_save uploads the output folder, without checkpoint-*). Pushing needs the Hub,
+    so the job here is a thread that reads the folder as the upload does, held on the Trainer as
+    transformers holds it."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers.utils.hub import PushInProgress
+
+    args = TrainingArguments(output_dir=str(tmp_path), push_to_hub=True, hub_strategy=strategy, report_to=[])
+    trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[]), push_in_progress=None)
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint")).attach(trainer)
+    state, control = TrainerState(global_step=5, max_steps=100), TrainerControl()
+    guard.on_log(args, state, control, logs={"step": 5, "entropy": 0.0})
+    source = tmp_path / "checkpoint-5"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"weights")
+    reading = threading.Event()
+
+    def upload(folder: Path) -> dict[str, bytes]:
+        reading.wait(10)
+        return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(upload, source)
+        trainer.push_in_progress = PushInProgress([job])
+        guard.on_save(args, state, control)
+        reading.set()
+        if strategy == "every_save":  # nothing reads the checkpoint folder: moved as usual
+            assert not source.exists()
+            return
+        assert job.result() == {"model.safetensors": b"weights"}
+    assert (tmp_path / "_collapse-entropy-round5" / "model.safetensors").read_bytes() == b"weights"
+    # Once the upload is done, a later collapse checkpoint is moved as usual.
+    guard.on_log(args, TrainerState(global_step=8), TrainerControl(), logs={"step": 8, "entropy": 0.9})
+    state, control = TrainerState(global_step=9, max_steps=100), TrainerControl()
+    guard.on_log(args, state, control, logs={"step": 9, "entropy": 0.0})
+    (tmp_path / "checkpoint-9").mkdir()
+    guard.on_save(args, state, control)
+    assert (tmp_path / "_collapse-entropy-round9").is_dir() and not (tmp_path / "checkpoint-9").exists()
 
 
 def test_a_collapse_save_that_a_preemption_signal_stops_at_keeps_the_checkpoint_a_resume_takes(tmp_path):
@@ -735,6 +834,26 @@ def test_minibatch_skip_at_ratio_1_keeps_every_weight_and_without_it_they_move(t
     else:
         assert len(changed) > len(before) // 2
         assert not any(k.startswith("stability/") for e in history for k in e)
+
+
+def test_minibatch_skip_is_refused_under_fp16_whose_gradient_scaler_cannot_skip_a_step(
+    tiny_model_dir, tmp_path
+):
+    # Dropped gradients leave fp16's GradScaler no inf check to record: it asserts at the optimizer step.
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, fp16=True, num_generations=2,
+        per_device_train_batch_size=2, max_completion_length=4, skip_minibatch_ratio_above=2.0,
+    )  # fmt: skip
+    dataset = datasets.Dataset.from_dict(
+        {"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}
+    )
+    with pytest.raises(ValueError, match=r"^skip_minibatch_ratio_above is not supported with fp16 .*bf16"):
+        PromptAugGRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=args, train_dataset=dataset,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------

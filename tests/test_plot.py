@@ -438,3 +438,90 @@ def test_a_dynamic_sampling_run_is_drawn_over_everything_it_generated(tmp_path):
     args = SimpleNamespace(steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1)
     line = compact_line({**history[0], "loss": 0.0}, 1, 4, args)
     assert line == "round 1 | step 1/4 | reward 0.350 | accuracy 0.250 | truncated 0.300"
+
+
+def _entropy_line(run: Path) -> tuple[list, list]:
+    from prompt_aug.plot import build_figure
+
+    (entropy,) = [a for a in build_figure([run]).axes if a.get_title() == "Entropy"]
+    line = entropy.get_lines()[0]
+    return list(line.get_xdata()), list(line.get_ydata())
+
+
+def test_a_run_resumed_from_an_earlier_checkpoint_is_drawn_not_the_longer_line_it_abandoned(tmp_path, caplog):
+    """Finished at step 100, then resumed from a collapse checkpoint at step 40: the root state and the old
+    checkpoint-90 still reach further, but the resumed line's checkpoint-60 was written since."""
+    import os
+    import time
+
+    run = tmp_path / "run"
+    old = [{"step": s, "round": s, "entropy": 0.01} for s in range(1, 101)]
+    new = [{"step": s, "round": s, "entropy": 0.01 if s <= 40 else 0.5} for s in range(1, 61)]
+    for folder, history in ((run, old), (run / "checkpoint-90", old[:90]), (run / "checkpoint-60", new)):
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {"global_step": history[-1]["step"], "log_history": history}
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+    hour_ago = time.time() - 3600
+    for folder in (run, run / "checkpoint-90"):
+        os.utime(folder / "trainer_state.json", (hour_ago, hour_ago))
+    with caplog.at_level("WARNING", logger="prompt_aug.plot"):
+        assert find_trainer_state(run) == run / "checkpoint-60" / "trainer_state.json"
+        xs, values = _entropy_line(run)
+    assert xs == list(range(1, 61)) and values[49] == 0.5
+    warnings = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+    assert len(warnings) == 2  # one per read (find_trainer_state, the figure), naming the longest set aside
+    assert "run/trainer_state.json reaches step 100" in warnings[0]
+
+
+def test_a_live_or_crashed_run_is_drawn_to_its_last_log_line_and_a_log_alone_is_enough(tmp_path):
+    from prompt_aug.plot import collapse_events, load_run
+
+    def history(steps: int) -> list[dict]:
+        return [{"step": s, "round": (s + 3) // 4, "entropy": 0.5 - s / 100} for s in range(1, steps + 1)]
+
+    run = tmp_path / "live"  # its last checkpoint at step 10, its log at step 25, a line being written
+    (run / "checkpoint-10").mkdir(parents=True)
+    (run / "checkpoint-10" / "trainer_state.json").write_text(
+        json.dumps({"global_step": 10, "log_history": history(10)})
+    )
+    lines = history(25)
+    lines[19]["collapse/fired/entropy"] = 1.0
+    (run / "logs.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines) + '{"step": 26, "entr')
+    loaded = load_run(run)
+    assert loaded.final_step == 25 and collapse_events(loaded.history) == [(20, "entropy")]
+    assert _entropy_line(run)[0] == list(range(1, 26))
+    alone = tmp_path / "crashed"  # before its first checkpoint
+    alone.mkdir()
+    (alone / "logs.jsonl").write_text("".join(json.dumps(e) + "\n" for e in history(8)))
+    main([str(alone), "-o", str(tmp_path / "crashed.png")])
+    assert _entropy_line(alone)[0] == list(range(1, 9))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["null", "[]", '{"global_step": 3, "log_history": null}', '{"global_step": "x", "log_history": []}'],
+)
+def test_a_trainer_state_of_another_shape_is_one_line_naming_it(tmp_path, text):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trainer_state.json").write_text(text)
+    with pytest.raises(
+        SystemExit, match=r"^prompt-aug-plot: error: .*run/trainer_state.json: not a trainer state"
+    ):
+        main([str(run), "-o", str(tmp_path / "x.png")])
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"settings": "x"}, {"settings": {"temperature": "hot"}}, {"benchmarks": "math500"}, {"runs": "3"}],
+)
+def test_an_evaluation_of_another_shape_is_one_line_naming_it(tmp_path, extra):
+    run = tmp_path / "run"
+    _write_state(run, 4, with_eval=False)
+    (run / "eval").mkdir()
+    results = {"results": {"qwen-math": {"macro": 0.4, "micro": 0.5}}, **extra}
+    (run / "eval" / "results.json").write_text(json.dumps(results))
+    with pytest.raises(
+        SystemExit, match=r"^prompt-aug-plot: error: .*results.json: not prompt-aug-eval's .*again"
+    ):
+        main([str(run), "-o", str(tmp_path / "x.png")])

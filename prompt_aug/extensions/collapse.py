@@ -26,17 +26,20 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   it is never judged on its first lines alone; that line judges it even without the signal's key (TRL logs
   a round's reward and length metrics on its first line only). A log line that comes several rounds after
   the one before it (``logging_steps`` longer than a round) counts for each of them. Each evaluation is
-  judged as it comes. Each signal fires once when its condition starts to hold and again only after it has
-  stopped holding. A firing on the end-of-training log line (what TRL logged after the last
-  ``logging_steps``) is logged only: the run has ended, and its final model is saved anyway.
+  judged as it comes. A NaN or infinite value (a diverged run) counts as past the threshold. Each signal
+  fires once when its condition starts to hold and again only after it has stopped holding. A firing on the
+  end-of-training log line (what TRL logged after the last ``logging_steps``) is logged only: the run has
+  ended, and its final model is saved anyway.
   It logs ``collapse/<signal>`` (rounds in a row past the threshold, or the fall from the best mean) on
   every log line that carries the signal or judges it, and ``collapse/fired/<signal>`` = 1 on the line
   where it fired. ``checkpoint`` saves a full checkpoint named ``_collapse-<signal>-round<N>`` in
-  ``output_dir`` (the underscore keeps it out of Hub pushes, as transformers leaves out ``_*``): the Trainer's
-  rotation (``save_total_limit``) only deletes ``checkpoint-*`` folders, so it is kept, and it does not
-  count against the limit: no regular checkpoint is deleted early to make room for it. ``stop`` saves it too
-  and ends the run cleanly, with a message naming the signal, the values and the checkpoint. Resuming replays
-  the restored log history, so smoothed bests and counts carry over.
+  ``output_dir`` (the underscore keeps it out of pushes of the output folder, as transformers leaves out
+  ``_*``; a ``checkpoint-<step>`` that ``hub_strategy`` ``checkpoint`` or ``all_checkpoints`` is still
+  uploading is copied, not moved): the Trainer's rotation (``save_total_limit``) only deletes
+  ``checkpoint-*`` folders, so it is kept, and it does not count against the limit: no regular checkpoint is
+  deleted early to make room for it. ``stop`` saves it too and ends the run cleanly, with a message naming
+  the signal, the values and the checkpoint. Resuming replays the restored log history, so smoothed bests
+  and counts carry over.
 
 ProRL's optimizer reset and RLinf's mini-batch skip are in `prompt_aug.extensions.stabilisers`.
 """
@@ -64,6 +67,7 @@ from ..config import SIGNALS as SIGNAL_KEYS
 from ..faults import COLLAPSE_PREFIX, LaunchRecord
 from ..records import ACCURACY_KEYS as SHARE_KEYS
 from ..records import generated_first, generation_round
+from ..trl_seam import hub_push_running
 
 logger = logging.getLogger("prompt_aug.collapse")
 
@@ -72,6 +76,8 @@ KINDS = ("below", "above", "drop")
 ACCURACY_KEYS = (*SHARE_KEYS, "reward")
 REPETITION_KEY = "completions/repetition_ratio"
 FINAL_KEY = "train_runtime"  # in the Trainer's end-of-training log line only
+CHECKPOINT_PUSHES = ("checkpoint", "all_checkpoints")  # hub_strategy values that upload checkpoint-<step>
+DIVERGED = "; a NaN or infinite value counts as past the threshold (the run diverged?)"
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,8 @@ class _Watch:
             self.lines[-1][2] += lines
         else:
             if spec.kind == "drop" and self._covered() >= spec.window:
-                self.best = max(self.best, self._window_mean())
+                mean = self._window_mean()
+                self.best = max(self.best, mean) if math.isfinite(mean) else self.best
             if spec.kind != "drop":
                 self.run_before = self._run()
             self.lines.append([round_, value_sum, lines, 1 if spec.name == "eval" else max(1, span)])
@@ -191,17 +198,21 @@ class _Watch:
             if self._covered() < spec.window:
                 return self._settle(False, step, "")
             current = self._window_mean()
-            best = max(self.best, current)
+            finite = math.isfinite(current)
+            best = max(self.best, current) if finite else self.best
             self.stat = best - current
             if spec.name == "eval":
                 where = f"the last {len(self.lines)} evaluations (rounds {int(self.lines[0][0])}-{self.last})"
             else:
                 where = f"rounds {max(self._first(len(self.lines)), self.last - spec.window + 1)}-{self.last}"
-            detail = (
-                f"{spec.name} ({key}) averaged {current:.4g} over {where}, "
-                f"{self.stat:.4g} below its best {best:.4g}, more than the allowed {spec.threshold:g}"
-            )
-            return self._settle(self.stat > spec.threshold, step, detail)
+            if finite:
+                detail = (
+                    f"{spec.name} ({key}) averaged {current:.4g} over {where}, "
+                    f"{self.stat:.4g} below its best {best:.4g}, more than the allowed {spec.threshold:g}"
+                )
+            else:
+                detail = f"{spec.name} ({key}) averaged {_shown(current)} over {where}: not finite{DIVERGED}"
+            return self._settle(not finite or self.stat > spec.threshold, step, detail)
 
         run, lines = self._run(), 0  # rounds in a row past the threshold; the window's lines among them
         for _, total, count, _ in reversed(self.lines):
@@ -210,14 +221,19 @@ class _Watch:
             lines += 1
         self.stat = float(run)
         word = "below the floor" if spec.kind == "below" else "above the ceiling"
-        means = ", ".join(f"{total / count:.4g}" for _, total, count, _ in list(self.lines)[-max(lines, 1) :])
+        shown = [total / count for _, total, count, _ in list(self.lines)[-max(lines, 1) :]]
+        finite = all(math.isfinite(v) for v in shown)
         detail = (
-            f"{spec.name} ({key}) {word} {spec.threshold:g} for {run} {unit} in a row, "
-            f"{spec.window} or more asked (rounds {self.last - run + 1}-{self.last}: {means})"
+            f"{spec.name} ({key}) {word} {spec.threshold:g}{'' if finite else ' or not finite'} for {run} "
+            f"{unit} in a row, {spec.window} or more asked (rounds {self.last - run + 1}-{self.last}: "
+            f"{', '.join(_shown(v) for v in shown)}){'' if finite else DIVERGED}"
         )
         return self._settle(run >= spec.window, step, detail)
 
     def _past(self, value: float) -> bool:
+        """Past the threshold; a NaN or infinite value (a diverged run) always is."""
+        if not math.isfinite(value):
+            return True
         return value < self.spec.threshold if self.spec.kind == "below" else value > self.spec.threshold
 
     def _run(self) -> int:
@@ -279,6 +295,7 @@ class CollapseGuard(TrainerCallback):
         self.checkpoints: list[Path] = []
         self.stop_message: str | None = None
         self.stop_reason: str | None = None  # the stop message without what was saved (the model card's)
+        self._push_running: Callable[[], bool] = lambda: False  # the attached trainer's Hub upload
         self._reset()
 
     def _reset(self) -> None:
@@ -296,6 +313,7 @@ class CollapseGuard(TrainerCallback):
         if hasattr(trainer, "micro_steps_per_epoch"):  # a PromptAugGRPOTrainer: its own round count
             args = trainer.args
             self.round_of_step = lambda step: generation_round(step, args, trainer.micro_steps_per_epoch)
+        self._push_running = partial(hub_push_running, trainer)
         callbacks = trainer.callback_handler.callbacks
         # After the launch record too: it writes launch.json into the checkpoint the guard may rename.
         after = [i for i, cb in enumerate(callbacks) if isinstance(cb, (EvalCallback, LaunchRecord))]
@@ -427,6 +445,12 @@ class CollapseGuard(TrainerCallback):
             if not source.is_dir():
                 logger.error("collapse guard: expected the checkpoint %s, found nothing to keep", source)
                 return control
+            # transformers uploads the checkpoint folder in the background: moving it would break that
+            # upload, and waiting for it would hold this process while the others train on.
+            uploading = args.push_to_hub and args.hub_strategy in CHECKPOINT_PUSHES and self._push_running()
+            if uploading:
+                logger.warning("collapse guard: %s is being pushed to the Hub: copied, and kept", source)
+            keep = keep or uploading
             if keep:
                 shutil.copytree(source, target)
             else:
@@ -481,7 +505,17 @@ class CollapseGuard(TrainerCallback):
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A logged number, NaN and infinity included (a diverged run's values count as past the threshold)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _shown(value: float) -> str:
+    """``value`` in a firing message: 4 significant digits, or NaN / inf / -inf.
+
+    >>> _shown(0.123456), _shown(float("nan")), _shown(float("-inf"))
+    ('0.1235', 'NaN', '-inf')
+    """
+    return "NaN" if math.isnan(value) else f"{value:.4g}"
 
 
 def _free_path(path: Path) -> Path:
