@@ -24,15 +24,20 @@ from typing import Any
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-from rewards.controls import FORMAT_MEAN_KEYS
+from rewards.controls import ACCURACY_MEAN_KEYS, FORMAT_MEAN_KEYS
 
 from .faults import FaultError
-from .records import ACCURACY_KEYS, generated_first, generation_round
+from .records import ACCURACY_KEY, generated_first, generation_round
 
 LOG_FILE = "logs.jsonl"
 
 logger = logging.getLogger("prompt_aug")
 
+
+# Log keys of a run's training accuracy; the console line, the plot and the collapse guard read the first a
+# run logs: the share right (`ACCURACY_KEY`), then (logs written before it) the correctness rewards' and
+# controls' means.
+ACCURACY_KEYS: tuple[str, ...] = (ACCURACY_KEY, *ACCURACY_MEAN_KEYS)
 
 # (label, keys: the first present is shown, format)
 _STEP_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (

@@ -45,9 +45,9 @@ from matplotlib.colors import hsv_to_rgb
 from matplotlib.ticker import MaxNLocator
 
 from .faults import checkpoint_folders
-from .logging_utils import LOG_FILE, LogFileError, read_log_entries
+from .logging_utils import ACCURACY_KEYS, LOG_FILE, LogFileError, read_log_entries
 from .model_card import evaluation_made_by, weights_match
-from .records import ACCURACY_KEYS, GENERATED, generated_first
+from .records import GENERATED, generated_first
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
 logger = logging.getLogger("prompt_aug.plot")
@@ -699,7 +699,8 @@ def _eval_protocol(run: Run) -> str:
     if results.get("runs"):
         detail.append(f"{results['runs']} run{'s' if results['runs'] != 1 else ''}")
     if results.get("benchmarks"):
-        detail.append(", ".join(results["benchmarks"]))
+        # a local question set by its file name: the picture names no home folder
+        detail.append(", ".join(Path(b).name if Path(b).is_absolute() else b for b in results["benchmarks"]))
     if results.get("limit"):
         detail.append(f"first {results['limit']} per benchmark")
     return ", ".join(detail)

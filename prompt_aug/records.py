@@ -30,8 +30,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rewards.controls import ACCURACY_MEAN_KEYS
-
 # Dynamic sampling (`prompt_aug.extensions.dynamic_sampling`) logs TRL's reward and truncation metrics again
 # under this prefix, over every generated completion (TRL's reward metrics cover the trained groups only).
 GENERATED = "dynamic_sampling/generated/"
@@ -49,11 +47,6 @@ def generated_first(keys: Iterable[str]) -> tuple[str, ...]:
     ('dynamic_sampling/generated/reward', 'reward')
     """
     return tuple(k for key in keys for k in (GENERATED + key, key))
-
-
-# Log keys of a run's training accuracy; the console line, the plot and the collapse guard read the first a
-# run logs: the share above, then (for logs written before it) the correctness rewards' and controls' means.
-ACCURACY_KEYS: tuple[str, ...] = (ACCURACY_KEY, *ACCURACY_MEAN_KEYS)
 
 
 def micro_steps_per_round(args: Any) -> int:

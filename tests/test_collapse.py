@@ -1018,3 +1018,19 @@ def test_the_shuffled_controls_round_means_are_read_as_accuracy_and_format():
     key = "rewards/shuffled_correctness_reward/mean"
     fired = _feed(_guard(ACCURACY), [{"step": i + 1, key: v, "reward": 9.0} for i, v in enumerate(values)])
     assert fired == {8: ["accuracy"]}  # the flat total reward alone would never fire
+
+
+def test_a_watch_reads_one_key_so_a_resumed_run_logged_before_the_accuracy_share_keeps_its_scale():
+    """A correctness_pm5 run logged before ``completions/accuracy`` existed: its accuracy watch read
+    ``reward`` (the +5 / -5 total); resumed, its new lines carry the share too. Read on, the share (0.7)
+    beside a best total of 2.35 would look like a collapse: the watch keeps the key it first read."""
+    drop = SignalSpec("accuracy", ACCURACY_KEYS, "drop", 0.2, 2, "checkpoint")
+    old = [{"step": s, "round": s, "reward": 2.3 + 0.01 * s} for s in range(1, 5)]
+    new = [{"step": s, "round": s, "reward": 2.35, "completions/accuracy": 0.7} for s in range(5, 9)]
+    assert _feed(_guard(drop), old + new) == {}
+    # A run that logs the share from its start reads it, and a fall in the share fires.
+    fall = [
+        {"step": s, "round": s, "reward": 2.3, "completions/accuracy": 0.7 if s < 5 else 0.4}
+        for s in range(1, 9)
+    ]
+    assert _feed(_guard(drop), fall) == {6: ["accuracy"]}

@@ -65,7 +65,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
 from ..faults import COLLAPSE_PREFIX, LaunchRecord
-from ..records import ACCURACY_KEYS as SHARE_KEYS
+from ..logging_utils import ACCURACY_KEYS as SHARE_KEYS
 from ..records import generated_first, generation_round
 from ..trl_seam import hub_push_running
 
@@ -142,6 +142,9 @@ class _Watch:
         # keeps counting after the window's lines are gone.
         self.run_before = 0
         self.open: list[Any] | None = None  # the round not yet judged: [round, sum, count, span, key]
+        # The key read, the first of ``spec.keys`` a line had: the run's other keys are not read after it, as
+        # they may be on another scale (a correctness_pm5 run resumed from logs that had no accuracy share).
+        self.key: str | None = None
 
     @property
     def last(self) -> int:
@@ -346,8 +349,9 @@ class CollapseGuard(TrainerCallback):
         firings: list[Firing] = []
         ends_round = FINAL_KEY in entry or self._ends_round(step, round_)
         for name, watch in self._watches.items():
-            key = next((k for k in watch.spec.keys if _is_number(entry.get(k))), None)
-            if key is not None:
+            keys = watch.spec.keys if watch.key is None else (watch.key,)
+            key = watch.key = next((k for k in keys if _is_number(entry.get(k))), None) or watch.key
+            if _is_number(entry.get(key)):
                 firing = watch.add(round_, float(entry[key]), step, key, span, ends_round)
             elif ends_round and watch.open is not None and watch.open[0] <= round_:
                 # TRL logs a round's generation metrics (rewards, lengths) on its first line only: the line
