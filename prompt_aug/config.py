@@ -266,7 +266,8 @@ class PromptAugGRPOConfig(GRPOConfig):
     skip_minibatch_ratio_above: float | None = _key(
         None,
         "RLinf: skip the optimizer update of a mini-batch whose mean max(r, 1/r) over its tokens (r the "
-        "policy ratio) is at least this; counted in stability/skipped_minibatches. Not under DeepSpeed.",
+        "policy ratio) is at least this; counted in stability/skipped_minibatches. Not under DeepSpeed or "
+        "fp16.",
     )
 
     # > Efficiency
