@@ -994,6 +994,83 @@ def test_integer_sums_are_equal_as_math_verify_reads_them():
     assert fast_verdict("0-14", "-14") is True and _math_verify("0-14", "-14")
 
 
+# (answer, gold) as written, where math-verify says equal and the fast path may only defer to it.
+MATH_VERIFY_SAYS_EQUAL = {
+    "a unit after an expression": [
+        ("2k \\text{ cm}", "2k"),
+        ("2k \\text{ cm}", "2k \\text{ m}"),
+        ("n\\text{ ways}", "n"),
+        ("2\\pi r\\text{ m}", "2\\pi r"),
+        ("x m", "x"),
+        ("y = -2x \\text{ cm}", "y = -2x"),
+        ("\\frac{1}{\\sqrt{2}}", "\\frac{1}{\\sqrt{2}}c"),  # the gold's `c` is a unit to math-verify
+    ],
+    "a word in a wrapper, after a name or before a unit": [
+        ("\\textit{Evelyn}", "\\text{Evelyn}"),
+        ("\\mathbf{Evelyn}", "\\text{Evelyn}"),
+        ("\\textbf{\\text{Evelyn}}", "\\text{Evelyn}"),
+        ("x = Evelyn", "\\text{Evelyn}"),
+        ("\\mathbf{Even}", "\\text{even}"),
+        ("\\textit{Sunday}", "\\text{Sunday}"),
+        ("None cm", "None"),
+    ],
+}
+# (answer, gold) where math-verify says different: a leading zero before a thousands separator is a
+# decimal comma to it (`058,500` is 58.5).
+MATH_VERIFY_SAYS_DIFFERENT = [("058,500", "58,500"), ("061,328", "61,328"), ("0,500", "500")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "answer", "gold"), [(k, a, g) for k, cases in MATH_VERIFY_SAYS_EQUAL.items() for a, g in cases]
+)
+def test_fast_path_defers_where_math_verify_says_equal(kind, answer, gold):
+    from rewards.grading.grade import _verdict
+
+    a, g = normalize(answer), normalize_gold(gold)
+    assert _math_verify(a, g) is True, kind
+    assert _verdict(a, g) is not False, (kind, a, g)
+    assert grade(f"\\boxed{{{answer}}}", gold).correct, kind
+
+
+@pytest.mark.parametrize(("answer", "gold"), MATH_VERIFY_SAYS_DIFFERENT)
+def test_a_leading_zero_before_a_thousands_separator_is_left_to_math_verify(answer, gold):
+    assert _math_verify(answer, gold) is False
+    assert fast_verdict(answer, gold) is None
+    assert not grade(f"\\boxed{{{answer}}}", gold).correct
+
+
+def test_near_misses_of_units_words_and_thousands_are_still_decided_here():
+    from rewards.grading.grade import _verdict
+
+    for answer, gold in [
+        ("2k \\text{ cm}", "3k"),
+        ("2k", "3k"),
+        ("7 cm", "5"),
+        ("5i", "5"),
+        ("x + y", "x + 2y"),
+        ("\\textit{Emily}", "\\text{Evelyn}"),
+        ("x = Emily", "\\text{Evelyn}"),
+        ("Emily", "\\text{Evelyn}"),
+    ]:
+        a, g = normalize(answer), normalize_gold(gold)
+        assert _math_verify(a, g) is False and _verdict(a, g) is False, (a, g)
+    for answer, gold in [
+        ("\\text{Even}", "even"),
+        ("058500", "58500"),
+        ("58,500", "58500"),
+        ("1,000", "1000"),
+    ]:
+        assert _verdict(normalize(answer), normalize_gold(gold)) is True, answer
+
+
+def test_units_dropped_here_include_the_one_letter_units_math_verify_drops():
+    from latex2sympy2_extended.math_normalization import units
+
+    from rewards.grading.fastpath import _ONE_LETTER_UNITS
+
+    assert {u for u in units if len(u) == 1} <= _ONE_LETTER_UNITS
+
+
 # -- the gold side of the API -----------------------------------------------------
 
 

@@ -7,8 +7,9 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
 
 * identical normalised strings are equal (math-verify parses both the same way; the caller must know
   the gold itself is parseable);
-* two exact numbers (integers with optional leading zeros or well-formed thousands separators,
-  ``\\frac{p}{q}``, ``p/q``) are compared exactly, as math-verify compares SymPy rationals;
+* two exact numbers (integers with optional leading zeros or well-formed thousands separators, not
+  both: ``058,500`` is left to math-verify; ``\\frac{p}{q}``, ``p/q``) are compared exactly, as
+  math-verify compares SymPy rationals;
 * when a decimal is involved, equal values with at most 6 decimals are equal, and values more than
   ``1e-5`` apart are different (math-verify rounds to 6 places); anything in between is left to
   math-verify. Magnitudes are capped so that float precision never matters;
@@ -23,7 +24,7 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
 * a constant, or a tuple, interval or set of constants, is different from an expression in variables
   whose value clearly changes between the two points (it is not constant); but a number followed by
   letters (``5 cm``, ``6 days``) against the same number is left to math-verify, which drops the units
-  it knows;
+  it knows, and so is any pair that may be equal once trailing words are dropped (``2k cm``, ``2k``);
 * ``A + Bi`` is different from a real constant (``B`` not 0) and from ``C + Di`` with other parts,
   whether math-verify reads ``i`` as the imaginary unit or as a variable;
 * an equation is compared with a gold that is no relation by its right side (as math-verify does);
@@ -68,8 +69,9 @@ from fractions import Fraction
 
 from .extract import BASE_NUMERAL_DIGITS
 
-# Integers: plain digits (leading zeros are fine: AIME's `025`) or groups of three after a comma.
-_INT = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
+# Integers: plain digits (leading zeros are fine: AIME's `025`) or groups of three after a comma, led
+# by no zero (math-verify reads `058,500` as 58.5 and `0,500` as 0.5).
+_INT = r"(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)"
 _INTEGER = re.compile(rf"[+-]?{_INT}")
 _DECIMAL = re.compile(rf"[+-]?(?:{_INT})?\.\d+")
 _FRAC = re.compile(r"([+-]?)\\frac\{\s*([+-]?\d+)\s*\}\{\s*([+-]?\d+)\s*\}")
@@ -93,6 +95,8 @@ def as_number(text: str) -> tuple[Fraction, bool] | None:
     ((Fraction(-1, 2), False), (Fraction(1, 2), True))
     >>> as_number("1,5") is None, as_number("1e3") is None, as_number("\\\\frac{1}{0}") is None
     (True, True, True)
+    >>> as_number("058,500") is None, as_number("0,500") is None  # math-verify: 58.5 and 0.5
+    (True, True)
     """
     text = text.strip()
     if not text or len(text) > 2 * MAX_DIGITS:
@@ -501,7 +505,7 @@ def _clearly_different(answer: str, gold: str) -> bool | None:
         return verdict if verdict is not None else _different_covers(answer, gold)
     a, g = constant_values(answer), constant_values(gold)
     if a is None or g is None:
-        if _same_number_before_a_unit(answer, gold):
+        if _same_number_before_a_unit(answer, gold) or _may_be_equal_without_units(answer, gold):
             return None
         for rule in (
             _different_functions,
@@ -547,6 +551,55 @@ def _same_number_before_a_unit(answer: str, gold: str) -> bool:
         return False
     values = [_value(q.group(1) if q else side) for q, side in zip(quantities, (answer, gold))]
     return None not in values and _close(*values)  # type: ignore[arg-type]
+
+
+# math-verify drops a unit of its list after a digit, `}` or a space (twice), and a trailing `\text{...}`
+# (after `\mathbf`, `\textit`... became `\text`). Its one-letter units are these; words are all taken
+# for units here, so that what is dropped here is a superset of what it drops.
+_ONE_LETTER_UNITS = frozenset("cdghlmost")
+_TRAILING_WORD = re.compile(r"(?<=[\d}\s])\s*([A-Za-z][A-Za-z.]*)\s*(?:\^\{?\d\}?)?\s*$")
+_TEXT_COMMAND = re.compile(r"\\(?:text[a-z]*|math[a-z]+|mbox|emph|operatorname)\s*\{")
+_ENDS_A_GROUP = re.compile(r"\}\s*(?:\^\{?\d\}?|\{\^\d\})?\s*$")
+
+
+def _without_units(text: str) -> set[str]:
+    r"""``text`` and what it may be once math-verify has dropped trailing units (up to three words).
+
+    >>> [sorted(_without_units(text)) for text in ("2k cm", "2\\pi r m", "2x + 3y")]
+    [['2k', '2k cm'], ['2\\pi r', '2\\pi r m'], ['2x + 3y']]
+    >>> sorted(_without_units("\\frac{1}{m}t")), sorted(_without_units("n \\textit{ways}^2"))
+    (['\\frac{1}{m}', '\\frac{1}{m}t'], ['n', 'n \\textit{ways}^2'])
+    """
+    found, frontier = {text.strip()}, [text.strip()]
+    for _ in range(3):
+        shorter = []
+        for one in frontier:
+            word = _TRAILING_WORD.search(one)
+            if word and (len(word.group(1)) > 1 or word.group(1) in _ONE_LETTER_UNITS):
+                shorter.append(one[: word.start()].strip())
+            if _ENDS_A_GROUP.search(one):
+                shorter += [one[: command.start()].strip() for command in _TEXT_COMMAND.finditer(one)]
+        frontier = [one for one in shorter if one and one not in found]
+        found.update(frontier)
+    return found
+
+
+def _may_be_equal_without_units(answer: str, gold: str) -> bool:
+    r"""Whether the two may be equal once math-verify has dropped trailing units from either: ``2k cm``
+    and ``2k``, ``x m`` and ``x``, ``\frac{1}{\sqrt{2}}c`` and ``\frac{1}{\sqrt{2}}`` (it takes ``c``
+    for a unit). Then letters may not be read as variables here: math-verify decides.
+
+    >>> (_may_be_equal_without_units("2k cm", "2k"), _may_be_equal_without_units("2k cm", "3k"),
+    ...  _may_be_equal_without_units("2k", "3k"))
+    (True, False, False)
+    """
+    answers, golds = _without_units(answer), _without_units(gold)
+    if len(answers) == len(golds) == 1:
+        return False
+    pairs = [(a, g) for a in answers for g in golds if (a, g) != (answer.strip(), gold.strip())]
+    if any(a.replace(" ", "") == g.replace(" ", "") for a, g in pairs):
+        return True
+    return any(fast_verdict(a, g) is not False for a, g in pairs)
 
 
 def _different_unions(answer: str, gold: str) -> bool | None:
@@ -956,10 +1009,36 @@ def word_verdict(answer: str, gold: str) -> bool | None:
     (True, False, False)
     >>> word_verdict("2", "4") is None, word_verdict("yx", "xy") is None, word_verdict("ABCD", "CBAD") is None
     (True, True, True)
+
+    The word in a wrapper, after ``name =`` or before a unit is left to math-verify, which reads it as
+    the word:
+
+    >>> [word_verdict(a, "Evelyn") for a in ("\\\\textit{Evelyn}", "x = Evelyn", "Evelyn cm")]
+    [None, None, None]
+    >>> word_verdict("\\\\textit{Emily}", "Evelyn"), word_verdict("x = Emily", "Evelyn")
+    (False, False)
     """
     if not _WORD.fullmatch(gold):
         return None
-    return answer.replace(" ", "").lower() == gold.lower()
+    if answer.replace(" ", "").lower() == gold.lower():
+        return True
+    readings = {_unwrapped(stem) for stem in _without_units(answer)}
+    return None if any(r.replace(" ", "").lower() == gold.lower() for r in readings) else False
+
+
+_WRAPPER = re.compile(r"\\(?:text[a-z]*|math[a-z]+|mbox|emph|operatorname|boldsymbol)\s*\{(.*)\}")
+_NAMED = re.compile(r"[A-Za-z][A-Za-z0-9_]*\s*=(.*)")
+
+
+def _unwrapped(text: str) -> str:
+    r"""``text`` without wrappers (``\textit{...}``, ``\mathbf{...}``) and a leading ``name =``.
+
+    >>> _unwrapped("x = \\textbf{\\text{Evelyn}}")
+    'Evelyn'
+    """
+    while match := _WRAPPER.fullmatch(text := text.strip()) or _NAMED.fullmatch(text):
+        text = match.group(1)
+    return text
 
 
 def base_verdict(answer: str, gold: str) -> bool | None:
