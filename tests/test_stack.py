@@ -283,6 +283,10 @@ for main_port, other_port in ((int(sys.argv[1]), int(sys.argv[2])), (int(sys.arg
         print(f"rank {rank}: up", flush=True)
     except stack.StackError as err:
         print(f"rank {rank}: {err}", flush=True)
+# As a run ends: leave the group the verdict was broadcast over before Python exits (a gloo worker thread
+# still holding the broadcast's tensor at interpreter teardown aborts the process).
+from prompt_aug.train import close_process_group
+close_process_group()
 """
 
 
