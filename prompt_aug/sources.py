@@ -369,8 +369,10 @@ def check_source(
 
 def check_mixture(mixture: Any) -> None:
     """`check_source` for each source of a ``dataset_mixture``; a source read from ``data_files`` must have
-    them, and each of its patterns must match a file (where it is absolute, or the source is a file builder
-    such as ``json`` that reads it from here; URLs are left to ``datasets``)."""
+    them, each name a file and each pattern match one, where ``datasets`` would look for them here: an
+    absolute path, a name relative to this folder for a file builder such as ``json``, or relative to a
+    local folder ``path``. A Hub repository's (or a ``data_dir``'s) files and URLs are left to ``datasets``.
+    """
     for i, source in enumerate(mixture.datasets):
         key = f"dataset_mixture.datasets[{i}]"
         if source.data_files is None and source.data_dir is None:
@@ -379,20 +381,23 @@ def check_mixture(mixture: Any) -> None:
         files = source.data_files
         if isinstance(files, dict):
             files = [f for value in files.values() for f in ([value] if isinstance(value, str) else value)]
-        # datasets' file builders read patterns from here; a Hub id (gsm8k too) or a folder reads them in it
-        builder = source.data_dir is None and source.path in {*DATA_FILES.values(), "text", "arrow"}
+        folder = Path(source.path).expanduser()
+        root = (  # where datasets reads a relative name from
+            Path.cwd() if source.path in {*DATA_FILES.values(), "text", "arrow"}  # a file builder
+            else folder if folder.is_dir() and source.data_dir is None
+            else None  # a Hub repository (gsm8k too), or a data_dir inside one
+        )  # fmt: skip
         for name in [files] if isinstance(files, str) else files or []:
-            if "://" in name:
+            place = os.path.expanduser(name)
+            if "://" in name or (root is None and not os.path.isabs(place)):
                 continue
+            place = os.path.join(root or "", place)
+            where = "" if os.path.isabs(os.path.expanduser(name)) else f" (in {root})"
             if any(c in name for c in "*?["):
-                pattern = os.path.expanduser(name)
-                if (builder or os.path.isabs(pattern)) and not glob.glob(pattern, recursive=True):
-                    where = "" if os.path.isabs(pattern) else f" (from {Path.cwd()})"
+                if not glob.glob(place, recursive=True):
                     raise SourceError(f"{key}.data_files: pattern {name!r} matches no file{where}; fix it")
-                continue
-            if not Path(name).expanduser().exists():
-                resolved = Path(name).expanduser().resolve()
-                raise SourceError(f"{key}.data_files: no such file {name!r} (resolved to {resolved})")
+            elif not os.path.exists(place):
+                raise SourceError(f"{key}.data_files: no such file {name!r}{where}; fix the path")
 
 
 # -- Reading a cell ---------------------------------------------------------------------------------------

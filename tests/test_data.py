@@ -893,9 +893,15 @@ def test_a_mixture_pattern_that_matches_no_file_is_named(tmp_path):
     check_mixture(
         dataset_mixture({"datasets": [{"path": "json", "data_files": str(tmp_path / "some" / "*")}]})
     )
-    # A Hub id, with or without its owner, reads its patterns in its repository: not looked for here.
+    # A Hub id, with or without its owner, reads its files and patterns in its repository: not looked for.
     for hub_id in ("gsm8k", "openai/gsm8k"):
-        check_mixture(dataset_mixture({"datasets": [{"path": hub_id, "data_files": "main/train-*.parquet"}]}))
+        for files in ("main/train-*.parquet", "main/train-00000-of-00001.parquet"):
+            check_mixture(dataset_mixture({"datasets": [{"path": hub_id, "data_files": files}]}))
+    # A local folder's are read in it, as datasets reads them.
+    folder = str(tmp_path / "some")
+    check_mixture(dataset_mixture({"datasets": [{"path": folder, "data_files": "train.jsonl"}]}))
+    with pytest.raises(SourceError, match=rf"no such file 'test.jsonl' \(in {re.escape(folder)}\); fix"):
+        check_mixture(dataset_mixture({"datasets": [{"path": folder, "data_files": "test.jsonl"}]}))
 
 
 def test_the_preview_without_augmentation_asks_under_the_eval_template_alone(tmp_path, capsys):
