@@ -378,16 +378,13 @@ def check_mixture(mixture: Any) -> None:
         if source.data_files is None and source.data_dir is None:
             check_source(f"{key}.path", source.path)
             continue
-        files = source.data_files
-        if isinstance(files, dict):
-            files = [f for value in files.values() for f in ([value] if isinstance(value, str) else value)]
         folder = Path(source.path).expanduser()
         root = (  # where datasets reads a relative name from
             Path.cwd() if source.path in {*DATA_FILES.values(), "text", "arrow"}  # a file builder
             else folder if folder.is_dir() and source.data_dir is None
             else None  # a Hub repository (gsm8k too), or a data_dir inside one
         )  # fmt: skip
-        for name in [files] if isinstance(files, str) else files or []:
+        for name in data_file_names(source.data_files):
             place = os.path.expanduser(name)
             if "://" in name or (root is None and not os.path.isabs(place)):
                 continue
@@ -718,10 +715,7 @@ def _read_files(files: list[Path], split: str = "train") -> Any:
     try:
         return _load_dataset(what, kind, data_files=data_files, split="train" if base == split else split)
     except SourceError:
-        for file in files:  # name the file that holds no rows (a parser may not say so) or does not parse
-            if kind == "parquet" and _parquet_rows(file) == 0:
-                raise SourceError(f"{file}: {_NO_ROWS}") from None
-        if len(files) > 1:
+        if len(files) > 1:  # name the file that does not parse
             for file in files:
                 _load_dataset(str(file), kind, data_files=[str(file)], split="train")
         raise
@@ -773,6 +767,9 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
             err = err.__cause__
         if "corresponds to no data" in str(err):  # datasets' word for a split of no rows (a CSV header alone)
             raise SourceError(f"{what}: {_NO_ROWS}") from None
+        for name in data_file_names(kwargs.get("data_files")):  # a parquet file of no rows: its parser's
+            if name.endswith(".parquet") and _parquet_rows(Path(name)) == 0:  # complaint does not say so
+                raise SourceError(f"{name}: {_NO_ROWS}") from None
         raise SourceError(
             f"{what}: cannot be read: {type(err).__name__}: {_first_line(err)}; fix the data or leave it out"
         ) from None
@@ -852,12 +849,21 @@ def read_training_data(script_args: Any, seed: int) -> list[ReadSource]:
 def source_label(source: Any) -> str:
     """A ``dataset_mixture`` source as messages name it: its ``data_files`` as the recipe gives them, else its
     ``path`` (with its ``data_dir``)."""
-    files = source.data_files
-    if files is None:
+    if source.data_files is None:
         return source.path if source.data_dir is None else f"{source.path}, data_dir {source.data_dir}"
+    return ", ".join(data_file_names(source.data_files))
+
+
+def data_file_names(files: Any) -> list[str]:
+    """Every name in a ``data_files`` value as ``datasets`` takes it: one name, a list, or a split -> names
+    mapping.
+
+    >>> data_file_names("a.jsonl"), data_file_names({"train": ["a", "b"], "test": "c"}), data_file_names(None)
+    (['a.jsonl'], ['a', 'b', 'c'], [])
+    """
     if isinstance(files, dict):
-        files = [f for value in files.values() for f in ([value] if isinstance(value, str) else value)]
-    return ", ".join([files] if isinstance(files, str) else map(str, files))
+        return [str(f) for value in files.values() for f in data_file_names(value)]
+    return [files] if isinstance(files, str) else [str(f) for f in files or []]
 
 
 # -- Built in code ------------------------------------------------------------------------------------------

@@ -876,6 +876,10 @@ def test_an_empty_parquet_file_or_a_csv_header_alone_holds_no_rows(tmp_path, nam
     empty.to_parquet(path) if name.endswith(".parquet") else path.write_text("question,answer\n")
     with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: holds no rows \(an empty file\?\)"):
         load_math_dataset(str(path))
+    # The same through a mixture source's data_files, read by datasets' builder.
+    builder = "parquet" if name.endswith(".parquet") else "csv"
+    with pytest.raises(Exception, match=r"^dataset_mixture.datasets\[0\].*: holds no rows \(an empty file"):
+        _mixture_read([{"path": builder, "data_files": str(path)}])
 
 
 def test_a_mixture_pattern_that_matches_no_file_is_named(tmp_path):
