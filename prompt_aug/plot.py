@@ -44,10 +44,11 @@ from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.colors import hsv_to_rgb
 from matplotlib.ticker import MaxNLocator
 
+from .evaluation.report import shown_name
 from .faults import checkpoint_folders
 from .logging_utils import ACCURACY_KEYS, LOG_FILE, LogFileError, read_log_entries
 from .model_card import evaluation_made_by, weights_match
-from .records import GENERATED, generated_first
+from .records import GENERATED, generated_first, is_number
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
 logger = logging.getLogger("prompt_aug.plot")
@@ -216,7 +217,7 @@ def _read_state(path: Path) -> dict[str, Any]:
             f"{path}: not a trainer state (a JSON object with an integer global_step and a log_history list "
             "of objects); restore or delete it"
         )
-    return {**state, "log_history": [e for e in history if _is_number(e.get("step"))]}
+    return {**state, "log_history": [e for e in history if is_number(e.get("step"))]}
 
 
 def _read_log(path: Path) -> dict[str, Any]:
@@ -232,10 +233,6 @@ def _read_log(path: Path) -> dict[str, Any]:
     except LogFileError as err:
         raise PlotError(str(err)) from None
     return {"global_step": max((e["step"] for e in entries), default=0), "log_history": entries}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _read_json(path: Path, again: str) -> dict[str, Any]:
@@ -263,9 +260,9 @@ def final_evaluation(run_dir: str | Path) -> dict[str, Any] | None:
     settings, benchmarks = results.get("settings") or {}, results.get("benchmarks") or []
     fits = {  # what the eval panel reads beside the results
         "settings": isinstance(settings, dict),
-        "settings.temperature": isinstance(settings, dict) and _is_number(settings.get("temperature") or 0),
-        "runs": _is_number(results.get("runs") or 0),
-        "limit": _is_number(results.get("limit") or 0),
+        "settings.temperature": isinstance(settings, dict) and is_number(settings.get("temperature") or 0),
+        "runs": is_number(results.get("runs") or 0),
+        "limit": is_number(results.get("limit") or 0),
         "benchmarks": isinstance(benchmarks, list) and all(isinstance(b, str) for b in benchmarks),
     }
     wrong = [key for key, fit in fits.items() if not fit]
@@ -699,8 +696,7 @@ def _eval_protocol(run: Run) -> str:
     if results.get("runs"):
         detail.append(f"{results['runs']} run{'s' if results['runs'] != 1 else ''}")
     if results.get("benchmarks"):
-        # a local question set by its file name: the picture names no home folder
-        detail.append(", ".join(Path(b).name if Path(b).is_absolute() else b for b in results["benchmarks"]))
+        detail.append(", ".join(map(shown_name, results["benchmarks"])))
     if results.get("limit"):
         detail.append(f"first {results['limit']} per benchmark")
     return ", ".join(detail)

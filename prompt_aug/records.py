@@ -40,6 +40,15 @@ GENERATED = "dynamic_sampling/generated/"
 ACCURACY_KEY = "completions/accuracy"
 
 
+def is_number(value: Any) -> bool:
+    """Whether a logged value is a number (NaN and infinity too: a diverged run logs them), not a bool.
+
+    >>> is_number(0.5), is_number(float("nan")), is_number(True), is_number("0.5")
+    (True, True, False, False)
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def generated_first(keys: Iterable[str]) -> tuple[str, ...]:
     """Each key preceded by its dynamic-sampling variant over every generated completion.
 

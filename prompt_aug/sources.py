@@ -386,10 +386,10 @@ def check_mixture(mixture: Any) -> None:
         )  # fmt: skip
         for name in data_file_names(source.data_files):
             place = os.path.expanduser(name)
-            if "://" in name or (root is None and not os.path.isabs(place)):
+            absolute = os.path.isabs(place)
+            if "://" in name or (root is None and not absolute):
                 continue
-            place = os.path.join(root or "", place)
-            where = "" if os.path.isabs(os.path.expanduser(name)) else f" (in {root})"
+            place, where = (place, "") if absolute else (os.path.join(root, place), f" (in {root})")
             if any(c in name for c in "*?["):
                 if not glob.glob(place, recursive=True):
                     raise SourceError(f"{key}.data_files: pattern {name!r} matches no file{where}; fix it")

@@ -443,9 +443,8 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
                 _check_settings(output, settings, args.overwrite)
                 _check_coverage(output, args, benchmarks, [t.name for t in templates])
                 fold_shards(output / RECORDS_FILE)
-                respell_question_sets(output / RECORDS_FILE, benchmarks)
                 # What the folder holds; a bad line stops every process now, before the model loads.
-                before = completions_made(read_records(output / RECORDS_FILE))
+                before = completions_made(respell_question_sets(output / RECORDS_FILE, benchmarks))
             except EvalError as err:
                 error = str(err)
         error = processes.broadcast(error)

@@ -137,15 +137,22 @@ def protocol_differences(settings: dict[str, Any]) -> list[str]:
 
 
 def _file_names(value: Any) -> Any:
-    """``value`` with each absolute path in it (a local question set or templates file, comma-separated
-    where several) shown by its file name: the tables go into a model card, which names no home folder.
+    """``value`` with each name in it (comma-separated where several) as `shown_name` shows it.
 
     >>> _file_names("amc,/home/me/sums.jsonl"), _file_names(4096)
     ('amc,sums.jsonl', 4096)
     """
-    if not isinstance(value, str):
-        return value
-    return ",".join(Path(part).name if os.path.isabs(part) else part for part in value.split(","))
+    return ",".join(map(shown_name, value.split(","))) if isinstance(value, str) else value
+
+
+def shown_name(name: str) -> str:
+    """A benchmark or file as tables and pictures show it: an absolute path (a local question set or
+    templates file) by its file name, since they go into a model card, which names no home folder.
+
+    >>> shown_name("/home/me/sums.jsonl"), shown_name("amc")
+    ('sums.jsonl', 'amc')
+    """
+    return Path(name).name if os.path.isabs(name) else name
 
 
 def protocol_line(settings: dict[str, Any]) -> str:

@@ -345,21 +345,22 @@ def fold_shards(records_path: Path) -> int:
     return len(added)
 
 
-def respell_question_sets(records_path: Path, benchmarks: list[str]) -> int:
+def respell_question_sets(records_path: Path, benchmarks: list[str]) -> list[dict[str, Any]]:
     """Give the records of a question set kept under another spelling of its path (a relative one, resolved
     from the working folder) the name it has in ``benchmarks`` (`benchmark_place`), so that they are resumed;
-    returns how many were renamed."""
+    returns the records, as `read_records` does."""
     names, records, renamed = set(benchmarks), read_records(records_path), 0
+    places = {name: benchmark_place(name) for name in {str(r["benchmark"]) for r in records} - names}
     for record in records:
-        place = benchmark_place(str(record["benchmark"]))
-        if record["benchmark"] not in names and place in names:
+        place = places.get(str(record["benchmark"]))
+        if place in names:
             record["benchmark"], renamed = place, renamed + 1
     if renamed:
         write_records(records_path, records)
         logger.info(
             "%s: %d completions of question sets renamed to their absolute paths", records_path, renamed
         )
-    return renamed
+    return records
 
 
 def deal(order: list[int], batch_size: int, share: int, shares: int, whole_batches: bool) -> list[list[int]]:
@@ -428,13 +429,13 @@ def generate_and_grade(
     made: dict[RecordKey, set[int]] = defaultdict(set)
     for record in existing:
         made[_key(record)].add(int(record.get("sample", 0)))
-    made = processes.broadcast(made)
+    made, samples = processes.broadcast(made), set(range(n))
     todo = [
         (problem, template, run)
         for run in range(runs)
         for template in templates
         for problem in problems
-        if len(made[(problem.benchmark, template.name, run, problem.index)] & set(range(n))) < n
+        if len(made[(problem.benchmark, template.name, run, problem.index)] & samples) < n
     ]
     total = runs * len(templates) * len(problems)
     if total - len(todo):

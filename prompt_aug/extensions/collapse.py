@@ -66,7 +66,7 @@ from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
 from ..faults import COLLAPSE_PREFIX, LaunchRecord
 from ..logging_utils import ACCURACY_KEYS as SHARE_KEYS
-from ..records import generated_first, generation_round
+from ..records import generated_first, generation_round, is_number
 from ..trl_seam import hub_push_running
 
 logger = logging.getLogger("prompt_aug.collapse")
@@ -350,8 +350,8 @@ class CollapseGuard(TrainerCallback):
         ends_round = FINAL_KEY in entry or self._ends_round(step, round_)
         for name, watch in self._watches.items():
             keys = watch.spec.keys if watch.key is None else (watch.key,)
-            key = watch.key = next((k for k in keys if _is_number(entry.get(k))), None) or watch.key
-            if _is_number(entry.get(key)):
+            key = watch.key = next((k for k in keys if is_number(entry.get(k))), None) or watch.key
+            if is_number(entry.get(key)):
                 firing = watch.add(round_, float(entry[key]), step, key, span, ends_round)
             elif ends_round and watch.open is not None and watch.open[0] <= round_:
                 # TRL logs a round's generation metrics (rewards, lengths) on its first line only: the line
@@ -506,11 +506,6 @@ class CollapseGuard(TrainerCallback):
                 ", ".join(f.signal for f in firings),
                 firings[0].step,
             )
-
-
-def _is_number(value: Any) -> bool:
-    """A logged number, NaN and infinity included (a diverged run's values count as past the threshold)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _shown(value: float) -> str:
