@@ -33,6 +33,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import HubStrategy
@@ -662,7 +663,8 @@ def staged_folder(target: Path) -> Iterator[Path]:
     host, prefix = f"{socket.gethostname()}-{_pid_namespace()}", f".{target.name}.partial-"
     for old in target.parent.glob(f"{glob.escape(prefix)}*"):
         owner = old.name[len(prefix) :].rsplit("-", 2)  # mkdtemp's suffix has no dash
-        if len(owner) == 3 and owner[0] == host and owner[1].isdigit() and not _alive(int(owner[1])):
+        ours = len(owner) == 3 and owner[0] == host and owner[1].isdigit()
+        if ours and not psutil.pid_exists(int(owner[1])):
             logger.info("removing %s, left by a process that was killed while writing %s", old, target)
             shutil.rmtree(old, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f"{prefix}{host}-{os.getpid()}-", dir=target.parent))
@@ -681,16 +683,6 @@ def _pid_namespace() -> int:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,6 +66,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import psutil
+
 logger = logging.getLogger(__name__)
 
 OK, TIMEOUT, ERROR = "ok", "timeout", "error"
@@ -493,20 +495,10 @@ def _set_parent_death_signal(signum: int) -> None:
         pass
 
 
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _watch_parent(parent_pid: int | None) -> int:
     """Make the server exit when its parent process dies; returns the pid it watches."""
     watched = os.getppid()
-    if parent_pid is not None and watched != parent_pid and not _pid_exists(parent_pid):
+    if parent_pid is not None and watched != parent_pid and not psutil.pid_exists(parent_pid):
         raise SystemExit(0)  # the trainer died before we got here
     exiting = False
 
