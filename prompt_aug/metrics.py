@@ -80,7 +80,7 @@ class TemplateMetrics:
         under a correctness reward mapped to other scores), ``format``, each reward function's mean as
         ``rewards/<function>``, and with ``kept`` (bool per row) ``templates/<name>/kept``; and the round's
         share right as `ACCURACY_KEY` (``kept`` given: over every generated row, under `GENERATED`)."""
-        funcs = trainer.reward_funcs
+        funcs, buffer = trainer.reward_funcs, trainer.metric_buffer(mode)
         columns = {
             "accuracy": None,
             "format": reward_column(funcs, format_reward),
@@ -96,8 +96,7 @@ class TemplateMetrics:
             columns["accuracy"] = rewards.shape[1] - 1
             if not share.isnan().all():  # the round's share; under dynamic sampling (``kept``) all generated
                 key = (GENERATED if kept is not None else "") + ACCURACY_KEY
-                trainer.metric_buffer(mode)[key].append(torch.nanmean(share).item())
-        buffer = trainer.metric_buffer(mode)
+                buffer[key].append(torch.nanmean(share).item())
         for key, value in per_template_metrics(names, rewards, columns, lengths, truncated, kept).items():
             buffer[key].append(value)
 
