@@ -43,16 +43,18 @@ and new-shape costs show against it). Printed per mode and round: the time of ea
 forward + backward, optimizer), peak GPU memory, real tokens over the tokens run, and model calls; then
 each mode's loss per optimizer step, side by side, and how far each mode is from ``padded`` (losses, and
 the first round's old log-probs), and a table of each mode's seconds and ratios to ``padded`` on rounds of
-new lengths (after the first) and on the repeated round. With ``--profile DIR``, two more rounds follow
-each mode's timed ones under ``torch.profiler``: lengths the mode has not seen, then the same round again,
-one profile per phase; the top CUDA kernels and CPU ops of each go to ``DIR``, and the top few are printed
-side by side, to find what a new shape costs. Tolerance: float32 on CPU agrees within 1e-4 relative (the tiny
-run: about 1e-7); bf16 on a GPU differs by rounding only (0.0025 of the losses' mean size on one H100 for
+new lengths (after the first; a mode stopped after its first round, which warms up, has none) and on the
+repeated round. With ``--profile DIR``, two more rounds follow each mode's timed ones under
+``torch.profiler``: lengths the mode has not seen, then the same round again, one profile per phase; the top
+CUDA kernels and CPU ops of each go to one file, ``DIR/profile.txt``, and the top few are printed side by
+side, to find what a new shape costs. Tolerance: float32 on CPU agrees within 1e-4 relative (the tiny run:
+about 1e-7); bf16 on a GPU differs by rounding only (0.0025 of the losses' mean size on one H100 for
 packed-sdpa); a gap of the losses' own size means a layout is wrong.
 
 Needs torch and transformers only (not TRL, datasets or math-verify).
 
     python bench/gpu_round.py                # one GPU: 2 rounds + 1 repeat a mode; no round begun after 240 s
+                                             # (counted from the end of the imports)
     python bench/gpu_round.py --tiny         # a tiny model and round, on CPU (seconds): 4 rounds + 1 repeat
     python bench/gpu_round.py --modes padded,packed-sdpa --rounds 4 --budget_s 0   # 0: no budget
     python bench/gpu_round.py --modes padded,packed-balanced --profile /tmp/profile
@@ -62,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import importlib.util
 import logging
 import signal
@@ -231,12 +232,14 @@ def dapo_loss(logps: torch.Tensor, batch: dict, normalizer: torch.Tensor) -> tor
 
 class Profiles:
     """``torch.profiler`` around each phase of the rounds it is switched on for; each phase's table (top CUDA
-    kernels and CPU ops by self time) is written to ``directory`` and its top rows kept for the summary."""
+    kernels and CPU ops by self time) goes to ``directory/profile.txt``, one file for every mode and phase of
+    the run, and its top rows are kept for the summary."""
 
     def __init__(self, directory: Path | None, device: torch.device, rows: int = 25) -> None:
         self.directory, self.device, self.rows = directory, device, rows
         self.on = False
         self.label = ""
+        self.written = False  # the file is started afresh by this run's first table
         self.tops: dict[tuple[str, str, str], list[tuple[str, float]]] = {}  # (mode, round, phase) -> top
 
     @contextlib.contextmanager
@@ -264,8 +267,9 @@ class Profiles:
                 (e.key, getattr(e, key, 0.0) / 1e3) for e in top
             ]
         self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / f"{mode}.txt", "a") as out:  # one file a mode, each phase appended
+        with open(self.directory / "profile.txt", "a" if self.written else "w") as out:  # one file for all
             out.write("\n".join(text) + "\n")
+        self.written = True
 
     def summary(self) -> list[str]:
         """The top ops of each profiled phase, the round of new lengths then the same round again, in ms."""
@@ -398,12 +402,16 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def ratio_table(results: dict[str, list[dict]], labels: list[str]) -> list[str]:
-    """Per mode: mean seconds of the rounds of new lengths after the first (the first when it is the only
-    one), the repeated round's, peak memory, and their ratios to padded's and to each other."""
+    """Per mode: mean seconds of the rounds of new lengths after the first (the first when the run has only
+    one), the repeated round's, peak memory, and their ratios to padded's and to each other. A mode that
+    stopped after its first round, which warms up, has no time of new lengths: nan, marked."""
+    planned = sum(not label.endswith("again") for label in labels)
+
+    def fresh_rounds(rs: list[dict]) -> list[dict]:
+        return [r for r, label in zip(rs, labels, strict=False) if not label.endswith("again")]
 
     def new_rounds(rs: list[dict]) -> list[dict]:
-        fresh = [r for r, label in zip(rs, labels, strict=False) if not label.endswith("again")]
-        return fresh[1:] or fresh
+        return fresh_rounds(rs) if planned == 1 else fresh_rounds(rs)[1:]
 
     def again(rs: list[dict]) -> dict | None:
         return rs[-1] if len(rs) == len(labels) and labels[-1].endswith("again") else None
@@ -423,7 +431,9 @@ def ratio_table(results: dict[str, list[dict]], labels: list[str]) -> list[str]:
         repeat_s = round_seconds(repeat) if repeat else float("nan")
         peak = max(r["peak_gib"] for r in rs)
         cells = f"{fresh / base_new:>11.2f} {repeat_s / base_again:>13.2f} {fresh / repeat_s:>10.2f}"
-        lines.append(f"{mode:>16} {fresh:>8.2f} {repeat_s:>8.2f} {cells} {peak:>9.1f}")
+        warm_up_only = planned > 1 and len(fresh_rounds(rs)) == 1
+        note = "  (warm-up round only)" if warm_up_only else ""
+        lines.append(f"{mode:>16} {fresh:>8.2f} {repeat_s:>8.2f} {cells} {peak:>9.1f}{note}")
     return lines
 
 
@@ -439,18 +449,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pad-to-multiple-of", type=int, default=64, help="packed lengths; 0 for none")
     parser.add_argument(
         "--budget_s", type=float, default=240.0,
-        help="start no mode or round that would end past this many seconds from the start (estimated from "
-        "the rounds run so far); what is skipped is printed. 0: no budget",
+        help="start no mode or round that would end past this many seconds, counted from the end of the "
+        "imports (estimated from the rounds run so far); what is skipped is printed. 0: no budget",
     )  # fmt: skip
     parser.add_argument(
         "--profile", type=Path, default=None, metavar="DIR",
-        help="profile each phase of the last round of new lengths and of its repeat; tables go to DIR",
+        help="after each mode's timed rounds, two more under the profiler, not timed: new lengths (seed: "
+        "the last round's + 1), then that round again; each phase's tables go to DIR/profile.txt",
     )  # fmt: skip
     parser.add_argument(
         "--profile_modes", default=None,
         help="comma-separated: the modes --profile profiles (default: every mode run)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    profile_modes = None
+    if args.profile_modes is not None:
+        profile_modes = [m.strip() for m in args.profile_modes.split(",") if m.strip()]
+        if bad := [m for m in profile_modes if m not in MODES]:
+            parser.error(f"--profile_modes: unknown {', '.join(bad)}; choose among {', '.join(MODES)}")
     began = time.perf_counter()
     # The packed attention's one line per model (varlen kernel or SDPA fallback) goes to the log.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -472,7 +488,8 @@ def main(argv: list[str] | None = None) -> dict:
         model = Qwen2ForCausalLM(config)
     if device.type == "cuda":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    start_weights = copy.deepcopy({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    # A copy on the host (.cpu() alone would alias the weights on CPU, which training then changes).
+    start_weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     seeds = [args.seed + r for r in range(rounds)] + [args.seed + rounds - 1]
     labels = [f"seed {s}" for s in seeds[:-1]] + [f"seed {seeds[-1]} again"]
     profiles = Profiles(args.profile, device)
@@ -546,7 +563,7 @@ def main(argv: list[str] | None = None) -> dict:
                     cells = " ".join(f"{r['times'][p]:>20.2f}" for p in phases)
                     print(f"{label:>14} {cells} {round_seconds(r):>9.2f} {r['peak_gib']:>9.1f} "
                           f"{r['real'] / r['processed']:>11.3f} {r['calls']:>6}", flush=True)  # fmt: skip
-                profiled = args.profile_modes is None or mode in args.profile_modes.split(",")
+                profiled = profile_modes is None or mode in profile_modes
                 if args.profile is not None and profiled and len(results[mode]) == len(seeds):
                     # Two more rounds, profiled (the profiler's overhead kept out of the timed rounds above):
                     # lengths no round of the mode has seen, then the same round again.

@@ -163,6 +163,7 @@ def run(
         loss_type="dapo", beta=0.0, seed=0, gradient_checkpointing=gpu, disable_tqdm=True,
         trim_padding=trim_padding, model_init_kwargs={"attn_implementation": attention},
         packing_share_prompts=share,
+        save_on_preemption=False,  # a step limit's SIGTERM ends the bench, with no checkpoint of GBs to save
     )  # fmt: skip
     questions = synthetic_problems(64, seed=0)
     trainer = _BenchTrainer(

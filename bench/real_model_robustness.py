@@ -17,8 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # this checkout's prompt_aug, not an installed one
 
 from prompt_aug.evaluation.cli import parse_args, run_evaluation
 from rewards.grading.grade import grade_batch

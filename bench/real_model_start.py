@@ -17,7 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # this checkout's prompt_aug, not an installed one
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
