@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from trl import GRPOConfig
 
-from .padding import padding_mode
+from .padding import max_tokens_refusal, padding_mode
 from .templates import STOP_TOKENS  # defined there so that evaluation need not import TRL
 
 ACTIONS = ("log", "checkpoint", "stop")  # what the collapse guard does when a signal fires
@@ -275,7 +275,8 @@ class PromptAugGRPOConfig(GRPOConfig):
         "auto",
         "How training passes skip TRL's padding: `auto` (packed on CUDA and CPU, trim elsewhere; logged "
         "once; on CUDA, trim from the first call where a packed call would compute a dense mask: no varlen "
-        "kernel, not fp16 / bf16, attention dropout, eager attention), `packed` (each call's real tokens in "
+        "kernel, a GPU older than Ampere, heads over 256 wide, not fp16 / bf16, attention dropout, eager "
+        "attention, varlen attention failing its live check), `packed` (each call's real tokens in "
         "one row, position ids restarting per sequence; varlen attention on CUDA where torch has it, SDPA a "
         "sequence on CPU), `trim` (each call cut to its own longest prompt and completion; the fallback "
         "when packing cannot serve the model), `off` (TRL's "
@@ -287,7 +288,7 @@ class PromptAugGRPOConfig(GRPOConfig):
     packing_max_tokens: int | None = _key(
         None,
         "Real tokens per packed call (default: the tokens of TRL's padded call, so memory never exceeds "
-        "TRL's); a call above it is split. One process only.",
+        "TRL's); a call above it is split. One process only: refused with several while packing is on.",
         "packing",
     )
     packing_pad_to_multiple_of: int | None = _key(
@@ -401,6 +402,9 @@ def check_config(args: Any) -> None:
             "dynamic_sampling: true needs prompt_augmentation: true (it builds each round's groups from the "
             "augmented rows); set prompt_augmentation to true or drop dynamic_sampling"
         )
+    refused = max_tokens_refusal(args.packing_max_tokens, args.world_size, args.trim_padding)
+    if refused is not None:  # the trainer would refuse it only once the model has loaded
+        raise ValueError(refused)
     if args.collapse_eval_drop is not None and not (args.eval_benchmarks and args.eval_every_steps):
         raise ValueError(
             "collapse_eval_drop is set but evaluation during training is off: set eval_benchmarks "

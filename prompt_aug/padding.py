@@ -7,8 +7,8 @@ Each path keeps TRL's calls (one per micro-batch, one per ``batch_size`` rows of
 
 * ``auto`` (default): ``packed`` on CUDA and CPU (`PACKED_DEVICES`), ``trim`` elsewhere (unmeasured there),
   chosen once by `PaddingFreePasses.choose` and logged; on CUDA, ``trim`` from the first call where a packed
-  call would compute a dense T x T mask (no varlen kernel, a dtype it does not take, attention dropout, eager
-  attention), in one more log line.
+  call would compute a dense T x T mask (no varlen kernel, a GPU, head width or dtype it does not take,
+  attention dropout, eager attention, varlen attention that failed its live check), in one more log line.
 * ``packed``: each call's real tokens run as one packed row (`prompt_aug.packing`), padding-free; on CUDA
   with torch's ``varlen_attn``, and on CPU with SDPA a sequence, the attention runs only each sequence's own
   triangle (`prompt_aug.varlen`).
@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from accelerate.utils import reduce
+from accelerate.utils import gather
 
 from .balance import balanced_groups, shared_prefix
 from .packing import (
@@ -48,7 +48,9 @@ from .records import micro_steps_per_round, optimizer_step_of
 from .varlen import (
     VARLEN_ATTENTION,
     attention_of,
+    capability_of,
     dense_mask_reason,
+    head_dim_of,
     restore_sdpa,
     set_varlen_attention,
     use_varlen_attention,
@@ -79,6 +81,18 @@ def padding_mode(value: Any) -> str:
     if value is False or text in _FALSE:
         return "off"
     raise ValueError(f"trim_padding: {value!r} is not one of {', '.join(PADDING_MODES)} (or true / false)")
+
+
+def max_tokens_refusal(max_tokens: int | None, processes: int, mode: str) -> str | None:
+    """Why ``packing_max_tokens`` (``max_tokens``) cannot be used on ``processes`` processes on the
+    ``trim_padding`` path ``mode``, or None: a budget splits packed calls, and with several processes every
+    process must make as many model calls (DDP, FSDP and ZeRO-3 hang otherwise)."""
+    if max_tokens is None or processes <= 1 or padding_mode(mode) not in ("packed", "auto"):
+        return None
+    return (
+        f"packing_max_tokens: splits packed calls, and with {processes} processes every process must make "
+        "as many calls; unset packing_max_tokens (the default budget never splits)"
+    )
 
 
 # Left-padded (B, P) tensors.
@@ -296,9 +310,15 @@ def long_tailed_lengths(rows: int, cap: int, generator: torch.Generator) -> list
     return lengths.tolist()
 
 
-def _attention_of(model: torch.nn.Module) -> str | None:
-    """The attention implementation of the transformers model inside ``model``'s wrappers."""
-    return attention_of(unwrap_model(model)[0])
+def _failed_on(processes: list[int]) -> str:
+    """Where a check failed, in words: ``it failed on process 1`` (processes 1, 3)."""
+    plural = "es" if len(processes) > 1 else ""
+    return f"it failed on process{plural} {', '.join(map(str, processes))}"
+
+
+def _first_line(error: BaseException) -> str:
+    """An exception's message, its first line only (a log line stays one line)."""
+    return next(iter(str(error).splitlines()), "")
 
 
 class PaddingFreePasses:
@@ -311,15 +331,15 @@ class PaddingFreePasses:
     (`packing_unsupported_reason`), and on each live model (the policy, a reference model) at its first call
     (`packing_check`: two rows packed against each alone, on SDPA where the model is on varlen attention).
     Either failure falls back to ``trim`` with one log line saying why; the path chosen is logged once. With
-    several processes, each judges its own batch and a failure on any process counts on all (`_everywhere`),
-    so that all take the same path and make as many calls.
+    several processes, each judges its own batch and a failure on any process counts on all
+    (`_failed_processes`), so that all take the same path and make as many calls.
 
     ``auto`` becomes ``packed`` or ``trim`` in `choose`, by the device; on CUDA it becomes ``trim`` at the
     first call where a packed call would compute a dense T x T mask there (`_judge_auto`). On the packed
     path, `choose` also gives the model varlen attention where `prompt_aug.varlen.packed_attention` picks it
     (a model on SDPA, on CUDA with torch's ``varlen_attn`` or on CPU), and a second model on SDPA (TRL's
     reference model) gets it at its first call; if the live check then fails, SDPA is put back and checked
-    in turn.
+    in turn (under ``auto`` on CUDA, the path becomes ``trim`` instead, as SDPA would compute a dense mask).
 
     Args:
         mode: ``auto``, ``packed``, ``trim`` or ``off``.
@@ -346,16 +366,17 @@ class PaddingFreePasses:
         device: torch.device | str | None = None,
         share_prompts: bool = False,
     ) -> None:
-        if max_tokens is not None and processes > 1:
-            raise ValueError(
-                "packing_max_tokens splits calls, and with several processes every process must make as many "
-                "calls: unset packing_max_tokens (the default budget never splits)"
-            )
+        refused = max_tokens_refusal(max_tokens, processes, mode)
+        if refused is not None:
+            raise ValueError(refused)
         self.mode = padding_mode(mode)
         self.max_tokens, self.pad_to_multiple_of, self.autocast = max_tokens, pad_to_multiple_of, autocast
         self.processes = processes
         self.device = torch.device(device) if device is not None else None
-        self._auto_pending = False  # `auto` chose packed on CUDA: judged again at the first call
+        # `auto` chose packed on CUDA: trim wherever a packed call would compute a dense mask (`_judge_auto`),
+        # judged at the first call and again where a model's varlen attention fails its live check.
+        self._auto_cuda = False
+        self._auto_pending = False  # the first call's judgement is still to come
         # The model `choose` was given (unwrapped): the policy, the one model that shares prompts.
         self._policy: torch.nn.Module | None = None
         self.attention: str | None = None  # the packed path's attention, once `choose` has run
@@ -378,7 +399,7 @@ class PaddingFreePasses:
         if self.mode == "auto":
             self.mode = "packed" if device.type in PACKED_DEVICES else "trim"
             self._checked = self.mode != "packed"
-            self._auto_pending = self.mode == "packed" and device.type == "cuda"
+            self._auto_cuda = self._auto_pending = self.mode == "packed" and device.type == "cuda"
             how = f"auto on {device.type}"
         reason = packing_unsupported_reason(model) if self.mode == "packed" else None
         if reason is not None:
@@ -398,33 +419,38 @@ class PaddingFreePasses:
     def _device_of(self, model: torch.nn.Module) -> torch.device:
         return self.device or next((p.device for p in model.parameters()), torch.device("cpu"))
 
+    def _to_trim(self) -> None:
+        """The ``trim`` path from here on, without shared prompts, the policy back on SDPA where it was on
+        varlen attention."""
+        if self._policy is not None:
+            restore_sdpa(self._policy)
+            self.attention = attention_of(self._policy)
+        self.mode, self._checked, self.share_prompts = "trim", True, False
+
     def _fall_back(self, reason: str) -> None:
-        self.mode, self._checked = "trim", True
+        self._to_trim()
         logger.warning("padding-free passes: trim, not packed: %s", reason)
 
     def _judge_auto(self, model: torch.nn.Module) -> None:
-        """``auto`` on CUDA, at the first call, when the model runs as it trains (DeepSpeed casts it to its
-        dtype only when it wraps it): ``trim`` where a packed call would compute a dense T x T mask
-        (`prompt_aug.varlen.dense_mask_reason`: no varlen kernel, a dtype it does not take, attention dropout,
-        eager attention), which grows with the square of a call's tokens where a trimmed call's grows with
-        its rows' lengths; one log line says why."""
-        self._auto_pending = False
-        unwrapped = self._policy if self._policy is not None else unwrap_model(model)[0]
-        device_type = self._device_of(model).type
-        dropout = float(getattr(getattr(unwrapped, "config", None), "attention_dropout", 0.0) or 0.0)
+        """``auto`` on CUDA: ``trim`` where a packed call of ``model`` (unwrapped) would compute a dense T x T
+        mask (`prompt_aug.varlen.dense_mask_reason`: no varlen kernel, a GPU, head width or dtype it does not
+        take, attention dropout, eager attention, or SDPA put back after a failed live check), which grows
+        with the square of a call's tokens where a trimmed call's grows with its rows' lengths; one log line
+        says why. Judged as the model runs as it trains (DeepSpeed casts it to its dtype only when it wraps
+        it)."""
+        device = self._device_of(model)
+        dropout = float(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0)
         reason = dense_mask_reason(
-            device_type, self._run_dtype(unwrapped, device_type), dropout, varlen_kernel() is not None,
-            attention_of(unwrapped),
+            device.type, self._run_dtype(model, device.type), dropout, varlen_kernel() is not None,
+            attention_of(model), capability=capability_of(device), head_dim=head_dim_of(model),
         )  # fmt: skip
         if reason is None:
             return
-        restore_sdpa(unwrapped)
-        self.attention, self.share_prompts = attention_of(unwrapped), False
-        self.mode, self._checked = "trim", True
+        self._to_trim()
         note = (
             "padding-free passes: trim, not packed (auto on %s: a packed call would compute a dense mask: %s)"
         )
-        logger.info(note, device_type, reason)
+        logger.info(note, device.type, reason)
 
     def _run_dtype(self, model: torch.nn.Module, device_type: str) -> torch.dtype:
         """The dtype attention runs in: the autocast dtype where the trainer's autocast turns it on for
@@ -449,8 +475,9 @@ class PaddingFreePasses:
         ``logits_to_keep`` columns, in TRL's (rows, logits_to_keep) layout and calls."""
         if self.mode == "auto":
             self.choose(model)
-        if self._auto_pending:
-            self._judge_auto(model)
+        if self._auto_pending:  # the policy's dtype and attention, whichever model comes first
+            self._auto_pending = False
+            self._judge_auto(self._policy if self._policy is not None else unwrap_model(model)[0])
         rows = batch_size or input_ids.size(0)
         if self.mode == "off":
             self._count(int(attention_mask.sum()), attention_mask.numel(), -(-input_ids.size(0) // rows))
@@ -475,9 +502,11 @@ class PaddingFreePasses:
         self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> None:
         """`packing_check` on ``model`` at its first packed call (each model: the policy, a reference model);
-        a model on varlen attention that fails goes back to SDPA and is checked again, and a failure on SDPA
-        falls back to ``trim``, one log line each. A second model on SDPA (TRL builds the reference model
-        there) first gets the policy's varlen attention, where the policy has it."""
+        a packed call that raises (a kernel that cannot run on this GPU) fails it. A model on varlen attention
+        that fails goes back to SDPA and is checked again (under ``auto`` on CUDA, where SDPA would compute a
+        dense mask, the path becomes ``trim`` instead), and a failure on SDPA falls back to ``trim``, one log
+        line each. A second model on SDPA (TRL builds the reference model there) first gets the policy's
+        varlen attention, where the policy has it."""
         unwrapped = unwrap_model(model)[0]
         if id(unwrapped) in self._live_checked:
             return
@@ -487,36 +516,47 @@ class PaddingFreePasses:
             logger.info(
                 "padding-free passes: a second model (the reference) gets attention %s: %s", attention, why
             )
+        policy = self._policy is None or unwrapped is self._policy
 
         def check() -> tuple[bool, str]:
-            with eval_mode(model):
-                found = packing_check(
-                    fused_head_call(model, self.autocast), input_ids, attention_mask, runs=unwrapped
-                )
-            ok = self._everywhere(found.ok, input_ids.device)
-            if found.ok and not ok:
-                return ok, f"it failed on another process (here: {found.describe()})"
-            return ok, found.describe()
+            try:
+                with eval_mode(model):
+                    found = packing_check(
+                        fused_head_call(model, self.autocast), input_ids, attention_mask, runs=unwrapped
+                    )
+                ok, why = found.ok, found.describe()
+            except RuntimeError as error:
+                if isinstance(error, torch.OutOfMemoryError):
+                    raise
+                ok, why = False, f"the packed call raised {type(error).__name__}: {_first_line(error)}"
+            failed = self._failed_processes(ok, input_ids.device)
+            if ok and failed:
+                return False, f"{_failed_on(failed)} (here: {why})"
+            return not failed, why
 
         ok, why = check()
         if not ok and attention_of(unwrapped) == VARLEN_ATTENTION:
-            note = "padding-free passes: varlen attention failed the live check, back to sdpa: %s"
-            logger.warning(note, why)
+            note = "padding-free passes: the %s's varlen attention failed the live check, back to sdpa: %s"
+            logger.warning(note, "policy" if policy else "reference model", why)
             restore_sdpa(unwrapped)
-            if self._policy is None or unwrapped is self._policy:  # a reference's failure leaves the policy's
+            if policy:  # a reference's failure leaves the policy's attention
                 self.attention, self.share_prompts = "sdpa", False  # only varlen reads shared prompts
+            if self._auto_cuda:
+                self._judge_auto(unwrapped)
+                if self.mode == "trim":
+                    return
             ok, why = check()
         if not ok:
             self._fall_back(why)
 
-    def _everywhere(self, ok: bool, device: torch.device) -> bool:
-        """Whether ``ok`` holds on every process of the run: each process checks its own batch, and a process
-        that went another way would make another number of model calls, on which DDP, FSDP and ZeRO-3 hang.
-        Every process must call it at the same point."""
+    def _failed_processes(self, ok: bool, device: torch.device) -> list[int]:
+        """The processes of the run (by index) on which ``ok`` does not hold: each process checks its own
+        batch, and a process that went another way would make another number of model calls, on which DDP,
+        FSDP and ZeRO-3 hang. Every process must call it at the same point."""
         if self.processes <= 1:
-            return ok
-        failed = reduce(torch.tensor([0.0 if ok else 1.0], device=device), reduction="sum")
-        return float(failed.item()) == 0.0
+            return [] if ok else [0]
+        flags = gather(torch.tensor([0.0 if ok else 1.0], device=device))
+        return torch.nonzero(flags).view(-1).tolist()
 
     def micro_batch(self, trainer: Any, inputs: dict, step: int, new_round: bool) -> dict:
         """The micro-batch to train on: ``inputs`` (TRL's, prepared at micro-step ``step``) trimmed; on a new
@@ -569,18 +609,20 @@ class PaddingFreePasses:
         """Whether this call shares prompts: only the policy (the model `choose` was given) does, on
         `prompt_aug.varlen`'s attention, the one attention that reads that layout, and only once a live check
         on it has passed (else sharing stops, in one log line); a reference model runs unshared."""
-        if not self.share_prompts or _attention_of(model) != VARLEN_ATTENTION:
+        unwrapped = unwrap_model(model)[0]
+        if not self.share_prompts or attention_of(unwrapped) != VARLEN_ATTENTION:
             return False
-        if self._policy is not None and unwrap_model(model)[0] is not self._policy:
+        if self._policy is not None and unwrapped is not self._policy:
             return False
         if not self._shared_checked:
             # Checked against the unshared varlen call, which the live check has compared with SDPA. A failure
             # on any process stops sharing on all, which keeps their pack lengths from the same rules.
             with eval_mode(model):
                 check = shared_prompts_check(call, input_ids, attention_mask, logits_to_keep)
-            if not self._everywhere(check.ok, input_ids.device):
+            failed = self._failed_processes(check.ok, input_ids.device)
+            if failed:
                 self.share_prompts = False
-                why = check.describe() if not check.ok else "it failed on another process"
+                why = check.describe() if not check.ok else _failed_on(failed)
                 logger.warning("padding-free passes: prompts not shared: %s", why)
             self._shared_checked = True
         return self.share_prompts

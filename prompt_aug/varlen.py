@@ -11,15 +11,16 @@ triangle, forward and backward, with no flash-attn package.
   modules call it and PEFT, DDP, FSDP and DeepSpeed wrappers stay in the path.
 * `make_varlen_attention`: the attention function. A call with no attention mask and no cache (a packed
   call) runs the kernel on the sequences read off ``position_ids``; any other call (padded, decoding) is
-  transformers' SDPA with the mask transformers built for it. Where the kernel cannot run (no kernel, a
-  device or dtype it does not take, attention dropout), a packed call runs SDPA on each sequence alone on
-  CPU, whose SDPA would compute every entry of a T x T mask, and elsewhere SDPA over the whole row with the
-  block-diagonal mask built here; it says so once in the log. A packed call with an argument that changes
-  the attention (a sliding window, a softcap, gpt-oss's sinks) is refused.
+  transformers' SDPA with the mask transformers built for it. Where the kernel cannot run (`kernel_unfit`:
+  no kernel, a device, GPU, head width or dtype it does not take, attention dropout), a packed call runs
+  SDPA on each sequence alone on CPU, whose SDPA would compute every entry of a T x T mask, and elsewhere
+  SDPA over the whole row with the block-diagonal mask built here; it says so once in the log. A packed call
+  with an argument that changes the attention (a sliding window, a softcap, gpt-oss's sinks) is refused.
 * `packed_attention` (pure: which attention a packed model gets, and why) and `use_varlen_attention`
   (applies that choice to a model, and reports the attention transformers then gives it) select it for a
-  model on SDPA: on CUDA where torch has the kernel, and on CPU (SDPA a sequence); otherwise the model keeps
-  its attention. `dense_mask_reason` (pure) says where a packed call would still compute a dense mask.
+  model on SDPA: on CUDA where the kernel can run (an Ampere or later GPU, heads up to 256 wide), and on
+  CPU (SDPA a sequence); otherwise the model keeps its attention. `dense_mask_reason` (pure) says where a
+  packed call would still compute a dense mask.
 * `sdpa_reference`: a model on this attention switched to SDPA for a block, what the live packing check
   compares a packed call with (`prompt_aug.packing.packing_check`).
 
@@ -39,6 +40,7 @@ attention where it lacks ``enable_gqa`` (and the query pre-scaled where it lacks
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -53,6 +55,9 @@ VARLEN_ATTENTION = "prompt_aug_varlen"
 # The dtypes and devices torch's varlen kernel (FlashAttention 2) takes.
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 KERNEL_DEVICES = ("cuda",)
+# FlashAttention 2's limits: an Ampere or later GPU, heads up to 256 wide; torch's kernel raises beyond them.
+KERNEL_MIN_CAPABILITY = (8, 0)
+KERNEL_MAX_HEAD_DIM = 256
 # Where a packed call the kernel cannot run is SDPA on each sequence alone (`sequence_kernel`) rather than on
 # the whole row with a block-diagonal mask: on CPU, whose SDPA computes every entry of a mask given to it.
 SEQUENCE_DEVICES = ("cpu",)
@@ -76,6 +81,56 @@ def varlen_kernel() -> Kernel | None:
     except ImportError:
         return None
     return varlen_attn
+
+
+def kernel_unfit(
+    has_kernel: bool,
+    device_type: str,
+    dtype: torch.dtype | None = None,
+    dropout: float = 0.0,
+    capability: tuple[int, int] | None = None,
+    head_dim: int | None = None,
+    devices: tuple[str, ...] = KERNEL_DEVICES,
+    dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES,
+) -> str | None:
+    """Why the varlen kernel cannot run a packed call, or None where it can: torch has it (``has_kernel``),
+    the device type is in ``devices``, the GPU's compute ``capability`` is at least `KERNEL_MIN_CAPABILITY`,
+    heads are at most `KERNEL_MAX_HEAD_DIM` wide, ``dtype`` is in ``dtypes`` and there is no attention
+    ``dropout`` (an argument that is None is not judged).
+
+    >>> kernel_unfit(True, "cuda", torch.bfloat16, capability=(7, 5))
+    'the kernel needs a GPU of compute capability 8.0 or later (this one: 7.5)'
+    """
+    if not has_kernel:
+        return "torch has no varlen_attn"
+    if device_type not in devices:
+        return f"the kernel does not run on {device_type}"
+    if capability is not None and tuple(capability) < KERNEL_MIN_CAPABILITY:
+        need, this = (".".join(map(str, c)) for c in (KERNEL_MIN_CAPABILITY, capability))
+        return f"the kernel needs a GPU of compute capability {need} or later (this one: {this})"
+    if head_dim is not None and head_dim > KERNEL_MAX_HEAD_DIM:
+        return f"the kernel takes heads up to {KERNEL_MAX_HEAD_DIM} wide (these: {head_dim})"
+    if dtype is not None and dtype not in dtypes:
+        return f"the kernel does not take {dtype}"
+    return "attention dropout is on" if dropout else None
+
+
+@functools.cache  # read at every packed attention call
+def capability_of(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of a CUDA ``device``; None for another device, or where CUDA is unavailable."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def head_dim_of(model: torch.nn.Module) -> int | None:
+    """The width of a transformers model's attention heads, as its config gives it (``head_dim``, else the
+    hidden size over the heads); None where it gives neither."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(config, "num_attention_heads", None)
+    width = getattr(config, "head_dim", None)
+    return width or (getattr(config, "hidden_size", 0) // heads if heads else None) or None
 
 
 class Sequences(NamedTuple):
@@ -124,7 +179,10 @@ def _seen(position_ids: torch.Tensor) -> _Seen:
     """What is known of ``position_ids``, kept on the tensor itself so that it lives exactly as long: every
     layer of a forward (and the recomputation of a checkpointed layer) gets the same tensor, so its sequences
     and mask are made once, and from the packer's host copy where it gave one (`remember_positions`), so that
-    no layer waits for the device. A tensor changed in place since is read anew."""
+    no layer waits for the device. A tensor changed in place since is read anew. An inference tensor
+    (``torch.inference_mode``) has no version to tell that by, so nothing is kept for it."""
+    if position_ids.is_inference():
+        return _Seen(-1)
     entry = getattr(position_ids, _SEEN, None)
     if entry is None or entry.version != position_ids._version:
         entry = _Seen(position_ids._version)
@@ -255,10 +313,10 @@ def make_varlen_attention(
     head_dim), None)) that runs ``kernel`` (default: torch's `varlen_kernel`) on packed calls.
 
     A packed call is one with no attention mask, ``position_ids`` given, as many keys as queries (no cache)
-    and a causal module. ``kernel`` runs there when the query's device type is in ``devices``, its dtype in
-    ``dtypes`` and dropout is 0; otherwise SDPA runs on each sequence alone on a device of
-    ``sequence_devices`` (`sequence_kernel`), and with `block_causal_mask` over the whole row elsewhere. Every
-    other call is transformers' SDPA, unchanged.
+    and a causal module. ``kernel`` runs there where `kernel_unfit` finds nothing against it (the query's
+    device type in ``devices``, its dtype in ``dtypes``, a GPU and heads it takes, no dropout); otherwise
+    SDPA runs on each sequence alone on a device of ``sequence_devices`` (`sequence_kernel`), and with
+    `block_causal_mask` over the whole row elsewhere. Every other call is transformers' SDPA, unchanged.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -311,12 +369,9 @@ def make_varlen_attention(
             # the autocast dtype, as SDPA would, or it never runs in a bf16 recipe.
             low = torch.get_autocast_dtype(device_type)
             query, key, value = (t.to(low) for t in (query, key, value))
-        why = (
-            "torch has no varlen_attn" if kernel is None
-            else f"the kernel does not run on {device_type}" if device_type not in devices
-            else f"the kernel does not take {query.dtype}" if query.dtype not in dtypes
-            else "attention dropout is on" if dropout
-            else None
+        why = kernel_unfit(
+            kernel is not None, device_type, query.dtype, dropout, capability_of(query.device),
+            max(query.size(-1), value.size(-1)), devices, dtypes,
         )  # fmt: skip
         if why is not None and device_type in sequence_devices:
             log_once(f"packed attention: sdpa on each sequence, not varlen: {why}")
@@ -488,10 +543,18 @@ def sdpa_reference(model: torch.nn.Module | None) -> Iterator[None]:
         model.set_attn_implementation(attention)
 
 
-def packed_attention(device_type: str, has_kernel: bool, attention: str | None) -> tuple[str, str]:
+def packed_attention(
+    device_type: str,
+    has_kernel: bool,
+    attention: str | None,
+    *,
+    capability: tuple[int, int] | None = None,
+    head_dim: int | None = None,
+) -> tuple[str, str]:
     """Which attention a packed model on ``device_type`` gets, and why, in one line: `VARLEN_ATTENTION` where
-    the model uses SDPA, on CUDA where torch has the kernel (``has_kernel``) and on a device of
-    `SEQUENCE_DEVICES` (CPU: SDPA on each sequence); otherwise its own ``attention``.
+    the model uses SDPA, on CUDA where the kernel can run (`kernel_unfit`: torch has it, ``has_kernel``, the
+    GPU's ``capability`` and the model's ``head_dim`` fit) and on a device of `SEQUENCE_DEVICES` (CPU: SDPA
+    on each sequence); otherwise its own ``attention``.
 
     >>> packed_attention("mps", True, "sdpa")
     ('sdpa', 'varlen attention needs CUDA or CPU (device: mps)')
@@ -504,8 +567,9 @@ def packed_attention(device_type: str, has_kernel: bool, attention: str | None) 
         return VARLEN_ATTENTION, f"sdpa on each sequence on {device_type}"
     if device_type != "cuda":
         return "sdpa", f"varlen attention needs CUDA or CPU (device: {device_type})"
-    if not has_kernel:
-        return "sdpa", f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
+    why = kernel_unfit(has_kernel, device_type, capability=capability, head_dim=head_dim)
+    if why is not None:
+        return "sdpa", why
     return VARLEN_ATTENTION, f"CUDA with torch {torch.__version__}'s varlen_attn"
 
 
@@ -517,7 +581,10 @@ def use_varlen_attention(
     attention reads shared prompts; without the kernel it runs SDPA on each sequence or with their mask);
     returns the attention the model then has and why."""
     attention = attention_of(model)
-    chosen, why = packed_attention(device.type, varlen_kernel() is not None, attention)
+    chosen, why = packed_attention(
+        device.type, varlen_kernel() is not None, attention, capability=capability_of(device),
+        head_dim=head_dim_of(model),
+    )  # fmt: skip
     if shared_prompts and chosen == "sdpa":
         chosen, why = VARLEN_ATTENTION, f"shared prompts ({why}: sdpa with their mask)"
     if chosen == VARLEN_ATTENTION and attention != VARLEN_ATTENTION:
@@ -538,13 +605,21 @@ def set_varlen_attention(model: torch.nn.Module, why: str) -> tuple[str, str]:
 
 
 def dense_mask_reason(
-    device_type: str, dtype: torch.dtype, dropout: float, has_kernel: bool, attention: str | None
+    device_type: str,
+    dtype: torch.dtype,
+    dropout: float,
+    has_kernel: bool,
+    attention: str | None,
+    *,
+    capability: tuple[int, int] | None = None,
+    head_dim: int | None = None,
 ) -> str | None:
     """Why a packed call on ``device_type`` would compute a dense (T, T) mask, running in ``dtype`` with
-    attention ``dropout`` (training), where torch has the varlen kernel or not (``has_kernel``), on the
-    model's ``attention``; None where it computes only each sequence's own attention: `VARLEN_ATTENTION`
-    where the kernel runs or on `SEQUENCE_DEVICES` (SDPA a sequence), and flash and flex attention, which
-    take no dense mask. transformers' SDPA and eager build one.
+    attention ``dropout`` (training), where torch has the varlen kernel or not (``has_kernel``), on a GPU of
+    compute ``capability``, with heads ``head_dim`` wide, on the model's ``attention``; None where it computes
+    only each sequence's own attention: `VARLEN_ATTENTION` where the kernel runs (`kernel_unfit`) or on
+    `SEQUENCE_DEVICES` (SDPA a sequence), and flash and flex attention, which take no dense mask.
+    transformers' SDPA and eager build one.
 
     >>> dense_mask_reason("cuda", torch.float32, 0.0, True, VARLEN_ATTENTION)
     'the kernel does not take torch.float32'
@@ -555,13 +630,7 @@ def dense_mask_reason(
         return f"attention {attention!r} masks packed rows with a dense mask"
     if attention == VARLEN_ATTENTION and device_type in SEQUENCE_DEVICES:
         return None
-    why = (
-        f"the kernel does not run on {device_type}" if device_type not in KERNEL_DEVICES
-        else "torch has no varlen_attn" if not has_kernel
-        else f"the kernel does not take {dtype}" if dtype not in KERNEL_DTYPES
-        else "attention dropout is on" if dropout
-        else None
-    )  # fmt: skip
+    why = kernel_unfit(has_kernel, device_type, dtype, dropout, capability, head_dim)
     if why is None and attention == "sdpa":
         return f"the model is on transformers' sdpa, not {VARLEN_ATTENTION}"
     return why

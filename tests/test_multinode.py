@@ -447,7 +447,13 @@ def test_a_requeued_warm_start_that_had_not_saved_starts_from_the_same_checkpoin
 
 @pytest.mark.parametrize(
     "only_model",
-    [["--save_only_model", "true"], ["--save_only_model", "on"], ["--save_only_model"], ["--save-only-model=True"], "recipe"],
+    [
+        ["--save_only_model", "true"],
+        ["--save_only_model", "on"],
+        ["--save_only_model"],
+        ["--save-only-model=True"],
+        "recipe",
+    ],
 )
 def test_a_requeued_run_that_saves_only_the_model_resumes_from_its_checkpoint(fake_slurm, only_model):
     """save_only_model checkpoints hold no optimizer state: complete all the same, resumed, not wiped."""

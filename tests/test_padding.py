@@ -24,8 +24,8 @@ from rows import padded_masks
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from prompt_aug.config import PromptAugGRPOConfig
-from prompt_aug.padding import chunked_forward, optimizer_step_segments, regroup, trim
+from prompt_aug.config import PromptAugGRPOConfig, planned_processes
+from prompt_aug.padding import PaddingFreePasses, chunked_forward, optimizer_step_segments, regroup, trim
 from prompt_aug.trainer import PromptAugGRPOTrainer
 from prompt_aug.varlen import VARLEN_ATTENTION
 
@@ -443,9 +443,14 @@ def test_processes_whose_live_checks_differ_all_take_the_path_of_the_one_that_fa
     goes back to SDPA, so all make as many model calls (DDP, FSDP and ZeRO-3 would hang otherwise)."""
     script = tmp_path / "live_check.py"
     script.write_text(LIVE_CHECK_SCRIPT)
-    found, _ = _on_two_processes(script, tmp_path)
+    found, output = _on_two_processes(script, tmp_path)
     # Each rank: the check's 3 calls on varlen, 3 again on SDPA, then the packed call.
     assert found == [{"mode": "packed", "attention": "sdpa", "calls": 7}] * 2
+    # Rank 0's warning names the process that failed.
+    assert (
+        "the policy's varlen attention failed the live check, back to sdpa: it failed on process 1 ("
+        in output
+    )
 
 
 # Rank 1's kernel reads separate query and key offsets as if they were one (it drops a shared prompt), so
@@ -478,7 +483,7 @@ def test_processes_whose_shared_prompt_checks_differ_all_stop_sharing(tmp_path):
     assert [(f["mode"], f["attention"], f["shares"]) for f in found] == [
         ("packed", VARLEN_ATTENTION, False)
     ] * 2
-    assert "prompts not shared: it failed on another process" in output
+    assert "prompts not shared: it failed on process 1" in output
 
 
 def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_model_dir, tmp_path, caplog):
@@ -500,6 +505,22 @@ def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_
     assert lines[0].startswith("padding-free passes: trim, not packed:") and "sliding window" in lines[0]
     assert trainer.padding_free.mode == "trim"
     assert args.trim_padding == "packed"  # the recipe's value is kept; the trainer chose the path
+
+
+def test_a_packing_token_budget_with_several_processes_is_refused_by_the_config_while_packing_is_on(tmp_path):
+    """A budget splits packed calls, so processes would make different numbers of calls: the config refuses
+    it before the model loads, only where packing is on; on the trim path the key is only inert."""
+    common = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False, "packing_max_tokens": 4096}
+    with planned_processes(2):
+        for mode in ("auto", "packed"):
+            with pytest.raises(
+                ValueError, match="^packing_max_tokens: splits packed calls, and with 2 processes"
+            ):
+                PromptAugGRPOConfig(**common, trim_padding=mode)
+        with pytest.warns(UserWarning, match="packing_max_tokens: no effect"):
+            PromptAugGRPOConfig(**common, trim_padding="trim")
+    assert PromptAugGRPOConfig(**common).packing_max_tokens == 4096  # one process
+    assert PaddingFreePasses("trim", max_tokens=4096, processes=2).mode == "trim"
 
 
 @pytest.mark.parametrize(

@@ -400,12 +400,43 @@ def test_packed_attention_picks_varlen_on_cuda_with_the_kernel_and_sdpa_otherwis
     assert chosen == VARLEN_ATTENTION and why == "sdpa on each sequence on cpu"
     chosen, why = packed_attention("mps", True, "sdpa")
     assert chosen == "sdpa" and "needs CUDA or CPU" in why
-    chosen, why = packed_attention("cuda", False, "sdpa")
-    assert chosen == "sdpa" and "has no torch.nn.attention.varlen.varlen_attn" in why
+    assert packed_attention("cuda", False, "sdpa") == ("sdpa", "torch has no varlen_attn")
     # A model on another attention keeps it (eager for exactness, flex or flash by the user's choice).
     assert packed_attention("cuda", True, "eager")[0] == "eager"
     assert packed_attention("cuda", True, "flash_attention_2")[0] == "flash_attention_2"
     assert packed_attention("cuda", True, VARLEN_ATTENTION)[0] == VARLEN_ATTENTION
+
+
+def test_varlen_is_chosen_only_for_a_gpu_and_heads_the_kernel_takes():
+    """torch's kernel (FlashAttention 2) raises on a GPU older than Ampere and on heads over 256 wide: there a
+    packed model keeps SDPA, with the reason, and ``auto`` finds a packed call would compute a dense mask."""
+    old_gpu = "the kernel needs a GPU of compute capability 8.0 or later (this one: 7.5)"
+    wide = "the kernel takes heads up to 256 wide (these: 512)"
+    assert packed_attention("cuda", True, "sdpa", capability=(7, 5), head_dim=128) == ("sdpa", old_gpu)
+    assert packed_attention("cuda", True, "sdpa", capability=(9, 0), head_dim=512) == ("sdpa", wide)
+    assert packed_attention("cuda", True, "sdpa", capability=(8, 0), head_dim=256)[0] == VARLEN_ATTENTION
+    bf16 = torch.bfloat16
+    assert dense_mask_reason("cuda", bf16, 0.0, True, VARLEN_ATTENTION, capability=(7, 5)) == old_gpu
+    assert dense_mask_reason("cuda", bf16, 0.0, True, VARLEN_ATTENTION, head_dim=512) == wide
+    assert (
+        dense_mask_reason("cuda", bf16, 0.0, True, VARLEN_ATTENTION, capability=(8, 6), head_dim=64) is None
+    )
+
+
+def _ampere_only(*args: Any, window_size: tuple[int, int] = (-1, -1), **kwargs: Any) -> torch.Tensor:
+    """A varlen kernel that raises as torch's does on a GPU it cannot run on."""
+    raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.\nException raised from ...")
+
+
+def test_a_packed_call_with_heads_wider_than_the_kernel_takes_runs_sdpa_instead():
+    generator = torch.Generator().manual_seed(0)
+    attention = make_varlen_attention(_ampere_only, devices=("cpu",), dtypes=(torch.float32,))
+    sdpa_alone = make_varlen_attention(devices=())  # SDPA on each sequence
+    q, k, v = torch.randn(3, 1, 2, POSITIONS.size(1), 272, generator=generator)
+    out, _ = attention(_Module(), q, k, v, None, position_ids=POSITIONS)
+    torch.testing.assert_close(out, sdpa_alone(_Module(), q, k, v, None, position_ids=POSITIONS)[0])
+    with pytest.raises(RuntimeError, match="Ampere"):  # heads it takes: the kernel runs
+        attention(_Module(), q[..., :64], k[..., :64], v[..., :64], None, position_ids=POSITIONS)
 
 
 def test_on_cpu_a_packed_model_gets_sdpa_on_each_sequence_and_the_choice_is_logged_once(caplog):
@@ -451,13 +482,13 @@ def _leaky_kernel(
 
 
 @contextlib.contextmanager
-def _as_varlen(kernel: Any):
-    """``kernel`` registered as `VARLEN_ATTENTION` (run on CPU in float32) for the block, then the
+def _as_varlen(kernel: Any, dtype: torch.dtype = torch.float32):
+    """``kernel`` registered as `VARLEN_ATTENTION` (run on CPU in ``dtype``) for the block, then the
     registration as it was, for the other tests."""
     registries = (AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping)
     previous = [registry.get(VARLEN_ATTENTION) for registry in registries]
     try:
-        register(kernel, devices=("cpu",), dtypes=(torch.float32,))
+        register(kernel, devices=("cpu",), dtypes=(dtype,))
         yield
     finally:
         for registry, function in zip(registries, previous, strict=True):
@@ -475,9 +506,10 @@ def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
 
-BACK_TO_SDPA = (
-    "padding-free passes: varlen attention failed the live check, back to sdpa: packed rows do NOT match"
-)
+def _back_to_sdpa(model: str, why: str = "packed rows do NOT match") -> str:
+    """The start of the warning where ``model``'s (the policy, the reference model) varlen attention fails
+    its live check."""
+    return f"padding-free passes: the {model}'s varlen attention failed the live check, back to sdpa: {why}"
 
 
 def test_each_model_is_checked_live_so_a_policy_whose_varlen_fails_goes_back_to_sdpa(caplog):
@@ -493,11 +525,32 @@ def test_each_model_is_checked_live_so_a_policy_whose_varlen_fails_goes_back_to_
             passes.forward(_unused, reference, ids, mask, 7, None, False)
             logps, _ = passes.forward(_unused, policy, ids, mask, 7, None, False)
     warned = _warnings(caplog)
-    assert len(warned) == 2 and all(w.startswith(BACK_TO_SDPA) for w in warned)  # the reference, the policy
+    assert len(warned) == 2
+    assert warned[0].startswith(_back_to_sdpa("reference model")) and warned[1].startswith(
+        _back_to_sdpa("policy")
+    )
     assert passes.mode == "packed" and passes.attention == "sdpa"
     assert policy.config._attn_implementation == reference.config._attn_implementation == "sdpa"
     with torch.no_grad():
         want = packed_forward(fused_head_call(reference), ids, mask, 7).log_probs  # SDPA, the same weights
+    torch.testing.assert_close(logps, want, rtol=0, atol=1e-5)
+
+
+def test_a_kernel_that_raises_fails_the_live_check_and_the_policy_goes_back_to_sdpa(caplog):
+    """A kernel that cannot run where it is (torch's on a GPU before Ampere) raises at the first packed call:
+    the live check counts that a failure, in one warning naming the model and the error, and SDPA runs."""
+    with _as_varlen(_ampere_only):
+        policy = _model(VARLEN_ATTENTION)
+        passes = PaddingFreePasses("packed", device="cpu")
+        passes.choose(policy)
+        ids, mask = _rows()
+        with caplog.at_level(logging.INFO, logger="prompt_aug"):
+            logps, _ = passes.forward(_unused, policy, ids, mask, 7, None, False)
+    raised = "the packed call raised RuntimeError: FlashAttention only supports Ampere GPUs or newer."
+    assert _warnings(caplog) == [_back_to_sdpa("policy", raised)]
+    assert passes.mode == "packed" and policy.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        want = packed_forward(fused_head_call(_model("sdpa")), ids, mask, 7).log_probs
     torch.testing.assert_close(logps, want, rtol=0, atol=1e-5)
 
 
@@ -528,7 +581,7 @@ def test_a_reference_whose_varlen_fails_goes_back_to_sdpa_alone_and_the_policy_k
             passes.forward(_unused, policy, ids, mask, 7, None, False)
             passes.forward(_unused, reference, ids, mask, 7, None, False)
     warned = _warnings(caplog)
-    assert len(warned) == 1 and warned[0].startswith(BACK_TO_SDPA)  # the reference's
+    assert len(warned) == 1 and warned[0].startswith(_back_to_sdpa("reference model"))
     assert passes.mode == "packed" and passes.attention == VARLEN_ATTENTION and passes.share_prompts
     assert policy.config._attn_implementation == VARLEN_ATTENTION
     assert reference.config._attn_implementation == "sdpa"
@@ -555,7 +608,7 @@ def test_the_live_check_compares_varlen_with_sdpa_so_a_kernel_that_drops_causali
         with caplog.at_level(logging.INFO, logger="prompt_aug"):
             logps, _ = passes.forward(_unused, policy, ids, mask, 7, None, False)
     warned = _warnings(caplog)
-    assert len(warned) == 1 and warned[0].startswith(BACK_TO_SDPA)
+    assert len(warned) == 1 and warned[0].startswith(_back_to_sdpa("policy"))
     assert passes.mode == "packed" and passes.attention == "sdpa"
     assert policy.config._attn_implementation == "sdpa"
     with torch.no_grad():
@@ -714,6 +767,57 @@ def test_auto_on_cuda_trims_at_the_first_call_where_packed_attention_would_build
     passes.choose(model)
     passes.forward(_unused, model, ids, mask, 7, None, False)
     assert passes.mode == "packed"
+
+
+@pytest.mark.skipif(
+    varlen_kernel() is None, reason="auto keeps packed on CUDA only where torch has the kernel"
+)
+@pytest.mark.parametrize("failing", ["policy", "reference model"])
+def test_auto_on_cuda_trims_where_a_models_varlen_fails_its_live_check(caplog, failing):
+    """``auto`` on CUDA (the device the trainer passes; the tensors here are on the CPU, in bf16) keeps
+    packed at the first call, where the kernel runs; when the policy's or the reference's varlen attention
+    then fails its live check, SDPA would compute a dense mask, so the path becomes ``trim``, not packed on
+    SDPA."""
+    kernel = _leaky_kernel if failing == "policy" else _leaky_for_wide_heads
+    with _as_varlen(kernel, torch.bfloat16):
+        policy = _model(VARLEN_ATTENTION).to(torch.bfloat16)
+        torch.manual_seed(0)
+        wide = Qwen2Config(
+            hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=97, attn_implementation="sdpa",
+        )  # fmt: skip
+        reference = Qwen2ForCausalLM(wide).to(torch.bfloat16)
+        add_fused_lm_head(reference, temperature=0.7, outputs=("log_probs", "entropy"))
+        passes = PaddingFreePasses("auto", device="cuda")
+        assert passes.choose(policy) == "packed"
+        ids, mask = _rows()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="prompt_aug"):
+            passes.forward(_padded_call, policy, ids, mask, 7, None, False)
+            passes.forward(_padded_call, reference, ids, mask, 7, None, False)
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and warned[0].startswith(_back_to_sdpa(failing))
+    sdpa = f"the model is on transformers' sdpa, not {VARLEN_ATTENTION}"
+    dense = f"a packed call would compute a dense mask: {sdpa}"
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("padding-free passes: trim")]
+    assert lines == [f"padding-free passes: trim, not packed (auto on cuda: {dense})"]
+    assert passes.mode == "trim"
+    assert policy.config._attn_implementation == reference.config._attn_implementation == "sdpa"
+
+
+def test_a_model_left_on_varlen_attention_runs_under_inference_mode_and_saves_a_portable_config(tmp_path):
+    """After training the policy keeps the varlen attention: an unpadded call with no mask (a pipeline,
+    ``generate``) under ``torch.inference_mode`` gives SDPA's values, and its saved config names no
+    attention of ours, so the folder loads where this package is not imported."""
+    model, want = _model("sdpa"), _model("sdpa")
+    assert use_varlen_attention(model, torch.device("cpu"))[0] == VARLEN_ATTENTION
+    ids = torch.tensor([[5, 9, 2, 7, 11]])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, want(ids).logits)
+        greedy = {"max_new_tokens": 3, "do_sample": False, "pad_token_id": 0}
+        assert torch.equal(model.generate(ids, **greedy), want.generate(ids, **greedy))
+    model.save_pretrained(tmp_path)
+    assert VARLEN_ATTENTION not in (tmp_path / "config.json").read_text()
 
 
 GPU = pytest.mark.skipif(
