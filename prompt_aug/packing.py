@@ -332,7 +332,10 @@ def packed_forward(
         log_probs.append(packed.scatter(logps, size, logits_to_keep))
         if entropies is not None:
             if entropy is None:
-                raise ValueError("compute_entropy=True but the call returned no entropy")
+                raise ValueError(
+                    "compute_entropy=True, but the pack call returned no entropy: a PackCall returns "
+                    "(log_probs, entropy), entropy not None when it is asked for (see fused_head_call)"
+                )
             entropies.append(packed.scatter(entropy, size, logits_to_keep))
     if not log_probs:
         empty = input_ids.new_zeros((0, logits_to_keep), dtype=torch.float32)

@@ -486,6 +486,20 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
     assert f"packed-balanced ran: {cpu}" in stdout.splitlines()
 
 
+def test_gpu_round_bench_profiles_every_mode_into_one_file_and_refuses_an_unknown_mode(tmp_path):
+    """--profile writes one file, whatever the modes (a device call brings back 8 files at most); a mistyped
+    --profile_modes name is refused in one line naming it, before any model is built."""
+    result = run_bench(["bench/gpu_round.py", "--tiny", "--modes", "padded,trim", "--rounds", "1",
+                        "--profile", str(tmp_path / "profiles")])  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "profiles").iterdir()] == ["profile.txt"]
+    text = (tmp_path / "profiles" / "profile.txt").read_text()
+    assert "padded" in text and "trim" in text
+    result = run_bench(["bench/gpu_round.py", "--tiny", "--profile_modes", "padded, bogus"])
+    assert result.returncode == 2
+    assert "--profile_modes: unknown bogus; choose among padded" in result.stderr
+
+
 TINY_MODES = "bench.main(['--tiny', '--modes', 'padded,packed-balanced,trim'])"
 
 
@@ -519,6 +533,11 @@ def test_gpu_round_bench_stopped_by_a_step_limit_still_prints_what_it_ran():
     assert len(losses["padded"]) == 20 and len(losses["packed-balanced"]) == 4  # 4 steps a round
     assert any(line.startswith("packed-balanced vs padded: losses differ by at most ") for line in lines)
     assert "trim (attention sdpa)" not in lines
+    # The ratio table marks the mode stopped after its warm-up round: it has no time of new lengths.
+    table = lines.index(next(line for line in lines if line.split()[:3] == ["mode", "new", "s"]))
+    rows = {line.split()[0]: line for line in lines[table + 1 : table + 3]}
+    assert rows["packed-balanced"].endswith("(warm-up round only)") and "nan" in rows["packed-balanced"]
+    assert not rows["padded"].endswith("(warm-up round only)")
     # The mode the stop cut short still says which attention it ran.
     cpu = "packed attention: sdpa on each sequence, not varlen: the kernel does not run on cpu"
     assert f"packed-balanced ran: {cpu}" in lines
