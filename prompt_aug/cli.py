@@ -4,8 +4,9 @@
   names the key, the file (or the command line) and what to change, instead of a traceback or argparse's
   full usage text.
 * `prepare_output_dir`: a folder that already holds a run is refused unless the run is resumed from a
-  checkpoint in it (``--resume_from_checkpoint``) or replaced (``--overwrite_output_dir true``, which first
-  deletes the old run's checkpoints, weights, logs and completions, so the folder never mixes two runs). A
+  checkpoint in it (``--resume_from_checkpoint``) or replaced (``--overwrite_output_dir true``, which deletes
+  the old run's checkpoints, weights, logs and completions once the rest of the run is checked and the
+  trainer built, so the folder never mixes two runs and a bad value loses nothing: `clear_earlier_run`). A
   resume from an earlier checkpoint than the folder's last is refused while the later ones are there.
 """
 
@@ -508,12 +509,26 @@ def check_output_dir(
 
 
 def clear_run(paths: list[Path]) -> None:
-    """Delete an earlier run's files and folders (the list `check_output_dir` returned)."""
+    """Delete an earlier run's files and folders (the list `check_output_dir` returned); ``completions/`` is
+    emptied, not removed: the trainer makes it when built, and writes into it without making it again."""
     for path in paths:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+        emptied = path.is_dir() and path.name in _RUN_DIRS
+        for item in list(path.iterdir()) if emptied else [path]:
+            if item.is_dir():
+                shutil.rmtree(item)
+            else:
+                item.unlink(missing_ok=True)
+
+
+def clear_earlier_run(stale: list[Path], output_dir: str, state: PartialState) -> None:
+    """Delete the earlier run `prepare_output_dir` found in ``output_dir`` (``overwrite_output_dir``): called
+    once every check has passed and the trainer is built, so a bad value leaves that run as it was. The main
+    process deletes, once every process is there."""
+    state.wait_for_everyone()
+    if stale and state.is_main_process:
+        logger.info("overwrite_output_dir: deleting the earlier run in %s", output_dir)
+        clear_run(stale)
+    state.wait_for_everyone()
 
 
 def check_reward_weights(weights: list[float] | None, names: list[str]) -> None:
@@ -592,9 +607,12 @@ def check_resume_steps(checkpoint: str, max_steps: int) -> None:
         )
 
 
-def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: PartialState) -> str | None:
-    """Fail on a missing local path, an unreachable Hub or an output folder that holds another run; delete
-    the earlier run with ``overwrite_output_dir``. Returns the checkpoint to resume from, if any."""
+def prepare_output_dir(
+    script_args: Any, args: Any, model_args: Any, state: PartialState
+) -> tuple[str | None, list[Path]]:
+    """Fail on a missing local path, an unreachable Hub or an output folder that holds another run. Returns
+    the checkpoint to resume from, if any, and what ``overwrite_output_dir`` deletes of the earlier run,
+    nothing yet (`clear_earlier_run`, once the rest of the run is checked)."""
     # A known local model not fetched yet: its fetch command.
     resolve_local_model(model_args.model_name_or_path)
     check_source("model_name_or_path", model_args.model_name_or_path, builtin=tuple(LOCAL_MODELS), model=True)
@@ -619,14 +637,34 @@ def prepare_output_dir(script_args: Any, args: Any, model_args: Any, state: Part
         )
     else:
         check_source("dataset_name", script_args.dataset_name)
-    state.wait_for_everyone()  # every rank has looked before the main process deletes
-    if stale and state.is_main_process:
-        logger.info("overwrite_output_dir: deleting the earlier run in %s", args.output_dir)
-        clear_run(stale)
+    state.wait_for_everyone()  # every rank has looked before the main process changes the folder
     if resume and state.is_main_process:  # no longer the preempted run, which a requeue script looks for
         (Path(args.output_dir) / PREEMPTED_FILE).unlink(missing_ok=True)
     state.wait_for_everyone()
-    return resume
+    return resume, stale
+
+
+# The value of a key ending in ``_token`` (``hub_token``; ``HF_TOKEN`` under a recipe's ``env``), as a recipe
+# gives it (``key: value``) or a command line (``--key=value``, ``--key value``; dashes or underscores).
+_TOKEN_KEY = r"(?<![\w-])(?:--)?[\w-]*[_-]token"
+_TOKEN_VALUES = (
+    re.compile(rf"(?i)({_TOKEN_KEY}[ \t]*[:=][ \t]*)(\"[^\"]*\"|'[^']*'|[^\s,}}\]#]+)"),
+    re.compile(r"(?i)((?<![\w-])--[\w-]*[_-]token[ \t]+)(?!--)(\S+)"),
+)
+
+
+def hide_tokens(text: str) -> str:
+    r"""``text`` (a recipe, a command line) with the value of each key ending in ``_token`` shown as ``***``:
+    the model card and the resume hint are shown and published, a Hub token must not be.
+
+    >>> hide_tokens("hub_token: hf_abc  # mine\nseed: 1")
+    'hub_token: ***  # mine\nseed: 1'
+    >>> hide_tokens("--hub-token hf_a --seed 1 --hub_token=hf_b")
+    '--hub-token *** --seed 1 --hub_token=***'
+    """
+    for pattern in _TOKEN_VALUES:
+        text = pattern.sub(r"\1***", text)
+    return text
 
 
 # The flags that say how a run starts, which the command that resumes it replaces.
@@ -642,8 +680,8 @@ def interrupted_message(
     optimizer: bool = True,
     entropy: bool = False,
 ) -> str:
-    """Where training stopped and the command that continues it. ``optimizer``, ``entropy``: what the run's
-    checkpoints hold (`prompt_aug.faults.saved_parts`)."""
+    """Where training stopped and the command that continues it (tokens hidden, `hide_tokens`).
+    ``optimizer``, ``entropy``: what the run's checkpoints hold (`prompt_aug.faults.saved_parts`)."""
     args = list(argv) if argv is not None else sys.argv[1:]
     dropped = {
         i
@@ -667,18 +705,22 @@ def interrupted_message(
         # engine config) must be the same as the run's, or the rounds and the optimizer state differ.
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         launch = "python" if world <= 1 else f"<the same launcher, on {world} processes>"
+        command = " ".join([*kept, "--resume_from_checkpoint", "true"])
         lines += [
             (
                 f"Last checkpoint: {last}. "
                 "Resume with the same launch command plus --resume_from_checkpoint true:"
             ),
-            f"  {launch} -m prompt_aug.train " + " ".join([*kept, "--resume_from_checkpoint", "true"]),
+            f"  {launch} -m prompt_aug.train {hide_tokens(command)}",
         ]
+        if hide_tokens(command) != command:
+            lines.append("(*** stands for the token given: put it back, or set HF_TOKEN instead.)")
     return "\n".join(lines)
 
 
 def recipe_text(argv: list[str] | None) -> str:
-    """The recipe file's text, with the command-line overrides as a last comment line."""
+    """The recipe file's text, with the command-line overrides as a last comment line; tokens hidden
+    (`hide_tokens`)."""
     args, config_path = config_args(list(argv) if argv is not None else sys.argv[1:])
     text = ""
     if config_path:
@@ -686,4 +728,4 @@ def recipe_text(argv: list[str] | None) -> str:
     overrides = [a for i, a in enumerate(args) if a != "--config" and (i == 0 or args[i - 1] != "--config")]
     if overrides:
         text += "\n# command-line overrides: " + " ".join(overrides) + "\n"
-    return text
+    return hide_tokens(text)

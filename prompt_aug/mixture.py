@@ -78,7 +78,7 @@ def dataset_mixture(value: Any) -> DatasetMixtureConfig:
             )
     if fractions[0] is not None and not sum(fractions) > 0:
         raise ValueError(
-            f"{where}.datasets[i].fraction: every one is 0; give at least one source a share above 0"
+            f"{where}.datasets: every source's fraction is 0; give at least one source a share above 0"
         )
     return DatasetMixtureConfig(datasets=sources)
 

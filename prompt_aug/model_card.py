@@ -12,12 +12,13 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from .records import generated_first
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
+
+if TYPE_CHECKING:
+    from .batches import BatchArithmetic
 
 # The evaluation entry point writes its markdown table here, under the trained model's folder.
 EVAL_TABLE_PATH = Path("eval") / "results.md"
@@ -89,6 +90,9 @@ class ModelCardInfo:
     # Off: the baseline arm, every question under the one template in ``templates``.
     prompt_augmentation: bool = True
     tags: list[str] | None = None  # None: `default_tags`
+    # This launch's rounds (processes, questions and completions per round, rounds planned); None: not shown.
+    arithmetic: BatchArithmetic | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # what training rendered the chat template with
 
     def __post_init__(self) -> None:
         if self.tags is None:
@@ -113,10 +117,12 @@ def model_card_info(
     weights: list[float],
     num_rows: int,
     prompt_template: Template | None = None,
+    arithmetic: BatchArithmetic | None = None,
 ) -> ModelCardInfo:
     """What the card says about a recipe's run: base model, recipe text, template bank, dataset, whether
-    prompt augmentation was on (``args.prompt_augmentation``), and the evaluation template as training
-    resolved it (``prompt_template``, `templates.templates_for`)."""
+    prompt augmentation was on (``args.prompt_augmentation``), the evaluation template as training
+    resolved it (``prompt_template``, `templates.templates_for`) with its ``args.chat_template_kwargs``, and
+    this launch's rounds (``arithmetic``, `batches.batch_arithmetic`)."""
     config = f" ({script_args.dataset_config})" if script_args.dataset_config else ""
     mixture = script_args.dataset_mixture
     paths = [s.path for s in mixture.datasets] if mixture else [script_args.dataset_name]
@@ -133,6 +139,8 @@ def model_card_info(
         dataset_id=ids.pop() if len(ids) == 1 else None,
         prompt_template=prompt_template,
         prompt_augmentation=args.prompt_augmentation,
+        arithmetic=arithmetic,
+        chat_template_kwargs=args.chat_template_kwargs,
     )
 
 
@@ -154,17 +162,6 @@ def latest_metrics(log_history: list[dict[str, Any]]) -> dict[str, tuple[float, 
     return latest
 
 
-def final_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
-    """The last logged value of each training metric (per-template ones included).
-
-    >>> final_metrics(
-    ...     [{"reward": 0.1, "step": 1}, {"reward": 0.5, "templates/abel/accuracy": 1.0, "step": 2}]
-    ... )
-    {'reward': 0.5, 'templates/abel/accuracy': 1.0}
-    """
-    return {key: value for key, (value, _) in latest_metrics(log_history).items()}
-
-
 def render_model_card(
     info: ModelCardInfo,
     output_dir: str | Path,
@@ -173,29 +170,23 @@ def render_model_card(
     hub_model_id: str | None = None,
     stopped: str | None = None,
 ) -> str:
-    """The card's markdown: base model, recipe, templates, data, steps (and the collapse guard's firings, and
-    ``stopped``: why training stopped early), final metrics, eval table, usage."""
+    """Our sections of the card, which `extend_trl_card` puts into TRL's (whose front matter and title stand):
+    introduction, data, steps and rounds (and the collapse guard's firings, and ``stopped``: why training
+    stopped early), final metrics, eval table, template bank, usage, recipe."""
     output_dir = Path(output_dir)
     metrics = latest_metrics(log_history)
-    name = hub_model_id or output_dir.name
     load_from = hub_model_id or str(output_dir)  # where `from_pretrained` finds it: the Hub, or this folder
     template = info.prompt_template or next(
         (t for t in info.templates if t.name == info.eval_template), info.templates[0]
     )
-    front = {"base_model": info.base_model, "library_name": "transformers", "tags": list(info.tags)}
     lines = [
-        "---",
-        yaml.safe_dump(front, sort_keys=False, allow_unicode=True).strip(),
-        "---",
-        "",
-        f"# {name}",
-        "",
         *_introduction(info),
         "",
         "## Training",
         "",
         f"- Dataset: {info.dataset}, {info.num_rows} questions after filtering",
         f"- Optimizer steps: {global_step}",
+        *_round_lines(info.arithmetic, log_history),
         *_collapse_lines(log_history, stopped),
         "",
         "### Final training metrics",
@@ -242,7 +233,9 @@ def render_model_card(
         "messages = [",
         *[f"    {turn!r}," for turn in template.messages(_EXAMPLE_QUESTION)],
         "]",
-        "text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)"
+        "text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True"
+        + _keyword_text(info.chat_template_kwargs or {})
+        + ")"
         + (f" + {template.prefill!r}" if template.prefill else ""),
         "out = model.generate(**tok(text, return_tensors='pt'), max_new_tokens=1024)",
         "print(tok.decode(out[0], skip_special_tokens=True))",
@@ -256,6 +249,38 @@ def render_model_card(
         "",
     ]
     return "\n".join(lines)
+
+
+def _round_lines(arithmetic: BatchArithmetic | None, log_history: list[dict[str, Any]]) -> list[str]:
+    """The card's lines on this launch's rounds: processes, questions and completions a round, and the rounds
+    trained (the last logged ``round``) and planned.
+
+    >>> from prompt_aug.batches import BatchArithmetic
+    >>> _round_lines(BatchArithmetic(4, 8, 32, 32, 1.0, 9, 30), [{"step": 12, "round": 12}])
+    ['- Processes: 4', '- Each round: 8 questions, 32 completions', '- Rounds: 12 trained, 30 planned']
+    """
+    if arithmetic is None:
+        return []
+    logged = [int(e["round"]) for e in log_history if isinstance(e.get("round"), (int, float))]
+    rounds = [f"{max(logged)} trained"] * bool(logged)
+    rounds += [f"{arithmetic.total_rounds} planned"] * (arithmetic.total_rounds is not None)
+    each = f"{arithmetic.questions_per_round} questions, {arithmetic.completions_per_round} completions"
+    return [
+        f"- Processes: {arithmetic.processes}",
+        f"- Each round: {each}",
+        *([f"- Rounds: {', '.join(rounds)}"] if rounds else []),
+    ]
+
+
+def _keyword_text(kwargs: dict[str, Any]) -> str:
+    """``kwargs`` as the keyword arguments of a call in the card's snippet (after others).
+
+    >>> _keyword_text({"enable_thinking": False}), _keyword_text({})
+    (', enable_thinking=False', '')
+    """
+    if all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        return "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    return f", **{kwargs!r}"
 
 
 def _collapse_lines(log_history: list[dict[str, Any]], stopped: str | None) -> list[str]:
@@ -333,11 +358,7 @@ def extend_trl_card(trl_card: str, ours: str, base_model: str, load_from: str) -
         for line in body
     ]
     first = next((i for i, line in enumerate(body) if line.startswith("## ")), len(body))
-    _, ours_lines = _split_front_matter(ours)
-    title = next(
-        i for i, line in enumerate(ours_lines) if line.startswith("# ")
-    )  # TRL's title stands instead
-    return "\n".join([*front, *body[:first], *ours_lines[title + 1 :], *body[first:]])
+    return "\n".join([*front, *body[:first], "", *ours.split("\n"), *body[first:]])
 
 
 def evaluation_results(output_dir: str | Path) -> list[Any]:
@@ -595,10 +616,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"updated {path}")
 
 
-if __name__ == "__main__":
-    main()
-
-
 class ModelCardMixin:
     """A `transformers.Trainer` mixin whose model card is TRL's plus ours (``self.model_card_info``: the
     recipe, the template bank, the metrics and the evaluation table); without that info, TRL's card alone.
@@ -646,3 +663,7 @@ class ModelCardMixin:
                 "%s; the card is written without its model-index (and a PEFT model's adapter metadata)", err
             )
         path.write_text(card)
+
+
+if __name__ == "__main__":
+    main()

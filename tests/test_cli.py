@@ -538,6 +538,31 @@ def test_the_resume_command_after_an_interruption_drops_a_bare_overwrite_flag_al
         assert message.endswith(f"--output_dir {run} --max_steps 10 --resume_from_checkpoint true"), message
 
 
+def test_a_hub_token_in_the_recipe_or_on_the_command_line_is_hidden_in_the_card_and_the_resume_hint(
+    tmp_path,
+):
+    """The model card (`recipe_text`) is published and the resume hint printed: a token's value shows as
+    ``***`` in each form a recipe or a command line gives it; every other key stays as given."""
+    from fault_harness import tiny_checkpoint
+
+    from prompt_aug.cli import interrupted_message, recipe_text
+
+    recipe = _recipe(tmp_path, extra="hub_token: hf_FILE  # mine\nenv: {HF_TOKEN: 'hf_ENV', A: 1}\n")
+    run = tmp_path / "run"
+    argv = ["--config", str(recipe), "--output_dir", str(run), "--hub_token", "hf_CLI", "--hub-token=hf_EQ",
+            "--hub-token", "hf_DASH", "--max_steps", "10"]  # fmt: skip
+    card = recipe_text(argv)
+    assert "hf_" not in card and "hub_token: ***  # mine\nenv: {HF_TOKEN: ***, A: 1}" in card
+    assert "--hub_token *** --hub-token=*** --hub-token *** --max_steps 10" in card
+    assert SMOKE.read_text() in card  # the rest of the recipe as it was
+    tiny_checkpoint(run / "checkpoint-2", 2)
+    message = interrupted_message(str(run), 3, 10, argv)
+    assert (
+        "hf_" not in message and "--hub_token *** --hub-token=*** --hub-token *** --max_steps 10" in message
+    )
+    assert message.endswith("(*** stands for the token given: put it back, or set HF_TOKEN instead.)")
+
+
 def test_the_interruption_message_finds_the_checkpoint_of_a_run_that_saves_only_the_model(tmp_path):
     from fault_harness import tiny_checkpoint
 
@@ -568,6 +593,38 @@ def test_the_interruption_message_skips_a_checkpoint_whose_adaptive_entropy_stat
     assert f"Last checkpoint: {run / 'checkpoint-2'}." in message
 
 
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        (["--question_column", "question_text"], "question_text"),  # the data, after the folder is checked
+        (
+            ["--use_peft", "true", "--lora_target_modules", "qproj"],
+            "no module of the model matches",
+        ),  # PEFT's
+    ],
+)
+def test_overwrite_leaves_the_earlier_run_as_it_was_when_a_later_check_fails(tmp_path, capsys, bad, says):
+    """``--overwrite_output_dir true`` deletes the earlier run only once every check has passed: a typo in
+    another key stops the run with its one line and the old checkpoints, model and completions stay."""
+    import pandas as pd
+    from fault_harness import tiny_checkpoint
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = {"question": [f"What is {i} + 1?" for i in range(8)], "answer": [str(i + 1) for i in range(8)]}
+    pd.DataFrame(rows).to_parquet(data / "train.parquet")
+    run = tmp_path / "run"
+    tiny_checkpoint(run / "checkpoint-2", 2)
+    (run / "model.safetensors").write_bytes(b"the earlier run's weights")
+    (run / "completions").mkdir()
+    (run / "completions" / "completions_00002.parquet").write_bytes(b"old")
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    argv = ["--config", str(SMOKE), "--output_dir", str(run), "--dataset_name", str(data)]
+    message = _error([*argv, "--overwrite_output_dir", "true", *bad], capsys)
+    assert says in message
+    assert {p: p.read_bytes() for p in before if p.is_file()} == before
+
+
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "run"
@@ -595,6 +652,7 @@ def test_overwrite_replaces_the_whole_earlier_run(two_step_run, tmp_path):
     shutil.copytree(run / "checkpoint-2", run / "checkpoint-12")  # a longer earlier run's late checkpoint
     (run / "completions" / "completions_00011.parquet").write_bytes(b"old")
     _train(run, "--max_steps", "1", "--save_steps", "1", "--overwrite_output_dir", "true")
+    assert (run / "tiny-random-qwen2" / "config.json").is_file()  # the built-in model it was built into
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
     assert sorted(p.name for p in (run / "completions").iterdir()) == ["completions_00001.parquet"]
     assert _state(run)["global_step"] == 1 and len(_state(run)["log_history"]) == 2  # 1 step + the summary

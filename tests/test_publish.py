@@ -27,7 +27,7 @@ from prompt_aug.model_card import (
     EVAL_TABLE_PATH,
     ModelCardInfo,
     extend_trl_card,
-    final_metrics,
+    latest_metrics,
     render_model_card,
     weights_fingerprint,
 )
@@ -89,7 +89,11 @@ def test_card_has_base_model_recipe_templates_steps_and_final_metrics(wandb_run)
     for name in load_templates():
         assert f"\n| {name} | 0.077 |" in card, name  # 13 templates, uniform
     assert "- Optimizer steps: 4\n" in card
-    metrics = final_metrics(_log_history(out))
+    # This launch's rounds: 1 process, 16 / 4 = 4 questions a round, 2 optimizer steps a round.
+    assert (
+        "- Processes: 1\n- Each round: 4 questions, 16 completions\n- Rounds: 2 trained, 2 planned\n" in card
+    )
+    metrics = {key: value for key, (value, _) in latest_metrics(_log_history(out)).items()}
     assert metrics and any(k.endswith("/accuracy") for k in metrics)
     for key in ("reward", "entropy"):
         assert f"| {key} | {metrics[key]:.4g} | " in card
@@ -131,7 +135,7 @@ def test_card_includes_eval_results_when_present(tmp_path):
     history = [{"reward": 0.4, "templates/abel/accuracy": 0.5, "step": 80}]
     card = render_model_card(info, tmp_path, 80, history, hub_model_id="someone/prompt-aug-1.5b")
     assert table in card and "No evaluation results yet" not in card
-    assert "# someone/prompt-aug-1.5b" in card and "- Optimizer steps: 80" in card
+    assert "- Optimizer steps: 80" in card
     assert "| qwen-math | 0.750 |" in card and "| abel | 0.250 |" in card
     assert "| templates/abel/accuracy | 0.5 | 80 |" in card
     assert "```yaml\nlearning_rate: 1.0e-6\n```" in card
@@ -180,7 +184,8 @@ def test_the_cards_metadata_names_the_data_only_by_a_hub_id(dataset_name, source
     )
     info = model_card_info(
         script_args, SimpleNamespace(model_name_or_path="Qwen/Qwen2.5-Math-1.5B"),
-        SimpleNamespace(eval_template="qwen-math", prompt_augmentation=True), "seed: 1\n", [], [], 10,
+        SimpleNamespace(eval_template="qwen-math", prompt_augmentation=True, chat_template_kwargs=None),
+        "seed: 1\n", [], [], 10,
     )  # fmt: skip
     assert info.dataset_id == expected
     if dataset_name and sources is None:
@@ -195,16 +200,14 @@ def test_a_baseline_runs_card_says_it_trained_on_one_template_and_is_not_tagged_
     that an augmented run of the same recipe has."""
     from types import SimpleNamespace
 
-    from huggingface_hub import ModelCard
-
     from prompt_aug.model_card import model_card_info
     from prompt_aug.templates import templates_for
 
-    cards = {}
+    cards, tags = {}, {}
     for augmented in (True, False):
         args = SimpleNamespace(
             templates_file=None, templates=None, template_weights=None, eval_template="qwen-math",
-            system_prompt=None, prompt_augmentation=augmented,
+            system_prompt=None, prompt_augmentation=augmented, chat_template_kwargs=None,
         )  # fmt: skip
         templates, weights, eval_template = templates_for(args)
         info = model_card_info(
@@ -213,17 +216,18 @@ def test_a_baseline_runs_card_says_it_trained_on_one_template_and_is_not_tagged_
             weights, 3, eval_template,
         )  # fmt: skip
         cards[augmented] = render_model_card(info, tmp_path / str(augmented), 1, [])
-    baseline, augmented = ModelCard(cards[False]), ModelCard(cards[True])
-    assert baseline.data.tags == ["trl", "grpo", "math"]
-    assert augmented.data.tags == ["trl", "grpo", "prompt-augmentation", "math"]
-    intro = baseline.text.split("## Training")[0]
+        tags[augmented] = info.tags  # the trainer hands them to TRL's card
+    baseline, augmented = cards[False], cards[True]
+    assert tags[False] == ["trl", "grpo", "math"]
+    assert tags[True] == ["trl", "grpo", "prompt-augmentation", "math"]
+    intro = baseline.split("## Training")[0]
     assert "every training question asked under one template,\n`qwen-math`" in intro
     assert "prompt augmentation (Lu, Huang,\nBalestriero 2026, arXiv 2602.03190), which was off" in intro
-    assert "drawn at" not in baseline.text and "fine-tuned with GRPO and prompt augmentation" not in intro
-    bank = baseline.text.split("## Template bank")[1].split("## How to prompt")[0]
+    assert "drawn at" not in baseline and "fine-tuned with GRPO and prompt augmentation" not in intro
+    bank = baseline.split("## Template bank")[1].split("## How to prompt")[0]
     assert "every training question was asked under this one template" in bank
     assert [row.split(" | ")[0] for row in bank.splitlines() if row.startswith("| ")][1:] == ["| qwen-math"]
-    assert "drawn at\nrandom from the bank below" in augmented.text
+    assert "drawn at\nrandom from the bank below" in augmented
 
 
 def _card_info() -> ModelCardInfo:
@@ -273,6 +277,59 @@ def test_card_prompts_as_training_laid_out_its_evaluation_template_whatever_the_
     assert f"'content': '{question}\\nReason through it step by step" in how
 
 
+def test_card_prompts_with_the_chat_template_kwargs_training_used(tmp_path):
+    """A recipe's ``chat_template_kwargs`` (``enable_thinking: false``) lay the question out in training: the
+    card's snippet passes them too."""
+    from types import SimpleNamespace
+
+    from prompt_aug.model_card import model_card_info
+
+    script_args = SimpleNamespace(dataset_name="synthetic", dataset_config=None, dataset_mixture=None)
+    args = SimpleNamespace(
+        eval_template="qwen-math", prompt_augmentation=True, chat_template_kwargs={"enable_thinking": False}
+    )
+    info = _card_info()
+    info = model_card_info(
+        script_args, SimpleNamespace(model_name_or_path="base"), args, "seed: 1\n", info.templates,
+        info.weights, 3,
+    )  # fmt: skip
+    how = render_model_card(info, tmp_path, 1, []).split("## How to prompt")[1]
+    assert "add_generation_prompt=True, enable_thinking=False)" in how
+    info.chat_template_kwargs = {"reasoning-effort": "low"}  # not a keyword: passed as a mapping
+    how = render_model_card(info, tmp_path, 1, []).split("## How to prompt")[1]
+    assert "add_generation_prompt=True, **{'reasoning-effort': 'low'})" in how
+    info.chat_template_kwargs = None
+    assert "add_generation_prompt=True)\n" in render_model_card(info, tmp_path, 1, [])
+
+
+def test_card_states_the_launchs_processes_questions_and_completions_a_round_and_rounds(tmp_path):
+    """A recipe whose header describes 8 processes, launched on 4: the card says what trained, from the
+    arithmetic training computed for this launch."""
+    from types import SimpleNamespace
+
+    from prompt_aug.batches import batch_arithmetic
+    from prompt_aug.model_card import model_card_info
+
+    args = SimpleNamespace(
+        per_device_train_batch_size=4, steps_per_generation=2, gradient_accumulation_steps=2,
+        num_generations=8, num_iterations=1, max_steps=20, num_train_epochs=1, eval_template="qwen-math",
+        prompt_augmentation=True, chat_template_kwargs=None,
+    )  # fmt: skip
+    script_args = SimpleNamespace(
+        dataset_name="synthetic", dataset_config=None, dataset_mixture=None, dataset_num_rows=None,
+        num_synthetic=256, num_processes=8,
+    )  # fmt: skip
+    info = _card_info()
+    arithmetic = batch_arithmetic(args, script_args, num_processes=4, rows=256)
+    info = model_card_info(
+        script_args, SimpleNamespace(model_name_or_path="base"), args, "num_processes: 8\n", info.templates,
+        info.weights, 256, None, arithmetic,
+    )  # fmt: skip
+    card = render_model_card(info, tmp_path, 6, [{"step": 6, "round": 6}])
+    assert "- Optimizer steps: 6\n- Processes: 4\n- Each round: 4 questions, 32 completions\n" in card
+    assert "- Rounds: 6 trained, 20 planned\n" in card
+
+
 def test_a_base_model_path_yaml_would_misread_and_a_results_file_of_another_shape_leave_the_card_whole(
     tmp_path,
 ):
@@ -282,8 +339,13 @@ def test_a_base_model_path_yaml_would_misread_and_a_results_file_of_another_shap
 
     info = _card_info()
     info.base_model = "/models/qwen: v2"  # a colon and a space: plain YAML would read a mapping
-    card = ModelCard(render_model_card(info, tmp_path, 1, []))
-    assert card.data.base_model == "/models/qwen: v2" and "- grpo" in card.content
+    trl_card = (
+        "---\nlibrary_name: transformers\ntags:\n- grpo\n---\n\n# Model Card for run\n\n## Quick start\n"
+    )
+    ours = render_model_card(info, tmp_path, 1, [])
+    card = ModelCard(extend_trl_card(trl_card, ours, info.base_model, str(tmp_path)))
+    assert card.data.base_model is None and "`/models/qwen: v2` fine-tuned" in card.text
+    assert "- grpo" in card.content
     table = "| Model | MATH500 |\n|---|---:|\n| run | 50.0 |"
     _evaluated(tmp_path, EVAL_TABLE_PATH, table)
     made_by = json.loads((tmp_path / "eval" / "settings.json").read_text())

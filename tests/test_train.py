@@ -169,6 +169,26 @@ def _prefill(name: str) -> str:
     return get_template(name).prefill
 
 
+@pytest.mark.slow
+def test_the_final_model_and_card_are_saved_before_the_after_scores_generate(tmp_path, monkeypatch):
+    """The learning demo's "after" scores generate once training has ended; a failure there (out of memory,
+    Ctrl-C) leaves the trained model and its card on disk."""
+    from prompt_aug.demo.warmstart import BeforeAfter
+
+    def measure(self, when: str, model, tokenizer) -> None:  # "before" skipped: the test needs "after" only
+        if when == "after":
+            raise RuntimeError("out of memory while scoring after GRPO")
+
+    monkeypatch.setattr(BeforeAfter, "measure", measure)
+    out = tmp_path / "run"
+    argv = ["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no"]
+    with pytest.raises(RuntimeError, match="while scoring after GRPO"):
+        train.main([*argv, "--before_after", "true"])
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert "- Optimizer steps: 2\n" in (out / "README.md").read_text()
+    assert not (out / "before_after.md").exists()
+
+
 def test_unknown_recipe_key_fails_before_loading_and_names_the_key(tmp_path):
     recipe = tmp_path / "bad.yaml"
     recipe.write_text(Path(SMOKE).read_text() + "\ntemplate_wieghts: [1, 2]\n")

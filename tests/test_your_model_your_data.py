@@ -376,7 +376,10 @@ def test_a_mixture_source_that_keeps_no_row_is_named_with_why(two_sets, tmp_path
 @pytest.mark.parametrize(
     "fractions, message",
     [
-        ([0, 0], r"^dataset_mixture.datasets\[i\].fraction: every one is 0"),
+        (
+            [0, 0],
+            r"^dataset_mixture.datasets: every source's fraction is 0; give at least one source a share",
+        ),
         ([0.5, "0.5"], r"^dataset_mixture.datasets\[1\].fraction: .*number >= 0, got '0.5'"),
         ([-1, 1], r"^dataset_mixture.datasets\[0\].fraction: .*number >= 0, got -1"),
         ([True, 1], r"^dataset_mixture.datasets\[0\].fraction: .*number >= 0, got True"),
