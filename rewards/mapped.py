@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,8 @@ def mapped_correctness(
     ([5.0, -5.0, None], 'exact_pm5')
     >>> rlinf.base is exact, rlinf.correct, rlinf.incorrect
     (True, 5.0, -5.0)
+    >>> import inspect; str(inspect.signature(rlinf))
+    '(completions, answer, **kwargs)'
     """
 
     def reward(*args: Any, **kwargs: Any) -> list[float | None]:
@@ -34,4 +37,8 @@ def mapped_correctness(
     reward.__name__ = reward.__qualname__ = name or f"{base.__name__}_mapped"
     reward.__doc__ = f"`{base.__name__}` with correct -> {correct:g}, incorrect -> {incorrect:g}, None kept."
     reward.base, reward.correct, reward.incorrect = base, correct, incorrect  # type: ignore[attr-defined]
+    try:  # the arguments it needs are ``base``'s: what a check of the data's columns reads
+        reward.__signature__ = inspect.signature(base)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):  # a callable with no signature to read
+        pass
     return reward

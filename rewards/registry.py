@@ -296,6 +296,8 @@ class TRLConvention:
     [1.0, 0.0, 1.0]
     >>> TRLConvention(exact)(["4"], answer=["4"], solution=["2 + 2 = 4, so the answer is 4."])
     [1.0]
+    >>> TRLConvention(exact)(["1", "2"], answer=[["1", "3"], []])  # an empty list of golds: no score
+    [1.0, None]
     """
 
     def __init__(self, func: Callable[..., list[float | None]]) -> None:
@@ -311,12 +313,14 @@ class TRLConvention:
         columns = {k: v for k, v in columns.items() if k != "solution"}
         if not any(isinstance(g, list) for g in golds):
             return self.func(completions=messages, solution=list(golds), **columns)
+        none = [isinstance(g, list) and not g for g in golds]  # an empty list: no gold, no score
+        golds = ["" if empty else g for g, empty in zip(golds, none, strict=True)]
         best: list[float | None] | None = None
         for k in range(max(len(g) if isinstance(g, list) else 1 for g in golds)):
             solution = [(g[k] if k < len(g) else g[0]) if isinstance(g, list) else g for g in golds]
             scores = self.func(completions=messages, solution=solution, **columns)
             best = scores if best is None else [_best(a, b) for a, b in zip(best, scores, strict=True)]
-        return best or []
+        return [None if empty else score for score, empty in zip(best or [], none, strict=False)]
 
 
 def _best(a: float | None, b: float | None) -> float | None:

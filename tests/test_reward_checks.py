@@ -83,6 +83,12 @@ def test_a_reward_needing_an_argument_no_column_gives_is_named_with_the_columns_
     with pytest.raises(reward_checks.RewardFunctionError, match=r"'exact' needs `solution`"):
         reward_checks.check_reward_arguments([exact], ["exact"], ["question", "answer", "uid"])
 
+    # A correctness reward mapped to other scores (correctness_pm5) needs what the correctness reward needs.
+    from rewards.registry import REGISTRY
+
+    with pytest.raises(reward_checks.RewardFunctionError, match=r"'correctness_pm5' needs `answer`"):
+        reward_checks.check_reward_arguments([REGISTRY["correctness_pm5"]], ["correctness_pm5"], ["question"])
+
     # Without **kwargs, a function refuses what TRL passes besides what it names: said before the model loads.
     def brevity(completions, difficulty):
         return [-len(c) / d for c, d in zip(completions, difficulty, strict=True)]
