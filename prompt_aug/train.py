@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 from contextlib import nullcontext
 from typing import Any
@@ -223,6 +224,9 @@ def run(
         return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
+    if args.hub_token:  # the Trainer pickles its arguments into each checkpoint (training_args.bin), which a
+        # push uploads: the Hub clients read the token from the environment instead
+        os.environ["HF_TOKEN"], args.hub_token = args.hub_token, None
     # A real run's round is this launch's; the recipe's num_processes plans dry runs only.
     arithmetic = batch_arithmetic(args, script_args, num_processes=state.num_processes)
     recipe = recipe_text(argv)  # for the model card

@@ -18,8 +18,21 @@ SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "run"
-    train.main(["--config", SMOKE, "--output_dir", str(out)])
+    with pytest.MonkeyPatch.context() as patch:  # the run puts the token in its environment
+        patch.delenv("HF_TOKEN", raising=False)
+        train.main(["--config", SMOKE, "--output_dir", str(out), "--hub_token", HUB_TOKEN])
     return out
+
+
+HUB_TOKEN = "hf_NeverPublishedSmokeToken"
+
+
+def test_a_hub_token_is_in_no_file_the_run_writes(smoke_run):
+    """Checkpoints, the model folder and the card are what a push uploads: the token given on the command
+    line is in none of them (the Trainer would pickle it into training_args.bin)."""
+    files = [p for p in smoke_run.rglob("*") if p.is_file()]
+    assert any(p.name == "training_args.bin" for p in files) and any(p.name == "README.md" for p in files)
+    assert [p for p in files if HUB_TOKEN.encode() in p.read_bytes()] == []
 
 
 def test_smoke_run_writes_checkpoint_state_and_records(smoke_run):
