@@ -456,6 +456,7 @@ _RUN_EXTRAS = (
     "README.md", "config.json", "generation_config.json", "training_args.bin", "adapter_config.json",
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
     "merges.txt", "added_tokens.json", "eval", "eval-templates", "runs", PREEMPTED_FILE,
+    "before_after.md", "before_after.json", "heldout.jsonl",  # the learning demo's (before_after: true)
 )  # fmt: skip
 
 

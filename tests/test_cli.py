@@ -651,7 +651,11 @@ def test_overwrite_replaces_the_whole_earlier_run(two_step_run, tmp_path):
     shutil.copytree(two_step_run, run)
     shutil.copytree(run / "checkpoint-2", run / "checkpoint-12")  # a longer earlier run's late checkpoint
     (run / "completions" / "completions_00011.parquet").write_bytes(b"old")
+    demo = [run / name for name in ("before_after.md", "before_after.json", "heldout.jsonl")]
+    for path in demo:  # the learning demo's files of the earlier run; this one does not write them
+        path.write_text("old")
     _train(run, "--max_steps", "1", "--save_steps", "1", "--overwrite_output_dir", "true")
+    assert not any(path.exists() for path in demo)
     assert (run / "tiny-random-qwen2" / "config.json").is_file()  # the built-in model it was built into
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
     assert sorted(p.name for p in (run / "completions").iterdir()) == ["completions_00001.parquet"]
