@@ -330,7 +330,7 @@ def run(
         # Ctrl-C) must not cost the trained model. Then push (a failed push leaves both on disk and says how
         # to push later).
         with disk_full_is_one_line(args.output_dir, **saved_parts(args)):
-            trainer.save_model(args.output_dir)
+            trainer.save_model_unpushed(args.output_dir)  # pushed below, once, with the card and the demo's
             trainer.create_model_card()
         if before_after is not None:
             before_after.measure("after", trainer.model, tokenizer)

@@ -256,6 +256,12 @@ class TRLSeam(GRPOTrainer):
         """TRL's metric buffer for ``mode`` (``train`` / ``eval``): key -> values, averaged when logged."""
         return self._metrics[mode]
 
+    def save_model_unpushed(self, output_dir: str | None = None) -> None:
+        """`save_model`, without the push transformers makes from it when ``push_to_hub`` is on (its
+        ``_internal_call`` says a save is part of something larger): a run's end saves the model, writes its
+        card and files, then pushes once."""
+        self.save_model(output_dir, _internal_call=True)
+
     def log_completion_column(self, column: str, values: list) -> None:
         """Add a column to this round's completion records (TRL's ``_log_completion_extra``)."""
         self._log_completion_extra(column, values)

@@ -5,13 +5,15 @@ process are set up exactly as for a user) feeds the card and W&B tests. W&B 0.2x
 ``wandb-summary.json`` for offline runs; the run's transaction log (``run-*.wandb``) is read with W&B's own
 reader, ``wandb leet inspect --json``, which prints every record (history rows included) as JSON.
 
-The Hub is not faked: with the Hub client in offline mode, a push-enabled run must fail at start-up
-(TRL creates the repository before training), and a real push test runs only when
-``PROMPT_AUG_TEST_HUB_REPO`` names a repository you can write to (``HF_TOKEN`` set, network on).
+The Hub is not faked where a test claims a push works: with the Hub client in offline mode, a push-enabled
+run trains and its push fails in one line, and a real push test runs only when ``PROMPT_AUG_TEST_HUB_REPO``
+names a repository you can write to (``HF_TOKEN`` set, network on). One test records the Hub client's
+create and upload calls instead of sending them, to count the uploads a run makes.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -560,6 +562,38 @@ def test_push_to_hub_reaches_the_hub_client_and_a_failed_push_keeps_the_model(tm
         )  # fmt: skip
     assert "\n" not in str(err.value) and "hf upload prompt-aug-tests/never-created" in str(err.value)
     assert (out / "model.safetensors").exists() and (out / "README.md").exists()
+
+
+def test_a_pushed_run_uploads_once_at_the_end_with_its_card(tmp_path, monkeypatch):
+    """transformers' ``save_model`` pushes too when ``push_to_hub`` is on: the end of a run saves the model,
+    writes its card, then uploads once. The Hub client's create and upload are recorded here, not sent."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi
+
+    uploads = []
+
+    def upload_folder(self, *, repo_id, folder_path, commit_message=None, run_as_future=False, **kwargs):
+        uploads.append((repo_id, commit_message, sorted(p.name for p in Path(folder_path).iterdir())))
+        done = SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0")
+        if run_as_future:  # a checkpoint's push, in the background
+            future = concurrent.futures.Future()
+            future.set_result(done)
+            return future
+        return done
+
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: SimpleNamespace(repo_id=repo_id))
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    out = tmp_path / "out"
+    train.main(
+        ["--config", str(SMOKE), "--output_dir", str(out), "--max_steps", "1", "--push_to_hub", "true",
+         "--hub_model_id", "prompt-aug-tests/once"]
+    )  # fmt: skip
+    final = [(repo, message, files) for repo, message, files in uploads if "in progress" not in message]
+    assert [(repo, message) for repo, message, _ in final] == [
+        ("prompt-aug-tests/once", "prompt-aug GRPO, 1 steps")
+    ]
+    assert {"README.md", "model.safetensors"} <= set(final[0][2])
 
 
 @pytest.mark.skipif(
