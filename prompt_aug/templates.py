@@ -156,7 +156,10 @@ def _parse_entry(entry: Any, index: int, source: str) -> Template:
         )
     markers = entry.get("markers") or []
     if not isinstance(markers, list) or not all(isinstance(m, str) and m for m in markers):
-        raise TemplateError(f"template {name!r} ({source}): `markers` must be a list of non-empty strings")
+        raise TemplateError(
+            f"template {name!r} ({source}): `markers` must be a list of non-empty strings, got {markers!r}"
+            + ("; write it as a list: markers: [...]" if isinstance(markers, str) else "")
+        )
     repeated = sorted({m for m in markers if markers.count(m) > 1})
     if repeated:
         raise TemplateError(f"template {name!r} ({source}): `markers` lists {repeated} more than once")
@@ -284,7 +287,8 @@ def resolve_eval_template(args: Any, bank: dict[str, Template]) -> Template:
     template = bank.get(name) or builtin.get(name)
     if template is None:
         where = f"{args.templates_file} or the built-in bank" if args.templates_file else "the bank"
-        raise TemplateError(f"eval_template {name!r} is not in {where}; choose one of {list(bank)}")
+        names = list(dict.fromkeys([*bank, *builtin]))
+        raise TemplateError(f"eval_template {name!r} is not in {where}; choose one of {names}")
     return template
 
 

@@ -1153,8 +1153,10 @@ def test_evaluation_during_training_takes_the_eval_template_from_the_recipes_tem
     evaluator = evaluator_from_args(args)
     assert evaluator.template.name == "terse" and evaluator.template.user == "Q: {question}"
     args.eval_template = "nowhere"
-    with pytest.raises(EvalError, match="eval_template 'nowhere' is not in"):
+    with pytest.raises(EvalError, match="eval_template 'nowhere' is not in") as err:
         evaluator_from_args(args)
+    # Both banks the name is looked up in are listed: the file's, then the built-in one's.
+    assert "'terse', " in str(err.value) and "'qwen-math'" in str(err.value)
 
 
 # A ChatML template with a thinking switch, as Qwen3's has: rendering without `enable_thinking` is an error,

@@ -88,6 +88,7 @@ def _write(tmp_path, body: str):
             r"'h2'.*\['<think>\\n'\] are in the prefill",
         ),
         ("- {name: i, user: '{question}', markers: [Plan, Plan]}\n", r"'i'.*lists \['Plan'\] more than once"),
+        ("- {name: k, user: '{question}', markers: '<think>'}\n", r"'k'.*got '<think>'; write it as a list"),
         ("- {name: j, user: '{question}', system: 'About {question}'}\n", r"'j'.*remove it from `system`"),
         # The name keys the template's metrics: null, empty, a list or a '/' would give odd keys.
         ("- {name: null, user: '{question}'}\n", "entry #0 has `name` None"),
