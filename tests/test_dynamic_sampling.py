@@ -415,6 +415,8 @@ def test_a_dataset_without_ids_draws_extra_questions_by_the_ids_the_collator_der
 
     rows = datasets.Dataset.from_list([{"prompt": f"What is {a}+1?", "level": a % 3} for a in range(6)])
     assert dataset_uids(rows) == [row_uid({}, f"What is {a}+1?") for a in range(6)]
+    questions = rows.add_column("question", [f"Find {a}+1." for a in range(6)])  # read before the prompt
+    assert dataset_uids(questions) == [row_uid({}, f"Find {a}+1.") for a in range(6)]
     with_ids = rows.add_column("uid", [f"u{a}" for a in range(6)])
     assert dataset_uids(with_ids) == [f"u{a}" for a in range(6)]
     args = PromptAugGRPOConfig(

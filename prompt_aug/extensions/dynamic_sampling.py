@@ -134,8 +134,12 @@ def extra_question_indices(
 def dataset_uids(dataset: Any) -> list[str]:
     """Each row's id as the collator gives it: its ``uid`` column, else one derived from its question
     (`collator.row_uid`), so that a dataset without ids draws extra questions as one with them does."""
-    if "uid" in (getattr(dataset, "column_names", None) or ()):
+    columns = getattr(dataset, "column_names", None) or ()
+    if "uid" in columns:
         return [str(u) for u in dataset["uid"]]
+    for name in ("question", "prompt"):  # the question's column, read whole rather than row by row
+        if name in columns:
+            return [row_uid({}, row_question({name: value})) for value in dataset[name]]
     rows = (dataset[i] for i in range(len(dataset)))
     return [row_uid(row, row_question(row)) for row in rows]
 
