@@ -93,8 +93,9 @@ class PromptAugScriptArguments:
     # > The run
     overwrite_output_dir: bool = help_field(
         False,
-        "Train into an output_dir that already holds a run: first delete its checkpoints, model, "
-        "logs and completions (without it such a folder is refused unless you resume).",
+        "Train into an output_dir that already holds a run: delete its checkpoints, model, logs and "
+        "completions once every other check has passed and the trainer is built (without it such a "
+        "folder is refused unless you resume).",
     )
     dry_run: bool = help_field(
         False,
