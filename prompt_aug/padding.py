@@ -47,6 +47,7 @@ from .packing import (
 from .records import micro_steps_per_round, optimizer_step_of
 from .varlen import (
     VARLEN_ATTENTION,
+    KernelError,
     attention_of,
     capability_of,
     dense_mask_reason,
@@ -316,11 +317,6 @@ def _failed_on(processes: list[int]) -> str:
     return f"it failed on process{plural} {', '.join(map(str, processes))}"
 
 
-def _first_line(error: BaseException) -> str:
-    """An exception's message, its first line only (a log line stays one line)."""
-    return next(iter(str(error).splitlines()), "")
-
-
 class PaddingFreePasses:
     """Runs every forward pass of a trainer on the path of `padding_mode` and counts the tokens it runs.
 
@@ -525,10 +521,8 @@ class PaddingFreePasses:
                         fused_head_call(model, self.autocast), input_ids, attention_mask, runs=unwrapped
                     )
                 ok, why = found.ok, found.describe()
-            except RuntimeError as error:
-                if isinstance(error, torch.OutOfMemoryError):
-                    raise
-                ok, why = False, f"the packed call raised {type(error).__name__}: {_first_line(error)}"
+            except KernelError as error:  # any other error is not this path's to judge: it stops the run
+                ok, why = False, f"the packed call raised {error}"
             failed = self._failed_processes(ok, input_ids.device)
             if ok and failed:
                 return False, f"{_failed_on(failed)} (here: {why})"

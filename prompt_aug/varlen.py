@@ -83,6 +83,17 @@ def varlen_kernel() -> Kernel | None:
     return varlen_attn
 
 
+class KernelError(RuntimeError):
+    """The attention kernel refused a packed call (a GPU or a shape it does not take): what the live packing
+    check counts as a failure, where any other error stops the run."""
+
+
+# Errors of the device rather than of the kernel's arguments: raised as they are.
+DEVICE_FAULTS: tuple[type[BaseException], ...] = (
+    torch.OutOfMemoryError, *((torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ()),
+)  # fmt: skip
+
+
 def kernel_unfit(
     has_kernel: bool,
     device_type: str,
@@ -102,7 +113,7 @@ def kernel_unfit(
     'the kernel needs a GPU of compute capability 8.0 or later (this one: 7.5)'
     """
     if not has_kernel:
-        return "torch has no varlen_attn"
+        return f"torch {torch.__version__} has no varlen_attn"
     if device_type not in devices:
         return f"the kernel does not run on {device_type}"
     if capability is not None and tuple(capability) < KERNEL_MIN_CAPABILITY:
@@ -485,7 +496,12 @@ def _run_kernel(
         options["scale"] = scaling
     elif scaling is not None and scaling != dim**-0.5:
         q = q * (scaling * dim**0.5)  # the kernel scales by 1 / sqrt(dim)
-    out = kernel(q, k, v, cu_q, cu_k, found.max_length, max_k, **options)
+    try:
+        out = kernel(q, k, v, cu_q, cu_k, found.max_length, max_k, **options)
+    except RuntimeError as err:
+        if isinstance(err, DEVICE_FAULTS):  # memory, or a device left unusable: not the kernel's refusal
+            raise
+        raise KernelError(f"{type(err).__name__}: {next(iter(str(err).splitlines()), '')}") from err
     return out.view(batch, width, heads, -1)
 
 

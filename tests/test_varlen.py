@@ -328,7 +328,11 @@ def _fallback_lines(caplog) -> list[str]:
 
 def _why_not_the_kernel() -> str:
     """Why torch's own kernel does not run here (CPU): this torch has none, or it runs on CUDA only."""
-    return "torch has no varlen_attn" if varlen_kernel() is None else "the kernel does not run on cpu"
+    return (
+        f"torch {torch.__version__} has no varlen_attn"
+        if varlen_kernel() is None
+        else "the kernel does not run on cpu"
+    )
 
 
 @pytest.mark.parametrize("share_prompts", [False, True])
@@ -400,7 +404,10 @@ def test_packed_attention_picks_varlen_on_cuda_with_the_kernel_and_sdpa_otherwis
     assert chosen == VARLEN_ATTENTION and why == "sdpa on each sequence on cpu"
     chosen, why = packed_attention("mps", True, "sdpa")
     assert chosen == "sdpa" and "needs CUDA or CPU" in why
-    assert packed_attention("cuda", False, "sdpa") == ("sdpa", "torch has no varlen_attn")
+    assert packed_attention("cuda", False, "sdpa") == (
+        "sdpa",
+        f"torch {torch.__version__} has no varlen_attn",
+    )
     # A model on another attention keeps it (eager for exactness, flex or flash by the user's choice).
     assert packed_attention("cuda", True, "eager")[0] == "eager"
     assert packed_attention("cuda", True, "flash_attention_2")[0] == "flash_attention_2"
@@ -552,6 +559,27 @@ def test_a_kernel_that_raises_fails_the_live_check_and_the_policy_goes_back_to_s
     with torch.no_grad():
         want = packed_forward(fused_head_call(_model("sdpa")), ids, mask, 7).log_probs
     torch.testing.assert_close(logps, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+     torch.AcceleratorError("CUDA error: an illegal memory access was encountered")],
+)  # fmt: skip
+def test_a_device_fault_in_the_kernel_stops_the_run_instead_of_failing_the_live_check(fault):
+    """Only the kernel's refusal of a call is the live check's to judge: running out of memory, or a device
+    left unusable, is raised as it is, not taken for a path that does not fit and retried on SDPA."""
+
+    def faulty(*args: Any, window_size: tuple[int, int] = (-1, -1), **kwargs: Any) -> torch.Tensor:
+        raise fault
+
+    with _as_varlen(faulty):
+        policy = _model(VARLEN_ATTENTION)
+        passes = PaddingFreePasses("packed", device="cpu")
+        passes.choose(policy)
+        ids, mask = _rows()
+        with pytest.raises(type(fault), match=str(fault).split(".")[0]):
+            passes.forward(_unused, policy, ids, mask, 7, None, False)
 
 
 def _leaky_for_wide_heads(query, key, value, *offsets, window_size=(-1, -1), **options):
@@ -719,8 +747,13 @@ def test_dense_mask_reason_names_what_makes_a_packed_call_build_a_dense_mask():
         == "the kernel does not take torch.float32"
     )
     assert dense_mask_reason("cuda", bf16, 0.1, True, VARLEN_ATTENTION) == "attention dropout is on"
-    assert dense_mask_reason("cuda", bf16, 0.0, False, VARLEN_ATTENTION) == "torch has no varlen_attn"
-    assert dense_mask_reason("cuda", bf16, 0.0, False, "sdpa") == "torch has no varlen_attn"
+    assert (
+        dense_mask_reason("cuda", bf16, 0.0, False, VARLEN_ATTENTION)
+        == f"torch {torch.__version__} has no varlen_attn"
+    )
+    assert (
+        dense_mask_reason("cuda", bf16, 0.0, False, "sdpa") == f"torch {torch.__version__} has no varlen_attn"
+    )
     assert dense_mask_reason("cuda", bf16, 0.0, True, "sdpa") == (
         f"the model is on transformers' sdpa, not {VARLEN_ATTENTION}"
     )
@@ -757,7 +790,7 @@ def test_auto_on_cuda_trims_at_the_first_call_where_packed_attention_would_build
     with caplog.at_level(logging.INFO, logger="prompt_aug"):
         passes.forward(_padded_call, model, ids, mask, 7, None, False)
     lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
-    reason = why if varlen_kernel() is not None else "torch has no varlen_attn"
+    reason = why if varlen_kernel() is not None else f"torch {torch.__version__} has no varlen_attn"
     dense = "a packed call would compute a dense mask"
     assert lines == [f"padding-free passes: trim, not packed (auto on cuda: {dense}: {reason})"]
     assert passes.mode == "trim" and model.config._attn_implementation == "sdpa"
