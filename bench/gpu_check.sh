@@ -97,9 +97,10 @@ fi
 #    printed (the step limit stops the rounds, and a mode that fails ends alone: what ran is still
 #    summarised). PROFILE=1 adds the per-phase profiles (new lengths, then the same round again) of
 #    PROFILE_MODES (default: every mode run), all in $OUT/profile.txt (packed-flex compiles for minutes).
+profile=()
+[ "${PROFILE:-0}" = 1 ] && profile=(--profile "$OUT" ${PROFILE_MODES:+--profile_modes "$PROFILE_MODES"})
 step gpu_round "${LIMIT_ROUND:-190}" python3 bench/gpu_round.py --budget_s "${ROUND_BUDGET:-160}" \
-  --rounds "${ROUNDS:-2}" --modes "${ROUND_MODES:-padded,packed-balanced,packed-shared}" \
-  ${PROFILE:+--profile "$OUT"} ${PROFILE_MODES:+--profile_modes "$PROFILE_MODES"}
+  --rounds "${ROUNDS:-2}" --modes "${ROUND_MODES:-padded,packed-balanced,packed-shared}" "${profile[@]}"
 # 3. The command line on CUDA in bf16, the default path (auto: packed on CUDA), generation and evaluation
 #    included, into a new folder each time (a folder that holds a run is refused).
 if [ "${SMOKE:-1}" != 1 ]; then

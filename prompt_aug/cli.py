@@ -629,6 +629,17 @@ def prepare_output_dir(
         check_log_file(args.output_dir)
     warm_start = resume if resume is not None and not inside else None
     stale = check_output_dir(args.output_dir, inside, script_args.overwrite_output_dir, warm_start)
+    for key, value in (
+        ("model_name_or_path", model_args.model_name_or_path),
+        ("dataset_name", script_args.dataset_name),
+    ):
+        doomed = next((p for p in stale if value and Path(value).exists() and is_inside(value, p)), None)
+        if doomed is not None:  # it would be read, then deleted under the run that reads it
+            raise UsageError(
+                f"{key}: {value} lies in {doomed}, which --overwrite_output_dir true deletes with the "
+                f"earlier run in {args.output_dir}; copy it out of that folder first, or choose another "
+                "--output_dir"
+            )
     if script_args.dataset_mixture is not None:
         check_mixture(script_args.dataset_mixture)
     elif script_args.dataset_name is None:
@@ -662,10 +673,34 @@ def hide_tokens(text: str) -> str:
     'hub_token: ***  # mine\nseed: 1'
     >>> hide_tokens("--hub-token hf_a --seed 1 --hub_token=hf_b")
     '--hub-token *** --seed 1 --hub_token=***'
+    >>> hide_tokens("hub_token: >-\n  hf_abc\nseed: 1")  # a value the patterns miss, read as YAML reads it
+    'hub_token: ***\n  ***\nseed: 1'
     """
+    try:  # a recipe: every value its YAML gives a token key, however it is written (a block, a tag)
+        found = _token_values(yaml.safe_load(text))
+    except yaml.YAMLError:
+        found = set()
     for pattern in _TOKEN_VALUES:
         text = pattern.sub(r"\1***", text)
+    for value in sorted(found, key=len, reverse=True):
+        text = text.replace(value, "***")
     return text
+
+
+def _token_values(node: Any) -> set[str]:
+    """The text values (8 characters or more) of the keys ending in ``_token`` anywhere in a parsed recipe
+    ``node``."""
+    if isinstance(node, list):
+        return set().union(*map(_token_values, node))
+    if not isinstance(node, dict):
+        return set()
+    found = set()
+    for key, value in node.items():
+        secret = isinstance(value, str) and len(value.strip()) >= 8  # not a flag or a number shown everywhere
+        if str(key).lower().endswith("_token") and secret:
+            found.add(value.strip())
+        found |= _token_values(value)
+    return found
 
 
 # The flags that say how a run starts, which the command that resumes it replaces.

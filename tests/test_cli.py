@@ -547,6 +547,13 @@ def test_a_hub_token_in_the_recipe_or_on_the_command_line_is_hidden_in_the_card_
 
     from prompt_aug.cli import interrupted_message, recipe_text
 
+    # YAML's other ways of writing a value: a folded block, a value on the next line, a tag.
+    for extra in (
+        "hub_token: >-\n  hf_BLOCK_123\n",
+        "hub_token:\n  hf_NEXT_LINE_1\n",
+        "hub_token: !!str hf_TAGGED_1\n",
+    ):
+        assert "hf_" not in recipe_text(["--config", str(_recipe(tmp_path, extra=extra))])
     recipe = _recipe(tmp_path, extra="hub_token: hf_FILE  # mine\nenv: {HF_TOKEN: 'hf_ENV', A: 1}\n")
     run = tmp_path / "run"
     argv = ["--config", str(recipe), "--output_dir", str(run), "--hub_token", "hf_CLI", "--hub-token=hf_EQ",
@@ -623,6 +630,22 @@ def test_overwrite_leaves_the_earlier_run_as_it_was_when_a_later_check_fails(tmp
     message = _error([*argv, "--overwrite_output_dir", "true", *bad], capsys)
     assert says in message
     assert {p: p.read_bytes() for p in before if p.is_file()} == before
+
+
+def test_overwrite_refuses_a_model_it_would_delete_from_the_earlier_run(tmp_path, capsys, tiny_model_dir):
+    """A model read from the earlier run's checkpoint would be deleted under the run that reads it (and the
+    card would name a folder that is gone): refused in one line naming the key, nothing deleted."""
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoint-2"
+    shutil.copytree(tiny_model_dir, checkpoint)  # the earlier run's model, as a checkpoint holds it
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    argv = ["--config", str(SMOKE), "--output_dir", str(run), "--overwrite_output_dir", "true"]
+    message = _error([*argv, "--model_name_or_path", str(checkpoint)], capsys)
+    assert (
+        f"error: model_name_or_path: {checkpoint} lies in {checkpoint}, which --overwrite_output_dir"
+        in message
+    )
+    assert {p: p.read_bytes() for p in before} == before
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,9 @@ SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "run"
-    with pytest.MonkeyPatch.context() as patch:  # the run puts the token in its environment
-        patch.delenv("HF_TOKEN", raising=False)
+    with pytest.MonkeyPatch.context() as patch:  # the run puts the token in its environment: put back after
+        patch.setenv("HF_TOKEN", "")
+        patch.delenv("HF_TOKEN")
         train.main(["--config", SMOKE, "--output_dir", str(out), "--hub_token", HUB_TOKEN])
     return out
 
