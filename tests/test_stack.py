@@ -280,9 +280,12 @@ for main_port, other_port in ((int(sys.argv[1]), int(sys.argv[2])), (int(sys.arg
     )
     try:
         stack.wait_for_vllm_server(config, "my/model", report_every=1.0)
-        print(f"rank {rank}: up", flush=True)
+        verdict = "up"
     except stack.StackError as err:
-        print(f"rank {rank}: {err}", flush=True)
+        verdict = str(err)
+    # One write a line: print writes the line and its end apart, and unbuffered the two processes' interleave.
+    sys.stdout.write(f"rank {rank}: {verdict}\\n")
+    sys.stdout.flush()
 # As a run ends: leave the group the verdict was broadcast over before Python exits (a gloo worker thread
 # still holding the broadcast's tensor at interpreter teardown aborts the process).
 from prompt_aug.train import close_process_group
