@@ -12,13 +12,10 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .records import generated_first
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
-
-if TYPE_CHECKING:
-    from .batches import BatchArithmetic
 
 # The evaluation entry point writes its markdown table here, under the trained model's folder.
 EVAL_TABLE_PATH = Path("eval") / "results.md"
@@ -90,8 +87,9 @@ class ModelCardInfo:
     # Off: the baseline arm, every question under the one template in ``templates``.
     prompt_augmentation: bool = True
     tags: list[str] | None = None  # None: `default_tags`
-    # This launch's rounds (processes, questions and completions per round, rounds planned); None: not shown.
-    arithmetic: BatchArithmetic | None = None
+    # This launch's rounds, a `prompt_aug.batches.BatchArithmetic` (processes, questions and completions per
+    # round, rounds planned; not imported here: that module reads the data sources); None: not shown.
+    arithmetic: Any = None
     chat_template_kwargs: dict[str, Any] | None = None  # what training rendered the chat template with
 
     def __post_init__(self) -> None:
@@ -117,7 +115,7 @@ def model_card_info(
     weights: list[float],
     num_rows: int,
     prompt_template: Template | None = None,
-    arithmetic: BatchArithmetic | None = None,
+    arithmetic: Any = None,
 ) -> ModelCardInfo:
     """What the card says about a recipe's run: base model, recipe text, template bank, dataset, whether
     prompt augmentation was on (``args.prompt_augmentation``), the evaluation template as training
@@ -251,7 +249,7 @@ def render_model_card(
     return "\n".join(lines)
 
 
-def _round_lines(arithmetic: BatchArithmetic | None, log_history: list[dict[str, Any]]) -> list[str]:
+def _round_lines(arithmetic: Any, log_history: list[dict[str, Any]]) -> list[str]:
     """The card's lines on this launch's rounds: processes, questions and completions a round, and the rounds
     trained (the last logged ``round``) and planned.
 
