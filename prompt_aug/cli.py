@@ -673,7 +673,7 @@ def hide_tokens(text: str) -> str:
     'hub_token: ***  # mine\nseed: 1'
     >>> hide_tokens("--hub-token hf_a --seed 1 --hub_token=hf_b")
     '--hub-token *** --seed 1 --hub_token=***'
-    >>> hide_tokens("hub_token: >-\n  hf_abc\nseed: 1")  # a value the patterns miss, read as YAML reads it
+    >>> hide_tokens("hub_token: >-\n  hf_abcdef\nseed: 1")  # a value the patterns miss, as YAML reads it
     'hub_token: ***\n  ***\nseed: 1'
     """
     try:  # a recipe: every value its YAML gives a token key, however it is written (a block, a tag)
