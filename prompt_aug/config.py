@@ -414,12 +414,20 @@ def check_config(args: Any) -> None:
     if args.logging_strategy == "no" and not evaluating:  # the guard reads log lines: it would never act
         for name, (threshold_key, _) in SIGNALS.items():
             action = getattr(args, f"collapse_{name}_action")
-            if getattr(args, threshold_key) is not None and action != "log":
+            if getattr(args, threshold_key) is None:
+                continue
+            if action != "log":
                 raise ValueError(
                     f"collapse_{name}_action: {action} with {threshold_key} set, but logging_strategy is no: "
                     "the collapse guard reads the log lines and would never fire; set logging_strategy: "
                     f"steps, or unset {threshold_key}"
                 )
+            warnings.warn(  # only a log line to lose, but the author set a watch that cannot see anything
+                f"{threshold_key}: no effect, since logging_strategy is no (the collapse guard reads the log "
+                f"lines); set logging_strategy: steps, or unset {threshold_key}",
+                UserWarning,
+                stacklevel=2,
+            )
     for line in inert_keys(args):
         warnings.warn(line, UserWarning, stacklevel=2)
 

@@ -384,9 +384,18 @@ def test_a_guard_that_saves_or_stops_is_refused_when_no_log_line_would_reach_it(
         parse("--logging_strategy", "no")
     with pytest.raises(ValueError, match=r"collapse_accuracy_action: checkpoint .* logging_strategy is no"):
         parse("--logging_strategy", "no", "--collapse_entropy_action", "log")
-    logged_only = parse(
-        "--logging_strategy", "no", "--collapse_entropy_action", "log", "--collapse_accuracy_action", "log"
-    )
+    # Watches whose action is only a log line: kept, with a warning naming each, as they see nothing.
+    with pytest.warns(UserWarning) as warned:
+        logged_only = parse(
+            "--logging_strategy",
+            "no",
+            "--collapse_entropy_action",
+            "log",
+            "--collapse_accuracy_action",
+            "log",
+        )
+    blind = [str(w.message).split(":")[0] for w in warned if "logging_strategy is no" in str(w.message)]
+    assert set(blind) == {"collapse_entropy_floor", "collapse_accuracy_drop", "collapse_repetition_ceiling"}
     assert guard_from_args(logged_only, 1) is not None
     # Evaluation during training logs a line at each evaluation, with the training metrics since the last.
     with_eval = parse("--logging_strategy", "no", "--eval_benchmarks", "math500", "--eval_every_steps", "2")
