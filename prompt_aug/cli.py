@@ -742,14 +742,15 @@ def interrupted_message(
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         launch = "python" if world <= 1 else f"<the same launcher, on {world} processes>"
         command = " ".join([*kept, "--resume_from_checkpoint", "true"])
+        shown = hide_tokens(command)
         lines += [
             (
                 f"Last checkpoint: {last}. "
                 "Resume with the same launch command plus --resume_from_checkpoint true:"
             ),
-            f"  {launch} -m prompt_aug.train {hide_tokens(command)}",
+            f"  {launch} -m prompt_aug.train {shown}",
         ]
-        if hide_tokens(command) != command:
+        if shown != command:
             lines.append("(*** stands for the token given: put it back, or set HF_TOKEN instead.)")
     return "\n".join(lines)
 

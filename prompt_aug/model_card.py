@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .records import generated_first
+from .records import generated_first, is_number
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
 # The evaluation entry point writes its markdown table here, under the trained model's folder.
@@ -259,7 +259,7 @@ def _round_lines(arithmetic: Any, log_history: list[dict[str, Any]]) -> list[str
     """
     if arithmetic is None:
         return []
-    logged = [int(e["round"]) for e in log_history if isinstance(e.get("round"), (int, float))]
+    logged = [int(e["round"]) for e in log_history if is_number(e.get("round"))]
     rounds = [f"{max(logged)} trained"] * bool(logged)
     rounds += [f"{arithmetic.total_rounds} planned"] * (arithmetic.total_rounds is not None)
     each = f"{arithmetic.questions_per_round} questions, {arithmetic.completions_per_round} completions"

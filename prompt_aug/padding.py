@@ -603,8 +603,10 @@ class PaddingFreePasses:
         """Whether this call shares prompts: only the policy (the model `choose` was given) does, on
         `prompt_aug.varlen`'s attention, the one attention that reads that layout, and only once a live check
         on it has passed (else sharing stops, in one log line); a reference model runs unshared."""
+        if not self.share_prompts:  # every packed call asks: the common answer before any unwrapping
+            return False
         unwrapped = unwrap_model(model)[0]
-        if not self.share_prompts or attention_of(unwrapped) != VARLEN_ATTENTION:
+        if attention_of(unwrapped) != VARLEN_ATTENTION:
             return False
         if self._policy is not None and unwrapped is not self._policy:
             return False
