@@ -43,6 +43,7 @@ from .faults import (
     last_complete_checkpoint,
 )
 from .logging_utils import check_log_file
+from .records import LogFileError
 from .reward_checks import RewardFunctionError
 from .sources import LOCAL_MODELS, SourceError, check_mixture, check_source, resolve_local_model
 
@@ -54,7 +55,7 @@ class UsageError(ValueError):
 
 
 # What a user sees for these instead of a traceback (the entry point turns them into one line).
-USER_ERRORS = (UsageError, SourceError, FaultError, RewardFunctionError)
+USER_ERRORS = (UsageError, SourceError, FaultError, LogFileError, RewardFunctionError)
 
 
 class RecipeParser(TrlParser):

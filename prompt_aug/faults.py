@@ -38,6 +38,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import HubStrategy
 
+from .records import checkpoint_folders, checkpoint_number
+
 logger = logging.getLogger("prompt_aug")
 
 # sysexits.h's EX_TEMPFAIL: "a temporary failure, the user is invited to retry".
@@ -452,17 +454,6 @@ def saved_parts(args: Any) -> dict[str, bool]:
     }
 
 
-def _checkpoint_number(path: Path) -> int:
-    found = re.fullmatch(r"checkpoint-(\d+)", path.name)
-    return int(found.group(1)) if found else -1
-
-
-def checkpoint_folders(output_dir: str | Path) -> list[Path]:
-    """The ``checkpoint-N`` folders of ``output_dir``, newest (highest N) first."""
-    found = (p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and _checkpoint_number(p) >= 0)
-    return sorted(found, key=_checkpoint_number, reverse=True)
-
-
 def last_complete_checkpoint(
     output_dir: str | Path, optimizer: bool = True, processes: int | None = None, entropy: bool = False
 ) -> tuple[str | None, list[tuple[str, str]]]:
@@ -554,7 +545,7 @@ def later_checkpoints_problem(
     later = [
         p.name
         for p in reversed(checkpoint_folders(output_dir))  # oldest first
-        if _checkpoint_number(p) > step and checkpoint_problem(p, optimizer, processes, entropy) is None
+        if checkpoint_number(p) > step and checkpoint_problem(p, optimizer, processes, entropy) is None
     ]
     if not later:
         return None

@@ -26,10 +26,7 @@ from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from rewards.controls import ACCURACY_MEAN_KEYS, FORMAT_MEAN_KEYS
 
-from .faults import FaultError
-from .records import ACCURACY_KEY, generated_first, generation_round
-
-LOG_FILE = "logs.jsonl"
+from .records import ACCURACY_KEY, LOG_FILE, generated_first, generation_round, read_log_entries
 
 logger = logging.getLogger("prompt_aug")
 
@@ -144,41 +141,6 @@ class CompactPrinterCallback(TrainerCallback):
     ) -> None:
         if state.is_world_process_zero and logs:
             print(compact_line(logs, state.global_step, state.max_steps, args), flush=True)
-
-
-class LogFileError(FaultError):
-    """``logs.jsonl`` holds a line that is no log entry; the message names the file and the line."""
-
-
-def read_log_entries(path: Path, warn: bool = True) -> list[tuple[str, dict[str, Any]]]:
-    """Each line of the ``logs.jsonl`` at ``path`` with its entry; a last line that does not parse (a crash
-    cut it short) is left out, with a warning naming the file (``warn``).
-
-    Raises:
-        LogFileError: another line is not a JSON object with a ``step``; names the file and the line.
-    """
-    lines = path.read_text().splitlines()
-    entries = []
-    for number, line in enumerate(lines, 1):
-        try:
-            entry = json.loads(line)
-        except ValueError as err:
-            if number == len(lines):
-                if warn:
-                    logger.warning(
-                        "%s: its last line (%d) is cut short, a crash mid-write; left out", path, number
-                    )
-                break
-            raise LogFileError(
-                f"{path}, line {number}: not JSON ({err}); delete that line (or the file) and resume again"
-            ) from None
-        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
-            raise LogFileError(
-                f"{path}, line {number}: not a log entry (a JSON object with an integer step); delete that "
-                "line (or the file) and resume again"
-            )
-        entries.append((line, entry))
-    return entries
 
 
 def check_log_file(output_dir: str | Path) -> None:

@@ -44,11 +44,20 @@ from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.colors import hsv_to_rgb
 from matplotlib.ticker import MaxNLocator
 
+from rewards.controls import ACCURACY_MEAN_KEYS
+
 from .evaluation.report import shown_name
-from .faults import checkpoint_folders
-from .logging_utils import ACCURACY_KEYS, LOG_FILE, LogFileError, read_log_entries
 from .model_card import evaluation_made_by, weights_match
-from .records import GENERATED, generated_first, is_number
+from .records import (
+    ACCURACY_KEY,
+    GENERATED,
+    LOG_FILE,
+    LogFileError,
+    checkpoint_folders,
+    generated_first,
+    is_number,
+    read_log_entries,
+)
 from .templates import DEFAULT_EVAL_TEMPLATE, load_templates
 
 logger = logging.getLogger("prompt_aug.plot")
@@ -60,7 +69,8 @@ CURVES: list[tuple[str, str, list[str], bool]] = [
     (
         "Training accuracy",
         "share graded right",
-        list(generated_first(ACCURACY_KEYS)),
+        # `prompt_aug.logging_utils.ACCURACY_KEYS`, composed here: that module imports transformers and torch.
+        list(generated_first((ACCURACY_KEY, *ACCURACY_MEAN_KEYS))),
         True,
     ),
     ("Total reward", "reward", list(generated_first(["reward"])), False),

@@ -1,4 +1,5 @@
-"""What a training run logs beside TRL's keys: the generation round, and a bounded W&B completions table.
+"""What a training run logs beside TRL's keys (the generation round, a bounded W&B completions table), and
+reading back what it leaves in its output folder: ``logs.jsonl`` and the ``checkpoint-N`` folders.
 
 **Round.** The paper (verl) counts one step per generation round: a batch of questions, all their
 rollouts, and every optimizer step trained on them. TRL, checkpoint names and ``state.global_step``
@@ -25,10 +26,15 @@ records stay complete.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import math
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger("prompt_aug")
 
 # Dynamic sampling (`prompt_aug.extensions.dynamic_sampling`) logs TRL's reward and truncation metrics again
 # under this prefix, over every generated completion (TRL's reward metrics cover the trained groups only).
@@ -201,3 +207,55 @@ def upload_sampled_table(output_dir: str, global_step: int, rows: int | None, se
     frame = sample_records(path, rows, seed + global_step)
     wandb.log({"completions": wandb.Table(dataframe=frame)})
     return len(frame)
+
+
+# The file `prompt_aug.logging_utils.JsonlLogCallback` writes in a run's output folder: every log entry, one
+# JSON object per line.
+LOG_FILE = "logs.jsonl"
+
+
+class LogFileError(RuntimeError):
+    """``logs.jsonl`` holds a line that is no log entry; the message names the file and the line."""
+
+
+def read_log_entries(path: Path, warn: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """Each line of the ``logs.jsonl`` at ``path`` with its entry; a last line that does not parse (a crash
+    cut it short) is left out, with a warning naming the file (``warn``).
+
+    Raises:
+        LogFileError: another line is not a JSON object with a ``step``; names the file and the line.
+    """
+    lines = path.read_text().splitlines()
+    entries = []
+    for number, line in enumerate(lines, 1):
+        try:
+            entry = json.loads(line)
+        except ValueError as err:
+            if number == len(lines):
+                if warn:
+                    logger.warning(
+                        "%s: its last line (%d) is cut short, a crash mid-write; left out", path, number
+                    )
+                break
+            raise LogFileError(
+                f"{path}, line {number}: not JSON ({err}); delete that line (or the file) and resume again"
+            ) from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
+            raise LogFileError(
+                f"{path}, line {number}: not a log entry (a JSON object with an integer step); delete that "
+                "line (or the file) and resume again"
+            )
+        entries.append((line, entry))
+    return entries
+
+
+def checkpoint_number(path: Path) -> int:
+    """N of a ``checkpoint-N`` folder; -1 for any other name."""
+    found = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    return int(found.group(1)) if found else -1
+
+
+def checkpoint_folders(output_dir: str | Path) -> list[Path]:
+    """The ``checkpoint-N`` folders of ``output_dir``, newest (highest N) first."""
+    found = (p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and checkpoint_number(p) >= 0)
+    return sorted(found, key=checkpoint_number, reverse=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -525,3 +527,13 @@ def test_an_evaluation_of_another_shape_is_one_line_naming_it(tmp_path, extra):
         SystemExit, match=r"^prompt-aug-plot: error: .*results.json: not prompt-aug-eval's .*again"
     ):
         main([str(run), "-o", str(tmp_path / "x.png")])
+
+
+def test_plotting_imports_neither_torch_nor_transformers():
+    # A run's curves are drawn on a laptop from its logs; the plot reads them without the training stack.
+    code = (
+        "import sys, prompt_aug.plot\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

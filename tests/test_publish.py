@@ -665,7 +665,8 @@ def test_a_resumed_run_skips_a_last_log_line_cut_short_and_names_any_other_bad_l
     import re
     from types import SimpleNamespace
 
-    from prompt_aug.logging_utils import JsonlLogCallback, LogFileError
+    from prompt_aug.logging_utils import JsonlLogCallback
+    from prompt_aug.records import LogFileError
 
     log = tmp_path / "logs.jsonl"
     lines = [json.dumps({"step": s, "reward": s / 10}) for s in (4, 8, 12)]
