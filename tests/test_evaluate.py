@@ -450,6 +450,47 @@ def test_torn_last_line_is_dropped(tmp_path):
     assert path.read_text().endswith("}\n")
 
 
+def test_a_torn_last_line_is_cut_in_place_even_when_the_disk_takes_no_more(tmp_path):
+    """Cutting the torn line writes nothing: with no room to write (a full disk), every whole record stays."""
+    import resource
+
+    path = tmp_path / "completions.jsonl"
+    records = [{"benchmark": "amc", "template": "qwen-math", "run": 0, "index": i, "completion": "x" * 1000}
+               for i in range(100)]  # fmt: skip
+    whole = "".join(json.dumps(r) + "\n" for r in records)
+    path.write_text(whole + '{"benchmark": "am')
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, limit[1]))  # writes past 50 KB fail, as on a full disk
+    try:
+        assert read_records(path) == records
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert path.read_text() == whole
+
+
+def test_a_line_torn_inside_a_character_is_cut_and_an_earlier_undecodable_line_is_named(tmp_path):
+    path = tmp_path / "completions.jsonl"
+    record = {
+        "benchmark": "amc",
+        "template": "qwen-math",
+        "run": 0,
+        "index": 0,
+        "completion": "x = π/2\u2028",
+    }
+    line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+    torn = line[: line.index("π".encode()) + 1]  # the write stopped between the two bytes of π
+    path.write_bytes(line + torn)
+    assert read_records(path) == [record]
+    assert path.read_bytes() == line
+    path.write_bytes(torn + b"\n" + line)
+    with pytest.raises(
+        EvalError, match=rf"^{re.escape(str(path))}, line 1: not UTF-8 text .*delete that line"
+    ):
+        read_records(path)
+
+
 def test_callback_logs_eval_metrics(tiny_model_dir, tokenizer, suite_dir):
     from transformers import AutoModelForCausalLM, TrainerControl, TrainerState
 
@@ -680,7 +721,8 @@ def test_vllm_context_follows_the_models_config(tiny_model_dir):
 
     context = model_context_length(str(tiny_model_dir))
     assert context == 2048  # the smoke model's max_position_embeddings
-    assert vllm_max_model_len(None, 100, 3000, context) == 2048  # was a constant 4096: vLLM refused it
+    # A context the model lacks is never asked for (vLLM refuses it), however long the run.
+    assert vllm_max_model_len(None, 100, 3000, context) == 2048
     assert vllm_max_model_len(None, 100, 500, context) == 600
 
 
@@ -1120,6 +1162,34 @@ def test_a_resume_grades_again_what_another_grader_graded_and_keeps_its_own_verd
         (True, grader_version()),
         (False, grader_version()),
     ]
+
+
+def test_a_resume_grades_again_under_a_templates_edited_rules_and_asks_again_under_its_edited_wording(
+    tmp_path,
+):
+    """An edited answer rule or set of markers grades the stored completions again (no new generation);
+    edited wording is another prompt, asked again."""
+    model = build_turn_then_eos_model(tmp_path / "turn-then-eos")  # answers \boxed{9} to anything
+    questions, bank, out = tmp_path / "sums.jsonl", tmp_path / "bank.yaml", tmp_path / "eval"
+    questions.write_text(json.dumps({"question": "What is $4 + 5$?", "answer": "9"}) + "\n")
+
+    def run(system: str, answer: str, markers: str) -> tuple[dict, dict]:
+        bank.write_text(f"- {{name: mine, system: '{system}', user: '{{question}}', answer: {answer}, "
+                        f"markers: {markers}}}\n")  # fmt: skip
+        results = _eval(model, tmp_path, out, "--benchmarks", str(questions), "--dtype", "float32",
+                        "--stop", "eos", "--templates_file", str(bank), "--template", "mine")  # fmt: skip
+        (record,) = _lines(out / "completions.jsonl")
+        return results, record
+
+    results, record = run("Box it.", "boxed", "[]")
+    assert results["new_completions"] == 1 and (record["correct"], record["format_score"]) == (True, 1.0)
+    results, record = run("Box it.", "boxed", "['<answer>']")  # a marker the completion lacks
+    assert results["new_completions"] == 0 and (record["correct"], record["format_score"]) == (True, 0.0)
+    results, record = run("Box it.", "tag", "['<answer>']")  # the box must now be inside <answer>
+    assert results["new_completions"] == 0 and record["correct"] is False
+    assert results["results"]["mine"]["micro"] == 0.0
+    results, _ = run("Box it, please.", "tag", "['<answer>']")
+    assert results["new_completions"] == 1
 
 
 def test_help_names_the_papers_stop_rule_and_a_folder_keeps_its_stop_rule(

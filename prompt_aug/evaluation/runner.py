@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from rewards.formats import resolve_rules
 from rewards.grading.grade import grade_batch
 
 from ..templates import Template
@@ -49,9 +50,22 @@ def score_completions(
             "correct": bool(v.correct),
             "format_score": v.format_score,
             "grader": grader,
+            "rules": rules_digest(template),
         }
-        for v in verdicts
+        for v, template in zip(verdicts, templates, strict=True)
     ]
+
+
+def rules_digest(template: Template | str) -> str:
+    """A digest of what in ``template`` decides a verdict: its answer rule and format markers (a built-in
+    template by name: today's built-in rules). A stored verdict under other rules is graded again on resume.
+
+    >>> rules_digest("qwen-math") == rules_digest("qwen-math"), len(rules_digest("qwen-math"))
+    (True, 12)
+    """
+    rules = resolve_rules(template)
+    text = json.dumps([rules.answer, list(rules.markers)])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @functools.cache
@@ -81,23 +95,26 @@ def _key(record: dict[str, Any]) -> RecordKey:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records in a JSONL file; a torn last line (an interrupted write) is cut off the file.
+    """The records in a JSONL file; a torn last line (an interrupted write, which may end inside a character)
+    is cut off the file.
 
     Raises:
         EvalError: another line is not a JSON record, naming the file and the line.
     """
     if not path.is_file():
         return []
-    text = path.read_text(encoding="utf-8")
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-        path.write_text(text, encoding="utf-8")
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):  # cut in place: the whole lines before the torn one are never written again
+        os.truncate(path, end)
     records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
+    for number, raw in enumerate(data[:end].split(b"\n"), 1):
+        if not raw.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            record, why = None, f"not UTF-8 text ({err.reason} at byte {err.start})"
         except ValueError as err:
             record, why = None, f"not JSON ({err})"
         else:
@@ -334,7 +351,7 @@ def fold_shards(records_path: Path) -> int:
     if replaced:
         write_records(records_path, records)
     else:
-        with records_path.open("a") as sink:
+        with records_path.open("a", encoding="utf-8") as sink:
             sink.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in added)
     for shard in shards:
         shard.unlink()
@@ -459,7 +476,7 @@ def generate_and_grade(
     bar = tqdm(
         total=mine, unit="q", desc="evaluating", disable=not progress or not mine or not processes.main
     )
-    with open(sink_path if processes.keeps_records else os.devnull, "a") as sink:
+    with open(sink_path if processes.keeps_records else os.devnull, "a", encoding="utf-8") as sink:
         for batch in batches:
             seeds = [
                 seed
@@ -523,19 +540,25 @@ def _refresh_stored(
 ) -> list[dict[str, Any]]:
     """The stored records that still answer today's questions, with ``records_path`` rewritten to hold
     them: one whose prompt is not today's rendering of its question and template (the question set, its
-    order or a template changed since) is dropped, to be asked again; one whose gold answer changed since
-    (a corrected gold), or that another grader graded (`grader_version`), is graded again. Records of
+    order or a template's wording changed since) is dropped, to be asked again; one whose gold answer
+    changed since (a corrected gold), that another grader graded (`grader_version`) or that was graded under
+    other template rules (`rules_digest`: an edited answer rule or markers) is graded again. Records of
     questions or templates not asked now are kept as they are."""
     records = read_records(records_path)
     golds = {(p.benchmark, p.index): p.gold for p in problems}
     by_name = {t.name: t for t in templates}
+    rules = {t.name: rules_digest(t) for t in templates}
     kept, regrade = [], []
     for record in records:
         prompt = rendered.get((record["benchmark"], record["template"], int(record["index"])))
         if prompt is not None and record.get("prompt") != prompt:
             continue
         gold = golds.get((record["benchmark"], int(record["index"])))
-        stale = record.get("gold") != gold or record.get("grader") != grader_version()
+        stale = (
+            record.get("gold") != gold
+            or record.get("grader") != grader_version()
+            or record.get("rules") != rules.get(record["template"])
+        )
         if prompt is not None and gold is not None and stale:
             record = {**record, "gold": gold}
             regrade.append(record)
@@ -552,7 +575,8 @@ def _refresh_stored(
         write_records(records_path, kept)
         logger.info(
             "%s: %d completions made for other prompts dropped (the questions or a template changed since; "
-            "asked again), %d graded again (their gold answer or the grader changed)", records_path,
+            "asked again), %d graded again (their gold answer, the grader or the template's rules "
+            "changed)", records_path,
             len(records) - len(kept), len(regrade),
         )  # fmt: skip
     return kept
@@ -578,7 +602,7 @@ def _merge_shares(
             (r for share in gathered for r in share),
             key=lambda r: (rank_in_order[position[_key(r)]], int(r.get("sample", 0))),
         )
-        with records_path.open("a") as sink:
+        with records_path.open("a", encoding="utf-8") as sink:
             sink.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in merged)
         logger.info(
             "merged %d new completions of %d processes (%s) into %s",
