@@ -13,10 +13,13 @@ Supported sources:
 * ``synthetic-addition``: the 55 one-digit sums of the learning demo (no network).
 * SimpleRL-Zoo in verl layout (the paper's set), from the Hub (``hkust-nlp/SimpleRL-Zoo-Data`` with
   ``dataset_config: simplelr_qwen_level3to5``) or a local folder of its parquet files. The question
-  is the user turn of ``prompt``; the gold is ``reward_model.ground_truth``.
+  is the user turn of ``prompt``; the gold is ``reward_model.ground_truth`` (also when only
+  ``question_column`` is named).
 * MATH (``DigitalLearningGmbH/MATH-lighteval``): gold read from the boxed answer of ``solution``,
   optionally filtered by ``level``.
-* Anything else through a column mapping (``question_column``, ``answer_column``).
+* Anything else through a column mapping (``question_column``, ``answer_column``; ``struct.field`` names a
+  field of a column of mappings). An answer cell in GSM8K's form (``... #### 72``) gives the text after its
+  last ``####``, and one over several lines its last ``\\boxed{}`` (without one, the row is dropped).
 
 Preview what a recipe will train on::
 
@@ -33,13 +36,14 @@ import math
 import numbers
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import datasets
 
-from rewards.grading.extract import number_text
+from rewards.grading.extract import last_boxed, number_text
 
 from .collator import FORMAT_COLUMNS, TRL_REWARD_ARGUMENTS
 from .mixture import dataset_mixture
@@ -68,6 +72,8 @@ from .sources import (
 from .templates import TemplateError
 
 MATH_HUB_ID = "DigitalLearningGmbH/MATH-lighteval"
+VERL_GOLD = "reward_model.ground_truth"  # where a verl-layout row keeps its gold
+GSM8K_MARK = "####"  # GSM8K's worked answers end with ``#### <final answer>``
 
 
 class DataError(ValueError):
@@ -170,6 +176,8 @@ class DataReport:
     read: int
     rows: int
     dropped: Counter
+    # A mixture's sources, by the index their uids start with.
+    sources: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return "\n  ".join([self.summary(), *self.drops(), *self.notes()])
@@ -236,8 +244,17 @@ def _row_uids(questions: list[str], ids: list[Any] | None, column: str) -> tuple
     return uids, notes
 
 
-def _is_nan(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value)
+def gold_text(value: Any) -> str:
+    """A gold value as text: a number in positional digits, as `number_text` writes a float (a decimal too);
+    a bool as ``True``/``False``.
+
+    >>> gold_text(Decimal("142.000")), gold_text(Decimal("1.50")), gold_text(Decimal("1E+2")), gold_text(True)
+    ('142', '1.5', '100', 'True')
+    """
+    if isinstance(value, Decimal) and value.is_finite():
+        text = format(value, "f")
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return number_text(value)
 
 
 def _gold(answer: Any) -> str | list[str] | None:
@@ -247,20 +264,26 @@ def _gold(answer: Any) -> str | list[str] | None:
     if isinstance(answer, (list, tuple)):
         return [
             text
-            for text in (number_text(a).strip() for a in answer if a is not None and not _is_nan(a))
+            for text in (gold_text(a).strip() for a in answer if a is not None and not _is_nan(a))
             if text
         ]
-    return number_text(answer).strip()
+    return gold_text(answer).strip()
+
+
+def _is_nan(value: Any) -> bool:
+    if isinstance(value, Decimal):
+        return value.is_nan()
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value)
 
 
 def _gold_problem(answer: Any) -> str | None:
-    """Why a raw gold answer cannot be graded, or None: the grader reads text and numbers (or lists of
-    them); a real NaN (not the text "nan") and other types (a dict, ...) are bad data."""
+    """Why a raw gold answer cannot be graded, or None: the grader reads text, numbers and bools (or lists
+    of them); a real NaN (not the text "nan") and other types (a dict, ...) are bad data."""
     if _is_nan(answer):
         return "NaN gold answer"
     values = answer if isinstance(answer, (list, tuple)) else [answer]
     for value in values:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, numbers.Real))):
+        if value is not None and not isinstance(value, (str, numbers.Real, Decimal)):
             inside = " in a list" if values is answer else ""
             return f"gold answer of type {type(value).__name__}{inside}"
     if _gold(answer) in (None, "", []):
@@ -349,8 +372,13 @@ def to_rows(
                 f"no row has a level in {levels}; column 'level' holds {shown} (fix dataset_levels)"
             )
         ds = ds.select(read_index)
-    if is_verl_layout(cols, question_column, answer_column):
-        q_col, a_col = "prompt", "reward_model.ground_truth"
+    # Naming verl's own columns reads the layout as naming none does.
+    named = (
+        None if question_column == "prompt" else question_column,
+        None if answer_column == VERL_GOLD else answer_column,
+    )
+    if is_verl_layout(cols, *named):
+        q_col, a_col = "prompt", VERL_GOLD
         consumed = {"prompt", "reward_model", "question"}  # SimpleRL-Zoo's file also holds the raw question
         raw_questions = list(ds["prompt"])
         answers = [verl_gold(rm) for rm in ds["reward_model"]]
@@ -359,6 +387,8 @@ def to_rows(
     else:
         q_col = pick_column(cols, question_column, QUESTION_GUESSES)
         a_col = pick_column(cols, answer_column, ANSWER_GUESSES)
+        if a_col is None and "reward_model" in cols:  # verl's gold beside a question column named
+            a_col = VERL_GOLD
         if q_col is None:
             raise DataError(
                 f"no question column (tried {list(QUESTION_GUESSES)}); set `question_column`. Columns: {cols}"
@@ -368,14 +398,20 @@ def to_rows(
                 f"no answer column (tried {list(ANSWER_GUESSES)}); set `answer_column`. Columns: {cols}"
             )
         _require(ds, q_col, "question")
-        _require(ds, a_col, "answer")
+        answers, a_from = answer_values(ds, a_col)
         raw_questions = list(ds[q_col])
-        answers = as_stored(list(ds[a_col]), ds.features[a_col])
         if a_col == "solution":
             answers, unboxed = solution_golds(answers)
+        else:
+            answers, unboxed, worked = worked_golds(answers)
+            if worked:
+                dropped.notes.append(
+                    f"{worked} gold(s) of column {a_col!r} are worked solutions: each gives the text after "
+                    "its last `####`, else its last \\boxed{}"
+                )
         if "uid" in cols:
             ids = list(ds["uid"])
-        consumed = {q_col, a_col, "uid"}
+        consumed = {q_col, a_from, "uid"}
     dropped.answer_column = a_col
     questions = [question_text(q) for q in raw_questions]
     check_column_names(cols, consumed, {"question": q_col, "answer": a_col})
@@ -383,9 +419,14 @@ def to_rows(
     keep = []
     for i, (question, answer) in enumerate(zip(questions, answers)):
         problem = _gold_problem(answer)
-        if i in unboxed:  # a plain answer in a `solution` column (as in some TRL datasets) is not read
+        if i in unboxed and a_col == "solution":  # a plain answer there (as in some TRL datasets) is not read
             problem = (
                 "no \\boxed{} in the solution (its last box is the gold; rename a column of plain answers)"
+            )
+        elif i in unboxed:
+            problem = (
+                "worked solution with no final answer (no `####` line, no \\boxed{}); set answer_column to "
+                "a column of final answers"
             )
         if problem is not None:
             dropped.add(problem, read_index[i], a_col)
@@ -416,6 +457,56 @@ def to_rows(
         features = datasets.Features({**rows.features, **{c: ds.features[c] for c in extra}})
         rows = datasets.Dataset.from_dict({**columns, **{c: kept[c] for c in extra}}, features=features)
     return rows, dropped
+
+
+def answer_values(ds: datasets.Dataset, column: str) -> tuple[list[Any], str]:
+    """The values of the answer column, and the column they are read from. ``struct.field`` (no column of
+    that name) reads ``field`` of each row's mapping in ``struct`` (stored as it is or as JSON text). A
+    class-label column gives its label names, not their indices.
+
+    Raises:
+        DataError: the column (or ``struct``) is missing, naming the columns there are.
+    """
+    struct, dot, key = column.partition(".")
+    if column not in ds.column_names and dot and struct in ds.column_names:
+        feature = ds.features[struct]
+        inner = feature.get(key) if isinstance(feature, dict) else None
+        return _stored([json_field(value, key) for value in ds[struct]], inner), struct
+    _require(ds, column, "answer")
+    return _stored(list(ds[column]), ds.features[column]), column
+
+
+def _stored(values: list[Any], feature: Any) -> list[Any]:
+    """Values as their column stores them (``feature``: its type): a class label as its name, a float32 in
+    its own precision (`as_stored`)."""
+    labels = feature if isinstance(feature, datasets.ClassLabel) else getattr(feature, "feature", None)
+    if not isinstance(labels, datasets.ClassLabel):
+        return as_stored(values, feature)
+
+    def name(v: int | None) -> str | None:
+        return None if v is None or v < 0 else labels.int2str(v)  # -1: no label
+
+    return [[name(v) for v in value] if isinstance(value, list) else name(value) for value in values]
+
+
+def worked_golds(values: list[Any]) -> tuple[list[Any], set[int], int]:
+    """The golds of an answer column, the rows that have none, and how many were read from a worked
+    solution. A cell in GSM8K's form gives the text after its last ``####``; one over several lines, its
+    last ``\\boxed{}``, and none without one. Other cells are golds as they are.
+
+    >>> worked_golds(["24 + 48 = 72.\\n#### 72", "7", "So\\n$\\\\boxed{5}$.", "Add 3.\\nThen 4."])
+    (['72', '7', '5', None], {3}, 2)
+    """
+    golds, unread, worked = [], set(), 0
+    for i, value in enumerate(values):
+        if isinstance(value, str) and (GSM8K_MARK in value or "\n" in value.strip()):
+            gold = value.rpartition(GSM8K_MARK)[2].strip() if GSM8K_MARK in value else last_boxed(value)
+            worked += gold is not None
+            if gold is None:
+                unread.add(i)
+            value = gold
+        golds.append(value)
+    return golds, unread, worked
 
 
 def filter_long_prompts(
@@ -566,7 +657,8 @@ def mix_sources(
             dropped[f"{label}: beyond its fraction of the mixture"] += extra
         dropped.notes += [f"{label}: {note}" for note in getattr(report.dropped, "notes", [])]
     names = ", ".join(f"{label} ({len(p)} rows)" for label, p in zip(labels, parts, strict=True))
-    return mixed, DataReport(f"mixture of {names}", sum(r.read for r in reports), len(mixed), dropped)
+    read_rows = sum(r.read for r in reports)
+    return mixed, DataReport(f"mixture of {names}", read_rows, len(mixed), dropped, sources=labels)
 
 
 def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datasets.Dataset]:
@@ -724,12 +816,19 @@ def load_train_dataset(
                 raise DataError(f"{read[0].key}: {err}") from None
         if not args.prompt_augmentation:
             dataset = plain_prompts(dataset, eval_template)
-        dataset, n_long = filter_long_prompts(
+        kept, n_long = filter_long_prompts(
             dataset, templates, tokenizer, script_args.max_prompt_length, args.chat_template_kwargs
         )
-    report.rows = len(dataset)
-    report.dropped[f"prompt longer than {script_args.max_prompt_length} tokens"] += n_long
-    return dataset, report
+    report.rows = len(kept)
+    long = f"prompt longer than {script_args.max_prompt_length} tokens"
+    if report.sources and n_long:  # a mixture's: counted by source, as its other drops are
+        left = set(kept["uid"])
+        for uid in dataset["uid"]:
+            if uid not in left:
+                report.dropped[f"{report.sources[int(uid.split(':')[0])]}: {long}"] += 1
+    else:
+        report.dropped[long] += n_long
+    return kept, report
 
 
 def answer_form(answer: str) -> str:

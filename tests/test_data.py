@@ -977,3 +977,81 @@ def test_mixture_sources_of_one_builder_or_one_file_are_reported_apart(tmp_path)
     text = str(mix_sources(read, max_bad_row_share=0.5)[1])
     for i in (0, 1):
         assert f"dropped 1: dataset_mixture.datasets[{i}] ({b}): empty gold answer" in text
+
+
+# -- Golds as other layouts keep them ------------------------------------------------------------------
+
+
+def test_a_gsm8k_answer_gives_its_final_answer_and_a_worked_one_without_any_is_dropped(tmp_path):
+    from rewards import correctness_reward
+
+    # openai/gsm8k's `answer`: the worked solution, then `#### <final answer>`.
+    path = tmp_path / "gsm.jsonl"
+    rows = [
+        {"question": "How many clips?", "answer": "She sold 48/2 = <<48/2=24>>24.\n48+24 = 72\n#### 72"},
+        {"question": "What is x?", "answer": "x = 3"},
+        {"question": "Area?", "answer": "2 * 3 = 6.\nSo the area is $\\boxed{6}$."},
+        {"question": "Sum?", "answer": "Add 3 and 4.\nThat makes seven."},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    kept, report = load_math_dataset(str(path))
+    assert kept["answer"] == ["72", "x = 3", "6"]
+    assert correctness_reward(["\\boxed{72}"], answer=kept["answer"][:1]) == [1.0]
+    text = str(report)
+    assert "note: 2 gold(s) of column 'answer' are worked solutions" in text
+    assert "dropped 1: worked solution with no final answer (no `####` line, no \\boxed{})" in text
+    assert "(rows 3)" in text
+
+
+def test_a_class_label_answer_column_gives_its_label_names():
+    import datasets
+
+    labels = datasets.ClassLabel(names=["A", "B"])
+    raw = datasets.Dataset.from_dict(
+        {"question": ["1+1? A) 2 B) 3", "2+2? A) 3 B) 4", "3+3? A) 6 B) 7"], "answer": [0, 1, -1]},
+        features=datasets.Features({"question": datasets.Value("string"), "answer": labels}),
+    )
+    rows, dropped = to_rows(raw)
+    assert rows["answer"] == ["A", "B"] and dropped["empty gold answer"] == 1  # -1: no label
+    several = datasets.Dataset.from_dict(
+        {"question": ["1+1? A) 2 B) 2.0"], "answer": [[0, 1]]},
+        features=datasets.Features({"question": datasets.Value("string"), "answer": datasets.List(labels)}),
+    )
+    assert to_rows(several)[0]["answer"] == [["A", "B"]]
+
+
+def test_decimal_and_bool_golds_are_read_as_text(tmp_path):
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    golds = [decimal.Decimal("1.50"), decimal.Decimal("142.00"), decimal.Decimal("-0.05")]
+    table = pa.table({"question": ["a?", "b?", "c?"], "answer": pa.array(golds, pa.decimal128(5, 2))})
+    pq.write_table(table, tmp_path / "dec.parquet")
+    rows, report = load_math_dataset(str(tmp_path / "dec.parquet"))
+    assert rows["answer"] == ["1.5", "142", "-0.05"] and report.rows == 3  # as a float's would be
+    path = tmp_path / "bool.jsonl"
+    path.write_text(
+        '{"question": "Is 7 prime?", "answer": true}\n{"question": "Is 8 prime?", "answer": false}\n'
+    )
+    rows, report = load_math_dataset(str(path))
+    assert rows["answer"] == ["True", "False"] and report.rows == 2
+
+
+def test_a_verl_gold_is_read_when_only_the_question_column_is_named_or_by_its_dotted_name(tmp_path):
+    _verl_frame(VERL_ROWS[:2]).to_parquet(tmp_path / "d.train.parquet")
+    for answer_column in (None, "reward_model.ground_truth"):
+        rows, _ = load_math_dataset(str(tmp_path), question_column="prompt", answer_column=answer_column)
+        assert rows["question"] == ["What is $1+1$?", "Compute $\\frac{1}{2}+\\frac{1}{3}$."]
+        assert rows["answer"] == ["2", "\\frac{5}{6}"] and rows["uid"] == ["id-a", "id-b"]
+    # A field of any column of mappings, stored as it is or as JSON text; the column itself is read, not kept.
+    raw = datasets_from(
+        {"problem": ["p?", "q?"], "meta": [{"final": "3", "src": "x"}, {"final": "4", "src": "y"}]}
+    )
+    rows, _ = to_rows(raw, "problem", "meta.final")
+    assert rows["answer"] == ["3", "4"] and rows.column_names == ["question", "answer", "uid"]
+    raw = datasets_from({"problem": ["p?"], "meta": ['{"final": 5}']})
+    assert to_rows(raw, "problem", "meta.final")[0]["answer"] == ["5"]
+    with pytest.raises(DataError, match=r"^answer column 'info.final' not found; the dataset has columns"):
+        to_rows(raw, "problem", "info.final")

@@ -307,6 +307,23 @@ dataset_mixture:
     assert f"dropped 2: {two_sets['geometry']}: beyond its fraction of the mixture" in str(report)
 
 
+def test_a_mixtures_prompts_over_the_limit_are_counted_by_source(tmp_path, tokenizer):
+    long = "Compute " + " + ".join(["1"] * 400) + "."
+    short = tmp_path / "short.jsonl"
+    mixed = tmp_path / "mixed.jsonl"
+    short.write_text(
+        "".join(json.dumps({"question": f"{i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(3))
+    )
+    rows = [("1 + 1?", "2"), (long, "400"), (long + " ", "400")]
+    mixed.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in rows))
+    recipe = _recipe(tmp_path, f"dataset_mixture:\n  datasets:\n    - path: {short}\n    - path: {mixed}\n")
+    rows, report = _load(recipe, tokenizer, "--max_prompt_length", "400")
+    assert len(rows) == 4 and report.rows == 4  # which rows are kept does not change
+    text = str(report)
+    assert f"dropped 2: {mixed}: prompt longer than 400 tokens" in text
+    assert f"{short}: prompt longer" not in text and "dropped 2: prompt longer" not in text
+
+
 def test_a_mixture_from_the_command_line_as_json(two_sets, tmp_path, tokenizer):
     mixture = {"datasets": [{"path": str(two_sets["geometry"])}, {"path": str(two_sets["geometry"])}]}
     rows, _ = _load(_recipe(tmp_path, ""), tokenizer, "--dataset_mixture", json.dumps(mixture))
