@@ -21,6 +21,8 @@ module, does without.)
 
 from __future__ import annotations
 
+import collections
+import csv
 import difflib
 import functools
 import glob
@@ -49,6 +51,9 @@ DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": 
 # "None", "NA", "null", "nan" and a dozen other words for missing, which would drop a question whose gold
 # answer is one of them ("None" of the options, say) as having no answer.
 CSV_OPTIONS = {"keep_default_na": False, "na_values": [""]}
+# The builders that read data files named in ``data_files`` (a ``path`` that is none of them is a folder or a
+# Hub id).
+FILE_BUILDERS = {*DATA_FILES.values(), "text", "arrow"}
 
 
 class SourceError(ValueError):
@@ -380,7 +385,7 @@ def check_mixture(mixture: Any) -> None:
             continue
         folder = Path(source.path).expanduser()
         root = (  # where datasets reads a relative name from
-            Path.cwd() if source.path in {*DATA_FILES.values(), "text", "arrow"}  # a file builder
+            Path.cwd() if source.path in FILE_BUILDERS  # a file builder
             else folder if folder.is_dir() and source.data_dir is None
             else None  # a Hub repository (gsm8k too), or a data_dir inside one
         )  # fmt: skip
@@ -547,8 +552,9 @@ def read_dataset(
     """One split of a dataset as it is stored, columns untouched (a `datasets.Dataset`).
 
     ``path`` is a folder written by ``save_to_disk``; a folder of parquet, JSON, JSON Lines or CSV files
-    (`_data_folder`: its sub-folder ``name``, or its ``data`` sub-folder as a Hub snapshot keeps it;
-    `_split_files`: the files whose names hold ``split``, or a lone file named for no other split); one such
+    (`_data_folder`: its sub-folder ``name``, its ``data`` sub-folder as a Hub snapshot keeps it, or its
+    sub-folder ``split``; `_split_files`: the files whose names hold ``split``, or all of them when none
+    names a split); one such
     file; or a Hub id (``name`` its subset; SimpleRL-Zoo's subsets are folders). With ``data_dir`` or
     ``data_files`` it goes to ``datasets.load_dataset`` as TRL's ``get_dataset`` passes them. ``split`` may
     take part of a split as ``datasets`` does (``train[:100]``, ``train[10%:]``): its name chooses the files,
@@ -556,9 +562,11 @@ def read_dataset(
 
     Raises:
         SourceError: a local path that does not exist, a split ``datasets`` does not read (`split_name`), a
-            sub-folder or split with no file (the message lists what is there), files of two types for one
-            split, a file that holds no rows or does not parse (the message names it and quotes the parser),
-            or a Hub dataset that cannot be fetched or is not in the cache offline.
+            sub-folder or split with no file (the message lists what is there), a save_to_disk folder of
+            another split, files of two types or other columns for one split, a file that holds no rows or
+            does not parse (the message names it and quotes the parser), a Hub dataset of several configs
+            with none named (the message lists them), or one that cannot be fetched or is not in the cache
+            offline.
     """
     import datasets
 
@@ -576,6 +584,12 @@ def read_dataset(
                 if base not in loaded:
                     raise SourceError(f"split {base!r} not in {where}; splits: {list(loaded)}")
                 return loaded[split] if base == split else _take(loaded, split)
+            saved = loaded.split and split_name(str(loaded.split))
+            if saved and saved != base:
+                raise SourceError(
+                    f"dataset {path!r}: a save_to_disk folder of the {saved!r} split, not {base!r}; ask for "
+                    f"split {saved!r}, or give a folder saved from the {base!r} split"
+                )
             return loaded if base == split else _take({base: loaded}, split)
         return _read_files(_split_files(_data_folder(where, name, base), base), split)
     if where.is_file():
@@ -646,12 +660,15 @@ def _data_files(folder: Path) -> list[Path]:
 
 def _data_folder(where: Path, name: str | None, split: str) -> Path:
     """The folder under ``where`` that holds the data files: its sub-folder ``name`` if there is one, else
-    ``where`` itself; then, when that holds no data file, its ``data`` sub-folder (a Hub snapshot's layout).
-    A ``name`` with no sub-folder, where ``where`` has sub-folders but no file for ``split``, is refused
-    listing them (a mistyped subset name)."""
+    ``where`` itself; then, when that holds no data file, its ``data`` sub-folder (a Hub snapshot's layout);
+    then, again when that holds no data file, its sub-folder named ``split`` (one folder per split, as
+    ``datasets`` reads a folder). A ``name`` with no sub-folder, where ``where`` has sub-folders but no file
+    for ``split``, is refused listing them (a mistyped subset name)."""
     folder = where / name if name and (where / name).is_dir() else where
     if not _data_files(folder) and (folder / "data").is_dir():
         folder = folder / "data"
+    if not _data_files(folder) and (folder / split).is_dir():
+        folder = folder / split
     if name and folder != where / name and not any(_names_split(p, split) for p in _data_files(folder)):
         subs = sorted(p.name for p in where.iterdir() if p.is_dir() and not p.name.startswith("."))
         if subs:
@@ -667,29 +684,30 @@ def _names_split(file: Path, split: str) -> bool:
 
 
 def _split_files(folder: Path, split: str) -> list[Path]:
-    """The data files of ``folder`` for ``split``: those whose names hold it, else a lone file whose name
-    holds no other split (`_SPLITS`)."""
+    """The data files of ``folder`` for ``split``: those whose names hold it, else all of them when none
+    names a split (`_SPLITS`): shards of the one split, or a lone file."""
     files = _data_files(folder)
     chosen = [p for p in files if _names_split(p, split)]
     if chosen:
         return chosen
+    if files and not any(_names_split(p, s) for p in files for s in _SPLITS):
+        return files
     hint = ""
     if len(files) == 1:
-        other = [s for s in _SPLITS if _names_split(files[0], s)]
-        if not other:
-            return files
-        hint = (
-            f"; {files[0].name} is named for the {other[0]!r} split (ask for that split, or rename the file)"
-        )
+        other = next(s for s in _SPLITS if _names_split(files[0], s))
+        hint = f"; {files[0].name} is named for the {other!r} split (ask for that split, or rename the file)"
     subs = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not files and subs:  # a snapshot with one folder per subset
+    if not files and set(subs) & set(_SPLITS):  # one folder per split
+        hint = f"; its sub-folders: {subs}. Ask for one of those splits"
+    elif not files and subs:  # a snapshot with one folder per subset
         hint = f"; its sub-folders: {subs}. Name one with dataset_config (or a mixture source's name)"
     raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}{hint}")
 
 
 def _read_files(files: list[Path], split: str = "train") -> Any:
     """``files``, all of one type, as one `datasets.Dataset`: the part ``split`` names (``train[:100]``), as
-    ``datasets`` takes it. A file that holds no rows or does not parse is named."""
+    ``datasets`` takes it. A file that holds no rows or does not parse is named, and so is one whose columns
+    differ from the others'."""
     names = ", ".join(p.name for p in files)
     kinds = {DATA_FILES.get(p.suffix.lower()) for p in files}
     if None in kinds:  # a file given by its path
@@ -715,10 +733,31 @@ def _read_files(files: list[Path], split: str = "train") -> Any:
     try:
         return _load_dataset(what, kind, data_files=data_files, split="train" if base == split else split)
     except SourceError:
-        if len(files) > 1:  # name the file that does not parse
-            for file in files:
-                _load_dataset(str(file), kind, data_files=[str(file)], split="train")
+        if len(files) > 1:  # name the file that does not parse, or whose columns differ
+            parts = [_load_dataset(str(file), kind, data_files=[str(file)], split="train") for file in files]
+            odd = _odd_columns(files, [part.features for part in parts])
+            if odd:
+                raise SourceError(odd) from None
         raise
+
+
+def _odd_columns(files: list[Path], features: list[Any]) -> str | None:
+    """How the first of ``files`` whose columns (``features``: each file's) differ from the most common ones
+    differs, naming it and them; None when all files have the same columns and types."""
+    schemas = [{c: str(getattr(f, "dtype", f)) for c, f in feature.items()} for feature in features]
+    common = collections.Counter(frozenset(s.items()) for s in schemas).most_common(1)[0][0]
+    ref = next(i for i, s in enumerate(schemas) if frozenset(s.items()) == common)
+    odd = next((i for i, s in enumerate(schemas) if frozenset(s.items()) != common), None)
+    if odd is None:
+        return None
+    have, want = schemas[odd], schemas[ref]
+    diffs = [f"extra columns {[c for c in have if c not in want]}"] if set(have) - set(want) else []
+    diffs += [f"missing columns {[c for c in want if c not in have]}"] if set(want) - set(have) else []
+    diffs += [f"column {c!r} is {have[c]}, not {want[c]}" for c in want if c in have and have[c] != want[c]]
+    return (
+        f"{files[odd]}: other columns than {files[ref].name} ({'; '.join(diffs)}); give every file of a "
+        f"split the same columns and types, or leave {files[odd].name} out"
+    )
 
 
 def _parquet_rows(file: Path) -> int | None:
@@ -743,14 +782,21 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
             cache).
     """
     import datasets
-    from datasets.exceptions import DatasetGenerationError
+    from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 
-    if args and args[0] == "csv":  # CSV files read by their loader's name (a Hub dataset of CSV files is not)
-        kwargs = {**CSV_OPTIONS, **kwargs}
+    # CSV files read by the csv builder or named in data_files (a Hub dataset of CSV files named alone is not)
+    if args and _reads_csv(args[0], kwargs.get("data_files")):
+        text = _csv_text_columns(args[0], kwargs.get("data_files"), kwargs.get("data_dir"))
+        kwargs = {**CSV_OPTIONS, **text, **kwargs}
     try:
         return datasets.load_dataset(*args, **kwargs)
     except StopIteration:  # what datasets raises for an empty JSON Lines file
         raise SourceError(f"{what}: {_NO_ROWS}") from None
+    except DatasetNotFoundError as err:  # not on the Hub, or private or gated
+        raise SourceError(
+            f"{what}: {_first_line(err)} Check the id (owner/name); if it is private or gated, log in (hf "
+            "auth login) and ask for access on its page; or give a local path"
+        ) from None
     except ConnectionError as err:  # also the Hub client's answer, offline, for a dataset it has not cached
         if hub_offline():
             raise SourceError(
@@ -767,12 +813,62 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
             err = err.__cause__
         if "corresponds to no data" in str(err):  # datasets' word for a split of no rows (a CSV header alone)
             raise SourceError(f"{what}: {_NO_ROWS}") from None
+        configs = re.search(r"Config name is missing.*available configs: (\[.*?\])", str(err), re.DOTALL)
+        if configs:  # a dataset of several configs, none named
+            raise SourceError(
+                f"{what}: has several configs and none is named; set dataset_config (or a mixture source's "
+                f"name) to one of: {configs.group(1)}"
+            ) from None
         for name in data_file_names(kwargs.get("data_files")):  # a parquet file of no rows: its parser's
             if name.endswith(".parquet") and _parquet_rows(Path(name)) == 0:  # complaint does not say so
                 raise SourceError(f"{name}: {_NO_ROWS}") from None
         raise SourceError(
             f"{what}: cannot be read: {type(err).__name__}: {_first_line(err)}; fix the data or leave it out"
         ) from None
+
+
+def _reads_csv(path: str, data_files: Any) -> bool:
+    """Whether ``datasets.load_dataset(path, data_files=data_files)`` reads CSV files: ``path`` is the csv
+    builder, or a folder or Hub id with ``data_files`` all ending in ``.csv``.
+
+    >>> _reads_csv("csv", "q.txt"), _reads_csv("./d", ["a.csv", "b.CSV"]), _reads_csv("json", "a.csv")
+    (True, True, False)
+    """
+    names = data_file_names(data_files)
+    if path in FILE_BUILDERS:
+        return path == "csv"
+    return bool(names) and all(n.lower().endswith(".csv") for n in names)
+
+
+def _csv_text_columns(path: str, data_files: Any, data_dir: str | None = None) -> dict[str, Any]:
+    """``features`` that read every column of the local CSV ``data_files`` (relative to the folder ``path``
+    and its ``data_dir``, else to this one) as the text it holds: pandas would read 007 as 7, True as a
+    bool, and 9007199254740993 beside an empty cell as a float. Nothing when the files are not here, or
+    their headers differ or name a column twice or not at all (``datasets`` then reads them as it does)."""
+    import datasets
+    from datasets.data_files import DataFilesDict, sanitize_patterns
+
+    folder = Path(path).expanduser()
+    base = str(folder / (data_dir or "")) if folder.is_dir() else str(Path.cwd())
+    if data_files is None:
+        return {}
+    try:
+        found = DataFilesDict.from_patterns(sanitize_patterns(data_files), base_path=base)
+    except (FileNotFoundError, ValueError):
+        return {}
+    headers = {_csv_header(file) for files in found.values() for file in files}
+    header = headers.pop() if len(headers) == 1 else ()
+    if not header or "" in header or len(set(header)) < len(header):
+        return {}
+    return {"features": datasets.Features({c: datasets.Value("string") for c in header})}
+
+
+def _csv_header(file: str) -> tuple[str, ...]:
+    """The column names on a local CSV file's first line; none for a file not here or empty."""
+    if not os.path.isfile(file):
+        return ()
+    with open(file, newline="", encoding="utf-8-sig", errors="replace") as f:
+        return tuple(next(csv.reader(f), ()))
 
 
 def load_saved(folder: str | Path, what: str) -> Any:

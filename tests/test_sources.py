@@ -1,0 +1,206 @@
+"""Reading a dataset as stored (`prompt_aug.sources`), on small files and folders written here (no Hub)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from prompt_aug.data import load_math_dataset
+from prompt_aug.sources import SourceError, _load_dataset, read_dataset
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _parquet(path: Path, questions: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame({"question": questions, "answer": ["1"] * len(questions)}).to_parquet(path)
+
+
+# -- Hub datasets --------------------------------------------------------------------------------------------
+
+
+def test_a_dataset_of_several_configs_with_none_named_lists_them(tmp_path):
+    # A folder whose README names its configs is read as a Hub repository of several configs is.
+    for config in ("main", "socratic"):
+        _jsonl(tmp_path / config / "train.jsonl", [{"question": "q", "answer": "1"}])
+    (tmp_path / "README.md").write_text(
+        "---\nconfigs:\n"
+        "- config_name: main\n  data_files:\n  - split: train\n    path: main/train.jsonl\n"
+        "- config_name: socratic\n  data_files:\n  - split: train\n    path: socratic/train.jsonl\n---\n"
+    )
+    with pytest.raises(SourceError) as err:
+        _load_dataset("Hub dataset 'openai/gsm8k'", str(tmp_path), None, split="train")
+    assert str(err.value) == (
+        "Hub dataset 'openai/gsm8k': has several configs and none is named; set dataset_config (or a mixture "
+        "source's name) to one of: ['main', 'socratic']"
+    )
+
+
+class _NotFound(http.server.BaseHTTPRequestHandler):
+    """A Hub endpoint that knows no repository, as the Hub answers for one missing (or not yours)."""
+
+    def _answer(self) -> None:
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def empty_hub(monkeypatch, tmp_path):
+    """The Hub clients online, at a local endpoint that has no repository."""
+    import datasets
+    from huggingface_hub import constants
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), _NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    for module, name, value in [
+        (constants, "HF_HUB_OFFLINE", False),
+        (constants, "ENDPOINT", url),
+        (constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}"),
+        (constants, "HF_HUB_CACHE", str(tmp_path / "hub")),
+        (datasets.config, "HF_HUB_OFFLINE", False),
+        (datasets.config, "HF_ENDPOINT", url),
+        (datasets.config, "HUB_DATASETS_URL", url + "/datasets/{repo_id}/resolve/{revision}/{path}"),
+    ]:
+        monkeypatch.setattr(module, name, value)
+    yield
+    server.shutdown()
+
+
+def test_a_hub_dataset_that_is_not_there_says_to_check_the_id_or_log_in(empty_hub):
+    with pytest.raises(SourceError) as err:
+        read_dataset("nobody-here/no-such-data")
+    assert str(err.value) == (
+        "Hub dataset 'nobody-here/no-such-data': Dataset 'nobody-here/no-such-data' doesn't exist on the Hub "
+        "or cannot be accessed. Check the id (owner/name); if it is private or gated, log in (hf auth login) "
+        "and ask for access on its page; or give a local path"
+    )
+
+
+# -- Folders of files --------------------------------------------------------------------------------------
+
+
+def test_shards_with_other_columns_name_the_odd_file_and_its_columns(tmp_path):
+    extra = tmp_path / "extra"
+    _jsonl(extra / "train-0.jsonl", [{"question": "a", "answer": "1"}])
+    _jsonl(extra / "train-1.jsonl", [{"question": "b", "answer": "2", "level": "Level 3"}])
+    with pytest.raises(SourceError) as err:
+        read_dataset(str(extra))
+    assert str(err.value) == (
+        f"{extra / 'train-1.jsonl'}: other columns than train-0.jsonl (extra columns ['level']); give every "
+        "file of a split the same columns and types, or leave train-1.jsonl out"
+    )
+    # The odd one out of three, whichever comes first: the columns the others agree on are the reference.
+    missing = tmp_path / "missing"
+    (missing / "train-0.csv").parent.mkdir()
+    (missing / "train-0.csv").write_text("question\na\n")
+    (missing / "train-1.csv").write_text("question,answer\nb,2\n")
+    (missing / "train-2.csv").write_text("question,answer\nc,3\n")
+    with pytest.raises(SourceError, match=r"^\S*train-0\.csv: other columns than train-1\.csv \(missing "
+                       r"columns \['answer'\]\); .* or leave train-0\.csv out$"):  # fmt: skip
+        read_dataset(str(missing))
+
+
+def test_a_folder_of_unnamed_shards_is_read_as_its_one_split(tmp_path):
+    _parquet(tmp_path / "part-0.parquet", ["q1"])
+    _parquet(tmp_path / "part-1.parquet", ["q2"])
+    assert read_dataset(str(tmp_path))["question"] == ["q1", "q2"]
+    assert read_dataset(str(tmp_path), split="train[1:]")["question"] == ["q2"]
+
+
+def test_split_named_sub_folders_are_the_splits(tmp_path):
+    for split in ("train", "test"):
+        _parquet(tmp_path / split / "part-0.parquet", [f"{split} 1"])
+        _parquet(tmp_path / split / "part-1.parquet", [f"{split} 2"])
+    assert read_dataset(str(tmp_path))["question"] == ["train 1", "train 2"]
+    assert read_dataset(str(tmp_path), split="test[:1]")["question"] == ["test 1"]
+    assert read_dataset(str(tmp_path), name="train")["question"] == ["train 1", "train 2"]
+    with pytest.raises(SourceError) as err:
+        read_dataset(str(tmp_path), split="dev")
+    assert str(err.value) == (
+        f"no 'dev' file in {tmp_path}; files: []; its sub-folders: ['test', 'train']. Ask for one of those "
+        "splits"
+    )
+
+
+def test_a_save_to_disk_folder_of_one_split_is_not_read_for_another(tmp_path):
+    import datasets
+
+    saved = tmp_path / "saved"
+    rows = {"question": ["a", "b"], "answer": ["1", "2"]}
+    datasets.Dataset.from_dict(rows, split="train").save_to_disk(str(saved))
+    for split in ("test", "test[:1]"):
+        with pytest.raises(SourceError) as err:
+            read_dataset(str(saved), split=split)
+        assert str(err.value) == (
+            f"dataset {str(saved)!r}: a save_to_disk folder of the 'train' split, not 'test'; ask for split "
+            "'train', or give a folder saved from the 'test' split"
+        )
+    assert read_dataset(str(saved), split="train[:1]")["question"] == ["a"]
+    unnamed = tmp_path / "unnamed"  # saved with no split: read for any
+    datasets.Dataset.from_dict(rows).save_to_disk(str(unnamed))
+    assert read_dataset(str(unnamed), split="test")["question"] == ["a", "b"]
+
+
+# -- CSV cells as written ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cells, golds",
+    [
+        (["True", "False"], ["True", "False"]),  # not bools
+        (["007", "3.10", "1e3"], ["007", "3.10", "1e3"]),  # not 7, 3.1 and 1000.0
+        (["9007199254740993", ""], ["9007199254740993", None]),  # not a float, for the empty cell beside it
+    ],
+)
+def test_csv_cells_are_read_as_the_text_they_hold(tmp_path, cells, golds):
+    path = tmp_path / "q.csv"
+    path.write_text("question,answer\n" + "".join(f"q{i},{cell}\n" for i, cell in enumerate(cells)))
+    assert read_dataset(str(path))["answer"] == golds
+
+
+def test_an_empty_csv_cell_is_a_row_with_no_gold(tmp_path):
+    path = tmp_path / "q.csv"
+    path.write_text("question,answer\nq0,7\nq1,\n,8\n")
+    assert read_dataset(str(path)).to_list() == [
+        {"question": "q0", "answer": "7"},
+        {"question": "q1", "answer": None},
+        {"question": None, "answer": "8"},
+    ]
+    rows, report = load_math_dataset(str(path))
+    assert rows["answer"] == ["7"]
+    assert "dropped 1: empty gold answer (rows 1)" in str(report)
+    assert "dropped 1: empty question (rows 2)" in str(report)
+
+
+def test_csv_data_files_in_a_folder_are_read_as_written(tmp_path):
+    (tmp_path / "q.csv").write_text("question,answer\nWhich option?,None\nq2,NA\nq3,007\n")
+    assert read_dataset(str(tmp_path), data_files="q.csv")["answer"] == ["None", "NA", "007"]
+    assert read_dataset(str(tmp_path), data_files=["*.csv"])["answer"] == ["None", "NA", "007"]
+    assert read_dataset("csv", data_files=str(tmp_path / "q.csv"))["answer"] == ["None", "NA", "007"]
+
+
+def test_a_csv_file_of_a_header_alone_still_holds_no_rows(tmp_path):
+    path = tmp_path / "q.csv"
+    path.write_text("question,answer\n")
+    with pytest.raises(SourceError, match=rf"^{re.escape(str(path))}: holds no rows"):
+        read_dataset(str(path))
