@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,22 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
+def planned_steps(args: Any, per_epoch: int) -> int:
+    """The optimizer steps a run trains: ``max_steps`` if set, else as transformers' Trainer counts them from
+    ``num_train_epochs`` and the ``per_epoch`` micro-steps of an epoch (0 for an empty epoch).
+
+    >>> from types import SimpleNamespace as NS
+    >>> planned_steps(NS(max_steps=-1, num_train_epochs=1.5, gradient_accumulation_steps=2), per_epoch=9)
+    8
+    """
+    if args.max_steps and args.max_steps > 0:
+        return args.max_steps
+    if not per_epoch:
+        return 0
+    # ceil(epochs × steps per epoch), an epoch ending on a short step; a partly trained last round counts.
+    return math.ceil(args.num_train_epochs * math.ceil(per_epoch / args.gradient_accumulation_steps))
+
+
 def batch_arithmetic(
     args: Any,
     script_args: Any = None,
@@ -54,8 +71,9 @@ def batch_arithmetic(
 
     Mirrors TRL 1.16: a round generates ``generation_batch_size`` completions (``per_device_train_batch_size
     × processes × steps_per_generation`` unless set), its questions are ``/ num_generations``, and the
-    `RepeatSampler` drops the last incomplete round of an epoch. Rounds per epoch need the dataset's row
-    count (``script_args.dataset_num_rows``, or a built-in set's size from `prompt_aug.sources.BUILTINS`).
+    `RepeatSampler` drops the last incomplete round of an epoch; total rounds count a partly trained last
+    round (`planned_steps`). Rounds per epoch need the dataset's row count (``script_args.dataset_num_rows``,
+    or a built-in set's size from `prompt_aug.sources.BUILTINS`).
     """
     processes = num_processes or (script_args.num_processes if script_args else None)
     processes = processes or int(os.environ.get("WORLD_SIZE", "1"))
@@ -73,10 +91,8 @@ def batch_arithmetic(
     rounds_per_epoch = rows // questions if rows is not None and questions else None
     total = None
     if rounds_per_epoch is not None:
-        if args.max_steps and args.max_steps > 0:
-            total = generation_round(args.max_steps, args, rounds_per_epoch * micro_steps_per_round(args))
-        else:
-            total = int(rounds_per_epoch * args.num_train_epochs)
+        per_epoch = rounds_per_epoch * micro_steps_per_round(args)
+        total = generation_round(planned_steps(args, per_epoch), args, per_epoch)
     return BatchArithmetic(
         processes=processes,
         questions_per_round=questions,

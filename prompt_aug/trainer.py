@@ -249,13 +249,17 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     # generation round (save_steps not a multiple of the optimizer steps per round), it restarted at 0 and
     # replayed the interrupted round in full, shifting every later round by the steps already taken. The
     # Trainer skips the batches of the steps taken (an epoch's short last step counted short), so restore
-    # the counter to match before the first round after the resume is generated. The padding-free passes
-    # then trim (and may regroup) the round.
+    # the counter to match before the first round after the resume is generated; with ignore_data_skip the
+    # Trainer restarts the resumed epoch at its first batch, so the counter restarts at the epoch's start. The
+    # padding-free passes then trim (and may regroup) the round.
     def prepare_micro_batch(self, generation_batch: Any) -> Any:
         training = self.model.training
         if training and self.buffered_micro_batches is None:
             ga, per_epoch = self.args.gradient_accumulation_steps, self.micro_steps_per_epoch
-            self.micro_step = micro_steps_done(self.state.global_step, ga, per_epoch)
+            done = micro_steps_done(self.state.global_step, ga, per_epoch)
+            if self.args.ignore_data_skip:
+                done = done // per_epoch * per_epoch if per_epoch else 0
+            self.micro_step = done
         step = self.micro_step
         new_round = training and (
             self.buffered_micro_batches is None or step % micro_steps_per_round(self.args) == 0

@@ -12,8 +12,9 @@ The completion records (``completions/completions_0000N.parquet``: step, uid, te
 match A's row for row.
 
 Epoch 2 (`epoch_runs`): 12 questions, 3 rounds of 4 per epoch (6 optimizer steps). D trains 10 steps
-uninterrupted, saving checkpoint-8 (round 4 of 5, inside the second epoch); E resumes from a copy of that
-checkpoint. E's steps 9-10 must be D's, and D's epoch 2 must not replay epoch 1's order.
+uninterrupted, saving every step; E resumes from a copy of checkpoint-8 (round 4 of 5, inside the second
+epoch). E's steps 9-10 must be D's, and D's epoch 2 must not replay epoch 1's order. F resumes from a copy of
+checkpoint-7 (the middle of round 4) with ``ignore_data_skip``: it starts the second epoch over.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def test_the_two_rounds_differ(runs):
     assert set(_records(runs["A"], 1)["uid"]).isdisjoint(_records(runs["A"], 3)["uid"])
 
 
-EPOCH_RUN = ("--num_synthetic", "12", "--max_completion_length", "8", "--save_steps", "8")
+EPOCH_RUN = ("--num_synthetic", "12", "--max_completion_length", "8", "--save_steps", "1")
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +127,21 @@ def test_the_second_epoch_is_a_new_shuffle_of_every_question(epoch_runs):
     assert len(first) == 12 and len(set(second)) == 8 and set(second) <= set(first)
     assert second != first[:8]
     assert records.groupby("step")["round"].first().to_dict() == {s: (s + 1) // 2 for s in range(1, 11)}
+
+
+def test_a_resume_that_ignores_the_data_skip_starts_its_epoch_over_in_whole_rounds(epoch_runs, tmp_path):
+    # The Trainer then restarts the resumed epoch's dataloader at its first batch, so F's steps 8-10 train on
+    # D's steps 7-9: round 4 whole, then round 5, each generated from one round of the dataloader.
+    d, f = epoch_runs[0], tmp_path / "F"
+    f.mkdir()
+    shutil.copytree(d / "checkpoint-7", f / "checkpoint-7")
+    _train(
+        f, *EPOCH_RUN, "--max_steps", "10", "--resume_from_checkpoint", "true", "--ignore_data_skip", "true"
+    )
+    got = _all_records(f)
+    assert got.groupby("step")["round"].first().to_dict() == {8: 4, 9: 4, 10: 5}
+    expected = _all_records(d).query("7 <= step <= 9").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, expected.assign(step=expected["step"] + 1))
 
 
 def test_every_log_entry_carries_its_generation_round(epoch_runs):

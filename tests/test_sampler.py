@@ -1,10 +1,15 @@
-"""The per-epoch sampler: TRL's order in epoch 0, then a fresh shuffle per epoch from (seed, epoch) alone."""
+"""The per-epoch sampler: TRL's order in epoch 0, then a fresh shuffle per epoch from (seed, epoch) alone; and
+the rounds a run plans over its epochs."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 from trl.trainer.utils import RepeatSampler
 
+from prompt_aug.batches import batch_arithmetic
 from prompt_aug.sampler import EpochRepeatSampler, epoch_seed
 
 SHAPE = {"mini_repeat_count": 4, "batch_size": 3, "repeat_count": 2}
@@ -56,3 +61,29 @@ def test_a_later_epochs_order_is_the_one_released_checkpoints_began_with():
     generator = torch.Generator().manual_seed(7846152634477663787)
     first = torch.randperm(10, generator=generator).tolist()[:3]
     assert order[:12:4] == first
+
+
+def _batch_args(epochs: float, accumulation: int, per_generation: int, per_device: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation,
+        steps_per_generation=per_generation, num_generations=4, num_iterations=1, max_steps=-1,
+        num_train_epochs=epochs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("epochs", "rounds"),
+    # 12 questions, 4 a round: 3 rounds of 4 optimizer steps an epoch, 12 steps. transformers trains
+    # ceil(epochs × 12) steps, and a round partly trained is generated whole.
+    [(1.5, 5), (2, 6), (0.4, 2)],  # 18 steps: 4 rounds + 2 steps; 24 steps; 5 steps: 1 round + 1 step
+)
+def test_planned_rounds_count_the_partly_trained_last_round(epochs, rounds):
+    got = batch_arithmetic(_batch_args(epochs, 1, 4, 4), num_processes=1, rows=12)
+    assert (got.rounds_per_epoch, got.optimizer_steps_per_round, got.total_rounds) == (3, 4, rounds)
+
+
+def test_planned_rounds_count_an_epochs_short_last_step():
+    # 3 questions, 3 a round: one round of 3 micro-steps an epoch, optimizer steps of 2 and 1. 1.5 epochs:
+    # ceil(1.5 × 2) = 3 steps, the third the first 2 micro-steps of round 2.
+    got = batch_arithmetic(_batch_args(1.5, 2, 3, 4), num_processes=1, rows=3)
+    assert (got.rounds_per_epoch, got.total_rounds) == (1, 2)
