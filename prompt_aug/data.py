@@ -43,7 +43,7 @@ from typing import Any
 
 import datasets
 
-from rewards.grading.extract import last_boxed, number_text
+from rewards.grading.extract import number_text
 
 from .collator import FORMAT_COLUMNS, TRL_REWARD_ARGUMENTS
 from .mixture import dataset_mixture
@@ -56,6 +56,7 @@ from .sources import (
     builtin_names,
     builtin_rows,
     builtin_tokenizer,
+    gold_text,
     is_conversation,
     is_hub_id,
     is_verl_layout,
@@ -68,12 +69,12 @@ from .sources import (
     solution_golds,
     source_label,
     verl_gold,
+    worked_golds,
 )
 from .templates import TemplateError
 
 MATH_HUB_ID = "DigitalLearningGmbH/MATH-lighteval"
 VERL_GOLD = "reward_model.ground_truth"  # where a verl-layout row keeps its gold
-GSM8K_MARK = "####"  # GSM8K's worked answers end with ``#### <final answer>``
 
 
 class DataError(ValueError):
@@ -242,19 +243,6 @@ def _row_uids(questions: list[str], ids: list[Any] | None, column: str) -> tuple
         uids.append(f"{digest}-{seen[digest]}")
         seen[digest] += 1
     return uids, notes
-
-
-def gold_text(value: Any) -> str:
-    """A gold value as text: a number in positional digits, as `number_text` writes a float (a decimal too);
-    a bool as ``True``/``False``.
-
-    >>> gold_text(Decimal("142.000")), gold_text(Decimal("1.50")), gold_text(Decimal("1E+2")), gold_text(True)
-    ('142', '1.5', '100', 'True')
-    """
-    if isinstance(value, Decimal) and value.is_finite():
-        text = format(value, "f")
-        return text.rstrip("0").rstrip(".") if "." in text else text
-    return number_text(value)
 
 
 def _gold(answer: Any) -> str | list[str] | None:
@@ -471,42 +459,9 @@ def answer_values(ds: datasets.Dataset, column: str) -> tuple[list[Any], str]:
     if column not in ds.column_names and dot and struct in ds.column_names:
         feature = ds.features[struct]
         inner = feature.get(key) if isinstance(feature, dict) else None
-        return _stored([json_field(value, key) for value in ds[struct]], inner), struct
+        return as_stored([json_field(value, key) for value in ds[struct]], inner), struct
     _require(ds, column, "answer")
-    return _stored(list(ds[column]), ds.features[column]), column
-
-
-def _stored(values: list[Any], feature: Any) -> list[Any]:
-    """Values as their column stores them (``feature``: its type): a class label as its name, a float32 in
-    its own precision (`as_stored`)."""
-    labels = feature if isinstance(feature, datasets.ClassLabel) else getattr(feature, "feature", None)
-    if not isinstance(labels, datasets.ClassLabel):
-        return as_stored(values, feature)
-
-    def name(v: int | None) -> str | None:
-        return None if v is None or v < 0 else labels.int2str(v)  # -1: no label
-
-    return [[name(v) for v in value] if isinstance(value, list) else name(value) for value in values]
-
-
-def worked_golds(values: list[Any]) -> tuple[list[Any], set[int], int]:
-    """The golds of an answer column, the rows that have none, and how many were read from a worked
-    solution. A cell in GSM8K's form gives the text after its last ``####``; one over several lines, its
-    last ``\\boxed{}``, and none without one. Other cells are golds as they are.
-
-    >>> worked_golds(["24 + 48 = 72.\\n#### 72", "7", "So\\n$\\\\boxed{5}$.", "Add 3.\\nThen 4."])
-    (['72', '7', '5', None], {3}, 2)
-    """
-    golds, unread, worked = [], set(), 0
-    for i, value in enumerate(values):
-        if isinstance(value, str) and (GSM8K_MARK in value or "\n" in value.strip()):
-            gold = value.rpartition(GSM8K_MARK)[2].strip() if GSM8K_MARK in value else last_boxed(value)
-            worked += gold is not None
-            if gold is None:
-                unread.add(i)
-            value = gold
-        golds.append(value)
-    return golds, unread, worked
+    return as_stored(list(ds[column]), ds.features[column]), column
 
 
 def filter_long_prompts(

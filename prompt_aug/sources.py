@@ -35,12 +35,13 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy
 
-from rewards.grading.extract import last_boxed
+from rewards.grading.extract import last_boxed, number_text
 
 logger = logging.getLogger("prompt_aug")
 
@@ -501,9 +502,55 @@ def solution_golds(values: list[Any]) -> tuple[list[Any], set[int]]:
 PLAIN_ANSWER_CHARS = 100  # longer, or over several lines, a `solution` cell is a worked solution
 
 
+GSM8K_MARK = "####"  # GSM8K's worked answers end with ``#### <final answer>``
+
+
+def worked_golds(values: list[Any]) -> tuple[list[Any], set[int], int]:
+    """The golds of an answer column, the rows that have none, and how many were read from a worked
+    solution. A cell in GSM8K's form gives the text after its last ``####``; one over several lines, its
+    last ``\\boxed{}``, and none without one. Other cells are golds as they are.
+
+    >>> worked_golds(["24 + 48 = 72.\\n#### 72", "7", "So\\n$\\\\boxed{5}$.", "Add 3.\\nThen 4."])
+    (['72', '7', '5', None], {3}, 2)
+    """
+    golds, unread, worked = [], set(), 0
+    for i, value in enumerate(values):
+        if isinstance(value, str) and (GSM8K_MARK in value or "\n" in value.strip()):
+            gold = value.rpartition(GSM8K_MARK)[2].strip() if GSM8K_MARK in value else last_boxed(value)
+            worked += gold is not None
+            if gold is None:
+                unread.add(i)
+            value = gold
+        golds.append(value)
+    return golds, unread, worked
+
+
+def gold_text(value: Any) -> str:
+    """A gold value as text: a number in positional digits, as `number_text` writes a float (a decimal too);
+    a bool as ``True``/``False``.
+
+    >>> gold_text(Decimal("142.000")), gold_text(Decimal("1.50")), gold_text(Decimal("1E+2")), gold_text(True)
+    ('142', '1.5', '100', 'True')
+    """
+    if isinstance(value, Decimal) and value.is_finite():
+        text = format(value, "f")
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return number_text(value)
+
+
 def as_stored(values: list[Any], feature: Any) -> list[Any]:
-    """A float32 or float16 column's values (``feature``: its type) in their own precision (Arrow hands them
-    over as float64, so float32's 0.1 would be written 0.10000000149011612)."""
+    """A column's values (``feature``: its type) as it stores them: a class label as its name, not its index;
+    a float32 or float16 in its own precision (Arrow hands them over as float64, so float32's 0.1 would be
+    written 0.10000000149011612)."""
+    import datasets
+
+    labels = feature if isinstance(feature, datasets.ClassLabel) else getattr(feature, "feature", None)
+    if isinstance(labels, datasets.ClassLabel):
+
+        def name(v: int | None) -> str | None:
+            return None if v is None or v < 0 else labels.int2str(v)  # -1: no label
+
+        return [[name(v) for v in value] if isinstance(value, list) else name(value) for value in values]
     dtype = getattr(feature, "dtype", None) or getattr(getattr(feature, "feature", None), "dtype", None)
     if dtype not in ("float32", "float16"):
         return values

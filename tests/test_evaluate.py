@@ -1374,6 +1374,23 @@ def test_a_question_set_in_training_layouts_gives_training_golds_and_a_dict_is_n
         tmp_path / "f32.parquet"
     )
     assert [p.gold for p in load_benchmark(str(tmp_path / "f32.parquet"))] == [["0.1"]]
+    # GSM8K's worked answer gives its final answer, a class label its name, a decimal its digits.
+    gsm8k = {"question": "Clips?", "answer": "48 / 2 = <<48/2=24>>24 clips.\n#### 72"}
+    (tmp_path / "gsm8k.jsonl").write_text(json.dumps(gsm8k) + "\n")
+    assert [p.gold for p in load_benchmark(str(tmp_path / "gsm8k.jsonl"))] == [["72"]]
+    from decimal import Decimal
+
+    import datasets
+
+    labels = datasets.Features(
+        {"question": datasets.Value("string"), "answer": datasets.ClassLabel(names=["A", "B"])}
+    )
+    datasets.Dataset.from_dict({"question": ["Which?"], "answer": [1]}, features=labels).save_to_disk(
+        tmp_path / "labels"
+    )
+    assert [p.gold for p in load_benchmark(str(tmp_path / "labels"))] == [["B"]]
+    pd.DataFrame({"question": ["Price?"], "answer": [Decimal("142.50")]}).to_parquet(tmp_path / "dec.parquet")
+    assert [p.gold for p in load_benchmark(str(tmp_path / "dec.parquet"))] == [["142.5"]]
 
 
 def test_ctrl_c_keeps_the_completions_and_says_the_same_command_resumes(tiny_model_dir, suite_dir, tmp_path):

@@ -8,10 +8,9 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
-
-from rewards.grading.extract import number_text
 
 from ..model_card import hub_id_of
 from ..sources import (
@@ -19,6 +18,7 @@ from ..sources import (
     DATA_FILES,
     QUESTION_GUESSES,
     as_stored,
+    gold_text,
     hub_endpoint,
     hub_offline,
     hub_reachable,
@@ -32,6 +32,7 @@ from ..sources import (
     read_dataset,
     solution_golds,
     verl_gold,
+    worked_golds,
 )
 from ..templates import Template, load_templates
 
@@ -81,7 +82,7 @@ def normalize_gold(answer: Any) -> list[str]:
     for value in values:
         if value is None or (isinstance(value, float) and math.isnan(value)):  # a missing gold: none
             continue
-        golds.append(number_text(value).strip())
+        golds.append(gold_text(value).strip())
     return [g for g in golds if g]
 
 
@@ -325,6 +326,8 @@ def load_benchmark(
     if name not in BENCHMARKS:
         if answers == "solution":  # a worked solution: its boxed answer, as training reads it
             golds, _ = solution_golds(golds)
+        else:  # GSM8K's `#### 72`, or a worked answer's last box, as training reads it
+            golds, _, _ = worked_golds(golds)
         odd = next((g for g in golds if g is not None and not _gold_like(g)), None)
         if odd is not None:
             raise EvalError(
@@ -368,7 +371,7 @@ def _question_like(value: Any) -> bool:
 def _gold_like(value: Any) -> bool:
     """Whether ``value`` is a gold answer: text, a number, or a list of them."""
     values = value if isinstance(value, list) else [value]
-    return all(v is None or (isinstance(v, (str, numbers.Real)) and not isinstance(v, bool)) for v in values)
+    return all(v is None or isinstance(v, (str, numbers.Real, Decimal)) for v in values)
 
 
 def parse_templates(spec: str, templates_file: str | Path | None = None) -> list[Template]:
