@@ -4,7 +4,9 @@ test_dynamic_sampling).
 ``python tests/dynamic_harness.py --config recipes/smoke/tiny_cpu.yaml ...`` (also under torchrun) runs
 `prompt_aug.train.main` with the given arguments. A run names the rewards below by import path, like any
 reward of one's own (``--reward_funcs dynamic_harness:flat_half_reward``; this folder is on ``sys.path``
-both in the tests and when this file runs), so the global ``rewards.REGISTRY`` is never changed.
+both in the tests and when this file runs), so the global ``rewards.REGISTRY`` is never changed. With
+``DYNAMIC_HARNESS_TRAINED=<folder>`` each process writes the rows it computes the loss on to
+``<folder>/rank<i>.jsonl`` (`record_trained_rows`).
 
 The rewards key each question on the number at the end of its uid (``synthetic-42-00017`` -> 17):
 
@@ -18,9 +20,14 @@ So half of all questions give zero-spread groups, whatever the tiny random model
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+# Every group has spread. Re-exported: a run may name it ``dynamic_harness:text_hash_reward`` too.
+from fault_harness import text_hash_reward  # noqa: F401
 
 ALL_RIGHT, ALL_WRONG = 0, 1
 
@@ -45,12 +52,27 @@ def flat_half_reward(completions: list[Any], uid: list[str], **kwargs: Any) -> l
     return out
 
 
-def text_hash_reward(completions: list[Any], **kwargs: Any) -> list[float]:
-    """A number in [0, 1) hashed from the completion text: every group has spread."""
-    return [
-        int.from_bytes(hashlib.blake2b(str(c).encode(), digest_size=8).digest(), "big") / 2**64
-        for c in completions
-    ]
+def record_trained_rows(folder: Path) -> None:
+    """Each process appends, per loss call, one JSON line to ``folder/rank<i>.jsonl``: its process index,
+    the global step, and each row's completion text (decoded as the completion records are) and advantage,
+    as the loss receives them."""
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+
+    compute_loss = PromptAugGRPOTrainer.compute_loss
+
+    def recording_compute_loss(self, model, inputs, *args, **kwargs):
+        process = self.accelerator.process_index
+        ids, mask = inputs["completion_ids"], inputs["completion_mask"].bool()
+        texts = self.processing_class.batch_decode(
+            [row[keep] for row, keep in zip(ids, mask, strict=True)], skip_special_tokens=True
+        )
+        line = {"process": process, "step": self.state.global_step, "completions": texts,
+                "advantages": inputs["advantages"].reshape(-1).tolist()}  # fmt: skip
+        with (folder / f"rank{process}.jsonl").open("a") as out:
+            out.write(json.dumps(line) + "\n")
+        return compute_loss(self, model, inputs, *args, **kwargs)
+
+    PromptAugGRPOTrainer.compute_loss = recording_compute_loss
 
 
 # How a run names them (``--reward_funcs``).
@@ -61,4 +83,6 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from prompt_aug import train
 
+    if os.environ.get("DYNAMIC_HARNESS_TRAINED"):
+        record_trained_rows(Path(os.environ["DYNAMIC_HARNESS_TRAINED"]))
     train.main(sys.argv[1:])

@@ -1,5 +1,6 @@
 """TEST HARNESS of tests/test_faults.py and tests/test_reward_checks.py, not part of the package: test
-rewards, a tiny complete checkpoint, and `prompt_aug.train.main` run as a script.
+rewards (``text_hash_reward`` serves other tests too, tests/dynamic_harness.py among them), a tiny complete
+checkpoint, and `prompt_aug.train.main` run as a script.
 
 ``python tests/fault_harness.py --config recipes/smoke/tiny_cpu.yaml ...`` (also under torchrun) runs the
 entry point with the given arguments. With ``FAULT_HARNESS_HOLD_STEP=N`` the end of step N waits (up to 2

@@ -13,6 +13,8 @@ from lora_tools import save_lora_adapter
 
 from prompt_aug.adapters import AdapterError, main, merge
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
@@ -169,9 +171,11 @@ def test_training_on_an_adapter_folder_stops_in_one_line_and_its_merged_folder_t
     """Loaded from an adapter folder, the model is the base with that adapter, and TRL's new LoRA adapter
     takes its name: the saved adapter records the base alone and computes another model than the one
     trained. The folder is refused, with use_peft or without, whether its base is there or gone; merged, it
-    trains."""
+    trains: one optimizer step through the entry point moves every weight."""
+    from safetensors.torch import load_file
     from trl import ModelConfig
 
+    from prompt_aug import train
     from prompt_aug.models import ModelArgsError, resolve_model_path
 
     args = type("Args", (), {"output_dir": str(tmp_path / "out"), "seed": 0})()
@@ -186,6 +190,18 @@ def test_training_on_an_adapter_folder_stops_in_one_line_and_its_merged_folder_t
             assert f"python -m prompt_aug.adapters merge {adapter}" in message and "\n" not in message
     merged = merge(folder)
     assert resolve_model_path(ModelConfig(model_name_or_path=str(merged), use_peft=True), args) == str(merged)
+    # One optimizer step of the smoke recipe on the merged folder, with a reward whose groups have spread.
+    out = tmp_path / "trained"
+    train.main([
+        "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--model_name_or_path", str(merged),
+        "--output_dir", str(out), "--max_steps", "1", "--steps_per_generation", "1",
+        "--max_completion_length", "8", "--save_strategy", "no", "--learning_rate", "1e-2",
+        "--reward_funcs", "fault_harness:text_hash_reward",
+    ])  # fmt: skip
+    before, after = load_file(merged / "model.safetensors"), load_file(out / "model.safetensors")
+    assert before.keys() == after.keys()
+    still = [name for name in before if torch.equal(before[name], after[name])]
+    assert not still, f"tensors one step left unchanged: {still}"
 
 
 def test_an_adapter_config_without_a_base_or_that_does_not_parse_is_one_line_naming_it(

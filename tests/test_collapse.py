@@ -592,7 +592,9 @@ def test_a_collapse_save_that_a_preemption_signal_stops_at_keeps_the_checkpoint_
     assert (tmp_path / "checkpoint-5").is_dir() and (tmp_path / "_collapse-entropy-round5").is_dir()
 
 
-def test_a_signal_during_a_save_is_seen_before_the_guard_moves_the_checkpoint(tiny_model_dir, tmp_path):
+def test_the_preemption_callback_runs_before_the_guard_which_counts_rounds_as_the_trainer_does(
+    tiny_model_dir, tmp_path
+):
     from prompt_aug.faults import PreemptionCallback
     from prompt_aug.trainer import PromptAugGRPOTrainer
 

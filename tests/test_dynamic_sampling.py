@@ -352,6 +352,10 @@ def test_flag_off_trains_exactly_as_with_no_group_dropped(tmp_path):
     assert not any(k.startswith(METRICS) for h in _history(off).values() for k in h)
     before, after = load_file(str(off / "model.safetensors")), load_file(str(on / "model.safetensors"))
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    # Not vacuous: both runs trained (a pair of untrained runs would match too).
+    initial = load_file(str(off / "tiny-random-qwen2" / "model.safetensors"))
+    still = [k for k in initial if torch.equal(initial[k], before[k])]
+    assert not still, f"tensors the runs left unchanged: {still}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,32 +365,59 @@ def test_flag_off_trains_exactly_as_with_no_group_dropped(tmp_path):
 @pytest.mark.slow
 def test_two_processes_agree_and_keep_straddling_groups_whole(tmp_path):
     # 6 rows per process and 4 rollouts per question: in every pass and in the trained round, the second
-    # group of 4 has 2 rows on rank 0 and 2 on rank 1.
-    out = tmp_path / "run"
+    # group of 4 has 2 rows on rank 0 and 2 on rank 1. Each process records the rows its loss calls get
+    # (dynamic_harness.record_trained_rows).
+    out, trained = tmp_path / "run", tmp_path / "trained"
+    trained.mkdir()
     cmd = [
         *torchrun(2),
         str(REPO / "tests/dynamic_harness.py"), "--config", SMOKE, "--output_dir", str(out),
         *DYNAMIC, "--max_steps", "4", "--per_device_train_batch_size", "3", "--steps_per_generation", "2",
         "--num_generations", "4", "--save_strategy", "no",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+        "DYNAMIC_HARNESS_TRAINED": str(trained),
+    }
     result = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    calls = [
+        json.loads(line)
+        for rank in (0, 1)
+        for line in (trained / f"rank{rank}.jsonl").read_text().splitlines()
+    ]
+    assert {c["process"] for c in calls} == {0, 1}
     history = _history(out)
     for step in (1, 3):
         records = _records(out, step)
         kept = records[records["kept"]].reset_index(drop=True)
         assert len(kept) == 12 and kept.groupby("uid").size().eq(NUM_GEN).all()
         assert (kept.groupby("uid")["flat_half_reward"].std() > 1e-4).all()
-        # Kept rows are logged in training order: rows 0-5 train on rank 0, 6-11 on rank 1.
-        trained_on = kept.index // 6
-        assert (kept.assign(rank=trained_on).groupby("uid")["rank"].nunique() == 2).any()
         assert (records.groupby(["generation_pass", "uid"])["process"].nunique() == 2).any()
-        for _, group in kept.groupby("uid"):  # advantages normalised over the whole group, across ranks
+        # The round's rows as the loss got them (global steps step-1 and step): each kept row once, on one
+        # process, with the advantage it trained with.
+        rows = [
+            (c["process"], text, advantage)
+            for c in calls
+            if c["step"] in (step - 1, step)
+            for text, advantage in zip(c["completions"], c["advantages"], strict=True)
+        ]
+        assert kept["completion"].is_unique and sorted(t for _, t, _ in rows) == sorted(kept["completion"])
+        by_text = {text: (process, advantage) for process, text, advantage in rows}
+        kept = kept.assign(
+            trained_on=[by_text[t][0] for t in kept["completion"]],
+            trained_advantage=[by_text[t][1] for t in kept["completion"]],
+        )
+        assert kept.groupby("trained_on").size().to_dict() == {0: 6, 1: 6}  # 2 steps of 3 rows a process
+        straddling = [uid for uid, group in kept.groupby("uid") if group["trained_on"].nunique() == 2]
+        assert straddling, kept[["uid", "trained_on"]]
+        for uid, group in kept.groupby("uid"):  # normalised over the whole group, across the processes
             r = group["flat_half_reward"]
-            assert group["advantage"].to_numpy() == pytest.approx(
-                ((r - r.mean()) / (r.std() + 1e-4)).to_numpy(), abs=1e-4
-            )
+            expected = ((r - r.mean()) / (r.std() + 1e-4)).to_numpy()
+            assert group["trained_advantage"].to_numpy() == pytest.approx(expected, abs=1e-4), uid
+            assert group["advantage"].to_numpy() == pytest.approx(expected, abs=1e-4), uid
         groups = records.groupby("uid").first()
         assert history[step][METRICS + "groups_generated"] == len(groups)
         assert history[step][METRICS + "groups_kept"] == (groups["group_status"] == "kept").sum() == 3

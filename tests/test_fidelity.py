@@ -96,7 +96,7 @@ def _check(recipe: Path, expected: dict[str, object], processes: int = 8) -> Non
     assert not wrong, f"{recipe.name} differs from the fidelity table (table, recipe): {wrong}"
 
 
-def test_the_tables_are_there_and_cover_the_settings_the_issue_lists():
+def test_the_tables_are_there_and_cover_every_fidelity_setting():
     settings = {row["Setting"] for row in MAIN}
     for needed in ("Training data", "Prompt length", "Completion length", "Questions per round", "Mini-batch",
                    "Optimizer", "Clip", "Dual clip", "Loss aggregation", "Advantage", "KL", "Entropy bonus",
@@ -128,7 +128,7 @@ def test_full_1gpu_recipe_keeps_every_row_but_the_batch():
     _check(PAPER / "prompt_aug_1gpu_full.yaml", expected, processes=1)
 
 
-def test_issue_settings_are_written_in_every_paper_recipe_not_left_to_defaults():
+def test_fidelity_settings_are_written_in_every_paper_recipe_not_left_to_defaults():
     for recipe in sorted(PAPER.glob("*.yaml")):
         raw = yaml.safe_load(recipe.read_text())
         assert raw["vllm_importance_sampling_correction"] is False, recipe.name

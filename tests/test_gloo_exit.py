@@ -1,13 +1,14 @@
 """A rank leaves a 2-process gloo run cleanly although gloo still holds a tensor that Python has dropped.
 
-The engine tier's resumed DDP launch once failed after training and saving: rank 1 aborted at exit with
-"terminate called without an active exception". Cause: a gloo worker thread released the last reference to a
-collective's tensor while Python was finalizing; taking the GIL then ends the thread with ``pthread_exit``
-inside a ``noexcept`` destructor (C++ stack from a core dump: ``~AsyncWork`` → ``TensorImpl::decref_pyobject``
-→ ``gil_scoped_acquire`` → ``take_gil`` → ``PyThread_exit_thread`` → ``std::terminate``).
-tests/gloo_exit_script.py makes that timing happen on every run; `close_process_group` must join gloo's
-workers before Python finalizes. Before the fix the run aborted (``destroy_process_group`` only) or hung
-(collecting the DDP wrapper without keeping handles on the group).
+The hazard: a gloo worker thread releases the last reference to a collective's tensor while Python is
+finalizing; taking the GIL then ends the thread with ``pthread_exit`` inside a ``noexcept`` destructor
+(``~AsyncWork`` → ``TensorImpl::decref_pyobject`` → ``gil_scoped_acquire`` → ``take_gil`` →
+``PyThread_exit_thread`` → ``std::terminate``), and the rank aborts at exit with "terminate called without an
+active exception" after training and saving. tests/gloo_exit_script.py makes that timing happen on every
+run: `close_process_group` must join gloo's workers before Python finalizes, so the run exits 0 with no
+abort and no gloo thread left; `destroy_process_group` alone does not. Nor may the exit hang, as it does
+where the DDP wrapper is collected without handles kept on the group, or gloo's workers are joined with
+the GIL held.
 """
 
 from __future__ import annotations

@@ -636,16 +636,24 @@ def test_a_run_that_ignores_the_warning_is_requeued_after_the_grace(fake_slurm):
 
 
 def _real_env(**extra: str) -> dict:
+    """The environment of a real launch; tests/ is on its path, for the test reward `SPREAD` names."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(
         PATH=os.pathsep.join([str(VENV_BIN), env.get("PATH", "")]),
-        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        ),
         HF_HUB_OFFLINE="1",
         WANDB_MODE="disabled",
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
     )
     env.update(extra)
     return env
+
+
+# A reward whose groups have spread whatever the tiny model writes (the smoke recipe's give it none), so
+# that the two-node run's weights move.
+SPREAD = ("--reward_funcs", "fault_harness:text_hash_reward")
 
 
 def _run_all(procs: list[subprocess.Popen], timeout: float) -> list[int | None]:
@@ -681,7 +689,7 @@ def two_node_run(tmp_path_factory):
             "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
             "--main_process_port", str(port), "--num_processes", "2", "--mixed_precision", "no",
             "-m", "prompt_aug.train", "--config", SMOKE, "--max_steps", "2", "--save_steps", "2",
-            "--output_dir", str(out_dir),
+            "--output_dir", str(out_dir), *SPREAD,
         ]  # fmt: skip
         with logs[rank].open("w") as sink:
             procs.append(
@@ -769,6 +777,8 @@ def _steps(out_dir: Path) -> list[int]:
 @pytest.mark.slow
 def test_two_nodes_meet_and_train(two_node_run):
     import pandas as pd
+    import torch
+    from safetensors.torch import load_file
 
     out_dir = two_node_run["out_dir"]
     state = json.loads((out_dir / "trainer_state.json").read_text())
@@ -780,6 +790,13 @@ def test_two_nodes_meet_and_train(two_node_run):
     assert len(first) == 32 and first["uid"].nunique() == 8
     assert first.groupby("process").size().to_dict() == {0: 16, 1: 16}  # one world of 2 processes
     assert (first.groupby("uid")["template"].nunique() == 1).all()  # a group's template, on both nodes
+    # The world trained: real gradients, and every weight moved from the model the run built.
+    assert all(h["grad_norm"] > 0 for h in state["log_history"] if "loss" in h), state["log_history"]
+    initial = load_file(str(out_dir / "tiny-random-qwen2" / "model.safetensors"))
+    trained = load_file(str(out_dir / "checkpoint-2" / "model.safetensors"))
+    assert initial.keys() == trained.keys()
+    still = [name for name in initial if torch.equal(initial[name], trained[name])]
+    assert not still, f"tensors two steps left unchanged: {still}"
 
 
 @pytest.mark.slow
@@ -801,7 +818,7 @@ def test_the_slurm_launcher_resumes_the_two_node_run(two_node_run):
     with log.open("w") as sink:
         proc = subprocess.Popen(
             ["bash", str(SCRIPT), "--recipe", SMOKE, "--accelerate", "ddp", "--gpus-per-node", "1",
-             "--output_dir", str(out_dir), "--max_steps", "4", "--save_steps", "2"],
+             "--output_dir", str(out_dir), "--max_steps", "4", "--save_steps", "2", *SPREAD],
             cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     codes = _run_all([proc], timeout=480)

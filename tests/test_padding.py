@@ -227,6 +227,9 @@ def _assert_same_update(
     # Compared as updates, relative to their size: ~1e-6 from float rounding (TRL's fused log-prob head and
     # RoPE's cos/sin work in float32, and trimming shifts positions), ~1e-1 for a row weighted differently.
     start = dict(_float64_model(path).named_parameters())
+    # Not vacuous: every parameter moved (with 0 <= 1e-4 * 0, an untrained run would pass the check below).
+    still = [name for name, value in off["params"].items() if torch.equal(value, start[name])]
+    assert not still, f"parameters the off run left unchanged: {still}"
     for name, value in off["params"].items():
         update = (value - start[name]).norm()
         assert (on["params"][name] - value).norm() <= 1e-4 * update, name
@@ -305,6 +308,7 @@ def test_a_resume_after_an_epochs_short_step_generates_the_rounds_an_unbroken_ru
     shutil.copytree(tmp_path / "whole" / "checkpoint-2", resumed / "checkpoint-2")
     again = _run(tiny_model_dir, resumed, resume=str(resumed / "checkpoint-2"), **keys)
     assert len(whole["rounds"]) == 2 and len(again["rounds"]) == 1
+    assert torch.equal(whole["rounds"][1], again["rounds"][0]), "the resumed run generated another round"
     assert again["trainer"].micro_step == trainer.micro_step == 6
 
 
@@ -350,7 +354,8 @@ def test_two_processes_get_the_same_update(tmp_path):
     """Two ranks (gloo) train one round through the recipe path packed, packed with shared prompts, and off
     (float32, SGD; the random model runs every completion to the cap there, so only prompts are trimmed).
     Packed, each rank balances its own rows, with TRL's row count per micro-batch: both ranks make as many
-    calls."""
+    calls. The reward is a hash of the completion text, so every group has spread and the weights move (the
+    smoke recipe's rewards give this model none)."""
     results = {}
     shared = ["--packing_share_prompts", "true"]
     for flag, mode, keys in (("packed", "packed", []), ("shared", "packed", shared), ("off", "off", [])):
@@ -361,16 +366,28 @@ def test_two_processes_get_the_same_update(tmp_path):
             "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "2",
             "--gradient_accumulation_steps", "2", "--steps_per_generation", "4", "--num_generations", "4",
             "--save_strategy", "no", "--optim", "sgd", "--learning_rate", "0.5", "--trim_padding", mode,
-            "--log_completions", "true", *keys,
+            "--log_completions", "true", "--reward_funcs", "fault_harness:text_hash_reward", *keys,
         ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        # tests/ on the path, so that each rank imports the reward by its import path.
+        pythonpath = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
         result = subprocess.run(
             cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
         )
         assert result.returncode == 0, result.stderr[-3000:]
-        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-        results[flag] = ([h["loss"] for h in history if "loss" in h], load_file(out / "model.safetensors"))
+        steps = [
+            h for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h
+        ]
+        assert all(h["grad_norm"] > 0 and h["loss"] != 0 for h in steps), (flag, steps)
+        results[flag] = ([h["loss"] for h in steps], load_file(out / "model.safetensors"))
     loss_off, params_off = results["off"]
+    # The off run trained: every tensor left the model the run built (an untrained pair would match anyway).
+    initial = load_file(tmp_path / "off" / "tiny-random-qwen2" / "model.safetensors")
+    assert initial.keys() == params_off.keys()
+    still = [name for name in initial if torch.equal(initial[name], params_off[name])]
+    assert not still, f"tensors the off run left unchanged: {still}"
     for flag in ("packed", "shared"):
         loss_on, params_on = results[flag]
         assert len(loss_on) == 2

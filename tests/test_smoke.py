@@ -79,7 +79,7 @@ def test_tiny_model_built_with_another_shape_is_rebuilt(tmp_path):
     assert (config.num_attention_heads, config.num_key_value_heads) == (2, 1)
 
 
-def test_tiny_model_shape_is_the_one_vllm_accepts(tiny_model_dir):
+def test_tiny_model_keeps_its_shape(tiny_model_dir):
     config = AutoConfig.from_pretrained(tiny_model_dir)
     assert (config.hidden_size, config.num_hidden_layers) == (64, 2)
     assert (config.num_attention_heads, config.num_key_value_heads) == (2, 1)
