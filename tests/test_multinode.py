@@ -142,6 +142,12 @@ if mode == "finish_launcher_1" and record["procid"] == "0":  # trained to the en
     run_dir = argv[argv.index("--output_dir") + 1]
     os.makedirs(run_dir, exist_ok=True)
     open(os.path.join(run_dir, "train_results.json"), "w").close()
+elif mode == "finish_launcher_1":  # the ranks end together (their last step's collectives): after rank 0's save
+    argv = sys.argv[1:]
+    first = os.path.join(argv[argv.index("--output_dir") + 1], "train_results.json")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(first) and time.monotonic() < deadline:
+        time.sleep(0.05)
 # accelerate exits 1 when a process exits non-zero, and torch's launcher after a signal it handled
 sys.exit(1 if mode in ("save_on_usr1", "finish_launcher_1") and got else 0)
 """
