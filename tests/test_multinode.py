@@ -142,7 +142,7 @@ if mode == "finish_launcher_1" and record["procid"] == "0":  # trained to the en
     run_dir = argv[argv.index("--output_dir") + 1]
     os.makedirs(run_dir, exist_ok=True)
     open(os.path.join(run_dir, "train_results.json"), "w").close()
-elif mode == "finish_launcher_1":  # the ranks end together (their last step's collectives): after rank 0's save
+elif mode == "finish_launcher_1":  # ranks end together (their last collectives): after rank 0 saved
     argv = sys.argv[1:]
     first = os.path.join(argv[argv.index("--output_dir") + 1], "train_results.json")
     deadline = time.monotonic() + 30
