@@ -252,6 +252,28 @@ def test_completions_of_other_weights_in_a_folder_of_the_same_name_are_not_resum
     assert json.loads((out / "settings.json").read_text())["weights"] is not None
 
 
+def test_an_adapters_completions_are_not_resumed_on_other_base_weights(tiny_model_dir, suite_dir, tmp_path):
+    """An adapter's completions are its base's too: the same adapter on a base whose weights changed since
+    (re-fetched, trained further) is refused, not resumed from them."""
+    import shutil
+
+    from lora_tools import save_lora_adapter
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    folder, out, flags = save_lora_adapter(base, tmp_path / "run"), tmp_path / "eval", ("--benchmarks", "amc")
+    _eval(folder, suite_dir, out, *flags, "--limit", "1")
+    assert _eval(folder, suite_dir, out, *flags, "--limit", "1")["new_completions"] == 0  # same base: resumed
+    model = AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.01)
+    model.save_pretrained(base)
+    with pytest.raises(SystemExit, match=r"holds completions made with other settings \(\{'base_weights': "):
+        _eval(folder, suite_dir, out, *flags, "--limit", "1")
+
+
 def test_completions_of_another_commit_of_a_hub_model_are_not_resumed(
     tiny_model_dir, suite_dir, tmp_path, monkeypatch, caplog
 ):

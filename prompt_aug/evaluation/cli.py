@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..adapters import AdapterError, check_adapter_base, is_adapter
+from ..adapters import AdapterError, adapter_base, check_adapter_base, is_adapter
 from ..model_card import weights_fingerprint
 from ..sources import SourceError, check_source, hub_revision, is_hub_id, resolve_local_model
 from ..templates import DEFAULT_EVAL_TEMPLATE, TemplateError
@@ -288,18 +288,19 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
         for old in (records, *shard_paths(records)):
             old.unlink(missing_ok=True)
     elif previous is not None and (records.is_file() or shard_paths(records)):
-        then, now = before.get("weights"), settings["weights"]
-        if then != now and None in (then, now):  # nothing to compare the weights with
-            unknown = (
-                "does not record which weights made its completions (written by an older version)"
-                if then is None
-                else f"records the weights {then}, and which weights {settings['model']} has now is unknown"
-            )
-            before["weights"] = now
-            logger.warning(
-                "%s %s: they are taken as %s's; pass --overwrite if the model changed since",
-                path, unknown, settings["model"],
-            )  # fmt: skip
+        for key in ("weights", "base_weights"):
+            then, now, what = before.get(key), settings[key], key.replace("_", " ")
+            if then != now and None in (then, now):  # nothing to compare the weights with
+                unknown = (
+                    f"does not record which {what} made its completions (written by an older version)"
+                    if then is None
+                    else f"records the {what} {then}, and which {settings['model']} has now is unknown"
+                )
+                before[key] = now
+                logger.warning(
+                    "%s %s: they are taken as %s's; pass --overwrite if the model changed since",
+                    path, unknown, settings["model"],
+                )  # fmt: skip
         changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
         if changed:
             raise EvalError(
@@ -411,6 +412,8 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     settings = {
         "model": model_name,
         "weights": weights_of(args.model),
+        # An adapter's completions are its base model's too: other base weights make other completions.
+        "base_weights": weights_of(adapter_base(args.model)) if is_adapter(args.model) else None,
         "backend": backend_name,
         "dtype": args.dtype,
         "max_tokens": args.max_tokens,
