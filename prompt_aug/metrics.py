@@ -21,18 +21,20 @@ from .records import ACCURACY_KEY, GENERATED
 
 
 class TemplateMetrics:
-    """``templates/<name>/*`` and ``completions/repetition_ratio`` for a trainer whose rows carry a template.
+    """``templates/<name>/*``, ``completions/accuracy`` and ``completions/repetition_ratio`` of a trainer's
+    rounds.
 
     Beside TRL's ``entropy``, ``reward`` and ``completions/*``, per template: ``templates/<name>/accuracy``,
     ``/format``, ``/mean_length``, ``/truncated_ratio``, ``/count``, ``/entropy`` and ``/repetition``, and
     ``templates/<name>/rewards/<reward function name>`` for every reward function (named as in TRL's
     ``rewards/<reward function name>/mean``, e.g. ``correctness_reward``); with dynamic sampling also
-    ``templates/<name>/kept``. Overall: ``completions/repetition_ratio`` (completions ending in an n-gram
-    loop).
+    ``templates/<name>/kept``. Overall: ``completions/accuracy`` (the share graded right) and
+    ``completions/repetition_ratio`` (completions ending in an n-gram loop).
 
     Args:
         names: Every template a row may carry (the training bank and the evaluation template); a row's index
-            into them travels with it, as ``template_index``, to the loss, where its entropy is summed.
+            into them travels with it, as ``template_index``, to the loss, where its entropy is summed. None
+            (prompt augmentation off, rows without a template): the overall metrics only.
     """
 
     def __init__(self, names: list[str]) -> None:
@@ -47,7 +49,8 @@ class TemplateMetrics:
     def log_round(
         self, trainer: Any, rows: list[dict[str, Any]], output: dict[str, Any], rewards: Any, mode: str
     ) -> None:
-        """Per-template metrics of one scored round (TRL's ``output``), gathered from every process."""
+        """The metrics of one scored round (TRL's ``output``), gathered from every process; per template
+        only where there are templates (``rows`` then carry theirs)."""
         accelerator = trainer.accelerator
         mask, ids = output["completion_mask"], output["completion_ids"]
         lengths = mask.sum(dim=1)
@@ -55,7 +58,7 @@ class TemplateMetrics:
         last = ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
         ended = torch.isin(last, torch.tensor(ending_ids(trainer), device=ids.device)) & (lengths > 0)
         full = torch.where(lengths > 0, lengths, torch.full_like(lengths, trainer.max_completion_length))
-        names = gather_object([row["template"] for row in rows])
+        names = gather_object([row["template"] for row in rows]) if self.index else None
         rewards = rewards.cpu() if rewards is not None else None
         gathered = accelerator.gather(full.float()).cpu(), accelerator.gather((~ended).float()).cpu()
         self.append(trainer, names, rewards, *gathered, mode)
@@ -63,23 +66,26 @@ class TemplateMetrics:
         # and mask_truncated_completions zeroes its mask.
         self.append_repetition(trainer, names, accelerator.gather(loop_flags(ids, full)).cpu(), mode)
 
-    def append_repetition(self, trainer: Any, names: list[str], looping: torch.Tensor, mode: str) -> None:
+    def append_repetition(
+        self, trainer: Any, names: list[str] | None, looping: torch.Tensor, mode: str
+    ) -> None:
         """The collapse watch's ``completions/repetition_ratio`` and ``templates/<name>/repetition``: the
         share of gathered rows (``looping``, 1.0 per row ending in an n-gram loop) that loop, overall and per
-        template (``names``, per row)."""
+        template (``names``, per row; None: overall only)."""
         metrics = trainer.metric_buffer(mode)
         metrics["completions/repetition_ratio"].append(looping.mean().item())
-        for name, where in template_rows(names).items():
+        for name, where in template_rows(names or []).items():
             metrics[f"templates/{name}/repetition"].append(looping[where].mean().item())
 
     def append(
-        self, trainer: Any, names: list[str], rewards: torch.Tensor | None, lengths: torch.Tensor,
+        self, trainer: Any, names: list[str] | None, rewards: torch.Tensor | None, lengths: torch.Tensor,
         truncated: torch.Tensor, mode: str, kept: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         """Per-template metrics of gathered rows (`per_template_metrics`): ``accuracy`` (the share right, also
         under a correctness reward mapped to other scores), ``format``, each reward function's mean as
         ``rewards/<function>``, and with ``kept`` (bool per row) ``templates/<name>/kept``; and the round's
-        share right as `ACCURACY_KEY` (``kept`` given: over every generated row, under `GENERATED`)."""
+        share right as `ACCURACY_KEY` (``kept`` given: over every generated row, under `GENERATED`). ``names``
+        None: the round's share alone."""
         funcs, buffer = trainer.reward_funcs, trainer.metric_buffer(mode)
         columns = {
             "accuracy": None,
@@ -97,6 +103,8 @@ class TemplateMetrics:
             if not share.isnan().all():  # the round's share; under dynamic sampling (``kept``) all generated
                 key = (GENERATED if kept is not None else "") + ACCURACY_KEY
                 buffer[key].append(torch.nanmean(share).item())
+        if names is None:
+            return
         for key, value in per_template_metrics(names, rewards, columns, lengths, truncated, kept).items():
             buffer[key].append(value)
 

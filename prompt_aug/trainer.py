@@ -95,9 +95,10 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
       the format rules of the row's template, which the rewards in `rewards` read; and ``question``,
       ``uid`` and every other dataset column, one value per completion.
 
-    Logs, beside TRL's keys, the per-template metrics of `prompt_aug.metrics.TemplateMetrics` and ``round`` in
-    every entry. With ``log_completions``, the completion records carry ``template``, ``uid``, ``process`` and
-    ``round`` (the logged prompt is the rendered text); with dynamic sampling, see
+    Logs, beside TRL's keys, the metrics of `prompt_aug.metrics.TemplateMetrics` (with augmentation off, its
+    ``completions/accuracy`` and ``completions/repetition_ratio`` alone) and ``round`` in every entry. With
+    ``log_completions``, the completion records carry ``template``, ``uid``, ``process`` and ``round`` (the
+    logged prompt is the rendered text); with dynamic sampling, see
     `prompt_aug.extensions.dynamic_sampling` for its records and ``dynamic_sampling/*``.
 
     ``wandb_completions_rows`` (from ``args``) bounds the W&B completions table: ``None`` uploads every row
@@ -201,11 +202,16 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     # starts. The rows arrive already repeated num_generations times by TRL's RepeatSampler; the collator
     # draws from (seed, epoch, uid), so every rollout of a group gets the same template on every rank. After
     # TRL scores the round, the per-template metrics are added to TRL's own. With dynamic sampling on, the
-    # round is handed to `prompt_aug.extensions.dynamic_sampling` instead.
+    # round is handed to `prompt_aug.extensions.dynamic_sampling` instead. With augmentation off, TRL's round
+    # is left as it is and only the round's share right and repetition are added (the collapse guard reads
+    # them whatever the reward's scale).
     def score_round(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        if self.prompt_collator is None:
-            return self.trl_score_round(inputs)
         training = self.model.training
+        mode = "train" if training else "eval"
+        if self.prompt_collator is None:
+            output = self.trl_score_round(inputs)
+            self.template_metrics.log_round(self, inputs, output, self._round_rewards, mode)
+            return output
         epoch = int(self.state.epoch or 0)  # whole epochs done: a new epoch redraws, a resume the same
         # The rendered text goes to generation; a conversational dataset's reward functions get messages back.
         self._conversational = is_conversational(inputs[0])
@@ -223,7 +229,6 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             output = self._score_rows(inputs)
         finally:
             self._conversational = False
-        mode = "train" if training else "eval"
         self.template_metrics.log_round(self, inputs, output, self._round_rewards, mode)
         return output
 

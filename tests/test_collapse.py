@@ -143,6 +143,34 @@ def test_a_diverged_run_logging_nan_or_inf_counts_as_past_the_threshold_and_the_
     assert list(fired(ACCURACY, [{"step": i + 1, key: v} for i, v in enumerate(values)])) == [4, 12]
 
 
+def test_with_truncated_completions_masked_entropy_skips_every_line_trained_only_on_fully_cut_rounds():
+    # Two optimizer steps a round; TRL logs a round's clipped_ratio on its first line only. A round cut in
+    # full trains on no token, and TRL logs its entropy as 0.
+    args = train.parse_args(["--config", SMOKE, "--dry_run", "--mask_truncated_completions", "true"])
+    guard = guard_from_args(args.training_args, 2)
+    spec = next(s for s in guard.specs if s.name == "entropy")
+    assert spec.masked_by == ("completions/clipped_ratio",)
+    entropy = SignalSpec("entropy", ("entropy",), "below", 0.05, 1, "log", spec.masked_by)
+    cut, kept = {"completions/clipped_ratio": 1.0}, {"completions/clipped_ratio": 0.5}
+    stream = [
+        {"step": 1, "round": 1, "entropy": 0.0, **cut},
+        {"step": 2, "round": 1, "entropy": 0.0},
+        {"step": 3, "round": 2, "entropy": 0.01, **kept},  # a low entropy where tokens were trained on
+        {"step": 4, "round": 2, "entropy": 0.01},
+    ]
+    assert _feed(_guard(entropy, steps_per_round=2), stream) == {4: ["entropy"]}
+    # Lines of 3 steps: the one at step 6 trains on the end of round 2 (not cut) beside all of round 3 (cut),
+    # so it is read; the one at step 9 trains on round 4 and 5, both cut, and is not.
+    guard = _guard(entropy, steps_per_round=2)
+    guard.logging_steps = 3
+    stream = [
+        {"step": 3, "round": 2, "entropy": 0.5, "completions/clipped_ratio": 0.5},
+        {"step": 6, "round": 3, "entropy": 0.01, **cut},
+        {"step": 9, "round": 5, "entropy": 0.0, **cut},
+    ]
+    assert [e["step"] for e in stream if "collapse/entropy" in guard.observe(e)[0]] == [3, 6]
+
+
 def test_eval_fires_on_the_evaluation_whose_2_eval_mean_falls_more_than_0_05():
     evals = [0.30, 0.32, 0.34, 0.36, 0.25, 0.20]
     stream = []
@@ -736,6 +764,70 @@ def test_guard_sees_evaluation_during_training(tmp_path):
     evaluated = [e for e in _history(out) if "eval/macro" in e]
     assert [e["step"] for e in evaluated] == [1, 2]
     assert all("collapse/eval" in e for e in evaluated)  # the guard runs after the evaluation callback
+
+
+@pytest.mark.slow
+def test_a_diverged_run_whose_entropy_trl_logs_as_none_trips_the_guard(tmp_path, monkeypatch):
+    # The fault: every per-token entropy of the loss pass is NaN. TRL leaves NaN values out of a logged mean
+    # and logs None when none is left.
+    from prompt_aug.trainer import PromptAugGRPOTrainer
+
+    forward = PromptAugGRPOTrainer.token_logps_and_entropies
+
+    def diverged(self, *args, **kwargs):
+        logps, entropies, aux = forward(self, *args, **kwargs)
+        if entropies is not None:
+            entropies = torch.full_like(entropies, float("nan"))
+            self._loss_forward = (logps.detach(), entropies)
+        return logps, entropies, aux
+
+    monkeypatch.setattr(PromptAugGRPOTrainer, "token_logps_and_entropies", diverged)
+    out = tmp_path / "run"
+    train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "4", "--save_strategy", "no",
+                "--collapse_entropy_action", "log"])  # fmt: skip
+    history = _history(out)
+    assert [e["entropy"] for e in history if "entropy" in e] == [None] * 4
+    # The smoke recipe's entropy window is 2 rounds of 2 steps: the second round ends at step 4.
+    assert [e["step"] for e in history if "collapse/fired/entropy" in e] == [4]
+
+
+@pytest.mark.slow
+def test_with_augmentation_off_the_guard_reads_repetition_and_the_share_right_not_the_pm5_total(tmp_path):
+    out = tmp_path / "run"
+    train.main([
+        "--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
+        "--prompt_augmentation", "false", "--temperature", "0.05",  # near-greedy: completions loop
+        "--reward_funcs", "correctness_pm5", "format", "--collapse_repetition_rounds", "1",
+    ])  # fmt: skip
+    history = _history(out)
+    first = next(e for e in history if e["step"] == 1)
+    assert first[REPETITION_KEY] > 0.5  # the smoke recipe's ceiling
+    assert [e["step"] for e in history if "collapse/fired/repetition" in e] == [2]
+    # The share graded right, not the +5 / -5 reward the accuracy watch would otherwise fall back to.
+    pm5 = first["rewards/correctness_pm5_reward/mean"]
+    assert first["completions/accuracy"] == pytest.approx((pm5 + 5) / 10)
+    args = train.parse_args(["--config", SMOKE, "--dry_run", "--reward_funcs", "correctness_pm5", "format"])
+    spec = next(s for s in guard_from_args(args.training_args, 2).specs if s.name == "accuracy")
+    assert next(k for k in spec.keys if k in first) == "completions/accuracy"
+    assert not any(k.startswith("templates/") for e in history for k in e)  # no templates: no breakdown
+
+
+@pytest.mark.slow
+def test_entropy_takes_no_reading_where_every_completion_was_masked_and_truncation_fires(tmp_path):
+    out = tmp_path / "run"
+    train.main([
+        "--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
+        "--temperature", "0.05", "--mask_truncated_completions", "true",  # every completion cut and masked
+        "--collapse_entropy_rounds", "1", "--collapse_entropy_action", "log",
+        "--collapse_truncation_ceiling", "0.5", "--collapse_truncation_rounds", "1",
+        "--collapse_truncation_action", "log",
+    ])  # fmt: skip
+    history = _history(out)
+    first = next(e for e in history if e["step"] == 1)
+    assert first["completions/clipped_ratio"] == 1.0
+    assert [e["entropy"] for e in history if "entropy" in e] == [0.0, 0.0]  # no token: TRL's 0 / 1
+    fired = [(e["step"], k) for e in history for k in e if k.startswith("collapse/fired/")]
+    assert fired == [(2, "collapse/fired/truncation")]  # the smoke recipe's repetition window is 2 rounds
 
 
 # ---------------------------------------------------------------------------------------------------------

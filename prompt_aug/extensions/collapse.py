@@ -26,10 +26,15 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   it is never judged on its first lines alone; that line judges it even without the signal's key (TRL logs
   a round's reward and length metrics on its first line only). A log line that comes several rounds after
   the one before it (``logging_steps`` longer than a round) counts for each of them. Each evaluation is
-  judged as it comes. A NaN or infinite value (a diverged run) counts as past the threshold. Each signal
-  fires once when its condition starts to hold and again only after it has stopped holding. A firing on the
-  end-of-training log line (what TRL logged after the last ``logging_steps``) is logged only: the run has
-  ended, and its final model is saved anyway.
+  judged as it comes. A NaN or infinite value (a diverged run) counts as past the threshold, and so does a
+  key logged as ``None`` (TRL leaves NaN values out of a line's mean, and logs ``None`` when all were NaN).
+  With ``mask_truncated_completions`` on, entropy takes no reading from a line whose steps trained only on
+  rounds where every completion was truncated (``completions/clipped_ratio`` 1: no token was trained on, and
+  TRL logs an entropy of 0); the truncation signal is the one that speaks there. A line that trained on some
+  fully masked micro-batches and some others still averages TRL's per-micro-batch entropies, the masked
+  ones' 0 included. Each signal fires once when its condition starts to hold and again only after it has
+  stopped holding. A firing on the end-of-training log line (what TRL logged after the last
+  ``logging_steps``) is logged only: the run has ended, and its final model is saved anyway.
   It logs ``collapse/<signal>`` (rounds in a row past the threshold, or the fall from the best mean) on
   every log line that carries the signal or judges it, and ``collapse/fired/<signal>`` = 1 on the line
   where it fired. ``checkpoint`` saves a full checkpoint named ``_collapse-<signal>-round<N>`` in
@@ -92,6 +97,8 @@ class SignalSpec:
         threshold: The floor, ceiling or allowed fall.
         window: Rounds (evaluations for ``eval``) the condition is judged over.
         action: ``log``, ``checkpoint`` or ``stop``.
+        masked_by: Log keys of the share of a round's completions left out of the loss (the first one a line
+            has is used): a line whose steps trained only on rounds where it was 1 gives no reading.
     """
 
     name: str
@@ -100,6 +107,7 @@ class SignalSpec:
     threshold: float
     window: int
     action: str = "log"
+    masked_by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -145,6 +153,7 @@ class _Watch:
         # The key read, the first of ``spec.keys`` a line had: the run's other keys are not read after it, as
         # they may be on another scale (a correctness_pm5 run resumed from logs that had no accuracy share).
         self.key: str | None = None
+        self.masked = False  # every completion of the latest round generated was left out of the loss
 
     @property
     def last(self) -> int:
@@ -153,6 +162,20 @@ class _Watch:
 
     def _covered(self) -> int:
         return int(sum(line[3] for line in self.lines))
+
+    def unread(self, entry: dict[str, Any], carried: bool, fresh: bool) -> bool:
+        """Whether log line ``entry`` trained on no completion token (`SignalSpec.masked_by`), so gives no
+        reading. ``carried``: its first step trained on a round generated before it; ``fresh``: a round was
+        generated within it (TRL logs that round's share on that line). Fed every line, in order."""
+        if not self.spec.masked_by:
+            return False
+        share = next((entry[k] for k in self.spec.masked_by if is_number(entry.get(k))), None)
+        if share is None:
+            if fresh:  # a round whose share was not logged: read as trained on
+                self.masked = False
+            return carried and not fresh and self.masked
+        was, self.masked = self.masked, share >= 1.0
+        return self.masked and (was or not carried)
 
     def add(
         self, round_: int, value: float, step: int, key: str, span: int = 1, ends_round: bool = True
@@ -304,6 +327,7 @@ class CollapseGuard(TrainerCallback):
     def _reset(self) -> None:
         self._watches = {spec.name: _Watch(spec) for spec in self.specs}
         self._last_round = 0  # the round of the latest log line, whichever signals it carried
+        self._last_step = 0  # the optimizer step of the latest log line
         self._pending: list[Firing] = []
         self._regular_save_due = False
         self._save_total_limit: int | None = None  # the user's limit while an unscheduled save is made
@@ -337,6 +361,16 @@ class CollapseGuard(TrainerCallback):
         following = (step // self.logging_steps + 1) * self.logging_steps
         return self.round_of_step(following) > round_
 
+    def _trained_rounds(self, step: int) -> tuple[bool, bool]:
+        """For a log line at ``step``: whether its first optimizer step trained on a round generated before
+        it, and whether a round was generated within it (`_Watch.unread`)."""
+        before = self._last_step
+        if step <= before:  # no new step (an evaluation, the end-of-training line): the previous line's round
+            return True, False
+        generated = self.round_of_step(before)  # the latest round generated before the line's steps
+        carried = before > 0 and self.round_of_step(before + 1) == generated
+        return carried, self.round_of_step(step) > generated
+
     def observe(
         self, entry: dict[str, Any], step: int | None = None
     ) -> tuple[dict[str, float], list[Firing]]:
@@ -345,14 +379,17 @@ class CollapseGuard(TrainerCallback):
         round_ = self.round_of(entry, step)
         span = round_ - self._last_round  # the rounds since the previous log line: what this one stands for
         self._last_round = max(self._last_round, round_)
+        carried, fresh = self._trained_rounds(step)
+        self._last_step = max(self._last_step, step)
         metrics: dict[str, float] = {}
         firings: list[Firing] = []
         ends_round = FINAL_KEY in entry or self._ends_round(step, round_)
         for name, watch in self._watches.items():
             keys = watch.spec.keys if watch.key is None else (watch.key,)
-            key = watch.key = next((k for k in keys if is_number(entry.get(k))), None) or watch.key
-            if is_number(entry.get(key)):
-                firing = watch.add(round_, float(entry[key]), step, key, span, ends_round)
+            key = watch.key = next((k for k in keys if _logged(entry, k)), None) or watch.key
+            unread = watch.unread(entry, carried, fresh)
+            if key is not None and _logged(entry, key) and not unread:
+                firing = watch.add(round_, _reading(entry[key]), step, key, span, ends_round)
             elif ends_round and watch.open is not None and watch.open[0] <= round_:
                 # TRL logs a round's generation metrics (rewards, lengths) on its first line only: the line
                 # that ends the round judges them.
@@ -508,6 +545,24 @@ class CollapseGuard(TrainerCallback):
             )
 
 
+def _logged(entry: dict[str, Any], key: str) -> bool:
+    """Whether log line ``entry`` has ``key``: a number, or ``None`` (TRL's mean of only NaN values).
+
+    >>> _logged({"entropy": None}, "entropy"), _logged({"entropy": "x"}, "entropy"), _logged({}, "entropy")
+    (True, False, False)
+    """
+    return key in entry and (entry[key] is None or is_number(entry[key]))
+
+
+def _reading(value: float | None) -> float:
+    """A logged value as a watch reads it: ``None`` (TRL's mean of only NaN values) is NaN.
+
+    >>> _reading(None), _reading(1)
+    (nan, 1.0)
+    """
+    return math.nan if value is None else float(value)
+
+
 def _shown(value: float) -> str:
     """``value`` in a firing message: 4 significant digits, or NaN / inf / -inf.
 
@@ -548,6 +603,10 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
         for name in ("accuracy", "truncation") if not a.collapse_accuracy_metric else ("truncation",):
             keys, kind = watched[name]
             watched[name] = (generated_first(keys), kind)
+    # With truncated completions masked out of the loss, a round cut in full trains on no token and TRL logs
+    # its entropy as 0: entropy takes no reading there (truncation is the signal that speaks).
+    masked = getattr(a, "mask_truncated_completions", False)
+    masked_by = {"entropy": watched["truncation"][0]} if masked else {}
     specs = []
     for name, (threshold_key, window_key) in SIGNAL_KEYS.items():
         keys, kind = watched[name]
@@ -555,5 +614,6 @@ def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard |
         if threshold is None:
             continue
         action, window = getattr(a, f"collapse_{name}_action"), getattr(a, window_key)
-        specs.append(SignalSpec(name, keys, kind, float(threshold), int(window), action))
+        spec = SignalSpec(name, keys, kind, float(threshold), int(window), action, masked_by.get(name, ()))
+        specs.append(spec)
     return CollapseGuard(specs, steps_per_round) if specs else None
