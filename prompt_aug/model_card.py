@@ -256,12 +256,14 @@ def _round_lines(arithmetic: Any, log_history: list[dict[str, Any]]) -> list[str
     >>> from prompt_aug.batches import BatchArithmetic
     >>> _round_lines(BatchArithmetic(4, 8, 32, 32, 1.0, 9, 30), [{"step": 12, "round": 12}])
     ['- Processes: 4', '- Each round: 8 questions, 32 completions', '- Rounds: 12 trained, 30 planned']
+    >>> _round_lines(BatchArithmetic(4, 8, 32, 32, 1.0, 9, 30), [])[-1]
+    '- Rounds: 30 planned'
     """
     if arithmetic is None:
         return []
     logged = [int(e["round"]) for e in log_history if is_number(e.get("round"))]
-    rounds = [f"{max(logged)} trained"] * bool(logged)
-    rounds += [f"{arithmetic.total_rounds} planned"] * (arithmetic.total_rounds is not None)
+    rounds = [f"{max(logged)} trained"] if logged else []  # nothing logged yet: a save before the first log
+    rounds += [f"{arithmetic.total_rounds} planned"] if arithmetic.total_rounds is not None else []
     each = f"{arithmetic.questions_per_round} questions, {arithmetic.completions_per_round} completions"
     return [
         f"- Processes: {arithmetic.processes}",

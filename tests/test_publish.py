@@ -702,3 +702,17 @@ def test_a_run_resumed_at_its_last_step_keeps_that_steps_entry_and_one_summary(t
     callback.on_train_begin(args, state, None)  # from checkpoint-4, the last step: it trains none
     callback.on_log(args, state, None, {"train_runtime": 1.0})
     assert log.read_text().splitlines() == [*steps, '{"step": 4, "train_runtime": 1.0}']
+
+
+def test_a_save_before_the_first_log_line_writes_its_card_and_checkpoint(tmp_path):
+    """TRL writes the card at every save, before the checkpoint: a save before anything was logged
+    (logging_steps longer than save_steps) must write both, its card stating the rounds planned."""
+    from prompt_aug.records import checkpoint_folders
+
+    out = tmp_path / "run"
+    train.main(
+        ["--config", str(SMOKE), "--output_dir", str(out), "--max_steps", "2", "--save_steps", "1",
+         "--save_strategy", "steps", "--logging_steps", "5"]
+    )  # fmt: skip
+    assert [p.name for p in checkpoint_folders(out)] == ["checkpoint-2", "checkpoint-1"]
+    assert "- Rounds: " in (out / "README.md").read_text()
