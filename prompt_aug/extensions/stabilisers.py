@@ -142,12 +142,17 @@ def ratio_deviation_sums(logps: torch.Tensor, old_logps: torch.Tensor, mask: tor
     """``[sum, count]`` over masked tokens of max(r, 1/r), r = exp(logps - old_logps) the policy ratio.
 
     The mean (sum / count) is 1 when the mini-batch is exactly on-policy and grows as the policy drifts,
-    in either direction.
+    in either direction. A log-ratio is capped at 20 (r up to e^20); a NaN one (a diverged forward) counts
+    as that cap, so the mini-batch is skipped rather than stepped on.
 
     >>> logps = torch.log(torch.tensor([[2.0, 0.5, 9.0]]))
     >>> ratio_deviation_sums(logps, torch.zeros(1, 3), torch.tensor([[1, 1, 0]]))
     tensor([4., 2.])
+    >>> diverged = torch.tensor([[float("nan"), 0.0]])
+    >>> ratio_deviation_sums(diverged, torch.zeros(1, 2), torch.ones(1, 2))[0] > 1e8
+    tensor(True)
     """
-    deviation = torch.exp((logps - old_logps).abs().clamp(max=20.0)).nan_to_num(nan=1.0)
+    log_ratio = (logps - old_logps).abs().nan_to_num(nan=20.0)
+    deviation = torch.exp(log_ratio.clamp(max=20.0))
     mask = mask.to(deviation.dtype)
     return torch.stack([(deviation * mask).sum(), mask.sum()]).float()
