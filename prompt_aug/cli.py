@@ -24,6 +24,7 @@ import sys
 import types
 import typing
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,8 @@ def _admits(kind: Any, cls: type) -> bool:
 def _scalar_value(action: argparse.Action, value: Any, kind: Any, where: str) -> Any:
     """A recipe's value for a one-value key, checked as the command line would check its text: a list or a
     mapping is not one value, ``key:`` with nothing after it is no value (unless the key takes null), a
-    boolean is not a number, and a number with a point is an int only when whole (``8.0``: 8).
+    boolean is not a number, a number with a point is an int only when whole (``8.0``: 8), and a key with
+    choices (``dtype``) takes one of them.
 
     >>> import argparse
     >>> steps = argparse.Action(["--max_steps"], "max_steps", type=int, default=-1)
@@ -140,6 +142,12 @@ def _scalar_value(action: argparse.Action, value: Any, kind: Any, where: str) ->
         isinstance(value, bool) or (number == "int" and isinstance(value, float) and not value.is_integer())
     ):
         raise UsageError(f"{where}: {key}: {value!r} is not a{'n' if number == 'int' else ''} {number}")
+    allowed = action.choices  # argparse checks a command-line word against them, never a recipe's value
+    if allowed is not None and (action.type(value) if isinstance(value, str) else value) not in allowed:
+        choices = ", ".join(map(repr, allowed))
+        boolean = isinstance(value, bool)
+        hint = "; YAML reads an unquoted no, yes, on or off as a boolean: quote it" if boolean else ""
+        raise UsageError(f"{where}: {key}: invalid choice: {value!r} (choose from {choices}){hint}")
     return int(value) if number == "int" and isinstance(value, float) else value
 
 
@@ -199,6 +207,18 @@ def command_line_flags(argv: list[str]) -> list[tuple[str, str, int, int]]:
             found.append((key, "true", i, i + 1))
         i = found[-1][3]
     return found
+
+
+def command_line_keys(argv: list[str]) -> list[str]:
+    """The keys a command line sets beside its recipe (``--config``), once each, in their order; none without
+    a recipe.
+
+    >>> command_line_keys(["--config=r.yaml", "--max-steps", "2", "--learning_rate=1e-5", "--max_steps", "3"])
+    ['max_steps', 'learning_rate']
+    """
+    args, config_path = config_args(argv)
+    keys = [key for key, _, _, _ in command_line_flags(args) if key != "config"]
+    return list(dict.fromkeys(keys)) if config_path else []
 
 
 def setting(argv: list[str], key: str) -> Any:
@@ -283,11 +303,30 @@ def config_args(args: list[str]) -> tuple[list[str], str | None]:
     return spread, (paths[0] if paths else None)
 
 
-# Keys of recipes written for other stacks, under the name this one gives them: (new name, whose rename).
+# Keys of recipes written for other stacks (verl, OpenRLHF, open-r1, older TRL) or for generation, under the
+# name this one gives them: (new name, whose rename). Their closest spelling here often means something else.
 RENAMED_KEYS = {
     "torch_dtype": ("dtype", "in this transformers and TRL"),
     "dataset_prompt_column": ("question_column", "here (open-r1 calls it dataset_prompt_column)"),
     "dataset_train_split": ("dataset_split", "here (TRL's scripts call it dataset_train_split)"),
+    "model": ("model_name_or_path", "here, as in TRL's ModelConfig"),
+    "dataset": ("dataset_name", "here, as in TRL's scripts"),
+    "lr": ("learning_rate", "here"),
+    "epochs": ("num_train_epochs", "here"),
+    "num_epochs": ("num_train_epochs", "here"),
+    "total_epochs": ("num_train_epochs", "here (verl calls it total_epochs)"),
+    "max_response_length": ("max_completion_length", "here (verl calls it max_response_length)"),
+    "max_new_tokens": ("max_completion_length", "here (generation calls it max_new_tokens)"),
+    "rollout_n": ("num_generations", "here: completions per question (verl's rollout.n)"),
+    "n_samples_per_prompt": ("num_generations", "here (OpenRLHF calls it n_samples_per_prompt)"),
+    "kl_coef": ("beta", "here: the KL penalty's coefficient"),
+    "kl_loss_coef": ("beta", "here (verl calls it kl_loss_coef)"),
+    "lora_rank": ("lora_r", "here (verl and OpenRLHF call it lora_rank)"),
+    "use_lora": ("use_peft", "here, as in TRL's ModelConfig"),
+    "train_batch_size": (
+        "generation_batch_size",
+        "here: completions a round; verl's train_batch_size counts questions (--dry_run shows both)",
+    ),
 }
 
 
@@ -405,15 +444,18 @@ def _where(message: str, config_path: str | None, config_keys: set[str], cli_key
     return f"command line {flags}, overriding {config_path}" if named & config_keys else "command line"
 
 
-def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
-    """Parse ``--config FILE`` and command-line overrides into the parser's dataclasses.
+def parse_recipe(
+    parser: RecipeParser, args: list[str], check: Callable[..., None] | None = None
+) -> tuple[Any, ...]:
+    """Parse ``--config FILE`` and command-line overrides into the parser's dataclasses; ``check``, given
+    them, raises a `ValueError` naming a key for what no one dataclass's `__post_init__` can check.
 
     Raises:
         UsageError: no ``--config`` and no flag either, a key no dataclass has (with its new name
             or the closest one), a word on the command line that no option takes, a value that does not
             convert, a batch
-            that does not split into whole groups, a key's `__post_init__` check; the message names the file
-            or the command line.
+            that does not split into whole groups, a key's `__post_init__` check or ``check``; the message
+            names the file or the command line.
     """
     args, config_path = config_args(list(args))
     if config_path is None and not args:  # a run given by flags alone, as TRL's scripts take it, stays
@@ -428,7 +470,10 @@ def parse_recipe(parser: RecipeParser, args: list[str]) -> tuple[Any, ...]:
             cli_keys.add(key)
     parser._config_path, parser._cli_keys = config_path, cli_keys
     try:
-        return parser.parse_args_and_config(args)
+        parsed = parser.parse_args_and_config(args)
+        if check is not None:
+            check(*parsed)
+        return parsed
     except ValueError as err:
         if isinstance(err, UsageError):
             raise
@@ -483,8 +528,13 @@ def check_output_dir(
     starts from, which does not continue the folder's run.
 
     Raises:
-        UsageError: the folder holds a run and neither resuming nor overwriting was asked for, or both were.
+        UsageError: ``output_dir`` (or a folder above it) is a file; the folder holds a run and neither
+            resuming nor overwriting was asked for, or both were.
     """
+    existing = next(p for p in (Path(output_dir), *Path(output_dir).absolute().parents) if p.exists())
+    if not existing.is_dir():  # the trainer would fail to make the folder once the model has loaded
+        where = "is a file" if existing == Path(output_dir) else f"lies under {existing}, a file"
+        raise UsageError(f"output_dir {output_dir} {where}, not a folder; choose another --output_dir")
     found = run_artifacts(output_dir)
     if resume and overwrite:
         raise UsageError(

@@ -31,6 +31,12 @@ BATCH_LOW_IF_SET = {"steps_per_generation": 1, "generation_batch_size": 1}
 # What TRL 1.16's GRPOTrainer accepts; it checks them only inside the first training step.
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")  # and true / false, TRL's group / none
+# The optimizer's numbers: smallest value and the bound they stay below (None: none). torch's optimizers
+# refuse others only when the trainer builds them, once the model has loaded.
+OPTIMIZER_LOW = {
+    "learning_rate": (0, None), "adam_epsilon": (0, None), "weight_decay": (0, None),
+    "adam_beta1": (0, 1), "adam_beta2": (0, 1),
+}  # fmt: skip
 SIGNALS = {  # the collapse guard's signals: the key whose value turns each on, and its window key
     "entropy": ("collapse_entropy_floor", "collapse_entropy_rounds"),
     "accuracy": ("collapse_accuracy_drop", "collapse_accuracy_rounds"),
@@ -368,10 +374,18 @@ KEYS: dict[str, KeyInfo] = {
 
 def check_config(args: Any) -> None:
     """Fail on a key that cannot work with the rest of the recipe (`ValueError`, one line naming the key):
-    each key's ``low`` and ``choices`` (`check_keys`), the stabilisers and the collapse guard's eval signal;
+    each key's ``low`` and ``choices`` (`check_keys`), ``report_to``'s names, the stabilisers and the collapse
+    guard's eval signal;
     then warn on keys that do nothing (`inert_keys`). The dynamic-sampling signal is checked against the
     reward functions the trainer is given."""
     check_keys(args)
+    from transformers.integrations import INTEGRATION_TO_CALLBACK
+
+    unknown = [name for name in args.report_to if name not in INTEGRATION_TO_CALLBACK]
+    if unknown:  # the Trainer would refuse it only once the model has loaded
+        raise ValueError(
+            f"report_to: {unknown[0]!r} is not one of {', '.join(INTEGRATION_TO_CALLBACK)}, all or none"
+        )
     if args.remove_unused_columns:  # the Trainer would refuse the dataset only once the model has loaded
         raise ValueError(
             "remove_unused_columns: true would drop every column but prompt, and the rewards read the "
@@ -433,8 +447,9 @@ def check_config(args: Any) -> None:
 
 
 def check_trl_keys(args: Any) -> None:
-    """TRL's batch keys (`BATCH_LOW`), ``loss_type`` and ``scale_rewards``, which TRL checks late or not at
-    all (`ValueError`, one line naming the key)."""
+    """TRL's batch keys (`BATCH_LOW`), ``loss_type``, ``scale_rewards``, the sampling temperature, the
+    optimizer's numbers (`OPTIMIZER_LOW`) and the length of training, which TRL checks late or not at all
+    (`ValueError`, one line naming the key)."""
     for name, low in {**BATCH_LOW, **BATCH_LOW_IF_SET}.items():
         value = getattr(args, name)
         if value is None and name in BATCH_LOW:  # ``num_generations:`` with nothing after it
@@ -447,6 +462,23 @@ def check_trl_keys(args: Any) -> None:
         raise ValueError(
             f"scale_rewards: {args.scale_rewards!r} is not one of {', '.join(SCALE_REWARDS)} (or, in a "
             "recipe file, true for group and false for none)"
+        )
+    if not args.temperature > 0:  # TRL divides the logits by it (NaN too)
+        raise ValueError(
+            "temperature: must be above 0 (GRPO samples its completions; 1.0 samples as the model does), "
+            f"got {args.temperature}"
+        )
+    for name, (low, below) in OPTIMIZER_LOW.items():
+        value = getattr(args, name)
+        if not (value >= low and (below is None or value < below)):  # NaN too
+            high = "" if below is None else f" and below {below}"
+            raise ValueError(f"{name}: must be at least {low}{high}, got {value}")
+    if not args.num_iterations >= 1:
+        raise ValueError(f"num_iterations: must be at least 1, got {args.num_iterations}")
+    if args.max_steps <= 0 and not args.num_train_epochs > 0:  # the Trainer reads epochs when max_steps <= 0
+        raise ValueError(
+            f"num_train_epochs: {args.num_train_epochs} with max_steps {args.max_steps} trains no optimizer "
+            "step; set num_train_epochs above 0, or max_steps to the steps to train"
         )
 
 

@@ -18,8 +18,9 @@ from .cli import DRY_RUN_OVERRIDES, RecipeParser, dry_run_processes, parse_recip
 from .config import PromptAugGRPOConfig, help_field, planned_processes
 from .mixture import dataset_mixture
 from .sources import builtin_names, demo_stage
+from .stack import optimizer_problem, wandb_problem
 
-__all__ = ["NUM_SYNTHETIC", "PromptAugScriptArguments", "Recipe", "make_parser", "parse_args"]
+__all__ = ["NUM_SYNTHETIC", "PromptAugScriptArguments", "Recipe", "check_recipe", "make_parser", "parse_args"]
 
 
 NUM_SYNTHETIC = 256  # rows of the built-in `synthetic` set unless num_synthetic says otherwise
@@ -116,6 +117,11 @@ class PromptAugScriptArguments:
             raise ValueError(
                 f"max_prompt_length: a token count (0 or null: no limit), got {self.max_prompt_length}"
             )
+        if not self.reward_funcs:  # TRL would refuse a trainer without them once the model has loaded
+            raise ValueError(
+                "reward_funcs: none given; name at least one, e.g. [correctness, format], or a function "
+                "as package.module:function"
+            )
         if not 0 <= self.max_bad_row_share <= 1:
             raise ValueError(
                 f"max_bad_row_share: a share of the rows read, from 0 to 1 (1: never stop), got "
@@ -172,13 +178,32 @@ def make_parser() -> RecipeParser:
     )
 
 
+def check_recipe(
+    script_args: PromptAugScriptArguments, training_args: PromptAugGRPOConfig, model_args: ModelConfig, _: Any
+) -> None:
+    """What the parsed recipe needs beyond each key group's own checks (`ValueError`, one line naming the key;
+    `parse_recipe` says where it was set): a model to train and, outside a dry run (which checks a recipe on
+    any machine), the packages and the W&B login that ``optim`` and ``report_to`` need here
+    (`prompt_aug.stack.optimizer_problem`, `prompt_aug.stack.wandb_problem`)."""
+    if not model_args.model_name_or_path:  # else the data is read before the model's path fails
+        raise ValueError(
+            "model_name_or_path is not set: give a Hub id, a local model folder, or a built-in model "
+            f"({', '.join(builtin_names('model'))})"
+        )
+    if script_args.dry_run:
+        return
+    problem = optimizer_problem(training_args) or wandb_problem(training_args.report_to)
+    if problem:
+        raise ValueError(problem)
+
+
 def parse_args(argv: list[str] | None = None) -> Recipe:
     """Parse a recipe and command-line overrides; a bad key or value fails here in one line
-    (`cli.UsageError`)."""
+    (`cli.UsageError`), as does a recipe `check_recipe` refuses."""
     parser = make_parser()
     args = list(argv) if argv is not None else sys.argv[1:]
     if not wants_dry_run(args):
-        return Recipe(*parse_recipe(parser, args))
+        return Recipe(*parse_recipe(parser, args, check_recipe))
     args += DRY_RUN_OVERRIDES  # bf16 recipes must parse on a CPU-only machine; see cli.DRY_RUN_OVERRIDES
     with planned_processes(dry_run_processes(args)):  # TRL's batch checks as the launch will run them
-        return Recipe(*parse_recipe(parser, args))
+        return Recipe(*parse_recipe(parser, args, check_recipe))

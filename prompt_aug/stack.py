@@ -3,6 +3,9 @@
 * `check_before_parse`: what would otherwise fail while the recipe is parsed (transformers checks there):
   DeepSpeed for a ZeRO launch, and a CUDA build of torch that the machine's NVIDIA driver cannot run (else
   TRL's "Your setup doesn't support bf16/gpu", which points the wrong way).
+* `optimizer_problem`, `wandb_problem` (asked while the recipe is parsed, so the line names its file): a
+  package ``optim`` needs (bitsandbytes for the 8-bit and paged optimizers), and for ``report_to: wandb``
+  wandb and a W&B login (or an offline or disabled W&B mode).
 * `check_stack`: vLLM for ``use_vllm`` and liger-kernel for ``use_liger_kernel``, each line naming the extra
   that installs it; and the log line of torch's CUDA build beside the driver's version.
 * `wait_for_vllm_server`: in vLLM server mode, wait for the server's health endpoint with a line every 15 s
@@ -163,6 +166,85 @@ def _installed(package: str, min_version: str | None = None) -> bool:
         except InvalidVersion:
             return False
     return False
+
+
+# ---------------------------------------------------------------------------------------------
+# While the recipe is parsed (`prompt_aug.recipe.check_recipe`; not in a dry run).
+
+# W&B modes (WANDB_MODE, or `wandb offline` in a settings file) that need no account.
+WANDB_LOCAL_MODES = ("offline", "dryrun", "disabled")
+
+
+def optimizer_problem(args: Any) -> str | None:
+    """Why the Trainer could not build ``optim`` here, found as it looks for it: a package that is not
+    installed (bitsandbytes for the 8-bit, paged, Lion and AdEMAMix optimizers; GaLore's, torchao's, ...), in
+    transformers' words; None otherwise.
+
+    >>> from transformers import TrainingArguments
+    >>> optimizer_problem(TrainingArguments("out", optim="adamw_torch", report_to="none")) is None
+    True
+    """
+    from transformers import Trainer
+
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(args)
+    except ImportError as err:
+        name = getattr(args.optim, "value", args.optim)
+        return f"optim: {name} needs a package that is not installed ({err}); or choose another optim"
+    except Exception:  # noqa: BLE001 (one that needs the model, GaLore's or LOMO's: the Trainer says why)
+        return None
+    return None
+
+
+def wandb_problem(report_to: list[str]) -> str | None:
+    """Why ``report_to: wandb`` would stop the run once the model has loaded: wandb not installed, or no W&B
+    credentials where ``wandb.init`` looks (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, a settings file's
+    api_key, the .netrc entry ``wandb login`` writes), read without the network; None otherwise, and in an
+    offline or disabled W&B mode. wandb is imported only when ``report_to`` names it. Only the main process
+    (RANK 0) logs to W&B, so only it needs the login.
+
+    >>> wandb_problem(["tensorboard"]) is None
+    True
+    """
+    if "wandb" not in report_to or os.environ.get("RANK", "0") != "0":
+        return None
+    if os.environ.get("WANDB_MODE", "").strip().lower() in WANDB_LOCAL_MODES:
+        return None
+    if not _installed("wandb"):
+        return (
+            "report_to: wandb needs the wandb package, which is not installed; "
+            'pip install "prompt-aug-grpo[wandb]", or set report_to: none'
+        )
+    try:  # wandb's own readers of its settings and .netrc (as its `wandb login` command reads them)
+        from wandb.errors import AuthenticationError
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:  # another wandb layout: wandb.init says what is missing, as before
+        return None
+    key = os.environ.get("WANDB_API_KEY")
+    if key:
+        bad = wbauth.check_api_key(key)
+        return None if bad is None else f"report_to: wandb, but WANDB_API_KEY is not a W&B API key: {bad}"
+    try:  # the environment and the settings files (no service started), then .netrc
+        settings = wandb_setup.singleton().settings
+        if (
+            os.environ.get("WANDB_IDENTITY_TOKEN_FILE")
+            or settings.mode in WANDB_LOCAL_MODES
+            or settings.api_key
+        ):
+            return None
+        if wbauth.read_netrc_auth(host=settings.base_url):
+            return None
+    except AuthenticationError as err:  # a .netrc entry that is no API key
+        return (
+            f"report_to: wandb, but the W&B API key in .netrc is not valid ({err}); run wandb login --relogin"
+        )
+    except Exception:  # noqa: BLE001 (settings wandb cannot read, a WANDB_MODE it lacks: wandb.init says why)
+        return None
+    return (
+        "report_to: wandb, but no W&B API key is configured (WANDB_API_KEY, or wandb login); log in, set "
+        "WANDB_MODE=offline to log locally, or set report_to: none"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

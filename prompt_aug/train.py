@@ -37,6 +37,7 @@ from .cli import (
     UsageError,
     check_reward_weights,
     clear_earlier_run,
+    command_line_keys,
     interrupted_message,
     prepare_output_dir,
     recipe_text,
@@ -224,6 +225,9 @@ def run(
         return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
+    overridden = command_line_keys(list(argv) if argv is not None else sys.argv[1:])
+    if overridden:  # what this run changes of the recipe it names (main process only, as above)
+        logger.info("command line overrides recipe keys: %s", ", ".join(overridden))
     if args.hub_token:  # the Trainer pickles its arguments into each checkpoint (training_args.bin), which a
         # push uploads: the Hub clients read the token from the environment instead
         os.environ["HF_TOKEN"], args.hub_token = args.hub_token, None

@@ -77,6 +77,32 @@ def test_misspelled_key_names_the_key_the_file_and_the_closest_key(tmp_path, cap
             "dataset_train_split: train",
             "'dataset_train_split' is 'dataset_split' here (TRL's scripts call it dataset_train_split)",
         ),
+        (
+            "max_response_length: 512",
+            "'max_response_length' is 'max_completion_length' here (verl calls it max_response_length)",
+        ),
+        (
+            "max_new_tokens: 512",
+            "'max_new_tokens' is 'max_completion_length' here (generation calls it max_new_tokens)",
+        ),
+        ("lora_rank: 16", "'lora_rank' is 'lora_r' here (verl and OpenRLHF call it lora_rank)"),
+        ("use_lora: true", "'use_lora' is 'use_peft' here, as in TRL's ModelConfig"),
+        (
+            "train_batch_size: 8",
+            (
+                "'train_batch_size' is 'generation_batch_size' here: completions a round; verl's "
+                "train_batch_size counts questions (--dry_run shows both)"
+            ),
+        ),
+        ("model: Qwen/Qwen2.5-Math-1.5B", "'model' is 'model_name_or_path' here, as in TRL's ModelConfig"),
+        ("dataset: synthetic", "'dataset' is 'dataset_name' here, as in TRL's scripts"),
+        ("lr: 1e-6", "'lr' is 'learning_rate' here"),
+        ("kl_coef: 0.001", "'kl_coef' is 'beta' here: the KL penalty's coefficient"),
+        ("epochs: 2", "'epochs' is 'num_train_epochs' here"),
+        (
+            "rollout_n: 8",
+            "'rollout_n' is 'num_generations' here: completions per question (verl's rollout.n)",
+        ),
     ],
 )
 def test_a_key_renamed_since_open_r1_or_older_recipes_gives_its_new_name(tmp_path, capsys, line, says):
@@ -86,6 +112,14 @@ def test_a_key_renamed_since_open_r1_or_older_recipes_gives_its_new_name(tmp_pat
     assert message.endswith(f"error: {recipe}: unknown key {key!r}; {says}"), message
     message = _error(["--config", str(SMOKE), "--dry_run", f"--{key}", line.split(": ")[1]], capsys)
     assert message.endswith(f"error: command line: unknown option --{key}; {says}"), message
+
+
+def test_each_rename_leads_from_a_key_no_recipe_has_to_one_it_has():
+    from prompt_aug.cli import RENAMED_KEYS
+
+    known = train.make_parser().option_names()
+    assert sorted(old for old in RENAMED_KEYS if old in known) == []
+    assert sorted(new for new, _ in RENAMED_KEYS.values() if new not in known) == []
 
 
 def test_no_recipe_or_a_stray_word_says_what_to_give(capsys):
@@ -234,6 +268,110 @@ def test_list_keys_in_a_recipe_are_read_as_on_the_command_line(tmp_path):
     assert script_args.reward_funcs == ["format"] and args.stop_tokens == ["<|im_end|>"]
     assert args.templates == ["abel"] and args.template_weights == [1.0]
     assert script_args.dataset_levels == ["3", "4"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        (
+            "temperature: 1.0",
+            "temperature: 0",
+            (
+                "temperature: must be above 0 (GRPO samples its completions; 1.0 samples as the model does), "
+                "got 0"
+            ),
+        ),
+        ("learning_rate: 1.0e-4", "learning_rate: -1.0e-5", "learning_rate: must be at least 0, got -1e-05"),
+        ("", "adam_beta1: 1.5", "adam_beta1: must be at least 0 and below 1, got 1.5"),
+        ("", "num_iterations: 0", "num_iterations: must be at least 1, got 0"),
+        (
+            "max_steps: 4",
+            "max_steps: -1\nnum_train_epochs: 0",
+            (
+                "num_train_epochs: 0 with max_steps -1 trains no optimizer step; set num_train_epochs above "
+                "0, or max_steps to the steps to train"
+            ),
+        ),
+        (
+            "reward_funcs: [correctness, format]",
+            "reward_funcs: []",
+            (
+                "reward_funcs: none given; name at least one, e.g. [correctness, format], or a function as "
+                "package.module:function"
+            ),
+        ),
+        (
+            "",
+            "dtype: float33",
+            "dtype: invalid choice: 'float33' (choose from 'auto', 'bfloat16', 'float16', 'float32')",
+        ),
+        (
+            "",
+            "logging_strategy: no",
+            (
+                "logging_strategy: invalid choice: False (choose from 'no', 'steps', 'epoch'); YAML reads an "
+                "unquoted no, yes, on or off as a boolean: quote it"
+            ),
+        ),
+        (
+            "report_to: none",
+            "report_to: wandbb",
+            "report_to: 'wandbb' is not one of azure_ml, comet_ml, mlflow,",
+        ),
+    ],
+)
+def test_a_value_training_refused_only_once_started_is_one_line_naming_the_file(
+    tmp_path, capsys, old, new, says
+):
+    """Each of these once failed with a traceback after the model had loaded, or trained nothing and exited 0;
+    with --overwrite_output_dir true the earlier run was deleted first."""
+    from fault_harness import tiny_checkpoint
+
+    recipe = _recipe(tmp_path, old, new) if old else _recipe(tmp_path, extra=f"\n{new}\n")
+    run = tmp_path / "run"
+    tiny_checkpoint(run / "checkpoint-2", 2)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    argv = ["--config", str(recipe), "--output_dir", str(run), "--overwrite_output_dir", "true"]
+    message = _error(argv, capsys)
+    assert message.startswith(f"prompt-aug-train: error: {recipe}: {says}"), message
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_recipe_without_a_model_is_refused_before_the_data_is_read(tmp_path, capsys):
+    recipe = _recipe(tmp_path, "model_name_or_path: tiny-random-qwen2\n", "")
+    expected = (
+        f"prompt-aug-train: error: {recipe}: model_name_or_path is not set: give a Hub id, a local model "
+        "folder, or a built-in model (tiny-random-qwen2, small-random-qwen2)"
+    )
+    absent = tmp_path / "no-such-data"  # reading it would fail: the model is refused first
+    argv = ["--config", str(recipe), "--output_dir", str(tmp_path / "out"), "--dataset_name", str(absent)]
+    assert _error(argv, capsys) == expected
+    assert _error([*argv, "--dry_run"], capsys) == expected  # the launch would refuse it: so does the dry run
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_that_is_a_file_is_refused_and_the_file_kept(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    message = _error(["--config", str(SMOKE), "--output_dir", str(notes)], capsys)
+    assert message == (
+        f"prompt-aug-train: error: output_dir {notes} is a file, not a folder; choose another --output_dir"
+    )
+    message = _error(["--config", str(SMOKE), "--output_dir", str(notes / "run")], capsys)
+    assert message == (
+        f"prompt-aug-train: error: output_dir {notes / 'run'} lies under {notes}, a file, not a folder; "
+        "choose another --output_dir"
+    )
+    assert notes.read_text() == "mine"
+
+
+def test_the_run_logs_the_recipe_keys_its_command_line_overrides(tmp_path, capsys, caplog):
+    argv = ["--config", str(SMOKE), "--output_dir", str(tmp_path / "out"), "--learning_rate=2e-5"]
+    absent = str(tmp_path / "no-such-data")  # stops the run once it has started
+    with caplog.at_level("INFO", logger="prompt_aug"):
+        _error([*argv, "--max-steps", "3", "--dataset_name", absent, "--max_steps", "2"], capsys)
+    lines = [r.getMessage() for r in caplog.records if "command line" in r.getMessage()]
+    assert lines == ["command line overrides recipe keys: output_dir, learning_rate, max_steps, dataset_name"]
 
 
 def test_groups_that_do_not_fill_the_batch_name_the_keys_to_change(tmp_path, capsys):
@@ -608,6 +746,20 @@ def test_the_interruption_message_skips_a_checkpoint_whose_adaptive_entropy_stat
             ["--use_peft", "true", "--lora_target_modules", "qproj"],
             "no module of the model matches",
         ),  # PEFT's
+        (
+            ["--temperature", "0"],
+            f"command line --temperature, overriding {SMOKE}: temperature: must be above 0",
+        ),
+        (
+            ["--learning_rate=-1e-5"],
+            f"--learning_rate, overriding {SMOKE}: learning_rate: must be at least 0, got -1e-05",
+        ),
+        (["--adam_beta1", "1.5"], "command line: adam_beta1: must be at least 0 and below 1, got 1.5"),
+        (["--num_iterations", "0"], "command line: num_iterations: must be at least 1, got 0"),
+        (
+            ["--report_to", "wandbb"],
+            f"command line --report_to, overriding {SMOKE}: report_to: 'wandbb' is not",
+        ),
     ],
 )
 def test_overwrite_leaves_the_earlier_run_as_it_was_when_a_later_check_fails(tmp_path, capsys, bad, says):

@@ -422,6 +422,62 @@ def test_a_batch_loss_or_evaluation_key_that_cannot_run_is_refused_when_parsed(k
     _refused(parse, message)
 
 
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        (
+            "temperature",
+            0.0,
+            (
+                "temperature: must be above 0 (GRPO samples its completions; 1.0 samples as the model does), "
+                "got 0.0"
+            ),
+        ),
+        (
+            "temperature",
+            float("nan"),
+            "temperature: must be above 0 (GRPO samples its completions; 1.0 samples",
+        ),
+        ("learning_rate", -1e-5, "learning_rate: must be at least 0, got -1e-05"),
+        ("adam_epsilon", -1e-8, "adam_epsilon: must be at least 0, got -1e-08"),
+        ("weight_decay", -0.1, "weight_decay: must be at least 0, got -0.1"),
+        ("adam_beta1", 1.5, "adam_beta1: must be at least 0 and below 1, got 1.5"),
+        ("adam_beta2", 1.0, "adam_beta2: must be at least 0 and below 1, got 1.0"),
+        ("adam_beta2", -0.1, "adam_beta2: must be at least 0 and below 1, got -0.1"),
+        ("num_iterations", 0, "num_iterations: must be at least 1, got 0"),
+        (
+            "num_train_epochs",
+            0,
+            (
+                "num_train_epochs: 0 with max_steps -1 trains no optimizer step; set num_train_epochs above "
+                "0, or max_steps to the steps to train"
+            ),
+        ),
+        ("report_to", "wandbb", "report_to: 'wandbb' is not one of azure_ml, comet_ml, mlflow,"),
+        ("report_to", ["tensorboard", "W&B"], "report_to: 'W&B' is not one of azure_ml,"),
+    ],
+)
+def test_a_value_training_would_refuse_only_once_started_is_refused_when_parsed(
+    key, value, message, tmp_path
+):
+    # torch's optimizer refuses these bounds, TRL divides by the temperature, the Trainer refuses an unknown
+    # integration: each only once the model has loaded. Zero iterations or epochs trained nothing, exit 0.
+    settings = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False, "report_to": "none", key: value}
+    _refused(lambda: PromptAugGRPOConfig(**settings), message)
+
+
+def test_the_bounds_of_what_training_takes_still_parse(tmp_path):
+    config = PromptAugGRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=["tensorboard"], temperature=0.01,
+        learning_rate=0.0, adam_beta1=0.0, num_train_epochs=0, max_steps=3, num_iterations=1,
+    )  # fmt: skip
+    assert (config.max_steps, config.num_train_epochs, config.report_to) == (3, 0, ["tensorboard"])
+
+
+def test_a_recipe_without_reward_functions_is_refused():
+    _refused(lambda: PromptAugScriptArguments(reward_funcs=[]), "reward_funcs: none given; name at least one")
+
+
 def test_the_loss_types_accepted_are_those_trls_trainer_knows():
     # The list is TRL's, written down because TRL has no list of them; its trainer's branches must agree.
     import re

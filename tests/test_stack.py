@@ -7,6 +7,7 @@ import http.server
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -122,6 +123,90 @@ def test_a_deepspeed_launch_without_deepspeed_is_one_line_before_the_recipe_is_p
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
     with pytest.raises(SystemExit, match=r"error: deepspeed: needs the deepspeed package"):
         train.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--deepspeed", "ds.json"])
+
+
+@_absent("bitsandbytes")
+def test_a_bitsandbytes_optimizer_without_bitsandbytes_is_one_line_naming_the_file_before_anything_loads(
+    tmp_path, capsys
+):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(Path(SMOKE).read_text() + "\noptim: adamw_bnb_8bit\n")
+    with pytest.raises(SystemExit) as err:
+        train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run")])
+    message = str(err.value)
+    assert message.startswith(
+        f"prompt-aug-train: error: {recipe}: optim: adamw_bnb_8bit needs a package that is not installed "
+        "(You need to install `bitsandbytes`"
+    )
+    assert message.endswith("); or choose another optim") and "\n" not in message
+    assert not (tmp_path / "run").exists()
+    # The dry run checks a recipe for the launch machine on any machine, as it does QLoRA's bitsandbytes.
+    train.main(["--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--dry_run"])
+    assert "questions per round" in capsys.readouterr().out
+
+
+# -- report_to: wandb needs a W&B login, checked before anything loads -------------------------------
+
+
+def _without_wandb_login(home: Path) -> dict[str, str]:
+    """The environment with no W&B credentials anywhere W&B looks (variables, settings files, .netrc)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k not in ("NETRC", "RANK")}
+    return {**env, "HOME": str(home), "NETRC": str(home / "netrc"), "WANDB_CONFIG_DIR": str(home / "wandb")}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_report_to_wandb_without_a_login_is_one_line_naming_the_file_before_anything_loads(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(Path(SMOKE).read_text().replace("report_to: none", "report_to: wandb"))
+    run = [
+        sys.executable,
+        "-m",
+        "prompt_aug.train",
+        "--config",
+        str(recipe),
+        "--output_dir",
+        str(tmp_path / "run"),
+    ]
+    done = subprocess.run(
+        run, cwd=REPO, env=_without_wandb_login(tmp_path), capture_output=True, text=True, check=False,
+        timeout=300,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in output
+    assert output.strip().splitlines()[-1] == (
+        f"prompt-aug-train: error: {recipe}: report_to: wandb, but no W&B API key is configured "
+        "(WANDB_API_KEY, or wandb login); log in, set WANDB_MODE=offline to log locally, or set "
+        "report_to: none"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_wandb_needs_no_login_offline_and_a_key_of_the_right_form_otherwise(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    for mode in ("offline", "disabled", "dryrun"):
+        monkeypatch.setenv("WANDB_MODE", mode)
+        assert stack.wandb_problem(["wandb"]) is None
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert stack.wandb_problem(["tensorboard", "wandb"]) is None
+    monkeypatch.setenv("WANDB_API_KEY", "abc")
+    assert stack.wandb_problem(["wandb"]) == (
+        "report_to: wandb, but WANDB_API_KEY is not a W&B API key: API key must have 40+ characters, has 3."
+    )
+    monkeypatch.setenv("RANK", "1")  # only the main process logs to W&B
+    assert stack.wandb_problem(["wandb"]) is None
+
+
+def test_report_to_wandb_without_wandb_names_the_extra(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setattr(stack, "_installed", lambda package, min_version=None: package != "wandb")
+    assert stack.wandb_problem(["wandb"]) == (
+        "report_to: wandb needs the wandb package, which is not installed; "
+        'pip install "prompt-aug-grpo[wandb]", or set report_to: none'
+    )
+    assert "wandb" in PYPROJECT["project"]["optional-dependencies"]
 
 
 # -- torch's CUDA build and the NVIDIA driver -----------------------------------------------------------
