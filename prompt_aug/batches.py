@@ -52,7 +52,7 @@ def planned_steps(args: Any, per_epoch: int) -> int:
     >>> planned_steps(NS(max_steps=-1, num_train_epochs=1.5, gradient_accumulation_steps=2), per_epoch=9)
     8
     """
-    if args.max_steps and args.max_steps > 0:
+    if args.max_steps >= 0:  # the Trainer counts epochs only for a negative max_steps
         return args.max_steps
     if not per_epoch:
         return 0

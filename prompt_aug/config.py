@@ -475,7 +475,11 @@ def check_trl_keys(args: Any) -> None:
             raise ValueError(f"{name}: must be at least {low}{high}, got {value}")
     if not args.num_iterations >= 1:
         raise ValueError(f"num_iterations: must be at least 1, got {args.num_iterations}")
-    if args.max_steps <= 0 and not args.num_train_epochs > 0:  # the Trainer reads epochs when max_steps <= 0
+    if args.max_steps == 0:  # the Trainer reads epochs only when max_steps is negative
+        raise ValueError(
+            "max_steps: 0 trains no optimizer step; set the steps to train, or -1 to train num_train_epochs"
+        )
+    if args.max_steps < 0 and not args.num_train_epochs > 0:
         raise ValueError(
             f"num_train_epochs: {args.num_train_epochs} with max_steps {args.max_steps} trains no optimizer "
             "step; set num_train_epochs above 0, or max_steps to the steps to train"

@@ -19,7 +19,8 @@ Supported sources:
   optionally filtered by ``level``.
 * Anything else through a column mapping (``question_column``, ``answer_column``; ``struct.field`` names a
   field of a column of mappings). An answer cell in GSM8K's form (``... #### 72``) gives the text after its
-  last ``####``, and one over several lines its last ``\\boxed{}`` (without one, the row is dropped).
+  last line-opening ``####``, and one over several lines its last ``\\boxed{}`` (worked prose with neither is
+  dropped; a short answer over several lines, a matrix, is kept).
 
 Preview what a recipe will train on::
 

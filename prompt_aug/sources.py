@@ -22,7 +22,6 @@ module, does without.)
 from __future__ import annotations
 
 import collections
-import csv
 import difflib
 import functools
 import glob
@@ -507,20 +506,28 @@ GSM8K_MARK = "####"  # GSM8K's worked answers end with ``#### <final answer>``
 
 def worked_golds(values: list[Any]) -> tuple[list[Any], set[int], int]:
     """The golds of an answer column, the rows that have none, and how many were read from a worked
-    solution. A cell in GSM8K's form gives the text after its last ``####``; one over several lines, its
-    last ``\\boxed{}``, and none without one. Other cells are golds as they are.
+    solution. A cell in GSM8K's form gives the text after its last line-opening ``####``; a cell over several
+    lines with a ``\\boxed{}``, its last box; one over several lines and longer than `PLAIN_ANSWER_CHARS`
+    without either, none (worked prose with no final answer). Other cells, short multi-line LaTeX (a
+    matrix, cases) too, are golds as they are.
 
-    >>> worked_golds(["24 + 48 = 72.\\n#### 72", "7", "So\\n$\\\\boxed{5}$.", "Add 3.\\nThen 4."])
+    >>> worked_golds(["24 + 48 = 72.\\n#### 72", "7", "So\\n$\\\\boxed{5}$.", "Add 3. " * 20 + "\\nThen 4."])
     (['72', '7', '5', None], {3}, 2)
+    >>> worked_golds(["\\\\begin{cases} 1 \\\\\\\\\\n 2 \\\\end{cases}", "C#### is a key"])[0]
+    ['\\\\begin{cases} 1 \\\\\\\\\\n 2 \\\\end{cases}', 'C#### is a key']
     """
     golds, unread, worked = [], set(), 0
     for i, value in enumerate(values):
-        if isinstance(value, str) and (GSM8K_MARK in value or "\n" in value.strip()):
-            gold = value.rpartition(GSM8K_MARK)[2].strip() if GSM8K_MARK in value else last_boxed(value)
-            worked += gold is not None
-            if gold is None:
+        if isinstance(value, str):
+            marked = re.findall(rf"(?m)^{GSM8K_MARK}[ \t]*(.*?)[ \t]*$", value)
+            several = "\n" in value.strip()
+            gold = marked[-1] if marked else last_boxed(value) if several else None
+            if gold is not None:
+                worked += 1
+                value = gold
+            elif several and len(value) > PLAIN_ANSWER_CHARS:
                 unread.add(i)
-            value = gold
+                value = None
         golds.append(value)
     return golds, unread, worked
 
@@ -609,8 +616,8 @@ def read_dataset(
 
     Raises:
         SourceError: a local path that does not exist, a split ``datasets`` does not read (`split_name`), a
-            sub-folder or split with no file (the message lists what is there), a save_to_disk folder of
-            another split, files of two types or other columns for one split, a file that holds no rows or
+            sub-folder or split with no file (the message lists what is there), files of two types or
+            other columns for one split, a file that holds no rows or
             does not parse (the message names it and quotes the parser), a Hub dataset of several configs
             with none named (the message lists them), or one that cannot be fetched or is not in the cache
             offline.
@@ -632,11 +639,12 @@ def read_dataset(
                     raise SourceError(f"split {base!r} not in {where}; splits: {list(loaded)}")
                 return loaded[split] if base == split else _take(loaded, split)
             saved = loaded.split and split_name(str(loaded.split))
-            if saved and saved != base:
-                raise SourceError(
-                    f"dataset {path!r}: a save_to_disk folder of the {saved!r} split, not {base!r}; ask for "
-                    f"split {saved!r}, or give a folder saved from the {base!r} split"
-                )
+            if saved and saved != base:  # the label datasets keeps can be stale (train_test_split's parts)
+                logger.warning(
+                    "dataset %r: a save_to_disk folder of one split, labelled %r, read as the %r split asked "
+                    "for; give a folder saved from that split if this is not the one meant",
+                    path, saved, base,
+                )  # fmt: skip
             return loaded if base == split else _take({base: loaded}, split)
         return _read_files(_split_files(_data_folder(where, name, base), base), split)
     if where.is_file():
@@ -833,8 +841,7 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
 
     # CSV files read by the csv builder or named in data_files (a Hub dataset of CSV files named alone is not)
     if args and _reads_csv(args[0], kwargs.get("data_files")):
-        text = _csv_text_columns(args[0], kwargs.get("data_files"), kwargs.get("data_dir"))
-        kwargs = {**CSV_OPTIONS, **text, **kwargs}
+        kwargs = {**CSV_OPTIONS, **kwargs}
     try:
         return datasets.load_dataset(*args, **kwargs)
     except StopIteration:  # what datasets raises for an empty JSON Lines file
@@ -885,37 +892,6 @@ def _reads_csv(path: str, data_files: Any) -> bool:
     if path in FILE_BUILDERS:
         return path == "csv"
     return bool(names) and all(n.lower().endswith(".csv") for n in names)
-
-
-def _csv_text_columns(path: str, data_files: Any, data_dir: str | None = None) -> dict[str, Any]:
-    """``features`` that read every column of the local CSV ``data_files`` (relative to the folder ``path``
-    and its ``data_dir``, else to this one) as the text it holds: pandas would read 007 as 7, True as a
-    bool, and 9007199254740993 beside an empty cell as a float. Nothing when the files are not here, or
-    their headers differ or name a column twice or not at all (``datasets`` then reads them as it does)."""
-    import datasets
-    from datasets.data_files import DataFilesDict, sanitize_patterns
-
-    folder = Path(path).expanduser()
-    base = str(folder / (data_dir or "")) if folder.is_dir() else str(Path.cwd())
-    if data_files is None:
-        return {}
-    try:
-        found = DataFilesDict.from_patterns(sanitize_patterns(data_files), base_path=base)
-    except (FileNotFoundError, ValueError):
-        return {}
-    headers = {_csv_header(file) for files in found.values() for file in files}
-    header = headers.pop() if len(headers) == 1 else ()
-    if not header or "" in header or len(set(header)) < len(header):
-        return {}
-    return {"features": datasets.Features({c: datasets.Value("string") for c in header})}
-
-
-def _csv_header(file: str) -> tuple[str, ...]:
-    """The column names on a local CSV file's first line; none for a file not here or empty."""
-    if not os.path.isfile(file):
-        return ()
-    with open(file, newline="", encoding="utf-8-sig", errors="replace") as f:
-        return tuple(next(csv.reader(f), ()))
 
 
 def load_saved(folder: str | Path, what: str) -> Any:

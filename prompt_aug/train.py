@@ -227,7 +227,7 @@ def run(
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     overridden = command_line_keys(list(argv) if argv is not None else sys.argv[1:])
     if overridden:  # what this run changes of the recipe it names (main process only, as above)
-        logger.info("command line overrides recipe keys: %s", ", ".join(overridden))
+        logger.info("keys set on the command line, over the recipe's: %s", ", ".join(overridden))
     if args.hub_token:  # the Trainer pickles its arguments into each checkpoint (training_args.bin), which a
         # push uploads: the Hub clients read the token from the environment instead
         os.environ["HF_TOKEN"], args.hub_token = args.hub_token, None

@@ -371,7 +371,9 @@ def test_the_run_logs_the_recipe_keys_its_command_line_overrides(tmp_path, capsy
     with caplog.at_level("INFO", logger="prompt_aug"):
         _error([*argv, "--max-steps", "3", "--dataset_name", absent, "--max_steps", "2"], capsys)
     lines = [r.getMessage() for r in caplog.records if "command line" in r.getMessage()]
-    assert lines == ["command line overrides recipe keys: output_dir, learning_rate, max_steps, dataset_name"]
+    assert lines == [
+        "keys set on the command line, over the recipe's: output_dir, learning_rate, max_steps, dataset_name"
+    ]
 
 
 def test_groups_that_do_not_fill_the_batch_name_the_keys_to_change(tmp_path, capsys):

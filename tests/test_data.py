@@ -991,11 +991,14 @@ def test_a_gsm8k_answer_gives_its_final_answer_and_a_worked_one_without_any_is_d
         {"question": "How many clips?", "answer": "She sold 48/2 = <<48/2=24>>24.\n48+24 = 72\n#### 72"},
         {"question": "What is x?", "answer": "x = 3"},
         {"question": "Area?", "answer": "2 * 3 = 6.\nSo the area is $\\boxed{6}$."},
-        {"question": "Sum?", "answer": "Add 3 and 4.\nThat makes seven."},
-    ]
+        {"question": "Sum?", "answer": "First add 3 and 4, as the question asks for their sum.\nThat makes "
+         "seven, which is the number of apples in the basket now."},
+        # A short answer over several lines (LaTeX's cases, a matrix) is a gold as it is.
+        {"question": "Solve.", "answer": "\\begin{cases} x = 1 \\\\\n y = 2 \\end{cases}"},
+    ]  # fmt: skip
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     kept, report = load_math_dataset(str(path))
-    assert kept["answer"] == ["72", "x = 3", "6"]
+    assert kept["answer"] == ["72", "x = 3", "6", "\\begin{cases} x = 1 \\\\\n y = 2 \\end{cases}"]
     assert correctness_reward(["\\boxed{72}"], answer=kept["answer"][:1]) == [1.0]
     text = str(report)
     assert "note: 2 gold(s) of column 'answer' are worked solutions" in text

@@ -453,6 +453,11 @@ def test_a_batch_loss_or_evaluation_key_that_cannot_run_is_refused_when_parsed(k
                 "0, or max_steps to the steps to train"
             ),
         ),
+        (
+            "max_steps",
+            0,
+            "max_steps: 0 trains no optimizer step; set the steps to train, or -1 to train num_train_epochs",
+        ),
         ("report_to", "wandbb", "report_to: 'wandbb' is not one of azure_ml, comet_ml, mlflow,"),
         ("report_to", ["tensorboard", "W&B"], "report_to: 'W&B' is not one of azure_ml,"),
     ],

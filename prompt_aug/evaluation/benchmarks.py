@@ -304,7 +304,8 @@ def load_benchmark(
         )
     else:
         ds, where = _load_question_set(name), f"question set {name}"
-        if is_verl_layout(ds.column_names, question_column, answer_column):  # as training reads it
+        verl = is_verl_layout(ds.column_names, question_column, answer_column)
+        if verl:  # as training reads it
             ds = ds.map(lambda row: {"answer": verl_gold(row["reward_model"])})
             question_column, answer_column = "prompt", "answer"
         questions = pick_column(ds.column_names, question_column, QUESTION_GUESSES)
@@ -326,7 +327,7 @@ def load_benchmark(
     if name not in BENCHMARKS:
         if answers == "solution":  # a worked solution: its boxed answer, as training reads it
             golds, _ = solution_golds(golds)
-        else:  # GSM8K's `#### 72`, or a worked answer's last box, as training reads it
+        elif not verl:  # GSM8K's `#### 72`, or a worked answer's last box, as training reads it
             golds, _, _ = worked_golds(golds)
         odd = next((g for g in golds if g is not None and not _gold_like(g)), None)
         if odd is not None:

@@ -35,7 +35,8 @@ logger = logging.getLogger("prompt_aug.evaluate")
 def score_completions(
     completions: list[str], golds: list[list[str]], templates: list[Template | str]
 ) -> list[dict[str, Any]]:
-    """Strict verdicts, one ``{"extracted", "correct", "format_score"}`` per completion, graded as one batch.
+    """Strict verdicts, one ``{"extracted", "correct", "format_score", "grader", "rules"}`` per completion
+    (`grader_version`, `rules_digest`), graded as one batch.
 
     >>> completions = ["so \\\\boxed{12}.", "so the answer is 12."]
     >>> verdicts = score_completions(completions, [["12"]] * 2, ["qwen-math"] * 2)
