@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 from trl import ModelConfig
@@ -18,7 +20,6 @@ from .cli import DRY_RUN_OVERRIDES, RecipeParser, dry_run_processes, parse_recip
 from .config import PromptAugGRPOConfig, help_field, planned_processes
 from .mixture import dataset_mixture
 from .sources import builtin_names, demo_stage
-from .stack import optimizer_problem, wandb_problem
 
 __all__ = ["NUM_SYNTHETIC", "PromptAugScriptArguments", "Recipe", "check_recipe", "make_parser", "parse_args"]
 
@@ -179,31 +180,34 @@ def make_parser() -> RecipeParser:
 
 
 def check_recipe(
-    script_args: PromptAugScriptArguments, training_args: PromptAugGRPOConfig, model_args: ModelConfig, _: Any
+    script_args: PromptAugScriptArguments,
+    training_args: PromptAugGRPOConfig,
+    model_args: ModelConfig,
+    _: Any,
+    machine: Callable[[Any], str | None] | None = None,
 ) -> None:
     """What the parsed recipe needs beyond each key group's own checks (`ValueError`, one line naming the key;
     `parse_recipe` says where it was set): a model to train and, outside a dry run (which checks a recipe on
-    any machine), the packages and the W&B login that ``optim`` and ``report_to`` need here
-    (`prompt_aug.stack.optimizer_problem`, `prompt_aug.stack.wandb_problem`)."""
+    any machine), what ``machine`` finds missing here for the training arguments (the entry point passes
+    `prompt_aug.stack.machine_problem`: the package ``optim`` needs, the W&B login ``report_to`` needs)."""
     if not model_args.model_name_or_path:  # else the data is read before the model's path fails
         raise ValueError(
             "model_name_or_path is not set: give a Hub id, a local model folder, or a built-in model "
             f"({', '.join(builtin_names('model'))})"
         )
-    if script_args.dry_run:
-        return
-    problem = optimizer_problem(training_args) or wandb_problem(training_args.report_to)
+    problem = machine(training_args) if machine is not None and not script_args.dry_run else None
     if problem:
         raise ValueError(problem)
 
 
-def parse_args(argv: list[str] | None = None) -> Recipe:
+def parse_args(argv: list[str] | None = None, machine: Callable[[Any], str | None] | None = None) -> Recipe:
     """Parse a recipe and command-line overrides; a bad key or value fails here in one line
-    (`cli.UsageError`), as does a recipe `check_recipe` refuses."""
+    (`cli.UsageError`), as does a recipe `check_recipe` refuses (``machine``: as there)."""
     parser = make_parser()
     args = list(argv) if argv is not None else sys.argv[1:]
+    check = partial(check_recipe, machine=machine)
     if not wants_dry_run(args):
-        return Recipe(*parse_recipe(parser, args, check_recipe))
+        return Recipe(*parse_recipe(parser, args, check))
     args += DRY_RUN_OVERRIDES  # bf16 recipes must parse on a CPU-only machine; see cli.DRY_RUN_OVERRIDES
     with planned_processes(dry_run_processes(args)):  # TRL's batch checks as the launch will run them
-        return Recipe(*parse_recipe(parser, args, check_recipe))
+        return Recipe(*parse_recipe(parser, args, check))

@@ -3,9 +3,9 @@
 * `check_before_parse`: what would otherwise fail while the recipe is parsed (transformers checks there):
   DeepSpeed for a ZeRO launch, and a CUDA build of torch that the machine's NVIDIA driver cannot run (else
   TRL's "Your setup doesn't support bf16/gpu", which points the wrong way).
-* `optimizer_problem`, `wandb_problem` (asked while the recipe is parsed, so the line names its file): a
-  package ``optim`` needs (bitsandbytes for the 8-bit and paged optimizers), and for ``report_to: wandb``
-  wandb and a W&B login (or an offline or disabled W&B mode).
+* `machine_problem` (`optimizer_problem`, `wandb_problem`; asked while the recipe is parsed, so the line
+  names its file): a package ``optim`` needs (bitsandbytes for the 8-bit and paged optimizers), and for
+  ``report_to: wandb`` wandb and a W&B login (or an offline or disabled W&B mode).
 * `check_stack`: vLLM for ``use_vllm`` and liger-kernel for ``use_liger_kernel``, each line naming the extra
   that installs it; and the log line of torch's CUDA build beside the driver's version.
 * `wait_for_vllm_server`: in vLLM server mode, wait for the server's health endpoint with a line every 15 s
@@ -169,10 +169,17 @@ def _installed(package: str, min_version: str | None = None) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# While the recipe is parsed (`prompt_aug.recipe.check_recipe`; not in a dry run).
+# While the recipe is parsed (`machine_problem`, which the entry point hands to
+# `prompt_aug.recipe.check_recipe`; not in a dry run).
 
 # W&B modes (WANDB_MODE, or `wandb offline` in a settings file) that need no account.
 WANDB_LOCAL_MODES = ("offline", "dryrun", "disabled")
+
+
+def machine_problem(args: Any) -> str | None:
+    """What this machine lacks for the training arguments ``args``: `optimizer_problem`, then
+    `wandb_problem`; None when nothing."""
+    return optimizer_problem(args) or wandb_problem(args.report_to)
 
 
 def optimizer_problem(args: Any) -> str | None:

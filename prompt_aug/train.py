@@ -63,7 +63,7 @@ from .models import ModelArgsError, check_model_args, load_model, load_tokenizer
 from .recipe import PromptAugScriptArguments, Recipe, make_parser, parse_args
 from .reward_checks import RewardFunctionError, check_reward_arguments
 from .sources import demo_stage, downloads_model, read_training_data
-from .stack import check_before_parse, check_stack, wait_for_vllm_server
+from .stack import check_before_parse, check_stack, machine_problem, wait_for_vllm_server
 from .templates import (
     TemplateError,
     chat_template_text,
@@ -165,7 +165,8 @@ def train(argv: list[str] | None = None) -> int:
     `EXIT_PREEMPTED` (75) when a preemption signal stopped the run at a checkpoint (`prompt_aug.faults`)."""
     quiet_repeated_warnings()
     check_before_parse(argv)  # DeepSpeed, and torch's CUDA build against the driver (prompt_aug/stack.py)
-    script_args, args, model_args, demo_args = parse_args(argv)  # __post_init__ has checked our keys
+    # __post_init__ has checked our keys; machine_problem what this machine lacks for them
+    script_args, args, model_args, demo_args = parse_args(argv, machine_problem)
     return run(script_args, args, model_args, demo_args, argv)
 
 
