@@ -347,7 +347,8 @@ def to_rows(
     dropped = Drops()
     cols = ds.column_names
     ids = None
-    unboxed: set[int] = set()  # rows of a `solution` column with no boxed answer
+    unboxed: set[int] = set()  # rows whose answer cell gives no gold by its column's rule, and why
+    no_gold = ""
     read_index = list(range(len(ds)))  # each row's index in the dataset as read
     if levels:
         _require(ds, "level", "level")
@@ -391,8 +392,15 @@ def to_rows(
         raw_questions = list(ds[q_col])
         if a_col == "solution":
             answers, unboxed = solution_golds(answers)
+            no_gold = (
+                "no \\boxed{} in the solution (its last box is the gold; rename a column of plain answers)"
+            )
         else:
             answers, unboxed, worked = worked_golds(answers)
+            no_gold = (
+                "worked solution with no final answer (no `####` line, no \\boxed{}); set answer_column to "
+                "a column of final answers"
+            )
             if worked:
                 dropped.notes.append(
                     f"{worked} gold(s) of column {a_col!r} are worked solutions: each gives the text after "
@@ -408,15 +416,8 @@ def to_rows(
     keep = []
     for i, (question, answer) in enumerate(zip(questions, answers)):
         problem = _gold_problem(answer)
-        if i in unboxed and a_col == "solution":  # a plain answer there (as in some TRL datasets) is not read
-            problem = (
-                "no \\boxed{} in the solution (its last box is the gold; rename a column of plain answers)"
-            )
-        elif i in unboxed:
-            problem = (
-                "worked solution with no final answer (no `####` line, no \\boxed{}); set answer_column to "
-                "a column of final answers"
-            )
+        if i in unboxed:
+            problem = no_gold
         if problem is not None:
             dropped.add(problem, read_index[i], a_col)
         elif (problem := _question_problem(raw_questions[i])) is not None:
@@ -585,7 +586,7 @@ def mix_sources(
                 )
         except DataError as err:  # a missing column, too many bad rows, or none left
             raise DataError(f"{key}: {err}") from None
-        parts.append(rows.map(lambda row, i=i: {"uid": f"{i}:{row['uid']}"}))
+        parts.append(rows.map(lambda row, i=i: {"uid": mixed_uid(i, row["uid"])}))
         reports.append(report)
     sources = [source for _, source, _, _ in read]
     fractions = [source.fraction for source in sources]
@@ -615,6 +616,20 @@ def mix_sources(
     names = ", ".join(f"{label} ({len(p)} rows)" for label, p in zip(labels, parts, strict=True))
     read_rows = sum(r.read for r in reports)
     return mixed, DataReport(f"mixture of {names}", read_rows, len(mixed), dropped, sources=labels)
+
+
+def mixed_uid(source: int, uid: str) -> str:
+    """A mixture row's uid: its source's index before the source's own uid, so no two sources share one.
+
+    >>> mixed_uid(1, "a3f-0"), source_of(mixed_uid(1, "a3f-0"))
+    ('1:a3f-0', 1)
+    """
+    return f"{source}:{uid}"
+
+
+def source_of(uid: str) -> int:
+    """The index of the mixture source a `mixed_uid` came from."""
+    return int(uid.split(":", 1)[0])
 
 
 def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datasets.Dataset]:
@@ -781,7 +796,7 @@ def load_train_dataset(
         left = set(kept["uid"])
         for uid in dataset["uid"]:
             if uid not in left:
-                report.dropped[f"{report.sources[int(uid.split(':')[0])]}: {long}"] += 1
+                report.dropped[f"{report.sources[source_of(uid)]}: {long}"] += 1
     else:
         report.dropped[long] += n_long
     return kept, report
