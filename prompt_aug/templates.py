@@ -11,6 +11,7 @@ is appended, so the bank works with any chat model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ def _parse_entry(entry: Any, index: int, source: str) -> Template:
         raise TemplateError(
             f"template {name!r} ({source}): unknown field(s) {sorted(unknown)}; allowed: {sorted(_FIELDS)}"
         )
-    if "user" not in entry:
+    if entry.get("user") is None:  # absent, or `user:` with nothing after it
         raise TemplateError(
             f"template {name!r} ({source}): missing `user` (text with a {QUESTION_SLOT} slot)"
         )
@@ -269,8 +270,10 @@ def select_templates(
         weights = [1.0] * len(names)
     if len(weights) != len(names):
         raise TemplateError(f"template_weights has {len(weights)} values for {len(names)} templates {names}")
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise TemplateError(f"template_weights must be non-negative with a positive sum, got {weights}")
+    if not all(isinstance(w, int | float) and 0 <= w < math.inf for w in weights) or sum(weights) <= 0:
+        raise TemplateError(
+            f"template_weights must be finite non-negative numbers with a positive sum, got {weights}"
+        )
     total = float(sum(weights))
     return [bank[n] for n in names], [w / total for w in weights]
 

@@ -98,6 +98,8 @@ def _write(tmp_path, body: str):
             r"entry #1 has `name` \['x'\]",
         ),
         ("- {name: a/b, user: '{question}'}\n", "entry #0 has `name` 'a/b'.*without '/'"),
+        # `user:` with nothing after it is YAML's null: the template has no user turn.
+        ("- name: e\n  user:\n", r"'e'.*missing `user`"),
     ],
 )
 def test_broken_templates_fail_naming_the_template(tmp_path, body, message):
@@ -154,6 +156,12 @@ def test_custom_bank_file_and_subset_with_weights(tmp_path, tokenizer):
         select_templates(load_templates(), ["qwen-math", "nope"])
     with pytest.raises(TemplateError, match="2 templates"):
         select_templates(load_templates(), ["qwen-math", "abel"], [1.0])
+
+
+@pytest.mark.parametrize("weights", [[float("nan"), 1.0], [float("inf"), 1.0], [-1.0, 2.0], [0.0, 0.0]])
+def test_template_weights_that_are_no_sampling_weights_are_refused_naming_the_key(weights):
+    with pytest.raises(TemplateError, match=r"^template_weights must be finite non-negative"):
+        select_templates(load_templates(), ["qwen-math", "abel"], weights)
 
 
 @pytest.mark.parametrize("value", ["missing.jinja", "templates/chat", "~/no-such-folder/chat.jinja"])
