@@ -27,9 +27,14 @@ class MixtureSource(DatasetConfig):
 def dataset_mixture(value: Any) -> DatasetMixtureConfig:
     """The recipe's ``dataset_mixture`` mapping as TRL's `DatasetMixtureConfig` of `MixtureSource`; a key
     neither has, a ``fraction`` that is no share (not a number >= 0, or all 0), or what the package cannot
-    train on (streaming, a test split), fails in one line."""
-    if isinstance(value, DatasetMixtureConfig):
-        return value
+    train on (streaming, a test split), fails in one line. A `DatasetMixtureConfig` built in code is checked
+    the same way, its TRL `DatasetConfig` sources made `MixtureSource`."""
+    if isinstance(value, DatasetMixtureConfig):  # each field as a recipe would give it
+        value = {f.name: getattr(value, f.name) for f in fields(value)}
+        value["datasets"] = [
+            {f.name: getattr(d, f.name) for f in fields(d)} if isinstance(d, DatasetConfig) else d
+            for d in value["datasets"] or []
+        ]
     where = "dataset_mixture"
     if not isinstance(value, dict):  # a recipe value: a ValueError, reported in one line by the parser
         raise ValueError(f"{where}: a mapping with `datasets: [...]`, got {type(value).__name__}")  # noqa: TRY004

@@ -433,6 +433,26 @@ def test_a_mixture_parses_into_trls_mixture_config():
     assert mixture.datasets[0].split == "test" and mixture.datasets[0].dataset_levels == ["4"]
 
 
+def test_a_mixture_built_in_code_with_trls_classes_is_checked_and_mapped_as_a_recipes_is():
+    from trl import DatasetMixtureConfig
+    from trl.scripts.utils import DatasetConfig
+
+    from prompt_aug.mixture import MixtureSource
+
+    built = DatasetMixtureConfig(datasets=[DatasetConfig(path="a.jsonl", split="test", fraction=0.5)])
+    mixture = PromptAugScriptArguments(dataset_mixture=built).dataset_mixture
+    source = mixture.datasets[0]
+    assert isinstance(source, MixtureSource) and (source.path, source.split, source.fraction) == (
+        "a.jsonl",
+        "test",
+        0.5,
+    )
+    assert source.question_column is None  # the top-level key's, as a recipe's source
+    streamed = DatasetMixtureConfig(datasets=[DatasetConfig(path="a.jsonl")], streaming=True)
+    with pytest.raises(ValueError, match=r"^dataset_mixture.streaming: not supported"):
+        PromptAugScriptArguments(dataset_mixture=streamed)
+
+
 def test_a_column_only_some_sources_have_is_none_in_the_others_and_one_type_is_required(
     two_sets, tmp_path, tokenizer
 ):
