@@ -30,6 +30,7 @@ from .sources import (
 logger = logging.getLogger("prompt_aug")
 
 ADAPTER_FILE = "adapter_config.json"
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")  # where PEFT looks for an adapter's weights
 # What a merged folder takes from the adapter folder: the run's tokenizer and chat template, and its
 # generation config (the recipe's stop tokens; the merged model would otherwise bring its base's). The run's
 # model card goes too, where it is the trainer's (`is_trainer_card`).
@@ -194,6 +195,22 @@ def is_trainer_card(card: str) -> bool:
     return "trained using [TRL](" in card or "## Template bank" in card.split("\n")
 
 
+def check_output(target: Path) -> None:
+    """Refuse ``target`` as `merge`'s output folder when it is a file, a folder that is not empty, or lies
+    under a file.
+
+    Raises:
+        AdapterError: names ``--output`` and what is in the way.
+    """
+    if target.exists() and not target.is_dir():
+        raise AdapterError(f"--output {target} is a file, not a folder; pass another --output")
+    if target.is_dir() and any(target.iterdir()):
+        raise AdapterError(f"--output {target} exists and is not empty; remove it or pass another --output")
+    above = next((p for p in target.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise AdapterError(f"--output {target}: {above} is a file, not a folder; pass another --output")
+
+
 def merge(
     folder: str | Path, base: str | None = None, output: str | Path | None = None, dtype: str = "auto"
 ) -> Path:
@@ -210,13 +227,19 @@ def merge(
 
     Raises:
         AdapterError: ``folder`` is not an adapter, its ``adapter_config.json`` does not parse, its base is
-            not recorded, cannot be found or has other shapes than the adapter's, ``output`` is not empty, or
-            ``dtype`` is not one of `DTYPES`.
+            not recorded, cannot be found or has other shapes than the adapter's, its weights are missing,
+            ``base`` is itself an adapter folder, ``output`` is refused by `check_output`, or ``dtype`` is not
+            one of `DTYPES`.
         SourceError: ``base`` cannot be found (a missing folder, an unreachable or uncached Hub id).
     """
     folder = Path(folder).expanduser().resolve()
     if not is_adapter(folder):
         raise AdapterError(f"{folder}: no {ADAPTER_FILE} there, so not a LoRA adapter folder")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):  # else PEFT takes it for a Hub id
+        raise AdapterError(
+            f"{folder}: {ADAPTER_FILE} but no adapter weights ({' or '.join(WEIGHT_FILES)}); give the folder "
+            "the adapter was saved in whole"
+        )
     if dtype not in DTYPES:
         raise AdapterError(f"--dtype {dtype!r}: not one of {', '.join(DTYPES)}")
     # A file that does not parse fails here, naming it, with or without ``base``.
@@ -228,9 +251,13 @@ def merge(
         label = f"--base {base}"
         base = resolve_local_model(base, key="--base")  # a fetched model's short name is its folder
         check_source("--base", base, model=True)  # a missing folder, or an unreachable or uncached Hub id
+        if is_adapter(base):  # PEFT would fail on it after loading, with a false version mismatch
+            raise AdapterError(
+                f"{label}: a PEFT adapter folder ({ADAPTER_FILE}), not a full model; merge it first (python "
+                f"-m prompt_aug.adapters merge {base}) and give the merged folder as --base"
+            )
     target = Path(output).expanduser() if output else default_output(folder)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise AdapterError(f"--output {target} exists and is not empty; remove it or pass another --output")
+    check_output(target)
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer

