@@ -78,11 +78,13 @@ class EpochRepeatSampler(RepeatSampler):
         self.epoch = epoch
 
     def permutation(self, epoch: int) -> list[int]:
-        """The dataset order of ``epoch`` (before chunking and repeating)."""
+        """The dataset order of ``epoch`` (before chunking and repeating). It draws from a generator of its
+        own: an iteration begun but not yet drawn from (TRL's ``__iter__`` draws on the first ``next``) keeps
+        its order."""
         if not self.shuffle:
             return list(range(self.num_samples))
-        self.generator.manual_seed(epoch_seed(self.seed, epoch))
-        return torch.randperm(self.num_samples, generator=self.generator).tolist()
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
+        return torch.randperm(self.num_samples, generator=generator).tolist()
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:

@@ -46,6 +46,15 @@ def test_iteration_reads_the_epoch_when_it_starts_and_shuffle_false_keeps_order(
     assert _sampler([3], shuffle=False).permutation(3) == list(range(10))
 
 
+def test_asking_an_epochs_order_leaves_an_iteration_begun_before_it_as_it_was():
+    # TRL's __iter__ draws its permutation on the first next(), after the epoch's reseed.
+    expected = list(_sampler([1]))
+    sampler = _sampler([1])
+    begun = iter(sampler)
+    assert sampler.permutation(0) != sampler.permutation(1)
+    assert list(begun) == expected
+
+
 def test_seeds_next_to_each_other_do_not_share_epoch_orders():
     # A seed sweep (42, 43, ...): seed 43 must not train on seed 42's later orders, nor the reverse.
     orders = {(seed, e): _sampler([e], seed=seed).permutation(e) for seed in (42, 43) for e in (0, 1, 2)}
