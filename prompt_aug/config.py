@@ -213,8 +213,9 @@ class PromptAugGRPOConfig(GRPOConfig):
         low=1,
     )
     dynamic_sampling_std_tol: float = _key(
-        1e-4,
-        "A group has spread when its signal's std exceeds this (not exactly 0).",
+        1e-6,
+        "A group has spread when its signal's std exceeds this (not exactly 0, for float noise; well below "
+        "the 1e-4 TRL adds to a group's std, so a flat group's advantages are near 0).",
         "dynamic sampling",
         low=0,
     )

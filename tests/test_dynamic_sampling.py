@@ -64,6 +64,37 @@ def test_spread_uses_a_tolerance_not_exact_zero():
     ]
 
 
+def test_the_default_tolerance_sees_a_one_token_overlong_penalty_as_spread():
+    # TRL divides by std + 1e-4: a group this close to flat still gets advantages of about +-1 there, so it
+    # is not flat; the default tolerance is far below that, above float noise alone.
+    group = torch.tensor([-0.5] * 7 + [-0.5 + 1 / 4096])
+    assert group_spread(group, 8, DynamicSampler().std_tol) == [True]
+    assert group_spread(torch.tensor([0.1 + 0.2] + [0.3] * 7), 8, DynamicSampler().std_tol) == [False]
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "spread"), [("sum_then_normalize", False), ("normalize_then_sum", True)]
+)
+def test_under_normalize_then_sum_a_flat_total_of_varying_rewards_has_spread(aggregation, spread):
+    # Rewards a and b vary in the first group but their weighted total (1 a + 2 b) is 0.5 throughout; TRL's
+    # normalize_then_sum scales each within the group before summing, so that group's advantages are not 0.
+    # The second group is flat in both.
+    from types import SimpleNamespace
+
+    a = torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    rewards = torch.stack([a, 0.25 - 0.5 * a], dim=1)
+    trainer = SimpleNamespace(
+        num_generations=4, reward_weights=torch.tensor([1.0, 2.0]),
+        args=SimpleNamespace(multi_objective_aggregation=aggregation),
+    )  # fmt: skip
+    sampler = DynamicSampler()
+    assert sampler._spread(trainer, rewards, sampler._signal(trainer, rewards)) == [spread, False]
+    # A reward function of weight 0 does not count.
+    trainer.reward_weights = torch.tensor([1.0, 0.0])
+    rewards = torch.stack([torch.ones(8), a], dim=1)
+    assert sampler._spread(trainer, rewards, sampler._signal(trainer, rewards)) == [False, False]
+
+
 def test_outcome_names_all_right_and_all_wrong():
     assert group_outcome(torch.tensor([1.0] * 4 + [0.0] * 4 + [1.0, 0.0, 0.0, 0.0]), 4, 1e-4) == [
         "all_right",

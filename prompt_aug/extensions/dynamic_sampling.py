@@ -6,7 +6,10 @@ from passes:
 
 1. Pass 0 generates and scores the round TRL's sampler handed over, as usual.
 2. Each group's signal (the total reward, or one named reward function) is checked for spread: its std,
-   NaNs ignored, must exceed ``std_tol`` (not 0: float noise would let constant groups through).
+   NaNs ignored, must exceed ``std_tol`` (not 0: float noise would let constant groups through; far below
+   the 1e-4 TRL adds to a group's std, so a group judged flat gets advantages near 0 there too). Under
+   ``multi_objective_aggregation: normalize_then_sum`` the ``total`` has spread where any weighted reward
+   function varies, as TRL scales each one within the group before it sums them.
 3. While the round has fewer spread groups than it holds, another pass generates as many new questions as
    the round has, drawn from the training set by a hash of (seed, round, pass), never from the sampler,
    so a resumed run draws the same ones. Each new row goes through the same augmenting collator as the
@@ -238,7 +241,7 @@ class DynamicSampler:
         std_tol: A group's signal must have a std above this to count as spread.
     """
 
-    def __init__(self, signal_index: int | None = None, max_passes: int = 4, std_tol: float = 1e-4) -> None:
+    def __init__(self, signal_index: int | None = None, max_passes: int = 4, std_tol: float = 1e-6) -> None:
         if max_passes < 1:
             raise ValueError(f"dynamic_sampling_max_passes must be at least 1, got {max_passes}")
         if not std_tol >= 0:
@@ -327,7 +330,7 @@ class DynamicSampler:
             passes.append(step)
             seen.update(step.uids)
             signal = self._signal(trainer, step.rewards)
-            spread.append(group_spread(signal, num_gen, self.std_tol))
+            spread.append(self._spread(trainer, step.rewards, signal))
             correct = step.rewards[:, column] if column is not None else signal
             outcome.append(group_outcome(correct, num_gen, self.std_tol, right, wrong))
             if sum(sum(s) for s in spread) >= groups_needed:
@@ -353,6 +356,22 @@ class DynamicSampler:
         table needs every column as long as the others when training and evaluation rounds share it."""
         for column in RECORD_COLUMNS:
             trainer.log_completion_column(column, [None] * rows)
+
+    def _spread(self, trainer: SamplingTrainer, rewards: torch.Tensor, signal: torch.Tensor) -> list[bool]:
+        """Each group's spread on ``signal``. On the ``total`` under TRL's ``normalize_then_sum``, which
+        scales each reward function within its group before the weighted sum, a group has spread where any
+        reward function of non-zero weight varies (its total may be flat while its advantages are not)."""
+        num_gen = trainer.num_generations
+        aggregation = getattr(trainer.args, "multi_objective_aggregation", "sum_then_normalize")
+        if self.signal_index is not None or aggregation != "normalize_then_sum":
+            return group_spread(signal, num_gen, self.std_tol)
+        weights = trainer.reward_weights.cpu().tolist()
+        columns = [group_spread(rewards[:, i], num_gen, self.std_tol) for i, w in enumerate(weights) if w]
+        return (
+            [any(flags) for flags in zip(*columns, strict=True)]
+            if columns
+            else [False] * (len(signal) // num_gen)
+        )
 
     def _signal(self, trainer: SamplingTrainer, rewards: torch.Tensor) -> torch.Tensor:
         if self.signal_index is not None:
@@ -532,16 +551,19 @@ class DynamicSampler:
         # TRL's reward metrics cover the trained rows only, which leave out the groups every rollout got right
         # or wrong: the same metrics over everything generated, for the collapse guard. (TRL's truncation
         # metric, taken in each generation pass, already covers them; it is repeated under the same prefix.)
-        generated = {
-            "reward": torch.nanmean(total_reward(rewards, trainer.reward_weights.cpu())).item(),
-            **{
-                f"rewards/{name}/mean": torch.nanmean(rewards[:, i]).item()
-                for i, name in enumerate(trainer.reward_func_names)
-            },
-            "completions/clipped_ratio": truncated.float().mean().item(),
-        }
-        for name, value in generated.items():
-            metrics[GENERATED + name].append(value)
+        # One value per pass, as TRL appends its own: passes are of one size, so a log of several rounds
+        # averages over every completion generated in it.
+        for p in passes:
+            generated = {
+                "reward": torch.nanmean(total_reward(p.rewards, trainer.reward_weights.cpu())).item(),
+                **{
+                    f"rewards/{name}/mean": torch.nanmean(p.rewards[:, i]).item()
+                    for i, name in enumerate(trainer.reward_func_names)
+                },
+                "completions/clipped_ratio": p.truncated.float().mean().item(),
+            }
+            for name, value in generated.items():
+                metrics[GENERATED + name].append(value)
 
 
 def total_reward(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
