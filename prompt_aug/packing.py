@@ -380,6 +380,54 @@ def unwrap_model(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
     return model, None
 
 
+# RoPE kinds whose frequencies follow the length of the call (its largest position), not a token's own place.
+LENGTH_ROPE = frozenset({"dynamic", "longrope"})
+
+
+def position_dependence(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s values for a row would change with the columns of padding before it, or None.
+
+    TRL's padded call passes no position ids, so a model counts positions from the call's first column, left
+    padding included. Rotary attention sees only distances and gives the same values however much padding
+    there is; a learned table of absolute positions (GPT-2's ``wpe``) does not, and neither does RoPE whose
+    frequencies follow the call's length (``dynamic``, ``longrope``). For these a row's values are TRL's only
+    at the round's prompt width.
+
+    >>> from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    >>> position_dependence(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50)))
+    'GPT2LMHeadModel (gpt2) learns a table of absolute positions (transformer.wpe)'
+    >>> small = dict(num_hidden_layers=1, hidden_size=8, intermediate_size=8, num_attention_heads=2)
+    >>> position_dependence(LlamaForCausalLM(LlamaConfig(**small, vocab_size=50))) is None
+    True
+    >>> dynamic = {"rope_type": "dynamic", "factor": 2.0}
+    >>> position_dependence(LlamaForCausalLM(LlamaConfig(**small, vocab_size=50, rope_scaling=dynamic)))
+    'LlamaForCausalLM (llama) uses dynamic RoPE, whose frequencies follow the length of the call'
+    """
+    model, _ = unwrap_model(model)
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        return None
+    text = config.get_text_config()
+    name = f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    kinds = {rope.get("rope_type")} | {v.get("rope_type") for v in rope.values() if isinstance(v, dict)}
+    length_kinds = sorted(k for k in kinds if k in LENGTH_ROPE)
+    if length_kinds:
+        return (
+            f"{name} uses {' and '.join(length_kinds)} RoPE, whose frequencies follow the length of the call"
+        )
+    positions = getattr(text, "max_position_embeddings", None)
+    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    for module_name, module in model.named_modules():
+        if (
+            isinstance(module, torch.nn.Embedding)
+            and module is not tokens
+            and module.num_embeddings == positions
+        ):
+            return f"{name} learns a table of absolute positions ({module_name})"
+    return None
+
+
 def packing_unsupported_reason(model: torch.nn.Module) -> str | None:
     """One line saying why packed rows would not give ``model`` its per-row values, or None when nothing in
     its configuration stands in the way. Static: `packing_check` runs the model to make sure."""
@@ -417,6 +465,9 @@ def packing_unsupported_reason(model: torch.nn.Module) -> str | None:
         return f"{name} uses chunked attention ({config.attention_chunk_size} tokens)"
     if not getattr(config, "is_causal", True):
         return f"{name} is not causal"
+    positions = position_dependence(model)
+    if positions is not None:  # a packed row's positions are its own, TRL's count the padding before it
+        return positions
     module = sys.modules.get(type(model).__module__)
     if not attention.startswith("flash_attention") and not hasattr(module, "create_causal_mask"):
         return (

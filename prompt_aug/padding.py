@@ -40,6 +40,7 @@ from .packing import (
     packed_forward,
     packing_check,
     packing_unsupported_reason,
+    position_dependence,
     prompt_groups,
     shared_prompts_check,
     unwrap_model,
@@ -125,8 +126,10 @@ def row_lengths(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> tor
     return prompt_mask.sum(dim=1) + completion_mask.sum(dim=1)
 
 
-def trim(batch: dict) -> dict:
-    """``batch`` cut to its own longest prompt (left) and completion (right); other values unchanged.
+def trim(batch: dict, left: bool = True) -> dict:
+    """``batch`` cut to its own longest prompt (left; with ``left=False`` prompts keep their width, for a
+    model whose values follow the padding before a row: `prompt_aug.packing.position_dependence`) and
+    completion (right); other values unchanged.
 
     Widths are read off ``prompt_mask`` (ones at the right of each row) and ``completion_mask`` (ones at the
     left). A completion keeps at least two columns where it has them: TRL's loss reads a one-column tensor
@@ -135,7 +138,7 @@ def trim(batch: dict) -> dict:
     """
     prompt_width = batch["prompt_mask"].size(1)
     completion_width = batch["completion_mask"].size(1)
-    keep_prompt = int(batch["prompt_mask"].sum(dim=1).max().item()) if prompt_width else 0
+    keep_prompt = int(batch["prompt_mask"].sum(dim=1).max().item()) if prompt_width and left else prompt_width
     keep_completion = max(2, int(batch["completion_mask"].sum(dim=1).max().item()))
     keep_completion = min(keep_completion, completion_width)
     out = dict(batch)
@@ -213,6 +216,7 @@ def regroup(
     sort: bool = True,
     balance: bool = False,
     share_prompts: bool = False,
+    left: bool = True,
 ) -> list[dict]:
     """Micro-batches with rows ordered by length (longest first) inside each segment, each then trimmed.
 
@@ -223,13 +227,13 @@ def regroup(
     of a segment are dealt out so the micro-batches cost about the same (`prompt_aug.balance`; for packed
     calls) instead of sorted (which suits trimmed calls: rows of like length share a width); with
     ``share_prompts`` too, rows that share a prompt are dealt together where they fit, as a packed call that
-    shares prompts runs each once (`prompt_aug.balance.balanced_groups`' ``prompts``).
+    shares prompts runs each once (`prompt_aug.balance.balanced_groups`' ``prompts``). ``left`` is `trim`'s.
     """
     out: list[dict] = list(micro_batches)
     for segment in segments:
         if not sort or len(segment) == 1:
             for j in segment:
-                out[j] = trim(micro_batches[j])
+                out[j] = trim(micro_batches[j], left)
             continue
         sizes = [len(micro_batches[j]["completion_mask"]) for j in segment]
         joined = _cat([micro_batches[j] for j in segment])
@@ -242,7 +246,7 @@ def regroup(
             order = torch.sort(lengths, descending=True, stable=True).indices
         start = 0
         for j, size in zip(segment, sizes, strict=True):
-            out[j] = trim(_take(joined, order[start : start + size]))
+            out[j] = trim(_take(joined, order[start : start + size]), left)
             start += size
     return out
 
@@ -271,6 +275,7 @@ def chunked_forward(
     attention_mask: torch.Tensor,
     logits_to_keep: int,
     rows_per_chunk: int,
+    left: bool = True,
 ) -> tuple[torch.Tensor | None, ...]:
     """Per-token outputs of the last ``logits_to_keep`` columns, as trimmed chunks of ``rows_per_chunk`` rows.
 
@@ -281,7 +286,7 @@ def chunked_forward(
     of a run makes the same number, which DDP, FSDP and ZeRO-3 need); each chunk is trimmed to its own widths,
     and the results are put back in the original row order at full width (0 beyond a chunk's width, where its
     rows are padding). Each row's values are those of the padded call, to float rounding; gradients flow
-    back through them.
+    back through them. With ``left=False`` a chunk keeps the call's prompt width (`trim`'s ``left``).
     """
     prompt_width = input_ids.size(1) - logits_to_keep
     prompt_mask, completion_mask = attention_mask[:, :prompt_width], attention_mask[:, prompt_width:]
@@ -290,7 +295,7 @@ def chunked_forward(
     outs: list[torch.Tensor | None] | None = None
     for start in range(0, input_ids.size(0), rows_per_chunk):
         rows = order[start : start + rows_per_chunk]
-        keep_prompt = int(prompt_lengths[rows].max())
+        keep_prompt = int(prompt_lengths[rows].max()) if left else prompt_width
         keep_completion = min(logits_to_keep, max(1, int(completion_lengths[rows].max())))
         cols = slice(prompt_width - keep_prompt, prompt_width + keep_completion)
         results = score(input_ids[rows, cols], attention_mask[rows, cols], keep_completion)
@@ -376,6 +381,8 @@ class PaddingFreePasses:
         # The model `choose` was given (unwrapped): the policy, the one model that shares prompts.
         self._policy: torch.nn.Module | None = None
         self.attention: str | None = None  # the packed path's attention, once `choose` has run
+        # Whether trimmed calls cut left padding: not for a model whose values follow it (`choose`).
+        self.trim_left = True
         self.share_prompts = share_prompts
         self._shared_checked = not share_prompts
         self.stats = {"real": 0, "processed": 0, "calls": 0}
@@ -391,6 +398,10 @@ class PaddingFreePasses:
         one line."""
         device = self._device_of(model)
         self._policy = unwrap_model(model)[0]
+        positions = position_dependence(model) if self.mode != "off" else None
+        if positions is not None:
+            self.trim_left = False
+            logger.info("padding-free passes: prompts keep the round's left padding: %s", positions)
         how = ""
         if self.mode == "auto":
             self.mode = "packed" if device.type in PACKED_DEVICES else "trim"
@@ -491,7 +502,9 @@ class PaddingFreePasses:
             logps, entropies, _ = trl_forward(model, ids, mask, keep, ids.size(0), compute_entropy)
             return logps, entropies
 
-        logps, entropies = chunked_forward(score, input_ids, attention_mask, logits_to_keep, rows)
+        logps, entropies = chunked_forward(
+            score, input_ids, attention_mask, logits_to_keep, rows, left=self.trim_left
+        )
         return logps, entropies
 
     def _live_check(
@@ -561,7 +574,7 @@ class PaddingFreePasses:
         if self.mode == "off":
             return inputs
         if not trainer.model.training:
-            return trim(inputs) if can_trim(inputs) else inputs
+            return trim(inputs, self.trim_left) if can_trim(inputs) else inputs
         buffered = trainer.buffered_micro_batches
         if not (new_round and can_trim(buffered[0])):
             return inputs
@@ -576,7 +589,12 @@ class PaddingFreePasses:
         # Rows move only where the update stays the same: sorted by length for trim, balanced for packed.
         exact = regrouping_is_exact(trainer)
         trainer.buffered_micro_batches = regroup(
-            buffered, segments, sort=exact, balance=self.mode == "packed", share_prompts=self.share_prompts
+            buffered,
+            segments,
+            sort=exact,
+            balance=self.mode == "packed",
+            share_prompts=self.share_prompts,
+            left=self.trim_left,
         )
         return trainer.buffered_micro_batches[step % spg]
 

@@ -333,6 +333,38 @@ def test_shared_prompts_with_a_reference_model_get_the_same_update(tiny_model_di
     )
 
 
+@pytest.fixture(scope="module")
+def tiny_gpt2_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """A random GPT-2 (a learned table of absolute positions) with the tiny model's tokenizer, no dropout."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_embd=32, n_layer=2, n_head=2, vocab_size=len(tokenizer), n_positions=256, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("gpt2") / "tiny-random-gpt2"
+    GPT2LMHeadModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_model_of_absolute_positions_keeps_its_left_padding_and_gets_the_same_update(
+    tiny_gpt2_dir, tiny_model_dir, tmp_path
+):
+    # GPT-2 counts positions from the call's first column: a row's values are TRL's only at the round's prompt
+    # width, so trimmed calls cut completions alone (the old-log-prob pass and the loss pass then agree).
+    _assert_same_update(tiny_gpt2_dir, tmp_path, "trim", steps_per_generation=4, loss_type="grpo")
+    passes = PaddingFreePasses("auto")
+    assert (
+        passes.choose(_float64_model(tiny_gpt2_dir)) == "trim" and not passes.trim_left
+    )  # packing refuses it
+    rotary = PaddingFreePasses("trim")  # rotary attention sees only distances: its left padding goes
+    assert rotary.choose(_float64_model(tiny_model_dir)) == "trim" and rotary.trim_left
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
 def test_the_trim_path_gets_the_same_update(tiny_model_dir, tmp_path, loss_type):
     # dapo's rows are regrouped by length within each optimizer step; bnpo divides by each micro-batch's token
