@@ -478,7 +478,9 @@ def main(argv: list[str] | None = None) -> dict:
     shape = TINY if args.tiny else PAPER
     rounds = args.rounds or shape["rounds"]
     pad_multiple = args.pad_to_multiple_of or None
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    if not args.tiny and not torch.cuda.is_available():  # the paper's 1.5B shapes would grind on the CPU
+        parser.error("torch sees no GPU here: the paper's shapes need one; --tiny runs every mode on the CPU")
+    device = torch.device("cuda" if not args.tiny else "cpu")
     config = Qwen2Config(
         **shape["model"], max_position_embeddings=4096 + 1024, rope_theta=10000.0, tie_word_embeddings=True,
         attn_implementation="sdpa",
