@@ -26,10 +26,17 @@ from .mapped import mapped_correctness
 
 
 def _text(completion: Any) -> str:
-    # TRL passes strings for text prompts and [{"role": "assistant", "content": ...}] for chat prompts.
+    """The completion's text. TRL passes strings for text prompts and ``[{"role": "assistant", "content":
+    ...}]`` for chat prompts; a missing one (``None``, no message, no content) is empty text.
+
+    >>> _text("so 4"), _text([{"role": "assistant", "content": "so 4"}]), _text(None), _text([])
+    ('so 4', 'so 4', '', '')
+    """
     if isinstance(completion, list):
-        return completion[-1]["content"] if completion else ""
-    return completion
+        completion = completion[-1]["content"] if completion else ""
+    if completion is None:
+        return ""
+    return completion if isinstance(completion, str) else str(completion)
 
 
 def correctness_reward(

@@ -19,7 +19,8 @@ from fractions import Fraction
 
 import pytest
 
-from rewards import correctness_reward, grade, normalize, strict_correctness_reward
+from rewards import correctness_reward, extract_lenient, grade, normalize, strict_correctness_reward
+from rewards.grading import fastpath
 from rewards.grading import pool as grader_pool
 from rewards.grading.fastpath import as_number, fast_verdict, surely_parseable
 from rewards.grading.grade import Grade, grade_batch
@@ -126,6 +127,34 @@ def test_pool_memory_cap_reports_an_error_and_recovers():
         assert outcomes[0] == ("error", "MemoryError")
         assert outcomes[1] == ("ok", bytearray(16))
     finally:
+        pool.close()
+
+
+def test_a_batch_interrupted_while_waiting_leaves_no_reply_for_the_next():
+    # A signal handler's exception (a training step's timeout) ends `map` while the server still works on
+    # the batch; the next batches must get their own results, not the interrupted one's.
+    class Interrupt(Exception):
+        pass
+
+    def interrupt(signum, frame):
+        raise Interrupt
+
+    pool = grader_pool.GraderPool(
+        grader_pool.PoolConfig(workers=1, time_limit_s=5.0, preload="math", initializer="")
+    )
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        assert pool.map("math:factorial", [3]) == [("ok", 6)]
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupt):
+            pool.map("time:sleep", [0.5])
+        time.sleep(2.0)  # the interrupted batch is done: its reply, if any, is waiting in the pipe
+        assert pool.map("math:factorial", [4, 5]) == [("ok", 24), ("ok", 120)]
+        assert pool.map("math:factorial", [6]) == [("ok", 720)]
+        assert len(pool.worker_pids()) == 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
         pool.close()
 
 
@@ -1084,3 +1113,126 @@ def test_missing_or_malformed_gold_is_not_ok(gold):
 def test_a_list_gold_with_one_malformed_element_uses_the_others():
     assert grade("\\boxed{1}", ["\\frac{", "1"]).correct
     assert correctness_reward(["\\boxed{None}", "\\boxed{2}"], answer=[None, "2"]) == [None, 1.0]
+
+
+# -- words around the answer ------------------------------------------------------------------------
+
+MATRIX = "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"
+
+
+@pytest.mark.parametrize(
+    ("boxed", "gold"),
+    [
+        # words before the number that deny, bound or change it: the number alone is not the answer
+        ("\\text{square root of } 3", "3"),
+        ("\\text{less than or equal to } 3", "3"),
+        ("\\text{less than or equal } 3", "3"),
+        ("\\text{greater than or equal to } 3", "3"),
+        ("\\text{half of } 3", "3"),
+        ("\\text{multiples of } 3", "3"),
+        ("\\text{NO } 3", "3"),
+        ("\\text{False, } 3", "3"),
+        ("\\text{Wrong, } 3", "3"),
+        ("\\text{Incorrect: } 3", "3"),
+        ("\\text{Neither, } 3", "3"),
+        ("\\text{anything but } 3", "3"),
+        ("\\text{any number other than } 3", "3"),
+        ("\\text{up to } 3", "3"),
+        ("\\text{twice } 3", "3"),
+        ("\\text{the reciprocal of } 3", "3"),
+        ("\\text{divisible by } 3", "3"),
+        # and before a matrix
+        ("\\text{not } " + MATRIX, MATRIX),
+        ("\\text{not equal to } " + MATRIX, MATRIX),
+        ("\\text{the transpose of } " + MATRIX, MATRIX),
+        ("\\text{anything but } " + MATRIX, MATRIX),
+        ("not " + MATRIX, MATRIX),
+    ],
+)
+def test_words_that_deny_or_change_the_answer_are_kept(boxed, gold):
+    assert not grade(f"so $\\boxed{{{boxed}}}$", gold).correct
+
+
+@pytest.mark.parametrize(
+    ("boxed", "gold"),
+    [
+        ("\\text{The answer is } 3", "3"),
+        ("\\text{so } 3", "3"),
+        ("\\text{Thus, the answer is } 3", "3"),
+        ("\\text{Therefore } 3", "3"),
+        ("\\text{Final answer: } 3", "3"),
+        ("\\text{The answer is: } 3", "3"),
+        ("\\text{She has } 12", "12"),
+        ("\\text{There are } 12", "12"),
+        ("\\text{The answer is } x = 3", "3"),
+        ("\\text{all } x \\geq 3", "x \\geq 3"),
+        ("\\text{The vector is } " + MATRIX, MATRIX),
+        ("\\text{so } \\mathbf{v} = " + MATRIX, MATRIX),
+        ("The vector is " + MATRIX, MATRIX),
+        ("\\mathbf{v} = " + MATRIX, MATRIX),
+    ],
+)
+def test_words_that_introduce_the_answer_are_dropped(boxed, gold):
+    assert grade(f"so $\\boxed{{{boxed}}}$", gold).correct
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "right"),
+    [
+        ("The roots are $\\boxed{2 \\text{ and } -5}$.", "2, -5", True),
+        ("$\\boxed{-3 \\text{ and } -2}$", "\\{-3,-2\\}", True),
+        ("$\\boxed{2 \\text{ and } \\sqrt{3}}$", "2, \\sqrt{3}", True),
+        ("$\\boxed{-2.5 \\text{ and } -5}$", "-2.5, -5", True),
+        ("\\boxed{-3, -5}", "-3 \\text{ and } -5", True),
+        ("\\boxed{\\{-3,-5\\}}", "-3 \\text{ and } -5", True),
+        ("$\\boxed{-1 \\text{ and } -7}$", "-2,-1", False),
+        ("$\\boxed{2 \\text{ and } 5}$", "2, -5", False),
+        ("\\boxed{-3, -4}", "-3 \\text{ and } -5", False),
+    ],
+)
+def test_values_joined_by_and_are_a_list(completion, gold, right):
+    assert grade(completion, gold).correct is right
+
+
+def test_the_fast_path_reads_no_product_of_letters_in_and_or():
+    assert fast_verdict("2 and -5", "2, -5") is None and fast_verdict("-3, -5", "-3 and -5") is None
+    assert fast_verdict("2 or -5", "2, -5") is None
+    assert fast_verdict("2band", "3") is False  # a product of letters is still one
+
+
+@pytest.mark.parametrize(
+    ("boxed", "gold", "right"),
+    [
+        ("12.25 \\text{(approx.)}", "12.25", True),
+        ("7 \\text{ (approximately)}", "7", True),
+        ("\\frac{1}{2} \\text{ (exact)}", "\\frac12", True),
+        ("3.14 \\text{ (rounded to two decimal places)}", "3.14", True),
+        ("(-1, 8) \\text{(approx.)}", "(-1,8)", True),
+        ("\\textbf{(B)} \\text{(approx.)}", "\\text{(B)}", False),  # math-verify: text, not the choice
+        ("12.25 \\text{(approx.)}", "12.5", False),
+        ("\\frac{1}{2} \\text{ (exact)}", "\\frac13", False),
+    ],
+)
+def test_a_note_on_how_the_value_is_given_goes(boxed, gold, right):
+    assert grade(f"$\\boxed{{{boxed}}}$", gold).correct is right
+
+
+def test_a_note_that_says_more_than_how_the_value_is_given_stays():
+    assert normalize("7 \\text{ (not exact)}") != "7" and normalize("3 \\text{ (or more)}") != "3"
+    assert normalize("\\text{(}1, 2\\text{)}") == "(1, 2)"
+
+
+def test_a_line_of_abbreviations_is_read_in_linear_time():
+    # Each full stop after an abbreviation (`No.`) once re-read the whole line before it: 12,000 took 17 s,
+    # and this line (100,000) would take about 20 minutes. Read linearly, it takes well under a second.
+    abbreviations = "No. " * 100_000
+    assert extract_lenient("Let me check. The answer is " + abbreviations) == abbreviations.rstrip(" .")
+    assert extract_lenient("The answer is " + "e.g. St. vs. " * 30_000 + "7. Then 8.").endswith("vs. 7")
+    assert not grade("Let me check. The answer is " + "No. " * 12_000, "5").correct
+
+
+def test_fast_path_docstrings_show_and_test_latex_fractions():
+    for func in (fastpath._different_assignments, fastpath._readings):
+        assert "\f" not in func.__doc__ and "\\frac{" in func.__doc__
+    # the example compares the fraction, as written in LaTeX, not a form feed followed by `rac`
+    assert '"x = \\\\frac{y - 3}{2}"' in fastpath._different_assignments.__doc__

@@ -139,6 +139,13 @@ def test_registry_functions_read_answer_and_template_columns():
     assert correctness_reward(chat, answer=["7"], template=["qwen-math"]) == [1.0]
 
 
+def test_a_missing_completion_is_empty_text():
+    missing = [None, [], [{"role": "assistant", "content": None}]]
+    assert format_reward(missing, template=["open-r1"] * 3) == [0.0, 0.0, 0.0]
+    assert format_reward(missing) == [1.0, 1.0, 1.0]  # free-form: as for any text
+    assert correctness_reward(missing, answer=["5"] * 3) == [0.0, 0.0, 0.0]
+
+
 def test_unparseable_gold_gives_none_and_is_counted():
     logged = {}
     rewards = correctness_reward(

@@ -25,6 +25,7 @@ _ANSWER_IS = re.compile(r"(?:[Tt]he answer is|[Ff]inal answer is)")
 _SENTENCE_END = re.compile(r"\.(?=\s|$)")  # a full stop, not a decimal point
 # A full stop that ends an abbreviation, not the sentence (`St. Louis`, `e.g. 5`).
 _ABBREVIATION = re.compile(r"\b(?:St|Mt|Ft|Dr|Mr|Mrs|Ms|Jr|Sr|No|Fig|vs|ca|approx|etc|e\.g|i\.e)$")
+_ABBREVIATION_WINDOW = 16  # characters before a full stop that `_ABBREVIATION` reads (its longest is 6)
 _NUMBER = re.compile(r"[-\u2212]?\d[\d,]*(?:\.\d+)?|[-\u2212]?\.\d+")  # U+2212 is the Unicode minus
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -87,6 +88,22 @@ _UNIT = re.compile(
     + _SPACE
     + r"(?![ap]\.?\s*m\.?\s*\}|[ie]\s*\})[A-Za-z][A-Za-z. /]*\}(?:\^\{?\d\}?)?[\s.]*$"
 )
+# A note in parentheses after a value with digits, in words that say how it is given:
+# `12.25 \text{(approx.)}`, `\frac{1}{2} \text{ (exact)}`; not one that says more (`7 \text{ (not exact)}`,
+# `3 \text{ (or more)}`), nor one after a choice (`\textbf{(B)} \text{(approx.)}`: math-verify reads text).
+_NOTE = re.compile(
+    r"(\d|\}|\)|\]|\\pi|\\%)"
+    + _SPACE
+    + r"\\(?:text|mbox|mathrm)\{"
+    + _SPACE
+    + r"\(([A-Za-z .]*)\)\s*\}[\s.]*$"
+)
+_NOTE_WORDS = frozenset({
+    "approx", "approximately", "approximate", "approximated", "about", "roughly", "exact", "exactly",
+    "rounded", "simplified", "simplest", "form", "in", "to", "the", "a", "nearest", "whole", "number",
+    "integer", "tenth", "hundredth", "thousandth", "decimal", "decimals", "place", "places", "one", "two",
+    "three", "four", "significant", "figures", "digits", "final", "answer", "value",
+})  # fmt: skip
 _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 # `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
 _THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})\s*(?=\d{3}(?!\d))")
@@ -107,23 +124,64 @@ _RELATION_TEXT = {
     "gt": ">",
     "lt": "<",
 }
-# A sentence that introduces the answer inside the box: `\text{The vector is } M`, `\text{all } x \geq 3`.
-# Not one that denies it (`\text{not } 3`, `\text{cannot be } 3`) or bounds it (`\text{less than } 3`,
-# `\text{at least } 3`): neither is 3. Bounding words must end the sentence
-# (`\text{primes less than ten are } 4` is 4); after a number they are a unit (`5\text{ more}`).
-_BOUND = (
-    r"(?i:(?![^{}]*\b(?:(?:less|more|greater|fewer|larger|smaller) than|at (?:least|most)|except)\s*:?\s*\}))"
-)
+# A sentence that opens the box and introduces the answer: `\text{The vector is } M`, `\text{so } 3`,
+# `\text{Final answer: } 3`, `\text{all } x \geq 3` (read by `_introduces_answer`). Any other words stay, so
+# that the answer is compared with them: `\text{not } 3`, `\text{half of } 3`, `\text{up to } 3` are not 3.
 _LEADING_SENTENCE = re.compile(
-    r"^\\(?:text|textbf|mbox|mathrm)\{"
-    + _DENIAL
-    + _BOUND
-    + r"\s*[A-Za-z][A-Za-z ,.]*[\s:]\}\s*(?=.*[\d\\=<>])"
+    r"^\\(?:text|textbf|mbox|mathrm)\{\s*([A-Za-z][A-Za-z ,.:]*[\s:])\}\s*(?=.*[\d\\=<>])"
 )
-# Words (and `\\mathbf{v} =`) before a matrix or vector: the matrix is the answer.
+# Words that lead into the answer and say nothing about it.
+_CONNECTIVE_WORDS = frozenset({
+    "so", "thus", "hence", "therefore", "then", "finally", "and", "which", "gives", "giving", "we", "get",
+    "have", "find", "obtain", "i", "e", "ie", "the", "final", "answer", "answers", "all", "result",
+    "results", "solution", "solutions",
+})  # fmt: skip
+# What a label before a colon may name (`Final answer:`, `Solutions:`).
+_LABEL_WORDS = frozenset({
+    "answer", "answers", "result", "results", "solution", "solutions", "total", "value", "values", "root",
+    "roots",
+})  # fmt: skip
+# Verbs that state the answer at the end of a sentence: `The greater root is`, `She has`.
+_STATING_VERBS = frozenset({
+    "is", "are", "was", "were", "equals", "be", "becomes", "gives", "yields", "get", "gets", "got",
+    "has", "have", "had", "makes", "totals",
+})  # fmt: skip
+# Words that deny, doubt, bound (`less than or`) or change the number that follows, wherever they stand.
+_NOT_THE_ANSWER = frozenset({
+    "no", "not", "never", "none", "nothing", "or", "nor", "neither", "either", "cannot", "false", "wrong",
+    "incorrect", "impossible", "undefined", "invalid", "except", "excluding", "but", "without", "unless",
+    "if", "suppose", "assuming", "whether", "half", "twice", "double", "triple", "thrice", "plus", "minus",
+    "times",
+})  # fmt: skip
+
+
+def _introduces_answer(words: str) -> bool:
+    """Whether ``words`` (opening the box) only introduce the answer: connectives and labels (``so``,
+    ``Thus, the final answer:``), or a sentence ending in a verb that states it (``The greater root is``,
+    ``She has``), with no word that denies or changes it.
+
+    >>> [_introduces_answer(w) for w in ("so ", "Final answer: ", "The greater root is ", "She has ", "So: ")]
+    [True, True, True, True, True]
+    >>> [_introduces_answer(w) for w in ("not ", "half of ", "less than or equal to ", "NO ", "False, ")]
+    [False, False, False, False, False]
+    """
+    tokens = re.findall(r"[a-z]+|:", words.lower().replace("for all", "all"))
+    if not tokens or any(t in _NOT_THE_ANSWER for t in tokens):
+        return False
+    if tokens[-1] == ":":  # a label (`Final answer:`), or a sentence as below (`The answer is:`)
+        tokens = tokens[:-1]
+        if tokens and tokens[-1] in _LABEL_WORDS and ":" not in tokens:
+            return True
+    if not tokens or ":" in tokens:
+        return False
+    return tokens[-1] in _STATING_VERBS or all(t in _CONNECTIVE_WORDS for t in tokens)
+
+
+# Words (an introduction, as `_introduces_answer` reads it) and `\mathbf{v} =` before a matrix or vector:
+# the matrix is the answer.
 _MATRIX_START = re.compile(r"\\begin\{[pbBvV]?matrix\}")
 _MATRIX_PREAMBLE = re.compile(
-    r"[A-Za-z ,.:]*(?:(?:\\mathbf|\\vec|\\boldsymbol)?\s*\{?\s*[A-Za-z]\s*\}?\s*=)?\s*"
+    r"([A-Za-z ,.:]*?)\s*(?:(?:\\mathbf|\\vec|\\boldsymbol)?\s*\{?\s*[A-Za-z]\s*\}?\s*=)?\s*"
 )
 # `x \approx 2.24`, `so x \approx 2.24`: a variable on the left, so the value is on the right.
 _VARIABLE_BEFORE_APPROX = re.compile(r"(?:.*\s)?[A-Za-z](?:_\{[^{}]*\}|_[A-Za-z0-9])?\s*")
@@ -140,9 +198,17 @@ _BASE_NUMERAL = re.compile(rf"({BASE_NUMERAL_DIGITS})_\{{?(\d{{1,2}})\}}?")
 
 
 def _strip_text_wrappers(answer: str) -> str:
-    # Units after a number (`5\text{ cm}`, `34\text{ sq. units}`) go, but not times (`9\text{ a.m.}`);
-    # other \text{X} keep X.
+    # Units after a number (`5\text{ cm}`, `34\text{ sq. units}`) go, but not times (`9\text{ a.m.}`), and
+    # so does a note on how the value is given (`\text{ (approx.)}`); other \text{X} keep X.
+    note = _NOTE.search(answer)
+    if note and _is_note(note.group(2)) and any(c.isdigit() for c in answer[: note.start(1) + 1]):
+        answer = answer[: note.end(1)]
     return _TEXT.sub(r"\1", _UNIT.sub(r"\1", answer))
+
+
+def _is_note(words: str) -> bool:
+    found = set(words.lower().replace(".", " ").split())
+    return bool(found) and found <= _NOTE_WORDS
 
 
 def _free_letters(text: str) -> bool:
@@ -186,7 +252,10 @@ def normalize(answer: str) -> str:
     answer = answer.replace("\\!", "").replace("\\,", "").replace("\\;", "")
     answer = _PHANTOM.sub("", answer)
     answer = re.sub(r"\^\s*\{?\\circ\}?", "", answer).replace("°", "")
-    answer = _LEADING_SENTENCE.sub("", answer.strip())
+    answer = answer.strip()
+    lead = _LEADING_SENTENCE.match(answer)
+    if lead and _introduces_answer(lead.group(1)):
+        answer = answer[lead.end() :]
     answer = _strip_text_wrappers(answer)
     answer = _FRAC_SHORTHAND.sub(lambda m: "\\frac" + _braced(m.group(1)) + _braced(m.group(2)), answer)
     answer = _SQRT_SHORTHAND.sub(lambda m: "\\sqrt{" + m.group(1) + "}", answer)
@@ -194,8 +263,10 @@ def normalize(answer: str) -> str:
     answer = _RELATION_THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), answer)
     answer = re.sub(r"\s+", " ", answer).strip() if "  " in answer else answer.strip()
     matrix = _MATRIX_START.search(answer)
-    if matrix and matrix.start() > 0 and _MATRIX_PREAMBLE.fullmatch(answer[: matrix.start()]):
-        answer = answer[matrix.start() :]
+    if matrix and matrix.start() > 0:
+        preamble = _MATRIX_PREAMBLE.fullmatch(answer[: matrix.start()])
+        if preamble and (not preamble.group(1).strip() or _introduces_answer(preamble.group(1) + " ")):
+            answer = answer[matrix.start() :]
     if answer.startswith("\\approx"):
         answer = answer[len("\\approx") :].strip()
     elif "\\approx" in answer:
@@ -213,6 +284,20 @@ def normalize(answer: str) -> str:
     if match:
         answer = f"{match.group(1)}_{{{match.group(2)}}}"
     return number_text(answer)  # 5e-05 in positional digits, as a gold written so is (math-verify reads e)
+
+
+def _sentence_end(line: str) -> int:
+    """Where the first sentence of ``line`` ends: its first full stop that ends no abbreviation, else the
+    end of the line. Only the few characters before each full stop are read (the longest abbreviation
+    and the character before it), so that a line of many abbreviations costs linear time.
+
+    >>> _sentence_end("7. Then 8."), _sentence_end("St. Louis, e.g. here. No"), _sentence_end("No. " * 3)
+    (1, 20, 12)
+    """
+    for stop in _SENTENCE_END.finditer(line):
+        if not _ABBREVIATION.search(line, max(0, stop.start() - _ABBREVIATION_WINDOW), stop.start()):
+            return stop.start()
+    return len(line)
 
 
 def extract_lenient(completion: str) -> str | None:
@@ -236,10 +321,7 @@ def extract_lenient(completion: str) -> str | None:
     elif matches := list(_ANSWER_IS.finditer(text)):
         line = text[matches[-1].end() :].lstrip(" :").split("\n")[0]
         # the sentence, without markdown emphasis (`**7**`)
-        end = next(
-            (m for m in _SENTENCE_END.finditer(line) if not _ABBREVIATION.search(line[: m.start()])), None
-        )
-        answer = (line[: end.start()] if end else line).strip().strip("*")
+        answer = line[: _sentence_end(line)].strip().strip("*")
     else:
         numbers = _NUMBER.findall(text)
         if not numbers:

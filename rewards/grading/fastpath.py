@@ -166,11 +166,22 @@ _TOKEN = re.compile(r"\s*(\d+\.\d+|\.\d+|\d+|\\frac|\\sqrt|\\pi|\\cdot|\\times|[
 VARIABLES = frozenset("abcdfghjklmnpqrstuvwxyz")
 
 
+# `and`, `or` as words: math-verify reads `2 and -5` as the list `2, -5`, not as the product of a, n, d.
+_CONJUNCTION = re.compile(r"(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
+
+
 class _Refuse(Exception):
     """The evaluator will not vouch for how math-verify reads this text."""
 
 
 def _tokens(text: str) -> list[str] | None:
+    """The evaluator's tokens of ``text``; ``None`` for anything else, and for ``and``, ``or`` as words.
+
+    >>> _tokens("2x+y"), _tokens("2 and -5"), _tokens("x or y"), _tokens("2band + 1")
+    (['2', 'x', '+', 'y'], None, None, ['2', 'b', 'a', 'n', 'd', '+', '1'])
+    """
+    if _CONJUNCTION.search(text):
+        return None
     tokens, position, text = [], 0, text.strip()
     while position < len(text):
         match = _TOKEN.match(text, position)
@@ -761,10 +772,10 @@ def _different_assignments(answer: str, gold: str) -> bool | None:
     r"""``False`` for two equations ``v = f`` and ``v = g`` giving the same variable (not in ``f`` or
     ``g``) as functions that clearly differ: their graphs differ, so math-verify (which compares the
     two equations, then their solutions) says different. ``y = 2x + 4`` against ``y = 2x + 3``; but
-    ``x = rac{y - 3}{2}`` against ``y = 2x + 3`` is the same line, left to math-verify.
+    ``x = \frac{y - 3}{2}`` against ``y = 2x + 3`` is the same line, left to math-verify.
 
     >>> (_different_assignments("y = 2x + 4", "y = 2x + 3"),
-    ...  _different_assignments("x = \frac{y - 3}{2}", "y = 2x + 3"))
+    ...  _different_assignments("x = \\frac{y - 3}{2}", "y = 2x + 3"))
     (False, None)
     >>> _different_assignments("y = 2y + 1", "y = 3"), _different_assignments("y = x^2", "y = x \\cdot x")
     (None, None)
@@ -873,7 +884,7 @@ _MIXED_NUMBER = re.compile(r"(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}")
 
 def _readings(text: str) -> list[float] | None:
     r"""The values math-verify may give a percent or a mixed number: ``20\%`` is 20 and 0.2 (it takes
-    ``20\%`` for ``20``); ``3 rac{3}{8}`` is 3 + 3/8 or 3 * 3/8. ``None`` for anything else.
+    ``20\%`` for ``20``); ``3 \frac{3}{8}`` is 3 + 3/8 or 3 * 3/8. ``None`` for anything else.
 
     >>> _readings("20\\%"), _readings("3 \\frac{3}{8}"), _readings("3") is None
     ([20.0, 0.2], [3.375, 1.125], True)

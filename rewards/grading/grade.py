@@ -402,7 +402,7 @@ def grade_batch(
     if remote:
         # Grouped by gold, so that one worker parses each gold (chunks are consecutive tasks).
         tasks = sorted(remote, key=lambda task: task[2])
-        for task, outcome in zip(tasks, pool.get_pool().map(_REMOTE, tasks)):
+        for task, outcome in zip(tasks, pool.get_pool().map(_REMOTE, tasks), strict=True):
             for i, k, answer, refused, verdicts in remote[task]:
                 readings[i][k] = _from_outcome(task, outcome, scores[i], answer, refused, verdicts)
     # The first reading's grade, unless only another reading is right.

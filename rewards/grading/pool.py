@@ -64,6 +64,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import psutil
@@ -149,7 +150,9 @@ class GraderPool:
 
         Never raises because of a task and always returns: each task takes at most the time limit
         (plus one retry if its worker crashed), and if the server itself stops answering it is
-        restarted and the remaining tasks are reported as ``ERROR``.
+        restarted and the remaining tasks are reported as ``ERROR``. An exception that interrupts the
+        wait (a signal handler's, ``KeyboardInterrupt``) propagates, and the server is stopped: its late
+        reply would otherwise be read as the next batch's (the next call starts a new one).
         """
         tasks = list(tasks)
         if not tasks:
@@ -157,17 +160,18 @@ class GraderPool:
         with self._lock:
             if self._pid != os.getpid():  # a forked copy of a pool: the server belongs to the parent
                 self._forget()
+            request = ForkingPickler.dumps(("map", fn, tasks))  # before any byte is sent: may raise
             for attempt in range(2):  # a server that died is restarted and the batch retried once
                 self._ensure_started()
                 deadline = self._batch_deadline(len(tasks))
                 try:
-                    self._requests.send(("map", fn, tasks))
-                    if self._replies.poll(deadline):
-                        return self._replies.recv()
+                    answered, reply = self._exchange(request, deadline)
                 except (EOFError, OSError) as err:
                     logger.error("grader server died (%s); restarting it", type(err).__name__)
                     self._stop_server(graceful=False)
                     continue
+                if answered:
+                    return reply
                 logger.error("grader server did not answer within %.0f s; restarting it", deadline)
                 self._stop_server(graceful=False)
                 break
@@ -177,8 +181,26 @@ class GraderPool:
         """Process ids of the current workers (starts the pool if needed)."""
         with self._lock:
             self._ensure_started()
-            self._requests.send(("pids",))
-            return self._replies.recv()
+            return self._exchange(ForkingPickler.dumps(("pids",)), None)[1]
+
+    def _exchange(self, request: memoryview, timeout: float | None) -> tuple[bool, Any]:
+        """Send one pickled request to the running server and wait up to ``timeout`` seconds (``None``:
+        no limit) for its reply: ``(True, reply)``, or ``(False, None)`` if none came.
+
+        The exchange is all or nothing: if anything interrupts it (a signal handler's exception, a
+        ``KeyboardInterrupt``: these propagate), the server is stopped, so that no reply to this request,
+        nor part of one, nor of a request sent in part, is ever read as another request's.
+        """
+        try:
+            self._requests.send_bytes(request)
+            if timeout is not None and not self._replies.poll(timeout):
+                return False, None
+            return True, self._replies.recv()
+        except (EOFError, OSError):
+            raise
+        except BaseException:
+            self._stop_server(graceful=False)
+            raise
 
     def close(self) -> None:
         """Stop the server and its workers (after a batch in flight); the pool starts again if used later."""
@@ -221,10 +243,10 @@ class GraderPool:
             os.close(reply_write)
         self._requests = Connection(request_write, readable=False)
         self._replies = Connection(reply_read, writable=False)
-        if not self._replies.poll(_STARTUP_TIMEOUT_S):
-            self._stop_server(graceful=False)
-            raise RuntimeError(f"grader server did not start within {_STARTUP_TIMEOUT_S:.0f} s")
         try:
+            if not self._replies.poll(_STARTUP_TIMEOUT_S):
+                self._stop_server(graceful=False)
+                raise RuntimeError(f"grader server did not start within {_STARTUP_TIMEOUT_S:.0f} s")
             ready = self._replies.recv()
         except EOFError:
             code = self._process.wait()
@@ -232,6 +254,9 @@ class GraderPool:
             raise RuntimeError(
                 f"grader server failed to start (exit code {code}); see its stderr above"
             ) from None
+        except BaseException:
+            self._stop_server(graceful=False)  # interrupted: its "ready" must not answer a later request
+            raise
         logger.debug("grader server %s up: %s", self._process.pid, ready)
 
     def _forget(self) -> None:
