@@ -92,9 +92,7 @@ def test_a_relative_base_read_from_elsewhere_is_one_line_and_base_gives_the_way_
     monkeypatch.chdir(tmp_path)
     folder = save_lora_adapter(Path("base"), tmp_path / "run", recorded="./base")
     monkeypatch.chdir(tmp_path / "run")  # ./base is not here
-    with pytest.raises(SystemExit) as exit_info:
-        main(["merge", str(folder)])
-    message = str(exit_info.value.code)
+    message = _refusal(["merge", str(folder)])
     assert "'./base' is not there" in message and str(folder) in message
     assert "run from the folder it was trained in" in message  # a relative path: where it is read from
     assert message.endswith("or pass --base <folder or Hub id>") and "\n" not in message
@@ -136,9 +134,7 @@ def test_merge_refuses_a_folder_that_is_no_adapter_and_an_output_that_is_not_emp
     assert (taken / "notes.txt").read_text() == "keep me" and len(list(taken.iterdir())) == 1
     notes = taken / "notes.txt"
     for output in (notes, notes / "out"):  # refused before the base loads, not by mkdir after the merge
-        with pytest.raises(SystemExit) as exit_info:
-            main(["merge", str(folder), "--output", str(output)])
-        message = str(exit_info.value.code)
+        message = _refusal(["merge", str(folder), "--output", str(output)])
         assert message.startswith(f"prompt_aug.adapters: error: --output {output}")
         assert f"{notes} is a file, not a folder; pass another --output" in message and "\n" not in message
     assert notes.read_text() == "keep me"
@@ -149,16 +145,12 @@ def test_merge_refuses_a_base_that_is_an_adapter_and_an_adapter_without_weights(
     version mismatch, and a folder without adapter weights for a Hub id."""
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
     other = save_lora_adapter(tiny_model_dir, tmp_path / "other")
-    with pytest.raises(SystemExit) as exit_info:
-        main(["merge", str(folder), "--base", str(other)])
-    message = str(exit_info.value.code)
+    message = _refusal(["merge", str(folder), "--base", str(other)])
     assert message.startswith(f"prompt_aug.adapters: error: --base {other}: a PEFT adapter folder")
     assert "merge it first" in message and "\n" not in message
     assert not (tmp_path / "run-merged").exists()
     (folder / "adapter_model.safetensors").unlink()
-    with pytest.raises(SystemExit) as exit_info:
-        main(["merge", str(folder), "--base", str(tiny_model_dir)])
-    message = str(exit_info.value.code)
+    message = _refusal(["merge", str(folder), "--base", str(tiny_model_dir)])
     assert message.startswith(f"prompt_aug.adapters: error: {folder}: adapter_config.json but no adapter")
     assert "adapter_model.safetensors" in message and "\n" not in message
     assert not (tmp_path / "run-merged").exists()
@@ -244,9 +236,7 @@ def test_an_adapter_config_without_a_base_or_that_does_not_parse_is_one_line_nam
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
     config = json.loads((folder / "adapter_config.json").read_text())
     (folder / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}))
-    with pytest.raises(SystemExit) as exit_info:
-        main(["merge", str(folder)])
-    message = str(exit_info.value.code)
+    message = _refusal(["merge", str(folder)])
     assert f"merge {folder}: a LoRA adapter whose adapter_config.json records no base model" in message
     assert message.endswith("; pass --base <folder or Hub id>") and "\n" not in message
     assert not (tmp_path / "run-merged").exists()
@@ -257,9 +247,7 @@ def test_an_adapter_config_without_a_base_or_that_does_not_parse_is_one_line_nam
     assert capsys.readouterr().out.strip() == str(tmp_path / "run-merged")
     (folder / "adapter_config.json").write_text('{"peft_type": "LORA", "base_model_name_or_pa')  # cut short
     for argv in (["merge", str(folder)], ["merge", str(folder), "--base", str(tiny_model_dir)]):
-        with pytest.raises(SystemExit) as exit_info:
-            main([*argv, "--output", str(tmp_path / "again")])
-        message = str(exit_info.value.code)
+        message = _refusal([*argv, "--output", str(tmp_path / "again")])
         assert message.startswith(
             f"prompt_aug.adapters: error: {folder / 'adapter_config.json'}: not valid JSON"
         )
@@ -309,6 +297,13 @@ def test_a_lora_runs_card_keeps_peft_metadata_and_its_merged_card_a_full_models(
     card = ModelCard.load(out / "README.md")
     assert card.data.library_name == "peft" and "lora" in card.data.tags
     assert card.data.base_model is None and not [t for t in card.data.tags if "base_model:" in t]
+
+
+def _refusal(argv: list[str]) -> str:
+    """The message ``prompt_aug.adapters`` stops with on ``argv``."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    return str(exit_info.value.code)
 
 
 def _safetensors_keys(folder: Path) -> set[str]:
@@ -379,9 +374,7 @@ def test_a_base_of_other_shapes_is_one_line_naming_where_it_came_from(tiny_model
 
     other = build_tiny_model(tmp_path / "other", name="small-random-qwen2")  # hidden 128, not 64
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
-    with pytest.raises(SystemExit) as exit_info:
-        main(["merge", str(folder), "--base", str(other)])
-    message = str(exit_info.value.code)
+    message = _refusal(["merge", str(folder), "--base", str(other)])
     assert message.startswith(f"prompt_aug.adapters: error: --base {other}: not the model the adapter in")
     assert "q_proj.lora_A is [4, 64] in the adapter, [4, 128] in the base" in message
     assert message.endswith("pass --base the model it was trained on")
@@ -402,9 +395,7 @@ def test_a_recorded_base_that_cannot_be_had_is_named_as_recorded_and_base_is_the
     hub = save_lora_adapter(tiny_model_dir, tmp_path / "hub", recorded="nobody-here/no-such-base")
     gone = save_lora_adapter(tiny_model_dir, tmp_path / "moved", recorded=str(tmp_path / "gone"))
     for folder, why in ((hub, "cannot reach the Hugging Face Hub"), (gone, "is not there")):
-        with pytest.raises(SystemExit) as exit_info:
-            main(["merge", str(folder)])
-        message = str(exit_info.value.code)
+        message = _refusal(["merge", str(folder)])
         assert message.startswith(f"prompt_aug.adapters: error: merge {folder}: ") and why in message
         assert message.endswith("pass --base <folder or Hub id>") and "\n" not in message
         assert "set merge" not in message and "run from the folder" not in message
@@ -443,9 +434,7 @@ def test_base_takes_a_fetched_models_short_name_as_training_and_evaluation_do(
 
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
-    with pytest.raises(SystemExit) as exit_info:
-        main(["merge", str(folder), "--base", "smollm2-135m-instruct"])
-    message = str(exit_info.value.code)
+    message = _refusal(["merge", str(folder), "--base", "smollm2-135m-instruct"])
     assert "'smollm2-135m-instruct' is not fetched yet" in message
     assert "python -m prompt_aug.models fetch smollm2-135m-instruct" in message and "\n" not in message
     fetched = default_dir("smollm2-135m-instruct")

@@ -175,17 +175,26 @@ def test_before_after_json_of_templates_without_markers_is_valid_json_without_a_
     assert sorted(summary) == sorted(f"{w}/trained/{m}" for w in ("before", "after") for m in METRICS)
 
 
-def test_a_warm_start_with_lora_is_refused_before_anything_loads(tmp_path):
-    # The warm start trains the base in memory; a LoRA adapter records the base on disk, without it.
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        # The warm start trains the base in memory; a LoRA adapter records the base on disk, without it.
+        (["--use_peft", "true"], "error: warmstart_steps with use_peft:"),
+        (
+            ["--warmstart_batch_size", "0"],
+            "error: command line: warmstart_batch_size: must be at least 1, got 0",
+        ),
+    ],
+)
+def test_a_warm_start_the_recipe_cannot_run_is_refused_before_anything_loads(tmp_path, extra, expected):
     from prompt_aug import train
 
     out = tmp_path / "run"
     recipe = Path(__file__).resolve().parents[1] / "recipes/smoke/tiny_cpu.yaml"
     with pytest.raises(SystemExit) as err:
-        train.main(["--config", str(recipe), "--output_dir", str(out), "--warmstart_steps", "5",
-                    "--use_peft", "true"])  # fmt: skip
-    assert str(err.value.code).startswith("prompt-aug-train: error: warmstart_steps with use_peft:")
-    assert not out.exists()
+        train.main(["--config", str(recipe), "--output_dir", str(out), "--warmstart_steps", "5", *extra])
+    message = str(err.value.code)
+    assert message.startswith(f"prompt-aug-train: {expected}") and "\n" not in message and not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -208,19 +217,6 @@ def test_a_demo_key_out_of_its_range_is_refused_naming_it(key, value, expected):
     with pytest.raises(ValueError) as err:
         DemoArguments(**{key: value})
     assert str(err.value).startswith(expected) and "\n" not in str(err.value)
-
-
-def test_a_warm_start_batch_of_zero_is_refused_before_anything_loads(tmp_path):
-    from prompt_aug import train
-
-    out = tmp_path / "run"
-    recipe = Path(__file__).resolve().parents[1] / "recipes/smoke/tiny_cpu.yaml"
-    with pytest.raises(SystemExit) as err:
-        train.main(["--config", str(recipe), "--output_dir", str(out), "--warmstart_steps", "5",
-                    "--warmstart_batch_size", "0"])  # fmt: skip
-    message = str(err.value.code)
-    assert message.startswith("prompt-aug-train: error: command line") and "\n" not in message
-    assert "warmstart_batch_size: must be at least 1, got 0" in message and not out.exists()
 
 
 def test_a_warm_start_cache_that_is_or_lies_under_a_file_is_refused_at_parse(tmp_path):
