@@ -684,10 +684,13 @@ def _one_type(known: Any, other: Any) -> Any:
     """The type of a column that is ``known`` in one source and ``other`` in another, or None where they
     differ. Arrow's null type holds no value, so it takes the other's type, also inside lists and mappings
     (a source whose lists are all empty, or whose field is always missing). Numbers of two widths or kinds
-    take the wider: integers ``int64``, with a float ``float64`` (``3`` in one file, ``2.5`` in another).
+    take the wider: integers ``int64``, with a float ``float64`` (``3`` in one file, ``2.5`` in another);
+    text, ``large_string`` (a parquet file pandas wrote beside a JSON Lines file).
 
     >>> _one_type(datasets.Value("int64"), datasets.Value("float32"))
     Value('float64')
+    >>> _one_type(datasets.Value("string"), datasets.Value("large_string"))
+    Value('large_string')
     >>> _one_type(datasets.Value("int64"), datasets.Value("string")) is None
     True
     """
@@ -700,6 +703,9 @@ def _one_type(known: Any, other: Any) -> Any:
         unsigned64 = "uint64" in (known.dtype, other.dtype)  # wider than int64 and float64 hold exactly
         if kinds <= {"int", "uint", "float"} and not unsigned64:
             return datasets.Value("float64" if "float" in kinds else "int64")
+        for kind in ("string", "binary"):  # pandas writes parquet text as large_string, JSON reads string
+            if {known.dtype, other.dtype} == {kind, f"large_{kind}"}:
+                return datasets.Value(f"large_{kind}")
     if isinstance(known, dict) and isinstance(other, dict):
         if list(known) != list(other):
             return None

@@ -453,6 +453,26 @@ def test_a_mixture_built_in_code_with_trls_classes_is_checked_and_mapped_as_a_re
         PromptAugScriptArguments(dataset_mixture=streamed)
 
 
+def test_text_a_parquet_file_holds_as_large_string_mixes_with_text_read_from_json_lines(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # pandas writes text columns as large_string; the JSON reader gives string. Both are text.
+    table = pa.table(
+        {
+            "question": pa.array(["What is 3 + 4?"], pa.large_string()),
+            "answer": pa.array(["7"], pa.large_string()),
+            "source": pa.array(["parquet"], pa.large_string()),
+        }
+    )
+    pq.write_table(table, tmp_path / "wide.parquet")
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"question": "What is 2 + 2?", "answer": "4", "source": "jsonl"}) + "\n")
+    body = f"dataset_mixture:\n  datasets:\n    - path: {tmp_path / 'wide.parquet'}\n    - path: {plain}\n"
+    rows, _ = _load(_recipe(tmp_path, body), tokenizer)
+    assert sorted(rows["source"]) == ["jsonl", "parquet"] and sorted(rows["answer"]) == ["4", "7"]
+
+
 def test_a_column_only_some_sources_have_is_none_in_the_others_and_one_type_is_required(
     two_sets, tmp_path, tokenizer
 ):
