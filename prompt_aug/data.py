@@ -37,6 +37,7 @@ import math
 import numbers
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -547,6 +548,7 @@ def mix_sources(
     answer_column: str | None = None,
     levels: list[str] | None = None,
     max_bad_row_share: float | None = None,
+    keep_prompts: Callable[[datasets.Dataset], tuple[datasets.Dataset, int, str]] | None = None,
 ) -> tuple[datasets.Dataset, DataReport]:
     """The sources of a ``dataset_mixture`` (TRL's `DatasetMixtureConfig` of
     `prompt_aug.mixture.MixtureSource`), read by `prompt_aug.sources.read_training_data`, as one set of
@@ -554,10 +556,12 @@ def mix_sources(
 
     Each source's ``columns`` are selected, then it is mapped with its own column keys (the arguments here are
     the defaults; a source in verl layout that sets neither and lacks the default columns is read as verl
-    layout). ``fraction`` keeps TRL's meaning (shares of the mixture, no source oversampled), applied to
-    the mapped rows. Uids get the source's position as a prefix (``0:...``, ``1:...``), so two sources never
-    share one. ``max_bad_row_share`` applies to each source (`check_bad_rows`). Each source keeps its other
-    columns; a column that only some sources have is ``None`` in the rows of the others (`align_columns`).
+    layout). ``keep_prompts`` (rows -> the rows kept, how many dropped, why) drops each source's prompts
+    that are too long. ``fraction`` keeps TRL's meaning (shares of the mixture, no source oversampled),
+    applied to the rows that remain. Uids get the source's position as a prefix (``0:...``, ``1:...``), so
+    two sources never share one. ``max_bad_row_share`` applies to each source (`check_bad_rows`). Each
+    source keeps its other columns; a column that only some sources have is ``None`` in the rows of the
+    others (`align_columns`).
 
     Raises:
         DataError: a source lacks a column, has too many bad rows, or keeps no row; the message starts with
@@ -577,6 +581,10 @@ def mix_sources(
             rows, report = rows_of(
                 source.path, raw, q_col, a_col, source.dataset_levels or levels, max_bad_row_share
             )
+            if keep_prompts is not None and len(rows):
+                rows, n_long, why = keep_prompts(rows)
+                if n_long:
+                    report.dropped[why] += n_long
             if not len(rows):  # else it would surface as a column typed null in the mixture
                 why = "; ".join(report.drops()) or "empty"
                 notes = "".join(f"; {note}" for note in report.notes())
@@ -621,15 +629,10 @@ def mix_sources(
 def mixed_uid(source: int, uid: str) -> str:
     """A mixture row's uid: its source's index before the source's own uid, so no two sources share one.
 
-    >>> mixed_uid(1, "a3f-0"), source_of(mixed_uid(1, "a3f-0"))
-    ('1:a3f-0', 1)
+    >>> mixed_uid(1, "a3f-0")
+    '1:a3f-0'
     """
     return f"{source}:{uid}"
-
-
-def source_of(uid: str) -> int:
-    """The index of the mixture source a `mixed_uid` came from."""
-    return int(uid.split(":", 1)[0])
 
 
 def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datasets.Dataset]:
@@ -768,14 +771,23 @@ def load_train_dataset(
     dropped. A missing column is a `DataError` naming ``dataset_name`` or the mixture's source."""
     from accelerate import PartialState
 
+    long = f"prompt longer than {script_args.max_prompt_length} tokens"
+
+    def keep_prompts(rows: datasets.Dataset) -> tuple[datasets.Dataset, int, str]:
+        kept, n_long = filter_long_prompts(
+            rows, templates, tokenizer, script_args.max_prompt_length, args.chat_template_kwargs
+        )
+        return kept, n_long, long
+
     with PartialState().main_process_first():
-        if script_args.dataset_mixture is not None:
+        if script_args.dataset_mixture is not None:  # each source's long prompts go before the fractions
             dataset, report = mix_sources(
                 read,
                 script_args.question_column,
                 script_args.answer_column,
                 script_args.dataset_levels,
                 max_bad_row_share=script_args.max_bad_row_share,
+                keep_prompts=keep_prompts,
             )
         elif read[0].builtin:
             dataset, report = _builtin_set(script_args.dataset_name, read[0].data)
@@ -791,21 +803,14 @@ def load_train_dataset(
                 )
             except DataError as err:  # a missing column: the message lists the columns there are
                 raise DataError(f"{read[0].key}: {err}") from None
+        if script_args.dataset_mixture is None:
+            dataset, n_long, _ = keep_prompts(dataset)
+            if n_long:
+                report.dropped[long] += n_long
         if not args.prompt_augmentation:
             dataset = plain_prompts(dataset, eval_template)
-        kept, n_long = filter_long_prompts(
-            dataset, templates, tokenizer, script_args.max_prompt_length, args.chat_template_kwargs
-        )
-    report.rows = len(kept)
-    long = f"prompt longer than {script_args.max_prompt_length} tokens"
-    if report.sources and n_long:  # a mixture's: counted by source, as its other drops are
-        left = set(kept["uid"])
-        for uid in dataset["uid"]:
-            if uid not in left:
-                report.dropped[f"{report.sources[source_of(uid)]}: {long}"] += 1
-    else:
-        report.dropped[long] += n_long
-    return kept, report
+    report.rows = len(dataset)
+    return dataset, report
 
 
 def answer_form(answer: str) -> str:
@@ -895,7 +900,9 @@ def preview(args: argparse.Namespace) -> str:
         columns=keys["columns"],
     )
     # Too many bad rows stop training: said here, so that the rest of the preview still shows them.
-    share = recipe.get("max_bad_row_share", _default(PromptAugScriptArguments, "max_bad_row_share"))
+    share = args.max_bad_row_share
+    if share is None:
+        share = recipe.get("max_bad_row_share", _default(PromptAugScriptArguments, "max_bad_row_share"))
     try:
         check_bad_rows(report.dropped, report.rows, share)
     except DataError as err:
@@ -994,6 +1001,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--tokenizer", help="tokenizer to render prompts with (default: the recipe's model)")
     parser.add_argument("--max_prompt_length", type=int, help="drop prompts longer than this many tokens")
+    parser.add_argument(
+        "--max_bad_row_share", type=float,
+        help="the share of unusable rows training accepts (default: the recipe's, else 0.05)",
+    )  # fmt: skip
     from .cli import UsageError
 
     try:

@@ -962,6 +962,8 @@ def test_the_preview_says_when_training_would_stop_for_bad_rows(tmp_path, capsys
     recipe.write_text("max_bad_row_share: 0.25\n")
     data.main(["--dataset", str(path), "--config", str(recipe)])
     assert "training would stop" not in capsys.readouterr().out
+    data.main(["--dataset", str(path), "--max_bad_row_share", "0.25"])  # the flag the line above names
+    assert "training would stop" not in capsys.readouterr().out
 
 
 def test_mixture_sources_of_one_builder_or_one_file_are_reported_apart(tmp_path):

@@ -324,6 +324,28 @@ def test_a_mixtures_prompts_over_the_limit_are_counted_by_source(tmp_path, token
     assert f"{short}: prompt longer" not in text and "dropped 2: prompt longer" not in text
 
 
+def test_a_mixtures_shares_hold_for_the_rows_left_once_long_prompts_are_dropped(tmp_path, tokenizer):
+    # 6 short rows each; 4 of the second source's are too long: at 1:1 the mixture is 2 + 2, not 6 + 2.
+    long = "Compute " + " + ".join(["1"] * 400) + "."
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text(
+        "".join(json.dumps({"question": f"{i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(6))
+    )
+    questions = [f"{i} + 2?" for i in range(2)] + [long + " " * i for i in range(4)]
+    second.write_text("".join(json.dumps({"question": q, "answer": "3"}) + "\n" for q in questions))
+    body = (
+        f"dataset_mixture:\n  datasets:\n    - path: {first}\n      fraction: 0.5\n"
+        f"    - path: {second}\n      fraction: 0.5\n"
+    )
+    rows, report = _load(_recipe(tmp_path, body), tokenizer, "--max_prompt_length", "400")
+    sources = [u.split(":")[0] for u in rows["uid"]]
+    assert sources.count("0") == sources.count("1") == 2
+    text = str(report)
+    assert f"dropped 4: {second}: prompt longer than 400 tokens" in text
+    assert f"dropped 4: {first}: beyond its fraction of the mixture" in text
+    assert f"{first} (2 rows), {second} (2 rows)" in text  # the rows each source gives the mixture
+
+
 def test_a_mixture_from_the_command_line_as_json(two_sets, tmp_path, tokenizer):
     mixture = {"datasets": [{"path": str(two_sets["geometry"])}, {"path": str(two_sets["geometry"])}]}
     rows, _ = _load(_recipe(tmp_path, ""), tokenizer, "--dataset_mixture", json.dumps(mixture))
