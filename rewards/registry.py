@@ -256,11 +256,18 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
         sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except (ImportError, ValueError) as err:
-        _refuse_if_shadowed(path, module_name)
+    except Exception as err:  # noqa: BLE001 (whatever the module raises as it runs: named, in one line)
+        missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+        if isinstance(err, ValueError) or (missing and f"{module_name}.".startswith(f"{missing}.")):
+            _refuse_if_shadowed(path, module_name)  # the module named is not there
+            raise ValueError(
+                f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function or "
+                "package.module.function"
+            ) from None
+        detail = str(err).splitlines()[0] if str(err) else ""  # a SyntaxError's names its file and line
         raise ValueError(
-            f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function or "
-            "package.module.function"
+            f"reward_funcs: {path!r}: importing {module_name} failed ({type(err).__name__}: {detail}); fix "
+            "the module, or install what it imports"
         ) from None
     func = getattr(module, attr, None)
     if func is None:

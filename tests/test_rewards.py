@@ -209,3 +209,28 @@ def test_lenient_last_number_keeps_a_unicode_minus():
     assert extract_lenient("so we get \u22125") == "-5"
     assert grade("so we get \u22125", "-5").correct
     assert not grade("so we get \u22125", "5").correct
+
+
+@pytest.mark.parametrize(
+    ("body", "failure"),
+    [
+        (
+            "import no_such_dependency_here\n",
+            "ModuleNotFoundError: No module named 'no_such_dependency_here'",
+        ),
+        ("def f(:\n", "SyntaxError: "),
+        ("import os\nKEY = os.environ['NO_SUCH_KEY_HERE']\n", "KeyError: 'NO_SUCH_KEY_HERE'"),
+    ],
+)
+def test_a_reward_module_that_fails_as_it_imports_is_named_with_why(tmp_path, monkeypatch, body, failure):
+    """The name is right and the module is there: what it raised, not how to write a name."""
+    from rewards import get_reward_funcs
+
+    name = f"my_failing_rewards_{abs(hash(body))}"
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError) as err:
+        get_reward_funcs([f"{name}.f"])
+    message = str(err.value)
+    assert message.startswith(f"reward_funcs: '{name}.f': importing {name} failed ({failure}")
+    assert "package.module" not in message and "\n" not in message
