@@ -51,6 +51,7 @@ from .collator import FORMAT_COLUMNS, TRL_REWARD_ARGUMENTS
 from .mixture import dataset_mixture
 from .sources import (
     ANSWER_GUESSES,
+    FILE_BUILDERS,
     QUESTION_GUESSES,
     ReadSource,
     SourceError,
@@ -503,15 +504,17 @@ def load_math_dataset(
     seed: int = 0,
     max_bad_row_share: float | None = None,
     columns: list[str] | None = None,
+    data_files: Any = None,
 ) -> tuple[datasets.Dataset, DataReport]:
     """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows.
     With ``max_bad_row_share``, more bad rows than that share is a `DataError` (`check_bad_rows`). With
-    ``columns`` (a mixture source's), only those columns are read."""
+    ``columns`` (a mixture source's), only those columns are read; ``data_files`` go to ``datasets``
+    (a builder such as ``json`` names them, as a mixture source in TRL's form does)."""
     built = builtin_rows(name, num_synthetic, seed)
     if built is not None:
         return _builtin_set(name, built)
     try:
-        raw = read_dataset(name, config, split)
+        raw = read_dataset(name, config, split, data_files=data_files)
     except SourceError as err:  # a missing path, split or file: the message lists what is there
         raise DataError(str(err)) from None
     if columns is not None:
@@ -845,18 +848,25 @@ def _same_path(dataset: str, names: list[str]) -> bool:
 
 def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
     """The recipe's data keys for ``dataset`` as training reads them: for its ``dataset_mixture`` source of
-    that ``path`` (or, for one in TRL's form, ``path: json`` with ``data_files``, of that data file), the
-    source's subset, split and ``columns``, and its column and level keys where set (else the top-level
-    ones); otherwise the top-level keys."""
+    that ``path`` (or, for one in TRL's form, ``path: json`` with ``data_files``, of that data file or that
+    builder, whose ``data_files`` then come too), the source's subset, split and ``columns``, and its column
+    and level keys where set (else the top-level ones); otherwise the top-level keys."""
     keys = {k: recipe.get(k) for k in ("dataset_config", "dataset_split", "question_column", "answer_column")}
     keys["dataset_levels"] = recipe.get("dataset_levels")
-    keys["columns"] = None
+    keys["columns"] = keys["data_files"] = None
     if not recipe.get("dataset_mixture"):
         return keys
     try:
         sources = dataset_mixture(recipe["dataset_mixture"]).datasets
     except ValueError as err:
         raise DataError(str(err)) from None
+    if dataset in FILE_BUILDERS:  # a source in TRL's form, `path: json` with its data_files
+        builders = [i for i, s in enumerate(sources) if s.path == dataset]
+        if len(builders) > 1:
+            raise DataError(
+                f"--dataset {dataset}: dataset_mixture.datasets{builders} all read with the {dataset} "
+                "builder; give one of the source's data files as --dataset"
+            )
     source = next((s for s in sources if _same_path(dataset, [s.path, *_files_of(s.data_files)])), None)
     if source is None:
         return keys
@@ -867,6 +877,7 @@ def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
         "answer_column": source.answer_column or keys["answer_column"],
         "dataset_levels": source.dataset_levels or keys["dataset_levels"],
         "columns": source.columns,
+        "data_files": source.data_files if dataset == source.path and dataset in FILE_BUILDERS else None,
     }
 
 
@@ -898,6 +909,7 @@ def preview(args: argparse.Namespace) -> str:
         answer_column=keys.get("answer_column"),
         levels=None if levels is None else [str(level) for level in levels],  # YAML's 4 is the level "4"
         columns=keys["columns"],
+        data_files=keys["data_files"],
     )
     # Too many bad rows stop training: said here, so that the rest of the preview still shows them.
     share = args.max_bad_row_share

@@ -396,6 +396,11 @@ def test_preview_reads_a_mixture_sources_own_columns_and_levels_as_training_does
     monkeypatch.chdir(tmp_path)  # ... and as the same path written another way
     data.main(["--dataset", "./mine.jsonl", "--config", str(recipe)])
     assert "10 rows read, 10 kept" in capsys.readouterr().out
+    data.main(["--dataset", "json", "--config", str(recipe)])  # ... and by its builder, with its data files
+    assert "10 rows read, 10 kept" in capsys.readouterr().out
+    recipe.write_text(recipe.read_text() + f"    - {{path: json, data_files: [{path}]}}\n")
+    with pytest.raises(SystemExit, match=r"--dataset json: dataset_mixture.datasets\[0, 1\] all read with"):
+        data.main(["--dataset", "json", "--config", str(recipe)])
 
 
 def test_preview_keeps_only_a_mixture_sources_columns_as_training_does(tmp_path, capsys):
