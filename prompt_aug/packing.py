@@ -384,14 +384,33 @@ def unwrap_model(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
 LENGTH_ROPE = frozenset({"dynamic", "longrope"})
 
 
+def width_dependence(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s values for a row would change with the width of the call it is in, or None: RoPE whose
+    frequencies follow the call's length (``dynamic``, ``longrope``: transformers scales them by the largest
+    position once it passes the original context). Only TRL's padded calls, at the round's width, give a
+    row TRL's values."""
+    model, _ = unwrap_model(model)
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        return None
+    text = config.get_text_config()
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    kinds = {rope.get("rope_type")} | {v.get("rope_type") for v in rope.values() if isinstance(v, dict)}
+    length_kinds = sorted(k for k in kinds if k in LENGTH_ROPE)
+    if not length_kinds:
+        return None
+    name = f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
+    return f"{name} uses {' and '.join(length_kinds)} RoPE, whose frequencies follow the length of the call"
+
+
 def position_dependence(model: torch.nn.Module) -> str | None:
     """Why ``model``'s values for a row would change with the columns of padding before it, or None.
 
     TRL's padded call passes no position ids, so a model counts positions from the call's first column, left
     padding included. Rotary attention sees only distances and gives the same values however much padding
     there is; a learned table of absolute positions (GPT-2's ``wpe``) does not, and neither does RoPE whose
-    frequencies follow the call's length (``dynamic``, ``longrope``). For these a row's values are TRL's only
-    at the round's prompt width.
+    frequencies follow the call's length (`width_dependence`). For these a row's values are TRL's only at
+    the round's prompt width.
 
     >>> from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     >>> position_dependence(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=50)))
@@ -403,19 +422,15 @@ def position_dependence(model: torch.nn.Module) -> str | None:
     >>> position_dependence(LlamaForCausalLM(LlamaConfig(**small, vocab_size=50, rope_scaling=dynamic)))
     'LlamaForCausalLM (llama) uses dynamic RoPE, whose frequencies follow the length of the call'
     """
+    width = width_dependence(model)
+    if width is not None:
+        return width
     model, _ = unwrap_model(model)
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "get_text_config"):
         return None
     text = config.get_text_config()
     name = f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
-    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-    kinds = {rope.get("rope_type")} | {v.get("rope_type") for v in rope.values() if isinstance(v, dict)}
-    length_kinds = sorted(k for k in kinds if k in LENGTH_ROPE)
-    if length_kinds:
-        return (
-            f"{name} uses {' and '.join(length_kinds)} RoPE, whose frequencies follow the length of the call"
-        )
     positions = getattr(text, "max_position_embeddings", None)
     tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     for module_name, module in model.named_modules():

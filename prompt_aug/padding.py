@@ -44,6 +44,7 @@ from .packing import (
     prompt_groups,
     shared_prompts_check,
     unwrap_model,
+    width_dependence,
 )
 from .records import micro_steps_per_round, optimizer_step_of
 from .varlen import (
@@ -395,9 +396,16 @@ class PaddingFreePasses:
         """Resolve ``auto`` by the device (``packed`` on `PACKED_DEVICES`, else ``trim``), fall back from
         ``packed`` to ``trim`` when the model's configuration rules packing out, and on the packed path give
         the model varlen attention where it can run; returns the path and logs it, with the attention, in
-        one line."""
+        one line. A model whose values follow the call's width (`prompt_aug.packing.width_dependence`) gets
+        TRL's padded calls (``off``); one whose values follow the padding before a row
+        (`prompt_aug.packing.position_dependence`) keeps it in trimmed calls (``trim_left`` False)."""
         device = self._device_of(model)
         self._policy = unwrap_model(model)[0]
+        width = width_dependence(model) if self.mode != "off" else None
+        if width is not None:  # a trimmed or packed call is narrower than the round: other values
+            self.mode, self._checked, self.share_prompts = "off", True, False
+            logger.warning("padding-free passes: off (TRL's padded calls): %s", width)
+            return self.mode
         positions = position_dependence(model) if self.mode != "off" else None
         if positions is not None:
             self.trim_left = False

@@ -365,6 +365,18 @@ def test_a_model_of_absolute_positions_keeps_its_left_padding_and_gets_the_same_
     assert rotary.choose(_float64_model(tiny_model_dir)) == "trim" and rotary.trim_left
 
 
+@pytest.mark.parametrize("mode", ["auto", "packed", "trim"])
+def test_a_model_whose_rope_follows_the_calls_length_gets_trls_padded_calls(tiny_model_dir, caplog, mode):
+    # Dynamic RoPE scales by the call's largest position: a narrower call than the round's gives other values.
+    model = _float64_model(tiny_model_dir)
+    model.config.rope_parameters = {**model.config.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
+    with caplog.at_level("INFO", logger="prompt_aug"):
+        assert PaddingFreePasses(mode).choose(model) == "off"
+    lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
+    why = "Qwen2ForCausalLM (qwen2) uses dynamic RoPE, whose frequencies follow the length of the call"
+    assert lines == [f"padding-free passes: off (TRL's padded calls): {why}"]
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
 def test_the_trim_path_gets_the_same_update(tiny_model_dir, tmp_path, loss_type):
     # dapo's rows are regrouped by length within each optimizer step; bnpo divides by each micro-batch's token
