@@ -345,17 +345,24 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 def check_init_dtype(args: Any) -> None:
-    """Refuse a ``model_init_kwargs`` ``dtype`` string that is not one of `DTYPES` (``bf16``), which loading
-    would look up on torch and not find. A ``torch.dtype`` or None passes.
+    """Refuse a ``model_init_kwargs`` ``dtype`` string that names no torch dtype (``bf16``), which loading
+    would look up on torch and not find; ``auto``, a torch dtype's name (``bfloat16``, ``half``) or a
+    ``torch.dtype`` passes.
 
     Raises:
-        ModelArgsError: names the key, the value and the allowed ones.
+        ModelArgsError: names the key, the value and the usual ones (`DTYPES`).
     """
+    import torch
+
     kwargs = getattr(args, "model_init_kwargs", None)
     value = kwargs.get("dtype") if isinstance(kwargs, dict) else None
-    if isinstance(value, str) and value not in DTYPES:
+    if (
+        isinstance(value, str)
+        and value != "auto"
+        and not isinstance(getattr(torch, value, None), torch.dtype)
+    ):
         raise ModelArgsError(
-            f"model_init_kwargs: dtype {value!r} is not one of {', '.join(DTYPES)}; use one of those, or "
+            f"model_init_kwargs: dtype {value!r} names no torch dtype; use one of {', '.join(DTYPES)}, or "
             "remove it (--dtype sets the same)"
         )
 

@@ -225,8 +225,10 @@ def test_a_fetched_models_files_open_to_other_users_as_any_file_made_here(tmp_pa
 
 
 def test_a_dtype_in_model_init_kwargs_that_torch_lacks_is_one_line_before_the_data_is_prepared(tmp_path):
-    """As ``--dtype`` takes: one of ModelConfig's choices, refused before a model is built or loaded."""
+    """A name torch has no dtype for, refused before a model is built or loaded; any torch dtype's name
+    loads, as TRL's own loader takes it."""
     from dataclasses import fields
+    from types import SimpleNamespace
 
     from trl import ModelConfig
 
@@ -241,5 +243,9 @@ def test_a_dtype_in_model_init_kwargs_that_torch_lacks_is_one_line_before_the_da
             ["--config", str(recipe), "--output_dir", str(out), "--model_init_kwargs", '{"dtype": "bf16"}']
         )
     message = str(exit_info.value.code)
-    assert message.startswith("prompt-aug-train: error: model_init_kwargs: dtype 'bf16' is not one of auto, ")
+    assert message.startswith(
+        "prompt-aug-train: error: model_init_kwargs: dtype 'bf16' names no torch dtype; "
+    )
     assert "\n" not in message and not list(out.rglob("*.safetensors"))  # the built-in model was not built
+    for fine in ("auto", "float64", "half", "bfloat16"):
+        models.check_init_dtype(SimpleNamespace(model_init_kwargs={"dtype": fine}))
