@@ -254,11 +254,16 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
         module_name, _, attr = path.rpartition(".")
     if os.getcwd() not in sys.path:  # a module beside the recipe, as `trl grpo` finds it
         sys.path.append(os.getcwd())
+    if not module_name or module_name.startswith("."):  # no module, or a relative name: nothing to import
+        raise ValueError(
+            f"reward_funcs: cannot load {path!r} (no module named); write it as package.module:function or "
+            "package.module.function"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 (whatever the module raises as it runs: named, in one line)
         missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
-        if isinstance(err, ValueError) or (missing and f"{module_name}.".startswith(f"{missing}.")):
+        if missing and f"{module_name}.".startswith(f"{missing}."):
             _refuse_if_shadowed(path, module_name)  # the module named is not there
             raise ValueError(
                 f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function or "

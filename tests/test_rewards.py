@@ -220,6 +220,7 @@ def test_lenient_last_number_keeps_a_unicode_minus():
         ),
         ("def f(:\n", "SyntaxError: "),
         ("import os\nKEY = os.environ['NO_SUCH_KEY_HERE']\n", "KeyError: 'NO_SUCH_KEY_HERE'"),
+        ("SCALE = float('')\n", "ValueError: could not convert string to float: ''"),
     ],
 )
 def test_a_reward_module_that_fails_as_it_imports_is_named_with_why(tmp_path, monkeypatch, body, failure):
