@@ -584,10 +584,6 @@ def mix_sources(
             rows, report = rows_of(
                 source.path, raw, q_col, a_col, source.dataset_levels or levels, max_bad_row_share
             )
-            if keep_prompts is not None and len(rows):
-                rows, n_long, why = keep_prompts(rows)
-                if n_long:
-                    report.dropped[why] += n_long
             if not len(rows):  # else it would surface as a column typed null in the mixture
                 why = "; ".join(report.drops()) or "empty"
                 notes = "".join(f"; {note}" for note in report.notes())
@@ -595,6 +591,17 @@ def mix_sources(
                     f"kept 0 of its {report.read} rows ({why}){notes}; fix the source or its filter, or "
                     "leave it out of the mixture"
                 )
+            if (
+                keep_prompts is not None
+            ):  # a source left with no row gives none (its columns keep their types)
+                rows, n_long, why = keep_prompts(rows)
+                if n_long:
+                    report.dropped[why] += n_long
+                if not len(rows) and source.fraction:  # its share could not be met: the mixture is empty
+                    raise DataError(
+                        f"all {n_long} rows left dropped ({why}), so its fraction cannot be met; raise "
+                        "max_prompt_length, give it fraction 0, or leave it out of the mixture"
+                    )
         except DataError as err:  # a missing column, too many bad rows, or none left
             raise DataError(f"{key}: {err}") from None
         parts.append(rows.map(lambda row, i=i: {"uid": mixed_uid(i, row["uid"])}))

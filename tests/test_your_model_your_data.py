@@ -346,6 +346,36 @@ def test_a_mixtures_shares_hold_for_the_rows_left_once_long_prompts_are_dropped(
     assert f"{first} (2 rows), {second} (2 rows)" in text  # the rows each source gives the mixture
 
 
+def test_a_mixture_source_whose_prompts_are_all_too_long_gives_none_unless_it_has_a_share(
+    tmp_path, tokenizer
+):
+    long = "Compute " + " + ".join(["1"] * 400) + "."
+    short, tall = tmp_path / "short.jsonl", tmp_path / "tall.jsonl"
+    short.write_text(
+        "".join(json.dumps({"question": f"{i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(4))
+    )
+    tall.write_text(
+        "".join(json.dumps({"question": long + " " * i, "answer": "400"}) + "\n" for i in range(3))
+    )
+    body = f"dataset_mixture:\n  datasets:\n    - path: {short}\n    - path: {tall}\n"
+    rows, report = _load(_recipe(tmp_path, body), tokenizer, "--max_prompt_length", "400")
+    assert len(rows) == 4 and f"dropped 3: {tall}: prompt longer than 400 tokens" in str(report)
+
+    def shared(first: float, second: float) -> Path:
+        return _recipe(
+            tmp_path,
+            f"dataset_mixture:\n  datasets:\n    - path: {short}\n      fraction: {first}\n"
+            f"    - path: {tall}\n      fraction: {second}\n",
+        )
+
+    with pytest.raises(
+        DataError, match=r"^dataset_mixture.datasets\[1\] \(.*tall.jsonl\): all 3 rows left dropped"
+    ):
+        _load(shared(0.5, 0.5), tokenizer, "--max_prompt_length", "400")
+    rows, _ = _load(shared(0.5, 0), tokenizer, "--max_prompt_length", "400")
+    assert len(rows) == 4  # a share of 0: nothing is asked of it
+
+
 def test_a_mixture_from_the_command_line_as_json(two_sets, tmp_path, tokenizer):
     mixture = {"datasets": [{"path": str(two_sets["geometry"])}, {"path": str(two_sets["geometry"])}]}
     rows, _ = _load(_recipe(tmp_path, ""), tokenizer, "--dataset_mixture", json.dumps(mixture))
