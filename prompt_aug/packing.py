@@ -384,23 +384,36 @@ def unwrap_model(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
 LENGTH_ROPE = frozenset({"dynamic", "longrope"})
 
 
-def width_dependence(model: torch.nn.Module) -> str | None:
-    """Why ``model``'s values for a row would change with the width of the call it is in, or None: RoPE whose
-    frequencies follow the call's length (``dynamic``, ``longrope``: transformers scales them by the largest
-    position once it passes the original context). Only TRL's padded calls, at the round's width, give a
-    row TRL's values."""
+def context_limit(model: torch.nn.Module) -> tuple[int, str] | None:
+    """For a model whose RoPE follows the call's length (``dynamic``, ``longrope``: transformers changes its
+    frequencies once the largest position passes the original context), that context in tokens and why;
+    None for any other model. A call no wider than it gives every row the values of a call of any other
+    such width, TRL's padded one included; a wider one does not.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> small = dict(num_hidden_layers=1, hidden_size=8, intermediate_size=8, num_attention_heads=2)
+    >>> dynamic = {"rope_type": "dynamic", "factor": 2.0}
+    >>> config = LlamaConfig(**small, vocab_size=50, max_position_embeddings=64, rope_scaling=dynamic)
+    >>> context_limit(LlamaForCausalLM(config))
+    (64, 'LlamaForCausalLM (llama) uses dynamic RoPE, whose frequencies change past 64 positions')
+    """
     model, _ = unwrap_model(model)
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "get_text_config"):
         return None
     text = config.get_text_config()
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-    kinds = {rope.get("rope_type")} | {v.get("rope_type") for v in rope.values() if isinstance(v, dict)}
-    length_kinds = sorted(k for k in kinds if k in LENGTH_ROPE)
-    if not length_kinds:
+    scopes = [rope, *(v for v in rope.values() if isinstance(v, dict))]
+    kinds = sorted({scope.get("rope_type") for scope in scopes} & LENGTH_ROPE)
+    if not kinds:
         return None
+    limits = [scope.get("original_max_position_embeddings") for scope in scopes]
+    limit = min(
+        [int(n) for n in limits if n]
+        or [int(getattr(text, "original_max_position_embeddings", None) or text.max_position_embeddings)]
+    )
     name = f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
-    return f"{name} uses {' and '.join(length_kinds)} RoPE, whose frequencies follow the length of the call"
+    return limit, f"{name} uses {' and '.join(kinds)} RoPE, whose frequencies change past {limit} positions"
 
 
 def position_dependence(model: torch.nn.Module) -> str | None:
@@ -408,8 +421,8 @@ def position_dependence(model: torch.nn.Module) -> str | None:
 
     TRL's padded call passes no position ids, so a model counts positions from the call's first column, left
     padding included. Rotary attention sees only distances and gives the same values however much padding
-    there is; a learned table of absolute positions (GPT-2's ``wpe``) does not, and neither does RoPE whose
-    frequencies follow the call's length (`width_dependence`). For these a row's values are TRL's only at
+    there is (RoPE that follows the call's length too, within its original context: `context_limit`); a
+    learned table of absolute positions (GPT-2's ``wpe``) does not, and a row's values are then TRL's only at
     the round's prompt width.
 
     >>> from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
@@ -418,13 +431,7 @@ def position_dependence(model: torch.nn.Module) -> str | None:
     >>> small = dict(num_hidden_layers=1, hidden_size=8, intermediate_size=8, num_attention_heads=2)
     >>> position_dependence(LlamaForCausalLM(LlamaConfig(**small, vocab_size=50))) is None
     True
-    >>> dynamic = {"rope_type": "dynamic", "factor": 2.0}
-    >>> position_dependence(LlamaForCausalLM(LlamaConfig(**small, vocab_size=50, rope_scaling=dynamic)))
-    'LlamaForCausalLM (llama) uses dynamic RoPE, whose frequencies follow the length of the call'
     """
-    width = width_dependence(model)
-    if width is not None:
-        return width
     model, _ = unwrap_model(model)
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "get_text_config"):

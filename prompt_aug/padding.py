@@ -34,6 +34,7 @@ from accelerate.utils import gather
 
 from .balance import balanced_groups, shared_prefix
 from .packing import (
+    context_limit,
     eval_mode,
     fused_head_call,
     host_rows,
@@ -44,7 +45,6 @@ from .packing import (
     prompt_groups,
     shared_prompts_check,
     unwrap_model,
-    width_dependence,
 )
 from .records import micro_steps_per_round, optimizer_step_of
 from .varlen import (
@@ -182,6 +182,12 @@ def optimizer_step_segments(
         else:
             segments.append([j])
     return segments
+
+
+def _width(batch: dict) -> int:
+    """The columns of a micro-batch's model call: its prompt's and its completion's."""
+    prompt, completion = batch.get("prompt_ids"), batch.get("completion_ids")
+    return sum(t.size(1) for t in (prompt, completion) if isinstance(t, torch.Tensor))
 
 
 def _cat(batches: Sequence[dict]) -> dict:
@@ -384,6 +390,8 @@ class PaddingFreePasses:
         self.attention: str | None = None  # the packed path's attention, once `choose` has run
         # Whether trimmed calls cut left padding: not for a model whose values follow it (`choose`).
         self.trim_left = True
+        # The widest call the padding-free paths run; a wider one is TRL's padded call (`choose`).
+        self.width_limit: int | None = None
         self.share_prompts = share_prompts
         self._shared_checked = not share_prompts
         self.stats = {"real": 0, "processed": 0, "calls": 0}
@@ -396,16 +404,16 @@ class PaddingFreePasses:
         """Resolve ``auto`` by the device (``packed`` on `PACKED_DEVICES`, else ``trim``), fall back from
         ``packed`` to ``trim`` when the model's configuration rules packing out, and on the packed path give
         the model varlen attention where it can run; returns the path and logs it, with the attention, in
-        one line. A model whose values follow the call's width (`prompt_aug.packing.width_dependence`) gets
-        TRL's padded calls (``off``); one whose values follow the padding before a row
-        (`prompt_aug.packing.position_dependence`) keeps it in trimmed calls (``trim_left`` False)."""
+        one line. A model whose RoPE follows the call's length gets TRL's padded calls where a call is wider
+        than its original context (``width_limit``: `prompt_aug.packing.context_limit`); one whose values
+        follow the padding before a row (`prompt_aug.packing.position_dependence`) keeps it in trimmed calls
+        (``trim_left`` False)."""
         device = self._device_of(model)
         self._policy = unwrap_model(model)[0]
-        width = width_dependence(model) if self.mode != "off" else None
-        if width is not None:  # a trimmed or packed call is narrower than the round: other values
-            self.mode, self._checked, self.share_prompts = "off", True, False
-            logger.warning("padding-free passes: off (TRL's padded calls): %s", width)
-            return self.mode
+        limit = context_limit(model) if self.mode != "off" else None
+        if limit is not None:  # past it, a trimmed or packed call narrower than the round gets other values
+            self.width_limit = limit[0]
+            logger.info("padding-free passes: calls wider than %d tokens run padded, as TRL's: %s", *limit)
         positions = position_dependence(model) if self.mode != "off" else None
         if positions is not None:
             self.trim_left = False
@@ -494,7 +502,7 @@ class PaddingFreePasses:
             self._auto_pending = False
             self._judge_auto(self._policy if self._policy is not None else unwrap_model(model)[0])
         rows = batch_size or input_ids.size(0)
-        if self.mode == "off":
+        if self.mode == "off" or self._too_wide(input_ids.size(1)):
             self._count(int(attention_mask.sum()), attention_mask.numel(), -(-input_ids.size(0) // rows))
             logps, entropies, _ = trl_forward(
                 model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy
@@ -579,7 +587,7 @@ class PaddingFreePasses:
         trimmed, their rows moved within each optimizer step where that leaves the update unchanged
         (`regrouping_is_exact`): ordered by length on the ``trim`` path, token-balanced on ``packed``.
         ``trainer`` is a `prompt_aug.trl_seam.TRLSeam`."""
-        if self.mode == "off":
+        if self.mode == "off" or self._too_wide(_width(inputs)):
             return inputs
         if not trainer.model.training:
             return trim(inputs, self.trim_left) if can_trim(inputs) else inputs
@@ -648,6 +656,10 @@ class PaddingFreePasses:
                 logger.warning("padding-free passes: prompts not shared: %s", why)
             self._shared_checked = True
         return self.share_prompts
+
+    def _too_wide(self, width: int) -> bool:
+        """Whether a call of ``width`` columns must be TRL's padded call (`choose`'s ``width_limit``)."""
+        return self.width_limit is not None and width > self.width_limit
 
     def _count(self, real: int, processed: int, calls: int) -> None:
         self.stats["real"] += real

@@ -390,9 +390,10 @@ def test_packing_unsupported_reason_names_what_stands_in_the_way():
                       intermediate_size=128, vocab_size=VOCAB, sliding_window=16)
     )  # fmt: skip
     assert "sliding window" in packing_unsupported_reason(mistral)
-    # RoPE scaled by the call's length: a pack's longest row sets it, TRL's padded width sets it there.
+    # RoPE scaled by the call's length packs: within its original context it is plain RoPE, and a call wider
+    # than that runs padded (`PaddingFreePasses`).
     dynamic = Qwen2ForCausalLM(_config(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
-    assert "dynamic RoPE" in packing_unsupported_reason(dynamic)
+    assert packing_unsupported_reason(dynamic) is None
 
 
 def test_packing_unsupported_reason_sees_through_wrappers_and_prompt_learning():

@@ -365,16 +365,48 @@ def test_a_model_of_absolute_positions_keeps_its_left_padding_and_gets_the_same_
     assert rotary.choose(_float64_model(tiny_model_dir)) == "trim" and rotary.trim_left
 
 
-@pytest.mark.parametrize("mode", ["auto", "packed", "trim"])
-def test_a_model_whose_rope_follows_the_calls_length_gets_trls_padded_calls(tiny_model_dir, caplog, mode):
-    # Dynamic RoPE scales by the call's largest position: a narrower call than the round's gives other values.
-    model = _float64_model(tiny_model_dir)
-    model.config.rope_parameters = {**model.config.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
+@pytest.mark.parametrize("mode", ["packed", "trim"])
+def test_a_model_whose_rope_follows_the_calls_length_runs_padded_past_its_original_context(
+    tiny_model_dir, caplog, mode
+):
+    """Dynamic RoPE scales its frequencies by a call's largest position once it passes the original context:
+    a call wider than that runs as TRL's, padded; a narrower one padding-free, with TRL's values."""
+    from transformers import AutoConfig
+    from trl.trainer.utils import add_fused_lm_head
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.rope_parameters = {**config.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
+    config.max_position_embeddings = 12  # the original context of dynamic RoPE
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, config=config, dtype=torch.float64).eval()
+    add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+    calls = []
+
+    def trl_forward(model, ids, mask, keep, rows, compute_entropy):
+        calls.append(tuple(ids.shape))
+        labels = ids.masked_fill(mask == 0, -100)
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, use_cache=False)
+        return out.log_probs[:, -keep:], None, None
+
+    passes = PaddingFreePasses(mode)
     with caplog.at_level("INFO", logger="prompt_aug"):
-        assert PaddingFreePasses(mode).choose(model) == "off"
-    lines = [r.getMessage() for r in caplog.records if "padding-free passes" in r.getMessage()]
-    why = "Qwen2ForCausalLM (qwen2) uses dynamic RoPE, whose frequencies follow the length of the call"
-    assert lines == [f"padding-free passes: off (TRL's padded calls): {why}"]
+        assert passes.choose(model) == mode and passes.width_limit == 12
+    why = "Qwen2ForCausalLM (qwen2) uses dynamic RoPE, whose frequencies change past 12 positions"
+    assert f"padding-free passes: calls wider than 12 tokens run padded, as TRL's: {why}" in caplog.text
+    for width, padded_call in ((14, True), (12, False)):  # prompts of 6 columns, completions of 8 or 6
+        batch = _batch([2, 4, 3], [width - 6, 1, 2], width_c=width - 6)
+        ids = torch.randint(5, 100, (3, width), generator=torch.Generator().manual_seed(width))
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        real = batch["completion_mask"].bool()
+        with torch.no_grad():
+            calls.clear()
+            logps, _ = passes.forward(trl_forward, model, ids, mask, width - 6, 3, False)
+            assert (calls == [(3, width)]) == padded_call, calls
+            trls, _, _ = trl_forward(model, ids, mask, width - 6, 3, False)
+            torch.testing.assert_close(logps[real], trls[real], rtol=0, atol=1e-7)
+            # Not vacuous: past the original context, the row alone gets other values than in TRL's call.
+            alone, _, _ = trl_forward(model, ids[2:, 3:], mask[2:, 3:], width - 6, 1, False)
+            gap = (alone[0][real[2]] - trls[2][real[2]]).abs().max()
+            assert (gap > 1e-6) == padded_call, gap
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
