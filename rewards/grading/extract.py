@@ -130,51 +130,38 @@ _RELATION_TEXT = {
 _LEADING_SENTENCE = re.compile(
     r"^\\(?:text|textbf|mbox|mathrm)\{\s*([A-Za-z][A-Za-z ,.:]*[\s:])\}\s*(?=.*[\d\\=<>])"
 )
-# Words that lead into the answer and say nothing about it.
-_CONNECTIVE_WORDS = frozenset({
-    "so", "thus", "hence", "therefore", "then", "finally", "and", "which", "gives", "giving", "we", "get",
-    "have", "find", "obtain", "i", "e", "ie", "the", "final", "answer", "answers", "all", "result",
-    "results", "solution", "solutions",
-})  # fmt: skip
-# What a label before a colon may name (`Final answer:`, `Solutions:`).
-_LABEL_WORDS = frozenset({
-    "answer", "answers", "result", "results", "solution", "solutions", "total", "value", "values", "root",
-    "roots",
-})  # fmt: skip
-# Verbs that state the answer at the end of a sentence: `The greater root is`, `She has`.
-_STATING_VERBS = frozenset({
-    "is", "are", "was", "were", "equals", "be", "becomes", "gives", "yields", "get", "gets", "got",
-    "has", "have", "had", "makes", "totals",
-})  # fmt: skip
-# Words that deny, doubt, bound (`less than or`) or change the number that follows, wherever they stand.
-_NOT_THE_ANSWER = frozenset({
+# Words that deny or doubt what follows, wherever they stand in the sentence (`\text{not } 3`, `NO 3`).
+_DENIAL_WORDS = frozenset({
     "no", "not", "never", "none", "nothing", "or", "nor", "neither", "either", "cannot", "false", "wrong",
     "incorrect", "impossible", "undefined", "invalid", "except", "excluding", "but", "without", "unless",
-    "if", "suppose", "assuming", "whether", "half", "twice", "double", "triple", "thrice", "plus", "minus",
-    "times",
+    "if", "suppose", "assuming", "whether",
+})  # fmt: skip
+# Words that bound, change or tie to something else the number after them when they end the sentence
+# (`half of 3`, `up to 3`, `at least 3`, `twice 3`, `divisible by 3`, `in base 3`); not inside it (`The number
+# of primes less than fifty is 15`).
+_TIED_ENDINGS = frozenset({
+    "of", "to", "by", "from", "per", "over", "under", "above", "below", "beyond", "after", "before", "until",
+    "since", "base", "mod", "modulo", "each", "every", "power", "degree", "degrees", "order", "than", "least",
+    "most", "between", "within", "half", "twice", "double", "triple", "thrice", "plus", "minus", "times",
+    "negative", "multiple", "multiples", "square", "cube", "root", "roots", "reciprocal", "inverse", "factor",
+    "factors", "divisor", "divisors",
 })  # fmt: skip
 
 
 def _introduces_answer(words: str) -> bool:
-    """Whether ``words`` (opening the box) only introduce the answer: connectives and labels (``so``,
-    ``Thus, the final answer:``), or a sentence ending in a verb that states it (``The greater root is``,
-    ``She has``), with no word that denies or changes it.
+    """Whether ``words`` (opening the box) only introduce the answer (``so``, ``Final answer:``, ``The
+    greater root is``, ``Approximately``, ``He can buy``): no word that denies it, and no last word that
+    bounds or changes the number after it or ties it to something else.
 
-    >>> [_introduces_answer(w) for w in ("so ", "Final answer: ", "The greater root is ", "She has ", "So: ")]
-    [True, True, True, True, True]
-    >>> [_introduces_answer(w) for w in ("not ", "half of ", "less than or equal to ", "NO ", "False, ")]
+    >>> [_introduces_answer(w) for w in ("so ", "Final answer: ", "The area is approximately ", "She has ")]
+    [True, True, True, True]
+    >>> [_introduces_answer(w) for w in ("not ", "half of ", "less than or equal to ", "NO ", "at least ")]
     [False, False, False, False, False]
     """
-    tokens = re.findall(r"[a-z]+|:", words.lower().replace("for all", "all"))
-    if not tokens or any(t in _NOT_THE_ANSWER for t in tokens):
+    tokens = re.findall(r"[a-z]+", words.lower())
+    if not tokens or any(t in _DENIAL_WORDS for t in tokens):
         return False
-    if tokens[-1] == ":":  # a label (`Final answer:`), or a sentence as below (`The answer is:`)
-        tokens = tokens[:-1]
-        if tokens and tokens[-1] in _LABEL_WORDS and ":" not in tokens:
-            return True
-    if not tokens or ":" in tokens:
-        return False
-    return tokens[-1] in _STATING_VERBS or all(t in _CONNECTIVE_WORDS for t in tokens)
+    return tokens[-1] not in _TIED_ENDINGS
 
 
 # Words (an introduction, as `_introduces_answer` reads it) and `\mathbf{v} =` before a matrix or vector:
