@@ -502,14 +502,21 @@ class PaddingFreePasses:
             self._auto_pending = False
             self._judge_auto(self._policy if self._policy is not None else unwrap_model(model)[0])
         rows = batch_size or input_ids.size(0)
-        if self.mode == "off" or self._too_wide(input_ids.size(1)):
+        if self.mode != "off":
+            # The checks gather from every process: each runs them at its first call, whatever its width.
+            if not self._checked:
+                self._live_check(model, input_ids, attention_mask)
+            if self.mode == "packed" and not self._shared_checked:
+                self._shares(
+                    model, fused_head_call(model, self.autocast), input_ids, attention_mask, logits_to_keep
+                )
+        if self.mode == "off" or self._too_wide(input_ids.size(1)):  # one process may be, another not: each
+            # makes TRL's calls, one per `rows` rows, as the padding-free paths do
             self._count(int(attention_mask.sum()), attention_mask.numel(), -(-input_ids.size(0) // rows))
             logps, entropies, _ = trl_forward(
                 model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy
             )
             return logps, entropies
-        if not self._checked:
-            self._live_check(model, input_ids, attention_mask)
         if self.mode == "packed":
             return self._packed(model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy)
 

@@ -579,6 +579,46 @@ def test_processes_whose_shared_prompt_checks_differ_all_stop_sharing(tmp_path):
     assert "prompts not shared: it failed on process 1" in output
 
 
+TRL_FORWARD = """
+def trl_forward(model, ids, mask, keep, rows, compute_entropy):
+    labels = ids.masked_fill(mask == 0, -100)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True, use_cache=False)
+    return out.log_probs[:, -keep:], None, None
+
+"""
+
+
+def test_processes_of_which_one_runs_a_call_past_the_rope_context_padded_make_as_many_calls(tmp_path):
+    """Dynamic RoPE over 5 positions: rank 0's call (6 columns) runs padded, rank 1's (5) packed with shared
+    prompts. The live checks, which gather from every process, run on both all the same, so neither waits
+    for the other, and both make as many model calls."""
+    script = tmp_path / "wide_call.py"
+    script.write_text(
+        LIVE_CHECK_SCRIPT.replace(
+            "state = PartialState(cpu=True)", TRL_FORWARD + "state = PartialState(cpu=True)"
+        )
+        .replace(
+            "if state.process_index == 1:\n    register(non_causal,", "if False:\n    register(non_causal,"
+        )
+        .replace(
+            "vocab_size=97, attn_implementation=VARLEN_ATTENTION,",
+            "vocab_size=97, attn_implementation=VARLEN_ATTENTION, max_position_embeddings=5,\n"
+            "    rope_scaling={'rope_type': 'dynamic', 'factor': 2.0},",
+        )
+        .replace(
+            "ids = torch.randint(",
+            "mask = mask if state.process_index == 0 else torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])\n"
+            "ids = torch.randint(",
+        )
+        .replace("processes=state.num_processes)", "processes=state.num_processes, share_prompts=True)")
+        .replace("passes.forward(None,", "passes.forward(trl_forward,")
+        .replace('"calls": len(calls)}', '"calls": len(calls), "wide": passes._too_wide(ids.size(1))}')
+    )
+    found, _ = _on_two_processes(script, tmp_path)
+    assert [(f["mode"], f["wide"]) for f in found] == [("packed", True), ("packed", False)]
+    assert found[0]["calls"] == found[1]["calls"]
+
+
 def test_a_model_packing_cannot_serve_falls_back_to_trim_with_one_log_line(tiny_model_dir, tmp_path, caplog):
     model = _float64_model(tiny_model_dir)
     layers = model.config.num_hidden_layers
