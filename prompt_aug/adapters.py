@@ -23,6 +23,7 @@ from .model_card import CardError, full_model_card
 from .sources import (
     SourceError,
     check_source,
+    file_in_the_way,
     looks_local,
     resolve_local_model,
 )
@@ -39,7 +40,7 @@ _CARRIED = (
     "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json",
 )  # fmt: skip
 # The dtypes `merge` computes in: ``auto`` is the base's stored dtype.
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # ModelConfig's ``dtype`` choices
 PASS_BASE = "pass --base <folder or Hub id>"  # the way out of a recorded base that cannot be had
 
 
@@ -202,13 +203,13 @@ def check_output(target: Path) -> None:
     Raises:
         AdapterError: names ``--output`` and what is in the way.
     """
-    if target.exists() and not target.is_dir():
+    file = file_in_the_way(target)
+    if file == target:
         raise AdapterError(f"--output {target} is a file, not a folder; pass another --output")
+    if file is not None:
+        raise AdapterError(f"--output {target}: {file} is a file, not a folder; pass another --output")
     if target.is_dir() and any(target.iterdir()):
         raise AdapterError(f"--output {target} exists and is not empty; remove it or pass another --output")
-    above = next((p for p in target.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise AdapterError(f"--output {target}: {above} is a file, not a folder; pass another --output")
 
 
 def merge(

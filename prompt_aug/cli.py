@@ -46,7 +46,14 @@ from .faults import (
 from .logging_utils import check_log_file
 from .records import LogFileError
 from .reward_checks import RewardFunctionError
-from .sources import LOCAL_MODELS, SourceError, check_mixture, check_source, resolve_local_model
+from .sources import (
+    LOCAL_MODELS,
+    SourceError,
+    check_mixture,
+    check_source,
+    file_in_the_way,
+    resolve_local_model,
+)
 
 logger = logging.getLogger("prompt_aug")
 
@@ -531,9 +538,9 @@ def check_output_dir(
         UsageError: ``output_dir`` (or a folder above it) is a file; the folder holds a run and neither
             resuming nor overwriting was asked for, or both were.
     """
-    existing = next(p for p in (Path(output_dir), *Path(output_dir).absolute().parents) if p.exists())
-    if not existing.is_dir():  # the trainer would fail to make the folder once the model has loaded
-        where = "is a file" if existing == Path(output_dir) else f"lies under {existing}, a file"
+    file = file_in_the_way(output_dir)
+    if file is not None:  # the trainer would fail to make the folder once the model has loaded
+        where = "is a file" if file == Path(output_dir) else f"lies under {file}, a file"
         raise UsageError(f"output_dir {output_dir} {where}, not a folder; choose another --output_dir")
     found = run_artifacts(output_dir)
     if resume and overwrite:

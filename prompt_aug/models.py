@@ -29,7 +29,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from .adapters import is_adapter
+from .adapters import DTYPES, is_adapter
 from .faults import staged_folder
 from .sources import (  # the catalog of fetched models lives there, below the adapters that name them
     HOME_ENV,
@@ -253,7 +253,7 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
     a Hub id is used as is.
 
     Raises:
-        ModelArgsError: ``model_init_kwargs`` has a ``dtype`` that is not a `DTYPES` name
+        ModelArgsError: ``model_init_kwargs`` has a ``dtype`` that names no torch dtype
             (`check_init_dtype`); the folder is a PEFT adapter. Without ``use_peft`` nothing would train; with
             it, the model loads as the base with that adapter, TRL's new adapter takes the same name, and the
             saved adapter records the base alone: it computes another model than the one trained.
@@ -338,10 +338,6 @@ def check_model_args(model_args: Any, devices: bool = True) -> None:
             f"{flag}: bitsandbytes quantization needs a CUDA GPU and none is visible here; run on a GPU "
             f"machine, or remove {flag} to train unquantized"
         )
-
-
-# The dtypes a recipe may name: ModelConfig's ``dtype`` choices.
-DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 def check_init_dtype(args: Any) -> None:
@@ -433,7 +429,7 @@ def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
     (`GRPOConfig`'s) go on top: TRL's trainer applies them when it loads the model from a name.
 
     Raises:
-        ModelArgsError: ``model_init_kwargs`` has a ``dtype`` that is not a `DTYPES` name."""
+        ModelArgsError: ``model_init_kwargs`` has a ``dtype`` that names no torch dtype."""
     import torch
     from trl import get_quantization_config
 

@@ -35,7 +35,7 @@ import inspect
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -380,6 +380,16 @@ def unwrap_model(model: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
     return model, None
 
 
+def _configured(model: torch.nn.Module) -> tuple[torch.nn.Module, Any, str] | None:
+    """``model`` unwrapped, its transformers config and its name for a message (``Qwen2ForCausalLM
+    (qwen2)``); None for a model without a transformers config."""
+    model, _ = unwrap_model(model)
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        return None
+    return model, config, f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
+
+
 # RoPE kinds whose frequencies follow the length of the call (its largest position), not a token's own place.
 LENGTH_ROPE = frozenset({"dynamic", "longrope"})
 
@@ -397,10 +407,10 @@ def context_limit(model: torch.nn.Module) -> tuple[int, str] | None:
     >>> context_limit(LlamaForCausalLM(config))
     (64, 'LlamaForCausalLM (llama) uses dynamic RoPE, whose frequencies change past 64 positions')
     """
-    model, _ = unwrap_model(model)
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "get_text_config"):
+    found = _configured(model)
+    if found is None:
         return None
+    model, config, name = found
     text = config.get_text_config()
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     scopes = [rope, *(v for v in rope.values() if isinstance(v, dict))]
@@ -412,7 +422,6 @@ def context_limit(model: torch.nn.Module) -> tuple[int, str] | None:
         [int(n) for n in limits if n]
         or [int(getattr(text, "original_max_position_embeddings", None) or text.max_position_embeddings)]
     )
-    name = f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
     return limit, f"{name} uses {' and '.join(kinds)} RoPE, whose frequencies change past {limit} positions"
 
 
@@ -432,13 +441,11 @@ def position_dependence(model: torch.nn.Module) -> str | None:
     >>> position_dependence(LlamaForCausalLM(LlamaConfig(**small, vocab_size=50))) is None
     True
     """
-    model, _ = unwrap_model(model)
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "get_text_config"):
+    found = _configured(model)
+    if found is None:
         return None
-    text = config.get_text_config()
-    name = f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
-    positions = getattr(text, "max_position_embeddings", None)
+    model, config, name = found
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     for module_name, module in model.named_modules():
         if (
@@ -456,10 +463,10 @@ def packing_unsupported_reason(model: torch.nn.Module) -> str | None:
     model, reason = unwrap_model(model)
     if reason:
         return reason
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "get_text_config"):
+    found = _configured(model)
+    if found is None:
         return f"{type(model).__name__} has no transformers config"
-    name = f"{type(model).__name__} ({getattr(config, 'model_type', '?')})"
+    model, config, name = found
     if config.get_text_config() is not config or getattr(config, "vision_config", None) is not None:
         return f"{name} is multimodal: its image inputs and position ids are not packed"
     forward = inspect.signature(type(model).forward).parameters

@@ -60,6 +60,20 @@ class SourceError(ValueError):
     """A model or dataset cannot be found; the message names the key and says what to do."""
 
 
+def file_in_the_way(path: str | Path) -> Path | None:
+    """The file that keeps ``path`` from being (or becoming) a folder: ``path`` itself, or the nearest
+    existing path above it, when that is not a folder; None otherwise.
+
+    >>> file_in_the_way(__file__) == Path(__file__), file_in_the_way(Path(__file__) / "out") == Path(__file__)
+    (True, True)
+    >>> file_in_the_way(Path(__file__).parent / "no-such-folder" / "out") is None
+    True
+    """
+    path = Path(path)
+    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    return existing if existing is not None and not existing.is_dir() else None
+
+
 def looks_local(value: str) -> bool:
     """Whether ``value`` is meant as a local path rather than a Hub id (``name`` or ``owner/name``).
 

@@ -255,20 +255,14 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
     if os.getcwd() not in sys.path:  # a module beside the recipe, as `trl grpo` finds it
         sys.path.append(os.getcwd())
     if not module_name or module_name.startswith("."):  # no module, or a relative name: nothing to import
-        raise ValueError(
-            f"reward_funcs: cannot load {path!r} (no module named); write it as package.module:function or "
-            "package.module.function"
-        )
+        raise _cannot_load(path, "no module named")
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # noqa: BLE001 (whatever the module raises as it runs: named, in one line)
         missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
         if missing and f"{module_name}.".startswith(f"{missing}."):
             _refuse_if_shadowed(path, module_name)  # the module named is not there
-            raise ValueError(
-                f"reward_funcs: cannot load {path!r} ({err}); write it as package.module:function or "
-                "package.module.function"
-            ) from None
+            raise _cannot_load(path, str(err)) from None
         detail = str(err).splitlines()[0] if str(err) else ""  # a SyntaxError's names its file and line
         raise ValueError(
             f"reward_funcs: {path!r}: importing {module_name} failed ({type(err).__name__}: {detail}); fix "
@@ -284,6 +278,14 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
         # TRY004: a bad recipe value, like the other reward_funcs errors (so a ValueError, not a TypeError)
         raise ValueError(f"reward_funcs: {path!r} is a {type(func).__name__}, not a function")  # noqa: TRY004
     return func
+
+
+def _cannot_load(path: str, why: str) -> ValueError:
+    """The error for an import path ``path`` naming no module there is (``why``): how to write one."""
+    return ValueError(
+        f"reward_funcs: cannot load {path!r} ({why}); write it as package.module:function or "
+        "package.module.function"
+    )
 
 
 def _refuse_if_shadowed(path: str, module_name: str) -> None:

@@ -83,8 +83,9 @@ class DemoArguments:
                 )
         cache = self.cache
         if cache is not None and self.warmstart_steps > 0:  # else it fails only after the model has loaded
-            folder = Path(cache).expanduser()
-            file = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+            from ..sources import file_in_the_way
+
+            file = file_in_the_way(Path(cache).expanduser())
             if file is not None:
                 raise ValueError(
                     f"warmstart_cache: {file} is a file, not a folder; give a folder, or none for no cache"
