@@ -591,9 +591,8 @@ def mix_sources(
                     f"kept 0 of its {report.read} rows ({why}){notes}; fix the source or its filter, or "
                     "leave it out of the mixture"
                 )
-            if (
-                keep_prompts is not None
-            ):  # a source left with no row gives none (its columns keep their types)
+            # A source left with no row gives none (its columns keep their types).
+            if keep_prompts is not None:
                 rows, n_long, why = keep_prompts(rows)
                 if n_long:
                     report.dropped[why] += n_long

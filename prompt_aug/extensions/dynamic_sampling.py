@@ -553,9 +553,10 @@ class DynamicSampler:
         # metric, taken in each generation pass, already covers them; it is repeated under the same prefix.)
         # One value per pass, as TRL appends its own: passes are of one size, so a log of several rounds
         # averages over every completion generated in it.
+        weights = trainer.reward_weights.cpu()
         for p in passes:
             generated = {
-                "reward": torch.nanmean(total_reward(p.rewards, trainer.reward_weights.cpu())).item(),
+                "reward": torch.nanmean(total_reward(p.rewards, weights)).item(),
                 **{
                     f"rewards/{name}/mean": torch.nanmean(p.rewards[:, i]).item()
                     for i, name in enumerate(trainer.reward_func_names)
