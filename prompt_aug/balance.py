@@ -103,7 +103,7 @@ def balanced_groups(
 def spread(
     lengths: Sequence[int], groups: Sequence[Sequence[int]], linear_weight: float = LINEAR_WEIGHT
 ) -> float:
-    """The largest group cost over the mean group cost (1.0: perfectly balanced)."""
+    """The largest group cost over the mean group cost (1.0: perfectly balanced, or no groups)."""
     totals = [sum(row_cost(int(lengths[i]), linear_weight) for i in group) for group in groups]
-    mean = sum(totals) / len(totals)
+    mean = sum(totals) / len(totals) if totals else 0.0
     return max(totals) / mean if mean else 1.0

@@ -29,6 +29,8 @@ def test_each_micro_batch_gets_its_row_count_and_every_row_goes_once():
     with pytest.raises(ValueError, match="10 rows cannot fill micro-batches of \\[4, 4\\] rows"):
         balanced_groups(lengths, [4, 4])
     assert row_cost(10, linear_weight=3) == 3 * 10 + 100
+    assert spread([], []) == 1.0
+    assert spread([2, 2], [[0, 1], []]) == 2.0
 
 
 def test_balanced_micro_batches_spread_less_than_trls_on_long_tailed_lengths():
