@@ -47,10 +47,14 @@ logger = logging.getLogger("prompt_aug")
 _TRUE = ("1", "ON", "YES", "TRUE")
 # The data files read: suffix -> the datasets loader that reads it.
 DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-# A CSV cell is missing only when it is empty: pandas' default reading (which `datasets` keeps) also takes
-# "None", "NA", "null", "nan" and a dozen other words for missing, which would drop a question whose gold
-# answer is one of them ("None" of the options, say) as having no answer.
-CSV_OPTIONS = {"keep_default_na": False, "na_values": [""]}
+# A CSV cell is text, and missing only when it is empty. pandas' default reading (which `datasets` keeps)
+# guesses types, so a gold answer 007 became 7 and an integer of 17 digits beside an empty cell a float
+# that rounds (123456789012345678 read as 123456789012345680); it also takes "None", "NA", "null", "nan"
+# and a dozen other words for missing, which would drop a question whose gold answer is one of them
+# ("None" of the options, say) as having no answer.
+# (The csv builder takes no pandas ``dtype``; converters keyed by column index reach every column of a file
+# up to the 4,096th.)
+CSV_OPTIONS = {"converters": dict.fromkeys(range(4096), str), "keep_default_na": False, "na_values": [""]}
 # The builders that read data files named in ``data_files`` (a ``path`` that is none of them is a folder or a
 # Hub id).
 FILE_BUILDERS = {*DATA_FILES.values(), "text", "arrow"}

@@ -166,16 +166,20 @@ def test_a_save_to_disk_folder_of_one_split_read_for_another_says_so(tmp_path, c
 # -- CSV cells ------------------------------------------------------------------------------------
 
 
-def test_an_empty_csv_cell_is_a_row_with_no_gold(tmp_path):
+def test_an_empty_csv_cell_is_a_row_with_no_gold_and_every_other_cell_is_its_text(tmp_path):
+    # pandas alone reads this answer column as floats: 7.0, and 123456789012345680 for the 17-digit gold
     path = tmp_path / "q.csv"
-    path.write_text("question,answer\nq0,7\nq1,\n,8\n")
+    path.write_text("question,answer,level\nq0,7,3\nq1,,3\n,8,3\nq3,123456789012345678,3\nq4,007,4\n")
     assert read_dataset(str(path)).to_list() == [
-        {"question": "q0", "answer": 7.0},
-        {"question": "q1", "answer": None},
-        {"question": None, "answer": 8.0},
+        {"question": "q0", "answer": "7", "level": "3"},
+        {"question": "q1", "answer": None, "level": "3"},
+        {"question": None, "answer": "8", "level": "3"},
+        {"question": "q3", "answer": "123456789012345678", "level": "3"},
+        {"question": "q4", "answer": "007", "level": "4"},
     ]
+    assert load_math_dataset(str(path), levels=["4"])[0]["answer"] == ["007"]  # "4" is the level 4 still
     rows, report = load_math_dataset(str(path))
-    assert rows["answer"] == ["7"]
+    assert rows["answer"] == ["7", "123456789012345678", "007"]
     assert "dropped 1: empty gold answer (rows 1)" in str(report)
     assert "dropped 1: empty question (rows 2)" in str(report)
 
