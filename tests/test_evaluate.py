@@ -346,6 +346,18 @@ def test_a_smaller_evaluation_does_not_replace_a_larger_ones_tables_and_a_bad_re
         _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc", "--runs", "2")
 
 
+def test_tables_whose_completions_are_gone_are_not_replaced_by_a_smaller_evaluation_with_other_settings(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    out = tmp_path / "eval"
+    _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc")
+    (out / "completions.jsonl").unlink()
+    tables = {name: (out / name).read_text() for name in ("results.json", "results.md")}
+    with pytest.raises(SystemExit, match=r"does not cover \(benchmarks \['amc'\]\)"):
+        _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24", "--max_tokens", "8")
+    assert {name: (out / name).read_text() for name in tables} == tables
+
+
 def test_decoding_values_a_model_file_and_a_json_file_of_columns_are_refused_in_one_line(
     tiny_model_dir, suite_dir, tmp_path, capsys
 ):
@@ -684,6 +696,21 @@ def test_the_paper_protocol_is_recognised_and_any_departure_named():
         assert f"**Not the paper's protocol**: benchmarks {shown} (paper: aime24,amc," in line
 
 
+def test_a_copy_of_the_suite_with_other_question_counts_is_not_the_papers_protocol(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    from prompt_aug.evaluate import PAPER_PROTOCOL, protocol_line
+
+    suite = {"aime24": 30, "amc": 83, "math500": 500, "minerva": 272, "olympiadbench": 675}
+    line = protocol_line({**PAPER_PROTOCOL, "questions": {**suite, "aime24": 3}})
+    assert "**Not the paper's protocol**: questions aime24 3 (paper: 30). Do not" in line
+    assert "This is the paper's protocol" in protocol_line({**PAPER_PROTOCOL, "questions": suite})
+    out = tmp_path / "eval"
+    _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc")
+    table = (out / "results.md").read_text()
+    assert "questions aime24 3 (paper: 30); questions amc 2 (paper: 83)." in table
+
+
 def test_a_table_of_a_question_set_does_not_pass_for_the_papers(tiny_model_dir, tmp_path):
     """The command's own verdict (``results.json``'s ``paper_protocol``) on a question set of one's own."""
     questions = tmp_path / "sums.jsonl"
@@ -1001,11 +1028,17 @@ def test_a_model_without_a_chat_template_is_one_line_and_chat_template_gives_it_
         (["--max_tokens", "0"], "--max_tokens must be at least 1 (got 0)"),
         (["--limit", "-1"], "--limit must be at least 1 (got -1)"),
         (["--output", "FILE"], "is a file; give a folder"),
+        (["--output", "FILE/sub"], "FILE/sub lies under the file "),
+        (
+            ["--chat_template_kwargs", '{"enable_thinking": false, "tokenize": true}'],
+            "argument --chat_template_kwargs: 'tokenize' is set by the evaluation itself",
+        ),
+        (["--chat_template_kwargs", '{"add_generation_prompt": false}'], "'add_generation_prompt' is set by"),
     ],
 )
 def test_flags_out_of_range_are_refused_before_anything_loads(flags, expected, tmp_path, capsys):
     (tmp_path / "FILE").write_text("a file\n")
-    flags = [str(tmp_path / f) if f == "FILE" else f for f in flags]
+    flags = [str(tmp_path / f) if f.startswith("FILE") else f for f in flags]
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["--model", "some/model", *flags])
     assert exit_info.value.code == 2 and expected in capsys.readouterr().err
@@ -1500,6 +1533,25 @@ def test_a_prompt_longer_than_max_model_len_fails_before_the_vllm_engine_loads(
     vllm = ("--benchmarks", "amc", "--backend", "vllm", "--max_model_len", "8", "--max_tokens", "100000")
     with pytest.raises(SystemExit, match=r"in --max_model_len 8: leave amc out of --benchmarks$"):
         main(["--model", str(tiny_model_dir), "--data_dir", str(suite_dir), "--output", str(out), *vllm])
+
+
+def test_backend_vllm_without_vllm_is_one_line_before_the_folder_is_touched(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here; this checks the refusal where it is not")
+    out = tmp_path / "eval"
+    _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "amc")
+    kept = {path.name: path.read_text() for path in out.iterdir()}
+    with pytest.raises(SystemExit) as exit_info:
+        _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "amc", "--backend", "vllm", "--overwrite")
+    assert exit_info.value.code == (
+        "prompt-aug-eval: error: --backend vllm: vLLM is not installed; install the gpu extra "
+        '(pip install -e ".[gpu]" -c constraints-gpu.txt) or pass --backend hf'
+    )
+    assert {path.name: path.read_text() for path in out.iterdir()} == kept
 
 
 def test_leftover_world_size_without_a_launcher_is_one_line(tiny_model_dir, suite_dir, tmp_path, monkeypatch):

@@ -289,6 +289,15 @@ def load_tokenizer(model: str, chat_template: str | None = None) -> Any:
     return tokenizer
 
 
+def check_vllm_installed() -> None:
+    """`EvalError` when ``--backend vllm`` is asked for and vLLM is not installed."""
+    if importlib.util.find_spec("vllm") is None:
+        raise EvalError(
+            "--backend vllm: vLLM is not installed; install the gpu extra "
+            '(pip install -e ".[gpu]" -c constraints-gpu.txt) or pass --backend hf'
+        )
+
+
 def default_backend() -> str:
     """``vllm`` when it is installed and a GPU is visible, else ``hf``."""
     import torch

@@ -35,13 +35,21 @@ from typing import Any
 
 from ..adapters import AdapterError, adapter_base, check_adapter_base, is_adapter
 from ..model_card import weights_fingerprint
-from ..sources import SourceError, check_source, hub_revision, is_hub_id, resolve_local_model
+from ..sources import (
+    SourceError,
+    check_source,
+    file_in_the_way,
+    hub_revision,
+    is_hub_id,
+    resolve_local_model,
+)
 from ..templates import DEFAULT_EVAL_TEMPLATE, TemplateError
 from .backends import (
     STOP_RULES,
     Backend,
     HFBackend,
     VLLMBackend,
+    check_vllm_installed,
     default_backend,
     load_tokenizer,
     model_context_length,
@@ -196,8 +204,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, flag)
         if value is not None and value < 1:
             parser.error(f"--{flag} must be at least 1 (got {value})")
-    if args.output is not None and Path(args.output).is_file():
-        parser.error(f"--output {args.output} is a file; give a folder (it is made if missing)")
+    blocker = file_in_the_way(args.output) if args.output is not None else None
+    if blocker is not None:
+        where = "is a file" if blocker == Path(args.output) else f"lies under the file {blocker}"
+        parser.error(f"--output {args.output} {where}; give a folder (it is made if missing)")
     if not args.temperature >= 0:  # also NaN
         parser.error(f"--temperature must be at least 0 (got {args.temperature}); 0 is greedy")
     if not 0 < args.top_p <= 1:
@@ -207,8 +217,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# Arguments of ``apply_chat_template`` that prompt rendering sets itself (`Template.render`).
+RENDERER_KEYS = ("conversation", "tokenize", "add_generation_prompt")
+
+
 def _json_mapping(text: str) -> dict[str, Any]:
-    """A ``--chat_template_kwargs`` value: a JSON object."""
+    """A ``--chat_template_kwargs`` value: a JSON object, with none of the `RENDERER_KEYS`."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
@@ -216,6 +230,11 @@ def _json_mapping(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(
             f"not a JSON object: {text!r}; give e.g. '{{\"enable_thinking\": false}}'"
+        )
+    taken = [key for key in RENDERER_KEYS if key in value]
+    if taken:
+        raise argparse.ArgumentTypeError(
+            f"{taken[0]!r} is set by the evaluation itself when it renders a prompt; leave it out"
         )
     return value
 
@@ -336,8 +355,11 @@ def _check_coverage(
     output: Path, args: argparse.Namespace, benchmarks: list[str], templates: list[str]
 ) -> None:
     """An evaluation into a folder whose tables cover what this one does not (other benchmarks or templates,
-    more runs, more questions than its ``--limit``) would replace them with its own: refused, in one line
-    (the completions there are kept either way; ``--overwrite`` has deleted the tables before this)."""
+    more runs, more questions than its ``--limit``) would replace them with its own: refused, in one line,
+    before `_check_settings` deletes any tables (whatever the completions and settings beside them). With
+    ``--overwrite`` nothing is kept, so nothing is refused."""
+    if args.overwrite:
+        return
     try:
         before = json.loads((output / RESULTS_FILE).read_text())
         before["benchmarks"] = [benchmark_place(b) for b in before["benchmarks"]]  # as today's are given
@@ -404,6 +426,8 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
     problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit, *columns)]
     vllm = backend_name == "vllm"
     max_model_len, longest = _vllm_context(args, tokenizer, templates, problems) if vllm else (None, 0)
+    if vllm:  # before the folder is touched
+        check_vllm_installed()
     # The context is recorded when it can cut a completion shorter than the paper's would (its context was
     # PAPER_MAX_MODEL_LEN); None when it cuts none or no more (the hf backend never cuts).
     cuts = max_model_len is not None and longest + args.max_tokens > max_model_len
@@ -443,8 +467,9 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         if processes.main:
             try:
                 held.enter_context(_folder_held(output))
-                _check_settings(output, settings, args.overwrite)
+                # Coverage first: the settings check deletes the tables of an evaluation with other settings.
                 _check_coverage(output, args, benchmarks, [t.name for t in templates])
+                _check_settings(output, settings, args.overwrite)
                 fold_shards(output / RECORDS_FILE)
                 # What the folder holds; a bad line stops every process now, before the model loads.
                 before = completions_made(respell_question_sets(output / RECORDS_FILE, benchmarks))
@@ -576,7 +601,8 @@ def _summary(
     main_template = DEFAULT_EVAL_TEMPLATE if DEFAULT_EVAL_TEMPLATE in names else names[0]
     asked = summary["results"][main_template]["benchmarks"]
     protocol = {**settings, "runs": args.runs, "limit": args.limit, "template": main_template,
-                "benchmarks": ",".join(benchmarks)}  # fmt: skip
+                "benchmarks": ",".join(benchmarks),
+                "questions": {b: asked[b]["questions"] for b in benchmarks}}  # fmt: skip
     table = render_tables(summary, benchmarks, model_name, protocol)
     results = {
         "model": args.model,

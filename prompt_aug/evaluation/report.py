@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..templates import DEFAULT_EVAL_TEMPLATE
-from .benchmarks import BENCHMARKS, benchmark_title
+from .benchmarks import BENCHMARKS, SUITE_QUESTIONS, benchmark_title
 
 # The paper's evaluation (its evaluate_model.py, run 5 times): vLLM in bfloat16, greedy, the qwen-math
 # template through the model's own chat template, at most 3,000 new tokens, one sample per question, every
@@ -116,7 +116,10 @@ def _pct(value: float) -> str:
 
 
 def protocol_differences(settings: dict[str, Any]) -> list[str]:
-    """How an evaluation's settings depart from `PAPER_PROTOCOL`, one ``"key X (paper: Y)"`` per setting.
+    """How an evaluation's settings depart from `PAPER_PROTOCOL`, one ``"key X (paper: Y)"`` per setting, and
+    one ``"questions B N (paper: M)"`` per suite benchmark ``B`` whose count in ``settings["questions"]``
+    (questions asked, per benchmark) is not the suite's (`SUITE_QUESTIONS`; a copy of the suite that holds
+    others), unless a ``limit`` already departs.
 
     >>> protocol_differences({**PAPER_PROTOCOL})
     []
@@ -126,6 +129,8 @@ def protocol_differences(settings: dict[str, Any]) -> list[str]:
     ['benchmarks aime24 (paper: aime24,amc,math500,minerva,olympiadbench)']
     >>> protocol_differences({**PAPER_PROTOCOL, "max_model_len": 1024})
     ['max_model_len 1024 (paper: 4096, or room for max_tokens after every prompt)']
+    >>> protocol_differences({**PAPER_PROTOCOL, "questions": {**SUITE_QUESTIONS, "aime24": 3}})
+    ['questions aime24 3 (paper: 30)']
     """
     out = []
     for key, paper in PAPER_PROTOCOL.items():
@@ -133,6 +138,10 @@ def protocol_differences(settings: dict[str, Any]) -> list[str]:
         if value != paper:
             shown = PAPER_NONE.get(key, paper) if paper is None else paper
             out.append(f"{key} {_file_names(value)} (paper: {shown})")
+    if settings.get("limit") is None:
+        for name, asked in (settings.get("questions") or {}).items():
+            if name in SUITE_QUESTIONS and asked != SUITE_QUESTIONS[name]:
+                out.append(f"questions {name} {asked} (paper: {SUITE_QUESTIONS[name]})")
     return out
 
 
