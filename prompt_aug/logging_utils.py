@@ -24,17 +24,13 @@ from typing import Any
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-from rewards.controls import ACCURACY_MEAN_KEYS, FORMAT_MEAN_KEYS
+from rewards.controls import FORMAT_MEAN_KEYS
 
-from .records import ACCURACY_KEY, LOG_FILE, generated_first, generation_round, read_log_entries
+from .model_card import ACCURACY_KEYS
+from .records import LOG_FILE, generated_first, generation_round, read_log_entries
 
 logger = logging.getLogger("prompt_aug")
 
-
-# Log keys of a run's training accuracy; the console line, the plot and the collapse guard read the first a
-# run logs: the share right (`ACCURACY_KEY`), then (logs written before it) the correctness rewards' and
-# controls' means.
-ACCURACY_KEYS: tuple[str, ...] = (ACCURACY_KEY, *ACCURACY_MEAN_KEYS)
 
 # (label, keys: the first present is shown, format)
 _STEP_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (

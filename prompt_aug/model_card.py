@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .records import generated_first, is_number
+from rewards.controls import ACCURACY_MEAN_KEYS
+
+from .records import ACCURACY_KEY, generated_first, is_number
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
 # The evaluation entry point writes its markdown table here, under the trained model's folder.
@@ -22,11 +24,15 @@ EVAL_TABLE_PATH = Path("eval") / "results.md"
 # ... and here for the robustness run over all templates (README: ``--template all --output
 # OUT/eval-templates``).
 ROBUSTNESS_TABLE_PATH = Path("eval-templates") / "results.md"
-# Each row shows the first of its keys logged: with dynamic sampling, TRL's reward and truncation cover only
-# the trained groups, and the same metrics over everything generated come first.
+# Log keys of a run's training accuracy; the card, the console line, the plot and the collapse guard read the
+# first a run logs: the share right (`ACCURACY_KEY`), then (logs written before it) the correctness rewards'
+# and controls' means.
+ACCURACY_KEYS: tuple[str, ...] = (ACCURACY_KEY, *ACCURACY_MEAN_KEYS)
+# Each row shows the first of its keys logged: with dynamic sampling, TRL's reward, accuracy and truncation
+# cover only the trained groups, and the same metrics over everything generated come first.
 _CARD_METRICS = (
-    generated_first(["reward"]), ("entropy",), ("completions/mean_length",),
-    generated_first(["completions/clipped_ratio"]),
+    generated_first(["reward"]), generated_first(ACCURACY_KEYS), ("entropy",),
+    ("completions/mean_length",), generated_first(["completions/clipped_ratio"]),
 )  # fmt: skip
 NO_EVALUATION = (
     "No evaluation results yet: run `prompt-aug-eval --model <this model>` (see the project README)."
@@ -84,7 +90,8 @@ class ModelCardInfo:
     # recipe's system_prompt): the card's "How to prompt". None: the bank's template named eval_template.
     prompt_template: Template | None = None
     dataset_id: str | None = None  # the Hub id the card's metadata names, where the data has exactly one
-    # Off: the baseline arm, every question under the one template in ``templates``.
+    # Off: the baseline arm, every question under the one template in ``templates`` (`model_card_info`: the
+    # recipe's ``prompt_augmentation: false``, or one training template).
     prompt_augmentation: bool = True
     tags: list[str] | None = None  # None: `default_tags`
     # This launch's rounds, a `prompt_aug.batches.BatchArithmetic` (processes, questions and completions per
@@ -118,9 +125,10 @@ def model_card_info(
     arithmetic: Any = None,
 ) -> ModelCardInfo:
     """What the card says about a recipe's run: base model, recipe text, template bank, dataset, whether
-    prompt augmentation was on (``args.prompt_augmentation``), the evaluation template as training
-    resolved it (``prompt_template``, `templates.templates_for`) with its ``args.chat_template_kwargs``, and
-    this launch's rounds (``arithmetic``, `batches.batch_arithmetic`)."""
+    prompt augmentation was on (``args.prompt_augmentation`` and more than one template in ``templates``: a
+    recipe of one, ``templates: [qwen-math]``, is the single-template baseline), the evaluation template as
+    training resolved it (``prompt_template``, `templates.templates_for`) with its
+    ``args.chat_template_kwargs``, and this launch's rounds (``arithmetic``, `batches.batch_arithmetic`)."""
     config = f" ({script_args.dataset_config})" if script_args.dataset_config else ""
     mixture = script_args.dataset_mixture
     paths = [s.path for s in mixture.datasets] if mixture else [script_args.dataset_name]
@@ -136,7 +144,7 @@ def model_card_info(
         eval_template=args.eval_template,
         dataset_id=ids.pop() if len(ids) == 1 else None,
         prompt_template=prompt_template,
-        prompt_augmentation=args.prompt_augmentation,
+        prompt_augmentation=args.prompt_augmentation and len({t.name for t in templates}) > 1,
         arithmetic=arithmetic,
         chat_template_kwargs=args.chat_template_kwargs,
     )
@@ -235,6 +243,10 @@ def render_model_card(
         + _keyword_text(info.chat_template_kwargs or {})
         + ")"
         + (f" + {template.prefill!r}" if template.prefill else ""),
+        "# As in training: a tokenizer that adds a BOS itself (Llama, Gemma) gets the chat template's once",
+        "bos = tok.bos_token",
+        "if bos and text.startswith(bos) and tok('').input_ids[:1] == [tok.bos_token_id]:",
+        "    text = text[len(bos):]",
         "out = model.generate(**tok(text, return_tensors='pt'), max_new_tokens=1024)",
         "print(tok.decode(out[0], skip_special_tokens=True))",
         "```",
@@ -306,7 +318,7 @@ def _introduction(info: ModelCardInfo) -> list[str]:
         return [
             f"`{info.base_model}` fine-tuned with GRPO, every training question asked under one template,",
             f"`{info.templates[0].name}`: the single-template baseline of prompt augmentation (Lu, Huang,",
-            "Balestriero 2026, arXiv 2602.03190), which was off (`prompt_augmentation: false`). Trained with",
+            "Balestriero 2026, arXiv 2602.03190), which was off (one training template). Trained with",
             "prompt-aug-grpo on TRL.",
         ]
     return [

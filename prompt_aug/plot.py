@@ -44,12 +44,9 @@ from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.colors import hsv_to_rgb
 from matplotlib.ticker import MaxNLocator
 
-from rewards.controls import ACCURACY_MEAN_KEYS
-
 from .evaluation.report import shown_name
-from .model_card import evaluation_made_by, weights_match
+from .model_card import ACCURACY_KEYS, evaluation_made_by, weights_match
 from .records import (
-    ACCURACY_KEY,
     GENERATED,
     LOG_FILE,
     LogFileError,
@@ -69,8 +66,7 @@ CURVES: list[tuple[str, str, list[str], bool]] = [
     (
         "Training accuracy",
         "share graded right",
-        # `prompt_aug.logging_utils.ACCURACY_KEYS`, composed here: that module imports transformers and torch.
-        list(generated_first((ACCURACY_KEY, *ACCURACY_MEAN_KEYS))),
+        list(generated_first(ACCURACY_KEYS)),
         True,
     ),
     ("Total reward", "reward", list(generated_first(["reward"])), False),
@@ -473,13 +469,15 @@ def build_figure(
         missing = [str(r.path) for r in runs if not round_axis(r.history)]
         if missing:
             raise PlotError(f"{missing}: no `round` key in the logged history; plot these runs with --x step")
-    # One colour per run, or per group with a line style per run within its group.
+    # One colour per run, or per group with a line style per run within its group. Without groups, past 10
+    # runs the colours come round again, each round in the next line style.
     group_of = groups or [r.name for r in runs]
     order = list(dict.fromkeys(group_of))
     colors, styles = {}, {}
     for i, (run, group) in enumerate(zip(runs, group_of)):
         colors[run.name] = plt.get_cmap("tab10")(order.index(group) % 10)
-        styles[run.name] = _STYLES[group_of[:i].count(group) % len(_STYLES)]
+        style = group_of[:i].count(group) if groups is not None else i // 10
+        styles[run.name] = _STYLES[style % len(_STYLES)]
 
     panels: list[tuple[str, Any]] = []
     for panel_title, ylabel, keys, fraction in CURVES:
@@ -567,6 +565,9 @@ def build_figure(
 def plot_runs(run_dirs: list[str | Path], output: str | Path, **options: Any) -> Path:
     """Draw the training curves of ``run_dirs`` into the image ``output`` (PNG, PDF, SVG by suffix);
     ``options`` are `build_figure`'s (``smooth``, ``title``, ``x``, ``names``, ``groups``, ``templates``).
+
+    Raises:
+        PlotError: ``output`` has no image ending or cannot be written, or the runs cannot be drawn.
     """
     output = Path(output)
     kinds = sorted(FigureCanvasBase.get_supported_filetypes())
@@ -576,9 +577,16 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path, **options: Any) ->
             f"({', '.join(kinds)}); the type is read from the ending"
         )
     fig = build_figure(run_dirs, **options)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=120)
-    plt.close(fig)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(output, dpi=120)
+    except OSError as err:  # a folder that cannot be made or written to
+        raise PlotError(
+            f"--output {output}: cannot write it ({err.strerror or err}); give a path in a folder you can "
+            "write to"
+        ) from None
+    finally:
+        plt.close(fig)
     return output
 
 
@@ -731,7 +739,7 @@ def _draw_eval(ax: Any, runs: list[Run], colors: dict[str, Any], x: str) -> None
 def _draw_templates(ax: Any, run: Run, shades: dict[str, Any], smooth: int, x: str) -> None:
     """One line per template in its colour (``shades``): the fraction of its rollouts graded correct, broken
     where it was not drawn."""
-    ax.set_ylabel("correctness reward")
+    ax.set_ylabel("share graded right")
     for key in run.template_keys:
         xs, values = series(run.history, key, smooth, gaps=True, x=x)
         name = _template_name(key)

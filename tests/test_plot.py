@@ -307,6 +307,42 @@ def test_groups_give_an_arms_seeds_one_colour_and_a_style_each(tmp_path):
     assert {line.get_linestyle() for line in plain} == {"-"}
 
 
+def test_past_ten_runs_the_colours_come_round_in_another_line_style(tmp_path):
+    from prompt_aug.plot import build_figure
+
+    for i in range(11):
+        _write_state(tmp_path / f"run{i}", 3, offset=0.01 * i, with_eval=False)
+    fig = build_figure([tmp_path / f"run{i}" for i in range(11)], templates=False)
+    lines = next(a for a in fig.axes if a.get_title() == "Entropy").get_lines()
+    drawn = [(tuple(line.get_color()), line.get_linestyle()) for line in lines]
+    assert len(set(drawn)) == 11
+    assert drawn[10] == (drawn[0][0], "--") and {style for _, style in drawn[:10]} == {"-"}
+    legend = {
+        t.get_text(): h.get_linestyle()
+        for t, h in zip(fig.legends[0].get_texts(), fig.legends[0].legend_handles)
+    }
+    assert legend["run0"] == "-" and legend["run10"] == "--"
+
+
+def test_per_template_panels_are_labelled_as_the_share_graded_right(tmp_path):
+    from prompt_aug.plot import build_figure
+
+    _write_state(tmp_path / "a", 3, with_eval=False)  # templates/<name>/accuracy: a share from 0 to 1
+    (panel,) = [a for a in build_figure([tmp_path / "a"]).axes if a.get_title().startswith("Per-template")]
+    assert panel.get_ylabel() == "share graded right"
+
+
+def test_an_output_that_cannot_be_written_is_one_line_naming_it(tmp_path):
+    _write_state(tmp_path / "a", 3, with_eval=False)
+    (tmp_path / "file").write_text("")
+    output = tmp_path / "file" / "curves.png"  # a file where its folder should be
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "a"), "-o", str(output)])
+    message = str(exc.value)
+    assert message.startswith(f"prompt-aug-plot: error: --output {output}: cannot write it")
+    assert "\n" not in message and "a folder you can write to" in message
+
+
 @pytest.mark.parametrize(
     "flag, values, message",
     [

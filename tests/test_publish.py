@@ -198,8 +198,8 @@ def test_a_baseline_runs_card_says_it_trained_on_one_template_and_is_not_tagged_
     tmp_path,
 ):
     """A ``prompt_augmentation: false`` run (the paper's baseline arm) asks every question under its
-    evaluation template: its card says that, draws from no bank, and lacks the ``prompt-augmentation`` tag
-    that an augmented run of the same recipe has."""
+    evaluation template: its card says that, draws from no bank, shows the share graded right, and lacks the
+    ``prompt-augmentation`` tag that an augmented run of the same recipe has."""
     from types import SimpleNamespace
 
     from prompt_aug.model_card import model_card_info
@@ -217,7 +217,9 @@ def test_a_baseline_runs_card_says_it_trained_on_one_template_and_is_not_tagged_
             SimpleNamespace(model_name_or_path="Qwen/Qwen2.5-Math-1.5B"), args, "seed: 1\n", templates,
             weights, 3, eval_template,
         )  # fmt: skip
-        cards[augmented] = render_model_card(info, tmp_path / str(augmented), 1, [])
+        cards[augmented] = render_model_card(
+            info, tmp_path / str(augmented), 1, [{"step": 1, "completions/accuracy": 0.5}]
+        )
         tags[augmented] = info.tags  # the trainer hands them to TRL's card
     baseline, augmented = cards[False], cards[True]
     assert tags[False] == ["trl", "grpo", "math"]
@@ -226,10 +228,89 @@ def test_a_baseline_runs_card_says_it_trained_on_one_template_and_is_not_tagged_
     assert "every training question asked under one template,\n`qwen-math`" in intro
     assert "prompt augmentation (Lu, Huang,\nBalestriero 2026, arXiv 2602.03190), which was off" in intro
     assert "drawn at" not in baseline and "fine-tuned with GRPO and prompt augmentation" not in intro
+    assert "| completions/accuracy | 0.5 | 1 |" in baseline  # its only accuracy: no per-template rows
     bank = baseline.split("## Template bank")[1].split("## How to prompt")[0]
     assert "every training question was asked under this one template" in bank
     assert [row.split(" | ")[0] for row in bank.splitlines() if row.startswith("| ")][1:] == ["| qwen-math"]
     assert "drawn at\nrandom from the bank below" in augmented
+
+
+@pytest.mark.parametrize(
+    ("recipe", "augmented"),
+    [
+        ("qwen2.5-math-1.5b/grpo_single_template.yaml", False),
+        ("qwen2.5-math-1.5b/dapo_single_template.yaml", False),
+        ("smollm2-135m/ablation_one_template.yaml", False),
+        ("qwen2.5-math-1.5b/prompt_aug.yaml", True),
+    ],
+)
+def test_a_single_template_recipes_card_says_it_trained_on_one_template(tmp_path, recipe, augmented):
+    """The baseline recipes leave ``prompt_augmentation`` on and name one template (``templates:
+    [qwen-math]``): their cards say every question was asked under it and lack the ``prompt-augmentation``
+    tag, as ``prompt_augmentation: false`` does; the bank's recipe keeps both."""
+    from prompt_aug.model_card import model_card_info
+    from prompt_aug.templates import templates_for
+
+    script_args, args, model_args, _ = train.parse_args(
+        ["--config", str(REPO / "recipes" / recipe), "--dry_run"]
+    )
+    assert args.prompt_augmentation  # the key is on in all four: the template count decides
+    templates, weights, eval_template = templates_for(args)
+    info = model_card_info(script_args, model_args, args, "seed: 1\n", templates, weights, 3, eval_template)
+    intro = render_model_card(info, tmp_path, 1, []).split("## Training")[0]
+    assert ("prompt-augmentation" in info.tags) is augmented
+    assert ("drawn at\nrandom from the bank below" in intro) is augmented
+    assert ("every training question asked under one template,\n`qwen-math`" in intro) is not augmented
+
+
+def _bos_adding_model(folder: Path) -> None:
+    """A tiny Llama-style model and tokenizer in ``folder``, built in code: the tokenizer adds a BOS to
+    every text and its chat template starts with one too, as Llama's and Gemma's do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "system", "user", "assistant", ":"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<unk>"
+    )
+    tok.chat_template = (
+        "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    tok.save_pretrained(folder)
+    config = LlamaConfig(
+        vocab_size=len(words), hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+
+
+@pytest.mark.parametrize("eval_template", ["qwen-math", "open-r1-teacher"])  # no prefill, a prefill
+def test_the_cards_snippet_prompts_with_the_tokens_training_gave(tmp_path, capsys, eval_template):
+    """The card's "How to prompt" code, run as it is on a model whose tokenizer adds a BOS: the prompt it
+    generates from is the token ids training gave the same question (one BOS, not the chat template's and
+    the tokenizer's)."""
+    import re
+
+    from prompt_aug.model_card import _EXAMPLE_QUESTION
+
+    _bos_adding_model(tmp_path)
+    info = _card_info()
+    info.prompt_template = load_templates()[eval_template]
+    card = render_model_card(info, tmp_path, 1, [])
+    (snippet,) = re.findall(r"## How to prompt\n.*?```python\n(.*?)```", card, re.DOTALL)
+    namespace: dict = {}
+    exec(snippet, namespace)  # noqa: S102 - the card's own code, as a reader runs it
+    tok = namespace["tok"]
+    assert tok("").input_ids == [tok.bos_token_id]  # this tokenizer adds a BOS itself
+    # As TRL 1.16 tokenizes a text prompt: processing_class(text=prompts).
+    trained = tok(text=[info.prompt_template.render(_EXAMPLE_QUESTION, tok)])["input_ids"][0]
+    assert trained[:2] == [tok.bos_token_id, tok.convert_tokens_to_ids("system")]
+    assert namespace["out"][0][: len(trained)].tolist() == trained
+    assert capsys.readouterr().out  # it printed the completion
 
 
 def _card_info() -> ModelCardInfo:
@@ -370,12 +451,14 @@ def test_card_rows_say_which_step_each_metric_is_from(tmp_path):
 
 
 def test_card_metrics_cover_everything_generated_and_name_the_collapse_guards_firings(tmp_path):
-    # With dynamic sampling, TRL's reward and truncation cover the trained groups only: the card shows those
-    # over everything generated. Accuracy rows are the templates' only (not the guard's statistic, nor an
-    # evaluation during training, which may be of earlier weights and a subset).
+    # With dynamic sampling, TRL's reward and truncation cover the trained groups only: the card shows those,
+    # and the share graded right, over everything generated. Accuracy rows are that share and the templates'
+    # (not the guard's statistic, nor an evaluation during training, which may be of earlier weights and a
+    # subset).
     history = [
         {"step": 4, "round": 1, "reward": 0.5, "dynamic_sampling/generated/reward": 0.9,
          "completions/clipped_ratio": 0.0, "dynamic_sampling/generated/completions/clipped_ratio": 0.3,
+         "completions/accuracy": 0.5, "dynamic_sampling/generated/completions/accuracy": 0.35,
          "templates/abel/accuracy": 0.25, "eval/math500/accuracy": 0.4, "collapse/accuracy": 0.2},
         {"step": 8, "round": 2, "entropy": 0.01, "collapse/entropy": 2.0, "collapse/fired/entropy": 1.0},
     ]  # fmt: skip
@@ -383,6 +466,8 @@ def test_card_metrics_cover_everything_generated_and_name_the_collapse_guards_fi
     card = render_model_card(_card_info(), tmp_path, 8, history, stopped=stopped)
     assert "| dynamic_sampling/generated/reward | 0.9 | 4 |" in card and "| reward |" not in card
     assert "| dynamic_sampling/generated/completions/clipped_ratio | 0.3 | 4 |" in card
+    assert "| dynamic_sampling/generated/completions/accuracy | 0.35 | 4 |" in card
+    assert "| completions/accuracy |" not in card
     assert "| templates/abel/accuracy | 0.25 | 4 |" in card
     assert "eval/math500/accuracy" not in card and "collapse/accuracy" not in card
     assert "- Collapse guard fired: entropy at step 8 (round 2)" in card

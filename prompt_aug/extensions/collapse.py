@@ -70,7 +70,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
 from ..faults import COLLAPSE_PREFIX, LaunchRecord
-from ..logging_utils import ACCURACY_KEYS as SHARE_KEYS
+from ..model_card import ACCURACY_KEYS as SHARE_KEYS
 from ..records import generated_first, generation_round, is_number
 from ..trl_seam import hub_push_running
 
