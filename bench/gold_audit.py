@@ -163,7 +163,8 @@ def audit(rows: list[tuple[str, int, Any]], others: int, seed: int) -> dict[str,
     accepted = [(i, o, g) for (i, o), g in zip(pairs, cross) if g.correct]
     same = [(i, o) for i, o, _ in accepted if _same_value(normalised[i], normalised[o])]
     wrong = [(i, o) for i, o, _ in accepted if not _same_value(normalised[i], normalised[o])]
-    # 4. near misses: the gold with one integer changed must grade wrong (unless the value is unchanged)
+    # 4. near misses: the gold with one integer changed must grade wrong; each accepted one is listed, to be
+    # read (its value is not checked: a change that keeps it, 0^{2} -> 0^{3}, is rightly accepted)
     misses = [(index, near_miss(str(texts[index]), rng)) for index in range(len(texts))]
     misses = [(index, miss) for index, miss in misses if miss is not None]
     start = time.perf_counter()
@@ -187,8 +188,9 @@ def audit(rows: list[tuple[str, int, Any]], others: int, seed: int) -> dict[str,
         "cross_seconds": cross_seconds,
         "same": same,
         "wrong": wrong,
-        "timeouts": sum(g.timed_out for g in list(grades) + list(cross)),
-        "errors": sum(g.error for g in list(grades) + list(cross)),
+        # over all three graded batches: self, cross and near misses
+        "timeouts": sum(g.timed_out for g in [*grades, *cross, *graded]),
+        "errors": sum(g.error for g in [*grades, *cross, *graded]),
     }
 
 

@@ -12,9 +12,11 @@ Paths (``trim_padding``): ``off`` (TRL's padded calls), ``trim`` (one trimmed ca
 ``packed`` (each TRL call's real tokens in one row; what the default, ``auto``, picks on CUDA and CPU,
 with SDPA run on each sequence on CPU); ``--paths`` may add ``packed-shared`` (``packing_share_prompts``: a
 call runs each shared prompt once; its "tokens run" count such a prompt once). All runs start from the same
-weights and train on the same round (checked). Timed: the old-log-prob pass and the optimizer steps (forward,
-backward, optimizer), in wall-clock and in this process's CPU seconds. Prints a table (per path and phase:
-both times, real-token share, model calls, tokens run), the loss of each optimizer step per path, the
+weights and train on the same round (checked). Timed: the old-log-prob pass and the forward and backward
+passes of the optimizer steps (TRL's ``training_step``; the gradient clipping and ``optimizer.step`` that
+transformers' Trainer runs after it are not timed), in wall-clock and in this process's CPU seconds; the
+"training side" is the two together. Prints a table (per path and phase: both times, real-token share,
+model calls, tokens run), the loss of each optimizer step per path, the
 wall-clock ratios, then ``trim/padded training-side time: X.XX`` and, last,
 ``packed/padded training-side time: X.XX``. Those two ratios are of CPU seconds: with one torch thread they
 equal wall-clock time on a quiet machine, and on a shared one they do not move with the other jobs' load
@@ -177,8 +179,9 @@ def run(
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
-    # Per round, the optimizer steps are training_step less the generation and scoring (old-log-prob pass
-    # included) that TRL runs inside a round's first training_step.
+    # Per round, the optimizer steps' forward and backward passes are training_step less the generation and
+    # scoring (old-log-prob pass included) that TRL runs inside a round's first training_step; the clipping
+    # and optimizer.step that the Trainer runs after training_step are outside it.
     rounds = [
         {clock: {"old_logps": t[clock]["old_logps"],
                  "steps": t[clock]["training_step"] - t[clock]["generate_and_score"]}
@@ -293,7 +296,7 @@ def main() -> None:
     for name, r in results.items():
         for phase, label in (
             ("old_logps", "old log-probs"),
-            ("steps", "optimizer steps"),
+            ("steps", "forward+backward"),  # of the optimizer steps, not their optimizer.step
             (None, "training side"),
         ):
             wall, cpu = (_seconds(r, clock, phase) for clock in ("wall", "cpu"))

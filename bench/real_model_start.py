@@ -65,7 +65,8 @@ def main() -> None:
         (bank[i % len(bank)], q, gold) for i, (q, gold) in enumerate(questions(args.task, args.n, args.seed))
     ]
     prompts = [template.render(q, tokenizer) for template, q, _ in rows]
-    stops = set(model.generation_config.eos_token_id)
+    eos = model.generation_config.eos_token_id  # what generate stops at: one id, a list, or none
+    stops = {eos} if isinstance(eos, int) else set(eos or [])
     torch.manual_seed(args.seed)
     started, outputs = time.perf_counter(), []
     for start in range(0, len(prompts), args.batch_size):

@@ -485,10 +485,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="folder for the tests, models, logs and outcomes")
     parser.add_argument("--runs", default="trl,ours", help="which runs (a rerun reads the other's outcomes)")
     args = parser.parse_args(argv)
+    runs = args.runs.split(",")
+    if set(runs) - {"trl", "ours"}:
+        parser.error(f"--runs {args.runs}: give trl, ours or trl,ours")
+    skipped = [run for run in ("trl", "ours") if run not in runs]  # their outcomes are read from --out
+    if skipped and args.out is None:
+        parser.error(
+            f"--runs {args.runs} reads {skipped[0]}.json: give --out, the folder of a {skipped[0]} run"
+        )
 
     work = Path(args.out or tempfile.mkdtemp(prefix="trl-dropin-")).resolve()
     if REPO in (work, *work.parents):
         raise SystemExit(f"--out {work} is inside this repository; TRL's tests are not copied into it")
+    for run in skipped:
+        if not (work / f"{run}.json").is_file():
+            raise SystemExit(f"--out {work} holds no {run}.json: run --runs {run} with this --out first")
     origin = extract_tests(args, work)
     hub = work / "hub"
     print(f"TRL's tests from {origin}; work folder {work}")
@@ -504,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     }  # fmt: skip
     outcomes = {}
     for trainer in ("trl", "ours"):
-        if trainer in args.runs.split(","):
+        if trainer in runs:
             outcomes[trainer] = run_tests(trainer, args, work, env)
         else:
             outcomes[trainer] = json.loads((work / f"{trainer}.json").read_text())

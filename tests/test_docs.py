@@ -201,7 +201,7 @@ def test_readme_stabiliser_table_names_real_keys_with_their_defaults():
 def test_readme_examples_use_the_folders_the_recipes_write():
     written = {yaml.safe_load(p.read_text())["output_dir"] for p in (REPO / "recipes").rglob("*.yaml")}
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.DOTALL))
-    chosen = set(re.findall(r"--output_dir (outputs/\S+)", blocks))  # folders an example names itself
+    chosen = set(re.findall(r"--(?:output_dir|out) (outputs/\S+)", blocks))  # folders it writes
     used = set(re.findall(r"(?<![\w/-])(outputs/[\w./-]+)", blocks)) - chosen
     assert used, "no outputs/ path in the README's examples"
     for path in used:
