@@ -113,13 +113,36 @@ def rng_processes(checkpoint: str | Path) -> int | None:
     return 1 if (folder / "rng_state.pth").is_file() else None
 
 
-def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
+def _warm_start(checkpoint: str | Path, output_dir: str | Path | None) -> bool:
+    """Whether resuming ``checkpoint`` into ``output_dir`` is a warm start: a checkpoint outside the folder,
+    which makes the launch a new run already."""
+    return output_dir is not None and not is_inside(checkpoint, output_dir)
+
+
+def _from_weights(checkpoint: str | Path, output_dir: str | Path | None) -> str:
+    """How to train on from ``checkpoint``'s weights alone (a run's own checkpoint: in a new run)."""
+    if _warm_start(checkpoint, output_dir):
+        return f"start from its weights with --model_name_or_path {checkpoint}"
+    return f"start a new run from its weights (--model_name_or_path {checkpoint}, another output_dir)"
+
+
+def _other_start(checkpoint: str | Path, output_dir: str | Path | None) -> str:
+    """The way out besides relaunching as ``checkpoint`` was saved."""
+    if _warm_start(checkpoint, output_dir):
+        return _from_weights(checkpoint, output_dir)
+    return "start a new run (another output_dir)"
+
+
+def resume_launch_problem(
+    checkpoint: str | Path, processes: int, output_dir: str | Path | None = None
+) -> str | None:
     """Why ``checkpoint`` should not be resumed on ``processes`` processes (it was saved by another count),
     or None. The count is ``launch.json``'s, else (a checkpoint saved by TRL's trainer alone, or killed
     before the file was written) the one its RNG state files show (`rng_processes`) where that is sure: more
     processes than this launch's, or one process (``rng_state.pth``) where this launch has several. Fewer
     files than this launch's processes may be a kill during the save: `checkpoint_problem` names that case.
-    With neither, not checked."""
+    With neither, not checked. ``output_dir``, the run's folder, tells a warm start (a checkpoint outside
+    it) from a resume, for what to do."""
     saved, source = saved_processes(checkpoint), ""
     if saved is None:
         shown = rng_processes(checkpoint)
@@ -130,7 +153,7 @@ def resume_launch_problem(checkpoint: str | Path, processes: int) -> str | None:
     return (
         f"resume_from_checkpoint: {checkpoint} was trained on {saved} process(es){source}, and this launch "
         f"has {processes}; the batch keys are per process, so the round would change. Relaunch on {saved} "
-        "processes, or start a new run (another output_dir)"
+        f"processes, or {_other_start(checkpoint, output_dir)}"
     )
 
 
@@ -164,19 +187,29 @@ def launch_engine(args: Any) -> str:
     return "DDP or one process"
 
 
-def resume_engine_problem(checkpoint: str | Path, engine: str) -> str | None:
-    """Why ``checkpoint`` should not be resumed under ``engine`` (a `launch_engine` name), or None.
+def resume_engine_problem(
+    checkpoint: str | Path, engine: str, output_dir: str | Path | None = None
+) -> str | None:
+    """Why ``checkpoint`` should not be resumed under ``engine`` (a `launch_engine` name), or None
+    (``output_dir``: as `resume_launch_problem`).
 
     Each engine saves the optimizer state in its own layout, and none reads another's: the Trainer resumes a
     DeepSpeed checkpoint without DeepSpeed on a new optimizer, without a word, and the other ways round fails
-    deep in loading."""
+    deep in loading. A checkpoint saved with ``save_only_model`` (model weights, no optimizer state, whatever
+    the engine that trained it) resumes without DeepSpeed or FSDP only, on a new optimizer: transformers
+    resumes DeepSpeed from a ``global_step*`` folder and FSDP from ``pytorch_model_fsdp*`` files alone."""
     saved = checkpoint_engine(checkpoint)
     if saved == engine:
         return None
+    if saved == "DDP or one process" and not (Path(checkpoint) / "optimizer.pt").is_file():
+        return (
+            f"resume_from_checkpoint: {checkpoint} was saved with save_only_model (model weights only), "
+            f"which cannot be resumed under {engine}; {_from_weights(checkpoint, output_dir)}"
+        )
     return (
         f"resume_from_checkpoint: {checkpoint} was saved under {saved}, and this launch runs {engine}, which "
         "cannot read its optimizer state. Relaunch with the accelerate config the run was trained with, or "
-        "start a new run (another output_dir)"
+        f"{_other_start(checkpoint, output_dir)}"
     )
 
 
@@ -201,9 +234,10 @@ class PreemptionCallback(TrainerCallback):
 
     The signal handler only records the signal; `catching_signals` installs it for the duration of
     ``trainer.train`` and restores the previous handlers after. At each step end the ranks agree on the flag
-    (one all-reduce of one number; with one process none), so every rank saves the same checkpoint and stops
-    at the same step. A signal that arrives while a checkpoint is being written stops the run right after that
-    save; one that arrives during the last step lets the run finish normally.
+    twice, before and after the other step-end callbacks (an all-reduce of one number each; with one process
+    none), and once more after each save, so every rank saves the same checkpoint and stops at the same step.
+    A signal that arrives while a checkpoint is being written stops the run right after that save; one that
+    arrives during the last step lets the run finish normally.
     """
 
     def __init__(self, signals: tuple[str, ...] = PREEMPTION_SIGNALS) -> None:
@@ -569,8 +603,8 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
     checkpoint = resolve_resume(value, args.output_dir, log, processes=processes, **parts)
     if checkpoint is not None:
         problem = (
-            resume_launch_problem(checkpoint, processes)
-            or resume_engine_problem(checkpoint, launch_engine(args))
+            resume_launch_problem(checkpoint, processes, args.output_dir)
+            or resume_engine_problem(checkpoint, launch_engine(args), args.output_dir)
             or later_checkpoints_problem(checkpoint, args.output_dir, processes=processes, **parts)
         )
         if problem:

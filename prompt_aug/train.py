@@ -343,8 +343,9 @@ def run(
                 print(before_after.table())
                 logger.info("wrote %s", before_after.write(args.output_dir))
         if args.push_to_hub:
-            # Every rank calls it, as accelerate expects; only the main process uploads.
-            trainer.push_to_hub(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")
+            # Every rank calls it, as accelerate expects; only the main process uploads. The model saved above
+            # is uploaded as it is, not saved again (a kill then would cut the finished model short).
+            trainer.push_saved_model(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")
         return 0
 
 

@@ -109,6 +109,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     # a single step) generates and scores as TRL does.
     features = Features()
     prompt_collator: PromptAugmentationCollator | None = None
+    _pushing_saved_model = False  # inside push_saved_model: output_dir holds the model already
 
     def __init__(
         self,
@@ -177,11 +178,26 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
 
     # Why: a PEFT model saves its adapter alone, so the generation config (with the recipe's stop_tokens)
     # would be lost: `prompt-aug-eval` of the folder, or of a checkpoint, would stop elsewhere than training.
+    # Why (`push_saved_model`): transformers' push_to_hub saves the model into output_dir again before it
+    # uploads, rewriting the weights in place; that save is skipped when the folder holds them already.
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        if self._pushing_saved_model and output_dir is None:
+            return
         super().save_model(output_dir, _internal_call)
         model = self.accelerator.unwrap_model(self.model)
         if self.args.should_save and hasattr(model, "peft_config"):
             model.generation_config.save_pretrained(output_dir or self.args.output_dir)
+
+    def push_saved_model(self, commit_message: str) -> Any:
+        """`push_to_hub` (blocking) of ``output_dir`` as it is: the model saved there (`save_model_unpushed`)
+        is not saved again, so a kill during the push cannot cut a finished model's weights short. The card
+        is written again and the upload is transformers' (the same files, no checkpoints). Every rank calls
+        it, as `push_to_hub`; only the main process uploads."""
+        self._pushing_saved_model = True
+        try:
+            return self.push_to_hub(commit_message=commit_message)
+        finally:
+            self._pushing_saved_model = False
 
     def _default_collator(self) -> PromptAugmentationCollator:
         templates, weights, eval_template = templates_for(self.config)

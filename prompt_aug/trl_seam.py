@@ -5,9 +5,10 @@
 ``token_logps_and_entropies``); each hook's default is TRL's own behaviour, reachable as ``trl_<hook>``.
 `PromptAugGRPOTrainer` subclasses it and overrides only public names, so when TRL changes, this file is
 what to port. The private attributes we read or set (the micro-step counter, the buffered micro-batches,
-the metric and completion-record buffers, the text tokenizer, the entropy-bonus flag) are properties and
-functions here. `PRIVATE_TRL_NAMES` lists them all; ``tests/test_trl_seam.py`` fails when any other file of
-the repository names one, or when TRL no longer has one.
+the metric and completion-record buffers, the text tokenizer, the entropy-bonus flag, the adaptive entropy
+controller's last entropy) are properties and functions here. `PRIVATE_TRL_NAMES` lists them all;
+``tests/test_trl_seam.py`` fails when any other file of the repository names one, or when TRL no longer has
+one.
 
 Written against TRL 1.16 (`TESTED_TRL`). Another version warns once, when a trainer is built; a TRL that
 lacks a member listed here fails then, in one line naming the missing members.
@@ -16,6 +17,7 @@ lacks a member listed here fails then, in one line naming the missing members.
 from __future__ import annotations
 
 import functools
+import json
 import warnings
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -26,6 +28,8 @@ import torch
 import trl
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 from trl import GRPOTrainer
+
+from .faults import ENTROPY_FILE
 
 TESTED_TRL = "1.16"
 
@@ -45,6 +49,7 @@ PRIVATE_TRL_NAMES = (
     "_metrics",
     "_tokenizer",
     "_entropy_bonus_enabled",
+    "_last_world_entropy",
     "_logs",
     "_pending_extra_logs",
     "_log_completion_extra",
@@ -52,8 +57,8 @@ PRIVATE_TRL_NAMES = (
 
 # Attributes TRL sets in __init__ (not class members): checked on the built trainer.
 _INSTANCE_NAMES = (
-    "_step", "_buffered_inputs", "_metrics", "_tokenizer", "_entropy_bonus_enabled", "_logs",
-    "_pending_extra_logs",
+    "_step", "_buffered_inputs", "_metrics", "_tokenizer", "_entropy_bonus_enabled", "_last_world_entropy",
+    "_logs", "_pending_extra_logs",
 )  # fmt: skip
 
 
@@ -207,8 +212,8 @@ class TRLSeam(GRPOTrainer):
 
     # Why: transformers 5.17 (the GPU stack's) loads the optimizer state of a run with several processes
     # onto ``args.device``; on CPU that is ``cpu:0``, which torch.load rejects, so a multi-process CPU run
-    # could not resume. There the optimizer and scheduler states are loaded onto plain "cpu" here; TRL's own
-    # extra state (the adaptive entropy controller) is then not restored.
+    # could not resume. There the optimizer and scheduler states are loaded onto plain "cpu" here, and TRL's
+    # own extra state (the adaptive entropy controller) is restored after them, as TRL's override does.
     def _load_optimizer_and_scheduler(self, checkpoint):
         device = self.args.device
         folder = Path(checkpoint) if checkpoint is not None else None
@@ -219,7 +224,18 @@ class TRLSeam(GRPOTrainer):
         load = {"map_location": "cpu", "weights_only": True}
         self.optimizer.load_state_dict(torch.load(folder / OPTIMIZER_NAME, **load))
         self.lr_scheduler.load_state_dict(torch.load(folder / SCHEDULER_NAME, **load))
+        self._load_entropy_state(folder)
         return None
+
+    def _load_entropy_state(self, folder: Path) -> None:
+        """TRL's adaptive entropy coefficient and last measured entropy from ``folder``'s
+        ``entropy_ctrl_state.json``, as TRL's ``_load_optimizer_and_scheduler`` restores them (a missing file
+        leaves the initial values, as TRL does)."""
+        path = folder / ENTROPY_FILE
+        if self.use_adaptive_entropy and path.is_file():
+            state = json.loads(path.read_text())
+            self.entropy_coef = state["entropy_coef"]
+            self._last_world_entropy = state["last_world_entropy"]
 
     # -- private attributes --------------------------------------------------------------------------------
 

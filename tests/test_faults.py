@@ -733,6 +733,57 @@ def test_a_checkpoint_resumes_only_under_the_engine_whose_layout_it_holds(tmp_pa
             assert problem is None or f"this launch runs {engine}," in problem
 
 
+def test_a_model_only_checkpoint_and_a_warm_start_are_told_to_start_from_the_weights(tmp_path, monkeypatch):
+    # save_only_model saves the weights alone under any engine, in the layout of a run without DeepSpeed or
+    # FSDP: transformers resumes that only without them (on a new optimizer), so relaunching with the run's
+    # own DeepSpeed or FSDP config cannot help. A warm start (a checkpoint outside output_dir) is a new run
+    # already: it is not told to start one.
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    run, new = tmp_path / "run", tmp_path / "new"
+    only_model = fault_harness.tiny_checkpoint(run / "checkpoint-4", 4)
+    (only_model / "optimizer.pt").unlink()
+    (only_model / faults.LAUNCH_FILE).write_text('{"processes": 2}\n')
+
+    def launch(output_dir: Path, zero_stage: int | None = None, fsdp: list | None = None) -> SimpleNamespace:
+        plugin = SimpleNamespace(zero_stage=zero_stage) if zero_stage else None
+        return SimpleNamespace(
+            output_dir=str(output_dir), save_only_model=True, deepspeed_plugin=plugin, fsdp=fsdp or []
+        )
+
+    for args, engine in (
+        (launch(run, zero_stage=2), "DeepSpeed ZeRO-1/2"),
+        (launch(run, fsdp=["full_shard"]), "FSDP"),
+    ):
+        with pytest.raises(faults.ResumeError) as refused:
+            faults.check_resume("true", args, processes=2)
+        assert str(refused.value) == (
+            f"resume_from_checkpoint: {only_model} was saved with save_only_model (model weights only), "
+            f"which cannot be resumed under {engine}; start a new run from its weights "
+            f"(--model_name_or_path {only_model}, another output_dir)"
+        )
+    assert faults.check_resume("true", launch(run), processes=2) == str(only_model)
+    with pytest.raises(faults.ResumeError) as refused:
+        faults.check_resume(str(only_model), launch(new, zero_stage=3), processes=2)
+    assert str(refused.value).endswith(
+        "cannot be resumed under DeepSpeed ZeRO-3; start from its weights with --model_name_or_path "
+        f"{only_model}"
+    )
+    with pytest.raises(faults.ResumeError) as refused:
+        faults.check_resume(str(only_model), launch(new), processes=1)
+    assert str(refused.value).endswith(
+        f"Relaunch on 2 processes, or start from its weights with --model_name_or_path {only_model}"
+    )
+    zero2 = _deepspeed_layout(
+        fault_harness.tiny_checkpoint(tmp_path / "other" / "checkpoint-2", 2), zero3=False
+    )
+    with pytest.raises(faults.ResumeError) as refused:
+        faults.check_resume(str(zero2), SimpleNamespace(**{**vars(launch(new)), "save_only_model": False}), 1)
+    assert str(refused.value).endswith(
+        "Relaunch with the accelerate config the run was trained with, or start from its weights with "
+        f"--model_name_or_path {zero2}"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad data
 
@@ -906,6 +957,38 @@ def test_a_failed_push_keeps_model_and_card_on_disk_and_says_how_to_push_later(t
     ]  # fmt: skip
     assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+
+
+def test_the_final_push_uploads_the_saved_model_without_writing_it_again(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """transformers' push_to_hub saves the model into output_dir again before it uploads, rewriting
+    model.safetensors in place: a kill then would cut a finished model short. The end of a run pushes the
+    folder as saved: the weights file is untouched when the upload reads it, and the upload is what
+    transformers' push_to_hub sends. The Hub client's create and upload are recorded here, not sent."""
+    from huggingface_hub import HfApi
+
+    out, uploads = tmp_path / "run", []
+    untouched = 1_000_000_000 * 10**9  # an mtime (ns) no write now can give
+
+    def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        files = sorted(p.name for p in Path(folder_path).iterdir())
+        rewritten = os.stat(Path(folder_path) / "model.safetensors").st_mtime_ns != untouched
+        uploads.append(((repo_id, kwargs, files), rewritten))
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0")
+
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: SimpleNamespace(repo_id=repo_id))
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    trainer = _built(tiny_model_dir, out, push_to_hub=True, hub_model_id="someone/final")
+    trainer.save_model_unpushed(str(out))
+    trainer.create_model_card()
+    for push in (trainer.push_saved_model, trainer.push_to_hub):
+        os.utime(out / "model.safetensors", ns=(untouched, untouched))
+        push(commit_message="prompt-aug GRPO, 0 steps")
+    (ours, ours_rewritten), (theirs, theirs_rewritten) = uploads
+    assert not ours_rewritten and theirs_rewritten  # transformers' own push saves the weights again
+    assert ours == theirs and ours[1]["commit_message"] == "prompt-aug GRPO, 0 steps"
+    assert {"README.md", "model.safetensors"} <= set(ours[2]) and not ours[1]["run_as_future"]
 
 
 def test_a_refused_hub_request_is_not_mistaken_for_an_unreachable_hub():

@@ -164,9 +164,14 @@ def _torchrun(out: Path, *extra: str) -> None:
 def test_two_process_resume_in_the_second_epoch_sees_the_uninterrupted_sequence(tmp_path):
     # On 2 processes the resumed epoch's sampler sits behind SkipBatchSampler -> BatchSamplerShard, which the
     # Trainer's set_epoch does not reach; the sampler reads the epoch itself. 8 questions per round, 3 rounds
-    # per epoch: checkpoint-8 is inside epoch 2.
+    # per epoch: checkpoint-8 is inside epoch 2. On several CPU processes the optimizer state is loaded by
+    # the seam, not by TRL, which also restores its adaptive entropy controller there: the entropy lies below
+    # the target throughout, so the coefficient grows by 0.1 a step, resumed as uninterrupted.
     d, e = tmp_path / "D", tmp_path / "E"
-    run = ("--num_synthetic", "24", "--max_completion_length", "8", "--save_steps", "8", "--max_steps", "10")
+    run = (
+        "--num_synthetic", "24", "--max_completion_length", "8", "--save_steps", "8", "--max_steps", "10",
+        "--use_adaptive_entropy", "true", "--entropy_target", "100", "--entropy_coef_delta", "0.1",
+    )  # fmt: skip
     _torchrun(d, *run)
     e.mkdir()
     shutil.copytree(d / "checkpoint-8", e / "checkpoint-8")
@@ -181,6 +186,13 @@ def test_two_process_resume_in_the_second_epoch_sees_the_uninterrupted_sequence(
     got = _all_records(e).reset_index(drop=True)
     assert len(got) == 2 * 32
     pd.testing.assert_frame_equal(got, expected)
+    assert _logged(d, "entropy_coef")[9] == pytest.approx(0.9)
+    assert _logged(e, "entropy_coef")[9] == pytest.approx(0.9)  # 0.1 when restarted at 0
+
+
+def _logged(run: Path, key: str) -> dict[int, float]:
+    history = json.loads((run / "trainer_state.json").read_text())["log_history"]
+    return {h["step"]: h[key] for h in history if key in h}
 
 
 def test_a_bad_line_in_the_log_file_stops_a_resume_before_the_model_loads(runs, tmp_path, monkeypatch):
