@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import math
 import warnings
 from collections.abc import Callable, Iterator
@@ -31,6 +32,16 @@ BATCH_LOW_IF_SET = {"steps_per_generation": 1, "generation_batch_size": 1}
 # What TRL 1.16's GRPOTrainer accepts; it checks them only inside the first training step.
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")  # and true / false, TRL's group / none
+# TRL's sampling and length keys: (smallest, largest, whether the smallest itself is refused); None leaves one
+# unset. Generation refuses other values only once it starts, after the model has loaded.
+GENERATION_RANGES = {
+    "top_p": (0, 1, True), "min_p": (0, 1, False), "max_completion_length": (1, None, False),
+}  # fmt: skip
+# GRPOConfig's keys that take a mapping or its JSON text (TrainingArguments parses a string starting with
+# "{"); the others of `_VALID_DICT_FIELDS` take a file path too. Any other value fails only once read.
+MAPPING_KEYS = tuple(
+    k for k in GRPOConfig._VALID_DICT_FIELDS if k not in ("accelerator_config", "fsdp_config", "deepspeed")
+)
 # The optimizer's numbers: smallest value and the bound they stay below (None: none). torch's optimizers
 # refuse others only when the trainer builds them, once the model has loaded.
 OPTIMIZER_LOW = {
@@ -299,7 +310,10 @@ class PromptAugGRPOConfig(GRPOConfig):
         "packing",
     )
     packing_pad_to_multiple_of: int | None = _key(
-        None, "Round each packed call's length up to a multiple of this (default: no rounding).", "packing"
+        None,
+        "Round each packed call's length up to a multiple of this (default: no rounding).",
+        "packing",
+        low=1,
     )
     packing_share_prompts: bool = _key(
         False,
@@ -375,13 +389,19 @@ KEYS: dict[str, KeyInfo] = {
 
 def check_config(args: Any) -> None:
     """Fail on a key that cannot work with the rest of the recipe (`ValueError`, one line naming the key):
-    each key's ``low`` and ``choices`` (`check_keys`), ``report_to``'s names, the stabilisers and the collapse
-    guard's eval signal;
-    then warn on keys that do nothing (`inert_keys`). The dynamic-sampling signal is checked against the
-    reward functions the trainer is given."""
+    each key's ``low`` and ``choices`` (`check_keys`), ``report_to``'s names, the stabilisers (fp16 too),
+    ``save_strategy: best``, vLLM (`vllm_refusal`) and the collapse guard's eval signal; then warn on keys
+    that do nothing (`inert_keys`). The dynamic-sampling signal is checked against the reward functions the
+    trainer is given."""
     check_keys(args)
     from transformers.integrations import INTEGRATION_TO_CALLBACK
 
+    for alone in ("none", "all"):
+        if alone in args.report_to and len(args.report_to) > 1:  # else named unknown below
+            raise ValueError(
+                f"report_to: {alone} cannot be combined with other integrations; give {alone} alone, or "
+                "list only the integrations to report to"
+            )
     unknown = [name for name in args.report_to if name not in INTEGRATION_TO_CALLBACK]
     if unknown:  # the Trainer would refuse it only once the model has loaded
         raise ValueError(
@@ -412,6 +432,21 @@ def check_config(args: Any) -> None:
             f"skip_minibatch_ratio_above: {threshold} is below 1, the smallest value the mean of "
             "max(r, 1/r) can take; use 1.0 to skip every mini-batch, or leave it unset"
         )
+    if threshold is not None and args.fp16:  # its gradient scaler asserts at the optimizer step
+        raise ValueError(
+            "skip_minibatch_ratio_above is not supported with fp16 (its gradient scaler cannot step over "
+            "a skipped mini-batch's dropped gradients); train with bf16: true, or unset it"
+        )
+    if (
+        args.save_strategy == "best" and args.metric_for_best_model is None
+    ):  # the Trainer refuses it once built
+        raise ValueError(
+            "save_strategy: best needs metric_for_best_model, a metric of the Trainer's evaluation on an "
+            "eval_dataset; set it, or use save_strategy: steps"
+        )
+    refused = vllm_refusal(args)
+    if refused is not None:  # TRL would refuse it only once the model has loaded
+        raise ValueError(refused)
     if args.dynamic_sampling and not args.prompt_augmentation:
         raise ValueError(  # the trainer would refuse it only once the model has loaded
             "dynamic_sampling: true needs prompt_augmentation: true (it builds each round's groups from the "
@@ -447,10 +482,47 @@ def check_config(args: Any) -> None:
         warnings.warn(line, UserWarning, stacklevel=2)
 
 
-def check_trl_keys(args: Any) -> None:
-    """TRL's batch keys (`BATCH_LOW`), ``loss_type``, ``scale_rewards``, the sampling temperature, the
-    optimizer's numbers (`OPTIMIZER_LOW`) and the length of training, which TRL checks late or not at all
+def vllm_refusal(args: Any) -> str | None:
+    """The line for what TRL's vLLM generation refuses only once the trainer is built, under TRL's own
+    conditions: VESPO's importance-sampling mode, and colocated vLLM groups that do not split the processes
+    (``world_size``). None when neither applies."""
+    if not args.use_vllm:
+        return None
+    mode = args.vllm_importance_sampling_mode
+    vespo = args.loss_type == "vespo" and args.vllm_importance_sampling_correction
+    if vespo and mode not in ("token_truncate", "token_mask"):
+        return (
+            f"loss_type: vespo with use_vllm needs vllm_importance_sampling_mode token_truncate or "
+            f"token_mask, got {mode}; set one of them, or vllm_importance_sampling_correction: false"
+        )
+    size, processes = args.vllm_tensor_parallel_size, args.world_size
+    if args.vllm_mode == "colocate" and not (size >= 1 and processes % size == 0):
+        return (
+            f"vllm_tensor_parallel_size: {size} must divide the {processes} processes with vllm_mode "
+            f"colocate (each vLLM instance spans that many); set it to a divisor of {processes}"
+        )
+    return None
+
+
+def check_mapping(name: str, value: Any) -> None:
+    """Refuse a value of a `MAPPING_KEYS` key that is neither a mapping, None nor a JSON object's text
     (`ValueError`, one line naming the key)."""
+    if value is None or isinstance(value, dict):
+        return
+    example = "give key: value lines under it, or JSON text such as '{\"key\": 1}'"
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            json.loads(value)  # text starting with "{" that parses is an object
+            return
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{name}: not a JSON object ({err.msg}); {example}") from None
+    raise ValueError(f"{name}: {value!r} is not a mapping; {example}")
+
+
+def check_trl_keys(args: Any) -> None:
+    """TRL's batch keys (`BATCH_LOW`), ``loss_type``, ``scale_rewards``, the sampling temperature and ranges
+    (`GENERATION_RANGES`), the optimizer's numbers (`OPTIMIZER_LOW`), the mapping keys (`MAPPING_KEYS`) and
+    the length of training, which TRL checks late or not at all (`ValueError`, one line naming the key)."""
     for name, low in {**BATCH_LOW, **BATCH_LOW_IF_SET}.items():
         value = getattr(args, name)
         if value is None and name in BATCH_LOW:  # ``num_generations:`` with nothing after it
@@ -469,6 +541,16 @@ def check_trl_keys(args: Any) -> None:
             "temperature: must be above 0 (GRPO samples its completions; 1.0 samples as the model does), "
             f"got {args.temperature}"
         )
+    for name, (low, high, open_low) in GENERATION_RANGES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        above_low = value > low if open_low else value >= low  # NaN fails both
+        if not (above_low and (high is None or value <= high)):
+            top = "" if high is None else f" and at most {high}"
+            raise ValueError(f"{name}: must be {'above' if open_low else 'at least'} {low}{top}, got {value}")
+    for name in MAPPING_KEYS:
+        check_mapping(name, getattr(args, name))
     for name, (low, below) in OPTIMIZER_LOW.items():
         value = getattr(args, name)
         if not (value >= low and (below is None or value < below)):  # NaN too

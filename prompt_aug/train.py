@@ -170,6 +170,25 @@ def train(argv: list[str] | None = None) -> int:
     return run(script_args, args, model_args, demo_args, argv)
 
 
+def check_trainer_evaluation(args: PromptAugGRPOConfig) -> None:
+    """Refuse the Trainer's own evaluation (``eval_strategy``, and ``save_strategy: best``, which saves after
+    it), which needs an ``eval_dataset`` that this script does not pass; it evaluates through
+    ``eval_benchmarks`` (`ValueError`, one line naming the key).
+    A trainer built in code may pass one, so the config itself takes the key."""
+    if args.eval_strategy != "no":  # the Trainer refuses it only once the model has loaded
+        raise ValueError(
+            f"eval_strategy: {getattr(args.eval_strategy, 'value', args.eval_strategy)} evaluates an "
+            "eval_dataset, which prompt-aug-train does not pass; set eval_strategy: no, and evaluate during "
+            "training with eval_benchmarks and eval_every_steps"
+        )
+    if args.save_strategy == "best":  # it saves after such an evaluation only: never, here
+        raise ValueError(
+            "save_strategy: best saves when the Trainer's evaluation finds a better metric_for_best_model, "
+            "and prompt-aug-train runs no such evaluation, so no checkpoint would be saved; use "
+            "save_strategy: steps with save_steps"
+        )
+
+
 def reward_functions(
     script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig
 ) -> tuple[list[Any], list[str]]:
@@ -212,9 +231,10 @@ def run(
             "saved LoRA adapter records the base as stored, so it would evaluate and merge without the warm "
             "start; set warmstart_steps: 0, or train without use_peft"
         )
-    # Reward functions and templates by name: a bad name fails before anything is read or deleted, and in
-    # the dry run too.
+    # The Trainer's evaluation, reward functions and templates by name: a bad value fails before anything is
+    # read or deleted, and in the dry run too.
     try:
+        check_trainer_evaluation(args)
         reward_funcs, names = reward_functions(script_args, args)
         templates, weights, eval_template = templates_for(args)
         if script_args.chat_template:  # a missing file fails here, not after the model is fetched

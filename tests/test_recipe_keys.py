@@ -30,6 +30,7 @@ from prompt_aug.config import (
     KEYS,
     SIGNALS,
     PromptAugGRPOConfig,
+    planned_processes,
     trainer_settings,
 )
 from prompt_aug.data import DataError, load_train_dataset
@@ -460,6 +461,18 @@ def test_a_batch_loss_or_evaluation_key_that_cannot_run_is_refused_when_parsed(k
         ),
         ("report_to", "wandbb", "report_to: 'wandbb' is not one of azure_ml, comet_ml, mlflow,"),
         ("report_to", ["tensorboard", "W&B"], "report_to: 'W&B' is not one of azure_ml,"),
+        ("report_to", ["none", "wandb"], "report_to: none cannot be combined with other integrations; give"),
+        ("top_p", 1.5, "top_p: must be above 0 and at most 1, got 1.5"),
+        ("top_p", 0.0, "top_p: must be above 0 and at most 1, got 0.0"),
+        ("min_p", 2.0, "min_p: must be at least 0 and at most 1, got 2.0"),
+        ("max_completion_length", 0, "max_completion_length: must be at least 1, got 0"),
+        ("packing_pad_to_multiple_of", -8, "packing_pad_to_multiple_of: must be at least 1, got -8"),
+        ("save_strategy", "best", "save_strategy: best needs metric_for_best_model"),
+        ("model_init_kwargs", "auto", "model_init_kwargs: 'auto' is not a mapping; give key: value lines"),
+        ("model_init_kwargs", [1, 2], "model_init_kwargs: [1, 2] is not a mapping"),
+        ("model_init_kwargs", "{bad", "model_init_kwargs: not a JSON object (Expecting property name"),
+        ("chat_template_kwargs", "notjson", "chat_template_kwargs: 'notjson' is not a mapping"),
+        ("lr_scheduler_kwargs", "x", "lr_scheduler_kwargs: 'x' is not a mapping"),
     ],
 )
 def test_a_value_training_would_refuse_only_once_started_is_refused_when_parsed(
@@ -469,6 +482,50 @@ def test_a_value_training_would_refuse_only_once_started_is_refused_when_parsed(
     # integration: each only once the model has loaded. Zero iterations or epochs trained nothing, exit 0.
     settings = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False, "report_to": "none", key: value}
     _refused(lambda: PromptAugGRPOConfig(**settings), message)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            {"fp16": True, "skip_minibatch_ratio_above": 2.0},
+            "skip_minibatch_ratio_above is not supported with fp16 (its gradient scaler cannot step over",
+        ),
+        (
+            {"loss_type": "vespo", "use_vllm": True},
+            "loss_type: vespo with use_vllm needs vllm_importance_sampling_mode token_truncate or token_mask",
+        ),
+        (
+            {"use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 3},
+            "vllm_tensor_parallel_size: 3 must divide the 4 processes with vllm_mode colocate",
+        ),
+    ],
+)
+def test_keys_that_trl_refuses_together_once_the_model_has_loaded_are_refused_when_parsed(
+    settings, message, tmp_path
+):
+    # The stabilisers and TRL's vLLM generation refuse these as the trainer is built; TRL's own conditions.
+    base = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False, "report_to": "none"}
+    with planned_processes(4):
+        _refused(lambda: PromptAugGRPOConfig(**base, **settings), message)
+
+
+def test_what_trl_takes_beside_those_refusals_still_parses(tmp_path):
+    base = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False, "report_to": "none"}
+    with planned_processes(4):
+        for settings in (
+            {"loss_type": "vespo", "use_vllm": True, "vllm_importance_sampling_mode": "token_mask"},
+            {"loss_type": "vespo", "use_vllm": True, "vllm_importance_sampling_correction": False},
+            {"use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 2},
+            {"use_vllm": True, "vllm_mode": "server", "vllm_tensor_parallel_size": 3},
+            {"save_strategy": "best", "metric_for_best_model": "loss"},
+            {"top_p": 1.0, "min_p": 0.0, "max_completion_length": 1, "packing_pad_to_multiple_of": 1},
+            {"model_init_kwargs": '{"dtype": "float32"}', "chat_template_kwargs": {"enable_thinking": False}},
+        ):
+            PromptAugGRPOConfig(**base, **settings)
+    assert PromptAugGRPOConfig(**base, model_init_kwargs='{"dtype": "float32"}').model_init_kwargs == {
+        "dtype": "float32"
+    }
 
 
 def test_the_bounds_of_what_training_takes_still_parse(tmp_path):

@@ -211,6 +211,52 @@ def test_unknown_recipe_key_fails_before_loading_and_names_the_key(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--eval_strategy", "steps"],
+            "eval_strategy: steps evaluates an eval_dataset, which prompt-aug-train",
+        ),
+        (
+            ["--save_strategy", "best", "--metric_for_best_model", "reward"],
+            "save_strategy: best saves when the Trainer's evaluation finds a better",
+        ),
+        (
+            ["--fp16", "true", "--skip_minibatch_ratio_above", "2"],
+            "skip_minibatch_ratio_above is not supported ",
+        ),
+        (
+            ["--loss_type", "vespo", "--use_vllm", "true"],
+            "loss_type: vespo with use_vllm needs vllm_importance_",
+        ),
+        (
+            ["--use_vllm", "true", "--vllm_tensor_parallel_size", "3", "--num_processes", "2"],
+            "vllm_tensor_parallel_size: 3 must divide the 2 processes with vllm_mode colocate",
+        ),
+    ],
+)
+def test_keys_the_trainer_refuses_once_built_are_refused_by_the_dry_run_in_one_line(flags, message, capsys):
+    # Else a traceback from the Trainer, TRL or the stabilisers after the data and the model have loaded.
+    with pytest.raises(SystemExit, match=f"^prompt-aug-train: error: [^\\n]*{message}") as exit_:
+        train.main(["--config", SMOKE, "--dry_run", *flags])
+    assert "\n" not in str(exit_.value) and "questions per round" not in capsys.readouterr().out
+
+
+def test_a_trainer_built_in_code_still_takes_the_trainers_own_evaluation(tmp_path):
+    from prompt_aug import PromptAugGRPOConfig
+
+    args = PromptAugGRPOConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        eval_strategy="steps",
+        eval_steps=2,
+    )  # given an eval_dataset, as GRPOTrainer is
+    assert args.eval_strategy == "steps"
+
+
 def test_recipe_keys_turn_on_evaluation_during_training(tmp_path):
     import datasets
 

@@ -88,8 +88,9 @@ class MinibatchSkip:
     (`after_backward`). A mini-batch's gradient is complete once its last micro-batch's backward has run (DDP
     has all-reduced it), and the Trainer steps the optimizer right after: dropping the gradients then makes
     torch's optimizers skip every parameter (no update, no weight decay, no moment change), while the
-    scheduler and the round go on. DeepSpeed steps inside backward, and fp16's gradient scaler asserts on an
-    optimizer with no gradients (it records no inf check), so both are refused (`check`).
+    scheduler and the round go on. DeepSpeed steps inside backward, so it is refused (`check`); fp16's
+    gradient scaler asserts on an optimizer with no gradients (it records no inf check), so
+    `prompt_aug.config.check_config` refuses fp16 with it.
     """
 
     def __init__(self, threshold: float) -> None:
@@ -99,17 +100,12 @@ class MinibatchSkip:
 
     @staticmethod
     def check(trainer: Any) -> None:
-        """Refuse a trainer whose optimizer steps inside backward (DeepSpeed) or through fp16's gradient
-        scaler, which cannot step an optimizer whose gradients were dropped."""
+        """Refuse a trainer whose optimizer steps inside backward (DeepSpeed), before a mini-batch can be
+        judged."""
         if trainer.is_deepspeed_enabled:
             raise ValueError(
                 "skip_minibatch_ratio_above is not supported under DeepSpeed (its optimizer steps "
                 "inside backward, before a mini-batch can be judged); use DDP or FSDP, or unset it"
-            )
-        if trainer.args.fp16:
-            raise ValueError(
-                "skip_minibatch_ratio_above is not supported with fp16 (its gradient scaler cannot step over "
-                "a skipped mini-batch's dropped gradients); train with bf16: true, or unset it"
             )
 
     def add(self, logps: torch.Tensor, inputs: dict, mask: torch.Tensor) -> None:
