@@ -65,9 +65,11 @@ def batch_arithmetic(
     script_args: Any = None,
     num_processes: int | None = None,
     rows: int | None = None,
+    held_out: int = 0,
 ) -> BatchArithmetic:
     """The effective batch arithmetic of a parsed recipe (no model, no data; ``rows``, the questions a
-    loaded dataset holds, where known).
+    loaded dataset trains on, where known; ``held_out``, the learning demo's ``heldout_questions``, which a
+    built-in set's size then loses, as training sets them aside).
 
     Mirrors TRL 1.16: a round generates ``generation_batch_size`` completions (``per_device_train_batch_size
     × processes × steps_per_generation`` unless set), its questions are ``/ num_generations``, and the
@@ -87,7 +89,7 @@ def batch_arithmetic(
         rows = script_args.dataset_num_rows if script_args else None
     source = builtin(script_args.dataset_name, "dataset") if script_args is not None else None
     if rows is None and source is not None:
-        rows = source.rows or script_args.num_synthetic
+        rows = max((source.rows or script_args.num_synthetic) - held_out, 0)
     rounds_per_epoch = rows // questions if rows is not None and questions else None
     total = None
     if rounds_per_epoch is not None:

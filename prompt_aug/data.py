@@ -896,11 +896,11 @@ def preview(args: argparse.Namespace) -> str:
     from .templates import chat_template_text, check_renders, load_templates, templates_for
 
     recipe: dict[str, Any] = {}
-    if args.config:  # read as training reads it: a missing file, bad YAML or unknown key is one line
-        from .cli import read_recipe
-        from .recipe import make_parser
+    if args.config:  # its values as training parses them (a one-word list is a list of one, "false" false)
+        from .recipe import parse_recipe_file
 
-        recipe = read_recipe(args.config, make_parser().option_names())
+        parsed = parse_recipe_file(args.config)  # a bad file, key or value is one line
+        recipe = {key: value for keys in parsed[:3] for key, value in vars(keys).items()}
     keys = _source_keys(recipe, args.dataset)
     for key in ("question_column", "answer_column"):  # the command line's, over the recipe's
         keys[key] = getattr(args, key) or keys[key]

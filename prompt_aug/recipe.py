@@ -21,7 +21,15 @@ from .config import PromptAugGRPOConfig, help_field, planned_processes
 from .mixture import dataset_mixture
 from .sources import builtin_names, demo_stage
 
-__all__ = ["NUM_SYNTHETIC", "PromptAugScriptArguments", "Recipe", "check_recipe", "make_parser", "parse_args"]
+__all__ = [
+    "NUM_SYNTHETIC",
+    "PromptAugScriptArguments",
+    "Recipe",
+    "check_recipe",
+    "make_parser",
+    "parse_args",
+    "parse_recipe_file",
+]
 
 
 NUM_SYNTHETIC = 256  # rows of the built-in `synthetic` set unless num_synthetic says otherwise
@@ -149,10 +157,11 @@ class PromptAugScriptArguments:
                     f"dataset_mixture and {clashes[0]} are both set: a mixture names its sources itself "
                     "(path, name, split per source); remove " + clashes[0]
                 )
-        if self.num_synthetic != NUM_SYNTHETIC and self.dataset_name not in builtin_names("dataset"):
+        if self.num_synthetic != NUM_SYNTHETIC and self.dataset_name != "synthetic":
+            # The other built-in sets have rows of their own (`prompt_aug.sources.BUILTINS`).
             raise ValueError(
-                f"num_synthetic sizes only the built-in sets ({', '.join(builtin_names('dataset'))}), and "
-                f"dataset_name is {self.dataset_name!r}: remove num_synthetic"
+                f"num_synthetic sizes only the built-in set `synthetic`, and dataset_name is "
+                f"{self.dataset_name!r}: remove num_synthetic"
             )
 
 
@@ -203,11 +212,21 @@ def check_recipe(
 def parse_args(argv: list[str] | None = None, machine: Callable[[Any], str | None] | None = None) -> Recipe:
     """Parse a recipe and command-line overrides; a bad key or value fails here in one line
     (`cli.UsageError`), as does a recipe `check_recipe` refuses (``machine``: as there)."""
-    parser = make_parser()
     args = list(argv) if argv is not None else sys.argv[1:]
-    check = partial(check_recipe, machine=machine)
+    return _parse(args, partial(check_recipe, machine=machine))
+
+
+def parse_recipe_file(path: str) -> Recipe:
+    """A recipe file's values as training parses them, for a tool that reads a recipe without training it
+    (the data preview): parsed as a dry run, without `check_recipe` (no model needed); a bad file, key or
+    value fails in one line (`cli.UsageError`)."""
+    return _parse(["--config", path, "--dry_run"])
+
+
+def _parse(args: list[str], check: Callable[..., None] | None = None) -> Recipe:
+    parser = make_parser()
     if not wants_dry_run(args):
         return Recipe(*parse_recipe(parser, args, check))
-    args += DRY_RUN_OVERRIDES  # bf16 recipes must parse on a CPU-only machine; see cli.DRY_RUN_OVERRIDES
+    args = [*args, *DRY_RUN_OVERRIDES]  # bf16 recipes must parse on a CPU-only machine; see DRY_RUN_OVERRIDES
     with planned_processes(dry_run_processes(args)):  # TRL's batch checks as the launch will run them
         return Recipe(*parse_recipe(parser, args, check))

@@ -197,6 +197,8 @@ def load_templates(path: str | Path | None = None, tokenizer: Any = None) -> dic
             failed render. The message names the template.
     """
     source = Path(path) if path is not None else DEFAULT_TEMPLATES_FILE
+    if source.is_dir():
+        raise TemplateError(f"templates_file: {source} is a folder; give a YAML file of templates")
     if not source.is_file():
         raise TemplateError(f"templates_file: no such file {source}")
     try:

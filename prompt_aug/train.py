@@ -242,7 +242,7 @@ def run(
     except (ValueError, TemplateError) as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None
     if script_args.dry_run:  # arithmetic only, for the recipe's num_processes
-        print(batch_arithmetic(args, script_args).table())
+        print(batch_arithmetic(args, script_args, held_out=demo_args.heldout_questions).table())
         return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)

@@ -451,6 +451,23 @@ def test_the_preview_reads_its_recipe_as_training_does(tmp_path):
         assert "\n" not in str(done.value.code)
 
 
+def test_the_preview_reads_the_recipes_values_as_training_parses_them(tmp_path, capsys):
+    # A one-value list key is a list of one, and a quoted "false" is false, in training and in the preview.
+    path = tmp_path / "q.jsonl"
+    rows = [{"question": f"q{i}?", "answer": str(i), "level": f"Level {i}"} for i in (4, 5)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("templates: qwen-math\ndataset_levels: Level 5\n")
+    data.main(["--dataset", str(path), "--config", str(recipe)])
+    out = capsys.readouterr().out
+    assert "2 rows read, 1 kept" in out and "dropped 1: level not in ['Level 5']" in out and "q5?" in out
+    assert out.count("----- template") == 1 and "----- template qwen-math -----" in out
+    recipe.write_text('prompt_augmentation: "false"\neval_template: abel\n')
+    data.main(["--dataset", str(path), "--config", str(recipe)])
+    out = capsys.readouterr().out
+    assert out.count("----- template") == 1 and "----- template abel -----" in out
+
+
 def test_the_preview_takes_the_columns_on_its_command_line(tmp_path, capsys):
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"statement": "What is 1 + 1?", "gold": "2"}) + "\n")

@@ -27,11 +27,12 @@ ARITHMETIC = {"questions_per_round", "completions_per_round", "completions_per_o
               "optimizer_steps_per_round", "rounds_per_epoch", "total_rounds"}  # fmt: skip
 # The LoRA recipe is not a paper run: these rows are its own (model, batch, learning rate, length).
 LORA_OWN = {"dtype", "questions_per_round", "completions_per_optimizer_step", "gradient_accumulation_steps",
-            "steps_per_generation", "learning_rate", "num_train_epochs"}  # fmt: skip
+            "steps_per_generation", "learning_rate", "num_train_epochs", "total_rounds"}  # fmt: skip
 # The short full fine-tuning run on one GPU: half the paper's round, 2 of the paper's optimizer steps per
-# round.
+# round, for 300 rounds (max_steps 600).
 FULL_1GPU_OWN = {"questions_per_round", "per_device_train_batch_size", "steps_per_generation",
-                 "gradient_accumulation_steps", "optimizer_steps_per_round", "save_steps"}  # fmt: skip
+                 "gradient_accumulation_steps", "optimizer_steps_per_round", "save_steps", "max_steps",
+                 "total_rounds"}  # fmt: skip
 
 
 def fidelity_tables(text: str) -> dict[str, list[dict[str, str]]]:
@@ -167,3 +168,11 @@ def test_a_drifted_table_is_caught(tmp_path):
     rows = _table("prompt_aug.yaml", fidelity_tables(drifted))
     with pytest.raises(AssertionError, match="delta"):
         _check(PAPER / "prompt_aug.yaml", expected_values(rows, "Our keys"))
+
+
+def test_a_paper_recipe_cut_short_by_max_steps_is_caught(tmp_path):
+    # The run's length is a fidelity row: a copy of the paper recipe stopped at 1000 optimizer steps fails.
+    short = tmp_path / "prompt_aug.yaml"
+    short.write_text((PAPER / "prompt_aug.yaml").read_text().replace("max_steps: -1", "max_steps: 1000"))
+    with pytest.raises(AssertionError, match=r"'max_steps': \(-1, 1000\), 'total_rounds': \(3960, 250\)"):
+        _check(short, expected_values(MAIN, "Our keys"))

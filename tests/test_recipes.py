@@ -337,6 +337,27 @@ def test_a_real_run_counts_its_own_processes_not_the_recipes_dry_run_count(tmp_p
     assert re.search(r"questions per round +4\b", table), table
 
 
+def test_num_synthetic_with_a_built_in_set_of_fixed_rows_is_refused_naming_the_recipe(tmp_path):
+    recipe = tmp_path / "adds.yaml"  # synthetic-addition: 55 questions, whatever num_synthetic says
+    recipe.write_text((REPO / "recipes/smoke/learn_cpu.yaml").read_text() + "\nnum_synthetic: 100\n")
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", str(recipe), "--dry_run"])
+    assert str(exit_info.value.code).endswith(
+        f"{recipe}: num_synthetic sizes only the built-in set `synthetic`, and dataset_name is "
+        "'synthetic-addition': remove num_synthetic"
+    )
+
+
+def test_the_dry_run_counts_a_built_in_set_without_its_held_out_questions(tmp_path, capsys):
+    # learn_cpu.yaml trains synthetic-addition's 55 questions less 10 held out: 45 // 4 = 11 rounds an epoch.
+    recipe = tmp_path / "learn.yaml"
+    recipe.write_text(
+        (REPO / "recipes/smoke/learn_cpu.yaml").read_text().replace("dataset_num_rows: 45\n", "")
+    )
+    train.main(["--config", str(recipe), "--dry_run"])
+    assert re.search(r"rounds per epoch +11\n", capsys.readouterr().out)
+
+
 def test_unknown_recipe_key_is_an_error_naming_the_key(tmp_path):
     recipe = tmp_path / "typo.yaml"
     recipe.write_text((PAPER / "prompt_aug.yaml").read_text() + "\nlora_rnak: 16\n")

@@ -112,6 +112,12 @@ def test_a_missing_templates_file_is_a_template_error_naming_the_key(tmp_path):
         load_templates(tmp_path / "nope.yaml")
 
 
+def test_a_folder_as_templates_file_is_named_a_folder(tmp_path):
+    with pytest.raises(TemplateError) as err:
+        load_templates(tmp_path)
+    assert str(err.value) == f"templates_file: {tmp_path} is a folder; give a YAML file of templates"
+
+
 def test_a_template_the_tokenizer_cannot_render_is_named(tmp_path, tokenizer):
     from transformers import AutoTokenizer
 
