@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 from itertools import accumulate
 from typing import Any
 
@@ -51,6 +52,10 @@ def row_question(row: dict[str, Any]) -> str:
     '2+2?'
     """
     if "question" in row:
+        if _missing(row["question"]):
+            raise ValueError(
+                f"a row's `question` is missing ({row['question']!r}); drop the row or fill its question"
+            )
         return str(row["question"])
     prompt = row.get("prompt")
     if isinstance(prompt, str):
@@ -64,14 +69,20 @@ def row_question(row: dict[str, Any]) -> str:
 
 
 def row_uid(row: dict[str, Any], question: str) -> str:
-    """The row's ``uid`` column, else a stable id derived from the question text.
+    """The row's ``uid`` column, else (no column, or a missing or empty id) a stable id derived from the
+    question text: rows whose ids are all None would otherwise share one template draw.
 
-    >>> row_uid({}, "2+2?") == row_uid({}, "2+2?") != row_uid({}, "2+3?")
+    >>> row_uid({}, "2+2?") == row_uid({"uid": None}, "2+2?") != row_uid({"uid": float("nan")}, "2+3?")
     True
     """
-    if "uid" in row:
+    if "uid" in row and not _missing(row["uid"]) and str(row["uid"]):
         return str(row["uid"])
     return "q-" + hashlib.blake2b(question.encode(), digest_size=8).hexdigest()
+
+
+def _missing(value: Any) -> bool:
+    """Whether a cell holds no value: None or a float NaN (how pandas and Arrow give an empty cell)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def format_columns(template: Template) -> dict[str, Any]:
@@ -115,8 +126,9 @@ class PromptAugmentationCollator:
         weights = list(weights) if weights is not None else [1.0] * len(templates)
         if len(weights) != len(templates):
             raise ValueError(f"{len(weights)} weights for {len(templates)} templates")
-        if any(not w >= 0 for w in weights) or not sum(weights) > 0:  # `not >=`: NaN is refused too
-            raise ValueError(f"weights {weights}: give non-negative numbers with a positive sum")
+        # `not >=`: NaN is refused too; an infinite weight (or sum) would leave the draw NaN cut-offs
+        if any(not 0 <= w < math.inf for w in weights) or not 0 < sum(weights) < math.inf:
+            raise ValueError(f"weights {weights}: give finite non-negative numbers with a positive sum")
         self.templates = list(templates)
         self.tokenizer = tokenizer
         self.seed = seed

@@ -67,12 +67,12 @@ def test_weighted_draws_follow_the_weights(bank, tokenizer):
     assert abs(counts["qwen-math"] / 8000 - 0.75) < 0.03
 
 
-@pytest.mark.parametrize("weights", [[-1, 2], [0, 0], [float("nan"), 1]])
+@pytest.mark.parametrize("weights", [[-1, 2], [0, 0], [float("nan"), 1], [1, float("inf")], [1e308, 1e308]])
 def test_weights_that_cannot_be_drawn_from_are_refused_in_one_line(bank, tokenizer, weights):
     templates = [bank["qwen-math"], bank["open-r1"]]
     with pytest.raises(ValueError) as err:
         PromptAugmentationCollator(templates, tokenizer, weights=weights)
-    assert str(err.value).startswith(f"weights {weights}: give non-negative numbers")
+    assert str(err.value).startswith(f"weights {weights}: give finite non-negative numbers")
     assert "\n" not in str(err.value)
     assert PromptAugmentationCollator(templates, tokenizer, weights=[0, 1]).draw("q").name == "open-r1"
 
@@ -104,6 +104,22 @@ def test_a_row_without_question_or_prompt_is_named(bank, tokenizer):
     collator = PromptAugmentationCollator(list(bank.values()), tokenizer)
     with pytest.raises(KeyError, match="neither a `question` nor a `prompt`.*'answer', 'problem'"):
         collator([{"problem": "1+1?", "answer": "2"}])
+
+
+def test_rows_with_missing_ids_are_drawn_by_their_questions_and_a_missing_question_is_named(bank, tokenizer):
+    # A dataset handed to the trainer directly may hold a uid column of None (or NaN, from pandas): each
+    # such row is drawn by its question, as a row without the column is, not all by the one id "None".
+    collator = PromptAugmentationCollator(list(bank.values()), tokenizer, seed=42)
+    questions = [f"What is {i} + {i}?" for i in range(40)]
+    missing = [None if i % 2 else float("nan") for i in range(40)]
+    drawn = collator([{"question": q, "uid": u} for q, u in zip(questions, missing)])
+    assert [r["template"] for r in drawn] == [
+        r["template"] for r in collator([{"question": q} for q in questions])
+    ]
+    assert len({r["template"] for r in drawn}) > 5
+    for question in (None, float("nan")):
+        with pytest.raises(ValueError, match=r"^a row's `question` is missing \((None|nan)\); drop the row"):
+            collator([{"question": question, "uid": "a"}])
 
 
 def test_format_rules_travel_in_the_row_and_are_never_overwritten(bank, tokenizer):
