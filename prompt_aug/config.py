@@ -592,8 +592,9 @@ def _default(name: str) -> Any:
 
 
 def inert_keys(args: Any) -> list[str]:
-    """One line per feature that is off while keys only it reads are set away from their defaults: such keys
-    do nothing, which a recipe's author rarely means (`check_config` warns with these lines)."""
+    """One line per feature that is off while keys only it reads are set away from their defaults, and one
+    for a mini-batch skip above 1 whose ratio TRL holds at 1: such keys do nothing, which a recipe's author
+    rarely means (`check_config` warns with these lines)."""
     set_by_feature: dict[str, list[str]] = {}
     for name, info in KEYS.items():
         if info.feature is not None and getattr(args, name) != _default(name):
@@ -607,6 +608,19 @@ def inert_keys(args: Any) -> list[str]:
                 f"{', '.join(keys)}: no effect, since {feature} is off ({turned_on_by} turns it on); "
                 f"turn it on or remove {them}"
             )
+    # TRL computes no old log-probs when gradient_accumulation_steps is a multiple of steps_per_generation x
+    # num_iterations (every mini-batch trains on the policy that generated it): the ratio is exactly 1. vLLM's
+    # importance-sampling correction computes them anyway, from the same weights: 1 up to rounding.
+    threshold, every = args.skip_minibatch_ratio_above, args.steps_per_generation * args.num_iterations
+    if threshold is not None and threshold > 1.0 and args.gradient_accumulation_steps % every == 0:
+        lines.append(
+            f"skip_minibatch_ratio_above: no effect, since gradient_accumulation_steps "
+            f"({args.gradient_accumulation_steps}) is a multiple of steps_per_generation x num_iterations "
+            f"({every}): TRL trains each mini-batch on the policy that generated it, so the ratio is 1 "
+            "(with vLLM's importance-sampling correction, up to rounding); change steps_per_generation or "
+            "num_iterations so that gradient_accumulation_steps is no multiple of their product, or "
+            "remove it"
+        )
     return lines
 
 

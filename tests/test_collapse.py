@@ -11,10 +11,12 @@ within a group, so the tests that need weights to move use `_spread_reward` inst
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +25,7 @@ import pytest
 import torch
 import yaml
 from launch import torchrun
+from transformers import TrainerState
 
 from prompt_aug import train
 from prompt_aug.config import PromptAugGRPOConfig
@@ -499,22 +502,33 @@ def test_on_two_processes_the_collapse_checkpoint_holds_every_processs_part(tmp_
 
 
 def _save_as_the_trainer_does(
-    guard: CollapseGuard, args, step: int, scheduled: bool, signal_in_save: bool = False
-) -> None:
-    """The guard fires on a log line at ``step``; the Trainer writes checkpoint-<step>, rotates with
-    transformers' own function, then calls ``on_save`` (after the preemption callback, which stops the run
-    there when ``signal_in_save``)."""
-    from transformers import TrainerControl, TrainerState
+    guard: CollapseGuard, args, step: int, scheduled: bool, signal_in_save: bool = False, best: bool = False
+) -> TrainerState:
+    """The guard fires on a log line at ``step``; the Trainer writes checkpoint-<step> (with its state, which
+    names it the best model when an evaluation at ``step`` was a new ``best``), rotates with transformers'
+    own function, then calls ``on_save`` (after the preemption callback, which stops the run there when
+    ``signal_in_save``). Returns the Trainer's state."""
+    from transformers import TrainerControl
     from transformers.trainer_utils import rotate_checkpoints
 
     state = TrainerState(global_step=step, max_steps=100)
     control = TrainerControl(should_save=scheduled)
     guard.on_log(args, state, control, logs={"step": step, "entropy": 0.0})
     assert control.should_save
-    (Path(args.output_dir) / f"checkpoint-{step}").mkdir()
-    rotate_checkpoints(args.output_dir, save_total_limit=args.save_total_limit, use_mtime=False)
+    folder = Path(args.output_dir) / f"checkpoint-{step}"
+    folder.mkdir()
+    if best:
+        state.best_model_checkpoint, state.best_global_step = str(folder), step
+        state.save_to_json(str(folder / "trainer_state.json"))
+    rotate_checkpoints(
+        args.output_dir,
+        save_total_limit=args.save_total_limit,
+        best_model_checkpoint=state.best_model_checkpoint,
+        use_mtime=False,
+    )
     control.should_training_stop = signal_in_save
     guard.on_save(args, state, control)
+    return state
 
 
 @pytest.mark.parametrize("limit", [1, 2, None])
@@ -537,6 +551,28 @@ def test_a_collapse_save_never_costs_a_regular_checkpoint_and_a_scheduled_one_is
     kept = (regular + ["checkpoint-6"])[-(limit or 3) :]
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == kept
     assert (tmp_path / "_collapse-entropy-round6").is_dir()
+
+
+def test_a_collapse_checkpoint_that_is_the_best_model_stays_the_trainers_best_model(tmp_path):
+    """An evaluation at the firing step was a new best: the Trainer named checkpoint-<step> its best model
+    before ``on_save``. Renamed away, it must be found there still: at the end the Trainer loads it
+    (``load_best_model_at_end``), and with save_total_limit 1 checks every checkpoint against it
+    (``os.path.samefile``); a resume from it reads the best model's path from its saved state."""
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), save_total_limit=1, report_to=[])
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"))
+    state = _save_as_the_trainer_does(guard, args, 5, scheduled=False, best=True)
+    renamed = tmp_path / "_collapse-entropy-round5"
+    assert not (tmp_path / "checkpoint-5").exists()
+    assert os.path.samefile(state.best_model_checkpoint, renamed)
+    saved = TrainerState.load_from_json(str(renamed / "trainer_state.json"))
+    assert os.path.samefile(saved.best_model_checkpoint, renamed)
+    # A scheduled checkpoint is kept (and copied): the best model stays where the Trainer saved it.
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "checkpoint"))
+    state = _save_as_the_trainer_does(guard, args, 6, scheduled=True, best=True)
+    assert state.best_model_checkpoint == str(tmp_path / "checkpoint-6")
+    assert (tmp_path / "checkpoint-6").is_dir() and (tmp_path / "_collapse-entropy-round6").is_dir()
 
 
 def test_a_collapse_checkpoint_is_left_out_of_hub_pushes_and_goes_with_the_run_on_overwrite(tmp_path):
@@ -915,28 +951,62 @@ def test_reference_sync_zeroes_the_optimizer_state_at_the_sync_step_and_only_the
     assert (step1, step2, step3) == (1.0, 0.0, 1.0)  # without the reset: 1, 2, 3
     assert moment1 > 0 and moment2 == 0 and moment3 > 0
     assert not any("collapse/fired/" in k for e in _history(out) for k in e)  # a healthy run: no firing
+    assert not any("minibatch" in k for e in _history(out) for k in e)  # no mini-batch skip set: none logged
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("threshold", ["1.0", None])
-def test_minibatch_skip_at_ratio_1_keeps_every_weight_and_without_it_they_move(tmp_path, spread, threshold):
+@pytest.mark.parametrize("threshold", ["1.0", "1e9"])
+def test_minibatch_skip_at_ratio_1_keeps_every_weight_and_above_the_drift_they_move(
+    tmp_path, spread, threshold
+):
+    """The smoke recipe trains 2 optimizer steps on each generation (steps_per_generation 2, accumulation 1):
+    TRL computes the old log-probs, and step 2 trains on completions of the policy before step 1."""
     out = tmp_path / "run"
-    extra = ["--skip_minibatch_ratio_above", threshold] if threshold else []
     train.main(["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no",
-                *spread, *extra])  # fmt: skip
+                *spread, "--skip_minibatch_ratio_above", threshold])  # fmt: skip
     before, after = _weights(out / "tiny-random-qwen2"), _weights(out)
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     history = _history(out)
     assert all(
         e["frac_reward_zero_std"] < 1 for e in history if "frac_reward_zero_std" in e
     )  # spread in groups
-    if threshold:
+    skipped = [e["stability/skipped_minibatches"] for e in history if "loss" in e]
+    ratios = [e["stability/minibatch_ratio"] for e in history if "loss" in e]
+    if threshold == "1.0":
         assert changed == []
-        assert [e["stability/skipped_minibatches"] for e in history if "loss" in e] == [1.0, 2.0]
-        assert all(e["stability/minibatch_ratio"] >= 1.0 for e in history if "loss" in e)
-    else:
+        assert skipped == [1.0, 2.0] and all(r >= 1.0 for r in ratios)
+    else:  # nothing skipped: step 1 moved the policy, so step 2's ratio is measured off 1
         assert len(changed) > len(before) // 2
-        assert not any(k.startswith("stability/") for e in history for k in e)
+        assert skipped == [0.0, 0.0]
+        assert ratios[1] > 1.0 and ratios[1] > ratios[0], ratios
+
+
+@pytest.mark.parametrize(
+    ("batch", "warned"),
+    [
+        ([], False),  # the smoke recipe: accumulation 1, 2 steps a generation: old log-probs computed
+        (["--num_iterations", "2"], False),
+        (["--gradient_accumulation_steps", "3"], False),  # generations straddle optimizer steps
+        (["--steps_per_generation", "1"], True),  # TRL computes no old log-probs: r is exactly 1
+        (["--gradient_accumulation_steps", "2"], True),
+        (["--gradient_accumulation_steps", "4", "--num_iterations", "2"], True),
+    ],
+)
+def test_a_minibatch_skip_warns_where_trl_holds_the_ratio_at_1(batch, warned):
+    """TRL computes the old log-probs only when gradient_accumulation_steps is no multiple of
+    steps_per_generation x num_iterations; otherwise the ratio is exactly 1 and a threshold above 1 never
+    trips (1.0 still skips every mini-batch)."""
+
+    def warnings_with(*extra: str) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train.parse_args(["--config", SMOKE, "--dry_run", *batch, *extra])
+        return [str(w.message) for w in caught if str(w.message).startswith("skip_minibatch_ratio_above")]
+
+    lines = warnings_with("--skip_minibatch_ratio_above", "1.5")
+    assert len(lines) == warned
+    assert all("no effect" in line and "the ratio is 1" in line for line in lines)
+    assert warnings_with("--skip_minibatch_ratio_above", "1.0") == warnings_with() == []
 
 
 def test_minibatch_skip_is_refused_under_fp16_whose_gradient_scaler_cannot_skip_a_step(tmp_path):

@@ -64,8 +64,8 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
-from transformers import TrainerCallback
-from transformers.trainer import TRAINING_ARGS_NAME
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
@@ -496,11 +496,20 @@ class CollapseGuard(TrainerCallback):
                 shutil.copytree(source, target)
             else:
                 source.rename(target)
+                if (target / TRAINER_STATE_NAME).is_file():  # the state a resume from it reads
+                    saved = TrainerState.load_from_json(str(target / TRAINER_STATE_NAME))
+                    if _names(saved.best_model_checkpoint, source):
+                        saved.best_model_checkpoint = str(target)
+                        saved.save_to_json(str(target / TRAINER_STATE_NAME))
             if made_room:  # the Trainer saved the arguments with the room made for this save: the user's now
                 for folder in (target, source) if keep else (target,):
                     if (folder / TRAINING_ARGS_NAME).is_file():
                         torch.save(args, folder / TRAINING_ARGS_NAME)
             logger.warning("collapse guard: saved %s", target)
+        if not keep and _names(state.best_model_checkpoint, source):
+            # An evaluation at this step was a new best, recorded under the name gone now: the Trainer loads
+            # it at the end (every process) and, with save_total_limit 1, compares each checkpoint with it.
+            state.best_model_checkpoint = str(target)
         self.checkpoints.append(target)
         if stops:
             self._stopped(
@@ -570,6 +579,15 @@ def _shown(value: float) -> str:
     ('0.1235', 'NaN', '-inf')
     """
     return "NaN" if math.isnan(value) else f"{value:.4g}"
+
+
+def _names(checkpoint: str | None, folder: Path) -> bool:
+    """Whether the Trainer's ``best_model_checkpoint`` (a path, or None) is ``folder``.
+
+    >>> _names("out/checkpoint-5/", Path("out/checkpoint-5")), _names(None, Path("out/checkpoint-5"))
+    (True, False)
+    """
+    return checkpoint is not None and Path(checkpoint) == folder
 
 
 def _free_path(path: Path) -> Path:
