@@ -67,7 +67,12 @@ def _raised(name: str, err: Exception, kwargs: dict[str, Any], culprit: int | No
 
 def _check_output(name: str, output: Any, kwargs: dict[str, Any]) -> None:
     size = len(kwargs.get("prompts") or [])
-    if isinstance(output, (str, bytes, dict)) or not hasattr(output, "__len__"):
+    # A 0-d tensor or array has __len__ but no length: one number, not one per completion.
+    if (
+        isinstance(output, (str, bytes, dict))
+        or not hasattr(output, "__len__")
+        or getattr(output, "ndim", 1) == 0
+    ):
         raise RewardFunctionError(
             f"reward function {name!r} returned a {type(output).__name__}, not a list of one reward per "
             f"completion ({size} for this round, {_where(kwargs, 0)} first)"

@@ -1140,6 +1140,13 @@ def test_callback_evaluates_a_question_set(tiny_model_dir, tokenizer, tmp_path):
     (tmp_path / "other" / "sums.jsonl").write_text(path.read_text())
     with pytest.raises(EvalError, match=r"would log under one name; rename a file"):
         EvalCallback([str(path), str(tmp_path / "other" / "sums.jsonl")])
+    for key, value in (
+        ("batch_size", 0),
+        ("batch_size", -1),
+        ("max_tokens", 0),
+    ):  # else at the first evaluation
+        with pytest.raises(EvalError, match=rf"^{key}: {value} is not a whole number of at least 1$"):
+            EvalCallback(str(path), **{key: value})
 
 
 def test_stop_eos_grades_what_the_model_writes_after_ending_its_turn_as_the_papers_evaluator(tmp_path):

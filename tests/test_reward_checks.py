@@ -11,6 +11,7 @@ import re
 import datasets
 import fault_harness
 import pytest
+import torch
 
 from prompt_aug import reward_checks
 
@@ -124,6 +125,7 @@ def test_a_reward_needing_an_argument_no_column_gives_is_named_with_the_columns_
             "returned '1' (str) for row uid 'synthetic-42-00000'",
         ),
         (lambda completions, **kw: 1.0, "returned a float, not a list of one reward per completion"),
+        (lambda completions, **kw: torch.tensor(1.0), "returned a Tensor, not a list of one reward per"),
     ],
 )
 def test_a_checked_reward_names_a_nan_a_wrong_length_and_a_non_number(func, expected):

@@ -65,6 +65,9 @@ class EvalCallback(TrainerCallback):
         stop: str = "turn",
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        for key, value in (("max_tokens", max_tokens), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EvalError(f"{key}: {value!r} is not a whole number of at least 1")
         self.benchmarks = parse_benchmarks(benchmarks)
         stop_rule_tokens(stop)  # an unknown rule fails here, not at the first evaluation
         self.stop = stop
