@@ -7,8 +7,9 @@ the fault in one line.
   ``prompt-aug-train`` exits with `EXIT_PREEMPTED` (75), so that a requeue script can tell a preempted run
   from a failed one.
 * Checkpoints (`checkpoint_problem`, `last_complete_checkpoint`): a folder that a kill during a save left
-  without its trainer state, with a half-written one, or without its model or optimizer files is not a
-  checkpoint to resume from; the one before it is.
+  without its trainer state, with a half-written one, without its model or optimizer files, or with a
+  half-written file written after the trainer state is not a checkpoint to resume from; the one before it
+  is.
 * A full disk (`disk_full_is_one_line`) and a failed Hub push (`hub_push_failed`) end the run with one line
   naming the output folder, the last complete checkpoint and what to do.
 """
@@ -351,6 +352,9 @@ class _NoEvaluationWhenPreempted(TrainerCallback):
 COLLAPSE_PREFIX = "_collapse"
 # TRL's adaptive entropy control (``use_adaptive_entropy``) writes its coefficient after trainer_state.json.
 ENTROPY_FILE = "entropy_ctrl_state.json"
+# The synced reference model's weights (``sync_ref_model``), written after trainer_state.json by
+# `prompt_aug.extensions.stabilisers.ReferenceCheckpoint`.
+REF_MODEL_FILE = "ref_model.safetensors"
 _MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
@@ -441,6 +445,15 @@ def _entropy_problem(folder: Path) -> str | None:
     return None
 
 
+def _reference_problem(folder: Path) -> str | None:
+    """Why the synced reference model's weights in ``folder`` (``ref_model.safetensors``) cannot be loaded,
+    or None. As for TRL's entropy state, a missing file is accepted (a run without ``sync_ref_model``, an
+    older run, ``save_only_model``, ZeRO-3 or FSDP: the resume says what the reference restarts from); one
+    cut short would stop the resume. Checked wherever the file is, since only a run that syncs writes it."""
+    path = folder / REF_MODEL_FILE
+    return _safetensors_problem(path) if path.is_file() else None
+
+
 def checkpoint_problem(
     folder: str | Path, optimizer: bool = True, processes: int | None = None, entropy: bool = False
 ) -> str | None:
@@ -455,7 +468,8 @@ def checkpoint_problem(
     (with ``processes``, the launch's, given) the one its RNG state files show, else ``processes``.
     ``optimizer=False`` (``save_only_model``, which writes neither) checks
     neither. ``entropy`` (``use_adaptive_entropy``) checks that TRL's ``entropy_ctrl_state.json``, which it
-    writes after ``trainer_state.json``, is whole where it is there.
+    writes after ``trainer_state.json``, is whole where it is there; and so is ``ref_model.safetensors`` (the
+    synced reference model, written after ``trainer_state.json`` too) whatever the flags.
     """
     folder = Path(folder)
     state = folder / "trainer_state.json"
@@ -470,7 +484,7 @@ def checkpoint_problem(
     problem = _model_problem(folder)
     if optimizer:
         problem = problem or _optimizer_problem(folder) or _rng_problem(folder, processes)
-    return problem or (_entropy_problem(folder) if entropy else None)
+    return problem or (_entropy_problem(folder) if entropy else None) or _reference_problem(folder)
 
 
 def saved_parts(args: Any) -> dict[str, bool]:
@@ -786,6 +800,7 @@ class HubAndPreemption:
     preemption: PreemptionCallback | None = None
     hub_error: str | None = None  # why the Hub could not be reached when the trainer was built
     _final_push = False  # inside push_to_hub: a failed repository creation is push_to_hub's error
+    resume_checkpoint: str | None = None  # the checkpoint the current train() call resumes from, checked
 
     @property
     def preempted(self) -> str | None:
@@ -803,6 +818,7 @@ class HubAndPreemption:
         resume_from_checkpoint = check_resume(
             resume_from_checkpoint, self.args, self.accelerator.num_processes, self.is_world_process_zero()
         )
+        self.resume_checkpoint = resume_from_checkpoint  # what callbacks restore their own state from
         catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
         with catching, disk_full_is_one_line(self.args.output_dir, **saved_parts(self.args)):
             result = super().train(resume_from_checkpoint, *args, **kwargs)

@@ -24,6 +24,7 @@ from .config import trainer_settings
 from .evaluation.backends import stop_token_ids
 from .evaluation.callback import EvalCallback
 from .extensions import Features, build_features
+from .extensions.stabilisers import ReferenceCheckpoint
 from .faults import HubAndPreemption, LaunchRecord
 from .metrics import TemplateMetrics
 from .model_card import ModelCardInfo, ModelCardMixin
@@ -162,6 +163,10 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         # before any other callback's on_save moves the checkpoint (the collapse guard's).
         self.callback_handler.callbacks.insert(0, LaunchRecord())
         features.attach(self)
+        # TRL's synced reference model is in no checkpoint of its own: each checkpoint holds it, and a resume
+        # restores it.
+        if self.ref_model is not None and self.args.sync_ref_model:
+            ReferenceCheckpoint(self).attach()
 
     def _apply_stop_tokens(self, tokens: list[str]) -> None:
         """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's

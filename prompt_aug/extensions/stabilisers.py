@@ -2,16 +2,22 @@
 
 * `OptimizerResetCallback`: ProRL resets the reference policy *and* reinitialises the optimizer; TRL does
   the first (``sync_ref_model``), this zeroes the optimizer state at each of those syncs.
+* `ReferenceCheckpoint`: the synced reference model saved in each checkpoint and restored at a resume.
 * `MinibatchSkip`: RLinf discards the update of a mini-batch whose importance ratio explodes.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_model, save_model
 from transformers import TrainerCallback
+from trl import SyncRefModelCallback
+
+from ..faults import REF_MODEL_FILE, LaunchRecord, launch_engine
 
 logger = logging.getLogger("prompt_aug.collapse")
 
@@ -74,6 +80,80 @@ class OptimizerResetCallback(TrainerCallback):
                 state.global_step,
                 zeroed,
             )
+        return control
+
+
+_SHARDED = ("DeepSpeed ZeRO-3", "FSDP")  # `launch_engine` names: each process holds a shard of the reference
+
+
+class ReferenceCheckpoint(TrainerCallback):
+    """Keeps TRL's synced reference model (``sync_ref_model``) across a resume.
+
+    TRL builds the reference from the base model and copies the policy into it only at the end of every
+    ``ref_model_sync_steps``-th step; its checkpoints do not hold it. So the saving process writes the
+    reference's weights into each checkpoint (``ref_model.safetensors``, after ``trainer_state.json``;
+    `prompt_aug.faults.checkpoint_problem` refuses one cut short), and a resume loads them back before the
+    first step. Written and loaded under DDP, one process and DeepSpeed ZeRO-1/2, where every process holds
+    the reference whole (TRL prepares it at ZeRO stage 0); not with ``save_only_model``, nor under ZeRO-3 or
+    FSDP, where it is sharded. A resume without the file is exact before the first sync (the reference is
+    still the base model) and on a sync step with ``ref_model_mixup_alpha`` 1 (the policy restored is the
+    reference: it is copied in, as TRL's sync does); elsewhere it warns once that the reference restarts
+    from the base model until the next sync.
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        # A `PromptAugGRPOTrainer`: its ref_model, model, accelerator and resume_checkpoint are read.
+        self.trainer = trainer
+
+    def attach(self) -> ReferenceCheckpoint:
+        """Add this callback right after the launch record, so that it has written the file before any other
+        callback's on_save moves the checkpoint (the collapse guard's); returns ``self``."""
+        callbacks = self.trainer.callback_handler.callbacks
+        after = [i for i, cb in enumerate(callbacks) if isinstance(cb, LaunchRecord)]
+        callbacks.insert(after[-1] + 1 if after else 0, self)
+        return self
+
+    def _reference(self) -> torch.nn.Module:
+        return self.trainer.accelerator.unwrap_model(self.trainer.ref_model)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if args.save_only_model or launch_engine(args) in _SHARDED:
+            return control
+        if args.should_save and folder.is_dir():  # the process(es) that write the checkpoint's shared files
+            # safetensors' save_model writes tied weights (embeddings and LM head) once
+            save_model(self._reference(), str(folder / REF_MODEL_FILE), metadata={"format": "pt"})
+        return control
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # Runs once the Trainer has restored the checkpoint's policy and state, before the first step.
+        checkpoint = self.trainer.resume_checkpoint
+        step, every = state.global_step, args.ref_model_sync_steps
+        if checkpoint is None or step == 0:
+            return control
+        path, engine = Path(checkpoint) / REF_MODEL_FILE, launch_engine(args)
+        if path.is_file() and engine not in _SHARDED:
+            reference = self._reference()
+            load_model(reference, str(path), device=str(next(reference.parameters()).device))
+            if state.is_world_process_zero:
+                logger.info("step %d: reference model restored from %s", step, path)
+        elif step < every:
+            pass  # no sync yet: the reference is the base model, as built
+        elif step % every == 0 and args.ref_model_mixup_alpha == 1.0:
+            policy = self.trainer.accelerator.unwrap_model(self.trainer.model)
+            SyncRefModelCallback.sync_target_model(policy, self.trainer.ref_model, 1.0)
+        elif state.is_world_process_zero:
+            if path.is_file():
+                why = f"{REF_MODEL_FILE} is not loaded under {engine}"
+            elif engine in _SHARDED:
+                why = f"it is not saved under {engine}"
+            else:
+                why = f"{checkpoint} holds no {REF_MODEL_FILE}"
+            following = (step // every + 1) * every
+            logger.warning(
+                "resume at step %d: the synced reference model is not restored (%s); it restarts from the "
+                "base model until the next sync at step %d", step, why, following,
+            )  # fmt: skip
         return control
 
 
