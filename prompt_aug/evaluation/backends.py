@@ -4,6 +4,7 @@ the stop rules (``--stop``) and the context length vLLM is given."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any, Protocol
 
 # Not from ..config: that imports TRL, and importing TRL sets VLLM_LOGGING_LEVEL=ERROR, which silenced
@@ -291,7 +292,7 @@ def load_tokenizer(model: str, chat_template: str | None = None) -> Any:
 
 def check_vllm_installed() -> None:
     """`EvalError` when ``--backend vllm`` is asked for and vLLM is not installed."""
-    if importlib.util.find_spec("vllm") is None:
+    if "vllm" not in sys.modules and importlib.util.find_spec("vllm") is None:  # imported: installed
         raise EvalError(
             "--backend vllm: vLLM is not installed; install the gpu extra "
             '(pip install -e ".[gpu]" -c constraints-gpu.txt) or pass --backend hf'
