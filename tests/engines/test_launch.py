@@ -14,6 +14,9 @@ and the weights change.
 3 questions x 4 rollouts per round; on 2 processes of 6 completions each, the middle group is split
 across the ranks. ``single_gpu.yaml`` runs with its own single process (12 completions). Not run:
 ``zero2_vllm_server.yaml`` (its trainer pushes weights to the vLLM server over NCCL, CUDA only).
+Both launches train against a reference model (``beta`` 0.01) synced every step as a hard copy
+(``REF_SYNC``): the checkpoints hold it under DDP, ZeRO-2 and one process, and not under ZeRO-3 or FSDP
+(`prompt_aug.extensions.stabilisers.ReferenceCheckpoint`).
 About 1 minute per config (the first DeepSpeed launch compiles an op, about 70 s more).
 """
 
@@ -30,6 +33,10 @@ from engine_tools import HARNESS, REPO, accelerate_launch, left_behind, require,
 SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
 DEEPSPEED_INSTALLED = importlib.util.find_spec("deepspeed") is not None
 CONFIGS = {"ddp": 2, "zero2": 2, "zero3": 2, "fsdp": 2, "single_gpu": 1}  # config -> processes
+# A reference model (beta > 0), synced every step with a hard copy: at each checkpoint it is the policy.
+REF_SYNC = ("--beta", "0.01", "--sync_ref_model", "true", "--ref_model_sync_steps", "1",
+            "--ref_model_mixup_alpha", "1.0")  # fmt: skip
+REF_SAVED = {"ddp", "zero2", "single_gpu"}  # the others shard the reference: no file
 
 
 def _threads_folder(out: Path, config: str, probe: str) -> Path:
@@ -62,9 +69,10 @@ def launched(request, engines_tmp):
         require("deepspeed")
     out = engines_tmp / "launch" / config
     logs = {
-        "probe1": _launch(config, processes, out, "probe1", "--max_steps", "2", "--save_steps", "1"),
+        "probe1": _launch(config, processes, out, "probe1", "--max_steps", "2", "--save_steps", "1",
+                          *REF_SYNC),
         "probe2": _launch(config, processes, out, "probe2", "--max_steps", "4", "--save_steps", "2",
-                          "--resume_from_checkpoint", "true"),
+                          "--resume_from_checkpoint", "true", *REF_SYNC),
     }  # fmt: skip
     left = left_behind(out)
     probes = {
@@ -190,6 +198,41 @@ def _weights(path: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(str(path / "model.safetensors"))
+
+
+def _one_name_for_tied(weights: dict) -> dict:
+    """The tiny model ties its LM head to its input embedding: one tensor, that a file holds under either
+    name or both. safetensors' save_model (the reference) keeps ``lm_head.weight``; the Trainer's save of the
+    policy ``model.embed_tokens.weight`` (DDP, one process) or both (ZeRO-2). Keeps the latter."""
+    import torch
+
+    head = weights.pop("lm_head.weight", None)
+    if head is not None:
+        assert torch.equal(weights.setdefault("model.embed_tokens.weight", head), head)
+    return weights
+
+
+def test_the_synced_reference_is_saved_and_restored_where_the_engine_holds_it_whole(launched):
+    import torch
+    from safetensors.torch import load_file
+
+    config, out, resumed = launched["config"], launched["out"], launched["logs"]["probe2"]
+    if config not in REF_SAVED:
+        # sharded: no file, and the resume at step 2 (a sync step, alpha 1) copies the restored policy in
+        assert sorted(out.rglob("ref_model.safetensors")) == []
+        assert "is not restored" not in resumed, resumed[-3000:]
+        return
+    for step in (1, 2, 4):
+        folder = out / f"checkpoint-{step}"
+        assert (folder / "ref_model.safetensors").is_file(), (step, sorted(p.name for p in folder.iterdir()))
+        reference = _one_name_for_tied(load_file(str(folder / "ref_model.safetensors")))
+        policy = _one_name_for_tied(_weights(folder))
+        assert reference.keys() == policy.keys(), (step, set(reference) ^ set(policy))
+        for name, saved in policy.items():  # float32 both (the model's dtype, --mixed_precision no)
+            assert saved.dtype == reference[name].dtype == torch.float32, (step, name)
+            assert torch.equal(reference[name], saved), (step, name)  # synced at the step's end: the policy
+    restored = f"step 2: reference model restored from {out / 'checkpoint-2' / 'ref_model.safetensors'}"
+    assert restored in resumed, resumed[-3000:]
 
 
 def test_weights_changed_in_both_launches(launched):
