@@ -514,7 +514,9 @@ def load_math_dataset(
     if built is not None:
         return _builtin_set(name, built)
     try:
-        raw = read_dataset(name, config, split, data_files=data_files)
+        raw = read_dataset(
+            name, config, split, data_files=data_files, text_columns=(question_column, answer_column)
+        )
     except SourceError as err:  # a missing path, split or file: the message lists what is there
         raise DataError(str(err)) from None
     if columns is not None:

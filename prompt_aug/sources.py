@@ -22,6 +22,7 @@ module, does without.)
 from __future__ import annotations
 
 import collections
+import contextvars
 import difflib
 import functools
 import glob
@@ -47,14 +48,14 @@ logger = logging.getLogger("prompt_aug")
 _TRUE = ("1", "ON", "YES", "TRUE")
 # The data files read: suffix -> the datasets loader that reads it.
 DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-# A CSV cell is text, and missing only when it is empty. pandas' default reading (which `datasets` keeps)
-# guesses types, so a gold answer 007 became 7 and an integer of 17 digits beside an empty cell a float
-# that rounds (123456789012345678 read as 123456789012345680); it also takes "None", "NA", "null", "nan"
-# and a dozen other words for missing, which would drop a question whose gold answer is one of them
-# ("None" of the options, say) as having no answer.
-# (The csv builder takes no pandas ``dtype``; converters keyed by column index reach every column of a file
-# up to the 4,096th.)
-CSV_OPTIONS = {"converters": dict.fromkeys(range(4096), str), "keep_default_na": False, "na_values": [""]}
+# A CSV cell is missing only when it is empty: pandas' default reading (which `datasets` keeps) also takes
+# "None", "NA", "null", "nan" and a dozen other words for missing, which would drop a question whose gold
+# answer is one of them ("None" of the options, say) as having no answer.
+CSV_OPTIONS = {"keep_default_na": False, "na_values": [""]}
+# ... and the question, gold and id columns are read as text (`_csv_text`): pandas guesses types, so a gold
+# 007 became 7 and an integer of 17 digits beside an empty cell a float that rounds (123456789012345678 read
+# as 123456789012345680). Other columns keep pandas' types, as a JSON or parquet source's keep theirs.
+_CSV_TEXT: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("csv_text", default=frozenset())
 # The builders that read data files named in ``data_files`` (a ``path`` that is none of them is a folder or a
 # Hub id).
 FILE_BUILDERS = {*DATA_FILES.values(), "text", "arrow"}
@@ -426,6 +427,8 @@ def check_mixture(mixture: Any) -> None:
 # The columns a question and its gold are looked for in, in order, when a recipe or a command names none.
 QUESTION_GUESSES = ("question", "problem", "query", "input")
 ANSWER_GUESSES = ("answer", "ground_truth", "final_answer", "target", "solution")
+# Read as text from a CSV file, with the columns a recipe or command names (`read_dataset`'s text_columns).
+CSV_TEXT_COLUMNS = frozenset({*QUESTION_GUESSES, *ANSWER_GUESSES, "uid"})
 
 
 def pick_column(columns: list[str], given: str | None, guesses: tuple[str, ...]) -> str | None:
@@ -619,9 +622,11 @@ _SPLITS = ("train", "test", "validation", "valid", "val", "dev")
 
 def read_dataset(
     path: str, name: str | None = None, split: str = "train", data_dir: str | None = None,
-    data_files: Any = None,
+    data_files: Any = None, text_columns: tuple[str | None, ...] = (),
 ) -> Any:  # fmt: skip
-    """One split of a dataset as it is stored, columns untouched (a `datasets.Dataset`).
+    """One split of a dataset as it is stored, columns untouched (a `datasets.Dataset`), but that a CSV file's
+    question, gold and id columns (`CSV_TEXT_COLUMNS`, and ``text_columns``, those a recipe names) are read
+    as text, as written.
 
     ``path`` is a folder written by ``save_to_disk``; a folder of parquet, JSON, JSON Lines or CSV files
     (`_data_folder`: its sub-folder ``name``, its ``data`` sub-folder as a Hub snapshot keeps it, or its
@@ -640,6 +645,16 @@ def read_dataset(
             with none named (the message lists them), or one that cannot be fetched or is not in the cache
             offline.
     """
+    token = _CSV_TEXT.set(CSV_TEXT_COLUMNS | {c for c in text_columns if c})
+    try:
+        return _read_dataset(path, name, split, data_dir, data_files)
+    finally:
+        _CSV_TEXT.reset(token)
+
+
+def _read_dataset(
+    path: str, name: str | None, split: str, data_dir: str | None, data_files: Any
+) -> Any:  # fmt: skip
     import datasets
 
     base = split_name(split)
@@ -859,7 +874,7 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
 
     # CSV files read by the csv builder or named in data_files (a Hub dataset of CSV files named alone is not)
     if args and _reads_csv(args[0], kwargs.get("data_files")):
-        kwargs = {**CSV_OPTIONS, **kwargs}
+        kwargs = {**CSV_OPTIONS, "converters": dict.fromkeys(_CSV_TEXT.get(), str), **kwargs}
     try:
         return datasets.load_dataset(*args, **kwargs)
     except StopIteration:  # what datasets raises for an empty JSON Lines file
@@ -976,8 +991,11 @@ def read_training_data(script_args: Any, seed: int) -> list[ReadSource]:
     read = []
     for recipe_key, key, source, where in sources:
         split_name(where[2], "dataset_split" if source is None else f"{recipe_key}.split")
+        named = [
+            getattr(k, c, None) for k in (source, script_args) for c in ("question_column", "answer_column")
+        ]
         try:
-            read.append(ReadSource(key, source, read_dataset(*where)))
+            read.append(ReadSource(key, source, read_dataset(*where, text_columns=tuple(named))))
         except SourceError as err:  # which names the path, folder or file: the recipe key goes before it
             raise SourceError(f"{recipe_key}: {err}") from None
     return read

@@ -821,6 +821,22 @@ def _mixture_read(sources: list[dict]):
     return read_training_data(SimpleNamespace(dataset_mixture=dataset_mixture({"datasets": sources})), seed=0)
 
 
+def test_a_csv_source_mixes_with_a_json_source_whose_other_columns_have_the_same_types(tmp_path):
+    # A CSV's question and gold columns are text (as written), its other columns keep pandas' types: an
+    # integer column beside a JSON Lines source's integers is one column of the mixture, named gold by the
+    # source's own answer_column included.
+    from prompt_aug.data import mix_sources
+
+    (tmp_path / "a.csv").write_text("problem,final,difficulty\nq1?,0012,3\nq2?,2,4\n")
+    rows = [{"question": f"r{i}?", "answer": str(i), "difficulty": i} for i in range(3)]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = _mixture_read([{"path": str(tmp_path / "a.csv"), "answer_column": "final"},
+                          {"path": str(tmp_path / "b.jsonl")}])  # fmt: skip
+    mixed, _ = mix_sources(read)
+    assert mixed.features["difficulty"].dtype == "int64"
+    assert sorted(zip(mixed["answer"], mixed["difficulty"]))[:2] == [("0", 0), ("0012", 3)]
+
+
 def test_a_part_of_a_split_is_read_from_a_file_and_a_folder_as_datasets_reads_it(tmp_path):
     from types import SimpleNamespace
 

@@ -166,22 +166,29 @@ def test_a_save_to_disk_folder_of_one_split_read_for_another_says_so(tmp_path, c
 # -- CSV cells ------------------------------------------------------------------------------------
 
 
-def test_an_empty_csv_cell_is_a_row_with_no_gold_and_every_other_cell_is_its_text(tmp_path):
-    # pandas alone reads this answer column as floats: 7.0, and 123456789012345680 for the 17-digit gold
+def test_an_empty_csv_cell_is_a_row_with_no_gold_and_the_question_and_gold_columns_are_text(tmp_path):
+    # pandas alone reads this answer column as floats: 7.0, and 123456789012345680 for the 17-digit gold.
+    # Other columns keep pandas' types, as a JSON source's keep theirs.
     path = tmp_path / "q.csv"
     path.write_text("question,answer,level\nq0,7,3\nq1,,3\n,8,3\nq3,123456789012345678,3\nq4,007,4\n")
     assert read_dataset(str(path)).to_list() == [
-        {"question": "q0", "answer": "7", "level": "3"},
-        {"question": "q1", "answer": None, "level": "3"},
-        {"question": None, "answer": "8", "level": "3"},
-        {"question": "q3", "answer": "123456789012345678", "level": "3"},
-        {"question": "q4", "answer": "007", "level": "4"},
+        {"question": "q0", "answer": "7", "level": 3},
+        {"question": "q1", "answer": None, "level": 3},
+        {"question": None, "answer": "8", "level": 3},
+        {"question": "q3", "answer": "123456789012345678", "level": 3},
+        {"question": "q4", "answer": "007", "level": 4},
     ]
-    assert load_math_dataset(str(path), levels=["4"])[0]["answer"] == ["007"]  # "4" is the level 4 still
+    assert load_math_dataset(str(path), levels=["4"])[0]["answer"] == ["007"]
     rows, report = load_math_dataset(str(path))
     assert rows["answer"] == ["7", "123456789012345678", "007"]
     assert "dropped 1: empty gold answer (rows 1)" in str(report)
     assert "dropped 1: empty question (rows 2)" in str(report)
+    # A column a recipe names is text too.
+    named = tmp_path / "named.csv"
+    named.write_text("statement,final\nq0,123456789012345678\nq1,\n")
+    assert load_math_dataset(str(named), question_column="statement", answer_column="final")[0]["answer"] == [
+        "123456789012345678"
+    ]
 
 
 def test_csv_data_files_in_a_folder_are_read_as_written(tmp_path):
