@@ -75,9 +75,19 @@ def row_uid(row: dict[str, Any], question: str) -> str:
     >>> row_uid({}, "2+2?") == row_uid({"uid": None}, "2+2?") != row_uid({"uid": float("nan")}, "2+3?")
     True
     """
-    if "uid" in row and not _missing(row["uid"]) and str(row["uid"]):
-        return str(row["uid"])
+    given = given_uid(row.get("uid"))
+    if given is not None:
+        return given
     return "q-" + hashlib.blake2b(question.encode(), digest_size=8).hexdigest()
+
+
+def given_uid(value: Any) -> str | None:
+    """A ``uid`` cell as the row's id, or None where it holds none (None, NaN or empty text).
+
+    >>> given_uid(7), given_uid(""), given_uid(float("nan"))
+    ('7', None, None)
+    """
+    return None if _missing(value) or not str(value) else str(value)
 
 
 def _missing(value: Any) -> bool:

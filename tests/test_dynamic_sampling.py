@@ -481,6 +481,19 @@ def test_a_dataset_without_ids_draws_extra_questions_by_the_ids_the_collator_der
     assert dataset_uids(questions) == [row_uid({}, f"Find {a}+1.") for a in range(6)]
     with_ids = rows.add_column("uid", [f"u{a}" for a in range(6)])
     assert dataset_uids(with_ids) == [f"u{a}" for a in range(6)]
+    some_missing = rows.add_column("uid", [None, "u1", "", "u3", None, "u5"])  # drawn by the question there
+    assert (
+        dataset_uids(some_missing)
+        == [row_uid({"uid": uid}, f"What is {a}+1?") for a, uid in enumerate(some_missing["uid"])]
+        == [
+            row_uid({}, "What is 0+1?"),
+            "u1",
+            row_uid({}, "What is 2+1?"),
+            "u3",
+            row_uid({}, "What is 4+1?"),
+            "u5",
+        ]
+    )
     args = PromptAugGRPOConfig(
         output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, max_steps=2, seed=1,
         per_device_train_batch_size=8, num_generations=4, max_completion_length=4, save_strategy="no",

@@ -62,7 +62,7 @@ from rewards.registry import REGISTRY
 from rewards.repetition import ends_in_loop
 
 from .. import trl_seam as seam
-from ..collator import row_question, row_uid, stable_uniform
+from ..collator import given_uid, row_question, row_uid, stable_uniform
 from ..metrics import correctness_scores, ending_ids
 from ..records import GENERATED, rounds_generated
 from ..trl_seam import Generation, SamplingTrainer
@@ -135,16 +135,21 @@ def extra_question_indices(
 
 
 def dataset_uids(dataset: Any) -> list[str]:
-    """Each row's id as the collator gives it: its ``uid`` column, else one derived from its question
-    (`collator.row_uid`), so that a dataset without ids draws extra questions as one with them does."""
+    """Each row's id as the collator gives it: its ``uid`` cell, else (no column, or a missing or empty id)
+    one derived from its question (`collator.row_uid`), so that a dataset without ids draws extra questions
+    as one with them does."""
     columns = getattr(dataset, "column_names", None) or ()
-    if "uid" in columns:
-        return [str(u) for u in dataset["uid"]]
-    for name in ("question", "prompt"):  # the question's column, read whole rather than row by row
-        if name in columns:
-            return [row_uid({}, row_question({name: value})) for value in dataset[name]]
-    rows = (dataset[i] for i in range(len(dataset)))
-    return [row_uid(row, row_question(row)) for row in rows]
+    question = next((name for name in ("question", "prompt") if name in columns), None)
+    if question is None:
+        rows = (dataset[i] for i in range(len(dataset)))
+        return [row_uid(row, row_question(row)) for row in rows]
+    # Columns read whole rather than row by row; the questions only if an id is missing.
+    ids = [given_uid(u) for u in dataset["uid"]] if "uid" in columns else [None] * len(dataset)
+    questions = dataset[question] if None in ids else []
+    return [
+        uid if uid is not None else row_uid({}, row_question({question: questions[i]}))
+        for i, uid in enumerate(ids)
+    ]
 
 
 @dataclass
