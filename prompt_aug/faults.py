@@ -7,9 +7,8 @@ the fault in one line.
   ``prompt-aug-train`` exits with `EXIT_PREEMPTED` (75), so that a requeue script can tell a preempted run
   from a failed one.
 * Checkpoints (`checkpoint_problem`, `last_complete_checkpoint`): a folder that a kill during a save left
-  without its trainer state, with a half-written one, without its model or optimizer files, or with a
-  half-written file written after the trainer state is not a checkpoint to resume from; the one before it
-  is.
+  without its trainer state, with a half-written one, or without (or with a half-written) model, optimizer
+  or other file it holds is not a checkpoint to resume from; the one before it is.
 * A full disk (`disk_full_is_one_line`) and a failed Hub push (`hub_push_failed`) end the run with one line
   naming the output folder, the last complete checkpoint and what to do.
 """
@@ -352,8 +351,8 @@ class _NoEvaluationWhenPreempted(TrainerCallback):
 COLLAPSE_PREFIX = "_collapse"
 # TRL's adaptive entropy control (``use_adaptive_entropy``) writes its coefficient after trainer_state.json.
 ENTROPY_FILE = "entropy_ctrl_state.json"
-# The synced reference model's weights (``sync_ref_model``), written after trainer_state.json by
-# `prompt_aug.extensions.stabilisers.ReferenceCheckpoint`.
+# The synced reference model's weights (``sync_ref_model``), written beside the model, before
+# trainer_state.json, by `prompt_aug.extensions.stabilisers.ReferenceCheckpoint`.
 REF_MODEL_FILE = "ref_model.safetensors"
 _MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -469,7 +468,7 @@ def checkpoint_problem(
     ``optimizer=False`` (``save_only_model``, which writes neither) checks
     neither. ``entropy`` (``use_adaptive_entropy``) checks that TRL's ``entropy_ctrl_state.json``, which it
     writes after ``trainer_state.json``, is whole where it is there; and so is ``ref_model.safetensors`` (the
-    synced reference model, written after ``trainer_state.json`` too) whatever the flags.
+    synced reference model, written beside the model) whatever the flags.
     """
     folder = Path(folder)
     state = folder / "trainer_state.json"

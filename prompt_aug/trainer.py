@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sized
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.data_utils import is_conversational
 
 from .collator import PromptAugmentationCollator, cut_completions
@@ -111,6 +113,9 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     features = Features()
     prompt_collator: PromptAugmentationCollator | None = None
     _pushing_saved_model = False  # inside push_saved_model: output_dir holds the model already
+    reference_checkpoint: ReferenceCheckpoint | None = (
+        None  # with sync_ref_model: the reference in checkpoints
+    )
 
     def __init__(
         self,
@@ -166,7 +171,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         # TRL's synced reference model is in no checkpoint of its own: each checkpoint holds it, and a resume
         # restores it.
         if self.ref_model is not None and self.args.sync_ref_model:
-            ReferenceCheckpoint(self).attach()
+            self.reference_checkpoint = ReferenceCheckpoint(self).attach()
 
     def _apply_stop_tokens(self, tokens: list[str]) -> None:
         """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's
@@ -185,10 +190,15 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     # would be lost: `prompt-aug-eval` of the folder, or of a checkpoint, would stop elsewhere than training.
     # Why (`push_saved_model`): transformers' push_to_hub saves the model into output_dir again before it
     # uploads, rewriting the weights in place; that save is skipped when the folder holds them already.
+    # Why (`reference_checkpoint`): a checkpoint's model is saved here, before its trainer state (which marks
+    # it complete) and its Hub push: the synced reference goes beside it then.
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         if self._pushing_saved_model and output_dir is None:
             return
         super().save_model(output_dir, _internal_call)
+        checkpoint = output_dir is not None and Path(output_dir).name.startswith(f"{PREFIX_CHECKPOINT_DIR}-")
+        if self.reference_checkpoint is not None and _internal_call and checkpoint:
+            self.reference_checkpoint.save(output_dir)
         model = self.accelerator.unwrap_model(self.model)
         if self.args.should_save and hasattr(model, "peft_config"):
             model.generation_config.save_pretrained(output_dir or self.args.output_dir)

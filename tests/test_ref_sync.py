@@ -110,6 +110,12 @@ def test_each_checkpoint_holds_the_reference_and_a_resume_off_a_sync_step_restor
     assert _same(_saved_reference(run / "checkpoint-2", tiny_model_dir), synced)
     assert _same(_saved_reference(run / "checkpoint-3", tiny_model_dir), synced)
     assert all(faults.checkpoint_problem(run / f"checkpoint-{s}") is None for s in (1, 2, 3))
+    for step in (1, 2, 3):  # beside the model, before the trainer state marks the checkpoint complete (and
+        folder = run / f"checkpoint-{step}"  # before a Hub push of it)
+        written = {
+            name: (folder / name).stat().st_mtime_ns for name in (faults.REF_MODEL_FILE, "trainer_state.json")
+        }
+        assert written[faults.REF_MODEL_FILE] <= written["trainer_state.json"], written
     assert _same(_reference_at_resume(tiny_model_dir, run / "checkpoint-3", tmp_path / "resumed"), synced)
 
 
@@ -135,9 +141,7 @@ def test_a_reference_file_cut_short_makes_the_checkpoint_incomplete(run, tiny_mo
     out = tmp_path / "out"
     for step in (2, 3):
         shutil.copytree(run / f"checkpoint-{step}", out / f"checkpoint-{step}")
-    cut = (
-        out / "checkpoint-3" / faults.REF_MODEL_FILE
-    )  # a kill while it was written, after trainer_state.json
+    cut = out / "checkpoint-3" / faults.REF_MODEL_FILE  # a file cut short on the disk
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
     assert faults.checkpoint_problem(cut.parent) == f"{faults.REF_MODEL_FILE} is cut short (half-written?)"
     assert faults.resolve_resume("true", str(out), log=False) == str(out / "checkpoint-2")

@@ -17,7 +17,7 @@ from safetensors.torch import load_model, save_model
 from transformers import TrainerCallback
 from trl import SyncRefModelCallback
 
-from ..faults import REF_MODEL_FILE, LaunchRecord, launch_engine
+from ..faults import REF_MODEL_FILE, launch_engine
 
 logger = logging.getLogger("prompt_aug.collapse")
 
@@ -91,10 +91,11 @@ class ReferenceCheckpoint(TrainerCallback):
 
     TRL builds the reference from the base model and copies the policy into it only at the end of every
     ``ref_model_sync_steps``-th step; its checkpoints do not hold it. So the saving process writes the
-    reference's weights into each checkpoint (``ref_model.safetensors``, after ``trainer_state.json``;
-    `prompt_aug.faults.checkpoint_problem` refuses one cut short), and a resume loads them back before the
-    first step. Written and loaded under DDP, one process and DeepSpeed ZeRO-1/2, where every process holds
-    the reference whole (TRL prepares it at ZeRO stage 0); not with ``save_only_model``, nor under ZeRO-3 or
+    reference's weights into each checkpoint (``ref_model.safetensors``, `save`, which the trainer's
+    ``save_model`` calls for a checkpoint: beside the model, before ``trainer_state.json`` marks the
+    checkpoint complete and before a Hub push of it), and a resume loads them back before the first step.
+    Written and loaded under DDP, one process and DeepSpeed ZeRO-1/2, where every process holds the reference
+    whole (TRL prepares it at ZeRO stage 0); not with ``save_only_model``, nor under ZeRO-3 or
     FSDP, where it is sharded. A resume without the file is exact before the first sync (the reference is
     still the base model) and on a sync step with ``ref_model_mixup_alpha`` 1 (the policy restored is the
     reference: it is copied in, as TRL's sync does); elsewhere it warns once that the reference restarts
@@ -106,24 +107,21 @@ class ReferenceCheckpoint(TrainerCallback):
         self.trainer = trainer
 
     def attach(self) -> ReferenceCheckpoint:
-        """Add this callback right after the launch record, so that it has written the file before any other
-        callback's on_save moves the checkpoint (the collapse guard's); returns ``self``."""
-        callbacks = self.trainer.callback_handler.callbacks
-        after = [i for i, cb in enumerate(callbacks) if isinstance(cb, LaunchRecord)]
-        callbacks.insert(after[-1] + 1 if after else 0, self)
+        """Add this callback to the trainer (it restores the reference at a resume); returns ``self``."""
+        self.trainer.add_callback(self)
         return self
 
     def _reference(self) -> torch.nn.Module:
         return self.trainer.accelerator.unwrap_model(self.trainer.ref_model)
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if args.save_only_model or launch_engine(args) in _SHARDED:
-            return control
-        if args.should_save and folder.is_dir():  # the process(es) that write the checkpoint's shared files
-            # safetensors' save_model writes tied weights (embeddings and LM head) once
-            save_model(self._reference(), str(folder / REF_MODEL_FILE), metadata={"format": "pt"})
-        return control
+    def save(self, folder: str | Path) -> None:
+        """Write the reference's weights into the checkpoint ``folder`` (the process(es) that write its shared
+        files; none with ``save_only_model`` or under a sharding engine)."""
+        args = self.trainer.args
+        if args.save_only_model or launch_engine(args) in _SHARDED or not args.should_save:
+            return
+        # safetensors' save_model writes tied weights (embeddings and LM head) once
+        save_model(self._reference(), str(Path(folder) / REF_MODEL_FILE), metadata={"format": "pt"})
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         # Runs once the Trainer has restored the checkpoint's policy and state, before the first step.
