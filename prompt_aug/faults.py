@@ -353,22 +353,26 @@ COLLAPSE_PREFIX = "_collapse"
 ENTROPY_FILE = "entropy_ctrl_state.json"
 # The synced reference model's weights (``sync_ref_model``), written beside the model, before
 # trainer_state.json, by `prompt_aug.extensions.stabilisers.ReferenceCheckpoint`.
-REF_MODEL_FILE = "ref_model.safetensors"
+# In a folder of its own: vLLM, given a checkpoint, loads every *.safetensors file at its top (there is no
+# index beside one file of weights), and the reference's tensors have the policy's names.
+REF_MODEL_FILE = "ref_model/model.safetensors"
 _MODEL_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def _safetensors_problem(path: Path) -> str | None:
-    """Why a safetensors file is cut short (its header says where the data ends), or None."""
+def _safetensors_problem(path: Path, name: str | None = None) -> str | None:
+    """Why a safetensors file is cut short (its header says where the data ends), or None; the file is named
+    ``name`` (default: its own)."""
+    name = name or path.name
     try:
         with path.open("rb") as handle:
             size = int.from_bytes(handle.read(8), "little")
             header = json.loads(handle.read(size))
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return f"{path.name} is unreadable (half-written?)"
+        return f"{name} is unreadable (half-written?)"
     if path.stat().st_size < 8 + size + end:
-        return f"{path.name} is cut short (half-written?)"
+        return f"{name} is cut short (half-written?)"
     return None
 
 
@@ -445,12 +449,12 @@ def _entropy_problem(folder: Path) -> str | None:
 
 
 def _reference_problem(folder: Path) -> str | None:
-    """Why the synced reference model's weights in ``folder`` (``ref_model.safetensors``) cannot be loaded,
-    or None. As for TRL's entropy state, a missing file is accepted (a run without ``sync_ref_model``, an
-    older run, ``save_only_model``, ZeRO-3 or FSDP: the resume says what the reference restarts from); one
-    cut short would stop the resume. Checked wherever the file is, since only a run that syncs writes it."""
+    """Why the synced reference model's weights in ``folder`` (`REF_MODEL_FILE`) cannot be loaded, or None.
+    As for TRL's entropy state, a missing file is accepted (a run without ``sync_ref_model``, an older run,
+    ``save_only_model``, ZeRO-3 or FSDP: the resume says what the reference restarts from); one cut short
+    would stop the resume. Checked wherever the file is, since only a run that syncs writes it."""
     path = folder / REF_MODEL_FILE
-    return _safetensors_problem(path) if path.is_file() else None
+    return _safetensors_problem(path, REF_MODEL_FILE) if path.is_file() else None
 
 
 def checkpoint_problem(
@@ -467,8 +471,8 @@ def checkpoint_problem(
     (with ``processes``, the launch's, given) the one its RNG state files show, else ``processes``.
     ``optimizer=False`` (``save_only_model``, which writes neither) checks
     neither. ``entropy`` (``use_adaptive_entropy``) checks that TRL's ``entropy_ctrl_state.json``, which it
-    writes after ``trainer_state.json``, is whole where it is there; and so is ``ref_model.safetensors`` (the
-    synced reference model, written beside the model) whatever the flags.
+    writes after ``trainer_state.json``, is whole where it is there; and so is `REF_MODEL_FILE` (the synced
+    reference model, written beside the model) whatever the flags.
     """
     folder = Path(folder)
     state = folder / "trainer_state.json"

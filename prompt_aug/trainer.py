@@ -196,7 +196,12 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         if self._pushing_saved_model and output_dir is None:
             return
         super().save_model(output_dir, _internal_call)
-        checkpoint = output_dir is not None and Path(output_dir).name.startswith(f"{PREFIX_CHECKPOINT_DIR}-")
+        folder = Path(output_dir) if output_dir is not None else None
+        checkpoint = (  # the Trainer's checkpoint-N in the run's folder, not a final save named so
+            folder is not None
+            and folder.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-")
+            and folder.parent.resolve() == Path(self.args.output_dir).resolve()
+        )
         if self.reference_checkpoint is not None and _internal_call and checkpoint:
             self.reference_checkpoint.save(output_dir)
         model = self.accelerator.unwrap_model(self.model)

@@ -1070,6 +1070,12 @@ def test_a_question_set_is_read_as_training_reads_it(tmp_path, caplog):
     words = tmp_path / "words.csv"  # words pandas takes for missing by default are answers here
     words.write_text("question,answer\nWhich option holds?,None\nIs the limit defined?,NA\n")
     assert [p.gold for p in load_benchmark(str(words))] == [["None"], ["NA"]]
+    named = tmp_path / "named.csv"  # a gold column named by the flag is read as written, as a guessed one is
+    named.write_text("q,gold\nHow big?,123456789012345678\nWhich code?,007\n")
+    assert [p.gold for p in load_benchmark(str(named), question_column="q", answer_column="gold")] == [
+        ["123456789012345678"],
+        ["007"],
+    ]
 
 
 def test_a_question_set_with_other_column_names_is_evaluated_through_the_mapping(tiny_model_dir, tmp_path):

@@ -116,6 +116,8 @@ def test_each_checkpoint_holds_the_reference_and_a_resume_off_a_sync_step_restor
             name: (folder / name).stat().st_mtime_ns for name in (faults.REF_MODEL_FILE, "trainer_state.json")
         }
         assert written[faults.REF_MODEL_FILE] <= written["trainer_state.json"], written
+        # vLLM, given the checkpoint, loads each *.safetensors at its top: the policy's alone
+        assert [p.name for p in folder.glob("*.safetensors")] == ["model.safetensors"]
     assert _same(_reference_at_resume(tiny_model_dir, run / "checkpoint-3", tmp_path / "resumed"), synced)
 
 
@@ -143,7 +145,10 @@ def test_a_reference_file_cut_short_makes_the_checkpoint_incomplete(run, tiny_mo
         shutil.copytree(run / f"checkpoint-{step}", out / f"checkpoint-{step}")
     cut = out / "checkpoint-3" / faults.REF_MODEL_FILE  # a file cut short on the disk
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
-    assert faults.checkpoint_problem(cut.parent) == f"{faults.REF_MODEL_FILE} is cut short (half-written?)"
+    assert (
+        faults.checkpoint_problem(out / "checkpoint-3")
+        == f"{faults.REF_MODEL_FILE} is cut short (half-written?)"
+    )
     assert faults.resolve_resume("true", str(out), log=False) == str(out / "checkpoint-2")
     # Only a synced reference is saved: a run with a reference (beta > 0) that does not sync adds no file.
     _trainer(tiny_model_dir, tmp_path / "unsynced", max_steps=1, sync_ref_model=False).train()

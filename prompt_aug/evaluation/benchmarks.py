@@ -219,14 +219,17 @@ def _from_hub(what: str, repo_id: str, load: Callable[[], Any], local: str) -> A
         ) from err
 
 
-def _load_question_set(name: str) -> Any:
+def _load_question_set(name: str, text_columns: tuple[str | None, ...] = ()) -> Any:
+    """A question set's rows as stored (``text_columns``: the columns a CSV file's text is kept in, beside
+    the guessed ones)."""
     import datasets
 
     path = Path(name).expanduser()
     if is_data_file_name(name):
         if not path.is_file():
             raise EvalError(f"question set {name}: no such file")
-        return read_dataset(str(path))  # a file that does not parse, or holds no rows, is one line
+        # a file that does not parse, or holds no rows, is one line
+        return read_dataset(str(path), text_columns=text_columns)
     if path.is_dir():
         loaded = load_saved(path, f"question set {name}")
     else:
@@ -303,7 +306,7 @@ def load_benchmark(
             ANSWER_FIELD,
         )
     else:
-        ds, where = _load_question_set(name), f"question set {name}"
+        ds, where = _load_question_set(name, (question_column, answer_column)), f"question set {name}"
         verl = is_verl_layout(ds.column_names, question_column, answer_column)
         if verl:  # as training reads it
             ds = ds.map(lambda row: {"answer": verl_gold(row["reward_model"])})

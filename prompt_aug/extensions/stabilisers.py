@@ -91,7 +91,7 @@ class ReferenceCheckpoint(TrainerCallback):
 
     TRL builds the reference from the base model and copies the policy into it only at the end of every
     ``ref_model_sync_steps``-th step; its checkpoints do not hold it. So the saving process writes the
-    reference's weights into each checkpoint (``ref_model.safetensors``, `save`, which the trainer's
+    reference's weights into each checkpoint (``ref_model/model.safetensors``, `save`, which the trainer's
     ``save_model`` calls for a checkpoint: beside the model, before ``trainer_state.json`` marks the
     checkpoint complete and before a Hub push of it), and a resume loads them back before the first step.
     Written and loaded under DDP, one process and DeepSpeed ZeRO-1/2, where every process holds the reference
@@ -121,7 +121,9 @@ class ReferenceCheckpoint(TrainerCallback):
         if args.save_only_model or launch_engine(args) in _SHARDED or not args.should_save:
             return
         # safetensors' save_model writes tied weights (embeddings and LM head) once
-        save_model(self._reference(), str(Path(folder) / REF_MODEL_FILE), metadata={"format": "pt"})
+        path = Path(folder) / REF_MODEL_FILE
+        path.parent.mkdir(exist_ok=True)
+        save_model(self._reference(), str(path), metadata={"format": "pt"})
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         # Runs once the Trainer has restored the checkpoint's policy and state, before the first step.

@@ -37,6 +37,7 @@ CONFIGS = {"ddp": 2, "zero2": 2, "zero3": 2, "fsdp": 2, "single_gpu": 1}  # conf
 REF_SYNC = ("--beta", "0.01", "--sync_ref_model", "true", "--ref_model_sync_steps", "1",
             "--ref_model_mixup_alpha", "1.0")  # fmt: skip
 REF_SAVED = {"ddp", "zero2", "single_gpu"}  # the others shard the reference: no file
+REF_FILE = "ref_model/model.safetensors"  # prompt_aug.faults.REF_MODEL_FILE
 
 
 def _threads_folder(out: Path, config: str, probe: str) -> Path:
@@ -219,19 +220,19 @@ def test_the_synced_reference_is_saved_and_restored_where_the_engine_holds_it_wh
     config, out, resumed = launched["config"], launched["out"], launched["logs"]["probe2"]
     if config not in REF_SAVED:
         # sharded: no file, and the resume at step 2 (a sync step, alpha 1) copies the restored policy in
-        assert sorted(out.rglob("ref_model.safetensors")) == []
+        assert sorted(out.rglob("ref_model")) == []
         assert "is not restored" not in resumed, resumed[-3000:]
         return
     for step in (1, 2, 4):
         folder = out / f"checkpoint-{step}"
-        assert (folder / "ref_model.safetensors").is_file(), (step, sorted(p.name for p in folder.iterdir()))
-        reference = _one_name_for_tied(load_file(str(folder / "ref_model.safetensors")))
+        assert (folder / REF_FILE).is_file(), (step, sorted(p.name for p in folder.iterdir()))
+        reference = _one_name_for_tied(load_file(str(folder / REF_FILE)))
         policy = _one_name_for_tied(_weights(folder))
         assert reference.keys() == policy.keys(), (step, set(reference) ^ set(policy))
         for name, saved in policy.items():  # float32 both (the model's dtype, --mixed_precision no)
             assert saved.dtype == reference[name].dtype == torch.float32, (step, name)
             assert torch.equal(reference[name], saved), (step, name)  # synced at the step's end: the policy
-    restored = f"step 2: reference model restored from {out / 'checkpoint-2' / 'ref_model.safetensors'}"
+    restored = f"step 2: reference model restored from {out / 'checkpoint-2' / REF_FILE}"
     assert restored in resumed, resumed[-3000:]
 
 
