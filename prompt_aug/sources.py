@@ -22,7 +22,6 @@ module, does without.)
 from __future__ import annotations
 
 import collections
-import contextvars
 import difflib
 import functools
 import glob
@@ -52,10 +51,10 @@ DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": 
 # "None", "NA", "null", "nan" and a dozen other words for missing, which would drop a question whose gold
 # answer is one of them ("None" of the options, say) as having no answer.
 CSV_OPTIONS = {"keep_default_na": False, "na_values": [""]}
-# ... and the question, gold and id columns are read as text (`_csv_text`): pandas guesses types, so a gold
-# 007 became 7 and an integer of 17 digits beside an empty cell a float that rounds (123456789012345678 read
-# as 123456789012345680). Other columns keep pandas' types, as a JSON or parquet source's keep theirs.
-_CSV_TEXT: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("csv_text", default=frozenset())
+# ... and the question, gold and id columns are read as text (`read_dataset`'s ``text_columns``): pandas
+# guesses types, so a gold 007 became 7 and an integer of 17 digits beside an empty cell a float that rounds
+# (123456789012345678 read as 123456789012345680). Other columns keep pandas' types, as a JSON or parquet
+# source's keep theirs.
 # The builders that read data files named in ``data_files`` (a ``path`` that is none of them is a folder or a
 # Hub id).
 FILE_BUILDERS = {*DATA_FILES.values(), "text", "arrow"}
@@ -645,24 +644,16 @@ def read_dataset(
             with none named (the message lists them), or one that cannot be fetched or is not in the cache
             offline.
     """
-    token = _CSV_TEXT.set(CSV_TEXT_COLUMNS | {c for c in text_columns if c})
-    try:
-        return _read_dataset(path, name, split, data_dir, data_files)
-    finally:
-        _CSV_TEXT.reset(token)
-
-
-def _read_dataset(
-    path: str, name: str | None, split: str, data_dir: str | None, data_files: Any
-) -> Any:  # fmt: skip
     import datasets
 
+    text = CSV_TEXT_COLUMNS | {c for c in text_columns if c}
     base = split_name(split)
     if data_dir is not None or data_files is not None:
         given = f"data_files {data_files}" if data_files is not None else f"data_dir {data_dir}"
         return _load_dataset(
-            f"{path} with {given}", path, name, data_dir=data_dir, data_files=data_files, split=split
-        )
+            f"{path} with {given}", path, name, data_dir=data_dir, data_files=data_files, split=split,
+            text=text,
+        )  # fmt: skip
     where = Path(path).expanduser()
     if where.is_dir():
         if (where / "dataset_info.json").is_file() or (where / "dataset_dict.json").is_file():
@@ -679,9 +670,9 @@ def _read_dataset(
                     path, saved, base,
                 )  # fmt: skip
             return loaded if base == split else _take({base: loaded}, split)
-        return _read_files(_split_files(_data_folder(where, name, base), base), split)
+        return _read_files(_split_files(_data_folder(where, name, base), base), split, text)
     if where.is_file():
-        return _read_files([where], split)
+        return _read_files([where], split, text)
     if looks_local(path):  # not a Hub id: do not let the Hub client retry for half a minute
         if is_data_file_name(path):
             fix = _did_you_mean(path) or "; fix the path"
@@ -692,8 +683,10 @@ def _read_dataset(
         fix = _did_you_mean(path) or "; fix the name, or give a Hub id (owner/name)"
         raise SourceError(f"dataset {path!r}: no such file or folder in {Path.cwd()}{fix}")
     if path == SIMPLERL_HUB_ID:  # the repo keeps each subset in a folder, not a builder config
-        return _load_dataset(f"Hub dataset {path!r}", path, data_dir=name or SIMPLERL_CONFIG, split=split)
-    return _load_dataset(f"Hub dataset {path!r}", path, name, split=split)
+        return _load_dataset(
+            f"Hub dataset {path!r}", path, data_dir=name or SIMPLERL_CONFIG, split=split, text=text
+        )
+    return _load_dataset(f"Hub dataset {path!r}", path, name, split=split, text=text)
 
 
 def split_name(split: str, key: str = "split") -> str:
@@ -792,10 +785,10 @@ def _split_files(folder: Path, split: str) -> list[Path]:
     raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}{hint}")
 
 
-def _read_files(files: list[Path], split: str = "train") -> Any:
+def _read_files(files: list[Path], split: str = "train", text: frozenset[str] = CSV_TEXT_COLUMNS) -> Any:
     """``files``, all of one type, as one `datasets.Dataset`: the part ``split`` names (``train[:100]``), as
-    ``datasets`` takes it. A file that holds no rows or does not parse is named, and so is one whose columns
-    differ from the others'."""
+    ``datasets`` takes it (CSV columns ``text`` as text). A file that holds no rows or does not parse is
+    named, and so is one whose columns differ from the others'."""
     names = ", ".join(p.name for p in files)
     kinds = {DATA_FILES.get(p.suffix.lower()) for p in files}
     if None in kinds:  # a file given by its path
@@ -819,10 +812,14 @@ def _read_files(files: list[Path], split: str = "train") -> Any:
     # A part of the split (train[:100]) is taken by datasets; a split's name alone reads every row.
     data_files = [str(p) for p in files] if base == split else {base: [str(p) for p in files]}
     try:
-        return _load_dataset(what, kind, data_files=data_files, split="train" if base == split else split)
+        part = "train" if base == split else split
+        return _load_dataset(what, kind, data_files=data_files, split=part, text=text)
     except SourceError:
         if len(files) > 1:  # name the file that does not parse, or whose columns differ
-            parts = [_load_dataset(str(file), kind, data_files=[str(file)], split="train") for file in files]
+            parts = [
+                _load_dataset(str(file), kind, data_files=[str(file)], split="train", text=text)
+                for file in files
+            ]
             odd = _odd_columns(files, [part.features for part in parts])
             if odd:
                 raise SourceError(odd) from None
@@ -861,9 +858,10 @@ def _parquet_rows(file: Path) -> int | None:
 _NO_ROWS = "holds no rows (an empty file?); give data with rows"
 
 
-def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
-    """``datasets.load_dataset(*args, **kwargs)``; a failure is one line starting with ``what``: the first
-    line of the parser's complaint, or, for a Hub id, why it cannot be had.
+def _load_dataset(what: str, *args: Any, text: frozenset[str] = CSV_TEXT_COLUMNS, **kwargs: Any) -> Any:
+    """``datasets.load_dataset(*args, **kwargs)``, CSV columns named in ``text`` read as text; a failure is
+    one line starting with ``what``: the first line of the parser's complaint, or, for a Hub id, why it cannot
+    be had.
 
     Raises:
         SourceError: the data does not parse, holds no rows, or cannot be fetched (offline: is not in the
@@ -874,7 +872,7 @@ def _load_dataset(what: str, *args: Any, **kwargs: Any) -> Any:
 
     # CSV files read by the csv builder or named in data_files (a Hub dataset of CSV files named alone is not)
     if args and _reads_csv(args[0], kwargs.get("data_files")):
-        kwargs = {**CSV_OPTIONS, "converters": dict.fromkeys(_CSV_TEXT.get(), str), **kwargs}
+        kwargs = {**CSV_OPTIONS, "converters": dict.fromkeys(text, str), **kwargs}
     try:
         return datasets.load_dataset(*args, **kwargs)
     except StopIteration:  # what datasets raises for an empty JSON Lines file
