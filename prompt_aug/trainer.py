@@ -14,11 +14,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sized
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.data_utils import is_conversational
 
 from .collator import PromptAugmentationCollator, cut_completions
@@ -113,9 +111,8 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     features = Features()
     prompt_collator: PromptAugmentationCollator | None = None
     _pushing_saved_model = False  # inside push_saved_model: output_dir holds the model already
-    reference_checkpoint: ReferenceCheckpoint | None = (
-        None  # with sync_ref_model: the reference in checkpoints
-    )
+    # With sync_ref_model: the synced reference, saved in each checkpoint and restored at a resume.
+    reference_checkpoint: ReferenceCheckpoint | None = None
 
     def __init__(
         self,
@@ -196,13 +193,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         if self._pushing_saved_model and output_dir is None:
             return
         super().save_model(output_dir, _internal_call)
-        folder = Path(output_dir) if output_dir is not None else None
-        checkpoint = (  # the Trainer's checkpoint-N in the run's folder, not a final save named so
-            folder is not None
-            and folder.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-")
-            and folder.parent.resolve() == Path(self.args.output_dir).resolve()
-        )
-        if self.reference_checkpoint is not None and _internal_call and checkpoint:
+        if self.reference_checkpoint is not None and _internal_call and output_dir is not None:
             self.reference_checkpoint.save(output_dir)
         model = self.accelerator.unwrap_model(self.model)
         if self.args.should_save and hasattr(model, "peft_config"):

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_model, save_model
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SyncRefModelCallback
 
 from ..faults import REF_MODEL_FILE, launch_engine
@@ -115,13 +116,17 @@ class ReferenceCheckpoint(TrainerCallback):
         return self.trainer.accelerator.unwrap_model(self.trainer.ref_model)
 
     def save(self, folder: str | Path) -> None:
-        """Write the reference's weights into the checkpoint ``folder`` (the process(es) that write its shared
-        files; none with ``save_only_model`` or under a sharding engine)."""
-        args = self.trainer.args
-        if args.save_only_model or launch_engine(args) in _SHARDED or not args.should_save:
+        """Write the reference's weights into ``folder`` when it is one of the Trainer's checkpoints of the
+        run (``checkpoint-N`` in ``output_dir``, not a final save named so), by the process(es) that write
+        its shared files; none with ``save_only_model`` or under a sharding engine."""
+        args, folder = self.trainer.args, Path(folder)
+        checkpoint = folder.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-") and (
+            folder.parent.resolve() == Path(args.output_dir).resolve()
+        )
+        if not checkpoint or args.save_only_model or launch_engine(args) in _SHARDED or not args.should_save:
             return
         # safetensors' save_model writes tied weights (embeddings and LM head) once
-        path = Path(folder) / REF_MODEL_FILE
+        path = folder / REF_MODEL_FILE
         path.parent.mkdir(exist_ok=True)
         save_model(self._reference(), str(path), metadata={"format": "pt"})
 
