@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from trl import GRPOConfig
 
 from .padding import max_tokens_refusal, padding_mode
-from .templates import STOP_TOKENS  # defined there so that evaluation need not import TRL
+from .templates import STOP_TOKENS, renderer_keys_refusal  # there so that evaluation need not import TRL
 
 ACTIONS = ("log", "checkpoint", "stop")  # what the collapse guard does when a signal fires
 # TRL's batch keys and their smallest values: TRL divides by them (a traceback at 0), a negative one gives
@@ -551,6 +551,9 @@ def check_trl_keys(args: Any) -> None:
             raise ValueError(f"{name}: must be {'above' if open_low else 'at least'} {low}{top}, got {value}")
     for name in MAPPING_KEYS:
         check_mapping(name, getattr(args, name))
+    kwargs = args.chat_template_kwargs  # a mapping, or a JSON object's text (`check_mapping`)
+    if problem := renderer_keys_refusal(json.loads(kwargs) if isinstance(kwargs, str) else kwargs):
+        raise ValueError(problem)
     for name, (low, below) in OPTIMIZER_LOW.items():
         value = getattr(args, name)
         if not (value >= low and (below is None or value < below)):  # NaN too

@@ -39,6 +39,8 @@ NO_CHAT_TEMPLATE_HINT = (
     "set `chat_template` in the recipe: `chatml`, a Jinja template, or the path of a .jinja file"
 )
 _FIELDS = {"name", "system", "user", "prefill", "answer", "markers"}
+# Arguments of ``apply_chat_template`` that `Template.render` sets itself (``chat_template_kwargs`` may not).
+RENDERER_KEYS = ("conversation", "tokenize", "add_generation_prompt")
 
 
 class TemplateError(ValueError):
@@ -74,8 +76,11 @@ class Template:
     def render(self, question: str, tokenizer: Any, **chat_template_kwargs: Any) -> str:
         """The full prompt text: the tokenizer's chat template with a generation prompt, then the prefill.
 
-        ``chat_template_kwargs`` go to ``apply_chat_template`` (e.g. ``enable_thinking=False``).
+        ``chat_template_kwargs`` go to ``apply_chat_template`` (e.g. ``enable_thinking=False``); the
+        `RENDERER_KEYS` among them are refused (`TemplateError`).
         """
+        if problem := renderer_keys_refusal(chat_template_kwargs):
+            raise TemplateError(problem)
         text = tokenizer.apply_chat_template(
             self.messages(question), tokenize=False, add_generation_prompt=True, **chat_template_kwargs
         )
@@ -85,6 +90,21 @@ class Template:
         if bos and text.startswith(bos) and tokenizer("").input_ids[:1] == [tokenizer.bos_token_id]:
             text = text[len(bos) :]
         return text + self.prefill
+
+
+def renderer_keys_refusal(chat_template_kwargs: Any, name: str | None = "chat_template_kwargs") -> str | None:
+    """Why ``chat_template_kwargs`` cannot render a prompt (it sets one of the `RENDERER_KEYS`), or ``None``;
+    the reason starts with ``name`` unless it is ``None``.
+
+    >>> renderer_keys_refusal({"enable_thinking": False}) is None
+    True
+    >>> renderer_keys_refusal({"add_generation_prompt": False})
+    "chat_template_kwargs: 'add_generation_prompt' is set by the prompt rendering itself; leave it out"
+    """
+    taken = [key for key in RENDERER_KEYS if key in (chat_template_kwargs or {})]
+    if not taken:
+        return None
+    return f"{name + ': ' if name else ''}{taken[0]!r} is set by the prompt rendering itself; leave it out"
 
 
 def chat_template_text(value: str) -> str:

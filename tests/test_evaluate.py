@@ -1031,7 +1031,7 @@ def test_a_model_without_a_chat_template_is_one_line_and_chat_template_gives_it_
         (["--output", "FILE/sub"], "FILE/sub lies under the file "),
         (
             ["--chat_template_kwargs", '{"enable_thinking": false, "tokenize": true}'],
-            "argument --chat_template_kwargs: 'tokenize' is set by the evaluation itself",
+            "argument --chat_template_kwargs: 'tokenize' is set by the prompt rendering itself",
         ),
         (["--chat_template_kwargs", '{"add_generation_prompt": false}'], "'add_generation_prompt' is set by"),
     ],

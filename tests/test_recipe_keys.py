@@ -473,6 +473,16 @@ def test_a_batch_loss_or_evaluation_key_that_cannot_run_is_refused_when_parsed(k
         ("model_init_kwargs", "{bad", "model_init_kwargs: not a JSON object (Expecting property name"),
         ("chat_template_kwargs", "notjson", "chat_template_kwargs: 'notjson' is not a mapping"),
         ("lr_scheduler_kwargs", "x", "lr_scheduler_kwargs: 'x' is not a mapping"),
+        (
+            "chat_template_kwargs",
+            {"enable_thinking": False, "add_generation_prompt": False},
+            "chat_template_kwargs: 'add_generation_prompt' is set by the prompt rendering itself;",
+        ),
+        (
+            "chat_template_kwargs",
+            '{"tokenize": true}',
+            "chat_template_kwargs: 'tokenize' is set by the prompt",
+        ),
     ],
 )
 def test_a_value_training_would_refuse_only_once_started_is_refused_when_parsed(

@@ -43,7 +43,7 @@ from ..sources import (
     is_hub_id,
     resolve_local_model,
 )
-from ..templates import DEFAULT_EVAL_TEMPLATE, TemplateError
+from ..templates import DEFAULT_EVAL_TEMPLATE, TemplateError, renderer_keys_refusal
 from .backends import (
     STOP_RULES,
     Backend,
@@ -217,12 +217,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# Arguments of ``apply_chat_template`` that prompt rendering sets itself (`Template.render`).
-RENDERER_KEYS = ("conversation", "tokenize", "add_generation_prompt")
-
-
 def _json_mapping(text: str) -> dict[str, Any]:
-    """A ``--chat_template_kwargs`` value: a JSON object, with none of the `RENDERER_KEYS`."""
+    """A ``--chat_template_kwargs`` value: a JSON object, refused by `renderer_keys_refusal` if it must."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
@@ -231,11 +227,8 @@ def _json_mapping(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(
             f"not a JSON object: {text!r}; give e.g. '{{\"enable_thinking\": false}}'"
         )
-    taken = [key for key in RENDERER_KEYS if key in value]
-    if taken:
-        raise argparse.ArgumentTypeError(
-            f"{taken[0]!r} is set by the evaluation itself when it renders a prompt; leave it out"
-        )
+    if problem := renderer_keys_refusal(value, None):
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
