@@ -97,9 +97,21 @@ def row_rules(
     FormatRules(answer='tag', markers=('<answer>',))
     >>> row_rules(1, ["qwen-math"])
     ['qwen-math']
+    >>> row_rules(1, ["open-r1"], answer_rule=["boxed"])[0].markers  # the template's markers fill the gap
+    ('<think>\\n', '\\n</think>\\n', '\\n<answer>\\n', '\\n</answer>')
     """
-    if answer_rule is not None or format_markers is not None:
-        rules = answer_rule if answer_rule is not None else [None] * n
-        markers = format_markers if format_markers is not None else [None] * n
-        return [FormatRules(r or "boxed", tuple(m or ())) for r, m in zip(rules, markers, strict=True)]
-    return list(template) if template is not None else [None] * n
+    if answer_rule is None and format_markers is None:
+        return list(template) if template is not None else [None] * n
+    # One column without the other: a built-in template's rules fill the missing one, else the defaults.
+    given = [BUILTIN_FORMATS.get(t) if isinstance(t, str) else None for t in template or [None] * n]
+    rules = answer_rule if answer_rule is not None else [g.answer if g else None for g in given]
+    markers = format_markers if format_markers is not None else [g.markers if g else None for g in given]
+    for row, m in enumerate(markers):
+        if isinstance(m, str):
+            raise TypeError(
+                f"format_markers: row {row} holds the text {m!r}, not a list of markers; give each row a "
+                f"list, e.g. [{m!r}]"
+            )
+    return [
+        FormatRules(r or "boxed", () if m is None else tuple(m)) for r, m in zip(rules, markers, strict=True)
+    ]

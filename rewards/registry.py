@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .formats import row_rules
+from .grading.extract import number_text
 from .grading.grade import format_score, grade_batch
 from .mapped import mapped_correctness
 
@@ -33,7 +34,7 @@ def _text(completion: Any) -> str:
     ('so 4', 'so 4', '', '')
     """
     if isinstance(completion, list):
-        completion = completion[-1]["content"] if completion else ""
+        completion = completion[-1].get("content") if completion else ""
     if completion is None:
         return ""
     return completion if isinstance(completion, str) else str(completion)
@@ -305,14 +306,15 @@ class TRLConvention:
     """A reward function written for TRL's datasets, made to read this package's rows: its completions as
     TRL's conversational messages (``[{"role": "assistant", "content": text}]``, as TRL's rewards index
     them), and its ``solution`` column from ``answer``, the gold, as the package's own rewards grade (with
-    several acceptable golds, the best score over them, as any gold counts). A dataset's own ``solution``
+    several acceptable golds, the best score over them, as any gold counts). Each gold goes as math between
+    ``$`` signs (`trl_solution`), as TRL's datasets hold it. A dataset's own ``solution``
     column, where the gold was read from another (a worked solution beside an ``answer``), is not what
     they get: TRL's rewards would parse the gold out of the working. Rows without ``answer`` pass as they
     are. Everything else passes through; the name (``__name__``, which TRL logs under) is the function's
     own.
 
     >>> def exact(completions, solution, **kwargs):
-    ...     return [float(c[0]["content"] == s) for c, s in zip(completions, solution)]
+    ...     return [float(f"${c[0]['content']}$" == s) for c, s in zip(completions, solution)]
     >>> TRLConvention(exact)(["4", "5", "6"], answer=["4", "4", ["7", "6"]])
     [1.0, 0.0, 1.0]
     >>> TRLConvention(exact)(["4"], answer=["4"], solution=["2 + 2 = 4, so the answer is 4."])
@@ -333,15 +335,31 @@ class TRLConvention:
             return self.func(completions=messages, **columns)
         columns = {k: v for k, v in columns.items() if k != "solution"}
         if not any(isinstance(g, list) for g in golds):
-            return self.func(completions=messages, solution=list(golds), **columns)
+            return self.func(completions=messages, solution=[trl_solution(g) for g in golds], **columns)
         none = [isinstance(g, list) and not g for g in golds]  # an empty list: no gold, no score
         golds = ["" if empty else g for g, empty in zip(golds, none, strict=True)]
         best: list[float | None] | None = None
         for k in range(max(len(g) if isinstance(g, list) else 1 for g in golds)):
-            solution = [(g[k] if k < len(g) else g[0]) if isinstance(g, list) else g for g in golds]
+            solution = [
+                trl_solution((g[k] if k < len(g) else g[0]) if isinstance(g, list) else g) for g in golds
+            ]
             scores = self.func(completions=messages, solution=solution, **columns)
             best = scores if best is None else [_best(a, b) for a, b in zip(best, scores, strict=True)]
         return [None if empty else score for score, empty in zip(best or [], none, strict=False)]
+
+
+def trl_solution(gold: Any) -> str:
+    r"""A gold as a TRL reward's ``solution``: its text between ``$`` signs, unless it has math delimiters
+    or a ``\boxed`` of its own. TRL's `accuracy_reward` parses the solution with math-verify, which finds only
+    delimited math: a bare ``\sqrt{2}`` parses to nothing (the row's score would be ``None``).
+
+    >>> trl_solution(r"\sqrt{2}"), trl_solution(18.0), trl_solution("$5$"), trl_solution(r"So \boxed{5}.")
+    ('$\\sqrt{2}$', '$18$', '$5$', 'So \\boxed{5}.')
+    """
+    text = number_text(gold)
+    if any(mark in text for mark in ("$", "\\(", "\\[", "\\boxed")):
+        return text
+    return f"${text}$"
 
 
 def _best(a: float | None, b: float | None) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from prompt_aug.templates import load_templates
@@ -140,10 +141,22 @@ def test_registry_functions_read_answer_and_template_columns():
 
 
 def test_a_missing_completion_is_empty_text():
-    missing = [None, [], [{"role": "assistant", "content": None}]]
-    assert format_reward(missing, template=["open-r1"] * 3) == [0.0, 0.0, 0.0]
-    assert format_reward(missing) == [1.0, 1.0, 1.0]  # free-form: as for any text
-    assert correctness_reward(missing, answer=["5"] * 3) == [0.0, 0.0, 0.0]
+    missing = [None, [], [{"role": "assistant", "content": None}], [{"role": "assistant"}]]
+    assert format_reward(missing, template=["open-r1"] * 4) == [0.0, 0.0, 0.0, 0.0]
+    assert format_reward(missing) == [1.0, 1.0, 1.0, 1.0]  # free-form: as for any text
+    assert correctness_reward(missing, answer=["5"] * 4) == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_format_rule_columns_given_in_part_or_as_arrays_keep_their_markers():
+    line = "The final answer is: 5"
+    # A row's markers as an array (a parquet column) count as the list they hold.
+    assert format_reward([line], format_markers=[np.array(["The final answer is:"])]) == [1.0]
+    # Only answer_rule given: the built-in template's markers still count (none of open-r1's are here).
+    assert format_reward(["\\boxed{5}"], template=["open-r1"], answer_rule=["tag"]) == [0.0]
+    assert format_reward(["\\boxed{5}"], template=["qwen-math"], answer_rule=["boxed"]) == [1.0]
+    # One string instead of a list of markers would be counted letter by letter: refused, naming the row.
+    with pytest.raises(TypeError, match="format_markers: row 1 holds the text 'The final answer is:'"):
+        format_reward([line, line], format_markers=[["The final answer is:"], "The final answer is:"])
 
 
 def test_unparseable_gold_gives_none_and_is_counted():
@@ -235,3 +248,25 @@ def test_a_reward_module_that_fails_as_it_imports_is_named_with_why(tmp_path, mo
     message = str(err.value)
     assert message.startswith(f"reward_funcs: '{name}.f': importing {name} failed ({failure}")
     assert "package.module" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("TIME_LIMIT_S", "0", "grader time limit must be above 0 s, got 0.0 (PROMPT_AUG_GRADER_TIME_LIMIT_S"),
+        ("TIME_LIMIT_S", "nan", "grader time limit must be above 0 s, got nan"),
+        ("TIME_LIMIT_S", "2s", "PROMPT_AUG_GRADER_TIME_LIMIT_S='2s': give a number"),
+        ("MEMORY_MB", "-1", "grader memory cap must be above 0 MiB, got -1 (PROMPT_AUG_GRADER_MEMORY_MB"),
+        ("WORKERS", "two", "PROMPT_AUG_GRADER_WORKERS='two': give a whole number"),
+    ],
+)
+def test_grader_limits_that_would_fail_every_answer_are_refused_naming_the_variable(
+    name, value, message, monkeypatch
+):
+    # A time limit of 0 would have every pooled grade time out, and so score 0, without a word.
+    from rewards.grading.pool import PoolConfig
+
+    monkeypatch.setenv("PROMPT_AUG_GRADER_" + name, value)
+    with pytest.raises(ValueError) as refused:
+        PoolConfig.from_env()
+    assert message in str(refused.value)

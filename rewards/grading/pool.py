@@ -110,6 +110,18 @@ class PoolConfig:
     preload: str = "rewards.grading.grade"
     initializer: str = "rewards.grading.grade:worker_init"
 
+    def __post_init__(self) -> None:
+        if not self.time_limit_s > 0:  # NaN too: every task would time out
+            raise ValueError(
+                f"grader time limit must be above 0 s, got {self.time_limit_s} "
+                f"({_ENV_PREFIX}TIME_LIMIT_S or time_limit_s)"
+            )
+        if not self.memory_mb > 0:
+            raise ValueError(
+                f"grader memory cap must be above 0 MiB, got {self.memory_mb} "
+                f"({_ENV_PREFIX}MEMORY_MB or memory_mb)"
+            )
+
     @classmethod
     def from_env(cls, **overrides: Any) -> PoolConfig:
         """Defaults, then ``PROMPT_AUG_GRADER_{WORKERS,TIME_LIMIT_S,MEMORY_MB}``, then ``overrides``."""
@@ -117,7 +129,11 @@ class PoolConfig:
         for name, cast in (("workers", int), ("time_limit_s", float), ("memory_mb", int)):
             raw = os.environ.get(_ENV_PREFIX + name.upper())
             if raw:
-                values[name] = cast(raw)
+                try:
+                    values[name] = cast(raw)
+                except ValueError:
+                    kind = "a whole number" if cast is int else "a number"
+                    raise ValueError(f"{_ENV_PREFIX}{name.upper()}={raw!r}: give {kind}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)
         if config.workers <= 0:
