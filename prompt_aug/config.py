@@ -32,22 +32,36 @@ BATCH_LOW_IF_SET = {"steps_per_generation": 1, "generation_batch_size": 1}
 # What TRL 1.16's GRPOTrainer accepts; it checks them only inside the first training step.
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")  # and true / false, TRL's group / none
-# TRL's sampling and length keys: (smallest, largest, whether the smallest itself is refused); None leaves one
-# unset. Generation refuses other values only once it starts, after the model has loaded.
-GENERATION_RANGES = {
-    "top_p": (0, 1, True), "min_p": (0, 1, False), "max_completion_length": (1, None, False),
-}  # fmt: skip
+
+
+class Range(NamedTuple):
+    """The values a number key takes: from ``low`` to ``high`` (``None``: no bound), each end refused itself
+    when open; ``None`` itself only where ``optional``."""
+
+    low: float
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    optional: bool = False
+
+
+# TRL's sampling and length keys, and the optimizer's numbers: generation refuses other values only once it
+# starts, torch's optimizers only when the trainer builds them, both after the model has loaded.
+NUMBER_RANGES = {
+    "top_p": Range(0, 1, open_low=True, optional=True),
+    "min_p": Range(0, 1, optional=True),
+    "max_completion_length": Range(1, optional=True),
+    "learning_rate": Range(0),
+    "adam_epsilon": Range(0),
+    "weight_decay": Range(0),
+    "adam_beta1": Range(0, 1, open_high=True),
+    "adam_beta2": Range(0, 1, open_high=True),
+}
 # GRPOConfig's keys that take a mapping or its JSON text (TrainingArguments parses a string starting with
 # "{"); the others of `_VALID_DICT_FIELDS` take a file path too. Any other value fails only once read.
 MAPPING_KEYS = tuple(
     k for k in GRPOConfig._VALID_DICT_FIELDS if k not in ("accelerator_config", "fsdp_config", "deepspeed")
 )
-# The optimizer's numbers: smallest value and the bound they stay below (None: none). torch's optimizers
-# refuse others only when the trainer builds them, once the model has loaded.
-OPTIMIZER_LOW = {
-    "learning_rate": (0, None), "adam_epsilon": (0, None), "weight_decay": (0, None),
-    "adam_beta1": (0, 1), "adam_beta2": (0, 1),
-}  # fmt: skip
 SIGNALS = {  # the collapse guard's signals: the key whose value turns each on, and its window key
     "entropy": ("collapse_entropy_floor", "collapse_entropy_rounds"),
     "accuracy": ("collapse_accuracy_drop", "collapse_accuracy_rounds"),
@@ -519,9 +533,32 @@ def check_mapping(name: str, value: Any) -> None:
     raise ValueError(f"{name}: {value!r} is not a mapping; {example}")
 
 
+def range_refusal(name: str, value: Any, bounds: Range) -> str | None:
+    """Why ``value`` of the key ``name`` falls outside ``bounds``, or ``None``.
+
+    >>> range_refusal("top_p", 1.5, NUMBER_RANGES["top_p"])
+    'top_p: must be above 0 and at most 1, got 1.5'
+    >>> range_refusal("adam_beta2", None, NUMBER_RANGES["adam_beta2"])
+    'adam_beta2: no value; give a number, or remove the line'
+    """
+    if value is None:
+        return None if bounds.optional else f"{name}: no value; give a number, or remove the line"
+    low, high = bounds.low, bounds.high
+    try:
+        inside = (value > low if bounds.open_low else value >= low) and (  # NaN fails both
+            high is None or (value < high if bounds.open_high else value <= high)
+        )
+    except TypeError:  # text
+        inside = False
+    if inside:
+        return None
+    top = "" if high is None else f" and {'below' if bounds.open_high else 'at most'} {high}"
+    return f"{name}: must be {'above' if bounds.open_low else 'at least'} {low}{top}, got {value!r}"
+
+
 def check_trl_keys(args: Any) -> None:
     """TRL's batch keys (`BATCH_LOW`), ``loss_type``, ``scale_rewards``, the sampling temperature and ranges
-    (`GENERATION_RANGES`), the optimizer's numbers (`OPTIMIZER_LOW`), the mapping keys (`MAPPING_KEYS`) and
+    and the optimizer's numbers (`NUMBER_RANGES`), the mapping keys (`MAPPING_KEYS`) and
     the length of training, which TRL checks late or not at all (`ValueError`, one line naming the key)."""
     for name, low in {**BATCH_LOW, **BATCH_LOW_IF_SET}.items():
         value = getattr(args, name)
@@ -541,24 +578,14 @@ def check_trl_keys(args: Any) -> None:
             "temperature: must be above 0 (GRPO samples its completions; 1.0 samples as the model does), "
             f"got {args.temperature}"
         )
-    for name, (low, high, open_low) in GENERATION_RANGES.items():
-        value = getattr(args, name)
-        if value is None:
-            continue
-        above_low = value > low if open_low else value >= low  # NaN fails both
-        if not (above_low and (high is None or value <= high)):
-            top = "" if high is None else f" and at most {high}"
-            raise ValueError(f"{name}: must be {'above' if open_low else 'at least'} {low}{top}, got {value}")
+    for name, bounds in NUMBER_RANGES.items():
+        if problem := range_refusal(name, getattr(args, name), bounds):
+            raise ValueError(problem)
     for name in MAPPING_KEYS:
         check_mapping(name, getattr(args, name))
     kwargs = args.chat_template_kwargs  # a mapping, or a JSON object's text (`check_mapping`)
     if problem := renderer_keys_refusal(json.loads(kwargs) if isinstance(kwargs, str) else kwargs):
         raise ValueError(problem)
-    for name, (low, below) in OPTIMIZER_LOW.items():
-        value = getattr(args, name)
-        if not (value >= low and (below is None or value < below)):  # NaN too
-            high = "" if below is None else f" and below {below}"
-            raise ValueError(f"{name}: must be at least {low}{high}, got {value}")
     if not args.num_iterations >= 1:
         raise ValueError(f"num_iterations: must be at least 1, got {args.num_iterations}")
     if args.max_steps == 0:  # the Trainer reads epochs only when max_steps is negative
