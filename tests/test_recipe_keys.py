@@ -466,7 +466,6 @@ def test_a_batch_loss_or_evaluation_key_that_cannot_run_is_refused_when_parsed(k
         ("top_p", 0.0, "top_p: must be above 0 and at most 1, got 0.0"),
         ("min_p", 2.0, "min_p: must be at least 0 and at most 1, got 2.0"),
         ("learning_rate", None, "learning_rate: no value; give a number, or remove the line"),
-        ("adam_beta2", 1.0, "adam_beta2: must be at least 0 and below 1, got 1.0"),
         ("max_completion_length", 0, "max_completion_length: must be at least 1, got 0"),
         ("packing_pad_to_multiple_of", -8, "packing_pad_to_multiple_of: must be at least 1, got -8"),
         ("save_strategy", "best", "save_strategy: best needs metric_for_best_model"),

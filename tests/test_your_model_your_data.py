@@ -646,7 +646,7 @@ def test_trls_rewards_by_name_are_trls_and_read_this_packages_rows():
     completions = ["So \\boxed{4}.", "So \\boxed{5}.", "It is \\boxed{\\frac{1}{2}}."]
     golds = ["4", "4", ["180", "\\frac{1}{2}"]]  # any of several golds counts
     assert accuracy(completions, answer=golds, template=["qwen-math"] * 3) == [1.0, 0.0, 1.0]
-    # Golds as this package's rows hold them (bare LaTeX, AMC's floats), which TRL's parse finds only in $...$.
+    # Golds as this package's rows hold them (bare LaTeX, AMC's floats): TRL's parse finds math only in $...$.
     golds = ["\\sqrt{2}", "(1,2]", "3\\sqrt{2}", 18.0, "x^2+1"]
     completions = [f"So $\\boxed{{{a}}}$." for a in ["\\sqrt{2}", "(1,2]", "3\\sqrt{2}", "18", "1+x^2"]]
     assert accuracy(completions, answer=golds) == [1.0] * 5
