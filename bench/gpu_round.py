@@ -33,8 +33,9 @@ Modes (each from the same weights, on the same rounds):
   Its "real share" is the rows' tokens over the tokens run, above 1 where prompts are shared.
 
 Every mode of the table is listed in the output: run, or skipped with the reason (not asked for, not
-possible on this device, or past ``--budget_s``). A mode that fails (out of memory, a kernel error) prints
-its traceback and ends there; the other modes run, and the summary compares what ran.
+possible on this device, or past ``--budget_s``; a mode or round the budget skips also gets a line starting
+with ``!!!``, as the run then lacks it). A mode that fails (out of memory, a kernel error) prints its
+traceback and ends there; the other modes run, and the summary compares what ran.
 
 The log-probs are TRL's fused head's: the LM head runs in tiles under checkpointing, on the labelled
 positions only (`head_logps`), in every mode. Each mode trains ``--rounds`` rounds of new lengths (seeds
@@ -51,7 +52,8 @@ side, to find what a new shape costs. Tolerance: float32 on CPU agrees within 1e
 about 1e-7); bf16 on a GPU differs by rounding only (0.0025 of the losses' mean size on one H100 for
 packed-sdpa); a gap of the losses' own size means a layout is wrong.
 
-Needs torch and transformers only (not TRL, datasets or math-verify).
+Needs torch, transformers and accelerate (which transformers' Trainer needs too; `prompt_aug.padding`
+imports it), not TRL, datasets or math-verify.
 
     python bench/gpu_round.py                # one GPU: 2 rounds + 1 repeat a mode; no round begun after 240 s
                                              # (counted from the end of the imports)
@@ -517,14 +519,16 @@ def main(argv: list[str] | None = None) -> dict:
     skipped: list[str] = []
     longest = 0.0  # the longest round so far, the estimate for a mode's first round
 
-    def over_budget(estimate: float, what: str) -> bool:
+    def over_budget(estimate: float, what: str, lost: str) -> bool:
         """Whether a round estimated at ``estimate`` s would end past --budget_s; if so, says ``what`` is
-        skipped and why."""
+        skipped and why, then, in a line starting with !!!, that the run lacks ``lost`` (also listed last)."""
         spent = time.perf_counter() - began
         if args.budget_s <= 0 or spent + estimate <= args.budget_s:
             return False
         print(f"{what} skipped (--budget_s {args.budget_s:g}: {spent:.0f} s spent, a round estimated at "
               f"{estimate:.1f} s)")  # fmt: skip
+        print(f"!!! {lost} not run: past --budget_s, so this run lacks it")
+        skipped.append(lost)
         return True
 
     # A step limit (timeout sends SIGTERM) ends the rounds, not the bench: what ran is still summarised.
@@ -535,8 +539,7 @@ def main(argv: list[str] | None = None) -> dict:
             if reason := unavailable(mode, device):
                 print(f"{mode}: skipped ({reason})")
                 continue
-            if over_budget(longest, f"{mode}:"):
-                skipped.append(f"{mode}: every round")
+            if over_budget(longest, f"{mode}:", f"{mode}: every round"):
                 continue
             attention = attention_of(mode, device)
             try:
@@ -553,8 +556,7 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"\n{mode} (attention {attention})\n{header}")
                 for index, (seed, label) in enumerate(zip(seeds, labels, strict=True)):
                     estimate = round_seconds(results[mode][-1]) if results[mode] else longest
-                    if over_budget(estimate, f"{label:>14}"):
-                        skipped.append(f"{mode}: {', '.join(labels[index:])}")
+                    if over_budget(estimate, f"{label:>14}", f"{mode}: {', '.join(labels[index:])}"):
                         break
                     round_ = build_round(shape, seed, device)
                     r = train_round(
@@ -572,8 +574,7 @@ def main(argv: list[str] | None = None) -> dict:
                     fresh = seeds[-1] + 1
                     for label in (f"seed {fresh} profiled", f"seed {fresh} profiled again"):
                         profiled_estimate = 4 * round_seconds(results[mode][-1])  # the profiler: 2-3x
-                        if over_budget(profiled_estimate, f"{label:>24}"):
-                            skipped.append(f"{mode}: {label}")
+                        if over_budget(profiled_estimate, f"{label:>24}", f"{mode}: {label}"):
                             break
                         profiles.on, profiles.label = True, label
                         round_ = build_round(shape, fresh, device)

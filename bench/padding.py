@@ -20,15 +20,19 @@ model calls, tokens run), the loss of each optimizer step per path, the
 wall-clock ratios, then ``trim/padded training-side time: X.XX`` and, last,
 ``packed/padded training-side time: X.XX``. Those two ratios are of CPU seconds: with one torch thread they
 equal wall-clock time on a quiet machine, and on a shared one they do not move with the other jobs' load
-(the wall-clock ratios do). Each path prints its seconds a round as it ends (``<path> done (...)``), so
-that a time limit that stops the bench leaves them; a path other than padded that fails (out of memory, a
-kernel error) is reported, and the others run.
+(the wall-clock ratios do). Each path prints its seconds a round as it ends (``<path> done (...)``, with
+the path the trainer took, the attention that ran and whether prompts were shared), so that a time limit
+that stops the bench leaves them; a path other than padded that fails (out of memory, a kernel error) is
+reported, and the others run. The trainer's own log lines (which path, which attention, and any fallback)
+go to stderr.
 
 ``--device cuda`` runs the same trainer on a GPU in bf16 with gradient checkpointing, the way a GPU recipe
 trains; there the ratios are of wall-clock seconds (synchronised), and ``--shape paper`` gives the model
 Qwen2.5-Math-1.5B's architecture (random weights; the tiny tokenizer, with the model's 151,936-entry
 vocabulary so that the fused head costs what it does in the paper run), the paper's completion cap (3,072)
-and two rounds, the first of which warms up. Prompts are the synthetic dataset's, shorter than MATH's.
+and two rounds, the first of which warms up. Prompts are the synthetic dataset's, shorter than MATH's. On a
+GPU, a packed path that did not run the varlen kernel alone (or, for ``packed-shared``, did not share
+prompts) gets a line of its own starting with ``!!!``: its times are a fallback's.
 
     OMP_NUM_THREADS=1 python bench/padding.py            # about 3 minutes on one quiet core
     python bench/padding.py --device cuda --shape paper  # one GPU: 3 paths x 2 rounds of 128 rows
@@ -38,6 +42,7 @@ and two rounds, the first of which warms up. Prompts are the synthetic dataset's
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 import time
@@ -64,6 +69,25 @@ from prompt_aug.demo.smoke import build_tiny_tokenizer, synthetic_problems
 from prompt_aug.padding import long_tailed_lengths
 from prompt_aug.trainer import PromptAugGRPOTrainer
 from prompt_aug.trl_seam import Generation
+from prompt_aug.varlen import attention_of
+
+
+class _AttentionLines(logging.Handler):
+    """The packed attention's log lines (`prompt_aug.varlen`'s, one per model set up: the kernel ran, or
+    which fallback and why), kept until cleared: what a packed path really ran."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("packed attention:"):
+            self.lines.add(message)
+
+
+ATTENTION_LINES = _AttentionLines()
+KERNEL_LINE = "packed attention: varlen"  # the one line of a packed path that ran the varlen kernel
 
 
 class _BenchTrainer(PromptAugGRPOTrainer):
@@ -168,6 +192,7 @@ def run(
         save_on_preemption=False,  # a step limit's SIGTERM ends the bench, with no checkpoint of GBs to save
     )  # fmt: skip
     questions = synthetic_problems(64, seed=0)
+    ATTENTION_LINES.lines.clear()
     trainer = _BenchTrainer(
         model=str(model_path),
         reward_funcs=_reward,
@@ -193,8 +218,13 @@ def run(
     old = {key: old[key] - start[key] for key in stats}  # the last round's old-log-prob pass
     steps = {key: stats[key] - trainer.old_logps_stats[key] for key in stats}  # its 4 optimizer steps
     completion_ids, prompt_ids = trainer.round
+    padding_free = trainer.padding_free
     return {
-        "path": trainer.padding_free.mode,  # packed falls back to trim (and logs why) where it cannot serve
+        "path": padding_free.mode,  # packed falls back to trim (and logs why) where it cannot serve
+        # The attention the packed path set (None off it: the model's own), and what its packed calls ran.
+        "attention": padding_free.attention or attention_of(trainer.model),
+        "ran": sorted(ATTENTION_LINES.lines),
+        "shared": padding_free.share_prompts,  # False once a check stopped sharing
         "times": times,
         "rounds": rounds,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if gpu else float("nan"),
@@ -215,6 +245,27 @@ MODES = {  # name: (trim_padding, attention implementation, packing_share_prompt
     "packed-shared": ("packed", "sdpa", True),  # each call runs a shared prompt once
     "packed-flex": ("packed", "flex_attention", False),  # a GPU's: flex_attention has no backward on CPU
 }
+
+
+def how_it_ran(name: str, r: dict, gpu: bool) -> tuple[str, str | None]:
+    """What a path ran, for its "done" line (the trainer's path, the attention and what its packed calls
+    ran, whether prompts were shared), and on a GPU, for a packed path that timed a fallback instead of the
+    varlen kernel (or of shared prompts), why, for a line of its own; else None."""
+    trim_padding, _, share = MODES[name]
+    ran = "; ".join(line.removeprefix("packed attention: ") for line in r["ran"])
+    attention = r["attention"] + (f" ({ran})" if ran else "")
+    prompts = "per row" if not share else "shared" if r["shared"] else "not shared"
+    how = f"{r['path']} path; attention {attention}; prompts {prompts}"
+    if not gpu or trim_padding != "packed":
+        return how, None
+    fallbacks = []
+    if r["path"] != "packed":
+        fallbacks.append(f"the {r['path']} path, not packed")
+    if r["ran"] != [KERNEL_LINE]:
+        fallbacks.append(f"attention {attention}, not the varlen kernel alone")
+    if share and not r["shared"]:
+        fallbacks.append("prompts not shared")
+    return how, "; ".join(fallbacks) or None
 
 
 def main() -> None:
@@ -249,6 +300,10 @@ def main() -> None:
         parser.error("--device cuda: torch sees no GPU here")
     if args.model is not None and not (args.model / "config.json").is_file():
         parser.error(f"--model {args.model}: no config.json there; give a saved transformers model's folder")
+    # The trainer's lines (its path, the packed attention, any fallback) go to the log, as in a training run.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("prompt_aug").setLevel(logging.INFO)
+    logging.getLogger("prompt_aug").addHandler(ATTENTION_LINES)
     results = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -273,7 +328,10 @@ def main() -> None:
             # Each path's rounds as it ends: a step limit that stops the bench leaves them in the log.
             rounds = ", ".join(f"{sum(t['wall'].values()):.2f}" for t in r["rounds"])
             peak = f"; peak {r['peak_gib']:.1f} GiB" if args.device == "cuda" else ""
-            print(f"{name} done ({r['path']} path): {rounds} s a round, wall-clock{peak}", flush=True)
+            how, fallback = how_it_ran(name, r, args.device == "cuda")
+            print(f"{name} done ({how}): {rounds} s a round, wall-clock{peak}", flush=True)
+            if fallback:  # on a GPU: these times are not the packed path's with the varlen kernel
+                print(f"!!! {name} timed a fallback: {fallback}", flush=True)
     padded = results["padded"]
     for name, r in results.items():
         if not torch.equal(padded["round"], r["round"]) or not torch.equal(padded["prompts"], r["prompts"]):

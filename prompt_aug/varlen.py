@@ -14,8 +14,9 @@ triangle, forward and backward, with no flash-attn package.
   transformers' SDPA with the mask transformers built for it. Where the kernel cannot run (`kernel_unfit`:
   no kernel, a device, GPU, head width or dtype it does not take, attention dropout), a packed call runs
   SDPA on each sequence alone on CPU, whose SDPA would compute every entry of a T x T mask, and elsewhere
-  SDPA over the whole row with the block-diagonal mask built here; it says so once in the log. A packed call
-  with an argument that changes the attention (a sliding window, a softcap, gpt-oss's sinks) is refused.
+  SDPA over the whole row with the block-diagonal mask built here; it says so once in the log (on CUDA as a
+  warning). A packed call with an argument that changes the attention (a sliding window, a softcap, gpt-oss's
+  sinks) is refused.
 * `packed_attention` (pure: which attention a packed model gets, and why) and `use_varlen_attention`
   (applies that choice to a model, and reports the attention transformers then gives it) select it for a
   model on SDPA: on CUDA where the kernel can run (an Ampere or later GPU, heads up to 256 wide), and on
@@ -340,10 +341,10 @@ def make_varlen_attention(
 
     logged: set[str] = set()  # each line once per function made, so once per model set up
 
-    def log_once(message: str) -> None:
+    def log_once(message: str, level: int = logging.INFO) -> None:
         if message not in logged:
             logged.add(message)
-            logger.info(message)
+            logger.log(level, message)
 
     def attention(
         module: torch.nn.Module,
@@ -391,7 +392,10 @@ def make_varlen_attention(
             )
             return out, None
         if why is not None:
-            log_once(f"packed attention: sdpa with a block-diagonal mask, not varlen: {why}")
+            # On a GPU the dense T x T mask is a large slowdown that a run should not miss; elsewhere it is
+            # what the device allows.
+            level = logging.WARNING if device_type == "cuda" else logging.INFO
+            log_once(f"packed attention: sdpa with a block-diagonal mask, not varlen: {why}", level)
             mask = block_causal_mask(_per_row(position_ids, query.size(0)))
             kwargs = {k: v for k, v in kwargs.items() if k != "is_causal"}
             return sdpa_attention_forward(

@@ -9,6 +9,7 @@ so both runs sample from the same weights; the test checks the rounds' completio
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -718,12 +719,49 @@ def test_padding_bench_trains_each_path_on_the_same_losses_over_two_rounds():
     # Each path's seconds as it ends, before the table (a step limit may stop the bench before that).
     done = [line.split()[0] for line in lines if " done (" in line]
     assert done == ["padded", "trim", "packed", "packed-shared"]
+    # The trainer's own lines reach the log: each path, and the attention its packed calls ran.
+    assert "padding-free passes: packed (attention prompt_aug_varlen: sdpa on each sequence on cpu)" in (
+        result.stderr.splitlines()
+    )
+    shared = next(line for line in lines if line.startswith("packed-shared done ("))
+    assert "; prompts shared): " in shared and "attention prompt_aug_varlen (sdpa on each sequence" in shared
+    assert not any(line.startswith("!!!") for line in lines)  # nothing is marked on CPU
     assert lines.index(next(line for line in lines if " done (" in line)) < lines.index(
         "the last of 2 rounds:"
     )
     refused = run_bench([*command, "--paths", "trim,packed"], timeout=60)
     assert refused.returncode == 2
     assert "--paths: include padded" in refused.stderr
+
+
+def test_padding_bench_marks_a_packed_path_on_a_gpu_that_timed_a_fallback():
+    """Each path's "done" line says which path the trainer took, the attention its calls ran and whether
+    prompts were shared; on a GPU, a packed path that did not run the varlen kernel alone, took the trim
+    path, or (packed-shared) did not share prompts also gets the reason for a line starting with !!!;
+    padded and trim, and any path on CPU, get none."""
+    spec = importlib.util.spec_from_file_location("padding_bench", REPO / "bench" / "padding.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    dense = "packed attention: sdpa with a block-diagonal mask, not varlen: the kernel does not take float32"
+    kernel = {"path": "packed", "attention": VARLEN_ATTENTION, "ran": [bench.KERNEL_LINE], "shared": True}
+    assert bench.how_it_ran("packed-shared", kernel, gpu=True) == (
+        f"packed path; attention {VARLEN_ATTENTION} (varlen); prompts shared",
+        None,
+    )
+    how, fallback = bench.how_it_ran("packed", {**kernel, "ran": [dense]}, gpu=True)
+    assert how.endswith("not varlen: the kernel does not take float32); prompts per row"), how
+    assert fallback.startswith(f"attention {VARLEN_ATTENTION} (sdpa with a block-diagonal mask"), fallback
+    assert bench.how_it_ran("packed", {**kernel, "ran": [dense]}, gpu=False)[1] is None
+    _, fallback = bench.how_it_ran("packed-shared", {**kernel, "shared": False}, gpu=True)
+    assert fallback == "prompts not shared"
+    trimmed = {"path": "trim", "attention": "sdpa", "ran": [], "shared": False}
+    _, fallback = bench.how_it_ran("packed-shared", trimmed, gpu=True)
+    assert fallback == (
+        "the trim path, not packed; attention sdpa, not the varlen kernel alone; prompts not shared"
+    )
+    padded = {"path": "off", "attention": "sdpa", "ran": [], "shared": False}
+    assert bench.how_it_ran("padded", padded, gpu=True) == ("off path; attention sdpa; prompts per row", None)
+    assert bench.how_it_ran("trim", {**padded, "path": "trim"}, gpu=True)[1] is None
 
 
 def test_padding_bench_path_that_fails_is_reported_and_the_others_compared():
