@@ -532,6 +532,32 @@ def test_fast_path_never_contradicts_math_verify_on_generated_unions():
     assert answered > 40
 
 
+# Left sides of a gold equation, as math-verify reads them: symbols alone (an assignment, compared by its
+# right side), or holding an integer of its own (an equation, equal to no value).
+_ASSIGNED_LEFTS = ["a_1 + a_2", "f^{-1}(x)", "f(x)", "g_{2}(x)", "x + y", "AB", "x^{-1}", "\\frac{a}{b}", "k"]
+_EQUATION_LEFTS = ["2x + z - 5", "x + 1", "3y", "x^2 - 4", "2a - b", "k + 10", "x - 1 + 1"]
+_RIGHT_SIDES = ["7", "-4", "\\frac{3}{2}", "2\\sqrt{3}", "x+1", "\\frac{x-3}{2}", "3x^2"]  # all different
+
+
+def test_fast_path_never_contradicts_math_verify_on_generated_gold_equations():
+    from rewards.grading.grade import _verdict
+
+    rng = random.Random(3)
+    answered = 0
+    for _ in range(120):
+        assigned = rng.random() < 0.5
+        left = rng.choice(_ASSIGNED_LEFTS if assigned else _EQUATION_LEFTS)
+        right = rng.choice(_RIGHT_SIDES)
+        answer = right if rng.random() < 0.5 else rng.choice(_RIGHT_SIDES)
+        a, g = normalize(answer), normalize_gold(f"{left} = {right}")
+        equal = assigned and answer == right
+        assert _math_verify(a, g) is equal, (a, g)
+        verdict = _verdict(a, g)
+        assert verdict in (None, equal), (a, g)
+        answered += verdict is not None
+    assert answered > 30
+
+
 @pytest.mark.parametrize(
     ("completion", "gold"),
     [("\\boxed{TUESDAY}", "Tuesday"), ("\\boxed{evelyn}", "Evelyn"), ("\\boxed{1A_{16}}", "1A")],
@@ -1043,6 +1069,15 @@ MATH_VERIFY_SAYS_EQUAL = {
         ("\\textit{Sunday}", "\\text{Sunday}"),
         ("None cm", "None"),
     ],
+    "a gold assigning to a function, subscripted symbols or a sum of symbols": [
+        ("\\frac{x-3}{2}", "f^{-1}(x) = \\frac{x-3}{2}"),
+        ("x+1", "g^{-1}(x)=x+1"),
+        ("7", "a_1 + a_2 = 7"),
+        ("3", "x_{1} + x_{2} = 3"),
+        ("3", "f_1(x) = 3"),
+        ("3", "x + y = 3"),
+        ("3", "x^{-1} = 3"),
+    ],
 }
 # (answer, gold) where math-verify says different: a leading zero before a thousands separator is a
 # decimal comma to it (`058,500` is 58.5).
@@ -1243,3 +1278,106 @@ def test_fast_path_docstrings_show_and_test_latex_fractions():
         assert "\f" not in func.__doc__ and "\\frac{" in func.__doc__
     # the example compares the fraction, as written in LaTeX, not a form feed followed by `rac`
     assert '"x = \\\\frac{y - 3}{2}"' in fastpath._different_assignments.__doc__
+
+
+# -- reading the answer out of the text -------------------------------------------------------------
+
+MINERVA = "Final Answer: The final answer is $%s$. I hope it is correct."
+
+
+def test_a_box_in_the_minerva_sentence_is_read_as_a_box():
+    assert extract_lenient(MINERVA % "\\boxed{20412_6}") == "20412_{6}"
+    assert extract_lenient(MINERVA % "\\boxed{\\dfrac{1}{2}}") == "\\frac{1}{2}"
+    assert not grade(MINERVA % "\\boxed{20412_6}", "20412_5").correct  # another base
+    assert grade(MINERVA % "\\boxed{20412_5}", "20412_5").correct
+    assert grade(MINERVA % "\\boxed{3,14}", "3.14").correct  # a decimal comma
+    assert extract_lenient(MINERVA % "7") == "7"
+
+
+def test_an_answer_on_the_line_after_the_phrase_is_read():
+    assert extract_lenient("The final answer is:\n\n42") == "42"
+    assert extract_lenient("The answer is\n\\[ 42 \\]") == "42"
+    assert extract_lenient("The final answer is:\n$$\n\\frac{1}{2}\n$$") == "\\frac{1}{2}"
+    assert grade("The final answer is:\n\n42", "42").correct
+    assert not grade("The final answer is:\n\n41", "42").correct
+    # nothing after the phrase: the last number
+    assert extract_lenient("We count 17 cases. The final answer is:\n\n") == "17"
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer"),
+    [
+        ("The answer is 7 because 2+3=5.", "7"),
+        ("Thus the answer is 12, as required.", "12"),
+        ("The answer is 3 since x = 3.", "3"),
+        ("The answer is $\\frac{1}{2}$, which is the probability.", "\\frac{1}{2}"),
+        ("The answer is 4; the rest follows.", "4"),
+        ("The answer is **7**, as required.", "7"),
+        ("The answer is (3, 4), since both work.", "(3, 4)"),
+        ("The answer is [1, 2), as shown.", "[1, 2)"),
+    ],
+)
+def test_a_justification_after_the_answer_is_not_part_of_it(completion, answer):
+    assert extract_lenient(completion) == answer
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "(1, 2)",
+        "\\{1, 2\\}",
+        "1, 2, 3",
+        "1, 2, and 3",
+        "1, 2, or 3",
+        "x = 1, y = 2",
+        "AB=9, CD=4",
+        "x = 1, yz = 2",
+        "Monday, Tuesday",
+    ],
+)
+def test_an_answer_with_commas_is_cut_only_at_its_justification(answer):
+    assert extract_lenient(f"The answer is {answer}, as shown.") == answer
+    assert extract_lenient(f"The answer is {answer} because it works.") == answer
+
+
+def test_a_justification_neither_makes_a_wrong_answer_right_nor_a_right_one_wrong():
+    assert not grade("The answer is 7 because 2+3=5.", "5").correct
+    assert grade("The answer is 7 because 2+3=5.", "7").correct
+    assert grade("Thus the answer is 12, as required.", "12").correct
+    assert not grade("Thus the answer is 12, as required.", "13").correct
+
+
+def test_a_label_before_a_relation_stays_with_its_value():
+    assert normalize("\\text{Area } = 25") == "Area = 25"
+    assert normalize("\\text{Area } < 25") == "Area < 25"
+    assert grade("\\boxed{\\text{Area } = 25}", "25").correct
+    assert not grade("\\boxed{\\text{Area } = 26}", "25").correct
+
+
+def test_sized_delimiters_go_but_arrows_stay():
+    assert normalize("A \\rightarrow B") == "A \\rightarrow B"
+    assert normalize("\\leftarrow") == "\\leftarrow" and normalize("\\leftrightarrow") == "\\leftrightarrow"
+    assert normalize("\\left. 3 \\right.") == "3"
+    assert normalize("\\left( 1, 2 \\right)") == "( 1, 2 )"
+    assert grade("\\boxed{\\left. 3 \\right.}", "3").correct
+
+
+def test_the_last_number_joins_digits_only_across_thousands_groups():
+    assert extract_lenient("So the point is (3,4)") == "4"
+    assert extract_lenient("It costs 12,5 euros") == "5"
+    assert extract_lenient("we get 3 apples and 1,250 pears") == "1250"
+    assert extract_lenient("a loss of \u22121,000,000.5") == "-1000000.5"
+    assert not grade("So the point is (3,4)", "34").correct
+    assert not grade("It costs 12,5 euros", "125").correct
+
+
+def test_a_bool_gold_and_the_equal_number_are_different_golds():
+    from rewards.grading.grade import _gold_texts
+
+    _gold_texts.cache_clear()
+    assert grade("\\boxed{True}", True).correct
+    assert [g.correct for g in grade_batch(["\\boxed{1}", "\\boxed{0}"], [1.0, 0.0])] == [True, True]
+    assert [g.correct for g in grade_batch(["\\boxed{1}"], [[1.0]])] == [True]
+    _gold_texts.cache_clear()
+    assert grade("\\boxed{1}", 1.0).correct and grade("\\boxed{0}", [0.0]).correct
+    assert grade("\\boxed{True}", True).correct and grade("\\boxed{False}", [False]).correct

@@ -3,8 +3,10 @@
 Two rules read an answer out of a completion:
 
 * **lenient** (the paper's training rule): cut at the first stop string, then take the Minerva
-  form ``final answer is $X$. I hope``, else the last ``\\boxed{}``, else the rest of the sentence after
-  the last "the answer is" / "final answer is", else the last number.
+  form ``final answer is $X$. I hope`` (the content of a box in ``X``), else the last ``\\boxed{}``, else
+  the rest of the sentence after the last "the answer is" / "final answer is" (up to a justification:
+  ``7 because ...``, ``12, as required``; the next line if the phrase ends its line), else the last
+  number (commas join only thousands groups: ``1,250``).
 * **strict** (the evaluation rule): the last ``\\boxed{}`` (or ``\\fbox{}``); for tag templates it
   must sit inside the ``<answer>...</answer>`` block. No boxed answer means no answer.
 """
@@ -27,6 +29,17 @@ _SENTENCE_END = re.compile(r"\.(?=\s|$)")  # a full stop, not a decimal point
 _ABBREVIATION = re.compile(r"\b(?:St|Mt|Ft|Dr|Mr|Mrs|Ms|Jr|Sr|No|Fig|vs|ca|approx|etc|e\.g|i\.e)$")
 _ABBREVIATION_WINDOW = 16  # characters before a full stop that `_ABBREVIATION` reads (its longest is 6)
 _NUMBER = re.compile(r"[-\u2212]?\d[\d,]*(?:\.\d+)?|[-\u2212]?\.\d+")  # U+2212 is the Unicode minus
+_THOUSANDS_GROUPS = re.compile(r"\d{1,3}(?:,\d{3})+")
+# Where a sentence after "the answer is" goes on to justify the answer (`7 because 2+3=5`, `12, as required`):
+# a semicolon, a word that gives a reason, or a comma before words in lower case (`, rounded to`), not before
+# a name or a term (`AB=9, CD=4`, `x = 1, yz = 2`).
+_JUSTIFICATION = re.compile(
+    r"(?<!\\);|,?\s(?:because|since|as|which)\b|,\s+([a-z]{2,})(?=\s+[A-Za-z]|[\s.,;:!?*]*$)"
+)
+_LIST_WORDS = frozenset({"and", "or"})  # `1, 2, and 3` is one answer
+_BRACKETS = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
+# Display delimiters around a line: `\[ 42 \]`, `\( x \)`, `$$`.
+_LINE_DELIMITERS = re.compile(r"^\s*(?:\\\[|\\\(|\$+)|(?:\\\]|\\\)|(?<!\\)\$+)\s*$")
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -127,8 +140,10 @@ _RELATION_TEXT = {
 # A sentence that opens the box and introduces the answer: `\text{The vector is } M`, `\text{so } 3`,
 # `\text{Final answer: } 3`, `\text{all } x \geq 3` (read by `_introduces_answer`). Any other words stay, so
 # that the answer is compared with them: `\text{not } 3`, `\text{half of } 3`, `\text{up to } 3` are not 3.
+# Words followed by a relation are a label, kept with its value: `\text{Area } = 25` reads as `Area = 25`.
 _LEADING_SENTENCE = re.compile(
     r"^\\(?:text|textbf|mbox|mathrm)\{\s*([A-Za-z][A-Za-z ,.:]*[\s:])\}\s*(?=.*[\d\\=<>])"
+    r"(?!\s*(?:[=<>]|\\(?:[gl]eq?|[gl]t|neq?)(?![A-Za-z])))"
 )
 # Words that deny or doubt what follows, wherever they stand in the sentence (`\text{not } 3`, `NO 3`).
 _DENIAL_WORDS = frozenset({
@@ -173,6 +188,8 @@ _MATRIX_PREAMBLE = re.compile(
 # `x \approx 2.24`, `so x \approx 2.24`: a variable on the left, so the value is on the right.
 _VARIABLE_BEFORE_APPROX = re.compile(r"(?:.*\s)?[A-Za-z](?:_\{[^{}]*\}|_[A-Za-z0-9])?\s*")
 _COMMAND_NAME = re.compile(r"\\[A-Za-z]+")
+# `\left(`, `\right.` (the `.` is the null delimiter), but not `\leftarrow` or `\rightarrow`.
+_SIZED_DELIMITER = re.compile(r"\\(?:left|right)(?![A-Za-z])\.?")
 _PHANTOM = re.compile(r"\\phantom\s*(?:\{[^{}]*\}|\\[A-Za-z]+|[^\s{}])")
 _ARG = r"(\{[^{}]*\}|\\[A-Za-z]+|[0-9A-Za-z])"
 _FRAC_SHORTHAND = re.compile(r"\\frac\s*" + _ARG + r"\s*" + _ARG)
@@ -234,7 +251,7 @@ def normalize(answer: str) -> str:
     answer = answer.strip().replace("\n", " ")
     answer = answer.replace("\\$", "").replace("$", "")
     answer = answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    answer = answer.replace("\\left", "").replace("\\right", "")
+    answer = _SIZED_DELIMITER.sub("", answer)
     answer = _THOUSANDS_MARK.sub(r"\1", answer)
     answer = answer.replace("\\!", "").replace("\\,", "").replace("\\;", "")
     answer = _PHANTOM.sub("", answer)
@@ -287,6 +304,76 @@ def _sentence_end(line: str) -> int:
     return len(line)
 
 
+def _without_justification(sentence: str) -> str:
+    """``sentence`` up to its first justification (`_JUSTIFICATION`) that follows a complete answer: some
+    text, every bracket closed and every ``$`` paired. A comma before a word that gives no reason cuts only
+    after an answer with a digit or a command (`Monday, Tuesday` may be the answer), and never before
+    ``and``/``or`` (`1, 2, and 3`).
+
+    >>> (_without_justification("7 because 2+3=5"), _without_justification("12, as required"),
+    ...  _without_justification("(1, 2) since x > 0"), _without_justification("1, 2, and 3"))
+    ('7', '12', '(1, 2)', '1, 2, and 3')
+    >>> _without_justification(r"\\{1, 2\\}; so"), _without_justification("Monday, Tuesday")
+    ('\\\\{1, 2\\\\}', 'Monday, Tuesday')
+    >>> _without_justification("AB=9, CD=4"), _without_justification("0.33, rounded to 2 places")
+    ('AB=9, CD=4', '0.33')
+    """
+    depth, dollars, scanned = 0, 0, 0
+    text = numeric = False  # what comes before the cut holds a letter, digit or command; a digit or command
+    for cut in _JUSTIFICATION.finditer(sentence):
+        for index in range(scanned, cut.start()):  # each character is read once: linear in the sentence
+            char = sentence[index]
+            depth += _BRACKETS.get(char, 0)
+            dollars += char == "$" and (index == 0 or sentence[index - 1] != "\\")
+            numeric = numeric or char.isdigit() or char == "\\"
+            text = text or numeric or char.isalpha()
+        scanned = cut.start()
+        if depth != 0 or dollars % 2 or not text:
+            continue
+        word = cut.group(1)
+        if word is None or (numeric and word.lower() not in _LIST_WORDS):
+            return sentence[:scanned]
+    return sentence
+
+
+def _after_answer_is(text: str) -> str | None:
+    """The answer written after "the answer is" / "final answer is" (at the start of ``text``): the rest of
+    its sentence, or, where the phrase ends its line, the first sentence of the next line with more than
+    display delimiters; up to a justification (`_without_justification`), without delimiters and markdown
+    emphasis (``**7**``). ``None`` where nothing follows.
+
+    >>> _after_answer_is(": 7 because 2+3=5."), _after_answer_is(":\\n\\n42"), _after_answer_is(" **7**.")
+    ('7', '42', '7')
+    >>> _after_answer_is("\\n\\\\[ 42 \\\\]"), _after_answer_is(":\\n$$\\n\\n") is None
+    ('42', True)
+    """
+    for line in text.lstrip(" :").split("\n"):
+        answer = _without_justification(line[: _sentence_end(line)])
+        answer = _LINE_DELIMITERS.sub("", answer).strip().strip("*").strip()
+        if answer:
+            return answer
+    return None
+
+
+def _last_number(text: str) -> str | None:
+    """The last number in ``text``; commas join its digits only as well-formed thousands groups
+    (``1,250``), else the digits after the last comma are the number (``(3,4)``: 4).
+
+    >>> _last_number("we get 3 apples and 1,250 pears"), _last_number("the point (3,4)"), _last_number("12,5")
+    ('1250', '4', '5')
+    >>> _last_number("so \\u22121,000.5, done"), _last_number("none") is None
+    ('-1000.5', True)
+    """
+    numbers = _NUMBER.findall(text)
+    if not numbers:
+        return None
+    whole, point, fraction = numbers[-1].replace("\u2212", "-").rstrip(",").partition(".")
+    sign, digits = ("-", whole[1:]) if whole.startswith("-") else ("", whole)
+    if "," in digits and not _THOUSANDS_GROUPS.fullmatch(digits):
+        sign, digits = "", digits.rsplit(",", 1)[1]  # a minus belongs to the first number of the list
+    return sign + digits.replace(",", "") + point + fraction
+
+
 def extract_lenient(completion: str) -> str | None:
     """The paper's lenient training-time extraction (see module docstring), normalised.
 
@@ -298,22 +385,23 @@ def extract_lenient(completion: str) -> str | None:
     '1250'
     >>> extract_lenient("The final answer is 5. I hope it is correct.")
     '5'
+    >>> extract_lenient(r"The final answer is $\\boxed{20412_6}$. I hope it is correct.")
+    '20412_{6}'
     """
     text = cut_at_stop(completion)
+    answer = None
     found = _MINERVA.findall(text)
     if found:
-        answer = found[-1]
+        boxed = last_boxed(found[-1])
+        answer = found[-1] if boxed is None else boxed
     elif (boxed := last_boxed(text)) is not None:
         answer = boxed
     elif matches := list(_ANSWER_IS.finditer(text)):
-        line = text[matches[-1].end() :].lstrip(" :").split("\n")[0]
-        # the sentence, without markdown emphasis (`**7**`)
-        answer = line[: _sentence_end(line)].strip().strip("*")
-    else:
-        numbers = _NUMBER.findall(text)
-        if not numbers:
+        answer = _after_answer_is(text[matches[-1].end() :])
+    if answer is None:
+        answer = _last_number(text)
+        if answer is None:
             return None
-        answer = numbers[-1].replace(",", "").replace("\u2212", "-")
     answer = normalize(answer)
     return answer or None
 

@@ -31,7 +31,8 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
   two assignments of the same variable, ``y = f`` and ``y = g``, are different when ``f`` and ``g``
   clearly differ as functions (different graphs);
 * a gold equation against a constant or an expression: an assignment (``AB=...``, letters on the
-  left) by its right side, any other equation (``2x + z - 5 = 0``) as different;
+  left) by its right side, an equation whose left side holds an integer of its own (``2x + z - 5 = 0``)
+  as different; other left sides (``f^{-1}(x)``, ``a_1 + a_2``) are left to math-verify;
 * matrices of constants of other shapes or with an entry clearly different are different, and a
   matrix of two or more entries differs from a constant;
 * a percent (read by math-verify as ``X`` and as ``X/100``) or a mixed number (``3 \\frac{3}{8}``: read
@@ -809,12 +810,18 @@ def _choice_against_number(answer: str, gold: str) -> bool | None:
 
 
 _GOLD_EQUATION = re.compile(r"([^=<>!]+)=([^=<>!]+)")
+# A left side that math-verify reads as no assignment: letters and integers added or multiplied, powers
+# with digits (``2x + z - 5``, ``x^2 + 1``), holding an integer of its own (a coefficient, a term or an
+# exponent: SymPy keeps it, unevaluated). Symbols alone, subscripts and functions are an assignment to
+# math-verify (``a_1 + a_2``, ``f^{-1}(x)``, ``x + y``); such left sides are not matched here.
+_NO_ASSIGNMENT_LEFT = re.compile(r"(?=.*[A-Za-z])(?=(?:.*[\s+\-^])?\d)(?:[A-Za-z\d\s+\-]|\^\d)+")
 
 
 def _gold_equation_against_value(answer: str, gold: str) -> bool | None:
     r"""``False`` for a gold equation against an answer that is a constant or an expression: math-verify
     compares an assignment (``AB=12+12\sqrt{3}``: letters on the left) by its right side, and finds
-    any other equation (``2x + z - 5 = 0``) equal to no number or expression.
+    any other equation (``2x + z - 5 = 0``) equal to no number or expression. Any other left side
+    (``f^{-1}(x)``, ``a_1 + a_2``: math-verify may read an assignment) is left to math-verify.
 
     >>> (_gold_equation_against_value("2", "AB=12+12\\sqrt{3}"),
     ...  _gold_equation_against_value("13", "2x + z - 5 = 0"))
@@ -822,6 +829,9 @@ def _gold_equation_against_value(answer: str, gold: str) -> bool | None:
     >>> (_gold_equation_against_value("12+12\\sqrt{3}", "AB=12+12\\sqrt{3}"),
     ...  _gold_equation_against_value("x", "2x = 2"))
     (None, False)
+    >>> (_gold_equation_against_value("7", "a_1 + a_2 = 7"),
+    ...  _gold_equation_against_value("x+1", "g^{-1}(x)=x+1"), _gold_equation_against_value("3", "x + y = 3"))
+    (None, None, None)
     """
     match = _GOLD_EQUATION.fullmatch(gold)
     if (
@@ -834,7 +844,7 @@ def _gold_equation_against_value(answer: str, gold: str) -> bool | None:
     left, right = match.group(1).strip(), match.group(2).strip()
     if left.isalpha():
         return False if fast_verdict(answer, right) is False else None
-    return False if any(c.isdigit() or c in "+-^" for c in left) else None
+    return False if _NO_ASSIGNMENT_LEFT.fullmatch(left) else None
 
 
 _MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}")

@@ -124,7 +124,7 @@ _PARSEABLE: dict[str, bool] = {}  # normalised gold -> math-verify reads it (lea
 _MAX_KNOWN_GOLDS = 1 << 17
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=65536, typed=True)
 def _gold_texts(gold: Any) -> tuple[str, ...]:
     """The normalised, non-empty texts of a gold (a list means any of them), computed once per gold."""
     golds = gold if isinstance(gold, tuple) else (gold,)
@@ -132,12 +132,23 @@ def _gold_texts(gold: Any) -> tuple[str, ...]:
 
 
 def _gold_key(gold: Any) -> Any:
-    """A hashable key for a gold: a string, number or tuple (a numpy array from parquet becomes one)."""
+    """A hashable key for a gold: a string, number or tuple (a numpy array from parquet becomes one).
+    A bool becomes its text: as a key, ``True`` would equal ``1`` and ``1.0`` and share their cache entry.
+
+    >>> _gold_key(True), _gold_key([1.0, False]), _gold_key(None)
+    ('True', (1.0, 'False'), None)
+    """
     if hasattr(gold, "tolist") and not isinstance(gold, (str, bytes)):
         gold = gold.tolist()
     if isinstance(gold, (list, tuple)):
-        return tuple(g if g is None or isinstance(g, (str, int, float)) else str(g) for g in gold)
-    return gold if gold is None or isinstance(gold, (str, int, float)) else str(gold)  # None: no gold
+        return tuple(_scalar_key(g) for g in gold)
+    return _scalar_key(gold)
+
+
+def _scalar_key(gold: Any) -> Any:
+    if gold is None or (isinstance(gold, (str, int, float)) and not isinstance(gold, bool)):
+        return gold  # None: no gold
+    return str(gold)
 
 
 def _parseable(text: str) -> bool | None:
