@@ -632,6 +632,17 @@ def test_vllm_backend_builds_requests_with_a_stand_in_vllm(tiny_model_dir, monke
         backend.generate(["word " * 200], [0], max_tokens=10, temperature=0.0, top_p=1.0, n=1)
 
 
+def test_help_gives_each_options_default(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line an option: argparse would wrap at a hyphen
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = capsys.readouterr().out
+    for shown in ("(the paper: 5). (default: 1)", "per completion. (default: 3000)", "(default: bfloat16)",
+                  "mass kept. (default: 1.0)", "(default: qwen-math)"):  # fmt: skip
+        assert shown in text, shown
+    assert "(default: None)" not in text and "(default: False)" not in text
+
+
 def test_dtype_defaults_to_bfloat16_and_results_state_the_protocol(tiny_model_dir, suite_dir, tmp_path):
     from prompt_aug.evaluate import parse_args
 

@@ -91,7 +91,9 @@ RECORDS_FILE, RESULTS_FILE, TABLE_FILE, SETTINGS_FILE = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="prompt-aug-eval", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="prompt-aug-eval", description=__doc__.split("\n\n")[0], formatter_class=_DefaultsShown
+    )
     parser.add_argument("--model", required=True, help="Local model folder or Hub id.")
     parser.add_argument(
         "--benchmarks",
@@ -143,8 +145,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max_tokens", type=int, default=3000, help="New tokens per completion.")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy.")
-    parser.add_argument("--top_p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--top_p", type=float, default=1.0, help="Nucleus sampling: the probability mass kept."
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="Sampling seed; each question, template and run draws from its own seed derived from it.",
+    )
     parser.add_argument(
         "--stop",
         choices=STOP_RULES,
@@ -215,6 +224,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.n > 1 and args.temperature == 0:
         parser.error("--n > 1 needs sampling: set --temperature > 0")
     return args
+
+
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that ends each option with its default, where it has one its help does not already give."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if unset or "default" in text.lower():
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
 
 
 def _json_mapping(text: str) -> dict[str, Any]:
