@@ -241,7 +241,9 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             return output
         epoch = int(self.state.epoch or 0)  # whole epochs done: a new epoch redraws, a resume the same
         # The rendered text goes to generation; a conversational dataset's reward functions get messages back.
-        self._conversational = is_conversational(inputs[0])
+        # The prompt alone decides, as in TRL's own checks: other columns named `messages`, `chosen` or
+        # `rejected` (which `is_conversational` of the whole row would read) are the user's data.
+        self._conversational = "prompt" in inputs[0] and is_conversational({"prompt": inputs[0]["prompt"]})
         inputs = self.prompt_collator(inputs, epoch=epoch, training=training)
         try:
             if training and self.features.dynamic_sampling is not None:

@@ -225,6 +225,31 @@ def test_conversational_dataset_stays_conversational_for_reward_functions(tiny_m
                           zip(logged, completion_logs(trainer)["extra"]["template"]))  # fmt: skip
 
 
+def test_columns_named_like_conversations_are_data_and_completions_stay_text(tiny_model_dir, tmp_path):
+    # TRL reads `messages`, `chosen` and `rejected` as conversations; beside a question (as the recipes' rows
+    # give it) they are a user's extra columns, passed through, and the completions stay text.
+    seen = {}
+
+    def reward(completions, messages, chosen, **kwargs):
+        seen.setdefault("completions", completions)
+        seen.setdefault("messages", messages)
+        seen.setdefault("chosen", chosen)
+        return distinct_characters(completions)
+
+    rows = Dataset.from_dict({
+        "question": QUESTIONS,
+        "messages": [[{"role": "user", "content": q}] for q in QUESTIONS],
+        "chosen": [[] for _ in QUESTIONS],
+    })  # fmt: skip
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=reward, args=config(tmp_path), train_dataset=rows
+    )
+    trainer.train()
+    assert seen["completions"] and all(isinstance(c, str) for c in seen["completions"])
+    asked = [q for q in QUESTIONS if [{"role": "user", "content": q}] in seen["messages"]]
+    assert asked and seen["chosen"][0] == []
+
+
 # -- 3. augmentation off ---------------------------------------------------------------------------
 
 
