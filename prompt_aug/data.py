@@ -69,6 +69,7 @@ from .sources import (
     question_text,
     read_dataset,
     require_hub,
+    resolve_local_model,
     solution_golds,
     source_label,
     verl_gold,
@@ -149,6 +150,7 @@ class Drops(Counter):
         self.columns: dict[str, str] = {}
         self.notes: list[str] = []  # what loading changed without dropping a row
         self.answer_column: str | None = None  # the column the golds are read from
+        self.question_column: str | None = None  # the column the questions are read from
 
     def add(self, reason: str, index: int, column: str) -> None:
         self[reason] += 1
@@ -157,12 +159,14 @@ class Drops(Counter):
         if len(shown) < SHOWN_ROWS:
             shown.append(index)
 
-    def shown(self, reason: str) -> str:
-        """`` (rows 3, 17, ...)`` for a bad-data reason, else nothing."""
+    def shown(self, reason: str, base: bool = True) -> str:
+        """`` (rows 3, 17, ..., counted from 0)`` for a bad-data reason, else nothing; without ``base``, the
+        rows alone (for a line that says once how they are counted)."""
         if reason not in self.rows:
             return ""
         more = ", ..." if self[reason] > len(self.rows[reason]) else ""
-        return f" (rows {', '.join(map(str, self.rows[reason]))}{more})"
+        counted = ", counted from 0" if base else ""
+        return f" (rows {', '.join(map(str, self.rows[reason]))}{more}{counted})"
 
     def bad(self) -> int:
         return sum(self[reason] for reason in self.columns)
@@ -182,9 +186,15 @@ class DataReport:
     dropped: Counter
     # A mixture's sources, by the index their uids start with.
     sources: list[str] = field(default_factory=list)
+    # Which columns became question and gold, and the other columns the reward functions receive.
+    columns: str | None = None
 
     def __str__(self) -> str:
-        return "\n  ".join([self.summary(), *self.drops(), *self.notes()])
+        return "\n  ".join([self.summary(), *self.column_lines(), *self.drops(), *self.notes()])
+
+    def column_lines(self) -> list[str]:
+        """The columns line, where the data has one (not a built-in set)."""
+        return [f"columns: {self.columns}"] if self.columns else []
 
     def summary(self) -> str:
         """The first line: the source, rows read and rows kept."""
@@ -308,10 +318,11 @@ def check_bad_rows(dropped: Counter, kept: int, max_share: float | None) -> None
     share = bad / considered
     enough = math.ceil(round(share * 100, 6)) / 100  # the smallest share in whole percent that lets it go on
     details = "; ".join(
-        f"{n} {reason} in column {dropped.columns[reason]!r}{dropped.shown(reason)}"
+        f"{n} {reason} in column {dropped.columns[reason]!r}{dropped.shown(reason, base=False)}"
         for reason, n in dropped.items()
         if reason in dropped.columns
     )
+    details += "; rows counted from 0"
     if not kept:  # no share lets a run go on: the columns or the data are wrong
         raise DataError(
             f"all {considered} rows are unusable ({details}): check question_column and answer_column "
@@ -349,6 +360,7 @@ def to_rows(
     dropped = Drops()
     cols = ds.column_names
     ids = None
+    id_column = "uid"  # the column the ids are read from
     unboxed: set[int] = set()  # rows whose answer cell gives no gold by its column's rule, and why
     no_gold = ""
     read_index = list(range(len(ds)))  # each row's index in the dataset as read
@@ -371,11 +383,15 @@ def to_rows(
     )
     if is_verl_layout(cols, *named):
         q_col, a_col = "prompt", VERL_GOLD
-        consumed = {"prompt", "reward_model", "question"}  # SimpleRL-Zoo's file also holds the raw question
+        # ``reward_model`` stays whole for the rewards (verl's read its ``ground_truth`` and ``style``).
+        # SimpleRL-Zoo's file also holds the raw question: the rewards get the prompt's under that name.
+        consumed = {"prompt", "uid", "question"}
         raw_questions = list(ds["prompt"])
         answers = [verl_gold(rm) for rm in ds["reward_model"]]
-        if "extra_info" in cols:
-            ids = [json_field(info, "index") for info in ds["extra_info"]]
+        if "uid" in cols:
+            ids = list(ds["uid"])
+        elif "extra_info" in cols:
+            ids, id_column = [json_field(info, "index") for info in ds["extra_info"]], "extra_info.index"
     else:
         q_col = pick_column(cols, question_column, QUESTION_GUESSES)
         a_col = pick_column(cols, answer_column, ANSWER_GUESSES)
@@ -391,6 +407,13 @@ def to_rows(
             )
         _require(ds, q_col, "question")
         answers, a_from = answer_values(ds, a_col)
+        if a_from != a_col and a_from not in RESERVED_COLUMNS:  # a struct's field: the struct stays whole
+            a_from = None
+        elif a_from != a_col:
+            dropped.notes.append(
+                f"column {a_from!r} (the gold's {a_col!r}) does not reach the rewards: its name is one they "
+                "already receive; rename the column to keep it"
+            )
         raw_questions = list(ds[q_col])
         if a_col == "solution":
             answers, unboxed = solution_golds(answers)
@@ -411,7 +434,7 @@ def to_rows(
         if "uid" in cols:
             ids = list(ds["uid"])
         consumed = {q_col, a_from, "uid"}
-    dropped.answer_column = a_col
+    dropped.answer_column, dropped.question_column = a_col, q_col
     questions = [question_text(q) for q in raw_questions]
     check_column_names(cols, consumed, {"question": q_col, "answer": a_col})
     check_no_images(ds)
@@ -429,7 +452,7 @@ def to_rows(
         else:
             keep.append(i)
     answers = [_gold(a) for a in answers]
-    uids, notes = _row_uids(questions, ids, "uid" if "uid" in consumed else "extra_info.index")
+    uids, notes = _row_uids(questions, ids, id_column)
     dropped.notes += notes
     columns = {
         "question": [questions[i] for i in keep],
@@ -463,9 +486,37 @@ def answer_values(ds: datasets.Dataset, column: str) -> tuple[list[Any], str]:
     if column not in ds.column_names and dot and struct in ds.column_names:
         feature = ds.features[struct]
         inner = feature.get(key) if isinstance(feature, dict) else None
+        _require_field(ds, struct, key)
         return as_stored([json_field(value, key) for value in ds[struct]], inner), struct
     _require(ds, column, "answer")
     return as_stored(list(ds[column]), ds.features[column]), column
+
+
+def _require_field(ds: datasets.Dataset, struct: str, key: str) -> None:
+    """Refuse ``struct.key`` when ``key`` is a field of no row's mapping in ``struct``.
+
+    Raises:
+        DataError: one line naming the column, the field and the fields there are.
+    """
+    feature = ds.features[struct]
+    if isinstance(feature, dict):
+        fields = list(feature)
+    else:  # mappings of varying keys, or JSON text: the keys the rows hold
+        seen: dict[str, None] = {}
+        for value in ds[struct]:
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    continue
+            if isinstance(value, dict):
+                seen.update(dict.fromkeys(map(str, value)))
+        fields = list(seen)
+    if key not in fields:
+        raise DataError(
+            f"answer column '{struct}.{key}': field {key!r} is in no row of column {struct!r} (its fields: "
+            f"{', '.join(fields) or 'none'}); fix answer_column"
+        )
 
 
 def filter_long_prompts(
@@ -505,11 +556,14 @@ def load_math_dataset(
     max_bad_row_share: float | None = None,
     columns: list[str] | None = None,
     data_files: Any = None,
+    inherited_columns: bool = False,
 ) -> tuple[datasets.Dataset, DataReport]:
     """Load ``name`` (``synthetic``, a Hub id, or a local path) as ``question``/``answer``/``uid`` rows.
     With ``max_bad_row_share``, more bad rows than that share is a `DataError` (`check_bad_rows`). With
     ``columns`` (a mixture source's), only those columns are read; ``data_files`` go to ``datasets``
-    (a builder such as ``json`` names them, as a mixture source in TRL's form does)."""
+    (a builder such as ``json`` names them, as a mixture source in TRL's form does). With
+    ``inherited_columns`` (a mixture source's columns are the top-level ones), they are read as
+    `mix_sources` reads them (`source_columns`)."""
     built = builtin_rows(name, num_synthetic, seed)
     if built is not None:
         return _builtin_set(name, built)
@@ -522,6 +576,9 @@ def load_math_dataset(
     if columns is not None:
         _require_all(raw, columns)
         raw = raw.select_columns(columns)
+    question_column, answer_column = source_columns(
+        raw.column_names, question_column, answer_column, inherited_columns
+    )
     return rows_of(name, raw, question_column, answer_column, levels, max_bad_row_share)
 
 
@@ -537,14 +594,69 @@ def rows_of(
     answer_column: str | None = None,
     levels: list[str] | None = None,
     max_bad_row_share: float | None = None,
+    note_repeats: bool = True,
 ) -> tuple[datasets.Dataset, DataReport]:
     """The dataset ``name`` read as stored (``raw``) as ``question``/``answer``/``uid`` rows (`to_rows`),
-    with the report of what was kept and dropped; too many bad rows is a `DataError` (`check_bad_rows`)."""
+    with the report of what was kept and dropped; too many bad rows is a `DataError` (`check_bad_rows`).
+    With ``note_repeats``, the report counts questions that appear more than once (a mixture counts them
+    across its sources)."""
     if name == MATH_HUB_ID and answer_column is None:
         answer_column = "solution"
     rows, dropped = to_rows(raw, question_column, answer_column, levels)
     check_bad_rows(dropped, len(rows), max_bad_row_share)
-    return rows, DataReport(name, len(raw), len(rows), dropped)
+    if note_repeats and (repeats := repeated_questions(rows["question"])):
+        dropped.notes.append(repeats)
+    columns = f"{read_from(dropped)}; {to_rewards(rows.features)}"
+    return rows, DataReport(name, len(raw), len(rows), dropped, columns=columns)
+
+
+def read_from(dropped: Drops) -> str:
+    """Which columns became the question and the gold (and by what rule, where the cell is not the gold).
+
+    >>> drops = Drops()
+    >>> drops.question_column, drops.answer_column = "problem", "solution"
+    >>> read_from(drops)
+    "question <- 'problem', gold <- 'solution' (its last \\\\boxed{})"
+    """
+    rule = " (its last \\boxed{})" if dropped.answer_column == "solution" else ""
+    turn = " (its user turn)" if dropped.question_column == "prompt" else ""
+    return f"question <- {dropped.question_column!r}{turn}, gold <- {dropped.answer_column!r}{rule}"
+
+
+def to_rewards(features: datasets.Features) -> str:
+    """The columns reward functions receive besides question, answer and uid, each with its type.
+
+    >>> to_rewards(datasets.Features({"question": datasets.Value("string"), "n": datasets.Value("int64")}))
+    'also to the rewards: n (int64)'
+    """
+    extra = [f"{c} ({_short_type(f)})" for c, f in features.items() if c not in ("question", "answer", "uid")]
+    return f"also to the rewards: {', '.join(extra) or 'no other column'}"
+
+
+def _short_type(feature: Any) -> str:
+    """A column's type in a few words: ``int64``, ``list of string``, ``struct {ground_truth, style}``."""
+    if isinstance(feature, datasets.Value):  # Arrow's large_string reaches the rewards as a str too
+        return feature.dtype.removeprefix("large_")
+    if isinstance(feature, datasets.List):
+        return f"list of {_short_type(feature.feature)}"
+    if isinstance(feature, dict):
+        return f"struct {{{', '.join(feature)}}}"
+    return type(feature).__name__
+
+
+def repeated_questions(questions: list[str]) -> str | None:
+    """A note counting the questions that appear more than once, or None when none does.
+
+    >>> repeated_questions(["a", "b", "a", "a", "c", "c"])
+    '2 questions appear more than once (5 rows); each is trained as often as it appears'
+    """
+    repeats = [n for n in Counter(questions).values() if n > 1]
+    if not repeats:
+        return None
+    many = "questions appear" if len(repeats) > 1 else "question appears"
+    return (
+        f"{len(repeats)} {many} more than once ({sum(repeats)} rows); each is trained as often as it appears"
+    )
 
 
 def mix_sources(
@@ -580,11 +692,9 @@ def mix_sources(
                 raw = raw.select_columns(source.columns)
             q_col, a_col = source.question_column or question_column, source.answer_column or answer_column
             inherited = source.question_column is None and source.answer_column is None
-            missing = any(c not in raw.column_names for c in (q_col, a_col) if c is not None)
-            if inherited and missing and is_verl_layout(raw.column_names, None, None):
-                q_col = a_col = None  # the top-level columns are the other sources'; this one is verl's
+            q_col, a_col = source_columns(raw.column_names, q_col, a_col, inherited)
             rows, report = rows_of(
-                source.path, raw, q_col, a_col, source.dataset_levels or levels, max_bad_row_share
+                source.path, raw, q_col, a_col, source.dataset_levels or levels, max_bad_row_share, False
             )
             if not len(rows):  # else it would surface as a column typed null in the mixture
                 why = "; ".join(report.drops()) or "empty"
@@ -623,7 +733,8 @@ def mix_sources(
     labels = [
         label if labels.count(label) == 1 else key for label, (key, *_) in zip(labels, read, strict=True)
     ]
-    parts = align_columns(parts, labels)
+    widened: list[str] = []
+    parts = align_columns(parts, labels, widened)
     mixed = datasets.concatenate_datasets(parts)
     dropped = Drops()
     for label, report, extra in zip(labels, reports, beyond, strict=True):
@@ -632,9 +743,33 @@ def mix_sources(
         if extra:
             dropped[f"{label}: beyond its fraction of the mixture"] += extra
         dropped.notes += [f"{label}: {note}" for note in getattr(report.dropped, "notes", [])]
+    dropped.notes += widened
+    if repeats := repeated_questions(mixed["question"]):
+        dropped.notes.append(f"{repeats} (across the sources)")
     names = ", ".join(f"{label} ({len(p)} rows)" for label, p in zip(labels, parts, strict=True))
     read_rows = sum(r.read for r in reports)
-    return mixed, DataReport(f"mixture of {names}", read_rows, len(mixed), dropped, sources=labels)
+    read = "; ".join(f"{label}: {read_from(r.dropped)}" for label, r in zip(labels, reports, strict=True))
+    return mixed, DataReport(
+        f"mixture of {names}", read_rows, len(mixed), dropped, sources=labels,
+        columns=f"{read}; {to_rewards(mixed.features)}",
+    )  # fmt: skip
+
+
+def source_columns(
+    columns: list[str], question_column: str | None, answer_column: str | None, inherited: bool
+) -> tuple[str | None, str | None]:
+    """The question and answer columns a mixture source is read with: the ones given, except that
+    ``inherited`` top-level columns a verl-layout source lacks are the other sources' (it is read as verl).
+
+    >>> source_columns(["prompt", "reward_model"], "problem", "solution", inherited=True)
+    (None, None)
+    >>> source_columns(["problem", "solution"], "problem", "solution", inherited=True)
+    ('problem', 'solution')
+    """
+    missing = any(c not in columns for c in (question_column, answer_column) if c is not None)
+    if inherited and missing and is_verl_layout(columns, None, None):
+        return None, None
+    return question_column, answer_column
 
 
 def mixed_uid(source: int, uid: str) -> str:
@@ -646,9 +781,12 @@ def mixed_uid(source: int, uid: str) -> str:
     return f"{source}:{uid}"
 
 
-def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datasets.Dataset]:
+def align_columns(
+    parts: list[datasets.Dataset], names: list[str], notes: list[str] | None = None
+) -> list[datasets.Dataset]:
     """The sources of a mixture with the same columns, in the order they first appear: a column that a
     source lacks is added to it, ``None`` in every row (a reward function sees ``None`` for its rows).
+    ``notes`` gets one line per column whose integers some sources must read as floats.
 
     Raises:
         DataError: a column whose type differs between two sources (``names`` name them), with what to do.
@@ -677,6 +815,12 @@ def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datas
             if column not in part.column_names:
                 part = part.add_column(column, [None] * len(part), feature=feature)
             elif column != "answer" and repr(part.features[column]) != repr(feature):
+                if notes is not None and _ints_as_floats(part.features[column], feature):
+                    notes.append(
+                        f"column {column!r}: {_short_type(part.features[column])} in datasets[{i}] "
+                        f"({names[i]}) is read as {_short_type(feature)}, the type another source gives it; "
+                        "its whole numbers reach the rewards as floats (3.0)"
+                    )
                 try:
                     part = part.cast_column(column, feature)
                 except (ValueError, TypeError) as err:  # Arrow's safe cast: a value the wider type can't hold
@@ -687,6 +831,18 @@ def align_columns(parts: list[datasets.Dataset], names: list[str]) -> list[datas
                     ) from None
         aligned.append(part.select_columns(list(features)))
     return aligned
+
+
+def _ints_as_floats(feature: Any, wider: Any) -> bool:
+    """Whether reading a column of type ``feature`` as ``wider`` makes integers floats (also in lists and
+    mappings)."""
+    if isinstance(feature, datasets.Value) and isinstance(wider, datasets.Value):
+        return "int" in feature.dtype and "float" in wider.dtype
+    if isinstance(feature, datasets.List) and isinstance(wider, datasets.List):
+        return _ints_as_floats(feature.feature, wider.feature)
+    if isinstance(feature, dict) and isinstance(wider, dict):
+        return any(_ints_as_floats(f, wider[k]) for k, f in feature.items() if k in wider)
+    return False
 
 
 def _all_null(feature: Any) -> bool:
@@ -862,6 +1018,7 @@ def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
     keys = {k: recipe.get(k) for k in ("dataset_config", "dataset_split", "question_column", "answer_column")}
     keys["dataset_levels"] = recipe.get("dataset_levels")
     keys["columns"] = keys["data_files"] = None
+    keys["inherited"] = False
     if not recipe.get("dataset_mixture"):
         return keys
     try:
@@ -886,6 +1043,7 @@ def _source_keys(recipe: dict[str, Any], dataset: str) -> dict[str, Any]:
         "dataset_levels": source.dataset_levels or keys["dataset_levels"],
         "columns": source.columns,
         "data_files": source.data_files if dataset == source.path and dataset in FILE_BUILDERS else None,
+        "inherited": source.question_column is None and source.answer_column is None,
     }
 
 
@@ -904,7 +1062,9 @@ def preview(args: argparse.Namespace) -> str:
         parsed = parse_recipe_file(args.config)  # a bad file, key or value is one line
         recipe = {key: value for keys in parsed[:3] for key, value in vars(keys).items()}
     keys = _source_keys(recipe, args.dataset)
-    for key in ("question_column", "answer_column"):  # the command line's, over the recipe's
+    if args.question_column or args.answer_column:  # the command line's, over the recipe's
+        keys["inherited"] = False
+    for key in ("question_column", "answer_column"):
         keys[key] = getattr(args, key) or keys[key]
     if is_hub_id(args.dataset) and not looks_local(args.dataset) and not Path(args.dataset).exists():
         require_hub("--dataset", args.dataset)  # at once, rather than after the client's retries
@@ -918,6 +1078,7 @@ def preview(args: argparse.Namespace) -> str:
         levels=None if levels is None else [str(level) for level in levels],  # YAML's 4 is the level "4"
         columns=keys["columns"],
         data_files=keys["data_files"],
+        inherited_columns=keys["inherited"],
     )
     # Too many bad rows stop training: said here, so that the rest of the preview still shows them.
     share = args.max_bad_row_share
@@ -930,6 +1091,10 @@ def preview(args: argparse.Namespace) -> str:
     else:
         stop = None
     tokenizer_name = args.tokenizer or recipe.get("model_name_or_path")
+    # A fetched model's short name is its folder, as training reads it; one not fetched yet stops here.
+    tokenizer_name = resolve_local_model(
+        tokenizer_name, "--tokenizer" if args.tokenizer else "model_name_or_path"
+    )
     lines = []
     tokenizer = None
     max_len = args.max_prompt_length or recipe.get("max_prompt_length")
@@ -978,6 +1143,7 @@ def preview(args: argparse.Namespace) -> str:
         lines.append(f"  {form:<18} {n:>6}  {'#' * max(1, round(40 * n / width))}")
     if len(rows):
         question = rows[0]["question"]
+        lines.append(f"\nfirst question (uid {rows[0]['uid']}), its gold: {rows[0]['answer']!r}")
         for template in templates:
             lines.append(f"\n----- template {template.name} -----")
             lines.append(template.render(question, tokenizer, **kwargs))

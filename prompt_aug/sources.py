@@ -782,6 +782,13 @@ def _split_files(folder: Path, split: str) -> list[Path]:
         hint = f"; its sub-folders: {subs}. Ask for one of those splits"
     elif not files and subs:  # a snapshot with one folder per subset
         hint = f"; its sub-folders: {subs}. Name one with dataset_config (or a mixture source's name)"
+    elif not files:  # nothing the package reads
+        held = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+        shown = ", ".join(held[:10]) + (", ..." if len(held) > 10 else "") if held else "nothing"
+        raise SourceError(
+            f"no data file in {folder} (it holds: {shown}); the package reads .jsonl, .json, .csv and "
+            ".parquet files, or a folder written by save_to_disk: put the data there, or give its path"
+        )
     raise SourceError(f"no {split!r} file in {folder}; files: {[p.name for p in files]}{hint}")
 
 

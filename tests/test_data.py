@@ -532,6 +532,32 @@ def test_the_preview_reports_an_unreachable_hub_at_once(tmp_path, capsys, unreac
     assert "could not load tokenizer" not in out and "built-in ChatML" not in out
 
 
+def test_the_preview_resolves_a_fetched_models_short_name_as_training_does(tmp_path, capsys, monkeypatch):
+    from prompt_aug import sources
+
+    monkeypatch.setenv(sources.HOME_ENV, str(tmp_path / "home"))
+    _jsonl(tmp_path / "train.jsonl", [("What is 1 + 1?", "2")])
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model_name_or_path: smollm2-135m-instruct\nmax_prompt_length: 200\n")
+    # Not fetched: the fetch command, not a network error and a fallback.
+    with pytest.raises(
+        SystemExit,
+        match=r"^prompt-aug-data: error: model_name_or_path: 'smollm2-135m-instruct' is not fetched yet .*"
+        r"run `python -m prompt_aug.models fetch smollm2-135m-instruct` first",
+    ):
+        data.main(["--dataset", str(tmp_path / "train.jsonl"), "--config", str(recipe)])
+    with pytest.raises(SystemExit, match=r"error: --tokenizer: 'smollm2-135m-instruct' is not fetched"):
+        data.main(["--dataset", str(tmp_path / "train.jsonl"), "--tokenizer", "smollm2-135m-instruct"])
+    # Fetched: its folder's tokenizer renders, and the length limit applies.
+    folder = sources.default_dir("smollm2-135m-instruct")
+    builtin_tokenizer().save_pretrained(folder)
+    (folder / sources.MARKER_FILE).write_text("{}")
+    data.main(["--dataset", str(tmp_path / "train.jsonl"), "--config", str(recipe)])
+    out = capsys.readouterr().out
+    assert "could not load tokenizer" not in out and "built-in ChatML" not in out
+    assert "not applied" not in out and "1 rows read, 1 kept" in out
+
+
 def test_list_valued_answer_column_keeps_every_gold_any_of():
     import datasets
 
@@ -581,6 +607,59 @@ def test_other_columns_are_kept_under_their_names_for_the_kept_rows():
     assert dropped["empty gold answer"] == 1 and dropped["empty question"] == 1
 
 
+def test_the_report_names_the_question_and_gold_columns_and_what_else_reaches_the_rewards(tmp_path, capsys):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(
+        json.dumps({"problem": "What is 2 + 3?", "final_answer": "5", "difficulty": 2, "tags": ["add"]})
+        + "\n"
+        + json.dumps({"problem": "What is 2 + 4?", "final_answer": "6", "difficulty": 1, "tags": []})
+        + "\n"
+    )
+    _, report = load_math_dataset(str(path), question_column="problem", answer_column="final_answer")
+    assert str(report).splitlines()[1] == (
+        "  columns: question <- 'problem', gold <- 'final_answer'; also to the rewards: difficulty (int64), "
+        "tags (list of string)"
+    )
+    # The preview shows it, and the first question's gold beside its prompts.
+    data.main(["--dataset", str(path), "--question_column", "problem", "--answer_column", "final_answer"])
+    out = capsys.readouterr().out
+    assert "columns: question <- 'problem', gold <- 'final_answer'" in out
+    assert "first question (uid " in out and "its gold: '5'\n" in out
+    # verl layout: the user turn of prompt, and the gold read from its struct, kept whole.
+    frame = pd.DataFrame(
+        {"prompt": [[{"role": "user", "content": "1 + 1?"}]], "reward_model": [{"ground_truth": "2"}]}
+    )
+    frame.to_parquet(tmp_path / "verl.parquet")
+    _, report = load_math_dataset(str(tmp_path / "verl.parquet"))
+    assert report.columns == (
+        "question <- 'prompt' (its user turn), gold <- 'reward_model.ground_truth'; also to the rewards: "
+        "reward_model (struct {ground_truth})"
+    )
+
+
+def test_repeated_questions_are_counted_in_a_note(tmp_path):
+    from prompt_aug.data import mix_sources
+
+    path = _jsonl(
+        tmp_path / "dups.jsonl", [("What is 2+2?", "4"), ("What is 2+2?", "4"), ("What is 3+3?", "6")]
+    )
+    other = _jsonl(tmp_path / "other.jsonl", [("What is 3+3?", "6"), ("What is 5+5?", "10")])
+    _, report = load_math_dataset(str(path))
+    assert report.notes() == [
+        "note: 1 question appears more than once (2 rows); each is trained as often as it appears"
+    ]
+    _, report = load_math_dataset(str(other))
+    assert report.notes() == []
+    # Across a mixture's sources, once.
+    _, report = mix_sources(_mixture_read([{"path": str(path)}, {"path": str(other)}]))
+    assert report.notes() == [
+        (
+            "note: 2 questions appear more than once (4 rows); each is trained as often as it appears "
+            "(across the sources)"
+        )
+    ]
+
+
 def test_the_math_layout_keeps_level_and_type_but_not_the_solution(tmp_path):
     path = tmp_path / "math.jsonl"
     pd.DataFrame(
@@ -593,8 +672,65 @@ def test_the_math_layout_keeps_level_and_type_but_not_the_solution(tmp_path):
 
 def test_the_verl_layout_keeps_its_other_columns(verl_dir):
     rows, _ = load_math_dataset(str(verl_dir))
-    assert rows.column_names == ["question", "answer", "uid", "data_source", "ability", "extra_info"]
+    assert rows.column_names == [
+        "question", "answer", "uid", "data_source", "ability", "reward_model", "extra_info"
+    ]  # fmt: skip
     assert rows[0]["extra_info"] == {"index": "id-a", "original_source": "test"}
+    # reward_model stays whole, as verl's own rewards read it.
+    assert rows[0]["reward_model"] == {"ground_truth": "2", "style": "rule"}
+
+
+def test_a_verl_layout_uid_column_gives_the_ids(tmp_path):
+    frame = pd.DataFrame(
+        {
+            "prompt": [[{"role": "user", "content": f"{i} + 1?"}] for i in range(3)],
+            "reward_model": [{"ground_truth": str(i + 1)} for i in range(3)],
+            "uid": ["q0", "q1", "q2"],
+        }
+    )
+    frame.to_parquet(tmp_path / "verl.parquet")
+    rows, report = load_math_dataset(str(tmp_path / "verl.parquet"))
+    assert rows["uid"] == ["q0", "q1", "q2"] and rows["answer"] == ["1", "2", "3"]
+    assert rows.column_names == ["question", "answer", "uid", "reward_model"]
+    frame.assign(uid=["q0", "q0", "q2"]).to_parquet(tmp_path / "verl.parquet")
+    rows, report = load_math_dataset(str(tmp_path / "verl.parquet"))
+    assert "q0" not in rows["uid"] and "value(s) of column 'uid' repeat (e.g. 'q0')" in str(report)
+
+
+def test_a_struct_answer_column_keeps_the_struct_whole_for_the_rewards():
+    raw = datasets_from(
+        {"problem": ["p?", "q?"], "meta": [{"answer": "3", "level": 1}, {"answer": "4", "level": 2}]}
+    )
+    rows, dropped = to_rows(raw, "problem", "meta.answer")
+    assert rows["answer"] == ["3", "4"] and rows.column_names == ["question", "answer", "uid", "meta"]
+    assert rows["meta"] == [{"answer": "3", "level": 1}, {"answer": "4", "level": 2}]
+    assert not dropped.notes
+    # A struct whose name the rewards already receive is read, not kept, and the report says so.
+    raw = datasets_from({"problem": ["p?"], "prompt": [{"gold": "3"}]})
+    rows, dropped = to_rows(raw, "problem", "prompt.gold")
+    assert rows["answer"] == ["3"] and rows.column_names == ["question", "answer", "uid"]
+    assert dropped.notes == [
+        (
+            "column 'prompt' (the gold's 'prompt.gold') does not reach the rewards: its name is one they "
+            "already receive; rename the column to keep it"
+        )
+    ]
+
+
+def test_a_struct_answer_field_in_no_row_is_named_with_the_fields_there_are():
+    raw = datasets_from({"problem": ["p?", "q?"], "meta": [{"origin": "a", "n": 1}, {"origin": "b", "n": 2}]})
+    with pytest.raises(
+        DataError,
+        match=r"^answer column 'meta.ans': field 'ans' is in no row of column 'meta' "
+        r"\(its fields: origin, n\); fix answer_column$",
+    ):
+        to_rows(raw, "problem", "meta.ans")
+    # Mappings stored as JSON text: the keys the rows hold.
+    raw = datasets_from({"problem": ["p?", "q?"], "meta": ['{"final": 5}', '{"final": 6, "src": "x"}']})
+    with pytest.raises(
+        DataError, match=r"field 'ans' is in no row of column 'meta' \(its fields: final, src\)"
+    ):
+        to_rows(raw, "problem", "meta.ans")
 
 
 @pytest.mark.parametrize(
@@ -907,6 +1043,26 @@ def test_a_verl_source_in_a_mixture_is_read_as_verl_beside_top_level_columns_it_
     assert rows["answer"][1] == "2"  # reward_model.ground_truth
 
 
+def test_the_preview_reads_a_verl_mixture_source_beside_top_level_columns_it_lacks(
+    tmp_path, verl_dir, capsys
+):
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps({"problem": "What is 2 + 2?", "final_answer": "4"}) + "\n")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "question_column: problem\nanswer_column: final_answer\n"
+        f"dataset_mixture:\n  datasets:\n    - path: {mine}\n    - path: {verl_dir}\n"
+    )
+    data.main(["--dataset", str(verl_dir), "--config", str(recipe)])
+    out = capsys.readouterr().out
+    assert "5 rows read, 4 kept" in out and "What is $1+1$?" in out
+    data.main(["--dataset", str(mine), "--config", str(recipe)])
+    assert "1 rows read, 1 kept" in capsys.readouterr().out
+    # Columns named on the command line are read as named.
+    with pytest.raises(SystemExit, match="question column 'problem' not found"):
+        data.main(["--dataset", str(verl_dir), "--config", str(recipe), "--question_column", "problem"])
+
+
 @pytest.mark.parametrize("name", ["empty.parquet", "empty.csv"])
 def test_an_empty_parquet_file_or_a_csv_header_alone_holds_no_rows(tmp_path, name):
     path = tmp_path / name
@@ -993,8 +1149,8 @@ def test_the_preview_says_when_training_would_stop_for_bad_rows(tmp_path, capsys
     assert "4 rows read, 3 kept" in out and "answer forms:" in out  # the rest of the preview follows
     assert (
         "training would stop here: 25.0% of the 4 rows are unusable (1 empty gold answer in column 'answer' "
-        "(rows 3)), more than max_bad_row_share 0.05: fix the data, or allow them with --max_bad_row_share "
-        "0.25"
+        "(rows 3); rows counted from 0), more than max_bad_row_share 0.05: fix the data, or allow them with "
+        "--max_bad_row_share 0.25"
     ) in out
     recipe = tmp_path / "r.yaml"
     recipe.write_text("max_bad_row_share: 0.25\n")
@@ -1043,7 +1199,7 @@ def test_a_gsm8k_answer_gives_its_final_answer_and_a_worked_one_without_any_is_d
     text = str(report)
     assert "note: 2 gold(s) of column 'answer' are worked solutions" in text
     assert "dropped 1: worked solution with no final answer (no `####` line, no \\boxed{})" in text
-    assert "(rows 3)" in text
+    assert "(rows 3, counted from 0)" in text
 
 
 def test_a_class_label_answer_column_gives_its_label_names():
@@ -1088,12 +1244,12 @@ def test_a_verl_gold_is_read_when_only_the_question_column_is_named_or_by_its_do
         rows, _ = load_math_dataset(str(tmp_path), question_column="prompt", answer_column=answer_column)
         assert rows["question"] == ["What is $1+1$?", "Compute $\\frac{1}{2}+\\frac{1}{3}$."]
         assert rows["answer"] == ["2", "\\frac{5}{6}"] and rows["uid"] == ["id-a", "id-b"]
-    # A field of any column of mappings, stored as it is or as JSON text; the column itself is read, not kept.
+    # A field of any column of mappings, stored as it is or as JSON text; the column itself is kept.
     raw = datasets_from(
         {"problem": ["p?", "q?"], "meta": [{"final": "3", "src": "x"}, {"final": "4", "src": "y"}]}
     )
     rows, _ = to_rows(raw, "problem", "meta.final")
-    assert rows["answer"] == ["3", "4"] and rows.column_names == ["question", "answer", "uid"]
+    assert rows["answer"] == ["3", "4"] and rows.column_names == ["question", "answer", "uid", "meta"]
     raw = datasets_from({"problem": ["p?"], "meta": ['{"final": 5}']})
     assert to_rows(raw, "problem", "meta.final")[0]["answer"] == ["5"]
     with pytest.raises(DataError, match=r"^answer column 'info.final' not found; the dataset has columns"):

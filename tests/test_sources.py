@@ -181,8 +181,8 @@ def test_an_empty_csv_cell_is_a_row_with_no_gold_and_the_question_and_gold_colum
     assert load_math_dataset(str(path), levels=["4"])[0]["answer"] == ["007"]
     rows, report = load_math_dataset(str(path))
     assert rows["answer"] == ["7", "123456789012345678", "007"]
-    assert "dropped 1: empty gold answer (rows 1)" in str(report)
-    assert "dropped 1: empty question (rows 2)" in str(report)
+    assert "dropped 1: empty gold answer (rows 1, counted from 0)" in str(report)
+    assert "dropped 1: empty question (rows 2, counted from 0)" in str(report)
     # A column a recipe names is text too.
     named = tmp_path / "named.csv"
     named.write_text("statement,final\nq0,123456789012345678\nq1,\n")
@@ -203,3 +203,21 @@ def test_a_csv_file_of_a_header_alone_still_holds_no_rows(tmp_path):
     path.write_text("question,answer\n")
     with pytest.raises(SourceError, match=rf"^{re.escape(str(path))}: holds no rows"):
         read_dataset(str(path))
+
+
+def test_a_folder_with_no_data_file_says_what_is_read_and_what_it_holds(tmp_path):
+    folder = tmp_path / "notdata"
+    folder.mkdir()
+    (folder / "readme.txt").write_text("questions to come\n")
+    (folder / "notes.md").write_text("\n")
+    with pytest.raises(
+        SourceError,
+        match=r"^no data file in .*notdata \(it holds: notes\.md, readme\.txt\); the package reads \.jsonl, "
+        r"\.json, \.csv and \.parquet files, or a folder written by save_to_disk: put the data there, or "
+        r"give its path$",
+    ):
+        read_dataset(str(folder))
+    (folder / "readme.txt").unlink()
+    (folder / "notes.md").unlink()
+    with pytest.raises(SourceError, match=r"notdata \(it holds: nothing\)"):
+        read_dataset(str(folder))

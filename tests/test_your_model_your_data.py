@@ -276,6 +276,13 @@ def test_a_mixture_of_two_local_sets_maps_each_with_its_own_columns(two_sets, tm
     assert [u.split(":")[0] for u in uids] == ["0"] * 4 + ["1"] * 2
     text = str(report)
     assert "algebra.jsonl (4 rows)" in text and "geometry (2 rows)" in text and "level not in" in text
+    # Which columns each source's question and gold come from, and what else reaches the rewards.
+    assert (
+        f"\n  columns: {two_sets['algebra']}: question <- 'problem', gold <- 'final_answer'; "
+        f"{two_sets['geometry']}: question <- 'question', gold <- 'answer'; "
+        "also to the rewards: level (string)\n"
+    ) in text
+    assert "appear more than once" not in text
     # The uids are stable: a second load gives the same.
     assert _load(recipe, tokenizer)[0]["uid"] == uids
 
@@ -548,8 +555,12 @@ def test_a_column_only_some_sources_have_is_none_in_the_others_and_one_type_is_r
     halves = tmp_path / "halves.jsonl"
     halves.write_text(json.dumps({"question": "What is 5 + 5?", "answer": "10", "difficulty": 2.5}) + "\n")
     body = f"dataset_mixture:\n  datasets:\n    - path: {graded}\n    - path: {halves}\n"
-    rows, _ = _load(_recipe(tmp_path, body), tokenizer)
+    rows, report = _load(_recipe(tmp_path, body), tokenizer)
     assert sorted(rows["difficulty"]) == [2.5, 3.0] and rows.features["difficulty"].dtype == "float64"
+    assert (
+        f"note: column 'difficulty': int64 in datasets[0] ({graded}) is read as float64, the type another "
+        "source gives it; its whole numbers reach the rewards as floats (3.0)"
+    ) in str(report)
     # ... unless a value does not fit the wider type (an integer past 2**53 as a float): one line, naming it.
     huge = tmp_path / "huge.jsonl"
     big = {"question": "What is 6 + 6?", "answer": "12", "difficulty": 2**53 + 1}
