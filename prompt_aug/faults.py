@@ -75,27 +75,59 @@ def one_line(err: BaseException, limit: int = 300) -> str:
 # Preemption
 
 
-LAUNCH_FILE = "launch.json"  # in each checkpoint: the process count that saved it
+LAUNCH_FILE = "launch.json"  # in each checkpoint: the process count, seed and round keys that saved it
+# The GRPOConfig keys that size a generation round and the optimizer steps it serves, as GRPOConfig holds
+# them once built (steps_per_generation and generation_batch_size filled in from each other).
+ROUND_KEYS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "steps_per_generation",
+    "generation_batch_size",
+    "num_iterations",
+)
+# What a resume must keep besides the process count: the seed orders the questions and draws the templates.
+LAUNCH_KEYS = ("seed", *ROUND_KEYS)
+
+
+def launch_record(args: Any, processes: int) -> dict[str, int]:
+    """What ``launch.json`` holds for a run under ``args`` (a built GRPOConfig) on ``processes`` processes:
+    the count and each of `LAUNCH_KEYS` that ``args`` has.
+
+    >>> from types import SimpleNamespace
+    >>> launch_record(SimpleNamespace(seed=7, num_generations=4, steps_per_generation=None), 2)
+    {'processes': 2, 'seed': 7, 'num_generations': 4}
+    """
+    keys = {key: getattr(args, key, None) for key in LAUNCH_KEYS}
+    return {"processes": processes, **{key: value for key, value in keys.items() if isinstance(value, int)}}
 
 
 class LaunchRecord(TrainerCallback):
-    """Writes into each checkpoint the number of processes that trained it (``launch.json``), which a resume
-    checks (`resume_launch_problem`): the recipe's batch keys are per process, so another count is another
-    round size and another optimizer state layout."""
+    """Writes into each checkpoint the launch that trained it (``launch.json``, `launch_record`), which a
+    resume checks: the recipe's batch keys are per process, so another process count is another round size
+    and another optimizer state layout (`resume_launch_problem`), and another seed or round key is another
+    question order or round (`resume_keys_problem`)."""
 
     def on_save(self, args, state, control, **kwargs):
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and folder.is_dir():
-            (folder / LAUNCH_FILE).write_text(json.dumps({"processes": args.world_size}) + "\n")
+            (folder / LAUNCH_FILE).write_text(json.dumps(launch_record(args, args.world_size)) + "\n")
+
+
+def saved_launch(checkpoint: str | Path) -> dict[str, Any]:
+    """``checkpoint``'s ``launch.json``; empty without a readable one (a checkpoint saved by TRL's trainer
+    alone, or killed before the file was written)."""
+    try:
+        saved = json.loads((Path(checkpoint) / LAUNCH_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def saved_processes(checkpoint: str | Path) -> int | None:
     """The process count ``checkpoint``'s ``launch.json`` records; None without a readable one (a checkpoint
     saved by TRL's trainer alone, or killed before the file was written)."""
-    try:
-        saved = json.loads((Path(checkpoint) / LAUNCH_FILE).read_text()).get("processes")
-    except (OSError, ValueError, AttributeError):
-        return None
+    saved = saved_launch(checkpoint).get("processes")
     return saved if isinstance(saved, int) else None
 
 
@@ -154,6 +186,31 @@ def resume_launch_problem(
         f"resume_from_checkpoint: {checkpoint} was trained on {saved} process(es){source}, and this launch "
         f"has {processes}; the batch keys are per process, so the round would change. Relaunch on {saved} "
         f"processes, or {_other_start(checkpoint, output_dir)}"
+    )
+
+
+def resume_keys_problem(
+    checkpoint: str | Path, args: Any, output_dir: str | Path | None = None
+) -> str | None:
+    """Why ``checkpoint`` should not be resumed under ``args`` (a built GRPOConfig), or None: its
+    ``launch.json`` records another value of a key of `LAUNCH_KEYS`. The seed orders the questions and draws
+    their templates, and the round keys size each round and the steps it serves, so the resumed run would
+    not train on what the saved run went on to. A key the file does not record (a checkpoint of TRL's
+    trainer alone, or of an older version), or that ``args`` lacks, is not checked. A warm start is checked
+    too: it resumes the other run's optimizer, scheduler and data position. ``output_dir``: as
+    `resume_launch_problem`."""
+    saved = saved_launch(checkpoint)
+    differ = [
+        f"{key} {saved[key]} (this launch: {now})"
+        for key in LAUNCH_KEYS
+        if key in saved and (now := getattr(args, key, None)) is not None and now != saved[key]
+    ]
+    if not differ:
+        return None
+    return (
+        f"resume_from_checkpoint: {checkpoint} was trained with {', '.join(differ)}; the question order "
+        "and templates follow the seed, and the rounds the batch keys, so the resumed run would not continue "
+        f"the saved one. Relaunch with the saved values, or {_other_start(checkpoint, output_dir)}"
     )
 
 
@@ -610,8 +667,10 @@ def later_checkpoints_problem(
 
 def check_resume(value: str | bool | None, args: Any, processes: int, log: bool = True) -> str | None:
     """`resolve_resume` under these TrainingArguments, and the checkpoint refused when this launch has
-    another process count or engine than the one that saved it, or when later complete checkpoints of
-    ``output_dir`` would take over at the next resume (`later_checkpoints_problem`).
+    another process count, seed, round key (`resume_keys_problem`) or engine than the one that saved it, or
+    when later complete checkpoints of ``output_dir`` would take over at the next resume
+    (`later_checkpoints_problem`). Each process reads the same checkpoint under the same arguments, so all
+    refuse or none.
 
     Raises:
         ResumeError: the checkpoint, what differs and what to do.
@@ -621,6 +680,7 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
     if checkpoint is not None:
         problem = (
             resume_launch_problem(checkpoint, processes, args.output_dir)
+            or resume_keys_problem(checkpoint, args, args.output_dir)
             or resume_engine_problem(checkpoint, launch_engine(args), args.output_dir)
             or later_checkpoints_problem(checkpoint, args.output_dir, processes=processes, **parts)
         )

@@ -784,6 +784,101 @@ def test_a_model_only_checkpoint_and_a_warm_start_are_told_to_start_from_the_wei
     )
 
 
+# What the smoke recipe's launch records on one process: 4 questions x 4 rollouts a round, 2 steps of 8.
+SMOKE_LAUNCH = {
+    "processes": 1,
+    "seed": 42,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "num_generations": 4,
+    "steps_per_generation": 2,
+    "generation_batch_size": 16,
+    "num_iterations": 1,
+}
+REFUSED_KEYS = (
+    "; the question order and templates follow the seed, and the rounds the batch keys, so the resumed run "
+    "would not continue the saved one. Relaunch with the saved values, or "
+)
+
+
+def _launch(output_dir: Path, **changed: int) -> SimpleNamespace:
+    """TrainingArguments as the smoke recipe builds them on one process, with ``changed`` keys."""
+    keys = {k: v for k, v in SMOKE_LAUNCH.items() if k != "processes"}
+    return SimpleNamespace(
+        output_dir=str(output_dir),
+        save_only_model=False,
+        deepspeed_plugin=None,
+        fsdp=[],
+        **{**keys, **changed},
+    )
+
+
+def test_a_resume_under_another_seed_or_round_is_refused_in_one_line(tmp_path):
+    # The seed orders the questions and draws their templates, the batch keys size the round: resumed under
+    # others, the run would train on other questions than the saved one went on to, without a word.
+    run, new = tmp_path / "run", tmp_path / "new"
+    saved = fault_harness.tiny_checkpoint(run / "checkpoint-4", 4)
+    (saved / faults.LAUNCH_FILE).write_text(json.dumps(SMOKE_LAUNCH) + "\n")
+    with pytest.raises(faults.ResumeError) as refused:
+        faults.check_resume("true", _launch(run, seed=7), processes=1)
+    assert str(refused.value) == (
+        f"resume_from_checkpoint: {saved} was trained with seed 42 (this launch: 7){REFUSED_KEYS}"
+        "start a new run (another output_dir)"
+    )
+    with pytest.raises(faults.ResumeError) as refused:
+        faults.check_resume("true", _launch(run, per_device_train_batch_size=16, generation_batch_size=32), 1)
+    assert str(refused.value) == (
+        f"resume_from_checkpoint: {saved} was trained with per_device_train_batch_size 8 (this launch: 16), "
+        f"generation_batch_size 16 (this launch: 32){REFUSED_KEYS}start a new run (another output_dir)"
+    )
+    # A warm start resumes the other run's optimizer, scheduler and data position too.
+    with pytest.raises(faults.ResumeError) as refused:
+        faults.check_resume(str(saved), _launch(new, num_iterations=2), processes=1)
+    assert str(refused.value) == (
+        f"resume_from_checkpoint: {saved} was trained with num_iterations 1 (this launch: 2){REFUSED_KEYS}"
+        f"start from its weights with --model_name_or_path {saved}"
+    )
+    assert faults.check_resume("true", _launch(run), processes=1) == str(saved)
+    assert faults.resume_keys_problem(saved, _launch(run)) is None
+    # Another process count is named as before, whatever else differs.
+    with pytest.raises(faults.ResumeError, match=r"trained on 1 process\(es\), and this launch has 2;"):
+        faults.check_resume("true", _launch(run, seed=7), processes=2)
+
+
+def test_a_checkpoint_that_records_no_seed_or_round_is_not_checked_for_them(tmp_path):
+    # An older launch.json holds the process count alone; TRL's trainer alone writes none.
+    run = tmp_path / "run"
+    saved = fault_harness.tiny_checkpoint(run / "checkpoint-4", 4)
+    (saved / faults.LAUNCH_FILE).write_text('{"processes": 1}\n')
+    other = _launch(run, seed=7, per_device_train_batch_size=16, generation_batch_size=32)
+    assert faults.resume_keys_problem(saved, other) is None
+    assert faults.check_resume("true", other, processes=1) == str(saved)
+    (saved / faults.LAUNCH_FILE).unlink()
+    assert faults.check_resume("true", other, processes=1) == str(saved)
+
+
+def test_each_checkpoint_records_the_round_as_the_built_config_holds_it(tmp_path):
+    # steps_per_generation and generation_batch_size are filled in from each other: a recipe that sets one
+    # and a command line that sets the other launch the same round.
+    from prompt_aug.recipe import parse_args
+
+    def built(*extra: str) -> Any:
+        return parse_args(["--config", SMOKE, "--output_dir", str(tmp_path), *extra])[1]
+
+    args = built()
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    state = SimpleNamespace(global_step=3, is_world_process_zero=True)
+    faults.LaunchRecord().on_save(args, state, None)
+    assert json.loads((folder / faults.LAUNCH_FILE).read_text()) == SMOKE_LAUNCH
+    same = built("--steps_per_generation", "null", "--generation_batch_size", "16")
+    assert faults.resume_keys_problem(folder, same) is None
+    assert faults.resume_keys_problem(folder, built("--steps_per_generation", "4")) == (
+        f"resume_from_checkpoint: {folder} was trained with steps_per_generation 2 (this launch: 4), "
+        f"generation_batch_size 16 (this launch: 32){REFUSED_KEYS}start a new run (another output_dir)"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad data
 
@@ -810,7 +905,8 @@ def test_one_percent_bad_rows_are_dropped_and_named_with_their_rows(tmp_path):
     assert len(rows) == 198 and report.read == 200
     assert report.dropped["NaN gold answer"] == 1 and report.dropped["empty question"] == 1
     text = str(report)
-    assert "dropped 1: NaN gold answer (rows 7)" in text and "dropped 1: empty question (rows 5)" in text
+    assert "dropped 1: NaN gold answer (rows 7, counted from 0)" in text
+    assert "dropped 1: empty question (rows 5, counted from 0)" in text
     assert "nan" not in [str(a).lower() for a in rows["answer"]]
 
 
@@ -933,7 +1029,8 @@ def test_disk_full_is_recognised_however_the_writer_reports_it(tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_a_failed_push_keeps_model_and_card_on_disk_and_says_how_to_push_later(tmp_path, caplog):
+def test_a_failed_push_keeps_model_and_card_on_disk_and_says_how_to_push_later(tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_NotARealTokenForTests")  # a token, so the push is tried at all
     out = tmp_path / "run"
     with caplog.at_level("INFO", logger="prompt_aug"):  # HF_HUB_OFFLINE=1 (conftest): every request fails
         line = _error(

@@ -175,7 +175,16 @@ def test_two_process_resume_in_the_second_epoch_sees_the_uninterrupted_sequence(
     _torchrun(d, *run)
     e.mkdir()
     shutil.copytree(d / "checkpoint-8", e / "checkpoint-8")
-    assert json.loads((e / "checkpoint-8" / "launch.json").read_text()) == {"processes": 2}
+    assert json.loads((e / "checkpoint-8" / "launch.json").read_text()) == {
+        "processes": 2,
+        "seed": 42,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "num_generations": 4,
+        "steps_per_generation": 2,
+        "generation_batch_size": 32,  # 8 questions x 4 rollouts on 2 processes
+        "num_iterations": 1,
+    }
     # On one process the round would be half as large: refused before the model loads, in one line.
     with pytest.raises(
         SystemExit, match=r"checkpoint-8 was trained on 2 process\(es\), and this launch has 1;"
@@ -207,6 +216,41 @@ def test_a_bad_line_in_the_log_file_stops_a_resume_before_the_model_loads(runs, 
     with pytest.raises(SystemExit, match=expected):
         _train(run, "--max_steps", "6", "--resume_from_checkpoint", "true")
     assert loads == []
+
+
+def test_a_resume_under_another_seed_or_batch_size_stops_before_the_model_loads(runs, tmp_path, monkeypatch):
+    # Resumed with another seed, the questions come in another order under other templates; with another
+    # per_device_train_batch_size, each round holds 8 questions instead of 4. Both ran without a word.
+    run = tmp_path / "B"
+    shutil.copytree(runs["B"], run)
+    saved = run / "checkpoint-4"
+    assert json.loads((saved / "launch.json").read_text()) == {
+        "processes": 1,
+        "seed": 42,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "num_generations": 4,
+        "steps_per_generation": 2,
+        "generation_batch_size": 16,
+        "num_iterations": 1,
+    }
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    loads = []
+    monkeypatch.setattr(train, "load_model", lambda *a, **k: loads.append(a))  # a probe: never to be called
+    why = "; the question order and templates follow the seed, and the rounds the batch keys"
+    for changed, named in (
+        (("--seed", "7"), "seed 42 (this launch: 7)"),
+        (
+            ("--per_device_train_batch_size", "16"),
+            "per_device_train_batch_size 8 (this launch: 16), generation_batch_size 16 (this launch: 32)",
+        ),
+    ):
+        refused = re.escape(f"resume_from_checkpoint: {saved} was trained with {named}{why}")
+        way_out = re.escape("Relaunch with the saved values, or start a new run (another output_dir)")
+        with pytest.raises(SystemExit, match=rf"^prompt-aug-train: error: {refused}, .* {way_out}$"):
+            _train(run, "--max_steps", "8", "--resume_from_checkpoint", "true", *changed)
+    assert loads == []
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
 
 def test_resume_true_without_checkpoint_is_a_clear_error(tmp_path):
