@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import difflib
 import json
 import logging
@@ -78,6 +79,13 @@ class RecipeParser(TrlParser):
             for dtype in self.dataclass_types
             for name, kind in typing.get_type_hints(dtype).items()
         }
+        # The keys a command-line null unsets: those that default to None or whose type admits it.
+        self._nullable = {
+            f.name
+            for dtype in self.dataclass_types
+            for f in dataclasses.fields(dtype)
+            if f.default is None or _admits(self._field_types.get(f.name, Any), type(None))
+        }
 
     def error(self, message: str) -> None:  # argparse calls this for a bad value; it would print the usage
         found = re.match(r"argument --([\w-]+)(?:/--[\w-]+)*: (.*)", message, re.DOTALL)
@@ -103,6 +111,24 @@ class RecipeParser(TrlParser):
                 kwargs[action.dest] = _scalar_value(action, kwargs[action.dest], kind, where)
         return super().set_defaults_with_config(**kwargs)
 
+    # Why: a word on the command line reaches a key as text, so ``--question_column null`` set the column
+    # "null", and a recipe's key could not be unset from the command line (a recipe naming dataset_name
+    # could not switch to --dataset_mixture). argparse converts the command line's words here, and never a
+    # recipe's values, so a recipe's quoted "null" stays text, and the last of a key's words still wins.
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        if len(arg_strings) == 1 and action.option_strings and is_null_word(arg_strings[0]):
+            word, key = arg_strings[0], action.dest
+            if key not in self._nullable:
+                if word.strip().lower() == "none":  # a value of its own for some keys (scale_rewards: none)
+                    return super()._get_values(action, arg_strings)
+                raise UsageError(
+                    f"command line: {key}: {word} would unset it, but {key} always takes a value (here "
+                    f"{self.get_default(key)!r}); give one, or leave --{key} out"
+                )
+            if not _none_is_its_value(action, word):
+                return None
+        return super()._get_values(action, arg_strings)
+
     def option_names(self) -> set[str]:
         """Every key a recipe may set (dataclass field names)."""
         return {action.dest for action in self._actions if action.dest != "help"}
@@ -115,6 +141,31 @@ class RecipeParser(TrlParser):
             for s in action.option_strings
             if s[:2] == "--"
         }
+
+
+# The words that unset a key on the command line: YAML's nulls, and Python's None (as TRL's parser reads it
+# for a number); any case.
+NULL_WORDS = ("null", "~", "none")
+# Keys that take the word none as a value of their own: transformers reads report_to none as no integration.
+_NONE_IS_A_VALUE = ("report_to",)
+
+
+def is_null_word(word: Any) -> bool:
+    """Whether a command-line word unsets its key (`NULL_WORDS`, any case).
+
+    >>> is_null_word("NULL"), is_null_word("~"), is_null_word("None"), is_null_word("nil")
+    (True, True, True, False)
+    """
+    return isinstance(word, str) and word.strip().lower() in NULL_WORDS
+
+
+def _none_is_its_value(action: argparse.Action, word: str) -> bool:
+    """Whether ``word`` (none, in any case) is one of the values ``action``'s key takes rather than its unset
+    (`_NONE_IS_A_VALUE`, or a choice of the key)."""
+    if word.strip().lower() != "none":
+        return False
+    choices = [str(c).lower() for c in action.choices or ()]
+    return action.dest in _NONE_IS_A_VALUE or "none" in choices
 
 
 def _admits(kind: Any, cls: type) -> bool:
@@ -229,18 +280,19 @@ def command_line_keys(argv: list[str]) -> list[str]:
 
 
 def setting(argv: list[str], key: str) -> Any:
-    """``key``'s value as the command line gives it (the last one wins), else as the recipe file
-    (``--config``) gives it; ``None`` when unset or unreadable (the parser then says why). Read before
-    the recipe is parsed, to choose how to parse it.
+    """``key``'s value as the command line gives it (the last one wins; a null word, `is_null_word`, is
+    None), else as the recipe file (``--config``) gives it; ``None`` when unset or unreadable (the parser
+    then says why). Read before the recipe is parsed, to choose how to parse it.
 
     >>> setting(["--config", "missing.yaml", "--dry-run"], "dry_run"), setting([], "seed")
     ('true', None)
+    >>> setting(["--config", "missing.yaml", "--deepspeed", "null"], "deepspeed")
     """
     flags = command_line_flags(argv)
     given = [value for name, value, _, _ in flags if name == key]
     config = [value for name, value, _, _ in flags if name == "config"]
     if given or not config:
-        return given[-1] if given else None
+        return given[-1] if given and not is_null_word(given[-1]) else None
     try:
         recipe = yaml.safe_load(Path(config[-1]).read_text())
     except (OSError, yaml.YAMLError):
@@ -336,6 +388,13 @@ RENAMED_KEYS = {
     ),
 }
 
+# Keys of open-r1's recipes that W&B reads from the environment here (open-r1 sets these variables from them).
+ENVIRONMENT_KEYS = {
+    "wandb_project": "WANDB_PROJECT",
+    "wandb_entity": "WANDB_ENTITY",
+    "wandb_run_group": "WANDB_RUN_GROUP",
+}
+
 
 def _closest(key: str, known: set[str]) -> str:
     """What to write instead of the unknown ``key``: its new name if it is a known rename, else the closest
@@ -343,7 +402,14 @@ def _closest(key: str, known: set[str]) -> str:
 
     >>> _closest("torch_dtype", {"dtype", "torch_compile"})
     "; 'torch_dtype' is 'dtype' in this transformers and TRL"
+    >>> _closest("wandb_project", {"project"})
+    '; W&B reads it from the environment here: export WANDB_PROJECT=... before launching'
+
     """
+    if key in ENVIRONMENT_KEYS:
+        return (
+            f"; W&B reads it from the environment here: export {ENVIRONMENT_KEYS[key]}=... before launching"
+        )
     renamed = RENAMED_KEYS.get(key)
     if renamed and renamed[0] in known:
         return f"; {key!r} is {renamed[0]!r} {renamed[1]}"

@@ -451,6 +451,15 @@ def check_config(args: Any) -> None:
             "skip_minibatch_ratio_above is not supported with fp16 (its gradient scaler cannot step over "
             "a skipped mini-batch's dropped gradients); train with bf16: true, or unset it"
         )
+    # The precision transformers took, the launcher's when bf16 and fp16 are false (spelled as it was given).
+    launched = str(getattr(args, "mixed_precision", "no")).lower()
+    if threshold is not None and launched == "fp16":  # the launcher's fp16: the same scaler as above
+        raise ValueError(
+            "skip_minibatch_ratio_above is not supported with fp16, which the launcher's "
+            "ACCELERATE_MIXED_PRECISION=fp16 sets as the recipe's bf16 and fp16 are false (its gradient "
+            "scaler cannot step over a skipped mini-batch's dropped gradients); set bf16: true, launch with "
+            "`accelerate launch --mixed_precision no`, or unset it"
+        )
     if (
         args.save_strategy == "best" and args.metric_for_best_model is None
     ):  # the Trainer refuses it once built

@@ -144,7 +144,7 @@ class PromptAugScriptArguments:
         if self.dataset_mixture is not None:
             self.dataset_mixture = dataset_mixture(self.dataset_mixture)
             clashes = [
-                key
+                (key, default)
                 for key, value, default in (
                     ("dataset_name", self.dataset_name, None),
                     ("dataset_config", self.dataset_config, None),
@@ -153,9 +153,11 @@ class PromptAugScriptArguments:
                 if value != default
             ]
             if clashes:
+                key, default = clashes[0]
+                unset = f"--{key} {default or 'null'}"
                 raise ValueError(
-                    f"dataset_mixture and {clashes[0]} are both set: a mixture names its sources itself "
-                    "(path, name, split per source); remove " + clashes[0]
+                    f"dataset_mixture and {key} are both set: a mixture names its sources itself (path, "
+                    f"name, split per source); remove {key} (on the command line: {unset})"
                 )
         if self.num_synthetic != NUM_SYNTHETIC and self.dataset_name != "synthetic":
             # The other built-in sets have rows of their own (`prompt_aug.sources.BUILTINS`).

@@ -8,10 +8,11 @@ As TRL's GRPO script: `prompt_aug.recipe.make_parser` builds the parser of a rec
 → tokenizer → rows → model → trainer → train → save → card → push. `main` is the command: parse, `run`, and
 one line for bad input. Before anything heavy loads, the recipe, the output folder (a folder holding a run
 needs ``--resume_from_checkpoint`` or ``--overwrite_output_dir true``), where the model and data come from,
-and the reward, template and evaluation keys are checked; such errors end the command with one line. The
-features are built once, by `prompt_aug.extensions.build_features`, and handed to the trainer. The learning
-demo is reached only through `prompt_aug.sources`, so a run on a real model and dataset imports no demo module
-beyond its keys.
+the reward, template and evaluation keys, and a Hub token for ``push_to_hub`` are checked; such errors end the
+command with one line. The mixed precision the accelerator trains in is logged, with a warning where the
+launcher's (``accelerate launch``) and the recipe's differ. The features are built once, by
+`prompt_aug.extensions.build_features`, and handed to the trainer. The learning demo is reached only through
+`prompt_aug.sources`, so a run on a real model and dataset imports no demo module beyond its keys.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import gc
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any
 
@@ -54,6 +56,7 @@ from .faults import (
     Preempted,
     checkpoint_step,
     disk_full_is_one_line,
+    one_line,
     saved_parts,
     signal_ignored,
 )
@@ -189,6 +192,83 @@ def check_trainer_evaluation(args: PromptAugGRPOConfig) -> None:
         )
 
 
+# What `accelerate launch` passes its config's (or --mixed_precision's) precision in.
+LAUNCHER_PRECISION = "ACCELERATE_MIXED_PRECISION"
+# The recipe's keys for each precision, for a message that says how to choose it there.
+_RECIPE_PRECISION = {"no": "bf16: false", "bf16": "bf16: true", "fp16": "fp16: true and bf16: false"}
+
+
+def mixed_precision(args: Any, environ: Mapping[str, str]) -> tuple[str, str, str | None]:
+    """The mixed precision the trainer's accelerator takes, as transformers 5 decides it, under the
+    environment ``environ``: ``(precision, why, warning)``. ``precision`` is no, bf16, fp16 or fp8; ``why``
+    says where it comes from; ``warning`` is one line, or None, for a launcher whose precision
+    (``ACCELERATE_MIXED_PRECISION``, which ``accelerate launch`` sets from its config or
+    ``--mixed_precision``) differs from the recipe's.
+
+    `TrainingArguments` takes fp16 if the recipe's ``fp16`` is true, else bf16 if ``bf16`` is true, else the
+    launcher's precision: a recipe's ``bf16: false`` does not turn off a launcher's bf16. (TRL's ``bf16``
+    defaults to true unless ``fp16`` is set.) A DeepSpeed config may still decide otherwise; the line logged
+    once the trainer is built reads the accelerator itself.
+
+    >>> from types import SimpleNamespace
+    >>> mixed_precision(SimpleNamespace(bf16=True, fp16=False), {})
+    ('bf16', "the recipe's bf16: true", None)
+    """
+    recipe = "fp16" if args.fp16 else "bf16" if args.bf16 else "no"
+    launcher = (environ.get(LAUNCHER_PRECISION) or "").strip().lower() or None
+    launched = f"the launcher's {LAUNCHER_PRECISION}={launcher}"
+    where = f"{launched} (accelerate launch: its config or --mixed_precision)"
+    if recipe != "no":  # TRL's bf16 is true unless the recipe sets it false or sets fp16
+        why = f"the recipe's {recipe}: true"
+    elif launcher not in (None, "no"):
+        why = f"{launched}, which applies as the recipe's bf16 and fp16 are false"
+    else:
+        why = "fp32 compute: the recipe's bf16 and fp16 are false"
+    precision = recipe if recipe != "no" else launcher or "no"
+    if launcher is None or launcher == recipe:
+        return precision, why, None
+    fix = f"`accelerate launch --mixed_precision {recipe}`"
+    if launcher in _RECIPE_PRECISION:
+        fix += f", or set {_RECIPE_PRECISION[launcher]} in the recipe"
+    if recipe == "no":
+        warning = (
+            f"mixed precision: the recipe has bf16: false and fp16: false (fp32), but {where} applies when "
+            f"both are false, so this run trains in {launcher} mixed precision; to make them agree, launch "
+            f"with {fix}"
+        )
+    else:
+        warning = (
+            f"mixed precision: the recipe's {recipe}: true overrides {where}, so this run trains in {recipe} "
+            f"mixed precision; to make them agree, launch with {fix}"
+        )
+    return precision, why, warning
+
+
+def precision_line(used: str, args: Any, environ: Mapping[str, str]) -> str:
+    """The log line naming the mixed precision ``used`` (the trainer's accelerator's) and where it comes from
+    (`mixed_precision`; a DeepSpeed config, when it decided otherwise)."""
+    expected, why, _ = mixed_precision(args, environ)
+    if used != expected:  # DeepSpeed reads its own config; accelerate falls back from fp8 on an older GPU
+        why = "the accelerator's own choice: a DeepSpeed config's fp16 / bf16 sections, or no fp8 on this GPU"
+    return f"mixed precision: {used} ({why})"
+
+
+def hub_token_problem(push_to_hub: bool) -> str | None:
+    """The one-line refusal of ``push_to_hub`` without a Hugging Face token (``HF_TOKEN``, or the token
+    file `hf auth login` writes, as `huggingface_hub.get_token` finds them), which would fail only at the end
+    of the run; None when there is one or nothing is pushed."""
+    if not push_to_hub:
+        return None
+    from huggingface_hub import get_token
+
+    fix = "run `hf auth login` or set HF_TOKEN, or set push_to_hub false"
+    try:
+        token = get_token()
+    except Exception as err:  # noqa: BLE001 (HF_OIDC_RESOURCE set, and its token exchange failed)
+        return f"push_to_hub: no Hugging Face token ({one_line(err, 160)}): {fix}"
+    return None if token else f"push_to_hub: no Hugging Face token: {fix}"
+
+
 def reward_functions(
     script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig
 ) -> tuple[list[Any], list[str]]:
@@ -252,6 +332,13 @@ def run(
     if args.hub_token:  # the Trainer pickles its arguments into each checkpoint (training_args.bin), which a
         # push uploads: the Hub clients read the token from the environment instead
         os.environ["HF_TOKEN"], args.hub_token = args.hub_token, None
+    if args.push_to_hub:  # the main process pushes, with its token: it decides for all, each then stops alike
+        (no_token,) = broadcast_object_list([hub_token_problem(True) if state.is_main_process else None])
+        if no_token:
+            raise UsageError(no_token)
+    _, _, clash = mixed_precision(args, os.environ)
+    if clash and state.is_main_process:  # the launcher's precision against the recipe's
+        logger.warning("%s", clash)
     # A real run's round is this launch's; the recipe's num_processes plans dry runs only.
     arithmetic = batch_arithmetic(args, script_args, num_processes=state.num_processes)
     recipe = recipe_text(argv)  # for the model card
@@ -321,6 +408,7 @@ def run(
         raise _lora_target_error(err, model, model_args) or err
     clear_earlier_run(stale, args.output_dir, state)  # everything is checked: overwrite_output_dir's delete
     use_compact_log(trainer)
+    logger.info("%s", precision_line(trainer.accelerator.mixed_precision, args, os.environ))
 
     # Train.
     if resume:

@@ -70,6 +70,14 @@ def test_misspelled_key_names_the_key_the_file_and_the_closest_key(tmp_path, cap
     [
         ("torch_dtype: bfloat16", "'torch_dtype' is 'dtype' in this transformers and TRL"),
         (
+            "wandb_project: mine",
+            "W&B reads it from the environment here: export WANDB_PROJECT=... before launching",
+        ),
+        (
+            "wandb_entity: team",
+            "W&B reads it from the environment here: export WANDB_ENTITY=... before launching",
+        ),
+        (
             "dataset_prompt_column: problem",
             "'dataset_prompt_column' is 'question_column' here (open-r1 calls it dataset_prompt_column)",
         ),
@@ -237,6 +245,55 @@ def test_a_value_from_the_command_line_is_blamed_on_the_command_line(tmp_path, c
     recipe = _recipe(tmp_path, "dataset_name: synthetic", mixture)
     message = _error(["--config", str(recipe), "--dry_run", "--question_column", "problem"], capsys)
     assert f"error: {recipe}: dataset_mixture.datasets[0].question_column: text, got 3" in message
+
+
+def test_null_on_the_command_line_unsets_a_recipe_key_that_may_be_unset(tmp_path):
+    from prompt_aug.train import parse_args
+
+    recipe = _recipe(tmp_path, extra="\nquestion_column: problem\ndataset_levels: [Level 3]\n")
+    for word in ("null", "NULL", "~", "None"):  # YAML's nulls and Python's, any case
+        script_args, _, _, _ = parse_args(["--config", str(recipe), "--question_column", word])
+        assert script_args.question_column is None, word
+    script_args, args, _, _ = parse_args(
+        ["--config", str(recipe), "--question_column=null", "--dataset_levels", "null", "--bf16", "null"]
+    )
+    assert script_args.question_column is None and script_args.dataset_levels is None
+    assert args.bf16 is True  # unset: TRL's default
+    # The last word for a key wins, as for any other value.
+    script_args, _, _, _ = parse_args(
+        ["--config", str(recipe), "--question_column", "null", "--question_column", "q"]
+    )
+    assert script_args.question_column == "q"
+    # Only the command line's words: a recipe's quoted "null" is the text null.
+    quoted = _recipe(tmp_path, extra='\nquestion_column: "null"\n')
+    assert parse_args(["--config", str(quoted)])[0].question_column == "null"
+    # A key that takes none as a value of its own keeps it.
+    _, args, _, _ = parse_args(["--config", str(recipe), "--report_to", "none", "--scale_rewards", "none"])
+    assert args.report_to == [] and args.scale_rewards == "none"
+
+
+def test_a_recipe_that_names_its_dataset_switches_to_a_mixture_on_the_command_line(capsys):
+    mixture = json.dumps({"datasets": [{"path": "a.jsonl"}, {"path": "b.jsonl"}]})
+    message = _error(["--config", str(SMOKE), "--dry_run", "--dataset_mixture", mixture], capsys)
+    assert message.endswith(
+        "dataset_mixture and dataset_name are both set: a mixture names its sources itself (path, name, "
+        "split per source); remove dataset_name (on the command line: --dataset_name null)"
+    )
+    train.main(["--config", str(SMOKE), "--dry_run", "--dataset_name", "null", "--dataset_mixture", mixture])
+    assert "questions per round             4" in capsys.readouterr().out
+
+
+def test_null_for_a_key_that_always_takes_a_value_is_one_line_naming_it(capsys):
+    message = _error(["--config", str(SMOKE), "--dry_run", "--dataset_split", "null"], capsys)
+    assert message == (
+        "prompt-aug-train: error: command line: dataset_split: null would unset it, but dataset_split always "
+        "takes a value (here 'train'); give one, or leave --dataset_split out"
+    )
+    message = _error(["--config", str(SMOKE), "--dry_run", "--max_steps", "~"], capsys)
+    assert message == (
+        "prompt-aug-train: error: command line: max_steps: ~ would unset it, but max_steps always takes a "
+        "value (here 4); give one, or leave --max_steps out"
+    )
 
 
 def test_the_config_flag_takes_its_path_either_way_and_once(tmp_path, capsys):

@@ -626,6 +626,56 @@ def test_wandb_offline_run_is_in_the_project_and_has_the_completion_table(wandb_
 # Hub
 
 
+FAKE_TOKEN = "hf_NotARealTokenForTests"
+
+
+def _no_token_anywhere(monkeypatch, tmp_path: Path) -> None:
+    """No Hugging Face token in the environment, and a Hugging Face home without a token file."""
+    from huggingface_hub import constants
+
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.setenv(var, "")  # recorded, so that a token a run puts there is taken away after
+        monkeypatch.delenv(var)
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_TOKEN_PATH", str(home / "token"))
+    # The client reads where its token file is once, at import: point that at the empty home too.
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+
+
+def test_push_to_hub_without_a_token_is_refused_before_anything_loads(tmp_path, monkeypatch):
+    """Without a token the push could only fail at the end of the run: refused at once, in one line."""
+    _no_token_anywhere(monkeypatch, tmp_path)
+    out = tmp_path / "out"
+    argv = ["--config", str(SMOKE), "--output_dir", str(out), "--push_to_hub", "true"]
+    argv += ["--hub_model_id", "me/x"]
+    with pytest.raises(SystemExit) as err:
+        train.main(argv)
+    assert str(err.value) == (
+        "prompt-aug-train: error: push_to_hub: no Hugging Face token: run `hf auth login` or set HF_TOKEN, "
+        "or set push_to_hub false"
+    )
+    assert not out.exists()  # nothing read, loaded or written
+    # A recipe's hub_token is a token too: this run gets past the check, to the data it cannot find.
+    absent = str(tmp_path / "no-such-data")
+    with pytest.raises(SystemExit, match="no-such-data"):
+        train.main([*argv, "--hub_token", FAKE_TOKEN, "--dataset_name", absent])
+
+
+def test_a_token_in_the_environment_or_the_token_file_is_enough_to_start_a_push(tmp_path, monkeypatch):
+    from prompt_aug.train import hub_token_problem
+
+    _no_token_anywhere(monkeypatch, tmp_path)
+    assert hub_token_problem(False) is None  # nothing pushed, nothing needed
+    assert hub_token_problem(True).startswith("push_to_hub: no Hugging Face token")
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    assert hub_token_problem(True) is None
+    monkeypatch.delenv("HF_TOKEN")
+    (tmp_path / "hf-home" / "token").write_text(FAKE_TOKEN)  # as `hf auth login` leaves it
+    assert hub_token_problem(True) is None
+
+
 def test_push_to_hub_reaches_the_hub_client_and_a_failed_push_keeps_the_model(tmp_path, monkeypatch):
     """With the Hub client offline, a push-enabled run trains (an unreachable Hub at start-up is a warning,
     so a long run is not lost to a network blip), then its push reaches the Hub client, fails, and says so in
@@ -637,6 +687,7 @@ def test_push_to_hub_reaches_the_hub_client_and_a_failed_push_keeps_the_model(tm
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the client's own switch: nothing leaves
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)  # a token is there; the Hub is not
     out = tmp_path / "out"
     with pytest.raises(
         SystemExit, match="push_to_hub: the upload to prompt-aug-tests/never-created failed"
@@ -669,6 +720,7 @@ def test_a_pushed_run_uploads_once_at_the_end_with_its_card(tmp_path, monkeypatc
 
     monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: SimpleNamespace(repo_id=repo_id))
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)  # a run with a token is not refused at the start
     out = tmp_path / "out"
     train.main(
         ["--config", str(SMOKE), "--output_dir", str(out), "--max_steps", "1", "--push_to_hub", "true",

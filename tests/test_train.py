@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -18,10 +20,19 @@ SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke") / "run"
-    with pytest.MonkeyPatch.context() as patch:  # the run puts the token in its environment: put back after
-        patch.setenv("HF_TOKEN", "")
-        patch.delenv("HF_TOKEN")
-        train.main(["--config", SMOKE, "--output_dir", str(out), "--hub_token", HUB_TOKEN])
+    log = logging.FileHandler(out.parent / "prompt_aug.log")  # beside the run: what its logger said
+    logging.getLogger("prompt_aug").addHandler(log)
+    try:
+        with (
+            pytest.MonkeyPatch.context() as patch
+        ):  # the run puts the token in its environment: put back after
+            patch.setenv("HF_TOKEN", "")
+            patch.delenv("HF_TOKEN")
+            patch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)  # as `python -m prompt_aug.train` runs
+            train.main(["--config", SMOKE, "--output_dir", str(out), "--hub_token", HUB_TOKEN])
+    finally:
+        logging.getLogger("prompt_aug").removeHandler(log)
+        log.close()
     return out
 
 
@@ -34,6 +45,115 @@ def test_a_hub_token_is_in_no_file_the_run_writes(smoke_run):
     files = [p for p in smoke_run.rglob("*") if p.is_file()]
     assert any(p.name == "training_args.bin" for p in files) and any(p.name == "README.md" for p in files)
     assert [p for p in files if HUB_TOKEN.encode() in p.read_bytes()] == []
+
+
+def test_the_run_logs_the_mixed_precision_its_accelerator_trains_in(smoke_run):
+    lines = (smoke_run.parent / "prompt_aug.log").read_text().splitlines()
+    said = [line for line in lines if line.startswith("mixed precision:")]
+    assert said == ["mixed precision: no (fp32 compute: the recipe's bf16 and fp16 are false)"]
+
+
+# The launcher's words: `accelerate launch` passes its config's (or --mixed_precision's) precision in this.
+AMP = "the launcher's ACCELERATE_MIXED_PRECISION={} (accelerate launch: its config or --mixed_precision)"
+
+
+# The warning's two shapes: a recipe in fp32 whose launcher's precision applies, and a recipe's that wins.
+def _fp32_recipe(launcher: str, keys: str) -> str:
+    return (
+        f"the recipe has bf16: false and fp16: false (fp32), but {AMP.format(launcher)} applies when both "
+        f"are false, so this run trains in {launcher} mixed precision; to make them agree, launch with "
+        f"`accelerate launch --mixed_precision no`, or set {keys} in the recipe"
+    )
+
+
+def _recipe_wins(used: str, launcher: str, keys: str) -> str:
+    return (
+        f"the recipe's {used}: true overrides {AMP.format(launcher)}, so this run trains in {used} mixed "
+        f"precision; to make them agree, launch with `accelerate launch --mixed_precision {used}`, or set "
+        f"{keys} in the recipe"
+    )
+
+
+@pytest.mark.parametrize(
+    ("bf16", "fp16", "launcher", "trains_in", "warning"),
+    [
+        (False, False, None, "no", None),  # python -m prompt_aug.train, torchrun
+        (False, False, "no", "no", None),
+        (None, False, None, "bf16", None),  # TRL's bf16 is true unless set
+        (True, False, "bf16", "bf16", None),
+        (False, False, "bf16", "bf16", _fp32_recipe("bf16", "bf16: true")),
+        (False, False, "FP16", "fp16", _fp32_recipe("fp16", "fp16: true and bf16: false")),
+        (True, False, "no", "bf16", _recipe_wins("bf16", "no", "bf16: false")),
+        (True, False, "fp16", "bf16", _recipe_wins("bf16", "fp16", "fp16: true and bf16: false")),
+        (False, True, "bf16", "fp16", _recipe_wins("fp16", "bf16", "bf16: true")),
+    ],
+)
+def test_the_precision_is_the_trainers_and_a_launcher_that_contradicts_the_recipe_is_named(
+    tmp_path, monkeypatch, bf16, fp16, launcher, trains_in, warning
+):
+    """transformers takes the recipe's fp16 or bf16 when true, else the launcher's precision: a recipe's bf16:
+    false does not turn off accelerate's bf16, and says so in one line naming both and the two ways out."""
+    from prompt_aug import PromptAugGRPOConfig
+    from prompt_aug.train import mixed_precision
+
+    if launcher is None:
+        monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
+    args = PromptAugGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=bf16, fp16=fp16, report_to="none")
+    precision, _, warned = mixed_precision(args, dict(os.environ))
+    assert precision == trains_in == args.mixed_precision.lower()  # the Trainer hands it to its Accelerator
+    assert warned == (None if warning is None else f"mixed precision: {warning}")
+
+
+def test_the_precision_line_says_where_the_accelerators_precision_comes_from():
+    from types import SimpleNamespace
+
+    from prompt_aug.train import precision_line
+
+    fp32, bf16 = SimpleNamespace(bf16=False, fp16=False), SimpleNamespace(bf16=True, fp16=False)
+    launched = {"ACCELERATE_MIXED_PRECISION": "bf16"}
+    assert precision_line("bf16", fp32, launched) == (
+        "mixed precision: bf16 (the launcher's ACCELERATE_MIXED_PRECISION=bf16, which applies as the "
+        "recipe's bf16 and fp16 are false)"
+    )
+    assert precision_line("bf16", bf16, {}) == "mixed precision: bf16 (the recipe's bf16: true)"
+    # An accelerator that decided otherwise (DeepSpeed reads its own config) is not explained by the recipe.
+    assert precision_line("no", bf16, {}) == (
+        "mixed precision: no (the accelerator's own choice: a DeepSpeed config's fp16 / bf16 sections, or no "
+        "fp8 on this GPU)"
+    )
+
+
+def test_a_launcher_precision_against_the_recipes_is_warned_before_anything_loads(
+    tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # as accelerate_configs/single_gpu.yaml sets it
+    absent = str(tmp_path / "no-such-data")  # stops the run once it has started
+    with caplog.at_level("INFO", logger="prompt_aug"), pytest.raises(SystemExit, match="no-such-data"):
+        train.main(["--config", SMOKE, "--output_dir", str(tmp_path / "out"), "--dataset_name", absent])
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w for w in warned if w.startswith("mixed precision:")] == [
+        (
+            "mixed precision: the recipe has bf16: false and fp16: false (fp32), but the launcher's "
+            "ACCELERATE_MIXED_PRECISION=bf16 (accelerate launch: its config or --mixed_precision) applies "
+            "when both are false, so this run trains in bf16 mixed precision; to make them agree, launch "
+            "with `accelerate launch --mixed_precision no`, or set bf16: true in the recipe"
+        )
+    ]
+
+
+def test_skipping_mini_batches_under_a_launchers_fp16_is_refused_before_anything_loads(monkeypatch):
+    # fp16 from the launcher brings the gradient scaler as the recipe's fp16 does, which a skip would crash.
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    with pytest.raises(
+        SystemExit,
+        match="^prompt-aug-train: error: [^\n]*skip_minibatch_ratio_above is not "
+        "supported with fp16, which the launcher's ACCELERATE_MIXED_PRECISION=fp16 sets",
+    ):
+        train.main(["--config", SMOKE, "--dry_run", "--skip_minibatch_ratio_above", "2"])
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    train.main(["--config", SMOKE, "--dry_run", "--skip_minibatch_ratio_above", "2"])  # no scaler: taken
 
 
 def test_smoke_run_writes_checkpoint_state_and_records(smoke_run):
