@@ -1333,6 +1333,7 @@ def test_a_justification_after_the_answer_is_not_part_of_it(completion, answer):
         "AB=9, CD=4",
         "x = 1, yz = 2",
         "Monday, Tuesday",
+        "x=1; y=2",
     ],
 )
 def test_an_answer_with_commas_is_cut_only_at_its_justification(answer):
@@ -1341,6 +1342,7 @@ def test_an_answer_with_commas_is_cut_only_at_its_justification(answer):
 
 
 def test_a_justification_neither_makes_a_wrong_answer_right_nor_a_right_one_wrong():
+    assert grade("The answer is x=1; y=2.", "(1, 2)").correct  # a semicolon between the parts is no cut
     assert not grade("The answer is 7 because 2+3=5.", "5").correct
     assert grade("The answer is 7 because 2+3=5.", "7").correct
     assert grade("Thus the answer is 12, as required.", "12").correct

@@ -31,10 +31,11 @@ _ABBREVIATION_WINDOW = 16  # characters before a full stop that `_ABBREVIATION` 
 _NUMBER = re.compile(r"[-\u2212]?\d[\d,]*(?:\.\d+)?|[-\u2212]?\.\d+")  # U+2212 is the Unicode minus
 _THOUSANDS_GROUPS = re.compile(r"\d{1,3}(?:,\d{3})+")
 # Where a sentence after "the answer is" goes on to justify the answer (`7 because 2+3=5`, `12, as required`):
-# a semicolon, a word that gives a reason, or a comma before words in lower case (`, rounded to`), not before
-# a name or a term (`AB=9, CD=4`, `x = 1, yz = 2`).
+# a semicolon before a word that goes on (`; so`), not between parts (`x=1; y=2`), a word that gives a reason,
+# or a comma before words in lower case (`, rounded to`), not before a name or a term (`AB=9, CD=4`).
 _JUSTIFICATION = re.compile(
-    r"(?<!\\);|,?\s(?:because|since|as|which)\b|,\s+([a-z]{2,})(?=\s+[A-Za-z]|[\s.,;:!?*]*$)"
+    r"(?<!\\);(?=\s*(?:so|therefore|thus|hence|then|the|this|that|it|we|here|note|since|because|as|which)\b)"
+    r"|,?\s(?:because|since|as|which)\b|,\s+([a-z]{2,})(?=\s+[A-Za-z]|[\s.,;:!?*]*$)"
 )
 _LIST_WORDS = frozenset({"and", "or"})  # `1, 2, and 3` is one answer
 _BRACKETS = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
