@@ -2,9 +2,10 @@
 # The GPU tests, the GPU benches of record and the CLI on CUDA, in one call on a one-GPU machine. Each step
 # has its own time limit (40 + 180 + 90 + 150 s; a step that SIGTERM does not end is killed 5 s later), cut
 # where needed so that every step has ended by DEADLINE (470 s from the start; a step left under 15 s is not
-# run, and fails); the set-up's commands are time-boxed too (20 + 30 + 45 s, about 30 s in practice). By the
-# H100's times the steps take about 25 + 150 + 50 + 125 s, so one device call with a 540 s limit holds it,
-# and DEADLINE keeps the last lines inside that limit even where every step runs long.
+# run, and fails); the set-up's commands are time-boxed too (20 + 30 + 45 s, and 20 more where the versions
+# check runs out; about 30 s in practice). By the H100's times the steps take about 25 + 150 + 50 + 125 s,
+# so one device call with a 540 s limit holds it, and DEADLINE keeps the last lines inside that limit even
+# where every step runs long.
 #
 # How to run it. The machine has torch and transformers and reaches no network; trl, datasets, dill,
 # multiprocess, math-verify, latex2sympy2_extended and antlr4-python3-runtime travel as wheels in .whl/
@@ -91,7 +92,7 @@ step() {
     return
   fi
   if [ "$limit" -gt "$left" ]; then
-    echo "!!! $name: limit cut from $limit s to $left s, to end by DEADLINE $DEADLINE s"
+    echo "!!! $name: limit cut from $limit s to $left s, to end by DEADLINE $DEADLINE s" | tee -a "$OUT/summary.txt"
     limit=$left
   fi
   echo "=== $name (limit ${limit} s)"

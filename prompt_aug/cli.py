@@ -111,14 +111,15 @@ class RecipeParser(TrlParser):
                 kwargs[action.dest] = _scalar_value(action, kwargs[action.dest], kind, where)
         return super().set_defaults_with_config(**kwargs)
 
-    # Why: a word on the command line reaches a key as text, so ``--question_column null`` set the column
-    # "null", and a recipe's key could not be unset from the command line (a recipe naming dataset_name
-    # could not switch to --dataset_mixture). argparse converts the command line's words here, and never a
-    # recipe's values, so a recipe's quoted "null" stays text, and the last of a key's words still wins.
+    # Why: argparse hands a command-line word to a key as text; here a null word (`NULL_WORDS`) unsets a key
+    # that may be None instead (``--question_column null``; ``--dataset_name null`` beside --dataset_mixture),
+    # and is refused by name for a key that may not. argparse converts the command line's words here, and
+    # never a recipe's values, so a recipe's quoted "null" stays text, and a key's last word still wins.
+    # report_to takes none as a value of its own, and None would fail as an integration's name.
     def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
         if len(arg_strings) == 1 and action.option_strings and is_null_word(arg_strings[0]):
             word, key = arg_strings[0], action.dest
-            if key not in self._nullable:
+            if key not in self._nullable or key in _NONE_IS_A_VALUE:
                 if word.strip().lower() == "none":  # a value of its own for some keys (scale_rewards: none)
                     return super()._get_values(action, arg_strings)
                 raise UsageError(

@@ -734,7 +734,9 @@ def mix_sources(
         label if labels.count(label) == 1 else key for label, (key, *_) in zip(labels, read, strict=True)
     ]
     widened: list[str] = []
-    parts = align_columns(parts, labels, widened)
+    # The columns of mappings a source's gold was read from (verl's reward_model; answer_column meta.answer).
+    holders = [r.dropped.answer_column for r in reports if r.dropped.answer_column]
+    parts = align_columns(parts, labels, widened, frozenset(c.split(".")[0] for c in holders if "." in c))
     mixed = datasets.concatenate_datasets(parts)
     dropped = Drops()
     for label, report, extra in zip(labels, reports, beyond, strict=True):
@@ -782,23 +784,41 @@ def mixed_uid(source: int, uid: str) -> str:
 
 
 def align_columns(
-    parts: list[datasets.Dataset], names: list[str], notes: list[str] | None = None
+    parts: list[datasets.Dataset],
+    names: list[str],
+    notes: list[str] | None = None,
+    gold_holders: frozenset[str] = frozenset(),
 ) -> list[datasets.Dataset]:
     """The sources of a mixture with the same columns, in the order they first appear: a column that a
     source lacks is added to it, ``None`` in every row (a reward function sees ``None`` for its rows).
-    ``notes`` gets one line per column whose integers some sources must read as floats.
+    ``notes`` gets one line per column whose integers some sources must read as floats, and one per column of
+    ``gold_holders`` (a column of mappings a gold was read from, kept whole for the rewards) left out of the
+    mixture because its type differs between sources: the golds are read already.
 
     Raises:
         DataError: a column whose type differs between two sources (``names`` name them), with what to do.
     """
     features: dict[str, Any] = {}
     owner: dict[str, int] = {}
+    left_out: set[str] = set()
     for i, part in enumerate(parts):
         for column, feature in part.features.items():
+            if column in left_out:
+                continue
             if column not in features:
                 features[column], owner[column] = feature, i
             elif column != "answer":  # the golds are made one type before (lists where any source has some)
                 merged = _one_type(features[column], feature)
+                if merged is None and column in gold_holders:
+                    left_out.add(column)
+                    del features[column]
+                    if notes is not None:
+                        notes.append(
+                            f"column {column!r}, which holds the gold, has another type in datasets[{i}] "
+                            f"({names[i]}) than in datasets[{owner[column]}] ({names[owner[column]]}); it is "
+                            "left out of the mixture (each source's gold is read already)"
+                        )
+                    continue
                 if merged is None:
                     first = owner[column]
                     raise DataError(

@@ -195,7 +195,7 @@ def check_trainer_evaluation(args: PromptAugGRPOConfig) -> None:
 # What `accelerate launch` passes its config's (or --mixed_precision's) precision in.
 LAUNCHER_PRECISION = "ACCELERATE_MIXED_PRECISION"
 # The recipe's keys for each precision, for a message that says how to choose it there.
-_RECIPE_PRECISION = {"no": "bf16: false", "bf16": "bf16: true", "fp16": "fp16: true and bf16: false"}
+_RECIPE_PRECISION = {"bf16": "bf16: true", "fp16": "fp16: true and bf16: false"}
 
 
 def mixed_precision(args: Any, environ: Mapping[str, str]) -> tuple[str, str, str | None]:
@@ -225,7 +225,8 @@ def mixed_precision(args: Any, environ: Mapping[str, str]) -> tuple[str, str, st
     else:
         why = "fp32 compute: the recipe's bf16 and fp16 are false"
     precision = recipe if recipe != "no" else launcher or "no"
-    if launcher is None or launcher == recipe:
+    # `accelerate launch` without a config or --mixed_precision passes "no": no choice against the recipe's.
+    if launcher is None or launcher == recipe or launcher == "no":
         return precision, why, None
     fix = f"`accelerate launch --mixed_precision {recipe}`"
     if launcher in _RECIPE_PRECISION:

@@ -294,6 +294,10 @@ def test_null_for_a_key_that_always_takes_a_value_is_one_line_naming_it(capsys):
         "prompt-aug-train: error: command line: max_steps: ~ would unset it, but max_steps always takes a "
         "value (here 4); give one, or leave --max_steps out"
     )
+    # report_to takes none for no integration; null would name an integration None.
+    message = _error(["--config", str(SMOKE), "--dry_run", "--report_to", "null"], capsys)
+    assert message.startswith("prompt-aug-train: error: command line: report_to: null would unset it, but ")
+    assert message.endswith("give one, or leave --report_to out")
 
 
 def test_the_config_flag_takes_its_path_either_way_and_once(tmp_path, capsys):

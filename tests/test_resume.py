@@ -220,7 +220,7 @@ def test_a_bad_line_in_the_log_file_stops_a_resume_before_the_model_loads(runs, 
 
 def test_a_resume_under_another_seed_or_batch_size_stops_before_the_model_loads(runs, tmp_path, monkeypatch):
     # Resumed with another seed, the questions come in another order under other templates; with another
-    # per_device_train_batch_size, each round holds 8 questions instead of 4. Both ran without a word.
+    # per_device_train_batch_size, each round holds 8 questions instead of 4. Each stops in one line.
     run = tmp_path / "B"
     shutil.copytree(runs["B"], run)
     saved = run / "checkpoint-4"

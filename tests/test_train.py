@@ -83,7 +83,7 @@ def _recipe_wins(used: str, launcher: str, keys: str) -> str:
         (True, False, "bf16", "bf16", None),
         (False, False, "bf16", "bf16", _fp32_recipe("bf16", "bf16: true")),
         (False, False, "FP16", "fp16", _fp32_recipe("fp16", "fp16: true and bf16: false")),
-        (True, False, "no", "bf16", _recipe_wins("bf16", "no", "bf16: false")),
+        (True, False, "no", "bf16", None),  # accelerate launch with no config: "no" is its default, no choice
         (True, False, "fp16", "bf16", _recipe_wins("bf16", "fp16", "fp16: true and bf16: false")),
         (False, True, "bf16", "fp16", _recipe_wins("fp16", "bf16", "bf16: true")),
     ],

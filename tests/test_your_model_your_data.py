@@ -894,3 +894,30 @@ def test_a_checkpoint_resumes_only_under_the_peft_settings_it_was_trained_with(t
         check_resume_peft(str(full), ModelConfig(use_peft=True))
     train.main([*base, *resume, *lora])  # the run's own settings
     assert (out / "checkpoint-6").is_dir()
+
+
+def test_a_mixture_whose_gold_mappings_differ_in_type_reads_each_gold_and_leaves_the_mappings_out(
+    tmp_path, tokenizer
+):
+    # Two verl-layout files: one keeps each gold as text, the other as a list of golds. Their reward_model
+    # columns cannot be one type, yet both sources' golds are read.
+    for name, golds in (("text", ["3", "5"]), ("lists", [["7"], ["9", "nine"]])):
+        pd.DataFrame(
+            {
+                "prompt": [[{"role": "user", "content": f"{name} question {i}?"}] for i in range(2)],
+                "reward_model": [{"ground_truth": g, "style": "rule"} for g in golds],
+            }
+        ).to_parquet(tmp_path / f"{name}.parquet")
+    recipe = _recipe(
+        tmp_path,
+        f"dataset_mixture:\n  datasets:\n    - path: {tmp_path / 'text.parquet'}\n"
+        f"    - path: {tmp_path / 'lists.parquet'}\n",
+    )
+    rows, report = _load(recipe, tokenizer)
+    assert rows["answer"] == [["3"], ["5"], ["7"], ["9", "nine"]]
+    assert "reward_model" not in rows.column_names
+    assert (
+        "column 'reward_model', which holds the gold, has another type in datasets[1] "
+        f"({tmp_path / 'lists.parquet'}) than in datasets[0] ({tmp_path / 'text.parquet'}); it is left out "
+        "of the mixture (each source's gold is read already)"
+    ) in str(report)
