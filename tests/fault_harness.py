@@ -20,6 +20,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+# What the smoke recipe's launch records on one process: 4 questions x 4 rollouts a round, 2 steps of 8.
+SMOKE_LAUNCH = {
+    "processes": 1,
+    "seed": 42,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "num_generations": 4,
+    "steps_per_generation": 2,
+    "generation_batch_size": 16,
+    "num_iterations": 1,
+}
+
 
 def text_hash_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     """A number in [0, 1) hashed from the completion text: every group has spread, so the weights move."""

@@ -784,17 +784,7 @@ def test_a_model_only_checkpoint_and_a_warm_start_are_told_to_start_from_the_wei
     )
 
 
-# What the smoke recipe's launch records on one process: 4 questions x 4 rollouts a round, 2 steps of 8.
-SMOKE_LAUNCH = {
-    "processes": 1,
-    "seed": 42,
-    "per_device_train_batch_size": 8,
-    "gradient_accumulation_steps": 1,
-    "num_generations": 4,
-    "steps_per_generation": 2,
-    "generation_batch_size": 16,
-    "num_iterations": 1,
-}
+SMOKE_LAUNCH = fault_harness.SMOKE_LAUNCH
 REFUSED_KEYS = (
     "; the question order and templates follow the seed, and the rounds the batch keys, so the resumed run "
     "would not continue the saved one. Relaunch with the saved values, or "

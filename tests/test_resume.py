@@ -26,6 +26,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import fault_harness
 import pandas as pd
 import pytest
 from launch import torchrun
@@ -224,16 +225,7 @@ def test_a_resume_under_another_seed_or_batch_size_stops_before_the_model_loads(
     run = tmp_path / "B"
     shutil.copytree(runs["B"], run)
     saved = run / "checkpoint-4"
-    assert json.loads((saved / "launch.json").read_text()) == {
-        "processes": 1,
-        "seed": 42,
-        "per_device_train_batch_size": 8,
-        "gradient_accumulation_steps": 1,
-        "num_generations": 4,
-        "steps_per_generation": 2,
-        "generation_batch_size": 16,
-        "num_iterations": 1,
-    }
+    assert json.loads((saved / "launch.json").read_text()) == fault_harness.SMOKE_LAUNCH
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
     loads = []
     monkeypatch.setattr(train, "load_model", lambda *a, **k: loads.append(a))  # a probe: never to be called
