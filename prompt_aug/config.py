@@ -446,19 +446,20 @@ def check_config(args: Any) -> None:
             f"skip_minibatch_ratio_above: {threshold} is below 1, the smallest value the mean of "
             "max(r, 1/r) can take; use 1.0 to skip every mini-batch, or leave it unset"
         )
-    if threshold is not None and args.fp16:  # its gradient scaler asserts at the optimizer step
+    # fp16, the recipe's or (where bf16 and fp16 are false) the launcher's, as transformers took it (spelled
+    # as it was given): its gradient scaler asserts at the optimizer step.
+    launched = not args.fp16 and str(getattr(args, "mixed_precision", "no")).lower() == "fp16"
+    if threshold is not None and (args.fp16 or launched):
+        which, fix = "fp16", "train with bf16: true, or unset it"
+        if launched:
+            which = (
+                "fp16, which the launcher's ACCELERATE_MIXED_PRECISION=fp16 sets as the recipe's bf16 and "
+                "fp16 are false"
+            )
+            fix = "set bf16: true, launch with `accelerate launch --mixed_precision no`, or unset it"
         raise ValueError(
-            "skip_minibatch_ratio_above is not supported with fp16 (its gradient scaler cannot step over "
-            "a skipped mini-batch's dropped gradients); train with bf16: true, or unset it"
-        )
-    # The precision transformers took, the launcher's when bf16 and fp16 are false (spelled as it was given).
-    launched = str(getattr(args, "mixed_precision", "no")).lower()
-    if threshold is not None and launched == "fp16":  # the launcher's fp16: the same scaler as above
-        raise ValueError(
-            "skip_minibatch_ratio_above is not supported with fp16, which the launcher's "
-            "ACCELERATE_MIXED_PRECISION=fp16 sets as the recipe's bf16 and fp16 are false (its gradient "
-            "scaler cannot step over a skipped mini-batch's dropped gradients); set bf16: true, launch with "
-            "`accelerate launch --mixed_precision no`, or unset it"
+            f"skip_minibatch_ratio_above is not supported with {which} (its gradient scaler cannot step "
+            f"over a skipped mini-batch's dropped gradients); {fix}"
         )
     if (
         args.save_strategy == "best" and args.metric_for_best_model is None
