@@ -124,7 +124,7 @@ _PARSEABLE: dict[str, bool] = {}  # normalised gold -> math-verify reads it (lea
 _MAX_KNOWN_GOLDS = 1 << 17
 
 
-@functools.lru_cache(maxsize=65536, typed=True)
+@functools.lru_cache(maxsize=65536)  # keyed by `_gold_key`, which tells a bool from 1.0
 def _gold_texts(gold: Any) -> tuple[str, ...]:
     """The normalised, non-empty texts of a gold (a list means any of them), computed once per gold."""
     golds = gold if isinstance(gold, tuple) else (gold,)
