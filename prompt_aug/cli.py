@@ -161,12 +161,9 @@ def is_null_word(word: Any) -> bool:
 
 
 def _none_is_its_value(action: argparse.Action, word: str) -> bool:
-    """Whether ``word`` (none, in any case) is one of the values ``action``'s key takes rather than its unset
-    (`_NONE_IS_A_VALUE`, or a choice of the key)."""
-    if word.strip().lower() != "none":
-        return False
-    choices = [str(c).lower() for c in action.choices or ()]
-    return action.dest in _NONE_IS_A_VALUE or "none" in choices
+    """Whether ``word`` (none, in any case) is one of the choices of ``action``'s key rather than its unset
+    (the keys of `_NONE_IS_A_VALUE` keep it before this is asked)."""
+    return word.strip().lower() == "none" and "none" in [str(c).lower() for c in action.choices or ()]
 
 
 def _admits(kind: Any, cls: type) -> bool:
