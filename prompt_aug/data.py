@@ -64,6 +64,7 @@ from .sources import (
     is_hub_id,
     is_verl_layout,
     json_field,
+    json_mapping,
     looks_local,
     pick_column,
     question_text,
@@ -486,32 +487,23 @@ def answer_values(ds: datasets.Dataset, column: str) -> tuple[list[Any], str]:
     if column not in ds.column_names and dot and struct in ds.column_names:
         feature = ds.features[struct]
         inner = feature.get(key) if isinstance(feature, dict) else None
-        _require_field(ds, struct, key)
-        return as_stored([json_field(value, key) for value in ds[struct]], inner), struct
+        mappings = [json_mapping(value) for value in ds[struct]]  # the column read and parsed once
+        _require_field(struct, key, list(feature) if isinstance(feature, dict) else None, mappings)
+        return as_stored([None if m is None else m.get(key) for m in mappings], inner), struct
     _require(ds, column, "answer")
     return as_stored(list(ds[column]), ds.features[column]), column
 
 
-def _require_field(ds: datasets.Dataset, struct: str, key: str) -> None:
-    """Refuse ``struct.key`` when ``key`` is a field of no row's mapping in ``struct``.
+def _require_field(struct: str, key: str, fields: list[str] | None, mappings: list[dict | None]) -> None:
+    """Refuse ``struct.key`` when ``key`` is a field of no row's mapping in ``struct``: of the struct type's
+    ``fields``, or, for mappings of varying keys or JSON text (``fields`` None), of the keys the rows'
+    ``mappings`` hold.
 
     Raises:
         DataError: one line naming the column, the field and the fields there are.
     """
-    feature = ds.features[struct]
-    if isinstance(feature, dict):
-        fields = list(feature)
-    else:  # mappings of varying keys, or JSON text: the keys the rows hold
-        seen: dict[str, None] = {}
-        for value in ds[struct]:
-            if isinstance(value, str):
-                try:
-                    value = json.loads(value)
-                except json.JSONDecodeError:
-                    continue
-            if isinstance(value, dict):
-                seen.update(dict.fromkeys(map(str, value)))
-        fields = list(seen)
+    if fields is None:
+        fields = list(dict.fromkeys(str(k) for m in mappings if m is not None for k in m))
     if key not in fields:
         raise DataError(
             f"answer column '{struct}.{key}': field {key!r} is in no row of column {struct!r} (its fields: "

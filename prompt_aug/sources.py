@@ -470,12 +470,22 @@ def json_field(value: Any, key: str) -> Any:
     >>> json_field({"index": 7}, "index"), json_field('{"index": 7}', "index"), json_field("[7]", "index")
     (7, 7, None)
     """
+    mapping = json_mapping(value)
+    return None if mapping is None else mapping.get(key)
+
+
+def json_mapping(value: Any) -> dict | None:
+    """``value`` as a mapping: itself, or the object its JSON text holds; None for anything else.
+
+    >>> json_mapping('{"a": 1}'), json_mapping({"b": 2}), json_mapping("[1]"), json_mapping(None)
+    ({'a': 1}, {'b': 2}, None, None)
+    """
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
             return None
-    return value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 def content_text(content: Any) -> str:
