@@ -8,6 +8,7 @@ shows on the model's page, with ``python -m prompt_aug.model_card OUT``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 from dataclasses import dataclass
@@ -45,6 +46,18 @@ UNRECORDED_WEIGHTS = "(`{folder}/settings.json` does not record which weights th
 _EXAMPLE_QUESTION = "What is the remainder when 2024 is divided by 7?"  # the card's "How to prompt"
 # The files a model folder keeps its weights in (full weights or a PEFT adapter).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# The paper the method is from, cited in the card's "Citations" beside TRL's entries.
+PAPER_BIBTEX = """@misc{lu2026promptaugmentation,
+    title         = {{Prompt Augmentation Scales up GRPO Training on Mathematical Reasoning}},
+    author        = {Wenquan Lu and Hai Huang and Randall Balestriero},
+    year          = 2026,
+    eprint        = {2602.03190},
+    archivePrefix = {arXiv},
+    url           = {https://arxiv.org/abs/2602.03190},
+}"""
+# Where a README.md of the user's own found in the output folder is kept: transformers' Hub push and the
+# ``hf upload`` command a failed push prints leave out names starting with ``_``.
+OWN_README = "_README.md"
 
 
 def weights_fingerprint(folder: str | Path) -> str | None:
@@ -191,6 +204,7 @@ def render_model_card(
         "## Training",
         "",
         f"- Dataset: {info.dataset}, {info.num_rows} questions after filtering",
+        f"- License: none set in this card's metadata; see the base model's, `{info.base_model}`",
         f"- Optimizer steps: {global_step}",
         *_round_lines(info.arithmetic, log_history),
         *_collapse_lines(log_history, stopped),
@@ -353,13 +367,15 @@ def hub_id_of(value: str | None) -> str | None:
 
 def extend_trl_card(trl_card: str, ours: str, base_model: str, load_from: str) -> str:
     """TRL's card with ours (`render_model_card`) inside it: TRL's front matter (with ``base_model`` added
-    where TRL left it out and it is a Hub id, `hub_id_of`), title and introduction, then our sections
-    (training, metrics, evaluation, template bank, how to prompt, recipe), then TRL's own sections (quick
-    start, training procedure with the W&B link, framework versions, citations). TRL's tags already include
-    ours: the trainer passes them to TRL. Where TRL had no base model id or no Hub id for this model, its
-    introduction names the base model as text and its quick start loads from ``load_from``, where it wrote
-    "None"."""
+    where TRL left it out and it is a Hub id, `hub_id_of`, and without TRL's ``licence: license``
+    placeholder, which names no license), title and introduction, then our sections (training, metrics,
+    evaluation, template bank, how to prompt, recipe), then TRL's own sections (quick start, training
+    procedure with the W&B link, framework versions, citations, the paper's first). TRL's tags already
+    include ours: the trainer passes them to TRL. Where TRL had no base model id or no Hub id for this
+    model, its introduction names the base model as text and its quick start loads from ``load_from``, where
+    it wrote "None"."""
     front, body = _split_front_matter(trl_card)
+    front = [line for line in front if not line.startswith("licence:")]  # TRL's placeholder, no license
     hub_base = hub_id_of(base_model)
     if front and hub_base and not any(line.startswith("base_model:") for line in front):
         front = [front[0], f"base_model: {hub_base}", *front[1:]]
@@ -370,6 +386,12 @@ def extend_trl_card(trl_card: str, ours: str, base_model: str, load_from: str) -
         for line in body
     ]
     first = next((i for i, line in enumerate(body) if line.startswith("## ")), len(body))
+    citation = ["Cite prompt augmentation as:", "", "```bibtex", PAPER_BIBTEX, "```", ""]
+    if "## Citations" in body:
+        at = body.index("## Citations") + 1
+        body = [*body[:at], "", *citation[:-1], *body[at:]]
+    else:
+        body = [*body, "", "## Citations", "", *citation]
     return "\n".join([*front, *body[:first], "", *ours.split("\n"), *body[first:]])
 
 
@@ -628,10 +650,44 @@ def main(argv: list[str] | None = None) -> None:
     print(f"updated {path}")
 
 
+def is_model_card(text: str) -> bool:
+    r"""Whether ``text``, a README.md, is a model card a trainer wrote (its front matter has transformers' and
+    TRL's ``generated_from_trainer`` tag, or PEFT's ``library_name: peft``), or empty.
+
+    >>> is_model_card("---\ntags:\n- generated_from_trainer\n---\n# run"), is_model_card("# My notes\n")
+    (True, False)
+    """
+    front, _ = _split_front_matter(text)
+    marks = {"- generated_from_trainer", "library_name: peft"}
+    return not text.strip() or any(line.strip() in marks for line in front)
+
+
+def keep_own_readme(output_dir: str | Path) -> Path | None:
+    """Move a README.md in ``output_dir`` that is no model card (`is_model_card`: the user's own) to
+    `OWN_README` (``_README-2.md`` and on where that is taken), so that the card written there does not
+    overwrite it; where it went, or None where there was nothing to keep."""
+    path = Path(output_dir) / "README.md"
+    try:
+        if not path.is_file() or is_model_card(path.read_text(errors="replace")):
+            return None
+    except OSError:  # unreadable: the card's write says why
+        return None
+    stem, suffix = Path(OWN_README).stem, Path(OWN_README).suffix
+    names = itertools.chain([OWN_README], (f"{stem}-{n}{suffix}" for n in itertools.count(2)))
+    kept = next(path.with_name(n) for n in names if not path.with_name(n).exists())
+    path.rename(kept)
+    logging.getLogger("prompt_aug").warning(
+        "%s is not a model card (the user's own?): moved to %s, which Hub pushes leave out, so that the "
+        "model card can be written there", path, kept
+    )  # fmt: skip
+    return kept
+
+
 class ModelCardMixin:
     """A `transformers.Trainer` mixin whose model card is TRL's plus ours (``self.model_card_info``: the
     recipe, the template bank, the metrics and the evaluation table); without that info, TRL's card alone.
-    A PEFT model's card keeps PEFT's metadata, which TRL's card would overwrite (`with_adapter_metadata`)."""
+    A PEFT model's card keeps PEFT's metadata, which TRL's card would overwrite (`with_adapter_metadata`).
+    A README.md of the user's own in the output folder is moved aside first (`keep_own_readme`)."""
 
     model_card_info: ModelCardInfo | None = None
 
@@ -645,6 +701,8 @@ class ModelCardMixin:
     ) -> None:
         info = self.model_card_info
         path = Path(self.args.output_dir) / "README.md"
+        if self.is_world_process_zero():
+            keep_own_readme(self.args.output_dir)
         if info is None:
             super().create_model_card(model_name, dataset_name, tags)
             if self.is_world_process_zero() and path.is_file():

@@ -322,7 +322,8 @@ def round_axis(history: list[dict[str, Any]]) -> dict[int, float]:
 def series(
     history: list[dict[str, Any]], key: str, smooth: int = 1, gaps: bool = False, x: str = "step"
 ) -> tuple[list[float], list[float]]:
-    """The (x, values) of ``key`` where logged; ``smooth > 1`` takes a trailing mean over that many points.
+    """The (x, values) of ``key`` where logged (a NaN or infinite value, which cannot be drawn, is left out);
+    ``smooth > 1`` takes a trailing mean over that many points.
 
     ``gaps``: a round that logged other templates' metrics but not this one gives a NaN, so the line breaks
     there instead of joining the rounds around it. ``x="round"`` puts points at their generation round, one
@@ -343,7 +344,7 @@ def series(
     points = []
     for e in history:
         value = e.get(key)
-        if isinstance(value, (int, float)) and not math.isnan(value):
+        if isinstance(value, (int, float)) and math.isfinite(value):
             points.append((int(e["step"]), float(value)))
         elif gaps and _has_template_metrics(e):
             points.append((int(e["step"]), math.nan))
@@ -465,6 +466,14 @@ def build_figure(
     if names is not None and len(set(names)) < len(names):
         raise PlotError(f"--names: {names} repeat a name; give each run its own")
     runs = [load_run(d, n) for d, n in zip(run_dirs, names or _unique_names(run_dirs))]
+    unlogged = [str(r.path) for r in runs if not any("train_runtime" not in e for e in r.history)]
+    if len(unlogged) == len(runs):
+        raise PlotError(
+            f"{', '.join(unlogged)}: no training step logged yet (a run in its first logging_steps, or one "
+            "that stopped before its first log); plot it once it has logged"
+        )
+    for path in unlogged:
+        logger.warning("%s: no training step logged yet; drawn without it", path)
     if x == "round":
         missing = [str(r.path) for r in runs if not round_axis(r.history)]
         if missing:

@@ -696,6 +696,18 @@ def test_a_run_that_failed_before_its_first_round_leaves_a_folder_that_takes_a_n
         check_output_dir(tmp_path, resume=False, overwrite=False)
 
 
+def test_an_overwrite_deletes_the_earlier_runs_card_but_not_a_readme_of_the_users_own(tmp_path, caplog):
+    from prompt_aug.cli import check_output_dir
+
+    (tmp_path / "logs.jsonl").write_text("{}\n")
+    (tmp_path / "README.md").write_text("---\ntags:\n- generated_from_trainer\n---\n# an earlier run\n")
+    assert tmp_path / "README.md" in check_output_dir(tmp_path, resume=False, overwrite=True)
+    (tmp_path / "README.md").write_text("# My notes on this run\n")
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        assert check_output_dir(tmp_path, resume=False, overwrite=True) == [tmp_path / "logs.jsonl"]
+    assert f"{tmp_path / 'README.md'} is no model card: training moves it to _README.md" in caplog.text
+
+
 def _train(out: Path, *extra: str) -> None:
     train.main(["--config", str(SMOKE), "--output_dir", str(out), *extra])
 

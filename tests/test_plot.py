@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -90,13 +91,36 @@ def test_series_skips_missing_points_and_smooths():
     ]
     assert series(history, "x") == ([1, 3, 5], [1.0, 3.0, 5.0])
     assert series(history, "x", smooth=2) == ([1, 3, 5], [1.0, 2.0, 4.0])
+    # An infinite value cannot be drawn either: left out, not carried into the smoothed points after it.
+    overflow = [{"step": 1, "x": float("inf")}, {"step": 2, "x": 1.0}, {"step": 3, "x": float("-inf")}]
+    assert series([*overflow, {"step": 4, "x": 3.0}], "x", smooth=2) == ([2, 4], [1.0, 2.0])
+
+
+def test_a_run_with_no_step_logged_is_named_and_one_with_a_single_step_is_drawn(tmp_path, caplog):
+    """A run stopped (or still) before its first log has nothing to draw: said so, naming its folder, not as
+    an unknown metric; beside another run it is left out with a warning. One logged step is drawn."""
+    empty, one = tmp_path / "empty-run", tmp_path / "one-step"
+    empty.mkdir()
+    summary = {"step": 0, "train_runtime": 1.0, "train_loss": 0.0}  # all a run stopped at once logs
+    (empty / "trainer_state.json").write_text(json.dumps({"global_step": 0, "log_history": [summary]}))
+    with pytest.raises(SystemExit) as err:
+        main([str(empty), "-o", str(tmp_path / "x.png")])
+    assert str(err.value).startswith(f"prompt-aug-plot: error: {empty}: no training step logged yet")
+    assert not (tmp_path / "x.png").exists()
+    _write_state(one, 1, with_eval=False)
+    out = tmp_path / "two.png"
+    main([str(empty), str(one), "-o", str(out)])
+    _assert_picture(out)
+    assert f"{empty}: no training step logged yet; drawn without it" in caplog.text
 
 
 def test_folder_without_trainer_state_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match=r"empty: no trainer_state.json"):
         main([str(tmp_path / "empty"), "-o", str(tmp_path / "x.png")])
-    with pytest.raises(SystemExit, match=r"no such folder"):
+    with pytest.raises(
+        SystemExit, match=rf"^prompt-aug-plot: error: {re.escape(str(tmp_path / 'missing'))}: no such folder$"
+    ):
         main([str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")])
     for name in ("x.foo", "noext"):  # matplotlib would raise, or write noext.png and say "wrote noext"
         with pytest.raises(

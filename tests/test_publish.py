@@ -14,6 +14,7 @@ create and upload calls instead of sending them, to count the uploads a run make
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import shutil
@@ -159,6 +160,52 @@ def test_trls_card_gets_base_model_only_as_a_hub_id_and_loses_its_nones():
     assert "base_model" not in local.split("---")[1]
     assert "fine-tuned version of `/models/base`." in local and 'model="/runs/run"' in local
     assert "None" not in local and local.index("## Training") < local.index("## Quick start")
+
+
+def test_the_card_names_no_license_it_does_not_know_and_cites_the_paper(tmp_path):
+    """TRL's card as TRL 1.16 writes it carries ``licence: license`` in its front matter, a placeholder that
+    names no license: ours drops it and says that no license is set, pointing to the base model's; its
+    citations put the paper's entry (arXiv 2602.03190) before GRPO's and TRL's."""
+    from trl.trainer.utils import generate_model_card
+
+    trl_card = str(
+        generate_model_card(
+            base_model="Qwen/Qwen2.5-Math-1.5B", model_name="run", hub_model_id="me/run", dataset_name=None,
+            tags=["trl", "grpo"], wandb_url=None, trackio_url=None, trainer_name="GRPO",
+            trainer_citation="@article{shao2024}", paper_title="DeepSeekMath", paper_id="2402.03300",
+        )
+    )  # fmt: skip
+    info = dataclasses.replace(_card_info(), base_model="Qwen/Qwen2.5-Math-1.5B")
+    card = extend_trl_card(trl_card, render_model_card(info, tmp_path, 4, []), info.base_model, "me/run")
+    front = card.split("---")[1]
+    assert "licence" not in front and "license" not in front
+    assert (
+        "- License: none set in this card's metadata; see the base model's, `Qwen/Qwen2.5-Math-1.5B`\n"
+        in card
+    )
+    citations = card[card.index("## Citations") :]
+    assert citations.startswith("## Citations\n\nCite prompt augmentation as:\n\n```bibtex\n@misc{")
+    assert "author        = {Wenquan Lu and Hai Huang and Randall Balestriero}" in citations
+    assert "eprint        = {2602.03190}" in citations and "year          = 2026" in citations
+    assert citations.index("2602.03190") < citations.index("Cite GRPO as:") < citations.index("Cite TRL as:")
+    # A card without TRL's citations (another TRL version) gets the section at its end.
+    bare = extend_trl_card("---\ntags:\n- grpo\n---\n# run\n", "## Training\n", "base", "/runs/run")
+    assert bare.rstrip().endswith("url           = {https://arxiv.org/abs/2602.03190},\n}\n```")
+
+
+def test_a_readme_of_the_users_own_in_the_output_folder_is_kept_not_overwritten(tmp_path):
+    """A README.md already in output_dir that is no model card (the user's notes) is moved to _README.md,
+    which Hub pushes leave out, before the card is written; the card written again (a checkpoint, then the
+    end of training) replaces only the card."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("# My notes\n\nlr sweep, run 3\n")
+    train.main(["--config", str(SMOKE), "--output_dir", str(out), "--max_steps", "2"])
+    assert (out / "_README.md").read_text() == "# My notes\n\nlr sweep, run 3\n"
+    card = (out / "README.md").read_text()
+    assert "- generated_from_trainer" in card.split("---")[1] and "- Optimizer steps: 2\n" in card
+    assert (out / "checkpoint-2").is_dir() and not (out / "_README-2.md").exists()
+    assert sorted(p.name for p in out.glob("*README*")) == ["README.md", "_README.md"]
 
 
 @pytest.mark.parametrize(
