@@ -37,6 +37,7 @@ from trl import TrlParser
 from .adapters import ADAPTER_FILE
 from .faults import (
     COLLAPSE_PREFIX,
+    COLLAPSE_STOP_FILE,
     PREEMPTED_FILE,
     FaultError,
     check_resume,
@@ -574,6 +575,7 @@ _RUN_EXTRAS = (
     "README.md", "config.json", "generation_config.json", "training_args.bin", "adapter_config.json",
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
     "merges.txt", "added_tokens.json", "eval", "eval-templates", "runs", PREEMPTED_FILE,
+    COLLAPSE_STOP_FILE,
     "before_after.md", "before_after.json", "heldout.jsonl",  # the learning demo's (before_after: true)
 )  # fmt: skip
 
@@ -777,8 +779,9 @@ def prepare_output_dir(
     else:
         check_source("dataset_name", script_args.dataset_name)
     state.wait_for_everyone()  # every rank has looked before the main process changes the folder
-    if resume and state.is_main_process:  # no longer the preempted run, which a requeue script looks for
+    if resume and state.is_main_process:  # no longer the preempted or stopped run a script looks for
         (Path(args.output_dir) / PREEMPTED_FILE).unlink(missing_ok=True)
+        (Path(args.output_dir) / COLLAPSE_STOP_FILE).unlink(missing_ok=True)
     state.wait_for_everyone()
     return resume, stale
 

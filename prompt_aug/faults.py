@@ -45,6 +45,9 @@ logger = logging.getLogger("prompt_aug")
 # sysexits.h's EX_TEMPFAIL: "a temporary failure, the user is invited to retry".
 EXIT_PREEMPTED = 75
 PREEMPTED_FILE = "preempted.json"
+# Written in output_dir when the collapse guard stopped the run (exit status 0, as for a run trained to its
+# end); deleted when a run starts there.
+COLLAPSE_STOP_FILE = "collapse_stop.json"
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
 
 

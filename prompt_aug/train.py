@@ -51,6 +51,7 @@ from .evaluation.benchmarks import EvalError
 from .extensions import build_features
 from .extensions.dynamic_sampling import signal_column
 from .faults import (
+    COLLAPSE_STOP_FILE,
     EXIT_PREEMPTED,
     PREEMPTED_FILE,
     Preempted,
@@ -455,6 +456,10 @@ def run(
             # Every rank calls it, as accelerate expects; only the main process uploads. The model saved above
             # is uploaded as it is, not saved again (a kill then would cut the finished model short).
             trainer.push_saved_model(commit_message=f"prompt-aug GRPO, {trainer.state.global_step} steps")
+        guard = trainer.features.guard
+        if guard is not None and guard.stop_reason and trainer.is_world_process_zero():  # the last word
+            stop_file = os.path.join(args.output_dir, COLLAPSE_STOP_FILE)
+            logger.warning("%s; exit status 0, recorded in %s", guard.stop_reason, stop_file)
         return 0
 
 

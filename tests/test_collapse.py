@@ -37,7 +37,9 @@ from prompt_aug.extensions.collapse import (
     guard_from_args,
 )
 from prompt_aug.extensions.stabilisers import zero_optimizer_state
+from prompt_aug.faults import COLLAPSE_STOP_FILE
 from prompt_aug.records import generation_round
+from rewards import get_reward_funcs
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "recipes/smoke/tiny_cpu.yaml")
@@ -243,7 +245,9 @@ def test_a_round_is_judged_once_on_the_mean_of_all_its_lines():
     assert _feed(_guard(floor, steps_per_round=4), stream) == {16: ["entropy"]}
     # A line every 6 steps: each is its round's last line (the next falls in a later round), judged at once.
     guard = _guard(floor, steps_per_round=4)
-    guard.on_train_begin(None, SimpleNamespace(logging_steps=6, log_history=[]), None)
+    guard.on_train_begin(
+        None, SimpleNamespace(logging_steps=6, log_history=[], is_world_process_zero=False), None
+    )
     stream = [{"step": s, "round": (s + 3) // 4, "entropy": 0.01} for s in (6, 12, 18)]
     assert _feed(guard, stream) == {6: ["entropy"]}
     # The trainer's round count knows an epoch's short step (2 micro-steps a step, 3 a round, 9 an epoch):
@@ -349,6 +353,7 @@ def test_replaying_a_history_continues_where_the_interrupted_guard_was():
 
     class State:  # what the Trainer hands to on_train_begin on resume: the restored log history
         log_history = stream[:5]
+        is_world_process_zero = False
 
     resumed.on_train_begin(None, State(), None)
     assert _feed(resumed, stream[5:]) == whole == {7: ["entropy"]}
@@ -404,6 +409,36 @@ def test_stabiliser_and_guard_values_that_cannot_work_are_refused_at_parse_or_dr
     with pytest.raises(SystemExit, match="dynamic_sampling_signal: 'corectness' is neither 'total' nor one"):
         train.main(["--config", SMOKE, "--dry_run", "--dynamic_sampling", "true",
                     "--dynamic_sampling_signal", "corectness"])  # fmt: skip
+
+
+def test_a_guard_threshold_that_can_never_fire_is_refused_naming_the_key(tmp_path):
+    def parse(*extra):
+        return train.parse_args(["--config", SMOKE, "--dry_run", *extra]).training_args
+
+    pair, pm5, fmt = (get_reward_funcs(names) for names in (["correctness", "format"], ["correctness_pm5"],
+                                                            ["format"]))  # fmt: skip
+    # A fall of a share written as a percentage: the share right cannot fall by 5, whatever the reward scale.
+    for funcs in (pair, pm5):
+        with pytest.raises(ValueError, match=r"^collapse_accuracy_drop: 5 can never fire: completions/accur"):
+            guard_from_args(parse("--collapse_accuracy_drop", "5"), 1, funcs)
+    chosen = parse("--collapse_accuracy_drop", "1", "--collapse_accuracy_metric", "templates/t1/accuracy")
+    with pytest.raises(ValueError, match="collapse_accuracy_drop: 1 can never fire: templates/t1/accuracy"):
+        guard_from_args(chosen, 1, pair)
+    evaluating = ("--eval_benchmarks", "math500", "--eval_every_steps", "2")
+    with pytest.raises(ValueError, match=r"^collapse_eval_drop: 10 can never fire: eval/macro is a share"):
+        guard_from_args(parse("--collapse_eval_drop", "10", *evaluating), 1, pair)
+    with pytest.raises(ValueError, match="^collapse_entropy_floor: must be a finite number, got inf"):
+        guard_from_args(parse("--collapse_entropy_floor", "inf"), 1, pair)
+    # Without a correctness reward the signal reads the total reward, whose scale is the recipe's.
+    assert guard_from_args(parse("--collapse_accuracy_drop", "2"), 1, fmt) is not None
+    assert guard_from_args(parse("--collapse_accuracy_drop", "0.99"), 1, pair) is not None
+    # prompt-aug-train refuses it in one line before the model loads.
+    with pytest.raises(
+        SystemExit, match="^prompt-aug-train: error: collapse_accuracy_drop: 20 can never fire"
+    ):
+        train.main(
+            ["--config", SMOKE, "--output_dir", str(tmp_path / "out"), "--collapse_accuracy_drop", "20"]
+        )
 
 
 def test_a_guard_that_saves_or_stops_is_refused_when_no_log_line_would_reach_it():
@@ -724,6 +759,33 @@ def test_a_collapse_save_that_never_came_leaves_the_next_regular_checkpoint_alon
     assert "no checkpoint" in guard.stop_message and guard.stop_message in caplog.text
 
 
+def test_a_guard_stop_is_recorded_in_the_output_folder_until_a_run_starts_there_again(tmp_path):
+    from transformers import TrainerControl, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    guard = _guard(SignalSpec("entropy", ("entropy",), "below", 0.5, 1, "stop"))
+    state = _save_as_the_trainer_does(guard, args, 5, scheduled=False)
+    guard.on_train_end(args, state, TrainerControl(should_training_stop=True))
+    record = json.loads((tmp_path / "collapse_stop.json").read_text())
+    assert record.pop("detail").startswith("entropy (entropy) below the floor 0.5 for 5 rounds in a row")
+    assert record == {
+        "stopped_by": "collapse guard", "signals": ["entropy"], "step": 5, "round": 5,
+        "checkpoint": str(tmp_path / "_collapse-entropy-round5"), "exit_status": 0,
+    }  # fmt: skip
+
+    # train() again on the same trainer, resumed from that checkpoint: the run is no longer the stopped one,
+    # and what the guard says after it (the model card reads stop_reason) is this run's only.
+    resumed = TrainerState(global_step=5, max_steps=8, log_history=[{"step": 5, "entropy": 0.0}])
+    guard.on_train_begin(args, resumed, TrainerControl())
+    assert not (tmp_path / COLLAPSE_STOP_FILE).exists()
+    assert guard.stop_reason is guard.stop_message is None and guard.fired == guard.checkpoints == []
+    for step in (6, 7, 8):
+        resumed.global_step = step
+        guard.on_log(args, resumed, TrainerControl(), logs={"step": step, "entropy": 0.9})
+    guard.on_train_end(args, resumed, TrainerControl())
+    assert guard.stop_reason is None and not (tmp_path / COLLAPSE_STOP_FILE).exists()
+
+
 @pytest.mark.slow
 def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_path):
     out = tmp_path / "run"
@@ -771,6 +833,13 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     card = (out / "README.md").read_text()
     assert "- Collapse guard fired: repetition at step 2 (round 1), entropy at step 4 (round 2)" in card
     assert "- Stopped early: collapse guard stopped training at step 4 (round 2): entropy" in card
+    # Exit status 0 (no failure to retry), and a record that tells the stop from a run trained to its end.
+    stopped = json.loads((out / COLLAPSE_STOP_FILE).read_text())
+    assert stopped["step"] == 4 and stopped["checkpoint"] == str(out / "_collapse-entropy-round2")
+    assert f"This stop is recorded in {out / COLLAPSE_STOP_FILE}" in result.stderr
+    # ... and said again after the final save, card and push, as the run's last word
+    said = [line for line in result.stderr.splitlines() if "collapse guard stopped training" in line]
+    assert said[-1].endswith(f"; exit status 0, recorded in {out / COLLAPSE_STOP_FILE}"), said
 
     # Resume from the named checkpoint with the same flags: the replayed history keeps the guard's state
     # (entropy already 2 rounds below, already fired), so it neither re-stops nor forgets.
@@ -781,6 +850,7 @@ def test_collapsing_run_saves_named_checkpoints_stops_cleanly_and_resumes(tmp_pa
     step6 = [e for e in history if e["step"] == 6 and "collapse/entropy" in e]
     assert step6 and step6[0]["collapse/entropy"] == 3.0  # round 3 is the third below the floor
     assert not any(k.startswith("collapse/fired/") for e in history if e["step"] > 4 for k in e)
+    assert not (out / COLLAPSE_STOP_FILE).exists()  # the resumed run trained to its end
 
 
 @pytest.mark.slow

@@ -342,18 +342,26 @@ def test_trained_rows_are_the_kept_records_with_several_iterations(tmp_path):
 
 
 @pytest.mark.slow
-def test_at_the_cap_zero_spread_groups_fill_the_round(tmp_path):
-    run = _run(
-        tmp_path / "cap",
-        *DYNAMIC,
-        "--dynamic_sampling_max_passes",
-        "1",
-        "--max_steps",
-        "2",
-        "--save_strategy",
-        "no",
-    )
+def test_at_the_cap_zero_spread_groups_fill_the_round(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="prompt_aug.dynamic_sampling"):
+        run = _run(
+            tmp_path / "cap",
+            *DYNAMIC,
+            "--dynamic_sampling_max_passes",
+            "1",
+            "--max_steps",
+            "6",
+            "--save_strategy",
+            "no",
+        )
     records, logged = _records(run, 1), _history(run)[1]
+    # A warning names the key at the first round that hits the cap, then only after a round that fills up.
+    capped = [_history(run)[step][METRICS + "cap_hit"] == 1 for step in ROUND_STEPS]
+    starts = [r + 1 for r, hit in enumerate(capped) if hit and (r == 0 or not capped[r - 1])]
+    warned = [m for m in caplog.messages if "dynamic_sampling_max_passes: 1" in m]
+    assert [int(m.split("round ")[1].split()[0]) for m in warned] == starts and starts[0] == 1
+    assert f"round 1 found {int(logged[METRICS + 'groups_kept'])} of 4 groups with reward spread" in warned[0]
+    assert f"so {int(logged[METRICS + 'groups_filled'])} zero-spread groups fill it" in warned[0]
     assert logged[METRICS + "cap_hit"] == 1 and logged[METRICS + "generation_passes"] == 1
     filled = records[records["group_status"] == "filled"]
     assert logged[METRICS + "groups_filled"] == filled["uid"].nunique() > 0

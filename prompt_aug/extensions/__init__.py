@@ -64,14 +64,14 @@ def build_features(
     """Every feature ``config`` (a `PromptAugGRPOConfig`, or `prompt_aug.config.trainer_settings` of a plain
     `GRPOConfig`) turns on, over these reward functions. Fails now, in one line naming the key, on what the
     config's own checks cannot see: an evaluation set that does not load (`EvalError`), a dynamic-sampling
-    signal that is no reward function's name (`ValueError`).
+    signal that is no reward function's name, a collapse threshold that can never fire (`ValueError`).
 
     ``evaluator`` (one built earlier) is used in place of the one the ``eval_*`` keys would build.
     """
     threshold = config.skip_minibatch_ratio_above
     return Features(
         evaluator=evaluator if evaluator is not None else evaluator_from_args(config),
-        guard=guard_from_args(config, optimizer_steps_per_round(config)),
+        guard=guard_from_args(config, optimizer_steps_per_round(config), reward_funcs),
         optimizer_reset=OptimizerResetCallback() if config.reset_optimizer_on_ref_sync else None,
         preemption=PreemptionCallback() if config.save_on_preemption else None,
         dynamic_sampling=from_args(config, reward_funcs, reward_func_names),

@@ -43,14 +43,18 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   uploading is copied, not moved): the Trainer's rotation (``save_total_limit``) only deletes
   ``checkpoint-*`` folders, so it is kept, and it does not count against the limit: no regular checkpoint is
   deleted early to make room for it. ``stop`` saves it too and ends the run cleanly, with a message naming
-  the signal, the values and the checkpoint. Resuming replays the restored log history, so smoothed bests
-  and counts carry over.
+  the signal, the values and the checkpoint, and the main process writes ``collapse_stop.json``
+  (`prompt_aug.faults.COLLAPSE_STOP_FILE`) in ``output_dir``, so that a script can tell a guard stop from a
+  run that trained to its end (``prompt-aug-train`` exits 0 for both: a stop is no failure to retry); a run
+  that starts in that folder (or resumes there) deletes it. Resuming replays the restored log history, so
+  smoothed bests and counts carry over.
 
 ProRL's optimizer reset and RLinf's mini-batch skip are in `prompt_aug.extensions.stabilisers`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shutil
@@ -69,9 +73,10 @@ from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 
 from ..config import ACTIONS, check_keys
 from ..config import SIGNALS as SIGNAL_KEYS
-from ..faults import COLLAPSE_PREFIX, LaunchRecord
+from ..faults import COLLAPSE_PREFIX, COLLAPSE_STOP_FILE, LaunchRecord
+from ..metrics import correctness_scores
 from ..model_card import ACCURACY_KEYS as SHARE_KEYS
-from ..records import generated_first, generation_round, is_number
+from ..records import ACCURACY_KEY, generated_first, generation_round, is_number
 from ..trl_seam import hub_push_running
 
 logger = logging.getLogger("prompt_aug.collapse")
@@ -302,7 +307,8 @@ class CollapseGuard(TrainerCallback):
     `observe` is the whole decision, usable on its own on a stream of log lines; ``round_of_step`` (the round
     of an optimizer step) and ``logging_steps`` (the Trainer's, set at ``on_train_begin``; 1 until then) say
     where each round's last line falls. After training, ``fired`` lists every firing, ``checkpoints`` the
-    folders saved, ``stop_message`` why it stopped and where it saved, ``stop_reason`` only why.
+    folders saved, ``stop_message`` why it stopped and where it saved, ``stop_reason`` only why (all of the
+    latest ``train()``: each starts them afresh).
     """
 
     def __init__(self, specs: list[SignalSpec], steps_per_round: float = 1.0) -> None:
@@ -317,14 +323,15 @@ class CollapseGuard(TrainerCallback):
         # knows the short step that ends an epoch), as its log lines' `round` key gives it.
         self.round_of_step: Callable[[int], int] = partial(generation_round, steps_per_round=steps_per_round)
         self.logging_steps = 1  # the Trainer's, read at on_train_begin: where the next regular log line falls
-        self.fired: list[Firing] = []
-        self.checkpoints: list[Path] = []
-        self.stop_message: str | None = None
-        self.stop_reason: str | None = None  # the stop message without what was saved (the model card's)
         self._push_running: Callable[[], bool] = lambda: False  # the attached trainer's Hub upload
         self._reset()
 
     def _reset(self) -> None:
+        self.fired: list[Firing] = []
+        self.checkpoints: list[Path] = []
+        self.stop_message: str | None = None
+        self.stop_reason: str | None = None  # the stop message without what was saved (the model card's)
+        self._stop_record: dict[str, Any] | None = None  # what `COLLAPSE_STOP_FILE` holds
         self._watches = {spec.name: _Watch(spec) for spec in self.specs}
         self._last_round = 0  # the round of the latest log line, whichever signals it carried
         self._last_step = 0  # the optimizer step of the latest log line
@@ -412,6 +419,8 @@ class CollapseGuard(TrainerCallback):
         self._reset()
         for entry in state.log_history:
             self.observe(entry)
+        if state.is_world_process_zero:  # a run that starts here is no longer the stopped one
+            (Path(args.output_dir) / COLLAPSE_STOP_FILE).unlink(missing_ok=True)
         return control
 
     def on_log(
@@ -512,11 +521,7 @@ class CollapseGuard(TrainerCallback):
             state.best_model_checkpoint = str(target)
         self.checkpoints.append(target)
         if stops:
-            self._stopped(
-                state.global_step,
-                stops,
-                f"Checkpoint: {target} (resume with --resume_from_checkpoint {target})",
-            )
+            self._stopped(state.global_step, stops, target)
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -525,27 +530,40 @@ class CollapseGuard(TrainerCallback):
         if self._pending:  # the save asked for at the last firing never came
             self._unsaved(self._pending, state.is_world_process_zero)
             self._pending = []
-        if self.stop_message and state.is_world_process_zero:
-            logger.warning("%s", self.stop_message)
+        if self._stop_record is not None and state.is_world_process_zero:
+            path = Path(args.output_dir) / COLLAPSE_STOP_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self._stop_record, indent=1) + "\n")
+            logger.warning("%s. This stop is recorded in %s", self.stop_message, path)
         return control
 
-    def _stopped(self, step: int, stops: list[Firing], saved: str) -> None:
-        """Record why the run stopped at ``step`` (``stop_reason``), and with ``saved`` (``stop_message``)."""
+    def _stopped(self, step: int, stops: list[Firing], checkpoint: Path | None) -> None:
+        """Record why the run stopped at ``step`` (``stop_reason``), with the ``checkpoint`` saved there, if
+        any (``stop_message``, and `COLLAPSE_STOP_FILE`'s record)."""
         details = "; ".join(f.detail for f in stops)
         self.stop_reason = (
             f"collapse guard stopped training at step {step} (round {stops[0].round}): {details}"
         )
+        if checkpoint is not None:
+            saved = f"Checkpoint: {checkpoint} (resume with --resume_from_checkpoint {checkpoint})"
+        else:
+            saved = "The Trainer saved no checkpoint at that step (save_strategy skipped it)"
         self.stop_message = f"{self.stop_reason}. {saved}"
+        self._stop_record = {
+            "stopped_by": "collapse guard",
+            "signals": [f.signal for f in stops],
+            "step": step,
+            "round": stops[0].round,
+            "detail": details,
+            "checkpoint": None if checkpoint is None else str(checkpoint),
+            "exit_status": 0,
+        }
 
     def _unsaved(self, firings: list[Firing], main: bool) -> None:
         """Firings whose checkpoint the Trainer never saved: said so, and for a stop, why the run stopped."""
         stops = [f for f in firings if f.action == "stop"]
         if stops and self.stop_message is None:
-            self._stopped(
-                stops[0].step,
-                stops,
-                "The Trainer saved no checkpoint at that step (save_strategy skipped it)",
-            )
+            self._stopped(stops[0].step, stops, None)
         elif main:
             logger.warning(
                 "collapse guard: no checkpoint was saved for %s at step %d: the Trainer skipped the save",
@@ -599,13 +617,36 @@ def _free_path(path: Path) -> Path:
     return candidate
 
 
-def guard_from_args(script_args: Any, steps_per_round: float) -> CollapseGuard | None:
+def guard_from_args(
+    script_args: Any, steps_per_round: float, reward_funcs: list[Any] | None = None
+) -> CollapseGuard | None:
     """The guard a recipe asks for (a signal is on when its threshold key is set), or ``None``.
 
-    ``script_args`` is a `PromptAugGRPOConfig`; a bad action or window names its recipe key.
+    ``script_args`` is a `PromptAugGRPOConfig`; a bad action, window or threshold names its recipe key
+    (`ValueError`): a threshold that is not finite, and a fall of 1 or more of a share, which can never
+    happen (``eval/macro``; the accuracy signal's share right, which it reads when ``reward_funcs`` holds a
+    correctness reward and no other metric is chosen, or a chosen ``.../accuracy`` key).
     """
     check_keys(script_args, prefix="collapse_")  # again: the config may have changed since it was built
     a = script_args
+    metric = a.collapse_accuracy_metric
+    shares = {  # signal -> the share it reads, where it reads one
+        "eval": "eval/macro",
+        "accuracy": metric if metric and metric.rsplit("/", 1)[-1] == "accuracy" else None,
+    }
+    if not metric and reward_funcs is not None and correctness_scores(reward_funcs) is not None:
+        shares["accuracy"] = ACCURACY_KEY
+    for name, (threshold_key, _) in SIGNAL_KEYS.items():
+        threshold = getattr(a, threshold_key)
+        if threshold is None:
+            continue
+        if not math.isfinite(float(threshold)):
+            raise ValueError(f"{threshold_key}: must be a finite number, got {threshold}")
+        if shares.get(name) and threshold >= 1:
+            raise ValueError(
+                f"{threshold_key}: {threshold:g} can never fire: {shares[name]} is a share (0 to 1), which "
+                "cannot fall by 1 or more; give the fall as a share (0.05 for 5 points)"
+            )
     accuracy_keys = (a.collapse_accuracy_metric,) if a.collapse_accuracy_metric else ACCURACY_KEYS
     watched = {  # signal -> (the log keys it reads, its kind); its recipe keys are `config.SIGNALS`'
         "entropy": (("entropy",), "below"),

@@ -47,6 +47,7 @@ rows not trained have a NaN ``advantage``.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections import defaultdict
@@ -73,6 +74,8 @@ KEPT, FILLED, SURPLUS = "kept", "filled", "surplus"
 RECORD_COLUMNS = ("kept", "group_status", "generation_pass")
 ALL_RIGHT, ALL_WRONG, OTHER = "all_right", "all_wrong", "no_spread"
 METRIC = "dynamic_sampling/"
+
+logger = logging.getLogger("prompt_aug.dynamic_sampling")
 
 
 def group_spread(signal: torch.Tensor, num_generations: int, std_tol: float) -> list[bool]:
@@ -198,6 +201,29 @@ def plan_round(spread: list[list[bool]], outcome: list[list[str]], groups_needed
     return RoundPlan(trained=_spread(kept, fillers), status=status)
 
 
+def cap_message(round_number: int, counts: dict[str, int], groups_needed: int, passes: int) -> str | None:
+    """The warning for a round that hit the cap of ``passes`` generation passes with fewer spread groups
+    than the ``groups_needed`` it trains (``counts``: `RoundPlan.counts`), or ``None`` when it did not.
+
+    >>> cap_message(7, {"kept": 1, "filled": 3, "all_wrong": 9}, 4, 4)[:67]
+    'dynamic sampling: round 7 found 1 of 4 groups with reward spread in'
+    >>> cap_message(7, {"kept": 4}, 4, 1) is None
+    True
+    """
+    kept = counts.get(KEPT, 0)
+    if kept >= groups_needed:
+        return None
+    return (
+        f"dynamic sampling: round {round_number} found {kept} of {groups_needed} groups with reward spread "
+        f"in {passes} generation passes (dynamic_sampling_max_passes: {passes}), so {counts.get(FILLED, 0)} "
+        f"zero-spread groups fill it and teach nothing (left out: {counts.get(ALL_RIGHT, 0)} all right, "
+        f"{counts.get(ALL_WRONG, 0)} all wrong, {counts.get(OTHER, 0)} other flat groups). Training goes on; "
+        "dynamic_sampling/cap_hit is 1 on each such round, and this warning comes again only after a round "
+        "that fills up. Raise dynamic_sampling_max_passes, or check the data and rewards (too easy, too "
+        "hard, a reward that does not vary)"
+    )
+
+
 def _spread(kept: list, fillers: list) -> list:
     """``kept`` and ``fillers`` in one order, each in its own order, the fillers evenly spaced: the round's
     slots are cut into the processes' shares in order, so fillers placed last would all land on the last
@@ -256,6 +282,7 @@ class DynamicSampler:
         self.std_tol = std_tol
         self._replay: _Replay | None = None
         self._uids: list[str] | None = None
+        self._capped = False  # the latest round hit the cap: its warning is said once per run of such rounds
 
     def check(self, trainer: SamplingTrainer) -> None:
         """Fail at start on what a round cannot replay."""
@@ -341,6 +368,10 @@ class DynamicSampler:
             if sum(sum(s) for s in spread) >= groups_needed:
                 break
         plan = plan_round(spread, outcome, groups_needed)
+        warning = cap_message(round_index + 1, plan.counts(), groups_needed, len(passes))
+        if warning is not None and not self._capped and acc.is_main_process:
+            logger.warning("%s", warning)
+        self._capped = warning is not None
 
         final_rows, replay, dropped = self._assemble(trainer, passes, plan)
         self._reset_completion_logs(trainer)
