@@ -238,8 +238,12 @@ def test_completions_of_other_weights_in_a_folder_of_the_same_name_are_not_resum
     model.save_pretrained(second)
     out = tmp_path / "eval"
     _eval(first, suite_dir, out, "--benchmarks", "amc", "--limit", "1")
-    with pytest.raises(SystemExit, match=r"holds completions made with other settings \(\{'weights': "):
+    with pytest.raises(SystemExit) as exit_info:
         _eval(second, suite_dir, out, "--benchmarks", "amc", "--limit", "1")
+    message = str(exit_info.value.code)
+    assert "holds completions made with other settings ({'weights': " in message
+    # Other weights cannot be given again: only another folder or discarding them is offered.
+    assert message.endswith("; pass another --output, or --overwrite to discard them"), message
     shutil.copytree(first, copy)
     assert _eval(copy, suite_dir, out, "--benchmarks", "amc", "--limit", "1")["new_completions"] == 0
     # A folder written before the weights were recorded resumes, with a warning, and records them from then.
@@ -395,7 +399,11 @@ def test_unknown_benchmark_missing_split_and_changed_settings(tiny_model_dir, su
     ):
         _eval("nobody-here/no-such-model", suite_dir, tmp_path / "a")
     _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--limit", "1")
-    with pytest.raises(SystemExit, match=r"other settings.*max_tokens"):
+    with pytest.raises(
+        SystemExit,
+        match=r"other settings \(\{'max_tokens': \(16, 8\)\}, as \(before, now\)\); rerun with the earlier "
+        r"values to resume them, pass another --output, or --overwrite to discard them$",
+    ):
         _eval(tiny_model_dir, suite_dir, tmp_path / "b", "--benchmarks", "amc", "--max_tokens", "8")
     with pytest.raises(  # an evaluation's folder given as the model: one line, and nothing written in it
         SystemExit,
@@ -641,6 +649,81 @@ def test_help_gives_each_options_default(capsys, monkeypatch):
                   "mass kept. (default: 1.0)", "(default: qwen-math)"):  # fmt: skip
         assert shown in text, shown
     assert "(default: None)" not in text and "(default: False)" not in text
+    # What the help promises is there: both backends' batch size, resuming, the column flags it points to.
+    assert "(default: 16 for hf, 1024 for vllm)" in text and "(see below)" not in text
+    assert "gold column (--question_column, --answer_column)" in text
+    assert "A rerun into the same folder resumes where it stopped." in text
+
+
+def test_a_resume_with_another_batch_size_keeps_every_completion_once(tiny_model_dir, suite_dir, tmp_path):
+    """An evaluation stopped part way and resumed with another --batch_size (a smaller one after running out
+    of memory, say) generates only what is missing, and ends with each question answered once, as an
+    uninterrupted one."""
+    flags = ("--benchmarks", "aime24,amc,minerva", "--runs", "2")
+    whole = _eval(tiny_model_dir, suite_dir, tmp_path / "whole", *flags, "--batch_size", "4")
+    out = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "whole", out)
+    records = (out / "completions.jsonl").read_text().splitlines(keepends=True)
+    (out / "completions.jsonl").write_text("".join(records[:5]))  # stopped after 5 of 14
+    (out / "results.json").unlink()
+    (out / "results.md").unlink()
+    resumed = _eval(tiny_model_dir, suite_dir, out, *flags, "--batch_size", "3")
+    assert resumed["new_completions"] == 14 - 5
+    keys = [(r["benchmark"], r["run"], r["index"]) for r in _lines(out / "completions.jsonl")]
+    assert len(keys) == len(set(keys)) == 14
+    assert sorted(keys) == sorted(
+        (r["benchmark"], r["run"], r["index"]) for r in _lines(tmp_path / "whole" / "completions.jsonl")
+    )
+    row, again = whole["results"]["qwen-math"], resumed["results"]["qwen-math"]
+    assert {b: e["n"] for b, e in again["benchmarks"].items()} == {"aime24": 6, "amc": 4, "minerva": 4}
+    assert again["n"] == row["n"] == 14
+
+
+def test_running_out_of_memory_keeps_the_completions_and_names_the_batch_size_to_lower(tokenizer, tmp_path):
+    """A batch that does not fit in the accelerator's memory stops the evaluation in one line that names
+    --batch_size; what earlier batches made is kept, and a rerun with a smaller batch size resumes from it."""
+    from prompt_aug.evaluation.benchmarks import Problem, parse_templates
+    from prompt_aug.evaluation.runner import generate_and_grade
+
+    class SmallMemory:
+        """A backend whose memory holds ``fits`` prompts at a time, as a GPU holds so many sequences."""
+
+        name, default_batch_size = "hf", 16
+
+        def __init__(self, fits: int) -> None:
+            self.fits, self.asked = fits, []
+
+        def generate(self, prompts, seeds, *, max_tokens, temperature, top_p, n):
+            if len(prompts) > self.fits:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            self.asked += prompts
+            return [[("so \\boxed{42}", "stop")] * n for _ in prompts]
+
+    problems = [Problem("sums", k, f"Compute {k} + {42 - k}." + " Think." * k, ["42"]) for k in range(5)]
+    templates = parse_templates("qwen-math")
+    path = tmp_path / "completions.jsonl"
+
+    def run(backend: SmallMemory, batch_size: int) -> list[dict]:
+        return generate_and_grade(
+            backend, tokenizer, problems, templates, path, batch_size=batch_size, progress=False
+        )
+
+    first = SmallMemory(fits=5)
+    run(first, batch_size=2)  # 3 batches of at most 2: they fit
+    assert len(read_records(path)) == 5
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:2]))  # as if stopped after a batch
+    with pytest.raises(EvalError) as error:
+        run(SmallMemory(fits=1), batch_size=2)
+    assert str(error.value) == (
+        f"out of memory generating 2 prompts x 1 sample(s) of up to 3000 new tokens; the completions made so "
+        f"far are kept in {path}: rerun the same command with a smaller --batch_size (this one: 2), which "
+        "resumes from them"
+    )
+    assert len(read_records(path)) == 2
+    smaller = SmallMemory(fits=1)
+    records = run(smaller, batch_size=1)
+    assert len(smaller.asked) == 3 and len(records) == 5 and all(r["correct"] for r in records)
+    assert sorted(r["index"] for r in read_records(path)) == [0, 1, 2, 3, 4]
 
 
 def test_dtype_defaults_to_bfloat16_and_results_state_the_protocol(tiny_model_dir, suite_dir, tmp_path):
@@ -879,6 +962,53 @@ def test_question_set_errors_name_the_file_and_column(tmp_path):
         load_benchmark(str(tmp_path / "missing.jsonl"))
     with pytest.raises(EvalError, match="unknown benchmark"):
         parse_benchmarks("math5000")
+
+
+def test_a_mistyped_benchmark_or_question_set_names_what_was_meant(suite_dir, tmp_path, monkeypatch):
+    """A suite benchmark under another spelling (its split's name, capitals) is named with the one meant; a
+    local path that is not there is "no such file or folder" (not a Hub dataset offline), with a near name
+    where its folder has one; a file of another kind and a single split as --data_dir say what to give."""
+    with pytest.raises(EvalError) as error:
+        parse_benchmarks("olympiad_bench,AIME24,gsm8k")
+    assert str(error.value).startswith(
+        "unknown benchmark(s) ['olympiad_bench', 'AIME24', 'gsm8k'] (did you mean olympiadbench for "
+        "olympiad_bench, aime24 for AIME24?); known: aime24, amc, math500, minerva, olympiadbench, or "
+    )
+    with pytest.raises(EvalError, match=r"^unknown benchmark\(s\) \['gsm8k'\]; known: "):
+        parse_benchmarks("gsm8k")
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sets").mkdir()
+    (tmp_path / "sets" / "heldout.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    (tmp_path / "sets" / "saved").mkdir()
+    (tmp_path / "notes.txt").write_text("1+1?\n")
+    for name in ("./missing", "sets/held/out", "sets/missing"):
+        with pytest.raises(EvalError) as error:
+            load_benchmark(name)
+        where = tmp_path / name.removeprefix("./")
+        assert str(error.value) == (
+            f"question set {name}: no such file or folder (resolved to {where}); fix the path, or give a Hub "
+            "dataset id (owner/name)"
+        )
+    with pytest.raises(
+        EvalError, match=r"^question set sets/savd: no such file or folder .*; did you mean 'sets/saved'\?$"
+    ):
+        load_benchmark("sets/savd")
+    with pytest.raises(
+        EvalError,
+        match=r"^question set sets/heldot.jsonl: no such file; did you mean 'sets/heldout.jsonl'\?$",
+    ):
+        load_benchmark("sets/heldot.jsonl")
+    with pytest.raises(
+        EvalError, match=r"^question set notes.txt: a file of a kind not read; give a .*\.jsonl.* file"
+    ):
+        load_benchmark("notes.txt")
+    with pytest.raises(EvalError) as error:
+        load_benchmark("aime24", suite_dir / "aime")
+    assert str(error.value) == (
+        f"--data_dir {suite_dir / 'aime'} holds a single Dataset (one split); give the folder that holds it, "
+        f"{suite_dir}"
+    )
 
 
 def test_one_question_set_given_twice_or_two_sharing_a_column_are_refused(

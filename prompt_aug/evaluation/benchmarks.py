@@ -3,6 +3,7 @@ sets of one's own, loaded as `Problem` rows; the evaluation templates by name; `
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import numbers
@@ -18,6 +19,7 @@ from ..sources import (
     DATA_FILES,
     QUESTION_GUESSES,
     as_stored,
+    close_local_name,
     gold_text,
     hub_endpoint,
     hub_offline,
@@ -27,6 +29,7 @@ from ..sources import (
     is_hub_id,
     is_verl_layout,
     load_saved,
+    looks_local,
     pick_column,
     question_text,
     read_dataset,
@@ -101,11 +104,25 @@ def parse_benchmarks(spec: str | list[str]) -> list[str]:
     names = list(dict.fromkeys(n for n in names if n))
     unknown = [n for n in names if n not in BENCHMARKS and not is_question_set(n)]
     if unknown or not names:
+        guesses = [f"{close} for {name}" for name in unknown if (close := close_benchmark(name))]
+        hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
         raise EvalError(
-            f"unknown benchmark(s) {unknown or spec!r}; known: {', '.join(BENCHMARKS)}, or a question set "
-            "(a .jsonl/.json/.parquet/.csv file, a save_to_disk folder or a Hub dataset id)"
+            f"unknown benchmark(s) {unknown or spec!r}{hint}; known: {', '.join(BENCHMARKS)}, or a question "
+            "set (a .jsonl/.json/.parquet/.csv file, a save_to_disk folder or a Hub dataset id)"
         )
     return [b for b in BENCHMARKS if b in names] + [n for n in names if n not in BENCHMARKS]
+
+
+def close_benchmark(name: str) -> str | None:
+    """The suite benchmark ``name`` was probably meant for (another case, the suite's split or column name,
+    a near spelling), or None.
+
+    >>> [close_benchmark(n) for n in ("olympiad_bench", "AIME24", "math", "gsm8k")]
+    ['olympiadbench', 'aime24', 'math500', None]
+    """
+    aliases = {alias.lower(): b for b, names in BENCHMARKS.items() for alias in (b, *names)}
+    match = difflib.get_close_matches(name.strip().lower(), list(aliases), n=1, cutoff=0.6)
+    return aliases[match[0]] if match else None
 
 
 def check_distinct(benchmarks: list[str]) -> None:
@@ -149,7 +166,7 @@ def is_question_set(name: str) -> bool:
     if name in BENCHMARKS:
         return False
     path = Path(name).expanduser()
-    return is_data_file_name(name) or path.exists() or is_hub_id(name)
+    return is_data_file_name(name) or looks_local(name) or path.exists() or is_hub_id(name)
 
 
 def benchmark_title(name: str) -> str:
@@ -227,11 +244,23 @@ def _load_question_set(name: str, text_columns: tuple[str | None, ...] = ()) -> 
     path = Path(name).expanduser()
     if is_data_file_name(name):
         if not path.is_file():
-            raise EvalError(f"question set {name}: no such file")
+            close = close_local_name(name)
+            raise EvalError(
+                f"question set {name}: no such file" + (f"; did you mean {close!r}?" if close else "")
+            )
         # a file that does not parse, or holds no rows, is one line
         return read_dataset(str(path), text_columns=text_columns)
     if path.is_dir():
         loaded = load_saved(path, f"question set {name}")
+    elif path.is_file():
+        raise EvalError(
+            f"question set {name}: a file of a kind not read; give a {'/'.join(QUESTION_SET_FILES)} file, "
+            "or a save_to_disk folder"
+        )
+    elif looks_local(name):  # a path (./sets/q, /data/q, a/b/c, data/q with data/ here), not a Hub id
+        close = close_local_name(name)
+        fix = f"did you mean {close!r}?" if close else "fix the path, or give a Hub dataset id (owner/name)"
+        raise EvalError(f"question set {name}: no such file or folder (resolved to {path.resolve()}); {fix}")
     else:
         loaded = _from_hub(
             f"question set {name}", name, lambda: datasets.load_dataset(name), "give a file or folder"
@@ -272,7 +301,14 @@ def _load_split(split: str, data_dir: str | Path | None) -> Any:
         _SUITES[key] = load_saved(data_dir, f"--data_dir {data_dir}")
     suite = _SUITES[key]
     if not isinstance(suite, datasets.DatasetDict):
-        raise EvalError(f"--data_dir {data_dir} holds a single Dataset; expected a DatasetDict with splits")
+        splits = ", ".join(split for split, _ in BENCHMARKS.values())
+        above = Path(data_dir).resolve().parent
+        fix = (
+            f"give the folder that holds it, {above}"
+            if (above / "dataset_dict.json").is_file()
+            else f"give a save_to_disk copy of {HUB_SUITE}, a DatasetDict with the splits {splits}"
+        )
+        raise EvalError(f"--data_dir {data_dir} holds a single Dataset (one split); {fix}")
     if split not in suite:
         raise EvalError(f"--data_dir {data_dir} has no split {split!r}; it has {sorted(suite)}")
     return suite[split]

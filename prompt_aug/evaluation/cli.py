@@ -99,7 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--benchmarks",
         default=",".join(BENCHMARKS),
         help=f"Comma list of {', '.join(BENCHMARKS)}, or question sets: a .jsonl/.json/.parquet/.csv file, a "
-        "save_to_disk folder or a Hub dataset id, with a question and a gold column (see below).",
+        "save_to_disk folder or a Hub dataset id, with a question and a gold column (--question_column, "
+        "--answer_column).",
     )
     parser.add_argument(
         "--question_column",
@@ -166,7 +167,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--backend", choices=["vllm", "hf"], default=None, help="Default: vllm if usable, else hf."
     )
-    parser.add_argument("--batch_size", type=int, default=None, help="Prompts per generate call (hf: 16).")
+    parser.add_argument(
+        "--batch_size",
+        type=int,
+        default=None,
+        help="Prompts per generate call (default: 16 for hf, 1024 for vllm). A rerun may give another one "
+        "(a smaller one after running out of memory): it keeps the completions made and batches the rest.",
+    )
     parser.add_argument(
         "--dtype",
         choices=("bfloat16", "auto", "float16", "float32"),
@@ -204,9 +211,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Only the first N questions of each benchmark (rows with no question or gold are not counted).",
     )
     parser.add_argument(
-        "--output", default=None, help="Default: <model>/eval (local model) or eval/<model name>."
+        "--output",
+        default=None,
+        help="Default: <model>/eval (local model) or eval/<model name>. A rerun into the same folder resumes "
+        "where it stopped.",
     )
-    parser.add_argument("--overwrite", action="store_true", help="Discard earlier completions in --output.")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="Discard the completions and tables already in --output."
+    )
     parser.add_argument("--no_progress", action="store_true", help="No progress bar.")
     args = parser.parse_args(argv)
     for flag in ("runs", "n", "max_tokens", "limit", "batch_size", "tensor_parallel_size", "max_model_len"):
@@ -259,6 +271,8 @@ def default_output(model: str) -> Path:
 
 # Settings that folders written before the `--stop` flag lack: they were made with the `turn` rule.
 SETTINGS_BEFORE_STOP_FLAG = {"stop": "turn"}
+# Settings that say which model made the completions, not how it was asked.
+MODEL_KEYS = {"model", "weights", "base_weights"}
 # Settings that may name a local file: kept as its absolute path, so that any spelling of it is the same.
 FILE_SETTINGS = ("templates_file", "chat_template")
 
@@ -335,9 +349,11 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
                 )  # fmt: skip
         changed = {k: (before.get(k), v) for k, v in settings.items() if before.get(k) != v}
         if changed:
+            # Flags can be given again; other weights cannot be had back.
+            resume = "rerun with the earlier values to resume them, " if set(changed) - MODEL_KEYS else ""
             raise EvalError(
                 f"{output} holds completions made with other settings ({changed}, as (before, now)); "
-                "pass another --output or --overwrite"
+                f"{resume}pass another --output, or --overwrite to discard them"
             )
     if overwrite or (previous is not None and any(before.get(k) != v for k, v in settings.items())):
         # The old evaluation's tables go with its completions: a card or a plot must not show them as this

@@ -430,6 +430,7 @@ def generate_and_grade(
     resume), and the main process appends all of it to ``records_path`` in the order one process would have
     written it, then returns the records (the others return ``[]``).
     """
+    from torch import OutOfMemoryError
     from tqdm.auto import tqdm
 
     processes = processes or Processes()
@@ -486,14 +487,21 @@ def generate_and_grade(
                 )
                 for i in batch
             ]
-            outputs = backend.generate(
-                [prompts[i] for i in batch],
-                seeds,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                n=n,
-            )
+            try:
+                outputs = backend.generate(
+                    [prompts[i] for i in batch],
+                    seeds,
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    n=n,
+                )
+            except (OutOfMemoryError, MemoryError):
+                raise EvalError(
+                    f"out of memory generating {len(batch)} prompts x {n} sample(s) of up to {max_tokens} "
+                    f"new tokens; the completions made so far are kept in {sink_path}: rerun the same "
+                    f"command with a smaller --batch_size (this one: {batch_size}), which resumes from them"
+                ) from None
             flat = [(i, sample, completion, reason) for i, samples in zip(batch, outputs)
                     for sample, (completion, reason) in enumerate(samples)]  # fmt: skip
             verdicts = score_completions(
