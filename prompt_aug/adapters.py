@@ -21,8 +21,11 @@ from typing import Any
 from .faults import staged_folder
 from .model_card import CardError, full_model_card
 from .sources import (
+    LOCAL_MODELS,
     SourceError,
     check_source,
+    close_local_name,
+    fetch_command,
     file_in_the_way,
     looks_local,
     resolve_local_model,
@@ -99,14 +102,64 @@ def check_adapter_base(key: str, folder: str | Path, way_out: str | None = None)
     if looks_local(base) and not Path(base).expanduser().exists():
         # Only a relative path depends on the folder it is read from.
         here = "" if Path(base).expanduser().is_absolute() else "run from the folder it was trained in, or "
+        name = Path(base).name  # a fetched model's folder, on the machine it was trained on
+        fetched = ""
+        if name in LOCAL_MODELS:
+            fetched = f" (it is the fetched model {name}: --base {name} names it here, once "
+            fetched += f"`{fetch_command(name)}` has run)"
         raise AdapterError(
             f"{key} {folder}: a LoRA adapter whose base model {base!r} is not there (resolved to "
-            f"{Path(base).expanduser().resolve()}); {here}{way_out}"
+            f"{Path(base).expanduser().resolve()}); {here}{way_out}{fetched}"
         )
     try:  # a file, a folder with no model in it, a Hub id that cannot be had
         check_source(f"{key} {folder}: its LoRA adapter's base model", base, model=True, way_out=way_out)
     except SourceError as err:
         raise AdapterError(str(err)) from None
+
+
+def not_an_adapter(folder: Path) -> str:
+    """Why ``folder``, which holds no ``adapter_config.json``, is not an adapter to merge, and what to give
+    instead: a path that is not there (and a close name beside it), a file, a full model (nothing to merge),
+    or a LoRA run that saved checkpoints but no final adapter (its last checkpoint)."""
+    if not folder.exists():
+        close = close_local_name(str(folder))
+        fix = (
+            f"; did you mean {close}?"
+            if close
+            else "; give a LoRA run's output folder or one of its checkpoints"
+        )
+        return f"{folder}: no such folder{fix}"
+    if not folder.is_dir():
+        return f"{folder}: a file, not a LoRA adapter folder; give the folder the adapter was saved in"
+    if (folder / "config.json").is_file():
+        return (
+            f"{folder}: a full model (config.json, no {ADAPTER_FILE}), not a LoRA adapter: there is "
+            "nothing to merge, load it as it is"
+        )
+    checkpoints = [
+        p for p in folder.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name) and is_adapter(p)
+    ]
+    if checkpoints:
+        last = max(checkpoints, key=lambda p: int(p.name.split("-")[1]))
+        return (
+            f"{folder}: no {ADAPTER_FILE} (the run saved no final adapter, stopped early?); merge one of its "
+            f"checkpoints, the last being {last}"
+        )
+    return f"{folder}: no {ADAPTER_FILE} there, so not a LoRA adapter folder"
+
+
+def _other_local_base(recorded: str, base: str) -> bool:
+    """Whether ``recorded``, an adapter's base model, is a local model folder still there and ``base`` is
+    another model (the same folder by another path is the same model)."""
+    if (
+        not recorded
+        or not looks_local(recorded)
+        or not (Path(recorded).expanduser() / "config.json").is_file()
+    ):
+        return False
+    if not Path(base).expanduser().exists():  # a Hub id
+        return True
+    return Path(recorded).expanduser().resolve() != Path(base).expanduser().resolve()
 
 
 def default_output(folder: Path) -> Path:
@@ -235,7 +288,7 @@ def merge(
     """
     folder = Path(folder).expanduser().resolve()
     if not is_adapter(folder):
-        raise AdapterError(f"{folder}: no {ADAPTER_FILE} there, so not a LoRA adapter folder")
+        raise AdapterError(not_an_adapter(folder))
     if not any((folder / name).is_file() for name in WEIGHT_FILES):  # else PEFT takes it for a Hub id
         raise AdapterError(
             f"{folder}: {ADAPTER_FILE} but no adapter weights ({' or '.join(WEIGHT_FILES)}); give the folder "
@@ -257,6 +310,12 @@ def merge(
                 f"{label}: a PEFT adapter folder ({ADAPTER_FILE}), not a full model; merge it first (python "
                 f"-m prompt_aug.adapters merge {base}) and give the merged folder as --base"
             )
+        if _other_local_base(recorded, base):
+            logger.warning(
+                "%s: the adapter in %s was trained on %s, which is still there; merging it into %s as asked "
+                "(leave --base out to merge into the model it was trained on)",
+                label, folder, recorded, base,
+            )  # fmt: skip
     target = Path(output).expanduser() if output else default_output(folder)
     check_output(target)
     import torch
@@ -298,9 +357,15 @@ def merge(
             except CardError as err:  # a hand-edited card: the merge stands, the card keeps its metadata
                 logger.warning("%s; its evaluation section and metadata were left as they were", err)
             (work / "README.md").write_text(card)
-        if target.exists():
-            target.rmdir()  # empty (checked above)
-        work.rename(target)
+        try:
+            if target.exists():
+                target.rmdir()  # empty (checked above), unless another process has since filled it
+            work.rename(target)
+        except OSError as err:
+            raise AdapterError(
+                f"--output {target}: written by another process during the merge ({err.strerror}), and left "
+                "as it is; remove it or pass another --output, and merge again"
+            ) from None
     return target
 
 

