@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .faults import staged_folder
-from .model_card import CardError, full_model_card
+from .model_card import CardError, full_model_card, weights_fingerprint
 from .sources import (
     LOCAL_MODELS,
     SourceError,
@@ -115,6 +115,36 @@ def check_adapter_base(key: str, folder: str | Path, way_out: str | None = None)
         check_source(f"{key} {folder}: its LoRA adapter's base model", base, model=True, way_out=way_out)
     except SourceError as err:
         raise AdapterError(str(err)) from None
+
+
+def resumed_base_problem(checkpoint: str | Path, model_path: str) -> str | None:
+    """Why the LoRA adapter in ``checkpoint`` cannot go on training on ``model_path`` (the run's model, as
+    `prompt_aug.models.resolve_model_path` gives it), or None: it records another base model. Two local
+    folders are one model where they are one folder or hold the same weights (`weights_fingerprint`); two Hub
+    ids where they are one id. A base recorded by a path not on this machine, or as a Hub id against a local
+    folder, cannot be told apart and passes.
+
+    >>> resumed_base_problem("/nowhere/checkpoint-5", "Qwen/Qwen2.5-Math-1.5B") is None  # no adapter there
+    True
+    """
+    if not (Path(checkpoint) / ADAPTER_FILE).is_file():
+        return None
+    recorded = adapter_base(checkpoint)
+    if not recorded or recorded == model_path:
+        return None
+    here, there = Path(model_path).expanduser(), Path(recorded).expanduser()
+    if here.is_dir() and there.is_dir():
+        same = here.resolve() == there.resolve() or weights_fingerprint(here) == weights_fingerprint(there)
+    elif not looks_local(recorded) and not here.exists():  # two Hub ids
+        same = recorded.lower() == model_path.lower()
+    else:
+        return None
+    if same:
+        return None
+    return (
+        f"resume_from_checkpoint: {checkpoint}'s adapter was trained on {recorded}, not on "
+        f"model_name_or_path {model_path}; resume with the model the run was started with"
+    )
 
 
 def not_an_adapter(folder: Path) -> str:

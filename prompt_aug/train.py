@@ -33,6 +33,7 @@ from trl.trainer.utils import get_callable_name
 
 from rewards import get_reward_funcs
 
+from .adapters import resumed_base_problem
 from .batches import batch_arithmetic
 from .cli import (
     USER_ERRORS,
@@ -359,6 +360,8 @@ def run(
     # Tokenizer, data, model.
     try:
         model_path = resolve_model_path(model_args, args)
+        if resume is not None and (problem := resumed_base_problem(resume, model_path)):
+            raise ModelArgsError(problem)  # PEFT would load the adapter onto another model without a word
         # A Hub model not in the main process's cache yet is downloaded by the main process alone, then read
         # from the cache by the others, rather than fetched by every process at once into a shared cache.
         # Decided once, on the main process, for all: each process entering the barriers or none.

@@ -536,3 +536,22 @@ def test_base_takes_a_fetched_models_short_name_as_training_and_evaluation_do(
 
     expected = _logits(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(fetched), folder), ids)
     torch.testing.assert_close(_logits(AutoModelForCausalLM.from_pretrained(out), ids), expected)
+
+
+def test_a_resumed_adapter_is_held_to_the_base_it_records_where_that_can_be_told(tiny_model_dir, tmp_path):
+    from prompt_aug.adapters import resumed_base_problem
+    from prompt_aug.demo.smoke import build_tiny_model
+
+    checkpoint = save_lora_adapter(tiny_model_dir, tmp_path / "checkpoint-2")
+    copy = Path(shutil.copytree(tiny_model_dir, tmp_path / "copy"))
+    other = build_tiny_model(tmp_path / "other", seed=1)
+    assert resumed_base_problem(checkpoint, str(tiny_model_dir)) is None
+    assert resumed_base_problem(checkpoint, str(copy)) is None  # another folder, the same weights
+    assert "was trained on" in resumed_base_problem(checkpoint, str(other))
+    hub = save_lora_adapter(tiny_model_dir, tmp_path / "hub", recorded="Qwen/Qwen2.5-Math-1.5B")
+    assert resumed_base_problem(hub, "qwen/qwen2.5-math-1.5b") is None
+    larger = resumed_base_problem(hub, "Qwen/Qwen2.5-Math-7B")
+    assert "not on model_name_or_path Qwen/Qwen2.5-Math-7B" in larger
+    assert resumed_base_problem(hub, str(tiny_model_dir)) is None  # a local copy of the Hub model, perhaps
+    moved = save_lora_adapter(tiny_model_dir, tmp_path / "moved", recorded="/elsewhere/models/base")
+    assert resumed_base_problem(moved, str(other)) is None  # recorded on another machine: not told apart

@@ -478,6 +478,21 @@ def test_lora_target_modules_the_model_lacks_are_one_line_naming_its_layers(tmp_
     assert "'q_proj'" in message and "all-linear" in message
 
 
+def test_a_lora_run_resumed_on_another_base_model_stops_before_it_trains(tmp_path, capsys):
+    from prompt_aug.demo.smoke import build_tiny_model
+
+    out = tmp_path / "out"
+    run = ["--config", str(SMOKE), "--output_dir", str(out), "--use_peft", "true", "--save_steps", "2"]
+    train.main([*run, "--max_steps", "2"])
+    other = build_tiny_model(tmp_path / "other", seed=1)  # the same shapes, other weights
+    resumed = [*run, "--max_steps", "4", "--resume_from_checkpoint", "true"]
+    resumed += ["--model_name_or_path", str(other)]
+    message = _error(resumed, capsys)
+    assert f"{out / 'checkpoint-2'}'s adapter was trained on {out / 'tiny-random-qwen2'}" in message
+    assert f"not on model_name_or_path {other}; resume with the model the run was started with" in message
+    assert not (out / "checkpoint-4").exists()
+
+
 def test_lora_without_target_modules_on_a_model_type_peft_has_no_defaults_for_is_one_line(tmp_path, capsys):
     from transformers import AutoModelForCausalLM, Olmo2Config
 
