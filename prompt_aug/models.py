@@ -18,7 +18,6 @@ Hugging Face Hub (`LocalModel.hub_id`), which a user who can reach the Hub shoul
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import logging
 import re
@@ -38,6 +37,7 @@ from .sources import (  # the catalog of fetched models lives there, below the a
     SourceError,
     build_model,
     builtin_names,
+    close_model_name,
     default_dir,
     file_in_the_way,
     hub_offline,
@@ -61,13 +61,9 @@ def _known(name: str) -> LocalModel:
     the model's Hub id) and listing them all."""
     if name in LOCAL_MODELS:
         return LOCAL_MODELS[name]
-    by_hub_id = [known for known, spec in LOCAL_MODELS.items() if spec.hub_id.lower() == name.lower()]
-    part_of = [known for known in LOCAL_MODELS if len(name) > 3 and name.lower() in known]
-    close = (
-        by_hub_id or part_of or difflib.get_close_matches(name.lower(), list(LOCAL_MODELS), n=1, cutoff=0.6)
-    )
+    close = close_model_name(name, fetched_only=True)
     known = ", ".join(LOCAL_MODELS)
-    hint = f"; did you mean {close[0]!r}? The known ones are: " if close else "; the known ones are: "
+    hint = f"; did you mean {close!r}? The known ones are: " if close else "; the known ones are: "
     raise FetchError(f"unknown model {name!r}{hint}{known}")
 
 

@@ -144,6 +144,27 @@ def close_local_name(value: str) -> str | None:
     return head + match[0]
 
 
+def close_model_name(value: str, fetched_only: bool = False) -> str | None:
+    """The model name of this package (a fetched model of `LOCAL_MODELS`, or a built-in random model unless
+    ``fetched_only``) that ``value`` was probably meant for (another case, a near spelling, a part of it, or
+    a fetched model's Hub id), or None.
+
+    >>> close_model_name("SmolLM2-135M-Instruc"), close_model_name("smollm2-135m"), close_model_name("gpt2")
+    ('smollm2-135m-instruct', 'smollm2-135m-instruct', None)
+    >>> close_model_name("HuggingFaceTB/SmolLM2-135M-Instruct")
+    'smollm2-135m-instruct'
+    """
+    low = value.strip().lower()
+    by_hub_id = {spec.hub_id.lower(): name for name, spec in LOCAL_MODELS.items()}
+    if "/" in low:
+        return by_hub_id.get(low)
+    names = [*LOCAL_MODELS, *([] if fetched_only else builtin_names("model"))]
+    by_case = {name.lower(): name for name in names}
+    part_of = [name for known, name in by_case.items() if len(low) > 3 and low in known]
+    match = difflib.get_close_matches(low, list(by_case), n=1, cutoff=0.75)
+    return part_of[0] if part_of else by_case[match[0]] if match else None
+
+
 def _did_you_mean(value: str) -> str:
     match = close_local_name(value)
     return f"; did you mean {match!r}?" if match else ""
@@ -340,7 +361,7 @@ def resolve_local_model(value: str | None, key: str = "model_name_or_path") -> s
     if not is_fetched(path):
         raise SourceError(
             f"{key}: {value!r} is not fetched yet (looked in {path}); run `{fetch_command(value)}` first "
-            f"(or set {HOME_ENV} to where it was fetched)"
+            f"(or, for a folder fetched elsewhere with --dir, give its path)"
         )
     return str(path)
 
@@ -382,6 +403,12 @@ def check_source(
             f"{key} {value!r}: neither a local path nor a Hub id (owner/name); fix it, or start a local path "
             f"with ./{also}"
         ) from None
+    close = close_model_name(value) if model and not hub_model_cached(value) else None
+    if close and ("/" not in value or hub_offline()):  # a misspelt name, or the Hub id of a fetched model
+        raise SourceError(
+            f"{key} {value!r}: no model of that name here; did you mean {close!r}? (or give a Hub id "
+            f"owner/name, or a local path{also})"
+        )
     require_hub(key, value, way_out=way_out)
     if model and hub_offline() and not hub_model_cached(value):
         raise SourceError(

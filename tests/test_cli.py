@@ -688,6 +688,21 @@ def test_a_chat_template_file_that_is_missing_is_named_before_the_model_is_built
     assert not (out / "tiny-random-qwen2").exists()
 
 
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        ("smollm2-135m-instruc", "smollm2-135m-instruct"),
+        ("SmolLM2-135M-Instruct", "smollm2-135m-instruct"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct"),  # offline, not in the cache
+        ("tiny-random-qwen", "tiny-random-qwen2"),
+    ],
+)
+def test_a_misspelt_model_name_names_the_model_meant(tmp_path, capsys, given, meant):
+    argv = ["--config", str(SMOKE), "--output_dir", str(tmp_path / "out"), "--model_name_or_path", given]
+    message = _error(argv, capsys)
+    assert f"model_name_or_path {given!r}: no model of that name here; did you mean {meant!r}?" in message
+
+
 @pytest.mark.parametrize("name", ["synthetic", "synthetic-addition", "synthetic-digit-sums"])
 def test_built_in_datasets_are_generated_not_fetched(tmp_path, capsys, unreachable_hub, name):
     run = tmp_path / "o"
