@@ -216,11 +216,14 @@ def load_templates(path: str | Path | None = None, tokenizer: Any = None) -> dic
         TemplateError: On duplicate names, a missing or repeated ``{question}``, a bad field, or a
             failed render. The message names the template.
     """
-    source = Path(path) if path is not None else DEFAULT_TEMPLATES_FILE
+    source = Path(path).expanduser() if path is not None else DEFAULT_TEMPLATES_FILE
     if source.is_dir():
         raise TemplateError(f"templates_file: {source} is a folder; give a YAML file of templates")
     if not source.is_file():
-        raise TemplateError(f"templates_file: no such file {source}")
+        raise TemplateError(
+            f"templates_file: no such file {source} (resolved to {source.expanduser().resolve()}: a relative "
+            "path is read from the folder the run is launched in); fix the path"
+        )
     try:
         with source.open() as handle:  # a stream, so YAML's error names the file
             entries = yaml.safe_load(handle)

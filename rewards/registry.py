@@ -263,7 +263,9 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
         missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
         if missing and f"{module_name}.".startswith(f"{missing}."):
             _refuse_if_shadowed(path, module_name)  # the module named is not there
-            raise _cannot_load(path, str(err)) from None
+            top = module_name.split(".")[0]
+            where = f"; looked for {top}.py or {top}/ in {os.getcwd()} (the launch folder) and on sys.path"
+            raise _cannot_load(path, str(err) + where) from None
         detail = str(err).splitlines()[0] if str(err) else ""  # a SyntaxError's names its file and line
         raise ValueError(
             f"reward_funcs: {path!r}: importing {module_name} failed ({type(err).__name__}: {detail}); fix "

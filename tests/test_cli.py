@@ -531,7 +531,13 @@ def test_lora_without_target_modules_on_a_model_type_peft_has_no_defaults_for_is
             "templates: unknown template(s) ['no-such']; the bank has ['abel'",
         ),
         (["--reward_funcs", "correctnes"], "unknown reward_funcs ['correctnes']; registered: ['correctness'"),
-        (["--reward_funcs", "no_such_module:f"], "reward_funcs: cannot load 'no_such_module:f'"),
+        (
+            ["--reward_funcs", "no_such_module:f"],
+            (
+                "reward_funcs: cannot load 'no_such_module:f' (No module named 'no_such_module'; looked for "
+                f"no_such_module.py or no_such_module/ in {os.getcwd()} (the launch folder) and on sys.path)"
+            ),
+        ),
         (  # the module loads, the function is misspelt: what the module has instead
             ["--reward_funcs", "rewards.registry:format_rewrd"],
             "reward_funcs: 'rewards.registry:format_rewrd': ",

@@ -107,9 +107,19 @@ def test_broken_templates_fail_naming_the_template(tmp_path, body, message):
         load_templates(_write(tmp_path, body))
 
 
-def test_a_missing_templates_file_is_a_template_error_naming_the_key(tmp_path):
-    with pytest.raises(TemplateError, match=f"^templates_file: no such file {tmp_path / 'nope.yaml'}$"):
+def test_a_missing_templates_file_is_a_template_error_naming_the_key_and_where_it_looked(
+    tmp_path, monkeypatch
+):
+    with pytest.raises(TemplateError, match=f"^templates_file: no such file {tmp_path / 'nope.yaml'} "):
         load_templates(tmp_path / "nope.yaml")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TemplateError) as err:
+        load_templates("recipes/bank.yaml")
+    resolved = tmp_path.resolve() / "recipes/bank.yaml"
+    assert str(err.value) == (
+        f"templates_file: no such file recipes/bank.yaml (resolved to {resolved}: "
+        "a relative path is read from the folder the run is launched in); fix the path"
+    )
 
 
 def test_a_folder_as_templates_file_is_named_a_folder(tmp_path):
