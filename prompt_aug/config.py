@@ -528,16 +528,20 @@ def vllm_refusal(args: Any) -> str | None:
     return None
 
 
-def check_mapping(name: str, value: Any) -> None:
-    """Refuse a value of a `MAPPING_KEYS` key that is neither a mapping, None nor a JSON object's text
-    (`ValueError`, one line naming the key)."""
+def mapping_value(name: str, value: Any) -> dict[str, Any] | None:
+    """The mapping a `MAPPING_KEYS` key's ``value`` gives: itself, None, or a JSON object's text parsed (as
+    TRL's config takes it from a command line); anything else is refused (`ValueError`, one line naming the
+    key).
+
+    >>> mapping_value("chat_template_kwargs", '{"enable_thinking": false}')
+    {'enable_thinking': False}
+    """
     if value is None or isinstance(value, dict):
-        return
+        return value
     example = "give key: value lines under it, or JSON text such as '{\"key\": 1}'"
     if isinstance(value, str) and value.startswith("{"):
         try:
-            json.loads(value)  # text starting with "{" that parses is an object
-            return
+            return json.loads(value)  # text starting with "{" that parses is an object
         except json.JSONDecodeError as err:
             raise ValueError(f"{name}: not a JSON object ({err.msg}); {example}") from None
     raise ValueError(f"{name}: {value!r} is not a mapping; {example}")
@@ -591,10 +595,8 @@ def check_trl_keys(args: Any) -> None:
     for name, bounds in NUMBER_RANGES.items():
         if problem := range_refusal(name, getattr(args, name), bounds):
             raise ValueError(problem)
-    for name in MAPPING_KEYS:
-        check_mapping(name, getattr(args, name))
-    kwargs = args.chat_template_kwargs  # a mapping, or a JSON object's text (`check_mapping`)
-    if problem := renderer_keys_refusal(json.loads(kwargs) if isinstance(kwargs, str) else kwargs):
+    mappings = {name: mapping_value(name, getattr(args, name)) for name in MAPPING_KEYS}
+    if problem := renderer_keys_refusal(mappings["chat_template_kwargs"]):
         raise ValueError(problem)
     if not args.num_iterations >= 1:
         raise ValueError(f"num_iterations: must be at least 1, got {args.num_iterations}")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import json
 import math
 import numbers
 import re
@@ -1063,7 +1062,7 @@ def preview(args: argparse.Namespace) -> str:
     """The preview report as text (see `main`)."""
     from transformers import AutoTokenizer
 
-    from .config import PromptAugGRPOConfig
+    from .config import PromptAugGRPOConfig, mapping_value
     from .recipe import PromptAugScriptArguments
     from .templates import chat_template_text, check_renders, load_templates, templates_for
 
@@ -1133,7 +1132,10 @@ def preview(args: argparse.Namespace) -> str:
             max_len = None
     elif recipe.get("chat_template"):  # as the training run sets it
         tokenizer.chat_template = chat_template_text(recipe["chat_template"])
-    kwargs = _chat_template_kwargs(recipe.get("chat_template_kwargs"))  # as training renders with them
+    try:  # as training renders with them
+        kwargs = mapping_value("chat_template_kwargs", recipe.get("chat_template_kwargs")) or {}
+    except ValueError as err:
+        raise DataError(str(err)) from None
     check_renders(load_templates(recipe.get("templates_file")).values(), tokenizer, kwargs)
     # The templates training asks under (the evaluation template alone without prompt augmentation).
     names = ("prompt_augmentation", "templates", "template_weights", "templates_file", "eval_template")
@@ -1165,20 +1167,6 @@ def preview(args: argparse.Namespace) -> str:
 def _default(config: type, key: str) -> Any:
     """The default of ``config``'s field ``key``, as a recipe without the key trains with."""
     return next(f.default for f in dataclasses.fields(config) if f.name == key)
-
-
-def _chat_template_kwargs(value: Any) -> dict[str, Any]:
-    """The recipe's ``chat_template_kwargs``: a mapping, or its JSON text (as TRL's config takes it)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            pass  # refused below, by what it is
-    if value is not None and not isinstance(value, dict):
-        raise DataError(
-            f"chat_template_kwargs: {value!r} is not a mapping; give one, e.g. {{enable_thinking: false}}"
-        )
-    return dict(value or {})
 
 
 def main(argv: list[str] | None = None) -> None:
