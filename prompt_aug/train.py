@@ -256,12 +256,10 @@ def precision_line(used: str, args: Any, environ: Mapping[str, str]) -> str:
     return f"mixed precision: {used} ({why})"
 
 
-def hub_token_problem(push_to_hub: bool) -> str | None:
+def hub_token_problem() -> str | None:
     """The one-line refusal of ``push_to_hub`` without a Hugging Face token (``HF_TOKEN``, or the token
     file `hf auth login` writes, as `huggingface_hub.get_token` finds them), which would fail only at the end
-    of the run; None when there is one or nothing is pushed."""
-    if not push_to_hub:
-        return None
+    of the run; None when there is one."""
     from huggingface_hub import get_token
 
     fix = "run `hf auth login` or set HF_TOKEN, or set push_to_hub false"
@@ -336,7 +334,7 @@ def run(
         # push uploads: the Hub clients read the token from the environment instead
         os.environ["HF_TOKEN"], args.hub_token = args.hub_token, None
     if args.push_to_hub:  # the main process pushes, with its token: it decides for all, each then stops alike
-        (no_token,) = broadcast_object_list([hub_token_problem(True) if state.is_main_process else None])
+        (no_token,) = broadcast_object_list([hub_token_problem() if state.is_main_process else None])
         if no_token:
             raise UsageError(no_token)
     _, _, clash = mixed_precision(args, os.environ)

@@ -714,13 +714,12 @@ def test_a_token_in_the_environment_or_the_token_file_is_enough_to_start_a_push(
     from prompt_aug.train import hub_token_problem
 
     _no_token_anywhere(monkeypatch, tmp_path)
-    assert hub_token_problem(False) is None  # nothing pushed, nothing needed
-    assert hub_token_problem(True).startswith("push_to_hub: no Hugging Face token")
+    assert hub_token_problem().startswith("push_to_hub: no Hugging Face token")
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
-    assert hub_token_problem(True) is None
+    assert hub_token_problem() is None
     monkeypatch.delenv("HF_TOKEN")
     (tmp_path / "hf-home" / "token").write_text(FAKE_TOKEN)  # as `hf auth login` leaves it
-    assert hub_token_problem(True) is None
+    assert hub_token_problem() is None
 
 
 def test_push_to_hub_reaches_the_hub_client_and_a_failed_push_keeps_the_model(tmp_path, monkeypatch):
