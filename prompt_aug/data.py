@@ -866,7 +866,9 @@ def _one_type(known: Any, other: Any) -> Any:
     differ. Arrow's null type holds no value, so it takes the other's type, also inside lists and mappings
     (a source whose lists are all empty, or whose field is always missing). Numbers of two widths or kinds
     take the wider: integers ``int64``, with a float ``float64`` (``3`` in one file, ``2.5`` in another);
-    text, ``large_string`` (a parquet file pandas wrote beside a JSON Lines file).
+    text, ``large_string`` (a parquet file pandas wrote beside a JSON Lines file). Mappings take every field
+    of both, by name (datasets' cast leaves a field a source lacks None in its rows); mappings beside
+    datasets' `Json` (a JSON Lines file whose mappings differ row to row) are `Json`, each row its own.
 
     >>> _one_type(datasets.Value("int64"), datasets.Value("float32"))
     Value('float64')
@@ -887,11 +889,14 @@ def _one_type(known: Any, other: Any) -> Any:
         for kind in ("string", "binary"):  # pandas writes parquet text as large_string, JSON reads string
             if {known.dtype, other.dtype} == {kind, f"large_{kind}"}:
                 return datasets.Value(f"large_{kind}")
-    if isinstance(known, dict) and isinstance(other, dict):
-        if list(known) != list(other):
-            return None
-        fields = {key: _one_type(known[key], other[key]) for key in known}
+    if isinstance(known, dict) and isinstance(other, dict):  # by name; a field one lacks is None there
+        fields = {
+            key: _one_type(value, other[key]) if key in other else value for key, value in known.items()
+        }
+        fields.update({key: value for key, value in other.items() if key not in known})
         return None if any(f is None for f in fields.values()) else fields
+    if {type(known), type(other)} == {datasets.Json, dict}:  # each row's mapping as it is
+        return datasets.Json()
     if isinstance(known, datasets.List) and isinstance(other, datasets.List):
         inner = _one_type(known.feature, other.feature)
         return None if inner is None or known.length != other.length else datasets.List(inner, known.length)

@@ -687,9 +687,17 @@ def read_dataset(
     base = split_name(split)
     if data_dir is not None or data_files is not None:
         given = f"data_files {data_files}" if data_files is not None else f"data_dir {data_dir}"
+        what = f"{path} with {given}"
+        loaded = _load_dataset(
+            what, path, name, data_dir=data_dir, data_files=data_files, split=split, text=text
+        )  # fmt: skip
+        files = [Path(f).expanduser() for f in data_file_names(data_files)] if path == "json" else []
+        key = _rows_key(what, files, loaded.features, base, text) if files else None
+        if key is None:
+            return loaded
         return _load_dataset(
-            f"{path} with {given}", path, name, data_dir=data_dir, data_files=data_files, split=split,
-            text=text,
+            what, path, name, data_dir=data_dir, data_files=data_files, split=split, text=text, field=key,
+            encoding="utf-8-sig",
         )  # fmt: skip
     where = Path(path).expanduser()
     if where.is_dir():
@@ -855,9 +863,11 @@ def _read_files(files: list[Path], split: str = "train", text: frozenset[str] = 
         )
     # A part of the split (train[:100]) is taken by datasets; a split's name alone reads every row.
     data_files = [str(p) for p in files] if base == split else {base: [str(p) for p in files]}
+    part = "train" if base == split else split
+    # JSON: the whole split first, to see whether a file is one object that holds the rows under a key
+    whole = base if kind == "json" and base != split else part
     try:
-        part = "train" if base == split else split
-        return _load_dataset(what, kind, data_files=data_files, split=part, text=text)
+        loaded = _load_dataset(what, kind, data_files=data_files, split=whole, text=text)
     except SourceError:
         if len(files) > 1:  # name the file that does not parse, or whose columns differ
             parts = [
@@ -868,6 +878,72 @@ def _read_files(files: list[Path], split: str = "train", text: frozenset[str] = 
             if odd:
                 raise SourceError(odd) from None
         raise
+    key = _rows_key(what, files, loaded.features, base, text) if kind == "json" else None
+    if key is not None:  # read as json.load reads it (datasets' reader of a key stops at a byte-order mark)
+        return _load_dataset(
+            what, kind, data_files=data_files, split=part, text=text, field=key, encoding="utf-8-sig"
+        )
+    return (
+        loaded if whole == part else _load_dataset(what, kind, data_files=data_files, split=part, text=text)
+    )
+
+
+def _rows_key(what: str, files: list[Path], features: Any, split: str, named: frozenset[str]) -> str | None:
+    """The key whose list of rows ``files`` (``.json`` files, each one JSON object, which ``datasets`` reads
+    as one row) hold, as in ``{"data": [...]}`` or ``{"train": [...], "test": [...]}``: the key named
+    ``split``, else the only key holding rows. None when the files are read as rows (a JSON list, JSON
+    Lines, or columns the recipe names or the package guesses; ``named``).
+
+    Raises:
+        SourceError: the object has several keys of rows and none is ``split``, or holds columns
+            (``{"question": [...], "answer": [...]}``, pandas' ``to_json`` default) or rows by index
+            (``{"0": {...}, "1": {...}}``) rather than a list of rows.
+    """
+    import datasets
+
+    def rows(feature: Any) -> bool:  # a list of mappings, or a mapping of columns
+        if isinstance(feature, datasets.List):
+            return isinstance(feature.feature, (dict, datasets.Json))
+        return isinstance(feature, dict) and all(isinstance(f, datasets.List) for f in feature.values())
+
+    def column(feature: Any) -> bool:  # a list of values, or pandas' {"0": value, "1": value}
+        if isinstance(feature, datasets.List):
+            return not isinstance(feature.feature, (dict, datasets.Json))
+        return isinstance(feature, dict) and all(name.isdigit() for name in feature)
+
+    keys = [name for name, feature in features.items() if rows(feature)]
+    columns = bool(features) and (
+        all(column(feature) for feature in features.values()) or all(name.isdigit() for name in features)
+    )
+    wrapped = bool(keys) and not set(features) & (named | {"prompt"})  # no question column beside them
+    if not wrapped and not columns:
+        return None
+    if not all(p.suffix.lower() == ".json" and _one_json_object(p) for p in files):
+        return None
+    if columns:
+        raise SourceError(
+            f"{what}: one JSON object (keys {', '.join(features)}) that datasets reads as one row, not a "
+            "list of rows; write one row per line (JSON Lines), e.g. pandas' df.to_json(path, "
+            "orient='records', lines=True)"
+        )
+    key = split if split in keys else keys[0] if len(keys) == 1 else None
+    if key is None:
+        raise SourceError(
+            f"{what}: one JSON object whose keys {keys} each hold rows, and none is the split {split!r}; ask "
+            "for one of them as the split (dataset_split, a mixture source's split, or the preview's --split)"
+        )
+    if len(features) > 1:
+        others = [name for name in features if name != key]
+        logger.warning("%s: the rows under key %r are read; keys %s are left out", what, key, others)
+    return key
+
+
+def _one_json_object(file: Path) -> bool:
+    """Whether ``file`` holds one JSON object (not JSON Lines, nor a list)."""
+    try:
+        return isinstance(json.loads(file.read_text(encoding="utf-8-sig")), dict)
+    except (ValueError, OSError):
+        return False
 
 
 def _odd_columns(files: list[Path], features: list[Any]) -> str | None:

@@ -1254,3 +1254,82 @@ def test_a_verl_gold_is_read_when_only_the_question_column_is_named_or_by_its_do
     assert to_rows(raw, "problem", "meta.final")[0]["answer"] == ["5"]
     with pytest.raises(DataError, match=r"^answer column 'info.final' not found; the dataset has columns"):
         to_rows(raw, "problem", "info.final")
+
+
+def test_a_struct_column_whose_fields_differ_between_sources_has_each_field_none_where_a_source_lacks_it(
+    tmp_path,
+):
+    # Two sources with other column names, and a `meta` column of mappings with other fields in each: one
+    # column of every field, None in the rows of the source without it (as a column only some sources have).
+    from prompt_aug.data import mix_sources
+
+    first = [{"problem": "p?", "final_answer": "1", "meta": {"difficulty": 2, "topic": "algebra"}}]
+    second = [{"q": "q?", "gold": "2", "meta": {"source": "olympiad", "difficulty": 5}}]
+    for name, rows in (("a.jsonl", first), ("b.jsonl", second)):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = _mixture_read(
+        [
+            {
+                "path": str(tmp_path / "a.jsonl"),
+                "question_column": "problem",
+                "answer_column": "final_answer",
+            },
+            {"path": str(tmp_path / "b.jsonl"), "question_column": "q", "answer_column": "gold"},
+        ]
+    )
+    mixed, _ = mix_sources(read)
+    assert [(row["question"], row["answer"], row["meta"]) for row in mixed] == [
+        ("p?", "1", {"difficulty": 2, "topic": "algebra", "source": None}),
+        ("q?", "2", {"difficulty": 5, "topic": None, "source": "olympiad"}),
+    ]
+    # verl sources whose reward_model has its fields in another order, or fewer: kept, not left out.
+    for name, models in (
+        ("v1.parquet", [{"ground_truth": "3", "style": "rule"}]),
+        ("v2.parquet", [{"style": "rule", "ground_truth": "4"}]),
+        ("v3.parquet", [{"ground_truth": "5"}]),
+    ):
+        prompt = [[{"role": "user", "content": f"{name}?"}]]
+        pd.DataFrame({"prompt": prompt, "reward_model": models}).to_parquet(tmp_path / name)
+    read = _mixture_read([{"path": str(tmp_path / f"v{i}.parquet")} for i in (1, 2, 3)])
+    mixed, report = mix_sources(read)
+    assert mixed["answer"] == ["3", "4", "5"] and "left out" not in str(report)
+    assert mixed["reward_model"] == [
+        {"ground_truth": "3", "style": "rule"},
+        {"ground_truth": "4", "style": "rule"},
+        {"ground_truth": "5", "style": None},
+    ]
+    # A field of one name and two types still stops the load, naming the column.
+    (tmp_path / "c.jsonl").write_text(json.dumps({"q": "r?", "gold": "3", "meta": {"difficulty": "hard"}}))
+    read = _mixture_read(
+        [
+            {
+                "path": str(tmp_path / "a.jsonl"),
+                "question_column": "problem",
+                "answer_column": "final_answer",
+            },
+            {"path": str(tmp_path / "c.jsonl"), "question_column": "q", "answer_column": "gold"},
+        ]
+    )
+    with pytest.raises(
+        DataError, match=r"^dataset_mixture: column 'meta' is \{'difficulty': Value\('int64'\)"
+    ):
+        mix_sources(read)
+
+
+def test_a_json_column_of_mappings_mixes_with_a_struct_column_each_row_keeping_its_own_fields(tmp_path):
+    # datasets reads a JSON Lines file whose mappings have other fields row to row as its Json type.
+    from prompt_aug.data import mix_sources
+
+    varying = [
+        {"question": "a?", "answer": "1", "meta": {"x": 1}},
+        {"question": "b?", "answer": "2", "meta": {"y": "z"}},
+    ]
+    (tmp_path / "varying.jsonl").write_text("".join(json.dumps(r) + "\n" for r in varying))
+    (tmp_path / "fixed.jsonl").write_text(
+        json.dumps({"question": "c?", "answer": "3", "meta": {"x": 4}}) + "\n"
+    )
+    for order in (["varying", "fixed"], ["fixed", "varying"]):
+        mixed, _ = mix_sources(_mixture_read([{"path": str(tmp_path / f"{name}.jsonl")} for name in order]))
+        assert sorted((row["question"], row["meta"]) for row in mixed) == [
+            ("a?", {"x": 1}), ("b?", {"y": "z"}), ("c?", {"x": 4})
+        ]  # fmt: skip

@@ -221,3 +221,72 @@ def test_a_folder_with_no_data_file_says_what_is_read_and_what_it_holds(tmp_path
     (folder / "notes.md").unlink()
     with pytest.raises(SourceError, match=r"notdata \(it holds: nothing\)"):
         read_dataset(str(folder))
+
+
+# -- A JSON file of one object ---------------------------------------------------------------------------
+
+
+def test_a_json_file_that_wraps_its_rows_under_a_key_is_read_from_that_key(tmp_path, caplog):
+    rows = [{"problem": "What is 1 + 1?", "answer": "2"}, {"problem": "What is 2 + 3?", "answer": "5"}]
+    wrapped = tmp_path / "wrapped.json"
+    wrapped.write_text(json.dumps({"version": "1.0", "data": rows}, indent=2))
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        assert read_dataset(str(wrapped)).to_list() == rows
+    assert f"{wrapped}: the rows under key 'data' are read; keys ['version'] are left out" in caplog.text
+    kept, report = load_math_dataset(str(wrapped))
+    assert kept["question"] == ["What is 1 + 1?", "What is 2 + 3?"] and report.rows == 2
+    # ... also after a byte-order mark, and as a mapping of columns under the key
+    wrapped.write_text(json.dumps({"data": {"problem": ["p?"], "answer": ["1"]}}), encoding="utf-8-sig")
+    assert read_dataset(str(wrapped)).to_list() == [{"problem": "p?", "answer": "1"}]
+    # Rows under split names: the split asked for (or a part of it) is read from its key.
+    splits = tmp_path / "splits.json"
+    splits.write_text(json.dumps({"train": rows, "test": rows[1:]}))
+    assert read_dataset(str(splits)).to_list() == rows
+    assert read_dataset(str(splits), split="test").to_list() == rows[1:]
+    assert read_dataset(str(splits), split="train[1:]").to_list() == rows[1:]
+    # ... and as a mixture source in TRL's form (the json builder with data_files)
+    assert read_dataset("json", data_files=[str(splits)], split="train").to_list() == rows
+
+
+def test_a_json_object_that_is_no_list_of_rows_says_how_to_write_it(tmp_path):
+    splits = tmp_path / "splits.json"
+    splits.write_text(json.dumps({"easy": [{"question": "q?", "answer": "1"}], "hard": [{"question": "r?"}]}))
+    with pytest.raises(SourceError) as err:
+        read_dataset(str(splits))
+    assert str(err.value) == (
+        f"{splits}: one JSON object whose keys ['easy', 'hard'] each hold rows, and none is the split "
+        "'train'; ask for one of them as the split (dataset_split, a mixture source's split, or the "
+        "preview's --split)"
+    )
+    assert read_dataset(str(splits), split="hard").to_list() == [{"question": "r?"}]
+    # Columns rather than rows: datasets reads the object as one row of lists.
+    frame = pd.DataFrame({"question": ["a?", "b?"], "answer": ["1", "2"]})
+    advice = (
+        r"that datasets reads as one row, not a list of rows; write one row per line \(JSON Lines\), e\.g\. "
+        r"pandas' df\.to_json\(path, orient='records', lines=True\)$"
+    )
+    for orient in ("columns", "index", None):
+        path = tmp_path / f"frame-{orient}.json"
+        if orient is None:
+            path.write_text(json.dumps(frame.to_dict(orient="list")))
+        else:
+            frame.to_json(path, orient=orient)
+        with pytest.raises(
+            SourceError, match=rf"^{re.escape(str(path))}: one JSON object \(keys .*\) {advice}"
+        ):
+            read_dataset(str(path))
+    frame.to_json(tmp_path / "records.json", orient="records")  # a list of rows, as it was
+    assert read_dataset(str(tmp_path / "records.json")).to_list() == frame.to_dict(orient="records")
+
+
+def test_a_json_file_of_one_row_is_still_that_row(tmp_path):
+    # One object that is a row: a question beside list golds, or a conversation in verl layout.
+    path = tmp_path / "one.json"
+    row = {"question": "Roots of x^2 = 4?", "answer": ["2", "-2"]}
+    path.write_text(json.dumps(row))
+    assert read_dataset(str(path)).to_list() == [row]
+    verl = {"prompt": [{"role": "user", "content": "1 + 1?"}], "reward_model": {"ground_truth": "2"}}
+    path.write_text(json.dumps(verl))
+    assert read_dataset(str(path)).to_list() == [verl]
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "1 + 1?"}], "label": "2"}))
+    assert len(read_dataset(str(path), text_columns=("messages", "label"))) == 1
