@@ -351,6 +351,16 @@ def test_bad_options_fail_in_one_line(fake_slurm):
     assert result.returncode == 2 and "needs 2 nodes" in result.stderr
 
 
+def test_the_rendezvous_port_lies_below_the_kernels_ephemeral_range(fake_slurm):
+    """The main process's port comes from the job id, the same at every start of the job; it lies in
+    20000-32767, below Linux's default ephemeral range (32768-60999), from which the node hands out ports to
+    outgoing connections and to the sockets NCCL and vLLM open, which could hold it."""
+    ports = {"4242": 24242, "12767": 32767, "12768": 20000, "13000": 20232, "987654321": 31217}
+    for job, port in ports.items():
+        plan = _plan(dict(fake_slurm["env"], SLURM_JOB_ID=job), "--recipe", SMOKE)
+        assert f"--main_process_port {port} " in plan["train on gpu07"], (job, plan["train on gpu07"])
+
+
 def _train_line(env: dict, out_dir: Path, *extra: str) -> str:
     return _plan(env, "--recipe", SMOKE, "--output_dir", str(out_dir), *extra)["train on gpu07"]
 
@@ -461,8 +471,10 @@ def test_a_requeued_warm_start_that_had_not_saved_starts_from_the_same_checkpoin
         "recipe",
     ],
 )
-def test_a_requeued_run_that_saves_only_the_model_resumes_from_its_checkpoint(fake_slurm, only_model):
-    """save_only_model checkpoints hold no optimizer state: complete all the same, resumed, not wiped."""
+def test_a_requeued_run_that_saves_only_the_model_is_neither_resumed_nor_replaced(fake_slurm, only_model):
+    """save_only_model checkpoints hold no optimizer, scheduler or RNG state: a resume from one would not
+    continue the run as it was, so a requeued start does not resume it on its own; nor does it replace the
+    run. It stops before anything starts, in one line naming the checkpoint and the ways on."""
     env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
     (tiny_checkpoint(out_dir / "checkpoint-2", 2) / "optimizer.pt").unlink()
     recipe = SMOKE
@@ -471,12 +483,80 @@ def test_a_requeued_run_that_saves_only_the_model_resumes_from_its_checkpoint(fa
         recipe.write_text((REPO / SMOKE).read_text() + "\nsave_only_model: true\n")
         only_model = []
     requeued = dict(env, SLURM_RESTART_COUNT="1")
-    plan = _plan(
-        requeued, "--recipe", str(recipe), "--output_dir", str(out_dir), *only_model, "--max_steps", "9"
-    )
-    assert plan["train on gpu07"].endswith("--max_steps 9 --resume_from_checkpoint true"), plan
+    result = _launcher(
+        requeued, "--print-command", "--recipe", str(recipe), "--output_dir", str(out_dir), *only_model,
+        "--max_steps", "9",
+    )  # fmt: skip
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "save_only_model" in result.stderr and str(out_dir / "checkpoint-2") in result.stderr
+    assert "--model_name_or_path" in result.stderr and not result.stdout
+    assert (out_dir / "checkpoint-2" / "model.safetensors").is_file()
     line = _plan(requeued, "--recipe", SMOKE, "--output_dir", str(out_dir))["train on gpu07"]
     assert line.endswith("--overwrite_output_dir true")  # a run that saves its optimizer: incomplete
+    # Before its first save, a requeued start of such a run starts over: nothing inexact about it.
+    shutil.rmtree(out_dir / "checkpoint-2")
+    (out_dir / "logs.jsonl").write_text("{}\n")  # what the interrupted start wrote
+    plan = _plan(requeued, "--recipe", str(recipe), "--output_dir", str(out_dir), *only_model)
+    assert plan["train on gpu07"].endswith("--overwrite_output_dir true")
+
+
+def _saved_by(folder: Path, processes: int) -> Path:
+    """A complete checkpoint that ``processes`` processes saved: its launch.json and one RNG state each."""
+    import torch
+
+    tiny_checkpoint(folder, 2)
+    (folder / "launch.json").write_text(json.dumps({"processes": processes}))
+    for rank in range(processes):
+        torch.save({"rank": rank}, folder / f"rng_state_{rank}.pth")
+    return folder
+
+
+def test_a_requeued_start_on_another_node_count_stops_before_anything_starts(fake_slurm):
+    """A job requeued onto fewer nodes (a --nodes range, or a changed request) has another process count,
+    hence another round: its start stops in one line before srun or a server starts, rather than launching
+    every node into the trainer's refusal. On the node count that saved the checkpoint, it resumes."""
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    _saved_by(out_dir / "checkpoint-2", 16)
+    requeued = dict(env, SLURM_RESTART_COUNT="1")
+    assert _train_line(requeued, out_dir).endswith("--resume_from_checkpoint true")  # 2 nodes x 8: as saved
+    result = _launcher(
+        dict(requeued, SLURM_JOB_NODELIST="gpu07"), "--print-command", "--recipe", SMOKE, "--output_dir",
+        str(out_dir),
+    )  # fmt: skip
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "16 process(es)" in result.stderr and "1 training node(s) x 8" in result.stderr, result.stderr
+    assert not result.stdout
+    # The same check on a real start: nothing runs (no srun step, no dry run).
+    _write(fake_slurm["bin"] / "accelerate", ACCELERATE.format(python=sys.executable))
+    result = _launcher(
+        dict(requeued, SLURM_JOB_NODELIST="gpu07"), "--recipe", SMOKE, "--output_dir", str(out_dir)
+    )
+    assert result.returncode == 2, result.stderr
+    assert not _slurm_log(fake_slurm["out"]) and not (fake_slurm["out"] / "dry_run").exists()
+
+
+def test_a_checkpoint_check_that_fails_stops_the_requeued_start_rather_than_replacing_the_run(fake_slurm):
+    """The check of output_dir's checkpoints runs Python; if it fails (a broken environment, a bad flag), the
+    start stops. Read as "no complete checkpoint", it would add --overwrite_output_dir true and delete the
+    run."""
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    tiny_checkpoint(out_dir / "checkpoint-2", 2)
+    broken = _write(
+        fake_slurm["tmp"] / "broken-python",
+        "#!/bin/bash\nif [[ $1 == -c && $2 == *prompt_aug.faults* ]]; then\n"
+        '    echo "ModuleNotFoundError: No module named prompt_aug" >&2; exit 1\nfi\n'
+        f'exec {fake_slurm["env"]["PYTHON"]} "$@"\n',
+    )
+    requeued = dict(env, SLURM_RESTART_COUNT="1", PYTHON=str(broken))
+    result = _launcher(requeued, "--print-command", "--recipe", SMOKE, "--output_dir", str(out_dir))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "--overwrite_output_dir" not in result.stdout and "could not check" in result.stderr
+    # A value the recipe parser would refuse makes the check fail too: refused, not read as "no checkpoint".
+    result = _launcher(
+        dict(env, SLURM_RESTART_COUNT="1"), "--print-command", "--recipe", SMOKE,
+        "--output_dir", str(out_dir), "--save_only_model", "maybe",
+    )  # fmt: skip
+    assert result.returncode == 2 and "--overwrite_output_dir" not in result.stdout, result.stdout
 
 
 def test_a_requeued_adaptive_entropy_run_resumes_from_the_checkpoint_before_one_with_its_state_cut_short(
@@ -635,6 +715,20 @@ def test_a_run_that_ignores_the_warning_is_requeued_after_the_grace(fake_slurm):
     assert proc.returncode == 124, output
     assert "requeue 4242" in _slurm_log(fake_slurm["out"])
     assert 2 <= waited < 15, waited
+
+
+def test_a_run_that_saves_only_the_model_is_not_requeued_at_the_time_limit(fake_slurm):
+    """Its checkpoint would resume on a new optimizer, schedule and RNG (or not at all under DeepSpeed or
+    FSDP): the job is not requeued to do that on its own; the log says how to go on."""
+    proc = _start(fake_slurm, "--save_only_model", "true", FAKE_MODE="save_on_usr1")
+    try:
+        _records(fake_slurm["out"])
+    finally:
+        proc.send_signal(signal.SIGUSR1)
+        output = _finish(fake_slurm, proc, timeout=60)
+    assert proc.returncode != 0, output
+    assert "requeue 4242" not in _slurm_log(fake_slurm["out"]), output
+    assert "not requeued" in output and "save_only_model" in output
 
 
 # ---------------------------------------------------------------------------------------------
