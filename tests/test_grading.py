@@ -1040,6 +1040,105 @@ def test_a_choice_letter_in_lower_case_is_the_letter():
     assert fast_verdict("b", "C") is False and fast_verdict("(a)", "(B)") is False
 
 
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize(
+    ("boxed", "gold", "right"),
+    [
+        ("\\textbf{(C)}\\ 142", "142", True),  # AMC golds are the value
+        ("\\textbf{(C) }142", "142", True),
+        ("\\text{(C)}~\\frac{1}{2}", "\\frac12", True),
+        ("(C)\\qquad 142", "142.0", True),
+        ("\\textbf{(C)}\\ 142", "\\text{(C)}", True),  # MATH golds are the letter
+        ("\\textbf{(C)}\\ 141", "142", False),
+        ("\\textbf{(B)}\\ 142", "\\text{(C)}", False),
+        ("\\textbf{(C)}\\ 142", "141", False),
+        ("(A) \\text{ and } (B)", "\\text{(A)}", False),  # two choices are no choice
+        ("(A), 5", "\\text{(A)}", False),
+    ],
+)
+def test_a_choice_boxed_with_its_value_is_read_as_the_gold_asks(boxed, gold, right, strict):
+    assert grade(f"so $\\boxed{{{boxed}}}$", gold, strict=strict).correct is right
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "right"),
+    [
+        ("1950", "1950^\\circ C\n", True),  # a Minerva gold
+        ("1950^\\circ \\text{C}", "1950^\\circ C", True),
+        ("1950 { }^{\\circ} \\mathrm{C}", "1950", True),
+        ("1950\\,^{\\circ}\\mathrm{C}", "1950", True),
+        ("1950°C", "1950", True),
+        ("77^\\circ F", "77", True),
+        ("1951", "1950^\\circ C", False),
+        ("1951^\\circ C", "1950", False),
+        ("1950 C", "1950", False),  # no degree sign: C may be a constant
+    ],
+)
+def test_degrees_celsius_are_a_unit_on_either_side(answer, gold, right):
+    assert grade(f"\\boxed{{{answer}}}", gold, strict=True).correct is right
+
+
+def test_a_temperature_unit_goes_only_where_a_value_ends():
+    assert normalize("(20^\\circ C, 30^\\circ F)") == "(20, 30)"
+    assert normalize("30^\\circ C = 5") != "30 = 5"
+    assert normalize("\\angle C = 30^\\circ") == "\\angle C = 30"
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "right"),
+    [
+        ("5 dollars", "5", True),  # words math-verify's unit list misses
+        ("5", "5 dollars", True),
+        ("3.25 dollars", "3.25\\text{ dollars}", True),
+        ("18 integers", "18", True),
+        ("40 points.", "40", True),
+        ("\\frac{1}{2} dollar", "\\frac12", True),
+        ("6 dollars", "5", False),
+        ("5", "6 dollars", False),
+        ("17 integers", "18", False),
+        ("x dollars", "5", False),
+    ],
+)
+def test_bare_unit_words_math_verify_misses_go_on_either_side(answer, gold, right):
+    assert grade(f"\\boxed{{{answer}}}", gold, strict=True).correct is right
+    assert grade(f"The answer is {answer}.", gold).correct is right
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "right"),
+    [
+        ("602000000000000000000000", "6.02 \\times 10^{23}", True),
+        ("6.02e23", "6.02 \\times 10^{23}", True),
+        ("6.02 \\times 10^{23}", "602000000000000000000000", True),
+        ("60200000000", "6.02 \\times 10^{10}", True),
+        ("2998000000000000", "2.998 \\cdot 10^{15}", True),
+        ("602000000000000000000001", "6.02 \\times 10^{23}", False),
+        ("603000000000000000000000", "6.02 \\times 10^{23}", False),
+        ("60300000000", "6.02 \\times 10^{10}", False),
+        ("6.02 \\times 10^{22}", "602000000000000000000000", False),
+    ],
+)
+def test_a_decimal_in_scientific_notation_equals_its_exact_value(answer, gold, right):
+    # Equal values written two ways; math-verify reads the decimal as a float and misses some of them.
+    assert grade(f"\\boxed{{{answer}}}", gold, strict=True).correct is right
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "right"),
+    [
+        ("6.43 \\times 10^{16} \\text{ cm}^{-3}", "6.43 \\times 10^{16}", True),
+        ("6.43 \\times 10^{16}", "6.43 \\times 10^{16} \\text{ cm}^{-3}", True),  # a Minerva gold
+        ("3 \\text{ s}^{-1}", "3", True),
+        ("15000 \\text{ kcal m}^{-2} \\text{yr}^{-1}", "15000", True),
+        ("15000", "15000 \\text{ kcal m}^{-2} \\text{yr}^{-1}\n", True),  # a Minerva gold
+        ("6.44 \\times 10^{16} \\text{ cm}^{-3}", "6.43 \\times 10^{16}", False),
+        ("15001", "15000 \\text{ kcal m}^{-2} \\text{yr}^{-1}", False),
+    ],
+)
+def test_units_with_negative_powers_and_compound_units_go(answer, gold, right):
+    assert grade(f"\\boxed{{{answer}}}", gold, strict=True).correct is right
+
+
 def test_golds_newly_known_parseable_are_parseable():
     for text in ("(D)", "2x + z - 5 = 0", "\\begin{pmatrix} 1 & -1 \\\\ 1 & 1 \\end{pmatrix}", "-3 + 6i"):
         assert surely_parseable(text) and parse_text(text) is not None, text
@@ -1262,6 +1361,27 @@ def test_a_note_on_how_the_value_is_given_goes(boxed, gold, right):
 def test_a_note_that_says_more_than_how_the_value_is_given_stays():
     assert normalize("7 \\text{ (not exact)}") != "7" and normalize("3 \\text{ (or more)}") != "3"
     assert normalize("\\text{(}1, 2\\text{)}") == "(1, 2)"
+
+
+@pytest.mark.parametrize(
+    ("boxed", "gold", "right"),
+    [
+        ("12 \\text{ (since the sum is even)}", "12", True),
+        ("12 \\ (\\text{because } 3 \\cdot 4 = 12)", "12", True),
+        ("\\frac{1}{2} \\text{ (by symmetry)}", "0.5", True),
+        ("(2, 3) \\text{ (since } x > 0)", "(2,3)", True),
+        ("12 \\text{ (as required)}.", "12", True),
+        ("13 \\text{ (since the sum is odd)}", "12", False),
+        ("\\frac{1}{3} \\text{ (by symmetry)}", "0.5", False),
+        ("12 \\text{ (as well as 13)}", "12", False),  # another value, not a reason
+        ("12 \\text{ (if } x > 0)", "12", False),  # a condition
+        ("12 \\text{ (or 13)}", "12", False),
+        ("12 \\text{ (not 13)}", "12", False),
+    ],
+)
+def test_a_reason_in_parentheses_after_the_value_goes(boxed, gold, right):
+    assert grade(f"$\\boxed{{{boxed}}}$", gold, strict=True).correct is right
+    assert grade(f"$\\boxed{{{boxed}}}$", gold).correct is right
 
 
 def test_a_line_of_abbreviations_is_read_in_linear_time():

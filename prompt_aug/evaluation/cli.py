@@ -153,7 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--seed",
         type=int,
         default=0,
-        help="Sampling seed; each question, template and run draws from its own seed derived from it.",
+        help="Sampling seed. With vllm each question, template and run draws from its own seed derived from "
+        "it; hf samples a batch jointly from its first question's seed, so its samples also depend on "
+        "--batch_size.",
     )
     parser.add_argument(
         "--stop",

@@ -90,8 +90,8 @@ def last_boxed(text: str) -> str | None:
 
 
 # A unit at the end, after a number, a closing brace or `\pi` (`9\pi \text{ cm}^2`, `\frac{\pi}{3}\text{rad}`,
-# `12\text{ m/s}.`), but not a time (`9\text{ a.m.}`), a constant (`3\mathrm{i}`, `2\pi\mathrm{e}`) or words
-# that deny (`\sqrt{2}\text{ is not possible}`).
+# `12\text{ m/s}.`, `6.4 \times 10^{16} \text{ cm}^{-3}`), but not a time (`9\text{ a.m.}`), a constant
+# (`3\mathrm{i}`, `2\pi\mathrm{e}`) or words that deny (`\sqrt{2}\text{ is not possible}`).
 _DENIAL = r"(?![^{}]*\b(?:[Nn]o|[Nn]ot|[Nn]ever|[Nn]one|[Cc]annot|[Cc]an't)\b)"
 _SPACE = r"(?:\s|~|\\ )*"  # spaces, ties (`5\mathrm{~cm}`) and `\ `
 _UNIT = re.compile(
@@ -100,7 +100,7 @@ _UNIT = re.compile(
     + r"\\(?:text|mbox|mathrm)\{"
     + _DENIAL
     + _SPACE
-    + r"(?![ap]\.?\s*m\.?\s*\}|[ie]\s*\})[A-Za-z][A-Za-z. /]*\}(?:\^\{?\d\}?)?[\s.]*$"
+    + r"(?![ap]\.?\s*m\.?\s*\}|[ie]\s*\})[A-Za-z][A-Za-z. /]*\}(?:\^\{?-?\d\}?)?[\s.]*$"
 )
 # A note in parentheses after a value with digits, in words that say how it is given:
 # `12.25 \text{(approx.)}`, `\frac{1}{2} \text{ (exact)}`; not one that says more (`7 \text{ (not exact)}`,
@@ -118,7 +118,25 @@ _NOTE_WORDS = frozenset({
     "integer", "tenth", "hundredth", "thousandth", "decimal", "decimals", "place", "places", "one", "two",
     "three", "four", "significant", "figures", "digits", "final", "answer", "value",
 })  # fmt: skip
+# A reason in parentheses after a value (`12 \text{ (since the sum is even)}`, `\frac{1}{2} (because ...)`,
+# written after the text wrappers go): it gives no other value. Not a condition or another value
+# (`12 (if x > 0)`, `12 (or 13)`, `12 (as well as 13)`), and not one with brackets inside.
+_REASON = re.compile(
+    r"(\d|\}|\)|\]|\\pi|\\%)"
+    + _SPACE
+    + r"\(\s*(?:since|because|as(?!\s+well\b)|by|using|via)\b[^()\[\]]*\)[\s.]*$"
+)
 _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
+# Bare unit words after a value that math-verify's unit list misses (it joins `"integer" "point"` into one
+# word) and Minerva's answer normalisation drops: `5 dollars`, `12 points`.
+_BARE_UNIT = re.compile(r"(\d|\})\s*(?:dollars?|integers?|points?)\.?\s*$")
+# Degrees Celsius or Fahrenheit (`1950^\circ C`, `{ }^{\circ} \mathrm{C}`, `25°F`) where a value ends: a unit,
+# not the constant C.
+_TEMPERATURE = re.compile(
+    r"(?:\{\s*\})?\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*(?:\\(?:text|mathrm|mbox)\s*\{\s*(?:[CF]|Celsius|Fahrenheit)\s*\}"
+    r"|(?:[CF]|Celsius|Fahrenheit)(?![A-Za-z]))"
+    r"(?=\s*(?:[,;)\]]|\\\}|$))"
+)
 # `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
 _THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})\s*(?=\d{3}(?!\d))")
 # `x > 1,000`: after a relation, `1,000` is one number (math-verify reads `x > 1, 000` as a set).
@@ -208,7 +226,12 @@ def _strip_text_wrappers(answer: str) -> str:
     note = _NOTE.search(answer)
     if note and _is_note(note.group(2)) and any(c.isdigit() for c in answer[: note.start(1) + 1]):
         answer = answer[: note.end(1)]
-    return _TEXT.sub(r"\1", _UNIT.sub(r"\1", answer))
+    for _ in range(3):  # a compound unit: `15000 \text{ kcal m}^{-2} \text{yr}^{-1}`
+        answer, units = _UNIT.subn(r"\1", answer)
+        if not units:
+            break
+    answer = _TEXT.sub(r"\1", answer)
+    return _BARE_UNIT.sub(r"\1", _REASON.sub(r"\1", answer))
 
 
 def _is_note(words: str) -> bool:
@@ -256,6 +279,7 @@ def normalize(answer: str) -> str:
     answer = _THOUSANDS_MARK.sub(r"\1", answer)
     answer = answer.replace("\\!", "").replace("\\,", "").replace("\\;", "")
     answer = _PHANTOM.sub("", answer)
+    answer = _TEMPERATURE.sub("", answer)
     answer = re.sub(r"\^\s*\{?\\circ\}?", "", answer).replace("°", "")
     answer = answer.strip()
     lead = _LEADING_SENTENCE.match(answer)

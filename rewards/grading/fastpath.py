@@ -51,8 +51,10 @@ math-verify as we call it (``float_rounding=6``, ``strict=True``, both sides nor
 Each rule has a test that math-verify agrees wherever it answers (tests/test_grading.py).
 
 `base_verdict` is not part of the fast path but a correction of math-verify, which drops base
-subscripts (it takes ``20412_6`` for ``20412_5``). `surely_parseable` tells which golds math-verify
-certainly reads, so that no worker is needed to learn it.
+subscripts (it takes ``20412_6`` for ``20412_5``); so is `scientific_verdict`, which says "equal" for
+a decimal in scientific notation and the number of exactly its value (math-verify's float misses some:
+``6.02 \\times 10^{23}`` and ``602000000000000000000000``). `surely_parseable` tells which golds
+math-verify certainly reads, so that no worker is needed to learn it.
 
 The guards refuse answers without evaluating them. `answer_too_costly`: far longer or more deeply
 nested than any gold (math-verify's parser is super-linear in nesting depth: 12 nested parentheses
@@ -1113,6 +1115,43 @@ def decimal_comma_verdict(answer: str, gold: str) -> bool | None:
     if _COMMA_DECIMAL.fullmatch(answer) and "." in gold and _DECIMAL.fullmatch(gold):
         return True if fast_verdict(answer.replace(",", "."), gold) else None
     return None
+
+
+# A decimal times a power of ten: `6.02 \times 10^{23}`, `2.75 \cdot 10^{11}`, `1.3\times10^{-5}`.
+_SCIENTIFIC = re.compile(
+    r"([+-]?(?:\d+\.\d*|\.\d+|\d+))\s*(?:\\times|\\cdot)\s*10\s*\^\s*(?:\{\s*([+-]?\d{1,3})\s*\}|(\d))"
+)
+
+
+def _scientific_value(text: str) -> Fraction | None:
+    """The exact value of ``text`` written in scientific notation with a decimal point, else ``None``."""
+    match = _SCIENTIFIC.fullmatch(text.strip())
+    if match is None or "." not in match.group(1):
+        return None
+    return Fraction(match.group(1)) * Fraction(10) ** int(match.group(2) or match.group(3))
+
+
+def scientific_verdict(answer: str, gold: str) -> bool | None:
+    """``True`` for a decimal in scientific notation and a plain number (or another such decimal) of
+    exactly the same value: ``6.02 \\times 10^{23}`` and ``602000000000000000000000``. math-verify reads
+    the decimal as a float, whose binary error at that scale is far above its rounding to 6 places: it
+    took 10 such pairs in 48 for different (mantissas 1.3 to 9.11, powers 10 to 30). Else ``None``: any
+    other pair is left to the rules after this one, so that no tolerance is added.
+
+    >>> (scientific_verdict("60200000000", "6.02 \\\\times 10^{10}"),
+    ...  scientific_verdict("60.2 \\\\cdot 10^{9}", "6.02 \\\\times 10^{10}"))
+    (True, True)
+    >>> scientific_verdict("60200000001", "6.02 \\\\times 10^{10}"), scientific_verdict("602", "602")
+    (None, None)
+    """
+    a, g = _scientific_value(answer), _scientific_value(gold)
+    if a is None and g is None:
+        return None
+    if a is None:
+        a = (as_number(answer) or (None, False))[0]
+    if g is None:
+        g = (as_number(gold) or (None, False))[0]
+    return True if a is not None and a == g else None
 
 
 def nesting_depth(text: str) -> int:

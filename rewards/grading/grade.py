@@ -24,6 +24,7 @@ from .fastpath import (
     decimal_comma_verdict,
     fast_verdict,
     reads_as_prose,
+    scientific_verdict,
     surely_parseable,
     word_verdict,
 )
@@ -169,14 +170,44 @@ def _learn(golds: tuple[str, ...], parseable: tuple[bool, ...]) -> None:
 def _readings(
     text: str, strict: bool, answer_rule: str, golds: tuple[str, ...] = (), join_boxes: bool = False
 ) -> list[str | None]:
-    """The answers read from a completion: the rule's answer; with ``join_boxes``, first the boxes of the
-    last box's paragraph joined (`joined_boxes`), where that reads something else."""
+    """The answers read from a completion: the rule's answer (a choice with its value as the gold asks:
+    `choice_readings`); with ``join_boxes``, first the boxes of the last box's paragraph joined
+    (`joined_boxes`), where that reads something else."""
     answer = extract_strict(text, answer_rule) if strict else extract_lenient(text)
+    readings = choice_readings(answer, golds)
+    if len(readings) > 1 or readings[0] != answer:
+        return readings
     if join_boxes:
         joined = joined_boxes(final_boxes(text, strict, answer_rule), golds)
         if joined is not None and joined != answer:
             return [joined, answer]
     return [answer]
+
+
+# A multiple-choice letter and its value, as AMC solutions box them: `\textbf{(C)}\ 142`, `(C) 142`.
+# The value holds a digit or a command, and no other choice or list word (`(A) and (B)`, `(A), 5`).
+_CHOICE_AND_VALUE = re.compile(
+    r"\(([A-E])\)(?:\s|\\ |~|\\q?quad)*(?![,;]|(?:and|or)\b)(?=.*[\d\\])(?!.*\([A-Ea-e]\))(\S.*)"
+)
+_CHOICE_GOLD = re.compile(r"\(?[A-E]\)?")
+
+
+def choice_readings(answer: str | None, golds: tuple[str, ...]) -> list[str | None]:
+    """A choice written with its value (``(C) 142``) read as the gold asks: the letter ``(C)`` against a
+    gold that is a letter, the value ``142`` against any other gold; any other answer as it is.
+
+    >>> choice_readings("(C)\\ 142", ("142",)), choice_readings("(C) 142", ("(C)",))
+    (['142'], ['(C)'])
+    >>> choice_readings("(A) and (B)", ("(A)",)), choice_readings("7", ("7",))
+    (['(A) and (B)'], ['7'])
+    >>> choice_readings("(C) 142", ("(B)", "142")), choice_readings("(C) 142", ())
+    (['(C)', '142'], ['(C) 142'])
+    """
+    match = _CHOICE_AND_VALUE.fullmatch(answer) if answer else None
+    if match is None or not golds:
+        return [answer]
+    letters = [bool(_CHOICE_GOLD.fullmatch(g)) for g in golds]
+    return [f"({match.group(1)})"] * any(letters) + [match.group(2).strip()] * (not all(letters))
 
 
 _THOUSANDS_OR_SPACE = re.compile(r"\s+|(?<=\d),(?=\d{3}(?!\d))")
@@ -237,8 +268,9 @@ def _screen(answer: str | None, golds: tuple[str, ...]) -> str:
 def _verdict(answer: str, gold: str) -> bool | None:
     """The in-process verdict: numerals in a base first (math-verify ignores the base), a decimal comma
     (math-verify reads ``3,14`` as a set), a gold that is a word (math-verify, given it normalised, reads
-    a product of letters), then the fast path."""
-    for rule in (base_verdict, decimal_comma_verdict, word_verdict, fast_verdict):
+    a product of letters), a decimal in scientific notation equal to a number (math-verify reads a float
+    and may miss it), then the fast path."""
+    for rule in (base_verdict, decimal_comma_verdict, word_verdict, scientific_verdict, fast_verdict):
         verdict = rule(answer, gold)
         if verdict is not None:
             return verdict
