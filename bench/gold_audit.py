@@ -190,6 +190,11 @@ def audit(rows: list[tuple[str, int, Any]], others: int, seed: int) -> dict[str,
         "wrong": wrong,
         # over all three graded batches: self, cross and near misses
         "timeouts": sum(g.timed_out for g in [*grades, *cross, *graded]),
+        "timed_out": [  # (gold, boxed answer) of each graded pair that ran out of time
+            *[(texts[i], texts[i]) for i, g in enumerate(grades) if g.timed_out],
+            *[(texts[i], texts[o]) for (i, o), g in zip(pairs, cross) if g.timed_out],
+            *[(texts[i], miss) for (i, miss), g in zip(misses, graded) if g.timed_out],
+        ],
         "errors": sum(g.error for g in [*grades, *cross, *graded]),
     }
 
@@ -252,6 +257,8 @@ def report(result: dict[str, Any], show: int) -> None:
     for i, miss in result["miss_accepted"][:show]:
         print(f"    gold {elements[i][2]!r} <- answer {miss!r}   ({elements[i][0]}[{elements[i][1]}])")
     print(f"\ntimeouts {result['timeouts']}, errors {result['errors']}")
+    for gold, answer in result["timed_out"]:
+        print(f"  timed out: gold {str(gold)!r} <- answer {str(answer)!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
