@@ -49,7 +49,7 @@ from .collator import FORMAT_COLUMNS
 from .config import PromptAugGRPOConfig
 from .data import DataError, load_train_dataset
 from .evaluation.benchmarks import EvalError
-from .extensions import build_features
+from .extensions import build_features, check_features
 from .extensions.dynamic_sampling import signal_column
 from .faults import (
     COLLAPSE_STOP_FILE,
@@ -320,6 +320,8 @@ def run(
         templates, weights, eval_template = templates_for(args)
         if script_args.chat_template:  # a missing file fails here, not after the model is fetched
             chat_template_text(script_args.chat_template)
+        if script_args.dry_run:  # the run itself checks them as it builds the features, below
+            check_features(args, reward_funcs, names)
     except (ValueError, TemplateError) as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None
     if script_args.dry_run:  # arithmetic only, for the recipe's num_processes

@@ -51,7 +51,8 @@ def correctness_reward(
 ) -> list[float | None]:
     """1.0 if the completion's answer equals the gold, else 0.0 (the paper's lenient rule).
 
-    A gold that cannot be parsed gives ``None`` (TRL leaves the completion out) and is counted in the
+    A gold that cannot be parsed gives ``None`` (TRL sums the other rewards without it, and leaves a
+    completion out of its group's baseline only where every reward is ``None``) and is counted in the
     ``rewards/unparseable_gold`` metric. A completion whose grading times out or crashes scores 0 and
     is counted in ``rewards/timeouts`` or ``rewards/errors`` (counts per call).
 

@@ -439,6 +439,9 @@ def test_a_guard_threshold_that_can_never_fire_is_refused_naming_the_key(tmp_pat
         train.main(
             ["--config", SMOKE, "--output_dir", str(tmp_path / "out"), "--collapse_accuracy_drop", "20"]
         )
+    # ... and so does its dry run, which reads no data.
+    with pytest.raises(SystemExit, match="^prompt-aug-train: error: collapse_accuracy_drop: 1.5 can never"):
+        train.main(["--config", SMOKE, "--dry_run", "--collapse_accuracy_drop", "1.5"])
 
 
 def test_a_guard_that_saves_or_stops_is_refused_when_no_log_line_would_reach_it():

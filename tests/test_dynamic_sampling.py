@@ -161,6 +161,9 @@ def test_bad_keys_are_named(tmp_path):
     with pytest.raises(UsageError, match="dynamic_sampling_signal: 'acc'"):
         train.train(["--config", SMOKE, "--dynamic_sampling", "true", "--dynamic_sampling_signal", "acc",
                      "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    with pytest.raises(UsageError, match="dynamic_sampling_signal: 'acc'"):  # the dry run too
+        train.train(["--config", SMOKE, "--dry_run", "--dynamic_sampling", "true",
+                     "--dynamic_sampling_signal", "acc"])  # fmt: skip
     with pytest.raises(ValueError, match="dynamic_sampling: true needs prompt_augmentation: true"):
         train.parse_args(["--config", SMOKE, "--dynamic_sampling", "true", "--prompt_augmentation", "false"])
     with pytest.raises(ValueError, match="dynamic_sampling_max_passes"):

@@ -77,3 +77,10 @@ def build_features(
         dynamic_sampling=from_args(config, reward_funcs, reward_func_names),
         minibatch_skip=MinibatchSkip(threshold) if threshold is not None else None,
     )
+
+
+def check_features(config: Any, reward_funcs: list[Any], reward_func_names: list[str]) -> None:
+    """The checks of `build_features` that read no data, for a dry run: the collapse guard's keys and
+    thresholds and the dynamic-sampling signal (`ValueError`, one line naming the key)."""
+    guard_from_args(config, optimizer_steps_per_round(config), reward_funcs)
+    from_args(config, reward_funcs, reward_func_names)
