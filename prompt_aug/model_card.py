@@ -621,7 +621,8 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
 
     Raises:
         FileNotFoundError: no card, or no evaluation, in ``output_dir``.
-        CardError: the card's front matter does not parse.
+        CardError: the README.md there is no model card (no front matter), or its front matter does not
+            parse.
     """
     output_dir = Path(output_dir)
     card_path = output_dir / "README.md"
@@ -634,7 +635,13 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
         raise FileNotFoundError(
             f"no {output_dir / EVAL_TABLE_PATH}: run prompt-aug-eval --model {output_dir}"
         )
-    card_path.write_text(with_evaluation(card_path.read_text(), output_dir.resolve()))
+    card = card_path.read_text()
+    if not card.startswith("---"):  # every card has front matter (a hand-edited one too); notes have none
+        raise CardError(
+            f"{card_path} is no model card (it has no front matter), so it was left as it is; give the "
+            "output folder of a training run"
+        )
+    card_path.write_text(with_evaluation(card, output_dir.resolve()))
     return card_path
 
 

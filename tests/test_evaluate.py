@@ -156,10 +156,15 @@ def test_the_model_cards_index_carries_the_evaluation_of_its_own_weights_and_no_
 
     run = tmp_path / "run"
     shutil.copytree(tiny_model_dir, run)
+    notes = "# My notes on this run\n"
+    (run / "README.md").write_text(notes)
+    _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc")  # 3 and 2 questions, not 30 and 83
+    with pytest.raises(SystemExit):  # no card a trainer wrote: left as it is
+        model_card.main([str(run)])
+    assert (run / "README.md").read_text() == notes
     (run / "README.md").write_text(
         "---\nlibrary_name: transformers\nmodel_name: run\n---\n\n# Model Card for run\n"
     )
-    _eval(run, suite_dir, run / "eval", "--benchmarks", "aime24,amc")  # 3 and 2 questions, not 30 and 83
     model_card.main([str(run)])
     assert ModelCard((run / "README.md").read_text()).data.eval_results is None
     # Below, this test's suite stands for the real one.

@@ -822,7 +822,8 @@ def test_refresh_puts_eval_results_into_an_existing_card(tmp_path, capsys):
         num_rows=3,
     )
     history = [{"reward": 0.25, "step": 4}]
-    (tmp_path / "README.md").write_text(render_model_card(info, tmp_path, 4, history))
+    front = "---\nlibrary_name: transformers\n---\n\n"  # as every card written has
+    (tmp_path / "README.md").write_text(front + render_model_card(info, tmp_path, 4, history))
     with pytest.raises(FileNotFoundError, match="prompt-aug-eval"):
         model_card.refresh_evaluation(tmp_path)
     for table in (
@@ -831,7 +832,7 @@ def test_refresh_puts_eval_results_into_an_existing_card(tmp_path, capsys):
     ):
         _evaluated(tmp_path, EVAL_TABLE_PATH, table)
         model_card.main([str(tmp_path)])  # twice: the second run replaces the first table
-        assert (tmp_path / "README.md").read_text() == render_model_card(info, tmp_path, 4, history)
+        assert (tmp_path / "README.md").read_text() == front + render_model_card(info, tmp_path, 4, history)
     assert (
         "61.0" in (tmp_path / "README.md").read_text() and "50.0" not in (tmp_path / "README.md").read_text()
     )
