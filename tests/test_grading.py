@@ -1054,6 +1054,12 @@ def test_a_choice_letter_in_lower_case_is_the_letter():
         ("\\textbf{(C)}\\ 142", "141", False),
         ("(A) \\text{ and } (B)", "\\text{(A)}", False),  # two choices are no choice
         ("(A), 5", "\\text{(A)}", False),
+        ("(C) 142", "(C) 142", True),  # a gold written the same way
+        ("\\textbf{(C)}\\ 142", "\\textbf{(C)}\\ 142", True),
+        ("(E) \\frac{1}{2}", "\\textbf{(E) }\\frac{1}{2}", True),
+        ("(D)\\ 18", "\\mathrm{(D)}\\ 18", True),
+        ("(C) 141", "(C) 142", False),
+        ("(B) 142", "(C) 142", False),
     ],
 )
 def test_a_choice_boxed_with_its_value_is_read_as_the_gold_asks(boxed, gold, right, strict):
@@ -1072,6 +1078,12 @@ def test_a_choice_boxed_with_its_value_is_read_as_the_gold_asks(boxed, gold, rig
         ("1951", "1950^\\circ C", False),
         ("1951^\\circ C", "1950", False),
         ("1950 C", "1950", False),  # no degree sign: C may be a constant
+        ("100 \\text{ }^\\circ \\text{C}", "100", True),  # the braces of \\text{ } are the command's
+        ("100\\text{ }^{\\circ}\\text{C}", "100", True),
+        ("100~^{\\circ}\\mathrm{C}", "100", True),
+        ("100", "100 \\text{ }^\\circ \\text{C}", True),
+        ("101 \\text{ }^\\circ \\text{C}", "100", False),
+        ("101~^{\\circ}\\mathrm{C}", "100", False),
     ],
 )
 def test_degrees_celsius_are_a_unit_on_either_side(answer, gold, right):

@@ -130,10 +130,12 @@ _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 # Bare unit words after a value that math-verify's unit list misses (it joins `"integer" "point"` into one
 # word) and Minerva's answer normalisation drops: `5 dollars`, `12 points`.
 _BARE_UNIT = re.compile(r"(\d|\})\s*(?:dollars?|integers?|points?)\.?\s*$")
-# Degrees Celsius or Fahrenheit (`1950^\circ C`, `{ }^{\circ} \mathrm{C}`, `25°F`) where a value ends: a unit,
-# not the constant C.
+# Degrees Celsius or Fahrenheit (`1950^\circ C`, `{ }^{\circ} \mathrm{C}`, `25°F`, `100~^{\circ}\mathrm{C}`)
+# where a value ends: a unit, not the constant C. The braces of `\text{ }^\circ` are the command's, not an
+# empty group's. Like every unit here it is dropped, not compared: `100^\circ C` equals `100^\circ F`.
 _TEMPERATURE = re.compile(
-    r"(?:\{\s*\})?\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*(?:\\(?:text|mathrm|mbox)\s*\{\s*(?:[CF]|Celsius|Fahrenheit)\s*\}"
+    r"(?:\s|~|\\ )*(?:(?<![A-Za-z])\{\s*\})?\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*"
+    r"(?:\\(?:text|mathrm|mbox)\s*\{\s*(?:[CF]|Celsius|Fahrenheit)\s*\}"
     r"|(?:[CF]|Celsius|Fahrenheit)(?![A-Za-z]))"
     r"(?=\s*(?:[,;)\]]|\\\}|$))"
 )

@@ -193,21 +193,23 @@ _CHOICE_GOLD = re.compile(r"\(?[A-E]\)?")
 
 
 def choice_readings(answer: str | None, golds: tuple[str, ...]) -> list[str | None]:
-    """A choice written with its value (``(C) 142``) read as the gold asks: the letter ``(C)`` against a
-    gold that is a letter, the value ``142`` against any other gold; any other answer as it is.
+    """A choice written with its value (``(C) 142``) read as the gold asks: as written, then the letter
+    ``(C)`` against a gold that is a letter, the value ``142`` against any other gold; any other answer as
+    it is.
 
-    >>> choice_readings("(C)\\ 142", ("142",)), choice_readings("(C) 142", ("(C)",))
-    (['142'], ['(C)'])
+    >>> choice_readings("(C) 142", ("142",)), choice_readings("(C) 142", ("(C)",))
+    (['(C) 142', '142'], ['(C) 142', '(C)'])
     >>> choice_readings("(A) and (B)", ("(A)",)), choice_readings("7", ("7",))
     (['(A) and (B)'], ['7'])
     >>> choice_readings("(C) 142", ("(B)", "142")), choice_readings("(C) 142", ())
-    (['(C)', '142'], ['(C) 142'])
+    (['(C) 142', '(C)', '142'], ['(C) 142'])
     """
     match = _CHOICE_AND_VALUE.fullmatch(answer) if answer else None
     if match is None or not golds:
         return [answer]
     letters = [bool(_CHOICE_GOLD.fullmatch(g)) for g in golds]
-    return [f"({match.group(1)})"] * any(letters) + [match.group(2).strip()] * (not all(letters))
+    # The answer as written too, for a gold written the same way (`(C) 142`).
+    return [answer] + [f"({match.group(1)})"] * any(letters) + [match.group(2).strip()] * (not all(letters))
 
 
 _THOUSANDS_OR_SPACE = re.compile(r"\s+|(?<=\d),(?=\d{3}(?!\d))")
