@@ -694,9 +694,18 @@ class ModelCardMixin:
     """A `transformers.Trainer` mixin whose model card is TRL's plus ours (``self.model_card_info``: the
     recipe, the template bank, the metrics and the evaluation table); without that info, TRL's card alone.
     A PEFT model's card keeps PEFT's metadata, which TRL's card would overwrite (`with_adapter_metadata`).
-    A README.md of the user's own in the output folder is moved aside first (`keep_own_readme`)."""
+    A README.md of the user's own in the output folder is moved aside first (`keep_own_readme`), before a
+    save of the model there or the card."""
 
     model_card_info: ModelCardInfo | None = None
+
+    # Why: a PEFT model's save writes PEFT's card into the folder, over a README.md there, before ours is
+    # written: a user's own README in the output folder is moved aside first.
+    def save_model(self, output_dir: str | None = None, *args: Any, **kwargs: Any) -> None:
+        folder = output_dir if output_dir is not None else self.args.output_dir
+        if self.is_world_process_zero() and Path(folder).resolve() == Path(self.args.output_dir).resolve():
+            keep_own_readme(folder)
+        super().save_model(output_dir, *args, **kwargs)
 
     # Why: TRL writes its card (base model, W&B link, framework versions, citations) at every checkpoint and
     # inside `push_to_hub`; ours adds the recipe, the template bank, the metrics and the evaluation table.

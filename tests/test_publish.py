@@ -206,6 +206,15 @@ def test_a_readme_of_the_users_own_in_the_output_folder_is_kept_not_overwritten(
     assert "- generated_from_trainer" in card.split("---")[1] and "- Optimizer steps: 2\n" in card
     assert (out / "checkpoint-2").is_dir() and not (out / "_README-2.md").exists()
     assert sorted(p.name for p in out.glob("*README*")) == ["README.md", "_README.md"]
+    # A LoRA run that saves no checkpoint before its end: PEFT's save would write its card over the notes
+    # (adding its front matter to them) before ours is written.
+    lora = tmp_path / "lora"
+    lora.mkdir()
+    (lora / "README.md").write_text("# My notes\n\nlr sweep, run 4\n")
+    train.main(["--config", str(SMOKE), "--output_dir", str(lora), "--max_steps", "2", "--use_peft", "true",
+                "--save_strategy", "no"])  # fmt: skip
+    assert (lora / "_README.md").read_text() == "# My notes\n\nlr sweep, run 4\n"
+    assert "library_name: peft" in (lora / "README.md").read_text().split("---")[1]
 
 
 @pytest.mark.parametrize(
