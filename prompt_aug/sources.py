@@ -151,14 +151,18 @@ def close_model_name(value: str, fetched_only: bool = False) -> str | None:
 
     >>> close_model_name("SmolLM2-135M-Instruc"), close_model_name("smollm2-135m"), close_model_name("gpt2")
     ('smollm2-135m-instruct', 'smollm2-135m-instruct', None)
-    >>> close_model_name("HuggingFaceTB/SmolLM2-135M-Instruct")
-    'smollm2-135m-instruct'
+    >>> close_model_name("HuggingFaceTB/SmolLM2-135M-Instruct"), close_model_name("SmolLM2-360M-Instruct")
+    ('smollm2-135m-instruct', None)
     """
     low = value.strip().lower()
     by_hub_id = {spec.hub_id.lower(): name for name, spec in LOCAL_MODELS.items()}
     if "/" in low:
         return by_hub_id.get(low)
     names = [*LOCAL_MODELS, *([] if fetched_only else builtin_names("model"))]
+    size = set(re.findall(r"\d+(?:\.\d+)?[mb]\b", low))  # another size is another model, not a misspelling
+    names = [
+        n for n in names if not size or set(re.findall(r"\d+(?:\.\d+)?[mb]\b", n.lower())) in (size, set())
+    ]
     by_case = {name.lower(): name for name in names}
     part_of = [name for known, name in by_case.items() if len(low) > 3 and low in known]
     match = difflib.get_close_matches(low, list(by_case), n=1, cutoff=0.75)
@@ -926,6 +930,13 @@ def _rows_key(what: str, files: list[Path], features: Any, split: str, named: fr
             "list of rows; write one row per line (JSON Lines), e.g. pandas' df.to_json(path, "
             "orient='records', lines=True)"
         )
+
+    def asks(name: str) -> bool:  # its rows hold a question column (metadata lists do not)
+        inner = getattr(features[name], "feature", None)
+        return isinstance(inner, dict) and bool(set(inner) & (named | set(QUESTION_GUESSES) | {"prompt"}))
+
+    if split not in keys and len(keys) > 1 and len(questions := [k for k in keys if asks(k)]) == 1:
+        keys = questions
     key = split if split in keys else keys[0] if len(keys) == 1 else None
     if key is None:
         raise SourceError(

@@ -246,6 +246,10 @@ def test_a_json_file_that_wraps_its_rows_under_a_key_is_read_from_that_key(tmp_p
     assert read_dataset(str(splits), split="train[1:]").to_list() == rows[1:]
     # ... and as a mixture source in TRL's form (the json builder with data_files)
     assert read_dataset("json", data_files=[str(splits)], split="train").to_list() == rows
+    # A list of metadata records beside the rows is no second set of rows: only the rows hold a question.
+    described = tmp_path / "described.json"
+    described.write_text(json.dumps({"authors": [{"name": "A. Author"}], "data": rows}))
+    assert read_dataset(str(described)).to_list() == rows
 
 
 def test_a_json_object_that_is_no_list_of_rows_says_how_to_write_it(tmp_path):
