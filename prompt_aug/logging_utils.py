@@ -7,7 +7,9 @@ as one dict. `use_compact_log` swaps its printing callback for one that prints::
 | truncated 0.062 | 1.9 s/step
 
 With dynamic sampling, reward, accuracy, format and truncation are over every generated completion
-(``dynamic_sampling/generated/...``), as the collapse guard reads them, not TRL's over the trained groups.
+(``dynamic_sampling/generated/...``), as the collapse guard reads them, not TRL's over the trained groups, and
+``kept`` is the share of generated groups trained. TRL's evaluation (``eval_strategy``) prints the same
+metrics of the evaluation set, after ``eval``.
 
 The full metrics still reach ``trainer_state.json``, W&B and ``OUTPUT_DIR/logs.jsonl`` (one JSON object per
 logged step, written as training goes, so it survives a crash between checkpoints; a resumed run skips a last
@@ -27,7 +29,7 @@ from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 from rewards.controls import FORMAT_MEAN_KEYS
 
 from .model_card import ACCURACY_KEYS
-from .records import LOG_FILE, generated_first, generation_round, read_log_entries
+from .records import LOG_FILE, generated_first, generation_round, is_number, read_log_entries
 
 logger = logging.getLogger("prompt_aug")
 
@@ -40,7 +42,11 @@ _STEP_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("entropy", ("entropy",), "{:.3f}"),
     ("length", ("completions/mean_length",), "{:.0f}"),
     ("truncated", generated_first(["completions/clipped_ratio"]), "{:.3f}"),
+    ("kept", ("dynamic_sampling/kept_share",), "{:.2f}"),
 )
+
+# TRL's evaluation logs its metrics under this prefix (``eval_reward``, ``eval_loss``, ...).
+_TRL_EVAL = "eval_"
 
 
 _SHOWN_ONCE: set[str] = set()
@@ -96,16 +102,22 @@ def compact_line(logs: dict[str, Any], step: int, max_steps: int, args: Any) -> 
     >>> dapo = {"reward": 1.0, "dynamic_sampling/generated/reward": 0.5, "loss": 0.1}  # dynamic sampling
     >>> compact_line(dapo, 3, 8, args)
     'round 2 | step 3/8 | reward 0.500'
+    >>> trl_eval = {"eval_loss": 0.0, "eval_reward": 0.75, "eval_runtime": 12.3, "eval_templates/a/count": 4}
+    >>> compact_line(trl_eval, 4, 8, args)
+    'round 2 | step 4/8 | eval reward 0.750 | 12.3 s'
     """
     where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"
     if "train_runtime" in logs:
         loss = f", mean loss {logs['train_loss']:.4g}" if isinstance(logs.get("train_loss"), float) else ""
         return f"done: {where} in {logs['train_runtime']:.1f} s{loss}"
-    cells = []
-    for label, keys, fmt in _STEP_FIELDS:
-        key = next((k for k in keys if isinstance(logs.get(k), (int, float))), None)
-        if key is not None:
-            cells.append(f"{label} {fmt.format(logs[key])}")
+    if "loss" not in logs and isinstance(logs.get(_TRL_EVAL + "loss"), (int, float)):
+        cells = _cells(logs, _TRL_EVAL)
+        if cells:
+            cells[0] = f"eval {cells[0]}"
+        if isinstance(logs.get(_TRL_EVAL + "runtime"), (int, float)):
+            cells.append(f"{logs[_TRL_EVAL + 'runtime']:.1f} s")
+        return " | ".join([f"round {round_of(logs, step, args)}", where, *cells])
+    cells = _cells(logs)
     if isinstance(logs.get("step_time"), (int, float)):
         cells.append(f"{logs['step_time']:.1f} s/step")
     if isinstance(logs.get("eval/macro"), (int, float)):
@@ -117,6 +129,17 @@ def compact_line(logs: dict[str, Any], step: int, max_steps: int, args: Any) -> 
         (k, v) for k, v in logs.items() if isinstance(v, (int, float)) and not k.startswith("templates/")
     ]
     return " | ".join([where, *(f"{k} {v:.4g}" for k, v in shown[:8])])
+
+
+def _cells(logs: dict[str, Any], prefix: str = "") -> list[str]:
+    """``label value`` of each watched metric in ``logs`` (its keys under ``prefix``), in `_STEP_FIELDS`
+    order."""
+    cells = []
+    for label, keys, fmt in _STEP_FIELDS:
+        key = next((prefix + k for k in keys if is_number(logs.get(prefix + k))), None)
+        if key is not None:
+            cells.append(f"{label} {fmt.format(logs[key])}")
+    return cells
 
 
 class CompactProgressCallback(ProgressCallback):
