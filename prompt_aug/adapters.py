@@ -117,12 +117,31 @@ def check_adapter_base(key: str, folder: str | Path, way_out: str | None = None)
         raise AdapterError(str(err)) from None
 
 
+def same_model(a: str, b: str) -> bool | None:
+    """Whether ``a`` and ``b`` (model folders or Hub ids) are one model: two folders where they are one
+    folder or hold the same weights (`weights_fingerprint`), two Hub ids where they are one id; None where
+    that cannot be told (a path not on this machine, a Hub id against a folder).
+
+    >>> same_model("Qwen/Qwen2.5-Math-1.5B", "qwen/qwen2.5-math-1.5b"), same_model("a/b", "/nowhere/x")
+    (True, None)
+    """
+    if a == b:
+        return True
+    first, second = Path(a).expanduser(), Path(b).expanduser()
+    if first.is_dir() and second.is_dir():
+        if first.resolve() == second.resolve():
+            return True
+        weights = weights_fingerprint(first)
+        return weights is not None and weights == weights_fingerprint(second)
+    if not looks_local(a) and not looks_local(b) and not first.exists() and not second.exists():
+        return a.lower() == b.lower()
+    return None
+
+
 def resumed_base_problem(checkpoint: str | Path, model_path: str) -> str | None:
     """Why the LoRA adapter in ``checkpoint`` cannot go on training on ``model_path`` (the run's model, as
-    `prompt_aug.models.resolve_model_path` gives it), or None: it records another base model. Two local
-    folders are one model where they are one folder or hold the same weights (`weights_fingerprint`); two Hub
-    ids where they are one id. A base recorded by a path not on this machine, or as a Hub id against a local
-    folder, cannot be told apart and passes.
+    `prompt_aug.models.resolve_model_path` gives it), or None: it records another base model (`same_model`
+    says so; where it cannot tell, it passes).
 
     >>> resumed_base_problem("/nowhere/checkpoint-5", "Qwen/Qwen2.5-Math-1.5B") is None  # no adapter there
     True
@@ -130,16 +149,7 @@ def resumed_base_problem(checkpoint: str | Path, model_path: str) -> str | None:
     if not (Path(checkpoint) / ADAPTER_FILE).is_file():
         return None
     recorded = adapter_base(checkpoint)
-    if not recorded or recorded == model_path:
-        return None
-    here, there = Path(model_path).expanduser(), Path(recorded).expanduser()
-    if here.is_dir() and there.is_dir():
-        same = here.resolve() == there.resolve() or weights_fingerprint(here) == weights_fingerprint(there)
-    elif not looks_local(recorded) and not here.exists():  # two Hub ids
-        same = recorded.lower() == model_path.lower()
-    else:
-        return None
-    if same:
+    if not recorded or same_model(recorded, model_path) is not False:
         return None
     return (
         f"resume_from_checkpoint: {checkpoint}'s adapter was trained on {recorded}, not on "
@@ -180,16 +190,11 @@ def not_an_adapter(folder: Path) -> str:
 
 def _other_local_base(recorded: str, base: str) -> bool:
     """Whether ``recorded``, an adapter's base model, is a local model folder still there and ``base`` is
-    another model (the same folder by another path is the same model)."""
-    if (
-        not recorded
-        or not looks_local(recorded)
-        or not (Path(recorded).expanduser() / "config.json").is_file()
-    ):
+    not surely the same model (`same_model`)."""
+    folder = Path(recorded).expanduser()
+    if not recorded or not looks_local(recorded) or not (folder / "config.json").is_file():
         return False
-    if not Path(base).expanduser().exists():  # a Hub id
-        return True
-    return Path(recorded).expanduser().resolve() != Path(base).expanduser().resolve()
+    return same_model(recorded, base) is not True
 
 
 def default_output(folder: Path) -> Path:

@@ -165,11 +165,13 @@ def test_a_base_other_than_the_recorded_one_still_there_is_merged_as_asked_and_w
     tiny_model_dir, tmp_path, monkeypatch, caplog
 ):
     """The adapter applied to another model of the same shapes (its merged copy, a sibling fine-tune) loads
-    without error: the merge names both models. The recorded base by another path is no other model."""
+    without error: the merge names both models. The recorded base by another path, or its weights in another
+    folder, is no other model."""
     from transformers import AutoModelForCausalLM
 
-    other = tmp_path / "other"
-    AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(other)  # same shapes, another folder
+    from prompt_aug.demo.smoke import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", seed=1)  # same shapes, other weights
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
     with caplog.at_level("WARNING", logger="prompt_aug"):
         merge(folder, base=str(other), output=tmp_path / "onto-other")
@@ -180,6 +182,9 @@ def test_a_base_other_than_the_recorded_one_still_there_is_merged_as_asked_and_w
     monkeypatch.chdir(tiny_model_dir.parent)
     with caplog.at_level("WARNING", logger="prompt_aug"):
         merge(folder, base=f"./{tiny_model_dir.name}", output=tmp_path / "onto-its-own")
+        copy = tmp_path / "copy"
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(copy)  # the same weights
+        merge(folder, base=str(copy), output=tmp_path / "onto-a-copy")
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
