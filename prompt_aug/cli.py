@@ -612,7 +612,7 @@ def check_output_dir(
     found = run_artifacts(output_dir)
     readme = Path(output_dir) / "README.md"
     own_readme = readme.is_file() and not is_model_card(readme.read_text(errors="replace"))
-    if own_readme and not resume:  # kept, not deleted or overwritten (`keep_own_readme`)
+    if own_readme and not resume and PartialState().is_main_process:  # kept (`keep_own_readme`), not lost
         logger.warning("%s is no model card: training moves it to _README.md to write the card there", readme)
     if resume and overwrite:
         raise UsageError(
