@@ -383,7 +383,9 @@ def test_decoding_values_a_model_file_and_a_json_file_of_columns_are_refused_in_
         _eval(tiny_model_dir / "config.json", suite_dir, tmp_path / "a")
     columns = tmp_path / "columns.json"  # one row whose cells are the whole columns
     columns.write_text(json.dumps({"question": ["What is 1 + 1?", "What is 2 + 2?"], "answer": ["2", "4"]}))
-    with pytest.raises(SystemExit, match=r"column 'question' holds list values .*one record a line"):
+    with pytest.raises(
+        SystemExit, match=r"columns.json: one JSON object \(keys question, answer\) that .*lines=True"
+    ):
         _eval(tiny_model_dir, suite_dir, tmp_path / "a", "--benchmarks", str(columns))
 
 
