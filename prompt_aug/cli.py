@@ -46,7 +46,7 @@ from .faults import (
     last_complete_checkpoint,
 )
 from .logging_utils import check_log_file
-from .model_card import is_model_card
+from .model_card import own_readme
 from .records import LogFileError
 from .reward_checks import RewardFunctionError
 from .sources import (
@@ -610,9 +610,8 @@ def check_output_dir(
         where = "is a file" if file == Path(output_dir) else f"lies under {file}, a file"
         raise UsageError(f"output_dir {output_dir} {where}, not a folder; choose another --output_dir")
     found = run_artifacts(output_dir)
-    readme = Path(output_dir) / "README.md"
-    own_readme = readme.is_file() and not is_model_card(readme.read_text(errors="replace"))
-    if own_readme and not resume and PartialState().is_main_process:  # kept (`keep_own_readme`), not lost
+    readme = own_readme(output_dir)
+    if readme and not resume and PartialState().is_main_process:  # kept (`keep_own_readme`), not lost
         logger.warning("%s is no model card: training moves it to _README.md to write the card there", readme)
     if resume and overwrite:
         raise UsageError(
@@ -635,7 +634,7 @@ def check_output_dir(
             "checkpoints, model and completions); or choose another --output_dir."
         )
     extras = [Path(output_dir) / n for n in _RUN_EXTRAS if (Path(output_dir) / n).exists()]
-    return found + [p for p in extras if not (own_readme and p == readme)]
+    return found + [p for p in extras if p != readme]
 
 
 def clear_run(paths: list[Path]) -> None:

@@ -669,15 +669,22 @@ def is_model_card(text: str) -> bool:
     return not text.strip() or any(line.strip() in marks for line in front)
 
 
-def keep_own_readme(output_dir: str | Path) -> Path | None:
-    """Move a README.md in ``output_dir`` that is no model card (`is_model_card`: the user's own) to
-    `OWN_README` (``_README-2.md`` and on where that is taken), so that the card written there does not
-    overwrite it; where it went, or None where there was nothing to keep."""
+def own_readme(output_dir: str | Path) -> Path | None:
+    """``output_dir``'s README.md where it is no model card (`is_model_card`): the user's own; else None (also
+    where it cannot be read: the card's write says why)."""
     path = Path(output_dir) / "README.md"
     try:
-        if not path.is_file() or is_model_card(path.read_text(errors="replace")):
-            return None
-    except OSError:  # unreadable: the card's write says why
+        return path if path.is_file() and not is_model_card(path.read_text(errors="replace")) else None
+    except OSError:
+        return None
+
+
+def keep_own_readme(output_dir: str | Path) -> Path | None:
+    """Move the user's own README.md in ``output_dir`` (`own_readme`) to `OWN_README` (``_README-2.md`` and
+    on where that is taken), so that the card written there does not overwrite it; where it went, or None
+    where there was nothing to keep."""
+    path = own_readme(output_dir)
+    if path is None:
         return None
     stem, suffix = Path(OWN_README).stem, Path(OWN_README).suffix
     names = itertools.chain([OWN_README], (f"{stem}-{n}{suffix}" for n in itertools.count(2)))

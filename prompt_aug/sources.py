@@ -158,12 +158,12 @@ def close_model_name(value: str, fetched_only: bool = False) -> str | None:
     by_hub_id = {spec.hub_id.lower(): name for name, spec in LOCAL_MODELS.items()}
     if "/" in low:
         return by_hub_id.get(low)
+
+    def sizes(name: str) -> set[str]:  # 135m, 1.7b: another size is another model, not a misspelling
+        return set(re.findall(r"\d+(?:\.\d+)?[mb]\b", name.lower()))
+
     names = [*LOCAL_MODELS, *([] if fetched_only else builtin_names("model"))]
-    size = set(re.findall(r"\d+(?:\.\d+)?[mb]\b", low))  # another size is another model, not a misspelling
-    names = [
-        n for n in names if not size or set(re.findall(r"\d+(?:\.\d+)?[mb]\b", n.lower())) in (size, set())
-    ]
-    by_case = {name.lower(): name for name in names}
+    by_case = {name.lower(): name for name in names if not sizes(low) or sizes(name) in (sizes(low), set())}
     part_of = [name for known, name in by_case.items() if len(low) > 3 and low in known]
     match = difflib.get_close_matches(low, list(by_case), n=1, cutoff=0.75)
     return part_of[0] if part_of else by_case[match[0]] if match else None
