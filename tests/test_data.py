@@ -551,7 +551,7 @@ def test_the_preview_resolves_a_fetched_models_short_name_as_training_does(tmp_p
     # Fetched: its folder's tokenizer renders, and the length limit applies.
     folder = sources.default_dir("smollm2-135m-instruct")
     builtin_tokenizer().save_pretrained(folder)
-    (folder / sources.MARKER_FILE).write_text("{}")
+    (folder / sources.MARKER_FILE).write_text(sources.marker_text("smollm2-135m-instruct"))
     data.main(["--dataset", str(tmp_path / "train.jsonl"), "--config", str(recipe)])
     out = capsys.readouterr().out
     assert "could not load tokenizer" not in out and "built-in ChatML" not in out

