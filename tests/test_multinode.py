@@ -573,6 +573,26 @@ def test_a_requeued_adaptive_entropy_run_resumes_from_the_checkpoint_before_one_
     assert line.endswith("--overwrite_output_dir true")  # its only checkpoint cannot be resumed
 
 
+def test_a_requeued_start_judges_each_processs_rng_state_as_the_trainer_does(fake_slurm):
+    """A checkpoint that records no process count (TRL's own) and lacks one process's RNG state, with this
+    launch's 16 processes, is one the trainer will not resume (a process was killed while saving): the
+    requeued start takes the complete one before it, and with none replaces the interrupted start rather
+    than handing the trainer a resume it refuses."""
+    import torch
+
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    cut = tiny_checkpoint(out_dir / "checkpoint-4", 4)
+    for rank in range(15):  # rng_state_15.pth never written
+        torch.save({"rank": rank}, cut / f"rng_state_{rank}.pth")
+    requeued = dict(env, SLURM_RESTART_COUNT="1")
+    run = ["--recipe", SMOKE, "--output_dir", str(out_dir)]
+    assert _plan(requeued, *run)["train on gpu07"].endswith("--overwrite_output_dir true")
+    whole = tiny_checkpoint(out_dir / "checkpoint-2", 2)
+    for rank in range(16):
+        torch.save({"rank": rank}, whole / f"rng_state_{rank}.pth")
+    assert _plan(requeued, *run)["train on gpu07"].endswith("--resume_from_checkpoint true")
+
+
 # ---------------------------------------------------------------------------------------------
 # Running it: srun, the server, signals and requeue (stand-in accelerate).
 
