@@ -255,7 +255,8 @@ def final_evaluation(run_dir: str | Path) -> dict[str, Any] | None:
     path = Path(run_dir) / "eval" / "results.json"
     if not path.is_file():
         return None
-    again = f"evaluate again: prompt-aug-eval --model {run_dir} --overwrite"
+    # prompt-aug-eval writes over none but its own results: this file is moved aside first
+    again = f"move it aside and evaluate again: prompt-aug-eval --model {run_dir}"
     results = _read_json(path, again)
     per_template = results.get("results") if isinstance(results, dict) else None
     if not isinstance(per_template, dict) or not all(

@@ -686,25 +686,26 @@ def test_a_resume_with_another_batch_size_keeps_every_completion_once(tiny_model
     assert again["n"] == row["n"] == 14
 
 
+class SmallMemory:
+    """An hf backend whose memory holds ``fits`` prompts at a time, as a GPU holds so many sequences."""
+
+    name, default_batch_size = "hf", 16
+
+    def __init__(self, fits: int) -> None:
+        self.fits, self.asked = fits, []
+
+    def generate(self, prompts, seeds, *, max_tokens, temperature, top_p, n):
+        if len(prompts) > self.fits:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        self.asked += prompts
+        return [[("so \\boxed{42}", "stop")] * n for _ in prompts]
+
+
 def test_running_out_of_memory_keeps_the_completions_and_names_the_batch_size_to_lower(tokenizer, tmp_path):
     """A batch that does not fit in the accelerator's memory stops the evaluation in one line that names
     --batch_size; what earlier batches made is kept, and a rerun with a smaller batch size resumes from it."""
     from prompt_aug.evaluation.benchmarks import Problem, parse_templates
     from prompt_aug.evaluation.runner import generate_and_grade
-
-    class SmallMemory:
-        """A backend whose memory holds ``fits`` prompts at a time, as a GPU holds so many sequences."""
-
-        name, default_batch_size = "hf", 16
-
-        def __init__(self, fits: int) -> None:
-            self.fits, self.asked = fits, []
-
-        def generate(self, prompts, seeds, *, max_tokens, temperature, top_p, n):
-            if len(prompts) > self.fits:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            self.asked += prompts
-            return [[("so \\boxed{42}", "stop")] * n for _ in prompts]
 
     problems = [Problem("sums", k, f"Compute {k} + {42 - k}." + " Think." * k, ["42"]) for k in range(5)]
     templates = parse_templates("qwen-math")
@@ -1796,3 +1797,149 @@ def test_a_folder_whose_settings_lack_newer_keys_keeps_its_tables_covered(
     with pytest.raises(SystemExit, match=r"does not cover \(3 questions of a benchmark\)"):
         _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "aime24,amc", "--limit", "1")
     assert (out / "results.md").is_file()
+
+
+def _without_weights(model: Path, folder: Path) -> Path:
+    """A copy of ``model`` whose weights file is gone: its config and tokenizer load, the model does not."""
+    shutil.copytree(model, folder)
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+REFUSED = (
+    "and this evaluation would write over it; move it, or pass another --output (--overwrite replaces "
+    "prompt-aug-eval's own files only)"
+)
+
+
+def test_files_prompt_aug_eval_did_not_write_are_refused_before_the_model_loads_even_with_overwrite(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    """An --output folder holding a results.json, results.md, settings.json or completions.jsonl of one's own
+    is refused in one line naming the file, before the model loads (a model with no weights, which would fail
+    to load, is never reached), and --overwrite deletes none of them; the folder is left as it was."""
+    broken = _without_weights(tiny_model_dir, tmp_path / "no-weights")
+    flags = ("--benchmarks", "amc", "--limit", "1")
+    own = {  # a file of that name, and why it is not one of prompt-aug-eval's
+        "results.json": ('{"accuracy": 0.5}\n', "no benchmarks, templates, runs, results"),
+        "results.md": ("# My results\n\nAccuracy 50%.\n", "not a table of prompt-aug-eval"),
+        "settings.json": ('{"theme": "dark"}\n', "no model"),
+        "completions.jsonl": (
+            '{"prompt": "hi", "completion": "hello"}\n',
+            "not a record (no benchmark, template, run, index)",
+        ),
+    }
+    for name, (text, why) in own.items():
+        out = tmp_path / name.replace(".", "-")
+        out.mkdir()
+        (out / name).write_text(text)
+        for extra in ((), ("--overwrite",)):
+            with pytest.raises(SystemExit) as exit_info:
+                _eval(broken, suite_dir, out, *flags, *extra)
+            assert exit_info.value.code == (
+                f"prompt-aug-eval: error: {out / name}: not written by prompt-aug-eval ({why}), {REFUSED}"
+            )
+            assert {path.name: path.read_text() for path in out.iterdir()} == {name: text}
+    # A folder of that name is refused too, and kept with what it holds.
+    out = tmp_path / "folder"
+    (out / "results.md").mkdir(parents=True)
+    (out / "results.md" / "notes.txt").write_text("mine\n")
+    with pytest.raises(SystemExit) as exit_info:
+        _eval(tiny_model_dir, suite_dir, out, *flags, "--overwrite")
+    assert exit_info.value.code == (
+        f"prompt-aug-eval: error: {out / 'results.md'}: not written by prompt-aug-eval (a folder), {REFUSED}"
+    )
+    assert (out / "results.md" / "notes.txt").read_text() == "mine\n"
+
+
+def test_overwrite_discards_the_old_results_only_once_the_model_has_loaded(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    """--overwrite with a model that does not load (a mistyped checkpoint folder that holds no weights) stops
+    in one line naming it and leaves the earlier evaluation's files as they were; with a model that loads it
+    discards them, and a file of one's own beside them stays."""
+    out, flags = tmp_path / "eval", ("--benchmarks", "amc", "--limit", "1")
+    _eval(tiny_model_dir, suite_dir, out, *flags)
+    (out / "notes.txt").write_text("mine\n")
+    kept = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert set(kept) == {"completions.jsonl", "results.json", "results.md", "settings.json", "notes.txt"}
+    broken = _without_weights(tiny_model_dir, tmp_path / "checkpoint-9")
+    with pytest.raises(SystemExit) as exit_info:
+        _eval(broken, suite_dir, out, *flags, "--max_tokens", "8", "--overwrite")
+    assert re.fullmatch(
+        rf"prompt-aug-eval: error: --model {re.escape(str(broken))}: the model does not load \(.*\); fix "
+        rf"--model \(the completions and tables in {re.escape(str(out))} are kept\)",
+        str(exit_info.value.code),
+    ), exit_info.value.code
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == kept
+    results = _eval(tiny_model_dir, suite_dir, out, *flags, "--max_tokens", "8", "--overwrite")
+    assert results["new_completions"] == 1 and results["settings"]["max_tokens"] == 8
+    assert (out / "notes.txt").read_text() == "mine\n"
+    assert [r["index"] for r in _lines(out / "completions.jsonl")] == [0]
+
+
+def test_hf_samples_depend_on_the_batch_size_so_a_resume_with_another_is_refused(
+    tiny_model_dir, suite_dir, tmp_path, caplog
+):
+    """hf samples a batch jointly from one seed, so --batch_size changes the samples: settings.json records
+    it when hf samples, and a rerun with another batch size is refused as another setting is. Greedy
+    decoding records none, and resumes with any batch size."""
+    sampled = ("--benchmarks", "amc", "--temperature", "1")
+    one, two = tmp_path / "one", tmp_path / "two"
+    _eval(tiny_model_dir, suite_dir, one, *sampled, "--batch_size", "1")
+    _eval(tiny_model_dir, suite_dir, two, *sampled, "--batch_size", "2")
+    assert [r["completion"] for r in _lines(one / "completions.jsonl")] != [
+        r["completion"] for r in _lines(two / "completions.jsonl")
+    ]
+    assert json.loads((two / "settings.json").read_text())["batch_size"] == 2
+    with pytest.raises(SystemExit) as exit_info:
+        _eval(tiny_model_dir, suite_dir, two, *sampled, "--batch_size", "1")
+    assert exit_info.value.code == (
+        f"prompt-aug-eval: error: {two} holds completions made with other settings "
+        "({'batch_size': (2, 1)}, as (before, now)); rerun with the earlier values to resume them, pass "
+        "another --output, or --overwrite to discard them"
+    )
+    assert _eval(tiny_model_dir, suite_dir, two, *sampled, "--batch_size", "2")["new_completions"] == 0
+    # No --batch_size is hf's default, 16.
+    default = tmp_path / "default"
+    assert _eval(tiny_model_dir, suite_dir, default, *sampled)["settings"]["batch_size"] == 16
+    assert _eval(tiny_model_dir, suite_dir, default, *sampled, "--batch_size", "16")["new_completions"] == 0
+    # A folder written before the batch size was recorded resumes, with a warning, and records it from then.
+    settings = json.loads((two / "settings.json").read_text())
+    del settings["batch_size"]
+    (two / "settings.json").write_text(json.dumps(settings))
+    with caplog.at_level("WARNING", logger="prompt_aug.evaluate"):
+        assert _eval(tiny_model_dir, suite_dir, two, *sampled, "--batch_size", "4")["new_completions"] == 0
+    assert "does not record the --batch_size its sampled completions were made in" in caplog.text
+    assert json.loads((two / "settings.json").read_text())["batch_size"] == 4
+    greedy = tmp_path / "greedy"
+    assert _eval(tiny_model_dir, suite_dir, greedy, "--benchmarks", "amc")["settings"]["batch_size"] is None
+    assert (
+        _eval(tiny_model_dir, suite_dir, greedy, "--benchmarks", "amc", "--batch_size", "1")[
+            "new_completions"
+        ]
+        == 0
+    )
+
+
+def test_running_out_of_memory_while_hf_samples_says_a_smaller_batch_size_does_not_resume(
+    tokenizer, tmp_path
+):
+    """hf samples depend on the batch size: after running out of memory, the message offers another --output
+    or --overwrite with a smaller batch size, not a resume."""
+    from prompt_aug.evaluation.benchmarks import Problem, parse_templates
+    from prompt_aug.evaluation.runner import generate_and_grade
+
+    problems = [Problem("sums", k, f"Compute {k} + {42 - k}.", ["42"]) for k in range(3)]
+    path = tmp_path / "completions.jsonl"
+    with pytest.raises(EvalError) as error:
+        generate_and_grade(
+            SmallMemory(fits=1), tokenizer, problems, parse_templates("qwen-math"), path,
+            temperature=1.0, batch_size=2, progress=False,
+        )  # fmt: skip
+    assert str(error.value) == (
+        f"out of memory generating 2 prompts x 1 sample(s) of up to 3000 new tokens; the completions made so "
+        f"far are kept in {path}: hf samples a batch jointly, so a smaller --batch_size (this one: 2) "
+        "samples otherwise and does not resume them: rerun with one and another --output, or with "
+        "--overwrite to discard them"
+    )

@@ -14,6 +14,13 @@ Writes into ``--output`` (default ``<model>/eval`` for a local model, where the 
   made for today's prompt, and grades it again where its gold answer changed.
 * ``results.json``: accuracy per benchmark, template and run, with macro and micro averages.
 * ``results.md``: the paper-layout table; with several templates, the robustness table too.
+* ``settings.json``: the model's weights and the settings its completions were made with; a rerun with
+  other settings is refused, as it would mix them.
+
+A file of one of these names that prompt-aug-eval did not write (a file of one's own, or a folder) is never
+written over or deleted, ``--overwrite`` or not: the evaluation is refused before the model loads. With
+``--overwrite`` the folder's completions and tables are discarded only once the model has loaded, so an
+evaluation that fails to start leaves them as they were.
 
 Launched as several processes (``torchrun --nproc_per_node 8 -m prompt_aug.evaluate ...`` or
 ``accelerate launch --num_processes 8 -m prompt_aug.evaluate ...``), one per GPU, the processes share the
@@ -66,15 +73,17 @@ from .benchmarks import (
     parse_benchmarks,
     parse_templates,
 )
-from .report import PAPER_MAX_MODEL_LEN, protocol_differences, render_tables, summarize
+from .report import PAPER_MAX_MODEL_LEN, TABLE_HEAD, protocol_differences, render_tables, summarize
 from .runner import (
     Processes,
     completions_made,
     fold_shards,
     generate_and_grade,
     join_processes,
+    not_records,
     read_records,
     respell_question_sets,
+    samples_depend_on_batch_size,
     shard_paths,
     write_atomically,
 )
@@ -174,7 +183,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="Prompts per generate call (default: 16 for hf, 1024 for vllm). A rerun may give another one "
-        "(a smaller one after running out of memory): it keeps the completions made and batches the rest.",
+        "(a smaller one after running out of memory): it keeps the completions made and batches the rest. "
+        "Not when hf samples (--temperature > 0): its samples depend on the batch size (see --seed), which "
+        "settings.json then records, so a rerun with another one is refused as other settings are.",
     )
     parser.add_argument(
         "--dtype",
@@ -219,7 +230,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "where it stopped.",
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help="Discard the completions and tables already in --output."
+        "--overwrite",
+        action="store_true",
+        help="Discard the completions and tables an earlier evaluation wrote in --output, once the model has "
+        "loaded. Files prompt-aug-eval did not write are never deleted.",
     )
     parser.add_argument("--no_progress", action="store_true", help="No progress bar.")
     args = parser.parse_args(argv)
@@ -323,19 +337,73 @@ def _folder_held(output: Path) -> Iterator[None]:
         os.close(folder)  # releases the lock
 
 
-def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> None:
+# What every ``results.json`` of prompt-aug-eval holds (`_check_coverage` reads them): what tells it from
+# another file of that name.
+RESULTS_KEYS = ("benchmarks", "templates", "runs", "results")
+
+
+def _not_ours(path: Path) -> str | None:
+    """Why ``path``, of a name an evaluation writes, is not a file prompt-aug-eval wrote there; None where it
+    is one, or where there is nothing. Told by content: records (`not_records`), settings with a ``model``,
+    results with `RESULTS_KEYS`, a table that begins with `TABLE_HEAD`."""
+    if not path.is_file():
+        if path.is_dir():
+            return "a folder"
+        return "not a file" if path.exists() or path.is_symlink() else None
+    try:
+        if path.name == TABLE_FILE:
+            with path.open(encoding="utf-8") as handle:
+                head = handle.read(len(TABLE_HEAD))
+            return None if head == TABLE_HEAD else "not a table of prompt-aug-eval"
+        if path.name not in (RESULTS_FILE, SETTINGS_FILE):  # the records and their shards
+            return not_records(path)
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:  # UnicodeDecodeError too
+        return "not JSON" if path.suffix == ".json" else "not UTF-8 text"
+    keys = RESULTS_KEYS if path.name == RESULTS_FILE else ("model",)
+    missing = [key for key in keys if not isinstance(value, dict) or key not in value]
+    return f"no {', '.join(missing)}" if missing else None
+
+
+def _check_own_files(output: Path) -> None:
+    """Every file in ``output`` that an evaluation writes, appends to or deletes (records, shards, settings,
+    tables) must be one prompt-aug-eval wrote (`_not_ours`); `EvalError` naming the first that is not. A
+    ``settings.json`` that cannot be read beside records is their own, damaged: `_read_settings` names it."""
+    records = output / RECORDS_FILE
+    made = [*shard_paths(records), records]
+    beside_records = any(path.is_file() and path.stat().st_size for path in made)
+    for path in (*made, output / SETTINGS_FILE, output / RESULTS_FILE, output / TABLE_FILE):
+        why = _not_ours(path)
+        if why is None or (path.name == SETTINGS_FILE and path.is_file() and beside_records):
+            continue  # beside records (checked first: prompt-aug-eval's), a damaged settings.json is theirs
+        raise EvalError(
+            f"{path}: not written by prompt-aug-eval ({why}), and this evaluation would write over it; move "
+            "it, or pass another --output (--overwrite replaces prompt-aug-eval's own files only)"
+        )
+
+
+def _compare_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> bool:
     """Completions already in ``output`` must come from the same model (its folder's name and its weights,
-    `weights_fingerprint`) and decoding settings."""
+    `weights_fingerprint`) and decoding settings; `EvalError` naming what changed. Returns whether the tables
+    in ``output`` are of an evaluation with other settings, to be deleted by `_take_folder`. Deletes and
+    writes nothing."""
     path, records = output / SETTINGS_FILE, output / RECORDS_FILE
     previous = _read_settings(path) if path.is_file() and not overwrite else None
     # The previous settings as today's would state them: an older folder's lack newer keys, and may name a
     # file by a relative path (resolved from the working folder).
     before = {**SETTINGS_BEFORE_STOP_FLAG, **(previous or {})}
     before.update({key: file_place(before.get(key)) for key in FILE_SETTINGS})
-    if overwrite:
-        for old in (records, *shard_paths(records)):
-            old.unlink(missing_ok=True)
-    elif previous is not None and (records.is_file() or shard_paths(records)):
+    has_records = records.is_file() or bool(shard_paths(records))
+    batch_size = settings.get("batch_size")
+    if previous is not None and "batch_size" not in previous:  # made before it was recorded
+        before["batch_size"] = batch_size
+        if batch_size is not None and has_records:
+            logger.warning(
+                "%s does not record the --batch_size its sampled completions were made in (written by an "
+                "older version): they are taken as made in batches of %d; pass --overwrite if they were not",
+                path, batch_size,
+            )  # fmt: skip
+    if previous is not None and has_records:
         for key in ("weights", "base_weights"):
             then, now, what = before.get(key), settings[key], key.replace("_", " ")
             if then != now and None in (then, now):  # nothing to compare the weights with
@@ -357,13 +425,29 @@ def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> 
                 f"{output} holds completions made with other settings ({changed}, as (before, now)); "
                 f"{resume}pass another --output, or --overwrite to discard them"
             )
-    if overwrite or (previous is not None and any(before.get(k) != v for k, v in settings.items())):
-        # The old evaluation's tables go with its completions: a card or a plot must not show them as this
-        # one's, should this one stop before it writes its own.
+    return previous is not None and any(before.get(k) != v for k, v in settings.items())
+
+
+def _take_folder(output: Path, settings: dict[str, Any], overwrite: bool, stale_tables: bool) -> None:
+    """Make ``output`` this evaluation's, once its model has loaded: with ``overwrite`` delete the records
+    (and leftover shards); with ``overwrite`` or ``stale_tables`` (`_compare_settings`) the tables too,
+    which a card or a plot must not show as this evaluation's should it stop before it writes its own; then
+    write ``settings.json``. `_check_own_files` has made sure that these are prompt-aug-eval's own files."""
+    records = output / RECORDS_FILE
+    if overwrite:
+        for old in (records, *shard_paths(records)):
+            old.unlink(missing_ok=True)
+    if overwrite or stale_tables:
         for old in (output / RESULTS_FILE, output / TABLE_FILE):
             old.unlink(missing_ok=True)
     output.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps(settings, indent=2) + "\n")
+    write_atomically(output / SETTINGS_FILE, json.dumps(settings, indent=2) + "\n")
+
+
+def _check_settings(output: Path, settings: dict[str, Any], overwrite: bool) -> None:
+    """`_compare_settings`, then `_take_folder` at once (`run_evaluation` takes the folder only once the model
+    has loaded)."""
+    _take_folder(output, settings, overwrite, _compare_settings(output, settings, overwrite))
 
 
 def _read_settings(path: Path) -> dict[str, Any]:
@@ -387,7 +471,7 @@ def _check_coverage(
 ) -> None:
     """An evaluation into a folder whose tables cover what this one does not (other benchmarks or templates,
     more runs, more questions than its ``--limit``) would replace them with its own: refused, in one line,
-    before `_check_settings` deletes any tables (whatever the completions and settings beside them). With
+    before `_take_folder` deletes any tables (whatever the completions and settings beside them). With
     ``--overwrite`` nothing is kept, so nothing is refused."""
     if args.overwrite:
         return
@@ -476,6 +560,10 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         "top_p": args.top_p if sampling else 1.0,
         "n": args.n,
         "seed": args.seed if sampling else None,
+        # hf samples a batch jointly: its samples depend on the batch size too.
+        "batch_size": (args.batch_size or HFBackend.default_batch_size)
+        if samples_depend_on_batch_size(backend_name, args.temperature)
+        else None,
         "templates_file": file_place(args.templates_file),
         "chat_template": file_place(args.chat_template),
         "chat_template_kwargs": args.chat_template_kwargs or None,
@@ -493,24 +581,37 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
             ", more than in the paper's protocol" if shorter else " (as in the paper's, at 4096)",
         )  # fmt: skip
     with contextlib.ExitStack() as held:  # the folder, held by the main process until the end
-        # The main process checks the folder; every process stops with its verdict.
-        error, before = None, set()
+        # The main process checks the folder; every process stops with its verdict. Nothing in it is
+        # deleted before the model has loaded.
+        error, before, stale_tables = None, set(), False
         if processes.main:
             try:
                 held.enter_context(_folder_held(output))
-                # Coverage first: the settings check deletes the tables of an evaluation with other settings.
+                _check_own_files(output)
                 _check_coverage(output, args, benchmarks, [t.name for t in templates])
-                _check_settings(output, settings, args.overwrite)
-                fold_shards(output / RECORDS_FILE)
-                # What the folder holds; a bad line stops every process now, before the model loads.
-                before = completions_made(respell_question_sets(output / RECORDS_FILE, benchmarks))
+                stale_tables = _compare_settings(output, settings, args.overwrite)
+                if not args.overwrite:  # else the records are discarded (`_take_folder`)
+                    fold_shards(output / RECORDS_FILE)
+                    # What the folder holds; a bad line stops every process now, before the model loads.
+                    before = completions_made(respell_question_sets(output / RECORDS_FILE, benchmarks))
             except EvalError as err:
                 error = str(err)
         error = processes.broadcast(error)
         if error:
             raise EvalError(error)
 
-        backend = _load_backend(args, backend_name, max_model_len, processes, tokenizer)
+        try:
+            backend = _load_backend(args, backend_name, max_model_len, processes, tokenizer)
+        except OSError as err:  # files missing or unreadable
+            why = (str(err).strip() or type(err).__name__).splitlines()[0]
+            raise EvalError(
+                f"--model {args.model}: the model does not load ({why}); fix --model (the completions and "
+                f"tables in {output} are kept)"
+            ) from err
+        processes.barrier()  # every process has its model: the folder can be taken
+        if processes.main:
+            _take_folder(output, settings, args.overwrite, stale_tables)
+        args.overwrite = False  # the folder holds this evaluation's completions only: a rerun resumes them
         logger.info(
             "model %s, backend %s, %d questions × %d template(s) × %d run(s) → %s%s",
             args.model,

@@ -41,6 +41,9 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+# How every ``results.md`` begins: what tells a table of prompt-aug-eval's from another file of that name.
+TABLE_HEAD = "Accuracy (%), strict grading (last `\\boxed{}`)"
+
 # How `protocol_differences` names a paper setting that is None.
 PAPER_NONE = {
     "limit": "every question",
@@ -210,7 +213,7 @@ def render_tables(
     runs = settings["runs"]
     limit = settings.get("limit")
     lines = [
-        f"Accuracy (%), strict grading (last `\\boxed{{}}`), template `{main}`, {decoding}, "
+        f"{TABLE_HEAD}, template `{main}`, {decoding}, "
         f"at most {settings['max_tokens']} new tokens, mean of {runs} run{'s' if runs != 1 else ''}"
         + (f" × {settings['n']} samples" if settings["n"] > 1 else "")
         + ". Macro: mean of the benchmarks; micro: over all questions.",

@@ -143,6 +143,20 @@ def _not_a_record(value: Any) -> str | None:
     return None
 
 
+def not_records(path: Path) -> str | None:
+    """Why the file ``path`` (a ``completions.jsonl`` or one of its shards) is no file of records this module
+    writes, judged by its first line: a record (`_not_a_record`), or the start of one cut short. None when it
+    holds records, or nothing."""
+    with path.open("rb") as handle:
+        first = handle.readline()
+    if not first.endswith(b"\n"):  # one line, torn while it was written, or none
+        return None if not first or first.startswith(b'{"benchmark": ') else "its first line is no record"
+    try:
+        return _not_a_record(json.loads(first.decode("utf-8")))
+    except ValueError:  # UnicodeDecodeError too
+        return "its first line is not JSON"
+
+
 def write_atomically(path: Path, text: str) -> None:
     """``text`` as ``path``'s whole content, written beside it and moved into place, so that an interruption
     leaves the old file or the new one, never part of either."""
@@ -381,6 +395,19 @@ def respell_question_sets(records_path: Path, benchmarks: list[str]) -> list[dic
     return records
 
 
+def samples_depend_on_batch_size(backend: str, temperature: float) -> bool:
+    """Whether the completions of ``backend`` at ``temperature`` depend on ``--batch_size``: the hf backend
+    samples a batch jointly from its first question's seed (`HFBackend.generate`), so another batch size
+    draws other samples. Greedy decoding draws nothing, and vLLM seeds each question on its own.
+
+    >>> samples_depend_on_batch_size("hf", 0.7), samples_depend_on_batch_size("hf", 0.0)
+    (True, False)
+    >>> samples_depend_on_batch_size("vllm", 0.7)
+    False
+    """
+    return backend == "hf" and temperature > 0
+
+
 def deal(order: list[int], batch_size: int, share: int, shares: int, whole_batches: bool) -> list[list[int]]:
     """The batches of ``order`` (the work, in the order one process does it) that share ``share`` of
     ``shares`` generates.
@@ -497,10 +524,17 @@ def generate_and_grade(
                     n=n,
                 )
             except (OutOfMemoryError, MemoryError):
+                again = (
+                    f"rerun the same command with a smaller --batch_size (this one: {batch_size}), which "
+                    "resumes from them"
+                    if not samples_depend_on_batch_size(backend.name, temperature)
+                    else f"hf samples a batch jointly, so a smaller --batch_size (this one: {batch_size}) "
+                    "samples otherwise and does not resume them: rerun with one and another --output, or "
+                    "with --overwrite to discard them"
+                )
                 raise EvalError(
                     f"out of memory generating {len(batch)} prompts x {n} sample(s) of up to {max_tokens} "
-                    f"new tokens; the completions made so far are kept in {sink_path}: rerun the same "
-                    f"command with a smaller --batch_size (this one: {batch_size}), which resumes from them"
+                    f"new tokens; the completions made so far are kept in {sink_path}: {again}"
                 ) from None
             flat = [(i, sample, completion, reason) for i, samples in zip(batch, outputs)
                     for sample, (completion, reason) in enumerate(samples)]  # fmt: skip
