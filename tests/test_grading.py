@@ -684,6 +684,27 @@ KINDS = {
         ("12,\\! 345", "12345", True),
         ("12346", "12,\\! 345", False),
     ],
+    "thousands groups set apart by spaces, or led by a zero": [
+        ("1000", "1 000", True),
+        ("1000", "1\\ 000", True),
+        ("12345", "12 345", True),
+        ("(1000)", "(1,000)", True),
+        ("(1,0)", "(1,000)", False),
+        ("123", "1 2 3", False),
+        ("1020", "10 20", False),
+    ],
+    "temperature scales": [
+        ("100^\\circ C", "100°C", True),
+        ("100^\\circ C", "100", True),
+        ("100^\\circ C", "100^\\circ F", False),
+        ("100^\\circ C", "101^\\circ C", False),
+    ],
+    "a relation of one variable against an interval": [
+        ("(2, \\infty)", "x > 2", True),
+        ("[-1, 3)", "-1 \\le t < 3", True),
+        ("(2, \\infty)", "x > 3", False),
+        ("(-\\infty, -2) \\cup (2, \\infty)", "x^2 > 4", False),
+    ],
     "decimal comma": [
         ("3.14", "3,14", True),
         ("0.5", "0,5", True),
@@ -813,10 +834,15 @@ def test_intervals_in_decimals(gold, answer, wrong):
 
 def test_where_the_new_readings_agree_with_math_verify():
     # Each right answer above is one math-verify itself accepts on our normalised texts (no rule of ours
-    # decides it alone), except the decimal comma, which math-verify reads as a set of two numbers, and a
-    # word, which it reads as text, lower-cased, only before normalisation (`\text{Evelyn}` is `evelyn`).
+    # decides it alone), except the decimal comma, which math-verify reads as a set of two numbers, a
+    # word, which it reads as text, lower-cased, only before normalisation (`\text{Evelyn}` is `evelyn`),
+    # and a relation against an interval, which it reads as a set only when asked (`relation_as_set`).
     for kind, gold, answer, right in KIND_CASES:
-        if right and kind not in ("decimal comma", "a gold that is a word"):
+        if right and kind not in (
+            "decimal comma",
+            "a gold that is a word",
+            "a relation of one variable against an interval",
+        ):
             assert _math_verify(normalize(answer), normalize_gold(gold)), (kind, gold, answer)
 
 
@@ -1094,6 +1120,160 @@ def test_a_temperature_unit_goes_only_where_a_value_ends():
     assert normalize("(20^\\circ C, 30^\\circ F)") == "(20, 30)"
     assert normalize("30^\\circ C = 5") != "30 = 5"
     assert normalize("\\angle C = 30^\\circ") == "\\angle C = 30"
+
+
+# (answer, gold, right?): a temperature's scale is compared where both sides write one; a value written
+# without a scale is compared by its value, as in `test_degrees_celsius_are_a_unit_on_either_side`.
+TEMPERATURE_SCALES = [
+    ("100^\\circ C", "100^\\circ F", False),
+    ("100^\\circ F", "100^\\circ C", False),
+    ("100\\text{ }^{\\circ}\\text{F}", "100^\\circ C", False),
+    ("1950°F", "1950^\\circ C\n", False),  # the Minerva gold
+    ("100^\\circ \\text{Fahrenheit}", "100^\\circ C", False),
+    ("T = 100^\\circ F", "100^{\\circ} \\mathrm{C}", False),
+    ("212^\\circ F", "100^\\circ C", False),  # the same temperature, but no scale is converted
+    ("101^\\circ C", "100^\\circ C", False),
+    ("101", "100^\\circ F", False),
+    ("100^\\circ C", "100^\\circ C", True),
+    ("100°C", "100^{\\circ} \\mathrm{C}", True),
+    ("T = 100^\\circ F", "100 \\text{ }^\\circ \\text{F}", True),
+    ("100", "100^\\circ F", True),
+    ("100^\\circ F", "100", True),
+]
+
+
+def test_a_temperature_in_another_scale_is_wrong():
+    mismatches = [
+        (answer, gold)
+        for answer, gold, right in TEMPERATURE_SCALES
+        for verdict in (
+            grade(f"\\boxed{{{answer}}}", gold, strict=True),
+            grade(f"The final answer is ${answer}$. I hope it is correct.", gold),
+            grade("lorem ipsum " * 5000 + f"\\boxed{{{answer}}}", gold),  # long: graded in a worker
+        )
+        if verdict.correct is not right or not verdict.gold_ok
+    ]
+    assert mismatches == []
+
+
+def test_a_list_gold_accepts_a_temperature_in_the_scale_of_one_of_its_elements():
+    golds = ["100^\\circ C", "212^\\circ F"]
+    assert grade("\\boxed{212^\\circ F}", golds).correct
+    assert grade("\\boxed{100^\\circ C}", golds).correct
+    assert not grade("\\boxed{100^\\circ F}", golds).correct
+    assert not grade("\\boxed{212^\\circ C}", golds).correct
+
+
+def test_the_worker_compares_temperature_scales_too():
+    from rewards.grading.verify import check
+
+    celsius, fahrenheit = normalize("100^\\circ C"), normalize("100^\\circ F")
+    assert check((fahrenheit, (celsius,))) == (False, (True,), False)
+    assert check((celsius, (celsius,))) == (True, (True,), False)
+    assert check(("100", (fahrenheit,))) == (True, (True,), False)
+    assert check((fahrenheit, ("100",))) == (True, (True,), False)
+
+
+# (answer, gold, right?): thousands groups set apart by a space, `\ `, `\,` or a tie are one number; digits
+# that are not such groups are not (a list, or a number and more).
+SPACED_THOUSANDS = [
+    ("1 000", "1000", True),
+    ("1\\ 000", "1000", True),
+    ("1\\,000", "1000", True),
+    ("1~000", "1000", True),
+    ("1 000 000", "1000000", True),
+    ("12 345", "12345", True),
+    ("-12 345.5", "-12345.5", True),
+    ("1000", "1 000", True),
+    ("1 000", "100", False),
+    ("1 000", "1", False),
+    ("12 345", "12346", False),
+    ("1 000 000", "100000", False),
+    ("1 2 3", "123", False),
+    ("10 20", "1020", False),
+    ("1 234 5", "12345", False),
+    ("12 34", "1234", False),
+    ("1234 567", "1234567", False),
+]
+
+
+def test_thousands_groups_set_apart_by_a_space_are_one_number():
+    mismatches = [
+        (answer, gold)
+        for answer, gold, right in SPACED_THOUSANDS
+        for verdict in (
+            grade(f"\\boxed{{{answer}}}", gold, strict=True),
+            grade(f"The answer is ${answer}$.", gold),
+        )
+        if verdict.correct is not right or not verdict.gold_ok
+    ]
+    assert mismatches == []
+    assert [normalize(text) for text in ("1 000 000", "12\\ 345", "1 2 3", "10 20", "x1 000", "0.5 100")] == [
+        "1000000",
+        "12345",
+        "1 2 3",
+        "10 20",
+        "x1 000",
+        "0.5 100",
+    ]
+
+
+# (answer, gold, right?): `1,000` with a group led by a zero is one number inside brackets too. Pairs written
+# without a space after the comma stay pairs where no group is led by a zero (MATH's golds write `(4,112)`).
+# `(1,000)` against `(1000)` is right: a tuple's element is not written `000`, so `(1,000)` can only be the
+# number 1000 in brackets, which is what `(1000)` is (math-verify reads both as the number, like `1000`).
+BRACKETED_THOUSANDS = [
+    ("(1,000)", "(1,0)", False),
+    ("(1,000)", "(1, 0)", False),
+    ("(1,0)", "(1,000)", False),
+    ("(1,001)", "(1,1)", False),
+    ("(1,000, 2)", "(1, 0, 2)", False),
+    ("(1,000)", "(1001)", False),
+    ("(1,000)", "(1000)", True),
+    ("(1,000)", "1000", True),
+    ("(2,050, 7)", "(2050, 7)", True),
+    ("1,000", "1000", True),
+    ("(1,2)", "(1,2)", True),
+    ("(1,500)", "(1, 500)", True),
+    ("(4,112)", "(4, 112)", True),
+    ("(1,500)", "1500", False),
+]
+
+
+def test_thousands_groups_led_by_a_zero_inside_brackets_are_one_number():
+    mismatches = [
+        (answer, gold)
+        for answer, gold, right in BRACKETED_THOUSANDS
+        if grade(f"\\boxed{{{answer}}}", gold).correct is not right
+    ]
+    assert mismatches == []
+    assert normalize("(1,000)") == "(1000)" and normalize("(4,112)") == "(4,112)"
+
+
+# (answer, gold, right?): a relation between one variable and constants is the set it defines, against a
+# gold that is certainly a set of reals; an inequality in an expression restates a question and stays wrong.
+RELATIONS_AS_SETS = [
+    ("x > 2", "(2,\\infty)", True),
+    ("2 < x", "(2, \\infty)", True),
+    ("x \\neq 2", "(-\\infty,2)\\cup(2,\\infty)", True),
+    ("x \\leq -1", "(-\\infty, -1]", True),
+    ("x > 3", "(2,\\infty)", False),
+    ("x < 2", "(2,\\infty)", False),
+    ("x \\geq 2", "(2,\\infty)", False),
+    ("x > 2", "[2,\\infty)", False),
+    ("x^2 > 4", "(-\\infty,-2)\\cup(2,\\infty)", False),
+    ("x + y > 2", "(2,\\infty)", False),
+    ("1 < x < 2", "(1,2)", False),  # `(1, 2)` may be a point of the plane
+]
+
+
+def test_a_relation_of_one_variable_equals_the_interval_it_defines():
+    mismatches = [
+        (answer, gold)
+        for answer, gold, right in RELATIONS_AS_SETS
+        if grade(f"\\boxed{{{answer}}}", gold).correct is not right
+    ]
+    assert mismatches == []
 
 
 @pytest.mark.parametrize(

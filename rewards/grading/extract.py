@@ -132,13 +132,24 @@ _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 _BARE_UNIT = re.compile(r"(\d|\})\s*(?:dollars?|integers?|points?)\.?\s*$")
 # Degrees Celsius or Fahrenheit (`1950^\circ C`, `{ }^{\circ} \mathrm{C}`, `25°F`, `100~^{\circ}\mathrm{C}`)
 # where a value ends: a unit, not the constant C. The braces of `\text{ }^\circ` are the command's, not an
-# empty group's. Like every unit here it is dropped, not compared: `100^\circ C` equals `100^\circ F`.
+# empty group's. Group 1 or 2 names the scale. The scale that ends the whole answer is kept, written as
+# `TEMPERATURE_SUFFIXES` writes it, and compared (`split_temperature`); one inside a tuple is dropped.
 _TEMPERATURE = re.compile(
     r"(?:\s|~|\\ )*(?:(?<![A-Za-z])\{\s*\})?\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*"
-    r"(?:\\(?:text|mathrm|mbox)\s*\{\s*(?:[CF]|Celsius|Fahrenheit)\s*\}"
-    r"|(?:[CF]|Celsius|Fahrenheit)(?![A-Za-z]))"
+    r"(?:\\(?:text|mathrm|mbox)\s*\{\s*([CF]|Celsius|Fahrenheit)\s*\}"
+    r"|([CF]|Celsius|Fahrenheit)(?![A-Za-z]))"
     r"(?=\s*(?:[,;)\]]|\\\}|$))"
 )
+# How `normalize` writes the scale of an answer that ends in one: after the value, as `100^{\circ}\mathrm{C}`.
+# `normalize` drops every other degree sign, so no other normalised text ends so.
+TEMPERATURE_SUFFIXES = {"C": "^{\\circ}\\mathrm{C}", "F": "^{\\circ}\\mathrm{F}"}
+# Thousands groups set apart by a space, `\ ` or a tie (`1 000 000`, `12\ 345`; `\,` and `\;` are dropped
+# before): a run of digit groups so separated, read by `_spaced_thousands`.
+_SPACED_DIGITS = re.compile(r"(?<!\d)\d+(?:(?:\s|\\ |~)\d+)+")
+_DIGIT_SPACE = re.compile(r"\s|\\ |~")
+_COMMA_DIGIT = re.compile(r",\d")  # after a run of groups: the run is part of a longer number or list
+# Thousands groups after commas (`1,000`, `2,050,300`), read by `_zero_led_thousands`.
+_COMMA_GROUPS = re.compile(r"(?<![\d.,])[1-9]\d{0,2}(?:,\d{3})+(?!\d|,\d)")
 # `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
 _THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})\s*(?=\d{3}(?!\d))")
 # `x > 1,000`: after a relation, `1,000` is one number (math-verify reads `x > 1, 000` as a set).
@@ -249,14 +260,102 @@ def _braced(argument: str) -> str:
     return argument if argument.startswith("{") else "{" + argument + "}"
 
 
+def _spaced_thousands(text: str) -> str:
+    """``text`` with each number written in thousands groups set apart by a space, ``\\ `` or a tie read as
+    one number: a first group of one to three digits, led by no zero, then groups of exactly three
+    (``1 000 000``, ``12\\ 345``). A run with any other group is a list and stays (``1 2 3``, ``10 20``,
+    ``1 234 5``), and so does a run after a letter, digit, point, comma or ``^`` (``x1 000``, ``0.5 100``).
+
+    >>> _spaced_thousands("1 000 000"), _spaced_thousands("12\\\\ 345.5"), _spaced_thousands("1~000 cm")
+    ('1000000', '12345.5', '1000 cm')
+    >>> _spaced_thousands("1 2 3"), _spaced_thousands("10 20"), _spaced_thousands("x1 000")
+    ('1 2 3', '10 20', 'x1 000')
+    """
+
+    def join(run: re.Match[str]) -> str:
+        groups = _DIGIT_SPACE.split(run.group())
+        before = text[run.start() - 1 : run.start()]
+        if (
+            groups[0][0] == "0"
+            or len(groups[0]) > 3
+            or any(len(group) != 3 for group in groups[1:])
+            or (before and (before.isalnum() or before in "_.,^"))
+            or _COMMA_DIGIT.match(text, run.end())
+        ):
+            return run.group()
+        return "".join(groups)
+
+    return _SPACED_DIGITS.sub(join, text)
+
+
+def _zero_led_thousands(text: str) -> str:
+    """``text`` with each number written in thousands groups after commas, one of them led by a zero
+    (``1,000``, ``2,050,300``), written without its commas. A tuple's element is not written ``000`` or
+    ``050``, so such a run is one number inside brackets too, where math-verify reads ``(1,000)`` as the
+    pair (1, 0). A run with no such group stays: ``(4,112)`` and ``(1,500)`` may be pairs (MATH's golds
+    write pairs so).
+
+    >>> _zero_led_thousands("(1,000)"), _zero_led_thousands("[2,050,300, 7)"), _zero_led_thousands("(4,112)")
+    ('(1000)', '[2050300, 7)', '(4,112)')
+    """
+    return _COMMA_GROUPS.sub(
+        lambda run: run.group().replace(",", "") if ",0" in run.group() else run.group(), text
+    )
+
+
+def _without_temperatures(answer: str) -> tuple[str, str | None]:
+    """``answer`` without its temperature scales (`_TEMPERATURE`), and the scale (``"C"`` or ``"F"``) of
+    the one that ends it, if one does (what follows it is at most ``,``, ``;``, ``.`` and spaces)."""
+    end = len(answer.rstrip(" ,;."))
+    ending: list[str] = []
+
+    def drop(match: re.Match[str]) -> str:
+        if match.end() >= end:
+            ending.append((match.group(1) or match.group(2))[0])
+        return ""
+
+    return _TEMPERATURE.sub(drop, answer), (ending[-1] if ending else None)
+
+
+def split_temperature(text: str) -> tuple[str, str | None]:
+    """A normalised answer's value and the temperature scale it ends in (``"C"`` or ``"F"``, as
+    `normalize` writes it), else ``None``.
+
+    >>> split_temperature(normalize("100^\\\\circ C")), split_temperature(normalize("25°F"))
+    (('100', 'C'), ('25', 'F'))
+    >>> split_temperature("90")
+    ('90', None)
+    """
+    for scale, suffix in TEMPERATURE_SUFFIXES.items():
+        if text.endswith(suffix) and len(text) > len(suffix):
+            return text[: -len(suffix)], scale
+    return text, None
+
+
+def scales_differ(answer: str, gold: str) -> bool:
+    """Whether two normalised answers both end in a temperature scale and the scales differ:
+    ``100^\\circ C`` is not ``100^\\circ F``. A value written without a scale is compared by its value
+    alone (a gold's unit need not be written, nor need an answer's).
+
+    >>> scales_differ(normalize("100^\\\\circ C"), normalize("100^\\\\circ F"))
+    True
+    >>> scales_differ(normalize("100^\\\\circ C"), normalize("100°C")), scales_differ("9", normalize("9°F"))
+    (False, False)
+    """
+    scale, other = split_temperature(answer)[1], split_temperature(gold)[1]
+    return scale is not None and other is not None and scale != other
+
+
 def normalize(answer: str) -> str:
     """Canonical text for an extracted answer: no ``$``, ``\\text{}`` wrappers, units, degree signs,
-    ``\\left``/``\\right``, ``\\phantom``, thousands marks, ``\\approx`` and what follows it, trailing
-    period or comma; ``\\dfrac``/``\\tfrac`` become ``\\frac``; shorthand ``\\frac12``, ``\\sqrt2`` get
-    braces; ``x = 5`` and ``a_1 = 5`` become ``5`` (but ``y = 2x + 3`` stays an equation); a numeral in a
-    base is written ``N_{b}``; relation commands are written as math-verify writes them (``\\geq`` -> ``>=``,
-    ``\\neq`` -> ``!=``); a sentence opening the box (``\\text{The vector is }``) and words before a
-    matrix go; ``x \\approx 2.24`` (a variable on the left) becomes ``2.24``.
+    ``\\left``/``\\right``, ``\\phantom``, thousands marks (``29,\\!322``, ``1 000``, and ``1,000`` where a
+    group is led by a zero), ``\\approx`` and what follows it, trailing period or comma; a temperature
+    scale that ends the answer is kept after the value, as ``100^{\\circ}\\mathrm{C}`` (`split_temperature`);
+    ``\\dfrac``/``\\tfrac`` become ``\\frac``; shorthand ``\\frac12``, ``\\sqrt2`` get braces; ``x = 5``
+    and ``a_1 = 5`` become ``5`` (but ``y = 2x + 3`` stays an equation); a numeral in a base is written
+    ``N_{b}``; relation commands are written as math-verify writes them (``\\geq`` -> ``>=``, ``\\neq`` ->
+    ``!=``); a sentence opening the box (``\\text{The vector is }``) and words before a matrix go;
+    ``x \\approx 2.24`` (a variable on the left) becomes ``2.24``.
 
     >>> normalize(r"$\\dfrac{1}{2}$.")
     '\\\\frac{1}{2}'
@@ -273,6 +372,8 @@ def normalize(answer: str) -> str:
     >>> (normalize(r"y = 2x + 3"), normalize(r"x \\geq 3"), normalize(r"12,\\! 345"),
     ...  normalize(r"\\text{so } x \\approx 2.24"))
     ('y = 2x + 3', 'x >= 3', '12345', '2.24')
+    >>> normalize(r"T = 1950 { }^{\\circ} \\mathrm{C}"), normalize("1 000 000"), normalize("(1,000)")
+    ('1950^{\\\\circ}\\\\mathrm{C}', '1000000', '(1000)')
     """
     answer = answer.strip().replace("\n", " ")
     answer = answer.replace("\\$", "").replace("$", "")
@@ -280,8 +381,9 @@ def normalize(answer: str) -> str:
     answer = _SIZED_DELIMITER.sub("", answer)
     answer = _THOUSANDS_MARK.sub(r"\1", answer)
     answer = answer.replace("\\!", "").replace("\\,", "").replace("\\;", "")
+    answer = _spaced_thousands(_zero_led_thousands(answer))
     answer = _PHANTOM.sub("", answer)
-    answer = _TEMPERATURE.sub("", answer)
+    answer, scale = _without_temperatures(answer)
     answer = re.sub(r"\^\s*\{?\\circ\}?", "", answer).replace("°", "")
     answer = answer.strip()
     lead = _LEADING_SENTENCE.match(answer)
@@ -314,7 +416,8 @@ def normalize(answer: str) -> str:
     match = _BASE_NUMERAL.fullmatch(answer)
     if match:
         answer = f"{match.group(1)}_{{{match.group(2)}}}"
-    return number_text(answer)  # 5e-05 in positional digits, as a gold written so is (math-verify reads e)
+    answer = number_text(answer)  # 5e-05 in positional digits, as a gold written so is (math-verify reads e)
+    return answer + TEMPERATURE_SUFFIXES[scale] if scale and answer else answer
 
 
 def _sentence_end(line: str) -> int:

@@ -70,7 +70,7 @@ import math
 import re
 from fractions import Fraction
 
-from .extract import BASE_NUMERAL_DIGITS
+from .extract import BASE_NUMERAL_DIGITS, split_temperature
 
 # Integers: plain digits (leading zeros are fine: AIME's `025`) or groups of three after a comma, led
 # by no zero (math-verify reads `058,500` as 58.5 and `0,500` as 0.5).
@@ -958,11 +958,14 @@ def surely_parseable(text: str) -> bool:
     or an expression, tuple, interval, union of intervals or set that our evaluator reads. math-verify's
     parse returns its string fallback whenever its normalisation leaves text, and that normalisation keeps
     numbers, letters and these commands; so such a gold never needs a worker to say it is parseable.
+    A temperature scale that ends the text is no part of what math-verify reads
+    (`rewards.grading.extract.split_temperature`).
 
     >>> (surely_parseable("( -1, \\\\frac{35}{12} )"), surely_parseable("2x^2+3x"),
-    ...  surely_parseable("\\\\text{odd}"))
-    (True, True, False)
+    ...  surely_parseable("\\\\text{odd}"), surely_parseable("1950^{\\\\circ}\\\\mathrm{C}"))
+    (True, True, False, True)
     """
+    text = split_temperature(text)[0]
     if as_number(text) is not None or base_numeral(text) is not None or constant_values(text) is not None:
         return True
     if (

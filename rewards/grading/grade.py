@@ -17,7 +17,7 @@ from typing import Any
 
 from ..formats import resolve_rules
 from . import pool
-from .extract import extract_lenient, extract_strict, final_boxes
+from .extract import extract_lenient, extract_strict, final_boxes, scales_differ, split_temperature
 from .fastpath import (
     answer_too_costly,
     base_verdict,
@@ -268,10 +268,15 @@ def _screen(answer: str | None, golds: tuple[str, ...]) -> str:
 
 
 def _verdict(answer: str, gold: str) -> bool | None:
-    """The in-process verdict: numerals in a base first (math-verify ignores the base), a decimal comma
-    (math-verify reads ``3,14`` as a set), a gold that is a word (math-verify, given it normalised, reads
-    a product of letters), a decimal in scientific notation equal to a number (math-verify reads a float
-    and may miss it), then the fast path."""
+    """The in-process verdict: temperatures in two scales are different (``100^\\circ C`` and
+    ``100^\\circ F``), and otherwise their values are compared (a value may come without its scale); then
+    numerals in a base (math-verify ignores the base), a decimal comma (math-verify reads ``3,14`` as a
+    set), a gold that is a word (math-verify, given it normalised, reads a product of letters), a decimal
+    in scientific notation equal to a number (math-verify reads a float and may miss it), then the fast
+    path."""
+    if scales_differ(answer, gold):
+        return False if surely_parseable(gold) else None  # else a worker parses the gold, then says so
+    answer, gold = split_temperature(answer)[0], split_temperature(gold)[0]
     for rule in (base_verdict, decimal_comma_verdict, word_verdict, scientific_verdict, fast_verdict):
         verdict = rule(answer, gold)
         if verdict is not None:

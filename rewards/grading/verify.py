@@ -25,7 +25,8 @@ from typing import Any
 
 from math_verify import LatexExtractionConfig, parse, verify
 
-from .extract import normalize, number_text
+from .extract import normalize, number_text, scales_differ, split_temperature
+from .fastpath import free_letters
 
 _EXTRACTION = [LatexExtractionConfig(boxed_match_priority=0)]
 # math-verify's own timeouts use signal.alarm (main thread only, whole seconds). The grading workers
@@ -129,11 +130,15 @@ def braces_balanced(text: str) -> bool:
 @functools.lru_cache(maxsize=65536)
 def parse_text(text: str) -> tuple[Any, ...] | None:
     """math-verify's parse of ``\\boxed{text}`` (cached per distinct text), or ``None`` if it reads nothing.
+    A temperature scale that ends ``text`` (`rewards.grading.extract.split_temperature`) is not parsed:
+    `check` compares scales.
 
     >>> parse_text("\\\\frac{1}{2}") is not None, parse_text("") is None, parse_text("}{") is None
     (True, True, True)
+    >>> parse_text("100^{\\\\circ}\\\\mathrm{F}") == parse_text("100")
+    True
     """
-    text = text.strip()
+    text = split_temperature(text)[0].strip()
     if not text:
         return None
     parsed = parse(f"\\boxed{{{text}}}", extraction_config=_EXTRACTION, parsing_timeout=_timeout())
@@ -263,14 +268,17 @@ def check(task: tuple[str, tuple[str, ...]]) -> tuple[bool, tuple[bool, ...], bo
     """Worker-side comparison of a normalised answer with normalised golds.
 
     Returns ``(correct, parseable, refused)``: whether the answer equals any parseable gold (by
-    math-verify, less its rounding artefacts on tiny numbers: `tiny_mismatch`), which golds
-    math-verify could parse, and whether the answer was refused as too large to evaluate. An empty
-    answer only parses the golds.
+    math-verify, less its rounding artefacts on tiny numbers: `tiny_mismatch`; never a gold in another
+    temperature scale: `rewards.grading.extract.scales_differ`; a relation of one variable read as the
+    set it defines where the gold is an interval: `relation_as_set`), which golds math-verify could parse,
+    and whether the answer was refused as too large to evaluate. An empty answer only parses the golds.
 
     >>> check(("\\\\frac{1}{2}", ("0.5", "7")))
     (True, (True, True), False)
     >>> check(("10^{10^{10}}", ("5",)))
     (False, (True,), True)
+    >>> check(("x > 2", ("(2, \\\\infty)",))), check(("x > 3", ("(2, \\\\infty)",)))
+    ((True, (True,), False), (False, (True,), False))
     """
     answer, golds = task
     parsed_golds = [parse_text(g) for g in golds]
@@ -283,12 +291,52 @@ def check(task: tuple[str, tuple[str, ...]]) -> tuple[bool, tuple[bool, ...], bo
     if too_large(parsed_answer):
         return False, parseable, True
     correct = any(
-        verify(list(g), list(parsed_answer), float_rounding=6, strict=True, timeout_seconds=_timeout())
+        not scales_differ(answer, text)
+        and verify(
+            list(g),
+            list(parsed_answer),
+            float_rounding=6,
+            strict=True,
+            timeout_seconds=_timeout(),
+            allow_set_relation_comp=relation_as_set(answer, text),
+        )
         and not tiny_mismatch(g, parsed_answer)
-        for g in parsed_golds
+        for g, text in zip(parsed_golds, golds)
         if g is not None
     )
     return bool(correct), parseable, False
+
+
+_RELATION_SIGN = re.compile(r"<=|>=|!=|<|>")
+_VARIABLE = re.compile(r"[A-Za-z]")
+# A gold that is certainly a set of reals: an interval with an infinite or a closed end, or a union. Not
+# `(1, 2)`, which may be a point of the plane.
+_SET_OF_REALS = re.compile(r"\\infty|\\cup|^\s*\[|\]\s*$")
+
+
+def relation_as_set(answer: str, gold: str) -> bool:
+    """Whether math-verify should read a normalised ``answer`` that is a relation as the set of values that
+    satisfy it (its ``allow_set_relation_comp``): ``x > 2`` for ``(2, \\infty)``. Only a relation between
+    one letter and constants (``x > 2``, ``-1 <= t < 3``, ``x != 2``; the letter in the middle of a chain),
+    against a gold that is certainly a set of reals (`_SET_OF_REALS`). Not an inequality in an expression
+    (``x^2 > 4``, ``\\frac{x-1}{x+2} > 0``): that restates a question, and its set would be the answer.
+
+    >>> relation_as_set("x > 2", "(2, \\\\infty)"), relation_as_set("-1 <= t < 3", "[-1, 3)")
+    (True, True)
+    >>> relation_as_set("x^2 > 4", "(-\\\\infty, -2) \\\\cup (2, \\\\infty)")
+    False
+    >>> relation_as_set("1 < x < 2", "(1, 2)"), relation_as_set("x + y > 2", "(2, \\\\infty)")
+    (False, False)
+    """
+    if not _SET_OF_REALS.search(gold) or "," in answer or "=" in _RELATION_SIGN.sub("", answer):
+        return False
+    parts = [part.strip() for part in _RELATION_SIGN.split(answer)]
+    if len(parts) not in (2, 3):
+        return False
+    letters = [i for i, part in enumerate(parts) if _VARIABLE.fullmatch(part)]
+    if len(letters) != 1 or (len(parts) == 3 and letters != [1]):
+        return False
+    return all(part and free_letters(part) == 0 for i, part in enumerate(parts) if i != letters[0])
 
 
 TINY = 1e-3  # below this, rounding to 6 decimal places keeps fewer than 4 significant digits
