@@ -473,6 +473,87 @@ def test_two_processes_get_the_same_update(tmp_path):
             torch.testing.assert_close(params_on[name], value, rtol=1e-4, atol=1e-6, msg=f"{flag} {name}")
 
 
+# Run by the test below on 2 processes (gloo): `_run` (completions cut at many lengths) for each loss type,
+# packed and off, from the same start; each rank writes its losses, each parameter's update and its distance
+# from the off run's, its completion lengths and its model calls to rank<i>.json.
+UNEQUAL_LENGTHS_SCRIPT = """
+import json
+import sys
+from pathlib import Path
+
+import torch
+from accelerate import PartialState
+
+import test_padding as t
+
+folder, model = Path(sys.argv[1]), Path(sys.argv[2])
+rank = PartialState(cpu=True).process_index  # gloo, as the runs' use_cpu makes it
+calls = []
+load = t._float64_model
+
+
+def counted(path):
+    built = load(path)
+    built.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return built
+
+
+t._float64_model = counted
+start = dict(load(model).named_parameters())
+found = {}
+for loss in ("dapo", "grpo", "dr_grpo", "bnpo"):
+    runs = {}
+    for mode in ("packed", "off"):
+        calls.clear()
+        run = t._run(model, folder / loss / mode, mode, loss_type=loss)
+        runs[mode] = {**run, "calls": len(calls)}
+    on, off = runs["packed"], runs["off"]
+    found[loss] = {
+        "modes": [on["mode"], off["mode"]],
+        "losses": [on["losses"], off["losses"]],
+        "same_samples": all(torch.equal(a, b) for a, b in zip(on["rounds"], off["rounds"], strict=True)),
+        "lengths": (off["rounds"][0] != 0).sum(1).tolist(),
+        "calls": [on["calls"], off["calls"]],
+        "update": {n: float((v - start[n]).norm()) for n, v in off["params"].items()},
+        "apart": {n: float((on["params"][n] - v).norm()) for n, v in off["params"].items()},
+    }
+Path(folder, f"rank{rank}.json").write_text(json.dumps(found))
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_two_processes_with_completions_of_unequal_lengths_get_the_same_update(tiny_model_dir, tmp_path):
+    """Two ranks whose completions end at many lengths, unequal across the ranks: packed, each rank regroups
+    its own rows, and the loss is normalised over both ranks' tokens (dapo) or per row (grpo, dr_grpo,
+    bnpo). The update equals the padded one under each loss type, and both ranks make as many model calls,
+    which ZeRO-3 and FSDP need to not hang."""
+    script = tmp_path / "unequal.py"
+    script.write_text(UNEQUAL_LENGTHS_SCRIPT)
+    pythonpath = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
+    result = subprocess.run(
+        [*torchrun(2), str(script), str(tmp_path), str(tiny_model_dir)], check=False, cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for loss in ("dapo", "grpo", "dr_grpo", "bnpo"):
+        first, second = ranks[0][loss], ranks[1][loss]
+        # Not vacuous: each rank's completions have many lengths, and the ranks' differ.
+        assert all(len(set(r["lengths"])) >= 3 for r in (first, second)), (loss, first["lengths"])
+        assert sum(first["lengths"]) != sum(second["lengths"]), (loss, first["lengths"], second["lengths"])
+        assert first["calls"][0] == second["calls"][0] > 0, (loss, first["calls"], second["calls"])
+        for found in (first, second):
+            assert found["modes"] == ["packed", "off"] and found["same_samples"], (loss, found["modes"])
+            on, off = found["losses"]
+            assert len(on) == len(off) >= 1
+            torch.testing.assert_close(torch.tensor(on), torch.tensor(off), rtol=1e-6, atol=1e-7)
+            still = [name for name, size in found["update"].items() if size == 0]
+            assert not still, (loss, still)
+            for name, size in found["update"].items():
+                assert found["apart"][name] <= 1e-4 * size, (loss, name, found["apart"][name], size)
+
+
 # Run by the test below on 2 processes (gloo): rank 1's varlen attention drops causality, so its live check
 # fails where rank 0's passes. Each rank writes its path, attention and model calls to rank<i>.json in the
 # folder it is given.
