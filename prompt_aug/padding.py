@@ -258,16 +258,23 @@ def regroup(
     return out
 
 
+# TRL 1.16's loss types whose weight for a row does not depend on the other rows of its micro-batch, given
+# micro-batches of as many rows: per-row means averaged over the rows (grpo, sapo, luspo), a constant per row
+# (dr_grpo), or the round's token count (dapo, cispo, vespo).
+ROW_WEIGHTED_LOSSES = frozenset({"grpo", "sapo", "luspo", "dr_grpo", "dapo", "cispo", "vespo"})
+
+
 def regrouping_is_exact(trainer: Any) -> bool:
     """Whether moving rows between micro-batches of one optimizer step leaves ``trainer``'s update unchanged.
 
-    True when the loss weighs each row independently of its micro-batch (not bnpo, whose normaliser is the
-    micro-batch's token count; nor the entropy bonus, the entropy quantile mask or a MoE aux loss, all
-    computed per micro-batch), and this optimizer step accumulates the full ``gradient_accumulation_steps``
-    (not an epoch's short last one).
+    True when the loss weighs each row independently of its micro-batch (a loss type of
+    `ROW_WEIGHTED_LOSSES`, not bnpo, whose normaliser is the micro-batch's token count, nor one TRL adds
+    later until it is read; and no entropy bonus, entropy quantile mask or MoE aux loss, all computed per
+    micro-batch), and this optimizer step accumulates the full ``gradient_accumulation_steps`` (not an
+    epoch's short last one).
     """
     per_micro_batch = (
-        trainer.loss_type == "bnpo"
+        trainer.loss_type not in ROW_WEIGHTED_LOSSES
         or trainer.entropy_bonus_enabled
         or trainer.top_entropy_quantile < 1.0
         or trainer.aux_loss_enabled
@@ -394,7 +401,8 @@ class PaddingFreePasses:
         self.width_limit: int | None = None
         self.share_prompts = share_prompts
         self._shared_checked = not share_prompts
-        self.stats = {"real": 0, "processed": 0, "calls": 0}
+        self._stats = {"real": 0, "processed": 0, "calls": 0}
+        self._unread: list[torch.Tensor] = []  # padded calls' real-token counts, on the device (`stats`)
         self._checked = self.mode not in ("packed", "auto")  # True: no live check is needed any more
         # The models the live check ran on (unwrapped): each model packed is checked on its first call (the
         # policy with varlen attention and a reference model TRL built on SDPA may come in either order).
@@ -512,7 +520,8 @@ class PaddingFreePasses:
                 )
         if self.mode == "off" or self._too_wide(input_ids.size(1)):  # one process may be, another not: each
             # makes TRL's calls, one per `rows` rows, as the padding-free paths do
-            self._count(int(attention_mask.sum()), attention_mask.numel(), -(-input_ids.size(0) // rows))
+            # Counted on the device: TRL's padded call reads nothing back, and neither does this one.
+            self._count(attention_mask.sum(), attention_mask.numel(), -(-input_ids.size(0) // rows))
             logps, entropies, _ = trl_forward(
                 model, input_ids, attention_mask, logits_to_keep, rows, compute_entropy
             )
@@ -668,7 +677,19 @@ class PaddingFreePasses:
         """Whether a call of ``width`` columns must be TRL's padded call (`choose`'s ``width_limit``)."""
         return self.width_limit is not None and width > self.width_limit
 
-    def _count(self, real: int, processed: int, calls: int) -> None:
-        self.stats["real"] += real
-        self.stats["processed"] += processed
-        self.stats["calls"] += calls
+    @property
+    def stats(self) -> dict[str, int]:
+        """Tokens and calls so far: ``real`` tokens, ``processed`` ones (padding included), model ``calls``.
+        The real-token counts of padded calls are read back from the device here, when asked for."""
+        if self._unread:
+            self._stats["real"] += int(torch.stack(self._unread).sum())
+            self._unread.clear()
+        return self._stats
+
+    def _count(self, real: int | torch.Tensor, processed: int, calls: int) -> None:
+        if isinstance(real, torch.Tensor):
+            self._unread.append(real.detach())
+        else:
+            self._stats["real"] += real
+        self._stats["processed"] += processed
+        self._stats["calls"] += calls

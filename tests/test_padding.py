@@ -26,7 +26,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from prompt_aug.config import PromptAugGRPOConfig, planned_processes
-from prompt_aug.padding import PaddingFreePasses, chunked_forward, optimizer_step_segments, regroup, trim
+from prompt_aug.padding import (
+    PaddingFreePasses,
+    chunked_forward,
+    optimizer_step_segments,
+    regroup,
+    regrouping_is_exact,
+    trim,
+)
 from prompt_aug.trainer import PromptAugGRPOTrainer
 from prompt_aug.varlen import VARLEN_ATTENTION
 
@@ -52,6 +59,25 @@ def _batch(
         "advantages": torch.arange(rows, dtype=torch.float),
         "num_items_in_batch": torch.tensor(float(sum(completion_lengths))),
     }
+
+
+def test_rows_are_regrouped_only_under_a_loss_type_known_to_weigh_each_row_alone():
+    from types import SimpleNamespace
+
+    def trainer(loss_type: str, accumulated: int = 2, **flags) -> SimpleNamespace:
+        values = {"entropy_bonus_enabled": False, "top_entropy_quantile": 1.0, "aux_loss_enabled": False}
+        return SimpleNamespace(
+            loss_type=loss_type, current_gradient_accumulation_steps=accumulated,
+            args=SimpleNamespace(gradient_accumulation_steps=2), **{**values, **flags},
+        )  # fmt: skip
+
+    for loss_type in ("grpo", "sapo", "luspo", "dr_grpo", "dapo", "cispo", "vespo"):
+        assert regrouping_is_exact(trainer(loss_type)), loss_type
+    # bnpo divides by the micro-batch's tokens; a loss type TRL adds later is not known to be exact.
+    assert not regrouping_is_exact(trainer("bnpo"))
+    assert not regrouping_is_exact(trainer("a_new_loss"))
+    assert not regrouping_is_exact(trainer("dapo", accumulated=1))  # an epoch's short last step
+    assert not regrouping_is_exact(trainer("dapo", top_entropy_quantile=0.5))
 
 
 def test_trim_cuts_each_side_to_the_longest_row_and_keeps_every_real_token():
