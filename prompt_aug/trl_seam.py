@@ -28,6 +28,7 @@ import torch
 import trl
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 from trl import GRPOTrainer
+from trl.extras.profiling import profiling_decorator
 
 from .faults import ENTROPY_FILE
 
@@ -98,6 +99,14 @@ def missing_private_names(trainer: Any) -> list[str]:
     return missing + [n for n in _INSTANCE_NAMES if not hasattr(trainer, n)]
 
 
+def _unprofiled(name: str) -> Callable[..., Any]:
+    """TRL's method ``name`` without its profiling wrapper (``trl.extras.profiling.profiling_decorator``): the
+    seam's routed method carries that wrapper instead, so each of TRL's calls is timed once, under TRL's
+    metric name, with the hook's own work in it, however many times a hook calls TRL's method."""
+    method = getattr(GRPOTrainer, name)
+    return getattr(method, "__wrapped__", method)
+
+
 class Generation(NamedTuple):
     """What TRL 1.16's ``GRPOTrainer._generate`` returns, by name (it is a positional tuple of 8)."""
 
@@ -144,14 +153,14 @@ class TRLSeam(GRPOTrainer):
         return self.trl_prepare_micro_batch(generation_batch)
 
     def trl_prepare_micro_batch(self, generation_batch: Any) -> Any:
-        return super()._prepare_inputs(generation_batch)
+        return _unprofiled("_prepare_inputs")(self, generation_batch)
 
     def compute_rewards(self, inputs: list, prompts: list, completions: list, ids: list) -> torch.Tensor:
         """The gathered (all processes' rows x reward functions) reward matrix (``_calculate_rewards``)."""
         return self.trl_compute_rewards(inputs, prompts, completions, ids)
 
     def trl_compute_rewards(self, inputs: list, prompts: list, completions: list, ids: list) -> torch.Tensor:
-        return super()._calculate_rewards(inputs, prompts, completions, ids)
+        return _unprofiled("_calculate_rewards")(self, inputs, prompts, completions, ids)
 
     def generate_round(self, prompts: list) -> Generation:
         """Completions of ``prompts`` (``_generate``)."""
@@ -182,9 +191,9 @@ class TRLSeam(GRPOTrainer):
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
         compute_aux_loss=False, **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
-        return super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-            **kwargs,
+        return _unprofiled("_get_per_token_logps_and_entropies")(
+            self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+            compute_aux_loss, **kwargs,
         )  # fmt: skip
 
     # -- the private methods, each routed to its hook ---------------------------------------------------
@@ -192,9 +201,11 @@ class TRLSeam(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         return self.score_round(inputs)
 
+    @profiling_decorator  # timed as TRL times it, hook and all (`_unprofiled`)
     def _prepare_inputs(self, generation_batch):
         return self.prepare_micro_batch(generation_batch)
 
+    @profiling_decorator
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         return self.compute_rewards(inputs, prompts, completions, completion_ids_list)
 
@@ -205,6 +216,7 @@ class TRLSeam(GRPOTrainer):
         return self.train_sampler(dataset)
 
     # TRL's parameter names: callers may pass them by keyword (``logits_to_keep=4``).
+    @profiling_decorator
     def _get_per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, *rest, **kw
     ):

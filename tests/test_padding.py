@@ -272,6 +272,29 @@ def _assert_same_update(
         assert on["stats"]["real"] < off["stats"]["real"], (on["stats"], off["stats"])
 
 
+def test_trls_profiling_times_each_of_its_calls_once_whatever_the_path(tiny_model_dir, tmp_path, monkeypatch):
+    """TRL times each forward pass, micro-batch and reward call (``profiling/Time taken: ...``, on W&B): the
+    padding-free paths report the same timings, once per call (not per chunk, and not none)."""
+    from trl.extras import profiling
+
+    timed: list[str] = []
+    exit_ = profiling.ProfilingContext.__exit__
+
+    def recorded(self, *args):
+        timed.append(self.name.rsplit(".", 1)[-1])
+        return exit_(self, *args)
+
+    monkeypatch.setattr(profiling.ProfilingContext, "__exit__", recorded)
+    counts = {}
+    for mode in ("off", "packed", "trim"):
+        timed.clear()
+        _run(tiny_model_dir, tmp_path / mode, mode)
+        counts[mode] = {name: timed.count(name) for name in set(timed) if name.startswith("_")}
+    names = {"_get_per_token_logps_and_entropies", "_prepare_inputs", "_calculate_rewards"}
+    assert names <= counts["off"].keys() and all(counts["off"][n] > 0 for n in names), counts["off"]
+    assert counts["packed"] == counts["off"] and counts["trim"] == counts["off"], counts
+
+
 @pytest.mark.parametrize("mode", ["packed", "trim"])
 def test_an_epoch_that_ends_on_a_short_optimizer_step_keeps_each_row_in_its_step(
     tiny_model_dir, tmp_path, mode
