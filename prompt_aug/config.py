@@ -312,10 +312,9 @@ class PromptAugGRPOConfig(GRPOConfig):
         "one row, position ids restarting per sequence; varlen attention on CUDA where torch has it, SDPA a "
         "sequence on CPU), `trim` (each call cut to its own longest prompt and completion; the fallback "
         "when packing cannot serve the model), `off` (TRL's "
-        "padded calls). The update is the same on every path (prompt_aug/padding.py) for a model whose "
-        "positions do not count left padding (rotary, ALiBi, or numbered from the mask as in generation); "
-        "one that numbers them from the row's start, as GPT-2 does, sees its prompts at other positions "
-        "once trimmed: use `off` to keep TRL's values there. The old true / false mean packed / off.",
+        "padded calls). The update is the same on every path (prompt_aug/padding.py): a model that numbers "
+        "positions from the row's start (a learned table, as GPT-2's) keeps the round's left padding "
+        "(trim of completions only, logged). The old true / false mean packed / off.",
     )
     packing_max_tokens: int | None = _key(
         None,

@@ -838,6 +838,21 @@ def test_the_example_recipe_sets_what_the_doc_explains():
         assert f"`{key}`" in doc or f"{key}:" in doc, key
 
 
+def test_each_mixture_the_doc_shows_is_one_the_recipe_parser_takes():
+    import re
+
+    import yaml
+
+    from prompt_aug.mixture import dataset_mixture
+
+    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.DOTALL)
+    mixtures = [yaml.safe_load(b)["dataset_mixture"] for b in blocks if b.startswith("dataset_mixture:")]
+    assert mixtures, "the doc shows no dataset_mixture block"
+    for mixture in mixtures:
+        config = dataset_mixture(mixture)  # raises, naming the key, on what a recipe could not hold
+        assert len(config.datasets) == len(mixture["datasets"])
+
+
 def test_a_lora_runs_saved_adapter_keeps_the_recipes_stop_tokens(tmp_path):
     """A PEFT model saves its adapter alone; its folder (and each checkpoint's) also gets the generation
     config with the recipe's stop_tokens, and the evaluation's hf backend stops where training stopped."""
