@@ -24,7 +24,9 @@ Modes (each from the same weights, on the same rounds):
 * ``packed-balanced``: what the trainer's default runs: packed, with the attention
   `prompt_aug.varlen.packed_attention` picks (varlen on CUDA where torch has it and on CPU), and each
   optimizer step's rows dealt into token-balanced micro-batches of TRL's row count (`regroup(balance=True)`,
-  `prompt_aug.balance`).
+  `prompt_aug.balance`). One difference: packed lengths here are rounded up as for every packed mode, where
+  the trainer's ``packing_pad_to_multiple_of`` is unset by default (``--pad-to-multiple-of 0`` runs its
+  shapes; the rounding adds under 64 tokens a call).
 * ``packed-shared``: ``packed-balanced`` with ``packing_share_prompts``: the rows of a call that share a
   prompt run it once (all of a group in the old-log-prob pass, whose calls follow TRL's group order; in the
   training micro-batches, the rows of a group that one optimizer step holds, which the balancer deals
