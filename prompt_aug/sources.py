@@ -1055,6 +1055,19 @@ def _load_dataset(what: str, *args: Any, text: frozenset[str] = CSV_TEXT_COLUMNS
             err = err.__cause__
         if "corresponds to no data" in str(err):  # datasets' word for a split of no rows (a CSV header alone)
             raise SourceError(f"{what}: {_NO_ROWS}") from None
+        unknown = re.search(r'Unknown split "(.*?)"\. Should be one of (\[.*?\])', str(err))
+        if unknown:  # the data is whole; the split asked for is not one of it
+            files = kwargs.get("data_files")
+            listed = files is not None and not isinstance(files, dict)
+            raise SourceError(
+                f"{what}: has no split {unknown.group(1)!r}, only {unknown.group(2)}; ask for one of them"
+                + (
+                    f", or name the split as data_files' key ({{{unknown.group(1)}: [...]}}): files given as "
+                    "a list are one split, train"
+                    if listed
+                    else ""
+                )
+            ) from None
         configs = re.search(r"Config name is missing.*available configs: (\[.*?\])", str(err), re.DOTALL)
         if configs:  # a dataset of several configs, none named
             raise SourceError(

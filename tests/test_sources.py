@@ -252,6 +252,19 @@ def test_a_json_file_that_wraps_its_rows_under_a_key_is_read_from_that_key(tmp_p
     assert read_dataset(str(described)).to_list() == rows
 
 
+def test_a_split_that_files_given_as_a_list_do_not_form_is_named_with_the_way_to_form_it(tmp_path):
+    """Files given to a builder as a list form one split, train: asking for test names the splits there and
+    how to give the files as that split, not "cannot be read" as if the data were broken."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    with pytest.raises(SourceError) as err:
+        read_dataset("json", data_files=[str(rows)], split="test")
+    message = str(err.value)
+    assert "has no split 'test', only ['train']" in message and "{test: [...]}" in message, message
+    assert "cannot be read" not in message and "\n" not in message
+    assert read_dataset("json", data_files={"test": [str(rows)]}, split="test")["answer"] == ["2"]
+
+
 def test_a_json_object_that_is_no_list_of_rows_says_how_to_write_it(tmp_path):
     splits = tmp_path / "splits.json"
     splits.write_text(json.dumps({"easy": [{"question": "q?", "answer": "1"}], "hard": [{"question": "r?"}]}))
