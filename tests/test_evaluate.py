@@ -1193,6 +1193,18 @@ def test_flags_out_of_range_are_refused_before_anything_loads(flags, expected, t
     assert exit_info.value.code == 2 and expected in capsys.readouterr().err
 
 
+def test_a_file_where_the_default_output_goes_is_refused_before_anything_loads(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "eval").write_text("my own notes\n")  # where --output goes by default: <model>/eval
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--model", str(model)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert f"--output (by default, from --model {model}) {model / 'eval'} is a file; give a folder" in err
+    assert (model / "eval").read_text() == "my own notes\n"
+
+
 def test_a_question_set_is_read_as_training_reads_it(tmp_path, caplog):
     """A conversation column gives its user turn; a row with no gold answer (an empty CSV cell) or no
     question is left out and counted in the log, not asked or graded against "None"; the rows kept keep

@@ -241,10 +241,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, flag)
         if value is not None and value < 1:
             parser.error(f"--{flag} must be at least 1 (got {value})")
-    blocker = file_in_the_way(args.output) if args.output is not None else None
+    output = Path(args.output) if args.output is not None else default_output(args.model)
+    blocker = file_in_the_way(output)
     if blocker is not None:
-        where = "is a file" if blocker == Path(args.output) else f"lies under the file {blocker}"
-        parser.error(f"--output {args.output} {where}; give a folder (it is made if missing)")
+        where = "is a file" if blocker == output else f"lies under the file {blocker}"
+        named = "--output" if args.output is not None else f"--output (by default, from --model {args.model})"
+        parser.error(f"{named} {output} {where}; give a folder with --output (it is made if missing)")
     if not args.temperature >= 0:  # also NaN
         parser.error(f"--temperature must be at least 0 (got {args.temperature}); 0 is greedy")
     if not 0 < args.top_p <= 1:
