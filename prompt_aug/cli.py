@@ -46,7 +46,7 @@ from .faults import (
     last_complete_checkpoint,
 )
 from .logging_utils import check_log_file
-from .model_card import own_readme
+from .model_card import own_readme, readme_owner
 from .records import LogFileError
 from .reward_checks import RewardFunctionError
 from .sources import (
@@ -612,7 +612,9 @@ def check_output_dir(
     found = run_artifacts(output_dir)
     readme = own_readme(output_dir)
     if readme and not resume and PartialState().is_main_process:  # kept (`keep_own_readme`), not lost
-        logger.warning("%s is no model card: training moves it to _README.md to write the card there", readme)
+        logger.warning(  # its reason: no model card, or a card edited by hand
+            "%s %s: training moves it to _README.md to write the card there", readme, readme_owner(readme)
+        )
     if resume and overwrite:
         raise UsageError(
             "--resume_from_checkpoint and --overwrite_output_dir true exclude each other; pick one"

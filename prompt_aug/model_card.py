@@ -8,9 +8,11 @@ shows on the model's page, with ``python -m prompt_aug.model_card OUT``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,9 @@ PAPER_BIBTEX = """@misc{lu2026promptaugmentation,
 # Where a README.md of the user's own found in the output folder is kept: transformers' Hub push and the
 # ``hf upload`` command a failed push prints leave out names starting with ``_``.
 OWN_README = "_README.md"
+# The last line of a card training writes: the digest of everything above it, so that a card edited by hand
+# since (`edited_card`) is told from one training may write over, and kept.
+_SEAL = re.compile(r"^<!-- prompt-aug card sha256:([0-9a-f]{64}) -->$\n?", re.MULTILINE)
 
 
 def weights_fingerprint(folder: str | Path) -> str | None:
@@ -641,7 +646,14 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
             f"{card_path} is no model card (it has no front matter), so it was left as it is; give the "
             "output folder of a training run"
         )
-    card_path.write_text(with_evaluation(card, output_dir.resolve()))
+    body, seal = _unsealed(card)
+    refreshed = with_evaluation(body, output_dir.resolve())
+    if seal is None:  # a card of no digest (TRL's alone) stays so
+        card_path.write_text(refreshed)
+    elif edited_card(card):  # its edits and its old digest line stay: training keeps it aside still
+        card_path.write_text(refreshed.rstrip("\n") + "\n" + seal.group(0).rstrip("\n") + "\n")
+    else:
+        card_path.write_text(sealed(refreshed))
     return card_path
 
 
@@ -657,6 +669,37 @@ def main(argv: list[str] | None = None) -> None:
     print(f"updated {path}")
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sealed(card: str) -> str:
+    """``card`` ending in a line that holds the digest of the rest (a digest line there before is replaced),
+    an HTML comment, which the Hub does not show.
+
+    >>> edited_card(sealed("---\\n---\\n# run\\n")), edited_card(sealed("---\\n---\\n# run\\n") + "mine\\n")
+    (False, True)
+    """
+    body = _SEAL.sub("", card).rstrip("\n") + "\n"
+    return f"{body}<!-- prompt-aug card sha256:{_digest(body)} -->\n"
+
+
+def _unsealed(text: str) -> tuple[str, re.Match[str] | None]:
+    """``text`` without its digest lines, and its last digest line (None without one)."""
+    seals = list(_SEAL.finditer(text))
+    return _SEAL.sub("", text), (seals[-1] if seals else None)
+
+
+def edited_card(text: str) -> bool:
+    """Whether ``text``, a README.md, is a card training wrote (`sealed`) and edited by hand since: what
+    comes before its digest line no longer matches it, or something follows it. A card without one (TRL's
+    alone, PEFT's) is not known to be edited."""
+    seal = _unsealed(text)[1]
+    if seal is None:
+        return False
+    return _digest(text[: seal.start()]) != seal.group(1) or bool(text[seal.end() :].strip())
+
+
 def is_model_card(text: str) -> bool:
     r"""Whether ``text``, a README.md, is a model card a trainer wrote (its front matter has transformers' and
     TRL's ``generated_from_trainer`` tag, or PEFT's ``library_name: peft``), or empty.
@@ -670,29 +713,41 @@ def is_model_card(text: str) -> bool:
 
 
 def own_readme(output_dir: str | Path) -> Path | None:
-    """``output_dir``'s README.md where it is no model card (`is_model_card`): the user's own; else None (also
-    where it cannot be read: the card's write says why)."""
+    """``output_dir``'s README.md where it is the user's own (`readme_owner`); else None."""
     path = Path(output_dir) / "README.md"
+    return path if readme_owner(path) is not None else None
+
+
+def readme_owner(path: Path) -> str | None:
+    """Why the README.md ``path`` is the user's, not a card for training to write over: it is no model card
+    (`is_model_card`), or a card edited by hand (`edited_card`); None where it is neither, or cannot be read
+    (the card's write says why)."""
     try:
-        return path if path.is_file() and not is_model_card(path.read_text(errors="replace")) else None
+        text = path.read_text(errors="replace") if path.is_file() else None
     except OSError:
         return None
+    if text is None:
+        return None
+    if not is_model_card(text):
+        return "is not a model card (the user's own?)"
+    return "is a model card edited by hand since training wrote it" if edited_card(text) else None
 
 
 def keep_own_readme(output_dir: str | Path) -> Path | None:
     """Move the user's own README.md in ``output_dir`` (`own_readme`) to `OWN_README` (``_README-2.md`` and
     on where that is taken), so that the card written there does not overwrite it; where it went, or None
     where there was nothing to keep."""
-    path = own_readme(output_dir)
-    if path is None:
+    path = Path(output_dir) / "README.md"
+    why = readme_owner(path)
+    if why is None:
         return None
     stem, suffix = Path(OWN_README).stem, Path(OWN_README).suffix
     names = itertools.chain([OWN_README], (f"{stem}-{n}{suffix}" for n in itertools.count(2)))
     kept = next(path.with_name(n) for n in names if not path.with_name(n).exists())
     path.rename(kept)
     logging.getLogger("prompt_aug").warning(
-        "%s is not a model card (the user's own?): moved to %s, which Hub pushes leave out, so that the "
-        "model card can be written there", path, kept
+        "%s %s: moved to %s, which Hub pushes leave out, so that the model card can be written there",
+        path, why, kept
     )  # fmt: skip
     return kept
 
@@ -729,7 +784,7 @@ class ModelCardMixin:
         if info is None:
             super().create_model_card(model_name, dataset_name, tags)
             if self.is_world_process_zero() and path.is_file():
-                path.write_text(with_adapter_metadata(path.read_text(), self.model, path))
+                path.write_text(sealed(with_adapter_metadata(path.read_text(), self.model, path)))
             return
         extra = [tags] if isinstance(tags, str) else list(tags or [])
         hub_model_id = getattr(self, "hub_model_id", None) or self.args.hub_model_id  # full id once pushed
@@ -755,7 +810,7 @@ class ModelCardMixin:
             logging.getLogger("prompt_aug").warning(
                 "%s; the card is written without its model-index (and a PEFT model's adapter metadata)", err
             )
-        path.write_text(card)
+        path.write_text(sealed(card))
 
 
 if __name__ == "__main__":

@@ -741,7 +741,10 @@ def test_an_overwrite_deletes_the_earlier_runs_card_but_not_a_readme_of_the_user
     (tmp_path / "README.md").write_text("# My notes on this run\n")
     with caplog.at_level("WARNING", logger="prompt_aug"):
         assert check_output_dir(tmp_path, resume=False, overwrite=True) == [tmp_path / "logs.jsonl"]
-    assert f"{tmp_path / 'README.md'} is no model card: training moves it to _README.md" in caplog.text
+    assert (
+        f"{tmp_path / 'README.md'} is not a model card (the user's own?): training moves it to _README.md"
+        in (caplog.text)
+    )
 
 
 def _train(out: Path, *extra: str) -> None:

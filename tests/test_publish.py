@@ -217,6 +217,31 @@ def test_a_readme_of_the_users_own_in_the_output_folder_is_kept_not_overwritten(
     assert "library_name: peft" in (lora / "README.md").read_text().split("---")[1]
 
 
+def test_a_card_edited_by_hand_is_kept_when_a_resumed_run_writes_its_card_again(tmp_path, caplog):
+    """The card training writes ends in a digest of itself: a card edited since (the user's notes added to it
+    before a push) is moved to _README.md when a resumed run writes its card again, not written over; a
+    card as training wrote it is replaced, as before."""
+    from prompt_aug.model_card import edited_card
+
+    out = tmp_path / "out"
+    train.main(["--config", str(SMOKE), "--output_dir", str(out), "--max_steps", "2"])
+    card = (out / "README.md").read_text()
+    assert card.splitlines()[-1].startswith("<!-- prompt-aug card sha256:") and not edited_card(card)
+    edited = card.replace("- Optimizer steps: 2\n", "- Optimizer steps: 2 (then a learning-rate sweep)\n")
+    assert edited != card and edited_card(edited)
+    (out / "README.md").write_text(edited)
+    resume = ["--config", str(SMOKE), "--output_dir", str(out), "--resume_from_checkpoint", "true"]
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        train.main([*resume, "--max_steps", "4"])
+    assert (out / "_README.md").read_text() == edited
+    assert "is a model card edited by hand since training wrote it: moved to" in caplog.text
+    card = (out / "README.md").read_text()
+    assert "- Optimizer steps: 4\n" in card and not edited_card(card)
+    train.main([*resume, "--max_steps", "6"])  # a card as training wrote it: replaced, nothing kept
+    assert sorted(p.name for p in out.glob("*README*")) == ["README.md", "_README.md"]
+    assert "- Optimizer steps: 6\n" in (out / "README.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("dataset_name", "sources", "expected"),
     [
