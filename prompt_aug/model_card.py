@@ -531,7 +531,8 @@ def full_model_card(card: str, target: Path) -> str:
     Raises:
         CardError: the card's front matter does not parse.
     """
-    parsed = _parsed(with_evaluation(card, target, add=False), target / "README.md")
+    # The adapter's digest line goes: it was the digest of the adapter run's card, not of this one.
+    parsed = _parsed(with_evaluation(_unsealed(card)[0], target, add=False), target / "README.md")
     parsed.data.library_name = "transformers"
     if parsed.data.model_name:
         parsed.data.model_name = target.name

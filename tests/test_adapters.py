@@ -361,8 +361,10 @@ def test_a_lora_runs_card_keeps_peft_metadata_and_its_merged_card_a_full_models(
         card.data.tags
     )
     assert "## Template bank" in card.text and "# Model Card for run" in card.text  # ours and TRL's
+    assert "<!-- prompt-aug card sha256:" in (out / "README.md").read_text()  # the run's card, as written
     merged = ModelCard.load(merge(out) / "README.md")
     assert merged.data.library_name == "transformers"
+    assert "prompt-aug card sha256" not in merged.text  # the run card's digest is not this card's
     assert not [t for t in merged.data.tags if t.startswith("base_model:adapter:") or t == "lora"]
     trainer.model_card_info.base_model = str(tiny_model_dir)  # a base known by its local path only
     trainer.create_model_card()
