@@ -14,7 +14,7 @@ only its own earlier tokens, at its own positions, as it would alone. Nothing is
 * `packed_forward`: a (rows, width) call as packs, the results scattered back, with gradients.
 * `fused_head_call`: the ``call`` a trainer passes to `packed_forward`, running ``model(...)`` itself (so
   DDP, FSDP, DeepSpeed and PEFT wrappers stay in the path) with TRL's fused log-prob head.
-* `packing_unsupported_reason` (static) and `packing_check` / `packing_matches` (live, on the model) say
+* `packing_unsupported_reason` (static) and `packing_check` (live, on the model) say
   whether packing serves a model.
 
 The fused head (``trl.trainer.utils.add_fused_lm_head``) takes ``labels`` that are NOT shifted: the label at
@@ -661,13 +661,3 @@ def shared_prompts_check(
     return PackingCheck.judge(
         error, leak, c, atol, rtol, layout="rows sharing a prompt", wrong="without the prompt"
     )
-
-
-def packing_matches(
-    call_or_model: PackCall | torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    **kwargs,
-) -> bool:
-    """Whether `packing_check` finds packed rows give the rows' values alone."""
-    return packing_check(call_or_model, input_ids, attention_mask, **kwargs).ok

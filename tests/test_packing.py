@@ -23,7 +23,6 @@ from prompt_aug.packing import (
     pack_rows,
     packed_forward,
     packing_check,
-    packing_matches,
     packing_unsupported_reason,
     plan_packs,
     shared_prompts_check,
@@ -410,7 +409,7 @@ def test_packing_check_passes_on_the_model_and_fails_when_packing_is_ignored():
     ids, mask = _rows(seed=6)
     check = packing_check(_model(), ids, mask)
     assert check.ok and check.error < 1e-5 and check.leak > 1e-2, check.describe()
-    assert packing_matches(fused_head_call(_model("eager").eval()), ids, mask)
+    assert packing_check(fused_head_call(_model("eager").eval()), ids, mask).ok
     # An attention implementation that does not mask by packed position ids: the second row sees the first.
     ignored = packing_check(_model("unpacked_sdpa"), ids, mask)
     assert not ignored.ok and ignored.error > 1e-2, ignored.describe()
@@ -423,7 +422,7 @@ def test_packing_check_passes_on_the_model_and_fails_when_packing_is_ignored():
         out = model(**inputs, attention_mask=ones, fused_lm_head=True, use_cache=False)
         return out.log_probs, out.entropy
 
-    assert not packing_matches(masked_call, ids, mask)
+    assert not packing_check(masked_call, ids, mask).ok
 
 
 def test_packing_check_of_rows_of_one_token_runs_on_the_batchs_tokens_with_the_same_calls():

@@ -166,10 +166,7 @@ class _Recording(PromptAugGRPOTrainer):
     """Ends each sampled completion at its first token id divisible by 5 (so completions have many lengths:
     a random model otherwise runs them all to the cap), and keeps each round's completion ids, to check both
     runs trained on the same samples. The cut is idempotent, so completions replayed by dynamic sampling
-    are not cut again. Every forward pass is cut into as many chunks as saves padding (no per-call cost), so
-    the chunked loss forward, and its backward, are exercised."""
-
-    chunk_overhead_tokens = 0
+    are not cut again."""
 
     def generate_round(self, prompts):
         generation = super().generate_round(prompts)
