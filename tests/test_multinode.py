@@ -175,7 +175,11 @@ def stop(sig, frame):
 
 
 signal.signal(signal.SIGTERM, stop)
-http.server.HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Health).serve_forever()
+server = http.server.HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Health)
+if os.environ.get("FAKE_SERVER_DIES_AFTER"):  # a server lost while training runs: it exits 1 then
+    signal.signal(signal.SIGALRM, lambda sig, frame: os._exit(1))
+    signal.alarm(int(os.environ["FAKE_SERVER_DIES_AFTER"]))
+server.serve_forever()
 """
 
 # The launcher's batch-arithmetic check runs the real parser (about 20 s); the command tests skip it.
@@ -696,6 +700,24 @@ def test_server_layout_waits_for_the_server_and_stops_it_at_the_end(fake_slurm):
     # The launcher exits only once the server has stopped (its SIGTERM handler has run).
     assert (out / "trl.stopped").exists(), "the launcher exited before the server had stopped"
     assert "stopping the vLLM server" in output and "did not stop" not in output
+
+
+def test_a_server_lost_while_training_runs_stops_training_rather_than_leaving_it_waiting(fake_slurm):
+    """A request to a vLLM server whose node is gone waits without end: the launcher stops the training step
+    once the server exits, says how to resume, and does not requeue (a crash would repeat)."""
+    port = str(free_port())
+    started = time.monotonic()
+    proc = _start(
+        fake_slurm, "--layout", "server", SLURM_JOB_NODELIST="127.0.0.1,localhost", VLLM_SERVER_PORT=port,
+        VLLM_SERVER_WAIT="30", FAKE_SERVER_DIES_AFTER="4", FAKE_MODE="ignore",  # training runs 60 s
+    )  # fmt: skip
+    output = _finish(fake_slurm, proc, timeout=60)
+    assert proc.returncode == 1, output
+    assert time.monotonic() - started < 45, output  # not the stand-in run's 60 s
+    assert "the vLLM server on localhost exited (status 1) while training ran: stopping training" in output
+    assert "--resume_from_checkpoint true" in output
+    assert not (fake_slurm["out"] / "accelerate-0.json.done").exists()  # stopped, not run to its end
+    assert "requeue" not in " ".join(_slurm_log(fake_slurm["out"])), output
 
 
 @pytest.mark.parametrize(
