@@ -135,10 +135,10 @@ def test_fidelity_settings_are_written_in_every_paper_recipe_not_left_to_default
         assert raw["vllm_importance_sampling_correction"] is False, recipe.name
         assert raw["delta"] == 3.0 and raw["save_total_limit"] >= 1, recipe.name
         assert raw["wandb_completions_rows"] is not None, f"{recipe.name}: W&B table must be off or sampled"
-        # The paper's stop rule (its vLLM rollouts stop at EOS only; its reward cuts at <|im_end|>), written
-        # out.
+        # The paper's stop rule, written out: its vLLM rollouts stop at EOS only, and its reward grades the
+        # response decoded without special tokens, <|im_end|> dropped and what follows it kept.
         assert raw["stop_tokens"] == ["<|endoftext|>"], recipe.name
-        assert raw["reward_cut_tokens"] == ["<|im_end|>"], recipe.name
+        assert raw["reward_cut_tokens"] == [], recipe.name
     grpo = yaml.safe_load((PAPER / "grpo_single_template.yaml").read_text())
     assert grpo["use_bias_correction_kl"] is False and grpo["num_train_epochs"] == 20
 

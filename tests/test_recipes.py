@@ -143,7 +143,7 @@ def test_paper_recipe_values():
         "template_weights": None,  # uniform
         "reward_funcs": ["correctness", "format"],
         "stop_tokens": ["<|endoftext|>"],  # the paper's stop rule: EOS only (docs/reproduce.md, "Stop rule")
-        "reward_cut_tokens": ["<|im_end|>"],
+        "reward_cut_tokens": [],  # verl's reward decodes without special tokens: nothing is cut
         "per_device_train_batch_size": 8,
         "gradient_accumulation_steps": 4,
         "steps_per_generation": 16,

@@ -1,5 +1,7 @@
-"""The paper's stop rule in training: generation runs on to the model's EOS, the rewards grade the text up to
-the first ``<|im_end|>`` (as verl's reward did), and the trained completion keeps every generated token."""
+"""The stop rule in training: generation runs on to the model's EOS and the trained completion keeps every
+generated token; the rewards grade TRL's text, decoded without special tokens, so an ``<|im_end|>`` is dropped
+and what follows it graded (as the paper's verl reward decodes it: the paper recipes' ``reward_cut_tokens:
+[]``), unless ``reward_cut_tokens`` cuts the text there (our default for other recipes)."""
 
 from __future__ import annotations
 
