@@ -270,3 +270,26 @@ def test_grader_limits_that_would_fail_every_answer_are_refused_naming_the_varia
     with pytest.raises(ValueError) as refused:
         PoolConfig.from_env()
     assert message in str(refused.value)
+
+
+# Format scores of the authors' own function (verl/utils/reward_score/format_reward.py in
+# wenquanlu/prompt-augmentation-GRPO, run on each text; their reflective_prompt names are our reflective).
+AUTHORS_FORMAT_SCORES = [
+    ("abel", "no box, no markers", 1.0),
+    ("simplerl", "", 1.0),
+    ("formal", "x", 1.0),
+    ("lm_eval_prompt8", "x", 1.0),
+    ("lm_eval_prompt1", "so \\boxed{7}", 0.0),
+    ("lm_eval_prompt1", "The final answer is: \\boxed{7}", 1.0),
+    ("deepseek-r1", "<think> a </think> \\boxed{7}", 0.5),
+    ("deepseek-r1", "<think> a </think> <answer> 7 </answer> <answer>", 0.75),
+    ("deepseek-r1-teacher", "a </think> <answer> 7", 2 / 3),
+    ("deepseek-r1-teacher", "<think> a </think> <answer> 7 </answer>", 1.0),
+    ("reflective", "<solution>\nx\n</solution>\n<check>\nok\n</check>", 0.75),
+    ("reflective-teacher", "x\n</solution>\n\\boxed{7}", 1 / 3),
+]
+
+
+@pytest.mark.parametrize(("template", "completion", "authors"), AUTHORS_FORMAT_SCORES)
+def test_each_templates_format_score_is_the_authors(template, completion, authors):
+    assert grade(completion, "7", template).format_score == pytest.approx(authors)
