@@ -102,3 +102,46 @@ def test_the_learning_recipe_builds_its_own_model_shape_beside_the_smoke_one(tmp
     assert config.hidden_size // config.num_attention_heads == 32  # a head size vLLM's CPU attention takes
     with pytest.raises(ValueError, match="no built-in model 'huge-random-qwen2'; the built-in ones are"):
         build_tiny_model(tmp_path / "x", name="huge-random-qwen2")
+
+
+def test_a_tiny_model_whose_build_record_cannot_be_read_is_rebuilt(tmp_path):
+    """A build.json cut short (a build killed while writing it) is no traceback: the folder is rebuilt."""
+    folder = build_tiny_model(tmp_path / "tiny-random-qwen2", seed=0)
+    seed0 = _embedding(folder)
+    (folder / "build.json").write_text('{"fingerprint": "12')
+    assert build_tiny_model(folder, seed=0) == folder
+    assert json.loads((folder / "build.json").read_text())["seed"] == 0
+    assert torch.equal(_embedding(folder), seed0)
+
+
+@pytest.mark.parametrize("record", [None, "{not json", '{"target": "release"}'])
+def test_a_folder_of_the_model_name_that_no_build_made_is_refused_and_left_as_it_is(tmp_path, record):
+    """A folder of one's own under the built-in model's name (with or without a build.json of another
+    program) is not written into: one line names the folder and what to do."""
+    folder = tmp_path / "tiny-random-qwen2"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 30}')
+    if record is not None:
+        (folder / "build.json").write_text(record)
+    before = {p.name: p.read_text() for p in folder.iterdir()}
+    with pytest.raises(SystemExit) as err:
+        train.main(["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--output_dir", str(tmp_path)])
+    message = str(err.value.code)
+    assert message == (
+        f"prompt-aug-train: error: model_name_or_path tiny-random-qwen2: {folder} holds files that no build "
+        "of it wrote, and building the model there would overwrite them; move it, or choose another "
+        "--output_dir"
+    )
+    assert {p.name: p.read_text() for p in folder.iterdir()} == before
+
+
+def test_a_file_of_the_model_name_is_refused_naming_it(tmp_path):
+    from prompt_aug.sources import SourceError
+
+    taken = tmp_path / "tiny-random-qwen2"
+    taken.write_text("mine")
+    with pytest.raises(SourceError) as err:
+        build_tiny_model(taken, seed=0)
+    assert str(err.value).startswith(f"model_name_or_path tiny-random-qwen2: {taken} is a file,")
+    assert taken.read_text() == "mine"

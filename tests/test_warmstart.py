@@ -54,6 +54,18 @@ def test_warm_start_targets_box_the_right_answer_at_the_asked_share_and_always_w
     assert 0.45 < well / marker_draws < 0.55
 
 
+def test_warm_start_targets_of_rows_with_several_golds_box_the_first_of_them():
+    """A dataset whose answer column holds lists (several acceptable golds): the target boxes one gold, as a
+    right answer is written, never the list's text."""
+    import itertools
+
+    rows = [{"question": "Compute $2 + 3$.", "answer": ["5", "5.0"]}]
+    draws = draw_targets(rows, TEMPLATES[:1], wellformed=0.0, answer_correct=1.0, seed=0)
+    texts = {text for _, _, text in itertools.islice(draws, 5)}
+    assert texts == {"2 + 3 = 5. \\boxed{5}"}
+    assert grade(texts.pop(), rows[0]["answer"], TEMPLATES[0], strict=True).correct
+
+
 def test_heldout_questions_are_kept_apart_and_drawn_by_seed():
     import datasets
 
@@ -66,6 +78,25 @@ def test_heldout_questions_are_kept_apart_and_drawn_by_seed():
     )
     with pytest.raises(ValueError, match="heldout_questions=55"):
         split_heldout(rows, 55, seed=0)
+
+
+def test_a_heldout_question_is_trained_under_no_row_of_it():
+    """A question the dataset holds twice (the synthetic set repeats its powers) is held out whole: neither
+    copy is trained on, and the held-out questions are distinct."""
+    import datasets
+
+    rows = [{"question": f"Evaluate ${b}^{{2}}$.", "answer": str(b * b), "uid": f"{b}-{c}"}
+            for c in range(2) for b in range(2, 8)]  # fmt: skip
+    dataset = datasets.Dataset.from_list(rows)
+    for seed in range(5):
+        trained, held = split_heldout(dataset, 2, seed=seed)
+        assert len(set(held["question"])) == 2 and len(trained) == 8
+        assert not set(trained["question"]) & set(held["question"])
+    with pytest.raises(ValueError) as err:
+        split_heldout(dataset, 6, seed=0)
+    assert str(err.value) == (
+        "heldout_questions=6 leaves no training questions (the dataset has 12 rows, 6 questions); lower it"
+    )
 
 
 def test_warm_start_changes_the_weights_and_lowers_the_loss(tiny_model_dir, tokenizer):
@@ -250,3 +281,40 @@ def test_heldout_questions_without_before_after_are_kept_out_and_said_to_be(capl
         and "before_after" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_the_warm_start_and_the_scores_render_prompts_with_the_recipes_chat_template_kwargs(tiny_model_dir):
+    """Training renders its prompts with ``chat_template_kwargs``; the warm start trains on those prompts and
+    the before/after table scores them, not the prompts without the keywords."""
+    from types import SimpleNamespace
+
+    import datasets
+    from transformers import AutoTokenizer
+
+    from prompt_aug.templates import CHATML_TEMPLATE
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = CHATML_TEMPLATE + "{% if mode is defined %}[{{ mode }}]{% endif %}"
+    templates, kwargs = TEMPLATES[:2], {"mode": "terse"}
+    rows = addition_problems()[:4]
+    expected = {
+        tuple(tokenizer(t.render(r["question"], tokenizer, **kwargs)).input_ids)
+        for r in rows
+        for t in templates
+    }
+    assert all("[terse]" in tokenizer.decode(ids) for ids in expected)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    seen: dict[bool, list[list[int]]] = {True: [], False: []}  # training (warm start) or not (scoring)
+
+    def record(module, args, kw):
+        seen[module.training] += kw["input_ids"].tolist()
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    demo = DemoArguments(warmstart_steps=2, warmstart_batch_size=2, heldout_questions=1, before_after=True)
+    args = SimpleNamespace(seed=0, max_completion_length=1, temperature=1.0, chat_template_kwargs=kwargs)
+    _, check = prepare(model, tokenizer, datasets.Dataset.from_list(rows), templates, demo, args)
+    pad = tokenizer.pad_token_id
+    trained = seen[True]  # 2 steps of 2 examples, each a prompt and its target
+    assert len(trained) == 4 and all(any(tuple(ids[: len(p)]) == p for p in expected) for ids in trained)
+    scored = {tuple(ids[next(i for i, t in enumerate(ids) if t != pad) :]) for ids in seen[False]}
+    assert expected <= scored and set(check.scores["before"]) == {"trained", "held-out"}

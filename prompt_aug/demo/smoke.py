@@ -29,6 +29,15 @@ ADDITION_DATASET_NAME = "synthetic-addition"
 DIGIT_SUMS_DATASET_NAME = "synthetic-digit-sums"  # the real-model recipe (recipes/smollm2-135m)
 BUILTIN_DATASETS = (SYNTHETIC_DATASET_NAME, ADDITION_DATASET_NAME, DIGIT_SUMS_DATASET_NAME)  # never fetched
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BUILD_RECORD = "build.json"  # what built a model folder (`build_tiny_model`)
+# The files a build writes (the model's, the tokenizer's, the record); a folder with others is not a build's.
+BUILD_FILES = frozenset(
+    {
+        BUILD_RECORD, "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json", "added_tokens.json",
+        "vocab.json", "merges.txt",
+    }
+)  # fmt: skip
 
 
 def _frac(value: Fraction) -> str:
@@ -165,7 +174,11 @@ def build_tiny_model(path: str | Path, seed: int = 0, name: str = TINY_MODEL_NAM
     Returns ``path``. The folder is a cache keyed by what built it: ``build.json`` records a
     fingerprint of the seed, the model config and the tokenizer. A later call with the same
     fingerprint returns at once; a folder built with another seed, shape or tokenizer (or by an
-    older version without ``build.json``) is rebuilt in place.
+    older version without ``build.json``, or one whose ``build.json`` cannot be read) is rebuilt in
+    place. A folder that no build made (`earlier_build`) is left as it is.
+
+    Raises:
+        SourceError: ``path`` is a file, or a folder holding files no build wrote; one line naming it.
     """
     import hashlib
     import json
@@ -201,9 +214,17 @@ def build_tiny_model(path: str | Path, seed: int = 0, name: str = TINY_MODEL_NAM
     fingerprint = hashlib.sha256(json.dumps(built_from, sort_keys=True, default=str).encode()).hexdigest()[
         :16
     ]
-    record = path / "build.json"
-    if record.is_file() and json.loads(record.read_text()).get("fingerprint") == fingerprint:
+    record = build_record(path)
+    if record is not None and record.get("fingerprint") == fingerprint:
         return path
+    if record is None and not earlier_build(path):
+        from ..sources import SourceError
+
+        what = "is a file" if path.is_file() else "holds files that no build of it wrote"
+        raise SourceError(
+            f"model_name_or_path {name}: {path} {what}, and building the model there would overwrite them; "
+            "move it, or choose another --output_dir"
+        )
     if (path / "config.json").is_file():
         logging.getLogger("prompt_aug").info("rebuilding %s: it was built from other settings", path)
     torch.manual_seed(seed)
@@ -215,5 +236,38 @@ def build_tiny_model(path: str | Path, seed: int = 0, name: str = TINY_MODEL_NAM
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    record.write_text(json.dumps({"fingerprint": fingerprint, "seed": seed}, indent=2) + "\n")
+    (path / BUILD_RECORD).write_text(json.dumps({"fingerprint": fingerprint, "seed": seed}, indent=2) + "\n")
     return path
+
+
+def build_record(path: str | Path) -> dict | None:
+    """What ``build.json`` in ``path`` records of the build that made the folder; None where there is no such
+    file or it cannot be read as one (another program's ``build.json``, one cut short)."""
+    import json
+
+    try:
+        record = json.loads((Path(path) / BUILD_RECORD).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "fingerprint" in record else None
+
+
+def earlier_build(path: str | Path) -> bool:
+    """Whether ``path`` may be rebuilt without a readable ``build.json``: missing, empty, or holding only the
+    files a build writes, with a two-layer Qwen2 configuration if any (as an older build, or one killed
+    before it wrote its record, leaves it)."""
+    import json
+
+    folder = Path(path)
+    if not folder.exists():
+        return True
+    if not folder.is_dir() or any(not p.is_file() or p.name not in BUILD_FILES for p in folder.iterdir()):
+        return False
+    if not (folder / "config.json").is_file():
+        return True
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    shape = (config.get("model_type"), config.get("num_hidden_layers")) if isinstance(config, dict) else None
+    return shape == ("qwen2", 2)

@@ -79,16 +79,42 @@ def target_text(
 
 
 def split_heldout(dataset: Any, n: int, seed: int) -> tuple[Any, Any | None]:
-    """``(trained, heldout)``: ``n`` rows drawn with ``seed`` set aside (``None`` when ``n`` is 0)."""
+    """``(trained, heldout)``: ``n`` questions drawn with ``seed`` set aside (``None`` when ``n`` is 0).
+
+    The draw is over the distinct texts of the ``question`` column: a held-out question keeps its first row,
+    and none of its rows is trained on. Where every question is distinct, row ``i`` is question ``i``.
+    Raises `prompt_aug.sources.SourceError` (a `ValueError`) when no question would be left to train on.
+    """
     if n <= 0:
         return dataset, None
-    if n >= len(dataset):
-        raise ValueError(
-            f"heldout_questions={n} leaves no training questions (the dataset has {len(dataset)})"
+    column = dataset["question"] if "question" in dataset.column_names else range(len(dataset))
+    texts = [text if isinstance(text, (str, int)) else repr(text) for text in column]  # hashable
+    first: dict[Any, int] = {}
+    for i, text in enumerate(texts):
+        first.setdefault(text, i)
+    if n >= len(first):
+        from ..sources import SourceError  # a ValueError the command reports in one line
+
+        rows = f"{len(dataset)} rows" + (f", {len(first)} questions" if len(first) < len(dataset) else "")
+        raise SourceError(
+            f"heldout_questions={n} leaves no training questions (the dataset has {rows}); lower it"
         )
-    held = sorted(random.Random(seed).sample(range(len(dataset)), n))
-    kept = [i for i in range(len(dataset)) if i not in set(held)]
+    distinct = list(first)
+    drawn = {distinct[k] for k in random.Random(seed).sample(range(len(distinct)), n)}
+    held = sorted(first[text] for text in drawn)
+    kept = [i for i, text in enumerate(texts) if text not in drawn]
     return dataset.select(kept), dataset.select(held)
+
+
+def first_gold(answer: Any) -> str:
+    """The answer a warm-start target boxes: the gold, or the first of a row's several acceptable golds.
+
+    >>> first_gold("5"), first_gold(["1/2", "0.5"])
+    ('5', '1/2')
+    """
+    if isinstance(answer, (list, tuple)):
+        return str(answer[0]) if answer else ""
+    return str(answer)
 
 
 def draw_targets(
@@ -102,8 +128,8 @@ def draw_targets(
     """Endless warm-start examples ``(row index, template index, target text)``, drawn with ``seed``.
 
     Each draws a row and a template uniformly; the target is in the template's layout with probability
-    ``wellformed``, and boxes the row's answer with probability ``answer_correct``, else another answer
-    of ``rows`` (the working stays right: the model can learn to box what it worked out).
+    ``wellformed``, and boxes the row's answer (`first_gold`) with probability ``answer_correct``, else
+    another answer of ``rows`` (the working stays right: the model can learn to box what it worked out).
 
     >>> import itertools
     >>> from prompt_aug.templates import get_template
@@ -116,21 +142,29 @@ def draw_targets(
     ['1 + 1 = 2. \\\\boxed{5}', '2 + 3 = 5. \\\\boxed{2}']
     """
     rng = random.Random(seed)
-    answers = sorted({str(row["answer"]) for row in rows})
+    answers = sorted({first_gold(row["answer"]) for row in rows})
     while True:
         i, j = rng.randrange(len(rows)), rng.randrange(len(templates))
         good, right = rng.random() < wellformed, rng.random() < answer_correct
-        gold = str(rows[i]["answer"])
+        gold = first_gold(rows[i]["answer"])
         boxed = gold if right or len(answers) < 2 else rng.choice([a for a in answers if a != gold])
         yield i, j, target_text(templates[j], rows[i]["question"], gold, good, boxed=boxed)
 
 
 def prompt_ids(
-    tokenizer: Any, rows: list[dict[str, Any]], templates: list[Template]
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    templates: list[Template],
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[list[list[int]]]:
-    """The token ids of every row's question under every template, ``[row][template]``: each prompt is
-    tokenized once (rendering through the chat template is the slow part)."""
-    return [tokenizer([t.render(row["question"], tokenizer) for t in templates]).input_ids for row in rows]
+    """The token ids of every row's question under every template, ``[row][template]``, rendered with
+    ``chat_template_kwargs`` as training renders them: each prompt is tokenized once (rendering through the
+    chat template is the slow part)."""
+    kwargs = chat_template_kwargs or {}
+    return [
+        tokenizer([t.render(row["question"], tokenizer, **kwargs) for t in templates]).input_ids
+        for row in rows
+    ]
 
 
 def warm_start(
@@ -146,12 +180,14 @@ def warm_start(
     seed: int,
     answer_correct: float = 1.0,
     prompts: list[list[list[int]]] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[float]:
     """Supervised steps on ``rows`` (``question``, ``answer``) under random templates; returns the losses.
 
     The targets come from `draw_targets` (``wellformed``, ``answer_correct``). AdamW with cosine decay
     to 0; the loss is on the completion tokens (and the closing EOS) only. ``prompts``: `prompt_ids` of
-    ``rows`` and ``templates`` when the caller has them already.
+    ``rows`` and ``templates`` when the caller has them already; else they are rendered here with
+    ``chat_template_kwargs`` (the recipe's, as training renders its prompts).
     """
     from transformers import get_cosine_schedule_with_warmup
 
@@ -159,7 +195,7 @@ def warm_start(
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
 
-    prompts = prompt_ids(tokenizer, rows, templates) if prompts is None else prompts
+    prompts = prompt_ids(tokenizer, rows, templates, chat_template_kwargs) if prompts is None else prompts
     targets = draw_targets(rows, templates, wellformed=wellformed, answer_correct=answer_correct, seed=seed)
     completions: dict[str, list[int]] = {}
 
@@ -241,18 +277,20 @@ def warm_start_key(model: Any, tokenizer: Any, rows: list[dict[str, Any]], templ
 
 def cached_warm_start(
     model: Any, tokenizer: Any, rows: list[dict[str, Any]], templates: list[Template], cache: str | Path,
-    **settings: Any,
+    chat_template_kwargs: dict[str, Any] | None = None, **settings: Any,
 ) -> tuple[list[float], Path | None]:  # fmt: skip
     """`warm_start` through the folder ``cache``: the weights it leaves (its losses, torch's random state) are
     saved there
     under `warm_start_key`, and a later run with the same key loads them instead of training. A run making
     the same key holds a lock on it, so a run started beside it (the control of the same seed) waits and
-    then loads. Returns the losses and the file loaded from (None: trained here)."""
+    then loads. The prompts are rendered with ``chat_template_kwargs`` (and keyed as rendered). Returns the
+    losses and the file loaded from (None: trained here)."""
     import fcntl
 
     folder = Path(cache).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
-    prompts = prompt_ids(tokenizer, rows, templates)  # for the key, and for training on a miss
+    # For the key, and for training on a miss.
+    prompts = prompt_ids(tokenizer, rows, templates, chat_template_kwargs)
     key = warm_start_key(model, tokenizer, rows, templates, prompts=prompts, **settings)
     path = folder / f"warmstart-{key}.pt"
     with open(folder / f"warmstart-{key}.lock", "w") as lock:
@@ -285,16 +323,18 @@ def score(
     temperature: float,
     seed: int,
     batch_size: int = 128,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per template: mean correctness of one sampled answer per row, lenient (the training rule) and
-    strict (the paper's evaluation rule: the last ``\\boxed{}``), and its format score."""
+    strict (the paper's evaluation rule: the last ``\\boxed{}``), and its format score. The prompts are
+    rendered with ``chat_template_kwargs``, as training renders them."""
     backend = HFBackend(model, tokenizer)
     pairs = [(row, template) for template in templates for row in rows]
     completions: list[str] = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         outputs = backend.generate(
-            [t.render(r["question"], tokenizer) for r, t in chunk],
+            [t.render(r["question"], tokenizer, **(chat_template_kwargs or {})) for r, t in chunk],
             [seed + start],
             max_tokens=max_tokens,
             temperature=temperature,
@@ -328,6 +368,7 @@ class BeforeAfter:
     temperature: float
     seed: int
     scores: dict[str, dict[str, dict[str, dict[str, float]]]] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # the recipe's, as training renders
 
     def measure(self, when: str, model: Any, tokenizer: Any) -> None:
         """Score the model now and file it under ``when`` (``"before"`` or ``"after"``).
@@ -342,6 +383,7 @@ class BeforeAfter:
             name: score(
                 model, tokenizer, rows, self.templates,
                 max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
+                chat_template_kwargs=self.chat_template_kwargs,
             )
             for name, rows in self.sets.items()
         }  # fmt: skip
@@ -423,6 +465,7 @@ def prepare(
             len(heldout),
         )
     rows = dataset.to_list()
+    kwargs = dict(getattr(training_args, "chat_template_kwargs", None) or {})  # as training renders prompts
     if script_args.warmstart_steps > 0:
         settings = {
             "steps": script_args.warmstart_steps,
@@ -440,10 +483,10 @@ def prepare(
         )
         if script_args.cache:
             losses, loaded = cached_warm_start(
-                model, tokenizer, rows, templates, script_args.cache, **settings
+                model, tokenizer, rows, templates, script_args.cache, kwargs, **settings
             )
         else:
-            losses = warm_start(model, tokenizer, rows, templates, **settings)
+            losses = warm_start(model, tokenizer, rows, templates, chat_template_kwargs=kwargs, **settings)
         logger.info(
             "warm start: %d steps, loss %.3f → %.3f%s",
             len(losses),
@@ -457,8 +500,9 @@ def prepare(
     if heldout is not None:
         sets["held-out"] = heldout.to_list()
     check = BeforeAfter(
-        templates, sets, training_args.max_completion_length, training_args.temperature, training_args.seed
-    )
+        templates, sets, training_args.max_completion_length, training_args.temperature, training_args.seed,
+        chat_template_kwargs=kwargs,
+    )  # fmt: skip
     logger.info("before_after: scoring the model before GRPO on %s", ", ".join(sets))
     check.measure("before", model, tokenizer)
     return dataset, check
