@@ -390,6 +390,12 @@ def run(
         model = load_model(model_path, model_args, args)
     # Learning demo: held-out questions set aside, supervised warm start, "before" scores (off by default).
     dataset, before_after = demo_stage().before_grpo(demo_args, model, tokenizer, dataset, templates, args)
+    if held_out and len(dataset) < arithmetic.questions_per_round:  # every row of a held-out question went
+        raise UsageError(
+            f"heldout_questions={held_out} leaves {len(dataset)} rows to train on (each held-out question's "
+            f"repeats are kept out too): fewer than one round's {arithmetic.questions_per_round}; lower "
+            "heldout_questions, or shrink the round (--dry_run)"
+        )
 
     # Trainer: it draws the templates and applies the features; this script adds none.
     if args.model_init_kwargs:  # load_model applied them; TRL, given a loaded model, would call them ignored

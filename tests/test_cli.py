@@ -464,6 +464,12 @@ def test_data_that_fills_no_round_stops_before_the_model_loads(tmp_path, capsys)
     message = _error([*argv, "--heldout_questions", "2", "--overwrite_output_dir", "true"], capsys)
     assert "5 rows read, 5 kept; heldout_questions holds 2 out: fewer questions than one round's 4" in message
     assert "lower heldout_questions" in message and not list(out.glob("*.safetensors"))
+    # Each question twice: two held out take four rows, and the two left fill no round either.
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)] * 2
+    questions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    message = _error([*argv, "--heldout_questions", "2", "--overwrite_output_dir", "true"], capsys)
+    assert "heldout_questions=2 leaves 2 rows to train on" in message and "round's 4" in message, message
+    assert not list(out.glob("*.safetensors"))
 
 
 def test_lora_target_modules_the_model_lacks_are_one_line_naming_its_layers(tmp_path, capsys):
