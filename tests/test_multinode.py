@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fault_harness import tiny_checkpoint
+from fault_harness import tiny_checkpoint as tiny_files
 from launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -504,14 +504,21 @@ def test_a_requeued_run_that_saves_only_the_model_is_neither_resumed_nor_replace
     assert plan["train on gpu07"].endswith("--overwrite_output_dir true")
 
 
-def _saved_by(folder: Path, processes: int) -> Path:
-    """A complete checkpoint that ``processes`` processes saved: its launch.json and one RNG state each."""
+def tiny_checkpoint(folder: Path, step: int, processes: int = 16) -> Path:
+    """`fault_harness.tiny_checkpoint` with the RNG state of each of ``processes`` processes (by default
+    this file's launches, 2 nodes x 8), which a requeued start checks as the trainer does."""
     import torch
 
-    tiny_checkpoint(folder, 2)
-    (folder / "launch.json").write_text(json.dumps({"processes": processes}))
+    tiny_files(folder, step)
     for rank in range(processes):
         torch.save({"rank": rank}, folder / f"rng_state_{rank}.pth")
+    return folder
+
+
+def _saved_by(folder: Path, processes: int) -> Path:
+    """A complete checkpoint that ``processes`` processes saved: its launch.json and one RNG state each."""
+    tiny_checkpoint(folder, 2, processes)
+    (folder / "launch.json").write_text(json.dumps({"processes": processes}))
     return folder
 
 
@@ -582,18 +589,12 @@ def test_a_requeued_start_judges_each_processs_rng_state_as_the_trainer_does(fak
     launch's 16 processes, is one the trainer will not resume (a process was killed while saving): the
     requeued start takes the complete one before it, and with none replaces the interrupted start rather
     than handing the trainer a resume it refuses."""
-    import torch
-
     env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
-    cut = tiny_checkpoint(out_dir / "checkpoint-4", 4)
-    for rank in range(15):  # rng_state_15.pth never written
-        torch.save({"rank": rank}, cut / f"rng_state_{rank}.pth")
+    tiny_checkpoint(out_dir / "checkpoint-4", 4, processes=15)  # rng_state_15.pth never written
     requeued = dict(env, SLURM_RESTART_COUNT="1")
     run = ["--recipe", SMOKE, "--output_dir", str(out_dir)]
     assert _plan(requeued, *run)["train on gpu07"].endswith("--overwrite_output_dir true")
-    whole = tiny_checkpoint(out_dir / "checkpoint-2", 2)
-    for rank in range(16):
-        torch.save({"rank": rank}, whole / f"rng_state_{rank}.pth")
+    tiny_checkpoint(out_dir / "checkpoint-2", 2)
     assert _plan(requeued, *run)["train on gpu07"].endswith("--resume_from_checkpoint true")
 
 
