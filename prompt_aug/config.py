@@ -621,6 +621,8 @@ def check_keys(args: Any, prefix: str = "") -> None:
             raise ValueError(f"{name}: {value!r} is not one of {', '.join(info.choices)}")
         if isinstance(value, float) and math.isnan(value):
             raise ValueError(f"{name}: is NaN; give a number, or leave it unset")
+        if isinstance(value, float) and math.isinf(value):
+            raise ValueError(f"{name}: is infinite; give a finite number, or leave it unset")
         if info.low is not None and value is not None and value < info.low:
             raise ValueError(f"{name}: must be at least {info.low}, got {value}")
         if info.high is not None and value is not None and value > info.high:

@@ -39,6 +39,9 @@ logger = logging.getLogger("prompt_aug")
 # Dynamic sampling (`prompt_aug.extensions.dynamic_sampling`) logs TRL's reward and truncation metrics again
 # under this prefix, over every generated completion (TRL's reward metrics cover the trained groups only).
 GENERATED = "dynamic_sampling/generated/"
+# ... and, once a round, the share of the rows it trained that were cut at max_completion_length: TRL's
+# entropy is theirs.
+TRAINED_CLIPPED = "dynamic_sampling/trained/completions/clipped_ratio"
 
 
 # The share of a round's completions graded right (1 right, 0 wrong, whatever scores the correctness reward is

@@ -176,6 +176,33 @@ def test_with_truncated_completions_masked_entropy_skips_every_line_trained_only
     assert [e["step"] for e in stream if "collapse/entropy" in guard.observe(e)[0]] == [3, 6]
 
 
+def test_under_dynamic_sampling_entropy_skips_a_round_whose_trained_rows_were_all_cut():
+    """TRL's entropy is the trained rows'; under dynamic sampling both truncation shares TRL and the sampler
+    log cover every row generated, dropped flat groups included. A round whose trained rows were all cut
+    (entropy logged as 0) is skipped by the share of the rows trained, which the sampler logs."""
+    from prompt_aug.records import GENERATED, TRAINED_CLIPPED
+
+    argv = [
+        "--config",
+        SMOKE,
+        "--dry_run",
+        "--mask_truncated_completions",
+        "true",
+        "--dynamic_sampling",
+        "true",
+    ]
+    args = train.parse_args(argv)
+    spec = next(s for s in guard_from_args(args.training_args, 1).specs if s.name == "entropy")
+    assert spec.masked_by == (TRAINED_CLIPPED,)
+    entropy = SignalSpec("entropy", ("entropy",), "below", 0.05, 1, "log", spec.masked_by)
+    generated = {GENERATED + "completions/clipped_ratio": 0.75, "completions/clipped_ratio": 0.75}
+    stream = [
+        {"step": 1, "round": 1, "entropy": 0.0, TRAINED_CLIPPED: 1.0, **generated},  # no token trained
+        {"step": 2, "round": 2, "entropy": 0.01, TRAINED_CLIPPED: 0.5, **generated},  # a real low reading
+    ]
+    assert _feed(_guard(entropy, steps_per_round=1), stream) == {2: ["entropy"]}
+
+
 def test_eval_fires_on_the_evaluation_whose_2_eval_mean_falls_more_than_0_05():
     evals = [0.30, 0.32, 0.34, 0.36, 0.25, 0.20]
     stream = []

@@ -269,6 +269,9 @@ def test_metrics_match_the_records(dynamic_run, step):
     assert logged[METRICS + "groups_filled"] == 0 and logged[METRICS + "cap_hit"] == 0
     assert logged[METRICS + "generation_passes"] == records["generation_pass"].max() + 1
     assert logged[METRICS + "kept_share"] == pytest.approx(4 / len(groups))
+    assert (
+        0 <= logged[METRICS + "trained/completions/clipped_ratio"] <= 1
+    )  # the guard's entropy mask reads it
     for name, rows in records.groupby("template"):
         assert logged[f"templates/{name}/count"] == len(rows)
         assert logged[f"templates/{name}/kept"] == rows["kept"].sum()
@@ -571,3 +574,27 @@ def test_dynamic_recipe_is_the_paper_run_plus_dynamic_sampling():
     funcs = get_reward_funcs(script_args.reward_funcs)
     sampler = from_args(training_args, funcs, [f.__name__ for f in funcs])
     assert sampler.signal_index == script_args.reward_funcs.index("correctness") and sampler.max_passes == 4
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("-1", "must be at least 0"), ("nan", "is NaN"), ("inf", "is infinite; give a finite number")],
+)
+def test_a_spread_tolerance_that_is_no_finite_number_from_0_is_refused_in_one_line(value, expected):
+    """inf would call every group flat, and every round would train on fillers."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(
+            [
+                "--config",
+                SMOKE,
+                "--dry_run",
+                "--dynamic_sampling",
+                "true",
+                "--dynamic_sampling_std_tol",
+                value,
+            ]
+        )
+    message = str(exit_info.value.code)
+    assert f"dynamic_sampling_std_tol: {expected}" in message and "\n" not in message, message
+    with pytest.raises(ValueError, match="dynamic_sampling_std_tol must be a finite number >= 0"):
+        DynamicSampler(std_tol=float(value))  # built in code, the sampler checks it too

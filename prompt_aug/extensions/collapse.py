@@ -76,7 +76,7 @@ from ..config import SIGNALS as SIGNAL_KEYS
 from ..faults import COLLAPSE_PREFIX, COLLAPSE_STOP_FILE, LaunchRecord
 from ..metrics import correctness_scores
 from ..model_card import ACCURACY_KEYS as SHARE_KEYS
-from ..records import ACCURACY_KEY, generated_first, generation_round, is_number
+from ..records import ACCURACY_KEY, TRAINED_CLIPPED, generated_first, generation_round, is_number
 from ..trl_seam import hub_push_running
 
 logger = logging.getLogger("prompt_aug.collapse")
@@ -663,9 +663,11 @@ def guard_from_args(
             keys, kind = watched[name]
             watched[name] = (generated_first(keys), kind)
     # With truncated completions masked out of the loss, a round cut in full trains on no token and TRL logs
-    # its entropy as 0: entropy takes no reading there (truncation is the signal that speaks).
+    # its entropy as 0: entropy takes no reading there (truncation is the signal that speaks). Under dynamic
+    # sampling that is the share of the rows trained, not of every row generated.
     masked = getattr(a, "mask_truncated_completions", False)
-    masked_by = {"entropy": watched["truncation"][0]} if masked else {}
+    cut = (TRAINED_CLIPPED,) if getattr(a, "dynamic_sampling", False) else watched["truncation"][0]
+    masked_by = {"entropy": cut} if masked else {}
     specs = []
     for name, (threshold_key, window_key) in SIGNAL_KEYS.items():
         keys, kind = watched[name]

@@ -65,7 +65,7 @@ from rewards.repetition import ends_in_loop
 from .. import trl_seam as seam
 from ..collator import given_uid, row_question, row_uid, stable_uniform
 from ..metrics import correctness_scores, ending_ids
-from ..records import GENERATED, rounds_generated
+from ..records import GENERATED, TRAINED_CLIPPED, rounds_generated
 from ..trl_seam import Generation, SamplingTrainer
 
 SIGNAL_TOTAL = "total"
@@ -121,18 +121,23 @@ def extra_question_indices(
 ) -> list[int]:
     """``count`` dataset indices for an extra pass, a function of (seed, round, pass) only.
 
-    Questions whose uid is in ``exclude`` (already in the round) are skipped while others remain.
+    Questions whose uid is in ``exclude`` (already in the round) are skipped while others remain; then
+    those, before any question is drawn twice in the pass (only a training set smaller than ``count``).
 
     >>> uids = [f"q{i}" for i in range(10)]
     >>> a = extra_question_indices(0, 3, 1, uids, 4, {"q0"})
     >>> a == extra_question_indices(0, 3, 1, uids, 4, {"q0"}), len(set(a)), 0 in a
     (True, 4, False)
+    >>> len(set(extra_question_indices(0, 3, 1, uids[:6], 4, {"q0", "q1", "q2", "q3"})))
+    4
     """
     rng = random.Random(int(stable_uniform(seed, round_index, f"dynamic-sampling-pass-{pass_index}") * 2**53))
     order = rng.sample(range(len(uids)), len(uids))
     fresh = [i for i in order if uids[i] not in exclude]
     picked = fresh[:count]
-    if len(picked) < count:  # a training set smaller than the round: repeat questions rather than stall
+    if len(picked) < count:  # questions already in the round next, each once
+        picked += [i for i in order if uids[i] in exclude][: count - len(picked)]
+    if len(picked) < count:  # a training set smaller than the pass: repeat questions rather than stall
         picked += [order[j % len(order)] for j in range(count - len(picked))]
     return picked
 
@@ -275,8 +280,8 @@ class DynamicSampler:
     def __init__(self, signal_index: int | None = None, max_passes: int = 4, std_tol: float = 1e-6) -> None:
         if max_passes < 1:
             raise ValueError(f"dynamic_sampling_max_passes must be at least 1, got {max_passes}")
-        if not std_tol >= 0:
-            raise ValueError(f"dynamic_sampling_std_tol must be >= 0, got {std_tol}")
+        if not 0 <= std_tol < math.inf:  # inf would call every group flat
+            raise ValueError(f"dynamic_sampling_std_tol must be a finite number >= 0, got {std_tol}")
         self.signal_index = signal_index
         self.max_passes = max_passes
         self.std_tol = std_tol
@@ -565,6 +570,16 @@ class DynamicSampler:
             "generation_passes": len(passes),
             "cap_hit": float(counts[KEPT] < groups_needed),
             "kept_share": counts[KEPT] / generated,
+            # The truncated share of the rows trained: TRL's entropy is theirs (the collapse guard reads it).
+            TRAINED_CLIPPED.removeprefix(METRIC): torch.cat(
+                [
+                    passes[k].truncated[g * trainer.num_generations : (g + 1) * trainer.num_generations]
+                    for k, g in plan.trained
+                ]
+            )
+            .float()
+            .mean()
+            .item(),
         }
         for name, value in values.items():
             metrics[METRIC + name].append(float(value))
