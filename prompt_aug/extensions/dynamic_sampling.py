@@ -221,7 +221,7 @@ def cap_message(round_number: int, counts: dict[str, int], groups_needed: int, p
     return (
         f"dynamic sampling: round {round_number} found {kept} of {groups_needed} groups with reward spread "
         f"in {passes} generation passes (dynamic_sampling_max_passes: {passes}), so {counts.get(FILLED, 0)} "
-        f"zero-spread groups fill it and teach nothing (left out: {counts.get(ALL_RIGHT, 0)} all right, "
+        f"groups with no spread in the signal fill it (left out: {counts.get(ALL_RIGHT, 0)} all right, "
         f"{counts.get(ALL_WRONG, 0)} all wrong, {counts.get(OTHER, 0)} other flat groups). Training goes on; "
         "dynamic_sampling/cap_hit is 1 on each such round, and this warning comes again only after a round "
         "that fills up. Raise dynamic_sampling_max_passes, or check the data and rewards (too easy, too "
