@@ -1884,6 +1884,14 @@ def test_overwrite_discards_the_old_results_only_once_the_model_has_loaded(
         str(exit_info.value.code),
     ), exit_info.value.code
     assert {path.name: path.read_bytes() for path in out.iterdir()} == kept
+    cut = tmp_path / "checkpoint-10"  # weights cut short (a copy interrupted): one line too
+    shutil.copytree(tiny_model_dir, cut)
+    weights = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(SystemExit) as exit_info:
+        _eval(cut, suite_dir, out, *flags, "--max_tokens", "8", "--overwrite")
+    assert "the model does not load (" in str(exit_info.value.code), exit_info.value.code
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == kept
     results = _eval(tiny_model_dir, suite_dir, out, *flags, "--max_tokens", "8", "--overwrite")
     assert results["new_completions"] == 1 and results["settings"]["max_tokens"] == 8
     assert (out / "notes.txt").read_text() == "mine\n"

@@ -602,9 +602,11 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
         if error:
             raise EvalError(error)
 
+        from safetensors import SafetensorError
+
         try:
             backend = _load_backend(args, backend_name, max_model_len, processes, tokenizer)
-        except OSError as err:  # files missing or unreadable
+        except (OSError, SafetensorError) as err:  # files missing, unreadable or cut short
             why = (str(err).strip() or type(err).__name__).splitlines()[0]
             raise EvalError(
                 f"--model {args.model}: the model does not load ({why}); fix --model (the completions and "
