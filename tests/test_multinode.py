@@ -137,6 +137,13 @@ if mode != "exit0":
         time.sleep(0.05)
 with open(path + ".done", "w") as f:
     f.write("usr1" if got else "end")
+if got:  # the ranks' last collective: none exits before every rank has acted on the signal (an exit first
+    # would have srun's --kill-on-bad-exit end the others before they had)
+    ranks = int(sys.argv[sys.argv.index("--num_machines") + 1])
+    others = [os.path.join(os.environ["FAKE_OUT"], f"accelerate-{{r}}.json.done") for r in range(ranks)]
+    deadline = time.monotonic() + 30
+    while not all(os.path.exists(p) for p in others) and time.monotonic() < deadline:
+        time.sleep(0.05)
 if mode == "finish_launcher_1" and record["procid"] == "0":  # trained to the end after the warning
     argv = sys.argv[1:]
     run_dir = argv[argv.index("--output_dir") + 1]
