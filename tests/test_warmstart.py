@@ -233,7 +233,8 @@ def test_a_warm_start_the_recipe_cannot_run_is_refused_before_anything_loads(tmp
     [
         ("warmstart_steps", -1, "warmstart_steps: must be at least 0, got -1"),
         ("warmstart_batch_size", 0, "warmstart_batch_size: must be at least 1, got 0"),
-        ("warmstart_learning_rate", 0.0, "warmstart_learning_rate: must be above 0, got 0.0"),
+        ("warmstart_learning_rate", 0.0, "warmstart_learning_rate: must be a finite number above 0, got 0.0"),
+        ("warmstart_learning_rate", float("inf"), "warmstart_learning_rate: must be a finite number above 0"),
         (
             "warmstart_wellformed",
             7.0,

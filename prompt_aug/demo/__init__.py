@@ -10,6 +10,7 @@ it, so a run on a real model and dataset imports no demo module beyond this one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,9 @@ class DemoArguments:
             value = getattr(self, name)
             if not value >= low:
                 raise ValueError(f"{name}: must be at least {low}, got {value}")
-        if not self.warmstart_learning_rate > 0:  # NaN too
-            raise ValueError(f"warmstart_learning_rate: must be above 0, got {self.warmstart_learning_rate}")
+        if not 0 < self.warmstart_learning_rate < math.inf:  # NaN too; inf trains to NaN
+            rate = self.warmstart_learning_rate
+            raise ValueError(f"warmstart_learning_rate: must be a finite number above 0, got {rate}")
         for name in ("warmstart_wellformed", "warmstart_answer_correct"):
             value = getattr(self, name)
             if not 0 <= value <= 1:  # NaN too
