@@ -46,7 +46,7 @@ from .faults import (
     last_complete_checkpoint,
 )
 from .logging_utils import check_log_file
-from .model_card import own_readme, readme_owner
+from .model_card import readme_owner
 from .records import LogFileError
 from .reward_checks import RewardFunctionError
 from .sources import (
@@ -610,11 +610,10 @@ def check_output_dir(
         where = "is a file" if file == Path(output_dir) else f"lies under {file}, a file"
         raise UsageError(f"output_dir {output_dir} {where}, not a folder; choose another --output_dir")
     found = run_artifacts(output_dir)
-    readme = own_readme(output_dir)
-    if readme and not resume and PartialState().is_main_process:  # kept (`keep_own_readme`), not lost
-        logger.warning(  # its reason: no model card, or a card edited by hand
-            "%s %s: training moves it to _README.md to write the card there", readme, readme_owner(readme)
-        )
+    readme = Path(output_dir) / "README.md"
+    owned = readme_owner(readme)  # the user's own: no model card, or a card edited by hand
+    if owned and not resume and PartialState().is_main_process:  # kept (`keep_own_readme`), not lost
+        logger.warning("%s %s: training moves it to _README.md to write the card there", readme, owned)
     if resume and overwrite:
         raise UsageError(
             "--resume_from_checkpoint and --overwrite_output_dir true exclude each other; pick one"
@@ -636,7 +635,7 @@ def check_output_dir(
             "checkpoints, model and completions); or choose another --output_dir."
         )
     extras = [Path(output_dir) / n for n in _RUN_EXTRAS if (Path(output_dir) / n).exists()]
-    return found + [p for p in extras if p != readme]
+    return found + [p for p in extras if not (owned and p == readme)]
 
 
 def clear_run(paths: list[Path]) -> None:

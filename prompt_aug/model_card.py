@@ -532,7 +532,7 @@ def full_model_card(card: str, target: Path) -> str:
         CardError: the card's front matter does not parse.
     """
     # The adapter's digest line goes: it was the digest of the adapter run's card, not of this one.
-    parsed = _parsed(with_evaluation(_unsealed(card)[0], target, add=False), target / "README.md")
+    parsed = _parsed(with_evaluation(_SEAL.sub("", card), target, add=False), target / "README.md")
     parsed.data.library_name = "transformers"
     if parsed.data.model_name:
         parsed.data.model_name = target.name
@@ -647,8 +647,8 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
             f"{card_path} is no model card (it has no front matter), so it was left as it is; give the "
             "output folder of a training run"
         )
-    body, seal = _unsealed(card)
-    refreshed = with_evaluation(body, output_dir.resolve())
+    seal = _last_seal(card)
+    refreshed = with_evaluation(_SEAL.sub("", card), output_dir.resolve())
     if seal is None:  # a card of no digest (TRL's alone) stays so
         card_path.write_text(refreshed)
     elif edited_card(card):  # its edits and its old digest line stay: training keeps it aside still
@@ -685,17 +685,17 @@ def sealed(card: str) -> str:
     return f"{body}<!-- prompt-aug card sha256:{_digest(body)} -->\n"
 
 
-def _unsealed(text: str) -> tuple[str, re.Match[str] | None]:
-    """``text`` without its digest lines, and its last digest line (None without one)."""
+def _last_seal(text: str) -> re.Match[str] | None:
+    """``text``'s last digest line (`sealed`), or None."""
     seals = list(_SEAL.finditer(text))
-    return _SEAL.sub("", text), (seals[-1] if seals else None)
+    return seals[-1] if seals else None
 
 
 def edited_card(text: str) -> bool:
     """Whether ``text``, a README.md, is a card training wrote (`sealed`) and edited by hand since: what
     comes before its digest line no longer matches it, or something follows it. A card without one (TRL's
     alone, PEFT's) is not known to be edited."""
-    seal = _unsealed(text)[1]
+    seal = _last_seal(text)
     if seal is None:
         return False
     return _digest(text[: seal.start()]) != seal.group(1) or bool(text[seal.end() :].strip())
@@ -711,12 +711,6 @@ def is_model_card(text: str) -> bool:
     front, _ = _split_front_matter(text)
     marks = {"- generated_from_trainer", "library_name: peft"}
     return not text.strip() or any(line.strip() in marks for line in front)
-
-
-def own_readme(output_dir: str | Path) -> Path | None:
-    """``output_dir``'s README.md where it is the user's own (`readme_owner`); else None."""
-    path = Path(output_dir) / "README.md"
-    return path if readme_owner(path) is not None else None
 
 
 def readme_owner(path: Path) -> str | None:
@@ -735,7 +729,7 @@ def readme_owner(path: Path) -> str | None:
 
 
 def keep_own_readme(output_dir: str | Path) -> Path | None:
-    """Move the user's own README.md in ``output_dir`` (`own_readme`) to `OWN_README` (``_README-2.md`` and
+    """Move the user's own README.md in ``output_dir`` (`readme_owner`) to `OWN_README` (``_README-2.md`` and
     on where that is taken), so that the card written there does not overwrite it; where it went, or None
     where there was nothing to keep."""
     path = Path(output_dir) / "README.md"
