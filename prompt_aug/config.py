@@ -36,21 +36,30 @@ SCALE_REWARDS = ("group", "batch", "none")  # and true / false, TRL's group / no
 
 class Range(NamedTuple):
     """The values a number key takes: from ``low`` to ``high`` (``None``: no bound), each end refused itself
-    when open; ``None`` itself only where ``optional``."""
+    when open; ``None`` itself only where ``optional``; ``hint`` ends the refusal (what to give instead)."""
 
     low: float
     high: float | None = None
     open_low: bool = False
     open_high: bool = False
     optional: bool = False
+    hint: str = ""
 
 
-# TRL's sampling and length keys, and the optimizer's numbers: generation refuses other values only once it
-# starts, torch's optimizers only when the trainer builds them, both after the model has loaded.
+# TRL's sampling, length and loss keys, and the optimizer's numbers: generation refuses other values only once
+# it starts, the loss at its first step (or trains a KL bonus, clip bounds beyond 1), torch's optimizers only
+# when the trainer builds them, all after the model has loaded. An unset max_completion_length fails in the
+# round's metrics.
 NUMBER_RANGES = {
     "top_p": Range(0, 1, open_low=True, optional=True),
     "min_p": Range(0, 1, optional=True),
-    "max_completion_length": Range(1, optional=True),
+    "top_k": Range(0, hint="0 keeps every token, as -1 does in vLLM and verl"),
+    "repetition_penalty": Range(0, open_low=True),
+    "max_completion_length": Range(1),
+    "beta": Range(0),
+    "epsilon": Range(0),
+    "epsilon_high": Range(0, optional=True),
+    "top_entropy_quantile": Range(0, 1),
     "learning_rate": Range(0),
     "adam_epsilon": Range(0),
     "weight_decay": Range(0),
@@ -343,6 +352,7 @@ class PromptAugGRPOConfig(GRPOConfig):
         "Rows of the W&B `completions` table per log step, with log_completions and report_to wandb: unset "
         "uploads every completion (TRL), 0 none, N a random sample of N. The parquet records under "
         "output_dir/completions/ keep every row either way.",
+        low=0,
     )
 
     # > Preemption
@@ -444,6 +454,14 @@ def check_config(args: Any) -> None:
         raise ValueError(
             f"skip_minibatch_ratio_above: {threshold} is below 1, the smallest value the mean of "
             "max(r, 1/r) can take; use 1.0 to skip every mini-batch, or leave it unset"
+        )
+    # DeepSpeed, the recipe's deepspeed key or accelerate's DeepSpeed launch (transformers builds its plugin
+    # from either): the trainer refuses it too, but only once the model has loaded.
+    if threshold is not None and (args.deepspeed or getattr(args, "deepspeed_plugin", None) is not None):
+        raise ValueError(
+            "skip_minibatch_ratio_above is not supported under DeepSpeed (the deepspeed key, or an "
+            "accelerate config with DeepSpeed): its optimizer steps inside backward, before a mini-batch can "
+            "be judged; launch with DDP or FSDP (accelerate_configs/ddp.yaml, fsdp.yaml), or unset it"
         )
     # fp16, the recipe's or (where bf16 and fp16 are false) the launcher's, as transformers took it (spelled
     # as it was given): its gradient scaler asserts at the optimizer step.
@@ -566,12 +584,13 @@ def range_refusal(name: str, value: Any, bounds: Range) -> str | None:
     if inside:
         return None
     top = "" if high is None else f" and {'below' if bounds.open_high else 'at most'} {high}"
-    return f"{name}: must be {'above' if bounds.open_low else 'at least'} {low}{top}, got {value!r}"
+    hint = f" ({bounds.hint})" if bounds.hint else ""
+    return f"{name}: must be {'above' if bounds.open_low else 'at least'} {low}{top}, got {value!r}{hint}"
 
 
 def check_trl_keys(args: Any) -> None:
-    """TRL's batch keys (`BATCH_LOW`), ``loss_type``, ``scale_rewards``, the sampling temperature and ranges
-    and the optimizer's numbers (`NUMBER_RANGES`), the mapping keys (`MAPPING_KEYS`) and
+    """TRL's batch keys (`BATCH_LOW`), ``loss_type``, ``scale_rewards``, the sampling temperature, the
+    sampling, length, loss and optimizer numbers (`NUMBER_RANGES`), the mapping keys (`MAPPING_KEYS`) and
     the length of training, which TRL checks late or not at all (`ValueError`, one line naming the key)."""
     for name, low in {**BATCH_LOW, **BATCH_LOW_IF_SET}.items():
         value = getattr(args, name)

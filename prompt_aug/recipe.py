@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +34,8 @@ __all__ = [
 
 
 NUM_SYNTHETIC = 256  # rows of the built-in `synthetic` set unless num_synthetic says otherwise
+# TRL's overlong penalty by the name `trl grpo` gives it: the one reward soft_punish_cache sizes.
+OVERLONG = "get_soft_overlong_punishment"
 
 
 @dataclass
@@ -159,6 +162,13 @@ class PromptAugScriptArguments:
                     f"dataset_mixture and {key} are both set: a mixture names its sources itself (path, "
                     f"name, split per source); remove {key} (on the command line: {unset})"
                 )
+        if self.soft_punish_cache is not None and OVERLONG not in self.reward_funcs:
+            warnings.warn(  # only the penalty made by that name reads it
+                f"soft_punish_cache: no effect, since reward_funcs has no {OVERLONG} (the penalty it sizes); "
+                f"add {OVERLONG} to reward_funcs, or remove soft_punish_cache",
+                UserWarning,
+                stacklevel=3,
+            )
         if self.num_synthetic != NUM_SYNTHETIC and self.dataset_name != "synthetic":
             # The other built-in sets have rows of their own (`prompt_aug.sources.BUILTINS`).
             raise ValueError(
@@ -198,13 +208,20 @@ def check_recipe(
     machine: Callable[[Any], str | None] | None = None,
 ) -> None:
     """What the parsed recipe needs beyond each key group's own checks (`ValueError`, one line naming the key;
-    `parse_recipe` says where it was set): a model to train and, outside a dry run (which checks a recipe on
-    any machine), what ``machine`` finds missing here for the training arguments (the entry point passes
-    `prompt_aug.stack.machine_problem`: the package ``optim`` needs, the W&B login ``report_to`` needs)."""
+    `parse_recipe` says where it was set): a model to train, no ``sync_ref_model`` under ``use_peft`` and,
+    outside a dry run (which checks a recipe on any machine), what ``machine`` finds missing here for the
+    training arguments (the entry point passes `prompt_aug.stack.machine_problem`: the package ``optim``
+    needs, the W&B login ``report_to`` needs)."""
     if not model_args.model_name_or_path:  # else the data is read before the model's path fails
         raise ValueError(
             "model_name_or_path is not set: give a Hub id, a local model folder, or a built-in model "
             f"({', '.join(builtin_names('model'))})"
+        )
+    if training_args.sync_ref_model and model_args.use_peft:  # TRL refuses it once the model has loaded
+        raise ValueError(
+            "sync_ref_model: true with use_peft: true: under LoRA TRL's reference is the base model with the "
+            "adapter off, so there is no reference model to sync; set sync_ref_model: false (and "
+            "reset_optimizer_on_ref_sync: false), or train without use_peft"
         )
     problem = machine(training_args) if machine is not None and not script_args.dry_run else None
     if problem:

@@ -547,6 +547,69 @@ def test_the_bounds_of_what_training_takes_still_parse(tmp_path):
     assert (config.max_steps, config.num_train_epochs, config.report_to) == (3, 0, ["tensorboard"])
 
 
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        # Generation: transformers refuses these at the first round, after the model has loaded; an unset
+        # length fails in the round's metrics (torch.full_like of None).
+        ("max_completion_length", None, "max_completion_length: no value; give a number, or remove the line"),
+        ("repetition_penalty", 0.0, "repetition_penalty: must be above 0, got 0.0"),
+        ("top_k", -1, "top_k: must be at least 0, got -1 (0 keeps every token, as -1 does in vLLM and verl)"),
+        # The loss: a quantile below 0 fails torch.quantile at the first step; above 1 masks nothing.
+        ("top_entropy_quantile", -0.5, "top_entropy_quantile: must be at least 0 and at most 1, got -0.5"),
+        ("top_entropy_quantile", 1.5, "top_entropy_quantile: must be at least 0 and at most 1, got 1.5"),
+        # Trained without a word, on the wrong objective: a KL bonus, clip bounds on the wrong side of 1.
+        ("beta", -0.1, "beta: must be at least 0, got -0.1"),
+        ("epsilon", -0.2, "epsilon: must be at least 0, got -0.2"),
+        ("epsilon_high", -1.0, "epsilon_high: must be at least 0, got -1.0"),
+        # pandas refuses a negative sample at the first W&B table upload.
+        ("wandb_completions_rows", -1, "wandb_completions_rows: must be at least 0, got -1"),
+    ],
+)
+def test_a_generation_or_loss_value_that_fails_in_training_is_refused_when_parsed(
+    key, value, message, tmp_path
+):
+    settings = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False, "report_to": "none", key: value}
+    _refused(lambda: PromptAugGRPOConfig(**settings), message)
+
+
+def test_the_bounds_of_the_generation_and_loss_values_still_parse(tmp_path):
+    config = PromptAugGRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", repetition_penalty=0.5,
+        top_k=0, top_entropy_quantile=0.0, beta=0.0, epsilon=0.0, epsilon_high=None,
+        wandb_completions_rows=0, max_completion_length=1,
+    )  # fmt: skip
+    assert (config.top_k, config.epsilon_high, config.wandb_completions_rows) == (0, None, 0)
+    assert PromptAugGRPOConfig(output_dir=str(tmp_path), top_entropy_quantile=1.0, use_cpu=True, bf16=False)
+
+
+def test_sync_ref_model_with_lora_is_refused_naming_the_recipe_and_the_flag():
+    # TRL's trainer refuses it (NotImplementedError, a traceback) once the model has loaded: under LoRA the
+    # reference is the base with the adapter off, so there is no reference model to sync.
+    recipe = Path(__file__).resolve().parents[1] / "recipes/qwen2.5-math-1.5b/prompt_aug_prorl.yaml"
+    argv = ["--config", str(recipe), "--dry_run", "--num_processes", "8"]
+    with pytest.raises(UsageError) as err:
+        train.parse_args([*argv, "--use_peft", "true"])
+    message = str(err.value)
+    assert message.startswith(f"{recipe} and command line --use_peft: sync_ref_model: true with use_peft")
+    assert "set sync_ref_model: false" in message and "\n" not in message
+    assert train.parse_args([*argv, "--sync_ref_model", "false", "--reset_optimizer_on_ref_sync", "false",
+                             "--use_peft", "true"])  # fmt: skip
+
+
+def test_soft_punish_cache_without_the_overlong_penalty_warns_that_it_does_nothing():
+    with pytest.warns(UserWarning) as caught:
+        PromptAugScriptArguments(soft_punish_cache=512)
+    (line,) = [str(w.message) for w in caught]
+    assert line.startswith("soft_punish_cache: no effect, since reward_funcs has no ")
+    assert "get_soft_overlong_punishment" in line and "\n" not in line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PromptAugScriptArguments(
+            reward_funcs=["correctness", "get_soft_overlong_punishment"], soft_punish_cache=512
+        )
+
+
 def test_a_recipe_without_reward_functions_is_refused():
     _refused(lambda: PromptAugScriptArguments(reward_funcs=[]), "reward_funcs: none given; name at least one")
 

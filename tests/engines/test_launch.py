@@ -249,3 +249,20 @@ def test_weights_changed_in_both_launches(launched):
     moved = lambda a, b: max((a[n].float() - b[n].float()).abs().max().item() for n in initial)
     assert moved(initial, middle) > 1e-4  # launch 1 trained
     assert moved(middle, final) > 1e-4  # the resumed launch trained on from the checkpoint
+
+
+def test_the_mini_batch_skip_is_refused_under_a_deepspeed_launch_before_the_model_loads(engines_tmp):
+    """DeepSpeed steps its optimizer inside backward, so RLinf's mini-batch skip cannot judge a mini-batch
+    first: a ZeRO-2 launch with ``skip_minibatch_ratio_above`` stops when its recipe is parsed, one line from
+    each rank, with nothing written (the trainer would refuse it only after the model had loaded)."""
+    require("deepspeed")
+    out = engines_tmp / "launch" / "zero2-skip"
+    cmd = [*accelerate_launch("zero2", 2), "-m", "prompt_aug.train", "--config", SMOKE,
+           "--output_dir", str(out), "--skip_minibatch_ratio_above", "2.0"]  # fmt: skip
+    text = run(cmd, out.parent / "zero2-skip.log", timeout=300, expect=1)
+    line = (
+        "prompt-aug-train: error: command line: skip_minibatch_ratio_above is not supported under DeepSpeed"
+    )
+    assert text.count(line) == 2, text[-3000:]
+    assert f'File "{REPO / "prompt_aug"}' not in text, text[-3000:]
+    assert not out.exists()
