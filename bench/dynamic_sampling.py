@@ -50,6 +50,19 @@ def difficulty_reward(completions: list[Any], uid: list[str], **kwargs: Any) -> 
 DIFFICULTY = "dynamic_sampling:difficulty_reward"
 
 
+def zero_std_not_per_group(training_args: Any) -> str | None:
+    """Why TRL's ``frac_reward_zero_std`` under ``training_args`` is not the share of groups without spread
+    (one std over the whole batch: ``scale_rewards: batch``, or ``multi_objective_aggregation:
+    normalize_then_sum``), or None where it is."""
+    scale = getattr(training_args, "scale_rewards", "group")
+    aggregation = getattr(training_args, "multi_objective_aggregation", "sum_then_normalize")
+    if aggregation != "sum_then_normalize":
+        return f"multi_objective_aggregation {aggregation}"
+    if scale not in ("group", "none"):
+        return f"scale_rewards {scale}"
+    return None
+
+
 def run(
     config: str, rounds: int, dynamic: bool, max_passes: int, out: Path, recipe_rewards: bool, signal: str
 ) -> dict[str, float]:
@@ -98,6 +111,15 @@ def main() -> None:
     parser.add_argument("--signal", default="total", help="dynamic_sampling_signal (e.g. correctness)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
+    from prompt_aug import train
+
+    why = zero_std_not_per_group(train.parse_args(["--config", args.config]).training_args)
+    if why is not None:  # TRL's zero-std share is then of rows under one batch std, not of groups
+        parser.error(
+            f"--config {args.config}: {why}: TRL's frac_reward_zero_std is then taken over one std of the "
+            "whole batch, so 'trained groups with spread' would not count groups; give a recipe with "
+            "scale_rewards group or none and multi_objective_aggregation sum_then_normalize"
+        )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for dynamic in (False, True):

@@ -407,8 +407,10 @@ def _stop(signum: int, frame: object) -> None:
 
 def ratio_table(results: dict[str, list[dict]], labels: list[str]) -> list[str]:
     """Per mode: mean seconds of the rounds of new lengths after the first (the first when the run has only
-    one), the repeated round's, peak memory, and their ratios to padded's and to each other. A mode that
-    stopped after its first round, which warms up, has no time of new lengths: nan, marked."""
+    one), the repeated round's, peak memory, and their ratios to padded's and to each other. Each round has
+    lengths of its own, so ``new/padded`` is over the rounds of new lengths both ran (a mode or padded cut
+    short by the budget, a stop or a failure is compared on the rounds it has). A mode that stopped after
+    its first round, which warms up, has no time of new lengths: nan, marked."""
     planned = sum(not label.endswith("again") for label in labels)
 
     def fresh_rounds(rs: list[dict]) -> list[dict]:
@@ -417,6 +419,12 @@ def ratio_table(results: dict[str, list[dict]], labels: list[str]) -> list[str]:
     def new_rounds(rs: list[dict]) -> list[dict]:
         return fresh_rounds(rs) if planned == 1 else fresh_rounds(rs)[1:]
 
+    def new_ratio(rs: list[dict], base: list[dict]) -> float:
+        shared = min(len(new_rounds(rs)), len(new_rounds(base)))
+        if not shared:
+            return float("nan")
+        return mean(new_rounds(rs)[:shared]) / mean(new_rounds(base)[:shared])
+
     def again(rs: list[dict]) -> dict | None:
         return rs[-1] if len(rs) == len(labels) and labels[-1].endswith("again") else None
 
@@ -424,7 +432,6 @@ def ratio_table(results: dict[str, list[dict]], labels: list[str]) -> list[str]:
         return sum(round_seconds(r) for r in rs) / len(rs) if rs else float("nan")
 
     base = results.get("padded")
-    base_new = mean(new_rounds(base)) if base else float("nan")
     base_again = round_seconds(again(base)) if base and again(base) else float("nan")
     head = (
         f"{'mode':>16} {'new s':>8} {'again s':>8} {'new/padded':>11} {'again/padded':>13} {'new/again':>10}"
@@ -434,7 +441,8 @@ def ratio_table(results: dict[str, list[dict]], labels: list[str]) -> list[str]:
         fresh, repeat = mean(new_rounds(rs)), again(rs)
         repeat_s = round_seconds(repeat) if repeat else float("nan")
         peak = max(r["peak_gib"] for r in rs)
-        cells = f"{fresh / base_new:>11.2f} {repeat_s / base_again:>13.2f} {fresh / repeat_s:>10.2f}"
+        to_padded = new_ratio(rs, base) if base else float("nan")
+        cells = f"{to_padded:>11.2f} {repeat_s / base_again:>13.2f} {fresh / repeat_s:>10.2f}"
         warm_up_only = planned > 1 and len(fresh_rounds(rs)) == 1
         note = "  (warm-up round only)" if warm_up_only else ""
         lines.append(f"{mode:>16} {fresh:>8.2f} {repeat_s:>8.2f} {cells} {peak:>9.1f}{note}")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -20,6 +22,14 @@ def run_bench(argv: list[str], timeout: int = 300, code: str | None = None) -> s
     return subprocess.run(
         command, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def load_bench(script: str) -> ModuleType:
+    """``bench/<script>`` imported in this Python under its own name (its functions; its main is not run)."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / "bench" / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_patched_bench(script: str, patch: str, call: str) -> subprocess.CompletedProcess:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from bench_tools import run_bench
 from launch import torchrun
 from safetensors.torch import load_file
 
@@ -601,3 +602,20 @@ def test_a_spread_tolerance_that_is_no_finite_number_from_0_is_refused_in_one_li
     assert f"dynamic_sampling_std_tol: {expected}" in message and "\n" not in message, message
     with pytest.raises(ValueError, match="dynamic_sampling_std_tol must be a finite number >= 0"):
         DynamicSampler(std_tol=float(value))  # built in code, the sampler checks it too
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("scale_rewards", "batch"), ("multi_objective_aggregation", "normalize_then_sum")]
+)
+def test_dynamic_sampling_bench_refuses_a_recipe_whose_zero_std_share_is_not_per_group(tmp_path, key, value):
+    """The table's "trained groups with spread" is 1 - TRL's ``frac_reward_zero_std``, which counts groups of
+    zero spread only under group (or no) scaling with ``sum_then_normalize``; otherwise TRL takes one std over
+    the whole batch and the column would read about 1.00 whatever the groups. Such a recipe is refused in one
+    line, before any training."""
+    recipe = (REPO / "recipes/smoke/tiny_cpu.yaml").read_text().replace("scale_rewards: group\n", "")
+    config = tmp_path / "recipe.yaml"
+    config.write_text(f"{recipe}\n{key}: {value}\n")
+    result = run_bench(["bench/dynamic_sampling.py", "--config", str(config), "--rounds", "1"], timeout=600)
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-2000:])
+    assert f"{key} {value}" in result.stderr.splitlines()[-1], result.stderr[-2000:]
+    assert "trained groups with spread" not in result.stdout

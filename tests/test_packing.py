@@ -8,11 +8,12 @@ also run on a model whose attention ignores the packing.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 import torch
-from bench_tools import printed_losses, run_bench, run_patched_bench
+from bench_tools import load_bench, printed_losses, run_bench, run_patched_bench
 from transformers import AttentionInterface, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from trl.trainer.utils import add_fused_lm_head
@@ -611,3 +612,24 @@ def test_gpu_round_bench_mode_that_fails_ends_alone_and_the_others_run():
         lines[-2]
         == "not run (--budget_s, a stop or a failure): packed-balanced: the rest, after OutOfMemoryError"
     )
+
+
+def _round(seconds: float) -> dict:
+    """A round of `bench/gpu_round.py`'s `train_round` as the ratio table reads it: ``seconds`` in all."""
+    return {"times": {"old log-probs": 0.0, "forward + backward": seconds, "optimizer": 0.0}, "peak_gib": 1.0}
+
+
+def test_gpu_round_ratio_to_padded_is_over_the_rounds_both_ran():
+    """Rounds of new lengths differ in length, so a mode stopped after its third round (budget, failure) is
+    compared with padded's same rounds: here it takes half of padded's time on every round it ran, 0.50."""
+    bench = load_bench("gpu_round.py")
+    labels = ["seed 0", "seed 1", "seed 2", "seed 3", "seed 3 again"]
+    padded = [_round(s) for s in (10.0, 2.0, 4.0, 6.0, 6.0)]
+    half = [_round(s) for s in (5.0, 1.0, 2.0)]  # no seed 3, no repeat
+    lines = bench.ratio_table({"padded": padded, "packed-sdpa": half}, labels)
+    assert lines[0].split()[:4] == ["mode", "new", "s", "again"]
+    cells = lines[2].split()
+    assert cells[0] == "packed-sdpa"
+    assert float(cells[1]) == pytest.approx(1.5)  # its own new rounds' mean seconds
+    assert float(cells[3]) == pytest.approx(0.5), lines  # new/padded over seeds 1 and 2
+    assert math.isnan(float(cells[4]))  # no repeated round: no again/padded

@@ -9,7 +9,6 @@ so both runs sample from the same weights; the test checks the rounds' completio
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from bench_tools import printed_losses, run_bench, run_patched_bench
+from bench_tools import load_bench, printed_losses, run_bench, run_patched_bench
 from datasets import Dataset
 from launch import torchrun
 from rows import padded_masks
@@ -866,9 +865,7 @@ def test_padding_bench_marks_a_packed_path_on_a_gpu_that_timed_a_fallback():
     prompts were shared; on a GPU, a packed path that did not run the varlen kernel alone, took the trim
     path, or (packed-shared) did not share prompts also gets the reason for a line starting with !!!;
     padded and trim, and any path on CPU, get none."""
-    spec = importlib.util.spec_from_file_location("padding_bench", REPO / "bench" / "padding.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("padding.py")
     dense = "packed attention: sdpa with a block-diagonal mask, not varlen: the kernel does not take float32"
     kernel = {"path": "packed", "attention": VARLEN_ATTENTION, "ran": [bench.KERNEL_LINE], "shared": True}
     assert bench.how_it_ran("packed-shared", kernel, gpu=True) == (
