@@ -845,9 +845,12 @@ def interrupted_message(
     headline: str = "Interrupted",
     optimizer: bool = True,
     entropy: bool = False,
+    overwrite: bool = False,
 ) -> str:
     """Where training stopped and the command that continues it (tokens hidden, `hide_tokens`).
-    ``optimizer``, ``entropy``: what the run's checkpoints hold (`prompt_aug.faults.saved_parts`)."""
+    ``optimizer``, ``entropy``: what the run's checkpoints hold (`prompt_aug.faults.saved_parts`);
+    ``overwrite``: the run's ``overwrite_output_dir``, which the command turns off (a recipe may set it, and
+    a resume refuses it)."""
     args = list(argv) if argv is not None else sys.argv[1:]
     dropped = {
         i
@@ -871,13 +874,15 @@ def interrupted_message(
         # engine config) must be the same as the run's, or the rounds and the optimizer state differ.
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         launch = "python" if world <= 1 else f"<the same launcher, on {world} processes>"
-        command = " ".join([*kept, "--resume_from_checkpoint", "true"])
+        added = [
+            *(["--overwrite_output_dir", "false"] if overwrite else []),
+            "--resume_from_checkpoint",
+            "true",
+        ]
+        command = " ".join([*kept, *added])
         shown = hide_tokens(command)
         lines += [
-            (
-                f"Last checkpoint: {last}. "
-                "Resume with the same launch command plus --resume_from_checkpoint true:"
-            ),
+            f"Last checkpoint: {last}. Resume with the same launch command plus {' '.join(added)}:",
             f"  {launch} -m prompt_aug.train {shown}",
         ]
         if shown != command:

@@ -427,6 +427,8 @@ def _safetensors_problem(path: Path, name: str | None = None) -> str | None:
     try:
         with path.open("rb") as handle:
             size = int.from_bytes(handle.read(8), "little")
+            if size > path.stat().st_size - 8:  # a length past the end: not read (it could ask for exabytes)
+                return f"{name} is unreadable (half-written?)"
             header = json.loads(handle.read(size))
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
@@ -624,6 +626,12 @@ def resolve_resume(
     if not Path(value).is_dir():
         raise ResumeError(f"resume_from_checkpoint: no such checkpoint folder {value}")
     problem = checkpoint_problem(value, optimizer, processes, entropy)
+    inner = checkpoint_folders(value) if problem is not None else []
+    if inner:  # a run's folder given for one of its checkpoints: not a save a kill cut short
+        raise ResumeError(
+            f"resume_from_checkpoint: {value} is an output folder, not a checkpoint; give one of its "
+            f"checkpoints ({inner[0]}), or --resume_from_checkpoint true with --output_dir {value}"
+        )
     if problem is not None:
         raise ResumeError(f"resume_from_checkpoint: {value} is not a complete checkpoint: {problem}")
     return str(value)
@@ -722,10 +730,17 @@ def is_disk_full(err: BaseException, output_dir: str | Path) -> bool:
 
 
 def disk_full_message(
-    output_dir: str | Path, err: BaseException, optimizer: bool = True, entropy: bool = False
+    output_dir: str | Path,
+    err: BaseException,
+    optimizer: bool = True,
+    entropy: bool = False,
+    max_steps: int = -1,
 ) -> str:
     """One line: where the disk is full, what is safe, what to do. ``optimizer``, ``entropy``: what the run's
-    checkpoints hold (`saved_parts`)."""
+    checkpoints hold (`saved_parts`). What to do is what the next launch accepts: a resume from the last
+    complete checkpoint; with none, a start over (a resume would find nothing to resume); with one at
+    ``max_steps`` (the run's, when above 0), that checkpoint as the trained model (a resume there is refused:
+    nothing is left to train)."""
     last, skipped = (
         last_complete_checkpoint(output_dir, optimizer, entropy=entropy)
         if Path(output_dir).is_dir()
@@ -733,24 +748,35 @@ def disk_full_message(
     )
     where = f" while writing {err.filename}" if isinstance(err, OSError) and err.filename else ""
     message = f"no space left on the disk of output_dir {output_dir}{where} ({one_line(err, 160)}). "
-    message += f"The last complete checkpoint, {last}, is intact. " if last else "No checkpoint is complete. "
+    finished = last is not None and 0 < max_steps <= checkpoint_step(last)
+    if finished:
+        message += f"Training had reached max_steps {max_steps}: {last} holds the trained model. "
+    elif last:
+        message += f"The last complete checkpoint, {last}, is intact. "
+    else:
+        message += "No checkpoint is complete. "
     if skipped:
         message += f"{Path(skipped[0][0]).name} is incomplete (delete it to free space; a resume skips it). "
-    return message + "Free space or raise the quota, then rerun with --resume_from_checkpoint true."
+    message += "Free space or raise the quota, then "
+    if finished:
+        return message + "use that checkpoint as the model (to train on, raise max_steps and resume)."
+    if last:
+        return message + "rerun with --resume_from_checkpoint true."
+    return message + "start over with --overwrite_output_dir true."
 
 
 @contextmanager
 def disk_full_is_one_line(
-    output_dir: str | Path, optimizer: bool = True, entropy: bool = False
+    output_dir: str | Path, optimizer: bool = True, entropy: bool = False, max_steps: int = -1
 ) -> Iterator[None]:
     """Turn a write that failed for want of space into a `DiskFullError` naming ``output_dir``
-    (``optimizer``, ``entropy``: as `disk_full_message`)."""
+    (``optimizer``, ``entropy``, ``max_steps``: as `disk_full_message`)."""
     try:
         yield
     except Exception as err:
         if isinstance(err, FaultError) or not is_disk_full(err, output_dir):
             raise
-        raise DiskFullError(disk_full_message(output_dir, err, optimizer, entropy)) from err
+        raise DiskFullError(disk_full_message(output_dir, err, optimizer, entropy, max_steps)) from err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -886,7 +912,10 @@ class HubAndPreemption:
         )
         self.resume_checkpoint = resume_from_checkpoint  # what callbacks restore their own state from
         catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
-        with catching, disk_full_is_one_line(self.args.output_dir, **saved_parts(self.args)):
+        full_disk = disk_full_is_one_line(
+            self.args.output_dir, max_steps=self.args.max_steps, **saved_parts(self.args)
+        )
+        with catching, full_disk:
             result = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.preempted:
             # Every rank has written its part of the checkpoint before any leaves: a launcher stops the

@@ -429,7 +429,10 @@ def run(
     except KeyboardInterrupt:
         if state.is_main_process:
             step, max_steps = trainer.state.global_step, trainer.state.max_steps
-            message = interrupted_message(args.output_dir, step, max_steps, argv, **saved_parts(args))
+            message = interrupted_message(
+                args.output_dir, step, max_steps, argv, overwrite=script_args.overwrite_output_dir,
+                **saved_parts(args),
+            )  # fmt: skip
             print(message, file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     except Preempted:  # saved at a step end on every rank (train() waits for all); not finished, so no
@@ -437,7 +440,10 @@ def run(
         if state.is_main_process:
             step, max_steps = trainer.state.global_step, trainer.state.max_steps
             why = f"Preempted by {trainer.preempted} (exit status {EXIT_PREEMPTED}, {PREEMPTED_FILE} written)"
-            message = interrupted_message(args.output_dir, step, max_steps, argv, why, **saved_parts(args))
+            message = interrupted_message(
+                args.output_dir, step, max_steps, argv, why, overwrite=script_args.overwrite_output_dir,
+                **saved_parts(args),
+            )  # fmt: skip
             print(message, file=sys.stderr, flush=True)
         # No rank exits before the main process has said so: torchrun stops the other ranks as soon as one
         # exits, which could cut that message.
@@ -447,13 +453,13 @@ def run(
     # final save, card or push; the job script waits for the run to end and then does not requeue it.
     with signal_ignored("SIGUSR1"):
         trainer.log_metrics("train", result.metrics)
-        trainer.save_metrics("train", result.metrics)
-        trainer.save_state()
-
-        # Save and card first: the learning demo's "after" scores generate, and a failure there (memory,
-        # Ctrl-C) must not cost the trained model. Then push (a failed push leaves both on disk and says how
-        # to push later).
-        with disk_full_is_one_line(args.output_dir, **saved_parts(args)):
+        # Results, state, model and card first: the learning demo's "after" scores generate, and a failure
+        # there (memory, Ctrl-C) must not cost the trained model. Then push (a failed push leaves them on
+        # disk and says how to push later). A full disk on any of these writes is one line saying what
+        # holds the trained model (`prompt_aug.faults.disk_full_message`).
+        with disk_full_is_one_line(args.output_dir, max_steps=args.max_steps, **saved_parts(args)):
+            trainer.save_metrics("train", result.metrics)
+            trainer.save_state()
             trainer.save_model_unpushed(args.output_dir)  # pushed below, once, with the card and the demo's
             trainer.create_model_card()
         if before_after is not None:

@@ -246,6 +246,36 @@ def test_a_signal_during_a_checkpoint_save_stops_the_run_right_after_that_save(t
 
 
 @pytest.mark.slow
+def test_the_printed_resume_command_resumes_a_recipe_that_sets_overwrite_output_dir(
+    tmp_path, monkeypatch, capsys
+):
+    # A recipe may set overwrite_output_dir: true; the command printed at preemption must still resume the
+    # run (with both flags on, the output folder check refuses the launch).
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(Path(SMOKE).read_text() + "\noverwrite_output_dir: true\n")
+    out = tmp_path / "run"
+    original, sent = torch.save, []
+
+    def save(obj, f, *args, **kwargs):  # SIGTERM while checkpoint-2 is written
+        if not sent and "checkpoint-2" in Path(str(f)).parts:
+            sent.append(f)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(
+            ["--config", str(recipe), "--output_dir", str(out), "--max_steps", "4", "--save_steps", "2"]
+        )
+    assert exit_info.value.code == faults.EXIT_PREEMPTED and sent
+    monkeypatch.setattr(torch, "save", original)
+    printed = capsys.readouterr().err
+    command = next(line for line in printed.splitlines() if " -m prompt_aug.train " in line)
+    train.main(shlex.split(command.split(" -m prompt_aug.train ", 1)[1]))  # what the message says to run
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+
+
+@pytest.mark.slow
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_saved(tmp_path):
     out = tmp_path / "run"
     launch = Launch(
@@ -581,6 +611,28 @@ def test_resolving_a_resume_names_what_is_incomplete(tmp_path):
     ):
         faults.resolve_resume("true", str(tmp_path))
     assert faults.checkpoint_problem(bad, optimizer=False) is not None
+
+
+def test_an_output_folder_given_as_the_checkpoint_is_told_apart_from_a_killed_save(tmp_path):
+    # --resume_from_checkpoint with the run's folder instead of one of its checkpoints (or true) is a slip,
+    # not a checkpoint a kill left incomplete: the line names the folder's newest checkpoint and true.
+    run = tmp_path / "run"
+    fault_harness.tiny_checkpoint(run / "checkpoint-2", 2)
+    with pytest.raises(faults.ResumeError) as refused:
+        faults.resolve_resume(str(run), str(run))
+    assert str(refused.value) == (
+        f"resume_from_checkpoint: {run} is an output folder, not a checkpoint; give one of its checkpoints "
+        f"({run / 'checkpoint-2'}), or --resume_from_checkpoint true with --output_dir {run}"
+    )
+
+
+def test_a_weights_file_whose_header_length_runs_past_its_end_is_skipped(tmp_path):
+    # A file that is not safetensors under that name (a Git LFS pointer, a damaged block) gives a header
+    # length of exabytes: the folder is an incomplete checkpoint, skipped, not a crash of the resume.
+    older, newer = (fault_harness.tiny_checkpoint(tmp_path / f"checkpoint-{n}", n) for n in (2, 4))
+    (newer / "model.safetensors").write_bytes(b"version https://git-lfs.github.com/spec/v1\n")
+    assert faults.checkpoint_problem(newer) == "model.safetensors is unreadable (half-written?)"
+    assert faults.resolve_resume("true", tmp_path) == str(older)
 
 
 def test_a_checkpoint_of_two_processes_needs_each_ones_rng_state(tmp_path):
@@ -1001,6 +1053,63 @@ def test_a_full_disk_at_a_save_is_one_line_naming_output_dir_and_the_last_checkp
     monkeypatch.setattr(torch, "save", original)  # space freed: the run resumes from checkpoint-2
     _train(out, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "true")
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+
+
+def _advised(line: str) -> list[str]:
+    """The flags a fault's line ends by telling to rerun with (``... with --key value.``)."""
+    found = re.search(r" with (--\w+ \w+)\.$", line)
+    assert found, line
+    return found.group(1).split()
+
+
+@pytest.mark.slow
+def test_a_full_disk_before_any_checkpoint_is_complete_says_how_to_start_over(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    original = torch.save
+
+    def save(obj, f, *args, **kwargs):  # the disk fills while the first checkpoint is written
+        if "checkpoint-2" in Path(str(f)).parts:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return original(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    run = ("--max_steps", "2", "--save_steps", "2")
+    line = _error(["--config", SMOKE, "--output_dir", str(out), *run])
+    assert "No checkpoint is complete. checkpoint-2 is incomplete" in line
+    monkeypatch.setattr(torch, "save", original)  # space freed: what the line says to do runs
+    _train(out, *run, *_advised(line))
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+
+
+@pytest.fixture(scope="module")
+def trained_two_steps(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    _train(out, "--max_steps", "2", "--save_steps", "2", *SPREAD)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer", ["save_state", "save_model_unpushed"])
+def test_a_full_disk_after_the_last_step_names_the_checkpoint_that_holds_the_trained_model(
+    trained_two_steps, tmp_path, monkeypatch, writer
+):
+    # Training has finished and its last checkpoint is complete when the run's final writes fill the disk;
+    # a resume at max_steps is refused (there is nothing left to train), so the line names that checkpoint.
+    out = tmp_path / "run"
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "model.safetensors"))
+
+    monkeypatch.setattr(train.PromptAugGRPOTrainer, writer, full)
+    line = _error(
+        ["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--save_steps", "2", *SPREAD]
+    )
+    last = out / "checkpoint-2"
+    assert f"no space left on the disk of output_dir {out}" in line
+    assert f"Training had reached max_steps 2: {last} holds the trained model" in line
+    assert "rerun with --resume_from_checkpoint true." not in line
+    expected, got = _weights(trained_two_steps), _weights(last)
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
 
 
 def test_disk_full_is_recognised_however_the_writer_reports_it(tmp_path, monkeypatch):
