@@ -206,12 +206,15 @@ def check_recipe(
     model_args: ModelConfig,
     _: Any,
     machine: Callable[[Any], str | None] | None = None,
+    named: Callable[[Any, Any], Any] | None = None,
 ) -> None:
     """What the parsed recipe needs beyond each key group's own checks (`ValueError`, one line naming the key;
-    `parse_recipe` says where it was set): a model to train, no ``sync_ref_model`` under ``use_peft`` and,
-    outside a dry run (which checks a recipe on any machine), what ``machine`` finds missing here for the
-    training arguments (the entry point passes `prompt_aug.stack.machine_problem`: the package ``optim``
-    needs, the W&B login ``report_to`` needs)."""
+    `parse_recipe` says where it was set): a model to train, no ``sync_ref_model`` under ``use_peft``, what
+    ``named`` refuses among what the recipe names (given the script and training arguments; the entry point
+    passes `prompt_aug.train.recipe_names`: reward functions, templates, the chat template file) and, outside
+    a dry run (which checks a recipe on any machine), what ``machine`` finds missing here for the training
+    arguments (the entry point passes `prompt_aug.stack.machine_problem`: the package ``optim`` needs, the
+    W&B login ``report_to`` needs)."""
     if not model_args.model_name_or_path:  # else the data is read before the model's path fails
         raise ValueError(
             "model_name_or_path is not set: give a Hub id, a local model folder, or a built-in model "
@@ -223,16 +226,22 @@ def check_recipe(
             "adapter off, so there is no reference model to sync; set sync_ref_model: false (and "
             "reset_optimizer_on_ref_sync: false), or train without use_peft"
         )
+    if named is not None:
+        named(script_args, training_args)
     problem = machine(training_args) if machine is not None and not script_args.dry_run else None
     if problem:
         raise ValueError(problem)
 
 
-def parse_args(argv: list[str] | None = None, machine: Callable[[Any], str | None] | None = None) -> Recipe:
+def parse_args(
+    argv: list[str] | None = None,
+    machine: Callable[[Any], str | None] | None = None,
+    named: Callable[[Any, Any], Any] | None = None,
+) -> Recipe:
     """Parse a recipe and command-line overrides; a bad key or value fails here in one line
-    (`cli.UsageError`), as does a recipe `check_recipe` refuses (``machine``: as there)."""
+    (`cli.UsageError`), as does a recipe `check_recipe` refuses (``machine``, ``named``: as there)."""
     args = list(argv) if argv is not None else sys.argv[1:]
-    return _parse(args, partial(check_recipe, machine=machine))
+    return _parse(args, partial(check_recipe, machine=machine, named=named))
 
 
 def parse_recipe_file(path: str) -> Recipe:

@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Mapping
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from accelerate import PartialState
@@ -90,6 +90,16 @@ __all__ = [
 ]
 
 logger = logging.getLogger("prompt_aug")
+
+
+class RecipeNames(NamedTuple):
+    """What a recipe names, looked up (`recipe_names`)."""
+
+    reward_funcs: list[Any]
+    reward_func_names: list[str]
+    templates: list[Any]
+    template_weights: list[float] | None
+    eval_template: Any
 
 
 def _lora_target_error(err: ValueError, model: Any, model_args: ModelConfig) -> UsageError | None:
@@ -171,8 +181,25 @@ def train(argv: list[str] | None = None) -> int:
     quiet_repeated_warnings()
     check_before_parse(argv)  # DeepSpeed, and torch's CUDA build against the driver (prompt_aug/stack.py)
     # __post_init__ has checked our keys; machine_problem what this machine lacks for them
-    script_args, args, model_args, demo_args = parse_args(argv, machine_problem)
+    script_args, args, model_args, demo_args = parse_args(argv, machine_problem, recipe_names)
     return run(script_args, args, model_args, demo_args, argv)
+
+
+def recipe_names(script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig) -> RecipeNames:
+    """What the recipe names, looked up before anything is read or deleted (in the dry run too): the Trainer's
+    evaluation (refused), the reward functions, the templates, the chat template file, and the features' keys
+    that read the reward functions (the collapse guard's thresholds, the dynamic-sampling signal).
+
+    Raises:
+        ValueError: one line naming the key (`parse_args` adds where it was set).
+    """
+    check_trainer_evaluation(args)
+    reward_funcs, names = reward_functions(script_args, args)
+    templates, weights, eval_template = templates_for(args)
+    if script_args.chat_template:  # a missing file fails here, not after the model is fetched
+        chat_template_text(script_args.chat_template)
+    check_features(args, reward_funcs, names)
+    return RecipeNames(reward_funcs, names, templates, weights, eval_template)
 
 
 def check_trainer_evaluation(args: PromptAugGRPOConfig) -> None:
@@ -312,17 +339,11 @@ def run(
             "saved LoRA adapter records the base as stored, so it would evaluate and merge without the warm "
             "start; set warmstart_steps: 0, or train without use_peft"
         )
-    # The Trainer's evaluation, reward functions and templates by name: a bad value fails before anything is
-    # read or deleted, and in the dry run too.
+    # What the recipe names (`parse_args` has looked it up already, saying where a bad key was set; a recipe
+    # parsed otherwise is looked up here).
     try:
-        check_trainer_evaluation(args)
-        reward_funcs, names = reward_functions(script_args, args)
-        templates, weights, eval_template = templates_for(args)
-        if script_args.chat_template:  # a missing file fails here, not after the model is fetched
-            chat_template_text(script_args.chat_template)
-        if script_args.dry_run:  # the run itself checks them as it builds the features, below
-            check_features(args, reward_funcs, names)
-    except (ValueError, TemplateError) as err:  # each message names the key and what there is
+        reward_funcs, names, templates, weights, eval_template = recipe_names(script_args, args)
+    except ValueError as err:  # each message names the key and what there is
         raise UsageError(str(err)) from None
     if script_args.dry_run:  # arithmetic only, for the recipe's num_processes
         print(batch_arithmetic(args, script_args, held_out=demo_args.heldout_questions).table())

@@ -693,7 +693,7 @@ def test_a_chat_template_file_that_is_missing_is_named_before_the_model_is_built
         capsys,
     )
     assert message.endswith(
-        f"error: chat_template: no such file '{tmp_path / 'missing.jinja'}' (resolved to "
+        f"error: command line: chat_template: no such file '{tmp_path / 'missing.jinja'}' (resolved to "
         f"{tmp_path / 'missing.jinja'}); give the path of a .jinja file, a named template (chatml) or the "
         "Jinja text"
     )

@@ -459,16 +459,22 @@ def test_a_guard_threshold_that_can_never_fire_is_refused_naming_the_key(tmp_pat
     # Without a correctness reward the signal reads the total reward, whose scale is the recipe's.
     assert guard_from_args(parse("--collapse_accuracy_drop", "2"), 1, fmt) is not None
     assert guard_from_args(parse("--collapse_accuracy_drop", "0.99"), 1, pair) is not None
-    # prompt-aug-train refuses it in one line before the model loads.
-    with pytest.raises(
-        SystemExit, match="^prompt-aug-train: error: collapse_accuracy_drop: 20 can never fire"
-    ):
+    # prompt-aug-train refuses it in one line naming where it was set, before anything is read.
+    where = f"command line --collapse_accuracy_drop, overriding {SMOKE}"
+    with pytest.raises(SystemExit) as refused:
         train.main(
             ["--config", SMOKE, "--output_dir", str(tmp_path / "out"), "--collapse_accuracy_drop", "20"]
         )
-    # ... and so does its dry run, which reads no data.
-    with pytest.raises(SystemExit, match="^prompt-aug-train: error: collapse_accuracy_drop: 1.5 can never"):
+    assert str(refused.value).startswith(
+        f"prompt-aug-train: error: {where}: collapse_accuracy_drop: 20 can never"
+    )
+    assert not (tmp_path / "out").exists()
+    # ... and so does its dry run.
+    with pytest.raises(SystemExit) as refused:
         train.main(["--config", SMOKE, "--dry_run", "--collapse_accuracy_drop", "1.5"])
+    assert str(refused.value).startswith(
+        f"prompt-aug-train: error: {where}: collapse_accuracy_drop: 1.5 can never"
+    )
 
 
 def test_a_guard_that_saves_or_stops_is_refused_when_no_log_line_would_reach_it():

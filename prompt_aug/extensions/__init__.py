@@ -80,7 +80,8 @@ def build_features(
 
 
 def check_features(config: Any, reward_funcs: list[Any], reward_func_names: list[str]) -> None:
-    """The checks of `build_features` that read no data, for a dry run: the collapse guard's keys and
-    thresholds and the dynamic-sampling signal (`ValueError`, one line naming the key)."""
+    """The checks of `build_features` that read no data, for a recipe's check at parse time (the dry run's
+    too): the collapse guard's keys and thresholds and the dynamic-sampling signal (`ValueError`, one line
+    naming the key)."""
     guard_from_args(config, optimizer_steps_per_round(config), reward_funcs)
     from_args(config, reward_funcs, reward_func_names)
