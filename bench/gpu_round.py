@@ -479,6 +479,9 @@ def main(argv: list[str] | None = None) -> dict:
         profile_modes = [m.strip() for m in args.profile_modes.split(",") if m.strip()]
         if bad := [m for m in profile_modes if m not in MODES]:
             parser.error(f"--profile_modes: unknown {', '.join(bad)}; choose among {', '.join(MODES)}")
+        if args.profile is None:
+            parser.error("--profile_modes: names the modes --profile profiles, and --profile is not given; "
+                         "add --profile DIR")  # fmt: skip
     began = time.perf_counter()
     # The packed attention's one line per model (varlen kernel or SDPA fallback) goes to the log.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")

@@ -476,7 +476,8 @@ def build_figure(
     for path in unlogged:
         logger.warning("%s: no training step logged yet; drawn without it", path)
     if x == "round":
-        missing = [str(r.path) for r in runs if not round_axis(r.history)]
+        # A run with no step logged yet is drawn without lines (warned above), under either axis.
+        missing = [str(r.path) for r in runs if not round_axis(r.history) and str(r.path) not in unlogged]
         if missing:
             raise PlotError(f"{missing}: no `round` key in the logged history; plot these runs with --x step")
     # One colour per run, or per group with a line style per run within its group. Without groups, past 10

@@ -492,7 +492,8 @@ def test_gpu_round_bench_runs_tiny_on_cpu_without_trl():
 
 def test_gpu_round_bench_profiles_every_mode_into_one_file_and_refuses_an_unknown_mode(tmp_path):
     """--profile writes one file, whatever the modes (a device call brings back 8 files at most); a mistyped
-    --profile_modes name is refused in one line naming it, before any model is built."""
+    --profile_modes name, or --profile_modes without --profile, is refused in one line, before any model is
+    built."""
     result = run_bench(["bench/gpu_round.py", "--tiny", "--modes", "padded,trim", "--rounds", "1",
                         "--profile", str(tmp_path / "profiles")])  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -502,6 +503,8 @@ def test_gpu_round_bench_profiles_every_mode_into_one_file_and_refuses_an_unknow
     result = run_bench(["bench/gpu_round.py", "--tiny", "--profile_modes", "padded, bogus"])
     assert result.returncode == 2
     assert "--profile_modes: unknown bogus; choose among padded" in result.stderr
+    alone = run_bench(["bench/gpu_round.py", "--tiny", "--profile_modes", "padded"])
+    assert alone.returncode == 2 and "--profile_modes: names the modes --profile profiles" in alone.stderr
 
 
 TINY_MODES = "bench.main(['--tiny', '--modes', 'padded,packed-balanced,trim'])"

@@ -286,6 +286,12 @@ def test_x_axis_in_generation_rounds(tmp_path):
     _write_rounds(tmp_path / "old", {1: ["abel"]}, with_round=False)
     with pytest.raises(PlotError, match=r"no `round` key.*--x step"):
         build_figure([tmp_path / "old"], x="round")
+    # A run beside it that has logged no step yet is drawn without lines, as under --x step, not refused.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "trainer_state.json").write_text(json.dumps({"global_step": 0, "log_history": []}))
+    fig = build_figure([tmp_path / "r", empty], x="round")
+    assert list(_template_lines(fig, "r")["abel"].get_xdata()) == [1, 2, 3]
 
 
 def test_the_shuffled_control_is_drawn_in_the_accuracy_panel_beside_the_run(tmp_path):
