@@ -93,6 +93,10 @@ FEATURES: dict[str, tuple[str, Callable[[Any], bool]]] = {
         "eval_every_steps > 0 with eval_benchmarks", lambda a: bool(a.eval_every_steps and a.eval_benchmarks)
     ),
     "packing": ("trim_padding: packed or auto", lambda a: a.trim_padding in ("packed", "auto")),
+    "the W&B completions table": (
+        "log_completions: true with report_to wandb",
+        lambda a: bool(a.log_completions) and "wandb" in (a.report_to or []),
+    ),
     **{f"the collapse guard's {name} signal": (on, _on(on)) for name, (on, _) in SIGNALS.items()},
 }  # fmt: skip
 
@@ -352,6 +356,7 @@ class PromptAugGRPOConfig(GRPOConfig):
         "Rows of the W&B `completions` table per log step, with log_completions and report_to wandb: unset "
         "uploads every completion (TRL), 0 none, N a random sample of N. The parquet records under "
         "output_dir/completions/ keep every row either way.",
+        "the W&B completions table",
         low=0,
     )
 

@@ -819,6 +819,7 @@ INERT_CASES: dict[str, tuple[str, list[str]]] = {
     "packing_pad_to_multiple_of": ("64", ["--trim_padding", "packed"]),
     "collapse_truncation_rounds": ("5", ["--collapse_truncation_ceiling", "0.5"]),
     "collapse_eval_action": ("stop", ["--collapse_eval_drop", "0.1", *_EVAL_ON]),
+    "wandb_completions_rows": ("4", ["--log_completions", "true", "--report_to", "wandb"]),
 }
 OFF = {
     "templates": ["--prompt_augmentation", "false"],
@@ -827,6 +828,7 @@ OFF = {
     "packing_pad_to_multiple_of": ["--trim_padding", "trim"],
     "collapse_truncation_rounds": [],
     "collapse_eval_action": [],
+    "wandb_completions_rows": ["--log_completions", "true"],
 }
 
 
