@@ -334,6 +334,7 @@ class PromptAugGRPOConfig(GRPOConfig):
         "Real tokens per packed call (default: the tokens of TRL's padded call, so memory never exceeds "
         "TRL's); a call above it is split. One process only: refused with several while packing is on.",
         "packing",
+        low=1,
     )
     packing_pad_to_multiple_of: int | None = _key(
         None,

@@ -410,6 +410,8 @@ def test_a_mixture_sources_levels_are_read_as_the_top_level_key_is():
         ("eval_every_steps", -1, "eval_every_steps: must be at least 0, got -1"),
         ("eval_limit", -3, "eval_limit: must be at least 1, got -3"),
         ("eval_max_tokens", 0, "eval_max_tokens: must be at least 1, got 0"),
+        # A budget below one token would make every row its own packed call.
+        ("packing_max_tokens", 0, "packing_max_tokens: must be at least 1, got 0"),
         ("remove_unused_columns", True, "remove_unused_columns: true would drop every column but prompt"),
     ],
 )
