@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -30,15 +31,38 @@ def mapped_correctness(
     '(completions, answer, **kwargs)'
     """
 
-    def reward(*args: Any, **kwargs: Any) -> list[float | None]:
-        scores = base(*args, **kwargs)
+    def mapped(scores: list[float | None]) -> list[float | None]:
         return [None if s is None else (correct if s >= 0.5 else incorrect) for s in scores]
+
+    if _is_async(base):  # TRL awaits an async reward function: this one too
+
+        async def reward(*args: Any, **kwargs: Any) -> list[float | None]:
+            return mapped(await base(*args, **kwargs))
+
+    else:
+
+        def reward(*args: Any, **kwargs: Any) -> list[float | None]:
+            return mapped(base(*args, **kwargs))
 
     reward.__name__ = reward.__qualname__ = name or f"{base.__name__}_mapped"
     reward.__doc__ = f"`{base.__name__}` with correct -> {correct:g}, incorrect -> {incorrect:g}, None kept."
     reward.base, reward.correct, reward.incorrect = base, correct, incorrect  # type: ignore[attr-defined]
     try:  # the arguments it needs are ``base``'s: what a check of the data's columns reads
-        reward.__signature__ = inspect.signature(base)  # type: ignore[attr-defined]
+        # ``base``'s own: a wrapper (functools.wraps) is called with what it takes, not what it wraps
+        reward.__signature__ = inspect.signature(base, follow_wrapped=False)  # type: ignore[attr-defined]
     except (TypeError, ValueError):  # a callable with no signature to read
         pass
     return reward
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    """Whether calling ``func`` returns a coroutine, as TRL's `is_async_callable` reads it: a function, a
+    partial of one, or an object whose ``__call__`` is async.
+
+    >>> async def judge(completions, **kwargs): ...
+    >>> _is_async(judge), _is_async(functools.partial(judge)), _is_async(len)
+    (True, True, False)
+    """
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)

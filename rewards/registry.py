@@ -13,7 +13,9 @@ the ``template`` name); without them, a ``template`` column of built-in names is
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -193,7 +195,9 @@ def get_reward_funcs(
     `TRLConvention`. ``get_soft_overlong_punishment`` (DAPO's soft overlong penalty) is made for the run's
     ``max_completion_length`` and ``soft_punish_cache`` where given (``trl grpo`` fixes 1280 and 256).
 
-    An unknown name raises and lists the registered ones; a bad import path raises and says why.
+    An unknown name raises and lists the registered ones; a bad import path raises and says why, as does a
+    path to a function that takes none of TRL's reward arguments (a factory, such as
+    ``trl.rewards.get_repetition_penalty_reward``: the reward is what it makes).
 
     >>> [f.__name__ for f in get_reward_funcs(["format", "rewards.controls:shuffled_format_reward"])]
     ['format_reward', 'shuffled_format_reward']
@@ -219,9 +223,55 @@ def get_reward_funcs(
         func = _import_reward(path)
         if factory_args is not None:
             func = func(**factory_args)
-        module = getattr(func, "__module__", None) or ""
-        funcs.append(TRLConvention(func) if module.split(".")[0] == "trl" else func)
+        elif problem := _not_a_reward(path, func):
+            raise ValueError(problem)
+        funcs.append(TRLConvention(func) if _is_trls(func) else func)
     return funcs
+
+
+# The arguments TRL calls every reward function with, by keyword (`GRPOTrainer._calculate_rewards`), besides
+# the dataset's columns.
+TRL_CALL_ARGUMENTS: tuple[str, ...] = ("completions", "prompts", "completion_ids")
+
+
+def _not_a_reward(path: str, func: Callable[..., Any]) -> str | None:
+    """Why ``func``, named by import path ``path``, cannot be a reward function, or None: it takes none of
+    `TRL_CALL_ARGUMENTS` and no ``**kwargs``, as a factory that makes reward functions does.
+
+    >>> _not_a_reward("m:make", lambda scale=1.0: None).split(": it")[0]
+    "reward_funcs: 'm:make' is not a reward function"
+    >>> _not_a_reward("m:f", lambda completions, **kwargs: None) is None
+    True
+    """
+    try:
+        parameters = inspect.signature(func, follow_wrapped=False).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: left to the checks of its first call
+        return None
+    if any(
+        p.kind is p.VAR_KEYWORD or (p.name in TRL_CALL_ARGUMENTS and p.kind is not p.POSITIONAL_ONLY)
+        for p in parameters
+    ):
+        return None
+    name = getattr(func, "__name__", type(func).__name__)
+    if name == "get_soft_overlong_punishment" and _is_trls(func):
+        advice = f"name {name}, which is made for the run's max_completion_length and soft_punish_cache"
+    else:
+        advice = (
+            f"if it makes one, make it in a module of yours (my_reward = {name}(...)) and name that, e.g. "
+            "my_module:my_reward"
+        )
+    signature = ", ".join(str(p) for p in parameters)
+    return (
+        f"reward_funcs: {path!r} is not a reward function: it takes ({signature}), none of the arguments TRL "
+        f"calls one with ({', '.join(TRL_CALL_ARGUMENTS)}, the columns as **kwargs); {advice}"
+    )
+
+
+def _is_trls(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` (a function, a callable object, or a `functools.partial` of one) is TRL's."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return (getattr(func, "__module__", None) or "").split(".")[0] == "trl"
 
 
 def _overlong_args(max_completion_length: int | None, soft_punish_cache: int | None) -> dict[str, int]:
@@ -281,6 +331,8 @@ def _import_reward(path: str) -> Callable[..., list[float | None]]:
     if not callable(func):
         # TRY004: a bad recipe value, like the other reward_funcs errors (so a ValueError, not a TypeError)
         raise ValueError(f"reward_funcs: {path!r} is a {type(func).__name__}, not a function")  # noqa: TRY004
+    # Found in the installed module: refused still where the launch folder has a module of that name.
+    _refuse_if_shadowed(path, module_name, modules_only=True)
     return func
 
 
@@ -292,12 +344,16 @@ def _cannot_load(path: str, why: str) -> ValueError:
     )
 
 
-def _refuse_if_shadowed(path: str, module_name: str) -> None:
+def _refuse_if_shadowed(path: str, module_name: str, *, modules_only: bool = False) -> None:
     """Refuse ``path`` when the module it names is an installed one and a file or folder of that name in the
-    launch folder was meant (open-r1's `rewards.py` beside an installed `rewards` package)."""
+    launch folder was meant (open-r1's `rewards.py` beside an installed `rewards` package). With
+    ``modules_only`` (the installed module has what ``path`` names, as `rewards.format_reward` is both ours
+    and open-r1's), a folder counts only with an ``__init__.py``: a folder without one defines no function."""
     top = module_name.split(".")[0]
     loaded = getattr(sys.modules.get(top), "__file__", None) or ""
     mine = next((p for p in (Path(top + ".py"), Path(top)) if p.exists()), None)
+    if modules_only and mine is not None and mine.is_dir() and not (mine / "__init__.py").is_file():
+        return
     if mine is not None and loaded and not Path(loaded).resolve().is_relative_to(mine.resolve()):
         raise ValueError(
             f"reward_funcs: cannot load {path!r}: {top!r} is the installed {loaded}, not your "
@@ -322,13 +378,16 @@ class TRLConvention:
     [1.0, 0.0, 1.0]
     >>> TRLConvention(exact)(["4"], answer=["4"], solution=["2 + 2 = 4, so the answer is 4."])
     [1.0]
-    >>> TRLConvention(exact)(["1", "2"], answer=[["1", "3"], []])  # an empty list of golds: no score
-    [1.0, None]
+    >>> TRLConvention(exact)(["1", "2", "3"], answer=[["1", "3"], [], None])  # no gold: no score
+    [1.0, None, None]
     """
 
     def __init__(self, func: Callable[..., list[float | None]]) -> None:
         self.func = func
-        self.__name__ = getattr(func, "__name__", type(func).__name__)
+        named = func
+        while isinstance(named, functools.partial):  # TRL names a partial by the function it calls
+            named = named.func
+        self.__name__ = getattr(named, "__name__", type(named).__name__)
         self.__doc__ = getattr(func, "__doc__", None)
 
     def __call__(self, completions: list[Any], **columns: Any) -> list[float | None]:
@@ -337,9 +396,10 @@ class TRLConvention:
         if golds is None:
             return self.func(completions=messages, **columns)
         columns = {k: v for k, v in columns.items() if k != "solution"}
-        if not any(isinstance(g, list) for g in golds):
+        if not any(g is None or isinstance(g, list) for g in golds):
             return self.func(completions=messages, solution=[trl_solution(g) for g in golds], **columns)
-        none = [isinstance(g, list) and not g for g in golds]  # an empty list: no gold, no score
+        golds = [[a for a in g if a is not None] if isinstance(g, list) else g for g in golds]
+        none = [g is None or (isinstance(g, list) and not g) for g in golds]  # no gold: no score
         golds = ["" if empty else g for g, empty in zip(golds, none, strict=True)]
         best: list[float | None] | None = None
         for k in range(max(len(g) if isinstance(g, list) else 1 for g in golds)):

@@ -81,6 +81,11 @@ def test_a_reward_needing_an_argument_no_column_gives_is_named_with_the_columns_
         return exact(completions, solution=answer)
 
     reward_checks.check_reward_arguments([adapted], ["exact"], ["question", "answer", "uid"])
+    # So is the same wrapper mapped to other scores.
+    from rewards.mapped import mapped_correctness
+
+    exact_pm1 = mapped_correctness(adapted, 1.0, -1.0, name="exact_pm1")
+    reward_checks.check_reward_arguments([exact_pm1], ["exact_pm1"], ["question", "answer", "uid"])
     with pytest.raises(reward_checks.RewardFunctionError, match=r"'exact' needs `solution`"):
         reward_checks.check_reward_arguments([exact], ["exact"], ["question", "answer", "uid"])
 
@@ -162,6 +167,25 @@ def test_a_checked_async_reward_stays_async_and_is_checked():
         r"completion of row uid 'synthetic-42-00003'",
     ):
         asyncio.run(reward_checks.checked_reward(async_raises_on_row_3, "async_raises")(**_reward_kwargs()))
+
+
+def test_an_async_correctness_reward_mapped_to_other_scores_stays_async():
+    import asyncio
+
+    from trl.trainer.utils import is_async_callable
+
+    from rewards.mapped import mapped_correctness
+
+    async def judge(completions, answer, **kwargs):  # a remote judge, say
+        await asyncio.sleep(0)
+        return [None if a == "?" else float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    judge_pm5 = mapped_correctness(judge, 5.0, -5.0, name="judge_pm5")
+    assert is_async_callable(judge_pm5)  # TRL awaits it with the round's other async rewards
+    checked = reward_checks.checked_reward(judge_pm5, "judge_pm5")
+    assert is_async_callable(checked)
+    kwargs = {**_reward_kwargs(3), "completions": ["4", "5", "6"], "answer": ["4", "4", "?"]}
+    assert asyncio.run(checked(**kwargs)) == [5.0, -5.0, None]
 
 
 def test_the_trainer_keeps_the_reward_functions_and_names_it_was_given(tiny_model_dir, tmp_path):

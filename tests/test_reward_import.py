@@ -2,23 +2,91 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from rewards.registry import correctness_reward, get_reward_funcs
 
 
 def test_registered_names_and_import_paths_resolve():
-    funcs = get_reward_funcs(["correctness", "rewards.registry:format_reward", "os.path:basename"])
+    funcs = get_reward_funcs(["correctness", "rewards.registry:format_reward"])
     assert funcs[0] is correctness_reward
     assert funcs[1](["no tags"], template=["open-r1"]) == [0.0]
-    assert funcs[2]("a/b") == "b"
 
 
 @pytest.mark.parametrize(
     "name, message",
     [("correctnes", "unknown reward_funcs"), ("no_such_module:f", "no_such_module"),
-     ("rewards.registry:nope", "nope"), ("rewards.registry:REGISTRY", "not a function")],
+     ("rewards.registry:nope", "nope"), ("rewards.registry:REGISTRY", "not a function"),
+     ("os.path:basename", r"'os.path:basename' is not a reward function: it takes \(p\)")],
 )  # fmt: skip
 def test_bad_reward_names_are_named(name, message):
     with pytest.raises(ValueError, match=message):
         get_reward_funcs([name])
+
+
+@pytest.mark.parametrize(
+    "path, advice",
+    [
+        ("trl.rewards.get_soft_overlong_punishment", "name get_soft_overlong_punishment, which is made for"),
+        ("trl.rewards:get_soft_overlong_punishment", "name get_soft_overlong_punishment, which is made for"),
+        ("trl.rewards.get_repetition_penalty_reward", "my_reward = get_repetition_penalty_reward(...)"),
+        (
+            "trl.rewards.accuracy_rewards:get_cosine_scaled_reward",
+            "my_reward = get_cosine_scaled_reward(...)",
+        ),
+    ],
+)
+def test_a_reward_factory_named_by_import_path_is_refused_with_what_to_name(path, advice):
+    # A factory takes none of TRL's reward arguments: called as the reward, every round would raise.
+    with pytest.raises(ValueError) as refused:
+        get_reward_funcs([path])
+    message = str(refused.value)
+    assert message.startswith(f"reward_funcs: {path!r} is not a reward function: it takes (")
+    assert advice in message and "\n" not in message
+
+
+def test_the_overlong_penalty_by_name_is_the_reward_its_factory_makes():
+    (penalty,) = get_reward_funcs(["get_soft_overlong_punishment"], max_completion_length=64)
+    # 64 tokens, the last 16 ramped: 10 tokens are free, 56 cost (48 - 56) / 16.
+    assert penalty(completions=["a", "b"], completion_ids=[[1] * 10, [1] * 56]) == [0.0, -0.5]
+
+
+def test_a_partial_of_a_trl_reward_reads_this_packages_rows(tmp_path, monkeypatch):
+    # TRL's rewards take `solution` and conversational completions; a partial of one (to set its options)
+    # is TRL's reward as much as the bare function is.
+    name = "my_partial_trl_rewards"
+    (tmp_path / f"{name}.py").write_text(
+        "import functools\n"
+        "from trl.rewards import reasoning_accuracy_reward\n"
+        "after_think = functools.partial(reasoning_accuracy_reward, reasoning_delimiters=['</think>'])\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (reward,) = get_reward_funcs([f"{name}:after_think"])
+    assert reward.__name__ == "reasoning_accuracy_reward"  # the name TRL logs it under
+    completions = ["<think>\\boxed{5}</think> so \\boxed{4}", "<think>\\boxed{4}</think> so \\boxed{5}"]
+    assert reward(completions=completions, answer=["4", "4"]) == [1.0, 0.0]
+
+
+def test_a_module_of_the_launch_folder_named_as_an_installed_package_is_refused(tmp_path, monkeypatch):
+    # open-r1's rewards.py beside the recipe defines format_reward, as the installed `rewards` package does:
+    # `rewards.format_reward` would be the installed one, scoring the user's completions by other rules.
+    (tmp_path / "rewards.py").write_text("def format_reward(completions, **kwargs):\n    return [0.5]\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for path in ("rewards.format_reward", "rewards:format_reward"):
+        with pytest.raises(ValueError) as refused:
+            get_reward_funcs([path])
+        installed, mine = sys.modules["rewards"].__file__, tmp_path.resolve() / "rewards.py"
+        assert str(refused.value) == (
+            f"reward_funcs: cannot load {path!r}: 'rewards' is the installed {installed}, not your {mine}; "
+            "rename yours (for example to my_rewards) and name it so in reward_funcs"
+        )
+    # A folder of that name without __init__.py defines no function: the installed package is meant.
+    (tmp_path / "rewards.py").unlink()
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "notes.txt").write_text("a folder of data, not a package")
+    assert [f.__name__ for f in get_reward_funcs(["trl.rewards.think_format_reward"])] == [
+        "think_format_reward"
+    ]

@@ -293,3 +293,15 @@ AUTHORS_FORMAT_SCORES = [
 @pytest.mark.parametrize(("template", "completion", "authors"), AUTHORS_FORMAT_SCORES)
 def test_each_templates_format_score_is_the_authors(template, completion, authors):
     assert grade(completion, "7", template).format_score == pytest.approx(authors)
+
+
+def test_a_trl_reward_scores_no_row_whose_gold_is_missing():
+    from rewards.registry import TRLConvention
+
+    def lenient(completions, solution, **kwargs):  # scores every row it is given
+        return [1.0] * len(completions)
+
+    # As in the package's own rewards, a missing gold (None, an empty list, a list of None) is no score.
+    rows = {"answer": [None, "4", [], [None], ["4", None]]}
+    assert TRLConvention(lenient)(["4"] * 5, **rows) == [None, 1.0, None, None, 1.0]
+    assert correctness_reward(["\\boxed{4}"] * 2, answer=[None, "4"]) == [None, 1.0]
