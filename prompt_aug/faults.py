@@ -688,6 +688,7 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
     """
     parts = saved_parts(args)
     checkpoint = resolve_resume(value, args.output_dir, log, processes=processes, **parts)
+    _same_on_every_process(checkpoint)
     if checkpoint is not None:
         problem = (
             resume_launch_problem(checkpoint, processes, args.output_dir)
@@ -698,6 +699,28 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
         if problem:
             raise ResumeError(problem)
     return checkpoint
+
+
+def _same_on_every_process(checkpoint: str | None) -> None:
+    """Refuse a resume whose processes chose different checkpoints (or some none): each process looks at
+    ``output_dir`` on its own, and nodes whose view of a shared folder lags (an NFS attribute cache) or that
+    each write a folder of their own would otherwise resume different steps and states, and hang or diverge.
+    Without a process group (one process) there is nothing to compare.
+
+    Raises:
+        ResumeError: what each process chose, and what to do.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    chosen: list[str | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(chosen, Path(checkpoint).name if checkpoint else None)
+    if len(set(chosen)) > 1:  # by the folder's name: every process is given the same output_dir
+        seen = ", ".join(f"process {rank}: {c or 'none'}" for rank, c in enumerate(chosen))
+        raise ResumeError(
+            f"resume_from_checkpoint: the processes chose different checkpoints ({seen}); output_dir must be "
+            "one folder that every node sees alike (a shared filesystem, its writes visible on every node); "
+            "check it there, or give the checkpoint's path"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

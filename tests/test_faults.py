@@ -666,6 +666,66 @@ def test_a_checkpoint_of_two_processes_needs_each_ones_rng_state(tmp_path):
     assert faults.checkpoint_problem(older) is None  # count unknown: not checked
 
 
+AGREE_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+sys.path[:0] = [os.environ["REPO"], os.environ["TESTS"]]
+import fault_harness
+from prompt_aug import faults
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+# Each node's view of output_dir: its own local folder, where rank 0's holds a newer checkpoint.
+out = Path(os.environ["BASE"]) / f"node{rank}"
+for step in (2, 4) if rank == 0 else (2,):
+    folder = fault_harness.tiny_checkpoint(out / f"checkpoint-{step}", step)
+    (folder / faults.LAUNCH_FILE).write_text('{"processes": 2}\\n')
+    for r in range(2):
+        torch.save({"cpu": torch.random.get_rng_state()}, folder / f"rng_state_{r}.pth")
+args = SimpleNamespace(output_dir=str(out), save_only_model=False)
+try:
+    faults.check_resume("true", args, processes=2)
+    said = "resumed"
+except faults.ResumeError as err:
+    said = str(err)
+Path(os.environ["BASE"], f"said{rank}.txt").write_text(said)
+# Where both see the same newest checkpoint, the resume goes ahead on both.
+if rank == 1:
+    folder = fault_harness.tiny_checkpoint(out / "checkpoint-4", 4)
+    (folder / faults.LAUNCH_FILE).write_text('{"processes": 2}\\n')
+    for r in range(2):
+        torch.save({"cpu": torch.random.get_rng_state()}, folder / f"rng_state_{r}.pth")
+dist.barrier()
+chosen = faults.check_resume("true", args, processes=2)
+Path(os.environ["BASE"], f"chose{rank}.txt").write_text(Path(chosen).name)
+dist.destroy_process_group()
+"""
+
+
+def test_processes_that_choose_different_checkpoints_are_refused_on_every_one(tmp_path):
+    # Nodes whose output_dir differs (a local disk each, or a lagging view of a shared one) would resume
+    # different steps and optimizer states and hang or diverge: every process refuses, naming each choice.
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE_SCRIPT)
+    env = {**os.environ, "REPO": str(REPO), "TESTS": str(REPO / "tests"), "BASE": str(tmp_path),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    command = [*torchrun(2), str(script)]
+    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = (
+        "resume_from_checkpoint: the processes chose different checkpoints (process 0: checkpoint-4, "
+        "process 1: checkpoint-2); output_dir must be one folder that every node sees alike"
+    )
+    for rank in (0, 1):
+        assert (tmp_path / f"said{rank}.txt").read_text().startswith(expected)
+        assert (tmp_path / f"chose{rank}.txt").read_text() == "checkpoint-4"
+
+
 def test_a_save_only_model_run_resumes_from_a_checkpoint_without_optimizer_state(tmp_path):
     # transformers resumes such a run on a fresh optimizer; a run that saves its optimizer does not skip it.
     only_model = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-3", 3)
