@@ -11,6 +11,7 @@ reproduced exactly on resume.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import math
 from itertools import accumulate
@@ -148,6 +149,19 @@ class PromptAugmentationCollator:
             by_name = {t.name: t for t in templates}
             eval_template = by_name.get(DEFAULT_EVAL_TEMPLATE, templates[0])
         self.eval_template = eval_template
+        named: dict[str, Template] = {}
+        for template in (*self.templates, eval_template):
+            known = named.setdefault(template.name, template)
+            if known != template:  # rows carry the name alone: reward prompts and metrics look it up
+                fields = [
+                    f.name
+                    for f in dataclasses.fields(Template)
+                    if getattr(known, f.name) != getattr(template, f.name)
+                ]
+                raise ValueError(
+                    f"two templates named {template.name!r} (of templates and eval_template) differ in "
+                    f"{', '.join(fields)}; give each its own name"
+                )
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
 
     def draw(self, uid: str, epoch: int = 0) -> Template:

@@ -47,6 +47,41 @@ class TemplateError(ValueError):
     """A template is malformed; the message names it."""
 
 
+class RepeatedKeyError(yaml.YAMLError):
+    """A YAML mapping of a templates file sets one key twice (YAML itself would keep the last silently)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats one of its own keys (`RepeatedKeyError`). Keys
+    brought in by a merge (``<<: *anchor``) may be set again, as YAML's merge allows."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+            except TypeError:  # unhashable: SafeLoader refuses it in its own words
+                continue
+            if repeated:
+                line = key_node.start_mark.line + 1
+                raise RepeatedKeyError(
+                    f"line {line}: {_entry_label(node)} sets `{key}` twice; start each template with its own "
+                    f"`- name:` list item, or keep one `{key}`"
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _entry_label(node: yaml.MappingNode) -> str:
+    """A mapping of a templates file as a message names it: ``template 'a' (from line 1)``."""
+    names = [v.value for k, v in node.value if k.value == "name" and isinstance(v, yaml.ScalarNode)]
+    what = f"template {names[0]!r}" if names else "the entry"
+    return f"{what} (from line {node.start_mark.line + 1})"
+
+
 @dataclass(frozen=True)
 class Template:
     """One reasoning format.
@@ -213,8 +248,8 @@ def load_templates(path: str | Path | None = None, tokenizer: Any = None) -> dic
         tokenizer: If given, every template must render with it (a failure names the template).
 
     Raises:
-        TemplateError: On duplicate names, a missing or repeated ``{question}``, a bad field, or a
-            failed render. The message names the template.
+        TemplateError: On duplicate names, a field set twice in one entry, a missing or repeated
+            ``{question}``, a bad field, or a failed render. The message names the template.
     """
     source = Path(path).expanduser() if path is not None else DEFAULT_TEMPLATES_FILE
     if source.is_dir():
@@ -226,7 +261,9 @@ def load_templates(path: str | Path | None = None, tokenizer: Any = None) -> dic
         )
     try:
         with source.open() as handle:  # a stream, so YAML's error names the file
-            entries = yaml.safe_load(handle)
+            entries = yaml.load(handle, Loader=_UniqueKeyLoader)
+    except RepeatedKeyError as err:
+        raise TemplateError(f"{source}: {err}") from None
     except yaml.YAMLError as err:
         raise TemplateError(f"{source}: not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(entries, list) or not entries:

@@ -156,3 +156,24 @@ def test_two_process_run_keeps_groups_on_one_template_across_ranks(tmp_path):
     assert (groups["process"].nunique() == 2).any(), "no group straddled the two ranks"
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert any(k.startswith("templates/") for entry in history for k in entry)
+
+
+def test_templates_that_share_a_name_but_differ_are_refused_naming_it(bank, tokenizer):
+    # Rows carry only their template's name: the reward prompts of a conversational dataset and the
+    # per-template metrics are looked up by it, so one name must mean one template.
+    from dataclasses import replace
+
+    louder = replace(bank["qwen-math"], system="Answer in French. " + bank["qwen-math"].system)
+    refusal = (
+        "^two templates named 'qwen-math' \\(of templates and eval_template\\) differ in system; give each"
+    )
+    with pytest.raises(ValueError, match=refusal):
+        PromptAugmentationCollator([bank["qwen-math"], bank["abel"]], tokenizer, eval_template=louder)
+    with pytest.raises(ValueError, match=refusal):
+        PromptAugmentationCollator([bank["qwen-math"], louder], tokenizer)
+    # The evaluation template may be one of the drawn templates, as the trainer's default collator has it.
+    drawn = [bank["qwen-math"], bank["abel"]]
+    collator = PromptAugmentationCollator(drawn, tokenizer, eval_template=bank["qwen-math"])
+    rows = collator([{"question": "1+1?"}], training=False)
+    prompts, _ = collator.conversational_reward_inputs(rows, ["2"])
+    assert prompts == [bank["qwen-math"].messages("1+1?")]

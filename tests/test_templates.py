@@ -198,3 +198,38 @@ def test_a_chat_template_that_names_a_folder_says_so(tmp_path):
 
     with pytest.raises(TemplateError, match=f"^chat_template: a folder '{re.escape(str(tmp_path))}'"):
         chat_template_text(str(tmp_path))
+
+
+APPENDED_WITHOUT_DASH = (
+    "- name: a\n  user: '{question}'\n  prefill: 'Let me see.'\n  markers: ['Plan:']\n\n"
+    "  name: b\n  user: 'Q: {question}'\n"
+)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        # A second template appended without its `- `: YAML reads one mapping whose keys repeat; the first
+        # template would vanish and the second would inherit its prefill and markers.
+        (
+            APPENDED_WITHOUT_DASH,
+            "line 6: template 'a' \\(from line 1\\) sets `name` twice; start each template with its own "
+            + "`- name:` list item, or keep one `name`$",
+        ),
+        (
+            "- name: c\n  user: '{question}'\n  system: 'Be brief.'\n  user: 'Q: {question}'\n",
+            "line 4: template 'c' \\(from line 1\\) sets `user` twice",
+        ),
+    ],
+)
+def test_a_template_that_sets_a_field_twice_is_refused_naming_it_and_the_line(tmp_path, body, message):
+    path = _write(tmp_path, body)
+    with pytest.raises(TemplateError, match=f"^{re.escape(str(path))}: {message}"):
+        load_templates(path)
+
+
+def test_yaml_merge_keys_may_be_overridden_by_the_entrys_own_fields(tmp_path):
+    base = "- &base {name: a, system: 'Box it.', user: '{question}'}\n"
+    path = _write(tmp_path, base + "- {<<: *base, name: b, user: 'Q: {question}'}\n")
+    bank = load_templates(path)
+    assert (bank["b"].system, bank["b"].user) == ("Box it.", "Q: {question}")
