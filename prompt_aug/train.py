@@ -389,8 +389,10 @@ def run(
         (download_once,) = broadcast_object_list([state.is_main_process and downloads_model(model_path)])
         with state.main_process_first() if download_once else nullcontext():
             tokenizer = load_tokenizer(model_path, model_args, args, script_args.chat_template)
-        # Each template must render with this tokenizer's chat template and the chat_template_kwargs.
-        check_renders(templates, tokenizer, args.chat_template_kwargs)
+        # Each template must render with this tokenizer's chat template and the chat_template_kwargs; so must
+        # the evaluation's (the built-in qwen-math beside one's own bank), or its first evaluation fails.
+        evaluated = [features.evaluator.template] if features.evaluator is not None else []
+        check_renders([*templates, *evaluated], tokenizer, args.chat_template_kwargs)
         dataset, report = load_train_dataset(read, script_args, args, templates, eval_template, tokenizer)
         check_reward_arguments(reward_funcs, names, [*dataset.column_names, *FORMAT_COLUMNS])
     except (ModelArgsError, TemplateError, DataError, RewardFunctionError) as err:

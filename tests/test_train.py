@@ -400,6 +400,37 @@ def test_recipe_keys_turn_on_evaluation_during_training(tmp_path):
     assert {"eval/macro", "eval/micro"} <= set(evaluated[0])
 
 
+def test_an_evaluation_template_the_chat_template_cannot_render_stops_before_the_model_loads(
+    tmp_path, monkeypatch
+):
+    # A bank of one's own without system turns renders under a chat template that refuses them; the
+    # evaluation's qwen-math (from the built-in bank) does not, which would fail at the first evaluation.
+    import datasets
+
+    suite = tmp_path / "suite"
+    datasets.DatasetDict(
+        {"math": datasets.Dataset.from_dict({"problem": ["What is $2+2$?"], "answer": ["4"]})}
+    ).save_to_disk(str(suite))
+    bank = tmp_path / "bank.yaml"
+    bank.write_text("- {name: plain, user: 'Q: {question}'}\n")
+    no_system = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system turns') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(train, "load_model", no_model)
+    base = ["--config", SMOKE, "--templates_file", str(bank), "--chat_template", no_system]
+    evaluating = ["--eval_benchmarks", "math500", "--eval_every_steps", "2", "--eval_data_dir", str(suite)]
+    with pytest.raises(SystemExit) as refused:
+        train.main([*base, *evaluating, "--output_dir", str(tmp_path / "run")])
+    assert "template 'qwen-math' failed to render with the tokenizer: no system turns" in str(refused.value)
+    with pytest.raises(AssertionError, match="the model was loaded"):  # without evaluation it trains
+        train.main([*base, "--output_dir", str(tmp_path / "plain")])
+
+
 @pytest.mark.slow
 def test_wandb_gets_a_sampled_completions_table_and_parquet_keeps_every_row(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
