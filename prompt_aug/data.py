@@ -1197,7 +1197,9 @@ def main(argv: list[str] | None = None) -> None:
         help="the share of unusable rows training accepts (default: the recipe's, else 0.05)",
     )  # fmt: skip
     from .cli import UsageError
+    from .logging_utils import quiet_deprecations
 
+    quiet_deprecations()  # the recipe's config would raise transformers' deprecations before each line
     try:
         print(preview(parser.parse_args(argv)))
     except (DataError, TemplateError, SourceError, UsageError) as err:

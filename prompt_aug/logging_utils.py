@@ -49,31 +49,25 @@ _STEP_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 _TRL_EVAL = "eval_"
 
 
-_SHOWN_ONCE: set[str] = set()
+def quiet_deprecations() -> None:
+    """Hide transformers' deprecation warnings of the ``gradient_checkpointing`` names in this process.
 
-
-def quiet_repeated_warnings() -> None:
-    """Show transformers' ``gradient_checkpointing`` deprecation warnings once per process, not every round.
-
-    TRL 1.16 calls the deprecated names around each generation round. Python keeps a warning to one showing
-    per code location only until any library touches the warning filters (which happens every round), and the
-    ``once`` filter action is kept in the same registry, so the filters cannot fix it: the showing is
-    deduplicated by text instead.
+    TRL 1.16's own config field and trainer use those names, so every run raises them whatever its recipe
+    sets, and no recipe can act on them; shown, they came before every one-line error and again around each
+    generation round. A warning filter would not hold (libraries reset the filters every round), so the
+    showing drops them instead.
     """
     show = warnings.showwarning
-    if getattr(show, "shows_once", False):
+    if getattr(show, "hides_deprecations", False):
         return
 
-    def show_once(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
-        text = str(message)
-        if issubclass(category, FutureWarning) and "gradient_checkpointing" in text:
-            if text in _SHOWN_ONCE:
-                return
-            _SHOWN_ONCE.add(text)
+    def show_others(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, FutureWarning) and "gradient_checkpointing" in str(message):
+            return
         show(message, category, *args, **kwargs)
 
-    show_once.shows_once = True  # type: ignore[attr-defined]
-    warnings.showwarning = show_once
+    show_others.hides_deprecations = True  # type: ignore[attr-defined]
+    warnings.showwarning = show_others
 
 
 def round_of(logs: dict[str, Any], step: int, args: Any) -> int:

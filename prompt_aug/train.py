@@ -62,7 +62,7 @@ from .faults import (
     saved_parts,
     signal_ignored,
 )
-from .logging_utils import quiet_repeated_warnings, use_compact_log
+from .logging_utils import quiet_deprecations, use_compact_log
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
 from .recipe import PromptAugScriptArguments, Recipe, make_parser, parse_args
@@ -178,7 +178,7 @@ def _not_the_model_init_kwargs_note(record: logging.LogRecord) -> bool:
 def train(argv: list[str] | None = None) -> int:
     """Everything `main` does, with errors raised as exceptions. Returns the exit status: 0, or
     `EXIT_PREEMPTED` (75) when a preemption signal stopped the run at a checkpoint (`prompt_aug.faults`)."""
-    quiet_repeated_warnings()
+    quiet_deprecations()
     check_before_parse(argv)  # DeepSpeed, and torch's CUDA build against the driver (prompt_aug/stack.py)
     # __post_init__ has checked our keys; machine_problem what this machine lacks for them
     script_args, args, model_args, demo_args = parse_args(argv, machine_problem, recipe_names)

@@ -183,3 +183,24 @@ def test_a_dynamic_sampling_line_shows_the_share_of_groups_kept():
     args = SimpleNamespace(steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1)
     logs = {"loss": 0.0, "dynamic_sampling/generated/reward": 0.5, "dynamic_sampling/kept_share": 0.4}
     assert compact_line(logs, 3, 8, args) == "round 3 | step 3/8 | reward 0.500 | kept 0.40"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["prompt_aug.train", "--config", SMOKE, "--templates", "nosuch"],
+        ["prompt_aug.data", "--dataset", "no-such-file.jsonl", "--config", SMOKE],
+    ],
+)
+def test_a_refused_command_prints_its_one_line_and_no_deprecation_of_trls(command):
+    """TRL 1.16's config uses transformers' deprecated ``gradient_checkpointing`` names whatever the recipe
+    says; the warning would come before every one-line error, and no recipe can act on it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", *command], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prompt-aug-"), done.stderr[-2000:]
