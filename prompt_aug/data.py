@@ -1129,9 +1129,12 @@ def preview(args: argparse.Namespace) -> str:
             lines.append(f"(could not load tokenizer {tokenizer_name!r}: {str(err).splitlines()[0]})")
     if tokenizer is None:
         tokenizer = builtin_tokenizer()
-        lines.append(
-            "(rendering with the built-in ChatML tokenizer; pass --tokenizer or --config for your model's)"
+        fix = (  # a name was tried and failed (said above): another name, reachable here, is what helps
+            "pass --tokenizer with a local folder or a fetched model's name"
+            if tokenizer_name
+            else "pass --tokenizer or --config for your model's"
         )
+        lines.append(f"(rendering with the built-in ChatML tokenizer instead; {fix})")
         if max_len:  # its token counts are not the model's: a limit applied with it would invent drops
             lines.append(f"(prompt length limit {max_len} not applied: it needs the model's tokenizer)")
             max_len = None

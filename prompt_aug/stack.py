@@ -67,7 +67,7 @@ def check_before_parse(argv: list[str] | None = None) -> None:
         culprit = "ACCELERATE_USE_DEEPSPEED (a DeepSpeed accelerate config)" if launched else "deepspeed"
         raise StackError(
             f"{culprit}: needs the deepspeed package, which is not installed; "
-            f'pip install "prompt-aug-grpo[deepspeed]" {GPU_CONSTRAINTS}, or launch with '
+            f'pip install -e ".[deepspeed]" {GPU_CONSTRAINTS}, or launch with '
             "accelerate_configs/ddp.yaml"
         )
     if is_true(setting(argv, "dry_run")) or is_true(setting(argv, "use_cpu")):
@@ -220,7 +220,7 @@ def wandb_problem(report_to: list[str]) -> str | None:
     if not _installed("wandb"):
         return (
             "report_to: wandb needs the wandb package, which is not installed; "
-            'pip install "prompt-aug-grpo[wandb]", or set report_to: none'
+            'pip install -e ".[wandb]", or set report_to: none'
         )
     try:  # wandb's own readers of its settings and .netrc (as its `wandb login` command reads them)
         from wandb.errors import AuthenticationError
@@ -270,13 +270,13 @@ def check_stack(args: Any, dry_run: bool = False) -> None:
     if getattr(args, "use_liger_kernel", False) and not _installed("liger_kernel", LIGER_MIN_VERSION):
         raise StackError(
             f"use_liger_kernel: needs liger-kernel >= {LIGER_MIN_VERSION}, which is not installed; "
-            'pip install "prompt-aug-grpo[liger]" (a CUDA machine), or set use_liger_kernel false'
+            'pip install -e ".[liger]" (a CUDA machine), or set use_liger_kernel false'
         )
     if dry_run:
         return
     if getattr(args, "use_vllm", False) and not _installed("vllm"):
         raise StackError(
-            'use_vllm: needs vLLM, which is not installed; pip install "prompt-aug-grpo[vllm]" '
+            'use_vllm: needs vLLM, which is not installed; pip install -e ".[vllm]" '
             f"{GPU_CONSTRAINTS} (a CUDA machine), or set use_vllm false"
         )
     if os.environ.get("LOCAL_RANK", "0") == "0":  # one line per machine: each has its own driver

@@ -41,6 +41,7 @@ from .cli import (
     check_reward_weights,
     clear_earlier_run,
     command_line_keys,
+    dry_run_processes,
     interrupted_message,
     prepare_output_dir,
     recipe_text,
@@ -90,6 +91,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger("prompt_aug")
+
+
+# What a dry run planned for one process because nothing gave a count says, after its table.
+ONE_PROCESS_HINT = (
+    "no --num_processes, recipe num_processes or WORLD_SIZE gave a count; the batch keys are per process, so "
+    "pass --num_processes N as the launch will run"
+)
 
 
 class RecipeNames(NamedTuple):
@@ -347,6 +355,8 @@ def run(
         raise UsageError(str(err)) from None
     if script_args.dry_run:  # arithmetic only, for the recipe's num_processes
         print(batch_arithmetic(args, script_args, held_out=demo_args.heldout_questions).table())
+        if dry_run_processes(list(argv) if argv is not None else sys.argv[1:]) is None:
+            print(f"(one process: {ONE_PROCESS_HINT})")
         return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)

@@ -523,7 +523,11 @@ def test_the_preview_reports_an_unreachable_hub_at_once(tmp_path, capsys, unreac
     data.main(["--dataset", str(tmp_path), "--tokenizer", "someone/model"])  # falls back to ChatML
     out = capsys.readouterr().out
     assert "(could not load tokenizer 'someone/model': --tokenizer: cannot reach the Hugging Face Hub" in out
-    assert "rendering with the built-in ChatML tokenizer" in out
+    # The fallback's hint names what helps once a name has failed: another name, not --config again.
+    assert (
+        "(rendering with the built-in ChatML tokenizer instead; pass --tokenizer with a local folder or a "
+        "fetched model's name)" in out
+    )
     assert time.monotonic() - started < 30  # not the clients' retries
     # A local folder holding a tokenizer alone (no model) is read as it is.
     builtin_tokenizer().save_pretrained(tmp_path / "tok")

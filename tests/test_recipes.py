@@ -92,6 +92,19 @@ def test_dry_run_parses_and_prints_the_table(recipe, capsys):
     assert "?" not in out, "a shipped recipe should know its row count (dataset_num_rows)"
 
 
+def test_a_dry_run_that_no_count_reached_says_it_planned_one_process(monkeypatch, capsys):
+    # The paper's recipe is for 8 processes; its dry run without a count shows one process's round, and
+    # says so rather than leave 16 questions a round to be read as the recipe's.
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    paper = str(REPO / "recipes/qwen2.5-math-1.5b/prompt_aug.yaml")
+    train.main(["--config", paper, "--dry_run"])
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["processes", "1"]
+    assert out.splitlines()[-1] == f"(one process: {train.ONE_PROCESS_HINT})"
+    train.main(["--config", paper, "--dry_run", "--num_processes", "8"])
+    assert "one process" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=_ids(RECIPES))
 def test_header_comment_block_and_its_numbers_match_the_arithmetic(recipe):
     header = _header(recipe)

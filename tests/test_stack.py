@@ -68,7 +68,8 @@ def test_use_vllm_without_vllm_ends_in_one_line_naming_the_extra(tmp_path):
     assert done.returncode == 1 and "Traceback" not in output
     last = output.strip().splitlines()[-1]
     assert (
-        last.startswith("prompt-aug-train: error: use_vllm: needs vLLM") and 'prompt-aug-grpo[vllm]"' in last
+        last.startswith("prompt-aug-train: error: use_vllm: needs vLLM")
+        and 'pip install -e ".[vllm]"' in last
     )
     assert not (tmp_path / "run").exists()  # refused before the output folder and the model
 
@@ -82,7 +83,7 @@ def test_use_liger_kernel_without_liger_kernel_is_refused_by_the_dry_run_too(dry
         )
     message = str(err.value)
     assert message.startswith("prompt-aug-train: error: use_liger_kernel: needs liger-kernel >= 0.8.2")
-    assert 'pip install "prompt-aug-grpo[liger]"' in message and "\n" not in message
+    assert 'pip install -e ".[liger]"' in message and "\n" not in message
     assert "liger" in PYPROJECT["project"]["optional-dependencies"]
 
 
@@ -119,7 +120,7 @@ def test_a_deepspeed_launch_without_deepspeed_is_one_line_before_the_recipe_is_p
     assert message.startswith(
         "prompt-aug-train: error: ACCELERATE_USE_DEEPSPEED (a DeepSpeed accelerate config)"
     )
-    assert 'pip install "prompt-aug-grpo[deepspeed]"' in message and "\n" not in message
+    assert 'pip install -e ".[deepspeed]"' in message and "\n" not in message
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
     with pytest.raises(SystemExit, match=r"error: deepspeed: needs the deepspeed package"):
         train.main(["--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--deepspeed", "ds.json"])
@@ -204,7 +205,7 @@ def test_report_to_wandb_without_wandb_names_the_extra(monkeypatch):
     monkeypatch.setattr(stack, "_installed", lambda package, min_version=None: package != "wandb")
     assert stack.wandb_problem(["wandb"]) == (
         "report_to: wandb needs the wandb package, which is not installed; "
-        'pip install "prompt-aug-grpo[wandb]", or set report_to: none'
+        'pip install -e ".[wandb]", or set report_to: none'
     )
     assert "wandb" in PYPROJECT["project"]["optional-dependencies"]
 
