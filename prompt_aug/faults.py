@@ -687,8 +687,14 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
         ResumeError: the checkpoint, what differs and what to do.
     """
     parts = saved_parts(args)
-    checkpoint = resolve_resume(value, args.output_dir, log, processes=processes, **parts)
-    _same_on_every_process(checkpoint)
+    try:
+        checkpoint, refused = resolve_resume(value, args.output_dir, log, processes=processes, **parts), None
+    except ResumeError as err:  # said on every process at once, after they have compared what they found
+        checkpoint, refused = None, err
+    if checkpoint is not None or refused is not None:  # a resume was asked, alike on every process
+        _same_on_every_process(checkpoint, refused)
+    if refused is not None:
+        raise refused
     if checkpoint is not None:
         problem = (
             resume_launch_problem(checkpoint, processes, args.output_dir)
@@ -701,25 +707,28 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
     return checkpoint
 
 
-def _same_on_every_process(checkpoint: str | None) -> None:
-    """Refuse a resume whose processes chose different checkpoints (or some none): each process looks at
-    ``output_dir`` on its own, and nodes whose view of a shared folder lags (an NFS attribute cache) or that
-    each write a folder of their own would otherwise resume different steps and states, and hang or diverge.
-    Without a process group (one process) there is nothing to compare.
+def _same_on_every_process(checkpoint: str | None, refused: ResumeError | None) -> None:
+    """Refuse a resume whose processes found different things in ``output_dir``: each looks at it on its own,
+    and nodes whose view of a shared folder lags (an NFS attribute cache) or that each write a folder of their
+    own would resume different steps and states, and hang or diverge; or one would stop alone while the
+    others wait for it. ``checkpoint`` is what this process chose, ``refused`` why it found none. Without a
+    process group (one process) there is nothing to compare.
 
     Raises:
-        ResumeError: what each process chose, and what to do.
+        ResumeError: on every process, what each found, and what to do.
     """
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
-    chosen: list[str | None] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(chosen, Path(checkpoint).name if checkpoint else None)
-    if len(set(chosen)) > 1:  # by the folder's name: every process is given the same output_dir
-        seen = ", ".join(f"process {rank}: {c or 'none'}" for rank, c in enumerate(chosen))
+    why = str(refused).removeprefix("resume_from_checkpoint: ")
+    found = Path(checkpoint).name if checkpoint else f"none ({why if len(why) <= 200 else why[:197] + '...'})"
+    seen: list[str | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(seen, found)  # by the folder's name: every process has one output_dir
+    if len(set(seen)) > 1:
+        each = "; ".join(f"process {rank}: {s}" for rank, s in enumerate(seen))
         raise ResumeError(
-            f"resume_from_checkpoint: the processes chose different checkpoints ({seen}); output_dir must be "
-            "one folder that every node sees alike (a shared filesystem, its writes visible on every node); "
-            "check it there, or give the checkpoint's path"
+            f"resume_from_checkpoint: the processes see output_dir differently ({each}); output_dir must be "
+            "one folder that every node sees alike (a shared filesystem, its writes visible on every node): "
+            "check it there, and delete nothing until they agree"
         )
 
 

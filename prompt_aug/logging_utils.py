@@ -52,10 +52,11 @@ _TRL_EVAL = "eval_"
 def quiet_deprecations() -> None:
     """Hide transformers' deprecation warnings of the ``gradient_checkpointing`` names in this process.
 
-    TRL 1.16's own config field and trainer use those names, so every run raises them whatever its recipe
-    sets, and no recipe can act on them; shown, they came before every one-line error and again around each
-    generation round. A warning filter would not hold (libraries reset the filters every round), so the
-    showing drops them instead.
+    transformers 5.24 (the CPU pins) renames the recipe key to ``activation_checkpointing``, which 5.17 (the
+    GPU and engine pins) does not have, so a recipe that runs on both keeps the old name and is warned; and
+    TRL 1.16 calls the renamed methods around each generation round. Neither can be acted on, and shown,
+    the warning would stand before each one-line error. A warning filter would not hold (libraries reset
+    the filters every round), so the showing drops them instead.
     """
     show = warnings.showwarning
     if getattr(show, "hides_deprecations", False):

@@ -381,7 +381,13 @@ def templates_for(args: Any) -> tuple[list[Template], list[float], Template]:
     Raises:
         TemplateError: a bad file, name or weight; the message names the key.
     """
-    bank = load_templates(args.templates_file)
+    try:
+        bank = load_templates(args.templates_file)
+    except TemplateError as err:  # named by its key, so that a recipe's error says where the key was set
+        text = str(err)
+        if args.templates_file is None or text.startswith("templates_file:"):
+            raise
+        raise TemplateError(f"templates_file: {text}") from None
     eval_template = with_system_prompt(resolve_eval_template(args, bank), args.system_prompt)
     if not args.prompt_augmentation:
         return [eval_template], [1.0], eval_template

@@ -43,8 +43,10 @@ from .cli import (
     command_line_keys,
     dry_run_processes,
     interrupted_message,
+    is_true,
     prepare_output_dir,
     recipe_text,
+    setting,
 )
 from .collator import FORMAT_COLUMNS
 from .config import PromptAugGRPOConfig
@@ -188,9 +190,13 @@ def train(argv: list[str] | None = None) -> int:
     `EXIT_PREEMPTED` (75) when a preemption signal stopped the run at a checkpoint (`prompt_aug.faults`)."""
     quiet_deprecations()
     check_before_parse(argv)  # DeepSpeed, and torch's CUDA build against the driver (prompt_aug/stack.py)
-    # __post_init__ has checked our keys; machine_problem what this machine lacks for them
-    script_args, args, model_args, demo_args = parse_args(argv, machine_problem, recipe_names)
-    return run(script_args, args, model_args, demo_args, argv)
+    # __post_init__ has checked our keys; machine_problem what this machine lacks for them; what the recipe
+    # names is looked up as it is parsed (a bad name then says where it was set) and handed to the run.
+    looked_up: list[RecipeNames] = []
+    script_args, args, model_args, demo_args = parse_args(
+        argv, machine_problem, lambda script, training: looked_up.append(recipe_names(script, training))
+    )
+    return run(script_args, args, model_args, demo_args, argv, named=looked_up[-1])
 
 
 def recipe_names(script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig) -> RecipeNames:
@@ -330,10 +336,11 @@ def reward_functions(
 
 def run(
     script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig, model_args: ModelConfig, demo_args: Any,
-    argv: list[str] | None = None,
+    argv: list[str] | None = None, named: RecipeNames | None = None,
 ) -> int:  # fmt: skip
     """Train a parsed recipe, as TRL's ``main(script_args, training_args, model_args)``; ``argv`` (the
-    command line) goes into the model card and the resume hint. Returns the exit status, as `train`."""
+    command line) goes into the model card and the resume hint; ``named``, what the recipe names, looked up
+    (`recipe_names`; looked up here when not given). Returns the exit status, as `train`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     check_stack(args, dry_run=script_args.dry_run)  # vLLM, liger-kernel; logs torch's CUDA and the driver
     try:  # every ModelConfig key is honoured or refused here (QLoRA: bitsandbytes and a GPU, unless dry)
@@ -347,15 +354,17 @@ def run(
             "saved LoRA adapter records the base as stored, so it would evaluate and merge without the warm "
             "start; set warmstart_steps: 0, or train without use_peft"
         )
-    # What the recipe names (`parse_args` has looked it up already, saying where a bad key was set; a recipe
-    # parsed otherwise is looked up here).
-    try:
-        reward_funcs, names, templates, weights, eval_template = recipe_names(script_args, args)
-    except ValueError as err:  # each message names the key and what there is
-        raise UsageError(str(err)) from None
+    if named is None:  # a recipe parsed without the lookup (`parse_args` does it, saying where a key was set)
+        try:
+            named = recipe_names(script_args, args)
+        except ValueError as err:  # each message names the key and what there is
+            raise UsageError(str(err)) from None
+    reward_funcs, names, templates, weights, eval_template = named
     if script_args.dry_run:  # arithmetic only, for the recipe's num_processes
         print(batch_arithmetic(args, script_args, held_out=demo_args.heldout_questions).table())
-        if dry_run_processes(list(argv) if argv is not None else sys.argv[1:]) is None:
+        given = list(argv) if argv is not None else sys.argv[1:]
+        # A CPU recipe runs one process; a GPU recipe's count comes from its launch.
+        if dry_run_processes(given) is None and not is_true(setting(given, "use_cpu")):
             print(f"(one process: {ONE_PROCESS_HINT})")
         return 0
     state = PartialState()
@@ -490,7 +499,7 @@ def run(
         # there (memory, Ctrl-C) must not cost the trained model. Then push (a failed push leaves them on
         # disk and says how to push later). A full disk on any of these writes is one line saying what
         # holds the trained model (`prompt_aug.faults.disk_full_message`).
-        with disk_full_is_one_line(args.output_dir, max_steps=args.max_steps, **saved_parts(args)):
+        with disk_full_is_one_line(args.output_dir, max_steps=trainer.state.max_steps, **saved_parts(args)):
             trainer.save_metrics("train", result.metrics)
             trainer.save_state()
             trainer.save_model_unpushed(args.output_dir)  # pushed below, once, with the card and the demo's

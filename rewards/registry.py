@@ -348,11 +348,12 @@ def _refuse_if_shadowed(path: str, module_name: str, *, modules_only: bool = Fal
     """Refuse ``path`` when the module it names is an installed one and a file or folder of that name in the
     launch folder was meant (open-r1's `rewards.py` beside an installed `rewards` package). With
     ``modules_only`` (the installed module has what ``path`` names, as `rewards.format_reward` is both ours
-    and open-r1's), a folder counts only with an ``__init__.py``: a folder without one defines no function."""
+    and open-r1's), only a file counts: a folder of that name is a copy of the package itself as often as not
+    (a second clone of this repository launched from, an installed copy run from the repository)."""
     top = module_name.split(".")[0]
     loaded = getattr(sys.modules.get(top), "__file__", None) or ""
     mine = next((p for p in (Path(top + ".py"), Path(top)) if p.exists()), None)
-    if modules_only and mine is not None and mine.is_dir() and not (mine / "__init__.py").is_file():
+    if modules_only and mine is not None and mine.is_dir():
         return
     if mine is not None and loaded and not Path(loaded).resolve().is_relative_to(mine.resolve()):
         raise ValueError(

@@ -667,7 +667,8 @@ def test_a_checkpoint_of_two_processes_needs_each_ones_rng_state(tmp_path):
 
 
 AGREE_SCRIPT = """
-import json, os, sys
+import os, sys
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -678,38 +679,47 @@ sys.path[:0] = [os.environ["REPO"], os.environ["TESTS"]]
 import fault_harness
 from prompt_aug import faults
 
-dist.init_process_group("gloo")
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # a process left waiting fails in a minute
 rank = dist.get_rank()
-# Each node's view of output_dir: its own local folder, where rank 0's holds a newer checkpoint.
-out = Path(os.environ["BASE"]) / f"node{rank}"
-for step in (2, 4) if rank == 0 else (2,):
+base = Path(os.environ["BASE"])
+# Each node's view of output_dir: a local folder of its own.
+out = base / f"node{rank}"
+args = SimpleNamespace(output_dir=str(out), save_only_model=False)
+
+
+def checkpoint(step):
     folder = fault_harness.tiny_checkpoint(out / f"checkpoint-{step}", step)
     (folder / faults.LAUNCH_FILE).write_text('{"processes": 2}\\n')
     for r in range(2):
         torch.save({"cpu": torch.random.get_rng_state()}, folder / f"rng_state_{r}.pth")
-args = SimpleNamespace(output_dir=str(out), save_only_model=False)
-try:
-    faults.check_resume("true", args, processes=2)
-    said = "resumed"
-except faults.ResumeError as err:
-    said = str(err)
-Path(os.environ["BASE"], f"said{rank}.txt").write_text(said)
-# Where both see the same newest checkpoint, the resume goes ahead on both.
-if rank == 1:
-    folder = fault_harness.tiny_checkpoint(out / "checkpoint-4", 4)
-    (folder / faults.LAUNCH_FILE).write_text('{"processes": 2}\\n')
-    for r in range(2):
-        torch.save({"cpu": torch.random.get_rng_state()}, folder / f"rng_state_{r}.pth")
-dist.barrier()
-chosen = faults.check_resume("true", args, processes=2)
-Path(os.environ["BASE"], f"chose{rank}.txt").write_text(Path(chosen).name)
+
+
+def resume(phase):
+    try:
+        said = Path(faults.check_resume("true", args, processes=2)).name
+    except faults.ResumeError as err:
+        said = str(err)
+    (base / f"{phase}-{rank}.txt").write_text(said)
+    dist.barrier()
+
+
+for step in (2, 4) if rank == 0 else (2,):  # process 0's view holds a newer checkpoint
+    checkpoint(step)
+resume("newer")
+if rank == 1:  # process 1's view holds no complete checkpoint: it finds nothing to resume
+    (out / "checkpoint-2" / "trainer_state.json").unlink()
+resume("none")
+if rank == 1:  # both see the same newest checkpoint: the resume goes ahead on both
+    checkpoint(4)
+resume("same")
 dist.destroy_process_group()
 """
 
 
-def test_processes_that_choose_different_checkpoints_are_refused_on_every_one(tmp_path):
+def test_processes_that_see_output_dir_differently_are_refused_on_every_one(tmp_path):
     # Nodes whose output_dir differs (a local disk each, or a lagging view of a shared one) would resume
-    # different steps and optimizer states and hang or diverge: every process refuses, naming each choice.
+    # different steps and optimizer states and hang or diverge; one that finds nothing would stop alone while
+    # the others wait for it. Every process refuses, naming what each found.
     script = tmp_path / "agree.py"
     script.write_text(AGREE_SCRIPT)
     env = {**os.environ, "REPO": str(REPO), "TESTS": str(REPO / "tests"), "BASE": str(tmp_path),
@@ -717,13 +727,20 @@ def test_processes_that_choose_different_checkpoints_are_refused_on_every_one(tm
     command = [*torchrun(2), str(script)]
     done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    expected = (
-        "resume_from_checkpoint: the processes chose different checkpoints (process 0: checkpoint-4, "
-        "process 1: checkpoint-2); output_dir must be one folder that every node sees alike"
+    said = {
+        name: [(tmp_path / f"{name}-{r}.txt").read_text() for r in (0, 1)]
+        for name in ("newer", "none", "same")
+    }
+    head = (
+        "resume_from_checkpoint: the processes see output_dir differently (process 0: checkpoint-4; "
+        "process 1: "
     )
-    for rank in (0, 1):
-        assert (tmp_path / f"said{rank}.txt").read_text().startswith(expected)
-        assert (tmp_path / f"chose{rank}.txt").read_text() == "checkpoint-4"
+    tail = "); output_dir must be one folder that every node sees alike"
+    assert said["newer"] == [said["newer"][0]] * 2
+    assert said["newer"][0].startswith(f"{head}checkpoint-2{tail}")
+    incomplete = f"none (true, but no checkpoint in {tmp_path / 'node1'} is complete"
+    assert said["none"] == [said["none"][0]] * 2 and said["none"][0].startswith(f"{head}{incomplete}")
+    assert said["same"] == ["checkpoint-4", "checkpoint-4"]
 
 
 def test_a_save_only_model_run_resumes_from_a_checkpoint_without_optimizer_state(tmp_path):

@@ -193,8 +193,8 @@ def test_a_dynamic_sampling_line_shows_the_share_of_groups_kept():
     ],
 )
 def test_a_refused_command_prints_its_one_line_and_no_deprecation_of_trls(command):
-    """TRL 1.16's config uses transformers' deprecated ``gradient_checkpointing`` names whatever the recipe
-    says; the warning would come before every one-line error, and no recipe can act on it."""
+    """A recipe keeps ``gradient_checkpointing`` (the GPU pins' transformers has no new name for it), which
+    transformers 5.24 warns of: the warning would stand before every one-line error."""
     import subprocess
     import sys
 

@@ -376,6 +376,20 @@ def _train_line(env: dict, out_dir: Path, *extra: str) -> str:
     return _plan(env, "--recipe", SMOKE, "--output_dir", str(out_dir), *extra)["train on gpu07"]
 
 
+def test_a_requeue_resumes_a_recipe_that_sets_overwrite_output_dir(fake_slurm):
+    # The recipe's overwrite_output_dir: true and a resume exclude each other (the trainer refuses both): a
+    # requeued start that resumes turns it off, on the command line, which the recipe's value yields to.
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    recipe = fake_slurm["tmp"] / "overwriting.yaml"
+    recipe.write_text(Path(SMOKE).read_text() + "\noverwrite_output_dir: true\n")
+    tiny_checkpoint(out_dir / "checkpoint-2", 2)
+    requeued = dict(env, SLURM_RESTART_COUNT="1")
+    line = _plan(requeued, "--recipe", str(recipe), "--output_dir", str(out_dir))["train on gpu07"]
+    assert line.endswith("--overwrite_output_dir false --resume_from_checkpoint true"), line
+    line = _plan(requeued, "--recipe", SMOKE, "--output_dir", str(out_dir))["train on gpu07"]
+    assert "--overwrite_output_dir" not in line  # a recipe without it: nothing to turn off
+
+
 def test_a_checkpoint_in_output_dir_makes_a_requeued_start_resume(fake_slurm):
     env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
     requeued = dict(env, SLURM_RESTART_COUNT="3")

@@ -103,6 +103,8 @@ def test_a_dry_run_that_no_count_reached_says_it_planned_one_process(monkeypatch
     assert out.splitlines()[-1] == f"(one process: {train.ONE_PROCESS_HINT})"
     train.main(["--config", paper, "--dry_run", "--num_processes", "8"])
     assert "one process" not in capsys.readouterr().out
+    train.main(["--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--dry_run"])  # a CPU recipe: one
+    assert "one process" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=_ids(RECIPES))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,10 +85,14 @@ def test_a_module_of_the_launch_folder_named_as_an_installed_package_is_refused(
             f"reward_funcs: cannot load {path!r}: 'rewards' is the installed {installed}, not your {mine}; "
             "rename yours (for example to my_rewards) and name it so in reward_funcs"
         )
-    # A folder of that name without __init__.py defines no function: the installed package is meant.
+    # A folder of that name is the installed package meant: a folder of data, or a copy of the package (a
+    # second clone of this repository launched from, with its own `rewards/`).
     (tmp_path / "rewards.py").unlink()
     (tmp_path / "trl").mkdir()
     (tmp_path / "trl" / "notes.txt").write_text("a folder of data, not a package")
     assert [f.__name__ for f in get_reward_funcs(["trl.rewards.think_format_reward"])] == [
         "think_format_reward"
     ]
+    shutil.copytree(Path(installed).parent, tmp_path / "rewards")
+    names = ["rewards.controls:shuffled_correctness_reward", "rewards.registry.format_reward"]
+    assert [f.__name__ for f in get_reward_funcs(names)] == ["shuffled_correctness_reward", "format_reward"]
