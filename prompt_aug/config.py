@@ -416,6 +416,15 @@ KEYS: dict[str, KeyInfo] = {
 }
 
 
+# The mini-batch skip under DeepSpeed, refused by the config (the deepspeed key, accelerate's DeepSpeed
+# launch) and by the trainer (`prompt_aug.extensions.stabilisers.MinibatchSkip.check`) in the same words.
+SKIP_UNDER_DEEPSPEED = (
+    "skip_minibatch_ratio_above is not supported under DeepSpeed (the deepspeed key, or an accelerate "
+    "config with DeepSpeed): its optimizer steps inside backward, before a mini-batch can be judged; launch "
+    "with DDP or FSDP (accelerate_configs/ddp.yaml, fsdp.yaml), or unset it"
+)
+
+
 def check_config(args: Any) -> None:
     """Fail on a key that cannot work with the rest of the recipe (`ValueError`, one line naming the key):
     each key's ``low`` and ``choices`` (`check_keys`), ``report_to``'s names, the stabilisers (fp16 too),
@@ -464,11 +473,7 @@ def check_config(args: Any) -> None:
     # DeepSpeed, the recipe's deepspeed key or accelerate's DeepSpeed launch (transformers builds its plugin
     # from either): the trainer refuses it too, but only once the model has loaded.
     if threshold is not None and (args.deepspeed or getattr(args, "deepspeed_plugin", None) is not None):
-        raise ValueError(
-            "skip_minibatch_ratio_above is not supported under DeepSpeed (the deepspeed key, or an "
-            "accelerate config with DeepSpeed): its optimizer steps inside backward, before a mini-batch can "
-            "be judged; launch with DDP or FSDP (accelerate_configs/ddp.yaml, fsdp.yaml), or unset it"
-        )
+        raise ValueError(SKIP_UNDER_DEEPSPEED)
     # fp16, the recipe's or (where bf16 and fp16 are false) the launcher's, as transformers took it (spelled
     # as it was given): its gradient scaler asserts at the optimizer step.
     launched = not args.fp16 and str(getattr(args, "mixed_precision", "no")).lower() == "fp16"

@@ -427,9 +427,9 @@ def _safetensors_problem(path: Path, name: str | None = None) -> str | None:
     try:
         with path.open("rb") as handle:
             size = int.from_bytes(handle.read(8), "little")
-            if size > path.stat().st_size - 8:  # a length past the end: not read (it could ask for exabytes)
-                return f"{name} is unreadable (half-written?)"
-            header = json.loads(handle.read(size))
+            # No more than the file holds: a length past its end (exabytes, from a file of another kind) is
+            # no header, and fails to parse like any other.
+            header = json.loads(handle.read(min(size, path.stat().st_size)))
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return f"{name} is unreadable (half-written?)"
@@ -719,8 +719,11 @@ def _same_on_every_process(checkpoint: str | None, refused: ResumeError | None) 
     """
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
-    why = str(refused).removeprefix("resume_from_checkpoint: ")
-    found = Path(checkpoint).name if checkpoint else f"none ({why if len(why) <= 200 else why[:197] + '...'})"
+    if checkpoint:
+        found = Path(checkpoint).name
+    else:
+        why = str(refused).removeprefix("resume_from_checkpoint: ")
+        found = f"none ({why if len(why) <= 200 else why[:197] + '...'})"
     seen: list[str | None] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(seen, found)  # by the folder's name: every process has one output_dir
     if len(set(seen)) > 1:

@@ -267,11 +267,16 @@ def _not_a_reward(path: str, func: Callable[..., Any]) -> str | None:
     )
 
 
-def _is_trls(func: Callable[..., Any]) -> bool:
-    """Whether ``func`` (a function, a callable object, or a `functools.partial` of one) is TRL's."""
+def _called(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The function a `functools.partial` (of a partial ...) calls; ``func`` itself for any other callable."""
     while isinstance(func, functools.partial):
         func = func.func
-    return (getattr(func, "__module__", None) or "").split(".")[0] == "trl"
+    return func
+
+
+def _is_trls(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` (a function, a callable object, or a `functools.partial` of one) is TRL's."""
+    return (getattr(_called(func), "__module__", None) or "").split(".")[0] == "trl"
 
 
 def _overlong_args(max_completion_length: int | None, soft_punish_cache: int | None) -> dict[str, int]:
@@ -385,9 +390,7 @@ class TRLConvention:
 
     def __init__(self, func: Callable[..., list[float | None]]) -> None:
         self.func = func
-        named = func
-        while isinstance(named, functools.partial):  # TRL names a partial by the function it calls
-            named = named.func
+        named = _called(func)  # TRL names a partial by the function it calls
         self.__name__ = getattr(named, "__name__", type(named).__name__)
         self.__doc__ = getattr(func, "__doc__", None)
 

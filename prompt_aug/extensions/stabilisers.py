@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SyncRefModelCallback
 
+from ..config import SKIP_UNDER_DEEPSPEED
 from ..faults import REF_MODEL_FILE, launch_engine
 
 logger = logging.getLogger("prompt_aug.collapse")
@@ -188,10 +189,7 @@ class MinibatchSkip:
         """Refuse a trainer whose optimizer steps inside backward (DeepSpeed), before a mini-batch can be
         judged."""
         if trainer.is_deepspeed_enabled:
-            raise ValueError(
-                "skip_minibatch_ratio_above is not supported under DeepSpeed (its optimizer steps "
-                "inside backward, before a mini-batch can be judged); use DDP or FSDP, or unset it"
-            )
+            raise ValueError(SKIP_UNDER_DEEPSPEED)
 
     def add(self, logps: torch.Tensor, inputs: dict, mask: torch.Tensor) -> None:
         """Add a training micro-batch's tokens to the mini-batch's ratio window."""
