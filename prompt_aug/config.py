@@ -269,7 +269,8 @@ class PromptAugGRPOConfig(GRPOConfig):
     )
     collapse_accuracy_metric: str | None = _key(
         None,
-        "Log key of the accuracy signal (default: `completions/accuracy`, the share graded right).",
+        "Log key of the accuracy signal (default: `completions/accuracy`, the share graded right; with "
+        "dynamic sampling, read over everything generated).",
         _guard("accuracy"),
     )
     collapse_entropy_floor: float | None = _key(

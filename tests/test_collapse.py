@@ -530,6 +530,20 @@ def test_with_dynamic_sampling_the_guard_reads_accuracy_over_everything_generate
     assert next(s for s in chosen.specs if s.name == "accuracy").keys == (trained,)
 
 
+def test_with_dynamic_sampling_a_chosen_share_right_reads_the_one_logged_over_everything_generated():
+    # Under dynamic sampling the share right is logged only under dynamic_sampling/generated/: naming its
+    # plain key (the documented default) must not leave the accuracy signal reading nothing.
+    args = train.parse_args(
+        ["--config", SMOKE, "--dry_run", "--dynamic_sampling", "true"]
+        + ["--collapse_accuracy_metric", "completions/accuracy"]
+    ).training_args
+    stream = [
+        {"step": r, "round": r, "dynamic_sampling/generated/completions/accuracy": 0.6 if r < 4 else 0.0}
+        for r in range(1, 8)
+    ]
+    assert _feed(guard_from_args(args, 1), stream) == {5: ["accuracy"]}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # End to end: a collapsing CPU run trips the guard, keeps named checkpoints through rotation, stops cleanly
 

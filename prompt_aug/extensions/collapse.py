@@ -18,7 +18,8 @@ Long GRPO runs collapse: entropy falls until accuracy crashes. This module holds
   ========== ========================================= ===============================================
 
   With dynamic sampling on, accuracy and truncation read those keys under ``dynamic_sampling/generated/``
-  first: over every generated completion, where TRL's cover only the trained groups.
+  first: over every generated completion, where TRL's rewards cover only the trained groups (TRL's
+  truncation share, taken in each generation pass, is the same).
 
   A window counts generation rounds (the ``round`` key of a log line; the trainer's count of its steps,
   which knows the short step that ends an epoch). A round is judged once, on the mean of all its log lines,
@@ -657,9 +658,11 @@ def guard_from_args(
     }
     if getattr(a, "dynamic_sampling", False):
         # TRL's reward metrics then cover the trained groups only, never those every rollout got right or
-        # wrong: read them over everything generated first (a chosen metric stays as chosen). Truncation
-        # reads the same key set; TRL's own already covers every generation pass.
-        for name in ("accuracy", "truncation") if not a.collapse_accuracy_metric else ("truncation",):
+        # wrong: read them over everything generated first (a chosen metric stays as chosen, but for
+        # `ACCURACY_KEY`, which is then logged over everything generated only). Truncation reads the same key
+        # set; TRL's own already covers every generation pass.
+        chosen = a.collapse_accuracy_metric not in (None, "", ACCURACY_KEY)
+        for name in ("truncation",) if chosen else ("accuracy", "truncation"):
             keys, kind = watched[name]
             watched[name] = (generated_first(keys), kind)
     # With truncated completions masked out of the loss, a round cut in full trains on no token and TRL logs
