@@ -434,6 +434,8 @@ def to_rows(
         if "uid" in cols:
             ids = list(ds["uid"])
         consumed = {q_col, a_from, "uid"}
+        if is_verl_layout(cols, None, None):  # verl's chat prompt, which the run writes anew
+            consumed.add("prompt")
     dropped.answer_column, dropped.question_column = a_col, q_col
     questions = [question_text(q) for q in raw_questions]
     check_column_names(cols, consumed, {"question": q_col, "answer": a_col})

@@ -654,16 +654,26 @@ def as_stored(values: list[Any], feature: Any) -> list[Any]:
 
 
 def question_text(value: Any) -> str:
-    """A question cell as text: a conversation's last user turn; empty for a missing value (None, NaN), so the
-    row is dropped as an empty question rather than asked as "None".
+    """A question cell as text: a conversation's last user turn (the conversation stored as it is or as JSON
+    text, as a CSV file keeps it); empty for a missing value (None, NaN), so the row is dropped as an empty
+    question rather than asked as "None".
 
     >>> question_text([{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 1 + 2? "}])
     '1 + 2?'
+    >>> question_text('[{"role": "user", "content": "1 + 2?"}]'), question_text("[1, 2] + [3]?")
+    ('1 + 2?', '[1, 2] + [3]?')
     >>> question_text(None), question_text(float("nan")), question_text(" 3 + 4? ")
     ('', '', '3 + 4?')
     """
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if parsed and is_conversation(parsed):
+            value = parsed
     if is_conversation(value):
         return user_turn(value)
     return str(value).strip()
@@ -735,7 +745,10 @@ def read_dataset(
             loaded = load_saved(where, f"dataset {path!r}")
             if isinstance(loaded, datasets.DatasetDict):
                 if base not in loaded:
-                    raise SourceError(f"split {base!r} not in {where}; splits: {list(loaded)}")
+                    raise SourceError(
+                        f"split {base!r} not in {where}; its splits: {list(loaded)}. Ask for one of them "
+                        "(dataset_split, a mixture source's split, or the preview's --split)"
+                    )
                 return loaded[split] if base == split else _take(loaded, split)
             saved = loaded.split and split_name(str(loaded.split))
             if saved and saved != base:  # the label datasets keeps can be stale (train_test_split's parts)

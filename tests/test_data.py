@@ -1337,3 +1337,30 @@ def test_a_json_column_of_mappings_mixes_with_a_struct_column_each_row_keeping_i
         assert sorted((row["question"], row["meta"]) for row in mixed) == [
             ("a?", {"x": 1}), ("b?", {"y": "z"}), ("c?", {"x": 4})
         ]  # fmt: skip
+
+
+def test_naming_only_the_question_column_on_verl_data_reads_the_gold_and_drops_verls_prompt(verl_dir):
+    # SimpleRL-Zoo's files hold the raw question beside verl's chat `prompt`: naming that column asks it
+    # as written, the gold still from reward_model, and `prompt` (which the run writes) does not stop it.
+    rows, report = load_math_dataset(str(verl_dir), question_column="question")
+    assert rows["question"][:2] == ["What is $1+1$?", "Compute $\\frac{1}{2}+\\frac{1}{3}$."]
+    assert rows["answer"] == ["2", "\\frac{5}{6}", "-2, 2", "\\text{Monday}"]
+    assert "prompt" not in rows.column_names and "reward_model" in rows.column_names
+    assert "question <- 'question', gold <- 'reward_model.ground_truth'" in str(report)
+    rows, _ = load_math_dataset(
+        str(verl_dir), question_column="question", answer_column="reward_model.ground_truth"
+    )
+    assert len(rows) == 4
+
+
+def test_a_conversation_stored_as_json_text_gives_its_user_turn(tmp_path):
+    # A CSV file keeps verl's chat `prompt` (like its reward_model) as JSON text: the question is its user
+    # turn, not the text of the whole conversation, system turn and all.
+    turns = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 1+1? "}]
+    frame = pd.DataFrame({"prompt": [json.dumps(turns)], "reward_model": [json.dumps({"ground_truth": "2"})]})
+    frame.to_csv(tmp_path / "verl.csv", index=False)
+    rows, _ = load_math_dataset(str(tmp_path / "verl.csv"))
+    assert rows["question"] == ["What is 1+1?"] and rows["answer"] == ["2"]
+    # A question that merely starts with a bracket is asked as written.
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "[1, 2] + [3] = ?", "answer": "3"}) + "\n")
+    assert load_math_dataset(str(tmp_path / "q.jsonl"))[0]["question"] == ["[1, 2] + [3] = ?"]

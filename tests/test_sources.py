@@ -163,6 +163,21 @@ def test_a_save_to_disk_folder_of_one_split_read_for_another_says_so(tmp_path, c
     assert read_dataset(str(unnamed), split="test")["question"] == ["a", "b"]
 
 
+def test_a_save_to_disk_folder_of_splits_without_the_one_asked_for_lists_them_and_the_key(tmp_path):
+    import datasets
+
+    saved = tmp_path / "suite"
+    one = datasets.Dataset.from_dict({"problem": ["a"], "answer": ["1"]})
+    datasets.DatasetDict({"aime": one, "math": one}).save_to_disk(str(saved))
+    with pytest.raises(SourceError) as err:
+        read_dataset(str(saved))
+    assert str(err.value) == (
+        f"split 'train' not in {saved}; its splits: ['aime', 'math']. Ask for one of them (dataset_split, "
+        "a mixture source's split, or the preview's --split)"
+    )
+    assert read_dataset(str(saved), split="math[:1]")["problem"] == ["a"]
+
+
 # -- CSV cells ------------------------------------------------------------------------------------
 
 
