@@ -1622,12 +1622,17 @@ def test_a_question_set_in_training_layouts_gives_training_golds_and_a_dict_is_n
     assert [p.gold for p in load_benchmark(str(tmp_path / "dec.parquet"))] == [["142.5"]]
 
 
-def test_ctrl_c_keeps_the_completions_and_says_the_same_command_resumes(tiny_model_dir, suite_dir, tmp_path):
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_ctrl_c_keeps_the_completions_and_says_the_same_command_resumes(
+    tiny_model_dir, suite_dir, tmp_path, overwrite
+):
+    """Interrupted while it generates, the evaluation names the command that resumes: with --overwrite,
+    that command without it (the same command would discard what this one made)."""
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "prompt_aug.evaluate", "--model", str(tiny_model_dir), "--data_dir",
            str(suite_dir), "--benchmarks", "aime24,amc,minerva", "--backend", "hf", "--max_tokens", "512",
            "--n", "16", "--temperature", "1", "--batch_size", "1", "--output", str(out),
-           "--no_progress"]  # fmt: skip
+           "--no_progress", *(["--overwrite"] if overwrite else [])]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -1641,7 +1646,10 @@ def test_ctrl_c_keeps_the_completions_and_says_the_same_command_resumes(tiny_mod
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
-    assert err.strip().splitlines()[-1].startswith("prompt-aug-eval: interrupted; the completions written")
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("prompt-aug-eval: interrupted; the completions written"), last
+    again = "the same command without --overwrite resumes" if overwrite else "the same command resumes"
+    assert again in last, last
     assert 0 < len(records.read_text().splitlines()) < 7 * 16
 
 
@@ -1822,6 +1830,21 @@ REFUSED = (
     "and this evaluation would write over it; move it, or pass another --output (--overwrite replaces "
     "prompt-aug-eval's own files only)"
 )
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line_naming_it(tiny_model_dir, suite_dir):
+    """An --output where the folder cannot be made (a read-only place, as a shared model folder's default
+    <model>/eval may be; here sysfs, which refuses new folders even to root) stops in one line that names it
+    and asks for another --output, not a traceback."""
+    out = Path("/sys/kernel/prompt-aug-eval-test/eval")
+    if not Path("/sys/kernel").is_dir():
+        pytest.skip("no sysfs here")
+    with pytest.raises(SystemExit) as stopped:
+        _eval(tiny_model_dir, suite_dir, out, "--benchmarks", "amc")
+    message = str(stopped.value)
+    head = f"prompt-aug-eval: error: --output {out}: cannot make or open that folder"
+    assert message.startswith(head), message
+    assert message.endswith("pass an --output this evaluation can write to") and "\n" not in message, message
 
 
 def test_files_prompt_aug_eval_did_not_write_are_refused_before_the_model_loads_even_with_overwrite(

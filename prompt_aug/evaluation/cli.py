@@ -323,8 +323,14 @@ def _folder_held(output: Path) -> Iterator[None]:
     is left there; where the file system takes no such lock (some network file systems), nothing is held."""
     import fcntl
 
-    output.mkdir(parents=True, exist_ok=True)
-    folder = os.open(output, os.O_RDONLY)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        folder = os.open(output, os.O_RDONLY)
+    except OSError as err:  # a read-only place (a shared model folder), no permission
+        raise EvalError(
+            f"--output {output}: cannot make or open that folder ({err.strerror or type(err).__name__}); "
+            "pass an --output this evaluation can write to"
+        ) from None
     try:
         try:
             fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -764,13 +770,14 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO if main_process else logging.WARNING, format="%(asctime)s %(name)s: %(message)s"
     )
     args = parse_args(argv)
+    overwrite = args.overwrite  # `run_evaluation` clears it once the folder is taken
     try:
         run_evaluation(args)
     except (EvalError, SourceError, TemplateError) as err:
         raise SystemExit(f"prompt-aug-eval: error: {err}") from None
     except KeyboardInterrupt:  # the completions written so far are kept; the same command goes on
         if main_process:
-            again = "the same command without --overwrite" if args.overwrite else "the same command"
+            again = "the same command without --overwrite" if overwrite else "the same command"
             print(
                 f"\nprompt-aug-eval: interrupted; the completions written so far are kept, and {again} "
                 "resumes from them",
