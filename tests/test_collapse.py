@@ -454,6 +454,11 @@ def test_a_guard_threshold_that_can_never_fire_is_refused_naming_the_key(tmp_pat
     evaluating = ("--eval_benchmarks", "math500", "--eval_every_steps", "2")
     with pytest.raises(ValueError, match=r"^collapse_eval_drop: 10 can never fire: eval/macro is a share"):
         guard_from_args(parse("--collapse_eval_drop", "10", *evaluating), 1, pair)
+    # A ceiling of 1 on a share: every completion cut or looping is not above it.
+    for signal in ("truncation", "repetition"):
+        with pytest.raises(ValueError, match=rf"^collapse_{signal}_ceiling: 1 can never fire: .* below 1"):
+            guard_from_args(parse(f"--collapse_{signal}_ceiling", "1"), 1, pair)
+        assert guard_from_args(parse(f"--collapse_{signal}_ceiling", "0.99"), 1, pair) is not None
     with pytest.raises(ValueError, match="collapse_entropy_floor: is infinite; give a finite number"):
         parse("--collapse_entropy_floor", "inf")  # refused with the recipe, as every key of ours is
     # Without a correctness reward the signal reads the total reward, whose scale is the recipe's.

@@ -624,9 +624,10 @@ def guard_from_args(
     """The guard a recipe asks for (a signal is on when its threshold key is set), or ``None``.
 
     ``script_args`` is a `PromptAugGRPOConfig`; a bad action, window or threshold names its recipe key
-    (`ValueError`): a threshold that is not finite, and a fall of 1 or more of a share, which can never
-    happen (``eval/macro``; the accuracy signal's share right, which it reads when ``reward_funcs`` holds a
-    correctness reward and no other metric is chosen, or a chosen ``.../accuracy`` key).
+    (`ValueError`): a threshold that is not finite, a fall of 1 or more of a share, which can never happen
+    (``eval/macro``; the accuracy signal's share right, which it reads when ``reward_funcs`` holds a
+    correctness reward and no other metric is chosen, or a chosen ``.../accuracy`` key), and a ceiling of 1
+    on a share (truncation, repetition), which nothing is above.
     """
     check_keys(script_args, prefix="collapse_")  # again: the config may have changed since it was built
     a = script_args
@@ -647,6 +648,11 @@ def guard_from_args(
             raise ValueError(
                 f"{threshold_key}: {threshold:g} can never fire: {shares[name]} is a share (0 to 1), which "
                 "cannot fall by 1 or more; give the fall as a share (0.05 for 5 points)"
+            )
+        if name in ("truncation", "repetition") and threshold >= 1:  # the range check allows 1 itself
+            raise ValueError(
+                f"{threshold_key}: {threshold:g} can never fire: the signal fires above its ceiling, and its "
+                "share (0 to 1) is never above 1; give a ceiling below 1 (0.9 fires above 90%)"
             )
     accuracy_keys = (a.collapse_accuracy_metric,) if a.collapse_accuracy_metric else ACCURACY_KEYS
     watched = {  # signal -> (the log keys it reads, its kind); its recipe keys are `config.SIGNALS`'
