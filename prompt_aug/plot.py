@@ -169,10 +169,14 @@ def trainer_states(run_dir: str | Path, logs: bool = False) -> list[tuple[Path, 
     is skipped with a warning while another can be.
 
     Raises:
-        PlotError: no such folder, no trainer state (nor, with ``logs``, log) in it, or none that can be read;
-            names the folder or file.
+        PlotError: a file or no such folder, no trainer state (nor, with ``logs``, log) in it, or none that
+            can be read; names the folder or file.
     """
     run_dir = Path(run_dir)
+    if run_dir.is_file():  # trainer_state.json or logs.jsonl given for its folder
+        raise PlotError(
+            f"{run_dir}: a file, not a run folder; give the folder that holds it ({run_dir.parent})"
+        )
     if not run_dir.is_dir():
         raise PlotError(f"{run_dir}: no such folder")
     candidates = [

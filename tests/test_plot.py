@@ -122,6 +122,14 @@ def test_folder_without_trainer_state_is_a_clear_error(tmp_path):
         SystemExit, match=rf"^prompt-aug-plot: error: {re.escape(str(tmp_path / 'missing'))}: no such folder$"
     ):
         main([str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")])
+    _write_state(tmp_path / "run", 3)
+    given = tmp_path / "run" / "trainer_state.json"  # the state file, for its folder
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(given), "-o", str(tmp_path / "x.png")])
+    assert str(exit_info.value.code) == (
+        f"prompt-aug-plot: error: {given}: a file, not a run folder; give the folder that holds it "
+        f"({tmp_path / 'run'})"
+    )
     for name in ("x.foo", "noext"):  # matplotlib would raise, or write noext.png and say "wrote noext"
         with pytest.raises(
             SystemExit, match=rf"^prompt-aug-plot: error: --output .*{name}: give a file name"
