@@ -375,7 +375,9 @@ class BeforeAfter:
 
         The global random state is restored afterwards, so scoring does not change the training run.
         """
-        with torch.random.fork_rng(devices=[]):
+        # Generation seeds every CUDA device too (torch.manual_seed); their states come back as well.
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices):
             self.scores[when] = self._score_all(model, tokenizer)
 
     def _score_all(self, model: Any, tokenizer: Any) -> dict[str, dict[str, dict[str, float]]]:
