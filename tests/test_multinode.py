@@ -416,6 +416,20 @@ def test_a_checkpoint_in_output_dir_makes_a_requeued_start_resume(fake_slurm):
     assert line.count("--resume_from_checkpoint") == 1
 
 
+def test_recipe_keys_after_the_double_dash_are_read_as_before_it(fake_slurm):
+    """``--`` ends the script's options, not its reading of the recipe keys: a dashed ``--output-dir`` after
+    it names the run's folder, whose checkpoint a requeued start resumes, and a first start's
+    ``--overwrite-output-dir true`` is dropped there rather than wiping the run at every requeue."""
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    tiny_checkpoint(out_dir / "checkpoint-2", 2)
+    requeued = dict(env, SLURM_RESTART_COUNT="1")
+    for flags in (["--output-dir", str(out_dir)], [f"--output-dir={out_dir}"]):
+        plan = _plan(requeued, "--recipe", SMOKE, "--", *flags, "--overwrite-output-dir", "true")
+        assert plan["output_dir"] == str(out_dir)
+        line = plan["train on gpu07"]
+        assert line.endswith("--resume_from_checkpoint true") and "overwrite" not in line, line
+
+
 def test_a_new_job_into_a_folder_that_holds_a_run_does_not_resume_it(fake_slurm):
     """A job's first start adds nothing, even where output_dir holds a finished run's checkpoints: the trainer
     then refuses the folder, and continuing the run is the user's choice (--resume_from_checkpoint true)."""
