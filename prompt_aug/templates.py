@@ -38,6 +38,10 @@ NAMED_CHAT_TEMPLATES = {"chatml": CHATML_TEMPLATE}
 NO_CHAT_TEMPLATE_HINT = (
     "set `chat_template` in the recipe: `chatml`, a Jinja template, or the path of a .jinja file"
 )
+RENDER_FIX_HINT = (
+    "set `chat_template` to one that renders it (e.g. `chatml`), or draw only templates this one renders "
+    "(`templates`, `templates_file`, `eval_template`)"
+)
 _FIELDS = {"name", "system", "user", "prefill", "answer", "markers"}
 # Arguments of ``apply_chat_template`` that `Template.render` sets itself (``chat_template_kwargs`` may not).
 RENDERER_KEYS = ("conversation", "tokenize", "add_generation_prompt")
@@ -293,10 +297,12 @@ def check_renders(templates: Any, tokenizer: Any, chat_template_kwargs: dict[str
             text = template.render("What is 1 + 1?", tokenizer, **(chat_template_kwargs or {}))
         except Exception as err:  # the tokenizer's Jinja template can raise anything
             raise TemplateError(
-                f"template {template.name!r} failed to render with the tokenizer: {err}"
+                f"template {template.name!r} failed to render with the tokenizer: {err}; {RENDER_FIX_HINT}"
             ) from err
         if "What is 1 + 1?" not in text:
-            raise TemplateError(f"template {template.name!r}: the rendered prompt lost the question")
+            raise TemplateError(
+                f"template {template.name!r}: the rendered prompt lost the question; {RENDER_FIX_HINT}"
+            )
 
 
 def get_template(name: str, path: str | Path | None = None) -> Template:

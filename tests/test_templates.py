@@ -233,3 +233,29 @@ def test_yaml_merge_keys_may_be_overridden_by_the_entrys_own_fields(tmp_path):
     path = _write(tmp_path, base + "- {<<: *base, name: b, user: 'Q: {question}'}\n")
     bank = load_templates(path)
     assert (bank["b"].system, bank["b"].user) == ("Box it.", "Q: {question}")
+
+
+def test_a_template_that_fails_to_render_says_how_to_get_past_it(tokenizer):
+    # A chat template without system turns (Gemma's refuses them) cannot render most of the bank: the
+    # refusal names the template and the keys that fix it.
+    from transformers import AutoTokenizer
+
+    gemma_like = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    gemma_like.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    with pytest.raises(TemplateError) as err:
+        check_renders(load_templates().values(), gemma_like)
+    message = str(err.value)
+    assert message.startswith(
+        "template 'abel' failed to render with the tokenizer: System role not supported"
+    )
+    assert "`chat_template`" in message and "`templates`" in message
+    forgetful = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    forgetful.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
+    with pytest.raises(TemplateError) as err:
+        check_renders(load_templates().values(), forgetful)
+    assert str(err.value).startswith("template 'abel': the rendered prompt lost the question")
+    assert "`chat_template`" in str(err.value)
