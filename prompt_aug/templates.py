@@ -113,7 +113,9 @@ class Template:
         return turns
 
     def render(self, question: str, tokenizer: Any, **chat_template_kwargs: Any) -> str:
-        """The full prompt text: the tokenizer's chat template with a generation prompt, then the prefill.
+        """The full prompt text: the tokenizer's chat template with a generation prompt, then the prefill,
+        unless the generation prompt already ends with it (a chat template that opens ``<think>`` itself, as
+        DeepSeek-R1 distills' do, gets no second one).
 
         ``chat_template_kwargs`` go to ``apply_chat_template`` (e.g. ``enable_thinking=False``); the
         `RENDERER_KEYS` among them are refused (`TemplateError`).
@@ -128,6 +130,8 @@ class Template:
         bos = getattr(tokenizer, "bos_token", None)
         if bos and text.startswith(bos) and tokenizer("").input_ids[:1] == [tokenizer.bos_token_id]:
             text = text[len(bos) :]
+        if self.prefill.strip() and text.rstrip().endswith(self.prefill.strip()):
+            return text
         return text + self.prefill
 
 

@@ -259,3 +259,25 @@ def test_a_template_that_fails_to_render_says_how_to_get_past_it(tokenizer):
         check_renders(load_templates().values(), forgetful)
     assert str(err.value).startswith("template 'abel': the rendered prompt lost the question")
     assert "`chat_template`" in str(err.value)
+
+
+def test_a_chat_template_that_opens_think_itself_gets_no_second_one(tokenizer):
+    # DeepSeek-R1 distills' chat templates end the generation prompt with "<think>\n": a teacher template's
+    # "<think>" prefill is then already there, and the model must not see it twice.
+    from transformers import AutoTokenizer
+
+    thinking = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    thinking.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+    )
+    bank = load_templates()
+    for name in ("open-r1-teacher", "deepseek-r1-teacher"):
+        text = bank[name].render("What is 1 + 1?", thinking)
+        assert text.split("<|assistant|>")[-1] == "<think>\n", (name, text)
+    # Another prefill still follows the generation prompt.
+    text = bank["reflective-teacher"].render("What is 1 + 1?", thinking)
+    assert text.endswith("<|assistant|><think>\n<solution>\n"), text
+    plain = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    plain.chat_template = thinking.chat_template.replace("<think>\n", "")
+    assert bank["deepseek-r1-teacher"].render("What is 1 + 1?", plain).endswith("<|assistant|><think>")
