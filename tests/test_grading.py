@@ -796,6 +796,38 @@ KINDS = {
             False,
         ),
     ],
+    "digits set apart by thin spaces": [
+        ("1000000", "1\\,000\\,000", True),
+        ("12345", "12\\;345", True),
+        ("3.14159", "3.141\\,59", True),
+        ("123", "1\\,2\\,3", False),  # groups of one digit: a list, as `1 2 3` is
+        ("1020", "10\\,20", False),
+    ],
+    "a unit after each element or after the bracket": [
+        ("(3, 4)", "(3\\text{ cm}, 4\\text{ cm})", True),
+        ("(3, 4)", "(3 \\mathrm{~cm}, 4 \\mathrm{~cm})", True),
+        ("(3, 4)", "(3, 4) \\mathrm{~cm}", True),
+        ("[3, 4]", "[3 \\text{ s}, 4 \\text{ s}]", True),
+        ("\\{3, 4\\}", "\\{3 \\text{ cm}, 4 \\text{ cm}\\}", True),
+        ("3, 4", "3\\text{ cm}, 4\\text{ cm}", True),
+        ("(3, 4)", "(3\\text{ cm}, 5\\text{ cm})", False),
+        ("(3, 5)", "(3, 4) \\mathrm{~cm}", False),
+    ],
+    "a percent and its number": [
+        ("12.5", "12.5\\%", True),
+        ("7.2\\%", "7.2", True),
+        ("237.5\\%", "2.375", True),
+        ("0.125", "12.5\\%", True),
+        ("12.5", "12.6\\%", False),
+        ("7.2\\%", "7.3", False),
+        ("7.2\\%", "0.73", False),
+    ],
+    "degree command": [
+        ("45", "45\\degree", True),
+        ("(30, 60)", "(30\\degree, 60\\degree)", True),
+        ("100^\\circ C", "100\\degree F", False),
+        ("45", "46\\degree", False),
+    ],
     "approx with a variable on its left": [
         ("2.24", "\\text{so } x \\approx 2.24", True),
         ("2.24", "x \\approx 2.24", True),
@@ -842,6 +874,7 @@ def test_where_the_new_readings_agree_with_math_verify():
             "decimal comma",
             "a gold that is a word",
             "a relation of one variable against an interval",
+            "a percent and its number",
         ):
             assert _math_verify(normalize(answer), normalize_gold(gold)), (kind, gold, answer)
 

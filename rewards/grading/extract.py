@@ -89,18 +89,21 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: the box never closes
 
 
-# A unit at the end, after a number, a closing brace or `\pi` (`9\pi \text{ cm}^2`, `\frac{\pi}{3}\text{rad}`,
-# `12\text{ m/s}.`, `6.4 \times 10^{16} \text{ cm}^{-3}`), but not a time (`9\text{ a.m.}`), a constant
-# (`3\mathrm{i}`, `2\pi\mathrm{e}`) or words that deny (`\sqrt{2}\text{ is not possible}`).
+# A unit after a number, a closing brace or bracket or `\pi` (`9\pi \text{ cm}^2`, `\frac{\pi}{3}\text{rad}`,
+# `12\text{ m/s}.`, `6.4 \times 10^{16} \text{ cm}^{-3}`, `(3, 4) \mathrm{~cm}`), at the end or before the
+# comma or bracket that ends an element of a tuple, list or set (`(3\text{ cm}, 4\text{ cm})`), but not a
+# time (`9\text{ a.m.}`), a constant (`3\mathrm{i}`, `2\pi\mathrm{e}`) or words that deny
+# (`\sqrt{2}\text{ is not possible}`).
 _DENIAL = r"(?![^{}]*\b(?:[Nn]o|[Nn]ot|[Nn]ever|[Nn]one|[Cc]annot|[Cc]an't)\b)"
 _SPACE = r"(?:\s|~|\\ )*"  # spaces, ties (`5\mathrm{~cm}`) and `\ `
 _UNIT = re.compile(
-    r"(\d|\}|\\pi)"
+    r"(\d|\}|\\pi|(?<!\\)[)\]])"
     + _SPACE
     + r"\\(?:text|mbox|mathrm)\{"
     + _DENIAL
     + _SPACE
-    + r"(?![ap]\.?\s*m\.?\s*\}|[ie]\s*\})[A-Za-z][A-Za-z. /]*\}(?:\^\{?-?\d\}?)?[\s.]*$"
+    + r"(?![ap]\.?\s*m\.?\s*\}|[ie]\s*\})[A-Za-z][A-Za-z. /]*\}(?:\^\{?-?\d\}?)?"
+    + r"(?:[\s.]*$|(?=\s*(?:,|\)|\]|\\\})))"
 )
 # A note in parentheses after a value with digits, in words that say how it is given:
 # `12.25 \text{(approx.)}`, `\frac{1}{2} \text{ (exact)}`; not one that says more (`7 \text{ (not exact)}`,
@@ -143,6 +146,8 @@ _TEMPERATURE = re.compile(
 # How `normalize` writes the scale of an answer that ends in one: after the value, as `100^{\circ}\mathrm{C}`.
 # `normalize` drops every other degree sign, so no other normalised text ends so.
 TEMPERATURE_SUFFIXES = {"C": "^{\\circ}\\mathrm{C}", "F": "^{\\circ}\\mathrm{F}"}
+# `\degree` (gensymb's degree sign), written as `^{\circ}` is, so that every rule for that sign reads it.
+_DEGREE_COMMAND = re.compile(r"\\degree(?![A-Za-z])")
 # Thousands groups set apart by a space, `\ ` or a tie (`1 000 000`, `12\ 345`; `\,` and `\;` are dropped
 # before): a run of digit groups so separated, read by `_spaced_thousands`.
 _SPACED_DIGITS = re.compile(r"(?<!\d)\d+(?:(?:\s|\\ |~)\d+)+")
@@ -150,6 +155,9 @@ _DIGIT_SPACE = re.compile(r"\s|\\ |~")
 _COMMA_DIGIT = re.compile(r",\d")  # after a run of groups: the run is part of a longer number or list
 # Thousands groups after commas (`1,000`, `2,050,300`), read by `_zero_led_thousands`.
 _COMMA_GROUPS = re.compile(r"(?<![\d.,])[1-9]\d{0,2}(?:,\d{3})+(?!\d|,\d)")
+# Digits set apart by thin or medium spaces (`1\,000\,000`, `12\;345`, `1\,2\,3`), read by `_thin_spaced`.
+_THIN_SPACED_DIGITS = re.compile(r"(?<![\d.])\d+(?:\\[,;]\s*\d+)+")
+_THIN_SPACE = re.compile(r"\\[,;]\s*")
 # `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
 _THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})\s*(?=\d{3}(?!\d))")
 # `x > 1,000`: after a relation, `1,000` is one number (math-verify reads `x > 1, 000` as a set).
@@ -288,6 +296,27 @@ def _spaced_thousands(text: str) -> str:
     return _SPACED_DIGITS.sub(join, text)
 
 
+def _thin_spaced(text: str) -> str:
+    """``text`` with each run of digits set apart by ``\\,`` or ``\\;`` read as `_spaced_thousands` reads a
+    run set apart by spaces: thousands groups (a first group of one to three digits, led by no zero, then
+    groups of exactly three) are one number; any other run is a list, its thin spaces plain spaces. A
+    run after a point (``3.141\\,59``) is a number's decimals, and stays for the thin spaces to go.
+
+    >>> _thin_spaced("1\\,000\\,000"), _thin_spaced("12\\; 345.5"), _thin_spaced("1\\,2\\,3")
+    ('1000000', '12345.5', '1 2 3')
+    >>> _thin_spaced("3.141\\,59"), _thin_spaced("x\\,dx")
+    ('3.141\\\\,59', 'x\\\\,dx')
+    """
+
+    def read(run: re.Match[str]) -> str:
+        groups = _THIN_SPACE.split(run.group())
+        if groups[0][0] != "0" and len(groups[0]) <= 3 and all(len(group) == 3 for group in groups[1:]):
+            return "".join(groups)
+        return " ".join(groups)
+
+    return _THIN_SPACED_DIGITS.sub(read, text)
+
+
 def _zero_led_thousands(text: str) -> str:
     """``text`` with each number written in thousands groups after commas, one of them led by a zero
     (``1,000``, ``2,050,300``), written without its commas. A tuple's element is not written ``000`` or
@@ -347,15 +376,16 @@ def scales_differ(answer: str, gold: str) -> bool:
 
 
 def normalize(answer: str) -> str:
-    """Canonical text for an extracted answer: no ``$``, ``\\text{}`` wrappers, units, degree signs,
-    ``\\left``/``\\right``, ``\\phantom``, thousands marks (``29,\\!322``, ``1 000``, and ``1,000`` where a
-    group is led by a zero), ``\\approx`` and what follows it, trailing period or comma; a temperature
-    scale that ends the answer is kept after the value, as ``100^{\\circ}\\mathrm{C}`` (`split_temperature`);
-    ``\\dfrac``/``\\tfrac`` become ``\\frac``; shorthand ``\\frac12``, ``\\sqrt2`` get braces; ``x = 5``
-    and ``a_1 = 5`` become ``5`` (but ``y = 2x + 3`` stays an equation); a numeral in a base is written
-    ``N_{b}``; relation commands are written as math-verify writes them (``\\geq`` -> ``>=``, ``\\neq`` ->
-    ``!=``); a sentence opening the box (``\\text{The vector is }``) and words before a matrix go;
-    ``x \\approx 2.24`` (a variable on the left) becomes ``2.24``.
+    """Canonical text for an extracted answer: no ``$``, ``\\text{}`` wrappers, units, degree signs
+    (``^\\circ``, ``°``, ``\\degree``), ``\\left``/``\\right``, ``\\phantom``, thousands marks
+    (``29,\\!322``, ``1 000``, ``1\\,000``, and ``1,000`` where a group is led by a zero), ``\\approx`` and
+    what follows it, trailing period or comma; a temperature scale that ends the answer is kept after the
+    value, as ``100^{\\circ}\\mathrm{C}`` (`split_temperature`); ``\\dfrac``/``\\tfrac`` become ``\\frac``;
+    shorthand ``\\frac12``, ``\\sqrt2`` get braces; ``x = 5`` and ``a_1 = 5`` become ``5`` (but
+    ``y = 2x + 3`` stays an equation); a numeral in a base is written ``N_{b}``; relation commands are
+    written as math-verify writes them (``\\geq`` -> ``>=``, ``\\neq`` -> ``!=``); a sentence opening the
+    box (``\\text{The vector is }``) and words before a matrix go; ``x \\approx 2.24`` (a variable on the
+    left) becomes ``2.24``.
 
     >>> normalize(r"$\\dfrac{1}{2}$.")
     '\\\\frac{1}{2}'
@@ -378,8 +408,9 @@ def normalize(answer: str) -> str:
     answer = answer.strip().replace("\n", " ")
     answer = answer.replace("\\$", "").replace("$", "")
     answer = answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    answer = _DEGREE_COMMAND.sub(r"^{\\circ}", answer)
     answer = _SIZED_DELIMITER.sub("", answer)
-    answer = _THOUSANDS_MARK.sub(r"\1", answer)
+    answer = _thin_spaced(_THOUSANDS_MARK.sub(r"\1", answer))
     answer = answer.replace("\\!", "").replace("\\,", "").replace("\\;", "")
     answer = _spaced_thousands(_zero_led_thousands(answer))
     answer = _PHANTOM.sub("", answer)

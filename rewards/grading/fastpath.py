@@ -53,7 +53,8 @@ Each rule has a test that math-verify agrees wherever it answers (tests/test_gra
 `base_verdict` is not part of the fast path but a correction of math-verify, which drops base
 subscripts (it takes ``20412_6`` for ``20412_5``); so is `scientific_verdict`, which says "equal" for
 a decimal in scientific notation and the number of exactly its value (math-verify's float misses some:
-``6.02 \\times 10^{23}`` and ``602000000000000000000000``). `surely_parseable` tells which golds
+``6.02 \\times 10^{23}`` and ``602000000000000000000000``), and `percent_verdict`, which says "equal" for
+``12.5\\%`` and ``12.5`` as math-verify does for ``50\\%`` and ``50``. `surely_parseable` tells which golds
 math-verify certainly reads, so that no worker is needed to learn it.
 
 The guards refuse answers without evaluating them. `answer_too_costly`: far longer or more deeply
@@ -1117,6 +1118,30 @@ def decimal_comma_verdict(answer: str, gold: str) -> bool | None:
     """
     if _COMMA_DECIMAL.fullmatch(answer) and "." in gold and _DECIMAL.fullmatch(gold):
         return True if fast_verdict(answer.replace(",", "."), gold) else None
+    return None
+
+
+_NUMBER_PERCENT = re.compile(r"(.+?)\s*\\?%")
+
+
+def percent_verdict(answer: str, gold: str) -> bool | None:
+    """``True`` for a percent and a plain number that is its value or its number of percent, exactly:
+    ``7.2\\%`` and ``7.2`` or ``0.072`` (the gold of a question that asks for a percent may be written
+    either way). math-verify reads ``X\\%`` as ``X/100`` and accepts ``X`` for it only when ``X`` is an
+    integer: ``50\\%`` is ``50``, but ``12.5\\%`` is not ``12.5``. Else ``None``.
+
+    >>> percent_verdict("12.5\\%", "12.5"), percent_verdict("7.2", "7.2\\%"), percent_verdict("1.5%", "0.015")
+    (True, True, True)
+    >>> percent_verdict("12.5\\%", "12.6") is None, percent_verdict("12.5", "12.5") is None
+    (True, True)
+    """
+    for one, other in ((answer, gold), (gold, answer)):
+        match = _NUMBER_PERCENT.fullmatch(one.strip())
+        if match is None or _NUMBER_PERCENT.fullmatch(other.strip()):
+            continue
+        value, number = as_number(match.group(1)), as_number(other)
+        if value is not None and number is not None and number[0] in (value[0], value[0] / 100):
+            return True
     return None
 
 

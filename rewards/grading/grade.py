@@ -23,6 +23,7 @@ from .fastpath import (
     base_verdict,
     decimal_comma_verdict,
     fast_verdict,
+    percent_verdict,
     reads_as_prose,
     scientific_verdict,
     surely_parseable,
@@ -272,12 +273,21 @@ def _verdict(answer: str, gold: str) -> bool | None:
     ``100^\\circ F``), and otherwise their values are compared (a value may come without its scale); then
     numerals in a base (math-verify ignores the base), a decimal comma (math-verify reads ``3,14`` as a
     set), a gold that is a word (math-verify, given it normalised, reads a product of letters), a decimal
-    in scientific notation equal to a number (math-verify reads a float and may miss it), then the fast
-    path."""
+    in scientific notation equal to a number (math-verify reads a float and may miss it), a percent and
+    its number (math-verify takes ``12.5\\%`` for ``0.125`` only, though ``50\\%`` for ``50`` too), then
+    the fast path."""
     if scales_differ(answer, gold):
         return False if surely_parseable(gold) else None  # else a worker parses the gold, then says so
     answer, gold = split_temperature(answer)[0], split_temperature(gold)[0]
-    for rule in (base_verdict, decimal_comma_verdict, word_verdict, scientific_verdict, fast_verdict):
+    rules = (
+        base_verdict,
+        decimal_comma_verdict,
+        word_verdict,
+        scientific_verdict,
+        percent_verdict,
+        fast_verdict,
+    )
+    for rule in rules:
         verdict = rule(answer, gold)
         if verdict is not None:
             return verdict
