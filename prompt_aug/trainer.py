@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from datasets import Dataset
 from trl.data_utils import is_conversational
 
 from .collator import PromptAugmentationCollator, cut_completions
@@ -65,7 +66,9 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     Constructed like `GRPOTrainer` (``model, reward_funcs, args, train_dataset, eval_dataset,
     processing_class, ...`` are passed to it unchanged, and its errors are its own). A row gives its
     question through a ``question`` column, else through TRL's ``prompt`` column (text, or messages:
-    the last user turn); its id through ``uid``, else one derived from the question.
+    the last user turn); its id through ``uid``, else one derived from the question. TRL's ``tools``,
+    ``environment_factory`` and a ``rollout_func`` on conversational data run on a prompt's messages, so they
+    need ``prompt_augmentation=False`` (refused at construction otherwise).
 
     Its settings come from ``args``: a `PromptAugGRPOConfig`, or a plain `GRPOConfig`, which means our keys'
     defaults where TRL has no equivalent (augmentation on, the built-in bank, padding-free passes) and TRL's
@@ -129,6 +132,8 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             raise ValueError(
                 "PromptAugGRPOTrainer: a prompt_collator was given with prompt_augmentation=False"
             )
+        if config.prompt_augmentation:
+            self._refuse_message_rollouts()
         if config.prompt_augmentation and prompt_collator is None:
             prompt_collator = self._default_collator()
         self.prompt_collator = prompt_collator
@@ -169,6 +174,32 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         # restores it.
         if self.ref_model is not None and self.args.sync_ref_model:
             self.reference_checkpoint = ReferenceCheckpoint(self).attach()
+
+    def _refuse_message_rollouts(self) -> None:
+        """Refuse, naming the argument, what TRL runs on a prompt's messages while augmentation hands it the
+        rendered text: tools (given, or an environment's methods) and environments, whose observations extend
+        the last user turn, and a rollout function on a conversational training set (it is given the
+        messages to template itself). TRL would fail inside the first round."""
+        given = []
+        if self.environment_factories is not None:  # its methods are among `tools`
+            given.append("environment_factory")
+        elif self.tools:
+            given.append("tools")
+        dataset = self.train_dataset
+        if (
+            self.rollout_func is not None
+            and isinstance(dataset, Dataset)
+            and "prompt" in dataset.column_names
+            and len(dataset) > 0
+            and is_conversational({"prompt": dataset[0]["prompt"]})
+        ):
+            given.append("rollout_func (with a conversational dataset)")
+        if given:
+            raise ValueError(
+                f"PromptAugGRPOTrainer: {' and '.join(given)} need TRL's conversational prompts, but prompt "
+                "augmentation hands TRL each prompt rendered as text; pass args=PromptAugGRPOConfig(..., "
+                "prompt_augmentation=False) to train on the dataset's prompts as GRPOTrainer does"
+            )
 
     def _apply_stop_tokens(self, tokens: list[str]) -> None:
         """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's

@@ -462,3 +462,74 @@ def test_an_evaluator_passed_in_callbacks_is_the_runs_evaluator_not_a_second_one
     assert evaluators == [evaluator] and evaluators[0] is evaluator
     kinds = [type(c) for c in callbacks]
     assert kinds.index(EvalCallback) < kinds.index(CollapseGuard)
+
+
+# -- 6. what TRL runs on messages: tools, environments, a rollout function ----------------------------
+
+
+def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+class AddingEnvironment:
+    """A TRL environment: an observation for the user turn, a tool and a reward."""
+
+    def reset(self, **kwargs):
+        return " Use the tool."
+
+    def add(self, a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    def get_reward(self):
+        return 1.0
+
+
+def rollout_from_messages(prompts, trainer):
+    """A TRL rollout function for a conversational dataset: it templates the messages itself."""
+    tokenizer = trainer.processing_class
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
+    prompt_ids = [tokenizer(t)["input_ids"] for t in texts]
+    completions = [[1, 2, 3]] * len(prompts)
+    return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": [[0.0] * 3] * len(prompts)}
+
+
+@pytest.mark.parametrize(
+    "argument, extra",
+    [
+        ("tools", {"tools": [add], "reward_funcs": length_reward}),
+        ("environment_factory", {"environment_factory": AddingEnvironment, "reward_funcs": None}),
+        ("rollout_func", {"rollout_func": rollout_from_messages, "reward_funcs": length_reward}),
+    ],
+)
+def test_tools_environments_and_a_rollout_on_messages_are_refused_by_name_under_augmentation(
+    tiny_model_dir, tmp_path, monkeypatch, argument, extra
+):
+    # TRL runs them on a prompt's messages; augmentation hands TRL rendered text, on which TRL fails inside
+    # the first round. With augmentation off they train as TRL does.
+    import trl
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates/qwen2_5.jinja").read_text()
+    dataset = conversational_prompt_only()
+    kwargs = {"model": str(tiny_model_dir), "train_dataset": dataset, "processing_class": tokenizer, **extra}
+    with pytest.raises(ValueError, match=rf"PromptAugGRPOTrainer: {argument}.*prompt_augmentation=False"):
+        PromptAugGRPOTrainer(args=config(tmp_path / "on", max_steps=1), **kwargs)
+    values = {**config_values(tmp_path / "off"), "max_steps": 1}
+    off = PromptAugGRPOConfig(**values, prompt_augmentation=False)
+    trainer = PromptAugGRPOTrainer(args=off, **kwargs)
+    trainer.train()
+    assert trainer.state.global_step == 1
