@@ -232,6 +232,8 @@ def test_a_balanced_step_gets_trls_loss_and_gradients(step_results, loss_type):
         step_results(loss_type)[k] for k in ("balanced", "trl")
     )
     assert rows != want_rows  # not vacuous: rows moved between micro-batches
+    # Nor a loss that carries no gradient: both groupings' steps would match at zero.
+    assert want_loss != 0 and all(grad.norm() > 0 for grad in want_grads.values()), want_loss
     assert abs(loss - want_loss) <= 1e-6 * abs(want_loss), (loss, want_loss)
     assert grads.keys() == want_grads.keys() and grads
     for name, grad in want_grads.items():

@@ -136,6 +136,9 @@ def test_a_reward_needing_an_argument_no_column_gives_is_named_with_the_columns_
 def test_a_checked_reward_names_a_nan_a_wrong_length_and_a_non_number(func, expected):
     with pytest.raises(reward_checks.RewardFunctionError, match=re.escape(expected)):
         reward_checks.checked_reward(func, "f")(**_reward_kwargs())
+
+
+def test_a_checked_reward_hands_back_numbers_and_none_as_returned():
     ok = reward_checks.checked_reward(lambda completions, **kw: [None, 1, 0.5, True], "ok")
     assert ok(**_reward_kwargs()) == [None, 1, 0.5, True]  # None is TRL's "missing", not a fault
 
