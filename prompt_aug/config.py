@@ -537,8 +537,9 @@ def check_config(args: Any) -> None:
 
 def vllm_refusal(args: Any) -> str | None:
     """The line for what TRL's vLLM generation refuses only once the trainer is built, under TRL's own
-    conditions: VESPO's importance-sampling mode, and colocated vLLM groups that do not split the processes
-    (``world_size``). None when neither applies."""
+    conditions: VESPO's importance-sampling mode, colocated vLLM groups that do not split the processes
+    (``world_size``), and a server's base URL ending in ``/`` (TRL's client then waits forever on a path the
+    server does not serve). None when none applies."""
     if not args.use_vllm:
         return None
     mode = args.vllm_importance_sampling_mode
@@ -547,6 +548,13 @@ def vllm_refusal(args: Any) -> str | None:
         return (
             f"loss_type: vespo with use_vllm needs vllm_importance_sampling_mode token_truncate or "
             f"token_mask, got {mode}; set one of them, or vllm_importance_sampling_correction: false"
+        )
+    url = args.vllm_server_base_url
+    if args.vllm_mode == "server" and url and url.endswith("/"):  # TRL's client asks for `//health` forever
+        return (
+            f"vllm_server_base_url: {url} ends in '/', and TRL's client appends its paths to it "
+            f"({url}/health, which the server does not serve, so it waits forever); set it to "
+            f"{url.rstrip('/')}"
         )
     size, processes = args.vllm_tensor_parallel_size, args.world_size
     if args.vllm_mode == "colocate" and not (size >= 1 and processes % size == 0):

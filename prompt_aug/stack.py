@@ -303,7 +303,7 @@ def server_address(args: Any) -> tuple[str, str, str]:
 
     if args.vllm_server_base_url:
         parsed = urlparse(args.vllm_server_base_url)
-        base = f"{parsed.scheme or 'http'}://{parsed.netloc}{parsed.path}".rstrip("/")
+        base = f"{parsed.scheme or 'http'}://{parsed.netloc}{parsed.path}"
         return base, str(parsed.hostname), str(parsed.port or "")
     return (
         f"http://{args.vllm_server_host}:{args.vllm_server_port}",

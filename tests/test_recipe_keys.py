@@ -512,6 +512,14 @@ def test_a_value_training_would_refuse_only_once_started_is_refused_when_parsed(
             {"use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 3},
             "vllm_tensor_parallel_size: 3 must divide the 4 processes with vllm_mode colocate",
         ),
+        (  # TRL's client would ask for //health, which the server answers 404, and retry forever
+            {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://node1:8000/"},
+            (
+                "vllm_server_base_url: http://node1:8000/ ends in '/', and TRL's client appends its paths to "
+                "it (http://node1:8000//health, which the server does not serve, so it waits forever); set "
+                "it to http://node1:8000"
+            ),
+        ),
     ],
 )
 def test_keys_that_trl_refuses_together_once_the_model_has_loaded_are_refused_when_parsed(

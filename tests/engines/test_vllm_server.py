@@ -66,6 +66,25 @@ def _client(server):
         pytest.fail(f"vLLM server not up in {START_TIMEOUT} s:\n{server['log'].read_text()[-4000:]}")
 
 
+def test_a_base_url_ending_in_a_slash_is_refused_in_one_line(server, tmp_path):
+    """TRL's client asks for ``<base_url>/health`` as given and retries a 404 forever: a base URL ending in
+    ``/`` is refused when the recipe is parsed, before a run could hang on it."""
+    import requests
+
+    from prompt_aug import PromptAugGRPOConfig
+
+    _client(server)  # the server is up
+    assert requests.get(f"{server['url']}/health", timeout=10).status_code == 200
+    assert requests.get(f"{server['url']}//health", timeout=10).status_code == 404  # what TRL would ask
+    with pytest.raises(ValueError) as refused:
+        PromptAugGRPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", use_vllm=True,
+            vllm_mode="server", vllm_server_base_url=f"{server['url']}/",
+        )  # fmt: skip
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("vllm_server_base_url: ") and line.endswith(server["url"])
+
+
 def test_server_generates_for_our_prompts_through_trls_client(server, tiny_model_dir, tokenizer):
     from prompt_aug.collator import PromptAugmentationCollator
     from prompt_aug.evaluate import stop_token_ids
