@@ -162,6 +162,7 @@ class HFBackend:
 class VLLMBackend:
     """vLLM offline inference; a prompt's token budget is cut to fit ``max_model_len``.
 
+    ``dtype="auto"`` is the checkpoint's dtype, as for `HFBackend.load` (`checkpoint_dtype`).
     ``max_model_len=None`` lets vLLM take the model's own context (`run_evaluation` passes the model's
     context capped at what the run needs, see `vllm_max_model_len`). ``stop`` and ``tokenizer`` as in
     `HFBackend.load`; vLLM always stops at the EOS of the model's generation config too.
@@ -198,7 +199,7 @@ class VLLMBackend:
             max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
             seed=seed,
-            dtype=dtype,
+            dtype=checkpoint_dtype(model) if dtype == "auto" else dtype,
             enable_prefix_caching=True,
             enforce_eager=enforce_eager,
             **launch,
@@ -237,6 +238,19 @@ class VLLMBackend:
         ]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [[(o.text, o.finish_reason or "length") for o in out.outputs] for out in outputs]
+
+
+def checkpoint_dtype(model: str) -> str:
+    """The dtype ``auto`` means for ``model`` as `HFBackend.load` reads it: the one its config names
+    (``float32``, ``bfloat16``, ``float16``), else ``auto``. vLLM's own ``auto`` would run a float32
+    checkpoint (a model trained with float32 weights) in bfloat16, where the hf backend runs it in float32."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    named = getattr(config, "dtype", None) or getattr(text, "dtype", None)
+    name = str(named).removeprefix("torch.") if named is not None else "auto"
+    return name if name in ("float32", "bfloat16", "float16") else "auto"
 
 
 # Config keys that state a model's context length; vLLM derives its default from the same keys.

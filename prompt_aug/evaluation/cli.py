@@ -191,7 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dtype",
         choices=("bfloat16", "auto", "float16", "float32"),
         default="bfloat16",
-        help="Model dtype: bfloat16 (the paper), auto, float16, float32.",
+        help="Model dtype: bfloat16 (the paper), auto (the dtype the checkpoint's config names, on either "
+        "backend), float16, float32.",
     )
     parser.add_argument(
         "--tensor_parallel_size",

@@ -170,6 +170,30 @@ def test_vllm_results_have_the_hf_format(evals):
 
 
 @pytest.fixture(scope="module")
+def auto_dtype(evals):
+    """``--dtype auto`` on vLLM, on the eval model, whose checkpoint is float32."""
+    root = evals["root"]
+    cmd = [sys.executable, "-m", "prompt_aug.evaluate", "--model", str(evals["model"]), "--data_dir",
+           str(root / "suite"), *COMMON, *VLLM, "--dtype", "auto", "--output", str(root / "vllm_auto"),
+           "--no_progress"]  # fmt: skip
+    return run(cmd, root / "vllm_auto.log", timeout=600)
+
+
+def test_dtype_auto_runs_a_float32_checkpoint_in_float32_as_the_hf_backend_does(evals, auto_dtype):
+    import torch
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(evals["model"]).dtype == torch.float32  # what hf's auto loads it in
+    assert re.findall(r"LLM engine \(v[^)]*\) with config: .*?dtype=(torch\.\w+)", auto_dtype) == [
+        "torch.float32"
+    ]
+    # so it generates what the hf backend generates in float32 ("hf" ran with --dtype float32)
+    vllm, hf = _records(evals, "vllm_auto"), _records(evals, "hf")
+    assert [r["finish_reason"] for r in vllm] == [r["finish_reason"] for r in hf]
+    assert [r["completion"] for r in vllm] == [r["completion"].rstrip("\ufffd") for r in hf]
+
+
+@pytest.fixture(scope="module")
 def merged(evals):
     """A LoRA adapter on the eval model, evaluated unmerged by the hf backend and, merged with
     ``python -m prompt_aug.adapters merge``, by vLLM (which does not load an adapter folder)."""
