@@ -209,7 +209,8 @@ def check_recipe(
     named: Callable[[Any, Any], Any] | None = None,
 ) -> None:
     """What the parsed recipe needs beyond each key group's own checks (`ValueError`, one line naming the key;
-    `parse_recipe` says where it was set): a model to train, no ``sync_ref_model`` under ``use_peft``, what
+    `parse_recipe` says where it was set): a model to train, no ``sync_ref_model`` under ``use_peft``, a vLLM
+    context (``vllm_max_model_length``) that holds the longest prompt and completion, what
     ``named`` refuses among what the recipe names (given the script and training arguments; the entry point
     passes `prompt_aug.train.recipe_names`: reward functions, templates, the chat template file) and, outside
     a dry run (which checks a recipe on any machine), what ``machine`` finds missing here for the training
@@ -225,6 +226,14 @@ def check_recipe(
             "sync_ref_model: true with use_peft: true: under LoRA TRL's reference is the base model with the "
             "adapter off, so there is no reference model to sync; set sync_ref_model: false (and "
             "reset_optimizer_on_ref_sync: false), or train without use_peft"
+        )
+    limit, prompt = training_args.vllm_max_model_length, script_args.max_prompt_length
+    needed = (prompt or 0) + (training_args.max_completion_length or 0)
+    if training_args.use_vllm and limit and prompt and limit < needed:  # vLLM cuts or refuses mid-run
+        raise ValueError(
+            f"vllm_max_model_length: {limit} is less than max_prompt_length {prompt} + max_completion_length "
+            f"{training_args.max_completion_length}: vLLM would end completions early at its context, or "
+            f"refuse a long prompt in the middle of the run; raise it to {needed}, or lower the other two"
         )
     if named is not None:
         named(script_args, training_args)

@@ -883,3 +883,20 @@ def test_a_key_set_while_its_feature_is_off_warns_in_one_line_naming_it(key, tmp
     (line,) = _config_warnings(tmp_path, *OFF[key], f"--{key}", value)
     assert line.startswith(f"{key}: no effect, since ") and "\n" not in line, line
     assert _config_warnings(tmp_path, *OFF[key], f"--{key}", value, *turn_on) == []
+
+
+def test_a_vllm_context_shorter_than_prompt_and_completion_is_refused_when_parsed():
+    # vLLM ends a completion at its context (finish reason "length", short of max_completion_length) and
+    # refuses a prompt longer than it, in the middle of the run.
+    recipe = Path(__file__).resolve().parents[1] / "recipes/qwen2.5-math-1.5b/prompt_aug.yaml"
+    argv = ["--config", str(recipe), "--dry_run", "--num_processes", "8"]
+    with pytest.raises(UsageError) as err:
+        train.parse_args([*argv, "--max_completion_length", "3584"])
+    message = str(err.value)
+    assert "vllm_max_model_length: 4096 is less than max_prompt_length 1024 + max_completion_length 3584" in (
+        message
+    )
+    assert message.endswith("raise it to 4608, or lower the other two") and "\n" not in message
+    # The paper's own lengths fill the context exactly; without vLLM the key does nothing.
+    assert train.parse_args(argv)
+    assert train.parse_args([*argv, "--max_completion_length", "3584", "--use_vllm", "false"])
