@@ -22,6 +22,7 @@ import yaml
 from prompt_aug import train
 from prompt_aug.batches import batch_arithmetic
 from prompt_aug.cli import wants_dry_run
+from prompt_aug.records import optimizer_steps_per_round
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted(REPO.glob("recipes/**/*.yaml"))
@@ -73,6 +74,15 @@ def test_no_shipped_recipe_sets_a_key_that_does_nothing(recipe):
         warnings.simplefilter("always")
         _parse(recipe, processes)
     assert [str(w.message) for w in caught if "no effect" in str(w.message)] == []
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=_ids(RECIPES))
+def test_a_recipe_that_records_completions_logs_every_round(recipe):
+    # TRL keeps one round's completions for its next log line: a line every N rounds records 1 in N.
+    processes = int(_dry_run_lines(recipe)[0]["processes"]) if _dry_run_lines(recipe) else 1
+    args = _parse(recipe, processes).training_args
+    if args.log_completions:
+        assert args.logging_steps <= optimizer_steps_per_round(args), (args.logging_steps, recipe.name)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=_ids(RECIPES))
