@@ -12,7 +12,9 @@ like correctness, with a success rate fixed per question by the number at the en
 Without dynamic sampling about 9/16 of the groups are flat; with it the trained groups have spread (unless the
 cap is hit), at the price of extra generation passes. Runs are sequential, in one process, and report the wall
 time of `trainer.train()` per round and the process CPU time of the whole run (model load and save included)
-per round; on a shared machine the CPU time is the steadier of the two:
+per round; on a shared machine the CPU time is the steadier of the two. A first run of one round, with
+dynamic sampling on and not timed, warms the process up, so that its one-time costs (modules loaded on first
+use, first calls) fall on neither arm:
 
     python bench/dynamic_sampling.py                   # 8 rounds each way, max_passes 4
     python bench/dynamic_sampling.py --rounds 16 --max_passes 2
@@ -122,6 +124,8 @@ def main() -> None:
         )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        # Untimed: the first training in a process pays one-time costs, which would fall on the first arm.
+        run(args.config, 1, True, args.max_passes, Path(tmp) / "warm-up", args.recipe_rewards, args.signal)
         for dynamic in (False, True):
             rows.append(
                 (

@@ -7,6 +7,9 @@ bench times, for 1 and 2 torch threads, with the other core idle and with one bu
 * ``generate``: HF ``generate`` of a batch of completions (sampled, fixed length);
 * ``fwd+bwd``: one forward and backward pass over the same batch.
 
+Each is timed after an untimed one of its own (a short generation; a forward and backward pass of the same
+batch), so that neither includes the interpreter's first-call costs.
+
     python bench/threads.py                       # the learning demo's model (built in code)
     python bench/threads.py --model DIR           # any local model folder, e.g. the fetched SmolLM2
 
@@ -36,6 +39,7 @@ model.generation_config.eos_token_id = None  # fixed length: every row generates
 kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, pad_token_id=tok.pad_token_id or 0)
 model.generate(ids[:2, :8], **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
 t = time.perf_counter(); out = model.generate(ids, **kw); gen = time.perf_counter() - t
+model(out, labels=out).loss.backward(); model.zero_grad(set_to_none=True)  # warm-up: the first backward
 t = time.perf_counter(); model(out, labels=out).loss.backward(); fb = time.perf_counter() - t
 print(json.dumps({"threads": torch.get_num_threads(), "tokens_per_s": batch * new / gen, "fwd_bwd_s": fb}))
 """
