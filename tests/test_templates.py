@@ -66,6 +66,15 @@ def _write(tmp_path, body: str):
     return path
 
 
+def _chat_templated(tokenizer, chat_template: str):
+    """A fresh copy of the tiny model's tokenizer with ``chat_template`` as its chat template."""
+    from transformers import AutoTokenizer
+
+    copy = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    copy.chat_template = chat_template
+    return copy
+
+
 @pytest.mark.parametrize(
     "body, message",
     [
@@ -129,13 +138,13 @@ def test_a_folder_as_templates_file_is_named_a_folder(tmp_path):
 
 
 def test_a_template_the_tokenizer_cannot_render_is_named(tmp_path, tokenizer):
-    from transformers import AutoTokenizer
-
-    strict = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
-    strict.chat_template = (
-        "{% for m in messages %}{% if m['role'] == 'system' %}"
-        "{{ raise_exception('no system turns') }}{% endif %}"
-        "{{ m['content'] }}{% endfor %}"
+    strict = _chat_templated(
+        tokenizer,
+        (
+            "{% for m in messages %}{% if m['role'] == 'system' %}"
+            "{{ raise_exception('no system turns') }}{% endif %}"
+            "{{ m['content'] }}{% endfor %}"
+        ),
     )
     path = _write(
         tmp_path, "- {name: plain, user: '{question}'}\n- {name: chatty, system: hi, user: '{question}'}\n"
@@ -145,12 +154,12 @@ def test_a_template_the_tokenizer_cannot_render_is_named(tmp_path, tokenizer):
 
 
 def test_templates_are_checked_with_the_chat_template_kwargs_training_renders_with(tokenizer):
-    from transformers import AutoTokenizer
-
-    switched = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
-    switched.chat_template = (
-        "{% if enable_thinking is not defined %}{{ raise_exception('no enable_thinking') }}{% endif %}"
-        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    switched = _chat_templated(
+        tokenizer,
+        (
+            "{% if enable_thinking is not defined %}{{ raise_exception('no enable_thinking') }}{% endif %}"
+            "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        ),
     )
     bank = load_templates()
     check_renders(bank.values(), switched, {"enable_thinking": False})
@@ -238,13 +247,13 @@ def test_yaml_merge_keys_may_be_overridden_by_the_entrys_own_fields(tmp_path):
 def test_a_template_that_fails_to_render_says_how_to_get_past_it(tokenizer):
     # A chat template without system turns (Gemma's refuses them) cannot render most of the bank: the
     # refusal names the template and the keys that fix it.
-    from transformers import AutoTokenizer
-
-    gemma_like = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
-    gemma_like.chat_template = (
-        "{% for m in messages %}{% if m['role'] == 'system' %}"
-        "{{ raise_exception('System role not supported') }}{% endif %}"
-        "{{ m['content'] }}{% endfor %}"
+    gemma_like = _chat_templated(
+        tokenizer,
+        (
+            "{% for m in messages %}{% if m['role'] == 'system' %}"
+            "{{ raise_exception('System role not supported') }}{% endif %}"
+            "{{ m['content'] }}{% endfor %}"
+        ),
     )
     with pytest.raises(TemplateError) as err:
         check_renders(load_templates().values(), gemma_like)
@@ -253,8 +262,7 @@ def test_a_template_that_fails_to_render_says_how_to_get_past_it(tokenizer):
         "template 'abel' failed to render with the tokenizer: System role not supported"
     )
     assert "`chat_template`" in message and "`templates`" in message
-    forgetful = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
-    forgetful.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
+    forgetful = _chat_templated(tokenizer, "{% for m in messages %}{{ m['role'] }}{% endfor %}")
     with pytest.raises(TemplateError) as err:
         check_renders(load_templates().values(), forgetful)
     assert str(err.value).startswith("template 'abel': the rendered prompt lost the question")
@@ -264,12 +272,12 @@ def test_a_template_that_fails_to_render_says_how_to_get_past_it(tokenizer):
 def test_a_chat_template_that_opens_think_itself_gets_no_second_one(tokenizer):
     # DeepSeek-R1 distills' chat templates end the generation prompt with "<think>\n": a teacher template's
     # "<think>" prefill is then already there, and the model must not see it twice.
-    from transformers import AutoTokenizer
-
-    thinking = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
-    thinking.chat_template = (
-        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+    thinking = _chat_templated(
+        tokenizer,
+        (
+            "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+        ),
     )
     bank = load_templates()
     for name in ("open-r1-teacher", "deepseek-r1-teacher"):
@@ -278,6 +286,5 @@ def test_a_chat_template_that_opens_think_itself_gets_no_second_one(tokenizer):
     # Another prefill still follows the generation prompt.
     text = bank["reflective-teacher"].render("What is 1 + 1?", thinking)
     assert text.endswith("<|assistant|><think>\n<solution>\n"), text
-    plain = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
-    plain.chat_template = thinking.chat_template.replace("<think>\n", "")
+    plain = _chat_templated(tokenizer, thinking.chat_template.replace("<think>\n", ""))
     assert bank["deepseek-r1-teacher"].render("What is 1 + 1?", plain).endswith("<|assistant|><think>")
