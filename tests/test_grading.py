@@ -802,6 +802,10 @@ KINDS = {
         ("3.14159", "3.141\\,59", True),
         ("123", "1\\,2\\,3", False),  # groups of one digit: a list, as `1 2 3` is
         ("1020", "10\\,20", False),
+        ("3.14159265", "3.141\\,592\\,65", True),  # decimals in groups of three
+        ("0.0000015", "0.000\\,001\\,5", True),
+        ("1000000", "1{,}000\\,000", True),  # a thousands mark, then a thin space
+        ("1000000", "1,\\!000\\,000", True),
     ],
     "a unit after each element or after the bracket": [
         ("(3, 4)", "(3\\text{ cm}, 4\\text{ cm})", True),
@@ -824,6 +828,8 @@ KINDS = {
     ],
     "degree command": [
         ("45", "45\\degree", True),
+        ("90", "90^\\degree", True),
+        ("90", "90^{\\degree}", True),
         ("(30, 60)", "(30\\degree, 60\\degree)", True),
         ("100^\\circ C", "100\\degree F", False),
         ("45", "46\\degree", False),

@@ -146,17 +146,19 @@ _TEMPERATURE = re.compile(
 # How `normalize` writes the scale of an answer that ends in one: after the value, as `100^{\circ}\mathrm{C}`.
 # `normalize` drops every other degree sign, so no other normalised text ends so.
 TEMPERATURE_SUFFIXES = {"C": "^{\\circ}\\mathrm{C}", "F": "^{\\circ}\\mathrm{F}"}
-# `\degree` (gensymb's degree sign), written as `^{\circ}` is, so that every rule for that sign reads it.
-_DEGREE_COMMAND = re.compile(r"\\degree(?![A-Za-z])")
-# Thousands groups set apart by a space, `\ ` or a tie (`1 000 000`, `12\ 345`; `\,` and `\;` are dropped
-# before): a run of digit groups so separated, read by `_spaced_thousands`.
+# `\degree` (gensymb's degree sign), with a `^` before it or not (`90^\degree`, `90^{\degree}`), written
+# as `^{\circ}` is, so that every rule for that sign reads it.
+_DEGREE_COMMAND = re.compile(r"(?:\^\s*\{\s*\\degree\s*\}|\^\s*\\degree|\\degree)(?![A-Za-z])")
+# Thousands groups set apart by a space, `\ ` or a tie (`1 000 000`, `12\ 345`; `\,` and `\;` between
+# digits are read before, by `_thin_spaced`): a run of digit groups so separated, read by `_spaced_thousands`.
 _SPACED_DIGITS = re.compile(r"(?<!\d)\d+(?:(?:\s|\\ |~)\d+)+")
 _DIGIT_SPACE = re.compile(r"\s|\\ |~")
 _COMMA_DIGIT = re.compile(r",\d")  # after a run of groups: the run is part of a longer number or list
 # Thousands groups after commas (`1,000`, `2,050,300`), read by `_zero_led_thousands`.
 _COMMA_GROUPS = re.compile(r"(?<![\d.,])[1-9]\d{0,2}(?:,\d{3})+(?!\d|,\d)")
-# Digits set apart by thin or medium spaces (`1\,000\,000`, `12\;345`, `1\,2\,3`), read by `_thin_spaced`.
-_THIN_SPACED_DIGITS = re.compile(r"(?<![\d.])\d+(?:\\[,;]\s*\d+)+")
+# A number whose digits may be set apart by thin or medium spaces (`1\,000\,000`, `12\;345`, `1\,2\,3`,
+# `3.141\,592\,65`): its whole part, then its decimals; read by `_thin_spaced`.
+_THIN_SPACED_DIGITS = re.compile(r"(?<![\d.])(\d+(?:\\[,;]\s*\d+)*)(\.\d+(?:\\[,;]\s*\d+)*)?")
 _THIN_SPACE = re.compile(r"\\[,;]\s*")
 # `29,\!322`, `12,\! 345` and `1{,}000` are thousands marks.
 _THOUSANDS_MARK = re.compile(r"(\d)(?:,\\!|\{,\})\s*(?=\d{3}(?!\d))")
@@ -297,22 +299,23 @@ def _spaced_thousands(text: str) -> str:
 
 
 def _thin_spaced(text: str) -> str:
-    """``text`` with each run of digits set apart by ``\\,`` or ``\\;`` read as `_spaced_thousands` reads a
-    run set apart by spaces: thousands groups (a first group of one to three digits, led by no zero, then
-    groups of exactly three) are one number; any other run is a list, its thin spaces plain spaces. A
-    run after a point (``3.141\\,59``) is a number's decimals, and stays for the thin spaces to go.
+    """``text`` with each number's digits set apart by ``\\,`` or ``\\;`` read as `_spaced_thousands` reads
+    digits set apart by spaces: a whole part in thousands groups (a first group led by no zero, then groups
+    of exactly three; the first may be longer where a thousands mark was read before, ``1{,}000\\,000``) is
+    one number, and any other is a list, its thin spaces plain spaces; the decimals after a point
+    (``3.141\\,592\\,65``) are one run of digits.
 
     >>> _thin_spaced("1\\,000\\,000"), _thin_spaced("12\\; 345.5"), _thin_spaced("1\\,2\\,3")
     ('1000000', '12345.5', '1 2 3')
-    >>> _thin_spaced("3.141\\,59"), _thin_spaced("x\\,dx")
-    ('3.141\\\\,59', 'x\\\\,dx')
+    >>> _thin_spaced("3.141\\,592\\,65"), _thin_spaced("1000\\,000"), _thin_spaced("x\\,dx")
+    ('3.14159265', '1000000', 'x\\\\,dx')
     """
 
-    def read(run: re.Match[str]) -> str:
-        groups = _THIN_SPACE.split(run.group())
-        if groups[0][0] != "0" and len(groups[0]) <= 3 and all(len(group) == 3 for group in groups[1:]):
-            return "".join(groups)
-        return " ".join(groups)
+    def read(number: re.Match[str]) -> str:
+        groups = _THIN_SPACE.split(number.group(1))
+        thousands = len(groups) == 1 or (groups[0][0] != "0" and all(len(group) == 3 for group in groups[1:]))
+        whole = "".join(groups) if thousands else " ".join(groups)
+        return whole + _THIN_SPACE.sub("", number.group(2) or "")
 
     return _THIN_SPACED_DIGITS.sub(read, text)
 
