@@ -122,17 +122,25 @@ class Template:
         """
         if problem := renderer_keys_refusal(chat_template_kwargs):
             raise TemplateError(problem)
+        messages = self.messages(question)
         text = tokenizer.apply_chat_template(
-            self.messages(question), tokenize=False, add_generation_prompt=True, **chat_template_kwargs
+            messages, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
         )
+        prefill = self.prefill
+        if prefill.strip() and text.rstrip().endswith(prefill.strip()):
+            # Already there only where the generation prompt (what the chat template adds after the
+            # conversation) ends with it, not where the question happens to end so.
+            conversation = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=False, **chat_template_kwargs
+            )
+            if text.startswith(conversation) and text[len(conversation) :].rstrip().endswith(prefill.strip()):
+                prefill = ""
         # Tokenizers that add a BOS token on their own (Llama, Gemma) would otherwise get it twice,
         # once from the chat template and once when TRL tokenizes this text.
         bos = getattr(tokenizer, "bos_token", None)
         if bos and text.startswith(bos) and tokenizer("").input_ids[:1] == [tokenizer.bos_token_id]:
             text = text[len(bos) :]
-        if self.prefill.strip() and text.rstrip().endswith(self.prefill.strip()):
-            return text
-        return text + self.prefill
+        return text + prefill
 
 
 def renderer_keys_refusal(chat_template_kwargs: Any, name: str | None = "chat_template_kwargs") -> str | None:

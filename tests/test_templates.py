@@ -288,3 +288,7 @@ def test_a_chat_template_that_opens_think_itself_gets_no_second_one(tokenizer):
     assert text.endswith("<|assistant|><think>\n<solution>\n"), text
     plain = _chat_templated(tokenizer, thinking.chat_template.replace("<think>\n", ""))
     assert bank["deepseek-r1-teacher"].render("What is 1 + 1?", plain).endswith("<|assistant|><think>")
+    # A question that ends with the prefill keeps it: the chat template's generation prompt did not add it.
+    bare = _chat_templated(tokenizer, "{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    asked = "Solve 2x = 4. Let's think step by step."
+    assert bank["abel"].render(asked, bare).endswith(f"{asked}\n{bank['abel'].prefill}")
