@@ -21,6 +21,7 @@ module, does without.)
 
 from __future__ import annotations
 
+import ast
 import collections
 import difflib
 import functools
@@ -532,17 +533,38 @@ def json_field(value: Any, key: str) -> Any:
 
 
 def json_mapping(value: Any) -> dict | None:
-    """``value`` as a mapping: itself, or the object its JSON text holds; None for anything else.
+    """``value`` as a mapping: itself, or the object its text holds (`stored_value`); None for anything else.
 
-    >>> json_mapping('{"a": 1}'), json_mapping({"b": 2}), json_mapping("[1]"), json_mapping(None)
-    ({'a': 1}, {'b': 2}, None, None)
+    >>> json_mapping('{"a": 1}'), json_mapping("{'a': 1}"), json_mapping({"b": 2}), json_mapping("[1]")
+    ({'a': 1}, {'a': 1}, {'b': 2}, None)
     """
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
+        value = stored_value(value)
     return value if isinstance(value, dict) else None
+
+
+# Between the mappings of a list that numpy writes as text (pandas' and datasets' CSV of a list column): a
+# newline, which a Python or JSON string inside them writes as an escape.
+_NUMPY_ITEMS = re.compile(r"\}\n\s*\{")
+
+
+def stored_value(text: str) -> Any:
+    """The value a cell's text stores: JSON, or the Python text pandas and datasets write into a CSV file
+    for a column of mappings or of lists of them; None where it is neither.
+
+    >>> stored_value('[{"role": "user"}]'), stored_value("{'ground_truth': '3'}")
+    ([{'role': 'user'}], {'ground_truth': '3'})
+    >>> stored_value("[{'role': 'system'}\\n {'role': 'user'}]"), stored_value("[1, 2] + [3]?")
+    ([{'role': 'system'}, {'role': 'user'}], None)
+    """
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(_NUMPY_ITEMS.sub("}, {", text))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
 
 
 def content_text(content: Any) -> str:
@@ -654,9 +676,9 @@ def as_stored(values: list[Any], feature: Any) -> list[Any]:
 
 
 def question_text(value: Any) -> str:
-    """A question cell as text: a conversation's last user turn (the conversation stored as it is or as JSON
-    text, as a CSV file keeps it); empty for a missing value (None, NaN), so the row is dropped as an empty
-    question rather than asked as "None".
+    """A question cell as text: a conversation's last user turn (the conversation stored as it is or as text,
+    JSON or as pandas writes it into a CSV file, `stored_value`); empty for a missing value (None, NaN), so
+    the row is dropped as an empty question rather than asked as "None".
 
     >>> question_text([{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 1 + 2? "}])
     '1 + 2?'
@@ -668,10 +690,7 @@ def question_text(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            parsed = None
+        parsed = stored_value(value)
         if parsed and is_conversation(parsed):
             value = parsed
     if is_conversation(value):

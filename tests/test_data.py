@@ -7,6 +7,7 @@ import re
 import time
 from pathlib import Path
 
+import datasets
 import pandas as pd
 import pytest
 
@@ -1364,3 +1365,14 @@ def test_a_conversation_stored_as_json_text_gives_its_user_turn(tmp_path):
     # A question that merely starts with a bracket is asked as written.
     (tmp_path / "q.jsonl").write_text(json.dumps({"question": "[1, 2] + [3] = ?", "answer": "3"}) + "\n")
     assert load_math_dataset(str(tmp_path / "q.jsonl"))[0]["question"] == ["[1, 2] + [3] = ?"]
+
+
+def test_verl_data_written_to_csv_by_pandas_reads_its_questions_and_golds(tmp_path):
+    # pandas and datasets write a list column of mappings as numpy's Python text, one mapping a line, and a
+    # mapping column as Python text (single quotes): the rows read as the parquet's do.
+    turns = [{"content": SYSTEM, "role": "system"}, {"content": "What is 1+1? ", "role": "user"}]
+    rows = {"prompt": [turns], "reward_model": [{"ground_truth": "2", "style": "rule"}]}
+    datasets.Dataset.from_dict(rows).to_csv(str(tmp_path / "verl.csv"))
+    assert "}\n {" in (tmp_path / "verl.csv").read_text()  # numpy's layout, as the test means
+    read, _ = load_math_dataset(str(tmp_path / "verl.csv"))
+    assert read["question"] == ["What is 1+1?"] and read["answer"] == ["2"]
