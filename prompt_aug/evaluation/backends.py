@@ -242,8 +242,9 @@ class VLLMBackend:
 
 def checkpoint_dtype(model: str) -> str:
     """The dtype ``auto`` means for ``model`` as `HFBackend.load` reads it: the one its config names
-    (``float32``, ``bfloat16``, ``float16``), else ``auto``. vLLM's own ``auto`` would run a float32
-    checkpoint (a model trained with float32 weights) in bfloat16, where the hf backend runs it in float32."""
+    (``float32``, ``bfloat16``, ``float16``); vLLM's own ``auto`` would run a float32 checkpoint (a model
+    trained with float32 weights) in bfloat16, where the hf backend runs it in float32. Where the config
+    names none, ``auto``: vLLM's choice, which may differ from transformers' (the weights' own dtype)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model)
