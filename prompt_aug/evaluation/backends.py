@@ -240,15 +240,20 @@ class VLLMBackend:
         return [[(o.text, o.finish_reason or "length") for o in out.outputs] for out in outputs]
 
 
+def model_configs(model: str) -> tuple[Any, Any]:
+    """``model``'s config and its text model's (the same object for a text-only model)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    return config, config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def checkpoint_dtype(model: str) -> str:
     """The dtype ``auto`` means for ``model`` as `HFBackend.load` reads it: the one its config names
     (``float32``, ``bfloat16``, ``float16``); vLLM's own ``auto`` would run a float32 checkpoint (a model
     trained with float32 weights) in bfloat16, where the hf backend runs it in float32. Where the config
     names none, ``auto``: vLLM's choice, which may differ from transformers' (the weights' own dtype)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config, text = model_configs(model)
     named = getattr(config, "dtype", None) or getattr(text, "dtype", None)
     name = str(named).removeprefix("torch.") if named is not None else "auto"
     return name if name in ("float32", "bfloat16", "float16") else "auto"
@@ -260,11 +265,8 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 
 def model_context_length(model: str) -> int | None:
     """The context length in the model's config (the smallest of `CONTEXT_KEYS` it sets), or ``None``."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    values = [getattr(config, key, None) for key in CONTEXT_KEYS]
+    _, text = model_configs(model)
+    values = [getattr(text, key, None) for key in CONTEXT_KEYS]
     values = [v for v in values if isinstance(v, int) and v > 0]
     return min(values) if values else None
 
