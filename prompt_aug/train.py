@@ -360,16 +360,16 @@ def run(
         except ValueError as err:  # each message names the key and what there is
             raise UsageError(str(err)) from None
     reward_funcs, names, templates, weights, eval_template = named
+    given = list(argv) if argv is not None else sys.argv[1:]  # the command line
     if script_args.dry_run:  # arithmetic only, for the recipe's num_processes
         print(batch_arithmetic(args, script_args, held_out=demo_args.heldout_questions).table())
-        given = list(argv) if argv is not None else sys.argv[1:]
         # A CPU recipe runs one process; a GPU recipe's count comes from its launch.
         if dry_run_processes(given) is None and not is_true(setting(given, "use_cpu")):
             print(f"(one process: {ONE_PROCESS_HINT})")
         return 0
     state = PartialState()
     logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
-    overridden = command_line_keys(list(argv) if argv is not None else sys.argv[1:])
+    overridden = command_line_keys(given)
     if overridden:  # what this run changes of the recipe it names (main process only, as above)
         logger.info("keys set on the command line, over the recipe's: %s", ", ".join(overridden))
     if args.hub_token:  # the Trainer pickles its arguments into each checkpoint (training_args.bin), which a
