@@ -51,7 +51,7 @@ from .sources import (  # the catalog of fetched models lives there, below the a
     marker_text,
     resolve_local_model,
 )
-from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text
+from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text, empty_tokenizer_problem
 
 logger = logging.getLogger("prompt_aug")
 
@@ -514,6 +514,8 @@ def load_tokenizer(model_path: str, model_args: Any, args: Any, chat_template: s
             f"model_name_or_path {model_path}: not in the Hugging Face cache (HF_HUB_OFFLINE=1); run once "
             "online or give a local path"
         ) from None
+    if problem := empty_tokenizer_problem(tokenizer):
+        raise ModelArgsError(f"model_name_or_path {model_path}: {problem}")
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

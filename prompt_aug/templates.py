@@ -158,6 +158,18 @@ def renderer_keys_refusal(chat_template_kwargs: Any, name: str | None = "chat_te
     return f"{name + ': ' if name else ''}{taken[0]!r} is set by the prompt rendering itself; leave it out"
 
 
+def empty_tokenizer_problem(tokenizer: Any) -> str | None:
+    """Why ``tokenizer`` cannot read prompts, or ``None``. A model folder saved without its tokenizer files
+    (``model.save_pretrained`` alone) loads in transformers as a tokenizer of an empty vocabulary that
+    turns every text into no tokens at all; training and evaluation would run on empty prompts."""
+    if tokenizer("1 + 1 = 2", add_special_tokens=False)["input_ids"]:
+        return None
+    return (
+        "its tokenizer turns text into no tokens (no tokenizer files beside the weights?); save the "
+        "tokenizer into that folder (tokenizer.save_pretrained) or point at a folder that has one"
+    )
+
+
 def chat_template_text(value: str) -> str:
     """The Jinja text of a ``chat_template`` recipe value: a name of `NAMED_CHAT_TEMPLATES` (``chatml``), the
     path of a file, or the template itself.

@@ -1170,6 +1170,27 @@ def test_a_model_without_a_chat_template_is_one_line_and_chat_template_gives_it_
     assert read_records(tmp_path / "file" / "completions.jsonl")[0]["prompt"] == record["prompt"]
 
 
+def test_a_model_folder_saved_without_its_tokenizer_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    """A folder of weights without tokenizer files loads in transformers as an empty tokenizer (every prompt
+    no tokens): the evaluation stops before writing anything, naming the folder, not its chat template."""
+    model = tmp_path / "weights-only"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, model / name)
+    questions = tmp_path / "sums.jsonl"
+    questions.write_text(json.dumps({"question": "What is $1 + 1$?", "answer": "2"}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(model), "--benchmarks", str(questions), "--backend", "hf", "--max_tokens", "2",
+              "--output", str(tmp_path / "out"), "--no_progress", "--chat_template", "chatml"])  # fmt: skip
+    assert exit_info.value.code == (
+        f"prompt-aug-eval: error: --model {model}: its tokenizer turns text into no tokens (no tokenizer "
+        "files beside the weights?); save the tokenizer into that folder (tokenizer.save_pretrained) or "
+        "point at a folder that has one"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [

@@ -74,6 +74,33 @@ def test_the_training_command_stops_with_that_line(base_model_dir, tmp_path):
     )
 
 
+def test_a_model_folder_saved_without_its_tokenizer_stops_the_training_command(tiny_model_dir, tmp_path):
+    """``model.save_pretrained`` alone leaves no tokenizer files; transformers then loads a tokenizer of an
+    empty vocabulary that reads every prompt as no tokens. The command stops in one line naming the folder."""
+    folder = tmp_path / "weights-only"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, folder / name)
+    with pytest.raises(SystemExit) as err:
+        train.main(
+            [
+                "--config",
+                str(SMOKE),
+                "--model_name_or_path",
+                str(folder),
+                "--output_dir",
+                str(tmp_path / "run"),
+            ]
+        )
+    assert str(err.value) == (
+        f"prompt-aug-train: error: model_name_or_path {folder}: its tokenizer turns text into no tokens (no "
+        "tokenizer files beside the weights?); save the tokenizer into that folder "
+        "(tokenizer.save_pretrained) or point at a folder that has one"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_offline_a_model_not_in_the_cache_stops_in_one_line(tmp_path):
     with pytest.raises(SourceError) as err:  # offline: conftest sets HF_HUB_OFFLINE
         models.load_tokenizer("nobody-here/no-such-model", ModelConfig(), _args(tmp_path))

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 # Not from ..config: that imports TRL, and importing TRL sets VLLM_LOGGING_LEVEL=ERROR, which silenced
 # vLLM's own log (its engine and config lines) in `prompt-aug-eval`.
-from ..templates import STOP_TOKENS, chat_template_text
+from ..templates import STOP_TOKENS, chat_template_text, empty_tokenizer_problem
 from .benchmarks import EvalError
 
 # When a completion ends (`--stop`): `turn` (ours, the default) at the end-of-turn token as well as the
@@ -297,9 +297,12 @@ def load_tokenizer(model: str, chat_template: str | None = None) -> Any:
 
     from ..adapters import adapter_base, has_tokenizer, is_adapter
 
+    given = model
     if is_adapter(model) and not has_tokenizer(model):
         model = adapter_base(model) or model
     tokenizer = AutoTokenizer.from_pretrained(model)
+    if problem := empty_tokenizer_problem(tokenizer):
+        raise EvalError(f"--model {given}{f' (its base model {model})' if model != given else ''}: {problem}")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if chat_template:
