@@ -63,6 +63,12 @@ OWN_README = "_README.md"
 # The last line of a card training writes: the digest of everything above it, so that a card edited by hand
 # since (`edited_card`) is told from one training may write over, and kept.
 _SEAL = re.compile(r"^<!-- prompt-aug card sha256:([0-9a-f]{64}) -->$\n?", re.MULTILINE)
+# A Hugging Face access token (``hf_`` and letters and digits): the card's recipe shows any as ``hf_***``,
+# wherever it stands (``model_init_kwargs: {token: hf_...}``, a comment), beside `cli.hide_tokens`, which
+# hides the values of keys ending in ``_token`` only.
+_HF_TOKEN = re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{20,}(?![A-Za-z0-9])")
+# A heading of the renderer's own: a card with our sections in it (`readme_owner`).
+_OURS = "## Template bank"
 
 
 def weights_fingerprint(folder: str | Path) -> str | None:
@@ -273,11 +279,20 @@ def render_model_card(
         "## Recipe",
         "",
         "```yaml",
-        info.recipe.strip(),
+        without_hub_tokens(info.recipe).strip(),
         "```",
         "",
     ]
     return "\n".join(lines)
+
+
+def without_hub_tokens(text: str) -> str:
+    """``text`` with each Hugging Face access token in it shown as ``hf_***``.
+
+    >>> without_hub_tokens("model_init_kwargs: {token: hf_" + "a1" * 17 + "}  # hf_x")
+    'model_init_kwargs: {token: hf_***}  # hf_x'
+    """
+    return _HF_TOKEN.sub("hf_***", text)
 
 
 def _round_lines(arithmetic: Any, log_history: list[dict[str, Any]]) -> list[str]:
@@ -509,8 +524,10 @@ def with_evaluation(card: str, output_dir: str | Path, add: bool = True) -> str:
     section = _evaluation_section(output_dir) + [""]
     if "## Evaluation" in lines:
         start = lines.index("## Evaluation")
-        # The section the renderer writes next ends it (an eval table may carry headings of its own).
-        end = lines.index("## Template bank") if "## Template bank" in lines[start:] else len(lines)
+        # The next section ends it: the renderer's ``## Template bank``, or one the user added after it (a
+        # card of TRL's alone has its section at the end); the tables carry no level-2 heading of their own
+        # (`_evaluation_section`: the robustness table's is ``###``).
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     elif add:  # a card of TRL's alone (a trainer given no model_card): the section goes at its end
         start = end = len(lines)
         section = ["", *section]
@@ -632,6 +649,8 @@ def refresh_evaluation(output_dir: str | Path) -> Path:
     """
     output_dir = Path(output_dir)
     card_path = output_dir / "README.md"
+    if not output_dir.is_dir():
+        raise FileNotFoundError(f"no folder {output_dir}: give the output folder of a training run")
     if not card_path.is_file():
         raise FileNotFoundError(
             f"no model card {card_path}: training writes it into its output folder at the end (a checkpoint "
@@ -725,7 +744,12 @@ def readme_owner(path: Path) -> str | None:
         return None
     if not is_model_card(text):
         return "is not a model card (the user's own?)"
-    return "is a model card edited by hand since training wrote it" if edited_card(text) else None
+    if edited_card(text):
+        return "is a model card edited by hand since training wrote it"
+    if _last_seal(text) is None and _OURS in text.split("\n"):
+        # Training seals every card it writes; ours without its digest line had it taken out by hand.
+        return "is a model card edited by hand since training wrote it (its digest line is gone)"
+    return None
 
 
 def keep_own_readme(output_dir: str | Path) -> Path | None:
@@ -757,12 +781,23 @@ class ModelCardMixin:
     model_card_info: ModelCardInfo | None = None
 
     # Why: a PEFT model's save writes PEFT's card into the folder, over a README.md there, before ours is
-    # written: a user's own README in the output folder is moved aside first.
+    # written: a user's own README in the output folder is moved aside first. A card training wrote there (at
+    # a checkpoint) is put back as it was after the save: PEFT rewrites its front matter (a local base path
+    # as ``base_model``, its own tags) and its last line, so that the card would no longer match its digest
+    # and be taken for one edited by hand (moved to _README.md, with a false warning, at every LoRA run's
+    # end). Ours already carries PEFT's metadata (`with_adapter_metadata`).
     def save_model(self, output_dir: str | None = None, *args: Any, **kwargs: Any) -> None:
         folder = output_dir if output_dir is not None else self.args.output_dir
+        card_path, card = Path(folder) / "README.md", None
         if self.is_world_process_zero() and Path(folder).resolve() == Path(self.args.output_dir).resolve():
             keep_own_readme(folder)
+            try:
+                card = card_path.read_bytes() if card_path.is_file() else None
+            except OSError:  # unreadable: the card's own write later says why
+                card = None
         super().save_model(output_dir, *args, **kwargs)
+        if card is not None and card_path.is_file() and card_path.read_bytes() != card:
+            card_path.write_bytes(card)
 
     # Why: TRL writes its card (base model, W&B link, framework versions, citations) at every checkpoint and
     # inside `push_to_hub`; ours adds the recipe, the template bank, the metrics and the evaluation table.

@@ -641,6 +641,98 @@ def test_refresh_adds_the_section_to_trls_card_and_a_folder_without_a_card_is_on
     assert (tmp_path / "README.md").read_text() == broken
 
 
+def test_refresh_keeps_the_sections_the_user_added_after_the_evaluation(tmp_path):
+    """A section of the user's own after ``## Evaluation`` (before the template bank, or after the section
+    a card of TRL's alone got at its end) is kept when the evaluation is refreshed; only the tables change."""
+    from prompt_aug import model_card
+
+    limits = "## Limitations\n\nNot for use outside competition math.\n"
+    front = "---\nlibrary_name: transformers\n---\n\n"
+    ours = front + render_model_card(_card_info(), tmp_path, 4, [{"reward": 0.25, "step": 4}])
+    trl_card = front + "# Model Card for run\n\n## Quick start\n"
+    old = "| Model | MATH500 |\n|---|---:|\n| run | 50.0 |"
+    new = "| Model | MATH500 |\n|---|---:|\n| run | 61.0 |"
+    for card in (ours.replace("## Template bank", limits + "\n## Template bank"), trl_card):
+        (tmp_path / "README.md").write_text(card)
+        _evaluated(tmp_path, EVAL_TABLE_PATH, old)
+        model_card.main([str(tmp_path)])
+        refreshed = (tmp_path / "README.md").read_text()
+        if card == trl_card:  # the section now ends it, and the user adds theirs after
+            (tmp_path / "README.md").write_text(refreshed + "\n" + limits)
+        else:
+            assert limits in refreshed and old in refreshed
+        _evaluated(tmp_path, EVAL_TABLE_PATH, new)
+        model_card.main([str(tmp_path)])
+        refreshed = (tmp_path / "README.md").read_text()
+        assert limits in refreshed and new in refreshed and old not in refreshed
+        assert refreshed.index("## Evaluation") < refreshed.index(new) < refreshed.index("## Limitations")
+        assert "## Template bank" in refreshed or card == trl_card
+
+
+def test_refresh_of_a_folder_that_is_not_there_says_so(tmp_path, capsys):
+    from prompt_aug import model_card
+
+    with pytest.raises(SystemExit) as exit_info:
+        model_card.main([str(tmp_path / "outptus")])  # a typo
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1
+    assert f"error: no folder {tmp_path / 'outptus'}: give the output folder of a training run" in err
+
+
+def test_a_card_whose_digest_line_was_taken_out_by_hand_is_kept_not_overwritten(tmp_path):
+    """The digest line is an HTML comment the Hub does not show: a user editing the card may delete it. Such a
+    card (ours: its template bank is there) is kept aside before a card is written there, as an edited one
+    is; a card as training wrote it, and one of TRL's alone, are not."""
+    from prompt_aug.model_card import keep_own_readme, readme_owner, sealed
+
+    card = "---\ntags:\n- generated_from_trainer\n---\n\n" + render_model_card(_card_info(), tmp_path, 4, [])
+    readme = tmp_path / "README.md"
+    readme.write_text(sealed(card))
+    assert readme_owner(readme) is None and keep_own_readme(tmp_path) is None
+    edited = sealed(card).splitlines(keepends=True)[:-1]  # its digest line deleted
+    edited = "".join(edited).replace("- Optimizer steps: 4\n", "- Optimizer steps: 4 (then a sweep)\n")
+    readme.write_text(edited)
+    assert readme_owner(readme) == (
+        "is a model card edited by hand since training wrote it (its digest line is gone)"
+    )
+    assert keep_own_readme(tmp_path) == tmp_path / "_README.md"
+    assert (tmp_path / "_README.md").read_text() == edited and not readme.exists()
+    readme.write_text("---\ntags:\n- generated_from_trainer\n---\n\n# Model Card for run\n")  # TRL's alone
+    assert readme_owner(readme) is None
+
+
+def test_the_cards_recipe_shows_no_hub_token_given_under_another_key(tmp_path):
+    """A Hub token reaches the model loader as ``model_init_kwargs: {token: ...}`` too (a gated base model),
+    a key that does not end in ``_token``: the card, which is published, shows it as ``hf_***``."""
+    token = "hf_" + "Ab3" * 11 + "x"
+    info = _card_info()
+    info.recipe = (
+        f"model_init_kwargs: {{token: {token}}}\nseed: 1\n"
+        f'# command-line overrides: --model_init_kwargs {{"token": "{token}"}}\n'
+    )
+    card = render_model_card(info, tmp_path, 1, [])
+    assert token not in card and "hf_Ab3" not in card
+    assert "model_init_kwargs: {token: hf_***}\nseed: 1\n" in card
+    assert '--model_init_kwargs {"token": "hf_***"}' in card
+
+
+def test_a_lora_runs_card_written_at_a_checkpoint_is_not_taken_for_one_edited_by_hand(tmp_path, caplog):
+    """A LoRA run writes its card at each checkpoint; its final save is PEFT's, which rewrites a README.md
+    there (its own front matter). The card must then be replaced as training wrote it, not moved to
+    _README.md as if edited by hand."""
+    out = tmp_path / "lora"
+    with caplog.at_level("WARNING", logger="prompt_aug"):
+        train.main(
+            ["--config", str(SMOKE), "--output_dir", str(out), "--max_steps", "2", "--use_peft", "true"]
+        )
+    assert (out / "checkpoint-2").is_dir()  # the card was written there before the final save
+    assert "edited by hand" not in caplog.text
+    assert sorted(p.name for p in out.glob("*README*")) == ["README.md"]
+    front = (out / "README.md").read_text().split("---")[1]
+    assert "library_name: peft" in front and "- lora" in front and "- generated_from_trainer" in front
+    assert "base_model" not in front  # the base is a model built in code: no Hub id
+
+
 # ---------------------------------------------------------------------------------------------
 # W&B, offline
 
