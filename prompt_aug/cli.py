@@ -46,7 +46,7 @@ from .faults import (
     last_complete_checkpoint,
 )
 from .logging_utils import check_log_file
-from .model_card import readme_owner
+from .model_card import readme_owner, without_hub_tokens
 from .records import LogFileError
 from .reward_checks import RewardFunctionError
 from .sources import (
@@ -796,8 +796,9 @@ _TOKEN_VALUES = (
 
 
 def hide_tokens(text: str) -> str:
-    r"""``text`` (a recipe, a command line) with the value of each key ending in ``_token`` shown as ``***``:
-    the model card and the resume hint are shown and published, a Hub token must not be.
+    r"""``text`` (a recipe, a command line) with the value of each key ending in ``_token`` shown as ``***``,
+    and any other Hugging Face token as ``hf_***``: the model card and the resume hint are shown and
+    published, a Hub token must not be.
 
     >>> hide_tokens("hub_token: hf_abc  # mine\nseed: 1")
     'hub_token: ***  # mine\nseed: 1'
@@ -805,6 +806,8 @@ def hide_tokens(text: str) -> str:
     '--hub-token *** --seed 1 --hub_token=***'
     >>> hide_tokens("hub_token: >-\n  hf_abcdef\nseed: 1")  # a value the patterns miss, as YAML reads it
     'hub_token: ***\n  ***\nseed: 1'
+    >>> hide_tokens('--model_init_kwargs {"token": "hf_' + "Ab3" * 11 + 'x"}')  # a key of another name
+    '--model_init_kwargs {"token": "hf_***"}'
     """
     try:  # a recipe: every value its YAML gives a token key, however it is written (a block, a tag)
         found = _token_values(yaml.safe_load(text))
@@ -814,7 +817,7 @@ def hide_tokens(text: str) -> str:
         text = pattern.sub(r"\1***", text)
     for value in sorted(found, key=len, reverse=True):
         text = text.replace(value, "***")
-    return text
+    return without_hub_tokens(text)  # a token under another key (``model_init_kwargs: {token: ...}``)
 
 
 def _token_values(node: Any) -> set[str]:

@@ -375,6 +375,15 @@ def run(
     if args.hub_token:  # the Trainer pickles its arguments into each checkpoint (training_args.bin), which a
         # push uploads: the Hub clients read the token from the environment instead
         os.environ["HF_TOKEN"], args.hub_token = args.hub_token, None
+    init_kwargs = args.model_init_kwargs if isinstance(args.model_init_kwargs, dict) else {}
+    if isinstance(init_kwargs.get("token"), str):  # a gated model's token: pickled alike, read alike
+        token = init_kwargs.pop("token")
+        if os.environ.get("HF_TOKEN") not in (None, "", token):
+            raise UsageError(
+                "model_init_kwargs: its token is not the one in HF_TOKEN (or hub_token), and every "
+                "checkpoint's training_args.bin would carry it; give the one token through HF_TOKEN"
+            )
+        os.environ["HF_TOKEN"] = token
     if args.push_to_hub:  # the main process pushes, with its token: it decides for all, each then stops alike
         (no_token,) = broadcast_object_list([hub_token_problem() if state.is_main_process else None])
         if no_token:

@@ -29,7 +29,10 @@ def smoke_run(tmp_path_factory):
             patch.setenv("HF_TOKEN", "")
             patch.delenv("HF_TOKEN")
             patch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)  # as `python -m prompt_aug.train` runs
-            train.main(["--config", SMOKE, "--output_dir", str(out), "--hub_token", HUB_TOKEN])
+            train.main([
+                "--config", SMOKE, "--output_dir", str(out), "--hub_token", HUB_TOKEN,
+                "--model_init_kwargs", json.dumps({"token": HUB_TOKEN}),  # a gated model's, given alike
+            ])  # fmt: skip
     finally:
         logging.getLogger("prompt_aug").removeHandler(log)
         log.close()
@@ -41,10 +44,26 @@ HUB_TOKEN = "hf_NeverPublishedSmokeToken"
 
 def test_a_hub_token_is_in_no_file_the_run_writes(smoke_run):
     """Checkpoints, the model folder and the card are what a push uploads: the token given on the command
-    line is in none of them (the Trainer would pickle it into training_args.bin)."""
+    line, as ``hub_token`` and in ``model_init_kwargs``, is in none of them (the Trainer would pickle it into
+    training_args.bin)."""
     files = [p for p in smoke_run.rglob("*") if p.is_file()]
     assert any(p.name == "training_args.bin" for p in files) and any(p.name == "README.md" for p in files)
     assert [p for p in files if HUB_TOKEN.encode() in p.read_bytes()] == []
+
+
+def test_a_model_token_other_than_the_hub_token_is_refused_before_the_run(tmp_path, monkeypatch):
+    """Both are read from HF_TOKEN once taken out of the arguments (which checkpoints pickle): two cannot."""
+    monkeypatch.setenv("HF_TOKEN", "hf_TheEnvironmentsOwnToken")
+    with pytest.raises(SystemExit) as err:
+        train.main([
+            "--config", SMOKE, "--output_dir", str(tmp_path / "run"),
+            "--model_init_kwargs", json.dumps({"token": "hf_AnotherTokenForTheModel"}),
+        ])  # fmt: skip
+    assert str(err.value) == (
+        "prompt-aug-train: error: model_init_kwargs: its token is not the one in HF_TOKEN (or hub_token), "
+        "and every checkpoint's training_args.bin would carry it; give the one token through HF_TOKEN"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_run_logs_the_mixed_precision_its_accelerator_trains_in(smoke_run):
