@@ -33,7 +33,7 @@ from prompt_aug.extensions.dynamic_sampling import (
     plan_round,
     signal_column,
 )
-from prompt_aug.metrics import correctness_scores
+from prompt_aug.metrics import correctness_scores, ending_ids
 from prompt_aug.trainer import PromptAugGRPOTrainer
 from rewards import get_reward_funcs
 
@@ -94,6 +94,31 @@ def test_under_normalize_then_sum_a_flat_total_of_varying_rewards_has_spread(agg
     trainer.reward_weights = torch.tensor([1.0, 0.0])
     rewards = torch.stack([torch.ones(8), a], dim=1)
     assert sampler._spread(trainer, rewards, sampler._signal(trainer, rewards)) == [False, False]
+
+
+def test_under_normalize_then_sum_rewards_that_cancel_once_scaled_give_no_spread():
+    # Right answers unformatted, wrong ones formatted: each function varies, but scaled within the group
+    # and summed at equal weights they cancel, so every advantage TRL gives the first group is 0. The second
+    # group's rewards vary together: spread.
+    from types import SimpleNamespace
+
+    from trl.trainer.utils import nanstd
+
+    right = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    formatted = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    rewards = torch.stack([right, formatted], dim=1)
+    trainer = SimpleNamespace(
+        num_generations=4, reward_weights=torch.tensor([1.0, 1.0]),
+        args=SimpleNamespace(multi_objective_aggregation="normalize_then_sum"),
+    )  # fmt: skip
+    # TRL 1.16's normalize_then_sum, as `_generate_and_score_completions` computes it.
+    grouped = rewards.view(-1, 4, 2)
+    scaled = (grouped - grouped.nanmean(dim=1, keepdim=True)) / (nanstd(grouped, dim=1, keepdim=True) + 1e-4)
+    total = scaled.sum(dim=2).view(-1)
+    advantages = (total - total.nanmean()) / (nanstd(total) + 1e-4)
+    assert advantages[:4].abs().max() < 1e-6 < advantages[4:].abs().min()
+    sampler = DynamicSampler()
+    assert sampler._spread(trainer, rewards, sampler._signal(trainer, rewards)) == [False, True]
 
 
 def test_outcome_names_all_right_and_all_wrong():
@@ -189,8 +214,22 @@ def test_bad_keys_are_named(tmp_path):
     assert from_args(args, funcs, names) is None
 
 
-def _run(out: Path, *extra: str, spy: list | None = None) -> Path:
+def _run(out: Path, *extra: str, spy: list | None = None, generated: list | None = None) -> Path:
+    """Train the smoke recipe into ``out``. ``spy`` gets (global step, completion ids, mask) per loss call;
+    ``generated``, per call of TRL's generation, the global step and each completion's length and whether it
+    was cut at the length limit (did not end in a stop or pad token, as TRL judges it)."""
     with pytest.MonkeyPatch.context() as mp:
+        if generated is not None:
+            generate = PromptAugGRPOTrainer.trl_generate_round
+
+            def recording_generate(self, prompts):
+                result = generate(self, prompts)
+                ending = set(ending_ids(self))
+                cut = [ids[-1] not in ending for ids in result.completion_ids]
+                generated.append((self.state.global_step, [len(i) for i in result.completion_ids], cut))
+                return result
+
+            mp.setattr(PromptAugGRPOTrainer, "trl_generate_round", recording_generate)
         if spy is not None:
             original = PromptAugGRPOTrainer.compute_loss
 
@@ -223,8 +262,15 @@ DYNAMIC = ("--reward_funcs", dynamic_harness.FLAT_HALF, "--dynamic_sampling", "t
 
 @pytest.fixture(scope="module")
 def dynamic_run(tmp_path_factory):
-    # 3 rounds of 4 questions (2 optimizer steps each); checkpoints at steps 2, 4, 6.
-    return _run(tmp_path_factory.mktemp("dyn") / "A", *DYNAMIC, "--max_steps", "6")
+    # 3 rounds of 4 questions (2 optimizer steps each); checkpoints at steps 2, 4, 6. What each generation
+    # call produced is kept beside the run, in `GENERATED`.
+    generated: list = []
+    run = _run(tmp_path_factory.mktemp("dyn") / "A", *DYNAMIC, "--max_steps", "6", generated=generated)
+    (run / GENERATED).write_text(json.dumps(generated))
+    return run
+
+
+GENERATED = "generated_lengths.json"
 
 
 ROUND_STEPS = (1, 3, 5)  # the step at which each round of `dynamic_run` is generated and logged
@@ -236,6 +282,10 @@ def test_only_spread_groups_are_kept_and_the_known_flat_ones_dropped(dynamic_run
     records = _records(dynamic_run, step)
     kept = records[records["kept"]]
     assert len(kept) == 16  # the round is full: 4 groups of 4
+    # Each record's reward is its own completion's (none moved to another row, kept or dropped).
+    assert records["flat_half_reward"].tolist() == pytest.approx(
+        dynamic_harness.flat_half_reward(records["completion"].tolist(), records["uid"].tolist())
+    )
     for uid, group in records.groupby("uid"):
         assert len(group) == NUM_GEN and group["template"].nunique() == 1 and group["kept"].nunique() == 1
         kind = dynamic_harness.question_number(uid) % 4
@@ -289,6 +339,21 @@ def test_metrics_match_the_records(dynamic_run, step):
     assert logged["completions/clipped_ratio"] == pytest.approx(
         logged[METRICS + "generated/completions/clipped_ratio"]
     )
+    # TRL's length metrics are over the round's every completion, as TRL computes them over one round: the
+    # true minimum and the terminated lengths of all passes together, not a mean of each pass's (in which a
+    # pass with no terminated completion counts 0). Generation ran once per pass, never for the replay.
+    calls = [c for c in json.loads((dynamic_run / GENERATED).read_text()) if c[0] == step - 1]
+    assert len(calls) == logged[METRICS + "generation_passes"]
+    lengths = torch.tensor([n for c in calls for n in c[1]], dtype=torch.float)
+    cut = torch.tensor([x for c in calls for x in c[2]])
+    ended = lengths[~cut] if (~cut).any() else torch.zeros(1)
+    expected = {
+        "mean_length": lengths.mean(), "min_length": lengths.min(), "max_length": lengths.max(),
+        "clipped_ratio": cut.float().mean(), "mean_terminated_length": ended.mean(),
+        "min_terminated_length": ended.min(), "max_terminated_length": ended.max(),
+    }  # fmt: skip
+    for name, value in expected.items():
+        assert logged[f"completions/{name}"] == pytest.approx(value.item()), name
     assert 0 <= logged["completions/repetition_ratio"] <= 1 and "collapse/repetition" in logged
     assert all(f"templates/{name}/repetition" in logged for name in records["template"].unique())
 

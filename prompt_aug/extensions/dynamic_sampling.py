@@ -9,7 +9,8 @@ from passes:
    NaNs ignored, must exceed ``std_tol`` (not 0: float noise would let constant groups through; far below
    the 1e-4 TRL adds to a group's std, so a group judged flat gets advantages near 0 there too). Under
    ``multi_objective_aggregation: normalize_then_sum`` the ``total`` has spread where any weighted reward
-   function varies, as TRL scales each one within the group before it sums them.
+   function varies, as TRL scales each one within the group before it sums them, unless the scaled
+   functions cancel in that sum (TRL's reward then is flat, and so are the advantages).
 3. While the round has fewer spread groups than it holds, another pass generates as many new questions as
    the round has, drawn from the training set by a hash of (seed, round, pass), never from the sampler,
    so a resumed run draws the same ones. Each new row goes through the same augmenting collator as the
@@ -38,10 +39,13 @@ Logged per round: ``dynamic_sampling/groups_generated``, ``groups_kept`` (traine
 ``dynamic_sampling/generated/reward``, ``.../rewards/<function>/mean`` and ``.../completions/clipped_ratio``:
 TRL's metrics of those names over everything generated (what the collapse guard reads with dynamic sampling
 on). TRL's reward metrics cover the trained rows only; its length and truncation metrics (``completions/*``,
-``num_tokens``) are taken in each generation pass, so they already cover everything generated, and
-``.../completions/clipped_ratio`` equals TRL's (each pass is one round's size); it is logged so that every
-``generated/`` metric a reader needs is under one prefix. The completion records hold every generated
-completion (trained rows first, in training order) with ``kept``, ``group_status`` and ``generation_pass``;
+``num_tokens``) are taken in each generation pass, so they cover everything generated: TRL appends one value
+per pass, which the round rewrites as its value over every pass together, repeated once per pass (a mean of
+per-pass minima, or of per-pass terminated lengths that TRL puts at 0 for a pass with none, is no round's
+value; repeated, a log of several rounds still weighs each by its completions). So
+``.../completions/clipped_ratio`` equals TRL's; it is logged so that every ``generated/`` metric a reader
+needs is under one prefix. The completion records hold every generated completion (trained rows first, in
+training order) with ``kept``, ``group_status`` and ``generation_pass``;
 rows not trained have a NaN ``advantage``.
 """
 
@@ -74,6 +78,14 @@ KEPT, FILLED, SURPLUS = "kept", "filled", "surplus"
 RECORD_COLUMNS = ("kept", "group_status", "generation_pass")
 ALL_RIGHT, ALL_WRONG, OTHER = "all_right", "all_wrong", "no_spread"
 METRIC = "dynamic_sampling/"
+# What TRL's `_generate` appends to its metric buffer each time it generates: once per generation pass here.
+PASS_LENGTH_KEYS = tuple(
+    f"completions/{name}"
+    for name in (
+        "mean_length", "min_length", "max_length", "clipped_ratio",
+        "mean_terminated_length", "min_terminated_length", "max_terminated_length",
+    )
+)  # fmt: skip
 
 logger = logging.getLogger("prompt_aug.dynamic_sampling")
 
@@ -353,6 +365,8 @@ class DynamicSampler:
 
         # Columns logged for the sampler's rows before this point belong to pass 0.
         early = seam.take_pending_columns(trainer)
+        buffer = trainer.metric_buffer("train")
+        marks = {key: len(buffer.get(key, ())) for key in PASS_LENGTH_KEYS}  # TRL's values before pass 0
         passes: list[_Pass] = []
         spread: list[list[bool]] = []
         outcome: list[list[str]] = []
@@ -390,6 +404,7 @@ class DynamicSampler:
             self._replay = None
         self._log_dropped_records(trainer, dropped)
         self._log_metrics(trainer, passes, plan, groups_needed)
+        rewrite_pass_lengths(buffer, marks, passes)
         return output
 
     def log_blank_columns(self, trainer: SamplingTrainer, rows: int) -> None:
@@ -400,19 +415,22 @@ class DynamicSampler:
 
     def _spread(self, trainer: SamplingTrainer, rewards: torch.Tensor, signal: torch.Tensor) -> list[bool]:
         """Each group's spread on ``signal``. On the ``total`` under TRL's ``normalize_then_sum``, which
-        scales each reward function within its group before the weighted sum, a group has spread where any
-        reward function of non-zero weight varies (its total may be flat while its advantages are not)."""
+        scales each reward function within its group before the weighted sum, a group has spread where some
+        reward function of non-zero weight varies (its total may be flat while its advantages are not) and
+        the weighted sum of the scaled functions, TRL's reward there, varies too (functions that vary in
+        opposite directions can cancel: every advantage of the group is then 0)."""
         num_gen = trainer.num_generations
         aggregation = getattr(trainer.args, "multi_objective_aggregation", "sum_then_normalize")
         if self.signal_index is not None or aggregation != "normalize_then_sum":
             return group_spread(signal, num_gen, self.std_tol)
-        weights = trainer.reward_weights.cpu().tolist()
-        columns = [group_spread(rewards[:, i], num_gen, self.std_tol) for i, w in enumerate(weights) if w]
-        return (
-            [any(flags) for flags in zip(*columns, strict=True)]
-            if columns
-            else [False] * (len(signal) // num_gen)
-        )
+        weights = trainer.reward_weights.cpu()
+        columns = [
+            group_spread(rewards[:, i], num_gen, self.std_tol) for i, w in enumerate(weights.tolist()) if w
+        ]
+        if not columns:
+            return [False] * (len(signal) // num_gen)
+        scaled = group_spread(scaled_total(rewards, weights, num_gen), num_gen, self.std_tol)
+        return [any(flags) and summed for *flags, summed in zip(*columns, scaled, strict=True)]
 
     def _signal(self, trainer: SamplingTrainer, rewards: torch.Tensor) -> torch.Tensor:
         if self.signal_index is not None:
@@ -616,6 +634,53 @@ class DynamicSampler:
             }
             for name, value in generated.items():
                 metrics[GENERATED + name].append(value)
+
+
+def round_lengths(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+    """TRL's `PASS_LENGTH_KEYS` over one round's gathered completion ``lengths`` and ``truncated`` flags, as
+    TRL's ``_generate`` computes them (terminated lengths 0 when every completion was cut).
+
+    >>> out = round_lengths(torch.tensor([4.0, 8.0, 2.0, 8.0]), torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    >>> [out[f"completions/{k}"] for k in ("mean_terminated_length", "min_length", "clipped_ratio")]
+    [3.0, 2.0, 0.5]
+    """
+    lengths, cut = lengths.float(), truncated.bool()
+    ended = lengths[~cut] if (~cut).any() else torch.zeros(1)
+    return {
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": cut.float().mean().item(),
+        "completions/mean_terminated_length": ended.mean().item(),
+        "completions/min_terminated_length": ended.min().item(),
+        "completions/max_terminated_length": ended.max().item(),
+    }
+
+
+def rewrite_pass_lengths(buffer: dict[str, list[float]], marks: dict[str, int], passes: list[_Pass]) -> None:
+    """Replace the values TRL's ``_generate`` appended to ``buffer`` for each pass of a round (those after
+    ``marks``, the keys' lengths before pass 0) by the round's value over every pass, once per pass. A key
+    that did not get exactly one value per pass is left as it is."""
+    values = round_lengths(torch.cat([p.lengths for p in passes]), torch.cat([p.truncated for p in passes]))
+    for key, mark in marks.items():
+        logged = buffer.get(key)
+        if logged is not None and len(logged) - mark == len(passes):
+            logged[mark:] = [values[key]] * len(passes)
+
+
+def scaled_total(rewards: torch.Tensor, weights: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Each row's reward as TRL's ``normalize_then_sum`` makes it: every reward function scaled within the
+    group (minus its mean, over its std + 1e-4, NaNs ignored), then the weighted sum; NaN where no function
+    scored the row.
+
+    >>> scaled_total(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([1.0, 1.0]), 2)  # they cancel
+    tensor([0., 0.])
+    """
+    grouped = rewards.float().view(-1, num_generations, rewards.shape[1])
+    mean, std = torch.nanmean(grouped, dim=1, keepdim=True), nanstd(grouped, dim=1, keepdim=True)
+    total = ((grouped - mean) / (std + 1e-4) * weights.float().view(1, 1, -1)).nansum(dim=2).view(-1)
+    total[torch.isnan(rewards).all(dim=1)] = torch.nan
+    return total
 
 
 def total_reward(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
