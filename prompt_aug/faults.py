@@ -297,13 +297,16 @@ class PreemptionCallback(TrainerCallback):
     twice, before and after the other step-end callbacks (an all-reduce of one number each; with one process
     none), and once more after each save, so every rank saves the same checkpoint and stops at the same step.
     A signal that arrives while a checkpoint is being written stops the run right after that save; one that
-    arrives during the last step lets the run finish normally.
+    arrives during the Trainer's own evaluation (``eval_strategy``, which runs after the step-end callbacks)
+    stops it right after that evaluation, saved, rather than after another step; one that arrives during the
+    last step lets the run finish normally.
     """
 
     def __init__(self, signals: tuple[str, ...] = PREEMPTION_SIGNALS) -> None:
         self.signals = [getattr(signal, name) for name in signals if hasattr(signal, name)]
         self.received: int | None = None  # set by the handler (any rank)
         self.stopped_by: str | None = None  # the agreed signal's name, once training stopped for it
+        self.training = False  # inside `catching_signals`: every rank trains, so every rank agrees
 
     def attach(self, trainer: Any) -> PreemptionCallback:
         """Add this callback first, so that the stop is decided before an evaluation due at the same step
@@ -326,7 +329,11 @@ class PreemptionCallback(TrainerCallback):
                 logger.warning(
                     "save_on_preemption: training runs outside the main thread; signals are not caught"
                 )
-            yield
+            self.training = True
+            try:
+                yield
+            finally:
+                self.training = False
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.received is None:
@@ -352,6 +359,15 @@ class PreemptionCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if not control.should_training_stop:  # a signal during this save: stop now, it is saved
             self._maybe_stop(args, state, control, save=False)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        # The Trainer's own evaluation runs after the step-end callbacks and can take minutes (GRPO
+        # generates): a signal during it would otherwise wait for the next step's end, a generation round
+        # later. The stop asks for the save that follows the evaluation; not under save_strategy "best",
+        # which replaces that request with whether the metric improved (the stop could come without a save):
+        # there the next step end decides. Only inside train(), where every rank evaluates.
+        if self.training and not control.should_training_stop and args.save_strategy != "best":
+            self._maybe_stop(args, state, control, save=True)
 
     def _maybe_stop(self, args: Any, state: Any, control: Any, save: bool) -> None:
         if self.stopped_by is not None or state.global_step >= state.max_steps:
@@ -680,30 +696,31 @@ def check_resume(value: str | bool | None, args: Any, processes: int, log: bool 
     """`resolve_resume` under these TrainingArguments, and the checkpoint refused when this launch has
     another process count, seed, round key (`resume_keys_problem`) or engine than the one that saved it, or
     when later complete checkpoints of ``output_dir`` would take over at the next resume
-    (`later_checkpoints_problem`). Each process reads the same checkpoint under the same arguments, so all
-    refuse or none.
+    (`later_checkpoints_problem`). Every process decides on its own view of ``output_dir``, then all
+    compare their decisions (`_same_on_every_process`), so all refuse or none: one that refused alone would
+    leave the others waiting for it in their first collective.
 
     Raises:
         ResumeError: the checkpoint, what differs and what to do.
     """
     parts = saved_parts(args)
     try:
-        checkpoint, refused = resolve_resume(value, args.output_dir, log, processes=processes, **parts), None
-    except ResumeError as err:  # said on every process at once, after they have compared what they found
-        checkpoint, refused = None, err
-    if checkpoint is not None or refused is not None:  # a resume was asked, alike on every process
-        _same_on_every_process(checkpoint, refused)
-    if refused is not None:
-        raise refused
-    if checkpoint is not None:
-        problem = (
+        checkpoint = resolve_resume(value, args.output_dir, log, processes=processes, **parts)
+        problem = checkpoint and (
             resume_launch_problem(checkpoint, processes, args.output_dir)
             or resume_keys_problem(checkpoint, args, args.output_dir)
             or resume_engine_problem(checkpoint, launch_engine(args), args.output_dir)
             or later_checkpoints_problem(checkpoint, args.output_dir, processes=processes, **parts)
         )
-        if problem:
-            raise ResumeError(problem)
+        refused = ResumeError(problem) if problem else None
+    except ResumeError as err:  # said on every process at once, after they have compared what they found
+        refused = err
+    if refused is not None:
+        checkpoint = None
+    if checkpoint is not None or refused is not None:  # a resume was asked, alike on every process
+        _same_on_every_process(checkpoint, refused)
+    if refused is not None:
+        raise refused
     return checkpoint
 
 
@@ -770,14 +787,17 @@ def disk_full_message(
     optimizer: bool = True,
     entropy: bool = False,
     max_steps: int = -1,
+    processes: int | None = None,
 ) -> str:
     """One line: where the disk is full, what is safe, what to do. ``optimizer``, ``entropy``: what the run's
-    checkpoints hold (`saved_parts`). What to do is what the next launch accepts: a resume from the last
-    complete checkpoint; with none, a start over (a resume would find nothing to resume); with one at
-    ``max_steps`` (the run's, when above 0), that checkpoint as the trained model (a resume there is refused:
-    nothing is left to train)."""
+    checkpoints hold (`saved_parts`); ``processes``: the run's count, so that a checkpoint missing a process's
+    RNG state (the disk filled while that process wrote it) is the incomplete one, as a resume judges it
+    (`checkpoint_problem`). What to do is what the next launch accepts: a resume from the last complete
+    checkpoint; with none, a start over (a resume would find nothing to resume); with one at ``max_steps``
+    (the run's, when above 0), that checkpoint as the trained model (a resume there is refused: nothing is
+    left to train)."""
     last, skipped = (
-        last_complete_checkpoint(output_dir, optimizer, entropy=entropy)
+        last_complete_checkpoint(output_dir, optimizer, processes, entropy)
         if Path(output_dir).is_dir()
         else (None, [])
     )
@@ -802,16 +822,21 @@ def disk_full_message(
 
 @contextmanager
 def disk_full_is_one_line(
-    output_dir: str | Path, optimizer: bool = True, entropy: bool = False, max_steps: int = -1
+    output_dir: str | Path,
+    optimizer: bool = True,
+    entropy: bool = False,
+    max_steps: int = -1,
+    processes: int | None = None,
 ) -> Iterator[None]:
     """Turn a write that failed for want of space into a `DiskFullError` naming ``output_dir``
-    (``optimizer``, ``entropy``, ``max_steps``: as `disk_full_message`)."""
+    (``optimizer``, ``entropy``, ``max_steps``, ``processes``: as `disk_full_message`)."""
     try:
         yield
     except Exception as err:
         if isinstance(err, FaultError) or not is_disk_full(err, output_dir):
             raise
-        raise DiskFullError(disk_full_message(output_dir, err, optimizer, entropy, max_steps)) from err
+        message = disk_full_message(output_dir, err, optimizer, entropy, max_steps, processes)
+        raise DiskFullError(message) from err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -948,7 +973,10 @@ class HubAndPreemption:
         self.resume_checkpoint = resume_from_checkpoint  # what callbacks restore their own state from
         catching = self.preemption.catching_signals() if self.preemption is not None else nullcontext()
         full_disk = disk_full_is_one_line(
-            self.args.output_dir, max_steps=self.args.max_steps, **saved_parts(self.args)
+            self.args.output_dir,
+            max_steps=self.args.max_steps,
+            processes=self.accelerator.num_processes,
+            **saved_parts(self.args),
         )
         with catching, full_disk:
             result = super().train(resume_from_checkpoint, *args, **kwargs)

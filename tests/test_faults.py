@@ -411,6 +411,50 @@ def test_a_signal_during_a_benchmark_evaluation_stops_the_run_at_that_step_saved
     assert not (out / "checkpoint-3").exists()
 
 
+def test_a_signal_during_the_last_step_lets_the_run_finish(tiny_model_dir, tmp_path):
+    """A signal in the last step is not a preemption: the run ends trained (train() returns), with no
+    preempted.json, so that a requeue script does not requeue a finished run."""
+    out = tmp_path / "run"
+    trainer = _built(tiny_model_dir, out, max_steps=2, save_strategy="no")
+    trainer.add_callback(_SignalInStep(2))
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.preempted is None
+    assert not (out / faults.PREEMPTED_FILE).exists()
+
+
+class _SignalInEvaluation(TrainerCallback):
+    """SIGTERM to this process during the Trainer's first evaluation (its first prediction step)."""
+
+    def __init__(self) -> None:
+        self.sent_at: int | None = None
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if self.sent_at is None:
+            self.sent_at = state.global_step
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_during_the_trainers_evaluation_stops_the_run_at_that_step_saved(tiny_model_dir, tmp_path):
+    """The Trainer's own evaluation (eval_strategy) runs after every step-end callback, so the step-end
+    agreements cannot see a signal that comes during it (GRPO's evaluation generates: minutes on a real set).
+    The run stops right after that evaluation, saved at its step, not another step (a generation round)
+    later, past a cluster's grace period."""
+    out = tmp_path / "run"
+    held_out = datasets.Dataset.from_dict({"question": ["What is 3 + 3?"], "answer": ["6"]})
+    trainer = _built(
+        tiny_model_dir, out, eval_dataset=held_out, max_steps=6, save_strategy="no", logging_steps=1,
+        eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=2,
+    )  # fmt: skip
+    watch = _SignalInEvaluation()
+    trainer.add_callback(watch)
+    with pytest.raises(faults.Preempted) as stopped:
+        trainer.train()
+    assert watch.sent_at == 2 and stopped.value.step == 2
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert faults.checkpoint_problem(out / "checkpoint-2") is None
+    assert json.loads((out / faults.PREEMPTED_FILE).read_text())["step"] == 2
+
+
 class _SavesCounted(_SignalInStep):
     """`_SignalInStep`, counting the checkpoint saves too."""
 
@@ -694,9 +738,9 @@ def checkpoint(step):
         torch.save({"cpu": torch.random.get_rng_state()}, folder / f"rng_state_{r}.pth")
 
 
-def resume(phase):
+def resume(phase, value="true"):
     try:
-        said = Path(faults.check_resume("true", args, processes=2)).name
+        said = Path(faults.check_resume(value, args, processes=2)).name
     except faults.ResumeError as err:
         said = str(err)
     (base / f"{phase}-{rank}.txt").write_text(said)
@@ -712,6 +756,9 @@ resume("none")
 if rank == 1:  # both see the same newest checkpoint: the resume goes ahead on both
     checkpoint(4)
 resume("same")
+if rank == 0:  # process 0's view holds a later checkpoint than the one asked for, process 1's not (yet)
+    checkpoint(6)
+resume("later", str(out / "checkpoint-4"))  # the same folder on every node, by its path
 dist.destroy_process_group()
 """
 
@@ -729,7 +776,7 @@ def test_processes_that_see_output_dir_differently_are_refused_on_every_one(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     said = {
         name: [(tmp_path / f"{name}-{r}.txt").read_text() for r in (0, 1)]
-        for name in ("newer", "none", "same")
+        for name in ("newer", "none", "same", "later")
     }
     head = (
         "resume_from_checkpoint: the processes see output_dir differently (process 0: checkpoint-4; "
@@ -741,6 +788,14 @@ def test_processes_that_see_output_dir_differently_are_refused_on_every_one(tmp_
     incomplete = f"none (true, but no checkpoint in {tmp_path / 'node1'} is complete"
     assert said["none"] == [said["none"][0]] * 2 and said["none"][0].startswith(f"{head}{incomplete}")
     assert said["same"] == ["checkpoint-4", "checkpoint-4"]
+    # The same checkpoint chosen, but only process 0 sees the later one that refuses it: process 1 would
+    # train on alone and wait for process 0 in its first collective. Both refuse, naming what each found.
+    later = f"none ({tmp_path / 'node0' / 'checkpoint-4'} is at step 4, but "  # process 0's refusal
+    assert said["later"] == [said["later"][0]] * 2
+    assert said["later"][0].startswith(
+        f"resume_from_checkpoint: the processes see output_dir differently (process 0: {later}"
+    )
+    assert f"; process 1: checkpoint-4{tail}" in said["later"][0]
 
 
 def test_a_save_only_model_run_resumes_from_a_checkpoint_without_optimizer_state(tmp_path):
@@ -811,6 +866,36 @@ def test_a_full_disk_names_a_save_only_model_checkpoint_intact(tmp_path):
         raise full
     assert f"The last complete checkpoint, {only_model}, is intact." in str(raised.value)
     assert "incomplete" not in str(raised.value)
+
+
+def test_a_full_disk_on_several_processes_names_the_checkpoint_a_resume_takes(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    # On 2 processes the disk fills while process 1 writes its RNG state into checkpoint-4, after process 0
+    # wrote trainer_state.json there (and before launch.json, which follows the save). The resume on 2
+    # processes skips checkpoint-4; the line must name checkpoint-2 as what is intact, not checkpoint-4.
+    import transformers
+
+    out = tmp_path / "run"
+    older, newer = (fault_harness.tiny_checkpoint(out / f"checkpoint-{n}", n) for n in (2, 4))
+    (older / faults.LAUNCH_FILE).write_text('{"processes": 2}\n')
+    for folder, ranks in ((older, (0, 1)), (newer, (0,))):
+        for rank in ranks:
+            torch.save({"cpu": torch.random.get_rng_state()}, folder / f"rng_state_{rank}.pth")
+    trainer = _built(tiny_model_dir, out, max_steps=6)
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(newer / "rng_state_1.pth"))
+
+    monkeypatch.setattr(transformers.Trainer, "train", full)
+    monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self: 2))
+    with pytest.raises(faults.DiskFullError) as raised:
+        trainer.train()
+    line = str(raised.value)
+    assert f"The last complete checkpoint, {older}, is intact." in line, line
+    assert "checkpoint-4 is incomplete (delete it to free space; a resume skips it)" in line
+    args = SimpleNamespace(output_dir=str(out), save_only_model=False)
+    assert faults.check_resume("true", args, processes=2) == str(older)  # what the line says a resume takes
 
 
 def _deepspeed_layout(folder: Path, zero3: bool) -> Path:
