@@ -4,7 +4,8 @@
   list of the wrong length is a `RewardFunctionError` naming the first row (uid and template) that raises it
   alone.
 * `check_reward_arguments` refuses, before the model loads, a reward function that needs an argument no
-  column gives (naming the argument and the columns there are), or that takes no ``**kwargs``.
+  column gives (naming the argument and the columns there are), or that takes no ``**kwargs``, and two
+  reward functions of one name (`check_reward_names`).
 """
 
 from __future__ import annotations
@@ -210,8 +211,10 @@ def missing_arguments_message(name: str, missing: list[str], available: Any) -> 
 
 
 def check_reward_arguments(funcs: list[Any], names: list[str], columns: list[str]) -> None:
-    """Raise `RewardFunctionError` for the first reward function that needs an argument neither ``columns``
-    (what each row will carry to the rewards) nor TRL gives, or that cannot take all of them."""
+    """Raise `RewardFunctionError` for two reward functions of one name (TRL logs them under one key), and for
+    the first reward function that needs an argument neither ``columns`` (what each row will carry to the
+    rewards) nor TRL gives, or that cannot take all of them."""
+    check_reward_names(names)
     available = (set(columns) - {"prompt", "completion"}) | set(TRL_REWARD_ARGUMENTS)
     for func, name in zip(funcs, names, strict=True):
         if isinstance(func, torch.nn.Module):
@@ -224,6 +227,30 @@ def check_reward_arguments(funcs: list[Any], names: list[str], columns: list[str
                 f"arguments, so it would refuse {', '.join(f'`{u}`' for u in unaccepted)}; add **kwargs to "
                 "its signature"
             )
+
+
+def check_reward_names(names: list[str]) -> None:
+    """Raise `RewardFunctionError` where two reward functions have one name: TRL logs each reward under its
+    function's name (``rewards/<name>/mean``, the completions table's column ``<name>``), so two of one name
+    would be averaged into one metric, and one column of the table would hold both functions' scores.
+
+    >>> check_reward_names(["correctness_reward", "format_reward"])
+    >>> check_reward_names(["format_reward", "correctness_reward", "format_reward"])
+    Traceback (most recent call last):
+    ...
+    prompt_aug.reward_checks.RewardFunctionError: reward_funcs: entries 1 and 3 are both named ...
+    """
+    seen: dict[str, int] = {}
+    for index, name in enumerate(names):
+        if name in seen:
+            raise RewardFunctionError(
+                f"reward_funcs: entries {seen[name] + 1} and {index + 1} are both named {name!r} (one "
+                "function twice, or two made from one: TRL names a partial or a factory's reward by its "
+                f"function); TRL would log both as rewards/{name}/mean and in one column of the completions "
+                "table, their scores mixed; keep one, or give the other a name of its own (a function of "
+                "yours that calls it)"
+            )
+        seen[name] = index
 
 
 def checked_reward_funcs(funcs: list[Any], names: list[str]) -> list[Any]:

@@ -39,14 +39,17 @@ def _shuffle(func: Callable[..., list[Any]], completions: list[Any], kwargs: dic
     return shuffled(func(completions, **kwargs), completions, func.__name__)
 
 
-def shuffled_correctness_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
-    """`correctness_reward` of the round, shuffled among its completions (a control).
+def shuffled_correctness_reward(
+    completions: list[Any], answer: list[Any], **kwargs: Any
+) -> list[float | None]:
+    """`correctness_reward` of the round, shuffled among its completions (a control). It names ``answer``, as
+    `correctness_reward` does, so that a run without that column is refused before the model loads.
 
     >>> completions = ["\\\\boxed{4}", "\\\\boxed{5}", "\\\\boxed{6}"]
     >>> sorted(shuffled_correctness_reward(completions, answer=["4"] * 3))
     [0.0, 0.0, 1.0]
     """
-    return _shuffle(correctness_reward, completions, kwargs)
+    return _shuffle(correctness_reward, completions, {"answer": answer, **kwargs})
 
 
 def shuffled_format_reward(completions: list[Any], **kwargs: Any) -> list[float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -14,11 +15,14 @@ def mapped_correctness(
     base: RewardFunc, correct: float = 5.0, incorrect: float = -5.0, name: str | None = None
 ) -> RewardFunc:
     """A reward function that calls ``base`` (a 1/0 correctness reward) and maps 1 to ``correct``, 0 to
-    ``incorrect``; ``None`` (a gold that cannot be parsed) stays ``None``. Every argument TRL passes
+    ``incorrect``; ``None`` (a gold that cannot be parsed) stays ``None``, and so does a NaN (a fault of
+    ``base``, which the trainer's checks then name, rather than a wrong answer). Every argument TRL passes
     (completions, dataset columns, ``log_metric``, ...) goes to ``base`` untouched.
 
     ``name`` becomes the function's ``__name__``, which TRL uses in ``rewards/<name>/mean``. The function
-    keeps ``base``, ``correct`` and ``incorrect`` as attributes, for a reader of its scores.
+    keeps ``base``, ``correct`` and ``incorrect`` as attributes, for a reader of its scores. It is an object
+    of a module-level class, so it pickles wherever ``base`` does (TRL's async GRPO scores in a spawned
+    process), and it is async where ``base`` is (TRL awaits it).
 
     >>> def exact(completions, answer, **kwargs):
     ...     return [None if a == "?" else float(c == a) for c, a in zip(completions, answer)]
@@ -29,30 +33,57 @@ def mapped_correctness(
     (True, 5.0, -5.0)
     >>> import inspect; str(inspect.signature(rlinf))
     '(completions, answer, **kwargs)'
+    >>> mapped_correctness(functools.partial(exact), 1.0, -1.0).__name__  # a partial: named by its function
+    'exact_mapped'
     """
+    kind = AsyncMappedCorrectness if _is_async(base) else MappedCorrectness
+    return kind(base, correct, incorrect, name)
 
-    def mapped(scores: list[float | None]) -> list[float | None]:
-        return [None if s is None else (correct if s >= 0.5 else incorrect) for s in scores]
 
-    if _is_async(base):  # TRL awaits an async reward function: this one too
+class MappedCorrectness:
+    """`mapped_correctness`'s reward function for a synchronous ``base``."""
 
-        async def reward(*args: Any, **kwargs: Any) -> list[float | None]:
-            return mapped(await base(*args, **kwargs))
+    def __init__(self, base: RewardFunc, correct: float, incorrect: float, name: str | None = None) -> None:
+        base_name = _callable_name(base)
+        self.base, self.correct, self.incorrect = base, correct, incorrect
+        self.__name__ = self.__qualname__ = name or f"{base_name}_mapped"
+        self.__doc__ = f"`{base_name}` with correct -> {correct:g}, incorrect -> {incorrect:g}, None kept."
+        try:  # the arguments it needs are ``base``'s: what a check of the data's columns reads
+            # ``base``'s own: a wrapper (functools.wraps) is called with what it takes, not what it wraps
+            self.__signature__ = inspect.signature(base, follow_wrapped=False)
+        except (TypeError, ValueError):  # a callable with no signature to read
+            pass
 
-    else:
+    def __call__(self, *args: Any, **kwargs: Any) -> list[float | None]:
+        return self.mapped(self.base(*args, **kwargs))
 
-        def reward(*args: Any, **kwargs: Any) -> list[float | None]:
-            return mapped(base(*args, **kwargs))
+    def mapped(self, scores: list[float | None]) -> list[float | None]:
+        """``scores`` mapped: 1 (0.5 or more) to ``correct``, else ``incorrect``; ``None`` and NaN kept.
 
-    reward.__name__ = reward.__qualname__ = name or f"{base.__name__}_mapped"
-    reward.__doc__ = f"`{base.__name__}` with correct -> {correct:g}, incorrect -> {incorrect:g}, None kept."
-    reward.base, reward.correct, reward.incorrect = base, correct, incorrect  # type: ignore[attr-defined]
-    try:  # the arguments it needs are ``base``'s: what a check of the data's columns reads
-        # ``base``'s own: a wrapper (functools.wraps) is called with what it takes, not what it wraps
-        reward.__signature__ = inspect.signature(base, follow_wrapped=False)  # type: ignore[attr-defined]
-    except (TypeError, ValueError):  # a callable with no signature to read
-        pass
-    return reward
+        >>> mapped_correctness(len, 1.0, -1.0).mapped([1.0, 0.0, None, float("nan")])
+        [1.0, -1.0, None, nan]
+        """
+        return [
+            s if s is None or math.isnan(s) else (self.correct if s >= 0.5 else self.incorrect)
+            for s in scores
+        ]
+
+    def __repr__(self) -> str:
+        return f"<reward {self.__name__}: {self.__doc__}>"
+
+
+class AsyncMappedCorrectness(MappedCorrectness):
+    """`mapped_correctness`'s reward function for an async ``base``: awaited as TRL awaits it."""
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> list[float | None]:  # type: ignore[override]
+        return self.mapped(await self.base(*args, **kwargs))
+
+
+def _callable_name(func: Callable[..., Any]) -> str:
+    """The name TRL gives ``func``: a partial's function's, else ``__name__``, else the class's."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return getattr(func, "__name__", type(func).__name__)
 
 
 def _is_async(func: Callable[..., Any]) -> bool:

@@ -34,9 +34,19 @@ def _text(completion: Any) -> str:
 
     >>> _text("so 4"), _text([{"role": "assistant", "content": "so 4"}]), _text(None), _text([])
     ('so 4', 'so 4', '', '')
+
+    A message's content may be a list of content blocks (as TRL writes multimodal messages): its text blocks,
+    joined, are the text.
+
+    >>> blocks = [{"type": "text", "text": "so "}, {"type": "image"}, {"type": "text", "text": "4"}]
+    >>> _text([{"role": "assistant", "content": blocks}])
+    'so 4'
     """
     if isinstance(completion, list):
         completion = completion[-1].get("content") if completion else ""
+    if isinstance(completion, list):  # content blocks: [{"type": "text", "text": ...}, {"type": "image"}]
+        texts = [b.get("text") for b in completion if isinstance(b, dict) and b.get("type") == "text"]
+        completion = "".join(t for t in texts if isinstance(t, str))
     if completion is None:
         return ""
     return completion if isinstance(completion, str) else str(completion)
@@ -375,8 +385,13 @@ class TRLConvention:
     ``$`` signs (`trl_solution`), as TRL's datasets hold it. A dataset's own ``solution``
     column, where the gold was read from another (a worked solution beside an ``answer``), is not what
     they get: TRL's rewards would parse the gold out of the working. Rows without ``answer`` pass as they
-    are. Everything else passes through; the name (``__name__``, which TRL logs under) is the function's
-    own.
+    are, and so do all rows for a function that takes no ``solution`` (TRL's format and length rewards): a
+    row without a gold still has a format and a length to score. Everything else passes through; the name
+    (``__name__``, which TRL logs under) is the function's own.
+
+    With several golds the function is called once per gold; what it logs to the completions table
+    (``log_extra``) is logged once, each row's values from the call that gave the row its score, and its
+    ``log_metric`` values from the first call only, so that the table's columns stay one value per completion.
 
     >>> def exact(completions, solution, **kwargs):
     ...     return [float(f"${c[0]['content']}$" == s) for c, s in zip(completions, solution)]
@@ -386,6 +401,10 @@ class TRLConvention:
     [1.0]
     >>> TRLConvention(exact)(["1", "2", "3"], answer=[["1", "3"], [], None])  # no gold: no score
     [1.0, None, None]
+    >>> def short(completions, **kwargs):  # reads no gold: every row is scored
+    ...     return [float(len(c[0]["content"]) < 2) for c in completions]
+    >>> TRLConvention(short)(["1", "22"], answer=[None, ["2", "3"]])
+    [1.0, 0.0]
     """
 
     def __init__(self, func: Callable[..., list[float | None]]) -> None:
@@ -393,11 +412,12 @@ class TRLConvention:
         named = _called(func)  # TRL names a partial by the function it calls
         self.__name__ = getattr(named, "__name__", type(named).__name__)
         self.__doc__ = getattr(func, "__doc__", None)
+        self.reads_gold = _reads_gold(func)
 
     def __call__(self, completions: list[Any], **columns: Any) -> list[float | None]:
         messages = [c if isinstance(c, list) else [{"role": "assistant", "content": c}] for c in completions]
         golds = columns.get("answer")
-        if golds is None:
+        if golds is None or not self.reads_gold:
             return self.func(completions=messages, **columns)
         columns = {k: v for k, v in columns.items() if k != "solution"}
         if not any(g is None or isinstance(g, list) for g in golds):
@@ -405,14 +425,66 @@ class TRLConvention:
         golds = [[a for a in g if a is not None] if isinstance(g, list) else g for g in golds]
         none = [g is None or (isinstance(g, list) and not g) for g in golds]  # no gold: no score
         golds = ["" if empty else g for g, empty in zip(golds, none, strict=True)]
-        best: list[float | None] | None = None
+        log_extra, log_metric = columns.pop("log_extra", None), columns.pop("log_metric", None)
+        passes: list[tuple[list[float | None], dict[str, list[Any]]]] = []  # each gold's scores and columns
         for k in range(max(len(g) if isinstance(g, list) else 1 for g in golds)):
             solution = [
                 trl_solution((g[k] if k < len(g) else g[0]) if isinstance(g, list) else g) for g in golds
             ]
-            scores = self.func(completions=messages, solution=solution, **columns)
-            best = scores if best is None else [_best(a, b) for a, b in zip(best, scores, strict=True)]
-        return [None if empty else score for score, empty in zip(best or [], none, strict=False)]
+            logged: dict[str, list[Any]] = {}
+            loggers: dict[str, Any] = {}
+            if log_extra is not None:  # held, and logged once below: one value per completion
+                loggers["log_extra"] = functools.partial(_hold_column, logged)
+            if log_metric is not None:
+                loggers["log_metric"] = log_metric if k == 0 else _ignore_metric
+            scores = list(self.func(completions=messages, solution=solution, **columns, **loggers))
+            passes.append((scores, logged))
+        best = passes[0][0]
+        for scores, _ in passes[1:]:
+            best = [_best(a, b) for a, b in zip(best, scores, strict=True)]
+        if log_extra is not None:
+            _log_best_columns(log_extra, passes, best)
+        return [None if empty else score for score, empty in zip(best, none, strict=False)]
+
+
+def _reads_gold(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` takes a ``solution`` (the gold), or its signature cannot be read (then it may).
+
+    >>> _reads_gold(lambda completions, solution, **kw: None), _reads_gold(lambda completion_ids, **kw: None)
+    (True, False)
+    """
+    try:
+        return "solution" in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return True
+
+
+def _hold_column(held: dict[str, list[Any]], column: str, values: list[Any]) -> None:
+    held.setdefault(column, []).extend(values)
+
+
+def _ignore_metric(name: str, value: float) -> None:
+    return None
+
+
+def _log_best_columns(
+    log_extra: Callable[[str, list[Any]], Any],
+    passes: list[tuple[list[float | None], dict[str, list[Any]]]],
+    best: list[float | None],
+) -> None:
+    """Log each column the passes (one per gold) held, once: each row's value from the first pass that gave
+    the row its best score (the first pass where none did). A column not one value per row is logged as the
+    first pass held it."""
+    rows = len(best)
+    chosen = [next((k for k, (s, _) in enumerate(passes) if s[i] == best[i]), 0) for i in range(rows)]
+    columns = list(dict.fromkeys(column for _, held in passes for column in held))
+    for column in columns:
+        values = [held.get(column) for _, held in passes]
+        if any(v is None or len(v) != rows for v in values):
+            if values[0] is not None:
+                log_extra(column, values[0])
+            continue
+        log_extra(column, [values[k][i] for i, k in enumerate(chosen)])
 
 
 def trl_solution(gold: Any) -> str:
@@ -422,9 +494,14 @@ def trl_solution(gold: Any) -> str:
 
     >>> trl_solution(r"\sqrt{2}"), trl_solution(18.0), trl_solution("$5$"), trl_solution(r"So \boxed{5}.")
     ('$\\sqrt{2}$', '$18$', '$5$', 'So \\boxed{5}.')
+
+    An escaped dollar sign (MATH's ``\$18.90``) is a currency sign, not a delimiter:
+
+    >>> trl_solution(r"\$18.90")
+    '$\\$18.90$'
     """
     text = number_text(gold)
-    if any(mark in text for mark in ("$", "\\(", "\\[", "\\boxed")):
+    if any(mark in text.replace("\\$", "") for mark in ("$", "\\(", "\\[", "\\boxed")):
         return text
     return f"${text}$"
 

@@ -214,3 +214,49 @@ def test_the_trainer_keeps_the_reward_functions_and_names_it_was_given(tiny_mode
         == [get_callable_name(f) for f in given]
         == ["nan_reward", "short_reward", "Scorer"]
     )
+
+
+def test_two_reward_functions_of_one_name_are_refused_before_the_model_loads():
+    # TRL logs each reward under its function's name: two of one name would share rewards/<name>/mean and one
+    # column of the completions table.
+    from rewards.registry import format_reward, get_reward_funcs
+
+    funcs = get_reward_funcs(["format", "correctness", "rewards.registry:format_reward"])
+    names = [f.__name__ for f in funcs]
+    with pytest.raises(
+        reward_checks.RewardFunctionError,
+        match=r"^reward_funcs: entries 1 and 3 are both named 'format_reward'",
+    ):
+        reward_checks.check_reward_arguments(funcs, names, ["question", "answer"])
+    reward_checks.check_reward_arguments([format_reward], ["format_reward"], ["question", "answer"])
+
+
+def test_the_shuffled_correctness_control_needs_the_answer_column_as_correctness_does():
+    from rewards.controls import shuffled_correctness_reward
+    from rewards.registry import correctness_reward
+
+    for func in (correctness_reward, shuffled_correctness_reward):
+        with pytest.raises(reward_checks.RewardFunctionError, match=r"needs `answer`, which no column"):
+            reward_checks.check_reward_arguments([func], [func.__name__], ["question", "uid"])
+
+
+def test_a_mapped_correctness_reward_keeps_a_nan_for_the_checks_to_name_and_pickles():
+    import pickle
+
+    from rewards.mapped import mapped_correctness
+    from rewards.registry import REGISTRY
+
+    def broken(completions, **kwargs):  # a NaN is a fault of the reward, not a wrong answer
+        return [1.0, math.nan, 0.0, None][: len(completions)]
+
+    mapped = mapped_correctness(broken, 5.0, -5.0, name="broken_pm5")
+    assert mapped(["a", "b", "c", "d"])[::2] == [5.0, -5.0] and math.isnan(mapped(["a", "b"])[1])
+    with pytest.raises(reward_checks.RewardFunctionError, match="'broken_pm5' returned nan for row uid"):
+        reward_checks.checked_reward(mapped, "broken_pm5")(**_reward_kwargs())
+    # Picklable (TRL's async GRPO scores in a spawned process), and a partial is named by its function.
+    pm5 = pickle.loads(pickle.dumps(REGISTRY["correctness_pm5"]))
+    assert pm5.__name__ == "correctness_pm5_reward"
+    assert pm5(["\\boxed{4}", "\\boxed{5}"], answer=["4"] * 2) == [5.0, -5.0]
+    partial_pm1 = mapped_correctness(functools.partial(REGISTRY["correctness"]), 1.0, -1.0)
+    assert partial_pm1.__name__ == "correctness_reward_mapped"
+    assert partial_pm1(["\\boxed{4}"], answer=["5"]) == [-1.0]

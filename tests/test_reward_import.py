@@ -96,3 +96,71 @@ def test_a_module_of_the_launch_folder_named_as_an_installed_package_is_refused(
     shutil.copytree(Path(installed).parent, tmp_path / "rewards")
     names = ["rewards.controls:shuffled_correctness_reward", "rewards.registry.format_reward"]
     assert [f.__name__ for f in get_reward_funcs(names)] == ["shuffled_correctness_reward", "format_reward"]
+
+
+def test_the_overlong_penalty_is_daposs_at_its_edges():
+    # DAPO (eq. 13): 0 up to L_max - L_cache, then linear down to -1 at L_max, and -1 beyond.
+    (penalty,) = get_reward_funcs(
+        ["get_soft_overlong_punishment"], max_completion_length=64, soft_punish_cache=16
+    )
+    lengths = [0, 48, 49, 56, 63, 64, 65]
+    scores = penalty(completions=["x"] * len(lengths), completion_ids=[[1] * n for n in lengths])
+    assert scores == pytest.approx([0.0, 0.0, -1 / 16, -0.5, -15 / 16, -1.0, -1.0])
+
+
+def test_trls_rewards_that_read_no_gold_score_rows_without_one():
+    # The overlong penalty and the think format read no `solution`: a row with no gold still has a length and
+    # a format (only a reward that grades against the gold has nothing to score there).
+    overlong, think, accuracy = get_reward_funcs(
+        ["get_soft_overlong_punishment", "think_format_reward", "accuracy_reward"], max_completion_length=64
+    )
+    golds = [None, ["4", "5"], "4", []]
+    completions = ["<think>a</think> \\boxed{4}"] * 4
+    assert overlong(completions=completions, completion_ids=[[1] * 56] * 4, answer=golds) == [-0.5] * 4
+    assert think(completions=completions, answer=golds) == [1.0] * 4
+    assert accuracy(completions=completions, answer=golds) == [None, 1.0, 1.0, None]
+
+
+def test_a_trl_reward_over_several_golds_logs_one_table_value_per_completion():
+    # TRL's accuracy_reward logs its `solution`, `gold_parsed` and `answer_parsed` columns on every call;
+    # called once per gold, it would log each column several times over, and the completions table's columns
+    # would no longer be one value per completion. Each row's values are those of the gold that scored it.
+    (accuracy,) = get_reward_funcs(["accuracy_reward"])
+    logged: dict[str, list] = {}
+    scores = accuracy(
+        completions=["\\boxed{4}", "\\boxed{5}", "\\boxed{6}"],
+        answer=[["3", "4"], "5", ["7", "8"]],
+        log_extra=lambda column, values: logged.setdefault(column, []).extend(values),
+    )
+    assert scores == [1.0, 1.0, 0.0]
+    assert {column: len(values) for column, values in logged.items()} == {
+        "solution": 3, "gold_parsed": 3, "answer_parsed": 3,
+    }  # fmt: skip
+    assert logged["solution"] == ["$4$", "$5$", "$7$"]  # the gold that scored it; the first where none did
+
+
+def test_a_gold_with_an_escaped_dollar_sign_is_graded_by_trls_rewards():
+    # MATH writes money as \$18.90: an escaped dollar sign, not a math delimiter; read as one, the gold
+    # parsed to nothing and the row was not scored.
+    from rewards.registry import trl_solution
+
+    (accuracy,) = get_reward_funcs(["accuracy_reward"])
+    assert trl_solution("\\$18.90") == "$\\$18.90$"
+    assert accuracy(completions=["So \\boxed{18.90}.", "So \\boxed{18}."], answer=["\\$18.90"] * 2) == [
+        1.0,
+        0.0,
+    ]
+
+
+def test_a_trl_reward_over_several_golds_logs_its_metrics_once_per_round():
+    from rewards.registry import TRLConvention
+
+    def graded(completions, solution, log_metric=None, **kwargs):  # a TRL reward that logs a metric per call
+        log_metric("graded", float(len(solution)))
+        return [float(c[0]["content"] in s) for c, s in zip(completions, solution, strict=True)]
+
+    metrics: list = []
+    scores = TRLConvention(graded)(
+        ["4", "5"], answer=[["3", "4"], "5"], log_metric=lambda name, value: metrics.append((name, value))
+    )
+    assert scores == [1.0, 1.0] and metrics == [("graded", 2.0)]

@@ -305,3 +305,63 @@ def test_a_trl_reward_scores_no_row_whose_gold_is_missing():
     rows = {"answer": [None, "4", [], [None], ["4", None]]}
     assert TRLConvention(lenient)(["4"] * 5, **rows) == [None, 1.0, None, None, 1.0]
     assert correctness_reward(["\\boxed{4}"] * 2, answer=[None, "4"]) == [None, 1.0]
+
+
+@pytest.mark.parametrize("name", ["open-r1", "open-r1-teacher", "deepseek-r1", "deepseek-r1-teacher"])
+def test_the_layout_a_tag_template_asks_for_scores_full_format(name):
+    # The layout spelled out in the template's own system prompt, as the model would write it after the
+    # prefill: its markers are the ones the prompt asks for.
+    template = load_templates()[name]
+    layout = template.system.split("Use this layout: " if "open-r1" in name else "i.e. ")[-1].rstrip(".")
+    assert layout.startswith(template.prefill)
+    completion = (
+        layout[len(template.prefill) :].replace("answer here", "\\boxed{7}").replace("...", "\\boxed{7}")
+    )
+    assert format_reward([completion], template=[name]) == [1.0]
+    assert grade(completion, "7", name, strict=True).correct
+    # Each marker's tag left out (its newlines kept: they belong to the next marker too), or the marker
+    # written twice, costs its share.
+    share = 1 - 1 / len(template.markers)
+    for marker in template.markers:
+        left_out, twice = completion.replace(marker.strip(), "", 1), completion + marker
+        assert format_reward([left_out, twice], template=[name] * 2) == [pytest.approx(share)] * 2, marker
+
+
+def test_a_completion_of_content_blocks_is_read_as_its_text():
+    blocks = [{"type": "text", "text": "so "}, {"type": "image"}, {"type": "text", "text": "\\boxed{7}"}]
+    completion = [{"role": "assistant", "content": blocks}]
+    assert correctness_reward([completion], answer=["7"]) == [1.0]
+    tagged = [{"role": "assistant", "content": [{"type": "text", "text": WELL_FORMED["open-r1"]}]}]
+    assert format_reward([tagged], template=["open-r1"]) == [1.0]
+
+
+def _loop_reference(seq, max_period=64, min_repeats=3, min_span=16):
+    """`trailing_loop` by its definition: for each period, shortest first, the longest tail in which every
+    item equals the one a period before it; a loop where it spans min_repeats periods and min_span items."""
+    for period in range(1, min(max_period, len(seq)) + 1):
+        tail = period
+        while tail < len(seq) and seq[-1 - tail] == seq[-1 - tail + period]:
+            tail += 1
+        if tail >= max(min_repeats * period, min_span):
+            return period
+    return 0
+
+
+def test_a_trailing_loop_is_found_at_its_edges_and_as_its_definition_reads():
+    import random
+
+    from rewards.repetition import MIN_SPAN, ends_in_loop, trailing_loop
+
+    assert trailing_loop([]) == 0 and trailing_loop("") == 0  # empty
+    assert trailing_loop([7] * (MIN_SPAN - 1)) == 0 and trailing_loop([7] * MIN_SPAN) == 1  # the span's edge
+    assert trailing_loop([1, 2, 3] * 5) == 0 and trailing_loop([1, 2, 3] * 5 + [1]) == 3  # 15 items, then 16
+    assert trailing_loop([9] + [1, 2, 3, 4, 5, 6] * 3) == 6  # three copies exactly, 18 items
+    assert trailing_loop([1, 2, 3, 4, 5, 6] * 2 + [1, 2, 3, 4, 5]) == 0  # two copies and a part: too few
+    assert trailing_loop([1, 2] * 8 + [0]) == 0 and not ends_in_loop([1, 2] * 8 + [0])  # it ended
+    rng = random.Random(0)
+    for _ in range(3000):
+        unit = [rng.randrange(3) for _ in range(rng.randint(1, 10))]
+        head = [rng.randrange(3) for _ in range(rng.randint(0, 8))]
+        seq = head + unit * rng.randint(0, 7) + unit[: rng.randint(0, len(unit))]
+        options = {"max_period": rng.choice([2, 8, 64]), "min_repeats": rng.choice([2, 3]), "min_span": 8}
+        assert trailing_loop(seq, **options) == _loop_reference(seq, **options), (seq, options)
