@@ -96,12 +96,13 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def format_columns(template: Template) -> dict[str, Any]:
-    """The columns that carry ``template``'s format rules to the reward functions."""
+def format_columns(template: Template, prompt: str | None = None) -> dict[str, Any]:
+    """The columns that carry ``template``'s format rules to the reward functions; given the rendered
+    ``prompt``, without the markers it already ends with (`Template.markers_to_write`)."""
     return {
         "template": template.name,
         "answer_rule": template.answer,
-        "format_markers": list(template.markers),
+        "format_markers": list(template.markers if prompt is None else template.markers_to_write(prompt)),
     }
 
 
@@ -198,7 +199,7 @@ class PromptAugmentationCollator:
             template = self.template_for(uid, epoch, training)
             prompt = template.render(question, self.tokenizer, **self.chat_template_kwargs)
             out.append(
-                {**row, "prompt": prompt, "question": question, "uid": uid, **format_columns(template)}
+                {**row, "prompt": prompt, "question": question, "uid": uid, **format_columns(template, prompt)}
             )
         return out
 

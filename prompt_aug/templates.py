@@ -106,6 +106,18 @@ class Template:
     answer: str = "boxed"
     markers: tuple[str, ...] = field(default_factory=tuple)
 
+    def markers_to_write(self, prompt: str) -> tuple[str, ...]:
+        """The `markers` a completion of ``prompt`` (this template's render) is to write: all but one the
+        prompt already ends with, where the chat template's generation prompt opens ``<think>`` itself (as
+        DeepSeek-R1 distills' do): the completion continues it, and would score only by writing it again.
+
+        >>> t = Template("t", "", "{question}", markers=("<think>\\n", "\\n</think>\\n"))
+        >>> t.markers_to_write("<|assistant|><think>\\n"), t.markers_to_write("<|assistant|>")
+        (('\\n</think>\\n',), ('<think>\\n', '\\n</think>\\n'))
+        """
+        end = prompt.rstrip()
+        return tuple(m for m in self.markers if not (m.strip() and end.endswith(m.strip())))
+
     def messages(self, question: str) -> list[dict[str, str]]:
         """The chat messages for ``question`` (without the prefill)."""
         turns = [{"role": "system", "content": self.system}] if self.system else []

@@ -292,3 +292,35 @@ def test_a_chat_template_that_opens_think_itself_gets_no_second_one(tokenizer):
     bare = _chat_templated(tokenizer, "{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
     asked = "Solve 2x = 4. Let's think step by step."
     assert bank["abel"].render(asked, bare).endswith(f"{asked}\n{bank['abel'].prefill}")
+
+
+def test_a_marker_the_chat_template_opens_is_not_asked_of_the_completion(tokenizer):
+    """Under a chat template whose generation prompt ends with ``<think>`` (DeepSeek-R1 distills'), the
+    completion continues the thought: a completion that follows open-r1 and deepseek-r1 otherwise gets their
+    whole format reward, where asking for the marker again would cap it at 3/4 and teach the model to repeat
+    it. Without that chat template every marker is asked."""
+    from prompt_aug.collator import PromptAugmentationCollator
+    from rewards.registry import format_reward
+
+    thinking = _chat_templated(
+        tokenizer,
+        (
+            "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+        ),
+    )
+    plain = _chat_templated(tokenizer, thinking.chat_template.replace("<think>\n", ""))
+    bank = load_templates()
+    followed = {
+        "open-r1": "so 1 + 1\n</think>\n<answer>\n\\boxed{2}\n</answer>",
+        "deepseek-r1": "so 1 + 1</think><answer>\\boxed{2}</answer>",
+    }
+    for name, completion in followed.items():
+        (row,) = PromptAugmentationCollator([bank[name]], thinking)([{"question": "What is 1 + 1?"}])
+        assert row["format_markers"] == list(bank[name].markers[1:]), name
+        columns = {key: [row[key]] for key in ("template", "answer_rule", "format_markers")}
+        assert format_reward([completion], **columns) == [1.0], name
+        (row,) = PromptAugmentationCollator([bank[name]], plain)([{"question": "What is 1 + 1?"}])
+        assert row["format_markers"] == list(bank[name].markers), name
+        columns = {key: [row[key]] for key in ("template", "answer_rule", "format_markers")}
+        assert format_reward([completion], **columns) == [0.75], name
