@@ -364,7 +364,12 @@ def select_templates(
     >>> [t.name for t in chosen], w
     (['qwen-math', 'abel'], [0.75, 0.25])
     """
-    names = list(bank) if not names else list(names)
+    if names is not None and not list(names):  # a list left empty (all commented out?), not "all"
+        raise TemplateError(
+            "templates: the list is empty; name at least one template, or leave the key out to draw from "
+            "the whole bank"
+        )
+    names = list(bank) if names is None else list(names)
     missing = [n for n in names if n not in bank]
     if missing:
         raise TemplateError(f"templates: unknown template(s) {missing}; the bank has {list(bank)}")

@@ -183,6 +183,14 @@ def test_custom_bank_file_and_subset_with_weights(tmp_path, tokenizer):
         select_templates(load_templates(), ["qwen-math", "abel"], [1.0])
 
 
+def test_an_empty_templates_list_is_refused_not_read_as_the_whole_bank():
+    """``templates: []`` (every entry commented out) is no choice of templates; leaving the key out draws
+    from the whole bank."""
+    with pytest.raises(TemplateError, match=r"^templates: the list is empty; name at least one template"):
+        select_templates(load_templates(), [])
+    assert len(select_templates(load_templates())[0]) == len(load_templates())
+
+
 @pytest.mark.parametrize("weights", [[float("nan"), 1.0], [float("inf"), 1.0], [-1.0, 2.0], [0.0, 0.0]])
 def test_template_weights_that_are_no_sampling_weights_are_refused_naming_the_key(weights):
     with pytest.raises(TemplateError, match=r"^template_weights must be finite non-negative"):
