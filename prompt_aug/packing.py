@@ -448,12 +448,15 @@ def position_dependence(model: torch.nn.Module) -> str | None:
     positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     for module_name, module in model.named_modules():
-        if (
-            isinstance(module, torch.nn.Embedding)
-            and module is not tokens
-            and module.num_embeddings == positions
-        ):
+        if module is tokens or "attention_mask" in inspect.signature(module.forward).parameters:
+            continue  # OPT's table: positions counted from the attention mask, so padding moves none
+        learned = isinstance(module, torch.nn.Embedding) and (
+            module.num_embeddings - getattr(module, "offset", 0) == positions  # BART's, OPT's: offset 2
+        )
+        if learned:
             return f"{name} learns a table of absolute positions ({module_name})"
+        if type(module).__name__.endswith("SinusoidalPositionalEmbedding"):  # XGLM's: fixed, absolute
+            return f"{name} adds sinusoidal absolute positions ({module_name})"
     return None
 
 

@@ -636,3 +636,56 @@ def test_gpu_round_ratio_to_padded_is_over_the_rounds_both_ran():
     assert float(cells[1]) == pytest.approx(1.5)  # its own new rounds' mean seconds
     assert float(cells[3]) == pytest.approx(0.5), lines  # new/padded over seeds 1 and 2
     assert math.isnan(float(cells[4]))  # no repeated round: no again/padded
+
+
+def _tiny_causal_lms() -> dict[str, torch.nn.Module]:
+    """Tiny random causal LMs that give positions in different ways."""
+    from transformers import (
+        BartConfig,
+        BartForCausalLM,
+        GPT2Config,
+        GPT2LMHeadModel,
+        OPTConfig,
+        OPTForCausalLM,
+        XGLMConfig,
+        XGLMForCausalLM,
+    )  # fmt: skip
+
+    torch.manual_seed(0)
+    return {
+        "bart": BartForCausalLM(BartConfig(
+            vocab_size=50, d_model=8, decoder_layers=1, encoder_layers=1, decoder_attention_heads=2,
+            encoder_attention_heads=2, decoder_ffn_dim=8, encoder_ffn_dim=8, max_position_embeddings=64,
+        )),
+        "xglm": XGLMForCausalLM(XGLMConfig(
+            vocab_size=50, d_model=8, num_layers=1, attention_heads=2, ffn_dim=8, max_position_embeddings=64
+        )),
+        "opt": OPTForCausalLM(OPTConfig(
+            vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, ffn_dim=8,
+            max_position_embeddings=64, word_embed_proj_dim=8,
+        )),
+        "gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=8, n_layer=1, n_head=2, n_positions=64)),
+        "qwen2": Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=50, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=64,
+        )),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["bart", "xglm", "opt", "gpt2", "qwen2"])
+def test_a_model_is_called_position_dependent_exactly_when_left_padding_changes_its_values(name):
+    """Measured, not assumed: a row's logits alone and behind three masked padding columns. BART's table
+    (offset by 2) and XGLM's sinusoids count the padding; OPT's table counts from the attention mask, and
+    rotary attention sees distances only."""
+    from prompt_aug.packing import position_dependence
+
+    model = _tiny_causal_lms()[name].eval()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(ids)], dim=1)
+    with torch.no_grad():
+        alone = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
+        behind = model(input_ids=padded, attention_mask=mask).logits[0, 3:]
+    moved = (alone - behind).abs().max().item() > 1e-5
+    assert (position_dependence(model) is not None) == moved, (name, moved, position_dependence(model))
+    assert moved == (name in ("bart", "xglm", "gpt2"))
