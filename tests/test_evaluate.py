@@ -1738,6 +1738,49 @@ def test_a_prompt_longer_than_max_model_len_fails_before_the_vllm_engine_loads(
         main(["--model", str(tiny_model_dir), "--data_dir", str(suite_dir), "--output", str(out), *vllm])
 
 
+def test_a_max_model_len_above_the_models_context_is_refused_before_the_vllm_engine_loads(
+    tiny_model_dir, suite_dir, tmp_path
+):
+    """vLLM refuses a ``max_model_len`` past the config's context (a traceback once the engine loads); a
+    model whose config scales its RoPE may run past it, as vLLM lets it."""
+    import importlib.util
+
+    out = tmp_path / "eval"
+    context = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
+    vllm = ("--benchmarks", "amc", "--backend", "vllm", "--max_model_len", str(context + 1))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", str(tiny_model_dir), "--data_dir", str(suite_dir), "--output", str(out), *vllm])
+    assert exit_info.value.code == (
+        f"prompt-aug-eval: error: --max_model_len {context + 1} is above the context of --model "
+        f"{tiny_model_dir} ({context} tokens, its config's); pass at most that, or leave --max_model_len out"
+    )
+    assert not out.exists()
+    if importlib.util.find_spec("vllm") is not None:  # the scaled model would run: shown where it cannot
+        return
+    scaled = tmp_path / "yarn"
+    shutil.copytree(tiny_model_dir, scaled)
+    config = json.loads((scaled / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": context}
+    (scaled / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as exit_info:  # past the check, to the engine, which is not installed here
+        main(
+            [
+                "--model",
+                str(scaled),
+                "--data_dir",
+                str(suite_dir),
+                "--output",
+                str(out),
+                *vllm,
+                "--limit",
+                "1",
+            ]
+        )
+    assert str(exit_info.value.code).startswith(
+        "prompt-aug-eval: error: --backend vllm: vLLM is not installed"
+    )
+
+
 def test_backend_vllm_without_vllm_is_one_line_before_the_folder_is_touched(
     tiny_model_dir, suite_dir, tmp_path
 ):

@@ -271,6 +271,19 @@ def model_context_length(model: str) -> int | None:
     return min(values) if values else None
 
 
+def rope_scaled(model: str) -> bool:
+    """Whether ``model``'s config scales its RoPE (YaRN, linear, dynamic, ...), with which vLLM lets a
+    context run past ``max_position_embeddings``."""
+    _, text = model_configs(model)
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if not isinstance(params, dict):
+        return False
+    nested = [v for v in params.values() if isinstance(v, dict)]  # per layer type (Gemma 3)
+    return any(
+        p.get("rope_type", p.get("type", "default")) not in ("default", None) for p in nested or [params]
+    )
+
+
 def vllm_max_model_len(
     requested: int | None, longest_prompt: int, max_tokens: int, context: int | None
 ) -> int:

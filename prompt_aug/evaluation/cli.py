@@ -60,6 +60,7 @@ from .backends import (
     default_backend,
     load_tokenizer,
     model_context_length,
+    rope_scaled,
     vllm_max_model_len,
 )
 from .benchmarks import (
@@ -679,6 +680,11 @@ def _vllm_context(
     lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
     longest = max(lengths, default=0)
     context = model_context_length(args.model)
+    if args.max_model_len and context and args.max_model_len > context and not rope_scaled(args.model):
+        raise EvalError(  # vLLM would refuse it with a traceback once the engine starts loading
+            f"--max_model_len {args.max_model_len} is above the context of --model {args.model} ({context} "
+            "tokens, its config's); pass at most that, or leave --max_model_len out"
+        )
     max_model_len = vllm_max_model_len(args.max_model_len, longest, args.max_tokens, context)
     logger.info(
         "vLLM max_model_len %s (model context %s; longest prompt %d + --max_tokens %d)",
