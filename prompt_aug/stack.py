@@ -298,13 +298,22 @@ def stack_line() -> str:
 
 
 def server_address(args: Any) -> tuple[str, str, str]:
-    """The vLLM server's base URL as TRL's `VLLMClient` builds it, and the host and port it names."""
+    """The vLLM server's base URL as TRL's `VLLMClient` builds it, and the host and port it names (a URL
+    without one: its scheme's, where the client connects).
+
+    >>> from types import SimpleNamespace
+    >>> server_address(SimpleNamespace(vllm_server_base_url="https://node1"))
+    ('https://node1', 'node1', '443')
+    >>> server_address(SimpleNamespace(vllm_server_base_url="http://node1:8000"))
+    ('http://node1:8000', 'node1', '8000')
+    """
     from urllib.parse import urlparse
 
     if args.vllm_server_base_url:
         parsed = urlparse(args.vllm_server_base_url)
-        base = f"{parsed.scheme or 'http'}://{parsed.netloc}{parsed.path}"
-        return base, str(parsed.hostname), str(parsed.port or "")
+        scheme = parsed.scheme or "http"
+        base = f"{scheme}://{parsed.netloc}{parsed.path}"
+        return base, str(parsed.hostname), str(parsed.port or {"http": 80, "https": 443}.get(scheme, ""))
     return (
         f"http://{args.vllm_server_host}:{args.vllm_server_port}",
         args.vllm_server_host,
