@@ -225,18 +225,37 @@ def merged_card(card: str, target: Path) -> str:
     return re.sub(r'\bmodel="[^"]*"', lambda _: f'model="{target}"', card)
 
 
-def _untie_embeddings(model: Any) -> bool:
-    """Give the output embedding of ``model`` a copy of the weight it shares with the input embedding (a base
-    with ``tie_word_embeddings``), so that a delta merged into one leaves the other as the adapter-applied
-    model computes it. Returns whether they were tied."""
-    import torch
-
+def _shared_embedding(model: Any) -> Any:
+    """The weight that the input and output embeddings of ``model`` share (a base with
+    ``tie_word_embeddings``), or None."""
     inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
     if inputs is None or outputs is None or outputs.weight is not inputs.weight:
-        return False
-    outputs.weight = torch.nn.Parameter(inputs.weight.detach().clone(), requires_grad=False)
+        return None
+    return inputs.weight
+
+
+def _untie_embeddings(adapted: Any, shared: Any) -> None:
+    """Give the output embedding under ``adapted`` (a PEFT model loaded on a tied base) a copy of ``shared``,
+    the weight it shares with the input embedding, so that a delta merged into one leaves the other as the
+    adapter-applied model computes it. PEFT is given the base tied, as training gave it: trainable tokens,
+    and ``ensure_weight_tying``, act on both embeddings only where it sees them tied."""
+    import torch
+
+    model = adapted.get_base_model()
+    copy = torch.nn.Parameter(shared.detach().clone(), requires_grad=False)
+    for module in model.get_output_embeddings().modules():  # the layer, or PEFT's wrappers of it
+        if module._parameters.get("weight") is shared:
+            module._parameters["weight"] = copy
     model.config.tie_word_embeddings = False
-    return True
+
+
+def _unmerged_layer(model: Any) -> str | None:
+    """The first layer of ``model`` that PEFT's ``merge_and_unload`` left one of its own (with its class),
+    or None."""
+    for name, module in model.named_modules():
+        if type(module).__module__.startswith("peft."):
+            return f"{name} ({type(module).__name__})"
+    return None
 
 
 def _retie_embeddings(model: Any) -> None:
@@ -310,15 +329,15 @@ def merge(
     temporary name and renamed when complete. The merge is computed in ``dtype`` (``auto``: the base's stored
     dtype; ``float32`` keeps a small delta that bf16 would round away). Returns ``output``.
 
-    A base with tied input and output embeddings is loaded untied, so that a LoRA on ``lm_head`` (or on the
-    embeddings) changes that layer alone, as the adapter-applied model does; the merged model is saved
-    untied where they then differ.
+    A base with tied input and output embeddings gets the adapter tied, as in training, and is untied before
+    the merge, so that a LoRA on ``lm_head`` (or on the embeddings) changes that layer alone, and trainable
+    tokens both, as the adapter-applied model does; the merged model is saved untied where they then differ.
 
     Raises:
         AdapterError: ``folder`` is not an adapter, its ``adapter_config.json`` does not parse, its base is
-            not recorded, cannot be found or has other shapes than the adapter's, its weights are missing,
-            ``base`` is itself an adapter folder, ``output`` is refused by `check_output`, or ``dtype`` is not
-            one of `DTYPES`.
+            not recorded, cannot be found, is quantized or has other shapes than the adapter's, its weights
+            are missing, ``base`` is itself an adapter folder, PEFT leaves a layer unmerged, ``output`` is
+            refused by `check_output`, or ``dtype`` is not one of `DTYPES`.
         SourceError: ``base`` cannot be found (a missing folder, an unreachable or uncached Hub id).
     """
     folder = Path(folder).expanduser().resolve()
@@ -355,16 +374,26 @@ def merge(
     check_output(target)
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    quantized = getattr(AutoConfig.from_pretrained(base), "quantization_config", None)
+    if quantized:  # PEFT would fold the delta into rounded weights, or need a GPU library to load them at all
+        method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized.quant_method
+        raise AdapterError(
+            f"{label}: a quantized model ({method}), which the adapter's delta cannot be folded into without "
+            "rounding it away; pass --base the unquantized model it was quantized from"
+        )
     model = AutoModelForCausalLM.from_pretrained(
         base, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
     )
-    tied = _untie_embeddings(model)
+    shared = _shared_embedding(model)
     try:
         adapted = PeftModel.from_pretrained(model, str(folder))
-    except RuntimeError as err:  # another model than the one the adapter was trained on
+    except (RuntimeError, ValueError) as err:  # another model than the one the adapter was trained on
         mismatch = _size_mismatch(str(err))
+        if mismatch is None and isinstance(err, ValueError) and "not found in the base model" in str(err):
+            mismatch = str(err).split(" not found in the base model")[0]  # PEFT's: Target modules {...}
+            mismatch = f"{mismatch[0].lower()}{mismatch[1:]} are not in the base"
         if mismatch is None:
             raise
         raise AdapterError(
@@ -372,8 +401,15 @@ def merge(
             "model it was trained on"
         ) from None
     with torch.no_grad():
+        if shared is not None:
+            _untie_embeddings(adapted, shared)
         merged = adapted.merge_and_unload()
-        if tied:
+        if left := _unmerged_layer(merged):  # saved, it would hold PEFT's keys, which no loader reads
+            raise AdapterError(
+                f"{folder}: PEFT cannot fold this adapter into its base ({left} is left a PEFT layer); "
+                "evaluate the adapter folder as it is (--backend hf), or train without that combination"
+            )
+        if shared is not None:
             _retie_embeddings(merged)
     target.parent.mkdir(parents=True, exist_ok=True)
     with staged_folder(target) as work:

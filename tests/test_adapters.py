@@ -562,3 +562,96 @@ def test_a_resumed_adapter_is_held_to_the_base_it_records_where_that_can_be_told
     assert resumed_base_problem(hub, str(tiny_model_dir)) is None  # a local copy of the Hub model, perhaps
     moved = save_lora_adapter(tiny_model_dir, tmp_path / "moved", recorded="/elsewhere/models/base")
     assert resumed_base_problem(moved, str(other)) is None  # recorded on another machine: not told apart
+
+
+@pytest.mark.parametrize(
+    ("targets", "lora"),
+    [
+        (("q_proj", "v_proj"), {"modules_to_save": ["lm_head"], "bias": "all", "use_rslora": True}),
+        (("q_proj", "v_proj"), {"use_dora": True}),
+        (("q_proj",), {"trainable_token_indices": [3, 5]}),
+        (("q_proj", "embed_tokens", "lm_head"), {"ensure_weight_tying": True}),
+    ],
+    ids=["modules-to-save-bias-rslora", "dora", "trainable-tokens", "tied-lora"],
+)
+def test_a_merged_adapter_of_each_kind_computes_what_base_plus_adapter_computes(
+    tiny_model_dir, tmp_path, targets, lora
+):
+    """PEFT acts on both tied embeddings where it sees the base tied, as in training (trainable tokens, and
+    LoRA with ensure_weight_tying): the merge folds in what the adapter-applied tied base computes."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run", targets=targets, **lora)
+    out = merge(folder)
+    ids = torch.tensor([[1, 7, 9, 3, 11, 5]])  # tokens 3 and 5 are the trainable ones
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), folder)
+    expected = _logits(adapted.eval(), ids)
+    merged = _logits(AutoModelForCausalLM.from_pretrained(out).eval(), ids)
+    torch.testing.assert_close(merged, expected, rtol=1e-4, atol=1e-4)
+    base = _logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), ids)
+    assert (merged - base).abs().max() > 1e-2  # the adapter did change the model
+
+
+def test_an_adapter_peft_cannot_fold_in_is_refused_not_saved_half_merged(tiny_model_dir, tmp_path):
+    """Trainable tokens beside a LoRA on the tied lm_head: PEFT's merge leaves its wrapper in the model,
+    which saved would hold keys no loader reads. Refused in one line, naming the layer, writing nothing;
+    merged, were PEFT to fold it, it would have to compute what base plus adapter computes."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    folder = save_lora_adapter(
+        tiny_model_dir, tmp_path / "run", targets=("q_proj", "lm_head"), trainable_token_indices=[3, 5]
+    )
+    try:
+        out = merge(folder)
+    except AdapterError as err:
+        assert str(err).startswith(f"{folder}: PEFT cannot fold this adapter into its base (lm_head ")
+        assert "evaluate the adapter folder as it is" in str(err) and "\n" not in str(err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+        return
+    ids = torch.tensor([[1, 7, 9, 3, 11, 5]])
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), folder)
+    torch.testing.assert_close(
+        _logits(AutoModelForCausalLM.from_pretrained(out).eval(), ids),
+        _logits(adapted.eval(), ids),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
+def test_a_quantized_base_is_refused_before_it_loads(tiny_model_dir, tmp_path):
+    """Folded into 4-bit (or fp8, GPTQ...) weights, the delta is rounded away, and on a machine without the
+    quantization library transformers asks to install it: the merge names the base and asks for the
+    unquantized one, whether the adapter records it or --base gives it."""
+    quantized = Path(shutil.copytree(tiny_model_dir, tmp_path / "base-4bit"))
+    config = json.loads((quantized / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (quantized / "config.json").write_text(json.dumps(config))
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run", recorded=str(quantized))
+    expected = "a quantized model (bitsandbytes), which the adapter's delta cannot be folded into"
+    message = _refusal(["merge", str(folder)])
+    assert message.startswith(f"prompt_aug.adapters: error: merge {folder}: its LoRA adapter's base model")
+    assert f"{quantized}: {expected}" in message and "\n" not in message
+    assert message.endswith("pass --base the unquantized model it was quantized from")
+    message = _refusal(["merge", str(folder), "--base", str(quantized)])
+    assert message.startswith(f"prompt_aug.adapters: error: --base {quantized}: {expected}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base-4bit", "run"]
+    assert merge(folder, base=str(tiny_model_dir)) == tmp_path / "run-merged"
+
+
+def test_a_base_of_another_architecture_is_one_line_naming_the_missing_modules(tiny_model_dir, tmp_path):
+    """A GPT-2 has no q_proj or v_proj: PEFT's refusal becomes one line naming --base and the modules."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    other = tmp_path / "gpt2"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=1, n_head=4, n_positions=64)
+    GPT2LMHeadModel(config).save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run")
+    message = _refusal(["merge", str(folder), "--base", str(other)])
+    assert message.startswith(f"prompt_aug.adapters: error: --base {other}: not the model the adapter in")
+    assert "'q_proj'" in message and "'v_proj'" in message and "are not in the base" in message
+    assert message.endswith("pass --base the model it was trained on") and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2", "run"]
