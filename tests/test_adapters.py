@@ -655,3 +655,26 @@ def test_a_base_of_another_architecture_is_one_line_naming_the_missing_modules(t
     assert "'q_proj'" in message and "'v_proj'" in message and "are not in the base" in message
     assert message.endswith("pass --base the model it was trained on") and "\n" not in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpt2", "run"]
+
+
+@pytest.mark.parametrize("lora", [{}, {"use_dora": True}], ids=["lora", "dora"])
+def test_the_hf_evaluation_runs_an_adapter_folder_as_peft_runs_it_with_its_own_generation_config(
+    tiny_model_dir, tmp_path, lora
+):
+    """``prompt-aug-eval --model <adapter folder>`` (hf backend) computes what PEFT computes on the base (a
+    DoRA adapter too, whose magnitudes transformers' own adapter loading drops), and generates under the
+    folder's generation config (the run's stop ids and length), not the base's."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from prompt_aug.evaluation.backends import HFBackend
+
+    folder = save_lora_adapter(tiny_model_dir, tmp_path / "run", **lora)
+    backend = HFBackend.load(str(folder), device="cpu")
+    ids = torch.tensor([[1, 7, 9, 3, 11]])
+    expected = _logits(
+        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), folder), ids
+    )
+    torch.testing.assert_close(_logits(backend.model, ids), expected, rtol=1e-5, atol=1e-5)
+    holder = backend.model.get_base_model() if hasattr(backend.model, "get_base_model") else backend.model
+    assert (holder.generation_config.eos_token_id, holder.generation_config.max_new_tokens) == ([2, 5], 7)

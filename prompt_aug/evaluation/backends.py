@@ -93,12 +93,19 @@ class HFBackend:
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
 
+        from ..adapters import adapter_base, is_adapter
+
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        loaded = AutoModelForCausalLM.from_pretrained(
-            model, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
-        )
+        torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+        if is_adapter(model):  # through PEFT, as training ran it: transformers' own adapter loading drops
+            from peft import PeftModel  # DoRA's magnitudes (a model other than the one trained, silently)
+
+            base = AutoModelForCausalLM.from_pretrained(adapter_base(model), dtype=torch_dtype)
+            loaded = PeftModel.from_pretrained(base, model)
+        else:
+            loaded = base = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
         if (Path(model) / "generation_config.json").is_file():
-            loaded.generation_config = GenerationConfig.from_pretrained(model)
+            base.generation_config = GenerationConfig.from_pretrained(model)  # where `generate` reads it
         return cls(loaded.to(device), tokenizer if tokenizer is not None else load_tokenizer(model), stop)
 
     def generate(
