@@ -46,7 +46,7 @@ from .faults import (
     last_complete_checkpoint,
 )
 from .logging_utils import check_log_file
-from .model_card import readme_owner, without_hub_tokens
+from .model_card import OVERRIDES_LINE, readme_owner, recorded_overrides, without_hub_tokens
 from .records import LogFileError
 from .reward_checks import RewardFunctionError
 from .sources import (
@@ -821,8 +821,8 @@ def hide_tokens(text: str) -> str:
 
 
 def _token_values(node: Any) -> set[str]:
-    """The text values (8 characters or more) of the keys ending in ``_token`` anywhere in a parsed recipe
-    ``node``."""
+    """The text values (8 characters or more) of the keys ending in ``_token``, or named ``token`` (a gated
+    model's, under ``model_init_kwargs``), anywhere in a parsed recipe ``node``; any case."""
     if isinstance(node, list):
         return set().union(*map(_token_values, node))
     if not isinstance(node, dict):
@@ -830,7 +830,7 @@ def _token_values(node: Any) -> set[str]:
     found = set()
     for key, value in node.items():
         secret = isinstance(value, str) and len(value.strip()) >= 8  # not a flag or a number shown everywhere
-        if str(key).lower().endswith("_token") and secret:
+        if (str(key).lower().endswith("_token") or str(key).lower() == "token") and secret:
             found.add(value.strip())
         found |= _token_values(value)
     return found
@@ -849,11 +849,13 @@ def interrupted_message(
     optimizer: bool = True,
     entropy: bool = False,
     overwrite: bool = False,
+    processes: int | None = None,
 ) -> str:
     """Where training stopped and the command that continues it (tokens hidden, `hide_tokens`).
     ``optimizer``, ``entropy``: what the run's checkpoints hold (`prompt_aug.faults.saved_parts`);
     ``overwrite``: the run's ``overwrite_output_dir``, which the command turns off (a recipe may set it, and
-    a resume refuses it)."""
+    a resume refuses it); ``processes``: the run's count (default: the launcher's ``WORLD_SIZE``), so that a
+    checkpoint missing a process's RNG state, which a resume skips, is not the one named."""
     args = list(argv) if argv is not None else sys.argv[1:]
     dropped = {
         i
@@ -862,8 +864,9 @@ def interrupted_message(
         for i in range(start, stop)
     }
     kept = [word for i, word in enumerate(args) if i not in dropped]  # the resume command replaces these
+    world = processes if processes is not None else int(os.environ.get("WORLD_SIZE", "1") or 1)
     last = (
-        last_complete_checkpoint(output_dir, optimizer, entropy=entropy)[0]
+        last_complete_checkpoint(output_dir, optimizer, processes=world, entropy=entropy)[0]
         if Path(output_dir).is_dir()
         else None
     )
@@ -875,7 +878,6 @@ def interrupted_message(
     else:
         # Under a launcher only the script's arguments are known here; the launch (processes, machines,
         # engine config) must be the same as the run's, or the rounds and the optimizer state differ.
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         launch = "python" if world <= 1 else f"<the same launcher, on {world} processes>"
         added = [
             *(["--overwrite_output_dir", "false"] if overwrite else []),
@@ -893,14 +895,39 @@ def interrupted_message(
     return "\n".join(lines)
 
 
-def recipe_text(argv: list[str] | None) -> str:
+def recipe_text(argv: list[str] | None, resume: str | None = None) -> str:
     """The recipe file's text, with the command-line overrides as a last comment line; tokens hidden
-    (`hide_tokens`)."""
+    (`hide_tokens`). ``resume``: the checkpoint this launch resumes, whose run trained its steps under the
+    overrides of its own launches: their lines, as the card of that run records them
+    (`model_card.recorded_overrides`), come first, and this launch's names the step it resumed at."""
     args, config_path = config_args(list(argv) if argv is not None else sys.argv[1:])
     text = ""
     if config_path:
         text = Path(config_path).read_text()
     overrides = [a for i, a in enumerate(args) if a != "--config" and (i == 0 or args[i - 1] != "--config")]
+    lines, label = [], OVERRIDES_LINE
+    if resume is not None:
+        step, run = checkpoint_step(resume), Path(resume).parent
+        earlier = recorded_overrides(run)
+        if earlier is None:
+            lines.append(f"{label} before step {step}: not known (no model card in {run})")
+        else:  # a launch that resumed at this step or later trained no step this run keeps
+            lines += [line for line in earlier if _resumed_at(line) < step] or [f"{label}: none"]
+        label += f", resumed at step {step}"
     if overrides:
-        text += "\n# command-line overrides: " + " ".join(overrides) + "\n"
+        lines.append(f"{label}: " + " ".join(overrides))
+    if lines:
+        text += "\n" + "\n".join(lines) + "\n"
     return hide_tokens(text)
+
+
+def _resumed_at(line: str) -> int:
+    """The step a launch's overrides line (`recipe_text`) says it resumed at; 0 for the run's first launch.
+
+    >>> _resumed_at("# command-line overrides, resumed at step 200: --seed 1")
+    200
+    >>> _resumed_at("# command-line overrides: --seed 1")
+    0
+    """
+    found = re.match(rf"{re.escape(OVERRIDES_LINE)}, resumed at step (\d+):", line)
+    return int(found.group(1)) if found else 0

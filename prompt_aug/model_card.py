@@ -65,8 +65,21 @@ OWN_README = "_README.md"
 _SEAL = re.compile(r"^<!-- prompt-aug card sha256:([0-9a-f]{64}) -->$\n?", re.MULTILINE)
 # A Hugging Face access token (``hf_`` and letters and digits): the card's recipe shows any as ``hf_***``,
 # wherever it stands (``model_init_kwargs: {token: hf_...}``, a comment), beside `cli.hide_tokens`, which
-# hides the values of keys ending in ``_token`` only.
+# hides the values of keys ending in ``_token``.
 _HF_TOKEN = re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{20,}(?![A-Za-z0-9])")
+# The value of a key named ``token`` (``model_init_kwargs: {token: ...}``, JSON's ``{"token": "..."}``), any
+# case, whatever its shape: one not shown as hidden already, and no YAML or JSON true, false or null (the
+# stored login's token, or none: a value a command must keep). The quotes around a value stay.
+_BARE_TOKEN = re.compile(
+    r"""(?ix)
+    ( (?<![\w-]) (["']?) token \2 [ \t]* : [ \t]* )  # the key, bare or quoted, and its colon
+    (?: (["']) (?! (?:hf_)?\*\*\*\3 ) [^"'\n]+ \3       # a quoted value, not hidden already
+      | (?! (?:hf_)?\*\*\* | (?:true|false|null|~) (?![^\s,}\]\#]) )  # or a bare one, nor true, false, null
+        [^\s,}\]\#"']+ )
+    """
+)
+# How the recipe's lines for the command-line overrides start (`cli.recipe_text`), one a launch of the run.
+OVERRIDES_LINE = "# command-line overrides"
 # A heading of the renderer's own: a card with our sections in it (`readme_owner`).
 _OURS = "## Template bank"
 
@@ -287,12 +300,38 @@ def render_model_card(
 
 
 def without_hub_tokens(text: str) -> str:
-    """``text`` with each Hugging Face access token in it shown as ``hf_***``.
+    """``text`` with each Hugging Face access token in it shown as ``hf_***``, and the value of a key named
+    ``token`` of any other shape as ``***``.
 
     >>> without_hub_tokens("model_init_kwargs: {token: hf_" + "a1" * 17 + "}  # hf_x")
     'model_init_kwargs: {token: hf_***}  # hf_x'
+    >>> without_hub_tokens('{token: oauth-1, revision: main} {"token": "oauth-2"} {"token": true}')
+    '{token: ***, revision: main} {"token": "***"} {"token": true}'
     """
-    return _HF_TOKEN.sub("hf_***", text)
+    text = _HF_TOKEN.sub("hf_***", text)
+    return _BARE_TOKEN.sub(
+        lambda m: m.group(1) + (f"{m.group(3)}***{m.group(3)}" if m.group(3) else "***"), text
+    )
+
+
+def recorded_overrides(folder: str | Path) -> list[str] | None:
+    """The command-line overrides lines (`OVERRIDES_LINE`) that end the recipe of the model card in
+    ``folder`` (``README.md``, which training writes at each checkpoint): one a launch of the run that wrote
+    it, in their order. None where no card with a recipe section is there.
+    """
+    try:
+        card = (Path(folder) / "README.md").read_text(errors="replace")
+    except OSError:
+        return None
+    recipe = re.search(r"^## Recipe\n\n```yaml\n(.*?)^```$", card, re.MULTILINE | re.DOTALL)
+    if recipe is None:
+        return None
+    found: list[str] = []
+    for line in reversed(recipe.group(1).splitlines()):
+        if not line.startswith(OVERRIDES_LINE):
+            break
+        found.insert(0, line)
+    return found
 
 
 def _round_lines(arithmetic: Any, log_history: list[dict[str, Any]]) -> list[str]:

@@ -8,9 +8,9 @@ As TRL's GRPO script: `prompt_aug.recipe.make_parser` builds the parser of a rec
 → tokenizer → rows → model → trainer → train → save → card → push. `main` is the command: parse, `run`, and
 one line for bad input. Before anything heavy loads, the recipe, the output folder (a folder holding a run
 needs ``--resume_from_checkpoint`` or ``--overwrite_output_dir true``), where the model and data come from,
-the reward, template and evaluation keys, and a Hub token for ``push_to_hub`` are checked; such errors end the
-command with one line. The mixed precision the accelerator trains in is logged, with a warning where the
-launcher's (``accelerate launch``) and the recipe's differ. The features are built once, by
+the reward, template and evaluation keys, and a Hub token and repository id for ``push_to_hub`` are checked;
+such errors end the command with one line. The mixed precision the accelerator trains in is logged, with a
+warning where the launcher's (``accelerate launch``) and the recipe's differ. The features are built once, by
 `prompt_aug.extensions.build_features`, and handed to the trainer. The learning demo is reached only through
 `prompt_aug.sources`, so a run on a real model and dataset imports no demo module beyond its keys.
 """
@@ -311,6 +311,33 @@ def hub_token_problem() -> str | None:
     return None if token else f"push_to_hub: no Hugging Face token: {fix}"
 
 
+def hub_repo_problem(hub_model_id: str | None, output_dir: str) -> str | None:
+    """The one-line refusal of a Hub repository id that ``push_to_hub`` could not create (as
+    `huggingface_hub.utils.validate_repo_id` judges it): ``hub_model_id``, else the name of ``output_dir``,
+    which transformers names the repository after; None when it is well formed. Transformers creates the
+    repository only once the trainer is built, after the data and the model have loaded.
+
+    >>> hub_repo_problem("me/run", "out"), hub_repo_problem(None, "outputs/run-1")
+    (None, None)
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    name = hub_model_id if hub_model_id is not None else os.path.basename(os.path.abspath(output_dir))
+    try:
+        validate_repo_id(name)
+    except HFValidationError as err:
+        why = one_line(err, 200)
+        if hub_model_id is not None:
+            return (
+                f"hub_model_id: {name!r} is not a Hub repository id ({why}); fix it, or set push_to_hub false"
+            )
+        return (
+            f"hub_model_id: not set, and output_dir's name {name!r} is not a Hub repository id ({why}); set "
+            "hub_model_id (namespace/name), or set push_to_hub false"
+        )
+    return None
+
+
 def reward_functions(
     script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig
 ) -> tuple[list[Any], list[str]]:
@@ -384,6 +411,8 @@ def run(
                 "checkpoint's training_args.bin would carry it; give the one token through HF_TOKEN"
             )
         os.environ["HF_TOKEN"] = token
+    if args.push_to_hub and (bad_id := hub_repo_problem(args.hub_model_id, args.output_dir)):
+        raise UsageError(bad_id)  # the same on every process: no token is read
     if args.push_to_hub:  # the main process pushes, with its token: it decides for all, each then stops alike
         (no_token,) = broadcast_object_list([hub_token_problem() if state.is_main_process else None])
         if no_token:
@@ -393,10 +422,10 @@ def run(
         logger.warning("%s", clash)
     # A real run's round is this launch's; the recipe's num_processes plans dry runs only.
     arithmetic = batch_arithmetic(args, script_args, num_processes=state.num_processes)
-    recipe = recipe_text(argv)  # for the model card
     # Where model and data come from, and the output folder; an earlier run there that overwrite_output_dir
     # replaces is deleted only once the trainer is built (`clear_earlier_run`), so a bad value loses nothing.
     resume, stale = prepare_output_dir(script_args, args, model_args, state)
+    recipe = recipe_text(argv, resume)  # for the model card, with a resumed run's earlier launches' overrides
     with state.main_process_first():  # the data as stored, downloaded once; mapped to rows below
         read = read_training_data(script_args, seed=args.seed)
 
@@ -482,7 +511,7 @@ def run(
             step, max_steps = trainer.state.global_step, trainer.state.max_steps
             message = interrupted_message(
                 args.output_dir, step, max_steps, argv, overwrite=script_args.overwrite_output_dir,
-                **saved_parts(args),
+                processes=state.num_processes, **saved_parts(args),
             )  # fmt: skip
             print(message, file=sys.stderr, flush=True)
         raise SystemExit(130) from None
@@ -493,7 +522,7 @@ def run(
             why = f"Preempted by {trainer.preempted} (exit status {EXIT_PREEMPTED}, {PREEMPTED_FILE} written)"
             message = interrupted_message(
                 args.output_dir, step, max_steps, argv, why, overwrite=script_args.overwrite_output_dir,
-                **saved_parts(args),
+                processes=state.num_processes, **saved_parts(args),
             )  # fmt: skip
             print(message, file=sys.stderr, flush=True)
         # No rank exits before the main process has said so: torchrun stops the other ranks as soon as one
@@ -508,7 +537,11 @@ def run(
         # there (memory, Ctrl-C) must not cost the trained model. Then push (a failed push leaves them on
         # disk and says how to push later). A full disk on any of these writes is one line saying what
         # holds the trained model (`prompt_aug.faults.disk_full_message`).
-        with disk_full_is_one_line(args.output_dir, max_steps=trainer.state.max_steps, **saved_parts(args)):
+        full_disk = disk_full_is_one_line(
+            args.output_dir, max_steps=trainer.state.max_steps, processes=state.num_processes,
+            **saved_parts(args),
+        )  # fmt: skip
+        with full_disk:
             trainer.save_metrics("train", result.metrics)
             trainer.save_state()
             trainer.save_model_unpushed(args.output_dir)  # pushed below, once, with the card and the demo's

@@ -854,6 +854,73 @@ def test_a_hub_token_in_the_recipe_or_on_the_command_line_is_hidden_in_the_card_
     assert message.endswith("(*** stands for the token given: put it back, or set HF_TOKEN instead.)")
 
 
+def test_a_token_under_a_bare_token_key_is_hidden_in_the_card_and_the_resume_hint(tmp_path):
+    """A gated base model's token reaches the loader as ``model_init_kwargs: {token: ...}`` (a recipe's YAML,
+    or JSON on the command line): hidden whatever its shape, not only a ``hf_...`` one; other keys stay."""
+    from fault_harness import tiny_checkpoint
+
+    from prompt_aug.cli import interrupted_message, recipe_text
+
+    for extra in (
+        "model_init_kwargs:\n  token: oauth-SECRET-in-a-block\n  revision: main\n",
+        "model_init_kwargs: {token: oauth-SECRET-in-a-flow, revision: main}\n",
+        "model_init_kwargs: {'Token': 'oauth-SECRET-quoted', revision: main}\n",
+    ):
+        card = recipe_text(["--config", str(_recipe(tmp_path, extra=extra))])
+        assert "SECRET" not in card and "revision: main" in card, card
+    run = tmp_path / "run"
+    kwargs = '{"token": "oauth-SECRET-on-the-command-line", "revision": "main"}'
+    argv = [
+        "--config",
+        str(SMOKE),
+        "--output_dir",
+        str(run),
+        "--max_steps",
+        "10",
+        "--model_init_kwargs",
+        kwargs,
+    ]
+    card = recipe_text(argv)
+    assert "SECRET" not in card and '"revision": "main"}' in card, card
+    tiny_checkpoint(run / "checkpoint-2", 2)
+    message = interrupted_message(str(run), 3, 10, argv)
+    assert "SECRET" not in message and '"revision": "main"}' in message, message
+    assert message.endswith("(*** stands for the token given: put it back, or set HF_TOKEN instead.)")
+    # A token key that names no token (true: the stored login's) keeps its value, so the command still runs.
+    flag = ["--model_init_kwargs", '{"token": true}']
+    assert '{"token": true}' in interrupted_message(str(run), 3, 10, [*argv[:6], *flag])
+
+
+def test_a_resumed_launchs_recipe_keeps_the_earlier_launches_overrides_that_trained_its_steps(tmp_path):
+    """The card's recipe of a resumed launch: the overrides of the launches before it, as the run's card
+    records them, less a launch that resumed at the checkpoint's step or later (its steps were dropped), then
+    its own with the step; without a card there, it says that the earlier ones are not known."""
+    from prompt_aug.cli import recipe_text
+
+    run = tmp_path / "run"
+    argv = ["--config", str(SMOKE), "--output_dir", str(run), "--resume_from_checkpoint", "true"]
+    text = recipe_text(argv, str(run / "checkpoint-200"))
+    assert text.endswith(
+        f"\n# command-line overrides before step 200: not known (no model card in {run})\n"
+        f"# command-line overrides, resumed at step 200: --output_dir {run} --resume_from_checkpoint true\n"
+    )
+    run.mkdir()
+    (run / "README.md").write_text(
+        "---\ntags:\n- generated_from_trainer\n---\n\n## Recipe\n\n```yaml\nseed: 1\n"
+        "# command-line overrides: --learning_rate 5e-7\n"
+        "# command-line overrides, resumed at step 100: --resume_from_checkpoint true --beta 0.1\n"
+        "# command-line overrides, resumed at step 300: --resume_from_checkpoint true\n"
+        "```\n\n## Citations\n\n```bibtex\n@misc{x}\n```\n"
+    )
+    text = recipe_text(argv, str(run / "checkpoint-200"))
+    assert text.endswith(
+        "\n# command-line overrides: --learning_rate 5e-7\n"
+        "# command-line overrides, resumed at step 100: --resume_from_checkpoint true --beta 0.1\n"
+        f"# command-line overrides, resumed at step 200: --output_dir {run} --resume_from_checkpoint true\n"
+    )
+    assert SMOKE.read_text() in text
+
+
 def test_the_interruption_message_finds_the_checkpoint_of_a_run_that_saves_only_the_model(tmp_path):
     from fault_harness import tiny_checkpoint
 
@@ -867,6 +934,27 @@ def test_the_interruption_message_finds_the_checkpoint_of_a_run_that_saves_only_
     assert "No checkpoint was saved" in interrupted_message(str(run), 3, 10, argv)
     message = interrupted_message(str(run), 3, 10, argv, optimizer=False)
     assert f"Last checkpoint: {run / 'checkpoint-2'}." in message
+
+
+def test_the_interruption_message_skips_a_checkpoint_missing_a_process_rng_state(tmp_path, monkeypatch):
+    """On several processes each writes its own RNG state; a checkpoint whose save was cut short before
+    process 1 wrote its file (and before ``launch.json``) is one a resume skips: the message names the one
+    before it, judged with the run's process count (given, or the launcher's WORLD_SIZE)."""
+    import torch
+    from fault_harness import tiny_checkpoint
+
+    from prompt_aug.cli import interrupted_message
+
+    run = tmp_path / "run"
+    argv = ["--config", str(SMOKE), "--output_dir", str(run)]
+    for step, ranks in ((2, (0, 1)), (4, (0,))):
+        folder = tiny_checkpoint(run / f"checkpoint-{step}", step)
+        for rank in ranks:
+            torch.save({}, folder / f"rng_state_{rank}.pth")
+    complete = f"Last checkpoint: {run / 'checkpoint-2'}."
+    assert complete in interrupted_message(str(run), 5, 10, argv, processes=2)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun and accelerate launch set it
+    assert complete in interrupted_message(str(run), 5, 10, argv)
 
 
 def test_the_interruption_message_skips_a_checkpoint_whose_adaptive_entropy_state_was_cut_short(tmp_path):

@@ -716,6 +716,21 @@ def test_the_cards_recipe_shows_no_hub_token_given_under_another_key(tmp_path):
     assert '--model_init_kwargs {"token": "hf_***"}' in card
 
 
+def test_the_cards_recipe_shows_no_token_of_another_shape_under_a_bare_token_key(tmp_path):
+    """A token that is not ``hf_``-shaped (an OAuth token, one of another registry) under a bare ``token``
+    key, as a recipe or a command line gives it: the published card shows neither; other keys stay."""
+    info = _card_info()
+    info.recipe = (
+        "model_init_kwargs: {token: oauth-SECRET-flow, revision: main}\n"
+        "env:\n  token: 'oauth-SECRET-block'\nseed: 1\n"
+        '# command-line overrides: --model_init_kwargs {"token": "oauth-SECRET-json", "revision": "main"}\n'
+    )
+    card = render_model_card(info, tmp_path, 1, [])
+    assert "SECRET" not in card
+    assert "model_init_kwargs: {token: ***, revision: main}" in card and "seed: 1" in card
+    assert '--model_init_kwargs {"token": "***", "revision": "main"}' in card
+
+
 def test_a_lora_runs_card_written_at_a_checkpoint_is_not_taken_for_one_edited_by_hand(tmp_path, caplog):
     """A LoRA run writes its card at each checkpoint; its final save is PEFT's, which rewrites a README.md
     there (its own front matter). The card must then be replaced as training wrote it, not moved to
@@ -836,6 +851,30 @@ def test_push_to_hub_without_a_token_is_refused_before_anything_loads(tmp_path, 
     absent = str(tmp_path / "no-such-data")
     with pytest.raises(SystemExit, match="no-such-data"):
         train.main([*argv, "--hub_token", FAKE_TOKEN, "--dataset_name", absent])
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--hub_model_id", "me/x y"], "hub_model_id: 'me/x y' is not a Hub repository id"),
+        (["--hub_model_id", "a/b/c"], "hub_model_id: 'a/b/c' is not a Hub repository id"),
+        # Without hub_model_id the repository is named after the output folder.
+        ([], "hub_model_id: not set, and output_dir's name 'my run' is not a Hub repository id"),
+    ],
+)
+def test_a_malformed_hub_repository_id_is_refused_before_anything_loads(tmp_path, monkeypatch, flags, says):
+    """The repository is created only once the trainer is built, after the data and the model have loaded: a
+    name the Hub refuses fails at once, in one line naming the key and the value."""
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    out = tmp_path / "my run"
+    argv = ["--config", str(SMOKE), "--output_dir", str(out), "--push_to_hub", "true", *flags]
+    argv += ["--dataset_name", str(tmp_path / "no-such-data")]  # reached only after the check
+    with pytest.raises(SystemExit) as err:
+        train.main(argv)
+    message = str(err.value)
+    assert message.startswith(f"prompt-aug-train: error: {says}"), message
+    assert "\n" not in message and "no-such-data" not in message
+    assert not out.exists()
 
 
 def test_a_token_in_the_environment_or_the_token_file_is_enough_to_start_a_push(tmp_path, monkeypatch):

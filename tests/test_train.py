@@ -500,3 +500,33 @@ def test_a_completion_ending_in_the_pad_token_is_not_counted_as_truncated():
         trainer, rows, {"completion_ids": ids, "completion_mask": mask}, None, "train"
     )
     assert buffers["train"]["templates/a/truncated_ratio"] == [0.5]  # the second and the last
+
+
+def _recipe_block(card: str) -> str:
+    """The model card's recipe section: the yaml block under ``## Recipe``."""
+    return card.split("\n## Recipe\n\n```yaml\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_a_resumed_runs_card_shows_the_overrides_of_every_launch(tmp_path, monkeypatch):
+    """A run started with an override and resumed without it trained its first steps with that value: the
+    card's recipe shows each launch's overrides, the resumed one's with the step it resumed at."""
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    out = tmp_path / "run"
+    first = ["--config", SMOKE, "--output_dir", str(out), "--save_steps", "1"]
+    train.main([*first, "--max_steps", "1", "--learning_rate", "5e-7"])
+    train.main(
+        ["--config", SMOKE, "--output_dir", str(out), "--max_steps", "2", "--resume_from_checkpoint", "true"]
+    )
+    block = _recipe_block((out / "README.md").read_text())
+    resumed = f"--output_dir {out} --max_steps 2 --resume_from_checkpoint true"
+    assert block.splitlines()[-2:] == [
+        f"# command-line overrides: --output_dir {out} --save_steps 1 --max_steps 1 --learning_rate 5e-7",
+        f"# command-line overrides, resumed at step 1: {resumed}",
+    ], block
+    # A third launch keeps both lines, and adds its own.
+    train.main(
+        ["--config", SMOKE, "--output_dir", str(out), "--max_steps", "3", "--resume_from_checkpoint", "true"]
+    )
+    lines = _recipe_block((out / "README.md").read_text()).splitlines()
+    third = f"--output_dir {out} --max_steps 3 --resume_from_checkpoint true"
+    assert lines[-3:] == [*block.splitlines()[-2:], f"# command-line overrides, resumed at step 2: {third}"]
