@@ -199,7 +199,13 @@ class PromptAugmentationCollator:
             template = self.template_for(uid, epoch, training)
             prompt = template.render(question, self.tokenizer, **self.chat_template_kwargs)
             out.append(
-                {**row, "prompt": prompt, "question": question, "uid": uid, **format_columns(template, prompt)}
+                {
+                    **row,
+                    "prompt": prompt,
+                    "question": question,
+                    "uid": uid,
+                    **format_columns(template, prompt),
+                }
             )
         return out
 
