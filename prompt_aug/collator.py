@@ -173,10 +173,12 @@ class PromptAugmentationCollator:
 
     def template_named(self, name: str) -> Template:
         """The template called ``name`` among those drawn from and the evaluation template."""
-        for template in (*self.templates, self.eval_template):
-            if template.name == name:
-                return template
-        raise KeyError(f"template {name!r} is not in this collator's bank {[t.name for t in self.templates]}")
+        known = {t.name: t for t in (*self.templates, self.eval_template)}
+        if name not in known:
+            raise KeyError(
+                f"template {name!r} is neither drawn from nor the evaluation template: {list(known)}"
+            )
+        return known[name]
 
     def template_for(self, uid: str, epoch: int = 0, training: bool = True) -> Template:
         """The template of row ``uid``: drawn in training, the evaluation template otherwise."""

@@ -177,3 +177,19 @@ def test_templates_that_share_a_name_but_differ_are_refused_naming_it(bank, toke
     rows = collator([{"question": "1+1?"}], training=False)
     prompts, _ = collator.conversational_reward_inputs(rows, ["2"])
     assert prompts == [bank["qwen-math"].messages("1+1?")]
+
+
+def test_a_template_is_found_by_name_among_the_drawn_and_the_evaluation_template(tokenizer):
+    """Rows carry their template's name alone: the lookup knows the evaluation template too, and an unknown
+    name is refused naming every template it knows."""
+    bank = load_templates()
+    collator = PromptAugmentationCollator(
+        [bank["abel"], bank["open-r1"]], tokenizer, eval_template=bank["qwen-math"]
+    )
+    assert collator.template_named("qwen-math") == bank["qwen-math"]
+    assert collator.template_named("open-r1") == bank["open-r1"]
+    with pytest.raises(KeyError) as err:
+        collator.template_named("nope")
+    assert err.value.args[0] == (
+        "template 'nope' is neither drawn from nor the evaluation template: ['abel', 'open-r1', 'qwen-math']"
+    )
