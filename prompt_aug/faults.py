@@ -442,14 +442,18 @@ def _safetensors_problem(path: Path, name: str | None = None) -> str | None:
     name = name or path.name
     try:
         with path.open("rb") as handle:
+            # The size of the file opened, not of the path: a file deleted or replaced meanwhile (on one
+            # process only) must not fail the check there while the others go on.
+            held = os.fstat(handle.fileno()).st_size
             size = int.from_bytes(handle.read(8), "little")
             # No more than the file holds: a length past its end (exabytes, from a file of another kind) is
             # no header, and fails to parse like any other.
-            header = json.loads(handle.read(min(size, path.stat().st_size)))
+            header = json.loads(handle.read(min(size, held)))
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        short = held < 8 + size + end
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return f"{name} is unreadable (half-written?)"
-    if path.stat().st_size < 8 + size + end:
+    if short:
         return f"{name} is cut short (half-written?)"
     return None
 
@@ -597,6 +601,32 @@ def last_complete_checkpoint(
     return None, skipped
 
 
+def _resume_on_fewer(
+    output_dir: str | Path, processes: int | None, optimizer: bool = True, entropy: bool = False
+) -> str | None:
+    """Where no checkpoint of ``output_dir`` is complete on ``processes`` processes (the launch's): the one a
+    relaunch on fewer would resume, and how, in words that end with "start over" (the caller says how), or
+    None. A checkpoint that records no process count (no ``launch.json``) with the RNG state of fewer
+    processes than the launch's is a save a kill cut short, or the whole save of a run on as many processes
+    as its files show (`_rng_problem`): starting over is the way only for the first reading, as it deletes
+    the checkpoint. ``optimizer``, ``entropy``: as `checkpoint_problem`."""
+    if processes is None or not Path(output_dir).is_dir():
+        return None
+    for path in checkpoint_folders(output_dir):  # newest first
+        shown = rng_processes(path) if saved_processes(path) is None else None
+        if shown is None or not 1 < shown < processes:
+            continue
+        found, _ = last_complete_checkpoint(output_dir, optimizer, shown, entropy)
+        if found is not None and resume_launch_problem(found, shown) is None:
+            return (
+                f"no checkpoint in {output_dir} is complete on {processes} processes, and {found} is "
+                f"complete on {shown} (it records no process count; its rng_state files show {shown}): if "
+                f"the run had {shown} processes, relaunch on {shown} to resume it; only if it had "
+                f"{processes} (a process was killed while saving), start over"
+            )
+    return None
+
+
 class ResumeError(FaultError):
     """A checkpoint that cannot be resumed from; the message names it and says what to do."""
 
@@ -628,6 +658,11 @@ def resolve_resume(
         )
         for path, why in skipped if log else []:
             logger.warning("resume: skipping %s: %s", path, why)
+        on_fewer = _resume_on_fewer(output_dir, processes, optimizer, entropy) if last is None else None
+        if on_fewer is not None:
+            raise ResumeError(
+                f"resume_from_checkpoint: true, but {on_fewer} with --overwrite_output_dir true"
+            )
         if last is None and skipped:
             raise ResumeError(
                 f"resume_from_checkpoint: true, but no checkpoint in {output_dir} is complete "

@@ -679,6 +679,36 @@ def test_a_weights_file_whose_header_length_runs_past_its_end_is_skipped(tmp_pat
     assert faults.resolve_resume("true", tmp_path) == str(older)
 
 
+def test_a_weights_file_deleted_while_it_is_checked_is_judged_as_read(tmp_path, monkeypatch):
+    # Each process checks the checkpoints on its own before they compare what they found: a file that
+    # another job deletes once it has been read must not raise on that process alone, which would leave the
+    # others waiting in the comparison.
+    folder = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-2", 2)
+    weights, opened = folder / "model.safetensors", Path.open
+
+    class DeletedOnceRead:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+            weights.unlink()
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    def open_then_deleted(self, *args, **kwargs):
+        handle = opened(self, *args, **kwargs)
+        return DeletedOnceRead(handle) if self == weights else handle
+
+    monkeypatch.setattr(Path, "open", open_then_deleted)
+    assert faults.checkpoint_problem(folder) is None  # whole, as it was read
+    assert not weights.exists()
+
+
 def test_a_checkpoint_of_two_processes_needs_each_ones_rng_state(tmp_path):
     # Process 0 writes trainer_state.json while process 1 may still be writing rng_state_1.pth: a kill then
     # leaves a folder that looks complete. transformers resumes it and restores no RNG state on process 1.
@@ -835,6 +865,29 @@ def test_a_checkpoint_without_launch_json_is_counted_by_its_rng_states_where_the
     (folder / "rng_state_0.pth").rename(folder / "rng_state.pth")  # what one process writes
     with pytest.raises(faults.ResumeError, match=r"trained on 1 process\(es\) .*, and this launch has 2"):
         faults.check_resume(str(folder), args, processes=2)
+
+
+def test_a_checkpoint_that_may_be_of_fewer_processes_is_not_met_with_start_over_advice_alone(tmp_path):
+    # The only checkpoint records no process count and holds 2 processes' RNG state, and this launch has 4:
+    # a save a kill cut short, or a whole save of 2 processes. Relaunching on 2 resumes it; starting over
+    # (--overwrite_output_dir true) would delete it, so that is advised only for the other reading.
+    folder = fault_harness.tiny_checkpoint(tmp_path / "checkpoint-4", 4)
+    for rank in range(2):
+        torch.save({"cpu": torch.random.get_rng_state()}, folder / f"rng_state_{rank}.pth")
+    args = SimpleNamespace(output_dir=str(tmp_path), save_only_model=False)
+    with pytest.raises(faults.ResumeError) as refused:
+        faults.check_resume("true", args, processes=4)
+    said = str(refused.value)
+    assert f"{folder} is complete on 2" in said and "relaunch on 2 to resume it" in said, said
+    tail = "only if it had 4 (a process was killed while saving), start over with --overwrite_output_dir true"
+    assert said.endswith(tail), said
+    assert faults.check_resume("true", args, processes=2) == str(folder)  # the advice works
+    # Where relaunching on 2 would not resume it either (no optimizer state), starting over is the advice.
+    (folder / "optimizer.pt").unlink()
+    with pytest.raises(faults.ResumeError) as refused:
+        faults.check_resume("true", args, processes=4)
+    assert "relaunch" not in str(refused.value)
+    assert str(refused.value).endswith("start over with --overwrite_output_dir true")
 
 
 def test_adaptive_entropy_state_cut_short_is_skipped_and_a_missing_one_accepted(tmp_path):

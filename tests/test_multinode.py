@@ -500,6 +500,31 @@ def test_a_requeued_warm_start_that_had_not_saved_starts_from_the_same_checkpoin
     assert line.endswith("--resume_from_checkpoint true") and str(other) not in line
 
 
+def test_a_requeued_start_with_no_checkpoint_keeps_the_collapse_guards_checkpoints(fake_slurm):
+    """The collapse guard moves the checkpoint it saves when a signal fires to _collapse-*, the evidence of
+    the collapse: a requeued start that finds no complete checkpoint-N beside it (also a warm start from
+    another run) stops in one line naming it and the ways on, rather than replacing the run, which would
+    delete it. With a complete checkpoint-N it resumes, which deletes nothing."""
+    env, out_dir = fake_slurm["env"], fake_slurm["tmp"] / "run"
+    own = tiny_checkpoint(out_dir / "_collapse-entropy-round3", 6)
+    (out_dir / "logs.jsonl").write_text("{}\n")
+    (out_dir / "checkpoint-8").mkdir()  # a save cut short
+    other = tiny_checkpoint(fake_slurm["tmp"] / "other" / "checkpoint-100", 100)
+    requeued = dict(env, SLURM_RESTART_COUNT="1")
+    for first in ([], ["--resume_from_checkpoint", str(other)]):
+        result = _launcher(
+            requeued, "--print-command", "--recipe", SMOKE, "--output_dir", str(out_dir), *first
+        )
+        assert result.returncode == 2, (result.stdout, result.stderr)
+        said = result.stderr.splitlines()[-1]  # one line, the last
+        assert not result.stdout and "error: " in said and "_collapse-entropy-round3" in said, result.stderr
+        assert (
+            f"--resume_from_checkpoint {own} " in said and "--overwrite_output_dir true to start over" in said
+        )
+    tiny_checkpoint(out_dir / "checkpoint-4", 4)
+    assert _train_line(requeued, out_dir).endswith("--resume_from_checkpoint true")
+
+
 @pytest.mark.parametrize(
     "only_model",
     [
