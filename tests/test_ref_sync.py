@@ -5,6 +5,9 @@ One run in code (tiny random model, CPU, 1 process): ``beta`` 0.01, reference sy
 ``ref_model_mixup_alpha`` 1 (a hard copy), a checkpoint every step, 3 steps. Its reference at checkpoint-3
 is the policy of step 2, as checkpoint-2's model weights hold it. Resumes go into copies of its checkpoints
 in other folders; a callback added last reads the reference when training begins, then ends the call.
+
+Last, ProRL's optimizer reset at each sync (`zero_optimizer_state`) must leave an optimizer that trains on
+as a new one would.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from prompt_aug import faults
 from prompt_aug.config import PromptAugGRPOConfig
+from prompt_aug.extensions.stabilisers import zero_optimizer_state
 from prompt_aug.trainer import PromptAugGRPOTrainer
 
 pytestmark = pytest.mark.slow
@@ -106,6 +110,8 @@ def test_each_checkpoint_holds_the_reference_and_a_resume_off_a_sync_step_restor
 ):
     base, synced = _saved_policy(tiny_model_dir), _saved_policy(run / "checkpoint-2")
     assert not _same(base, synced)  # the policy moved: a reference left at the base model would show
+    # and moved again at step 3: a reference taken from the policy in place of the synced one would show
+    assert not _same(_saved_policy(run / "checkpoint-3"), synced)
     assert _same(_saved_reference(run / "checkpoint-1", tiny_model_dir), base)  # before the first sync
     assert _same(_saved_reference(run / "checkpoint-2", tiny_model_dir), synced)
     assert _same(_saved_reference(run / "checkpoint-3", tiny_model_dir), synced)
@@ -154,3 +160,54 @@ def test_a_reference_file_cut_short_makes_the_checkpoint_incomplete(run, tiny_mo
     _trainer(tiny_model_dir, tmp_path / "unsynced", max_steps=1, sync_ref_model=False).train()
     saved = tmp_path / "unsynced" / "checkpoint-1"
     assert (saved / "model.safetensors").is_file() and not (saved / faults.REF_MODEL_FILE).exists()
+
+
+class _GroupStepAdam(torch.optim.Optimizer):
+    """Adam that keeps its step count in the parameter group (``group["step"]``), as apex's fused Adam and
+    optimi's StableAdamW do, and reads it for the bias correction."""
+
+    def __init__(self, params: Any, lr: float = 1e-2) -> None:
+        super().__init__(params, {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            group["step"] = group.get("step", 0) + 1
+            (beta1, beta2), t = group["betas"], group["step"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if not state:
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(param), torch.zeros_like(param)
+                state["exp_avg"].mul_(beta1).add_(param.grad, alpha=1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(param.grad, param.grad, value=1 - beta2)
+                denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt().add_(group["eps"])
+                param.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1**t))
+
+
+def test_an_optimizer_zeroed_at_a_reference_sync_trains_on_as_a_fresh_one_when_its_step_is_per_group():
+    """ProRL's reset must leave the optimizer as a new one would be, also where the step count is kept per
+    parameter group: kept there, the zeroed moments would be used without bias correction (the first
+    update after the reset about 3x a fresh one's)."""
+
+    def weights_after(reset: str) -> torch.Tensor:
+        torch.manual_seed(0)
+        layer, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
+        opt = _GroupStepAdam(layer.parameters())
+        for step in range(8):
+            if step == 4:
+                if reset == "zeroed":
+
+                    class Wrapper:  # accelerate and DeepSpeed expose the wrapped optimizer as `.optimizer`
+                        optimizer = opt
+
+                    zero_optimizer_state(Wrapper())
+                else:
+                    opt = _GroupStepAdam(layer.parameters())
+            opt.zero_grad()
+            (layer(x) - 1).pow(2).mean().backward()
+            opt.step()
+        return layer.weight.detach().clone()
+
+    torch.testing.assert_close(weights_after("zeroed"), weights_after("new"), rtol=0, atol=0)

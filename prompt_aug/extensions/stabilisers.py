@@ -37,7 +37,9 @@ def zero_optimizer_state(optimizer: Any) -> int:
     rather than cleared, so an optimizer or a checkpoint writer that expects the entries still finds them;
     for Adam(W) a zeroed state is exactly a fresh one (the next step counts as step 1), and so for
     bitsandbytes' 8-bit optimizers, whose quantization maps (``qmap1``, ``qmap2``: constants, shared by
-    every parameter) are left as they are.
+    every parameter) are left as they are. A step count kept in a parameter group rather than per
+    parameter (apex's fused Adam, optimi's StableAdamW: ``group["step"]``, which their bias correction
+    reads) is zeroed too; left as it was, the zeroed moments would be used without bias correction.
     """
     zeroed, seen, obj = 0, set(), optimizer
     while obj is not None and id(obj) not in seen:
@@ -46,18 +48,31 @@ def zero_optimizer_state(optimizer: Any) -> int:
         if isinstance(state, dict) and id(state) not in seen:
             seen.add(id(state))
             for per_param in state.values():
-                if not isinstance(per_param, dict):
-                    continue
-                for key, value in per_param.items():
-                    if str(key).startswith(_CODEBOOKS):
-                        continue
-                    if torch.is_tensor(value):
-                        value.zero_()
-                        zeroed += 1
-                    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                        per_param[key] = type(value)(0)
-                        zeroed += 1
+                if isinstance(per_param, dict):
+                    zeroed += _zero_entries(per_param, per_param.keys())
+        groups = getattr(obj, "param_groups", None)
+        for group in groups if isinstance(groups, list) else []:
+            if isinstance(group, dict) and id(group) not in seen:
+                seen.add(id(group))
+                zeroed += _zero_entries(group, ["step"] if "step" in group else [])
         obj = getattr(obj, "optimizer", None)
+    return zeroed
+
+
+def _zero_entries(entries: dict, keys: Any) -> int:
+    """Zero ``entries[key]`` in place for each of ``keys`` that holds a tensor or a number (quantization maps
+    excepted); returns how many."""
+    zeroed = 0
+    for key in list(keys):
+        value = entries[key]
+        if str(key).startswith(_CODEBOOKS):
+            continue
+        if torch.is_tensor(value):
+            value.zero_()
+            zeroed += 1
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            entries[key] = type(value)(0)
+            zeroed += 1
     return zeroed
 
 
