@@ -465,6 +465,13 @@ def check_config(args: Any) -> None:
             "reset_optimizer_on_ref_sync: true needs sync_ref_model: true (TRL then syncs the "
             "reference every ref_model_sync_steps steps; it also needs beta > 0)"
         )
+    optim = str(getattr(args.optim, "value", args.optim))
+    if args.reset_optimizer_on_ref_sync and optim.startswith("schedule_free"):
+        raise ValueError(  # its state is an iterate of the weights, not moments a fresh optimizer starts at 0
+            f"reset_optimizer_on_ref_sync: true zeroes the optimizer's state, and optim {optim} keeps an "
+            "iterate of the weights there (its z), which zeroed pulls them to 0; use an Adam-like optim "
+            "(adamw_torch), or reset_optimizer_on_ref_sync: false"
+        )
     threshold = args.skip_minibatch_ratio_above
     if threshold is not None and not threshold >= 1.0:  # NaN too
         raise ValueError(

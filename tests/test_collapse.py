@@ -410,6 +410,11 @@ def test_bad_guard_keys_name_the_key():
     # From the command line: one line, no traceback (prompt-aug-train exits with it).
     with pytest.raises(SystemExit, match="^prompt-aug-train: error: .*reset_optimizer_on_ref_sync"):
         train.main(["--config", SMOKE, "--dry_run", "--reset_optimizer_on_ref_sync", "true"])
+    schedule_free = ["--sync_ref_model", "true", "--beta", "0.01", "--optim", "schedule_free_adamw"]
+    with pytest.raises(
+        SystemExit, match="^prompt-aug-train: error: .*optim schedule_free_adamw keeps an iterate"
+    ):
+        train.main(["--config", SMOKE, "--dry_run", "--reset_optimizer_on_ref_sync", "true", *schedule_free])
     with pytest.raises(SystemExit, match="^prompt-aug-train: error: .*skip_minibatch_ratio_above"):
         train.main(["--config", SMOKE, "--dry_run", "--skip_minibatch_ratio_above", "0.5"])
     with pytest.raises(SystemExit, match="^prompt-aug-train: error: .*collapse_entropy_action"):
