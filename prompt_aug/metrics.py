@@ -330,8 +330,10 @@ def grouped_token_sums(
     >>> grouped_token_sums(v, m, torch.tensor([1, 1]), 2).tolist()
     [[0.0, 9.0], [0.0, 3.0]]
     """
-    mask = mask.to(values.dtype)
-    sums, counts = (values * mask).sum(dim=1).float(), mask.sum(dim=1).float()
+    # In float32: a bf16 model's entropies are bf16, which holds no whole number above 256 exactly (a row of
+    # 3,001 tokens would count 3,008).
+    values, mask = values.float(), mask.float()
+    sums, counts = (values * mask).sum(dim=1), mask.sum(dim=1)
     out = torch.zeros(2, num_groups, device=values.device)
     valid = groups >= 0
     out[0].index_add_(0, groups[valid], sums[valid])

@@ -114,6 +114,19 @@ def test_per_template_entropy_is_over_every_token_of_the_line():
     assert "templates/b/entropy" not in logged
 
 
+def test_per_template_entropy_of_bf16_entropies_counts_every_token():
+    """A bf16 model's entropies are bf16: a completion of 3,001 tokens counts 3,001 of them, not the 3,008
+    that bf16 rounds the count to, and their sum is not rounded either."""
+    from prompt_aug.metrics import grouped_token_sums
+
+    entropies = torch.full((1, 3100), 0.3, dtype=torch.bfloat16)
+    mask = torch.zeros(1, 3100, dtype=torch.long)
+    mask[0, :3001] = 1
+    sums = grouped_token_sums(entropies, mask, torch.tensor([0]), 1)
+    assert sums[1, 0].item() == 3001
+    assert sums[0, 0].item() == pytest.approx(3001 * entropies[0, 0].item(), rel=1e-6)
+
+
 @pytest.fixture(scope="module")
 def rounds_and_window(tmp_path_factory):
     """The smoke recipe for 8 optimizer steps (4 rounds of 16 completions, 2 steps each), logged at every
