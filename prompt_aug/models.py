@@ -443,6 +443,11 @@ def check_model_args(model_args: Any, devices: bool = True) -> None:
         raise ModelArgsError(
             f"{flag}: a quantized model trains only through LoRA adapters (QLoRA); add use_peft: true"
         )
+    if model_args.load_in_4bit and model_args.dtype == "auto":  # TRL's compute dtype would be torch.auto
+        raise ModelArgsError(
+            "dtype: auto with load_in_4bit: the 4-bit layers compute in dtype, which must name one; set "
+            "dtype: bfloat16 (or float16, float32)"
+        )
     if flag is None or not devices:
         return
     import torch
@@ -545,11 +550,17 @@ def kbit_device_map() -> dict[str, int]:
     return {"": PartialState().local_process_index}
 
 
+# Launches whose every process holds its own copy (or shard) of the model: TRL loads it without a device map
+# there (ZeRO-3 refuses one; "auto" would spread each process's copy over every GPU).
+_NO_DEVICE_MAP = ("MULTI_GPU", "DEEPSPEED")
+
+
 def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
     """The ``from_pretrained`` keyword arguments of a recipe, as TRL's GRPO script builds them: revision,
     attention implementation, dtype; with ``load_in_4bit`` / ``load_in_8bit``, TRL's
     ``get_quantization_config`` and a device map on this process's GPU. The recipe's ``model_init_kwargs``
-    (`GRPOConfig`'s) go on top: TRL's trainer applies them when it loads the model from a name.
+    (`GRPOConfig`'s) go on top: TRL's trainer applies them when it loads the model from a name. Under a DDP or
+    DeepSpeed launch the device map is None, whatever was asked, as TRL's trainer sets it.
 
     Raises:
         ModelArgsError: ``model_init_kwargs`` has a ``dtype`` that names no torch dtype."""
@@ -564,7 +575,6 @@ def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
         "trust_remote_code": args.trust_remote_code,
         "attn_implementation": model_args.attn_implementation,
         "dtype": dtype_of(model_args.dtype),
-        "use_cache": not args.gradient_checkpointing,
     }
     quantization = get_quantization_config(model_args)
     if quantization is not None:
@@ -573,15 +583,35 @@ def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
     extra = dict(args.model_init_kwargs or {})  # GRPOConfig has parsed a JSON string into a dict
     if "dtype" in extra:
         extra["dtype"] = dtype_of(extra["dtype"])
-    return {**kwargs, **extra}
+    kwargs.update(extra)
+    if args.distributed_state.distributed_type in _NO_DEVICE_MAP:  # bitsandbytes takes this process's GPU
+        kwargs["device_map"] = None
+    return kwargs
 
 
 def load_model(model_path: str, model_args: Any, args: Any) -> Any:
     """The policy, as `ModelConfig` asks (`model_kwargs`; call `check_model_args` first); the trainer adds the
-    recipe's ``stop_tokens`` to its generation config and, with ``use_peft``, the LoRA adapters."""
+    recipe's ``stop_tokens`` to its generation config and, with ``use_peft``, the LoRA adapters.
+
+    With ``gradient_checkpointing`` its text model computes without a KV cache (set on its text config: a
+    model whose config nests it, such as Gemma 3's, takes no ``use_cache`` argument). TRL loads the reference
+    model (``beta`` > 0, without LoRA) from ``args.model_init_kwargs``: a ``model_revision`` is added there,
+    as TRL's GRPO script does, and a ``dtype`` name becomes the torch dtype (TRL's loader knows only
+    ``bfloat16``, ``float16`` and ``float32`` by name), so that the reference is the policy's model."""
+    import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_path, **model_kwargs(model_args, args))
+    model = AutoModelForCausalLM.from_pretrained(model_path, **model_kwargs(model_args, args))
+    if args.gradient_checkpointing:
+        model.config.get_text_config().use_cache = False
+    init = dict(args.model_init_kwargs or {})
+    if model_args.model_revision not in (None, "main"):
+        init.setdefault("revision", model_args.model_revision)
+    if isinstance(init.get("dtype"), str) and init["dtype"] != "auto":  # a name `check_init_dtype` passed
+        init["dtype"] = getattr(torch, init["dtype"])
+    if init:
+        args.model_init_kwargs = init
+    return model
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -475,3 +477,158 @@ def test_a_dir_in_a_folder_that_cannot_be_written_is_one_line_naming_the_folder(
     message = str(exit_info.value.code)
     assert message.startswith(f"prompt_aug.models: error: cannot write in {locked} (") and "--dir" in message
     assert "\n" not in message
+
+
+def _tiny_gemma3(folder: Path) -> Path:
+    """A random Gemma 3 with a vision tower (as Gemma 3 4B and up): its config nests the text model's."""
+    from transformers import AutoModelForCausalLM, Gemma3Config
+
+    layers = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+    text = {**layers, "vocab_size": 300, "num_hidden_layers": 2, "num_key_value_heads": 1, "head_dim": 16}
+    vision = {**layers, "num_hidden_layers": 1, "image_size": 28, "patch_size": 14}
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def _load_args(**values: Any) -> Any:
+    """What `model_kwargs` and `load_model` read of a `GRPOConfig`, one process."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    state = SimpleNamespace(distributed_type=values.pop("distributed_type", DistributedType.NO))
+    return SimpleNamespace(
+        **{"gradient_checkpointing": True, "trust_remote_code": False, "model_init_kwargs": None, **values},
+        distributed_state=state,
+    )
+
+
+def test_a_model_whose_config_nests_its_text_config_loads_with_gradient_checkpointing(
+    tmp_path, tiny_model_dir
+):
+    """Gemma 3 4B and up keep the text model's settings under ``text_config``: a ``use_cache`` argument went
+    to the model's constructor, which refused it, under gradient checkpointing (GRPOConfig's default). It
+    loads as TRL loads it; with checkpointing the text model computes without a KV cache, without it with."""
+    from trl import ModelConfig
+
+    folder = _tiny_gemma3(tmp_path / "gemma3")
+    model = models.load_model(str(folder), ModelConfig(model_name_or_path=str(folder)), _load_args())
+    assert type(model).__name__ == "Gemma3ForConditionalGeneration"
+    assert model.config.get_text_config().use_cache is False
+    plain_args = ModelConfig(model_name_or_path=str(tiny_model_dir))
+    checkpointed = models.load_model(str(tiny_model_dir), plain_args, _load_args())
+    assert checkpointed.config.use_cache is False
+    plain = models.load_model(str(tiny_model_dir), plain_args, _load_args(gradient_checkpointing=False))
+    assert plain.config.use_cache is True
+
+
+@pytest.mark.parametrize("launch", ["DEEPSPEED", "MULTI_GPU"])
+def test_a_distributed_launch_loads_without_a_device_map_as_trl_does(launch, monkeypatch):
+    """ZeRO-3 refuses any device map (QLoRA's on this process's GPU included), and ``device_map: auto`` would
+    spread each process's copy over every GPU: under DDP and DeepSpeed TRL loads with none, and bitsandbytes
+    puts the quantized model on this process's GPU. One process keeps the QLoRA device map."""
+    from accelerate.utils import DistributedType
+    from trl import ModelConfig
+
+    monkeypatch.setattr(models, "has_bitsandbytes", lambda: True)
+    model_args = ModelConfig(model_name_or_path="someone/model", use_peft=True, load_in_4bit=True)
+    for extra in (None, {"device_map": "auto"}):
+        args = _load_args(distributed_type=DistributedType[launch], model_init_kwargs=extra)
+        kwargs = models.model_kwargs(model_args, args)
+        assert kwargs["device_map"] is None and kwargs["quantization_config"].load_in_4bit
+    single = models.model_kwargs(model_args, _load_args())
+    assert single["device_map"] == {"": models.kbit_device_map()[""]}
+
+
+def test_4bit_loading_with_dtype_auto_is_one_line_naming_the_key():
+    """QLoRA's layers compute in ``dtype``; ``auto`` names none, and TRL's quantization config fails on it
+    with a traceback. Refused before anything loads, in a dry run too."""
+    from trl import ModelConfig
+
+    model_args = ModelConfig(
+        model_name_or_path="someone/model", use_peft=True, load_in_4bit=True, dtype="auto"
+    )
+    with pytest.raises(models.ModelArgsError) as err:
+        models.check_model_args(model_args, devices=False)
+    assert str(err.value).startswith("dtype: auto with load_in_4bit: ") and "\n" not in str(err.value)
+    eight_bit = ModelConfig(model_name_or_path="m", use_peft=True, load_in_8bit=True, dtype="auto")
+    models.check_model_args(eight_bit, devices=False)  # TRL's 8-bit config takes no dtype
+
+
+def _hub_cache_with_two_revisions(cache: Path, repo: str, main: Path, other: Path, revision: str) -> None:
+    """A Hugging Face cache holding ``repo`` at ``main`` (its main branch) and at ``other`` (``revision``),
+    as an offline run finds it."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    for ref, source, commit in (("main", main, "a" * 40), (revision, other, "b" * 40)):
+        shutil.copytree(source, folder / "snapshots" / commit)
+        (folder / "refs").mkdir(parents=True, exist_ok=True)
+        (folder / "refs" / ref).write_text(commit)
+
+
+def _reference_differs(policy: Any, args: Any, tokenizer: Any) -> list[str]:
+    """The parameters where the reference model TRL's trainer builds for ``policy`` differs from it."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(
+        model=policy, reward_funcs=lambda completions, **kwargs: [0.0] * len(completions), args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["a", "b"]}), processing_class=tokenizer,
+    )  # fmt: skip
+    reference = dict(trainer.ref_model.named_parameters())
+    return [
+        name
+        for name, p in trainer.model.named_parameters()
+        if p.dtype != reference[name].dtype or not torch.equal(p, reference[name])
+    ]
+
+
+def _grpo_config(out: Path, **values: Any) -> Any:
+    """A CPU `GRPOConfig` with a reference model (``beta`` > 0)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(out), use_cpu=True, bf16=False, report_to="none", beta=0.1,
+        gradient_checkpointing=False, per_device_train_batch_size=2, num_generations=2,
+        max_completion_length=4, **values,
+    )  # fmt: skip
+
+
+def test_the_reference_model_trl_builds_is_the_policys_revision(
+    tmp_path, tiny_model_dir, tokenizer, monkeypatch
+):
+    """With ``beta`` > 0 and no LoRA, TRL loads the reference model from ``model_init_kwargs``: without the
+    recipe's ``model_revision`` there, the KL term pulled the policy toward the main branch's weights."""
+    import torch
+    from huggingface_hub import constants
+    from transformers import AutoModelForCausalLM
+    from trl import ModelConfig
+
+    other = tmp_path / "v1"
+    changed = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for parameter in changed.parameters():
+            parameter.add_(1.0)
+    changed.save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    cache = tmp_path / "hub"
+    _hub_cache_with_two_revisions(cache, "someone/tiny", tiny_model_dir, other, "v1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))  # read offline (tests/conftest.py)
+    args = _grpo_config(tmp_path / "out")
+    model_args = ModelConfig(model_name_or_path="someone/tiny", model_revision="v1")
+    policy = models.load_model("someone/tiny", model_args, args)
+    assert torch.equal(policy.lm_head.weight, changed.lm_head.weight)  # the revision asked for
+    assert not _reference_differs(policy, args, tokenizer)
+
+
+def test_a_dtype_name_in_model_init_kwargs_loads_the_reference_model_too(tmp_path, tiny_model_dir, tokenizer):
+    """``model_init_kwargs: {dtype: half}`` loads the policy (`check_init_dtype` passes any torch dtype's
+    name), and TRL's trainer, which reads the same kwargs for the reference model, refused the name."""
+    import torch
+    from trl import ModelConfig
+
+    args = _grpo_config(tmp_path / "out", model_init_kwargs={"dtype": "half"})
+    policy = models.load_model(str(tiny_model_dir), ModelConfig(model_name_or_path=str(tiny_model_dir)), args)
+    assert {p.dtype for p in policy.parameters()} == {torch.float16}
+    assert not _reference_differs(policy, args, tokenizer)
