@@ -359,6 +359,18 @@ def test_metrics_match_the_records(dynamic_run, step):
 
 
 @pytest.mark.slow
+def test_a_log_line_over_several_rounds_gives_the_kept_share_of_all_their_groups(dynamic_run, tmp_path):
+    """The same run logged once over its three rounds: ``kept_share`` is their groups kept over their groups
+    generated (rounds that took more passes weigh more), not the mean of the three rounds' shares."""
+    history = _history(dynamic_run)
+    generated = [history[s][METRICS + "groups_generated"] for s in ROUND_STEPS]
+    assert len(set(generated)) > 1, generated  # else both readings agree and nothing is shown
+    once = _history(_run(tmp_path / "once", *DYNAMIC, "--max_steps", "6", "--logging_steps", "6"))[6]
+    assert once[METRICS + "groups_kept"] == 4
+    assert once[METRICS + "kept_share"] == pytest.approx(3 * 4 / sum(generated))
+
+
+@pytest.mark.slow
 def test_some_round_needed_a_second_pass_and_its_questions_are_new(dynamic_run):
     passes = [_records(dynamic_run, s)["generation_pass"].max() + 1 for s in ROUND_STEPS]
     assert max(passes) >= 2, passes  # with half the questions flat, a 4-question round rarely fills at once

@@ -601,6 +601,9 @@ class DynamicSampler:
         }
         for name, value in values.items():
             metrics[METRIC + name].append(float(value))
+        # Once per group generated: a log line over several rounds then shows the share of all their groups
+        # (TRL averages what the buffer holds), not the mean of the rounds' shares.
+        metrics[METRIC + "kept_share"][-1:] = [counts[KEPT] / generated] * generated
         # Per-template metrics over everything generated, plus how many of each template's completions
         # trained.
         num_gen = trainer.num_generations
