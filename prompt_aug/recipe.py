@@ -20,6 +20,7 @@ from trl import ModelConfig
 from .cli import DRY_RUN_OVERRIDES, RecipeParser, dry_run_processes, parse_recipe, wants_dry_run
 from .config import PromptAugGRPOConfig, help_field, planned_processes
 from .mixture import dataset_mixture
+from .models import check_model_args
 from .sources import builtin_names, demo_stage
 
 __all__ = [
@@ -216,6 +217,7 @@ def check_recipe(
     a dry run (which checks a recipe on any machine), what ``machine`` finds missing here for the training
     arguments (the entry point passes `prompt_aug.stack.machine_problem`: the package ``optim`` needs, the
     W&B login ``report_to`` needs)."""
+    check_model_args(model_args, devices=False)  # the keys alone, here where the file is known; devices later
     if not model_args.model_name_or_path:  # else the data is read before the model's path fails
         raise ValueError(
             "model_name_or_path is not set: give a Hub id, a local model folder, or a built-in model "

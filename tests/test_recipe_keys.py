@@ -188,6 +188,27 @@ def test_quantization_without_bitsandbytes_or_a_gpu_is_refused_in_one_line(flag,
         models.check_model_args(ModelConfig(**{flag: True}), devices=False)
 
 
+def test_a_model_key_refused_names_the_recipe_file_that_set_it(tmp_path):
+    """A ModelConfig key's refusal says where it was set, as every other key's does: the recipe file, or the
+    command line over it."""
+    from prompt_aug import train
+
+    recipe = tmp_path / "qlora.yaml"
+    smoke = Path(__file__).resolve().parents[1] / "recipes/smoke/tiny_cpu.yaml"
+    recipe.write_text(smoke.read_text() + "\nload_in_4bit: true\n")
+    with pytest.raises(SystemExit) as err:
+        train.main(["--config", str(recipe), "--dry_run"])
+    assert str(err.value) == (
+        f"prompt-aug-train: error: {recipe}: load_in_4bit: a quantized model trains only through LoRA "
+        "adapters (QLoRA); add use_peft: true"
+    )
+    with pytest.raises(SystemExit) as err:
+        train.main(["--config", str(recipe), "--dry_run", "--use_peft", "true", "--dtype", "auto"])
+    assert str(err.value).startswith(
+        f"prompt-aug-train: error: {recipe} and command line --dtype: dtype: auto"
+    )
+
+
 @pytest.mark.skipif(
     models.has_bitsandbytes() and torch.cuda.is_available(), reason="this machine can load 4-bit models"
 )
