@@ -96,13 +96,13 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def format_columns(template: Template, prompt: str | None = None) -> dict[str, Any]:
-    """The columns that carry ``template``'s format rules to the reward functions; given the rendered
-    ``prompt``, without the markers it already ends with (`Template.markers_to_write`)."""
+def format_columns(template: Template, opening: str | None = None) -> dict[str, Any]:
+    """The columns that carry ``template``'s format rules to the reward functions; given what completions
+    continue (`Template.opening`), without the markers it already writes (`Template.markers_to_write`)."""
     return {
         "template": template.name,
         "answer_rule": template.answer,
-        "format_markers": list(template.markers if prompt is None else template.markers_to_write(prompt)),
+        "format_markers": list(template.markers if opening is None else template.markers_to_write(opening)),
     }
 
 
@@ -164,12 +164,19 @@ class PromptAugmentationCollator:
                     f"{', '.join(fields)}; give each its own name"
                 )
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._openings: dict[str, str] = {}
 
     def draw(self, uid: str, epoch: int = 0) -> Template:
         """The template for row ``uid`` in ``epoch``."""
         u = stable_uniform(self.seed, epoch, str(uid))
         index = min(bisect.bisect_right(self._cumulative, u), len(self.templates) - 1)
         return self.templates[index]
+
+    def opening(self, template: Template) -> str:
+        """`Template.opening` under this tokenizer, once per template."""
+        if template.name not in self._openings:
+            self._openings[template.name] = template.opening(self.tokenizer, **self.chat_template_kwargs)
+        return self._openings[template.name]
 
     def template_named(self, name: str) -> Template:
         """The template called ``name`` among those drawn from and the evaluation template."""
@@ -206,7 +213,7 @@ class PromptAugmentationCollator:
                     "prompt": prompt,
                     "question": question,
                     "uid": uid,
-                    **format_columns(template, prompt),
+                    **format_columns(template, self.opening(template)),
                 }
             )
         return out

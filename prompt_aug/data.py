@@ -932,9 +932,16 @@ _ANSWER_FORMS = (
 )
 
 
-def plain_prompts(dataset: datasets.Dataset, template: Any) -> datasets.Dataset:
+def plain_prompts(
+    dataset: datasets.Dataset,
+    template: Any,
+    tokenizer: Any = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> datasets.Dataset:
     """Without augmentation: each question as ``template``'s messages, a TRL conversational ``prompt``,
-    with the template's format rules in the row so that the rewards grade by them."""
+    with the template's format rules in the row so that the rewards grade by them; given the ``tokenizer``
+    TRL renders them with, without the markers its generation prompt already writes
+    (`Template.markers_to_write`)."""
     from .collator import format_columns
 
     if template.prefill:
@@ -943,7 +950,8 @@ def plain_prompts(dataset: datasets.Dataset, template: Any) -> datasets.Dataset:
             f"through TRL's chat handling, which cannot prefill {template.prefill!r}; "
             "choose an eval_template without a prefill"
         )
-    columns = format_columns(template)
+    opening = template.opening(tokenizer, **(chat_template_kwargs or {})) if tokenizer is not None else None
+    columns = format_columns(template, opening)
     return dataset.map(lambda row: {"prompt": template.messages(row["question"]), **columns})
 
 
@@ -993,7 +1001,7 @@ def load_train_dataset(
             if n_long:
                 report.dropped[long] += n_long
         if not args.prompt_augmentation:
-            dataset = plain_prompts(dataset, eval_template)
+            dataset = plain_prompts(dataset, eval_template, tokenizer, args.chat_template_kwargs)
     report.rows = len(dataset)
     return dataset, report
 

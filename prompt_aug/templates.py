@@ -106,17 +106,39 @@ class Template:
     answer: str = "boxed"
     markers: tuple[str, ...] = field(default_factory=tuple)
 
-    def markers_to_write(self, prompt: str) -> tuple[str, ...]:
-        """The `markers` a completion of ``prompt`` (this template's render) is to write: all but one the
-        prompt already ends with, where the chat template's generation prompt opens ``<think>`` itself (as
-        DeepSeek-R1 distills' do): the completion continues it, and would score only by writing it again.
+    def opening(self, tokenizer: Any, **chat_template_kwargs: Any) -> str:
+        """What a completion under this template continues: what the chat template adds after the
+        conversation (its generation prompt: ``<|im_start|>assistant\\n``, an R1 distill's ``<think>\\n``,
+        Qwen3's ``<think>\\n\\n</think>`` with thinking off), then the prefill `render` adds to it."""
+        messages = self.messages("What is 1 + 1?")
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
+        )
+        conversation = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=False, **chat_template_kwargs
+        )
+        tail = text[len(conversation) :] if text.startswith(conversation) else ""
+        prefill = self.prefill
+        return tail + ("" if prefill.strip() and tail.rstrip().endswith(prefill.strip()) else prefill)
 
-        >>> t = Template("t", "", "{question}", markers=("<think>\\n", "\\n</think>\\n"))
-        >>> t.markers_to_write("<|assistant|><think>\\n"), t.markers_to_write("<|assistant|>")
-        (('\\n</think>\\n',), ('<think>\\n', '\\n</think>\\n'))
+    def markers_to_write(self, opening: str) -> tuple[str, ...]:
+        """The `markers` a completion is to write after ``opening`` (`opening`): all but the first ones that
+        the opening already writes, in their order (the completion continues them, and would score only by
+        writing them again).
+
+        >>> t = Template("t", "", "{question}", markers=("<think>\\n", "\\n</think>\\n", "<answer>"))
+        >>> t.markers_to_write("<|assistant|><think>\\n"), t.markers_to_write("<|assistant|>")[0]
+        (('\\n</think>\\n', '<answer>'), '<think>\\n')
+        >>> t.markers_to_write("<|assistant|><think>\\n\\n</think>\\n\\n")  # thinking switched off
+        ('<answer>',)
         """
-        end = prompt.rstrip()
-        return tuple(m for m in self.markers if not (m.strip() and end.endswith(m.strip())))
+        at, written = 0, 0
+        for marker in self.markers:
+            found = opening.find(marker.strip(), at) if marker.strip() else -1
+            if found < 0:
+                break
+            at, written = found + len(marker.strip()), written + 1
+        return self.markers[written:]
 
     def messages(self, question: str) -> list[dict[str, str]]:
         """The chat messages for ``question`` (without the prefill)."""

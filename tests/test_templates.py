@@ -332,3 +332,37 @@ def test_a_marker_the_chat_template_opens_is_not_asked_of_the_completion(tokeniz
         assert row["format_markers"] == list(bank[name].markers), name
         columns = {key: [row[key]] for key in ("template", "answer_rule", "format_markers")}
         assert format_reward([completion], **columns) == [0.75], name
+
+
+def test_markers_a_generation_prompt_opens_and_closes_are_not_asked_nor_one_alone_kept(tokenizer):
+    """Qwen3's chat template with thinking off ends the generation prompt with an empty ``<think>`` block:
+    neither of its markers is asked of the completion (not the opening one alone). A question that ends
+    with a marker asks for it still (only what the chat template adds counts), and so does a run without
+    augmentation whose chat template opens ``<think>`` (TRL renders its prompts)."""
+    from datasets import Dataset
+
+    from prompt_aug.collator import PromptAugmentationCollator
+    from prompt_aug.data import plain_prompts
+
+    switched = _chat_templated(
+        tokenizer,
+        (
+            "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is defined and not "
+            "enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+        ),
+    )
+    bank = load_templates()
+    off = PromptAugmentationCollator(
+        [bank["open-r1"]], switched, chat_template_kwargs={"enable_thinking": False}
+    )
+    (row,) = off([{"question": "What is 1 + 1?"}])
+    assert row["prompt"].endswith("<|assistant|><think>\n\n</think>\n\n")
+    assert row["format_markers"] == ["\n<answer>\n", "\n</answer>"]
+    (row,) = PromptAugmentationCollator([bank["open-r1"]], switched)([{"question": "Say <think>\n"}])
+    assert row["format_markers"] == list(bank["open-r1"].markers)
+    thinking = _chat_templated(
+        tokenizer, switched.chat_template.replace("{% if enable_thinking", "<think>\n{% if enable_thinking")
+    )
+    (row,) = plain_prompts(Dataset.from_list([{"question": "What is 1 + 1?"}]), bank["deepseek-r1"], thinking)
+    assert row["format_markers"] == ["</think>", "<answer>", "</answer>"]
