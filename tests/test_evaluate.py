@@ -1752,11 +1752,30 @@ def test_a_max_model_len_above_the_models_context_is_refused_before_the_vllm_eng
         main(["--model", str(tiny_model_dir), "--data_dir", str(suite_dir), "--output", str(out), *vllm])
     assert exit_info.value.code == (
         f"prompt-aug-eval: error: --max_model_len {context + 1} is above the context of --model "
-        f"{tiny_model_dir} ({context} tokens, its config's); pass at most that, or leave --max_model_len out"
+        f"{tiny_model_dir} ({context} tokens, its config's); pass at most that, leave --max_model_len out, "
+        "or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to run past it (vLLM warns the outputs may be wrong)"
     )
     assert not out.exists()
     if importlib.util.find_spec("vllm") is not None:  # the scaled model would run: shown where it cannot
         return
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_info:  # vLLM's own way past
+        patch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+        main(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--data_dir",
+                str(suite_dir),
+                "--output",
+                str(out),
+                *vllm,
+                "--limit",
+                "1",
+            ]
+        )
+    assert str(exit_info.value.code).startswith(
+        "prompt-aug-eval: error: --backend vllm: vLLM is not installed"
+    )
     scaled = tmp_path / "yarn"
     shutil.copytree(tiny_model_dir, scaled)
     config = json.loads((scaled / "config.json").read_text())

@@ -680,10 +680,17 @@ def _vllm_context(
     lengths = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
     longest = max(lengths, default=0)
     context = model_context_length(args.model)
-    if args.max_model_len and context and args.max_model_len > context and not rope_scaled(args.model):
+    longer = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true")
+    if (
+        args.max_model_len
+        and context
+        and args.max_model_len > context
+        and not (rope_scaled(args.model) or longer)
+    ):
         raise EvalError(  # vLLM would refuse it with a traceback once the engine starts loading
             f"--max_model_len {args.max_model_len} is above the context of --model {args.model} ({context} "
-            "tokens, its config's); pass at most that, or leave --max_model_len out"
+            "tokens, its config's); pass at most that, leave --max_model_len out, or set "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to run past it (vLLM warns the outputs may be wrong)"
         )
     max_model_len = vllm_max_model_len(args.max_model_len, longest, args.max_tokens, context)
     logger.info(
