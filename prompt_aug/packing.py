@@ -425,6 +425,12 @@ def context_limit(model: torch.nn.Module) -> tuple[int, str] | None:
     return limit, f"{name} uses {' and '.join(kinds)} RoPE, whose frequencies change past {limit} positions"
 
 
+# Tables of absolute positions that their model indexes by positions counted from the attention mask, so that
+# left padding moves none (measured: tests/test_packing.py). Others (BioGPT's takes the mask, yet its model
+# passes positions counted from the call's first column) are taken to count the padding.
+_MASK_COUNTED_POSITIONS = frozenset({"OPTLearnedPositionalEmbedding"})
+
+
 def position_dependence(model: torch.nn.Module) -> str | None:
     """Why ``model``'s values for a row would change with the columns of padding before it, or None.
 
@@ -448,8 +454,8 @@ def position_dependence(model: torch.nn.Module) -> str | None:
     positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     for module_name, module in model.named_modules():
-        if module is tokens or "attention_mask" in inspect.signature(module.forward).parameters:
-            continue  # OPT's table: positions counted from the attention mask, so padding moves none
+        if module is tokens or type(module).__name__ in _MASK_COUNTED_POSITIONS:
+            continue
         learned = isinstance(module, torch.nn.Embedding) and (
             module.num_embeddings - getattr(module, "offset", 0) == positions  # BART's, OPT's: offset 2
         )

@@ -643,6 +643,8 @@ def _tiny_causal_lms() -> dict[str, torch.nn.Module]:
     from transformers import (
         BartConfig,
         BartForCausalLM,
+        BioGptConfig,
+        BioGptForCausalLM,
         GPT2Config,
         GPT2LMHeadModel,
         OPTConfig,
@@ -665,6 +667,10 @@ def _tiny_causal_lms() -> dict[str, torch.nn.Module]:
             max_position_embeddings=64, word_embed_proj_dim=8,
         )),
         "gpt2": GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=8, n_layer=1, n_head=2, n_positions=64)),
+        "biogpt": BioGptForCausalLM(BioGptConfig(
+            vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
+            max_position_embeddings=64,
+        )),
         "qwen2": Qwen2ForCausalLM(Qwen2Config(
             vocab_size=50, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
             num_key_value_heads=1, max_position_embeddings=64,
@@ -672,11 +678,12 @@ def _tiny_causal_lms() -> dict[str, torch.nn.Module]:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["bart", "xglm", "opt", "gpt2", "qwen2"])
+@pytest.mark.parametrize("name", ["bart", "xglm", "opt", "gpt2", "biogpt", "qwen2"])
 def test_a_model_is_called_position_dependent_exactly_when_left_padding_changes_its_values(name):
     """Measured, not assumed: a row's logits alone and behind three masked padding columns. BART's table
-    (offset by 2) and XGLM's sinusoids count the padding; OPT's table counts from the attention mask, and
-    rotary attention sees distances only."""
+    (offset by 2), XGLM's sinusoids and BioGPT's table (which takes the mask, but is given positions counted
+    from the first column) count the padding; OPT's table counts from the attention mask, and rotary
+    attention sees distances only."""
     from prompt_aug.packing import position_dependence
 
     model = _tiny_causal_lms()[name].eval()
@@ -688,4 +695,4 @@ def test_a_model_is_called_position_dependent_exactly_when_left_padding_changes_
         behind = model(input_ids=padded, attention_mask=mask).logits[0, 3:]
     moved = (alone - behind).abs().max().item() > 1e-5
     assert (position_dependence(model) is not None) == moved, (name, moved, position_dependence(model))
-    assert moved == (name in ("bart", "xglm", "gpt2"))
+    assert moved == (name in ("bart", "xglm", "gpt2", "biogpt"))
