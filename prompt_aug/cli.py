@@ -914,8 +914,8 @@ def recipe_text(argv: list[str] | None, resume: str | None = None) -> str:
         else:  # a launch that resumed at this step or later trained no step this run keeps
             lines += [line for line in earlier if _resumed_at(line) < step] or [f"{label}: none"]
         label += f", resumed at step {step}"
-    if overrides:
-        lines.append(f"{label}: " + " ".join(overrides))
+    if overrides or resume is not None:  # a resumed launch says what it changed, none included
+        lines.append(f"{label}: " + (" ".join(overrides) or "none"))
     if lines:
         text += "\n" + "\n".join(lines) + "\n"
     return hide_tokens(text)

@@ -71,8 +71,8 @@ _HF_TOKEN = re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{20,}(?![A-Za-z0-9])")
 # case, whatever its shape: one not shown as hidden already, and no YAML or JSON true, false or null (the
 # stored login's token, or none: a value a command must keep). The quotes around a value stay.
 _BARE_TOKEN = re.compile(
-    r"""(?ix)
-    ( (?<![\w-]) (["']?) token \2 [ \t]* : [ \t]* )  # the key, bare or quoted, and its colon
+    r"""(?imx)
+    ( (?: ^ | (?<=[{,]) ) [ \t]* (["']?) token \2 [ \t]* : [ \t]* )  # a key (a line's, a mapping's), colon
     (?: (["']) (?! (?:hf_)?\*\*\*\3 ) [^"'\n]+ \3       # a quoted value, not hidden already
       | (?! (?:hf_)?\*\*\* | (?:true|false|null|~) (?![^\s,}\]\#]) )  # or a bare one, nor true, false, null
         [^\s,}\]\#"']+ )
@@ -307,6 +307,8 @@ def without_hub_tokens(text: str) -> str:
     'model_init_kwargs: {token: hf_***}  # hf_x'
     >>> without_hub_tokens('{token: oauth-1, revision: main} {"token": "oauth-2"} {"token": true}')
     '{token: ***, revision: main} {"token": "***"} {"token": true}'
+    >>> without_hub_tokens("# pad token: <eos>; system_prompt: 'Each token: one step'")  # no key named token
+    "# pad token: <eos>; system_prompt: 'Each token: one step'"
     """
     text = _HF_TOKEN.sub("hf_***", text)
     return _BARE_TOKEN.sub(
@@ -787,7 +789,7 @@ def readme_owner(path: Path) -> str | None:
         return "is a model card edited by hand since training wrote it"
     if _last_seal(text) is None and _OURS in text.split("\n"):
         # Training seals every card it writes; ours without its digest line had it taken out by hand.
-        return "is a model card edited by hand since training wrote it (its digest line is gone)"
+        return "is a model card without its digest line (taken out by hand, or written before cards had one)"
     return None
 
 

@@ -919,6 +919,12 @@ def test_a_resumed_launchs_recipe_keeps_the_earlier_launches_overrides_that_trai
         f"# command-line overrides, resumed at step 200: --output_dir {run} --resume_from_checkpoint true\n"
     )
     assert SMOKE.read_text() in text
+    # A launch that resumes with no override (the recipe file says resume_from_checkpoint) says so: the
+    # last launch's overrides are not taken for the ones its steps trained under.
+    assert recipe_text(["--config", str(SMOKE)], str(run / "checkpoint-200")).endswith(
+        "# command-line overrides, resumed at step 100: --resume_from_checkpoint true --beta 0.1\n"
+        "# command-line overrides, resumed at step 200: none\n"
+    )
 
 
 def test_the_interruption_message_finds_the_checkpoint_of_a_run_that_saves_only_the_model(tmp_path):

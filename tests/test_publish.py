@@ -693,7 +693,7 @@ def test_a_card_whose_digest_line_was_taken_out_by_hand_is_kept_not_overwritten(
     edited = "".join(edited).replace("- Optimizer steps: 4\n", "- Optimizer steps: 4 (then a sweep)\n")
     readme.write_text(edited)
     assert readme_owner(readme) == (
-        "is a model card edited by hand since training wrote it (its digest line is gone)"
+        "is a model card without its digest line (taken out by hand, or written before cards had one)"
     )
     assert keep_own_readme(tmp_path) == tmp_path / "_README.md"
     assert (tmp_path / "_README.md").read_text() == edited and not readme.exists()
