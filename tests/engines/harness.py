@@ -38,7 +38,7 @@ PROBE_DIR = os.environ.get("ENGINE_PROBE_DIR")
 
 def switch_fsdp_on_cpu() -> None:
     """Make accelerate use the FSDP plugin it was given on a CPU run (it falls back to DDP there)."""
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
     original = AcceleratorState.__init__
@@ -50,6 +50,9 @@ def switch_fsdp_on_cpu() -> None:
         if plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
             self.distributed_type = DistributedType.FSDP
             self.fsdp_plugin = plugin
+            # As accelerate does on GPUs: PartialState().distributed_type says FSDP too (the package reads it
+            # where it has no accelerator: the refusal of evaluation during training under FSDP).
+            PartialState._shared_state["distributed_type"] = self.distributed_type
 
     AcceleratorState.__init__ = __init__
 

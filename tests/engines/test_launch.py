@@ -169,6 +169,18 @@ def test_the_checkpoint_resumes_and_training_continues(launched):
     assert all(h["grad_norm"] > 0 for h in steps)  # the reward has spread: real gradients
 
 
+def test_the_reference_is_the_policy_where_each_launch_begins(launched):
+    """Each step here is one micro-batch, and each round two steps. At step 1 the reference is the model as
+    loaded, and at step 3 (the resumed launch's first) the policy of checkpoint-2, synced there (restored from
+    the checkpoint, or copied in at the resume where the engine shards it): the policy has not moved yet
+    on either step, so the KL to the reference is 0 on every rank. A rank holding another reference, or a
+    shard of one it never loaded, makes it large; at steps 2 and 4 the policy has moved, so it is not 0."""
+    state = json.loads((launched["out"] / "trainer_state.json").read_text())
+    kl = {h["step"]: h["kl"] for h in state["log_history"] if "kl" in h}
+    assert abs(kl[1]) < 1e-6 and abs(kl[3]) < 1e-6, kl
+    assert kl[2] > 0 and kl[4] > 0, kl
+
+
 # Each engine keeps the optimizer state in its own layout; resumed under another, the Trainer would start a
 # new optimizer without a word (DeepSpeed's checkpoint without DeepSpeed) or fail deep in loading.
 OTHER_ENGINE = {
@@ -266,3 +278,24 @@ def test_the_mini_batch_skip_is_refused_under_a_deepspeed_launch_before_the_mode
     assert text.count(line) == 2, text[-3000:]
     assert f'File "{REPO / "prompt_aug"}' not in text, text[-3000:]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("config", ["zero3", "fsdp"])
+def test_evaluation_during_training_is_refused_where_the_engine_shards_the_model(engines_tmp, config):
+    """Evaluation during training generates with each process's whole model, which ZeRO-3 and FSDP shard
+    (a rank that stops generating first would leave the others waiting in the gather of the next layer):
+    a launch with ``eval_every_steps`` stops before its first step, on every rank, naming the engine."""
+    if config == "zero3":
+        require("deepspeed")
+    out = engines_tmp / "launch" / f"{config}-eval"
+    questions = engines_tmp / "launch" / f"{config}-sums.jsonl"
+    questions.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"question": f"Compute ${a} + {a}$.", "answer": str(2 * a)} for a in range(1, 5)]
+    questions.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    text = _launch(config, 2, out, "probe", "--max_steps", "2", "--eval_benchmarks", str(questions),
+                   "--eval_every_steps", "1", "--eval_max_tokens", "8", expect=1)  # fmt: skip
+    kind = "DeepSpeed ZeRO-3" if config == "zero3" else "FSDP"
+    line = f"evaluation during training generates with each process's whole model, which {kind} shards"
+    assert text.count(line) == 2, text[-3000:]  # one from each rank
+    assert sorted((out / "probe").glob("rank*.json")) == []  # no step ended on any rank
+    assert sorted(out.glob("checkpoint-*")) == []
