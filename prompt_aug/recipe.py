@@ -8,6 +8,7 @@ reads a recipe and its command-line overrides. Training (`prompt_aug.train`) and
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from trl import ModelConfig
 
 from .cli import DRY_RUN_OVERRIDES, RecipeParser, dry_run_processes, parse_recipe, wants_dry_run
 from .config import PromptAugGRPOConfig, help_field, planned_processes
+from .evaluation.callback import sharding_error
+from .faults import launch_engine
 from .mixture import dataset_mixture
 from .models import check_model_args
 from .sources import builtin_names, demo_stage
@@ -222,6 +225,18 @@ def check_recipe(
         raise ValueError(
             "model_name_or_path is not set: give a Hub id, a local model folder, or a built-in model "
             f"({', '.join(builtin_names('model'))})"
+        )
+    engine = launch_engine(training_args)
+    evaluates = training_args.eval_every_steps and training_args.eval_benchmarks
+    if evaluates and engine in ("FSDP", "DeepSpeed ZeRO-3"):  # else refused once the model has loaded
+        raise ValueError(sharding_error("FSDP" if engine == "FSDP" else "DEEPSPEED", zero3=engine != "FSDP"))
+    ram_efficient = os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").strip().lower() in ("true", "1")
+    if engine == "FSDP" and ram_efficient and training_args.beta and not model_args.use_peft:
+        raise ValueError(
+            "beta > 0 under FSDP with fsdp_cpu_ram_efficient_loading: true (the accelerate config): TRL's "
+            "reference model then holds zeros on every process but the first (accelerate fills in the "
+            "policy's weights only), so the KL is wrong; set fsdp_cpu_ram_efficient_loading: false there, "
+            "as accelerate_configs/fsdp.yaml does"
         )
     if training_args.sync_ref_model and model_args.use_peft:  # TRL refuses it once the model has loaded
         raise ValueError(

@@ -188,6 +188,29 @@ def test_quantization_without_bitsandbytes_or_a_gpu_is_refused_in_one_line(flag,
         models.check_model_args(ModelConfig(**{flag: True}), devices=False)
 
 
+def test_an_fsdp_launch_refuses_at_parse_what_it_cannot_run(tmp_path, monkeypatch):
+    """Under an FSDP launch (accelerate's environment): evaluation during training, and a reference model
+    (beta > 0, no LoRA) under fsdp_cpu_ram_efficient_loading, which loads it as zeros on all but the first
+    process; each in one line before anything loads. Without that loading, or with LoRA, beta runs."""
+    from prompt_aug import train
+
+    smoke = str(Path(__file__).resolve().parents[1] / "recipes/smoke/tiny_cpu.yaml")
+    questions = tmp_path / "sums.jsonl"
+    questions.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    evaluating = ["--eval_every_steps", "1", "--eval_benchmarks", str(questions)]
+    shards = "evaluation during training generates with each process's whole model, which FSDP shards"
+    with pytest.raises(SystemExit, match=shards):
+        train.main(["--config", smoke, "--dry_run", *evaluating])
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
+    zeros = r"^prompt-aug-train: error: command line --beta, overriding .*: beta > 0 under FSDP with fsdp_cpu"
+    with pytest.raises(SystemExit, match=zeros):
+        train.main(["--config", smoke, "--dry_run", "--beta", "0.01"])
+    train.main(["--config", smoke, "--dry_run", "--beta", "0.01", "--use_peft", "true"])  # not refused
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
+    train.main(["--config", smoke, "--dry_run", "--beta", "0.01"])
+
+
 def test_a_model_key_refused_names_the_recipe_file_that_set_it(tmp_path):
     """A ModelConfig key's refusal says where it was set, as every other key's does: the recipe file, or the
     command line over it."""
