@@ -11,6 +11,7 @@ is appended, so the bank works with any chat model.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -175,6 +176,18 @@ class Template:
         if bos and text.startswith(bos) and tokenizer("").input_ids[:1] == [tokenizer.bos_token_id]:
             text = text[len(bos) :]
         return text + prefill
+
+
+def with_opened_markers(template: Template, tokenizer: Any, **chat_template_kwargs: Any) -> Template:
+    """``template`` with the markers a completion is to write under ``tokenizer``'s chat template
+    (`Template.markers_to_write`), as training's rows carry them, so that an evaluation's format score is
+    training's. A template that does not render is returned as it is: rendering it says why."""
+    try:
+        opening = template.opening(tokenizer, **chat_template_kwargs)
+    except Exception:  # noqa: BLE001 - the chat template's own error, raised where the prompts are rendered
+        return template
+    markers = template.markers_to_write(opening)
+    return template if markers == template.markers else dataclasses.replace(template, markers=markers)
 
 
 def renderer_keys_refusal(chat_template_kwargs: Any, name: str | None = "chat_template_kwargs") -> str | None:

@@ -366,3 +366,27 @@ def test_markers_a_generation_prompt_opens_and_closes_are_not_asked_nor_one_alon
     )
     (row,) = plain_prompts(Dataset.from_list([{"question": "What is 1 + 1?"}]), bank["deepseek-r1"], thinking)
     assert row["format_markers"] == ["</think>", "<answer>", "</answer>"]
+
+
+def test_an_evaluation_scores_the_format_under_the_markers_training_asks_for(tokenizer):
+    """prompt-aug-eval and the evaluation during training grade a completion's format by the markers the
+    chat template leaves to it, as training's rewards do: a completion that follows open-r1 after an R1
+    distill's generation prompt (``<think>`` already written) has the whole format score."""
+    from prompt_aug.evaluation.runner import score_completions
+    from prompt_aug.templates import with_opened_markers
+
+    thinking = _chat_templated(
+        tokenizer,
+        (
+            "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+        ),
+    )
+    open_r1 = load_templates()["open-r1"]
+    followed = "so 1 + 1\n</think>\n<answer>\n\\boxed{2}\n</answer>"
+    (verdict,) = score_completions([followed], [["2"]], [with_opened_markers(open_r1, thinking)])
+    assert verdict["format_score"] == 1.0 and verdict["correct"]
+    (verdict,) = score_completions([followed], [["2"]], [with_opened_markers(open_r1, tokenizer)])
+    assert verdict["format_score"] == 0.75  # ChatML opens nothing: <think> was the completion's to write
+    broken = _chat_templated(tokenizer, "{{ raise_exception('no') }}")
+    assert with_opened_markers(open_r1, broken) is open_r1  # rendering it says why, where it is rendered

@@ -9,7 +9,14 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..templates import DEFAULT_EVAL_TEMPLATE, Template, TemplateError, load_templates, resolve_eval_template
+from ..templates import (
+    DEFAULT_EVAL_TEMPLATE,
+    Template,
+    TemplateError,
+    load_templates,
+    resolve_eval_template,
+    with_opened_markers,
+)
 from .backends import HFBackend, stop_rule_tokens
 from .benchmarks import EvalError, Problem, load_benchmark, metric_name, parse_benchmarks, parse_templates
 from .report import summarize
@@ -125,6 +132,8 @@ class EvalCallback(TrainerCallback):
         """
         mine = self.problems()[process_index::num_processes]
         backend = HFBackend(model, tokenizer, self.stop)
+        kwargs = self.chat_template_kwargs if self.chat_template_kwargs is not None else chat_template_kwargs
+        template = with_opened_markers(self.template, tokenizer, **(kwargs or {}))  # training's markers
         records = []
         for start in range(0, len(mine), self.batch_size):
             batch = mine[start : start + self.batch_size]
@@ -133,7 +142,7 @@ class EvalCallback(TrainerCallback):
                 prompts, [0] * len(batch), max_tokens=self.max_tokens, temperature=0.0, top_p=1.0, n=1
             )
             completions = [samples[0][0] for samples in outputs]
-            verdicts = score_completions(completions, [p.gold for p in batch], [self.template] * len(batch))
+            verdicts = score_completions(completions, [p.gold for p in batch], [template] * len(batch))
             for problem, verdict in zip(batch, verdicts):
                 records.append(
                     {

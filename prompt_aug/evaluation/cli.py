@@ -50,7 +50,7 @@ from ..sources import (
     is_hub_id,
     resolve_local_model,
 )
-from ..templates import DEFAULT_EVAL_TEMPLATE, TemplateError, renderer_keys_refusal
+from ..templates import DEFAULT_EVAL_TEMPLATE, TemplateError, renderer_keys_refusal, with_opened_markers
 from .backends import (
     STOP_RULES,
     Backend,
@@ -547,6 +547,9 @@ def run_evaluation(args: argparse.Namespace) -> dict[str, Any]:
                 "--backend hf"
             )
     tokenizer = _model_tokenizer(args)
+    # Markers the chat template's generation prompt writes (an R1 distill's <think>) are not the completion's.
+    kwargs = args.chat_template_kwargs or {}
+    templates = [with_opened_markers(t, tokenizer, **kwargs) for t in templates]
     columns = (args.question_column, args.answer_column)
     problems = [p for b in benchmarks for p in load_benchmark(b, args.data_dir, args.limit, *columns)]
     vllm = backend_name == "vllm"
