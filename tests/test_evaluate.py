@@ -1760,46 +1760,35 @@ def test_a_max_model_len_above_the_models_context_is_refused_before_the_vllm_eng
     assert not out.exists()
     if importlib.util.find_spec("vllm") is not None:  # the scaled model would run: shown where it cannot
         return
-    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_info:  # vLLM's own way past
-        patch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
-        main(
-            [
-                "--model",
-                str(tiny_model_dir),
-                "--data_dir",
-                str(suite_dir),
-                "--output",
-                str(out),
-                *vllm,
-                "--limit",
-                "1",
-            ]
+
+    def reaches_the_engine(model: Path) -> bool:  # past the check, to the engine, which is not installed here
+        with pytest.raises(SystemExit) as exit_info:
+            main(
+                [
+                    "--model",
+                    str(model),
+                    "--data_dir",
+                    str(suite_dir),
+                    "--output",
+                    str(out),
+                    *vllm,
+                    "--limit",
+                    "1",
+                ]
+            )
+        return str(exit_info.value.code).startswith(
+            "prompt-aug-eval: error: --backend vllm: vLLM is not installed"
         )
-    assert str(exit_info.value.code).startswith(
-        "prompt-aug-eval: error: --backend vllm: vLLM is not installed"
-    )
+
+    with pytest.MonkeyPatch.context() as patch:  # vLLM's own way past the context
+        patch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+        assert reaches_the_engine(tiny_model_dir)
     scaled = tmp_path / "yarn"
     shutil.copytree(tiny_model_dir, scaled)
     config = json.loads((scaled / "config.json").read_text())
     config["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": context}
     (scaled / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SystemExit) as exit_info:  # past the check, to the engine, which is not installed here
-        main(
-            [
-                "--model",
-                str(scaled),
-                "--data_dir",
-                str(suite_dir),
-                "--output",
-                str(out),
-                *vllm,
-                "--limit",
-                "1",
-            ]
-        )
-    assert str(exit_info.value.code).startswith(
-        "prompt-aug-eval: error: --backend vllm: vLLM is not installed"
-    )
+    assert reaches_the_engine(scaled)
 
 
 def test_backend_vllm_without_vllm_is_one_line_before_the_folder_is_touched(
