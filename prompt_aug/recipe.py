@@ -213,7 +213,9 @@ def check_recipe(
     named: Callable[[Any, Any], Any] | None = None,
 ) -> None:
     """What the parsed recipe needs beyond each key group's own checks (`ValueError`, one line naming the key;
-    `parse_recipe` says where it was set): a model to train, no ``sync_ref_model`` under ``use_peft``, a vLLM
+    `parse_recipe` says where it was set): the model keys (`check_model_args`, devices aside), a model to
+    train, under a launch that shards the model no evaluation during training, nor a reference model loaded
+    by FSDP's CPU-RAM-efficient loading, no ``sync_ref_model`` under ``use_peft``, a vLLM
     context (``vllm_max_model_length``) that holds the longest prompt and completion, what
     ``named`` refuses among what the recipe names (given the script and training arguments; the entry point
     passes `prompt_aug.train.recipe_names`: reward functions, templates, the chat template file) and, outside
