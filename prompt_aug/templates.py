@@ -115,12 +115,23 @@ class Template:
         text = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, **chat_template_kwargs
         )
+        tail = self._generation_prompt(messages, text, tokenizer, chat_template_kwargs)
+        return tail + self._prefill_after(tail)
+
+    def _generation_prompt(
+        self, messages: list[dict[str, str]], text: str, tokenizer: Any, chat_template_kwargs: dict[str, Any]
+    ) -> str:
+        """What the chat template adds after the conversation in ``text``, its render of ``messages`` with a
+        generation prompt ("" where that render does not begin with the conversation's own)."""
         conversation = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=False, **chat_template_kwargs
         )
-        tail = text[len(conversation) :] if text.startswith(conversation) else ""
+        return text[len(conversation) :] if text.startswith(conversation) else ""
+
+    def _prefill_after(self, generation_prompt: str) -> str:
+        """The prefill to add after ``generation_prompt``: none where that already ends with it."""
         prefill = self.prefill
-        return tail + ("" if prefill.strip() and tail.rstrip().endswith(prefill.strip()) else prefill)
+        return "" if prefill.strip() and generation_prompt.rstrip().endswith(prefill.strip()) else prefill
 
     def markers_to_write(self, opening: str) -> tuple[str, ...]:
         """The `markers` a completion is to write after ``opening`` (`opening`): all but the first ones that
@@ -165,11 +176,9 @@ class Template:
         if prefill.strip() and text.rstrip().endswith(prefill.strip()):
             # Already there only where the generation prompt (what the chat template adds after the
             # conversation) ends with it, not where the question happens to end so.
-            conversation = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=False, **chat_template_kwargs
+            prefill = self._prefill_after(
+                self._generation_prompt(messages, text, tokenizer, chat_template_kwargs)
             )
-            if text.startswith(conversation) and text[len(conversation) :].rstrip().endswith(prefill.strip()):
-                prefill = ""
         # Tokenizers that add a BOS token on their own (Llama, Gemma) would otherwise get it twice,
         # once from the chat template and once when TRL tokenizes this text.
         bos = getattr(tokenizer, "bos_token", None)
