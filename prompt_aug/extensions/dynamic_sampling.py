@@ -587,7 +587,6 @@ class DynamicSampler:
             "dropped_no_spread": counts[OTHER],
             "generation_passes": len(passes),
             "cap_hit": float(counts[KEPT] < groups_needed),
-            "kept_share": counts[KEPT] / generated,
             # The truncated share of the rows trained: TRL's entropy is theirs (the collapse guard reads it).
             TRAINED_CLIPPED.removeprefix(METRIC): torch.cat(
                 [
@@ -603,7 +602,7 @@ class DynamicSampler:
             metrics[METRIC + name].append(float(value))
         # Once per group generated: a log line over several rounds then shows the share of all their groups
         # (TRL averages what the buffer holds), not the mean of the rounds' shares.
-        metrics[METRIC + "kept_share"][-1:] = [counts[KEPT] / generated] * generated
+        metrics[METRIC + "kept_share"].extend([counts[KEPT] / generated] * generated)
         # Per-template metrics over everything generated, plus how many of each template's completions
         # trained.
         num_gen = trainer.num_generations
