@@ -44,7 +44,7 @@ class MappedCorrectness:
     """`mapped_correctness`'s reward function for a synchronous ``base``."""
 
     def __init__(self, base: RewardFunc, correct: float, incorrect: float, name: str | None = None) -> None:
-        base_name = _callable_name(base)
+        base_name = reward_name(base)
         self.base, self.correct, self.incorrect = base, correct, incorrect
         self.__name__ = self.__qualname__ = name or f"{base_name}_mapped"
         self.__doc__ = f"`{base_name}` with correct -> {correct:g}, incorrect -> {incorrect:g}, None kept."
@@ -79,11 +79,17 @@ class AsyncMappedCorrectness(MappedCorrectness):
         return self.mapped(await self.base(*args, **kwargs))
 
 
-def _callable_name(func: Callable[..., Any]) -> str:
-    """The name TRL gives ``func``: a partial's function's, else ``__name__``, else the class's."""
+def called(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The function a `functools.partial` (of a partial ...) calls; ``func`` itself for any other callable."""
     while isinstance(func, functools.partial):
         func = func.func
-    return getattr(func, "__name__", type(func).__name__)
+    return func
+
+
+def reward_name(func: Callable[..., Any]) -> str:
+    """The name TRL gives ``func``: a partial's function's, else ``__name__``, else the class's."""
+    named = called(func)
+    return getattr(named, "__name__", type(named).__name__)
 
 
 def _is_async(func: Callable[..., Any]) -> bool:
@@ -94,6 +100,5 @@ def _is_async(func: Callable[..., Any]) -> bool:
     >>> _is_async(judge), _is_async(functools.partial(judge)), _is_async(len)
     (True, True, False)
     """
-    while isinstance(func, functools.partial):
-        func = func.func
+    func = called(func)
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)

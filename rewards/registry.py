@@ -25,7 +25,7 @@ from typing import Any
 from .formats import row_rules
 from .grading.extract import number_text
 from .grading.grade import format_score, grade_batch
-from .mapped import mapped_correctness
+from .mapped import called, mapped_correctness, reward_name
 
 
 def _text(completion: Any) -> str:
@@ -277,16 +277,9 @@ def _not_a_reward(path: str, func: Callable[..., Any]) -> str | None:
     )
 
 
-def _called(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The function a `functools.partial` (of a partial ...) calls; ``func`` itself for any other callable."""
-    while isinstance(func, functools.partial):
-        func = func.func
-    return func
-
-
 def _is_trls(func: Callable[..., Any]) -> bool:
     """Whether ``func`` (a function, a callable object, or a `functools.partial` of one) is TRL's."""
-    return (getattr(_called(func), "__module__", None) or "").split(".")[0] == "trl"
+    return (getattr(called(func), "__module__", None) or "").split(".")[0] == "trl"
 
 
 def _overlong_args(max_completion_length: int | None, soft_punish_cache: int | None) -> dict[str, int]:
@@ -409,8 +402,7 @@ class TRLConvention:
 
     def __init__(self, func: Callable[..., list[float | None]]) -> None:
         self.func = func
-        named = _called(func)  # TRL names a partial by the function it calls
-        self.__name__ = getattr(named, "__name__", type(named).__name__)
+        self.__name__ = reward_name(func)  # TRL names a partial by the function it calls
         self.__doc__ = getattr(func, "__doc__", None)
         self.reads_gold = _reads_gold(func)
 
