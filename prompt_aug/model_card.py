@@ -80,8 +80,8 @@ _BARE_TOKEN = re.compile(
 )
 # How the recipe's lines for the command-line overrides start (`cli.recipe_text`), one a launch of the run.
 OVERRIDES_LINE = "# command-line overrides"
-# A heading of the renderer's own: a card with our sections in it (`readme_owner`).
-_OURS = "## Template bank"
+# A heading of the renderer's own (`render_model_card`): a card with it is ours (`readme_owner`).
+_TEMPLATE_BANK = "## Template bank"
 
 
 def weights_fingerprint(folder: str | Path) -> str | None:
@@ -249,7 +249,7 @@ def render_model_card(
     lines += ["", *_evaluation_section(output_dir)]
     lines += [
         "",
-        "## Template bank",
+        _TEMPLATE_BANK,
         "",
         *(
             []
@@ -787,7 +787,7 @@ def readme_owner(path: Path) -> str | None:
         return "is not a model card (the user's own?)"
     if edited_card(text):
         return "is a model card edited by hand since training wrote it"
-    if _last_seal(text) is None and _OURS in text.split("\n"):
+    if _last_seal(text) is None and _TEMPLATE_BANK in text.split("\n"):
         # Training seals every card it writes; ours without its digest line had it taken out by hand.
         return "is a model card without its digest line (taken out by hand, or written before cards had one)"
     return None
