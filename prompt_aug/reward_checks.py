@@ -4,8 +4,9 @@
   list of the wrong length is a `RewardFunctionError` naming the first row (uid and template) that raises it
   alone.
 * `check_reward_arguments` refuses, before the model loads, a reward function that needs an argument no
-  column gives (naming the argument and the columns there are), or that takes no ``**kwargs``, and two
-  reward functions of one name (`check_reward_names`).
+  column gives (naming the argument and the columns there are), or that takes no ``**kwargs``.
+* `check_reward_names` refuses two reward functions of one name, in the dry run too (where the recipe's
+  names are made).
 """
 
 from __future__ import annotations
@@ -211,10 +212,8 @@ def missing_arguments_message(name: str, missing: list[str], available: Any) -> 
 
 
 def check_reward_arguments(funcs: list[Any], names: list[str], columns: list[str]) -> None:
-    """Raise `RewardFunctionError` for two reward functions of one name (TRL logs them under one key), and for
-    the first reward function that needs an argument neither ``columns`` (what each row will carry to the
-    rewards) nor TRL gives, or that cannot take all of them."""
-    check_reward_names(names)
+    """Raise `RewardFunctionError` for the first reward function that needs an argument neither ``columns``
+    (what each row will carry to the rewards) nor TRL gives, or that cannot take all of them."""
     available = (set(columns) - {"prompt", "completion"}) | set(TRL_REWARD_ARGUMENTS)
     for func, name in zip(funcs, names, strict=True):
         if isinstance(func, torch.nn.Module):

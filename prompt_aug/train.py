@@ -69,7 +69,7 @@ from .logging_utils import quiet_deprecations, use_compact_log
 from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
 from .recipe import PromptAugScriptArguments, Recipe, make_parser, parse_args
-from .reward_checks import RewardFunctionError, check_reward_arguments
+from .reward_checks import RewardFunctionError, check_reward_arguments, check_reward_names
 from .sources import demo_stage, downloads_model, read_training_data
 from .stack import check_before_parse, check_stack, machine_problem, wait_for_vllm_server
 from .templates import (
@@ -342,12 +342,12 @@ def reward_functions(
     script_args: PromptAugScriptArguments, args: PromptAugGRPOConfig
 ) -> tuple[list[Any], list[str]]:
     """The recipe's reward functions (``reward_funcs``; TRL's overlong penalty made for its
-    ``max_completion_length`` and ``soft_punish_cache``) and their names, as TRL names them; checked against
-    ``reward_weights`` and ``dynamic_sampling_signal``.
+    ``max_completion_length`` and ``soft_punish_cache``) and their names, as TRL names them, none twice;
+    checked against ``reward_weights`` and ``dynamic_sampling_signal``.
 
     Raises:
-        ValueError: a name, an import path, the penalty's lengths, the weights or the dynamic-sampling
-            signal; the message names the key.
+        ValueError: a name, an import path, a name twice, the penalty's lengths, the weights or the
+            dynamic-sampling signal; the message names the key.
     """
     funcs = get_reward_funcs(
         script_args.reward_funcs,
@@ -355,6 +355,7 @@ def reward_functions(
         soft_punish_cache=script_args.soft_punish_cache,
     )
     names = [get_callable_name(f) for f in funcs]
+    check_reward_names(names)  # TRL would log two of one name under one key
     check_reward_weights(args.reward_weights, names)
     if args.dynamic_sampling:
         signal_column(args.dynamic_sampling_signal, funcs, names)  # its reward function is among them

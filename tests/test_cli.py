@@ -1230,6 +1230,10 @@ def test_console_shows_compact_lines_no_checkpointing_deprecation_and_how_to_res
                 "'format_reward']; give one weight per reward function"
             ),
         ),
+        (
+            ["--reward_funcs", "format", "correctness", "rewards.registry:format_reward"],
+            "reward_funcs: entries 1 and 3 are both named 'format_reward'",
+        ),
     ],
 )
 def test_the_dry_run_refuses_what_the_launch_would(extra, expected, tmp_path, capsys):

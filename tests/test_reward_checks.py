@@ -216,21 +216,6 @@ def test_the_trainer_keeps_the_reward_functions_and_names_it_was_given(tiny_mode
     )
 
 
-def test_two_reward_functions_of_one_name_are_refused_before_the_model_loads():
-    # TRL logs each reward under its function's name: two of one name would share rewards/<name>/mean and one
-    # column of the completions table.
-    from rewards.registry import format_reward, get_reward_funcs
-
-    funcs = get_reward_funcs(["format", "correctness", "rewards.registry:format_reward"])
-    names = [f.__name__ for f in funcs]
-    with pytest.raises(
-        reward_checks.RewardFunctionError,
-        match=r"^reward_funcs: entries 1 and 3 are both named 'format_reward'",
-    ):
-        reward_checks.check_reward_arguments(funcs, names, ["question", "answer"])
-    reward_checks.check_reward_arguments([format_reward], ["format_reward"], ["question", "answer"])
-
-
 def test_the_shuffled_correctness_control_needs_the_answer_column_as_correctness_does():
     from rewards.controls import shuffled_correctness_reward
     from rewards.registry import correctness_reward
