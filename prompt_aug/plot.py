@@ -6,9 +6,10 @@ history written last among its own ``trainer_state.json``, its ``checkpoint-*`` 
 longer one that agrees with it at every step both logged (a finished run resumed to train further has newer
 checkpoints than its own state); a longer one that disagrees, a line abandoned by a resume from an earlier
 checkpoint, is set aside with a warning. ``eval/results.json`` (written by ``prompt-aug-eval``) gives the
-final evaluation. Several runs are overlaid, one colour per run, named by their folders (``--names`` to
-relabel; ``--groups``, one per run, to give an arm's seeds one colour and a line style each). Panels without
-data in any run are left out.
+final evaluation, drawn at the step of the folder's weights (not where those weights end a line set aside).
+Several runs are overlaid, one colour per run, named by their folders (``--names`` to relabel; ``--groups``,
+one per run, to give an arm's seeds one colour and a line style each). Panels without data in any run are
+left out.
 
 Per-template panels give each template one colour in every panel, a different one for each name drawn
 (built-in templates keep theirs in every picture; other names take the colours left, in the sorted order of
@@ -297,12 +298,26 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     keys = sorted({k for e in history for k in e if _TEMPLATE_ACCURACY.match(k)})
     # The folder's own weights' state (what its evaluation graded), where it could be read.
     own = Path(run_dir) / "trainer_state.json"
-    own_step = next((_state_step(s) for path, s in states if path == own), None)
+    own_state = next((s for path, s in states if path == own), None)
+    own_step = None if own_state is None else _state_step(own_state)
+    evaluation = final_evaluation(run_dir)
+    set_aside = own_state is not None and (
+        own_step > _state_step(state) or not _agree(_steps(own_state), _steps(state))
+    )
+    if evaluation is not None and set_aside:
+        # The folder's weights end a line set aside (`_newest`): their evaluation is not of the line drawn.
+        logger.warning(
+            "%s holds an evaluation of the weights in %s, which end at step %d a line set aside (a "
+            "resume from an earlier checkpoint abandoned it): not drawn; evaluate the resumed run once it "
+            "has finished",
+            Path(run_dir) / "eval", run_dir, own_step,
+        )  # fmt: skip
+        evaluation = None
     return Run(
         name=name or Path(run_dir).resolve().name,
         path=Path(run_dir),
         history=history,
-        eval_results=final_evaluation(run_dir),
+        eval_results=evaluation,
         final_step=_state_step(state),
         template_keys=keys,
         eval_step=own_step,
@@ -401,6 +416,36 @@ def _palette(size: int) -> list[Any]:
 # Line styles of the runs of one group (the fifth run of a group starts again).
 _STYLES = ("-", "--", ":", "-.")
 
+
+def _run_looks(names: list[str], groups: list[str] | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The colour and line style of each run (by name): one colour per run, or per group (``groups``, one
+    per run) with a line style per run within its group. Colours come from `_palette`, whose first ten are
+    tab10's, so every group has its own; without groups, past 10 runs the ten colours come round again, each
+    round in the next line style, and past 40 (every style used) the palette's next ten colours.
+
+    >>> colors, styles = _run_looks([f"r{i}" for i in range(41)], None)
+    >>> len({(colors[n], styles[n]) for n in colors}), styles["r10"], colors["r10"] == colors["r0"]
+    (41, '--', True)
+    >>> colors, _ = _run_looks([f"r{i}" for i in range(11)], [f"arm{i}" for i in range(11)])
+    >>> len(set(colors.values()))
+    11
+    """
+    colors, styles = {}, {}
+    if groups is not None:
+        order = list(dict.fromkeys(groups))
+        palette = _palette(len(order))
+        for i, (name, group) in enumerate(zip(names, groups)):
+            colors[name] = palette[order.index(group)]
+            styles[name] = _STYLES[groups[:i].count(group) % len(_STYLES)]
+        return colors, styles
+    cycle = 10 * len(_STYLES)  # runs told apart by the first ten colours in every style
+    palette = _palette(10 * (len(names) // cycle + 1))
+    for i, name in enumerate(names):
+        colors[name] = palette[i % 10 + 10 * (i // cycle)]
+        styles[name] = _STYLES[i // 10 % len(_STYLES)]
+    return colors, styles
+
+
 # tab20's ten strong colours first, then their light twins: the first templates look most distinct.
 _TAB20_ORDER = [*range(0, 20, 2), *range(1, 20, 2)]
 
@@ -466,6 +511,8 @@ def build_figure(
     their folders). ``groups``, one per run, give the runs of a group (an arm's seeds) one colour, told
     apart by line style. ``templates=False`` leaves out the per-template panels (one per run).
     """
+    if smooth < 1:
+        raise PlotError(f"--smooth {smooth}: give a number of logged points, 1 or more (1: not smoothed)")
     _one_per_run(names, run_dirs, "--names")
     _one_per_run(groups, run_dirs, "--groups")
     if names is not None and len(set(names)) < len(names):
@@ -484,15 +531,7 @@ def build_figure(
         missing = [str(r.path) for r in runs if not round_axis(r.history) and str(r.path) not in unlogged]
         if missing:
             raise PlotError(f"{missing}: no `round` key in the logged history; plot these runs with --x step")
-    # One colour per run, or per group with a line style per run within its group. Without groups, past 10
-    # runs the colours come round again, each round in the next line style.
-    group_of = groups or [r.name for r in runs]
-    order = list(dict.fromkeys(group_of))
-    colors, styles = {}, {}
-    for i, (run, group) in enumerate(zip(runs, group_of)):
-        colors[run.name] = plt.get_cmap("tab10")(order.index(group) % 10)
-        style = group_of[:i].count(group) if groups is not None else i // 10
-        styles[run.name] = _STYLES[style % len(_STYLES)]
+    colors, styles = _run_looks([r.name for r in runs], groups)
 
     panels: list[tuple[str, Any]] = []
     for panel_title, ylabel, keys, fraction in CURVES:
@@ -511,9 +550,15 @@ def build_figure(
     if not panels:
         raise PlotError(f"nothing to plot: no known metric in {[str(r.path) for r in runs]}")
 
+    # Legends live outside the panels: runs above them, templates and eval markers below. The figure is as
+    # tall as the panels and the legends together, so that many runs do not squeeze the panels; sizes in
+    # inches, turned into figure fractions.
+    below = _below_legend(shades, has_eval)
+    title_h, legend_h = (0.4 if title else 0.0), 0.3 * math.ceil(len(runs) / 4)
+    below_h = 0.25 * math.ceil(len(below) / 6) + (0.1 if below else 0.0)
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    height = 3.7 * nrows
+    height = 3.7 * nrows + title_h + legend_h + below_h
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, height), squeeze=False)
     last = max(_final_x(r, x) for r in runs)
     for ax, (panel_title, spec) in zip(axes.flat, panels):
@@ -548,11 +593,6 @@ def build_figure(
         ax.set_visible(False)
     _mark_collapse(list(zip(axes.flat, [spec for _, spec in panels])), runs, colors, x)
 
-    # Legends live outside the panels: runs above them, templates and eval markers below.
-    # Sizes in inches turned into figure fractions.
-    below = _below_legend(shades, has_eval)
-    title_h, legend_h = (0.4 if title else 0.0), 0.3 * math.ceil(len(runs) / 4)
-    below_h = 0.25 * math.ceil(len(below) / 6) + (0.1 if below else 0.0)
     if title:
         fig.suptitle(title, y=1 - 0.08 / height, va="top")
     handles = [plt.Line2D([], [], linestyle=styles[r.name], color=colors[r.name], label=r.name) for r in runs]
@@ -599,6 +639,11 @@ def plot_runs(run_dirs: list[str | Path], output: str | Path, **options: Any) ->
         raise PlotError(
             f"--output {output}: cannot write it ({err.strerror or err}); give a path in a folder you can "
             "write to"
+        ) from None
+    except RuntimeError as err:  # a type whose writer needs a program this machine lacks (pgf: a TeX)
+        raise PlotError(
+            f"--output {output}: matplotlib cannot write {output.suffix} here ({err}); give another ending, "
+            "such as .png, .pdf or .svg"
         ) from None
     finally:
         plt.close(fig)

@@ -611,3 +611,96 @@ def test_plotting_imports_neither_torch_nor_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_more_than_ten_groups_each_have_their_own_colour(tmp_path):
+    """Eleven arms of two seeds: tab10 alone gave the eleventh arm the first one's colour, and its seeds the
+    same line styles, so two runs looked the same."""
+    from prompt_aug.plot import build_figure
+
+    dirs, groups = [], []
+    for arm in range(11):
+        for seed in range(2):
+            _write_state(tmp_path / f"arm{arm}-s{seed}", 3, offset=0.01 * arm, with_eval=False)
+            dirs.append(tmp_path / f"arm{arm}-s{seed}")
+            groups.append(f"arm{arm}")
+    fig = build_figure(dirs, groups=groups, templates=False)
+    lines = next(a for a in fig.axes if a.get_title() == "Entropy").get_lines()
+    drawn = [(tuple(line.get_color()), line.get_linestyle()) for line in lines]
+    assert len(set(drawn)) == 22
+    assert len({colour for colour, _ in drawn}) == 11
+    assert drawn[0][0] == drawn[1][0] and [style for _, style in drawn[:2]] == ["-", "--"]
+
+
+def test_many_runs_do_not_squeeze_the_panels_under_their_legend(tmp_path):
+    """The run legend grows a row per four runs: the figure grows with it, the panels keep their height and
+    the legend stays off them (with 100 runs it used to cover them, tight_layout giving up)."""
+    from prompt_aug.plot import build_figure
+
+    def panel_height(count: int) -> float:
+        dirs = [tmp_path / f"run{i}" for i in range(count)]
+        for i, folder in enumerate(dirs):
+            if not folder.exists():
+                _write_state(folder, 3, offset=0.001 * i, with_eval=False)
+        fig = build_figure(dirs, templates=False)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        panels = [ax.get_window_extent(renderer) for ax in fig.axes if ax.get_visible()]
+        box = fig.legends[0].get_window_extent(renderer)
+        assert not any(box.overlaps(panel) for panel in panels), count
+        return fig.axes[0].get_position().height * fig.get_size_inches()[1]
+
+    one, many = panel_height(1), panel_height(60)
+    assert many > 0.9 * one
+
+
+def test_an_evaluation_of_a_line_set_aside_is_not_drawn_on_the_resumed_line(tmp_path, caplog):
+    """Finished and evaluated at step 100, then resumed from checkpoint-40 and still training: the folder's
+    weights (and their evaluation) end the abandoned line, not the one drawn; their markers were drawn at
+    step 100, past the line's end, in an evaluation panel of nothing else."""
+    import os
+    import time
+
+    from prompt_aug.plot import build_figure, load_run
+
+    run = tmp_path / "run"
+    old = [{"step": s, "round": s, "entropy": 0.01} for s in range(1, 101)]
+    new = [{"step": s, "round": s, "entropy": 0.01 if s <= 40 else 0.5} for s in range(1, 61)]
+    for folder, history in ((run, old), (run / "checkpoint-60", new)):
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {"global_step": history[-1]["step"], "log_history": history}
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+    hour_ago = time.time() - 3600
+    os.utime(run / "trainer_state.json", (hour_ago, hour_ago))
+    (run / "eval").mkdir()
+    (run / "eval" / "results.json").write_text(
+        json.dumps({"results": {"qwen-math": {"macro": 0.4, "micro": 0.5}}})
+    )
+    with caplog.at_level("WARNING", logger="prompt_aug.plot"):
+        assert load_run(run).eval_results is None
+    assert "end at step 100 a line set aside" in caplog.text
+    titles = [a.get_title() for a in build_figure([run]).axes if a.get_visible()]
+    assert "Evaluation (strict grading)" not in titles and "Entropy" in titles
+    # The same folder, its weights on the line drawn (finished again at step 60): drawn at their step.
+    (run / "trainer_state.json").write_text(json.dumps({"global_step": 60, "log_history": new}))
+    (panel,) = [a for a in build_figure([run]).axes if a.get_title() == "Evaluation (strict grading)"]
+    assert [list(line.get_xdata()) for line in panel.get_lines()] == [[60], [60]]
+
+
+@pytest.mark.skipif(shutil.which("xelatex") is not None, reason="xelatex installed: .pgf can be written")
+def test_an_image_type_matplotlib_cannot_write_here_is_one_line(tmp_path):
+    """.pgf is a type matplotlib lists, but writing it needs a TeX: a RuntimeError traceback before."""
+    _write_state(tmp_path / "a", 3, with_eval=False)
+    output = tmp_path / "curves.pgf"
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "a"), "-o", str(output)])
+    message = str(exc.value)
+    assert message.startswith(f"prompt-aug-plot: error: --output {output}: matplotlib cannot write .pgf here")
+    assert "such as .png" in message and "\n" not in message
+
+
+def test_a_smoothing_window_below_one_is_refused(tmp_path):
+    _write_state(tmp_path / "a", 3, with_eval=False)
+    with pytest.raises(SystemExit, match=r"^prompt-aug-plot: error: --smooth 0: give a number of logged"):
+        main([str(tmp_path / "a"), "--smooth", "0", "-o", str(tmp_path / "x.png")])
+    assert not (tmp_path / "x.png").exists()
