@@ -23,7 +23,7 @@ from rewards import correctness_reward, extract_lenient, grade, normalize, stric
 from rewards.grading import fastpath
 from rewards.grading import pool as grader_pool
 from rewards.grading.fastpath import as_number, fast_verdict, surely_parseable
-from rewards.grading.grade import Grade, grade_batch
+from rewards.grading.grade import IN_PROCESS_MAX_CHARS, Grade, grade_batch
 from rewards.grading.verify import is_equivalent, normalize_gold, parse_text
 
 LIMIT_S = grader_pool.get_pool().config.time_limit_s
@@ -70,6 +70,9 @@ PATHOLOGICAL = {
     "a megabyte of prose": ("lorem ipsum dolor " * 60_000, False),
     "many Minerva openers": ("final answer is $1 " * 10_000, False),  # each `$...$` is read once: linear
     "unclosed boxes": ("\\boxed{" * 200_000, False),
+    "a run of spaces in a box": ("\\boxed{1" + " " * 2_000 + "x}", False),  # each space is read once
+    "a run of ties in a box": ("\\boxed{1" + "~" * 20_000 + "x}", True),  # then refused: too long
+    "a run of escaped spaces in a box": ("\\boxed{1" + "\\ " * 10_000 + "x}", True),
 }
 
 
@@ -1333,6 +1336,44 @@ def test_a_relation_of_one_variable_equals_the_interval_it_defines():
 def test_bare_unit_words_math_verify_misses_go_on_either_side(answer, gold, right):
     assert grade(f"\\boxed{{{answer}}}", gold, strict=True).correct is right
     assert grade(f"The answer is {answer}.", gold).correct is right
+
+
+# (answer, gold, right?): a scale word multiplies the number before it; a question may also count in that
+# scale ("How many million tons of apples are used for apple juice?", gold `2.2`, in MATH), so the number as
+# written is right too. Any other value is wrong.
+SCALE_WORDS = [
+    ("3 \\text{ million}", "3000000", True),
+    ("5\\text{ thousand}", "5000", True),
+    ("\\$20 \\text{ million}", "20,\\!000,\\!000", True),  # a MATH gold ("$30 million in damage")
+    ("20 million dollars", "20000000", True),
+    ("\\text{20 million}", "20000000", True),
+    ("20 \\mathrm{~million}", "20000000", True),
+    ("54 \\text{ thousand square meters}", "54000", True),  # "to the nearest thousand square meters"
+    ("1.5 \\text{ billion}", "1500000000", True),
+    ("-4 \\text{ Thousand}", "-4000", True),
+    ("x = 2.5 \\text{ millions}", "2500000", True),
+    ("2.2 \\text{ million tons}", "2.2", True),
+    ("3 \\text{ million}", "3", True),
+    ("3 \\text{ million}", "3000", False),
+    ("3 \\text{ million}", "3001000", False),
+    ("3 \\text{ thousand}", "3000000", False),
+    ("2.3 \\text{ million}", "2.2", False),
+    ("2.3 \\text{ million}", "2200000", False),
+    ("5 \\text{ thousandths}", "5000", False),  # not a scale word
+]
+
+
+@pytest.mark.parametrize(("answer", "gold", "right"), SCALE_WORDS)
+def test_a_scale_word_multiplies_the_number_before_it(answer, gold, right):
+    assert grade(f"\\boxed{{{answer}}}", gold, strict=True).correct is right
+    assert grade(f"The answer is ${answer}$.", gold).correct is right
+
+
+def test_a_scale_word_is_read_in_a_worker_as_in_process():
+    padding = "x" * (IN_PROCESS_MAX_CHARS + 1)  # extracted in a worker
+    assert grade(f"{padding} \\boxed{{3 \\text{{ million}}}}", "3000000").correct
+    assert grade(f"{padding} \\boxed{{3 \\text{{ million}}}}", "3").correct
+    assert not grade(f"{padding} \\boxed{{3 \\text{{ million}}}}", "3000").correct
 
 
 @pytest.mark.parametrize(

@@ -133,12 +133,40 @@ _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 # Bare unit words after a value that math-verify's unit list misses (it joins `"integer" "point"` into one
 # word) and Minerva's answer normalisation drops: `5 dollars`, `12 points`.
 _BARE_UNIT = re.compile(r"(\d|\})\s*(?:dollars?|integers?|points?)\.?\s*$")
+# Scale words multiply the number before them; they are not units. `3 \text{ million}` may answer a question
+# that wants the full count (gold `3000000`) or one that counts in millions (`How many million tons...?`,
+# gold `2.2`), so `normalize` keeps the word after the value, written as `SCALE_SUFFIX` writes it, and
+# `scale_readings` gives both values. The word and any unit words after it (`3 \text{ million tons}`,
+# `20 million dollars`) end the answer; words that deny (`\text{ million or not}`) keep it as it was.
+SCALES = {"hundred": 2, "thousand": 3, "million": 6, "billion": 9, "trillion": 12}
+SCALE_SUFFIX = "\\text{{ {}}}"  # filled with the word: `3\text{ million}`
+_SCALE = re.compile(
+    r"(?<=\d)"
+    + _SPACE
+    + r"(?:(\\(?:text|mbox|mathrm)\{)"
+    + _SPACE
+    + r")?(?i:("
+    + "|".join(SCALES)
+    + r"))s?(?![A-Za-z])"
+    + r"[A-Za-z ./~]*+(?=(?:\}|\\ |\s|~|\.|\\(?:text|mbox|mathrm)\{[A-Za-z ./~]*+\}|\^\{?-?\d\}?)*+$)"
+)
+_SCALE_DENIAL = re.compile(r"\b(?:[Nn]o|[Nn]ot|[Nn]ever|[Nn]one|[Cc]annot|[Cc]an't)\b")
+# What may come before a scale word: a number, alone or assigned (`x = 3`, `a_1 = 2.5`), in a wrapper
+# that holds the word too or not (`\text{3 million}`).
+_PLAIN_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_SCALED_VALUE = re.compile(
+    r"(?:\\(?:text|mbox|mathrm)\{\s*)?(?:[A-Za-z](?:_\{[^{}]*\}|_[A-Za-z0-9])?\s*=\s*)?"
+    + _PLAIN_NUMBER.pattern
+)
+_SCALED_NUMBER = re.compile(r"(" + _PLAIN_NUMBER.pattern + r")\\text\{ (" + "|".join(SCALES) + r")\}")
 # Degrees Celsius or Fahrenheit (`1950^\circ C`, `{ }^{\circ} \mathrm{C}`, `25°F`, `100~^{\circ}\mathrm{C}`)
 # where a value ends: a unit, not the constant C. The braces of `\text{ }^\circ` are the command's, not an
 # empty group's. Group 1 or 2 names the scale. The scale that ends the whole answer is kept, written as
-# `TEMPERATURE_SUFFIXES` writes it, and compared (`split_temperature`); one inside a tuple is dropped.
+# `TEMPERATURE_SUFFIXES` writes it, and compared (`split_temperature`); one inside a tuple is dropped. A match
+# starts only where a run of spaces starts and reads the run in one loop, so that a long run costs linear time
+# (tried from each of its spaces, with the run split between two loops, it costs cubic time).
 _TEMPERATURE = re.compile(
-    r"(?:\s|~|\\ )*(?:(?<![A-Za-z])\{\s*\})?\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*"
+    r"(?<![\s~\\])(?:\s|~|\\ )*+(?:(?<![A-Za-z])\{\s*\}\s*)?(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*"
     r"(?:\\(?:text|mathrm|mbox)\s*\{\s*([CF]|Celsius|Fahrenheit)\s*\}"
     r"|([CF]|Celsius|Fahrenheit)(?![A-Za-z]))"
     r"(?=\s*(?:[,;)\]]|\\\}|$))"
@@ -255,6 +283,37 @@ def _strip_text_wrappers(answer: str) -> str:
             break
     answer = _TEXT.sub(r"\1", answer)
     return _BARE_UNIT.sub(r"\1", _REASON.sub(r"\1", answer))
+
+
+def _without_scale(answer: str) -> tuple[str, str | None]:
+    """``answer`` without the scale word that ends it after a number (`_SCALE`), and the word, in lower
+    case; ``(answer, None)`` where no scale word follows a number alone or assigned (`_SCALED_VALUE`)."""
+    match = _SCALE.search(answer)
+    if (
+        match is None
+        or _SCALE_DENIAL.search(answer, match.start())
+        or not _SCALED_VALUE.fullmatch(answer[: match.start()].strip())
+    ):
+        return answer, None
+    wrapper = match.group(1) or ""  # `3 \text{ million tons}` -> `3\text{}`: its closing brace stays
+    return answer[: match.start()] + wrapper + answer[match.end() :], match.group(2).lower()
+
+
+def scale_readings(answer: str | None) -> list[str] | None:
+    """The two readings of a normalised number with a scale word (``3\\text{ million}``, as `normalize`
+    writes ``3 \\text{ million}``): its value, then the number as written (the count in that scale, as a
+    question may ask it). ``None`` for any other answer.
+
+    >>> scale_readings(normalize(r"3 \\text{ million}")), scale_readings(normalize("2.5 thousand tons"))
+    (['3000000', '3'], ['2500', '2.5'])
+    >>> scale_readings("3000000") is None, scale_readings(None) is None
+    (True, True)
+    """
+    match = _SCALED_NUMBER.fullmatch(answer) if answer else None
+    if match is None:
+        return None
+    value = Decimal(match.group(1).replace(",", "")).scaleb(SCALES[match.group(2)])
+    return [format(value.normalize(), "f"), match.group(1)]
 
 
 def _is_note(words: str) -> bool:
@@ -383,7 +442,8 @@ def normalize(answer: str) -> str:
     (``^\\circ``, ``°``, ``\\degree``), ``\\left``/``\\right``, ``\\phantom``, thousands marks
     (``29,\\!322``, ``1 000``, ``1\\,000``, and ``1,000`` where a group is led by a zero), ``\\approx`` and
     what follows it, trailing period or comma; a temperature scale that ends the answer is kept after the
-    value, as ``100^{\\circ}\\mathrm{C}`` (`split_temperature`); ``\\dfrac``/``\\tfrac`` become ``\\frac``;
+    value, as ``100^{\\circ}\\mathrm{C}`` (`split_temperature`), and so is a scale word after a number, as
+    ``3\\text{ million}`` (`scale_readings`); ``\\dfrac``/``\\tfrac`` become ``\\frac``;
     shorthand ``\\frac12``, ``\\sqrt2`` get braces; ``x = 5`` and ``a_1 = 5`` become ``5`` (but
     ``y = 2x + 3`` stays an equation); a numeral in a base is written ``N_{b}``; relation commands are
     written as math-verify writes them (``\\geq`` -> ``>=``, ``\\neq`` -> ``!=``); a sentence opening the
@@ -407,6 +467,8 @@ def normalize(answer: str) -> str:
     ('y = 2x + 3', 'x >= 3', '12345', '2.24')
     >>> normalize(r"T = 1950 { }^{\\circ} \\mathrm{C}"), normalize("1 000 000"), normalize("(1,000)")
     ('1950^{\\\\circ}\\\\mathrm{C}', '1000000', '(1000)')
+    >>> normalize(r"\\$3 \\text{ million tons}"), normalize("5 thousand"), normalize(r"12\\text{ m}")
+    ('3\\\\text{ million}', '5\\\\text{ thousand}', '12')
     """
     answer = answer.strip().replace("\n", " ")
     answer = answer.replace("\\$", "").replace("$", "")
@@ -423,6 +485,7 @@ def normalize(answer: str) -> str:
     lead = _LEADING_SENTENCE.match(answer)
     if lead and _introduces_answer(lead.group(1)):
         answer = answer[lead.end() :]
+    answer, scale_word = _without_scale(answer)
     answer = _strip_text_wrappers(answer)
     answer = _FRAC_SHORTHAND.sub(lambda m: "\\frac" + _braced(m.group(1)) + _braced(m.group(2)), answer)
     answer = _SQRT_SHORTHAND.sub(lambda m: "\\sqrt{" + m.group(1) + "}", answer)
@@ -451,6 +514,8 @@ def normalize(answer: str) -> str:
     if match:
         answer = f"{match.group(1)}_{{{match.group(2)}}}"
     answer = number_text(answer)  # 5e-05 in positional digits, as a gold written so is (math-verify reads e)
+    if scale_word and not scale and _PLAIN_NUMBER.fullmatch(answer):
+        return answer + SCALE_SUFFIX.format(scale_word)
     return answer + TEMPERATURE_SUFFIXES[scale] if scale and answer else answer
 
 

@@ -17,7 +17,14 @@ from typing import Any
 
 from ..formats import resolve_rules
 from . import pool
-from .extract import extract_lenient, extract_strict, final_boxes, scales_differ, split_temperature
+from .extract import (
+    extract_lenient,
+    extract_strict,
+    final_boxes,
+    scale_readings,
+    scales_differ,
+    split_temperature,
+)
 from .fastpath import (
     answer_too_costly,
     base_verdict,
@@ -172,10 +179,13 @@ def _readings(
     text: str, strict: bool, answer_rule: str, golds: tuple[str, ...] = (), join_boxes: bool = False
 ) -> list[str | None]:
     """The answers read from a completion: the rule's answer (a choice with its value as the gold asks:
-    `choice_readings`); with ``join_boxes``, first the boxes of the last box's paragraph joined
-    (`joined_boxes`), where that reads something else."""
+    `choice_readings`; a number with a scale word as its value and as written: `scale_readings`); with
+    ``join_boxes``, first the boxes of the last box's paragraph joined (`joined_boxes`), where that reads
+    something else."""
     answer = extract_strict(text, answer_rule) if strict else extract_lenient(text)
-    readings = choice_readings(answer, golds)
+    readings = [
+        one for reading in choice_readings(answer, golds) for one in scale_readings(reading) or [reading]
+    ]
     if len(readings) > 1 or readings[0] != answer:
         return readings
     if join_boxes:
