@@ -184,32 +184,51 @@ def without_wandb_table(args: Any, rows: int | None) -> Iterator[None]:
         args.report_to = report_to
 
 
-def sample_records(path: Path, rows: int, seed: int) -> Any:
-    """Up to ``rows`` rows of a completions parquet file, drawn reproducibly (pandas DataFrame)."""
+def sample_records(path: Path, rows: int | None, seed: int) -> Any:
+    """Up to ``rows`` rows (``None``: all) of a completions parquet file, drawn reproducibly (pandas
+    DataFrame)."""
     import pandas as pd
 
     frame = pd.read_parquet(path)
-    if len(frame) <= rows:
+    if rows is None or len(frame) <= rows:
         return frame
     return frame.sample(n=rows, random_state=seed).sort_index()
 
 
-def upload_sampled_table(output_dir: str, global_step: int, rows: int | None, seed: int) -> int:
-    """Upload a sample of this step's completion records to the active W&B run as ``completions``.
+def upload_records(path: Path, key: str, rows: int | None, seed: int) -> int:
+    """Upload up to ``rows`` rows of the completions parquet file ``path`` (every row for ``None``, none for
+    0; a sample drawn with ``seed``) to the active W&B run as the table ``key``.
 
-    Returns the number of rows uploaded (0 when ``rows`` is 0 or ``None``, no W&B run is active, or this
-    step wrote no records).
+    Returns the number of rows uploaded (0 when no W&B run is active or there is no file: a step that wrote
+    no records).
     """
-    if not rows:
+    if rows == 0:
         return 0
     import wandb
 
-    path = Path(output_dir) / "completions" / f"completions_{global_step:05d}.parquet"
     if wandb.run is None or not path.is_file():
         return 0
-    frame = sample_records(path, rows, seed + global_step)
-    wandb.log({"completions": wandb.Table(dataframe=frame)})
+    frame = sample_records(path, rows, seed)
+    wandb.log({key: wandb.Table(dataframe=frame)})
     return len(frame)
+
+
+def completion_frame(logs: dict[str, Any], step: int) -> Any:
+    """TRL's completion-record buffers (`prompt_aug.trl_seam.completion_logs`) as the table TRL writes each
+    log step (pandas DataFrame): ``step``, ``prompt``, ``completion``, one column per reward function, the
+    extra columns (``template``, ``uid``, ...) and ``advantage``. Images are left out, as TRL leaves them out
+    of its parquet files."""
+    import pandas as pd
+    from trl.trainer.utils import strip_images_from_messages
+
+    return pd.DataFrame({
+        "step": [step] * len(logs["prompt"]),
+        "prompt": [strip_images_from_messages(p) for p in logs["prompt"]],
+        "completion": [strip_images_from_messages(c) for c in logs["completion"]],
+        **{name: list(values) for name, values in logs["rewards"].items()},
+        **{name: list(values) for name, values in logs["extra"].items()},
+        "advantage": list(logs["advantages"]),
+    })  # fmt: skip
 
 
 # The file `prompt_aug.logging_utils.JsonlLogCallback` writes in a run's output folder: every log entry, one

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sized
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,18 +32,19 @@ from .metrics import TemplateMetrics
 from .model_card import ModelCardInfo, ModelCardMixin
 from .padding import PaddingFreePasses
 from .records import (
+    completion_frame,
     generation_round,
     micro_steps_done,
     micro_steps_per_epoch,
     micro_steps_per_round,
     rounds_generated,
-    upload_sampled_table,
+    upload_records,
     without_wandb_table,
 )
 from .reward_checks import checked_reward_funcs
 from .sampler import EpochRepeatSampler
 from .templates import STOP_TOKENS, TemplateError, check_renders, templates_for
-from .trl_seam import Generation, TRLSeam
+from .trl_seam import Generation, TRLSeam, completion_logs, separate_completion_logs
 
 logger = logging.getLogger("prompt_aug")
 
@@ -114,6 +116,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     features = Features()
     prompt_collator: PromptAugmentationCollator | None = None
     _pushing_saved_model = False  # inside push_saved_model: output_dir holds the model already
+    _evaluation_prefix: str | None = None  # inside evaluate: its metric prefix (``eval``, ``eval_<name>``)
     # With sync_ref_model: the synced reference, saved in each checkpoint and restored at a resume.
     reference_checkpoint: ReferenceCheckpoint | None = None
 
@@ -283,7 +286,9 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             for column in ("template", "uid"):
                 self.log_completion_column(column, [row[column] for row in inputs])
             self.log_completion_column("process", [self.accelerator.process_index] * len(inputs))
-            self.log_completion_column("round", [self.round_number()] * len(inputs))
+            # An evaluation's records carry the round of its log entry: the last round trained.
+            round_ = self.round_number() if training else self.log_round()
+            self.log_completion_column("round", [round_] * len(inputs))
             if self.features.dynamic_sampling is not None:
                 self.features.dynamic_sampling.log_blank_columns(self, len(inputs))
             output = self._score_rows(inputs)
@@ -295,6 +300,11 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     def round_number(self) -> int:
         """The generation round being generated now, 1-based (the paper's step)."""
         return rounds_generated(self.micro_step, self.args) + 1
+
+    def log_round(self) -> int:
+        """The round every log entry carries: the rounds generated so far, counted from the optimizer steps
+        taken (`prompt_aug.records.generation_round`)."""
+        return generation_round(self.state.global_step, self.args, self.micro_steps_per_epoch)
 
     @property
     def micro_steps_per_epoch(self) -> int | None:
@@ -345,16 +355,47 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             epoch=lambda: int(self.state.epoch or 0),  # whole epochs done when the epoch's iteration starts
         )
 
-    # Why: TRL logs optimizer steps (the paper counts rounds) and uploads every completion to W&B each round.
+    # Why: TRL keeps an evaluation's completion records in the training round's buffers and, at the
+    # evaluation's log, writes them to the training step's file: an evaluation at a logged step replaced
+    # that step's training records. An evaluation gets buffers of its own (every row it generates), written
+    # to ``completions/<prefix>_completions_<step>.parquet`` by `log` (``eval``, or ``eval_<name>`` for each
+    # set of a dict of evaluation sets, as transformers prefixes their metrics).
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        outer, self._evaluation_prefix = self._evaluation_prefix, metric_key_prefix
+        try:
+            with separate_completion_logs(self):
+                return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        finally:
+            self._evaluation_prefix = outer
+
+    # Why: TRL logs optimizer steps (the paper counts rounds) and uploads every completion to W&B each round;
+    # an evaluation's records go to files of their own (`evaluate`).
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        logs["round"] = generation_round(self.state.global_step, self.args, self.micro_steps_per_epoch)
-        with without_wandb_table(self.args, self.wandb_completions_rows):
-            super().log(logs, start_time)
-        step = self.state.global_step
+        logs["round"] = self.log_round()
+        step, rows = self.state.global_step, self.wandb_completions_rows
         to_wandb = "wandb" in (self.args.report_to or [])
-        uploads = self.log_completions and self.accelerator.is_main_process and to_wandb
+        if self._evaluation_prefix is not None:
+            records, self.log_completions = self.log_completions, False
+            try:
+                super().log(logs, start_time)
+            finally:
+                self.log_completions = records
+            if records and self.accelerator.is_main_process:
+                name = f"{self._evaluation_prefix}_completions"
+                path = Path(self.args.output_dir) / "completions" / f"{name}_{step:05d}.parquet"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                completion_frame(completion_logs(self), step).to_parquet(path)
+                if to_wandb:
+                    upload_records(path, name, rows, self.args.seed + step)
+            return
+        with without_wandb_table(self.args, rows):
+            super().log(logs, start_time)
+        uploads = self.log_completions and self.accelerator.is_main_process and to_wandb and rows is not None
         if uploads and step != self._table_step:  # the final log repeats the last step
-            upload_sampled_table(self.args.output_dir, step, self.wandb_completions_rows, self.args.seed)
+            path = Path(self.args.output_dir) / "completions" / f"completions_{step:05d}.parquet"
+            upload_records(path, "completions", rows, self.args.seed + step)
             self._table_step = step
 
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back; and a

@@ -16,11 +16,12 @@ lacks a member listed here fails then, in one line naming the missing members.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import warnings
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -336,14 +337,27 @@ def completion_logs(trainer: Any) -> dict[str, Any]:
     return trainer._logs
 
 
-def reset_completion_logs(trainer: Any, size: int) -> None:
-    """Empty TRL's completion-record buffers, each now holding up to ``size`` records."""
+def reset_completion_logs(trainer: Any, size: int | None) -> None:
+    """Empty TRL's completion-record buffers, each now holding up to ``size`` records (``None``: all)."""
     logs = trainer._logs
     for key in ("images", "prompt", "completion", "advantages"):
         logs[key] = deque(maxlen=size)
     new: Callable[[], deque] = lambda: deque(maxlen=size)
     logs["rewards"] = defaultdict(new)
     logs["extra"] = defaultdict(new)
+
+
+@contextlib.contextmanager
+def separate_completion_logs(trainer: Any) -> Iterator[None]:
+    """Inside the block, TRL's completion-record buffers and the columns pending for them are new ones that
+    keep every record; the earlier ones are back, untouched, after it."""
+    saved = trainer._logs, trainer._pending_extra_logs
+    trainer._logs, trainer._pending_extra_logs = {}, defaultdict(list)
+    reset_completion_logs(trainer, None)
+    try:
+        yield
+    finally:
+        trainer._logs, trainer._pending_extra_logs = saved
 
 
 def hub_push_running(trainer: Any) -> bool:

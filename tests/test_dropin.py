@@ -381,6 +381,66 @@ def test_eval_dataset_uses_the_evaluation_template(tiny_model_dir, tmp_path):
     assert not [k for k in evaluated[0] if k.startswith("eval_templates/") and "qwen-math" not in k]
 
 
+def marked(dataset: Dataset, mark: str) -> Dataset:
+    return dataset.map(lambda row: {"prompt": f"{mark} {row['prompt']}"})
+
+
+def test_an_evaluation_writes_every_completion_to_its_own_records_and_table(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    import pandas as pd
+    import wandb
+
+    args = config(
+        tmp_path / "run", eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=3,
+        log_completions=True, logging_steps=2, report_to="wandb",
+    )  # fmt: skip
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args,
+        train_dataset=standard_prompt_only(), eval_dataset=marked(standard_prompt_only(), "EVAL"),
+    )  # fmt: skip
+    try:
+        trainer.train()
+    finally:
+        wandb.finish()  # the Trainer leaves the run open; later tests must not log into it
+    records = tmp_path / "run" / "completions"
+    trained = pd.read_parquet(records / "completions_00002.parquet")
+    assert len(trained) and not trained["prompt"].str.contains("EVAL").any()  # the training step's own rows
+    evaluated = pd.read_parquet(records / "eval_completions_00002.parquet")
+    assert len(evaluated) == len(QUESTIONS) * 3  # every question of the set, each of its completions
+    assert evaluated["prompt"].str.contains("EVAL").all()
+    assert set(evaluated["template"]) == {"qwen-math"}
+    entry = next(h for h in trainer.state.log_history if "eval_loss" in h)
+    assert set(evaluated["round"]) == {entry["round"]}
+    tables = list(tmp_path.glob("wandb/offline-run-*/files/media/table/eval_completions_*.table.json"))
+    assert [len(json.loads(t.read_text())["data"]) for t in tables] == [len(evaluated)]
+
+
+def test_each_set_of_a_dict_of_evaluation_sets_has_its_own_records(tiny_model_dir, tmp_path):
+    import pandas as pd
+
+    args = config(
+        tmp_path, eval_strategy="steps", eval_steps=1, max_steps=1, per_device_eval_batch_size=3,
+        log_completions=True,
+    )  # fmt: skip
+    sets = {name: marked(standard_prompt_only().select(range(3)), name.upper()) for name in ("easy", "hard")}
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=args,
+        train_dataset=standard_prompt_only(), eval_dataset=sets,
+    )  # fmt: skip
+    trainer.train()
+    for name in sets:
+        rows = pd.read_parquet(tmp_path / "completions" / f"eval_{name}_completions_00001.parquet")
+        assert len(rows) == 9 and rows["prompt"].str.contains(name.upper()).all(), name
+    assert (
+        not pd.read_parquet(tmp_path / "completions" / "completions_00001.parquet")["prompt"]
+        .str.contains("EASY|HARD")
+        .any()
+    )
+
+
 def test_several_reward_functions_and_two_iterations(tiny_model_dir, tmp_path):
     args = config(tmp_path, num_iterations=2, max_steps=4, reward_weights=[1.0, 0.5, 1.0])
     trainer = PromptAugGRPOTrainer(
