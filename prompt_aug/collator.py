@@ -34,6 +34,23 @@ TRL_REWARD_ARGUMENTS = (
 )
 
 
+def image_column(dataset: Any) -> str | None:
+    """The column TRL would read as a row's images, which a rendered text prompt cannot carry, or None: an
+    ``image`` column (even all None), or an ``images`` one with a row whose list is not empty (TRL ignores a
+    column of empty lists). A dataset that cannot be read whole (streamed) is judged by its column names.
+
+    >>> from datasets import Dataset
+    >>> image_column(Dataset.from_dict({"prompt": ["2+2?"], "images": [[]]})) is None
+    True
+    """
+    names = getattr(dataset, "column_names", None) or []
+    if "image" in names:
+        return "image"
+    if "images" in names and (not hasattr(dataset, "__len__") or any(v != [] for v in dataset["images"])):
+        return "images"
+    return None
+
+
 def stable_uniform(seed: int, epoch: int, uid: str) -> float:
     """A number in [0, 1) that depends only on ``(seed, epoch, uid)``, identical across processes.
 

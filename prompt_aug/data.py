@@ -46,7 +46,7 @@ import datasets
 
 from rewards.grading.extract import number_text
 
-from .collator import FORMAT_COLUMNS, TRL_REWARD_ARGUMENTS
+from .collator import FORMAT_COLUMNS, TRL_REWARD_ARGUMENTS, image_column
 from .mixture import dataset_mixture
 from .sources import (
     ANSWER_GUESSES,
@@ -120,19 +120,18 @@ def check_column_names(columns: list[str], consumed: set[str], mapping: dict[str
 
 
 def check_no_images(ds: datasets.Dataset) -> None:
-    """Refuse a column TRL would read as images: any ``image`` column (even all None), or an ``images`` one
-    with a row whose list is not empty (TRL ignores a column of empty lists).
+    """Refuse a column TRL would read as images (`prompt_aug.collator.image_column`).
 
     Raises:
         DataError: one line naming the column and how to get it out of the way.
     """
-    for column in ("image", "images"):
-        if column in ds.column_names and (column == "image" or any(v != [] for v in ds[column])):
-            raise DataError(
-                f"column {column!r}: TRL reads it as the row's images, which this run's text prompts cannot "
-                "carry; rename the column in the data, or leave it out (a dataset_mixture source's `columns` "
-                "selects the columns kept)"
-            )
+    column = image_column(ds)
+    if column is not None:
+        raise DataError(
+            f"column {column!r}: TRL reads it as the row's images, which this run's text prompts cannot "
+            "carry; rename the column in the data, or leave it out (a dataset_mixture source's `columns` "
+            "selects the columns kept)"
+        )
 
 
 # Row indices named per reason in the report and in the error of `check_bad_rows`.

@@ -21,7 +21,7 @@ import torch
 from datasets import Dataset
 from trl.data_utils import is_conversational
 
-from .collator import PromptAugmentationCollator, cut_completions
+from .collator import PromptAugmentationCollator, cut_completions, image_column
 from .config import trainer_settings
 from .evaluation.backends import stop_token_ids
 from .evaluation.callback import EvalCallback
@@ -69,8 +69,9 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
     processing_class, ...`` are passed to it unchanged, and its errors are its own). A row gives its
     question through a ``question`` column, else through TRL's ``prompt`` column (text, or messages:
     the last user turn); its id through ``uid``, else one derived from the question. TRL's ``tools``,
-    ``environment_factory`` and a ``rollout_func`` on conversational data run on a prompt's messages, so they
-    need ``prompt_augmentation=False`` (refused at construction otherwise).
+    ``environment_factory`` and a ``rollout_func`` on conversational data run on a prompt's messages, and
+    so do images (`prompt_aug.collator.image_column`), so they need ``prompt_augmentation=False`` (refused
+    at construction otherwise).
 
     Its settings come from ``args``: a `PromptAugGRPOConfig`, or a plain `GRPOConfig`, which means our keys'
     defaults where TRL has no equivalent (augmentation on, the built-in bank, padding-free passes) and TRL's
@@ -137,6 +138,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             )
         if config.prompt_augmentation:
             self._refuse_message_rollouts()
+            self._refuse_images()
         if config.prompt_augmentation and prompt_collator is None:
             prompt_collator = self._default_collator()
         self.prompt_collator = prompt_collator
@@ -203,6 +205,25 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
                 "augmentation hands TRL each prompt rendered as text; pass args=PromptAugGRPOConfig(..., "
                 "prompt_augmentation=False) to train on the dataset's prompts as GRPOTrainer does"
             )
+
+    def _refuse_images(self) -> None:
+        """Refuse, naming the dataset and the column, images TRL would hand the model beside each prompt:
+        augmentation hands TRL the prompt rendered as text, and TRL fails on images with a text prompt in the
+        first round."""
+        named = [("train_dataset", self.train_dataset)]
+        if isinstance(self.eval_dataset, dict):
+            named += [(f"eval_dataset[{name!r}]", dataset) for name, dataset in self.eval_dataset.items()]
+        elif self.eval_dataset is not None:
+            named.append(("eval_dataset", self.eval_dataset))
+        for name, dataset in named:
+            column = image_column(dataset)
+            if column is not None:
+                raise ValueError(
+                    f"PromptAugGRPOTrainer: {name} has a column {column!r}, which TRL reads as each row's "
+                    "images, but prompt augmentation hands TRL text prompts, which cannot carry them; remove "
+                    f"the column (dataset.remove_columns({column!r})), or pass args=PromptAugGRPOConfig(..., "
+                    "prompt_augmentation=False) to train on the images as GRPOTrainer does"
+                )
 
     def _apply_stop_tokens(self, tokens: list[str]) -> None:
         """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's

@@ -441,6 +441,28 @@ def test_each_set_of_a_dict_of_evaluation_sets_has_its_own_records(tiny_model_di
     )
 
 
+def test_an_image_column_is_refused_by_dataset_and_name_under_augmentation(tiny_model_dir, tmp_path):
+    with_image = standard_prompt_only().add_column("image", [None] * len(QUESTIONS))
+    with pytest.raises(ValueError, match=r"train_dataset has a column 'image'.*prompt_augmentation=False"):
+        PromptAugGRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs=distinct_characters, args=config(tmp_path),
+            train_dataset=with_image,
+        )  # fmt: skip
+    pictures = standard_prompt_only().add_column("images", [[]] * (len(QUESTIONS) - 1) + [["a.png"]])
+    with pytest.raises(ValueError, match=r"eval_dataset\['hard'\] has a column 'images'"):
+        PromptAugGRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs=distinct_characters, args=config(tmp_path),
+            train_dataset=standard_prompt_only(),
+            eval_dataset={"easy": standard_prompt_only(), "hard": pictures},
+        )  # fmt: skip
+    empty_lists = standard_prompt_only().add_column("images", [[]] * len(QUESTIONS))  # TRL ignores them
+    trainer = PromptAugGRPOTrainer(
+        model=str(tiny_model_dir), reward_funcs=distinct_characters, args=config(tmp_path, max_steps=1),
+        train_dataset=empty_lists,
+    )  # fmt: skip
+    trainer.train()
+
+
 def test_several_reward_functions_and_two_iterations(tiny_model_dir, tmp_path):
     args = config(tmp_path, num_iterations=2, max_steps=4, reward_weights=[1.0, 0.5, 1.0])
     trainer = PromptAugGRPOTrainer(
