@@ -23,6 +23,7 @@ from .model_card import CardError, full_model_card, weights_fingerprint
 from .sources import (
     LOCAL_MODELS,
     SourceError,
+    auto_model_class,
     check_source,
     close_local_name,
     fetch_command,
@@ -374,16 +375,17 @@ def merge(
     check_output(target)
     import torch
     from peft import PeftModel
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    quantized = getattr(AutoConfig.from_pretrained(base), "quantization_config", None)
+    config = AutoConfig.from_pretrained(base)
+    quantized = getattr(config, "quantization_config", None)
     if quantized:  # PEFT would fold the delta into rounded weights, or need a GPU library to load them at all
         method = quantized.get("quant_method") if isinstance(quantized, dict) else quantized.quant_method
         raise AdapterError(
             f"{label}: a quantized model ({method}), which the adapter's delta cannot be folded into without "
             "rounding it away; pass --base the unquantized model it was quantized from"
         )
-    model = AutoModelForCausalLM.from_pretrained(
+    model = auto_model_class(config).from_pretrained(
         base, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
     )
     shared = _shared_embedding(model)

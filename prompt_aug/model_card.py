@@ -135,6 +135,9 @@ class ModelCardInfo:
     # round, rounds planned; not imported here: that module reads the data sources); None: not shown.
     arithmetic: Any = None
     chat_template_kwargs: dict[str, Any] | None = None  # what training rendered the chat template with
+    # The transformers auto class the card's "How to prompt" loads the model with
+    # (`prompt_aug.sources.auto_model_class`): AutoModelForImageTextToText for a vision-language checkpoint.
+    model_class: str = "AutoModelForCausalLM"
 
     def __post_init__(self) -> None:
         if self.tags is None:
@@ -270,10 +273,10 @@ def render_model_card(
         f"As the evaluation template `{template.name}` lays a question out in training:",
         "",
         "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f"from transformers import {info.model_class}, AutoTokenizer",
         "",
         f'tok = AutoTokenizer.from_pretrained("{load_from}")',
-        f'model = AutoModelForCausalLM.from_pretrained("{load_from}")',
+        f'model = {info.model_class}.from_pretrained("{load_from}")',
         "messages = [",
         *[f"    {turn!r}," for turn in template.messages(_EXAMPLE_QUESTION)],
         "]",

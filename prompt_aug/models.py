@@ -40,6 +40,7 @@ from .sources import (  # the catalog of fetched models lives there, below the a
     MARKER_FILE,
     LocalModel,
     SourceError,
+    auto_model_class,
     build_model,
     builtin_names,
     close_model_name,
@@ -590,8 +591,10 @@ def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
 
 
 def load_model(model_path: str, model_args: Any, args: Any) -> Any:
-    """The policy, as `ModelConfig` asks (`model_kwargs`; call `check_model_args` first); the trainer adds the
-    recipe's ``stop_tokens`` to its generation config and, with ``use_peft``, the LoRA adapters.
+    """The policy, as `ModelConfig` asks (`model_kwargs`; call `check_model_args` first), in the class TRL's
+    trainer would give it (`prompt_aug.sources.auto_model_class`: a vision-language checkpoint whole, asked
+    text only); the trainer adds the recipe's ``stop_tokens`` to its generation config and, with
+    ``use_peft``, the LoRA adapters.
 
     With ``gradient_checkpointing`` its text model computes without a KV cache (set on its text config: a
     model whose config nests it, such as Gemma 3's, takes no ``use_cache`` argument). TRL loads the reference
@@ -599,9 +602,12 @@ def load_model(model_path: str, model_args: Any, args: Any) -> Any:
     as TRL's GRPO script does, and a ``dtype`` name becomes the torch dtype (TRL's loader knows only
     ``bfloat16``, ``float16`` and ``float32`` by name), so that the reference is the policy's model."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, **model_kwargs(model_args, args))
+    kwargs = model_kwargs(model_args, args)
+    auto = auto_model_class(
+        model_path, revision=kwargs["revision"], trust_remote_code=kwargs["trust_remote_code"]
+    )
+    model = auto.from_pretrained(model_path, **kwargs)
     if args.gradient_checkpointing:
         model.config.get_text_config().use_cache = False
     init = dict(args.model_init_kwargs or {})

@@ -1224,6 +1224,37 @@ def data_file_names(files: Any) -> list[str]:
 # -- Built in code ------------------------------------------------------------------------------------------
 
 
+def auto_model_class(model: Any, **config_kwargs: Any) -> Any:
+    """The transformers auto class that loads ``model`` (a checkpoint's name or folder, read with
+    ``config_kwargs``, or its config) for text generation, the class TRL's trainer reaches for a model name:
+    `AutoModelForCausalLM` where that knows the model (also the text model of Gemma 3 and Qwen3.5
+    checkpoints), else `AutoModelForImageTextToText` where that does (Qwen2.5-VL, Qwen3-VL, Mistral 3,
+    SmolVLM, LLaVA: the whole model, which answers a text prompt); remote code by its ``auto_map``. Else
+    `AutoModelForCausalLM`, whose error names the configuration.
+
+    >>> from transformers import AutoConfig
+    >>> auto_model_class(AutoConfig.for_model("qwen2")).__name__
+    'AutoModelForCausalLM'
+    >>> auto_model_class(AutoConfig.for_model("mistral3")).__name__
+    'AutoModelForImageTextToText'
+    """
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    config = model
+    if isinstance(model, (str, Path)):
+        config = transformers.AutoConfig.from_pretrained(model, **config_kwargs)
+    remote = getattr(config, "auto_map", None) or {}
+    known = (
+        ("AutoModelForCausalLM", modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        ("AutoModelForImageTextToText", modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES),
+    )
+    for name, model_types in known:
+        if name in remote or getattr(config, "model_type", None) in model_types:
+            return getattr(transformers, name)
+    return transformers.AutoModelForCausalLM
+
+
 class BuiltinSource(NamedTuple):
     """A model or dataset name that is built in code: ``build`` is ``module:function``, imported when used (so
     a run on a real model and dataset imports none of it). The demo, which these name, uses evaluation, which

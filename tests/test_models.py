@@ -523,6 +523,93 @@ def test_a_model_whose_config_nests_its_text_config_loads_with_gradient_checkpoi
     assert plain.config.use_cache is True
 
 
+def _tiny_vision_language(folder: Path, model_type: str, tokenizer_dir: Path) -> Path:
+    """A random vision-language checkpoint, ``mistral3`` (as Mistral Small 3.1) or ``qwen2_5_vl``, with the
+    tiny Qwen2 model's tokenizer: configs transformers' causal-LM auto class does not know."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    layers = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
+    text = {**layers, "vocab_size": len(tokenizer), "num_hidden_layers": 2, "num_key_value_heads": 1}
+    text["head_dim"] = 16
+    if model_type == "mistral3":
+        vision = {**layers, "num_hidden_layers": 1, "head_dim": 16, "image_size": 28, "patch_size": 14}
+        config = transformers.Mistral3Config(
+            text_config={**text, "model_type": "mistral"}, vision_config=vision
+        )
+    else:
+        rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+        vision = {
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 32,
+        }
+        config = transformers.Qwen2_5_VLConfig(
+            text_config={**text, "rope_parameters": rope}, vision_config=vision
+        )
+    transformers.AutoModelForImageTextToText.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("model_type", ["mistral3", "qwen2_5_vl"])
+def test_a_vision_language_checkpoint_loads_whole_in_the_class_its_config_names(
+    model_type, tmp_path, tiny_model_dir
+):
+    """Mistral 3 and Qwen2.5-VL are no causal LM to transformers' auto class, which refused them: they load as
+    TRL's trainer loads a model name, in the class of the config's ``architectures``, weights and all; and so
+    does evaluation's transformers backend, which generates from them."""
+    import json
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from trl import ModelConfig
+
+    from prompt_aug.evaluation.backends import HFBackend
+
+    folder = _tiny_vision_language(tmp_path / model_type, model_type, tiny_model_dir)
+    model = models.load_model(str(folder), ModelConfig(model_name_or_path=str(folder)), _load_args())
+    assert type(model).__name__ == json.loads((folder / "config.json").read_text())["architectures"][0]
+    saved = AutoModelForImageTextToText.from_pretrained(folder)
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    assert torch.equal(model.eval()(input_ids=ids).logits, saved.eval()(input_ids=ids).logits)
+    backend = HFBackend.load(str(folder), dtype="float32", device="cpu")
+    assert type(backend.model) is type(model)
+    [generations] = backend.generate(["What is 2 + 3?"], [0], max_tokens=4, temperature=1.0, top_p=1.0, n=2)
+    assert len(generations) == 2
+
+
+def test_a_vision_language_checkpoint_trains_on_text_questions_and_its_card_loads_it(
+    tmp_path, tiny_model_dir
+):
+    """The training script runs a vision-language checkpoint on the text questions of the smoke recipe: its
+    weights move, the saved model loads in its own class, and the card's "How to prompt" names that class."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from prompt_aug import train
+
+    folder = _tiny_vision_language(tmp_path / "mistral3", "mistral3", tiny_model_dir)
+    out = tmp_path / "run"
+    train.main([
+        "--config", str(REPO / "recipes/smoke/tiny_cpu.yaml"), "--model_name_or_path", str(folder),
+        "--output_dir", str(out), "--max_steps", "1", "--steps_per_generation", "1",
+        "--max_completion_length", "8", "--save_strategy", "no", "--learning_rate", "1e-2",
+        "--reward_funcs", "fault_harness:text_hash_reward",  # every group has spread: the weights move
+    ])  # fmt: skip
+    before, after = (
+        AutoModelForImageTextToText.from_pretrained(folder),
+        AutoModelForImageTextToText.from_pretrained(out),
+    )
+    trained = dict(after.named_parameters())
+    moved = [n for n, p in before.named_parameters() if not torch.equal(p, trained[n])]
+    assert any("language_model" in n for n in moved), moved
+    assert "model = AutoModelForImageTextToText.from_pretrained(" in (out / "README.md").read_text()
+
+
 @pytest.mark.parametrize("launch", ["DEEPSPEED", "MULTI_GPU"])
 def test_a_distributed_launch_loads_without_a_device_map_as_trl_does(launch, monkeypatch):
     """ZeRO-3 refuses any device map (QLoRA's on this process's GPU included), and ``device_map: auto`` would

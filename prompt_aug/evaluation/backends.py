@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 # Not from ..config: that imports TRL, and importing TRL sets VLLM_LOGGING_LEVEL=ERROR, which silenced
 # vLLM's own log (its engine and config lines) in `prompt-aug-eval`.
+from ..sources import auto_model_class
 from ..templates import STOP_TOKENS, chat_template_text, empty_tokenizer_problem
 from .benchmarks import EvalError
 
@@ -91,7 +92,7 @@ class HFBackend:
         from pathlib import Path
 
         import torch
-        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers import GenerationConfig
 
         from ..adapters import adapter_base, is_adapter
 
@@ -100,10 +101,12 @@ class HFBackend:
         if is_adapter(model):  # through PEFT, as training ran it: transformers' own adapter loading drops
             from peft import PeftModel  # DoRA's magnitudes (a model other than the one trained, silently)
 
-            base = AutoModelForCausalLM.from_pretrained(adapter_base(model), dtype=torch_dtype)
+            base = auto_model_class(adapter_base(model)).from_pretrained(
+                adapter_base(model), dtype=torch_dtype
+            )
             loaded = PeftModel.from_pretrained(base, model)
         else:
-            loaded = base = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+            loaded = base = auto_model_class(model).from_pretrained(model, dtype=torch_dtype)
         if (Path(model) / "generation_config.json").is_file():
             base.generation_config = GenerationConfig.from_pretrained(model)  # where `generate` reads it
         return cls(loaded.to(device), tokenizer if tokenizer is not None else load_tokenizer(model), stop)
