@@ -13,11 +13,13 @@ def save_lora_adapter(
     recorded: str | None = None,
     targets: tuple[str, ...] = ("q_proj", "v_proj"),
     scale: float = 0.5,
+    model_class: Any = None,
     **lora: Any,
 ) -> Path:
     """A rank-4 LoRA adapter on ``base``'s ``targets`` with non-zero weights (``lora_B`` drawn with standard
     deviation ``scale``; a fresh one is a no-op), saved in ``folder`` with ``base``'s tokenizer and a
-    generation config of its own (EOS ids 2 and 5, at most 7 new tokens). ``recorded`` replaces the base
+    generation config of its own (EOS ids 2 and 5, at most 7 new tokens); ``base`` loads with ``model_class``
+    (default `AutoModelForCausalLM`). ``recorded`` replaces the base
     model path its ``adapter_config.json`` records. ``lora`` adds `LoraConfig` keys (``modules_to_save``,
     ``bias``, ``use_dora``, ``trainable_token_indices``...): each other weight they make trainable gets noise
     of standard deviation ``scale`` added, so that it too changes the model."""
@@ -25,9 +27,8 @@ def save_lora_adapter(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules=list(targets), **lora)
-    )
+    loaded = (model_class or AutoModelForCausalLM).from_pretrained(base)
+    model = get_peft_model(loaded, LoraConfig(r=4, target_modules=list(targets), **lora))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -59,6 +59,23 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_and_keeps_the
     assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}  # as any file made here
 
 
+def test_an_adapter_on_a_vision_language_model_merges_into_the_whole_model(tiny_model_dir, tmp_path):
+    """Mistral 3 is no causal LM to transformers' auto class: the base loads as a vision-language model, and
+    the merged folder computes what base plus adapter compute."""
+    from peft import PeftModel
+    from test_models import _tiny_vision_language
+    from transformers import AutoModelForImageTextToText
+
+    base = _tiny_vision_language(tmp_path / "mistral3", "mistral3", tiny_model_dir)
+    folder = save_lora_adapter(base, tmp_path / "run", model_class=AutoModelForImageTextToText)
+    out = merge(folder, dtype="float32")
+    ids = torch.tensor([[1, 7, 9, 3, 11]])
+    adapted = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(base), folder)
+    merged = AutoModelForImageTextToText.from_pretrained(out)
+    assert type(merged).__name__ == "Mistral3ForConditionalGeneration"
+    torch.testing.assert_close(_logits(merged, ids), _logits(adapted, ids), rtol=1e-4, atol=1e-4)
+
+
 def test_a_merged_models_card_is_a_full_models_with_no_evaluation_of_the_adapters(tiny_model_dir, tmp_path):
     """The adapter's evaluation is another model's: the merged card has none until the merged folder is
     evaluated; its metadata is a full model's (no adapter or lora tag, no local base_model the Hub would
