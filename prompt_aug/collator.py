@@ -17,7 +17,7 @@ import math
 from itertools import accumulate
 from typing import Any
 
-from .sources import content_text
+from .sources import content_text, last_user_message, other_blocks
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
 # Columns the collator writes: the template's name and its format rules, which the reward functions
@@ -79,11 +79,23 @@ def row_question(row: dict[str, Any]) -> str:
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list):
-        for message in reversed(prompt):
-            if isinstance(message, dict) and message.get("role") == "user":
-                return content_text(message.get("content"))
-        raise ValueError(f"the row's `prompt` has no user turn to augment: {prompt!r}")
+        message = last_user_message(prompt)
+        if message is None:
+            raise ValueError(f"the row's `prompt` has no user turn to augment: {prompt!r}")
+        blocks = other_blocks(message.get("content"))
+        if blocks:
+            raise ValueError(f"the row's `prompt` {not_text_message(blocks)}")
+        return content_text(message.get("content"))
     raise KeyError(f"row has neither a `question` nor a `prompt` column; it has {sorted(row)}")
+
+
+def not_text_message(blocks: list[str]) -> str:
+    """What a prompt with content ``blocks`` that are not text is told (after the name of the prompt)."""
+    return (
+        f"has {', '.join(sorted(set(blocks)))} content in its user turn, which the text prompt that "
+        "augmentation renders cannot carry; pass prompt_augmentation=False to train on the prompt's messages "
+        "as GRPOTrainer does"
+    )
 
 
 def row_uid(row: dict[str, Any], question: str) -> str:

@@ -64,7 +64,9 @@ from .sources import (
     is_verl_layout,
     json_field,
     json_mapping,
+    last_user_message,
     looks_local,
+    other_blocks,
     pick_column,
     question_text,
     read_dataset,
@@ -293,9 +295,14 @@ def _gold_problem(answer: Any) -> str | None:
 
 def _question_problem(question: Any) -> str | None:
     """Why a raw question cell cannot be asked, or None: a mapping, or a list that is not a conversation
-    (ShareGPT's ``{from, value}`` turns, say), would be asked as its Python text."""
+    (ShareGPT's ``{from, value}`` turns, say), would be asked as its Python text; a conversation whose last
+    user turn holds an image (or other content that is not text) would be asked without it."""
     if isinstance(question, dict) or (isinstance(question, list) and not is_conversation(question)):
         return f"question of type {type(question).__name__} (not text, nor {{role, content}} messages)"
+    message = last_user_message(question) if isinstance(question, list) else None
+    blocks = other_blocks(message.get("content")) if message is not None else []
+    if blocks:
+        return f"question with {', '.join(sorted(set(blocks)))} content (a text prompt cannot carry it)"
     return None
 
 

@@ -581,11 +581,33 @@ def content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+def other_blocks(content: Any) -> list[str]:
+    """The types of a message content's blocks that are not text (an image, audio), which a text prompt
+    cannot carry.
+
+    >>> other_blocks([{"type": "text", "text": "1 + "}, {"type": "image"}]), other_blocks("1 + 2?")
+    (['image'], [])
+    """
+    if not isinstance(content, list):
+        return []
+    return [
+        str(b.get("type")) if isinstance(b, dict) else type(b).__name__
+        for b in content
+        if not (isinstance(b, dict) and b.get("type") == "text")
+    ]
+
+
+def last_user_message(messages: Any) -> dict | None:
+    """The last message of ``messages`` whose role is ``user``, or None."""
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    return users[-1] if users else None
+
+
 def user_turn(messages: Any) -> str:
     """The last user turn of a conversation (a list of ``{"role", "content"}``, the content text or content
     blocks), stripped; empty if none."""
-    users = [content_text(m.get("content")) for m in messages if m.get("role") == "user"]
-    return users[-1].strip() if users else ""
+    message = last_user_message(messages)
+    return content_text(message.get("content")).strip() if message is not None else ""
 
 
 def solution_golds(values: list[Any]) -> tuple[list[Any], set[int]]:

@@ -21,7 +21,7 @@ import torch
 from datasets import Dataset
 from trl.data_utils import is_conversational
 
-from .collator import PromptAugmentationCollator, cut_completions, image_column
+from .collator import PromptAugmentationCollator, cut_completions, image_column, not_text_message
 from .config import trainer_settings
 from .evaluation.backends import stop_token_ids
 from .evaluation.callback import EvalCallback
@@ -43,6 +43,7 @@ from .records import (
 )
 from .reward_checks import checked_reward_funcs
 from .sampler import EpochRepeatSampler
+from .sources import last_user_message, other_blocks
 from .templates import STOP_TOKENS, TemplateError, check_renders, templates_for
 from .trl_seam import Generation, TRLSeam, completion_logs, separate_completion_logs
 
@@ -207,15 +208,20 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             )
 
     def _refuse_images(self) -> None:
-        """Refuse, naming the dataset and the column, images TRL would hand the model beside each prompt:
-        augmentation hands TRL the prompt rendered as text, and TRL fails on images with a text prompt in the
-        first round."""
+        """Refuse, naming the dataset and the column, images TRL would hand the model beside each prompt, and
+        a first prompt whose user turn holds an image: augmentation hands TRL the prompt rendered as text, and
+        TRL fails on images with a text prompt in the first round (the image in a message would be lost)."""
         named = [("train_dataset", self.train_dataset)]
         if isinstance(self.eval_dataset, dict):
             named += [(f"eval_dataset[{name!r}]", dataset) for name, dataset in self.eval_dataset.items()]
         elif self.eval_dataset is not None:
             named.append(("eval_dataset", self.eval_dataset))
         for name, dataset in named:
+            first = dataset[0].get("prompt") if isinstance(dataset, Dataset) and len(dataset) else None
+            message = last_user_message(first) if isinstance(first, list) else None
+            blocks = other_blocks(message.get("content")) if message is not None else []
+            if blocks:  # every row is read when its round comes; the first now
+                raise ValueError(f"PromptAugGRPOTrainer: {name}'s first `prompt` {not_text_message(blocks)}")
             column = image_column(dataset)
             if column is not None:
                 raise ValueError(

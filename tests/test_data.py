@@ -236,6 +236,25 @@ def test_a_missing_question_is_an_empty_one_and_a_conversation_gives_its_user_tu
     assert to_rows(chats, question_column="prompt")[0]["question"] == ["2+2?"]
 
 
+def test_a_question_whose_user_turn_holds_an_image_is_bad_data_not_asked_without_it():
+    import datasets
+
+    def chat(*blocks):
+        return [{"role": "user", "content": [*blocks, {"type": "text", "text": "What is the shaded area?"}]}]
+
+    raw = datasets.Dataset.from_list(
+        [
+            {"prompt": chat({"type": "image"}), "answer": "4"},
+            {"prompt": chat(), "answer": "5"},  # text blocks alone: asked
+        ]
+    )
+    rows, dropped = to_rows(raw, question_column="prompt")
+    assert rows["question"] == ["What is the shaded area?"] and rows["answer"] == ["5"]
+    assert dropped["question with image content (a text prompt cannot carry it)"] == 1
+    with pytest.raises(DataError, match=r"question with image content .* in column 'prompt'"):
+        data.rows_of("mine", raw, question_column="prompt", max_bad_row_share=0.05)
+
+
 def test_a_question_cell_that_is_no_text_and_no_conversation_is_bad_data_not_its_repr():
     import datasets
 

@@ -20,7 +20,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from prompt_aug.collator import PromptAugmentationCollator, row_uid
+from prompt_aug.collator import PromptAugmentationCollator, row_question, row_uid
 from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.templates import TemplateError, load_templates
 from prompt_aug.trainer import PromptAugGRPOTrainer
@@ -455,6 +455,18 @@ def test_an_image_column_is_refused_by_dataset_and_name_under_augmentation(tiny_
             train_dataset=standard_prompt_only(),
             eval_dataset={"easy": standard_prompt_only(), "hard": pictures},
         )  # fmt: skip
+    figure = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Its area?"}]}]
+    with pytest.raises(
+        ValueError, match=r"train_dataset's first `prompt` has image content in its user turn"
+    ):
+        PromptAugGRPOTrainer(
+            model=str(tiny_model_dir), reward_funcs=distinct_characters, args=config(tmp_path),
+            train_dataset=Dataset.from_dict({"prompt": [figure]}),
+        )  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"^the row's `prompt` has image content .*prompt_augmentation=False"
+    ):
+        row_question({"prompt": figure})  # a later row, when its round comes
     empty_lists = standard_prompt_only().add_column("images", [[]] * len(QUESTIONS))  # TRL ignores them
     trainer = PromptAugGRPOTrainer(
         model=str(tiny_model_dir), reward_funcs=distinct_characters, args=config(tmp_path, max_steps=1),
