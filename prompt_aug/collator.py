@@ -17,7 +17,7 @@ import math
 from itertools import accumulate
 from typing import Any
 
-from .sources import content_text, last_user_message, other_blocks
+from .sources import content_text, is_conversation, last_user_message, other_blocks
 from .templates import DEFAULT_EVAL_TEMPLATE, Template
 
 # Columns the collator writes: the template's name and its format rules, which the reward functions
@@ -49,6 +49,59 @@ def image_column(dataset: Any) -> str | None:
     if "images" in names and (not hasattr(dataset, "__len__") or any(v != [] for v in dataset["images"])):
         return "images"
     return None
+
+
+def augmentation_refusal(
+    train_dataset: Any, eval_dataset: Any, *, tools: Any, environment_factories: Any, rollout_func: Any
+) -> str | None:
+    """Why prompt augmentation cannot run with these arguments of TRL's trainer, or None. Augmentation hands
+    TRL each prompt rendered as text, so it refuses, by name, what TRL runs on a prompt's messages: tools
+    (given, or an environment's methods) and environments, whose observations extend the last user turn, and
+    a rollout function on a conversational training set (given the messages to template itself); and images
+    TRL would hand the model beside the prompt (`image_column`, of the training or an evaluation set) or
+    that a first prompt's user turn holds (a later row's stops its round, `row_question`)."""
+    given = []
+    if environment_factories is not None:  # its methods are among `tools`
+        given.append("environment_factory")
+    elif tools:
+        given.append("tools")
+    first = _first_prompt(train_dataset)
+    if rollout_func is not None and is_conversation(first):
+        given.append("rollout_func (with a conversational dataset)")
+    if given:
+        return (
+            f"{' and '.join(given)} need TRL's conversational prompts, but prompt augmentation hands TRL "
+            "each prompt rendered as text; pass args=PromptAugGRPOConfig(..., prompt_augmentation=False) to "
+            "train on the dataset's prompts as GRPOTrainer does"
+        )
+    named = [("train_dataset", train_dataset)]
+    if isinstance(eval_dataset, dict):
+        named += [(f"eval_dataset[{name!r}]", dataset) for name, dataset in eval_dataset.items()]
+    elif eval_dataset is not None:
+        named.append(("eval_dataset", eval_dataset))
+    for name, dataset in named:
+        first = _first_prompt(dataset)
+        message = last_user_message(first) if is_conversation(first) else None
+        blocks = other_blocks(message.get("content")) if message is not None else []
+        if blocks:
+            return f"{name}'s first `prompt` {not_text_message(blocks)}"
+        column = image_column(dataset)
+        if column is not None:
+            return (
+                f"{name} has a column {column!r}, which TRL reads as each row's images, but prompt "
+                "augmentation hands TRL text prompts, which cannot carry them; remove the column "
+                f"(dataset.remove_columns({column!r})), or pass args=PromptAugGRPOConfig(..., "
+                "prompt_augmentation=False) to train on the images as GRPOTrainer does"
+            )
+    return None
+
+
+def _first_prompt(dataset: Any) -> Any:
+    """The ``prompt`` of a dataset's first row, or None (no such column, no rows, or a streamed dataset)."""
+    names = getattr(dataset, "column_names", None) or []
+    if "prompt" not in names or not hasattr(dataset, "__len__") or not len(dataset):
+        return None
+    return dataset[0]["prompt"]
 
 
 def stable_uniform(seed: int, epoch: int, uid: str) -> float:

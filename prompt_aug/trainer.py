@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from datasets import Dataset
 from trl.data_utils import is_conversational
 
-from .collator import PromptAugmentationCollator, cut_completions, image_column, not_text_message
+from .collator import PromptAugmentationCollator, augmentation_refusal, cut_completions
 from .config import trainer_settings
 from .evaluation.backends import stop_token_ids
 from .evaluation.callback import EvalCallback
@@ -43,7 +42,6 @@ from .records import (
 )
 from .reward_checks import checked_reward_funcs
 from .sampler import EpochRepeatSampler
-from .sources import last_user_message, other_blocks
 from .templates import STOP_TOKENS, TemplateError, check_renders, templates_for
 from .trl_seam import Generation, TRLSeam, completion_logs, separate_completion_logs
 
@@ -138,8 +136,12 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
                 "PromptAugGRPOTrainer: a prompt_collator was given with prompt_augmentation=False"
             )
         if config.prompt_augmentation:
-            self._refuse_message_rollouts()
-            self._refuse_images()
+            refusal = augmentation_refusal(
+                self.train_dataset, self.eval_dataset, tools=self.tools, rollout_func=self.rollout_func,
+                environment_factories=self.environment_factories,
+            )  # fmt: skip
+            if refusal is not None:  # TRL would fail in the first round, or lose the images
+                raise ValueError(f"PromptAugGRPOTrainer: {refusal}")
         if config.prompt_augmentation and prompt_collator is None:
             prompt_collator = self._default_collator()
         self.prompt_collator = prompt_collator
@@ -180,56 +182,6 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         # restores it.
         if self.ref_model is not None and self.args.sync_ref_model:
             self.reference_checkpoint = ReferenceCheckpoint(self).attach()
-
-    def _refuse_message_rollouts(self) -> None:
-        """Refuse, naming the argument, what TRL runs on a prompt's messages while augmentation hands it the
-        rendered text: tools (given, or an environment's methods) and environments, whose observations extend
-        the last user turn, and a rollout function on a conversational training set (it is given the
-        messages to template itself). TRL would fail inside the first round."""
-        given = []
-        if self.environment_factories is not None:  # its methods are among `tools`
-            given.append("environment_factory")
-        elif self.tools:
-            given.append("tools")
-        dataset = self.train_dataset
-        if (
-            self.rollout_func is not None
-            and isinstance(dataset, Dataset)
-            and "prompt" in dataset.column_names
-            and len(dataset) > 0
-            and is_conversational({"prompt": dataset[0]["prompt"]})
-        ):
-            given.append("rollout_func (with a conversational dataset)")
-        if given:
-            raise ValueError(
-                f"PromptAugGRPOTrainer: {' and '.join(given)} need TRL's conversational prompts, but prompt "
-                "augmentation hands TRL each prompt rendered as text; pass args=PromptAugGRPOConfig(..., "
-                "prompt_augmentation=False) to train on the dataset's prompts as GRPOTrainer does"
-            )
-
-    def _refuse_images(self) -> None:
-        """Refuse, naming the dataset and the column, images TRL would hand the model beside each prompt, and
-        a first prompt whose user turn holds an image: augmentation hands TRL the prompt rendered as text, and
-        TRL fails on images with a text prompt in the first round (the image in a message would be lost)."""
-        named = [("train_dataset", self.train_dataset)]
-        if isinstance(self.eval_dataset, dict):
-            named += [(f"eval_dataset[{name!r}]", dataset) for name, dataset in self.eval_dataset.items()]
-        elif self.eval_dataset is not None:
-            named.append(("eval_dataset", self.eval_dataset))
-        for name, dataset in named:
-            first = dataset[0].get("prompt") if isinstance(dataset, Dataset) and len(dataset) else None
-            message = last_user_message(first) if isinstance(first, list) else None
-            blocks = other_blocks(message.get("content")) if message is not None else []
-            if blocks:  # every row is read when its round comes; the first now
-                raise ValueError(f"PromptAugGRPOTrainer: {name}'s first `prompt` {not_text_message(blocks)}")
-            column = image_column(dataset)
-            if column is not None:
-                raise ValueError(
-                    f"PromptAugGRPOTrainer: {name} has a column {column!r}, which TRL reads as each row's "
-                    "images, but prompt augmentation hands TRL text prompts, which cannot carry them; remove "
-                    f"the column (dataset.remove_columns({column!r})), or pass args=PromptAugGRPOConfig(..., "
-                    "prompt_augmentation=False) to train on the images as GRPOTrainer does"
-                )
 
     def _apply_stop_tokens(self, tokens: list[str]) -> None:
         """Stop generating at every token of ``tokens`` in the vocabulary, beside the model's EOS: in TRL's
