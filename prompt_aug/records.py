@@ -20,7 +20,8 @@ back.
 ``output_dir/completions/completions_<step>.parquet`` and uploads the same rows as a W&B table at each
 log step (1,024 completions of up to 3,072 tokens per round in the paper recipes). TRL's only knob is
 ``log_unique_prompts`` (one row per prompt). `wandb_completions_rows` bounds the upload while the parquet
-records stay complete.
+records stay complete. An evaluation's records (the trainer's ``evaluate``) have files and a table of their
+own (`records_file`), where TRL would write them over the training step's.
 """
 
 from __future__ import annotations
@@ -211,6 +212,19 @@ def upload_records(path: Path, key: str, rows: int | None, seed: int) -> int:
     frame = sample_records(path, rows, seed)
     wandb.log({key: wandb.Table(dataframe=frame)})
     return len(frame)
+
+
+def records_file(output_dir: str, step: int, prefix: str | None = None) -> Path:
+    """Where a log step's completion records are: TRL's ``completions/completions_<step>.parquet``, or an
+    evaluation's, ``completions/<prefix>_completions_<step>.parquet`` (``prefix``: its metric prefix)."""
+    name = f"{prefix}_completions" if prefix else "completions"
+    return Path(output_dir) / "completions" / f"{name}_{step:05d}.parquet"
+
+
+def write_records(logs: dict[str, Any], path: Path, step: int) -> None:
+    """Write TRL's completion-record buffers ``logs`` to ``path`` as `completion_frame` lays them out."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    completion_frame(logs, step).to_parquet(path)
 
 
 def completion_frame(logs: dict[str, Any], step: int) -> Any:

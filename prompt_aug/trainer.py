@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sized
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,14 +30,15 @@ from .metrics import TemplateMetrics
 from .model_card import ModelCardInfo, ModelCardMixin
 from .padding import PaddingFreePasses
 from .records import (
-    completion_frame,
     generation_round,
     micro_steps_done,
     micro_steps_per_epoch,
     micro_steps_per_round,
+    records_file,
     rounds_generated,
     upload_records,
     without_wandb_table,
+    write_records,
 )
 from .reward_checks import checked_reward_funcs
 from .sampler import EpochRepeatSampler
@@ -362,19 +362,20 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             finally:
                 self.log_completions = records
             if records and self.accelerator.is_main_process:
-                name = f"{self._evaluation_prefix}_completions"
-                path = Path(self.args.output_dir) / "completions" / f"{name}_{step:05d}.parquet"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                completion_frame(completion_logs(self), step).to_parquet(path)
+                path = records_file(self.args.output_dir, step, self._evaluation_prefix)
+                write_records(completion_logs(self), path, step)
                 if to_wandb:
-                    upload_records(path, name, rows, self.args.seed + step)
+                    upload_records(
+                        path, f"{self._evaluation_prefix}_completions", rows, self.args.seed + step
+                    )
             return
         with without_wandb_table(self.args, rows):
             super().log(logs, start_time)
         uploads = self.log_completions and self.accelerator.is_main_process and to_wandb and rows is not None
         if uploads and step != self._table_step:  # the final log repeats the last step
-            path = Path(self.args.output_dir) / "completions" / f"completions_{step:05d}.parquet"
-            upload_records(path, "completions", rows, self.args.seed + step)
+            upload_records(
+                records_file(self.args.output_dir, step), "completions", rows, self.args.seed + step
+            )
             self._table_step = step
 
     # Why: TRL gathers the per-function rewards of the round here but does not hand them back; and a
