@@ -627,8 +627,9 @@ def _resume_on_fewer(
     return None
 
 
-class ResumeError(FaultError):
-    """A checkpoint that cannot be resumed from; the message names it and says what to do."""
+class ResumeError(FaultError, ValueError):
+    """A checkpoint that cannot be resumed from; the message names it and says what to do. A `ValueError`
+    too, as transformers' own refusal of a ``resume_from_checkpoint`` (no checkpoint found) is."""
 
 
 def resolve_resume(

@@ -491,8 +491,9 @@ def test_train_true_in_code_resumes_from_the_last_complete_checkpoint(tiny_model
     # transformers' own `True` takes the newest folder, complete or not; a script of one's own gets the
     # checks `prompt-aug-train` makes.
     keys = {"save_steps": 1, "logging_steps": 1}
-    with pytest.raises(faults.ResumeError, match="no checkpoint-\\* folder in"):
+    with pytest.raises(faults.ResumeError, match="no checkpoint-\\* folder in") as refused:
         _built(tiny_model_dir, tmp_path, max_steps=1, **keys).train(resume_from_checkpoint=True)
+    assert isinstance(refused.value, ValueError)  # as transformers' "No valid checkpoint found"
     _built(tiny_model_dir, tmp_path, max_steps=2, **keys).train()
     (tmp_path / "checkpoint-2" / "trainer_state.json").unlink()  # a kill during its save
     trainer, count = _built(tiny_model_dir, tmp_path, max_steps=3, **keys), _StepCount()
