@@ -227,6 +227,20 @@ def write_records(logs: dict[str, Any], path: Path, step: int) -> None:
     completion_frame(logs, step).to_parquet(path)
 
 
+def print_records(logs: dict[str, Any], step: int, count: int | None) -> None:
+    """Print ``count`` of TRL's completion records (``None``: all) to the console, as TRL's log prints a
+    training step's; nothing without ``rich``."""
+    from transformers.utils import is_rich_available
+
+    if is_rich_available():
+        from trl.trainer.utils import print_prompt_completions_sample
+
+        rewards, extra = dict(logs["rewards"]), dict(logs["extra"])
+        print_prompt_completions_sample(
+            logs["prompt"], logs["completion"], rewards, logs["advantages"], step, count, extra=extra
+        )
+
+
 def completion_frame(logs: dict[str, Any], step: int) -> Any:
     """TRL's completion-record buffers (`prompt_aug.trl_seam.completion_logs`) as the table TRL writes each
     log step (pandas DataFrame): ``step``, ``prompt``, ``completion``, one column per reward function, the

@@ -34,6 +34,7 @@ from .records import (
     micro_steps_done,
     micro_steps_per_epoch,
     micro_steps_per_round,
+    print_records,
     records_file,
     rounds_generated,
     upload_records,
@@ -362,6 +363,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             finally:
                 self.log_completions = records
             if records and self.accelerator.is_main_process:
+                print_records(completion_logs(self), step, self.num_completions_to_print)
                 path = records_file(self.args.output_dir, step, self._evaluation_prefix)
                 write_records(completion_logs(self), path, step)
                 if to_wandb:

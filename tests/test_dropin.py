@@ -386,8 +386,9 @@ def marked(dataset: Dataset, mark: str) -> Dataset:
 
 
 def test_an_evaluation_writes_every_completion_to_its_own_records_and_table(
-    tiny_model_dir, tmp_path, monkeypatch
+    tiny_model_dir, tmp_path, monkeypatch, capsys
 ):
+    monkeypatch.setenv("COLUMNS", "200")  # the console table's width: whole words in each cell
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     import pandas as pd
@@ -416,6 +417,7 @@ def test_an_evaluation_writes_every_completion_to_its_own_records_and_table(
     assert set(evaluated["round"]) == {entry["round"]}
     tables = list(tmp_path.glob("wandb/offline-run-*/files/media/table/eval_completions_*.table.json"))
     assert [len(json.loads(t.read_text())["data"]) for t in tables] == [len(evaluated)]
+    assert "EVAL" in capsys.readouterr().out  # printed, as TRL prints a training step's records
 
 
 def test_each_set_of_a_dict_of_evaluation_sets_has_its_own_records(tiny_model_dir, tmp_path):
