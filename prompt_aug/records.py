@@ -221,6 +221,20 @@ def records_file(output_dir: str, step: int, prefix: str | None = None) -> Path:
     return Path(output_dir) / "completions" / f"{name}_{step:05d}.parquet"
 
 
+def free_path(path: Path) -> Path:
+    """``path`` where no file is, else the first free ``<stem>-2<suffix>``, ``<stem>-3<suffix>``...: a second
+    evaluation at one step keeps the first one's records.
+
+    >>> free_path(Path("/nowhere/eval_completions_00002.parquet")).name
+    'eval_completions_00002.parquet'
+    """
+    found, n = path, 1
+    while found.exists():
+        n += 1
+        found = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return found
+
+
 def write_records(logs: dict[str, Any], path: Path, step: int) -> None:
     """Write TRL's completion-record buffers ``logs`` to ``path`` as `completion_frame` lays them out."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from .metrics import TemplateMetrics
 from .model_card import ModelCardInfo, ModelCardMixin
 from .padding import PaddingFreePasses
 from .records import (
+    free_path,
     generation_round,
     micro_steps_done,
     micro_steps_per_epoch,
@@ -364,7 +365,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
                 self.log_completions = records
             if records and self.accelerator.is_main_process:
                 print_records(completion_logs(self), step, self.num_completions_to_print)
-                path = records_file(self.args.output_dir, step, self._evaluation_prefix)
+                path = free_path(records_file(self.args.output_dir, step, self._evaluation_prefix))
                 write_records(completion_logs(self), path, step)
                 if to_wandb:
                     upload_records(

@@ -404,6 +404,8 @@ def test_an_evaluation_writes_every_completion_to_its_own_records_and_table(
     )  # fmt: skip
     try:
         trainer.train()
+        printed = capsys.readouterr().out
+        trainer.evaluate()  # again at the last step
     finally:
         wandb.finish()  # the Trainer leaves the run open; later tests must not log into it
     records = tmp_path / "run" / "completions"
@@ -416,8 +418,10 @@ def test_an_evaluation_writes_every_completion_to_its_own_records_and_table(
     entry = next(h for h in trainer.state.log_history if "eval_loss" in h)
     assert set(evaluated["round"]) == {entry["round"]}
     tables = list(tmp_path.glob("wandb/offline-run-*/files/media/table/eval_completions_*.table.json"))
-    assert [len(json.loads(t.read_text())["data"]) for t in tables] == [len(evaluated)]
-    assert "EVAL" in capsys.readouterr().out  # printed, as TRL prints a training step's records
+    assert [len(json.loads(t.read_text())["data"]) for t in tables] == [len(evaluated)] * 2
+    assert "EVAL" in printed  # printed, as TRL prints a training step's records
+    # The second evaluation at the last step has a file of its own: the first one's records are kept.
+    assert len(pd.read_parquet(records / "eval_completions_00002-2.parquet")) == len(evaluated)
 
 
 def test_each_set_of_a_dict_of_evaluation_sets_has_its_own_records(tiny_model_dir, tmp_path):
