@@ -23,12 +23,12 @@ from .model_card import CardError, full_model_card, weights_fingerprint
 from .sources import (
     LOCAL_MODELS,
     SourceError,
-    auto_model_class,
     check_source,
     close_local_name,
     fetch_command,
     file_in_the_way,
     looks_local,
+    model_class,
     resolve_local_model,
 )
 
@@ -55,6 +55,49 @@ class AdapterError(ValueError):
 def is_adapter(folder: str | Path) -> bool:
     """Whether ``folder`` is a PEFT adapter folder (it holds ``adapter_config.json``)."""
     return (Path(folder).expanduser() / ADAPTER_FILE).is_file()
+
+
+def adapted_modules(folder: str | Path) -> set[str]:
+    """The paths of the modules the LoRA adapter in ``folder`` adapts, as the model it was trained on names
+    them (``model.layers.0.self_attn.q_proj``); empty where its weights are not a safetensors file."""
+    path = Path(folder).expanduser() / WEIGHT_FILES[0]
+    if not path.is_file():
+        return set()
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as weights:
+        keys = list(weights.keys())
+    prefix = "base_model.model."
+    return {k[len(prefix) : k.index(".lora_A")] for k in keys if k.startswith(prefix) and ".lora_A" in k}
+
+
+def adapter_base_class(folder: str | Path, base: str, **config_kwargs: Any) -> Any:
+    """The class to load ``base`` in for the adapter in ``folder``: the class TRL's trainer gives it
+    (`sources.model_class`) where that model has every module the adapter adapts, else the one of
+    `AutoModelForCausalLM` and `AutoModelForImageTextToText` that has them. A vision-language checkpoint
+    trained whole (TRL's class) or as its text model alone (Qwen3.5's causal-LM class) gets its adapter
+    applied either way; PEFT would skip the modules it cannot find with a warning, computing the base. A base
+    that has them in no class (another model) gets TRL's class."""
+    import torch
+    import transformers
+
+    modules = adapted_modules(folder)
+    config = transformers.AutoConfig.from_pretrained(base, **config_kwargs)
+    first = model_class(config)
+    if not modules:
+        return first
+    candidates = [first, transformers.AutoModelForCausalLM, transformers.AutoModelForImageTextToText]
+    for candidate in dict.fromkeys(candidates):
+        try:
+            with torch.device("meta"):
+                skeleton = (
+                    candidate.from_config(config) if hasattr(candidate, "from_config") else candidate(config)
+                )
+        except (ValueError, TypeError):  # an auto class that does not know this model type
+            continue
+        if modules <= {name for name, _ in skeleton.named_modules()}:
+            return candidate
+    return first  # another model than the one trained: loading the adapter names what it lacks
 
 
 def has_tokenizer(folder: str | Path) -> bool:
@@ -385,7 +428,7 @@ def merge(
             f"{label}: a quantized model ({method}), which the adapter's delta cannot be folded into without "
             "rounding it away; pass --base the unquantized model it was quantized from"
         )
-    model = auto_model_class(config).from_pretrained(
+    model = adapter_base_class(folder, base).from_pretrained(
         base, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
     )
     shared = _shared_embedding(model)

@@ -37,7 +37,7 @@ TRL_REWARD_ARGUMENTS = (
 def image_column(dataset: Any) -> str | None:
     """The column TRL would read as a row's images, which a rendered text prompt cannot carry, or None: an
     ``image`` column (even all None), or an ``images`` one with a row whose list is not empty (TRL ignores a
-    column of empty lists). A dataset that cannot be read whole (streamed) is judged by its column names.
+    column of empty lists). Of a dataset that cannot be read whole (streamed), only an ``image`` column.
 
     >>> from datasets import Dataset
     >>> image_column(Dataset.from_dict({"prompt": ["2+2?"], "images": [[]]})) is None
@@ -46,7 +46,7 @@ def image_column(dataset: Any) -> str | None:
     names = getattr(dataset, "column_names", None) or []
     if "image" in names:
         return "image"
-    if "images" in names and (not hasattr(dataset, "__len__") or any(v != [] for v in dataset["images"])):
+    if "images" in names and hasattr(dataset, "__len__") and any(v != [] for v in dataset["images"]):
         return "images"
     return None
 
@@ -80,7 +80,8 @@ def augmentation_refusal(
     elif eval_dataset is not None:
         named.append(("eval_dataset", eval_dataset))
     for name, dataset in named:
-        first = _first_prompt(dataset)
+        asked = "question" not in (getattr(dataset, "column_names", None) or [])  # else `prompt` is not asked
+        first = _first_prompt(dataset) if asked else None
         message = last_user_message(first) if is_conversation(first) else None
         blocks = other_blocks(message.get("content")) if message is not None else []
         if blocks:

@@ -135,8 +135,9 @@ class ModelCardInfo:
     # round, rounds planned; not imported here: that module reads the data sources); None: not shown.
     arithmetic: Any = None
     chat_template_kwargs: dict[str, Any] | None = None  # what training rendered the chat template with
-    # The transformers auto class the card's "How to prompt" loads the model with
-    # (`prompt_aug.sources.auto_model_class`): AutoModelForImageTextToText for a vision-language checkpoint.
+    # The transformers class the card's "How to prompt" loads the model with; `PromptAugGRPOTrainer` sets it
+    # from its model (`prompt_aug.sources.auto_class_name`): AutoModelForImageTextToText for a vision-language
+    # checkpoint loaded whole.
     model_class: str = "AutoModelForCausalLM"
 
     def __post_init__(self) -> None:

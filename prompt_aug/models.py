@@ -40,7 +40,6 @@ from .sources import (  # the catalog of fetched models lives there, below the a
     MARKER_FILE,
     LocalModel,
     SourceError,
-    auto_model_class,
     build_model,
     builtin_names,
     close_model_name,
@@ -50,6 +49,7 @@ from .sources import (  # the catalog of fetched models lives there, below the a
     hub_offline,
     is_fetched,
     marker_text,
+    model_class,
     resolve_local_model,
 )
 from .templates import NO_CHAT_TEMPLATE_HINT, chat_template_text, empty_tokenizer_problem
@@ -592,7 +592,7 @@ def model_kwargs(model_args: Any, args: Any) -> dict[str, Any]:
 
 def load_model(model_path: str, model_args: Any, args: Any) -> Any:
     """The policy, as `ModelConfig` asks (`model_kwargs`; call `check_model_args` first), in the class TRL's
-    trainer would give it (`prompt_aug.sources.auto_model_class`: a vision-language checkpoint whole, asked
+    trainer would give it (`prompt_aug.sources.model_class`: a vision-language checkpoint whole, asked
     text only); the trainer adds the recipe's ``stop_tokens`` to its generation config and, with
     ``use_peft``, the LoRA adapters.
 
@@ -604,9 +604,7 @@ def load_model(model_path: str, model_args: Any, args: Any) -> Any:
     import torch
 
     kwargs = model_kwargs(model_args, args)
-    auto = auto_model_class(
-        model_path, revision=kwargs["revision"], trust_remote_code=kwargs["trust_remote_code"]
-    )
+    auto = model_class(model_path, revision=kwargs["revision"], trust_remote_code=kwargs["trust_remote_code"])
     model = auto.from_pretrained(model_path, **kwargs)
     if args.gradient_checkpointing:
         model.config.get_text_config().use_cache = False

@@ -1246,18 +1246,19 @@ def data_file_names(files: Any) -> list[str]:
 # -- Built in code ------------------------------------------------------------------------------------------
 
 
-def auto_model_class(model: Any, **config_kwargs: Any) -> Any:
-    """The transformers auto class that loads ``model`` (a checkpoint's name or folder, read with
-    ``config_kwargs``, or its config) for text generation, the class TRL's trainer reaches for a model name:
-    `AutoModelForCausalLM` where that knows the model (also the text model of Gemma 3 and Qwen3.5
-    checkpoints), else `AutoModelForImageTextToText` where that does (Qwen2.5-VL, Qwen3-VL, Mistral 3,
-    SmolVLM, LLaVA: the whole model, which answers a text prompt); remote code by its ``auto_map``. Else
-    `AutoModelForCausalLM`, whose error names the configuration.
+def model_class(model: Any, **config_kwargs: Any) -> Any:
+    """The transformers class that loads ``model`` (a checkpoint's name or folder, its config read with
+    ``config_kwargs``, or the config) for text generation, as TRL's trainer chooses it for a model name: the
+    class its config's ``architectures`` names (``Qwen2ForCausalLM``; a vision-language checkpoint's whole
+    model, such as ``Mistral3ForConditionalGeneration``, which answers a text prompt); for remote code, by its
+    ``auto_map``, `AutoModelForImageTextToText` before `AutoModelForCausalLM`. A config that names no class
+    (built in code) gets `AutoModelForCausalLM` where that knows its model type, else
+    `AutoModelForImageTextToText` where that does, else `AutoModelForCausalLM`, whose error names it.
 
     >>> from transformers import AutoConfig
-    >>> auto_model_class(AutoConfig.for_model("qwen2")).__name__
-    'AutoModelForCausalLM'
-    >>> auto_model_class(AutoConfig.for_model("mistral3")).__name__
+    >>> model_class(AutoConfig.for_model("qwen2", architectures=["Qwen2ForCausalLM"])).__name__
+    'Qwen2ForCausalLM'
+    >>> model_class(AutoConfig.for_model("mistral3")).__name__
     'AutoModelForImageTextToText'
     """
     import transformers
@@ -1266,15 +1267,44 @@ def auto_model_class(model: Any, **config_kwargs: Any) -> Any:
     config = model
     if isinstance(model, (str, Path)):
         config = transformers.AutoConfig.from_pretrained(model, **config_kwargs)
+    named = (getattr(config, "architectures", None) or [None])[0]
+    if named and getattr(transformers, named, None) is not None:
+        return getattr(transformers, named)
     remote = getattr(config, "auto_map", None) or {}
+    for name in ("AutoModelForImageTextToText", "AutoModelForCausalLM"):
+        if name in remote:
+            return getattr(transformers, name)
     known = (
         ("AutoModelForCausalLM", modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
         ("AutoModelForImageTextToText", modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES),
     )
     for name, model_types in known:
-        if name in remote or getattr(config, "model_type", None) in model_types:
+        if getattr(config, "model_type", None) in model_types:
             return getattr(transformers, name)
     return transformers.AutoModelForCausalLM
+
+
+def auto_class_name(model: Any) -> str:
+    """How to load ``model`` (a loaded transformers model) by name: the auto class that gives its class for
+    its model type (`AutoModelForCausalLM`, `AutoModelForImageTextToText`), else its class's own name.
+
+    >>> from transformers import AutoConfig, AutoModelForCausalLM
+    >>> tiny = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    >>> config = AutoConfig.for_model("qwen2", vocab_size=10, **tiny)
+    >>> auto_class_name(AutoModelForCausalLM.from_config(config))
+    'AutoModelForCausalLM'
+    """
+    from transformers.models.auto import modeling_auto
+
+    model_type, name = getattr(model.config, "model_type", None), type(model).__name__
+    for auto, names in (
+        ("AutoModelForCausalLM", modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        ("AutoModelForImageTextToText", modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES),
+    ):
+        given = names.get(model_type)
+        if given == name or (isinstance(given, tuple) and name in given):
+            return auto
+    return name
 
 
 class BuiltinSource(NamedTuple):

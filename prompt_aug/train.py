@@ -70,7 +70,7 @@ from .model_card import model_card_info
 from .models import ModelArgsError, check_model_args, load_model, load_tokenizer, resolve_model_path
 from .recipe import PromptAugScriptArguments, Recipe, make_parser, parse_args
 from .reward_checks import RewardFunctionError, check_reward_arguments, check_reward_names
-from .sources import auto_model_class, demo_stage, downloads_model, read_training_data
+from .sources import demo_stage, downloads_model, read_training_data
 from .stack import check_before_parse, check_stack, machine_problem, wait_for_vllm_server
 from .templates import (
     TemplateError,
@@ -484,7 +484,6 @@ def run(
     card = model_card_info(
         script_args, model_args, args, recipe, templates, weights, len(dataset), eval_template, arithmetic
     )
-    card.model_class = auto_model_class(model.config).__name__
     wait_for_vllm_server(args, model_path)  # server mode: logs what it waits for; one line at the timeout
     try:
         trainer = PromptAugGRPOTrainer(

@@ -44,6 +44,7 @@ from .records import (
 )
 from .reward_checks import checked_reward_funcs
 from .sampler import EpochRepeatSampler
+from .sources import auto_class_name
 from .templates import STOP_TOKENS, TemplateError, check_renders, templates_for
 from .trl_seam import Generation, TRLSeam, completion_logs, separate_completion_logs
 
@@ -147,6 +148,9 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         if config.prompt_augmentation and prompt_collator is None:
             prompt_collator = self._default_collator()
         self.prompt_collator = prompt_collator
+        if model_card is not None:  # the card's "How to prompt" loads the model in its own class
+            model = self.accelerator.unwrap_model(self.model)
+            model_card.model_class = auto_class_name(getattr(model, "get_base_model", lambda: model)())
         self.model_card_info = model_card
         bank = [*prompt_collator.templates, prompt_collator.eval_template] if prompt_collator else []
         self.template_metrics = TemplateMetrics([t.name for t in bank])
@@ -338,15 +342,16 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
 
     # Why: TRL keeps an evaluation's completion records in the training round's buffers and, at the
     # evaluation's log, writes them to the training step's file: an evaluation at a logged step replaced
-    # that step's training records. An evaluation gets buffers of its own (every row it generates), written
-    # to ``completions/<prefix>_completions_<step>.parquet`` by `log` (``eval``, or ``eval_<name>`` for each
-    # set of a dict of evaluation sets, as transformers prefixes their metrics).
+    # that step's training records. An evaluation gets buffers of its own (every row it generates, with
+    # log_completions; none without), written to ``completions/<prefix>_completions_<step>.parquet`` by
+    # `log` (``eval``, or ``eval_<name>`` for each set of a dict of evaluation sets, as transformers prefixes
+    # their metrics).
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
     ) -> dict[str, float]:
         outer, self._evaluation_prefix = self._evaluation_prefix, metric_key_prefix
         try:
-            with separate_completion_logs(self):
+            with separate_completion_logs(self, None if self.log_completions else 0):
                 return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         finally:
             self._evaluation_prefix = outer
@@ -364,7 +369,10 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
             finally:
                 self.log_completions = records
             if records and self.accelerator.is_main_process:
-                print_records(completion_logs(self), step, self.num_completions_to_print)
+                shown = self.num_completions_to_print  # TRL's None: a round's, as it prints in training
+                print_records(
+                    completion_logs(self), step, self.args.generation_batch_size if shown is None else shown
+                )
                 path = free_path(records_file(self.args.output_dir, step, self._evaluation_prefix))
                 write_records(completion_logs(self), path, step)
                 if to_wandb:

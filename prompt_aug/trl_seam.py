@@ -348,12 +348,12 @@ def reset_completion_logs(trainer: Any, size: int | None) -> None:
 
 
 @contextlib.contextmanager
-def separate_completion_logs(trainer: Any) -> Iterator[None]:
+def separate_completion_logs(trainer: Any, size: int | None = None) -> Iterator[None]:
     """Inside the block, TRL's completion-record buffers and the columns pending for them are new ones that
-    keep every record; the earlier ones are back, untouched, after it."""
+    keep ``size`` records (``None``: every one); the earlier ones are back, untouched, after it."""
     saved = trainer._logs, trainer._pending_extra_logs
     trainer._logs, trainer._pending_extra_logs = {}, defaultdict(list)
-    reset_completion_logs(trainer, None)
+    reset_completion_logs(trainer, size)
     try:
         yield
     finally:

@@ -76,6 +76,32 @@ def test_an_adapter_on_a_vision_language_model_merges_into_the_whole_model(tiny_
     torch.testing.assert_close(_logits(merged, ids), _logits(adapted, ids), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("trained_on", ["AutoModelForCausalLM", "AutoModelForImageTextToText"])
+def test_an_adapter_applies_whether_trained_on_the_text_model_or_the_whole_vision_language_model(
+    trained_on, tiny_model_dir, tmp_path
+):
+    """A Qwen3.5 checkpoint loads as its text model (the causal-LM auto class) or whole (TRL's class, from its
+    config's architectures), whose modules are named apart. An adapter trained on either is merged into, and
+    evaluated on, the model it was trained on; PEFT skipped the modules it could not find with a warning,
+    leaving the base model."""
+    import transformers
+    from peft import PeftModel
+    from test_models import _tiny_vision_language
+
+    from prompt_aug.evaluation.backends import HFBackend
+
+    base = _tiny_vision_language(tmp_path / "qwen3_5", "qwen3_5", tiny_model_dir)
+    trained_class = getattr(transformers, trained_on)
+    folder = save_lora_adapter(base, tmp_path / "run", model_class=trained_class)
+    ids = torch.tensor([[1, 7, 9, 3, 11]])
+    expected = _logits(PeftModel.from_pretrained(trained_class.from_pretrained(base), folder), ids)
+    assert (expected - _logits(trained_class.from_pretrained(base), ids)).abs().max() > 1e-2
+    merged = trained_class.from_pretrained(merge(folder, dtype="float32"))
+    torch.testing.assert_close(_logits(merged, ids), expected, rtol=1e-4, atol=1e-4)
+    evaluated = HFBackend.load(str(folder), dtype="float32", device="cpu").model
+    torch.testing.assert_close(_logits(evaluated, ids), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_a_merged_models_card_is_a_full_models_with_no_evaluation_of_the_adapters(tiny_model_dir, tmp_path):
     """The adapter's evaluation is another model's: the merged card has none until the merged folder is
     evaluated; its metadata is a full model's (no adapter or lora tag, no local base_model the Hub would

@@ -251,6 +251,9 @@ def test_a_question_whose_user_turn_holds_an_image_is_bad_data_not_asked_without
     rows, dropped = to_rows(raw, question_column="prompt")
     assert rows["question"] == ["What is the shaded area?"] and rows["answer"] == ["5"]
     assert dropped["question with image content (a text prompt cannot carry it)"] == 1
+    as_json = datasets.Dataset.from_dict({"prompt": [json.dumps(chat({"type": "image"}))], "answer": ["4"]})
+    rows, dropped = to_rows(as_json, question_column="prompt")  # the conversation stored as JSON text
+    assert len(rows) == 0 and dropped["question with image content (a text prompt cannot carry it)"] == 1
     with pytest.raises(DataError, match=r"question with image content .* in column 'prompt'"):
         data.rows_of("mine", raw, question_column="prompt", max_bad_row_share=0.05)
 

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from prompt_aug.collator import PromptAugmentationCollator, row_question, row_uid
+from prompt_aug.collator import PromptAugmentationCollator, augmentation_refusal, row_question, row_uid
 from prompt_aug.config import PromptAugGRPOConfig
 from prompt_aug.templates import TemplateError, load_templates
 from prompt_aug.trainer import PromptAugGRPOTrainer
@@ -473,6 +474,11 @@ def test_an_image_column_is_refused_by_dataset_and_name_under_augmentation(tiny_
         ValueError, match=r"^the row's `prompt` has image content .*prompt_augmentation=False"
     ):
         row_question({"prompt": figure})  # a later row, when its round comes
+    asked = Dataset.from_dict({"question": ["Its area?"], "prompt": [figure]})  # the question is asked
+    refusal = partial(augmentation_refusal, tools=None, environment_factories=None, rollout_func=None)
+    assert refusal(asked, None) is None
+    streamed = standard_prompt_only().add_column("images", [[]] * len(QUESTIONS)).to_iterable_dataset()
+    assert refusal(streamed, None) is None  # its rows cannot be read here; TRL ignores empty lists
     empty_lists = standard_prompt_only().add_column("images", [[]] * len(QUESTIONS))  # TRL ignores them
     trainer = PromptAugGRPOTrainer(
         model=str(tiny_model_dir), reward_funcs=distinct_characters, args=config(tmp_path, max_steps=1),

@@ -524,8 +524,9 @@ def test_a_model_whose_config_nests_its_text_config_loads_with_gradient_checkpoi
 
 
 def _tiny_vision_language(folder: Path, model_type: str, tokenizer_dir: Path) -> Path:
-    """A random vision-language checkpoint, ``mistral3`` (as Mistral Small 3.1) or ``qwen2_5_vl``, with the
-    tiny Qwen2 model's tokenizer: configs transformers' causal-LM auto class does not know."""
+    """A random vision-language checkpoint, ``mistral3`` (as Mistral Small 3.1) or ``qwen2_5_vl`` (configs
+    transformers' causal-LM auto class does not know), or ``qwen3_5`` (whose text model that class loads
+    alone), with the tiny Qwen2 model's tokenizer."""
     import transformers
     from transformers import AutoTokenizer
 
@@ -538,6 +539,18 @@ def _tiny_vision_language(folder: Path, model_type: str, tokenizer_dir: Path) ->
         config = transformers.Mistral3Config(
             text_config={**text, "model_type": "mistral"}, vision_config=vision
         )
+    elif model_type == "qwen3_5":
+        linear = {"linear_num_key_heads": 2, "linear_num_value_heads": 2}
+        linear.update(linear_key_head_dim=8, linear_value_head_dim=8)
+        text.update(linear, layer_types=["linear_attention", "full_attention"])
+        vision = {
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 32,
+        }
+        config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
     else:
         rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
         vision = {
@@ -555,13 +568,14 @@ def _tiny_vision_language(folder: Path, model_type: str, tokenizer_dir: Path) ->
     return folder
 
 
-@pytest.mark.parametrize("model_type", ["mistral3", "qwen2_5_vl"])
+@pytest.mark.parametrize("model_type", ["mistral3", "qwen2_5_vl", "qwen3_5"])
 def test_a_vision_language_checkpoint_loads_whole_in_the_class_its_config_names(
     model_type, tmp_path, tiny_model_dir
 ):
-    """Mistral 3 and Qwen2.5-VL are no causal LM to transformers' auto class, which refused them: they load as
-    TRL's trainer loads a model name, in the class of the config's ``architectures``, weights and all; and so
-    does evaluation's transformers backend, which generates from them."""
+    """Mistral 3 and Qwen2.5-VL are no causal LM to transformers' auto class, which refused them, and Qwen3.5
+    is its text model alone to it: they load as TRL's trainer loads a model name, in the class of the
+    config's ``architectures``, weights and all; and so does evaluation's transformers backend, which
+    generates from them."""
     import json
 
     import torch

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 # Not from ..config: that imports TRL, and importing TRL sets VLLM_LOGGING_LEVEL=ERROR, which silenced
 # vLLM's own log (its engine and config lines) in `prompt-aug-eval`.
-from ..sources import auto_model_class
+from ..sources import model_class
 from ..templates import STOP_TOKENS, chat_template_text, empty_tokenizer_problem
 from .benchmarks import EvalError
 
@@ -94,19 +94,18 @@ class HFBackend:
         import torch
         from transformers import GenerationConfig
 
-        from ..adapters import adapter_base, is_adapter
+        from ..adapters import adapter_base, adapter_base_class, is_adapter
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         if is_adapter(model):  # through PEFT, as training ran it: transformers' own adapter loading drops
             from peft import PeftModel  # DoRA's magnitudes (a model other than the one trained, silently)
 
-            base = auto_model_class(adapter_base(model)).from_pretrained(
-                adapter_base(model), dtype=torch_dtype
-            )
+            base_path = adapter_base(model)
+            base = adapter_base_class(model, base_path).from_pretrained(base_path, dtype=torch_dtype)
             loaded = PeftModel.from_pretrained(base, model)
         else:
-            loaded = base = auto_model_class(model).from_pretrained(model, dtype=torch_dtype)
+            loaded = base = model_class(model).from_pretrained(model, dtype=torch_dtype)
         if (Path(model) / "generation_config.json").is_file():
             base.generation_config = GenerationConfig.from_pretrained(model)  # where `generate` reads it
         return cls(loaded.to(device), tokenizer if tokenizer is not None else load_tokenizer(model), stop)
