@@ -1284,6 +1284,20 @@ def model_class(model: Any, **config_kwargs: Any) -> Any:
     return transformers.AutoModelForCausalLM
 
 
+def has_vision_tower(model: Any) -> bool:
+    """Whether ``model`` (a loaded model, or a checkpoint's name or folder) is a vision-language model: its
+    config has a ``vision_config``. A name whose config cannot be read here counts as none."""
+    config = getattr(model, "config", None)
+    if config is None and isinstance(model, (str, Path)):
+        import transformers
+
+        try:
+            config = transformers.AutoConfig.from_pretrained(model)
+        except (OSError, ValueError):
+            return False
+    return getattr(config, "vision_config", None) is not None
+
+
 def auto_class_name(model: Any) -> str:
     """How to load ``model`` (a loaded transformers model) by name: the auto class that gives its class for
     its model type (`AutoModelForCausalLM`, `AutoModelForImageTextToText`), else its class's own name.

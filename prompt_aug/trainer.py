@@ -44,7 +44,7 @@ from .records import (
 )
 from .reward_checks import checked_reward_funcs
 from .sampler import EpochRepeatSampler
-from .sources import auto_class_name
+from .sources import auto_class_name, has_vision_tower
 from .templates import STOP_TOKENS, TemplateError, check_renders, templates_for
 from .trl_seam import Generation, TRLSeam, completion_logs, separate_completion_logs
 
@@ -62,6 +62,20 @@ def _warn_missing_tokens(key: str, tokens: list[str], vocab: dict[str, int]) -> 
             "%s: %s %s not one token of this tokenizer's vocabulary and %s skipped; give tokens the "
             "vocabulary has (tokenizer.get_vocab())", key, missing, verb, verb,
         )  # fmt: skip
+
+
+def _search_unused_parameters(
+    model: Any = None, reward_funcs: Any = None, args: Any = None, **_: Any
+) -> None:
+    """Turn DDP's search for unused parameters on (``ddp_find_unused_parameters``, where the caller left it
+    unset) for a vision-language ``model`` asked text alone: its vision tower gets no gradient, which DDP
+    refuses in the second step without the search. TRL turns it on for a processor as the processing class
+    only (the tokenizer is ours), and, as TRL, not under reentrant gradient checkpointing, which fails with
+    it."""
+    if args is None or args.ddp_find_unused_parameters is not None or args.world_size < 2:
+        return
+    if not (args.gradient_checkpointing_kwargs or {}).get("use_reentrant") and has_vision_tower(model):
+        args.ddp_find_unused_parameters = True
 
 
 class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
@@ -131,6 +145,7 @@ class PromptAugGRPOTrainer(HubAndPreemption, ModelCardMixin, TRLSeam):
         model_card: ModelCardInfo | None = None,
         **kwargs: Any,
     ) -> None:
+        _search_unused_parameters(*args, **kwargs)  # before the Trainer reads DDP's settings in __init__
         super().__init__(*args, **kwargs)
         self.config = config = trainer_settings(self.args)  # our keys; TRL's behaviour for a plain GRPOConfig
         self.wandb_completions_rows = config.wandb_completions_rows

@@ -299,3 +299,27 @@ def test_evaluation_during_training_is_refused_where_the_engine_shards_the_model
     assert text.count(line) == 2, text[-3000:]  # one from each rank
     assert sorted((out / "probe").glob("rank*.json")) == []  # no step ended on any rank
     assert sorted(out.glob("checkpoint-*")) == []
+
+
+def test_a_vision_language_model_trains_on_text_under_ddp_with_gradient_checkpointing(engines_tmp):
+    """Asked text alone, a vision-language model's vision tower gets no gradient, which DDP refuses in the
+    second step unless it searches for unused parameters; transformers leaves the search off under gradient
+    checkpointing, and TRL turns it on for a processor as the processing class only. The trainer turns it on
+    for such a model: a DDP launch of a tiny Mistral 3 with checkpointing trains and moves its text model."""
+    import torch
+    from safetensors.torch import load_file
+    from test_models import _tiny_vision_language
+
+    from prompt_aug.demo.smoke import build_tiny_model
+
+    where = engines_tmp / "launch" / "ddp-vision"
+    model = _tiny_vision_language(where / "mistral3", "mistral3", build_tiny_model(where / "tiny"))
+    out = where / "run"
+    cmd = [*accelerate_launch("ddp", 2), str(HARNESS), "--config", SMOKE, "--model_name_or_path", str(model),
+           "--output_dir", str(out), "--gradient_checkpointing", "true", "--max_steps", "2",
+           "--save_strategy", "no", "--per_device_train_batch_size", "4", "--max_completion_length", "8",
+           "--learning_rate", "1e-3", "--reward_funcs", "engine_rewards:char_length"]  # fmt: skip
+    run(cmd, where / "ddp-vision.log", timeout=300)
+    before, after = load_file(model / "model.safetensors"), load_file(out / "model.safetensors")
+    moved = [n for n in before if "language_model" in n and not torch.equal(before[n], after[n])]
+    assert moved, "the text model's weights did not change"
