@@ -59,16 +59,23 @@ def is_adapter(folder: str | Path) -> bool:
 
 def adapted_modules(folder: str | Path) -> set[str]:
     """The paths of the modules the LoRA adapter in ``folder`` adapts, as the model it was trained on names
-    them (``model.layers.0.self_attn.q_proj``); empty where its weights are not a safetensors file."""
-    path = Path(folder).expanduser() / WEIGHT_FILES[0]
-    if not path.is_file():
+    them (``model.layers.0.self_attn.q_proj``): of its linear and embedding layers, and of the modules whose
+    parameters it adapts (``lora_target_parameters``, a MoE's experts); empty without its weights."""
+    folder = Path(folder).expanduser()
+    path = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    if path is None:
         return set()
-    from safetensors import safe_open
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as weights:
-        keys = list(weights.keys())
-    prefix = "base_model.model."
-    return {k[len(prefix) : k.index(".lora_A")] for k in keys if k.startswith(prefix) and ".lora_A" in k}
+        with safe_open(str(path), framework="pt") as weights:
+            keys = list(weights.keys())
+    else:
+        import torch
+
+        keys = list(torch.load(path, map_location="meta", weights_only=True))
+    found = (re.match(r"base_model\.model\.(.+?)\.lora_(?:embedding_)?A\b", key) for key in keys)
+    return {re.sub(r"(\.base_layer)+$", "", m.group(1)) for m in found if m}
 
 
 def adapter_base_class(folder: str | Path, base: str, **config_kwargs: Any) -> Any:
@@ -93,8 +100,8 @@ def adapter_base_class(folder: str | Path, base: str, **config_kwargs: Any) -> A
                 skeleton = (
                     candidate.from_config(config) if hasattr(candidate, "from_config") else candidate(config)
                 )
-        except (ValueError, TypeError):  # an auto class that does not know this model type
-            continue
+        except (ValueError, TypeError, ImportError, AttributeError, KeyError):  # a class that cannot build
+            continue  # it (an auto class that does not know the model type, a missing package)
         if modules <= {name for name, _ in skeleton.named_modules()}:
             return candidate
     return first  # another model than the one trained: loading the adapter names what it lacks

@@ -1284,15 +1284,16 @@ def model_class(model: Any, **config_kwargs: Any) -> Any:
     return transformers.AutoModelForCausalLM
 
 
-def has_vision_tower(model: Any) -> bool:
-    """Whether ``model`` (a loaded model, or a checkpoint's name or folder) is a vision-language model: its
-    config has a ``vision_config``. A name whose config cannot be read here counts as none."""
+def has_vision_tower(model: Any, **config_kwargs: Any) -> bool:
+    """Whether ``model`` (a loaded model, or a checkpoint's name or folder, its config read with
+    ``config_kwargs``) is a vision-language model: its config has a ``vision_config``. A name whose config
+    cannot be read here counts as none."""
     config = getattr(model, "config", None)
     if config is None and isinstance(model, (str, Path)):
         import transformers
 
         try:
-            config = transformers.AutoConfig.from_pretrained(model)
+            config = transformers.AutoConfig.from_pretrained(model, **config_kwargs)
         except (OSError, ValueError):
             return False
     return getattr(config, "vision_config", None) is not None
@@ -1300,7 +1301,8 @@ def has_vision_tower(model: Any) -> bool:
 
 def auto_class_name(model: Any) -> str:
     """How to load ``model`` (a loaded transformers model) by name: the auto class that gives its class for
-    its model type (`AutoModelForCausalLM`, `AutoModelForImageTextToText`), else its class's own name.
+    its model type (`AutoModelForCausalLM`, `AutoModelForImageTextToText`), else its class's own name; for
+    remote code, the auto class its ``auto_map`` names.
 
     >>> from transformers import AutoConfig, AutoModelForCausalLM
     >>> tiny = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
@@ -1308,17 +1310,22 @@ def auto_class_name(model: Any) -> str:
     >>> auto_class_name(AutoModelForCausalLM.from_config(config))
     'AutoModelForCausalLM'
     """
+    import transformers
     from transformers.models.auto import modeling_auto
 
     model_type, name = getattr(model.config, "model_type", None), type(model).__name__
-    for auto, names in (
+    autos = (
         ("AutoModelForCausalLM", modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
         ("AutoModelForImageTextToText", modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES),
-    ):
+    )
+    for auto, names in autos:
         given = names.get(model_type)
         if given == name or (isinstance(given, tuple) and name in given):
             return auto
-    return name
+    if hasattr(transformers, name):
+        return name
+    remote = getattr(model.config, "auto_map", None) or {}  # remote code: its class is in no import
+    return next((auto for auto, _ in reversed(autos) if auto in remote), "AutoModelForCausalLM")
 
 
 class BuiltinSource(NamedTuple):

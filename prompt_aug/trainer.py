@@ -74,7 +74,10 @@ def _search_unused_parameters(
     it."""
     if args is None or args.ddp_find_unused_parameters is not None or args.world_size < 2:
         return
-    if not (args.gradient_checkpointing_kwargs or {}).get("use_reentrant") and has_vision_tower(model):
+    if (args.gradient_checkpointing_kwargs or {}).get("use_reentrant"):
+        return
+    revision = (args.model_init_kwargs or {}).get("revision")  # a name is read as TRL will load it
+    if has_vision_tower(model, revision=revision, trust_remote_code=args.trust_remote_code):
         args.ddp_find_unused_parameters = True
 
 

@@ -14,15 +14,16 @@ def save_lora_adapter(
     targets: tuple[str, ...] = ("q_proj", "v_proj"),
     scale: float = 0.5,
     model_class: Any = None,
+    safe_serialization: bool = True,
     **lora: Any,
 ) -> Path:
     """A rank-4 LoRA adapter on ``base``'s ``targets`` with non-zero weights (``lora_B`` drawn with standard
     deviation ``scale``; a fresh one is a no-op), saved in ``folder`` with ``base``'s tokenizer and a
     generation config of its own (EOS ids 2 and 5, at most 7 new tokens); ``base`` loads with ``model_class``
-    (default `AutoModelForCausalLM`). ``recorded`` replaces the base
-    model path its ``adapter_config.json`` records. ``lora`` adds `LoraConfig` keys (``modules_to_save``,
-    ``bias``, ``use_dora``, ``trainable_token_indices``...): each other weight they make trainable gets noise
-    of standard deviation ``scale`` added, so that it too changes the model."""
+    (default `AutoModelForCausalLM`); ``safe_serialization`` False saves ``adapter_model.bin``. ``recorded``
+    replaces the base model path its ``adapter_config.json`` records. ``lora`` adds `LoraConfig` keys
+    (``modules_to_save``, ``bias``, ``use_dora``, ``trainable_token_indices``...): each other weight they make
+    trainable gets noise of standard deviation ``scale`` added, so that it too changes the model."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -36,7 +37,7 @@ def save_lora_adapter(
                 param.copy_(torch.randn(param.shape, generator=generator) * scale)
             elif param.requires_grad and "lora_A" not in name:
                 param.add_(torch.randn(param.shape, generator=generator) * scale)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, safe_serialization=safe_serialization)
     AutoTokenizer.from_pretrained(base).save_pretrained(folder)
     GenerationConfig(eos_token_id=[2, 5], max_new_tokens=7).save_pretrained(folder)
     if recorded is not None:

@@ -76,9 +76,10 @@ def test_an_adapter_on_a_vision_language_model_merges_into_the_whole_model(tiny_
     torch.testing.assert_close(_logits(merged, ids), _logits(adapted, ids), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "bin"])
 @pytest.mark.parametrize("trained_on", ["AutoModelForCausalLM", "AutoModelForImageTextToText"])
 def test_an_adapter_applies_whether_trained_on_the_text_model_or_the_whole_vision_language_model(
-    trained_on, tiny_model_dir, tmp_path
+    trained_on, safe, tiny_model_dir, tmp_path
 ):
     """A Qwen3.5 checkpoint loads as its text model (the causal-LM auto class) or whole (TRL's class, from its
     config's architectures), whose modules are named apart. An adapter trained on either is merged into, and
@@ -92,7 +93,7 @@ def test_an_adapter_applies_whether_trained_on_the_text_model_or_the_whole_visio
 
     base = _tiny_vision_language(tmp_path / "qwen3_5", "qwen3_5", tiny_model_dir)
     trained_class = getattr(transformers, trained_on)
-    folder = save_lora_adapter(base, tmp_path / "run", model_class=trained_class)
+    folder = save_lora_adapter(base, tmp_path / "run", model_class=trained_class, safe_serialization=safe)
     ids = torch.tensor([[1, 7, 9, 3, 11]])
     expected = _logits(PeftModel.from_pretrained(trained_class.from_pretrained(base), folder), ids)
     assert (expected - _logits(trained_class.from_pretrained(base), ids)).abs().max() > 1e-2
@@ -100,6 +101,28 @@ def test_an_adapter_applies_whether_trained_on_the_text_model_or_the_whole_visio
     torch.testing.assert_close(_logits(merged, ids), expected, rtol=1e-4, atol=1e-4)
     evaluated = HFBackend.load(str(folder), dtype="float32", device="cpu").model
     torch.testing.assert_close(_logits(evaluated, ids), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_modules_an_adapter_adapts_are_read_from_its_weights_as_the_trained_model_named_them(tmp_path):
+    """Linear and embedding LoRA, and parameters adapted in place (``lora_target_parameters``: a MoE's
+    experts, saved under ``base_layer``), each name the module of the model it was trained on; other keys
+    do not."""
+    from safetensors.torch import save_file
+
+    from prompt_aug.adapters import adapted_modules
+
+    keys = [
+        "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight",
+        "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_B.weight",
+        "base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight",
+        "base_model.model.model.embed_tokens.lora_embedding_A",
+        "base_model.model.lm_head.modules_to_save.weight",
+    ]
+    (tmp_path / "adapter_config.json").write_text("{}")
+    save_file({key: torch.zeros(1) for key in keys}, str(tmp_path / "adapter_model.safetensors"))
+    assert adapted_modules(tmp_path) == {
+        "model.language_model.layers.0.self_attn.q_proj", "model.layers.1.mlp.experts", "model.embed_tokens",
+    }  # fmt: skip
 
 
 def test_a_merged_models_card_is_a_full_models_with_no_evaluation_of_the_adapters(tiny_model_dir, tmp_path):

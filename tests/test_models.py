@@ -596,6 +596,25 @@ def test_a_vision_language_checkpoint_loads_whole_in_the_class_its_config_names(
     assert len(generations) == 2
 
 
+def test_the_card_loads_a_model_by_an_auto_class_or_its_own_and_remote_code_by_its_auto_map():
+    from types import SimpleNamespace
+
+    from prompt_aug.sources import auto_class_name
+
+    def model(name: str, **config: Any) -> Any:
+        return type(name, (), {"config": SimpleNamespace(**config)})()
+
+    assert auto_class_name(model("Qwen2ForCausalLM", model_type="qwen2")) == "AutoModelForCausalLM"
+    assert auto_class_name(model("Mistral3ForConditionalGeneration", model_type="mistral3")) == (
+        "AutoModelForImageTextToText"
+    )
+    assert auto_class_name(model("GPT2Model", model_type="gpt2")) == "GPT2Model"  # no auto class gives it
+    remote = {"AutoModelForImageTextToText": "m.Chat", "AutoModelForCausalLM": "m.LM"}
+    assert auto_class_name(model("InternVLChatModel", model_type="internvl_chat", auto_map=remote)) == (
+        "AutoModelForImageTextToText"
+    )  # its class is in no import of transformers
+
+
 def test_a_vision_language_checkpoint_trains_on_text_questions_and_its_card_loads_it(
     tmp_path, tiny_model_dir
 ):
