@@ -534,6 +534,13 @@ def _tiny_vision_language(folder: Path, model_type: str, tokenizer_dir: Path) ->
     layers = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2}
     text = {**layers, "vocab_size": len(tokenizer), "num_hidden_layers": 2, "num_key_value_heads": 1}
     text["head_dim"] = 16
+    qwen_vision = {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 32,
+    }
     if model_type == "mistral3":
         vision = {**layers, "num_hidden_layers": 1, "head_dim": 16, "image_size": 28, "patch_size": 14}
         config = transformers.Mistral3Config(
@@ -543,25 +550,11 @@ def _tiny_vision_language(folder: Path, model_type: str, tokenizer_dir: Path) ->
         linear = {"linear_num_key_heads": 2, "linear_num_value_heads": 2}
         linear.update(linear_key_head_dim=8, linear_value_head_dim=8)
         text.update(linear, layer_types=["linear_attention", "full_attention"])
-        vision = {
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 32,
-        }
-        config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+        config = transformers.Qwen3_5Config(text_config=text, vision_config=qwen_vision)
     else:
         rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
-        vision = {
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 32,
-        }
         config = transformers.Qwen2_5_VLConfig(
-            text_config={**text, "rope_parameters": rope}, vision_config=vision
+            text_config={**text, "rope_parameters": rope}, vision_config=qwen_vision
         )
     transformers.AutoModelForImageTextToText.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
