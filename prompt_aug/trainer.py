@@ -65,7 +65,7 @@ def _warn_missing_tokens(key: str, tokens: list[str], vocab: dict[str, int]) -> 
 
 
 def _search_unused_parameters(
-    model: Any = None, reward_funcs: Any = None, args: Any = None, **_: Any
+    model: Any = None, reward_funcs: Any = None, args: Any = None, *_: Any, **__: Any
 ) -> None:
     """Turn DDP's search for unused parameters on (``ddp_find_unused_parameters``, where the caller left it
     unset) for a vision-language ``model`` asked text alone: its vision tower gets no gradient, which DDP

@@ -111,6 +111,13 @@ def test_trl_arguments_alone_train_with_the_builtin_bank_and_args_seed(tiny_mode
     assert any(k.startswith("templates/") for entry in trainer.state.log_history for k in entry)
 
 
+def test_trls_arguments_given_by_position_build_the_trainer(tiny_model_dir, tmp_path):
+    args = config(tmp_path)
+    data = standard_prompt_only()
+    trainer = PromptAugGRPOTrainer(str(tiny_model_dir), distinct_characters, args, data, data)
+    assert (trainer.args, trainer.train_dataset, trainer.eval_dataset) == (args, data, data)
+
+
 def test_a_prompt_aug_config_sets_the_trainer_and_is_a_grpo_config(tiny_model_dir, tmp_path):
     from prompt_aug import PromptAugGRPOConfig
     from prompt_aug import PromptAugGRPOTrainer as Exported
