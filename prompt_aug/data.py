@@ -300,9 +300,7 @@ def _question_problem(question: Any) -> str | None:
     user turn holds an image (or other content that is not text) would be asked without it."""
     if isinstance(question, dict) or (isinstance(question, list) and not is_conversation(question)):
         return f"question of type {type(question).__name__} (not text, nor {{role, content}} messages)"
-    if isinstance(question, str) and question.lstrip().startswith(
-        "["
-    ):  # stored as text, as question_text reads it
+    if isinstance(question, str) and question.lstrip().startswith("["):  # as `question_text` reads text
         parsed = stored_value(question)
         question = parsed if parsed and is_conversation(parsed) else question
     message = last_user_message(question) if isinstance(question, list) else None
