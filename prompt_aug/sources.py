@@ -1262,7 +1262,6 @@ def model_class(model: Any, **config_kwargs: Any) -> Any:
     'AutoModelForImageTextToText'
     """
     import transformers
-    from transformers.models.auto import modeling_auto
 
     config = model
     if isinstance(model, (str, Path)):
@@ -1274,14 +1273,21 @@ def model_class(model: Any, **config_kwargs: Any) -> Any:
     for name in ("AutoModelForImageTextToText", "AutoModelForCausalLM"):
         if name in remote:
             return getattr(transformers, name)
-    known = (
-        ("AutoModelForCausalLM", modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
-        ("AutoModelForImageTextToText", modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES),
-    )
-    for name, model_types in known:
+    for name, model_types in _generation_autos():
         if getattr(config, "model_type", None) in model_types:
             return getattr(transformers, name)
     return transformers.AutoModelForCausalLM
+
+
+def _generation_autos() -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The auto classes of text generation, each with its model type -> class name mapping: causal LMs, then
+    vision-language models."""
+    from transformers.models.auto import modeling_auto
+
+    return (
+        ("AutoModelForCausalLM", modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        ("AutoModelForImageTextToText", modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES),
+    )
 
 
 def has_vision_tower(model: Any, **config_kwargs: Any) -> bool:
@@ -1311,13 +1317,9 @@ def auto_class_name(model: Any) -> str:
     'AutoModelForCausalLM'
     """
     import transformers
-    from transformers.models.auto import modeling_auto
 
     model_type, name = getattr(model.config, "model_type", None), type(model).__name__
-    autos = (
-        ("AutoModelForCausalLM", modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
-        ("AutoModelForImageTextToText", modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES),
-    )
+    autos = _generation_autos()
     for auto, names in autos:
         given = names.get(model_type)
         if given == name or (isinstance(given, tuple) and name in given):
