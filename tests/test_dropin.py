@@ -416,6 +416,7 @@ def test_an_evaluation_writes_every_completion_to_its_own_records_and_table(
         trainer.evaluate()  # again at the last step
     finally:
         wandb.finish()  # the Trainer leaves the run open; later tests must not log into it
+        wandb.teardown()  # nor keep this test's WANDB_DIR, which wandb reads once per process
     records = tmp_path / "run" / "completions"
     trained = pd.read_parquet(records / "completions_00002.parquet")
     assert len(trained) and not trained["prompt"].str.contains("EVAL").any()  # the training step's own rows

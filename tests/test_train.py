@@ -467,6 +467,7 @@ def test_wandb_gets_a_sampled_completions_table_and_parquet_keeps_every_row(tmp_
         ])  # fmt: skip
     finally:
         wandb.finish()  # the Trainer leaves the run open; later tests must not log into it
+        wandb.teardown()  # nor keep this test's WANDB_DIR, which wandb reads once per process
     tables = sorted(tmp_path.glob("wandb/offline-run-*/files/media/table/completions_*.table.json"))
     rows = [len(json.loads(t.read_text())["data"]) for t in tables]
     assert rows == [3, 3], rows  # one 3-row sample per logged round-step, not TRL's 16 rows
